@@ -1,0 +1,41 @@
+# Tandem: two commands on a fresh machine.
+#   make run   creates .venv, installs Tandem into it, starts one node on the embedded store
+#   make test  installs the dev dependencies and runs the whole suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DATA   ?= .tandem/node1
+PORT   ?= 7780
+SYNC   ?= SYNC
+
+.PHONY: run test install dev bench typecheck clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+run: install
+	$(BIN)/tandem broker start --name node1 --data-dir $(DATA) --port $(PORT) --sync $(SYNC)
+
+test: dev
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+typecheck: dev
+	$(BIN)/python -m mypy broker client storage ha webconsole
+
+bench: dev
+	$(BIN)/tandem bench --spawn --peer rabbitmq --peer nats
+
+clean:
+	rm -rf $(VENV) .tandem .pytest_cache

@@ -1,0 +1,179 @@
+"""The ``tandem`` command.
+
+    tandem broker start   run a node
+    tandem produce        publish messages (confirmed) from arguments or stdin
+    tandem consume        consume (and ack) messages
+    tandem queues         list, declare, delete or purge queues
+    tandem bench          throughput and latency, side by side with RabbitMQ and NATS
+
+Every client command takes ``--url tandem://user:password@host:port`` (or
+``TANDEM_URL``) and ``--json``.  Errors print one line and exit non-zero;
+nothing prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from client.errors import TandemError
+
+DEFAULT_URL = "tandem://admin@127.0.0.1:7780"
+
+
+def run_async(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# -- broker start -----------------------------------------------------------------------------
+
+
+def _broker_start(args: argparse.Namespace) -> int:
+    from broker.config import build_config, load_toml
+
+    values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
+    for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat"):
+        v = getattr(args, key)
+        if v is not None:
+            values[key] = v
+    config = build_config(values)
+    return run_async(_serve(config))
+
+
+async def _serve(config: Any) -> int:
+    from broker.node import Node
+
+    node = Node(config)
+    await node.start()
+    host, port = node.address
+    pw_file = config.data_dir / "admin-password"
+    print(f"Tandem node {config.name} is up", flush=True)
+    print(f"  client URL : tandem://admin@{host}:{port}", flush=True)
+    print(f"  data       : {config.db_path.resolve()} (sync={config.sync.value})", flush=True)
+    if pw_file.exists():
+        print(f"  admin pass : {pw_file.resolve()}", flush=True)
+    print("  stop with Ctrl-C or SIGTERM", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("tandem.broker").info("signal received: shutting down")
+    await node.stop()
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def _url_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("TANDEM_URL", DEFAULT_URL),
+                   help="broker URL, tandem://user:password@host:port (env TANDEM_URL; "
+                        "the password may also come from TANDEM_PASSWORD)")
+    p.add_argument("--json", action="store_true", help="machine-readable output, one JSON document")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from broker import commands
+
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL", "INFO"),
+                        help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    broker = sub.add_parser("broker", help="run a broker node")
+    bsub = broker.add_subparsers(dest="broker_command", required=True, metavar="ACTION")
+    start = bsub.add_parser("start", help="start a node in the foreground",
+                            description="Start a Tandem node. Settings come from --config (TOML) and are "
+                                        "overridden by flags. The first start creates user 'admin' with the "
+                                        "password in TANDEM_ADMIN_PASSWORD, or a random one written to "
+                                        "<data-dir>/admin-password.")
+    start.add_argument("--config", help="TOML file with the settings below (flags win)")
+    start.add_argument("--name", help="node name (default node1)")
+    start.add_argument("--data-dir", dest="data_dir", help="where the node keeps its store (default .tandem/node1)")
+    start.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    start.add_argument("--port", type=int, help="client port (default 7780; 0 = any free port)")
+    start.add_argument("--sync", help="durability policy: SYNC (fsync before confirm, default), "
+                                      "WRITE_NO_SYNC (written to the OS), NO_SYNC (confirm at once)")
+    start.add_argument("--max-message-size", dest="max_message_size", type=int, help="bytes (default 5 MiB)")
+    start.add_argument("--max-frame-size", dest="max_frame_size", type=int, help="bytes (default 8 MiB)")
+    start.add_argument("--heartbeat", type=float, help="seconds between heartbeats (default 10)")
+    start.set_defaults(func=_broker_start)
+
+    produce = sub.add_parser("produce", help="publish messages with confirms",
+                             description="Publish each BODY argument (or each line of stdin when no BODY is "
+                                         "given) to QUEUE and wait for the broker's confirms.")
+    produce.add_argument("queue")
+    produce.add_argument("bodies", nargs="*", metavar="BODY")
+    produce.add_argument("--key", help="message key (selects the partition)")
+    produce.add_argument("--header", action="append", default=[], metavar="K=V", help="header, repeatable")
+    produce.add_argument("--declare", type=int, metavar="PARTITIONS",
+                         help="declare the queue first with this many partitions")
+    _url_args(produce)
+    produce.set_defaults(func=commands.produce)
+
+    consume = sub.add_parser("consume", help="consume and ack messages",
+                             description="Consume from QUEUE, print each message, ack it.")
+    consume.add_argument("queue")
+    consume.add_argument("-n", "--count", type=int, default=0, help="stop after N messages (0 = run until Ctrl-C)")
+    consume.add_argument("--timeout", type=float, default=0.0,
+                         help="stop when no message came for this many seconds (0 = wait forever)")
+    consume.add_argument("--prefetch", type=int, default=256)
+    consume.add_argument("--no-ack", action="store_true", help="nack with requeue instead of ack")
+    _url_args(consume)
+    consume.set_defaults(func=commands.consume)
+
+    queues = sub.add_parser("queues", help="list (default), declare, delete or purge queues")
+    queues.add_argument("action", nargs="?", default="list", choices=["list", "declare", "delete", "purge"])
+    queues.add_argument("name", nargs="?")
+    queues.add_argument("--partitions", type=int, default=1)
+    queues.add_argument("--mapper", default="consistent_hash", choices=["consistent_hash", "round_robin"])
+    queues.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
+    queues.add_argument("--dead-letter-queue", dest="dead_letter_queue")
+    queues.add_argument("--max-length", dest="max_length", type=int, default=0)
+    _url_args(queues)
+    queues.set_defaults(func=commands.queues)
+
+    from broker.bench.cli import add_bench_parser
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except TandemError as exc:
+        print(f"tandem: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Node configuration: one frozen dataclass, validated on construction.
+
+Loaded from TOML only at the entry point (``tandem broker start --config``);
+command-line flags override file values.  Unknown keys are rejected by name.
+
+Example ``tandem.toml``::
+
+    name = "node1"
+    data_dir = "/var/lib/tandem/node1"
+    host = "127.0.0.1"
+    port = 7780
+    sync = "SYNC"               # SYNC | WRITE_NO_SYNC | NO_SYNC
+    max_message_size = 5242880  # bytes
+    max_frame_size = 8388608    # bytes
+    heartbeat = 10.0            # seconds
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from client.errors import InvalidArgumentError
+from storage.base import DurabilityPolicy
+
+DEFAULT_PORT = 7780
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ConfigError(InvalidArgumentError):
+    """A configuration value is wrong; the message names the key."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeConfig:
+    name: str = "node1"
+    data_dir: Path = Path(".tandem/node1")
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    sync: DurabilityPolicy = DurabilityPolicy.SYNC
+    max_message_size: int = 5 * 1024 * 1024
+    max_frame_size: int = 8 * 1024 * 1024
+    heartbeat: float = 10.0
+    max_connections: int = 10000
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(f"name {self.name!r}: 1-63 letters, digits, '_', '.', '-'")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port!r}: must be 0..65535 (0 = any free port)")
+        if not 1024 <= self.max_message_size <= 256 * 1024 * 1024:
+            raise ConfigError("max_message_size: must be 1 KiB .. 256 MiB")
+        if self.max_frame_size < self.max_message_size + 4096:
+            raise ConfigError(
+                f"max_frame_size {self.max_frame_size}: must exceed max_message_size "
+                f"({self.max_message_size}) by at least 4096 bytes of framing"
+            )
+        if not 0.5 <= self.heartbeat <= 3600:
+            raise ConfigError("heartbeat: must be 0.5 .. 3600 seconds")
+        if self.max_connections < 1:
+            raise ConfigError("max_connections: must be >= 1")
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "tandem.db"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key == "data_dir":
+        return Path(value)
+    if key == "sync":
+        return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))
+    field_type = _FIELDS[key].type
+    expected = {"int": int, "float": float, "str": str}.get(str(field_type))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def build_config(values: dict[str, Any]) -> NodeConfig:
+    """A NodeConfig from a flat mapping; unknown keys and bad values named."""
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+    try:
+        return NodeConfig(**{k: _coerce(k, v) for k, v in values.items()})
+    except InvalidArgumentError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    node = data.pop("node", None)
+    if isinstance(node, dict):  # accept a [node] table as well as top-level keys
+        data = {**data, **node}
+    return data

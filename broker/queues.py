@@ -1,0 +1,215 @@
+"""In-memory queue state: partitions of ready messages, consumers, counters.
+
+A :class:`Queue` is split into :class:`Partition` objects by its data mapper.
+Each partition keeps its *ready* messages in offset order; a message handed to
+a consumer leaves ``ready`` and is held by the consumer's session until it is
+settled (ack / reject -> gone; nack(requeue) or a dead session -> back into
+``ready`` at its offset position).  Nothing here does I/O: :mod:`broker.node`
+turns these changes into store write ops and frames.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from broker.mapper import MAPPERS, DataMapper, make_mapper
+from client.errors import InvalidArgumentError
+from client.protocol.frames import Declare, QueueInfo
+from storage.base import QueueMeta
+
+if TYPE_CHECKING:
+    from broker.session import Session
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+MAX_PARTITIONS = 1024
+MAX_RING_SIZE = 1 << 20
+
+
+EMPTY_HEADERS = msgpack.packb({})
+
+
+def encode_headers(headers: dict[str, str]) -> bytes:
+    return msgpack.packb(headers) if headers else EMPTY_HEADERS
+
+
+def decode_headers(blob: bytes) -> dict[str, str]:
+    return msgpack.unpackb(blob, raw=False) if blob != EMPTY_HEADERS else {}
+
+
+class Msg:
+    """One stored message while it lives in the broker."""
+
+    __slots__ = ("partition", "offset", "key", "headers", "headers_blob", "body", "producer_id", "seq",
+                 "ts", "dc")
+
+    def __init__(self, partition: int, offset: int, key: str | None, headers: dict[str, str],
+                 headers_blob: bytes, body: bytes, producer_id: str | None, seq: int | None,
+                 ts: float, dc: int = 0) -> None:
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.headers = headers
+        self.headers_blob = headers_blob
+        self.body = body
+        self.producer_id = producer_id
+        self.seq = seq
+        self.ts = ts
+        self.dc = dc  # delivery count: deliveries so far, including one in flight
+
+    @property
+    def id(self) -> str:
+        return f"{self.partition}-{self.offset}"
+
+
+class Partition:
+    __slots__ = ("index", "ready", "next_offset", "committed_end", "producers")
+
+    def __init__(self, index: int, next_offset: int = 0) -> None:
+        self.index = index
+        self.ready: deque[Msg] = deque()
+        self.next_offset = next_offset  # offset the next appended message gets
+        self.committed_end = next_offset  # end of what the store has committed
+        self.producers: dict[str, int] = {}  # producer id -> last stored seq
+
+    def requeue(self, msg: Msg) -> None:
+        """Put ``msg`` back at its offset position (usually the front)."""
+        ready = self.ready
+        if not ready or ready[0].offset > msg.offset:
+            ready.appendleft(msg)
+        elif ready[-1].offset < msg.offset:
+            ready.append(msg)
+        else:
+            i = bisect.bisect_left([m.offset for m in ready], msg.offset)
+            ready.insert(i, msg)
+
+
+class Consumer:
+    __slots__ = ("id", "queue", "session", "prefetch", "unacked")
+
+    def __init__(self, id: int, queue: Queue, session: Session, prefetch: int) -> None:
+        self.id = id
+        self.queue = queue
+        self.session = session
+        self.prefetch = prefetch
+        self.unacked = 0
+
+    @property
+    def credit(self) -> int:
+        return self.prefetch - self.unacked
+
+
+def validate_declare(frame: Declare) -> None:
+    """Raise InvalidArgumentError naming the first bad field of a declare."""
+    if not QUEUE_NAME.match(frame.queue):
+        raise InvalidArgumentError(
+            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : -"
+        )
+    if not 1 <= frame.partitions <= MAX_PARTITIONS:
+        raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
+    if frame.mapper not in MAPPERS:
+        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(MAPPERS)}")
+    if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
+        raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
+    if frame.max_deliveries < 0:
+        raise InvalidArgumentError("max_deliveries: must be >= 0 (0 = unlimited)")
+    if frame.max_length < 0:
+        raise InvalidArgumentError("max_length: must be >= 0 (0 = unlimited)")
+    dlq = frame.dead_letter_queue
+    if dlq is not None:
+        if not QUEUE_NAME.match(dlq):
+            raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
+        if dlq == frame.queue:
+            raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
+
+
+
+class Queue:
+    def __init__(self, meta: QueueMeta) -> None:
+        self.meta = meta
+        self.partitions = [Partition(i) for i in range(meta.partitions)]
+        self.mapper: DataMapper = make_mapper(meta.mapper, meta.partitions, meta.ring_size)
+        self.consumers: list[Consumer] = []
+        self.ready_count = 0
+        self.unacked_count = 0
+        self.pending_count = 0  # appended, not yet committed (SYNC / WRITE_NO_SYNC)
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+        self._next_partition = 0
+        self._next_consumer = 0
+        self.deleted = False
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def depth(self) -> int:
+        return self.ready_count + self.unacked_count + self.pending_count
+
+    def info(self) -> QueueInfo:
+        m = self.meta
+        return QueueInfo(
+            m.name, m.partitions, m.mapper, m.ring_size, m.max_deliveries, m.dead_letter_queue,
+            m.max_length, self.ready_count, self.unacked_count + self.pending_count,
+            len(self.consumers), self.published, self.delivered, self.acked,
+        )
+
+    # -- ready messages -------------------------------------------------------------------
+
+    def add_ready(self, partition: Partition, msgs: Iterable[Msg]) -> None:
+        before = len(partition.ready)
+        partition.ready.extend(msgs)
+        self.ready_count += len(partition.ready) - before
+
+    def take(self, n: int) -> list[Msg]:
+        """Up to ``n`` ready messages, taken round-robin over partitions in batches."""
+        out: list[Msg] = []
+        parts = self.partitions
+        count = len(parts)
+        empty_seen = 0
+        i = self._next_partition
+        share = max(1, n // count) if count > 1 else n
+        while len(out) < n and empty_seen < count:
+            ready = parts[i].ready
+            if ready:
+                empty_seen = 0
+                k = min(share, n - len(out), len(ready))
+                popleft = ready.popleft
+                out.extend(popleft() for _ in range(k))
+            else:
+                empty_seen += 1
+            i = (i + 1) % count
+        self._next_partition = i
+        self.ready_count -= len(out)
+        return out
+
+    def requeue(self, msg: Msg) -> None:
+        self.partitions[msg.partition].requeue(msg)
+        self.ready_count += 1
+
+    def purge_ready(self) -> dict[int, list[int]]:
+        """Drop every ready message; returns offsets removed per partition."""
+        removed: dict[int, list[int]] = {}
+        for p in self.partitions:
+            if p.ready:
+                removed[p.index] = [m.offset for m in p.ready]
+                p.ready.clear()
+        self.ready_count = 0
+        return removed
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def consumers_in_turn(self) -> list[Consumer]:
+        cs = self.consumers
+        if len(cs) <= 1:
+            return list(cs)
+        k = self._next_consumer % len(cs)
+        self._next_consumer = k + 1
+        return cs[k:] + cs[:k]

@@ -1,0 +1,412 @@
+"""One client connection: a thin asyncio shell around the sans-IO protocol.
+
+The read loop moves bytes from the socket into :class:`ProtocolConnection`,
+turns each frame into a call on the :class:`Node`, and writes what comes back.
+Publishes and acks do not block the loop: their replies are written when the
+store confirms, so a client may pipeline many batches.  Queue administration
+(declare, delete, purge) and stream reads are awaited in order.
+
+A bad frame gets an ``Error`` frame naming its request id; a frame the stream
+cannot recover from (over ``max_frame_size``, or anything wrong before the
+handshake) gets an ``Error`` and the connection is closed.  Either way the node
+and its other clients go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from broker.queues import Consumer, Msg, decode_headers
+from broker.users import require_admin
+from client.errors import (
+    AuthError,
+    ConsumerNotFoundError,
+    ErrorCode,
+    HeartbeatTimeoutError,
+    InvalidArgumentError,
+    LocalProtocolError,
+    PartitionNotFoundError,
+    TandemError,
+    UnknownDeliveryTagError,
+    UnsupportedProtocolError,
+)
+from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, choose_version
+from client.protocol.frames import (
+    Ack,
+    Cancel,
+    Close,
+    Declare,
+    DeclareOk,
+    Deliver,
+    Delivery,
+    Delete,
+    Error,
+    Frame,
+    Get,
+    GetOk,
+    Heartbeat,
+    Hello,
+    ListQueues,
+    Nack,
+    Ok,
+    Publish,
+    PublishOk,
+    Purge,
+    PurgeOk,
+    Queues,
+    Read,
+    ReadOk,
+    Reject,
+    StreamMessage,
+    Subscribe,
+    SubscribeOk,
+    Welcome,
+)
+from storage.base import UserRecord
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+log = logging.getLogger("tandem.broker")
+
+READ_CHUNK = 256 * 1024
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+MAX_READ_BATCH = 10000
+
+
+class Session:
+    def __init__(self, node: Node, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.node = node
+        self.reader = reader
+        self.writer = writer
+        self.proto = ProtocolConnection(Role.SERVER, max_frame_size=node.config.max_frame_size)
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.client_name = self.peer
+        self.user: UserRecord | None = None
+        self.consumers: dict[int, Consumer] = {}
+        self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
+        self._next_tag = 1
+        self.heartbeat = node.config.heartbeat
+        clock = node.clock
+        self.last_recv = self.last_send = clock.monotonic()
+        self.finished = asyncio.Event()
+        self._closing = False
+        self._drain_task: asyncio.Task[None] | None = None
+        self._tg: asyncio.TaskGroup | None = None
+
+    # -- output --------------------------------------------------------------------------
+
+    def send(self, frame: Frame) -> None:
+        if self._closing or self.writer.is_closing():
+            return
+        try:
+            data = self.proto.send(frame)
+        except LocalProtocolError:
+            log.exception("session %s: refused to send %s", self.client_name, type(frame).__name__)
+            return
+        self.writer.write(data)
+        self.last_send = self.node.clock.monotonic()
+
+    def send_error(self, rid: int, exc: TandemError) -> None:
+        self.send(Error(rid=rid, code=int(exc.code), message=exc.message,
+                        active_hint=getattr(exc, "active_hint", None)))
+
+    @property
+    def writable(self) -> bool:
+        if self._closing:
+            return False
+        if self.writer.transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+            return True
+        if self._drain_task is None and self._tg is not None:
+            self._drain_task = self._tg.create_task(self._wait_drain())
+        return False
+
+    async def _wait_drain(self) -> None:
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            self._drain_task = None
+        for c in self.consumers.values():
+            self.node.schedule_dispatch(c.queue)
+
+    def close(self, code: int = 0, reason: str = "") -> None:
+        if self._closing:
+            return
+        if not self.proto.closed:
+            try:
+                self.writer.write(self.proto.send(Close(code=code, reason=reason)))
+            except LocalProtocolError:
+                pass  # already sent a Close: nothing more may follow
+        self._closing = True
+        self.writer.close()
+
+    def shutdown(self, exc: TandemError) -> None:
+        self.send_error(0, exc)
+        self.close(int(exc.code), exc.message)
+
+    # -- the connection task -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                hb = tg.create_task(self._heartbeats())
+                try:
+                    await self._read_loop()
+                finally:
+                    hb.cancel()
+                    if self._drain_task is not None:
+                        self._drain_task.cancel()
+        except* ConnectionError:
+            pass
+        finally:
+            if not self.writer.is_closing():
+                self.writer.close()
+            self._closing = True
+            self.finished.set()
+
+    async def _read_loop(self) -> None:
+        while not self._closing:
+            data = await self.reader.read(READ_CHUNK)
+            self.last_recv = self.node.clock.monotonic()
+            self.proto.receive_data(data)
+            while not self._closing:
+                try:
+                    event = self.proto.next_event()
+                except FrameError as exc:
+                    log.warning("session %s: bad frame code=%s fatal=%s: %s",
+                                self.client_name, exc.code.name, exc.fatal, exc.message)
+                    self.send_error(exc.rid, exc)
+                    if exc.fatal:
+                        self.close(int(exc.code), exc.message)
+                        return
+                    continue
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionEnded):
+                    return
+                assert isinstance(event, Frame)
+                await self._handle(event)
+            if not data:
+                return
+
+    async def _heartbeats(self) -> None:
+        clock = self.node.clock
+        while True:
+            await clock.sleep(self.heartbeat / 2)
+            now = clock.monotonic()
+            if now - self.last_recv > 3 * self.heartbeat:
+                err = HeartbeatTimeoutError(f"no frame from the client for {3 * self.heartbeat:.1f}s")
+                log.warning("session %s: %s", self.client_name, err.message)
+                self.shutdown(err)
+                self.reader.feed_eof()
+                return
+            if self.user is not None and now - self.last_send >= self.heartbeat:
+                self.send(Heartbeat())
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    async def _handle(self, frame: Frame) -> None:
+        rid = getattr(frame, "rid", 0)
+        try:
+            if isinstance(frame, Hello):
+                await self._hello(frame)
+            elif isinstance(frame, (Heartbeat, Ok, Error)):
+                pass
+            elif isinstance(frame, Close):
+                log.info("session %s: client closed code=%d reason=%s", self.client_name, frame.code, frame.reason)
+                self.close()
+            else:
+                handler = _HANDLERS.get(type(frame))
+                if handler is None:
+                    raise InvalidArgumentError(f"{type(frame).__name__} is not a request a client may send")
+                await handler(self, frame)
+        except TandemError as exc:
+            self.send_error(rid, exc)
+            if isinstance(frame, Hello):
+                self.close(int(exc.code), exc.message)
+        except Exception as exc:  # a bug must cost one request, not the node
+            log.exception("session %s: internal error on %s", self.client_name, type(frame).__name__)
+            self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=f"internal error: {exc!r}"))
+
+    async def _hello(self, frame: Hello) -> None:
+        try:
+            version = choose_version(frame.min_version, frame.max_version)
+        except UnsupportedProtocolError as exc:
+            log.warning("session %s: %s", self.peer, exc.message)
+            raise
+        registry = self.node.users
+        user = registry.check_cached(frame.user, frame.password)
+        if user is None:
+            try:
+                user = await asyncio.to_thread(registry.verify, frame.user, frame.password)
+            except AuthError:
+                log.warning("session %s: authentication failed user=%s", self.peer, frame.user)
+                raise
+        self.user = user
+        self.client_name = f"{frame.client_name}@{self.peer}"
+        if frame.heartbeat > 0:
+            self.heartbeat = max(0.5, min(self.heartbeat, frame.heartbeat))
+        cfg = self.node.config
+        self.proto.max_frame_size = cfg.max_frame_size
+        self.send(Welcome(version=version, node=cfg.name, heartbeat=self.heartbeat,
+                          max_frame_size=cfg.max_frame_size, max_message_size=cfg.max_message_size))
+        log.info("session %s: open user=%s version=%d", self.client_name, user.name, version)
+
+    def _admin(self, what: str) -> None:
+        assert self.user is not None  # the protocol state machine admits no request before Hello
+        require_admin(self.user, what)
+
+    async def _declare(self, f: Declare) -> None:
+        self._admin("declare queues")
+        info, created = await self.node.declare(f)
+        self.send(DeclareOk(rid=f.rid, queue=info, created=created))
+
+    async def _delete(self, f: Delete) -> None:
+        self._admin("delete queues")
+        await self.node.delete(f.queue, f.if_empty)
+        self.send(Ok(rid=f.rid))
+
+    async def _purge(self, f: Purge) -> None:
+        self._admin("purge queues")
+        self.send(PurgeOk(rid=f.rid, purged=await self.node.purge(f.queue)))
+
+    async def _list(self, f: ListQueues) -> None:
+        self.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.queues.values()]))
+
+    async def _publish(self, f: Publish) -> None:
+        self._admin("publish")
+        rid = f.rid
+
+        def done(stored: int, duplicates: int, err: BaseException | None) -> None:
+            if err is None:
+                self.send(PublishOk(rid=rid, stored=stored, duplicates=duplicates))
+            elif isinstance(err, TandemError):
+                self.send_error(rid, err)
+            else:
+                self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
+
+        self.node.publish(f.queue, f.producer_id, f.messages, done)
+
+    async def _subscribe(self, f: Subscribe) -> None:
+        self._admin("consume")
+        c = self.node.add_consumer(self, f.queue, f.prefetch)
+        self.consumers[c.id] = c
+        self.send(SubscribeOk(rid=f.rid, consumer=c.id))
+
+    async def _cancel(self, f: Cancel) -> None:
+        c = self.consumers.pop(f.consumer, None)
+        if c is None:
+            raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
+        self.node.remove_consumer(c)
+        self.send(Ok(rid=f.rid))
+
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
+        self.consumers.pop(c.id, None)
+        self.node.remove_consumer(c)
+        self.send(Cancel(rid=0, consumer=c.id))
+        log.info("session %s: consumer %d cancelled: %s", self.client_name, c.id, reason)
+
+    def _delivery(self, c: Consumer, m: Msg) -> Delivery:
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self.deliveries[tag] = (c, m)
+        return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts,
+                        f"{m.partition}-{m.offset}")
+
+    def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
+        self.node.record_deliveries(c.queue, msgs)
+        c.unacked += len(msgs)
+        self.send(Deliver(consumer=c.id, messages=[self._delivery(c, m) for m in msgs]))
+
+    async def _get(self, f: Get) -> None:
+        self._admin("get")
+        q = self.node.queue(f.queue)
+        msgs = q.take(1)
+        if not msgs:
+            self.send(GetOk(rid=f.rid, message=None))
+            return
+        self.node.record_deliveries(q, msgs)
+        holder = Consumer(0, q, self, 1)
+        holder.unacked = 1
+        d = self._delivery(holder, msgs[0])
+        if f.auto_ack:
+            self.node.ack([self.deliveries.pop(d.tag)])
+        self.send(GetOk(rid=f.rid, message=d))
+
+    def _settle(self, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:
+        held = self.deliveries
+        if multiple:
+            if not tags:
+                return [], []
+            upto = max(tags)
+            done_tags = [t for t in held if t <= upto]
+            out = [held.pop(t) for t in done_tags]
+            return out, ([] if out else [upto])
+        out, unknown = [], []
+        for t in tags:
+            item = held.pop(t, None)
+            if item is None:
+                unknown.append(t)
+            else:
+                out.append(item)
+        return out, unknown
+
+    def _settled(self, rid: int, unknown: list[int]) -> None:
+        if unknown:
+            shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+            self.send_error(rid, UnknownDeliveryTagError(
+                f"unknown delivery tag(s) {shown}: not held by this connection "
+                "(already settled, or delivered on an earlier connection)"))
+        else:
+            self.send(Ok(rid=rid))
+
+    async def _ack(self, f: Ack) -> None:
+        settled, unknown = self._settle(f.tags, f.multiple)
+        self.node.ack(settled)
+        self._settled(f.rid, unknown)
+
+    async def _nack(self, f: Nack) -> None:
+        settled, unknown = self._settle(f.tags, f.multiple)
+        if f.requeue:
+            self.node.requeue(settled)
+        else:
+            self.node.dead_letter(settled, "rejected")
+        self._settled(f.rid, unknown)
+
+    async def _reject(self, f: Reject) -> None:
+        settled, unknown = self._settle(f.tags, f.multiple)
+        self.node.dead_letter(settled, "rejected")
+        self._settled(f.rid, unknown)
+
+    async def _read(self, f: Read) -> None:
+        q = self.node.queue(f.queue)
+        if not 0 <= f.partition < len(q.partitions):
+            raise PartitionNotFoundError(f"queue {f.queue!r} has no partition {f.partition}")
+        if f.offset < 0 or not 1 <= f.max_messages <= MAX_READ_BATCH:
+            raise InvalidArgumentError(f"offset must be >= 0 and max_messages 1..{MAX_READ_BATCH}")
+        part = q.partitions[f.partition]
+        end = part.committed_end
+        rows = await asyncio.to_thread(self.node.engine.read, q.meta.id, f.partition, f.offset, f.max_messages)
+        full = len(rows) == f.max_messages
+        rows = [r for r in rows if r.offset < end]
+        msgs = [
+            StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers), r.body, r.timestamp,
+                          f"{f.partition}-{r.offset}")
+            for r in rows
+        ]
+        nxt = rows[-1].offset + 1 if rows and full else max(end, f.offset)
+        self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
+
+
+_HANDLERS = {
+    Declare: Session._declare, Delete: Session._delete, Purge: Session._purge,
+    ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
+    Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
+    Reject: Session._reject, Read: Session._read,
+}

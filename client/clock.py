@@ -1,0 +1,48 @@
+"""The one clock.  Everything that waits or measures time takes a :class:`Clock`.
+
+Production code uses :class:`SystemClock` (the running asyncio loop); tests of
+sans-IO cores pass a fake they advance by hand.  Nothing outside this module
+calls ``time.monotonic()`` or ``asyncio.sleep()`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> Any: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (for timeouts and durations)."""
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (for message timestamps)."""
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
+
+
+class SystemClock:
+    """The real clock, on the running asyncio loop."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+
+SYSTEM_CLOCK = SystemClock()

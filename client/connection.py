@@ -1,0 +1,398 @@
+"""The asyncio client connection.
+
+    conn = await client.connect("tandem://admin:PW@127.0.0.1:7780")
+    await conn.declare_queue("orders", partitions=4)
+    async with conn.producer("orders") as p:
+        await p.send(b"hello", key="customer-1")
+    async with conn.consumer("orders", prefetch=256) as c:
+        async for m in c:
+            await m.ack()
+    await conn.close()
+
+One reader task moves bytes from the socket into the sans-IO protocol and
+routes frames: replies to the request futures waiting on their ``rid``,
+deliveries to their consumer.  A heartbeat task keeps the link alive and
+notices a dead broker.  Both are owned by the connection and end with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from client.clock import SYSTEM_CLOCK, Clock
+from client.errors import (
+    ConnectionClosedError,
+    HeartbeatTimeoutError,
+    TandemError,
+    for_code,
+)
+from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
+from client.protocol.frames import (
+    Ack,
+    Cancel,
+    Close,
+    Declare,
+    DeclareOk,
+    Deliver,
+    Delete,
+    Error,
+    Frame,
+    Get,
+    GetOk,
+    Heartbeat,
+    ListQueues,
+    Nack,
+    Purge,
+    PurgeOk,
+    QueueInfo,
+    Queues,
+    Read,
+    ReadOk,
+    Reject,
+    StreamMessage,
+    Welcome,
+)
+from client.url import ConnectParams, parse_url
+
+if TYPE_CHECKING:
+    from client.consumer import Consumer, Message
+    from client.producer import Producer
+
+log = logging.getLogger("tandem.client")
+
+
+async def connect(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK) -> Connection:
+    """Open a connection to the first reachable node of ``url``."""
+    params = parse_url(url)
+    if client_name:
+        params = ConnectParams(**{**_params_dict(params), "client_name": client_name})
+    conn = Connection(params, clock=clock)
+    await conn._open()
+    return conn
+
+
+def _params_dict(p: ConnectParams) -> dict[str, Any]:
+    return {k: getattr(p, k) for k in p.__dataclass_fields__}
+
+
+class Connection:
+    def __init__(self, params: ConnectParams, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.params = params
+        self.clock = clock
+        self.proto = ProtocolConnection(Role.CLIENT)
+        self.node: str | None = None
+        self.max_message_size = 5 * 1024 * 1024
+        self.max_frame_size = 8 * 1024 * 1024
+        self.heartbeat = params.heartbeat
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._rids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._consumers: dict[int, Consumer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed: TandemError | None = None
+        self._last_recv = self._last_send = 0.0
+        self._acks: dict[tuple[type, bool], list[tuple[int, asyncio.Future[None]]]] = {}
+        self._ack_flush_scheduled = False
+        self.closed_event = asyncio.Event()
+        self.closed_by_client = False
+
+    # -- open / close ---------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        last: BaseException | None = None
+        for host, port in self.params.hosts:
+            try:
+                await asyncio.wait_for(self._open_one(host, port), self.params.connect_timeout)
+                return
+            except TandemError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+            except (OSError, asyncio.TimeoutError) as exc:
+                last = exc
+            self._reset()
+        hosts = ", ".join(f"{h}:{p}" for h, p in self.params.hosts)
+        raise ConnectionClosedError(f"cannot connect to {hosts}: {last}")
+
+    def _reset(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.proto = ProtocolConnection(Role.CLIENT)
+        self._reader = self._writer = None
+
+    async def _open_one(self, host: str, port: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reader, self._writer = reader, writer
+        p = self.params
+        writer.write(self.proto.hello(client_name=p.client_name, user=p.user, password=p.password,
+                                      heartbeat=p.heartbeat))
+        while True:
+            frame = await self._next_frame()
+            if isinstance(frame, Welcome):
+                break
+            if isinstance(frame, Error):
+                raise for_code(frame.code, frame.message, active_hint=frame.active_hint)
+            if isinstance(frame, Close):
+                raise ConnectionClosedError(f"broker closed the connection: {frame.reason}")
+        self.node = frame.node
+        self.heartbeat = frame.heartbeat if p.heartbeat > 0 else 0.0
+        self.max_message_size = frame.max_message_size
+        self.max_frame_size = frame.max_frame_size
+        self.proto.max_frame_size = frame.max_frame_size
+        self._last_recv = self._last_send = self.clock.monotonic()
+        self._tasks.append(asyncio.create_task(self._read_loop(), name="tandem-client-reader"))
+        if self.heartbeat > 0:
+            self._tasks.append(asyncio.create_task(self._heartbeats(), name="tandem-client-heartbeat"))
+        log.debug("connected node=%s version=%s", self.node, self.proto.version)
+
+    async def _next_frame(self) -> Frame:
+        assert self._reader is not None
+        while True:
+            event = self.proto.next_event()
+            if event is NEED_DATA:
+                data = await self._reader.read(256 * 1024)
+                self.proto.receive_data(data)
+                continue
+            if isinstance(event, ConnectionEnded):
+                raise ConnectionClosedError("connection closed by the broker")
+            assert isinstance(event, Frame)
+            return event
+
+    async def close(self) -> None:
+        """Close politely: send Close, stop the tasks, fail what is still waiting."""
+        self.closed_by_client = True
+        if self._writer is not None and self._closed is None and not self.proto.closed:
+            try:
+                self._writer.write(self.proto.send(Close(code=0, reason="client closed")))
+            except TandemError:
+                pass  # the protocol is already closing; nothing more may be sent
+        self._shutdown(ConnectionClosedError("connection closed by the client"))
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._writer is not None:
+            try:
+                await self._writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass  # the peer went first; the socket is closed either way
+
+    def _shutdown(self, exc: TandemError) -> None:
+        if self._closed is not None:
+            return
+        self._closed = exc
+        if self._writer is not None:
+            self._writer.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+        for items in self._acks.values():
+            for _tag, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+        self._acks.clear()
+        for c in list(self._consumers.values()):
+            c._closed(exc)
+        self.closed_event.set()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed is not None
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                frame = await self._next_frame()
+                self._last_recv = self.clock.monotonic()
+                self._dispatch(frame)
+        except FrameError as exc:
+            self._shutdown(ConnectionClosedError(f"protocol error from the broker: {exc.message}"))
+        except TandemError as exc:
+            self._shutdown(exc)
+        except (ConnectionError, OSError) as exc:
+            self._shutdown(ConnectionClosedError(f"connection lost: {exc}"))
+
+    async def _heartbeats(self) -> None:
+        while self._closed is None:
+            await self.clock.sleep(self.heartbeat / 2)
+            now = self.clock.monotonic()
+            if now - self._last_recv > 3 * self.heartbeat:
+                self._shutdown(HeartbeatTimeoutError(f"no frame from node {self.node} for {3 * self.heartbeat:.1f}s"))
+                return
+            if now - self._last_send >= self.heartbeat:
+                self.send_frame(Heartbeat())
+
+    def _dispatch(self, frame: Frame) -> None:
+        if isinstance(frame, Deliver):
+            c = self._consumers.get(frame.consumer)
+            if c is not None:
+                c._deliver(frame.messages)
+            return
+        rid = getattr(frame, "rid", 0)
+        if rid:
+            fut = self._pending.pop(rid, None)
+            if fut is not None and not fut.done():
+                if isinstance(frame, Error):
+                    fut.set_exception(for_code(frame.code, frame.message, active_hint=frame.active_hint))
+                else:
+                    fut.set_result(frame)
+            return
+        if isinstance(frame, Cancel):
+            c = self._consumers.pop(frame.consumer, None)
+            if c is not None:
+                c._closed(ConnectionClosedError("consumer cancelled by the broker (queue deleted)"))
+        elif isinstance(frame, Error):
+            log.warning("broker error: code=%d %s", frame.code, frame.message)
+        elif isinstance(frame, Close):
+            self._shutdown(ConnectionClosedError(f"broker closed the connection: {frame.reason or frame.code}"))
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def next_rid(self) -> int:
+        return next(self._rids)
+
+    def send_frame(self, frame: Frame) -> None:
+        if self._closed is not None:
+            raise self._closed
+        assert self._writer is not None
+        self._writer.write(self.proto.send(frame))
+        self._last_send = self.clock.monotonic()
+
+    def request_nowait(self, frame: Frame) -> asyncio.Future[Frame]:
+        """Send a request (its ``rid`` from :meth:`next_rid`); the future gets the reply."""
+        if self._closed is not None:
+            raise self._closed
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._pending[frame.rid] = fut  # type: ignore[attr-defined]
+        self.send_frame(frame)
+        return fut
+
+    async def request(self, make: Callable[[int], Frame]) -> Frame:
+        return await self.request_nowait(make(self.next_rid()))
+
+    async def drain(self) -> None:
+        if self._writer is not None:
+            await self._writer.drain()
+
+    # -- queues ------------------------------------------------------------------------------------
+
+    async def declare_queue(self, name: str, *, partitions: int = 1, mapper: str = "consistent_hash",
+                            ring_size: int = 1024, max_deliveries: int = 0,
+                            dead_letter_queue: str | None = None, max_length: int = 0) -> QueueInfo:
+        """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError)."""
+        reply = await self.request(lambda rid: Declare(
+            rid=rid, queue=name, partitions=partitions, mapper=mapper, ring_size=ring_size,
+            max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
+        assert isinstance(reply, DeclareOk)
+        return reply.queue
+
+    async def delete_queue(self, name: str, *, if_empty: bool = False) -> None:
+        await self.request(lambda rid: Delete(rid=rid, queue=name, if_empty=if_empty))
+
+    async def purge_queue(self, name: str) -> int:
+        """Drop the queue's ready messages; returns how many."""
+        reply = await self.request(lambda rid: Purge(rid=rid, queue=name))
+        assert isinstance(reply, PurgeOk)
+        return reply.purged
+
+    async def list_queues(self) -> list[QueueInfo]:
+        reply = await self.request(lambda rid: ListQueues(rid=rid))
+        assert isinstance(reply, Queues)
+        return reply.queues
+
+    async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
+        """One message, or None when the queue has none ready."""
+        from client.consumer import Message
+
+        reply = await self.request(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
+        assert isinstance(reply, GetOk)
+        return Message(self, reply.message) if reply.message is not None else None
+
+    async def read(self, queue: str, partition: int, offset: int = 0,
+                   max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
+        """Read a partition by offset without consuming: (messages, next_offset, end_offset)."""
+        reply = await self.request(lambda rid: Read(rid=rid, queue=queue, partition=partition,
+                                                    offset=offset, max_messages=max_messages))
+        assert isinstance(reply, ReadOk)
+        return reply.messages, reply.next_offset, reply.end_offset
+
+    # -- producers and consumers ---------------------------------------------------------------------
+
+    def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 1000,
+                 max_in_flight: int = 64) -> Producer:
+        from client.producer import Producer
+
+        return Producer(self, queue, producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight)
+
+    def consumer(self, queue: str, *, prefetch: int = 256) -> Consumer:
+        from client.consumer import Consumer
+
+        return Consumer(self, queue, prefetch=prefetch)
+
+    def _register(self, consumer_id: int, c: Consumer) -> None:
+        self._consumers[consumer_id] = c
+
+    def _unregister(self, consumer_id: int) -> None:
+        self._consumers.pop(consumer_id, None)
+
+    # -- settlement (coalesced: all acks of one loop iteration go in one frame) ---------------------------
+
+    def settle(self, kind: type, tag: int, requeue: bool = True) -> asyncio.Future[None]:
+        if self._closed is not None:
+            raise self._closed
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.setdefault((kind, requeue), []).append((tag, fut))
+        if not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        return fut
+
+    def _flush_acks(self) -> None:
+        self._ack_flush_scheduled = False
+        batches, self._acks = self._acks, {}
+        for (kind, requeue), items in batches.items():
+            rid = self.next_rid()
+            tags = [t for t, _ in items]
+            if kind is Nack:
+                frame: Frame = Nack(rid=rid, tags=tags, requeue=requeue)
+            elif kind is Reject:
+                frame = Reject(rid=rid, tags=tags)
+            else:
+                frame = Ack(rid=rid, tags=tags)
+            futs = [f for _, f in items]
+            try:
+                reply = self.request_nowait(frame)
+            except TandemError as exc:
+                for f in futs:
+                    if not f.done():
+                        f.set_exception(exc)
+                continue
+            reply.add_done_callback(lambda r, futs=futs: _fan_out(r, futs))
+
+
+def _fan_out(reply: asyncio.Future[Frame], futs: list[asyncio.Future[None]]) -> None:
+    exc = reply.exception() if not reply.cancelled() else ConnectionClosedError("cancelled")
+    for f in futs:
+        if not f.done():
+            f.set_exception(exc) if exc else f.set_result(None)

@@ -1,0 +1,143 @@
+"""Consumers: deliveries pushed by the broker under credit-based flow control.
+
+The broker sends at most ``prefetch`` unsettled messages to a consumer; each
+ack, nack or reject frees credit for the next.  Deliveries arrive in batches
+and wait in a local buffer that ``async for m in consumer`` drains.
+
+``m.ack()``, ``m.nack(requeue=True)`` and ``m.reject()`` return awaitables;
+all settlements made in one event-loop iteration travel in one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from client.errors import InvalidArgumentError, TandemError
+from client.protocol.frames import Ack, Cancel, Delivery, Nack, Reject, Subscribe, SubscribeOk
+
+if TYPE_CHECKING:
+    from client.connection import Connection
+
+
+class Message:
+    """A delivered message.  Settle it exactly once with ack, nack or reject."""
+
+    __slots__ = ("_conn", "_d", "_settled")
+
+    def __init__(self, conn: Connection, delivery: Delivery) -> None:
+        self._conn = conn
+        self._d = delivery
+        self._settled = False
+
+    body = property(lambda self: self._d.body, doc="the payload, bytes")
+    key = property(lambda self: self._d.key, doc="the message key, or None")
+    headers = property(lambda self: self._d.headers, doc="dict of str to str")
+    id = property(lambda self: self._d.id, doc="'<partition>-<offset>', unique within the queue")
+    partition = property(lambda self: self._d.partition)
+    offset = property(lambda self: self._d.offset)
+    redelivered = property(lambda self: self._d.redelivered, doc="delivered before (and not acked)")
+    delivery_count = property(lambda self: self._d.delivery_count, doc="deliveries so far, this one included")
+    timestamp = property(lambda self: self._d.timestamp, doc="when the broker stored it (epoch seconds)")
+    tag = property(lambda self: self._d.tag, doc="delivery tag on this connection")
+
+    def _settle(self, kind: type, requeue: bool = True) -> asyncio.Future[None]:
+        if self._settled:
+            raise InvalidArgumentError(f"message {self.id} is already settled")
+        self._settled = True
+        return self._conn.settle(kind, self._d.tag, requeue)
+
+    def ack(self) -> asyncio.Future[None]:
+        """Done with it: the broker forgets the message."""
+        return self._settle(Ack)
+
+    def nack(self, *, requeue: bool = True) -> asyncio.Future[None]:
+        """Not done: back to the queue (or, with requeue=False, to the dead-letter queue)."""
+        return self._settle(Nack, requeue)
+
+    def reject(self) -> asyncio.Future[None]:
+        """Cannot be processed: dead-letter it (dropped if the queue has no dead-letter queue)."""
+        return self._settle(Reject)
+
+    def __repr__(self) -> str:
+        return f"<Message id={self.id} key={self.key!r} bytes={len(self.body)} dc={self.delivery_count}>"
+
+
+class Consumer:
+    def __init__(self, conn: Connection, queue: str, *, prefetch: int = 256) -> None:
+        if not 1 <= prefetch <= 65535:
+            raise InvalidArgumentError("prefetch must be 1..65535")
+        self.conn = conn
+        self.queue = queue
+        self.prefetch = prefetch
+        self.consumer_id: int | None = None
+        self._buffer: deque[Delivery] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: TandemError | None = None
+        self.received = 0
+
+    async def start(self) -> Consumer:
+        if self.consumer_id is None:
+            reply = await self.conn.request(lambda rid: Subscribe(rid=rid, queue=self.queue, prefetch=self.prefetch))
+            assert isinstance(reply, SubscribeOk)
+            self.consumer_id = reply.consumer
+            self.conn._register(reply.consumer, self)
+        return self
+
+    def _deliver(self, deliveries: list[Delivery]) -> None:
+        self._buffer.extend(deliveries)
+        self.received += len(deliveries)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _closed(self, exc: TandemError) -> None:
+        self._error = exc
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self.consumer_id is None:
+            await self.start()
+        while not self._buffer:
+            if self._error is not None:
+                if self.conn.closed_by_client:
+                    raise StopAsyncIteration
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        return Message(self.conn, self._buffer.popleft())
+
+    async def next(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after ``timeout`` seconds without one."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        except StopAsyncIteration:
+            return None
+
+    async def cancel(self) -> None:
+        """Stop deliveries.  Messages already delivered stay held until settled."""
+        if self.consumer_id is not None and not self.conn.is_closed:
+            cid = self.consumer_id
+            await self.conn.request(lambda rid: Cancel(rid=rid, consumer=cid))
+            self.conn._unregister(cid)
+        self.consumer_id = None
+
+    async def close(self) -> None:
+        await self.cancel()
+
+    async def __aenter__(self) -> Consumer:
+        return await self.start()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()

@@ -1,0 +1,198 @@
+"""The sans-IO protocol connection: bytes in, frames out; frames in, bytes out.
+
+One object per connection end.  ``receive_data(b"...")`` feeds bytes (``b""``
+is end of stream), ``next_event()`` returns a :class:`Frame`, :data:`NEED_DATA`
+or :class:`ConnectionEnded`; ``send(frame)`` checks the frame is legal now and
+returns its bytes.  Every state transition is in :data:`TRANSITIONS`.
+
+The handshake: the client sends ``Hello`` with its version range; the server
+answers ``Welcome`` with the highest common version (and the negotiated
+heartbeat and limits), or ``Error(UNSUPPORTED_PROTOCOL_VERSION)`` then
+``Close``.  Either side may send ``Close`` at any time; after sending it
+nothing but ``Close`` may follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from client.errors import LocalProtocolError, RemoteProtocolError, UnsupportedProtocolError
+from client.protocol.codec import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameBuffer,
+    FrameError,
+    decode_payload,
+    encode,
+)
+from client.protocol.frames import Close, Error, Frame, Hello, Welcome
+
+#: Protocol versions this code speaks (inclusive range).
+MIN_VERSION = 1
+MAX_VERSION = 1
+
+
+def choose_version(
+    peer_min: int, peer_max: int, ours: tuple[int, int] = (MIN_VERSION, MAX_VERSION)
+) -> int:
+    """Highest version both ranges contain; UnsupportedProtocolError if none."""
+    hi = min(peer_max, ours[1])
+    lo = max(peer_min, ours[0])
+    if hi < lo:
+        raise UnsupportedProtocolError(
+            f"unsupported protocol version: peer speaks {peer_min}..{peer_max}, "
+            f"this node {ours[0]}..{ours[1]}"
+        )
+    return hi
+
+
+class Role(Enum):
+    CLIENT = auto()
+    SERVER = auto()
+
+
+class State(Enum):
+    START = auto()
+    HELLO_SENT = auto()  # client
+    HELLO_RECEIVED = auto()  # server
+    OPEN = auto()
+    CLOSE_SENT = auto()
+    CLOSED = auto()
+    ERROR = auto()
+
+
+class NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionEnded:
+    """The peer's byte stream ended (EOF)."""
+
+    clean: bool  # a Close frame came first
+
+
+_SEND, _RECV = "send", "recv"
+_ANY = "*"
+
+# (role, state, direction, frame class name or *) -> next state
+TRANSITIONS: dict[tuple[Role, State, str, str], State] = {
+    (Role.CLIENT, State.START, _SEND, "Hello"): State.HELLO_SENT,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "Welcome"): State.OPEN,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "Error"): State.HELLO_SENT,
+    (Role.SERVER, State.START, _RECV, "Hello"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Welcome"): State.OPEN,
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Error"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.START, _SEND, "Error"): State.START,
+}
+for _role in Role:
+    for _st in (State.START, State.HELLO_SENT, State.HELLO_RECEIVED, State.OPEN):
+        TRANSITIONS[(_role, _st, _SEND, "Close")] = State.CLOSE_SENT
+        TRANSITIONS[(_role, _st, _RECV, "Close")] = State.CLOSED
+    TRANSITIONS[(_role, State.CLOSE_SENT, _RECV, "Close")] = State.CLOSED
+    TRANSITIONS[(_role, State.CLOSE_SENT, _RECV, _ANY)] = State.CLOSE_SENT
+    TRANSITIONS[(_role, State.OPEN, _SEND, _ANY)] = State.OPEN
+    TRANSITIONS[(_role, State.OPEN, _RECV, _ANY)] = State.OPEN
+
+_HANDSHAKE = {"Hello", "Welcome"}
+
+
+class ProtocolConnection:
+    def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.role = role
+        self.state = State.START
+        self.version: int | None = None
+        self._buffer = FrameBuffer(max_frame_size)
+        self._eof = False
+        self._close_seen = False
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._buffer.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._buffer.max_frame_size = value
+
+    def _advance(self, direction: str, frame: Frame) -> None:
+        name = type(frame).__name__
+        nxt = TRANSITIONS.get((self.role, self.state, direction, name))
+        if nxt is None and name not in _HANDSHAKE:
+            nxt = TRANSITIONS.get((self.role, self.state, direction, _ANY))
+        if nxt is None:
+            verb = "sent" if direction == _SEND else "received"
+            msg = f"{name} cannot be {verb} in state {self.state.name}"
+            if direction == _SEND:
+                raise LocalProtocolError(msg)
+            self.state = State.ERROR
+            raise FrameError(RemoteProtocolError(msg), rid=getattr(frame, "rid", 0), fatal=True)
+        if isinstance(frame, Welcome):
+            self.version = frame.version
+        self.state = nxt
+
+    # -- outbound ----------------------------------------------------------------
+
+    def send(self, frame: Frame) -> bytes:
+        """Bytes for ``frame``; LocalProtocolError if the state forbids it."""
+        if self.state in (State.CLOSED, State.ERROR):
+            raise LocalProtocolError(f"connection is {self.state.name}")
+        self._advance(_SEND, frame)
+        return encode(frame)
+
+    def hello(self, *, client_name: str, user: str, password: str, heartbeat: float) -> bytes:
+        return self.send(Hello(
+            min_version=MIN_VERSION, max_version=MAX_VERSION, client_name=client_name,
+            user=user, password=password, heartbeat=heartbeat,
+        ))
+
+    # -- inbound -----------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if not data:
+            self._eof = True
+        else:
+            self._buffer.feed(data)
+
+    def next_event(self) -> Frame | NeedData | ConnectionEnded:
+        """The next frame, NEED_DATA, or ConnectionEnded.
+
+        Raises FrameError for a bad frame; when ``exc.fatal`` the connection is
+        in state ERROR and must be closed, otherwise it can go on.
+        """
+        if self.state is State.ERROR:
+            raise LocalProtocolError("connection is in ERROR state")
+        try:
+            payload = self._buffer.next_payload()
+        except FrameError:
+            self.state = State.ERROR
+            raise
+        if payload is None:
+            if self._eof:
+                clean = self.state is State.CLOSED
+                self.state = State.CLOSED
+                return ConnectionEnded(clean=clean)
+            return NEED_DATA
+        try:
+            frame = decode_payload(payload)
+        except FrameError as exc:
+            if self.state in (State.START, State.HELLO_SENT):
+                # Nothing is trustworthy before the handshake completes.
+                self.state = State.ERROR
+                exc.fatal = True
+            raise
+        self._advance(_RECV, frame)
+        if isinstance(frame, Error) and self.role is Role.CLIENT and self.state is State.HELLO_SENT:
+            self.state = State.CLOSED
+        return frame
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (State.CLOSED, State.ERROR)
+
+    @staticmethod
+    def is_close(frame: Frame) -> bool:
+        return isinstance(frame, Close)

@@ -1,0 +1,373 @@
+"""Frame types of the Tandem wire protocol, one frozen dataclass per opcode.
+
+On the wire a frame is a msgpack map ``{"op": <Op>, <field>: <value>, ...}``
+(see :mod:`client.protocol.codec` for the byte layout).  Fields named here are
+the whole vocabulary: the decoder checks every field's type against the
+annotations below and builds these objects, so nothing past the decoder sees a
+free-form dict.  *Records* (messages inside a batch) travel as msgpack arrays,
+positional in the order their fields are declared, to keep batches small.
+
+Requests carry ``rid`` (request id, > 0, chosen by the sender, unique among its
+outstanding requests); the reply carries the same ``rid``.  ``rid == 0`` means
+"no reply expected / not a reply".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar
+
+
+class Op(IntEnum):
+    # session
+    HELLO = 1
+    WELCOME = 2
+    ERROR = 3
+    CLOSE = 4
+    HEARTBEAT = 5
+    OK = 6
+    # queues
+    DECLARE = 10
+    DECLARE_OK = 11
+    DELETE = 12
+    PURGE = 13
+    PURGE_OK = 14
+    LIST_QUEUES = 15
+    QUEUES = 16
+    # publish
+    PUBLISH = 20
+    PUBLISH_OK = 21
+    # consume
+    SUBSCRIBE = 30
+    SUBSCRIBE_OK = 31
+    CANCEL = 32
+    DELIVER = 33
+    ACK = 40
+    NACK = 41
+    REJECT = 42
+    GET = 43
+    GET_OK = 44
+    READ = 45
+    READ_OK = 46
+
+
+class Record:
+    """A value inside a frame encoded as a positional msgpack array."""
+
+    __slots__ = ()
+
+
+class Frame:
+    """Base of every frame; ``OP`` is the opcode it travels under."""
+
+    __slots__ = ()
+    OP: ClassVar[Op]
+
+
+# -- records -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishMessage(Record):
+    """One message in a publish batch: ``[key, headers, body, seq]``."""
+
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(Record):
+    """One delivered message.  ``tag`` is unique on its connection."""
+
+    tag: int
+    partition: int
+    offset: int
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    redelivered: bool
+    delivery_count: int
+    timestamp: float
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage(Record):
+    """A message read by offset (not consumed)."""
+
+    partition: int
+    offset: int
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    timestamp: float
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo(Record):
+    name: str
+    partitions: int
+    mapper: str
+    ring_size: int
+    max_deliveries: int
+    dead_letter_queue: str | None
+    max_length: int
+    ready: int
+    unacked: int
+    consumers: int
+    published: int
+    delivered: int
+    acked: int
+
+
+# -- session -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Frame):
+    OP: ClassVar[Op] = Op.HELLO
+    min_version: int
+    max_version: int
+    client_name: str
+    user: str
+    password: str
+    heartbeat: float = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Welcome(Frame):
+    OP: ClassVar[Op] = Op.WELCOME
+    version: int
+    node: str
+    heartbeat: float
+    max_frame_size: int
+    max_message_size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Frame):
+    """An error, for request ``rid`` (0: for the connection)."""
+
+    OP: ClassVar[Op] = Op.ERROR
+    rid: int
+    code: int
+    message: str
+    active_hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close(Frame):
+    OP: ClassVar[Op] = Op.CLOSE
+    code: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat(Frame):
+    OP: ClassVar[Op] = Op.HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ok(Frame):
+    OP: ClassVar[Op] = Op.OK
+    rid: int
+
+
+# -- queues --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Declare(Frame):
+    OP: ClassVar[Op] = Op.DECLARE
+    rid: int
+    queue: str
+    partitions: int = 1
+    mapper: str = "consistent_hash"
+    ring_size: int = 1024
+    max_deliveries: int = 0
+    dead_letter_queue: str | None = None
+    max_length: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeclareOk(Frame):
+    OP: ClassVar[Op] = Op.DECLARE_OK
+    rid: int
+    queue: QueueInfo
+    created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delete(Frame):
+    OP: ClassVar[Op] = Op.DELETE
+    rid: int
+    queue: str
+    if_empty: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Purge(Frame):
+    OP: ClassVar[Op] = Op.PURGE
+    rid: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeOk(Frame):
+    OP: ClassVar[Op] = Op.PURGE_OK
+    rid: int
+    purged: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListQueues(Frame):
+    OP: ClassVar[Op] = Op.LIST_QUEUES
+    rid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Queues(Frame):
+    OP: ClassVar[Op] = Op.QUEUES
+    rid: int
+    queues: list[QueueInfo] = field(default_factory=list)
+
+
+# -- publish -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Publish(Frame):
+    """A batch of messages for one queue; confirmed as a whole by PublishOk."""
+
+    OP: ClassVar[Op] = Op.PUBLISH
+    rid: int
+    queue: str
+    messages: list[PublishMessage]
+    producer_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishOk(Frame):
+    """Every message of batch ``rid`` is stored per the durability policy.
+
+    ``duplicates`` counts messages whose (producer_id, seq) was already stored:
+    confirmed again, not stored twice.
+    """
+
+    OP: ClassVar[Op] = Op.PUBLISH_OK
+    rid: int
+    stored: int
+    duplicates: int = 0
+
+
+# -- consume -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subscribe(Frame):
+    OP: ClassVar[Op] = Op.SUBSCRIBE
+    rid: int
+    queue: str
+    prefetch: int = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscribeOk(Frame):
+    OP: ClassVar[Op] = Op.SUBSCRIBE_OK
+    rid: int
+    consumer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel(Frame):
+    OP: ClassVar[Op] = Op.CANCEL
+    rid: int
+    consumer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deliver(Frame):
+    OP: ClassVar[Op] = Op.DELIVER
+    consumer: int
+    messages: list[Delivery]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack(Frame):
+    """Settle deliveries.  ``multiple``: every outstanding tag <= max(tags)."""
+
+    OP: ClassVar[Op] = Op.ACK
+    rid: int
+    tags: list[int]
+    multiple: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Nack(Frame):
+    OP: ClassVar[Op] = Op.NACK
+    rid: int
+    tags: list[int]
+    multiple: bool = False
+    requeue: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject(Frame):
+    """Settle deliveries as failed: dead-letter them (or drop, without a DLQ)."""
+
+    OP: ClassVar[Op] = Op.REJECT
+    rid: int
+    tags: list[int]
+    multiple: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get(Frame):
+    OP: ClassVar[Op] = Op.GET
+    rid: int
+    queue: str
+    auto_ack: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetOk(Frame):
+    OP: ClassVar[Op] = Op.GET_OK
+    rid: int
+    message: Delivery | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Read(Frame):
+    """Read partition ``partition`` of ``queue`` from ``offset`` without consuming."""
+
+    OP: ClassVar[Op] = Op.READ
+    rid: int
+    queue: str
+    partition: int
+    offset: int = 0
+    max_messages: int = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadOk(Frame):
+    """``next_offset``: where the next read continues; ``end_offset``: the log's end."""
+
+    OP: ClassVar[Op] = Op.READ_OK
+    rid: int
+    messages: list[StreamMessage]
+    next_offset: int
+    end_offset: int
+
+
+FRAME_TYPES: dict[Op, type[Frame]] = {
+    cls.OP: cls
+    for cls in [
+        Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
+        ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
+        Nack, Reject, Get, GetOk, Read, ReadOk,
+    ]
+}

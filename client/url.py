@@ -1,0 +1,80 @@
+"""Parsing of Tandem URLs: ``tandem://user:password@host:port[,host:port...]/?name=...``.
+
+The password may be left out of the URL and given in ``TANDEM_PASSWORD``.
+Query options: ``name`` (client name shown in broker logs), ``heartbeat``
+(seconds; 0 disables), ``connect_timeout`` (seconds).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote
+
+from client.errors import InvalidArgumentError
+
+DEFAULT_PORT = 7780
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectParams:
+    hosts: tuple[tuple[str, int], ...]
+    user: str
+    password: str
+    client_name: str = "tandem-python"
+    heartbeat: float = 10.0
+    connect_timeout: float = 10.0
+    tls: bool = False
+
+
+def parse_url(url: str) -> ConnectParams:
+    if "://" not in url:
+        raise InvalidArgumentError(f"not a Tandem URL: {url!r} (expected tandem://user:password@host:port)")
+    scheme, rest = url.split("://", 1)
+    if scheme not in ("tandem", "tandems"):
+        raise InvalidArgumentError(f"unknown URL scheme {scheme!r} (use tandem:// or tandems://)")
+    if scheme == "tandems":
+        raise InvalidArgumentError("tandems:// (TLS) is not supported yet by this build")
+    rest, _, query = rest.partition("?")
+    rest = rest.rstrip("/")
+    user, password = "admin", None
+    if "@" in rest:
+        cred, rest = rest.rsplit("@", 1)
+        user, sep, pw = cred.partition(":")
+        user = unquote(user) or "admin"
+        password = unquote(pw) if sep else None
+    if password is None:
+        password = os.environ.get("TANDEM_PASSWORD", "")
+    hosts = []
+    for part in rest.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("["):  # [ipv6]:port
+            host, _, port = part[1:].partition("]")
+            port = port.lstrip(":") or str(DEFAULT_PORT)
+        elif ":" in part:
+            host, _, port = part.rpartition(":")
+        else:
+            host, port = part, str(DEFAULT_PORT)
+        try:
+            port_n = int(port)
+        except ValueError:
+            raise InvalidArgumentError(f"bad port {port!r} in URL") from None
+        if not 0 < port_n < 65536:
+            raise InvalidArgumentError(f"port {port_n} out of range in URL")
+        hosts.append((host or "127.0.0.1", port_n))
+    if not hosts:
+        raise InvalidArgumentError(f"no host in URL {url!r}")
+    opts = {k: v[-1] for k, v in parse_qs(query).items()}
+    unknown = set(opts) - {"name", "heartbeat", "connect_timeout"}
+    if unknown:
+        raise InvalidArgumentError(f"unknown URL option(s): {', '.join(sorted(unknown))}")
+    try:
+        heartbeat = float(opts.get("heartbeat", 10.0))
+        connect_timeout = float(opts.get("connect_timeout", 10.0))
+    except ValueError:
+        raise InvalidArgumentError("heartbeat and connect_timeout must be numbers") from None
+    return ConnectParams(hosts=tuple(hosts), user=user, password=password,
+                         client_name=opts.get("name", "tandem-python"), heartbeat=heartbeat,
+                         connect_timeout=connect_timeout)

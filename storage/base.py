@@ -1,0 +1,191 @@
+"""The Store interface: what a storage engine does for a node, and nothing more.
+
+A store keeps, per node: queue definitions, each partition's log of messages
+(by offset), the delivery count of every stored message, the last sequence of
+every idempotent producer per partition, and users.  The broker keeps the live
+state in memory and tells the store what changed as a list of *write ops*; the
+store applies each list atomically (group commit, see
+:mod:`storage.writer`).  On start, :meth:`Store.load` returns everything that
+was committed.
+
+Engines implement :class:`Engine`; every engine runs the conformance suite in
+``tests/storage/``.  Capability flags say what an engine can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+from client.errors import InvalidArgumentError
+
+
+class DurabilityPolicy(str, Enum):
+    """When a write counts as done (see DESIGN.md, 'durability policy')."""
+
+    SYNC = "SYNC"  # written and fsynced before the confirm
+    WRITE_NO_SYNC = "WRITE_NO_SYNC"  # written to the OS before the confirm; fsync later
+    NO_SYNC = "NO_SYNC"  # confirmed at once; written soon after
+
+    @classmethod
+    def parse(cls, text: str) -> DurabilityPolicy:
+        try:
+            return cls(text.upper().replace("-", "_"))
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise InvalidArgumentError(f"unknown durability policy {text!r} (choose {choices})") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueMeta:
+    id: int
+    name: str
+    partitions: int
+    mapper: str
+    ring_size: int
+    max_deliveries: int
+    dead_letter_queue: str | None
+    max_length: int
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message as the store keeps it (``headers`` already msgpack-encoded)."""
+
+    offset: int
+    key: str | None
+    headers: bytes
+    body: bytes
+    producer_id: str | None
+    seq: int | None
+    timestamp: float
+    delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserRecord:
+    name: str
+    salt: bytes
+    hash: bytes
+    role: str
+    params: str  # hash scheme and parameters, e.g. "scrypt:n=16384,r=8,p=1"
+
+
+# -- write ops ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutQueue:
+    queue: QueueMeta
+
+
+@dataclass(frozen=True, slots=True)
+class DropQueue:
+    queue_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Append messages to a partition's log; ``next_offset`` is the log end after it."""
+
+    queue_id: int
+    partition: int
+    messages: list[StoredMessage]
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Remove settled messages (acked, rejected, dead-lettered, purged)."""
+
+    queue_id: int
+    partition: int
+    offsets: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SetDeliveryCount:
+    """``items``: (offset, delivery_count) pairs."""
+
+    queue_id: int
+    partition: int
+    items: list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class PurgePartition:
+    queue_id: int
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutProducer:
+    queue_id: int
+    partition: int
+    producer_id: str
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutUser:
+    user: UserRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DropUser:
+    name: str
+
+
+WriteOp = (
+    PutQueue | DropQueue | Append | Remove | SetDeliveryCount | PurgePartition | PutProducer
+    | PutUser | DropUser
+)
+
+
+# -- recovered state ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PartitionState:
+    next_offset: int = 0
+    messages: list[StoredMessage] = field(default_factory=list)
+    producers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Recovered:
+    """Everything committed, as found by :meth:`Engine.load`."""
+
+    queues: list[QueueMeta] = field(default_factory=list)
+    partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
+    users: list[UserRecord] = field(default_factory=list)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    shared: bool = False  # several nodes may open the same store
+    fsync: bool = True  # SYNC really reaches the disk
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A storage engine.  Methods are blocking; the broker calls them from the
+    writer thread (:mod:`storage.writer`) or a reader thread, never the loop."""
+
+    capabilities: Capabilities
+
+    def open(self) -> Recovered:
+        """Create or open the store and return what it holds."""
+
+    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
+        """Apply ``ops`` in one transaction; with ``sync``, durable on return."""
+
+    def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` stored messages of a partition with offset >= ``offset``."""
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store one node-level setting (e.g. ``store_stamp``) durably."""
+
+    def close(self) -> None: ...
