@@ -65,12 +65,12 @@ async def _serve(config: Any) -> int:
     node = Node(config)
     await node.start()
     host, port = node.address
-    pw_file = config.data_dir / "admin-password"
+    pw_file = node.data_path / "admin-password"
     print(f"Tandem node {config.name} is up", flush=True)
     print(f"  client URL : tandem://admin@{host}:{port}", flush=True)
-    print(f"  data       : {config.db_path.resolve()} (sync={config.sync.value})", flush=True)
+    print(f"  data       : {node.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
     if pw_file.exists():
-        print(f"  admin pass : {pw_file.resolve()}", flush=True)
+        print(f"  admin pass : {pw_file}", flush=True)
     print("  stop with Ctrl-C or SIGTERM", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

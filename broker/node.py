@@ -78,6 +78,7 @@ class Node:
         self.stopping = False
         self.stopped = asyncio.Event()
         self.address: tuple[str, int] = (config.host, config.port)
+        self.data_path = config.data_dir
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -85,7 +86,8 @@ class Node:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         log.info("node start started name=%s data_dir=%s sync=%s", cfg.name, cfg.data_dir, cfg.sync.value)
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
+        self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
         recovered = await asyncio.to_thread(self.engine.open)
         self.writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._restore(recovered)
@@ -95,7 +97,7 @@ class Node:
         else:
             self.store_stamp = recovered.meta["store_stamp"]
         if not len(self.users):
-            op, how = bootstrap_admin(cfg.data_dir)
+            op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
             await self.write([op], sync=True)
             self.users.put(op.user)
             log.warning("created user admin: password %s", how)
@@ -105,7 +107,7 @@ class Node:
         total = sum(q.depth for q in self.queues.values())
         log.info(
             "node start complete name=%s url=tandem://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
-            cfg.name, self.address[0], self.address[1], cfg.data_dir.resolve(), cfg.sync.value,
+            cfg.name, self.address[0], self.address[1], self.data_path, cfg.sync.value,
             len(self.queues), total,
         )
 

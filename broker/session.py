@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 from broker.queues import Consumer, Msg, decode_headers
@@ -85,6 +86,10 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.client_name = self.peer
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.user: UserRecord | None = None
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
@@ -196,17 +201,27 @@ class Session:
                 return
 
     async def _heartbeats(self) -> None:
+        """Send heartbeats when idle; drop a peer silent for 3 intervals.
+
+        Before the handshake the node's own interval applies (a client that
+        never says Hello is dropped); a client that asked for heartbeat 0
+        (the blocking SDK) gets none, and TCP keepalive watches its socket.
+        """
         clock = self.node.clock
         while True:
-            await clock.sleep(self.heartbeat / 2)
+            interval = self.heartbeat if self.user is not None else self.node.config.heartbeat
+            if interval <= 0:
+                return
+            await clock.sleep(interval / 2)
             now = clock.monotonic()
-            if now - self.last_recv > 3 * self.heartbeat:
-                err = HeartbeatTimeoutError(f"no frame from the client for {3 * self.heartbeat:.1f}s")
+            if now - self.last_recv > 3 * interval:
+                what = "no frame from the client" if self.user is not None else "no handshake"
+                err = HeartbeatTimeoutError(f"{what} for {3 * interval:.1f}s")
                 log.warning("session %s: %s", self.client_name, err.message)
                 self.shutdown(err)
                 self.reader.feed_eof()
                 return
-            if self.user is not None and now - self.last_send >= self.heartbeat:
+            if self.user is not None and now - self.last_send >= interval:
                 self.send(Heartbeat())
 
     # -- frames ---------------------------------------------------------------------------------
@@ -252,6 +267,8 @@ class Session:
         self.client_name = f"{frame.client_name}@{self.peer}"
         if frame.heartbeat > 0:
             self.heartbeat = max(0.5, min(self.heartbeat, frame.heartbeat))
+        else:
+            self.heartbeat = 0.0  # disabled on request; TCP keepalive is on
         cfg = self.node.config
         self.proto.max_frame_size = cfg.max_frame_size
         self.send(Welcome(version=version, node=cfg.name, heartbeat=self.heartbeat,

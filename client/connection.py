@@ -56,6 +56,8 @@ from client.protocol.frames import (
     ReadOk,
     Reject,
     StreamMessage,
+    Subscribe,
+    SubscribeOk,
     Welcome,
 )
 from client.url import ConnectParams, parse_url
@@ -95,6 +97,7 @@ class Connection:
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._consumers: dict[int, Consumer] = {}
+        self._subscribing: dict[int, Consumer] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed: TandemError | None = None
         self._last_recv = self._last_send = 0.0
@@ -251,6 +254,11 @@ class Connection:
             return
         rid = getattr(frame, "rid", 0)
         if rid:
+            subscriber = self._subscribing.pop(rid, None)
+            if subscriber is not None and isinstance(frame, SubscribeOk):
+                # Register before the reply is seen: deliveries may be next in this very read.
+                subscriber.consumer_id = frame.consumer
+                self._consumers[frame.consumer] = subscriber
             fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
                 if isinstance(frame, Error):
@@ -350,8 +358,16 @@ class Connection:
 
         return Consumer(self, queue, prefetch=prefetch)
 
-    def _register(self, consumer_id: int, c: Consumer) -> None:
-        self._consumers[consumer_id] = c
+    async def subscribe(self, c: Consumer) -> int:
+        rid = self.next_rid()
+        fut = self.request_nowait(Subscribe(rid=rid, queue=c.queue, prefetch=c.prefetch))
+        self._subscribing[rid] = c
+        try:
+            reply = await fut
+        finally:
+            self._subscribing.pop(rid, None)
+        assert isinstance(reply, SubscribeOk)
+        return reply.consumer
 
     def _unregister(self, consumer_id: int) -> None:
         self._consumers.pop(consumer_id, None)

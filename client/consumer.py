@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, TandemError
-from client.protocol.frames import Ack, Cancel, Delivery, Nack, Reject, Subscribe, SubscribeOk
+from client.protocol.frames import Ack, Cancel, Delivery, Nack, Reject
 
 if TYPE_CHECKING:
     from client.connection import Connection
@@ -80,10 +80,7 @@ class Consumer:
 
     async def start(self) -> Consumer:
         if self.consumer_id is None:
-            reply = await self.conn.request(lambda rid: Subscribe(rid=rid, queue=self.queue, prefetch=self.prefetch))
-            assert isinstance(reply, SubscribeOk)
-            self.consumer_id = reply.consumer
-            self.conn._register(reply.consumer, self)
+            self.consumer_id = await self.conn.subscribe(self)
         return self
 
     def _deliver(self, deliveries: list[Delivery]) -> None:

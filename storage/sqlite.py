@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -110,8 +110,7 @@ class SqliteEngine:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
-        event.listen(self._engine, "connect", self._on_connect)
+        self._engine: Engine | None = None  # created in open(), off the event loop
         self._writer: Connection | None = None
         self._local = threading.local()
         self._sync_mode: str | None = None
@@ -129,6 +128,8 @@ class SqliteEngine:
 
     def open(self) -> Recovered:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
+        event.listen(self._engine, "connect", self._on_connect)
         try:
             self._writer = self._engine.connect()
             with self._writer.begin():
@@ -148,7 +149,8 @@ class SqliteEngine:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self._engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def _load(self, conn: Connection) -> Recovered:
         rec = Recovered()
@@ -302,6 +304,8 @@ class SqliteEngine:
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         conn: Connection | None = getattr(self._local, "conn", None)
+        if self._engine is None:
+            raise StorageError("store is not open")
         try:
             if conn is None:
                 conn = self._local.conn = self._engine.connect()

@@ -1,0 +1,138 @@
+"""``tandem bench``: Tandem side by side with RabbitMQ and NATS, same workload, same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from broker.bench.workload import RunResult, Workload
+from client.errors import InvalidArgumentError
+
+PEERS = ("rabbitmq", "nats")
+
+
+def add_bench_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench", help="measure publish/consume throughput and confirm latency",
+        description="Publish with confirms and consume with acks at the same time, check every message "
+                    "arrived exactly once, then measure publish-to-confirm latency at a fixed rate. "
+                    "Targets --url (a running node) or --spawn (a fresh local node in a temp dir); "
+                    "--peer runs the same workload against the local RabbitMQ (quorum queue) and "
+                    "NATS JetStream (file storage, R1) in the same run and prints the ratios.")
+    p.add_argument("--url", help="a running node, tandem://user:password@host:port")
+    p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
+    p.add_argument("--sync", default="SYNC", help="durability policy of the spawned node (default SYNC)")
+    p.add_argument("--messages", type=int, default=100_000, help="messages in the throughput phase")
+    p.add_argument("--size", type=int, default=1024, help="message size in bytes (>= 8)")
+    p.add_argument("--producers", type=int, default=1)
+    p.add_argument("--consumers", type=int, default=1)
+    p.add_argument("--partitions", type=int, default=4, help="partitions of the Tandem queue")
+    p.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight per producer")
+    p.add_argument("--prefetch", type=int, default=1000, help="unacked deliveries per consumer")
+    p.add_argument("--latency-rate", dest="latency_rate", type=float, default=2000.0,
+                   help="msg/s of the paced latency phase (0 skips it)")
+    p.add_argument("--latency-messages", dest="latency_messages", type=int, default=10_000)
+    p.add_argument("--peer", action="append", default=[], choices=PEERS, help="also run against this peer")
+    p.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a phase may take")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=bench)
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.size < 8:
+        raise InvalidArgumentError("--size must be >= 8 (the message id takes 8 bytes)")
+    for name in ("messages", "producers", "consumers", "partitions", "window", "prefetch"):
+        if getattr(args, name) < 1:
+            raise InvalidArgumentError(f"--{name} must be >= 1")
+    return Workload(messages=args.messages, size=args.size, producers=args.producers, consumers=args.consumers,
+                    partitions=args.partitions, window=args.window, prefetch=args.prefetch,
+                    latency_rate=args.latency_rate, latency_messages=args.latency_messages, timeout=args.timeout)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from broker.cli import run_async
+
+    if bool(args.url) == bool(args.spawn):
+        raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
+    w = _workload(args)
+    return run_async(_bench(args, w))
+
+
+async def _bench(args: argparse.Namespace, w: Workload) -> int:
+    from broker.bench.harness import TandemDriver, run_system
+    from broker.process import NodeProcess
+
+    runs: list[RunResult] = []
+    node = None
+    tmp = None
+    try:
+        if args.spawn:
+            tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
+            node = await NodeProcess(Path(tmp.name) / "node1", sync=args.sync).start()
+            url, durability = node.url, args.sync.upper()
+        else:
+            url, durability = args.url, "as configured on the node"
+        runs.append(await run_system(TandemDriver(url, durability), w))
+    finally:
+        if node is not None:
+            await node.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    for peer in dict.fromkeys(args.peer):
+        from broker.bench import peers
+
+        drv = peers.RabbitMQDriver(args.rabbitmq_url) if peer == "rabbitmq" else peers.NatsDriver(args.nats_url)
+        runs.append(await run_system(drv, w))
+    report = _report(runs, w)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_human(report)
+    ok = all(r.error is None and r.lost == 0 and r.duplicated == 0 and r.unexpected == 0 for r in runs)
+    return 0 if ok else 1
+
+
+def _report(runs: list[RunResult], w: Workload) -> dict[str, Any]:
+    tandem = runs[0]
+    ratios: dict[str, dict[str, float | None]] = {}
+    for r in runs[1:]:
+        ratios[r.system] = {
+            "publish_per_s": round(tandem.publish_per_s / r.publish_per_s, 2) if r.publish_per_s else None,
+            "consume_per_s": round(tandem.consume_per_s / r.consume_per_s, 2) if r.consume_per_s else None,
+        }
+    return {
+        "workload": {k: getattr(w, k) for k in w.__dataclass_fields__},
+        "machine": {"cpus": _cpus(), "python": platform.python_version(), "platform": platform.platform()},
+        "runs": [r.to_json() for r in runs],
+        "ratios": ratios,
+    }
+
+
+def _cpus() -> int:
+    return os.cpu_count() or 0
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    w = report["workload"]
+    print(f"workload: {w['messages']} x {w['size']} B, {w['producers']} producer(s), {w['consumers']} "
+          f"consumer(s), window {w['window']}, prefetch {w['prefetch']}; latency at {w['latency_rate']:g} msg/s")
+    head = f"{'system':<10} {'publish/s':>11} {'consume/s':>11} {'p50 ms':>8} {'p99 ms':>8} " \
+           f"{'lost':>5} {'dup':>5} {'unexp':>5}  durability"
+    print(head)
+    for r in report["runs"]:
+        c = r["confirm_ms"] or {}
+        print(f"{r['system']:<10} {r['publish_per_s']:>11,.0f} {r['consume_per_s']:>11,.0f} "
+              f"{c.get('p50', 0):>8.2f} {c.get('p99', 0):>8.2f} {r['lost']:>5} {r['duplicated']:>5} "
+              f"{r['unexpected']:>5}  {r['durability']}")
+        if r["error"]:
+            print(f"  ! {r['system']}: {r['error']}")
+    for peer, ratio in report["ratios"].items():
+        pub, con = ratio["publish_per_s"], ratio["consume_per_s"]
+        print(f"tandem / {peer}: publish x{pub if pub is not None else '-'}, consume x{con if con is not None else '-'}")

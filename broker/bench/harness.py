@@ -1,0 +1,154 @@
+"""Runs one workload against one system and measures it.
+
+Two phases per system, on a fresh queue:
+
+1. *throughput*: ``producers`` publishers (each ``window`` confirms in flight)
+   and ``consumers`` consumers (manual acks, ``prefetch``) run at once;
+   ``publish_per_s`` = messages / time to the last confirm, ``consume_per_s`` =
+   messages / time to the last consumed message, both from the first send.
+2. *latency*: one publisher paced at ``latency_rate`` msg/s, consumers on;
+   ``confirm_ms`` are the percentiles of publish-to-confirm times.
+
+The checker then counts lost (confirmed, never consumed), duplicated and
+unexpected messages: the run fails if any is non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import client
+from broker.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
+from client.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("tandem.bench")
+
+
+def _ms(lat: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(lat, 50) * 1000, 3),
+        "p99": round(percentile(lat, 99) * 1000, 3),
+        "max": round(max(lat) * 1000, 3) if lat else 0.0,
+    }
+
+
+async def _phase(drv: Driver, w: Workload, first_id: int, count: int, producers: int, rate: float,
+                 clock: Clock) -> tuple[float, float, Checker, list[Publisher]]:
+    checker = Checker(count, base=first_id)
+    pubs = [await drv.publisher(w) for _ in range(producers)]
+    per = -(-count // producers)
+    ranges = [range(first_id + k * per, min(first_id + count, first_id + (k + 1) * per)) for k in range(producers)]
+    t0 = clock.monotonic()
+    consumers = [asyncio.create_task(drv.consume(w, checker), name=f"bench-consumer-{i}")
+                 for i in range(w.consumers)]
+    try:
+        pub_rate = rate / producers if rate else 0.0
+        await asyncio.wait_for(asyncio.gather(*(p.run(r, w.size, pub_rate) for p, r in zip(pubs, ranges))),
+                               w.timeout)
+        t_pub = clock.monotonic() - t0
+        confirmed = sum(p.confirmed for p in pubs)
+        if confirmed == count:
+            done = asyncio.ensure_future(checker.done.wait())
+            failed = asyncio.ensure_future(asyncio.wait(consumers, return_when=asyncio.FIRST_EXCEPTION))
+            await asyncio.wait([done, failed], timeout=w.timeout, return_when=asyncio.FIRST_COMPLETED)
+            done.cancel()
+            failed.cancel()
+            for t in consumers:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        t_cons = clock.monotonic() - t0
+    finally:
+        for t in consumers:
+            t.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        for p in pubs:
+            closer = getattr(p, "close", None)
+            if closer is not None:
+                await closer()
+    return t_pub, t_cons, checker, pubs
+
+
+async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    res = RunResult(system=drv.name, messages=w.messages, durability=drv.durability)
+    t_start = clock.monotonic()
+    try:
+        await drv.setup(w)
+        t_pub, t_cons, checker, pubs = await _phase(drv, w, 0, w.messages, w.producers, 0.0, clock)
+        res.confirmed = sum(p.confirmed for p in pubs)
+        res.consumed = checker.unique
+        res.publish_per_s = round(w.messages / t_pub, 1) if t_pub else 0.0
+        res.consume_per_s = round(checker.unique / t_cons, 1) if t_cons else 0.0
+        res.confirm_ms_saturated = _ms([x for p in pubs for x in p.latencies])
+        res.lost = checker.lost(res.confirmed)
+        res.duplicated = checker.duplicated
+        res.unexpected = checker.unexpected
+        errors = [p.first_error for p in pubs if p.first_error is not None]
+        if errors:
+            res.error = f"{sum(p.failed for p in pubs)} publish(es) failed: {errors[0]!r}"
+        if w.latency_rate > 0 and w.latency_messages > 0:
+            _tp, _tc, lchk, lpubs = await _phase(drv, w, w.messages, w.latency_messages, 1, w.latency_rate, clock)
+            res.confirm_ms = _ms(lpubs[0].latencies)
+            lconf = lpubs[0].confirmed
+            res.lost += lchk.lost(lconf)
+            res.duplicated += lchk.duplicated
+            res.unexpected += lchk.unexpected
+    except Exception as exc:  # one system failing must not lose the others' figures
+        log.exception("bench %s failed", drv.name)
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            await drv.teardown()
+        except Exception as exc:
+            log.warning("bench %s teardown failed: %r", drv.name, exc)
+        res.seconds = round(clock.monotonic() - t_start, 2)
+    return res
+
+
+class TandemDriver:
+    """Tandem through its own SDK: one connection per publisher and per consumer."""
+
+    name = "tandem"
+
+    def __init__(self, url: str, durability: str = "SYNC") -> None:
+        self.url = url
+        self.durability = durability
+        self.queue = f"bench-{uuid.uuid4().hex[:8]}"
+        self._conns: list[client.Connection] = []
+
+    async def _connect(self) -> client.Connection:
+        conn = await client.connect(self.url, client_name="tandem-bench")
+        self._conns.append(conn)
+        return conn
+
+    async def setup(self, w: Workload) -> None:
+        conn = await self._connect()
+        await conn.declare_queue(self.queue, partitions=w.partitions)
+
+    async def publisher(self, w: Workload) -> Publisher:
+        conn = await self._connect()
+        producer = conn.producer(self.queue, max_in_flight=64)
+        return Publisher(lambda body: producer._enqueue(body, None, None), window=w.window)
+
+    async def consume(self, w: Workload, checker: Checker) -> None:
+        conn = await self._connect()
+        c = await conn.consumer(self.queue, prefetch=w.prefetch).start()
+        try:
+            async for m in c:
+                checker.record(m.body)
+                m.ack()
+                if checker.done.is_set():
+                    return
+        finally:
+            if not conn.is_closed:
+                await c.cancel()
+
+    async def teardown(self) -> None:
+        if self._conns:
+            try:
+                await self._conns[0].delete_queue(self.queue)
+            finally:
+                for c in self._conns:
+                    await c.close()
+                self._conns.clear()

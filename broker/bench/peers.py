@@ -1,0 +1,235 @@
+"""Benchmark drivers for the peer systems: RabbitMQ (quorum queue) and NATS JetStream.
+
+Both follow :class:`broker.bench.workload.Driver`: ``setup`` makes a fresh
+queue/stream with a unique name, every publisher and consumer gets its own
+connection, and ``teardown`` deletes what ``setup`` made and closes every
+connection still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import aiormq
+import nats
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from nats.aio.client import Client as NatsClient
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+
+from broker.bench.workload import Checker, Publisher, Workload
+
+_AMQP_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError)
+_log = logging.getLogger(__name__)
+
+
+def _run_name() -> str:
+    return f"tandem-bench-{uuid.uuid4().hex[:12]}"
+
+
+class _ClosingPublisher(Publisher):
+    """A Publisher that owns a connection; the harness calls ``close()`` after each phase."""
+
+    def __init__(self, submit: Callable[[bytes], asyncio.Future[Any]], *, window: int,
+                 close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(submit, window=window)
+        self._close = close
+
+    async def close(self) -> None:
+        await self._close()
+
+
+async def _sentinel_when_done(done: asyncio.Event, inbox: asyncio.Queue[Any]) -> None:
+    """Wake a consumer blocked on ``inbox`` once the checker has seen everything."""
+    await done.wait()
+    inbox.put_nowait(None)
+
+
+class RabbitMQDriver:
+    """RabbitMQ through aio-pika: durable quorum queue, persistent messages, publisher confirms."""
+
+    name = "rabbitmq"
+    durability = "quorum queue (fsync before confirm)"
+
+    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
+        self.url = url
+        self.queue_name = ""
+        self._queues: list[str] = []
+        self._admin: AbstractChannel | None = None
+        self._conns: list[AbstractConnection] = []
+
+    async def _connect(self) -> AbstractConnection:
+        conn = await aio_pika.connect(self.url)
+        self._conns.append(conn)
+        return conn
+
+    async def _close(self, conn: AbstractConnection) -> None:
+        if conn in self._conns:
+            self._conns.remove(conn)
+        if not conn.is_closed:
+            await conn.close()
+
+    async def setup(self, w: Workload) -> None:
+        """Declare a fresh durable quorum queue for this run."""
+        if self._admin is None or self._admin.is_closed:
+            self._admin = await (await self._connect()).channel()
+        self.queue_name = _run_name()
+        await self._admin.declare_queue(
+            self.queue_name, durable=True, arguments={"x-queue-type": "quorum"})
+        self._queues.append(self.queue_name)
+
+    async def publisher(self, w: Workload) -> Publisher:
+        """A Publisher on its own connection and confirm-mode channel."""
+        conn = await self._connect()
+        channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = channel.default_exchange
+        routing_key = self.queue_name
+
+        def submit(body: bytes) -> asyncio.Future[Any]:
+            message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            # The coroutine resolves on the broker's Basic.Ack; as a task many are in flight.
+            return asyncio.ensure_future(exchange.publish(message, routing_key=routing_key))
+
+        return _ClosingPublisher(submit, window=w.window, close=lambda: self._close(conn))
+
+    async def consume(self, w: Workload, checker: Checker) -> None:
+        """Consume with prefetch ``w.prefetch``, acking cumulatively (``multiple=True``).
+
+        An ack goes out after ``prefetch // 2`` records or whenever no further
+        delivery is buffered, so every recorded message is acked promptly and
+        the broker never stalls on a full prefetch window.
+        """
+        conn = await self._connect()
+        inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
+        watcher = asyncio.ensure_future(_sentinel_when_done(checker.done, inbox))
+        last: AbstractIncomingMessage | None = None
+        try:
+            channel = await conn.channel()
+            await channel.set_qos(prefetch_count=w.prefetch)
+            queue = await channel.get_queue(self.queue_name, ensure=False)
+
+            async def on_message(message: AbstractIncomingMessage) -> None:
+                inbox.put_nowait(message)
+
+            await queue.consume(on_message, no_ack=False)
+            batch = max(1, w.prefetch // 2)
+            unacked = 0
+            while (message := await inbox.get()) is not None:
+                checker.record(message.body)
+                last, unacked = message, unacked + 1
+                if unacked >= batch or inbox.empty():
+                    await message.ack(multiple=True)
+                    last, unacked = None, 0
+        finally:
+            watcher.cancel()
+            if last is not None and not conn.is_closed:
+                try:
+                    await last.ack(multiple=True)
+                except _AMQP_ERRORS as e:  # the run is ending; unacked ones go back to the queue
+                    _log.warning("rabbitmq: final ack failed: %r", e)
+            await self._close(conn)
+
+    async def teardown(self) -> None:
+        """Delete the run's queues and close every connection."""
+        try:
+            if self._admin is not None and not self._admin.is_closed:
+                for q in self._queues:
+                    await self._admin.queue_delete(q)
+                self._queues.clear()
+        finally:
+            self._admin = None
+            for conn in list(self._conns):
+                await self._close(conn)
+
+
+class NatsDriver:
+    """NATS JetStream through nats-py: R1 file stream, async publish acks, durable pull consumer."""
+
+    name = "nats"
+    durability = "JetStream R1 file storage (acks before fsync)"
+    consumer_name = "bench"
+    fetch_timeout = 1.0  # seconds a fetch lingers before the consumer loops
+
+    def __init__(self, url: str = "nats://127.0.0.1:4222") -> None:
+        self.url = url
+        self.stream = ""
+        self.subject = ""
+        self._streams: list[str] = []
+        self._admin: NatsClient | None = None
+        self._conns: list[NatsClient] = []
+
+    async def _connect(self) -> NatsClient:
+        nc = await nats.connect(self.url)
+        self._conns.append(nc)
+        return nc
+
+    async def _close(self, nc: NatsClient) -> None:
+        if nc in self._conns:
+            self._conns.remove(nc)
+        if not nc.is_closed:
+            await nc.close()
+
+    async def setup(self, w: Workload) -> None:
+        """Create a fresh R1 file-storage stream and its shared durable pull consumer."""
+        if self._admin is None or self._admin.is_closed:
+            self._admin = await self._connect()
+        js = self._admin.jetstream()
+        self.stream = _run_name()
+        self.subject = self.stream.replace("-", ".")
+        await js.add_stream(StreamConfig(
+            name=self.stream, subjects=[self.subject], storage=StorageType.FILE, num_replicas=1))
+        self._streams.append(self.stream)
+        await js.add_consumer(self.stream, ConsumerConfig(
+            durable_name=self.consumer_name,
+            ack_policy=AckPolicy.EXPLICIT,
+            max_ack_pending=max(1, w.prefetch * w.consumers),
+        ))
+
+    async def publisher(self, w: Workload) -> Publisher:
+        """A Publisher on its own connection, using ``publish_async`` for pipelined acks."""
+        nc = await self._connect()
+        js = nc.jetstream(publish_async_max_pending=max(1, w.window))
+        subject = self.subject
+
+        async def confirmed(body: bytes) -> Any:
+            ack_future = await js.publish_async(subject, body)
+            return await ack_future
+
+        def submit(body: bytes) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(confirmed(body))
+
+        return _ClosingPublisher(submit, window=w.window, close=lambda: self._close(nc))
+
+    async def consume(self, w: Workload, checker: Checker) -> None:
+        """Fetch batches of ``w.prefetch`` from the shared durable consumer; ack each message."""
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            sub = await js.pull_subscribe_bind(durable=self.consumer_name, stream=self.stream)
+            while not checker.done.is_set():
+                try:
+                    msgs = await sub.fetch(batch=w.prefetch, timeout=self.fetch_timeout)
+                except asyncio.TimeoutError:  # nats.errors.TimeoutError included
+                    continue
+                for msg in msgs:
+                    checker.record(msg.data)
+                    await msg.ack()  # a plain publish: no reply is awaited
+        finally:
+            await self._close(nc)
+
+    async def teardown(self) -> None:
+        """Delete the run's streams and close every connection."""
+        try:
+            if self._admin is not None and not self._admin.is_closed:
+                js = self._admin.jetstream()
+                for s in self._streams:
+                    await js.delete_stream(s)
+                self._streams.clear()
+        finally:
+            self._admin = None
+            for nc in list(self._conns):
+                await self._close(nc)

@@ -1,0 +1,148 @@
+"""Client-side CLI commands: ``tandem produce``, ``tandem consume``, ``tandem queues``."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from typing import Any
+
+import client
+from client.errors import InvalidArgumentError
+from client.protocol.frames import QueueInfo
+
+
+def _run(coro: Any) -> int:
+    from broker.cli import run_async
+
+    return run_async(coro)
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        k, sep, v = pair.partition("=")
+        if not sep or not k:
+            raise InvalidArgumentError(f"--header {pair!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+# -- produce ------------------------------------------------------------------------------
+
+
+def produce(args: argparse.Namespace) -> int:
+    headers = _headers(args.header)
+    bodies = list(args.bodies) if args.bodies else [line.rstrip("\n") for line in sys.stdin]
+    return _run(_produce(args, bodies, headers))
+
+
+async def _produce(args: argparse.Namespace, bodies: list[str], headers: dict[str, str]) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if args.declare:
+            await conn.declare_queue(args.queue, partitions=args.declare)
+        p = conn.producer(args.queue)
+        await p.send_many([(b, args.key, headers) for b in bodies])
+    if args.json:
+        print(json.dumps({"queue": args.queue, "confirmed": len(bodies), "producer_id": p.producer_id}))
+    else:
+        print(f"{len(bodies)} message(s) confirmed on queue {args.queue}")
+    return 0
+
+
+# -- consume ------------------------------------------------------------------------------
+
+
+def consume(args: argparse.Namespace) -> int:
+    if args.count < 0 or args.timeout < 0:
+        raise InvalidArgumentError("--count and --timeout must be >= 0")
+    return _run(_consume(args))
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    n = 0
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        async with conn.consumer(args.queue, prefetch=args.prefetch) as c:
+            while not args.count or n < args.count:
+                m = await c.next(args.timeout or None)
+                if m is None:
+                    break
+                n += 1
+                if args.json:
+                    text = _body_text(m.body)
+                    print(json.dumps({
+                        "id": m.id, "partition": m.partition, "offset": m.offset, "key": m.key,
+                        "headers": m.headers, "redelivered": m.redelivered,
+                        "delivery_count": m.delivery_count, "timestamp": m.timestamp,
+                        "body": text if text is not None else None,
+                        "body_base64": base64.b64encode(m.body).decode() if text is None else None,
+                    }), flush=True)
+                else:
+                    text = _body_text(m.body)
+                    shown = text if text is not None else f"<{len(m.body)} bytes>"
+                    flag = " (redelivered)" if m.redelivered else ""
+                    print(f"[{m.id}] key={m.key} {shown}{flag}", flush=True)
+                if args.no_ack:
+                    await m.nack(requeue=True)
+                else:
+                    await m.ack()
+    if not args.json:
+        print(f"{n} message(s) consumed from {args.queue}", file=sys.stderr)
+    return 0
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+def queues(args: argparse.Namespace) -> int:
+    if args.action != "list" and not args.name:
+        raise InvalidArgumentError(f"tandem queues {args.action} needs a queue name")
+    return _run(_queues(args))
+
+
+def _info_json(q: QueueInfo) -> dict[str, Any]:
+    return {f: getattr(q, f) for f in q.__dataclass_fields__}
+
+
+async def _queues(args: argparse.Namespace) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if args.action == "declare":
+            info = await conn.declare_queue(
+                args.name, partitions=args.partitions, mapper=args.mapper,
+                max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
+                max_length=args.max_length)
+            print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
+                  f"({info.partitions} partitions, {info.mapper})")
+        elif args.action == "delete":
+            await conn.delete_queue(args.name)
+            print(json.dumps({"deleted": args.name}) if args.json else f"queue {args.name} deleted")
+        elif args.action == "purge":
+            n = await conn.purge_queue(args.name)
+            print(json.dumps({"purged": n, "queue": args.name}) if args.json
+                  else f"{n} message(s) purged from {args.name}")
+        else:
+            qs = await conn.list_queues()
+            if args.json:
+                print(json.dumps([_info_json(q) for q in qs]))
+            else:
+                _print_table(qs)
+    return 0
+
+
+def _print_table(qs: list[QueueInfo]) -> None:
+    rows = [("NAME", "PARTITIONS", "READY", "UNACKED", "CONSUMERS", "PUBLISHED", "ACKED")]
+    rows += [(q.name, str(q.partitions), str(q.ready), str(q.unacked), str(q.consumers), str(q.published),
+              str(q.acked)) for q in qs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if not qs:
+        print("(no queues)")

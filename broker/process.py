@@ -1,0 +1,118 @@
+"""Run a Tandem node as a child process: for ``tandem bench --spawn``, drills and tests.
+
+``NodeProcess.start()`` launches ``python -m broker.cli broker start`` with a
+given data dir and waits (with a deadline, reading the node's own output,
+never sleeping blind) until it prints its client URL.  ``kill()`` is
+``kill -9``; ``stop()`` is SIGTERM and a wait for the clean shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+from client.errors import TandemError
+
+_URL_LINE = re.compile(r"client URL\s*:\s*tandem://[^@]*@([^:\s]+):(\d+)")
+
+
+class NodeStartError(TandemError):
+    pass
+
+
+class NodeProcess:
+    def __init__(self, data_dir: Path, *, name: str = "node1", port: int = 0, sync: str = "SYNC",
+                 password: str = "bench-password", host: str = "127.0.0.1", log_path: Path | None = None,
+                 extra_args: list[str] | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.name = name
+        self.port = port
+        self.sync = sync
+        self.host = host
+        self.password = password
+        self.log_path = log_path or self.data_dir.parent / f"{name}.log"
+        self.extra_args = extra_args or []
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address: tuple[str, int] | None = None
+        self._output: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.address is None:
+            raise NodeStartError(f"node {self.name} is not running")
+        return f"tandem://admin:{self.password}@{self.address[0]}:{self.address[1]}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, timeout: float = 60.0) -> NodeProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1"}
+        port = self.port if self.address is None else self.address[1]  # a restart keeps its port
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker.cli", "broker", "start", "--name", self.name,
+            "--data-dir", str(self.data_dir), "--host", self.host, "--port", str(port),
+            "--sync", self.sync, *self.extra_args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+        )
+        found: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+        self._output = asyncio.create_task(self._pump(found))
+        try:
+            self.address = await asyncio.wait_for(asyncio.shield(found), timeout)
+        except (asyncio.TimeoutError, NodeStartError) as exc:
+            await self.kill()
+            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            raise NodeStartError(f"node {self.name} did not start: {exc or 'timeout'}\n{tail}") from None
+        return self
+
+    async def _pump(self, found: asyncio.Future[tuple[str, int]]) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(self.log_path, "ab") as log:
+            while True:
+                line = await self.proc.stdout.readline()
+                if not line:
+                    break
+                log.write(line)
+                log.flush()
+                if not found.done():
+                    m = _URL_LINE.search(line.decode(errors="replace"))
+                    if m:
+                        found.set_result((m.group(1), int(m.group(2))))
+        if not found.done():
+            found.set_exception(NodeStartError(f"exited with status {await self.proc.wait()}"))
+
+    async def kill(self) -> None:
+        """kill -9: no flush, no goodbye."""
+        await self._signal(signal.SIGKILL)
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait for a clean exit (kill -9 after ``timeout``)."""
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            await self.kill()
+        await self._finish_output()
+        return self.proc.returncode
+
+    async def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+            await self.proc.wait()
+        await self._finish_output()
+
+    async def _finish_output(self) -> None:
+        if self._output is not None:
+            await self._output
+            self._output = None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+import client
+from broker.config import NodeConfig
+from broker.node import Node
+
+PASSWORD = "test-password"
+
+
+@pytest.fixture(autouse=True)
+def _admin_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_ADMIN_PASSWORD", PASSWORD)
+
+
+@pytest.fixture
+def blockbuster():
+    """Fail the test on a blocking call made from the event loop."""
+    from blockbuster import blockbuster_ctx
+
+    with blockbuster_ctx(scanned_modules=["broker", "client", "storage", "ha", "webconsole"]) as bb:
+        yield bb
+
+
+@pytest_asyncio.fixture
+async def node(tmp_path: Path, blockbuster) -> AsyncIterator[Node]:
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+
+
+def url_of(n: Node, password: str = PASSWORD, user: str = "admin") -> str:
+    return f"tandem://{user}:{password}@127.0.0.1:{n.address[1]}"
+
+
+@pytest.fixture
+def url(node: Node) -> str:
+    return url_of(node)
+
+
+@pytest_asyncio.fixture
+async def conn(url: str) -> AsyncIterator[client.Connection]:
+    c = await client.connect(url)
+    try:
+        yield c
+    finally:
+        await c.close()
