@@ -64,9 +64,7 @@ async def _phase(drv: Driver, w: Workload, first_id: int, count: int, producers:
             t.cancel()
         await asyncio.gather(*consumers, return_exceptions=True)
         for p in pubs:
-            closer = getattr(p, "close", None)
-            if closer is not None:
-                await closer()
+            await p.close()
     return t_pub, t_cons, checker, pubs
 
 

@@ -31,18 +31,6 @@ def _run_name() -> str:
     return f"tandem-bench-{uuid.uuid4().hex[:12]}"
 
 
-class _ClosingPublisher(Publisher):
-    """A Publisher that owns a connection; the harness calls ``close()`` after each phase."""
-
-    def __init__(self, submit: Callable[[bytes], asyncio.Future[Any]], *, window: int,
-                 close: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(submit, window=window)
-        self._close = close
-
-    async def close(self) -> None:
-        await self._close()
-
-
 async def _sentinel_when_done(done: asyncio.Event, inbox: asyncio.Queue[Any]) -> None:
     """Wake a consumer blocked on ``inbox`` once the checker has seen everything."""
     await done.wait()
@@ -94,7 +82,7 @@ class RabbitMQDriver:
             # The coroutine resolves on the broker's Basic.Ack; as a task many are in flight.
             return asyncio.ensure_future(exchange.publish(message, routing_key=routing_key))
 
-        return _ClosingPublisher(submit, window=w.window, close=lambda: self._close(conn))
+        return Publisher(submit, window=w.window, close=lambda: self._close(conn))
 
     async def consume(self, w: Workload, checker: Checker) -> None:
         """Consume with prefetch ``w.prefetch``, acking cumulatively (``multiple=True``).
@@ -202,7 +190,7 @@ class NatsDriver:
         def submit(body: bytes) -> asyncio.Future[Any]:
             return asyncio.ensure_future(confirmed(body))
 
-        return _ClosingPublisher(submit, window=w.window, close=lambda: self._close(nc))
+        return Publisher(submit, window=w.window, close=lambda: self._close(nc))
 
     async def consume(self, w: Workload, checker: Checker) -> None:
         """Fetch batches of ``w.prefetch`` from the shared durable consumer; ack each message."""

@@ -9,7 +9,7 @@ followed by padding up to ``size``; the checker reads the id back.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -106,20 +106,26 @@ class RunResult:
 class Publisher:
     """Shared publish loop: keeps ``window`` confirms in flight, optionally paced.
 
-    ``submit(body)`` must start one publish and return an awaitable/future
+    ``submit(body)`` must start one publish and return an awaitable
     that completes when the system confirms it.  Latencies (seconds) of every
     confirm are appended to ``latencies``.
     """
 
-    def __init__(self, submit: Callable[[bytes], "asyncio.Future[Any]"], *, window: int,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, submit: Callable[[bytes], Awaitable[Any]], *, window: int,
+                 close: Callable[[], Awaitable[None]] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.submit = submit
+        self._close = close
         self.window = window
         self.clock = clock
         self.latencies: list[float] = []
         self.confirmed = 0
         self.failed = 0
         self.first_error: BaseException | None = None
+
+    async def close(self) -> None:
+        """Release what the driver opened for this publisher (its connection)."""
+        if self._close is not None:
+            await self._close()
 
     async def run(self, ids: range, size: int, rate: float = 0.0) -> None:
         sem = asyncio.Semaphore(self.window)

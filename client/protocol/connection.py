@@ -96,6 +96,9 @@ for _role in Role:
     TRANSITIONS[(_role, State.CLOSE_SENT, _RECV, "Close")] = State.CLOSED
     TRANSITIONS[(_role, State.CLOSE_SENT, _RECV, _ANY)] = State.CLOSE_SENT
     TRANSITIONS[(_role, State.OPEN, _SEND, _ANY)] = State.OPEN
+    # After a fatal error we may still tell the peer why, then close.
+    TRANSITIONS[(_role, State.ERROR, _SEND, "Error")] = State.ERROR
+    TRANSITIONS[(_role, State.ERROR, _SEND, "Close")] = State.ERROR
     TRANSITIONS[(_role, State.OPEN, _RECV, _ANY)] = State.OPEN
 
 _HANDSHAKE = {"Hello", "Welcome"}
@@ -138,8 +141,8 @@ class ProtocolConnection:
 
     def send(self, frame: Frame) -> bytes:
         """Bytes for ``frame``; LocalProtocolError if the state forbids it."""
-        if self.state in (State.CLOSED, State.ERROR):
-            raise LocalProtocolError(f"connection is {self.state.name}")
+        if self.state is State.CLOSED:
+            raise LocalProtocolError("connection is CLOSED")
         self._advance(_SEND, frame)
         return encode(frame)
 
