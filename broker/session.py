@@ -142,11 +142,10 @@ class Session:
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
             return
-        if not self.proto.closed:
-            try:
-                self.writer.write(self.proto.send(Close(code=code, reason=reason)))
-            except LocalProtocolError:
-                pass  # already sent a Close: nothing more may follow
+        try:
+            self.writer.write(self.proto.send(Close(code=code, reason=reason)))
+        except LocalProtocolError:
+            pass  # a Close went out already: nothing more may follow
         self._closing = True
         self.writer.close()
 

@@ -142,7 +142,8 @@ class BlockingConnection:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def _read_frame(self) -> Frame:
+    def _read_frame(self) -> Frame | None:
+        """The next frame for the caller, or None after one handled here (a delivery, a heartbeat)."""
         while True:
             event = self.proto.next_event()
             if event is NEED_DATA:
@@ -159,9 +160,9 @@ class BlockingConnection:
             assert isinstance(event, Frame)
             if isinstance(event, Deliver):
                 self._deliveries.setdefault(event.consumer, deque()).extend(event.messages)
-                continue
+                return None
             if isinstance(event, Heartbeat):
-                continue
+                return None
             if isinstance(event, Close):
                 self._closed = True
                 raise ConnectionClosedError(f"broker closed the connection: {event.reason}")
@@ -181,8 +182,8 @@ class BlockingConnection:
         self._write(make(rid))
         while True:
             frame = self._read_frame()
-            if getattr(frame, "rid", None) != rid:
-                continue  # a stray reply or broker notice; nothing else is outstanding
+            if frame is None or getattr(frame, "rid", None) != rid:
+                continue  # a delivery, or a broker notice; nothing else is outstanding
             if isinstance(frame, Error):
                 raise for_code(frame.code, frame.message, active_hint=frame.active_hint)
             return frame
@@ -190,6 +191,8 @@ class BlockingConnection:
     def _handshake(self, client_name: str, user: str, password: str) -> None:
         self._sock.sendall(self.proto.hello(client_name=client_name, user=user, password=password, heartbeat=0))
         frame = self._read_frame()
+        while frame is None:
+            frame = self._read_frame()
         if isinstance(frame, Error):
             raise for_code(frame.code, frame.message)
         if not isinstance(frame, Welcome):

@@ -9,8 +9,10 @@ Byte layout of one frame::
 Field values are msgpack nil/bool/int/float/str/bin/array/map as annotated on
 the frame classes in :mod:`client.protocol.frames`; records are arrays whose
 items follow the record's declared field order (trailing defaulted items may
-be omitted).  Unknown extra map keys are ignored, so a newer peer may add
-optional fields without a version bump.  msgpack ext types are refused.
+be omitted).  Unknown extra map keys are ignored (whatever they hold), so a
+newer peer may add optional fields without a version bump.  msgpack ext
+types are refused in every field the frame declares.  Integers are never
+negative.
 
 A frame whose declared length exceeds ``max_frame_size`` is fatal: the stream
 cannot be resynchronised, so the connection must close.  Any other defect
@@ -69,6 +71,8 @@ def _scalar(tp: type) -> Checker:
         def check_int(v: Any, path: str) -> Any:
             if type(v) is not int:
                 raise _fail(path, name, v)
+            if v < 0:
+                raise InvalidFieldError(f"field {path!r}: must not be negative, got {v}")
             return v
         return check_int
     if tp is float:
@@ -99,6 +103,8 @@ def _list_of(inner: Checker, simple: type | None) -> Checker:
             for item in v:
                 if type(item) is not simple:
                     raise _fail(path + "[]", simple.__name__, item)
+            if simple is int and v and min(v) < 0:
+                raise InvalidFieldError(f"field {path!r}: must not hold negative numbers")
             return v
         return [inner(item, path + "[]") for item in v]
     return check
@@ -266,12 +272,11 @@ class FrameBuffer:
         if avail < 4:
             return None
         (n,) = HEADER.unpack_from(self._buf, self._pos)
-        if n == 0 or n > self.max_frame_size:
+        if n == 0:
+            raise FrameError(MalformedFrameError("empty frame (length 0)"), fatal=True)
+        if n > self.max_frame_size:
             raise FrameError(
-                FrameTooLargeError(
-                    f"frame of {n} bytes exceeds max_frame_size {self.max_frame_size}"
-                    if n else "empty frame"
-                ),
+                FrameTooLargeError(f"frame of {n} bytes exceeds max_frame_size {self.max_frame_size}"),
                 fatal=True,
             )
         if avail < 4 + n:

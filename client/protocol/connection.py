@@ -100,6 +100,10 @@ for _role in Role:
     TRANSITIONS[(_role, State.ERROR, _SEND, "Error")] = State.ERROR
     TRANSITIONS[(_role, State.ERROR, _SEND, "Close")] = State.ERROR
     TRANSITIONS[(_role, State.OPEN, _RECV, _ANY)] = State.OPEN
+    # The side that received Close answers with Close.
+    TRANSITIONS[(_role, State.CLOSED, _SEND, "Close")] = State.CLOSED
+# A Welcome already in flight when the client gave up and sent Close.
+TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "Welcome")] = State.CLOSE_SENT
 
 _HANDSHAKE = {"Hello", "Welcome"}
 
@@ -111,7 +115,8 @@ class ProtocolConnection:
         self.version: int | None = None
         self._buffer = FrameBuffer(max_frame_size)
         self._eof = False
-        self._close_seen = False
+        self._ended: ConnectionEnded | None = None
+        self._offered: tuple[int, int] | None = None
 
     @property
     def max_frame_size(self) -> int:
@@ -133,18 +138,36 @@ class ProtocolConnection:
                 raise LocalProtocolError(msg)
             self.state = State.ERROR
             raise FrameError(RemoteProtocolError(msg), rid=getattr(frame, "rid", 0), fatal=True)
-        if isinstance(frame, Welcome):
+        if isinstance(frame, Welcome) and direction == _RECV and self.role is Role.CLIENT and nxt is State.OPEN:
+            lo, hi = self._offered or (MIN_VERSION, MAX_VERSION)
+            if not lo <= frame.version <= hi:
+                self.state = State.ERROR
+                raise FrameError(UnsupportedProtocolError(
+                    f"unsupported protocol version: node chose {frame.version}, this client offered {lo}..{hi}"),
+                    fatal=True)
             self.version = frame.version
+        elif isinstance(frame, Welcome):
+            self.version = frame.version
+        elif isinstance(frame, Hello) and direction == _SEND:
+            self._offered = (frame.min_version, frame.max_version)
         self.state = nxt
 
     # -- outbound ----------------------------------------------------------------
 
     def send(self, frame: Frame) -> bytes:
-        """Bytes for ``frame``; LocalProtocolError if the state forbids it."""
-        if self.state is State.CLOSED:
+        """Bytes for ``frame``; LocalProtocolError if the state forbids it or it cannot be encoded.
+
+        The state changes only when the bytes exist.
+        """
+        if self.state is State.CLOSED and not isinstance(frame, Close):
             raise LocalProtocolError("connection is CLOSED")
+        before = self.state
         self._advance(_SEND, frame)
-        return encode(frame)
+        try:
+            return encode(frame)
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack's complaints about a value
+            self.state = before
+            raise LocalProtocolError(f"cannot encode {type(frame).__name__}: {exc}") from exc
 
     def hello(self, *, client_name: str, user: str, password: str, heartbeat: float) -> bytes:
         return self.send(Hello(
@@ -175,9 +198,10 @@ class ProtocolConnection:
             raise
         if payload is None:
             if self._eof:
-                clean = self.state is State.CLOSED
-                self.state = State.CLOSED
-                return ConnectionEnded(clean=clean)
+                if self._ended is None:
+                    self._ended = ConnectionEnded(clean=self.state is State.CLOSED)
+                    self.state = State.CLOSED
+                return self._ended
             return NEED_DATA
         try:
             frame = decode_payload(payload)
@@ -188,14 +212,9 @@ class ProtocolConnection:
                 exc.fatal = True
             raise
         self._advance(_RECV, frame)
-        if isinstance(frame, Error) and self.role is Role.CLIENT and self.state is State.HELLO_SENT:
-            self.state = State.CLOSED
         return frame
 
     @property
     def closed(self) -> bool:
         return self.state in (State.CLOSED, State.ERROR)
 
-    @staticmethod
-    def is_close(frame: Frame) -> bool:
-        return isinstance(frame, Close)

@@ -11,6 +11,7 @@ from broker.node import Node
 from client.errors import (
     AuthError,
     InvalidArgumentError,
+    InvalidFieldError,
     MessageTooLargeError,
     PartitionNotFoundError,
     QueueExistsError,
@@ -47,12 +48,14 @@ async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.Connec
     ({"partitions": 0}, "partitions"),
     ({"partitions": 5000}, "partitions"),
     ({"mapper": "random"}, "mapper"),
-    ({"max_deliveries": -1}, "max_deliveries"),
+    ({"ring_size": 2}, "ring_size"),
     ({"dead_letter_queue": "q"}, "dead_letter_queue"),
 ])
 async def test_declare_rejects_bad_settings(conn: client.Connection, kwargs: dict, field: str) -> None:
     with pytest.raises(InvalidArgumentError, match=field):
-        await conn.declare_queue("q", **kwargs)
+        await conn.declare_queue("q", partitions=kwargs.pop("partitions", 4), **kwargs)
+    with pytest.raises(InvalidFieldError, match="max_deliveries.*negative"):
+        await conn.declare_queue("q", max_deliveries=-1)
     with pytest.raises(InvalidArgumentError, match="queue name"):
         await conn.declare_queue("bad name!")
 
