@@ -1,0 +1,40 @@
+"""`tandem bench` end to end: spawned node, both peers, exactly-once check, JSON report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.peers]
+
+
+async def test_bench_spawn_with_peers_reports_json() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--peer", "rabbitmq", "--peer", "nats",
+        "--messages", "3000", "--latency-messages", "300", "--latency-rate", "1000", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    report = json.loads(out)
+    systems = [r["system"] for r in report["runs"]]
+    assert systems == ["tandem", "rabbitmq", "nats"]
+    for r in report["runs"]:
+        assert r["error"] is None, r
+        assert (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
+        assert r["confirmed"] == r["consumed"] == 3000
+        assert r["publish_per_s"] > 0 and r["consume_per_s"] > 0
+        assert 0 < r["confirm_ms"]["p50"] <= r["confirm_ms"]["p99"]
+    assert set(report["ratios"]) == {"rabbitmq", "nats"}
+    assert report["ratios"]["nats"]["publish_per_s"] > 0
+
+
+async def test_bench_needs_a_target() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    _out, err = await proc.communicate()
+    assert proc.returncode == 2 and b"--url" in err and b"Traceback" not in err
