@@ -151,6 +151,10 @@ class Node:
             await self._server.wait_closed()
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close)
+            st = self.writer.stats
+            log.info("store writer stats commits=%d synced=%d failed=%d ops=%d max_batch_ops=%d busy_s=%.2f",
+                     st.commits, st.synced_commits, st.failed_commits, st.ops, st.max_batch_ops,
+                     st.commit_seconds_total)
         await asyncio.to_thread(self.engine.close)
         log.info("node stop complete name=%s", self.config.name)
         self.stopped.set()
@@ -185,7 +189,7 @@ class Node:
     def write_later(self, ops: list[WriteOp]) -> None:
         """Write with the next commit; nobody waits for it."""
         if ops and self.writer is not None:
-            self.writer.submit(ops, sync=False)
+            self.writer.submit_lazy(ops)
 
     # -- queues -------------------------------------------------------------------------
 

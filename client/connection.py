@@ -101,7 +101,7 @@ class Connection:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed: TandemError | None = None
         self._last_recv = self._last_send = 0.0
-        self._acks: dict[tuple[type, bool], list[tuple[int, asyncio.Future[None]]]] = {}
+        self._acks: dict[tuple[type, bool], tuple[list[int], asyncio.Future[None]]] = {}
         self._ack_flush_scheduled = False
         self.closed_event = asyncio.Event()
         self.closed_by_client = False
@@ -201,10 +201,9 @@ class Connection:
             if not fut.done():
                 fut.set_exception(exc)
         self._pending.clear()
-        for items in self._acks.values():
-            for _tag, fut in items:
-                if not fut.done():
-                    fut.set_exception(exc)
+        for _tags, fut in self._acks.values():
+            if not fut.done():
+                fut.set_exception(exc)
         self._acks.clear()
         for c in list(self._consumers.values()):
             c._closed(exc)
@@ -375,40 +374,48 @@ class Connection:
     # -- settlement (coalesced: all acks of one loop iteration go in one frame) ---------------------------
 
     def settle(self, kind: type, tag: int, requeue: bool = True) -> asyncio.Future[None]:
+        """Queue an ack/nack/reject; every settlement of one loop iteration goes in one frame.
+
+        Returns the future of that frame's reply, shared by all its settlements.
+        """
         if self._closed is not None:
             raise self._closed
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks.setdefault((kind, requeue), []).append((tag, fut))
-        if not self._ack_flush_scheduled:
-            self._ack_flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
-        return fut
+        key = (kind, requeue)
+        batch = self._acks.get(key)
+        if batch is None:
+            batch = self._acks[key] = ([], asyncio.get_running_loop().create_future())
+            if not self._ack_flush_scheduled:
+                self._ack_flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_acks)
+        batch[0].append(tag)
+        return batch[1]
 
     def _flush_acks(self) -> None:
         self._ack_flush_scheduled = False
         batches, self._acks = self._acks, {}
-        for (kind, requeue), items in batches.items():
+        for (kind, requeue), (tags, done) in batches.items():
             rid = self.next_rid()
-            tags = [t for t, _ in items]
             if kind is Nack:
                 frame: Frame = Nack(rid=rid, tags=tags, requeue=requeue)
             elif kind is Reject:
                 frame = Reject(rid=rid, tags=tags)
             else:
                 frame = Ack(rid=rid, tags=tags)
-            futs = [f for _, f in items]
             try:
                 reply = self.request_nowait(frame)
             except TandemError as exc:
-                for f in futs:
-                    if not f.done():
-                        f.set_exception(exc)
+                done.set_exception(exc)
+                done.exception()  # mark retrieved: a fire-and-forget ack must not log noise
                 continue
-            reply.add_done_callback(lambda r, futs=futs: _fan_out(r, futs))
+            reply.add_done_callback(lambda r, done=done: _chain(r, done))
 
 
-def _fan_out(reply: asyncio.Future[Frame], futs: list[asyncio.Future[None]]) -> None:
-    exc = reply.exception() if not reply.cancelled() else ConnectionClosedError("cancelled")
-    for f in futs:
-        if not f.done():
-            f.set_exception(exc) if exc else f.set_result(None)
+def _chain(reply: asyncio.Future[Frame], done: asyncio.Future[None]) -> None:
+    if done.done():
+        return
+    if reply.cancelled():
+        done.cancel()
+    elif reply.exception() is not None:
+        done.set_exception(reply.exception())  # type: ignore[arg-type]
+    else:
+        done.set_result(None)

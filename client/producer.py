@@ -52,7 +52,8 @@ class Producer:
         self._buffer: deque[tuple[PublishMessage, asyncio.Future[int]]] = deque()
         self._in_flight = 0
         self._flush_scheduled = False
-        self._unconfirmed: set[asyncio.Future[int]] = set()
+        self._unconfirmed = 0  # sent or buffered, not yet confirmed or failed
+        self._idle: asyncio.Event | None = None
         self.sent = 0
         self.confirmed = 0
         self.duplicates = 0
@@ -70,8 +71,7 @@ class Producer:
         self._seq = seq + 1
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._buffer.append((PublishMessage(key, dict(headers) if headers else {}, data, seq), fut))
-        self._unconfirmed.add(fut)
-        fut.add_done_callback(self._unconfirmed.discard)
+        self._unconfirmed += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -114,6 +114,7 @@ class Producer:
                     break
                 buf.popleft()
                 if fut.cancelled():
+                    self._settled(1)
                     continue
                 batch.append(msg)
                 futs.append(fut)
@@ -128,6 +129,7 @@ class Producer:
                 for f in futs:
                     if not f.done():
                         f.set_exception(exc)
+                self._settled(len(futs))
                 continue
             self._in_flight += 1
             self.sent += len(batch)
@@ -148,15 +150,21 @@ class Producer:
                     f.set_result(m.seq or 0)
                 else:
                     f.set_exception(exc)
+        self._settled(len(futs))
         if self._buffer and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _settled(self, n: int) -> None:
+        self._unconfirmed -= n
+        if self._unconfirmed == 0 and self._idle is not None:
+            self._idle.set()
+
     async def flush(self) -> None:
         """Wait until everything sent so far is confirmed (or failed)."""
-        futs = list(self._unconfirmed)
-        if futs:
-            await asyncio.gather(*futs, return_exceptions=True)
+        while self._unconfirmed:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
 
     async def close(self) -> None:
         await self.flush()

@@ -8,6 +8,12 @@ all the callbacks back in one call to ``notify`` (the broker passes
 pays one wake-up per commit, not per message.
 
 Submissions commit in the order they were made; callbacks run in that order.
+
+*Lazy* submissions (settlements: acks, delivery counts) do not wake the writer:
+they ride along with the next eager commit, or are committed on their own once
+the oldest has waited ``lazy_delay`` seconds (or ``lazy_max_ops`` pile up).
+That turns the stream of small ack commits between publish commits into
+nothing, which is most of the writer's time saved on a busy queue.
 """
 
 from __future__ import annotations
@@ -43,13 +49,19 @@ class GroupCommitWriter:
     """Owns the engine's write side on a dedicated thread."""
 
     def __init__(
-        self, engine: Engine, notify: Notify, *, clock: Clock = SYSTEM_CLOCK, name: str = "tandem-writer"
+        self, engine: Engine, notify: Notify, *, clock: Clock = SYSTEM_CLOCK, name: str = "tandem-writer",
+        lazy_delay: float = 0.02,
     ) -> None:
         self._clock = clock
         self.engine = engine
         self._notify = notify
         self._cond = threading.Condition()
         self._pending: list[tuple[list[WriteOp], bool, Callback | None]] = []
+        self._eager = 0  # pending submissions that want a commit now
+        self._lazy_ops = 0
+        self._lazy_since = 0.0
+        self.lazy_delay = lazy_delay
+        self.lazy_max_ops = 20000
         self._closing = False
         self.stats = WriterStats()
         #: observers called on the writer thread with each commit's duration (metrics).
@@ -63,7 +75,20 @@ class GroupCommitWriter:
             if self._closing:
                 raise StorageError("store writer is closed")
             self._pending.append((ops, sync, callback))
-            if len(self._pending) == 1:
+            self._eager += 1
+            if self._eager == 1:
+                self._cond.notify()
+
+    def submit_lazy(self, ops: list[WriteOp]) -> None:
+        """Queue ``ops`` for a commit that need not happen now (nobody waits for it)."""
+        with self._cond:
+            if self._closing:
+                raise StorageError("store writer is closed")
+            if not self._lazy_ops:
+                self._lazy_since = self._clock.monotonic()
+            self._pending.append((ops, False, None))
+            self._lazy_ops += len(ops)
+            if self._lazy_ops == len(ops) or self._lazy_ops >= self.lazy_max_ops:
                 self._cond.notify()
 
     def close(self) -> None:
@@ -76,11 +101,18 @@ class GroupCommitWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
+                while not (self._eager or self._closing or self._lazy_ops >= self.lazy_max_ops):
+                    if not self._pending:
+                        self._cond.wait()
+                        continue
+                    wait = self._lazy_since + self.lazy_delay - self._clock.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
                 if not self._pending:
                     return
                 batch, self._pending = self._pending, []
+                self._eager = self._lazy_ops = 0
             self._commit(batch)
 
     def _commit(self, batch: list[tuple[list[WriteOp], bool, Callback | None]]) -> None:

@@ -119,25 +119,63 @@ def _str_map(v: Any, path: str) -> Any:
     return v
 
 
+def _inline_check(tp: Any, var: str, slow: str, name: str) -> list[str]:
+    """Source lines checking ``var`` fast; anything unusual goes to the generic checker
+    ``slow`` (which converts or raises with a precise message)."""
+    call = f"{var} = {slow}({var}, path + '.{name}')"
+    if tp is int:
+        return [f"if type({var}) is not int or {var} < 0: {call}"]
+    if tp in (str, bytes, bool, float):
+        return [f"if type({var}) is not {tp.__name__}: {call}"]
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (UnionType, typing.Union) and len(args) == 2 and NoneType in args:
+        inner = args[0] if args[1] is NoneType else args[1]
+        if inner in (str, bytes, int, float, bool):
+            return [f"if {var} is not None and type({var}) is not {inner.__name__}: {call}"]
+    if typing.get_origin(tp) is dict:
+        return [f"if type({var}) is not dict or {var}: {call}"]
+    return [call]
+
+
 def _record(cls: type[Record]) -> Checker:
+    """A checker for one record type, generated as straight-line code.
+
+    Records are the per-message hot path (a publish batch holds thousands), so
+    the common case runs as one function with inline type tests and no
+    per-field calls; only a surprising value takes the generic path, which
+    converts it or raises with the field's name.
+    """
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
-    checkers = [_compile(hints[f.name]) for f in fields]
-    names = [f.name for f in fields]
     required = sum(
         1 for f in fields
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
     n = len(fields)
-    label = cls.__name__
-
-    def check(v: Any, path: str) -> Any:
-        if type(v) is not list or not required <= len(v) <= n:
-            raise InvalidFieldError(
-                f"field {path!r}: expected {label} as an array of {required}..{n} items"
-            )
-        args = [checkers[i](item, f"{path}.{names[i]}") for i, item in enumerate(v)]
-        return cls(*args)
+    env: dict[str, Any] = {"cls": cls, "InvalidFieldError": InvalidFieldError}
+    lines = [
+        "def check(v, path):",
+        f"    if type(v) is not list or not {required} <= len(v) <= {n}:",
+        f"        raise InvalidFieldError(f\"field {{path!r}}: expected {cls.__name__} as an array of "
+        f"{required}..{n} items\")",
+        "    k = len(v)",
+    ]
+    for i, f in enumerate(fields):
+        env[f"slow{i}"] = _compile(hints[f.name])
+        body = _inline_check(hints[f.name], f"x{i}", f"slow{i}", f.name)
+        if i < required:
+            lines.append(f"    x{i} = v[{i}]")
+            lines += [f"    {b}" for b in body]
+        else:
+            env[f"default{i}"] = f.default
+            lines.append(f"    if k > {i}:")
+            lines.append(f"        x{i} = v[{i}]")
+            lines += [f"        {b}" for b in body]
+            lines.append("    else:")
+            lines.append(f"        x{i} = default{i}")
+    lines.append(f"    return cls({', '.join(f'x{i}' for i in range(n))})")
+    exec("\n".join(lines), env)  # noqa: S102  (generated from our own dataclass fields only)
+    check: Checker = env["check"]
     return check
 
 

@@ -53,7 +53,13 @@ class Op(IntEnum):
 
 
 class Record:
-    """A value inside a frame encoded as a positional msgpack array."""
+    """A value inside a frame encoded as a positional msgpack array.
+
+    The per-message records (PublishMessage, Delivery, StreamMessage) are not
+    frozen: a batch builds thousands of them and a frozen dataclass's
+    ``__init__`` costs a ``object.__setattr__`` per field.  Treat them as
+    values all the same.
+    """
 
     __slots__ = ()
 
@@ -68,7 +74,7 @@ class Frame:
 # -- records -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PublishMessage(Record):
     """One message in a publish batch: ``[key, headers, body, seq]``."""
 
@@ -78,7 +84,7 @@ class PublishMessage(Record):
     seq: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery(Record):
     """One delivered message.  ``tag`` is unique on its connection."""
 
@@ -94,7 +100,7 @@ class Delivery(Record):
     id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamMessage(Record):
     """A message read by offset (not consumed)."""
 
