@@ -346,7 +346,7 @@ class Connection:
 
     # -- producers and consumers ---------------------------------------------------------------------
 
-    def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 1000,
+    def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 256,
                  max_in_flight: int = 64) -> Producer:
         from client.producer import Producer
 

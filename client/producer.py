@@ -40,7 +40,7 @@ def _as_bytes(body: Body) -> bytes:
 
 class Producer:
     def __init__(self, conn: Connection, queue: str, *, producer_id: str | None = None,
-                 max_batch: int = 1000, max_in_flight: int = 64) -> None:
+                 max_batch: int = 256, max_in_flight: int = 64) -> None:
         if max_batch < 1 or max_in_flight < 1:
             raise InvalidArgumentError("max_batch and max_in_flight must be >= 1")
         self.conn = conn

@@ -126,7 +126,7 @@ class TandemDriver:
 
     async def publisher(self, w: Workload) -> Publisher:
         conn = await self._connect()
-        producer = conn.producer(self.queue, max_in_flight=64, max_batch=1000)
+        producer = conn.producer(self.queue)
         return Publisher(lambda body: producer._enqueue(body, None, None), window=w.window)
 
     async def consume(self, w: Workload, checker: Checker) -> None:
