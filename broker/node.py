@@ -43,8 +43,9 @@ from storage.base import (
     PutQueue,
     QueueMeta,
     Recovered,
-    Remove,
+    MarkDelivered,
     SetDeliveryCount,
+    Settle,
     StoredMessage,
     WriteOp,
 )
@@ -124,6 +125,7 @@ class Node:
                 continue
             part = q.partitions[pidx]
             part.next_offset = part.committed_end = st.next_offset
+            part.delivered_upto = st.delivered_upto
             part.producers = st.producers
             q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
         for u in rec.users:
@@ -131,8 +133,8 @@ class Node:
 
     @staticmethod
     def _msg_from_store(partition: int, m: StoredMessage) -> Msg:
-        return Msg(partition, m.offset, m.key, decode_headers(m.headers), m.headers, m.body, m.producer_id, m.seq,
-                   m.timestamp, m.delivery_count)
+        return Msg(partition, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
+                   m.producer_id, m.seq, m.ts, m.dc)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -238,7 +240,7 @@ class Node:
     async def purge(self, name: str) -> int:
         q = self.queue(name)
         removed = q.purge_ready()
-        ops: list[WriteOp] = [Remove(q.meta.id, p, offs) for p, offs in removed.items()]
+        ops: list[WriteOp] = [Settle(q.meta.id, p, offs) for p, offs in removed.items()]
         if ops:
             await self.write(ops, sync=self.config.sync is DurabilityPolicy.SYNC)
         count = sum(len(o) for o in removed.values())
@@ -294,10 +296,7 @@ class Node:
         ops: list[WriteOp] = []
         for pidx, msgs in by_part.items():
             part = parts[pidx]
-            ops.append(Append(q.meta.id, pidx, [
-                StoredMessage(x.offset, x.key, x.headers_blob, x.body, x.producer_id, x.seq, x.ts)
-                for x in msgs
-            ], part.next_offset))
+            ops.append(Append(q.meta.id, pidx, msgs, part.next_offset))
         if producer_id is not None:
             for part, pid, _prev in {(p.index, pid): (p, pid, prev) for p, pid, prev in seen}.values():
                 ops.append(PutProducer(q.meta.id, part.index, pid, part.producers[pid]))
@@ -366,14 +365,23 @@ class Node:
                 c.session.deliver(c, msgs)
 
     def record_deliveries(self, q: Queue, msgs: list[Msg]) -> None:
-        """Count a delivery on each message, in memory now and in the store soon."""
-        by_part: dict[int, list[tuple[int, int]]] = {}
+        """Count a delivery on each message.
+
+        In the store a delivery is one number per partition, the delivered
+        mark (messages go out in offset order, requeues excepted); a delivery
+        count is written per message only when a delivery ends unsettled
+        (:meth:`requeue`).  See storage.base.Recovered for what comes back.
+        """
+        marks: dict[int, int] = {}
+        parts = q.partitions
         for m in msgs:
             m.dc += 1
-            by_part.setdefault(m.partition, []).append((m.offset, m.dc))
+            if m.offset >= parts[m.partition].delivered_upto:
+                parts[m.partition].delivered_upto = marks[m.partition] = m.offset + 1
         q.unacked_count += len(msgs)
         q.delivered += len(msgs)
-        self.write_later([SetDeliveryCount(q.meta.id, p, items) for p, items in by_part.items()])
+        if marks:
+            self.write_later([MarkDelivered(q.meta.id, p, upto) for p, upto in marks.items()])
 
     # -- consumers and settlement ------------------------------------------------------------
 
@@ -397,11 +405,12 @@ class Node:
             self._release_one(c)
             c.queue.acked += 1
             ops.setdefault((c.queue, m.partition), []).append(m.offset)
-        self.write_later([Remove(q.meta.id, p, offs) for (q, p), offs in ops.items() if not q.deleted])
+        self.write_later([Settle(q.meta.id, p, offs) for (q, p), offs in ops.items() if not q.deleted])
 
     def requeue(self, settled: list[tuple[Consumer, Msg]]) -> None:
         """Back to ready; past ``max_deliveries`` to the dead-letter queue instead."""
         expired: list[tuple[Consumer, Msg]] = []
+        counts: dict[tuple[Queue, int], list[tuple[int, int]]] = {}
         for c, m in settled:
             limit = c.queue.meta.max_deliveries
             if limit and m.dc >= limit:
@@ -410,6 +419,8 @@ class Node:
             self._release_one(c)
             if not c.queue.deleted:
                 c.queue.requeue(m)
+                counts.setdefault((c.queue, m.partition), []).append((m.offset, m.dc))
+        self.write_later([SetDeliveryCount(q.meta.id, p, items) for (q, p), items in counts.items()])
         if expired:
             self.dead_letter(expired, "delivery_limit")
 
@@ -422,7 +433,7 @@ class Node:
             self._release_one(c)
             if src.deleted:
                 continue
-            ops.append(Remove(src.meta.id, m.partition, [m.offset]))
+            ops.append(Settle(src.meta.id, m.partition, [m.offset]))
             dlq = self.queues.get(src.meta.dead_letter_queue or "")
             if dlq is None:
                 if src.meta.dead_letter_queue:
@@ -436,9 +447,7 @@ class Node:
             new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body,
                       None, None, m.ts)
             part.next_offset += 1
-            ops.append(Append(dlq.meta.id, pidx, [
-                StoredMessage(new.offset, new.key, new.headers_blob, new.body, None, None, new.ts)
-            ], part.next_offset))
+            ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))
             moved.setdefault(dlq, {}).setdefault(pidx, []).append(new)
             dlq.published += 1
         self.write_later(ops)

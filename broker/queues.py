@@ -68,13 +68,14 @@ class Msg:
 
 
 class Partition:
-    __slots__ = ("index", "ready", "next_offset", "committed_end", "producers")
+    __slots__ = ("index", "ready", "next_offset", "committed_end", "delivered_upto", "producers")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
         self.ready: deque[Msg] = deque()
         self.next_offset = next_offset  # offset the next appended message gets
         self.committed_end = next_offset  # end of what the store has committed
+        self.delivered_upto = 0  # every offset below has been delivered at least once
         self.producers: dict[str, int] = {}  # producer id -> last stored seq
 
     def requeue(self, msg: Msg) -> None:

@@ -412,7 +412,7 @@ class Session:
         full = len(rows) == f.max_messages
         rows = [r for r in rows if r.offset < end]
         msgs = [
-            StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers), r.body, r.timestamp,
+            StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers_blob), r.body, r.ts,
                           f"{f.partition}-{r.offset}")
             for r in rows
         ]

@@ -1,8 +1,8 @@
 """The Store interface: what a storage engine does for a node, and nothing more.
 
 A store keeps, per node: queue definitions, each partition's log of messages
-(by offset), the delivery count of every stored message, the last sequence of
-every idempotent producer per partition, and users.  The broker keeps the live
+(by offset) and which of them are settled, delivery counts, the last sequence
+of every idempotent producer per partition, and users.  The broker keeps the live
 state in memory and tells the store what changed as a list of *write ops*; the
 store applies each list atomically (group commit, see
 :mod:`storage.writer`).  On start, :meth:`Store.load` returns everything that
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from client.errors import InvalidArgumentError
@@ -49,18 +50,30 @@ class QueueMeta:
     max_length: int
 
 
-@dataclass(slots=True)
-class StoredMessage:
-    """One message as the store keeps it (``headers`` already msgpack-encoded)."""
+class MessageRecord(Protocol):
+    """What the store needs of a message to append it (the broker's Msg has these)."""
 
     offset: int
     key: str | None
-    headers: bytes
+    headers_blob: bytes  # msgpack-encoded headers
     body: bytes
     producer_id: str | None
     seq: int | None
-    timestamp: float
-    delivery_count: int = 0
+    ts: float
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message as the store gives it back (``headers_blob`` is msgpack-encoded)."""
+
+    offset: int
+    key: str | None
+    headers_blob: bytes
+    body: bytes
+    producer_id: str | None
+    seq: int | None
+    ts: float
+    dc: int = 0  # delivery count, see Recovered
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,17 +100,18 @@ class DropQueue:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Append messages to a partition's log; ``next_offset`` is the log end after it."""
+    """Append messages (consecutive offsets) to a partition's log; ``next_offset``
+    is the log end after it."""
 
     queue_id: int
     partition: int
-    messages: list[StoredMessage]
+    messages: Sequence[MessageRecord]
     next_offset: int
 
 
 @dataclass(frozen=True, slots=True)
-class Remove:
-    """Remove settled messages (acked, rejected, dead-lettered, purged)."""
+class Settle:
+    """These messages are done with (acked, rejected, dead-lettered, purged)."""
 
     queue_id: int
     partition: int
@@ -105,18 +119,22 @@ class Remove:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkDelivered:
+    """Every offset below ``upto`` in the partition has been delivered at least once."""
+
+    queue_id: int
+    partition: int
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
 class SetDeliveryCount:
-    """``items``: (offset, delivery_count) pairs."""
+    """Deliveries that ended without a settlement (nack, requeue): ``items`` are
+    (offset, delivery_count) pairs."""
 
     queue_id: int
     partition: int
     items: list[tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class PurgePartition:
-    queue_id: int
-    partition: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +156,7 @@ class DropUser:
 
 
 WriteOp = (
-    PutQueue | DropQueue | Append | Remove | SetDeliveryCount | PurgePartition | PutProducer
+    PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer
     | PutUser | DropUser
 )
 
@@ -149,13 +167,20 @@ WriteOp = (
 @dataclass(slots=True)
 class PartitionState:
     next_offset: int = 0
+    delivered_upto: int = 0
     messages: list[StoredMessage] = field(default_factory=list)
     producers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class Recovered:
-    """Everything committed, as found by :meth:`Engine.load`."""
+    """Everything committed, as found by :meth:`Engine.open`.
+
+    Recovered messages are the unsettled ones.  A message's ``dc`` is its
+    last recorded delivery count, plus one if it lies below the partition's
+    delivered mark (it may have been out with a consumer when the node
+    stopped): a count can come back one too high, never too low.
+    """
 
     queues: list[QueueMeta] = field(default_factory=list)
     partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
@@ -183,7 +208,7 @@ class Engine(Protocol):
         """Apply ``ops`` in one transaction; with ``sync``, durable on return."""
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
-        """Up to ``limit`` stored messages of a partition with offset >= ``offset``."""
+        """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``."""
 
     def set_meta(self, key: str, value: str) -> None:
         """Store one node-level setting (e.g. ``store_stamp``) durably."""

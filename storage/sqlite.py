@@ -1,41 +1,50 @@
 """The embedded default engine: one SQLite database per node, WAL mode, via SQLAlchemy Core.
 
-Durability maps onto SQLite's own machinery:
+Layout: the log is stored in *chunks*, one row per appended batch of a
+partition (as a publish frame is one batch), not one row per message; a
+message is settled by recording its offset range, and a chunk is deleted once
+every message in it is settled.  So a batch of 256 messages costs one row
+insert and, later, one range row and one delete, instead of 256 inserts, 256
+deletes and 256 updates: SQLite's per-row cost (and the GIL hand-offs of the
+``sqlite3`` module, one per row) leave the hot path.
 
-* ``sync=True`` commits with ``PRAGMA synchronous=FULL``: the WAL is fsynced
-  before the commit returns.
-* ``sync=False`` commits with ``synchronous=NORMAL``: the WAL frames are
-  written to the OS (they survive a kill of the process), fsync happens at the
-  next checkpoint.
-
-Torn writes: every WAL frame carries a checksum chained over the frames before
-it, and a commit is a frame with the commit flag.  On open SQLite replays the
-WAL only up to the last frame whose checksum holds, so a partial last write is
-ignored rather than read (tested in ``tests/storage/test_recovery.py``).
-
-Schema (version 1, in ``meta.schema_version``)::
+Schema (version 2, in ``meta.schema_version``)::
 
     meta(key TEXT PK, value TEXT)
     queues(id INT PK, name TEXT UNIQUE, partitions, mapper, ring_size,
            max_deliveries, dead_letter_queue, max_length)
-    partitions(queue_id, partition, next_offset)           PK (queue_id, partition)
-    messages(queue_id, partition, offset, key, headers BLOB, body BLOB,
-             producer_id, seq, ts REAL, dc INT)             PK (queue_id, partition, offset)
-    producers(queue_id, partition, producer_id, last_seq)  PK (queue_id, partition, producer_id)
+    partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
+    chunks(queue_id, partition, start, count, payload BLOB)         PK (queue_id, partition, start)
+    settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
+    counts(queue_id, partition, "offset", dc)                       PK (queue_id, partition, offset)
+    producers(queue_id, partition, producer_id, last_seq)           PK (queue_id, partition, producer_id)
     users(name TEXT PK, salt BLOB, hash BLOB, role, params)
 
-The hot path uses ``exec_driver_sql`` with parameter tuples (``executemany``):
-SQLAlchemy Core without per-row dict building.
+Chunk payload: a msgpack array with one item per message, offsets
+``start .. start+count-1`` in order; each item is the array
+``[key: str|nil, headers: bin (msgpack map str->str), body: bin,
+producer_id: str|nil, seq: uint|nil, ts: float]``.
+
+Durability maps onto SQLite's own machinery: ``sync=True`` commits with
+``PRAGMA synchronous=FULL`` (the WAL is fsynced before the commit returns);
+``sync=False`` with ``synchronous=NORMAL`` (WAL frames written to the OS,
+fsynced at the next checkpoint).  Torn writes: every WAL frame carries a
+checksum chained over the frames before it and a commit is a frame with the
+commit flag; on open SQLite replays the WAL only up to the last intact commit,
+so a partial last write is ignored (``tests/storage/test_recovery.py``).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -46,23 +55,25 @@ from storage.base import (
     Capabilities,
     DropQueue,
     DropUser,
+    MarkDelivered,
+    MessageRecord,
     PartitionState,
-    PurgePartition,
     PutProducer,
     PutQueue,
     PutUser,
     QueueMeta,
     Recovered,
-    Remove,
     SetDeliveryCount,
+    Settle,
     StoredMessage,
     UserRecord,
     WriteOp,
 )
+from storage.intervals import IntervalSet, ranges_of
 
 log = logging.getLogger("tandem.storage")
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _DDL = [
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -71,13 +82,18 @@ _DDL = [
         mapper TEXT NOT NULL, ring_size INTEGER NOT NULL, max_deliveries INTEGER NOT NULL,
         dead_letter_queue TEXT, max_length INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS partitions (
-        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
-        PRIMARY KEY (queue_id, partition))""",
-    """CREATE TABLE IF NOT EXISTS messages (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL DEFAULT 0,
+        delivered_upto INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (queue_id, partition))""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, start INTEGER NOT NULL,
+        count INTEGER NOT NULL, payload BLOB NOT NULL, PRIMARY KEY (queue_id, partition, start))""",
+    """CREATE TABLE IF NOT EXISTS settled (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, start INTEGER NOT NULL,
+        "end" INTEGER NOT NULL)""",
+    'CREATE INDEX IF NOT EXISTS settled_end ON settled (queue_id, partition, "end")',
+    """CREATE TABLE IF NOT EXISTS counts (
         queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
-        key TEXT, headers BLOB NOT NULL, body BLOB NOT NULL, producer_id TEXT, seq INTEGER,
-        ts REAL NOT NULL, dc INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (queue_id, partition, "offset"))""",
+        dc INTEGER NOT NULL, PRIMARY KEY (queue_id, partition, "offset"))""",
     """CREATE TABLE IF NOT EXISTS producers (
         queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, producer_id TEXT NOT NULL,
         last_seq INTEGER NOT NULL, PRIMARY KEY (queue_id, partition, producer_id))""",
@@ -86,21 +102,92 @@ _DDL = [
         params TEXT NOT NULL)""",
 ]
 
-_INSERT_MSG = (
-    'INSERT OR REPLACE INTO messages (queue_id, partition, "offset", key, headers, body, '
-    "producer_id, seq, ts, dc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_UPSERT_PART = (
+_INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload) VALUES (?, ?, ?, ?, ?)"
+_UPSERT_END = (
     "INSERT INTO partitions (queue_id, partition, next_offset) VALUES (?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = "
-    "max(next_offset, excluded.next_offset)"
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)"
 )
-_DELETE_MSG = 'DELETE FROM messages WHERE queue_id = ? AND partition = ? AND "offset" = ?'
-_SET_DC = 'UPDATE messages SET dc = ? WHERE queue_id = ? AND partition = ? AND "offset" = ?'
+_UPSERT_DELIVERED = (
+    "INSERT INTO partitions (queue_id, partition, delivered_upto) VALUES (?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET "
+    "delivered_upto = max(delivered_upto, excluded.delivered_upto)"
+)
+_INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end") VALUES (?, ?, ?, ?)'
+_UPSERT_COUNT = (
+    'INSERT INTO counts (queue_id, partition, "offset", dc) VALUES (?, ?, ?, ?) '
+    'ON CONFLICT (queue_id, partition, "offset") DO UPDATE SET dc = excluded.dc'
+)
 _UPSERT_PRODUCER = (
     "INSERT INTO producers (queue_id, partition, producer_id, last_seq) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (queue_id, partition, producer_id) DO UPDATE SET last_seq = excluded.last_seq"
 )
+_DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?"
+_DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
+_DELETE_SETTLED_BELOW = 'DELETE FROM settled WHERE queue_id = ? AND partition = ? AND "end" <= ?'
+
+Key = tuple[int, int]  # (queue_id, partition)
+
+
+def _runs(messages: Sequence[MessageRecord]) -> Iterator[Sequence[MessageRecord]]:
+    """Split into runs of consecutive offsets (one chunk each)."""
+    begin = 0
+    for i in range(1, len(messages)):
+        if messages[i].offset != messages[i - 1].offset + 1:
+            yield messages[begin:i]
+            begin = i
+    if messages:
+        yield messages[begin:]
+
+
+def _pack(run: Sequence[MessageRecord]) -> bytes:
+    return msgpack.packb(
+        [[m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts] for m in run], use_bin_type=True
+    )
+
+
+def _unpack(start: int, payload: bytes) -> list[StoredMessage]:
+    items = msgpack.unpackb(payload, raw=False)
+    return [StoredMessage(start + i, *item) for i, item in enumerate(items)]
+
+
+class _PartIndex:
+    """The writer's view of a partition: live chunks and settled ranges."""
+
+    __slots__ = ("starts", "counts", "settled")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []  # sorted chunk starts
+        self.counts: dict[int, int] = {}
+        self.settled = IntervalSet()
+
+    def add_chunk(self, start: int, count: int) -> None:
+        if not self.starts or start > self.starts[-1]:
+            self.starts.append(start)
+        else:
+            bisect.insort(self.starts, start)
+        self.counts[start] = count
+
+    def settled_chunks(self, start: int, end: int) -> list[int]:
+        """Starts of live chunks overlapping [start, end) that are now wholly settled."""
+        starts = self.starts
+        i = max(0, bisect.bisect_right(starts, start) - 1)
+        done = []
+        while i < len(starts) and starts[i] < end:
+            s = starts[i]
+            if self.settled.covers(s, s + self.counts[s]):
+                done.append(s)
+            i += 1
+        return done
+
+    def drop_chunk(self, start: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and self.starts[i] == start:
+            del self.starts[i]
+        self.counts.pop(start, None)
+
+    def low(self, default: int) -> int:
+        """Offsets below this are in no live chunk."""
+        return self.starts[0] if self.starts else default
 
 
 class SqliteEngine:
@@ -114,21 +201,22 @@ class SqliteEngine:
         self._writer: Connection | None = None
         self._local = threading.local()
         self._sync_mode: str | None = None
+        self._index: dict[Key, _PartIndex] = {}
+        self._ends: dict[Key, int] = {}
 
     @staticmethod
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
-        # 16 KiB pages: ~2x the write throughput of the 4 KiB default for 1 KiB
-        # messages (fewer pages per batch; docs/benchmarks.md).  Takes effect
-        # only when the file is created, so it must come before journal_mode.
+        # 16 KiB pages: about twice the write throughput of the 4 KiB default for
+        # 1 KiB messages (docs/benchmarks.md).  Effective only when the file is
+        # created, so it must come before journal_mode.
         cur.execute("PRAGMA page_size=16384")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA busy_timeout=10000")
-        cur.execute("PRAGMA foreign_keys=OFF")
         cur.close()
 
-    # -- lifecycle ------------------------------------------------------------------
+    # -- lifecycle ----------------------------------------------------------------------
 
     def open(self) -> Recovered:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,8 +228,7 @@ class SqliteEngine:
                 for ddl in _DDL:
                     self._writer.exec_driver_sql(ddl)
                 self._writer.exec_driver_sql(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (SCHEMA_VERSION,),
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
                 )
             recovered = self._load(self._writer)
             self._writer.rollback()  # end the read transaction autobegun by _load
@@ -171,32 +258,59 @@ class SqliteEngine:
                 max_deliveries=row[5], dead_letter_queue=row[6], max_length=row[7],
             ))
         parts = rec.partitions
-        for qid, p, nxt in conn.exec_driver_sql("SELECT queue_id, partition, next_offset FROM partitions"):
-            parts[(qid, p)] = PartitionState(next_offset=nxt)
-        for row in conn.exec_driver_sql(
-            'SELECT queue_id, partition, "offset", key, headers, body, producer_id, seq, ts, dc '
-            'FROM messages ORDER BY queue_id, partition, "offset"'
-        ):
-            st = parts.get((row[0], row[1]))
+
+        def state(key: Key) -> PartitionState:
+            st = parts.get(key)
             if st is None:
-                st = parts[(row[0], row[1])] = PartitionState()
-            st.messages.append(StoredMessage(row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9]))
-            if row[2] >= st.next_offset:
-                st.next_offset = row[2] + 1
+                st = parts[key] = PartitionState()
+            return st
+
+        for qid, p, nxt, delivered in conn.exec_driver_sql(
+            "SELECT queue_id, partition, next_offset, delivered_upto FROM partitions"
+        ):
+            st = state((qid, p))
+            st.next_offset, st.delivered_upto = nxt, delivered
+        self._rebuild_index(conn)
+        counts: dict[Key, dict[int, int]] = {}
+        for qid, p, off, dc in conn.exec_driver_sql('SELECT queue_id, partition, "offset", dc FROM counts'):
+            counts.setdefault((qid, p), {})[off] = dc
+        for qid, p, start, payload in conn.exec_driver_sql(
+            "SELECT queue_id, partition, start, payload FROM chunks ORDER BY queue_id, partition, start"
+        ):
+            key = (qid, p)
+            st = state(key)
+            settled = self._index[key].settled
+            dcs = counts.get(key, {})
+            for m in _unpack(start, payload):
+                if settled.contains(m.offset):
+                    continue
+                m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
+                st.messages.append(m)
+            if st.messages and st.messages[-1].offset >= st.next_offset:
+                st.next_offset = st.messages[-1].offset + 1
         for qid, p, pid, last in conn.exec_driver_sql(
             "SELECT queue_id, partition, producer_id, last_seq FROM producers"
         ):
-            st = parts.get((qid, p))
-            if st is None:
-                st = parts[(qid, p)] = PartitionState()
-            st.producers[pid] = last
+            state((qid, p)).producers[pid] = last
         for name, salt, hsh, role, params in conn.exec_driver_sql(
             "SELECT name, salt, hash, role, params FROM users ORDER BY name"
         ):
             rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
+        self._ends = {k: st.next_offset for k, st in parts.items()}
         return rec
 
-    # -- writes (writer thread) -------------------------------------------------------------
+    def _rebuild_index(self, conn: Connection) -> None:
+        """Load the writer's chunk/settled index from the tables (open, or after a failed commit)."""
+        index: dict[Key, _PartIndex] = {}
+        for qid, p, start, count in conn.exec_driver_sql(
+            "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
+        ):
+            index.setdefault((qid, p), _PartIndex()).add_chunk(start, count)
+        for qid, p, s, e in conn.exec_driver_sql('SELECT queue_id, partition, start, "end" FROM settled'):
+            index.setdefault((qid, p), _PartIndex()).settled.add(s, e)
+        self._index = index
+
+    # -- writes (writer thread) ------------------------------------------------------------
 
     def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
         conn = self._writer
@@ -211,62 +325,114 @@ class SqliteEngine:
             with conn.begin():
                 self._apply(conn, ops)
         except SQLAlchemyError as exc:
+            self._recover_index(conn)
             raise StorageError(f"write failed: {exc.__class__.__name__}: {exc}", orig=exc) from exc
+        except BaseException:
+            self._recover_index(conn)
+            raise
 
-    @staticmethod
-    def _apply(conn: Connection, ops: list[WriteOp]) -> None:
-        inserts: list[tuple[Any, ...]] = []
-        ends: list[tuple[int, int, int]] = []
-        deletes: list[tuple[int, int, int]] = []
+    def _recover_index(self, conn: Connection) -> None:
+        try:
+            self._rebuild_index(conn)
+            conn.rollback()
+        except SQLAlchemyError:
+            log.exception("could not reload the chunk index after a failed commit")
+
+    def _part(self, key: Key) -> _PartIndex:
+        idx = self._index.get(key)
+        if idx is None:
+            idx = self._index[key] = _PartIndex()
+        return idx
+
+    def _apply(self, conn: Connection, ops: list[WriteOp]) -> None:
+        chunks: list[tuple[int, int, int, int, bytes]] = []
+        ends: dict[Key, int] = {}
+        delivered: dict[Key, int] = {}
+        settled_rows: list[tuple[int, int, int, int]] = []
+        touched: dict[Key, list[tuple[int, int]]] = {}
         counts: list[tuple[int, int, int, int]] = []
         producers: list[tuple[int, int, str, int]] = []
 
         def flush() -> None:
-            # Keep op order where it matters: buffered rows go out before a
-            # structural op (purge, drop) that may remove them.
-            if inserts:
-                conn.exec_driver_sql(_INSERT_MSG, inserts)
-                inserts.clear()
+            if chunks:
+                conn.exec_driver_sql(_INSERT_CHUNK, chunks)
+                chunks.clear()
             if ends:
-                conn.exec_driver_sql(_UPSERT_PART, ends)
+                conn.exec_driver_sql(_UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])
                 ends.clear()
+            if delivered:
+                conn.exec_driver_sql(_UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
+                delivered.clear()
             if counts:
-                conn.exec_driver_sql(_SET_DC, counts)
+                conn.exec_driver_sql(_UPSERT_COUNT, counts)
                 counts.clear()
-            if deletes:
-                conn.exec_driver_sql(_DELETE_MSG, deletes)
-                deletes.clear()
+            if settled_rows:
+                conn.exec_driver_sql(_INSERT_SETTLED, settled_rows)
+                settled_rows.clear()
             if producers:
                 conn.exec_driver_sql(_UPSERT_PRODUCER, producers)
                 producers.clear()
 
         for op in ops:
-            if type(op) is Append:
-                q, p = op.queue_id, op.partition
-                inserts.extend(
-                    (q, p, m.offset, m.key, m.headers, m.body, m.producer_id, m.seq, m.timestamp, m.delivery_count)
-                    for m in op.messages
-                )
-                ends.append((q, p, op.next_offset))
-            elif type(op) is Remove:
-                if inserts or counts:
-                    flush()
-                q, p = op.queue_id, op.partition
-                deletes.extend((q, p, o) for o in op.offsets)
-            elif type(op) is SetDeliveryCount:
-                if inserts or deletes:
-                    flush()
-                q, p = op.queue_id, op.partition
-                counts.extend((dc, q, p, o) for o, dc in op.items)
-            elif type(op) is PutProducer:
-                producers.append((op.queue_id, op.partition, op.producer_id, op.last_seq))
+            kind = type(op)
+            if kind is Append:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                idx = self._part(key)
+                for run in _runs(op.messages):  # type: ignore[union-attr]
+                    start = run[0].offset
+                    chunks.append((key[0], key[1], start, len(run), _pack(run)))
+                    idx.add_chunk(start, len(run))
+                ends[key] = max(ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
+                self._ends[key] = max(self._ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
+            elif kind is Settle:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                idx = self._part(key)
+                for s, e in ranges_of(op.offsets):  # type: ignore[union-attr]
+                    settled_rows.append((key[0], key[1], s, e))
+                    idx.settled.add(s, e)
+                    touched.setdefault(key, []).append((s, e))
+            elif kind is MarkDelivered:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                delivered[key] = max(delivered.get(key, 0), op.upto)  # type: ignore[union-attr]
+            elif kind is SetDeliveryCount:
+                q, p = op.queue_id, op.partition  # type: ignore[union-attr]
+                counts.extend((q, p, o, dc) for o, dc in op.items)  # type: ignore[union-attr]
+            elif kind is PutProducer:
+                producers.append((op.queue_id, op.partition, op.producer_id, op.last_seq))  # type: ignore[union-attr]
             else:
                 flush()
-                SqliteEngine._apply_structural(conn, op)
+                self._apply_structural(conn, op)
         flush()
+        if touched:
+            self._compact(conn, touched)
 
-    @staticmethod
-    def _apply_structural(conn: Connection, op: WriteOp) -> None:
+    def _compact(self, conn: Connection, touched: dict[Key, list[tuple[int, int]]]) -> None:
+        """Delete chunks whose messages are all settled, and the bookkeeping below the log's start."""
+        drop_chunks: list[tuple[int, int, int]] = []
+        drop_counts: list[tuple[int, int, int, int]] = []
+        drop_settled: list[tuple[int, int, int]] = []
+        for key, ranges in touched.items():
+            idx = self._index.get(key)
+            if idx is None:
+                continue
+            for s, e in ranges:
+                for start in idx.settled_chunks(s, e):
+                    n = idx.counts[start]
+                    idx.drop_chunk(start)
+                    drop_chunks.append((key[0], key[1], start))
+                    drop_counts.append((key[0], key[1], start, start + n))
+            low = idx.low(self._ends.get(key, 0))
+            if len(idx.settled) and next(iter(idx.settled))[0] < low:
+                idx.settled.drop_below(low)
+                drop_settled.append((key[0], key[1], low))
+        if drop_chunks:
+            conn.exec_driver_sql(_DELETE_CHUNK, drop_chunks)
+            conn.exec_driver_sql(_DELETE_COUNTS, drop_counts)
+        if drop_settled:
+            # rows wholly below the log's start go; a row straddling it stays (harmless)
+            conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
+
+    def _apply_structural(self, conn: Connection, op: WriteOp) -> None:
         if isinstance(op, PutQueue):
             q = op.queue
             conn.exec_driver_sql(
@@ -276,13 +442,11 @@ class SqliteEngine:
                  q.dead_letter_queue, q.max_length),
             )
         elif isinstance(op, DropQueue):
-            for table in ("messages", "partitions", "producers"):
+            for table in ("chunks", "settled", "counts", "partitions", "producers"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
             conn.exec_driver_sql("DELETE FROM queues WHERE id = ?", (op.queue_id,))
-        elif isinstance(op, PurgePartition):
-            conn.exec_driver_sql(
-                "DELETE FROM messages WHERE queue_id = ? AND partition = ?", (op.queue_id, op.partition)
-            )
+            for key in [k for k in self._index if k[0] == op.queue_id]:
+                del self._index[key]
         elif isinstance(op, PutUser):
             u = op.user
             conn.exec_driver_sql(
@@ -304,21 +468,32 @@ class SqliteEngine:
         except SQLAlchemyError as exc:
             raise StorageError(f"write failed: {exc}", orig=exc) from exc
 
-    # -- reads (reader threads) --------------------------------------------------------------
+    # -- reads (reader threads) ----------------------------------------------------------------
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
-        conn: Connection | None = getattr(self._local, "conn", None)
         if self._engine is None:
             raise StorageError("store is not open")
+        conn: Connection | None = getattr(self._local, "conn", None)
+        out: list[StoredMessage] = []
         try:
             if conn is None:
                 conn = self._local.conn = self._engine.connect()
             with conn.begin():
+                settled = IntervalSet(conn.exec_driver_sql(
+                    'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ? AND "end" > ?',
+                    (queue_id, partition, offset)).all())
+                first = conn.exec_driver_sql(
+                    "SELECT start FROM chunks WHERE queue_id = ? AND partition = ? AND start <= ? "
+                    "ORDER BY start DESC LIMIT 1", (queue_id, partition, offset)).scalar()
                 rows = conn.exec_driver_sql(
-                    'SELECT "offset", key, headers, body, producer_id, seq, ts, dc FROM messages '
-                    'WHERE queue_id = ? AND partition = ? AND "offset" >= ? ORDER BY "offset" LIMIT ?',
-                    (queue_id, partition, offset, limit),
-                ).all()
+                    "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? AND start >= ? "
+                    "ORDER BY start", (queue_id, partition, offset if first is None else first))
+                for start, payload in rows:
+                    for m in _unpack(start, payload):
+                        if m.offset >= offset and not settled.contains(m.offset):
+                            out.append(m)
+                            if len(out) >= limit:
+                                return out
         except SQLAlchemyError as exc:
             raise StorageError(f"read failed: {exc}", orig=exc) from exc
-        return [StoredMessage(*row) for row in rows]
+        return out

@@ -1,0 +1,78 @@
+"""Half-open integer ranges, merged: the settled offsets of a partition.
+
+Pure data structure, no I/O; the SQLite engine keeps one per partition to know
+when a whole chunk of the log is settled and can be deleted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+
+
+def ranges_of(offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted, merged half-open ranges covering ``offsets``: [3,4,5,9] -> [(3,6),(9,10)]."""
+    out: list[tuple[int, int]] = []
+    start = end = None
+    for o in sorted(offsets):
+        if end is not None and o == end:
+            end += 1
+        elif end is not None and o < end:
+            continue  # duplicate
+        else:
+            if start is not None and end is not None:
+                out.append((start, end))
+            start, end = o, o + 1
+    if start is not None and end is not None:
+        out.append((start, end))
+    return out
+
+
+class IntervalSet:
+    """Disjoint, non-adjacent [start, end) ranges kept sorted."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for s, e in ranges:
+            self.add(s, e)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(zip(self._starts, self._ends))
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        starts, ends = self._starts, self._ends
+        # first range that could touch [start, end): its end >= start
+        i = bisect.bisect_left(ends, start)
+        j = i
+        while j < len(starts) and starts[j] <= end:
+            start = min(start, starts[j])
+            end = max(end, ends[j])
+            j += 1
+        starts[i:j] = [start]
+        ends[i:j] = [end]
+
+    def covers(self, start: int, end: int) -> bool:
+        """True if every offset of [start, end) is in the set."""
+        if end <= start:
+            return True
+        i = bisect.bisect_right(self._starts, start) - 1
+        return i >= 0 and self._ends[i] >= end
+
+    def contains(self, offset: int) -> bool:
+        return self.covers(offset, offset + 1)
+
+    def drop_below(self, low: int) -> None:
+        """Forget everything below ``low``."""
+        i = bisect.bisect_right(self._ends, low)
+        del self._starts[:i]
+        del self._ends[:i]
+        if self._starts and self._starts[0] < low:
+            self._starts[0] = low
