@@ -29,6 +29,7 @@ run: install
 	$(BIN)/tandem broker start --name node1 --data-dir $(DATA) --port $(PORT) --sync $(SYNC)
 
 test: dev
+	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 typecheck: dev

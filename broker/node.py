@@ -119,10 +119,11 @@ class Node:
             self._next_queue_id = max(self._next_queue_id, meta.id + 1)
         by_id = {q.meta.id: q for q in self.queues.values()}
         for (qid, pidx), st in rec.partitions.items():
-            q = by_id.get(qid)
-            if q is None or pidx >= len(q.partitions):
+            found = by_id.get(qid)
+            if found is None or pidx >= len(found.partitions):
                 log.warning("recovery ignored rows of unknown queue_id=%d partition=%d", qid, pidx)
                 continue
+            q = found
             part = q.partitions[pidx]
             part.next_offset = part.committed_end = st.next_offset
             part.delivered_upto = st.delivered_upto

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from broker.queues import Consumer, Msg, decode_headers
 from broker.users import require_admin
@@ -420,7 +421,7 @@ class Session:
         self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Declare: Session._declare, Delete: Session._delete, Purge: Session._purge,
     ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,

@@ -18,6 +18,7 @@ notices a dead broker.  Both are owned by the connection and end with it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import socket
@@ -201,9 +202,9 @@ class Connection:
             if not fut.done():
                 fut.set_exception(exc)
         self._pending.clear()
-        for _tags, fut in self._acks.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        for _tags, ack_fut in self._acks.values():
+            if not ack_fut.done():
+                ack_fut.set_exception(exc)
         self._acks.clear()
         for c in list(self._consumers.values()):
             c._closed(exc)
@@ -407,10 +408,10 @@ class Connection:
                 done.set_exception(exc)
                 done.exception()  # mark retrieved: a fire-and-forget ack must not log noise
                 continue
-            reply.add_done_callback(lambda r, done=done: _chain(r, done))
+            reply.add_done_callback(functools.partial(_chain, done=done))
 
 
-def _chain(reply: asyncio.Future[Frame], done: asyncio.Future[None]) -> None:
+def _chain(reply: asyncio.Future[Frame], *, done: asyncio.Future[None]) -> None:
     if done.done():
         return
     if reply.cancelled():

@@ -213,6 +213,7 @@ RequestTimeoutError = TimeoutError_
 
 
 _BY_CODE: dict[int, type[TandemError]] = {}
+_cls: type[TandemError]
 for _cls in [
     ProtocolError, FrameTooLargeError, MalformedFrameError, UnknownOpError, InvalidFieldError,
     UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError,

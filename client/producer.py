@@ -14,6 +14,7 @@ stores a resent message once (idempotent producer, see DESIGN.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -133,9 +134,9 @@ class Producer:
                 continue
             self._in_flight += 1
             self.sent += len(batch)
-            reply.add_done_callback(lambda r, futs=futs, batch=batch: self._confirmed(r, futs, batch))
+            reply.add_done_callback(functools.partial(self._confirmed, futs=futs, batch=batch))
 
-    def _confirmed(self, reply: asyncio.Future[Frame], futs: list[asyncio.Future[int]],
+    def _confirmed(self, reply: asyncio.Future[Frame], *, futs: list[asyncio.Future[int]],
                    batch: list[PublishMessage]) -> None:
         self._in_flight -= 1
         exc = reply.exception() if not reply.cancelled() else TandemError("publish cancelled")

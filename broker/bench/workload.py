@@ -9,6 +9,7 @@ followed by padding up to ``size``; the checker reads the id back.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -134,7 +135,7 @@ class Publisher:
         start = clock.monotonic()
         pending: set[asyncio.Future[Any]] = set()
 
-        def on_done(fut: asyncio.Future[Any], t0: float) -> None:
+        def on_done(fut: asyncio.Future[Any], *, t0: float) -> None:
             sem.release()
             pending.discard(fut)
             if fut.cancelled() or fut.exception() is not None:
@@ -155,7 +156,7 @@ class Publisher:
             t0 = clock.monotonic()
             fut = asyncio.ensure_future(self.submit(body_for(i, size)))
             pending.add(fut)
-            fut.add_done_callback(lambda f, t0=t0: on_done(f, t0))
+            fut.add_done_callback(functools.partial(on_done, t0=t0))
         if pending:
             await asyncio.gather(*list(pending), return_exceptions=True)
 

@@ -142,9 +142,9 @@ class ProtocolConnection:
             lo, hi = self._offered or (MIN_VERSION, MAX_VERSION)
             if not lo <= frame.version <= hi:
                 self.state = State.ERROR
-                raise FrameError(UnsupportedProtocolError(
-                    f"unsupported protocol version: node chose {frame.version}, this client offered {lo}..{hi}"),
-                    fatal=True)
+                raise FrameError(RemoteProtocolError(
+                    f"unsupported protocol version: node chose {frame.version}, this client offered {lo}..{hi}",
+                    code=UnsupportedProtocolError.code), fatal=True)
             self.version = frame.version
         elif isinstance(frame, Welcome):
             self.version = frame.version

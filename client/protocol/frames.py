@@ -369,11 +369,9 @@ class ReadOk(Frame):
     end_offset: int
 
 
-FRAME_TYPES: dict[Op, type[Frame]] = {
-    cls.OP: cls
-    for cls in [
+_ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk,
-    ]
-}
+]
+FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
