@@ -1,16 +1,15 @@
 """A Tandem node: its store, its queues, its client listener, its lifecycle.
 
-Data path of one publish batch (see DESIGN.md "Data path")::
+Data path of one publish batch (see DESIGN.md "Data path" and docs/architecture.md)::
 
     Session reads Publish  ->  Node.publish: map each message to a partition,
     drop duplicates (producer id, seq), assign offsets, build Append ops  ->
     GroupCommitWriter (one transaction + at most one fsync for everything
     waiting)  ->  callback on the loop: messages become ready, PublishOk sent,
-    dispatch scheduled.
+    dispatch scheduled (broker.delivery).
 
 With ``NO_SYNC`` the messages are ready and confirmed at once and the write
-follows.  Settlements (ack, nack, reject, dead-lettering) change memory at once
-and are written with the next commit.
+follows.  Deliveries and settlements live in :mod:`broker.delivery`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.config import NodeConfig
-from broker.queues import Consumer, Msg, Partition, Queue, decode_headers, encode_headers, validate_declare
+from broker.delivery import Delivery
+from broker.queues import Msg, Partition, Queue, decode_headers, encode_headers, validate_declare
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import (
@@ -39,18 +39,18 @@ from storage.base import (
     Append,
     DropQueue,
     DurabilityPolicy,
+    Engine,
+    MarkDelivered,
     PutProducer,
     PutQueue,
     QueueMeta,
     Recovered,
-    MarkDelivered,
-    SetDeliveryCount,
     Settle,
     StoredMessage,
     WriteOp,
 )
 from storage.sqlite import SqliteEngine
-from storage.writer import GroupCommitWriter
+from storage.writer import Callback, GroupCommitWriter
 
 if TYPE_CHECKING:
     from broker.session import Session
@@ -58,24 +58,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.broker")
 
 PublishDone = Callable[[int, int, BaseException | None], None]  # stored, duplicates, error
+EngineFactory = Callable[[NodeConfig], Engine]
+
+
+def sqlite_engine(config: NodeConfig) -> Engine:
+    return SqliteEngine(config.db_path)
 
 
 class Node:
-    def __init__(self, config: NodeConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, config: NodeConfig, *, clock: Clock = SYSTEM_CLOCK,
+                 engine: EngineFactory = sqlite_engine) -> None:
         self.config = config
         self.clock = clock
         self.queues: dict[str, Queue] = {}
         self.users = UserRegistry([])
         self.sessions: set[Session] = set()
         self.store_stamp = ""
-        self.engine = SqliteEngine(config.db_path)
-        self.writer: GroupCommitWriter | None = None
+        self.engine = engine(config)
+        self._writer: GroupCommitWriter | None = None
         self._server: asyncio.Server | None = None
         self._next_queue_id = 1
-        self._next_consumer_id = 1
-        self._dirty: set[Queue] = set()
-        self._dispatch_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.delivery = Delivery(self)
         self.stopping = False
         self.stopped = asyncio.Event()
         self.address: tuple[str, int] = (config.host, config.port)
@@ -87,10 +91,26 @@ class Node:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         log.info("node start started name=%s data_dir=%s sync=%s", cfg.name, cfg.data_dir, cfg.sync.value)
+        try:
+            await self._start()
+        except BaseException as exc:
+            log.error("node start failed name=%s error=%s", cfg.name, exc)
+            await self._close_store()
+            raise
+        total = sum(q.depth for q in self.queues.values())
+        log.info(
+            "node start complete name=%s url=tandem://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
+            cfg.name, self.address[0], self.address[1], self.data_path, cfg.sync.value,
+            len(self.queues), total,
+        )
+
+    async def _start(self) -> None:
+        cfg = self.config
+        assert self._loop is not None  # set by start(), which is the only caller
         await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
         recovered = await asyncio.to_thread(self.engine.open)
-        self.writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._restore(recovered)
         if "store_stamp" not in recovered.meta:
             self.store_stamp = f"{int(self.clock.time() * 1000):x}-{secrets.token_hex(4)}"
@@ -105,29 +125,23 @@ class Node:
         self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
-        total = sum(q.depth for q in self.queues.values())
-        log.info(
-            "node start complete name=%s url=tandem://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
-            cfg.name, self.address[0], self.address[1], self.data_path, cfg.sync.value,
-            len(self.queues), total,
-        )
 
     def _restore(self, rec: Recovered) -> None:
         for meta in rec.queues:
-            q = Queue(meta)
-            self.queues[meta.name] = q
+            self.queues[meta.name] = Queue(meta)
             self._next_queue_id = max(self._next_queue_id, meta.id + 1)
+        self._next_queue_id = max(self._next_queue_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)
         by_id = {q.meta.id: q for q in self.queues.values()}
         for (qid, pidx), st in rec.partitions.items():
-            found = by_id.get(qid)
-            if found is None or pidx >= len(found.partitions):
+            q = by_id.get(qid)
+            if q is None or pidx >= len(q.partitions):
                 log.warning("recovery ignored rows of unknown queue_id=%d partition=%d", qid, pidx)
                 continue
-            q = found
             part = q.partitions[pidx]
             part.next_offset = part.committed_end = st.next_offset
-            part.delivered_upto = st.delivered_upto
-            part.producers = st.producers
+            part.marked_upto = st.delivered_upto
+            part.producers = dict(st.producers)
+            part.committed_producers = dict(st.producers)
             q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
         for u in rec.users:
             self.users.put(u)
@@ -152,21 +166,25 @@ class Node:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
         if self._server is not None:
             await self._server.wait_closed()
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.close)
-            st = self.writer.stats
-            log.info("store writer stats commits=%d synced=%d failed=%d ops=%d max_batch_ops=%d busy_s=%.2f",
-                     st.commits, st.synced_commits, st.failed_commits, st.ops, st.max_batch_ops,
-                     st.commit_seconds_total)
-        await asyncio.to_thread(self.engine.close)
+        await self._close_store()
         log.info("node stop complete name=%s", self.config.name)
         self.stopped.set()
+
+    async def _close_store(self) -> None:
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+            st = self._writer.stats
+            log.info("store writer stats commits=%d synced=%d failed=%d retried_ops=%d ops=%d "
+                     "max_batch_ops=%d busy_s=%.2f", st.commits, st.synced_commits, st.failed_commits,
+                     st.retried_ops, st.ops, st.max_batch_ops, st.commit_seconds_total)
+            self._writer = None
+        await asyncio.to_thread(self.engine.close)
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         from broker.session import Session
 
         if self.stopping or len(self.sessions) >= self.config.max_connections:
-            writer.close()
+            Session.refuse(writer, self.stopping, self.config.max_connections)
             return
         session = Session(self, reader, writer)
         self.sessions.add(session)
@@ -174,12 +192,20 @@ class Node:
             await session.run()
         finally:
             self.sessions.discard(session)
-            self.release(session)
+            self.delivery.release(session)
 
     # -- store ----------------------------------------------------------------------------
 
+    @property
+    def writer(self) -> GroupCommitWriter:
+        if self._writer is None:
+            raise ShuttingDownError("the node's store is not open")
+        return self._writer
+
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]:
-        assert self._loop is not None and self.writer is not None
+        """Commit ``ops`` now; the future resolves when they are committed."""
+        if self._loop is None:
+            raise ShuttingDownError("the node is not started")
         fut: asyncio.Future[None] = self._loop.create_future()
 
         def done(err: BaseException | None) -> None:
@@ -189,10 +215,10 @@ class Node:
         self.writer.submit(ops, sync=sync, callback=done)
         return fut
 
-    def write_later(self, ops: list[WriteOp]) -> None:
-        """Write with the next commit; nobody waits for it."""
-        if ops and self.writer is not None:
-            self.writer.submit_lazy(ops)
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None:
+        """Write ops nobody waits for: retried until committed; ``callback`` runs then."""
+        if ops:
+            self.writer.submit(ops, sync=False, callback=callback, retry=True, lazy=lazy)
 
     # -- queues -------------------------------------------------------------------------
 
@@ -239,12 +265,18 @@ class Node:
         log.info("queue deleted name=%s messages=%d", name, q.depth)
 
     async def purge(self, name: str) -> int:
+        """Drop the ready messages (delivered ones stay with their consumers)."""
         q = self.queue(name)
         removed = q.purge_ready()
-        ops: list[WriteOp] = [Settle(q.meta.id, p, offs) for p, offs in removed.items()]
+        ops: list[WriteOp] = [Settle(q.meta.id, p, [m.offset for m in msgs]) for p, msgs in removed.items()]
+        count = sum(len(msgs) for msgs in removed.values())
         if ops:
-            await self.write(ops, sync=self.config.sync is DurabilityPolicy.SYNC)
-        count = sum(len(o) for o in removed.values())
+            try:
+                await self.write(ops, sync=self.config.sync is DurabilityPolicy.SYNC)
+            except TandemError:
+                if not q.deleted:
+                    q.requeue([m for msgs in removed.values() for m in msgs])
+                raise
         log.info("queue purged name=%s messages=%d", name, count)
         return count
 
@@ -261,12 +293,10 @@ class Node:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
         if q.meta.max_length and q.depth + len(messages) > q.meta.max_length:
-            raise QueueFullError(
-                f"queue {queue_name!r} is full: {q.depth} of max_length {q.meta.max_length}"
-            )
+            raise QueueFullError(f"queue {queue_name!r} is full: {q.depth} of max_length {q.meta.max_length}")
         ts = self.clock.time()
         by_part: dict[int, list[Msg]] = {}
-        seen: list[tuple[Partition, str, int | None]] = []  # to undo producer seqs on failure
+        last_seq: dict[tuple[int, str], int] = {}
         duplicates = 0
         parts = q.partitions
         mapper = q.mapper.partition
@@ -278,13 +308,11 @@ class Node:
                 if last is not None and m.seq <= last:
                     duplicates += 1
                     continue
-                seen.append((part, producer_id, last))
                 part.producers[producer_id] = m.seq
+                last_seq[(pidx, producer_id)] = m.seq
             offset = part.next_offset
             part.next_offset = offset + 1
-            headers = m.headers
-            blob = encode_headers(headers)
-            msg = Msg(pidx, offset, m.key, headers, blob, m.body, producer_id, m.seq, ts)
+            msg = Msg(pidx, offset, m.key, m.headers, encode_headers(m.headers), m.body, producer_id, m.seq, ts)
             lst = by_part.get(pidx)
             if lst is None:
                 by_part[pidx] = [msg]
@@ -294,181 +322,63 @@ class Node:
         if not by_part:
             done(0, duplicates, None)
             return
-        ops: list[WriteOp] = []
-        for pidx, msgs in by_part.items():
-            part = parts[pidx]
-            ops.append(Append(q.meta.id, pidx, msgs, part.next_offset))
-        if producer_id is not None:
-            for part, pid, _prev in {(p.index, pid): (p, pid, prev) for p, pid, prev in seen}.values():
-                ops.append(PutProducer(q.meta.id, part.index, pid, part.producers[pid]))
+        ops: list[WriteOp] = [Append(q.meta.id, pidx, msgs, parts[pidx].next_offset) for pidx, msgs in by_part.items()]
+        ops.extend(PutProducer(q.meta.id, pidx, pid, seq) for (pidx, pid), seq in last_seq.items())
+        # With consumers waiting these messages are about to go out: mark them delivered in
+        # this same commit, so the delivery needs no commit of its own.  (If they wait
+        # instead, a crash counts one delivery too many: the safe direction.)
+        premark = {pidx: parts[pidx].next_offset for pidx in by_part} if q.consumers else {}
+        ops.extend(MarkDelivered(q.meta.id, pidx, upto) for pidx, upto in premark.items())
         q.published += stored
         policy = self.config.sync
+
+        def committed(err: BaseException | None) -> None:
+            if err is not None:
+                self._publish_failed(q, last_seq, stored)
+                done(0, 0, err)
+                return
+            for (pidx, pid), seq in last_seq.items():
+                cp = parts[pidx].committed_producers
+                if seq > cp.get(pid, -1):
+                    cp[pid] = seq
+            for pidx, upto in premark.items():
+                parts[pidx].marked_upto = max(parts[pidx].marked_upto, upto)
+            if policy is not DurabilityPolicy.NO_SYNC:
+                q.pending_count -= stored
+                if not q.deleted:
+                    self.delivery.make_ready(q, by_part)
+            self._committed(q, by_part)
+            if policy is not DurabilityPolicy.NO_SYNC:
+                done(stored, duplicates, None)
+
         if policy is DurabilityPolicy.NO_SYNC:
-            self._make_ready(q, by_part)
-            self.write_later(ops)
+            self.delivery.make_ready(q, by_part)
+            self.writer.submit(ops, sync=False, callback=committed, retry=True)
             done(stored, duplicates, None)
             return
         q.pending_count += stored
-        assert self.writer is not None
-
-        def committed(err: BaseException | None) -> None:
-            q.pending_count -= stored
-            if err is not None:
-                for part, pid, prev in reversed(seen):
-                    if prev is None:
-                        part.producers.pop(pid, None)
-                    else:
-                        part.producers[pid] = prev
-                q.published -= stored
-                done(0, 0, err)
-                return
-            if not q.deleted:
-                self._make_ready(q, by_part)
-            done(stored, duplicates, None)
-
         self.writer.submit(ops, sync=policy is DurabilityPolicy.SYNC, callback=committed)
 
-    def _make_ready(self, q: Queue, by_part: dict[int, list[Msg]]) -> None:
-        for pidx, msgs in by_part.items():
+    def _publish_failed(self, q: Queue, last_seq: dict[tuple[int, str], int], stored: int) -> None:
+        """The batch is not stored: let its producers' sequences be stored again."""
+        q.pending_count -= stored
+        q.published -= stored
+        for (pidx, pid), _seq in last_seq.items():
             part = q.partitions[pidx]
-            q.add_ready(part, msgs)
+            committed = part.committed_producers.get(pid)
+            if committed is None:
+                part.producers.pop(pid, None)
+            else:
+                part.producers[pid] = committed
+
+    @staticmethod
+    def _committed(q: Queue, by_part: dict[int, list[Msg]]) -> None:
+        """These messages are in the store: stream reads may see them."""
+        for pidx, msgs in by_part.items():
+            part: Partition = q.partitions[pidx]
             end = msgs[-1].offset + 1
             if end > part.committed_end:
                 part.committed_end = end
-        self.schedule_dispatch(q)
-
-    # -- dispatch -----------------------------------------------------------------------
-
-    def schedule_dispatch(self, q: Queue) -> None:
-        self._dirty.add(q)
-        if not self._dispatch_scheduled and self._loop is not None:
-            self._dispatch_scheduled = True
-            self._loop.call_soon(self._dispatch)
-
-    def _dispatch(self) -> None:
-        self._dispatch_scheduled = False
-        dirty, self._dirty = self._dirty, set()
-        for q in dirty:
-            if not q.deleted:
-                self.dispatch_queue(q)
-
-    def dispatch_queue(self, q: Queue) -> None:
-        """Hand ready messages to consumers with credit, fairly, in batches."""
-        while q.ready_count and q.consumers:
-            eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
-            if not eligible:
-                return
-            share = max(1, -(-q.ready_count // len(eligible)))
-            for c in eligible:
-                msgs = q.take(min(c.credit, share, 1024))
-                if not msgs:
-                    return
-                c.session.deliver(c, msgs)
-
-    def record_deliveries(self, q: Queue, msgs: list[Msg]) -> None:
-        """Count a delivery on each message.
-
-        In the store a delivery is one number per partition, the delivered
-        mark (messages go out in offset order, requeues excepted); a delivery
-        count is written per message only when a delivery ends unsettled
-        (:meth:`requeue`).  See storage.base.Recovered for what comes back.
-        """
-        marks: dict[int, int] = {}
-        parts = q.partitions
-        for m in msgs:
-            m.dc += 1
-            if m.offset >= parts[m.partition].delivered_upto:
-                parts[m.partition].delivered_upto = marks[m.partition] = m.offset + 1
-        q.unacked_count += len(msgs)
-        q.delivered += len(msgs)
-        if marks:
-            self.write_later([MarkDelivered(q.meta.id, p, upto) for p, upto in marks.items()])
-
-    # -- consumers and settlement ------------------------------------------------------------
-
-    def add_consumer(self, session: Session, queue_name: str, prefetch: int) -> Consumer:
-        if not 1 <= prefetch <= 65535:
-            raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
-        q = self.queue(queue_name)
-        c = Consumer(self._next_consumer_id, q, session, prefetch)
-        self._next_consumer_id += 1
-        q.consumers.append(c)
-        self.schedule_dispatch(q)
-        return c
-
-    def remove_consumer(self, c: Consumer) -> None:
-        if c in c.queue.consumers:
-            c.queue.consumers.remove(c)
-
-    def ack(self, settled: list[tuple[Consumer, Msg]]) -> None:
-        ops: dict[tuple[Queue, int], list[int]] = {}
-        for c, m in settled:
-            self._release_one(c)
-            c.queue.acked += 1
-            ops.setdefault((c.queue, m.partition), []).append(m.offset)
-        self.write_later([Settle(q.meta.id, p, offs) for (q, p), offs in ops.items() if not q.deleted])
-
-    def requeue(self, settled: list[tuple[Consumer, Msg]]) -> None:
-        """Back to ready; past ``max_deliveries`` to the dead-letter queue instead."""
-        expired: list[tuple[Consumer, Msg]] = []
-        counts: dict[tuple[Queue, int], list[tuple[int, int]]] = {}
-        for c, m in settled:
-            limit = c.queue.meta.max_deliveries
-            if limit and m.dc >= limit:
-                expired.append((c, m))
-                continue
-            self._release_one(c)
-            if not c.queue.deleted:
-                c.queue.requeue(m)
-                counts.setdefault((c.queue, m.partition), []).append((m.offset, m.dc))
-        self.write_later([SetDeliveryCount(q.meta.id, p, items) for (q, p), items in counts.items()])
-        if expired:
-            self.dead_letter(expired, "delivery_limit")
-
-    def dead_letter(self, settled: list[tuple[Consumer, Msg]], reason: str) -> None:
-        """Move messages to their queue's dead-letter queue (or drop them without one)."""
-        ops: list[WriteOp] = []
-        moved: dict[Queue, dict[int, list[Msg]]] = {}
-        for c, m in settled:
-            src = c.queue
-            self._release_one(c)
-            if src.deleted:
-                continue
-            ops.append(Settle(src.meta.id, m.partition, [m.offset]))
-            dlq = self.queues.get(src.meta.dead_letter_queue or "")
-            if dlq is None:
-                if src.meta.dead_letter_queue:
-                    log.warning("dead-letter queue %s missing: dropped message queue=%s id=%s",
-                                src.meta.dead_letter_queue, src.name, m.id)
-                continue
-            pidx = dlq.mapper.partition(m.key)
-            part = dlq.partitions[pidx]
-            headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name,
-                       "x-death-id": m.id}
-            new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body,
-                      None, None, m.ts)
-            part.next_offset += 1
-            ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))
-            moved.setdefault(dlq, {}).setdefault(pidx, []).append(new)
-            dlq.published += 1
-        self.write_later(ops)
-        for dlq, by_part in moved.items():
-            self._make_ready(dlq, by_part)
-
-    def _release_one(self, c: Consumer) -> None:
-        c.unacked -= 1
-        c.queue.unacked_count -= 1
-        self.schedule_dispatch(c.queue)
-
-    def release(self, session: Session) -> None:
-        """A session ended: its consumers go, its unacked deliveries become ready again."""
-        for c in list(session.consumers.values()):
-            self.remove_consumer(c)
-        held = list(session.deliveries.values())
-        session.deliveries.clear()
-        if held:
-            self.requeue(held)
-            log.info("session released name=%s requeued=%d", session.client_name, len(held))
 
 
 def _settings(meta: QueueMeta) -> dict[str, object]:

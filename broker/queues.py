@@ -10,7 +10,7 @@ turns these changes into store write ops and frames.
 
 from __future__ import annotations
 
-import bisect
+import heapq
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -25,6 +25,9 @@ from storage.base import QueueMeta
 
 if TYPE_CHECKING:
     from broker.session import Session
+
+#: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
+MESSAGE_OVERHEAD = 128
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
 MAX_PARTITIONS = 1024
@@ -68,26 +71,42 @@ class Msg:
 
 
 class Partition:
-    __slots__ = ("index", "ready", "next_offset", "committed_end", "delivered_upto", "producers")
+    __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
+                 "committed_producers")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
         self.ready: deque[Msg] = deque()
         self.next_offset = next_offset  # offset the next appended message gets
         self.committed_end = next_offset  # end of what the store has committed
-        self.delivered_upto = 0  # every offset below has been delivered at least once
-        self.producers: dict[str, int] = {}  # producer id -> last stored seq
+        # The committed delivered mark: offsets below it count as delivered once more
+        # on recovery (docs/architecture.md, "Delivery counts").
+        self.marked_upto = 0
+        self.producers: dict[str, int] = {}  # producer id -> last seq accepted (maybe in flight)
+        self.committed_producers: dict[str, int] = {}  # producer id -> last seq committed
 
-    def requeue(self, msg: Msg) -> None:
-        """Put ``msg`` back at its offset position (usually the front)."""
+    def requeue(self, msgs: list[Msg]) -> None:
+        """Put ``msgs`` back at their offset positions (usually all before the ready ones).
+
+        Linear in the messages moved in the common case, a single merge otherwise.
+        """
+        msgs.sort(key=_offset)
         ready = self.ready
-        if not ready or ready[0].offset > msg.offset:
-            ready.appendleft(msg)
-        elif ready[-1].offset < msg.offset:
-            ready.append(msg)
+        if not ready or msgs[-1].offset < ready[0].offset:
+            ready.extendleft(reversed(msgs))
+        elif msgs[0].offset > ready[-1].offset:
+            ready.extend(msgs)
         else:
-            i = bisect.bisect_left([m.offset for m in ready], msg.offset)
-            ready.insert(i, msg)
+            self.ready = deque(heapq.merge(ready, msgs, key=_offset))
+
+
+def _offset(m: Msg) -> int:
+    return m.offset
+
+
+def frame_cost(m: Msg) -> int:
+    """Bytes a message takes in a Deliver or ReadOk frame, at most."""
+    return len(m.body) + len(m.headers_blob) + len(m.key or "") + MESSAGE_OVERHEAD
 
 
 class Consumer:
@@ -169,21 +188,27 @@ class Queue:
         partition.ready.extend(msgs)
         self.ready_count += len(partition.ready) - before
 
-    def take(self, n: int) -> list[Msg]:
-        """Up to ``n`` ready messages, taken round-robin over partitions in batches."""
+    def take(self, n: int, max_bytes: int) -> list[Msg]:
+        """Up to ``n`` ready messages whose bodies total at most ``max_bytes`` (but at
+        least one message), taken round-robin over partitions in batches."""
         out: list[Msg] = []
         parts = self.partitions
         count = len(parts)
         empty_seen = 0
         i = self._next_partition
         share = max(1, n // count) if count > 1 else n
+        size = 0
         while len(out) < n and empty_seen < count:
             ready = parts[i].ready
             if ready:
                 empty_seen = 0
-                k = min(share, n - len(out), len(ready))
-                popleft = ready.popleft
-                out.extend(popleft() for _ in range(k))
+                for _ in range(min(share, n - len(out), len(ready))):
+                    cost = frame_cost(ready[0])
+                    if out and size + cost > max_bytes:
+                        n = len(out)  # full: stop here
+                        break
+                    size += cost
+                    out.append(ready.popleft())
             else:
                 empty_seen += 1
             i = (i + 1) % count
@@ -191,16 +216,20 @@ class Queue:
         self.ready_count -= len(out)
         return out
 
-    def requeue(self, msg: Msg) -> None:
-        self.partitions[msg.partition].requeue(msg)
-        self.ready_count += 1
+    def requeue(self, msgs: list[Msg]) -> None:
+        by_part: dict[int, list[Msg]] = {}
+        for m in msgs:
+            by_part.setdefault(m.partition, []).append(m)
+        for p, lst in by_part.items():
+            self.partitions[p].requeue(lst)
+        self.ready_count += len(msgs)
 
-    def purge_ready(self) -> dict[int, list[int]]:
-        """Drop every ready message; returns offsets removed per partition."""
-        removed: dict[int, list[int]] = {}
+    def purge_ready(self) -> dict[int, list[Msg]]:
+        """Drop every ready message; returns them per partition."""
+        removed: dict[int, list[Msg]] = {}
         for p in self.partitions:
             if p.ready:
-                removed[p.index] = [m.offset for m in p.ready]
+                removed[p.index] = list(p.ready)
                 p.ready.clear()
         self.ready_count = 0
         return removed

@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.queues import Consumer, Msg, decode_headers
+from broker.queues import MESSAGE_OVERHEAD, Consumer, Msg, decode_headers
 from broker.users import require_admin
 from client.errors import (
     AuthError,
@@ -30,7 +31,10 @@ from client.errors import (
     InvalidArgumentError,
     LocalProtocolError,
     PartitionNotFoundError,
+    ProtocolError,
+    ShuttingDownError,
     TandemError,
+    UnavailableError,
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
@@ -66,7 +70,7 @@ from client.protocol.frames import (
     SubscribeOk,
     Welcome,
 )
-from storage.base import UserRecord
+from storage.base import UserRecord, WriteOp
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -87,10 +91,7 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.client_name = self.peer
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _tune_socket(writer)
         self.user: UserRecord | None = None
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
@@ -100,6 +101,7 @@ class Session:
         self.last_recv = self.last_send = clock.monotonic()
         self.finished = asyncio.Event()
         self._closing = False
+        self._outbox: deque[list[Any]] = deque()  # [frame, ready]: frames waiting on a commit, in order
         self._drain_task: asyncio.Task[None] | None = None
         self._tg: asyncio.TaskGroup | None = None
 
@@ -120,9 +122,39 @@ class Session:
         self.send(Error(rid=rid, code=int(exc.code), message=exc.message,
                         active_hint=getattr(exc, "active_hint", None)))
 
+    def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None]) -> None:
+        """Send ``frame`` once ``ops`` are committed, keeping the order of everything sent."""
+        slot: list[Any] = [frame, False]
+        self._outbox.append(slot)
+
+        def committed(_err: BaseException | None) -> None:  # retried until it succeeds
+            on_commit()
+            slot[1] = True
+            while self._outbox and self._outbox[0][1]:
+                self.send(self._outbox.popleft()[0])
+
+        self.node.write_later(ops, committed, lazy=False)
+
+    def send_in_order(self, frame: Frame) -> None:
+        """Send now, unless frames waiting on a commit must go first."""
+        if self._outbox:
+            self._outbox.append([frame, True])
+        else:
+            self.send(frame)
+
+    @staticmethod
+    def refuse(writer: asyncio.StreamWriter, stopping: bool, limit: int) -> None:
+        """Turn a connection away before its handshake, saying why."""
+        err = (ShuttingDownError("node is shutting down") if stopping
+               else UnavailableError(f"node is at max_connections ({limit})"))
+        proto = ProtocolConnection(Role.SERVER)
+        writer.write(proto.send(Error(rid=0, code=int(err.code), message=err.message)))
+        writer.write(proto.send(Close(code=int(err.code), reason=err.message)))
+        writer.close()
+
     @property
     def writable(self) -> bool:
-        if self._closing:
+        if self._closing or self.writer.is_closing():
             return False
         if self.writer.transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
             return True
@@ -138,7 +170,7 @@ class Session:
         finally:
             self._drain_task = None
         for c in self.consumers.values():
-            self.node.schedule_dispatch(c.queue)
+            self.node.delivery.schedule(c.queue)
 
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
@@ -167,8 +199,8 @@ class Session:
                     hb.cancel()
                     if self._drain_task is not None:
                         self._drain_task.cancel()
-        except* ConnectionError:
-            pass
+        except* ConnectionError as group:
+            log.debug("session %s: connection error: %s", self.client_name, group.exceptions[0])
         finally:
             if not self.writer.is_closing():
                 self.writer.close()
@@ -194,10 +226,12 @@ class Session:
                 if event is NEED_DATA:
                     break
                 if isinstance(event, ConnectionEnded):
+                    self._closing = True  # no more deliveries to a peer that is gone
                     return
                 assert isinstance(event, Frame)
                 await self._handle(event)
             if not data:
+                self._closing = True
                 return
 
     async def _heartbeats(self) -> None:
@@ -276,7 +310,8 @@ class Session:
         log.info("session %s: open user=%s version=%d", self.client_name, user.name, version)
 
     def _admin(self, what: str) -> None:
-        assert self.user is not None  # the protocol state machine admits no request before Hello
+        if self.user is None:  # the protocol state machine admits no request before Hello
+            raise ProtocolError("request before the handshake")
         require_admin(self.user, what)
 
     async def _declare(self, f: Declare) -> None:
@@ -312,7 +347,7 @@ class Session:
 
     async def _subscribe(self, f: Subscribe) -> None:
         self._admin("consume")
-        c = self.node.add_consumer(self, f.queue, f.prefetch)
+        c = self.node.delivery.add_consumer(self, f.queue, f.prefetch)
         self.consumers[c.id] = c
         self.send(SubscribeOk(rid=f.rid, consumer=c.id))
 
@@ -320,13 +355,13 @@ class Session:
         c = self.consumers.pop(f.consumer, None)
         if c is None:
             raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
-        self.node.remove_consumer(c)
-        self.send(Ok(rid=f.rid))
+        self.node.delivery.remove_consumer(c)
+        self.send_in_order(Ok(rid=f.rid))  # after any delivery still waiting on a commit
 
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
         self.consumers.pop(c.id, None)
-        self.node.remove_consumer(c)
-        self.send(Cancel(rid=0, consumer=c.id))
+        self.node.delivery.remove_consumer(c)
+        self.send_in_order(Cancel(rid=0, consumer=c.id))
         log.info("session %s: consumer %d cancelled: %s", self.client_name, c.id, reason)
 
     def _delivery(self, c: Consumer, m: Msg) -> Delivery:
@@ -337,24 +372,31 @@ class Session:
                         f"{m.partition}-{m.offset}")
 
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
-        self.node.record_deliveries(c.queue, msgs)
+        marks, marked = self.node.delivery.record_deliveries(c.queue, msgs)
         c.unacked += len(msgs)
-        self.send(Deliver(consumer=c.id, messages=[self._delivery(c, m) for m in msgs]))
+        frame = Deliver(consumer=c.id, messages=[self._delivery(c, m) for m in msgs])
+        if marks:
+            self.send_after(marks, frame, marked)
+        else:
+            self.send_in_order(frame)
 
     async def _get(self, f: Get) -> None:
         self._admin("get")
         q = self.node.queue(f.queue)
-        msgs = q.take(1)
+        msgs = q.take(1, self.node.config.max_frame_size)
         if not msgs:
-            self.send(GetOk(rid=f.rid, message=None))
+            self.send_in_order(GetOk(rid=f.rid, message=None))
             return
-        self.node.record_deliveries(q, msgs)
+        marks, marked = self.node.delivery.record_deliveries(q, msgs)
         holder = Consumer(0, q, self, 1)
         holder.unacked = 1
         d = self._delivery(holder, msgs[0])
         if f.auto_ack:
-            self.node.ack([self.deliveries.pop(d.tag)])
-        self.send(GetOk(rid=f.rid, message=d))
+            self.node.delivery.ack([self.deliveries.pop(d.tag)])
+        if marks:
+            self.send_after(marks, GetOk(rid=f.rid, message=d), marked)
+        else:
+            self.send_in_order(GetOk(rid=f.rid, message=d))
 
     def _settle(self, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:
         held = self.deliveries
@@ -385,20 +427,20 @@ class Session:
 
     async def _ack(self, f: Ack) -> None:
         settled, unknown = self._settle(f.tags, f.multiple)
-        self.node.ack(settled)
+        self.node.delivery.ack(settled)
         self._settled(f.rid, unknown)
 
     async def _nack(self, f: Nack) -> None:
         settled, unknown = self._settle(f.tags, f.multiple)
         if f.requeue:
-            self.node.requeue(settled)
+            self.node.delivery.requeue(settled, counted=f.delivered)
         else:
-            self.node.dead_letter(settled, "rejected")
+            self.node.delivery.dead_letter(settled, "rejected")
         self._settled(f.rid, unknown)
 
     async def _reject(self, f: Reject) -> None:
         settled, unknown = self._settle(f.tags, f.multiple)
-        self.node.dead_letter(settled, "rejected")
+        self.node.delivery.dead_letter(settled, "rejected")
         self._settled(f.rid, unknown)
 
     async def _read(self, f: Read) -> None:
@@ -411,14 +453,32 @@ class Session:
         end = part.committed_end
         rows = await asyncio.to_thread(self.node.engine.read, q.meta.id, f.partition, f.offset, f.max_messages)
         full = len(rows) == f.max_messages
-        rows = [r for r in rows if r.offset < end]
-        msgs = [
-            StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers_blob), r.body, r.ts,
-                          f"{f.partition}-{r.offset}")
-            for r in rows
-        ]
-        nxt = rows[-1].offset + 1 if rows and full else max(end, f.offset)
+        budget = self.node.config.max_frame_size - 4096
+        msgs: list[StreamMessage] = []
+        for r in rows:
+            if r.offset >= end:
+                break
+            budget -= len(r.body) + len(r.headers_blob) + len(r.key or "") + MESSAGE_OVERHEAD
+            if msgs and budget < 0:
+                full = True  # the frame is full: the reader continues after the last one sent
+                break
+            msgs.append(StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers_blob), r.body,
+                                      r.ts, f"{f.partition}-{r.offset}"))
+        nxt = msgs[-1].offset + 1 if msgs and full else max(end, f.offset)
         self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
+
+
+def _tune_socket(writer: asyncio.StreamWriter) -> None:
+    """No Nagle delay; TCP keepalive that notices a dead peer within about a minute
+    (clients with heartbeats off, like the blocking SDK, rely on it)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
 _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {

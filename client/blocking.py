@@ -31,6 +31,7 @@ from typing import Any
 
 from client.errors import (
     ConnectionClosedError,
+    ConsumerCancelledError,
     InvalidArgumentError,
     MessageTooLargeError,
     TandemError,
@@ -39,6 +40,7 @@ from client.errors import (
 from client.producer import Body, _as_bytes
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.frames import (
+    expect,
     Ack,
     Cancel,
     Close,
@@ -136,6 +138,7 @@ class BlockingConnection:
         self.proto = ProtocolConnection(Role.CLIENT)
         self._rids = itertools.count(1)
         self._deliveries: dict[int, deque[Delivery]] = {}
+        self._cancelled: set[int] = set()  # consumers the broker ended
         self._closed = False
         self.node = ""
         self.max_message_size = 5 * 1024 * 1024
@@ -157,11 +160,14 @@ class BlockingConnection:
             if isinstance(event, ConnectionEnded):
                 self._closed = True
                 raise ConnectionClosedError("connection closed by the broker")
-            assert isinstance(event, Frame)
+            event = expect(event, Frame)
             if isinstance(event, Deliver):
                 self._deliveries.setdefault(event.consumer, deque()).extend(event.messages)
                 return None
             if isinstance(event, Heartbeat):
+                return None
+            if isinstance(event, Cancel) and event.rid == 0:
+                self._cancelled.add(event.consumer)
                 return None
             if isinstance(event, Close):
                 self._closed = True
@@ -223,7 +229,7 @@ class BlockingConnection:
         reply = self._call(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper, ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
-        assert isinstance(reply, DeclareOk)
+        reply = expect(reply, DeclareOk)
         return reply.queue
 
     def delete_queue(self, name: str, *, if_empty: bool = False) -> None:
@@ -231,24 +237,24 @@ class BlockingConnection:
 
     def purge_queue(self, name: str) -> int:
         reply = self._call(lambda rid: Purge(rid=rid, queue=name))
-        assert isinstance(reply, PurgeOk)
+        reply = expect(reply, PurgeOk)
         return reply.purged
 
     def list_queues(self) -> list[QueueInfo]:
         reply = self._call(lambda rid: ListQueues(rid=rid))
-        assert isinstance(reply, Queues)
+        reply = expect(reply, Queues)
         return reply.queues
 
     def get(self, queue: str, *, auto_ack: bool = False) -> BlockingMessage | None:
         reply = self._call(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
-        assert isinstance(reply, GetOk)
+        reply = expect(reply, GetOk)
         return BlockingMessage(self, reply.message) if reply.message else None
 
     def read(self, queue: str, partition: int, offset: int = 0,
              max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
         reply = self._call(lambda rid: Read(rid=rid, queue=queue, partition=partition, offset=offset,
                                             max_messages=max_messages))
-        assert isinstance(reply, ReadOk)
+        reply = expect(reply, ReadOk)
         return reply.messages, reply.next_offset, reply.end_offset
 
     def producer(self, queue: str, *, producer_id: str | None = None) -> BlockingProducer:
@@ -289,20 +295,23 @@ class BlockingProducer:
     def _publish(self, msgs: list[PublishMessage]) -> None:
         reply = self.conn._call(lambda rid: Publish(rid=rid, queue=self.queue, messages=msgs,
                                                     producer_id=self.producer_id))
-        assert isinstance(reply, PublishOk)
+        reply = expect(reply, PublishOk)
 
 
 class BlockingConsumer:
     def __init__(self, conn: BlockingConnection, queue: str, prefetch: int) -> None:
         self.conn = conn
         reply = conn._call(lambda rid: Subscribe(rid=rid, queue=queue, prefetch=prefetch))
-        assert isinstance(reply, SubscribeOk)
+        reply = expect(reply, SubscribeOk)
         self.consumer_id = reply.consumer
         self._buf = conn._deliveries.setdefault(self.consumer_id, deque())
 
     def next(self) -> BlockingMessage:
-        """Block until the next message arrives (socket timeout -> ConnectionClosedError)."""
+        """Block until the next message arrives (socket timeout -> ConnectionClosedError;
+        ConsumerCancelledError when the broker ends the consumer)."""
         while not self._buf:
+            if self.consumer_id in self.conn._cancelled:
+                raise ConsumerCancelledError("consumer cancelled by the broker (the queue was deleted)")
             self.conn._read_frame()
         return BlockingMessage(self.conn, self._buf.popleft())
 
@@ -311,4 +320,10 @@ class BlockingConsumer:
             yield self.next()
 
     def cancel(self) -> None:
+        """Stop deliveries; buffered messages never handed out go back uncounted."""
         self.conn._call(lambda rid: Cancel(rid=rid, consumer=self.consumer_id))
+        unseen = [d.tag for d in self._buf]
+        self._buf.clear()
+        self.conn._deliveries.pop(self.consumer_id, None)
+        if unseen:
+            self.conn._call(lambda rid: Nack(rid=rid, tags=unseen, requeue=True, delivered=False))

@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import (
     ConnectionClosedError,
+    ConsumerCancelledError,
     HeartbeatTimeoutError,
     TandemError,
     for_code,
 )
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
 from client.protocol.frames import (
+    expect,
     Ack,
     Cancel,
     Close,
@@ -102,7 +104,7 @@ class Connection:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed: TandemError | None = None
         self._last_recv = self._last_send = 0.0
-        self._acks: dict[tuple[type, bool], tuple[list[int], asyncio.Future[None]]] = {}
+        self._acks: dict[tuple[type, bool, bool, bool], tuple[list[int], asyncio.Future[None]]] = {}
         self._ack_flush_scheduled = False
         self.closed_event = asyncio.Event()
         self.closed_by_client = False
@@ -116,9 +118,11 @@ class Connection:
                 await asyncio.wait_for(self._open_one(host, port), self.params.connect_timeout)
                 return
             except TandemError as exc:
+                self._reset()
                 if not exc.retriable:
                     raise
                 last = exc
+                continue
             except (OSError, asyncio.TimeoutError) as exc:
                 last = exc
             self._reset()
@@ -169,13 +173,19 @@ class Connection:
                 continue
             if isinstance(event, ConnectionEnded):
                 raise ConnectionClosedError("connection closed by the broker")
-            assert isinstance(event, Frame)
+            event = expect(event, Frame)
             return event
 
     async def close(self) -> None:
         """Close politely: send Close, stop the tasks, fail what is still waiting."""
         self.closed_by_client = True
         if self._writer is not None and self._closed is None and not self.proto.closed:
+            # Settlements made before close() go out first; messages delivered but never
+            # shown to the application go back uncounted.
+            for c in list(self._consumers.values()):
+                c._return_unseen()
+            if self._acks:
+                self._flush_acks()
             try:
                 self._writer.write(self.proto.send(Close(code=0, reason="client closed")))
             except TandemError:
@@ -251,6 +261,9 @@ class Connection:
             c = self._consumers.get(frame.consumer)
             if c is not None:
                 c._deliver(frame.messages)
+            else:  # in flight when the consumer was cancelled: give them back, uncounted
+                for d in frame.messages:
+                    self.settle(Nack, d.tag, delivered=False)
             return
         rid = getattr(frame, "rid", 0)
         if rid:
@@ -269,7 +282,8 @@ class Connection:
         if isinstance(frame, Cancel):
             c = self._consumers.pop(frame.consumer, None)
             if c is not None:
-                c._closed(ConnectionClosedError("consumer cancelled by the broker (queue deleted)"))
+                c._closed(ConsumerCancelledError(f"consumer of queue {c.queue!r} cancelled by the broker "
+                                                 "(the queue was deleted)"))
         elif isinstance(frame, Error):
             log.warning("broker error: code=%d %s", frame.code, frame.message)
         elif isinstance(frame, Close):
@@ -312,7 +326,7 @@ class Connection:
         reply = await self.request(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper, ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
-        assert isinstance(reply, DeclareOk)
+        reply = expect(reply, DeclareOk)
         return reply.queue
 
     async def delete_queue(self, name: str, *, if_empty: bool = False) -> None:
@@ -321,12 +335,12 @@ class Connection:
     async def purge_queue(self, name: str) -> int:
         """Drop the queue's ready messages; returns how many."""
         reply = await self.request(lambda rid: Purge(rid=rid, queue=name))
-        assert isinstance(reply, PurgeOk)
+        reply = expect(reply, PurgeOk)
         return reply.purged
 
     async def list_queues(self) -> list[QueueInfo]:
         reply = await self.request(lambda rid: ListQueues(rid=rid))
-        assert isinstance(reply, Queues)
+        reply = expect(reply, Queues)
         return reply.queues
 
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
@@ -334,7 +348,7 @@ class Connection:
         from client.consumer import Message
 
         reply = await self.request(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
-        assert isinstance(reply, GetOk)
+        reply = expect(reply, GetOk)
         return Message(self, reply.message) if reply.message is not None else None
 
     async def read(self, queue: str, partition: int, offset: int = 0,
@@ -342,7 +356,7 @@ class Connection:
         """Read a partition by offset without consuming: (messages, next_offset, end_offset)."""
         reply = await self.request(lambda rid: Read(rid=rid, queue=queue, partition=partition,
                                                     offset=offset, max_messages=max_messages))
-        assert isinstance(reply, ReadOk)
+        reply = expect(reply, ReadOk)
         return reply.messages, reply.next_offset, reply.end_offset
 
     # -- producers and consumers ---------------------------------------------------------------------
@@ -359,14 +373,13 @@ class Connection:
         return Consumer(self, queue, prefetch=prefetch)
 
     async def subscribe(self, c: Consumer) -> int:
+        """Subscribe ``c``.  The consumer is registered when the reply is read, even if
+        the caller stopped waiting (a timeout), so no delivery is ever dropped."""
         rid = self.next_rid()
         fut = self.request_nowait(Subscribe(rid=rid, queue=c.queue, prefetch=c.prefetch))
         self._subscribing[rid] = c
-        try:
-            reply = await fut
-        finally:
-            self._subscribing.pop(rid, None)
-        assert isinstance(reply, SubscribeOk)
+        reply = await fut  # on an error reply _dispatch has already forgotten the rid
+        reply = expect(reply, SubscribeOk)
         return reply.consumer
 
     def _unregister(self, consumer_id: int) -> None:
@@ -374,14 +387,15 @@ class Connection:
 
     # -- settlement (coalesced: all acks of one loop iteration go in one frame) ---------------------------
 
-    def settle(self, kind: type, tag: int, requeue: bool = True) -> asyncio.Future[None]:
+    def settle(self, kind: type, tag: int, requeue: bool = True, *, delivered: bool = True,
+               multiple: bool = False) -> asyncio.Future[None]:
         """Queue an ack/nack/reject; every settlement of one loop iteration goes in one frame.
 
         Returns the future of that frame's reply, shared by all its settlements.
         """
         if self._closed is not None:
             raise self._closed
-        key = (kind, requeue)
+        key = (kind, requeue, delivered, multiple)
         batch = self._acks.get(key)
         if batch is None:
             batch = self._acks[key] = ([], asyncio.get_running_loop().create_future())
@@ -394,19 +408,23 @@ class Connection:
     def _flush_acks(self) -> None:
         self._ack_flush_scheduled = False
         batches, self._acks = self._acks, {}
-        for (kind, requeue), (tags, done) in batches.items():
+        for (kind, requeue, delivered, multiple), (tags, done) in batches.items():
             rid = self.next_rid()
+            if multiple:
+                tags = [max(tags)]
             if kind is Nack:
-                frame: Frame = Nack(rid=rid, tags=tags, requeue=requeue)
+                frame: Frame = Nack(rid=rid, tags=tags, requeue=requeue, delivered=delivered, multiple=multiple)
             elif kind is Reject:
-                frame = Reject(rid=rid, tags=tags)
+                frame = Reject(rid=rid, tags=tags, multiple=multiple)
             else:
-                frame = Ack(rid=rid, tags=tags)
+                frame = Ack(rid=rid, tags=tags, multiple=multiple)
             try:
                 reply = self.request_nowait(frame)
             except TandemError as exc:
                 done.set_exception(exc)
-                done.exception()  # mark retrieved: a fire-and-forget ack must not log noise
+                # The connection is closed and says so to everyone using it; a
+                # fire-and-forget ack's future need not log it again.
+                done.exception()
                 continue
             reply.add_done_callback(functools.partial(_chain, done=done))
 

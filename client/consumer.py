@@ -43,15 +43,19 @@ class Message:
     timestamp = property(lambda self: self._d.timestamp, doc="when the broker stored it (epoch seconds)")
     tag = property(lambda self: self._d.tag, doc="delivery tag on this connection")
 
-    def _settle(self, kind: type, requeue: bool = True) -> asyncio.Future[None]:
+    def _settle(self, kind: type, requeue: bool = True, multiple: bool = False) -> asyncio.Future[None]:
         if self._settled:
             raise InvalidArgumentError(f"message {self.id} is already settled")
         self._settled = True
-        return self._conn.settle(kind, self._d.tag, requeue)
+        return self._conn.settle(kind, self._d.tag, requeue, multiple=multiple)
 
-    def ack(self) -> asyncio.Future[None]:
-        """Done with it: the broker forgets the message."""
-        return self._settle(Ack)
+    def ack(self, *, multiple: bool = False) -> asyncio.Future[None]:
+        """Done with it: the broker forgets the message.
+
+        ``multiple=True`` also acks every earlier delivery this connection holds
+        (the messages must not be settled again).
+        """
+        return self._settle(Ack, multiple=multiple)
 
     def nack(self, *, requeue: bool = True) -> asyncio.Future[None]:
         """Not done: back to the queue (or, with requeue=False, to the dead-letter queue)."""
@@ -73,15 +77,24 @@ class Consumer:
         self.queue = queue
         self.prefetch = prefetch
         self.consumer_id: int | None = None
+        self._subscribing: asyncio.Future[int] | None = None
         self._buffer: deque[Delivery] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._error: TandemError | None = None
         self.received = 0
 
     async def start(self) -> Consumer:
+        """Subscribe (once: a start interrupted by a timeout is resumed, not repeated)."""
         if self.consumer_id is None:
-            self.consumer_id = await self.conn.subscribe(self)
+            if self._subscribing is None:
+                self._subscribing = asyncio.ensure_future(self.conn.subscribe(self))
+            self.consumer_id = await asyncio.shield(self._subscribing)
         return self
+
+    def _return_unseen(self) -> None:
+        """Give back what arrived but was never handed out, without counting a delivery."""
+        while self._buffer:
+            self.conn.settle(Nack, self._buffer.popleft().tag, delivered=False)
 
     def _deliver(self, deliveries: list[Delivery]) -> None:
         self._buffer.extend(deliveries)
@@ -122,12 +135,20 @@ class Consumer:
             return None
 
     async def cancel(self) -> None:
-        """Stop deliveries.  Messages already delivered stay held until settled."""
+        """Stop deliveries.  Messages handed out stay held until settled; those
+        still buffered go back to the queue without counting a delivery."""
+        if self._subscribing is not None and self.consumer_id is None and not self._subscribing.done():
+            try:
+                await asyncio.shield(self._subscribing)
+            except TandemError:
+                return  # the subscription failed: nothing to cancel
         if self.consumer_id is not None and not self.conn.is_closed:
             cid = self.consumer_id
             await self.conn.request(lambda rid: Cancel(rid=rid, consumer=cid))
-            self.conn._unregister(cid)
+            self.conn._unregister(cid)  # later deliveries for it are returned by the connection
+            self._return_unseen()
         self.consumer_id = None
+        self._subscribing = None
 
     async def close(self) -> None:
         await self.cancel()

@@ -34,6 +34,7 @@ class ErrorCode(IntEnum):
     INVALID_ARGUMENT = 305
     PARTITION_NOT_FOUND = 306
     CONSUMER_NOT_FOUND = 307
+    CONSUMER_CANCELLED = 308
     # 4xx: storage
     STORAGE_ERROR = 400
     # 5xx: availability / HA
@@ -161,6 +162,12 @@ class ConsumerNotFoundError(TandemError):
     code = ErrorCode.CONSUMER_NOT_FOUND
 
 
+class ConsumerCancelledError(TandemError):
+    """The broker ended this consumer (its queue was deleted)."""
+
+    code = ErrorCode.CONSUMER_CANCELLED
+
+
 # -- storage -------------------------------------------------------------------
 
 
@@ -219,7 +226,7 @@ for _cls in [
     UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError,
     QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError,
     UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError,
-    ConsumerNotFoundError, StorageError, NotActiveError, ShuttingDownError,
+    ConsumerNotFoundError, ConsumerCancelledError, StorageError, NotActiveError, ShuttingDownError,
     UnavailableError, ConnectionClosedError, TimeoutError_,
 ]:
     _BY_CODE[int(_cls.code)] = _cls

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, MessageTooLargeError, TandemError
-from client.protocol.frames import Frame, Publish, PublishMessage, PublishOk
+from client.protocol.frames import Frame, Publish, PublishMessage, PublishOk, expect
 
 if TYPE_CHECKING:
     from client.connection import Connection
@@ -142,7 +142,7 @@ class Producer:
         exc = reply.exception() if not reply.cancelled() else TandemError("publish cancelled")
         if exc is None:
             frame = reply.result()
-            assert isinstance(frame, PublishOk)
+            frame = expect(frame, PublishOk)
             self.confirmed += len(batch)
             self.duplicates += frame.duplicates
         for f, m in zip(futs, batch):

@@ -200,6 +200,9 @@ class SqliteEngine:
         self._engine: Engine | None = None  # created in open(), off the event loop
         self._writer: Connection | None = None
         self._local = threading.local()
+        self._readers: list[Connection] = []  # one per reader thread, closed with the store
+        self._readers_lock = threading.Lock()
+        self._broken: str | None = None
         self._sync_mode: str | None = None
         self._index: dict[Key, _PartIndex] = {}
         self._ends: dict[Key, int] = {}
@@ -237,6 +240,10 @@ class SqliteEngine:
             raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
 
     def close(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -296,7 +303,6 @@ class SqliteEngine:
             "SELECT name, salt, hash, role, params FROM users ORDER BY name"
         ):
             rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
-        self._ends = {k: st.next_offset for k, st in parts.items()}
         return rec
 
     def _rebuild_index(self, conn: Connection) -> None:
@@ -308,7 +314,14 @@ class SqliteEngine:
             index.setdefault((qid, p), _PartIndex()).add_chunk(start, count)
         for qid, p, s, e in conn.exec_driver_sql('SELECT queue_id, partition, start, "end" FROM settled'):
             index.setdefault((qid, p), _PartIndex()).settled.add(s, e)
+        ends = {(qid, p): nxt for qid, p, nxt in conn.exec_driver_sql(
+            "SELECT queue_id, partition, next_offset FROM partitions")}
+        for key, idx in index.items():
+            if idx.starts:
+                last = idx.starts[-1]
+                ends[key] = max(ends.get(key, 0), last + idx.counts[last])
         self._index = index
+        self._ends = ends
 
     # -- writes (writer thread) ------------------------------------------------------------
 
@@ -316,6 +329,8 @@ class SqliteEngine:
         conn = self._writer
         if conn is None:
             raise StorageError("store is closed")
+        if self._broken:
+            raise StorageError(f"store state unknown after a failed commit ({self._broken}); restart the node")
         try:
             mode = "FULL" if sync else "NORMAL"
             if mode != self._sync_mode:
@@ -332,11 +347,16 @@ class SqliteEngine:
             raise
 
     def _recover_index(self, conn: Connection) -> None:
+        """After a failed transaction, make the in-memory index match the disk again."""
         try:
+            if conn.in_transaction():
+                conn.rollback()
             self._rebuild_index(conn)
             conn.rollback()
-        except SQLAlchemyError:
-            log.exception("could not reload the chunk index after a failed commit")
+        except SQLAlchemyError as exc:
+            # Without a trustworthy index, compaction could delete live chunks: stop writing.
+            self._broken = f"{exc.__class__.__name__}: {exc}"
+            log.error("store index reload failed; refusing further writes: %s", self._broken)
 
     def _part(self, key: Key) -> _PartIndex:
         idx = self._index.get(key)
@@ -441,6 +461,12 @@ class SqliteEngine:
                 (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
                  q.dead_letter_queue, q.max_length),
             )
+            # queue ids are never reused, even after the newest queue is deleted
+            conn.exec_driver_sql(
+                "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
+                "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
+                (str(q.id),),
+            )
         elif isinstance(op, DropQueue):
             for table in ("chunks", "settled", "counts", "partitions", "producers"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
@@ -478,6 +504,8 @@ class SqliteEngine:
         try:
             if conn is None:
                 conn = self._local.conn = self._engine.connect()
+                with self._readers_lock:
+                    self._readers.append(conn)
             with conn.begin():
                 settled = IntervalSet(conn.exec_driver_sql(
                     'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ? AND "end" > ?',

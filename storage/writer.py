@@ -1,37 +1,43 @@
 """Group commit: one writer thread, one transaction and at most one fsync per batch.
 
-Callers :meth:`submit` a list of write ops with a completion callback.  The
-writer thread takes *everything* waiting when it becomes free, applies it in a
-single transaction (``sync`` if any waiting submission asked for it), then hands
-all the callbacks back in one call to ``notify`` (the broker passes
+Callers :meth:`~GroupCommitWriter.submit` a list of write ops.  The writer
+thread takes *everything* waiting when it becomes free, applies it in a single
+transaction (``sync`` if any waiting submission asked for it), then hands all
+the callbacks back in one call to ``notify`` (the broker passes
 ``loop.call_soon_threadsafe``), so the event loop never blocks on the disk and
-pays one wake-up per commit, not per message.
+pays one wake-up per commit, not per message.  Submissions commit in the order
+they were made; callbacks run in that order.
 
-Submissions commit in the order they were made; callbacks run in that order.
+*Lazy* submissions (settlements, delivery marks) do not wake the writer: they
+ride along with the next eager commit, or are committed on their own once the
+oldest has waited ``lazy_delay`` seconds (or ``lazy_max_ops`` pile up).
 
-*Lazy* submissions (settlements: acks, delivery counts) do not wake the writer:
-they ride along with the next eager commit, or are committed on their own once
-the oldest has waited ``lazy_delay`` seconds (or ``lazy_max_ops`` pile up).
-That turns the stream of small ack commits between publish commits into
-nothing, which is most of the writer's time saved on a busy queue.
+When a commit fails, submissions made with ``retry=False`` (someone is waiting
+and can act: a publisher gets an error and may resend) get the error; those
+made with ``retry=True`` (nobody can act on an error: an ack already
+answered, a NO_SYNC publish already confirmed) go back to the head of the
+queue and are tried again after a back-off, and their callbacks run once they
+are committed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from client.errors import StorageError
 from client.clock import SYSTEM_CLOCK, Clock
+from client.errors import StorageError
 from storage.base import Engine, WriteOp
 
 log = logging.getLogger("tandem.storage")
 
 Callback = Callable[[BaseException | None], None]
 Notify = Callable[[Callable[[], None]], object]
+
+RETRY_MIN = 0.05
+RETRY_MAX = 5.0
 
 
 @dataclass(slots=True)
@@ -40,9 +46,19 @@ class WriterStats:
     ops: int = 0
     synced_commits: int = 0
     failed_commits: int = 0
+    retried_ops: int = 0
     commit_seconds_total: float = 0.0
     last_commit_seconds: float = 0.0
     max_batch_ops: int = 0
+
+
+@dataclass(slots=True)
+class _Item:
+    ops: list[WriteOp]
+    sync: bool
+    callback: Callback | None
+    retry: bool
+    lazy: bool
 
 
 class GroupCommitWriter:
@@ -56,10 +72,12 @@ class GroupCommitWriter:
         self.engine = engine
         self._notify = notify
         self._cond = threading.Condition()
-        self._pending: list[tuple[list[WriteOp], bool, Callback | None]] = []
+        self._pending: list[_Item] = []
         self._eager = 0  # pending submissions that want a commit now
         self._lazy_ops = 0
         self._lazy_since = 0.0
+        self._retry_at = 0.0  # after a failure: no commit before this
+        self._retry_delay = RETRY_MIN
         self.lazy_delay = lazy_delay
         self.lazy_max_ops = 20000
         self._closing = False
@@ -69,27 +87,28 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, ops: list[WriteOp], *, sync: bool, callback: Callback | None = None) -> None:
-        """Queue ``ops`` for the next commit; ``callback(err)`` runs via ``notify`` after it."""
-        with self._cond:
-            if self._closing:
-                raise StorageError("store writer is closed")
-            self._pending.append((ops, sync, callback))
-            self._eager += 1
-            if self._eager == 1:
-                self._cond.notify()
+    def submit(self, ops: list[WriteOp], *, sync: bool, callback: Callback | None = None,
+               retry: bool = False, lazy: bool = False) -> None:
+        """Queue ``ops`` for a commit; ``callback(err)`` runs via ``notify`` after it.
 
-    def submit_lazy(self, ops: list[WriteOp]) -> None:
-        """Queue ``ops`` for a commit that need not happen now (nobody waits for it)."""
+        ``lazy``: no need to commit now (see the module doc).  ``retry``: on a
+        failed commit, try again rather than report the error.
+        """
+        item = _Item(ops, sync, callback, retry, lazy)
         with self._cond:
             if self._closing:
                 raise StorageError("store writer is closed")
-            if not self._lazy_ops:
-                self._lazy_since = self._clock.monotonic()
-            self._pending.append((ops, False, None))
-            self._lazy_ops += len(ops)
-            if self._lazy_ops == len(ops) or self._lazy_ops >= self.lazy_max_ops:
-                self._cond.notify()
+            self._pending.append(item)
+            if lazy:
+                if not self._lazy_ops:
+                    self._lazy_since = self._clock.monotonic()
+                self._lazy_ops += len(ops)
+                if self._lazy_ops == len(ops) or self._lazy_ops >= self.lazy_max_ops:
+                    self._cond.notify()
+            else:
+                self._eager += 1
+                if self._eager == 1:
+                    self._cond.notify()
 
     def close(self) -> None:
         """Commit what is pending, then stop the thread."""
@@ -98,29 +117,35 @@ class GroupCommitWriter:
             self._cond.notify()
         self._thread.join()
 
+    def _due(self) -> float:
+        """Seconds until the next commit should start (0: now); called under the lock."""
+        now = self._clock.monotonic()
+        if self._retry_at > now and not self._closing:
+            return self._retry_at - now
+        if self._eager or self._closing or self._lazy_ops >= self.lazy_max_ops:
+            return 0.0
+        return max(0.0, self._lazy_since + self.lazy_delay - now)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._eager or self._closing or self._lazy_ops >= self.lazy_max_ops):
+                while True:
                     if not self._pending:
+                        if self._closing:
+                            return
                         self._cond.wait()
                         continue
-                    wait = self._lazy_since + self.lazy_delay - self._clock.monotonic()
+                    wait = self._due()
                     if wait <= 0:
                         break
                     self._cond.wait(wait)
-                if not self._pending:
-                    return
                 batch, self._pending = self._pending, []
                 self._eager = self._lazy_ops = 0
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[list[WriteOp], bool, Callback | None]]) -> None:
-        ops: list[WriteOp] = []
-        sync = False
-        for item_ops, item_sync, _cb in batch:
-            ops.extend(item_ops)
-            sync = sync or item_sync
+    def _commit(self, batch: list[_Item]) -> None:
+        ops: list[WriteOp] = [op for item in batch for op in item.ops]
+        sync = any(item.sync for item in batch)
         started = self._clock.monotonic()
         error: BaseException | None = None
         try:
@@ -137,14 +162,36 @@ class GroupCommitWriter:
         st.commit_seconds_total += elapsed
         st.last_commit_seconds = elapsed
         st.max_batch_ops = max(st.max_batch_ops, len(ops))
-        if error is not None:
-            st.failed_commits += 1
-            log.error("commit failed ops=%d error=%s", len(ops), error)
         for observer in self.commit_observers:
             observer(elapsed, sync)
-        callbacks = [cb for _o, _s, cb in batch if cb is not None]
+        done = batch
+        if error is not None:
+            st.failed_commits += 1
+            again = [item for item in batch if item.retry]
+            done = [item for item in batch if not item.retry]
+            retried = sum(len(item.ops) for item in again)
+            st.retried_ops += retried
+            log.error("commit failed ops=%d retrying=%d in=%.2fs error=%s",
+                      len(ops), retried, self._retry_delay, error)
+            if again:
+                with self._cond:
+                    self._pending[:0] = again
+                    self._eager += sum(1 for item in again if not item.lazy)
+                    lazy = sum(len(item.ops) for item in again if item.lazy)
+                    if lazy:
+                        self._lazy_ops += lazy
+                        self._lazy_since = self._clock.monotonic() - self.lazy_delay
+                    self._retry_at = self._clock.monotonic() + self._retry_delay
+                    self._retry_delay = min(RETRY_MAX, self._retry_delay * 2)
+        else:
+            self._retry_delay = RETRY_MIN
+        callbacks = [item.callback for item in done if item.callback is not None]
         if callbacks:
             def run_callbacks() -> None:
                 for cb in callbacks:
                     cb(error)
-            self._notify(run_callbacks)
+
+            try:
+                self._notify(run_callbacks)
+            except RuntimeError as exc:  # the event loop is closed: nobody is left to tell
+                log.error("commit callbacks dropped (%d): %s", len(callbacks), exc)

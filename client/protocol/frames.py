@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 
 class Op(IntEnum):
@@ -319,6 +319,9 @@ class Nack(Frame):
     tags: list[int]
     multiple: bool = False
     requeue: bool = True
+    #: false: the application never saw these (buffered in the client when it
+    #: cancelled or closed): requeue without counting the delivery
+    delivered: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -375,3 +378,14 @@ _ALL: list[type[Frame]] = [
         Nack, Reject, Get, GetOk, Read, ReadOk,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
+
+F = TypeVar("F", bound=Frame)
+
+
+def expect(frame: object, cls: type[F]) -> F:
+    """``frame`` if it is a ``cls``; else the peer answered out of turn (RemoteProtocolError)."""
+    if not isinstance(frame, cls):
+        from client.errors import RemoteProtocolError
+
+        raise RemoteProtocolError(f"expected {cls.__name__}, got {type(frame).__name__}")
+    return frame

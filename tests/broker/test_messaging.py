@@ -247,7 +247,7 @@ async def test_deleting_a_queue_cancels_its_consumers(url: str) -> None:
         await a.declare_queue("q")
         c = await b.consumer("q").start()
         await a.delete_queue("q")
-        with pytest.raises(client.errors.ConnectionClosedError, match="cancelled"):
+        with pytest.raises(client.errors.ConsumerCancelledError, match="cancelled by the broker"):
             await asyncio.wait_for(c.__anext__(), 10)
 
 
