@@ -270,3 +270,45 @@ async def test_stop_and_failed_start_leave_nothing_open(tmp_path: Path) -> None:
         assert _open_db_fds(tmp_path.resolve() / "third" / "tandem.db") == []
     finally:
         await blocker.stop()
+
+
+async def test_queue_ids_are_never_reused(tmp_path: Path) -> None:
+    node = await started(tmp_path)
+    async with await client.connect(url_of(node)) as conn:
+        await conn.declare_queue("a")
+        await conn.declare_queue("b")
+        await conn.delete_queue("b")
+    await node.stop()
+    node = await started(tmp_path)
+    try:
+        async with await client.connect(url_of(node)) as conn:
+            await conn.declare_queue("c")
+        assert node.queues["c"].meta.id == 3
+    finally:
+        await node.stop()
+
+
+async def test_failed_purge_keeps_the_messages(flaky: tuple[Node, FlakyEngine]) -> None:
+    node, engine = flaky
+    async with await client.connect(url_of(node)) as conn:
+        await conn.declare_queue("q")
+        await conn.producer("q").send_many([str(i) for i in range(20)])
+        engine.failing = lambda ops: any(isinstance(o, Settle) for o in ops)
+        with pytest.raises(StorageError):
+            await conn.purge_queue("q")
+        engine.failing = None
+        assert (await conn.list_queues())[0].ready == 20
+        got = [int((await conn.get("q", auto_ack=True)).body) for _ in range(20)]  # type: ignore[union-attr]
+        assert got == sorted(got) and len(set(got)) == 20
+
+
+async def test_connections_over_the_limit_are_told_why(tmp_path: Path) -> None:
+    from client.errors import ConnectionClosedError
+
+    node = await started(tmp_path, max_connections=1)
+    try:
+        async with await client.connect(url_of(node)):
+            with pytest.raises(ConnectionClosedError, match="max_connections"):
+                await client.connect(url_of(node))
+    finally:
+        await node.stop()

@@ -48,8 +48,10 @@ def test_blocking_round_trip(url: str) -> None:
         m.nack(requeue=True)
         m = conn.get("q", auto_ack=True)
         assert m is not None and m.redelivered and m.delivery_count == 2
+        conn.producer("q").send(b"five", key="k")
         msgs, nxt, end = conn.read("q", 0)
-        assert end >= 0
+        assert [m.body for m in msgs] == [b"five"] and nxt == end == msgs[0].offset + 1
+        assert conn.get("q", auto_ack=True) is not None
         (info,) = conn.list_queues()
         assert info.name == "q" and info.ready == 0
         with pytest.raises(QueueNotFoundError):
