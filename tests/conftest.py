@@ -9,6 +9,7 @@ import pytest_asyncio
 import client
 from broker.config import NodeConfig
 from broker.node import Node
+from storage.memory import MemoryDisk, MemoryEngine
 
 PASSWORD = "test-password"
 
@@ -27,9 +28,14 @@ def blockbuster():
         yield bb
 
 
-@pytest_asyncio.fixture
-async def node(tmp_path: Path, blockbuster) -> AsyncIterator[Node]:
-    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+@pytest_asyncio.fixture(params=["sqlite", "memory"])
+async def node(request: pytest.FixtureRequest, tmp_path: Path, blockbuster) -> AsyncIterator[Node]:
+    """A started node on a free port; every test using it runs against each storage engine."""
+    if request.param == "memory":
+        disk = MemoryDisk()
+        n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0), engine=lambda _cfg: MemoryEngine(disk))
+    else:
+        n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
     await n.start()
     try:
         yield n

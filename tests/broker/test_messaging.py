@@ -53,7 +53,7 @@ async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.Connec
 ])
 async def test_declare_rejects_bad_settings(conn: client.Connection, kwargs: dict, field: str) -> None:
     with pytest.raises(InvalidArgumentError, match=field):
-        await conn.declare_queue("q", partitions=kwargs.pop("partitions", 4), **kwargs)
+        await conn.declare_queue("q", **{"partitions": 4, **kwargs})
     with pytest.raises(InvalidFieldError, match="max_deliveries.*negative"):
         await conn.declare_queue("q", max_deliveries=-1)
     with pytest.raises(InvalidArgumentError, match="queue name"):

@@ -24,20 +24,25 @@ from storage.base import (
     StoredMessage,
     UserRecord,
 )
+from storage.memory import MemoryDisk, MemoryEngine
 from storage.sqlite import SqliteEngine
 from storage.writer import GroupCommitWriter
 
-ENGINES: dict[str, Callable[[Path], Engine]] = {
-    "sqlite": lambda d: SqliteEngine(d / "tandem.db"),
+# name -> factory(tmp_path, shared) where ``shared`` is one object per test (the memory
+# engine keeps its "disk" there, so a second engine sees what the first committed)
+ENGINES: dict[str, Callable[[Path, dict[str, object]], Engine]] = {
+    "sqlite": lambda d, _shared: SqliteEngine(d / "tandem.db"),
+    "memory": lambda _d, shared: MemoryEngine(shared.setdefault("disk", MemoryDisk())),  # type: ignore[arg-type]
 }
 
 
 @pytest.fixture(params=sorted(ENGINES))
 def make_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Engine]]:
     opened: list[Engine] = []
+    shared: dict[str, object] = {}
 
     def make() -> Engine:
-        e = ENGINES[request.param](tmp_path)
+        e = ENGINES[request.param](tmp_path, shared)
         opened.append(e)
         return e
 

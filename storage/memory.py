@@ -1,0 +1,157 @@
+"""An in-memory engine: the reference the conformance suite holds SQLite to, and a
+fast stand-in for tests of the broker that are not about the disk.
+
+A :class:`MemoryDisk` outlives the engines opened on it, so "restart the node"
+works in tests; nothing reaches a real disk (``capabilities.fsync`` is false).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+
+from client.errors import StorageError
+from storage.base import (
+    Append,
+    Capabilities,
+    DropQueue,
+    DropUser,
+    MarkDelivered,
+    PartitionState,
+    PutProducer,
+    PutQueue,
+    PutUser,
+    QueueMeta,
+    Recovered,
+    SetDeliveryCount,
+    Settle,
+    StoredMessage,
+    UserRecord,
+    WriteOp,
+)
+
+Key = tuple[int, int]
+
+
+@dataclass
+class _Part:
+    next_offset: int = 0
+    delivered_upto: int = 0
+    messages: dict[int, StoredMessage] = field(default_factory=dict)  # unsettled, by offset
+    counts: dict[int, int] = field(default_factory=dict)
+    producers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryDisk:
+    """What the engine "persists"; share one between engine instances to reopen."""
+
+    meta: dict[str, str] = field(default_factory=dict)
+    queues: dict[int, QueueMeta] = field(default_factory=dict)
+    parts: dict[Key, _Part] = field(default_factory=dict)
+    users: dict[str, UserRecord] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class MemoryEngine:
+    capabilities = Capabilities(shared=False, fsync=False)
+
+    def __init__(self, disk: MemoryDisk | None = None) -> None:
+        self.disk = disk if disk is not None else MemoryDisk()
+        self._open = False
+
+    def open(self) -> Recovered:
+        d = self.disk
+        with d.lock:
+            d.meta.setdefault("schema_version", "memory")
+            rec = Recovered(meta=dict(d.meta), queues=sorted(d.queues.values(), key=lambda q: q.id),
+                            users=sorted(d.users.values(), key=lambda u: u.name))
+            for key, p in d.parts.items():
+                msgs = []
+                for off in sorted(p.messages):
+                    m = copy.copy(p.messages[off])
+                    m.dc = p.counts.get(off, 0) + (1 if off < p.delivered_upto else 0)
+                    msgs.append(m)
+                rec.partitions[key] = PartitionState(next_offset=p.next_offset, delivered_upto=p.delivered_upto,
+                                                     messages=msgs, producers=dict(p.producers))
+        self._open = True
+        return rec
+
+    def close(self) -> None:
+        self._open = False
+
+    def _part(self, key: Key) -> _Part:
+        p = self.disk.parts.get(key)
+        if p is None:
+            p = self.disk.parts[key] = _Part()
+        return p
+
+    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
+        if not self._open:
+            raise StorageError("store is closed")
+        with self.disk.lock:
+            staged = copy.deepcopy({k: v for k, v in vars(self.disk).items() if k != "lock"})
+            try:
+                for op in ops:
+                    self._apply_one(op)
+            except Exception as exc:
+                for k, v in staged.items():  # all or nothing, like a transaction
+                    setattr(self.disk, k, v)
+                raise StorageError(f"write failed: {exc!r}", orig=exc) from exc
+
+    def _apply_one(self, op: WriteOp) -> None:
+        d = self.disk
+        if isinstance(op, Append):
+            p = self._part((op.queue_id, op.partition))
+            for m in op.messages:
+                if not isinstance(m.body, bytes):
+                    raise TypeError("body must be bytes")
+                p.messages[m.offset] = StoredMessage(m.offset, m.key, m.headers_blob, m.body, m.producer_id,
+                                                     m.seq, m.ts)
+            p.next_offset = max(p.next_offset, op.next_offset)
+        elif isinstance(op, Settle):
+            p = self._part((op.queue_id, op.partition))
+            for off in op.offsets:
+                p.messages.pop(off, None)
+                p.counts.pop(off, None)
+        elif isinstance(op, MarkDelivered):
+            p = self._part((op.queue_id, op.partition))
+            p.delivered_upto = max(p.delivered_upto, op.upto)
+        elif isinstance(op, SetDeliveryCount):
+            p = self._part((op.queue_id, op.partition))
+            for off, dc in op.items:
+                if off in p.messages:
+                    p.counts[off] = dc
+        elif isinstance(op, PutProducer):
+            self._part((op.queue_id, op.partition)).producers[op.producer_id] = op.last_seq
+        elif isinstance(op, PutQueue):
+            if any(q.name == op.queue.name and q.id != op.queue.id for q in d.queues.values()):
+                raise ValueError(f"queue name {op.queue.name!r} taken")
+            d.queues[op.queue.id] = op.queue
+            hwm = max(int(d.meta.get("queue_id_hwm", "0")), op.queue.id)
+            d.meta["queue_id_hwm"] = str(hwm)
+        elif isinstance(op, DropQueue):
+            d.queues.pop(op.queue_id, None)
+            for key in [k for k in d.parts if k[0] == op.queue_id]:
+                del d.parts[key]
+        elif isinstance(op, PutUser):
+            if not isinstance(op.user.salt, bytes):
+                raise TypeError("salt must be bytes")
+            d.users[op.user.name] = op.user
+        elif isinstance(op, DropUser):
+            d.users.pop(op.name, None)
+        else:
+            raise TypeError(f"unknown write op {type(op).__name__}")
+
+    def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
+        with self.disk.lock:
+            p = self.disk.parts.get((queue_id, partition))
+            if p is None:
+                return []
+            offs = sorted(o for o in p.messages if o >= offset)[:limit]
+            return [copy.copy(p.messages[o]) for o in offs]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.disk.lock:
+            self.disk.meta[key] = value
