@@ -1,7 +1,8 @@
-"""Half-open integer ranges, merged: the settled offsets of a partition.
+"""Half-open integer ranges, merged (the settled offsets of a partition), and the
+index of a partition's log chunks built on them.
 
-Pure data structure, no I/O; the SQLite engine keeps one per partition to know
-when a whole chunk of the log is settled and can be deleted.
+Pure data structures, no I/O; the SQLite engine keeps one ChunkIndex per
+partition to know when a whole chunk of the log is settled and can be deleted.
 """
 
 from __future__ import annotations
@@ -76,3 +77,44 @@ class IntervalSet:
         del self._ends[:i]
         if self._starts and self._starts[0] < low:
             self._starts[0] = low
+
+
+class ChunkIndex:
+    """A partition's live log chunks (start, count) and its settled ranges: enough to
+    tell when a chunk is wholly settled and can be deleted."""
+
+    __slots__ = ("starts", "counts", "settled")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []  # sorted chunk starts
+        self.counts: dict[int, int] = {}
+        self.settled = IntervalSet()
+
+    def add_chunk(self, start: int, count: int) -> None:
+        if not self.starts or start > self.starts[-1]:
+            self.starts.append(start)
+        else:
+            bisect.insort(self.starts, start)
+        self.counts[start] = count
+
+    def settled_chunks(self, start: int, end: int) -> list[int]:
+        """Starts of live chunks overlapping [start, end) that are now wholly settled."""
+        starts = self.starts
+        i = max(0, bisect.bisect_right(starts, start) - 1)
+        done = []
+        while i < len(starts) and starts[i] < end:
+            s = starts[i]
+            if self.settled.covers(s, s + self.counts[s]):
+                done.append(s)
+            i += 1
+        return done
+
+    def drop_chunk(self, start: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and self.starts[i] == start:
+            del self.starts[i]
+        self.counts.pop(start, None)
+
+    def low(self, default: int) -> int:
+        """Offsets below this are in no live chunk."""
+        return self.starts[0] if self.starts else default

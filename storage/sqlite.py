@@ -36,7 +36,6 @@ so a partial last write is ignored (``tests/storage/test_recovery.py``).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import threading
@@ -69,7 +68,7 @@ from storage.base import (
     UserRecord,
     WriteOp,
 )
-from storage.intervals import IntervalSet, ranges_of
+from storage.intervals import ChunkIndex, IntervalSet, ranges_of
 
 log = logging.getLogger("tandem.storage")
 
@@ -150,46 +149,6 @@ def _unpack(start: int, payload: bytes) -> list[StoredMessage]:
     return [StoredMessage(start + i, *item) for i, item in enumerate(items)]
 
 
-class _PartIndex:
-    """The writer's view of a partition: live chunks and settled ranges."""
-
-    __slots__ = ("starts", "counts", "settled")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []  # sorted chunk starts
-        self.counts: dict[int, int] = {}
-        self.settled = IntervalSet()
-
-    def add_chunk(self, start: int, count: int) -> None:
-        if not self.starts or start > self.starts[-1]:
-            self.starts.append(start)
-        else:
-            bisect.insort(self.starts, start)
-        self.counts[start] = count
-
-    def settled_chunks(self, start: int, end: int) -> list[int]:
-        """Starts of live chunks overlapping [start, end) that are now wholly settled."""
-        starts = self.starts
-        i = max(0, bisect.bisect_right(starts, start) - 1)
-        done = []
-        while i < len(starts) and starts[i] < end:
-            s = starts[i]
-            if self.settled.covers(s, s + self.counts[s]):
-                done.append(s)
-            i += 1
-        return done
-
-    def drop_chunk(self, start: int) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        if i < len(self.starts) and self.starts[i] == start:
-            del self.starts[i]
-        self.counts.pop(start, None)
-
-    def low(self, default: int) -> int:
-        """Offsets below this are in no live chunk."""
-        return self.starts[0] if self.starts else default
-
-
 class SqliteEngine:
     """SQLite in WAL mode, one file per node (``<data_dir>/tandem.db``)."""
 
@@ -204,7 +163,7 @@ class SqliteEngine:
         self._readers_lock = threading.Lock()
         self._broken: str | None = None
         self._sync_mode: str | None = None
-        self._index: dict[Key, _PartIndex] = {}
+        self._index: dict[Key, ChunkIndex] = {}
         self._ends: dict[Key, int] = {}
 
     @staticmethod
@@ -307,13 +266,13 @@ class SqliteEngine:
 
     def _rebuild_index(self, conn: Connection) -> None:
         """Load the writer's chunk/settled index from the tables (open, or after a failed commit)."""
-        index: dict[Key, _PartIndex] = {}
+        index: dict[Key, ChunkIndex] = {}
         for qid, p, start, count in conn.exec_driver_sql(
             "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
         ):
-            index.setdefault((qid, p), _PartIndex()).add_chunk(start, count)
+            index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
         for qid, p, s, e in conn.exec_driver_sql('SELECT queue_id, partition, start, "end" FROM settled'):
-            index.setdefault((qid, p), _PartIndex()).settled.add(s, e)
+            index.setdefault((qid, p), ChunkIndex()).settled.add(s, e)
         ends = {(qid, p): nxt for qid, p, nxt in conn.exec_driver_sql(
             "SELECT queue_id, partition, next_offset FROM partitions")}
         for key, idx in index.items():
@@ -358,10 +317,10 @@ class SqliteEngine:
             self._broken = f"{exc.__class__.__name__}: {exc}"
             log.error("store index reload failed; refusing further writes: %s", self._broken)
 
-    def _part(self, key: Key) -> _PartIndex:
+    def _part(self, key: Key) -> ChunkIndex:
         idx = self._index.get(key)
         if idx is None:
-            idx = self._index[key] = _PartIndex()
+            idx = self._index[key] = ChunkIndex()
         return idx
 
     def _apply(self, conn: Connection, ops: list[WriteOp]) -> None:
