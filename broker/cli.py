@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`tandem consume ... | head`): nothing more to say, to anyone
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 1

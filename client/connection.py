@@ -176,9 +176,12 @@ class Connection:
             event = expect(event, Frame)
             return event
 
-    async def close(self) -> None:
-        """Close politely: send Close, stop the tasks, fail what is still waiting."""
+    async def close(self, *, timeout: float = 5.0) -> None:
+        """Close politely: settle what is queued, send Close and wait (up to ``timeout``)
+        for the node's Close, so every reply sent before it is read; then stop the
+        tasks and fail whatever is still waiting."""
         self.closed_by_client = True
+        polite = False
         if self._writer is not None and self._closed is None and not self.proto.closed:
             # Settlements made before close() go out first; messages delivered but never
             # shown to the application go back uncounted.
@@ -188,8 +191,14 @@ class Connection:
                 self._flush_acks()
             try:
                 self._writer.write(self.proto.send(Close(code=0, reason="client closed")))
+                polite = True
             except TandemError:
                 pass  # the protocol is already closing; nothing more may be sent
+        if polite and self._tasks:
+            try:
+                await asyncio.wait_for(self.closed_event.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning("node %s did not answer Close within %.1fs", self.node, timeout)
         self._shutdown(ConnectionClosedError("connection closed by the client"))
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
@@ -287,7 +296,10 @@ class Connection:
         elif isinstance(frame, Error):
             log.warning("broker error: code=%d %s", frame.code, frame.message)
         elif isinstance(frame, Close):
-            self._shutdown(ConnectionClosedError(f"broker closed the connection: {frame.reason or frame.code}"))
+            if self.closed_by_client:
+                self._shutdown(ConnectionClosedError("connection closed by the client"))
+            else:
+                self._shutdown(ConnectionClosedError(f"broker closed the connection: {frame.reason or frame.code}"))
 
     # -- requests --------------------------------------------------------------------------------
 

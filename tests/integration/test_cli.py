@@ -125,3 +125,22 @@ async def test_help_explains(tmp_path: Path) -> None:
     assert rc == 0 and "bench" in out and "produce" in out
     rc, out, _ = await tandem("broker", "start", "--help")
     assert rc == 0 and "--sync" in out and "admin-password" in out
+
+
+async def test_consume_into_a_closed_pipe_stops_quietly(proc: NodeProcess) -> None:
+    await tandem("produce", "q", *[str(i) for i in range(2000)], "--declare", "1", "--url", proc.url)
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "consume", "q", "--url", proc.url, "--timeout", "5",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    first = await asyncio.wait_for(p.stdout.readline(), 30)
+    assert first.startswith(b"[")
+    p.stdout.feed_eof()
+    p._transport.get_pipe_transport(1).close()  # type: ignore[attr-defined]  # like `| head -1` exiting
+    err = await asyncio.wait_for(p.stderr.read(), 60)
+    await p.wait()
+    assert p.returncode == 141, err
+    assert b"Traceback" not in err and b"never retrieved" not in err
+    rc, out, _ = await tandem("queues", "--url", proc.url, "--json")
+    (q,) = json.loads(out)
+    assert q["unacked"] == 0 and 0 < q["ready"] < 2000  # what was not printed was not acked
