@@ -41,6 +41,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a phase may take")
+    p.add_argument("--sequential", action="store_true",
+                   help="publish all messages first, then consume them, and time each side alone "
+                        "(default: publish and consume at the same time)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=bench)
 
@@ -53,7 +56,8 @@ def _workload(args: argparse.Namespace) -> Workload:
             raise InvalidArgumentError(f"--{name} must be >= 1")
     return Workload(messages=args.messages, size=args.size, producers=args.producers, consumers=args.consumers,
                     partitions=args.partitions, window=args.window, prefetch=args.prefetch,
-                    latency_rate=args.latency_rate, latency_messages=args.latency_messages, timeout=args.timeout)
+                    latency_rate=args.latency_rate, latency_messages=args.latency_messages, timeout=args.timeout,
+                    sequential=args.sequential)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -121,8 +125,10 @@ def _cpus() -> int:
 
 def _print_human(report: dict[str, Any]) -> None:
     w = report["workload"]
+    mode = "publish, then consume" if w["sequential"] else "publish and consume at once"
     print(f"workload: {w['messages']} x {w['size']} B, {w['producers']} producer(s), {w['consumers']} "
-          f"consumer(s), window {w['window']}, prefetch {w['prefetch']}; latency at {w['latency_rate']:g} msg/s")
+          f"consumer(s), window {w['window']}, prefetch {w['prefetch']}, {mode}; "
+          f"latency at {w['latency_rate']:g} msg/s")
     head = f"{'system':<10} {'publish/s':>11} {'consume/s':>11} {'p50 ms':>8} {'p99 ms':>8} " \
            f"{'lost':>5} {'dup':>5} {'unexp':>5}  durability"
     print(head)

@@ -35,19 +35,32 @@ def _ms(lat: list[float]) -> dict[str, float]:
 
 
 async def _phase(drv: Driver, w: Workload, first_id: int, count: int, producers: int, rate: float,
-                 clock: Clock) -> tuple[float, float, Checker, list[Publisher]]:
+                 clock: Clock, *, sequential: bool = False) -> tuple[float, float, Checker, list[Publisher]]:
+    """Publish ``count`` messages and consume them; (publish seconds, consume seconds, ...).
+
+    Concurrent: consumers run from the start and both times count from the first
+    send.  ``sequential``: consumers start when every publish is confirmed, and the
+    consume time counts from then (each side measured alone).
+    """
     checker = Checker(count, base=first_id)
     pubs = [await drv.publisher(w) for _ in range(producers)]
     per = -(-count // producers)
     ranges = [range(first_id + k * per, min(first_id + count, first_id + (k + 1) * per)) for k in range(producers)]
+
+    def start_consumers() -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(drv.consume(w, checker), name=f"bench-consumer-{i}")
+                for i in range(w.consumers)]
+
     t0 = clock.monotonic()
-    consumers = [asyncio.create_task(drv.consume(w, checker), name=f"bench-consumer-{i}")
-                 for i in range(w.consumers)]
+    consumers = [] if sequential else start_consumers()
     try:
         pub_rate = rate / producers if rate else 0.0
         await asyncio.wait_for(asyncio.gather(*(p.run(r, w.size, pub_rate) for p, r in zip(pubs, ranges))),
                                w.timeout)
         t_pub = clock.monotonic() - t0
+        if sequential:
+            t0 = clock.monotonic()
+            consumers = start_consumers()
         confirmed = sum(p.confirmed for p in pubs)
         if confirmed == count:
             done = asyncio.ensure_future(checker.done.wait())
@@ -73,7 +86,8 @@ async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK) -
     t_start = clock.monotonic()
     try:
         await drv.setup(w)
-        t_pub, t_cons, checker, pubs = await _phase(drv, w, 0, w.messages, w.producers, 0.0, clock)
+        t_pub, t_cons, checker, pubs = await _phase(drv, w, 0, w.messages, w.producers, 0.0, clock,
+                                                    sequential=w.sequential)
         res.confirmed = sum(p.confirmed for p in pubs)
         res.consumed = checker.unique
         res.publish_per_s = round(w.messages / t_pub, 1) if t_pub else 0.0

@@ -29,6 +29,7 @@ class Workload:
     latency_rate: float = 2000.0  # msg/s of the paced latency phase (0: skip it)
     latency_messages: int = 10_000
     timeout: float = 300.0  # seconds a phase may take before it is declared failed
+    sequential: bool = False  # throughput phase: publish everything, then consume (each measured alone)
 
 
 def body_for(msg_id: int, size: int) -> bytes:
