@@ -37,6 +37,7 @@ from client.errors import (
     TandemError,
     for_code,
 )
+from client.consumer import DeliveredMessage
 from client.producer import Body, _as_bytes
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.frames import (
@@ -97,27 +98,17 @@ def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: f
     raise ConnectionClosedError(f"cannot connect to {params.hosts}: {last}")
 
 
-class BlockingMessage:
-    __slots__ = ("_conn", "_d", "_settled")
+class BlockingMessage(DeliveredMessage):
+    """A delivered message; ``ack``/``nack``/``reject`` return once the node answered."""
+
+    __slots__ = ("_conn",)
 
     def __init__(self, conn: BlockingConnection, d: Delivery) -> None:
-        self._conn, self._d, self._settled = conn, d, False
-
-    body = property(lambda self: self._d.body)
-    key = property(lambda self: self._d.key)
-    headers = property(lambda self: self._d.headers)
-    id = property(lambda self: self._d.id)
-    partition = property(lambda self: self._d.partition)
-    offset = property(lambda self: self._d.offset)
-    redelivered = property(lambda self: self._d.redelivered)
-    delivery_count = property(lambda self: self._d.delivery_count)
-    timestamp = property(lambda self: self._d.timestamp)
-    tag = property(lambda self: self._d.tag)
+        super().__init__(d)
+        self._conn = conn
 
     def _settle(self, frame_of: Any) -> None:
-        if self._settled:
-            raise InvalidArgumentError(f"message {self.id} is already settled")
-        self._settled = True
+        self._mark_settled()
         self._conn._call(frame_of)
 
     def ack(self) -> None:

@@ -22,15 +22,19 @@ if TYPE_CHECKING:
     from client.connection import Connection
 
 
-class Message:
-    """A delivered message.  Settle it exactly once with ack, nack or reject."""
+class DeliveredMessage:
+    """What a delivered message shows, in the async and the blocking client alike."""
 
-    __slots__ = ("_conn", "_d", "_settled")
+    __slots__ = ("_d", "_settled")
 
-    def __init__(self, conn: Connection, delivery: Delivery) -> None:
-        self._conn = conn
+    def __init__(self, delivery: Delivery) -> None:
         self._d = delivery
         self._settled = False
+
+    def _mark_settled(self) -> None:
+        if self._settled:
+            raise InvalidArgumentError(f"message {self.id} is already settled")
+        self._settled = True
 
     body = property(lambda self: self._d.body, doc="the payload, bytes")
     key = property(lambda self: self._d.key, doc="the message key, or None")
@@ -43,10 +47,21 @@ class Message:
     timestamp = property(lambda self: self._d.timestamp, doc="when the broker stored it (epoch seconds)")
     tag = property(lambda self: self._d.tag, doc="delivery tag on this connection")
 
+    def __repr__(self) -> str:
+        return f"<Message id={self.id} key={self.key!r} bytes={len(self.body)} dc={self.delivery_count}>"
+
+
+class Message(DeliveredMessage):
+    """A delivered message.  Settle it exactly once with ack, nack or reject."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Connection, delivery: Delivery) -> None:
+        super().__init__(delivery)
+        self._conn = conn
+
     def _settle(self, kind: type, requeue: bool = True, multiple: bool = False) -> asyncio.Future[None]:
-        if self._settled:
-            raise InvalidArgumentError(f"message {self.id} is already settled")
-        self._settled = True
+        self._mark_settled()
         return self._conn.settle(kind, self._d.tag, requeue, multiple=multiple)
 
     def ack(self, *, multiple: bool = False) -> asyncio.Future[None]:
@@ -64,9 +79,6 @@ class Message:
     def reject(self) -> asyncio.Future[None]:
         """Cannot be processed: dead-letter it (dropped if the queue has no dead-letter queue)."""
         return self._settle(Reject)
-
-    def __repr__(self) -> str:
-        return f"<Message id={self.id} key={self.key!r} bytes={len(self.body)} dc={self.delivery_count}>"
 
 
 class Consumer:
