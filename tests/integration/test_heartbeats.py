@@ -1,0 +1,82 @@
+"""Heartbeats both ways: a silent client is dropped, a frozen node is noticed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+import client
+from broker.config import NodeConfig
+from broker.node import Node
+from broker.process import NodeProcess
+from client.errors import ConnectionClosedError, ErrorCode, HeartbeatTimeoutError
+from tests.broker.test_bad_input import RawClient
+from tests.conftest import url_of
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
+
+
+async def test_node_sends_heartbeats_and_drops_a_silent_client(tmp_path: Path) -> None:
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=0.5))
+    await node.start()
+    try:
+        raw = await RawClient.open(node)  # handshake asks for 10 s; the node's 0.5 s wins
+        frames = []
+        while True:
+            f = await raw.frame(timeout=30)
+            if f is None:
+                break
+            frames.append(type(f).__name__)
+        assert "Heartbeat" in frames  # the node spoke while we were silent
+        assert frames[-2:] == ["Error", "Close"]
+        # and a live client on the same node is unaffected
+        async with await client.connect(url_of(node) + "/?heartbeat=0.5") as conn:
+            await conn.declare_queue("q")
+    finally:
+        await node.stop()
+
+
+async def test_node_drops_a_connection_that_never_says_hello(tmp_path: Path) -> None:
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=0.5))
+    await node.start()
+    try:
+        raw = await RawClient.open(node, handshake=False)
+        err = await raw.error()
+        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no handshake" in err.message
+        assert await raw.closed()
+    finally:
+        await node.stop()
+
+
+async def test_client_notices_a_frozen_node(tmp_path: Path) -> None:
+    proc = NodeProcess(tmp_path / "n", extra_args=["--heartbeat", "0.5"])
+    await proc.start()
+    try:
+        conn = await client.connect(proc.url + "/?heartbeat=0.5")
+        await conn.declare_queue("q")
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(conn.closed_event.wait(), 30)
+        finally:
+            proc.proc.send_signal(signal.SIGCONT)
+        with pytest.raises(HeartbeatTimeoutError):
+            await conn.list_queues()
+        await conn.close()
+    finally:
+        await proc.kill()
+
+
+async def test_send_on_a_dead_connection_fails_fast(tmp_path: Path) -> None:
+    proc = NodeProcess(tmp_path / "n")
+    await proc.start()
+    conn = await client.connect(proc.url)
+    await conn.declare_queue("q")
+    await proc.kill()
+    await asyncio.wait_for(conn.closed_event.wait(), 30)
+    with pytest.raises(ConnectionClosedError):
+        await conn.producer("q").send(b"x")
+    await conn.close()
