@@ -1,0 +1,127 @@
+"""What replicas of a partition say to each other, and what the core asks its driver to do.
+
+Pure values: the election/replication core (:mod:`ha.replica`) takes these in
+and hands these out; ``broker/`` turns them into peer-link frames and disk
+writes.  Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry, stamped (term, index).  ``data`` None is the no-op a new active
+    appends to commit what earlier terms left uncommitted.
+
+    ``origin`` is the active that wrote it: under a weak override two actives can
+    share a term, and (term, origin) still tells their entries apart.  ``weak``
+    marks entries written by an active that needed fewer than a majority; they
+    do not make a log "more recent" in an election, so on healing the majority
+    side's log wins and the weak entries are truncated (HA-1014).
+    """
+
+    term: int
+    index: int
+    data: Any = None
+    origin: str = ""
+    weak: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestVote:
+    term: int
+    candidate: str
+    last_index: int
+    last_term: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class VoteReply:
+    term: int
+    voter: str
+    granted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AppendEntries:
+    """From the active: entries after (prev_index, prev_term), and its commit index.
+    Empty ``entries`` is the keep-alive."""
+
+    term: int
+    leader: str
+    prev_index: int
+    prev_term: int
+    prev_origin: str
+    entries: tuple[Entry, ...]
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendReply:
+    term: int
+    replica: str
+    success: bool
+    match_index: int  # success: last index now known to match; failure: a hint where to retry
+
+
+Message = RequestVote | VoteReply | AppendEntries | AppendReply
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    src: str
+    dst: str
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be on disk before any message of the same Ready is sent."""
+
+    term: int
+    voted_for: str | None
+
+
+# -- events for operators ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    node: str
+    term: int
+    old: str
+    new: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EntriesDiscarded:
+    """HA-1014: entries this replica had, never committed by the group, truncated on rejoin."""
+
+    node: str
+    term: int
+    first_index: int
+    count: int
+    committed: int = 0  # of those, entries it had confirmed while active under a weak override
+    code: str = "HA-1014"
+
+
+Event = RoleChanged | EntriesDiscarded
+
+
+@dataclass(slots=True)
+class Ready:
+    """What one call into the core asks of its driver, in this order: persist
+    ``hard_state`` and the log change (truncate at ``truncate_from``, then append
+    ``append``), send ``messages``, apply ``committed`` in order, report ``events``."""
+
+    hard_state: HardState | None = None
+    truncate_from: int | None = None
+    append: list[Entry] = field(default_factory=list)
+    messages: list[Envelope] = field(default_factory=list)
+    committed: list[Entry] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)

@@ -1,0 +1,387 @@
+"""The election and replication core of one partition on one node.  Sans-IO.
+
+Raft's safety rules with Qpid's preferences (DESIGN.md, "Replicated mode"):
+
+* voters are the partition's sync members; async members are *learners*: fed
+  the log, never vote, never stand;
+* a vote goes only to a candidate whose log is at least as recent (last term,
+  then last index); a voter whose log is as recent and whose ``priority`` is
+  higher refuses and stands itself; priority 0 never stands;
+* a candidate needs a majority of voters, or ``quorum_override`` votes, or in a
+  two-voter group only its own if it is the ``designated_primary``;
+* the active commits an entry of its own term once that many voters (itself
+  included) have it; a new active first appends a no-op so earlier terms commit;
+* an active that has not heard from enough voters for ``election_timeout``
+  steps down (a cut-off active stops taking writes);
+* a replica that finds entries of a deposed term beyond the active's log
+  truncates them and reports ``HA-1014`` with the count.
+
+The driver calls :meth:`Replica.tick` with the time, :meth:`Replica.step` with
+each message, and :meth:`Replica.propose` for client writes on the active;
+each returns a :class:`~ha.messages.Ready` saying what to persist, send, apply.
+Time is whatever the driver passes in; randomness comes from the ``rng`` given.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ha.messages import (
+    AppendEntries,
+    AppendReply,
+    EntriesDiscarded,
+    Entry,
+    Envelope,
+    HardState,
+    Message,
+    Ready,
+    RequestVote,
+    RoleChanged,
+    VoteReply,
+)
+
+
+class Role(Enum):
+    FOLLOWER = "follower"  # a sync replica
+    CANDIDATE = "candidate"
+    LEADER = "active"
+    LEARNER = "learner"  # an async replica
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+# (role, event) -> role.  Every role change goes through this table.
+TRANSITIONS: dict[tuple[Role, str], Role] = {
+    (Role.FOLLOWER, "election_timeout"): Role.CANDIDATE,
+    (Role.CANDIDATE, "election_timeout"): Role.CANDIDATE,
+    (Role.CANDIDATE, "won"): Role.LEADER,
+    (Role.FOLLOWER, "higher_term"): Role.FOLLOWER,
+    (Role.CANDIDATE, "higher_term"): Role.FOLLOWER,
+    (Role.LEADER, "higher_term"): Role.FOLLOWER,
+    (Role.CANDIDATE, "active_seen"): Role.FOLLOWER,
+    (Role.LEADER, "lost_quorum"): Role.FOLLOWER,
+    (Role.LEARNER, "higher_term"): Role.LEARNER,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    node: str
+    voters: tuple[str, ...]
+    learners: tuple[str, ...] = ()
+    priorities: dict[str, int] = field(default_factory=dict)  # 0 never stands; default 1
+    election_timeout: float = 1.0  # non_response_timeout
+    heartbeat_interval: float = 0.25  # keepalive_interval
+    quorum_override: int | None = None
+    designated_primary: str | None = None
+    max_append: int = 512  # entries per AppendEntries
+
+    def __post_init__(self) -> None:
+        if self.node not in self.voters and self.node not in self.learners:
+            raise ValueError(f"node {self.node!r} is neither a voter nor a learner")
+        if set(self.voters) & set(self.learners):
+            raise ValueError("a node cannot be both voter and learner")
+        if self.quorum_override is not None and not 1 <= self.quorum_override <= len(self.voters):
+            raise ValueError(f"quorum_override must be 1..{len(self.voters)}")
+
+    def priority(self, node: str) -> int:
+        return self.priorities.get(node, 1)
+
+    def quorum(self) -> int:
+        """Voters (self included) needed to elect or to commit."""
+        if self.designated_primary is not None and len(self.voters) == 2 and self.designated_primary == self.node:
+            return 1
+        if self.quorum_override is not None:
+            return self.quorum_override
+        return len(self.voters) // 2 + 1
+
+
+class Replica:
+    def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
+                 term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None) -> None:
+        self.cfg = config
+        self.id = config.node
+        self.rng = rng
+        self.term = term
+        self.voted_for = voted_for
+        self.log: list[Entry] = list(log or [])  # log[i] has index i + 1
+        self.commit = 0
+        self.applied = 0
+        self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
+        self.leader: str | None = None
+        self._votes: set[str] = set()
+        self._next: dict[str, int] = {}
+        self._match: dict[str, int] = {}
+        self._heard: dict[str, float] = {}
+        self._now = now
+        self._election_at = now + self._timeout()
+        self._heartbeat_at = now
+        self._ready = Ready()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @property
+    def last_index(self) -> int:
+        return len(self.log)
+
+    def _term_at(self, index: int) -> int:
+        return self.log[index - 1].term if 0 < index <= len(self.log) else 0
+
+    @property
+    def last_term(self) -> int:
+        return self._term_at(self.last_index)
+
+    def _recency(self) -> tuple[int, int]:
+        """(term, index) of the last entry written under a real quorum: what elections compare."""
+        for e in reversed(self.log):
+            if not e.weak:
+                return e.term, e.index
+        return 0, 0
+
+    def _origin_at(self, index: int) -> str:
+        return self.log[index - 1].origin if 0 < index <= len(self.log) else ""
+
+    def _new_entry(self, data: Any) -> Entry:
+        weak = self.cfg.quorum() < len(self.cfg.voters) // 2 + 1
+        return Entry(self.term, self.last_index + 1, data, self.id, weak)
+
+    def _peers(self) -> list[str]:
+        return [n for n in self.cfg.voters + self.cfg.learners if n != self.id]
+
+    def _timeout(self) -> float:
+        # Higher priority -> shorter waits, so the preferred node usually stands first.
+        spread = (4 - min(3, max(1, self.cfg.priority(self.id)))) / 3
+        return self.cfg.election_timeout * (1.0 + self.rng.random() * spread)
+
+    def _send(self, dst: str, msg: Message) -> None:
+        self._ready.messages.append(Envelope(self.id, dst, msg))
+
+    def _hard_state_changed(self) -> None:
+        self._ready.hard_state = HardState(self.term, self.voted_for)
+
+    def _become(self, event: str, reason: str) -> None:
+        new = TRANSITIONS.get((self.role, event))
+        if new is None:
+            raise IllegalTransition(f"{self.role.name} cannot take {event!r}")
+        if new is not self.role:
+            self._ready.events.append(RoleChanged(self.id, self.term, self.role.value, new.value, reason))
+        self.role = new
+
+    def _take_ready(self) -> Ready:
+        self._apply_committed()
+        ready, self._ready = self._ready, Ready()
+        return ready
+
+    def _apply_committed(self) -> None:
+        if self.commit > self.applied:
+            self._ready.committed.extend(self.log[self.applied:self.commit])
+            self.applied = self.commit
+
+    def _observe_term(self, term: int, leader: str | None = None) -> None:
+        if term > self.term:
+            self.term = term
+            self.voted_for = None
+            self._hard_state_changed()
+            if self.role is not Role.FOLLOWER or leader is None:
+                self._become("higher_term", f"saw term {term}")
+            self.leader = leader
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> Ready:
+        self._now = now
+        if self.role is Role.LEADER:
+            if now >= self._heartbeat_at:
+                self._heartbeat_at = now + self.cfg.heartbeat_interval
+                for p in self._peers():
+                    self._send_append(p)
+            self._check_quorum(now)
+        elif self.role is not Role.LEARNER and now >= self._election_at:
+            self._campaign()
+        return self._take_ready()
+
+    def propose(self, data: Any) -> tuple[Ready, Entry | None]:
+        """Append a client write (on the active only); the entry, or None if not active."""
+        if self.role is not Role.LEADER:
+            return self._take_ready(), None
+        entry = self._new_entry(data)
+        self.log.append(entry)
+        self._ready.append.append(entry)
+        self._match[self.id] = self.last_index
+        for p in self._peers():
+            self._send_append(p)
+        self._advance_commit()
+        return self._take_ready(), entry
+
+    def step(self, env: Envelope) -> Ready:
+        msg = env.msg
+        if isinstance(msg, RequestVote):
+            self._on_vote(msg)
+        elif isinstance(msg, VoteReply):
+            self._on_vote_reply(msg)
+        elif isinstance(msg, AppendEntries):
+            self._on_append(msg)
+        elif isinstance(msg, AppendReply):
+            self._on_append_reply(msg)
+        return self._take_ready()
+
+    # -- elections ------------------------------------------------------------------------------
+
+    def _campaign(self) -> None:
+        self._election_at = self._now + self._timeout()
+        if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters:
+            return
+        self._become("election_timeout", "no word from an active")
+        self.term += 1
+        self.voted_for = self.id
+        self.leader = None
+        self._votes = {self.id}
+        self._hard_state_changed()
+        if len(self._votes) >= self.cfg.quorum():
+            self._win()
+            return
+        last_term, last_index = self._recency()
+        for v in self.cfg.voters:
+            if v != self.id:
+                self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.priority(self.id)))
+
+    def _on_vote(self, m: RequestVote) -> None:
+        if m.term > self.term:
+            self._observe_term(m.term)
+        granted = False
+        if m.term == self.term and self.voted_for in (None, m.candidate) and self.id in self.cfg.voters:
+            ours = self._recency()
+            theirs = (m.last_term, m.last_index)
+            mine = self.cfg.priority(self.id)
+            if theirs > ours or (theirs == ours and (m.priority >= mine or self.voted_for == m.candidate)):
+                granted = True
+                self.voted_for = m.candidate
+                self._hard_state_changed()
+                self._election_at = self._now + self._timeout()
+            elif theirs == ours and mine > m.priority and self.role is Role.FOLLOWER:
+                self._election_at = self._now  # as recent and preferred: stand at the next tick
+        self._send(m.candidate, VoteReply(self.term, self.id, granted))
+
+    def _on_vote_reply(self, m: VoteReply) -> None:
+        if m.term > self.term:
+            self._observe_term(m.term)
+            return
+        if self.role is not Role.CANDIDATE or m.term != self.term or not m.granted:
+            return
+        self._votes.add(m.voter)
+        if len(self._votes) >= self.cfg.quorum():
+            self._win()
+
+    def _win(self) -> None:
+        self._become("won", f"{len(self._votes)} vote(s) in term {self.term}")
+        self.leader = self.id
+        self._next = {p: self.last_index + 1 for p in self._peers()}
+        self._match = {p: 0 for p in self._peers()}
+        self._heard = {p: self._now for p in self._peers()}
+        noop = self._new_entry(None)
+        self.log.append(noop)
+        self._ready.append.append(noop)
+        self._match[self.id] = self.last_index
+        self._heartbeat_at = self._now + self.cfg.heartbeat_interval
+        for p in self._peers():
+            self._send_append(p)
+        self._advance_commit()
+
+    def _check_quorum(self, now: float) -> None:
+        heard = 1 + sum(1 for v in self.cfg.voters
+                        if v != self.id and now - self._heard.get(v, -1e18) < self.cfg.election_timeout)
+        if heard < self.cfg.quorum():
+            self._become("lost_quorum", f"heard from {heard} of {len(self.cfg.voters)} voters")
+            self.leader = None
+            self._election_at = now + self._timeout()
+
+    # -- replication --------------------------------------------------------------------------------
+
+    def _send_append(self, p: str) -> None:
+        nxt = self._next.get(p, self.last_index + 1)
+        prev = nxt - 1
+        entries = tuple(self.log[prev:prev + self.cfg.max_append])
+        self._send(p, AppendEntries(self.term, self.id, prev, self._term_at(prev), self._origin_at(prev), entries,
+                                    self.commit))
+
+    def _on_append(self, m: AppendEntries) -> None:
+        if m.term < self.term:
+            self._send(m.leader, AppendReply(self.term, self.id, False, 0))
+            return
+        if m.term > self.term:
+            self._observe_term(m.term, m.leader)
+        if self.role is Role.LEADER:
+            raise IllegalTransition(f"two actives in term {m.term}: {self.id} and {m.leader}")
+        if self.role is Role.CANDIDATE:
+            self._become("active_seen", f"{m.leader} is active in term {m.term}")
+        self.leader = m.leader
+        self._election_at = self._now + self._timeout()
+        if (m.prev_index > self.last_index or self._term_at(m.prev_index) != m.prev_term
+                or self._origin_at(m.prev_index) != m.prev_origin):
+            hint = min(self.last_index, m.prev_index - 1)
+            self._send(m.leader, AppendReply(self.term, self.id, False, max(0, hint)))
+            return
+        for e in m.entries:
+            if e.index <= self.last_index:
+                mine = self.log[e.index - 1]
+                if mine.term == e.term and mine.origin == e.origin:
+                    continue
+                self._truncate(e.index)
+            self.log.append(e)
+            self._ready.append.append(e)
+        match = m.prev_index + len(m.entries)
+        if m.commit > self.commit:
+            self.commit = min(m.commit, match)
+        self._send(m.leader, AppendReply(self.term, self.id, True, match))
+
+    def _truncate(self, index: int) -> None:
+        """Drop entries from ``index`` on: the group never committed them (HA-1014).
+
+        Entries this node counted as committed can only be among them if it was
+        active under a weak override (``quorum_override``, ``designated_primary``)
+        while cut off: those confirmed writes are lost, reported in
+        ``committed``, and the driver must roll back what it applied.
+        """
+        count = self.last_index - index + 1
+        lost_committed = max(0, self.commit - index + 1)
+        if lost_committed:
+            self.commit = index - 1
+            self.applied = min(self.applied, index - 1)
+        del self.log[index - 1:]
+        self._ready.truncate_from = index if self._ready.truncate_from is None else min(
+            index, self._ready.truncate_from)
+        self._ready.append = [e for e in self._ready.append if e.index < index]
+        self._ready.events.append(EntriesDiscarded(self.id, self.term, index, count, lost_committed))
+
+    def _on_append_reply(self, m: AppendReply) -> None:
+        if m.term > self.term:
+            self._observe_term(m.term)
+            return
+        if self.role is not Role.LEADER or m.term != self.term:
+            return
+        self._heard[m.replica] = self._now
+        if m.success:
+            if m.match_index > self._match.get(m.replica, 0):
+                self._match[m.replica] = m.match_index
+            self._next[m.replica] = max(self._next.get(m.replica, 1), m.match_index + 1)
+            self._advance_commit()
+            if self._next[m.replica] <= self.last_index:
+                self._send_append(m.replica)
+        else:
+            self._next[m.replica] = max(1, min(self._next.get(m.replica, 1) - 1, m.match_index + 1))
+            self._send_append(m.replica)
+
+    def _advance_commit(self) -> None:
+        need = self.cfg.quorum()
+        for n in range(self.last_index, self.commit, -1):
+            if self._term_at(n) != self.term:
+                break  # only entries of our own term commit by counting (Raft 5.4.2)
+            have = sum(1 for v in self.cfg.voters if (self.last_index if v == self.id else self._match.get(v, 0)) >= n)
+            if have >= need:
+                self.commit = n
+                break
