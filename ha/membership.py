@@ -1,0 +1,263 @@
+"""Group membership and node quorum, sans-IO.
+
+What one node knows of the others in its group: each remote node's state
+(``Undiscovered`` until its first handshake, then ``Up``/``Down`` by keep-alive,
+or one of the refusal states), and from that the group's quorum state:
+``Active`` (every known node up), ``Partial`` (some down, quorum holds),
+``Disabled`` (no quorum: HA services off, partitions Unavailable here).
+
+The driver (``broker/``) reports handshakes, frames heard and lost links, and
+calls :meth:`Membership.tick`; every call returns the changes it caused, and
+installed notifiers are called with each remote-state change in order (so they
+are serialized per node by construction).  Time is passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class RemoteState(Enum):
+    UNDISCOVERED = "Undiscovered"
+    DISCOVERED = "Discovered"
+    UP = "Up"
+    DOWN = "Down"
+    DUPLICATE_LOCATION = "DuplicateLocation"
+    DUPLICATE_TIMESTAMP = "DuplicateTimestamp"
+    UNSUPPORTED_PROTOCOL = "UnsupportedProtocol"
+
+
+class QuorumState(Enum):
+    ACTIVE = "Active"
+    PARTIAL = "Partial"
+    DISABLED = "Disabled"
+
+
+_REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
+
+# (state, event) -> state
+TRANSITIONS: dict[tuple[RemoteState, str], RemoteState] = {}
+for _s in RemoteState:
+    TRANSITIONS[(_s, "duplicate_location")] = RemoteState.DUPLICATE_LOCATION
+    TRANSITIONS[(_s, "duplicate_timestamp")] = RemoteState.DUPLICATE_TIMESTAMP
+    TRANSITIONS[(_s, "unsupported_protocol")] = RemoteState.UNSUPPORTED_PROTOCOL
+for _s in (RemoteState.UNDISCOVERED, RemoteState.DOWN, RemoteState.DISCOVERED, *_REFUSED):
+    TRANSITIONS[(_s, "handshake")] = RemoteState.DISCOVERED
+TRANSITIONS[(RemoteState.UP, "handshake")] = RemoteState.UP
+TRANSITIONS[(RemoteState.DISCOVERED, "heard")] = RemoteState.UP
+TRANSITIONS[(RemoteState.UP, "heard")] = RemoteState.UP
+TRANSITIONS[(RemoteState.DOWN, "heard")] = RemoteState.UP
+TRANSITIONS[(RemoteState.UP, "silent")] = RemoteState.DOWN
+TRANSITIONS[(RemoteState.DISCOVERED, "silent")] = RemoteState.DOWN
+TRANSITIONS[(RemoteState.UP, "link_lost")] = RemoteState.DOWN
+TRANSITIONS[(RemoteState.DISCOVERED, "link_lost")] = RemoteState.DOWN
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+def location_code(name: str) -> int:
+    """Stable 64-bit hash of a node name (the same on every machine and version)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    name: str
+    store_stamp: str
+    priority: int = 1  # 0 Never, 1 Normal, 2 High, 3 Highest
+    votes: int = 1
+
+    @property
+    def location_code(self) -> int:
+        return location_code(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumPolicy:
+    """``majority`` | ``percentage:P`` | ``min_votes:N`` | ``disabled``."""
+
+    kind: str = "majority"
+    value: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> QuorumPolicy:
+        kind, _, arg = text.partition(":")
+        if kind in ("majority", "disabled") and not arg:
+            return cls(kind)
+        if kind in ("percentage", "min_votes") and arg.isdigit():
+            value = int(arg)
+            if kind == "percentage" and not 1 <= value <= 100:
+                raise ValueError(f"quorum policy {text!r}: percentage must be 1..100")
+            if kind == "min_votes" and value < 1:
+                raise ValueError(f"quorum policy {text!r}: min_votes must be >= 1")
+            return cls(kind, value)
+        raise ValueError(f"quorum policy {text!r}: use majority, percentage:P, min_votes:N or disabled")
+
+    def holds(self, up_votes: int, total_votes: int) -> bool:
+        if self.kind == "disabled":
+            return True
+        if self.kind == "majority":
+            return up_votes * 2 > total_votes
+        if self.kind == "percentage":
+            return up_votes * 100 >= self.value * total_votes
+        return up_votes >= self.value
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStateChanged:
+    node: str
+    old: RemoteState
+    new: RemoteState
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumStateChanged:
+    old: QuorumState
+    new: QuorumState
+    up_votes: int
+    total_votes: int
+
+
+Change = RemoteStateChanged | QuorumStateChanged
+Notifier = Callable[[RemoteStateChanged], None]
+
+
+@dataclass
+class _Remote:
+    state: RemoteState = RemoteState.UNDISCOVERED
+    identity: NodeIdentity | None = None
+    last_heard: float = 0.0
+
+
+@dataclass
+class Membership:
+    me: NodeIdentity
+    peers: tuple[str, ...]  # the other members, by name (static discovery)
+    non_response_timeout: float = 1.0
+    policy: QuorumPolicy = field(default_factory=QuorumPolicy)
+    quorum_override: int | None = None  # minimum nodes up, overriding the policy (temporary)
+
+    def __post_init__(self) -> None:
+        self._remotes = {p: _Remote() for p in self.peers if p != self.me.name}
+        self._notifiers: list[Notifier] = []
+        self.quorum_state = self._compute_quorum()[0]
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def state(self, node: str) -> RemoteState:
+        return self._remotes[node].state
+
+    def identity(self, node: str) -> NodeIdentity | None:
+        return self._remotes[node].identity
+
+    def up(self) -> list[str]:
+        return [n for n, r in self._remotes.items() if r.state is RemoteState.UP]
+
+    # -- notifiers ------------------------------------------------------------------------------
+
+    def add_notifier(self, cb: Notifier) -> None:
+        """Install ``cb``; it is called at once for every node already up, then for each change."""
+        self._notifiers.append(cb)
+        for n, r in self._remotes.items():
+            if r.state is RemoteState.UP:
+                cb(RemoteStateChanged(n, RemoteState.UNDISCOVERED, RemoteState.UP, "already up"))
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def handshake(self, who: NodeIdentity, now: float, *, protocol_ok: bool = True) -> list[Change]:
+        """A peer link opened and the peer said who it is."""
+        changes: list[Change] = []
+        r = self._remotes.get(who.name)
+        if r is None:
+            return changes  # not a member of this group: the driver refuses the link
+        if not protocol_ok:
+            self._move(who.name, "unsupported_protocol", "no common protocol version", changes)
+        elif who.location_code == self.me.location_code or any(
+                o.identity is not None and o.identity.location_code == who.location_code and n != who.name
+                for n, o in self._remotes.items()):
+            self._move(who.name, "duplicate_location", f"location code {who.location_code:#x} already in use",
+                       changes)
+        elif who.store_stamp == self.me.store_stamp or any(
+                o.identity is not None and o.identity.store_stamp == who.store_stamp and n != who.name
+                for n, o in self._remotes.items()):
+            self._move(who.name, "duplicate_timestamp", f"store stamp {who.store_stamp} already in use "
+                       "(a copied data directory?)", changes)
+        else:
+            r.identity = who
+            r.last_heard = now
+            self._move(who.name, "handshake", "handshake", changes)
+            self._move(who.name, "heard", "first frame", changes)
+        return self._with_quorum(changes)
+
+    def heard(self, node: str, now: float) -> list[Change]:
+        """Any frame from ``node`` (keep-alives included)."""
+        changes: list[Change] = []
+        r = self._remotes.get(node)
+        if r is None or r.state in _REFUSED or r.state is RemoteState.UNDISCOVERED:
+            return changes
+        r.last_heard = now
+        self._move(node, "heard", "frame received", changes)
+        return self._with_quorum(changes)
+
+    def link_lost(self, node: str) -> list[Change]:
+        changes: list[Change] = []
+        r = self._remotes.get(node)
+        if r is not None and r.state in (RemoteState.UP, RemoteState.DISCOVERED):
+            self._move(node, "link_lost", "connection closed", changes)
+        return self._with_quorum(changes)
+
+    def tick(self, now: float) -> list[Change]:
+        changes: list[Change] = []
+        for n, r in self._remotes.items():
+            if r.state in (RemoteState.UP, RemoteState.DISCOVERED) and now - r.last_heard > self.non_response_timeout:
+                self._move(n, "silent", f"no response for {now - r.last_heard:.2f}s", changes)
+        return self._with_quorum(changes)
+
+    def set_quorum_override(self, value: int | None) -> list[Change]:
+        total = 1 + len(self._remotes)
+        if value is not None and not 1 <= value <= total:
+            raise ValueError(f"quorum_override must be 1..{total}")
+        self.quorum_override = value
+        return self._with_quorum([])
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _move(self, node: str, event: str, reason: str, changes: list[Change]) -> None:
+        r = self._remotes[node]
+        new = TRANSITIONS.get((r.state, event))
+        if new is None:
+            raise IllegalTransition(f"{node}: {r.state.value} cannot take {event!r}")
+        if new is not r.state:
+            change = RemoteStateChanged(node, r.state, new, reason)
+            r.state = new
+            changes.append(change)
+            for cb in self._notifiers:
+                cb(change)
+
+    def _compute_quorum(self) -> tuple[QuorumState, int, int]:
+        up_votes = self.me.votes + sum(r.identity.votes for r in self._remotes.values()
+                                       if r.state is RemoteState.UP and r.identity is not None)
+        known = [r for r in self._remotes.values() if r.state not in _REFUSED]
+        total = self.me.votes + sum(r.identity.votes if r.identity is not None else 1 for r in known)
+        if self.quorum_override is not None:
+            holds = 1 + len(self.up()) >= self.quorum_override
+        else:
+            holds = self.policy.holds(up_votes, total)
+        if not holds:
+            return QuorumState.DISABLED, up_votes, total
+        if all(r.state is RemoteState.UP for r in known):
+            return QuorumState.ACTIVE, up_votes, total
+        return QuorumState.PARTIAL, up_votes, total
+
+    def _with_quorum(self, changes: list[Change]) -> list[Change]:
+        new, up, total = self._compute_quorum()
+        if new is not self.quorum_state:
+            changes.append(QuorumStateChanged(self.quorum_state, new, up, total))
+            self.quorum_state = new
+        return changes

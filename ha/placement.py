@@ -1,0 +1,92 @@
+"""Distribution policies: which nodes hold each partition of a queue, in priority order.
+
+A partition's node list is ordered: the first available node is its active, the
+rest are replicas, each ``sync`` (a voter) or ``async`` (a learner).
+
+* ``dynamic``: actives spread evenly over the group's nodes (never a node of
+  priority 0, which cannot be elected), replicas after them in rotating order;
+  recomputed when a node joins or leaves.
+* ``static``: explicit partition -> node list from configuration, validated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ReplicaKind(Enum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeList:
+    """``nodes[0]`` is the preferred active; ``kinds[i]`` says how ``nodes[i]`` replicates."""
+
+    nodes: tuple[str, ...]
+    kinds: tuple[ReplicaKind, ...]
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        return tuple(n for n, k in zip(self.nodes, self.kinds) if k is ReplicaKind.SYNC)
+
+    @property
+    def learners(self) -> tuple[str, ...]:
+        return tuple(n for n, k in zip(self.nodes, self.kinds) if k is ReplicaKind.ASYNC)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistributionPolicy:
+    kind: str = "dynamic"  # or "static"
+    replicas: int = 2  # copies besides the active
+    sync_replicas: int = 2  # how many of them are sync (the rest async)
+    static: tuple[tuple[str, ...], ...] = ()  # static: node list per partition (sync unless async_nodes)
+    async_nodes: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dynamic", "static"):
+            raise ValueError(f"distribution policy {self.kind!r}: dynamic or static")
+        if not 0 <= self.sync_replicas <= self.replicas:
+            raise ValueError("sync_replicas must be 0..replicas")
+
+
+def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
+          priorities: dict[str, int] | None = None) -> list[NodeList]:
+    """Node lists for ``partitions`` partitions over ``nodes`` (the group's members, in a
+    stable order) under ``policy``."""
+    priorities = priorities or {}
+    if policy.kind == "static":
+        return _static(policy, partitions, nodes)
+    if not nodes:
+        raise ValueError("no nodes to place partitions on")
+    electable = [n for n in nodes if priorities.get(n, 1) > 0]
+    if not electable:
+        raise ValueError("every node has priority 0: no partition could ever have an active")
+    copies = min(policy.replicas, len(nodes) - 1)
+    out = []
+    for p in range(partitions):
+        active = electable[p % len(electable)]
+        start = nodes.index(active)
+        rest = [nodes[(start + k) % len(nodes)] for k in range(1, len(nodes))][:copies]
+        kinds = [ReplicaKind.SYNC] + [ReplicaKind.SYNC if i < policy.sync_replicas else ReplicaKind.ASYNC
+                                      for i in range(len(rest))]
+        out.append(NodeList(tuple([active] + rest), tuple(kinds)))
+    return out
+
+
+def _static(policy: DistributionPolicy, partitions: int, nodes: list[str]) -> list[NodeList]:
+    if len(policy.static) != partitions:
+        raise ValueError(f"static policy lists {len(policy.static)} partitions, the queue has {partitions}")
+    out = []
+    for p, lst in enumerate(policy.static):
+        unknown = [n for n in lst if n not in nodes]
+        if unknown:
+            raise ValueError(f"partition {p}: unknown node(s) {', '.join(unknown)}")
+        if len(set(lst)) != len(lst) or not lst:
+            raise ValueError(f"partition {p}: a node list needs distinct nodes")
+        if lst[0] in policy.async_nodes:
+            raise ValueError(f"partition {p}: the first node (the active) cannot be async")
+        kinds = tuple(ReplicaKind.ASYNC if n in policy.async_nodes else ReplicaKind.SYNC for n in lst)
+        out.append(NodeList(tuple(lst), kinds))
+    return out
