@@ -51,7 +51,9 @@ def _broker_start(args: argparse.Namespace) -> int:
     from broker.config import build_config, load_toml
 
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
-    for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat"):
+    for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
+                "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
+                "non_response_timeout"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -118,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--max-message-size", dest="max_message_size", type=int, help="bytes (default 5 MiB)")
     start.add_argument("--max-frame-size", dest="max_frame_size", type=int, help="bytes (default 8 MiB)")
     start.add_argument("--heartbeat", type=float, help="seconds between heartbeats (default 10)")
+    group = start.add_argument_group("replication group (leave out for a single node)")
+    group.add_argument("--peer-port", dest="peer_port", type=int, help="port for node <-> node links")
+    group.add_argument("--peer", dest="peers", action="append", metavar="NAME=HOST:PORT",
+                       help="another member of the group (repeat for each)")
+    group.add_argument("--priority", type=int, help="0 never active, 1 normal (default), 2 high, 3 highest")
+    group.add_argument("--votes", type=int, help="votes this node carries in quorum (default 1)")
+    group.add_argument("--quorum-policy", dest="quorum_policy",
+                       help="majority (default), percentage:P, min_votes:N or disabled")
+    group.add_argument("--keepalive-interval", dest="keepalive_interval", type=float,
+                       help="seconds between keep-alives on peer links (default 0.25)")
+    group.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
+                       help="seconds of silence before a peer is Down (default 1.0)")
     start.set_defaults(func=_broker_start)
 
     produce = sub.add_parser("produce", help="publish messages with confirms",
@@ -153,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument("--max-length", dest="max_length", type=int, default=0)
     _url_args(queues)
     queues.set_defaults(func=commands.queues)
+
+    st = sub.add_parser("status", help="the node, its replication group and quorum",
+                        description="Show the node's identity, the state of every other member of its "
+                                    "replication group (Up, Down, ...) and its node quorum state.")
+    _url_args(st)
+    st.set_defaults(func=commands.status)
 
     from broker.bench.cli import add_bench_parser
     add_bench_parser(sub)

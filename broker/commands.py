@@ -146,3 +146,36 @@ def _print_table(qs: list[QueueInfo]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if not qs:
         print("(no queues)")
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+def status(args: argparse.Namespace) -> int:
+    return _run(_status(args))
+
+
+async def _status(args: argparse.Namespace) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        st = await conn.status()
+    if args.json:
+        print(json.dumps({
+            "node": st.node, "version": st.version, "store_stamp": st.store_stamp, "priority": st.priority,
+            "votes": st.votes, "quorum_state": st.quorum_state, "quorum_policy": st.quorum_policy,
+            "quorum_override": st.quorum_override,
+            "remotes": [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in st.remotes],
+        }))
+        return 0
+    print(f"node {st.node} (version {st.version}, priority {st.priority}, votes {st.votes}, "
+          f"store {st.store_stamp})")
+    override = f", override {st.quorum_override}" if st.quorum_override is not None else ""
+    print(f"quorum: {st.quorum_state} (policy {st.quorum_policy}{override})")
+    if st.remotes:
+        rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES")]
+        rows += [(r.name, r.state, r.address, str(r.priority), str(r.votes)) for r in st.remotes]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    else:
+        print("(single node: no replication group configured)")
+    return 0

@@ -13,6 +13,15 @@ Example ``tandem.toml``::
     max_message_size = 5242880  # bytes
     max_frame_size = 8388608    # bytes
     heartbeat = 10.0            # seconds
+
+    # replication group (leave out for a single node)
+    peer_port = 7781            # node <-> node links
+    peers = ["node2=10.0.0.2:7781", "node3=10.0.0.3:7781"]
+    priority = 1                # 0 never active, 1 normal, 2 high, 3 highest
+    votes = 1
+    quorum_policy = "majority"  # majority | percentage:P | min_votes:N | disabled
+    keepalive_interval = 0.25   # seconds
+    non_response_timeout = 1.0  # seconds without a frame -> the peer is Down
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from client.errors import InvalidArgumentError
+from ha.membership import QuorumPolicy
 from storage.base import DurabilityPolicy
 
 DEFAULT_PORT = 7780
@@ -46,6 +56,13 @@ class NodeConfig:
     max_frame_size: int = 8 * 1024 * 1024
     heartbeat: float = 10.0
     max_connections: int = 10000
+    peer_port: int | None = None  # None: no replication group
+    peers: tuple[str, ...] = ()  # "name=host:port" of the other members
+    priority: int = 1
+    votes: int = 1
+    quorum_policy: str = "majority"
+    keepalive_interval: float = 0.25
+    non_response_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -63,10 +80,38 @@ class NodeConfig:
             raise ConfigError("heartbeat: must be 0.5 .. 3600 seconds")
         if self.max_connections < 1:
             raise ConfigError("max_connections: must be >= 1")
+        if self.peer_port is not None and not 0 <= self.peer_port <= 65535:
+            raise ConfigError(f"peer_port {self.peer_port!r}: must be 0..65535")
+        if self.peers and self.peer_port is None:
+            raise ConfigError("peers: a group member needs a peer_port")
+        for spec in self.peers:
+            parse_peer(spec)
+        if not 0 <= self.priority <= 3:
+            raise ConfigError("priority: 0 (never active), 1, 2 or 3 (highest)")
+        if self.votes < 0:
+            raise ConfigError("votes: must be >= 0")
+        try:
+            QuorumPolicy.parse(self.quorum_policy)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
+            raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
 
     @property
     def db_path(self) -> Path:
         return self.data_dir / "tandem.db"
+
+    def peer_addresses(self) -> dict[str, tuple[str, int]]:
+        return dict(parse_peer(spec) for spec in self.peers)
+
+
+def parse_peer(spec: str) -> tuple[str, tuple[str, int]]:
+    """``name=host:port`` -> (name, (host, port))."""
+    name, sep, addr = spec.partition("=")
+    host, colon, port = addr.rpartition(":")
+    if not sep or not colon or not _NAME.match(name) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"peers: {spec!r} is not name=host:port")
+    return name, (host, int(port))
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
@@ -77,6 +122,18 @@ def _coerce(key: str, value: Any) -> Any:
         return Path(value)
     if key == "sync":
         return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))
+    if key == "peers":
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("peers: expected a list of \"name=host:port\" strings")
+        return tuple(value)
+    if key == "peer_port":
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"peer_port: expected int, got {type(value).__name__} {value!r}")
+        return value
     field_type = _FIELDS[key].type
     expected = {"int": int, "float": float, "str": str}.get(str(field_type))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):

@@ -34,7 +34,8 @@ from client.errors import (
     ShuttingDownError,
     TandemError,
 )
-from client.protocol.frames import Declare, PublishMessage, QueueInfo
+from broker import __version__
+from client.protocol.frames import Declare, PublishMessage, QueueInfo, RemoteNode, StatusOk
 from storage.base import (
     Append,
     DropQueue,
@@ -53,6 +54,7 @@ from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
 if TYPE_CHECKING:
+    from broker.peers import PeerManager
     from broker.session import Session
 
 log = logging.getLogger("tandem.broker")
@@ -80,6 +82,8 @@ class Node:
         self._next_queue_id = 1
         self._loop: asyncio.AbstractEventLoop | None = None
         self.delivery = Delivery(self)
+        self.peers: PeerManager | None = None
+        self._peer_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()
         self.address: tuple[str, int] = (config.host, config.port)
@@ -95,6 +99,7 @@ class Node:
             await self._start()
         except BaseException as exc:
             log.error("node start failed name=%s error=%s", cfg.name, exc)
+            await self._stop_peers()
             await self._close_store()
             raise
         total = sum(q.depth for q in self.queues.values())
@@ -122,6 +127,12 @@ class Node:
             await self.write([op], sync=True)
             self.users.put(op.user)
             log.warning("created user admin: password %s", how)
+        if cfg.peer_port is not None:
+            from broker.peers import PeerManager
+
+            self.peers = PeerManager(self)
+            await self.peers.start()
+            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
         self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
@@ -166,9 +177,21 @@ class Node:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
         if self._server is not None:
             await self._server.wait_closed()
+        await self._stop_peers()
         await self._close_store()
         log.info("node stop complete name=%s", self.config.name)
         self.stopped.set()
+
+    async def _stop_peers(self) -> None:
+        if self._peer_task is not None:
+            self._peer_task.cancel()
+            try:
+                await self._peer_task
+            except asyncio.CancelledError:
+                pass  # we cancelled it: the expected end of the peer tasks
+            self._peer_task = None
+        if self.peers is not None:
+            await self.peers.stop()
 
     async def _close_store(self) -> None:
         if self._writer is not None:
@@ -379,6 +402,25 @@ class Node:
             end = msgs[-1].offset + 1
             if end > part.committed_end:
                 part.committed_end = end
+
+
+def status_of(node: Node, rid: int) -> StatusOk:
+    """The node's view of itself and its group, for ``tandem status``."""
+    cfg = node.config
+    remotes: list[RemoteNode] = []
+    if node.peers is None:
+        quorum, override = "Active", None
+    else:
+        m = node.peers.membership
+        quorum, override = m.quorum_state.value, m.quorum_override
+        for name, (host, port) in sorted(node.peers.addresses.items()):
+            ident = m.identity(name)
+            remotes.append(RemoteNode(name, m.state(name).value, f"{host}:{port}",
+                                      ident.priority if ident else 0, ident.votes if ident else 0,
+                                      ident.store_stamp if ident else ""))
+    return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
+                    priority=cfg.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
+                    quorum_override=override, remotes=remotes)
 
 
 def _settings(meta: QueueMeta) -> dict[str, object]:

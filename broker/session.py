@@ -65,6 +65,7 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    Status,
     StreamMessage,
     Subscribe,
     SubscribeOk,
@@ -443,6 +444,11 @@ class Session:
         self.node.delivery.dead_letter(settled, "rejected")
         self._settled(f.rid, unknown)
 
+    async def _status(self, f: Status) -> None:
+        from broker.node import status_of
+
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         q = self.node.queue(f.queue)
         if not 0 <= f.partition < len(q.partitions):
@@ -485,5 +491,5 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Declare: Session._declare, Delete: Session._delete, Purge: Session._purge,
     ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
-    Reject: Session._reject, Read: Session._read,
+    Reject: Session._reject, Read: Session._read, Status: Session._status,
 }

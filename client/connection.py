@@ -58,6 +58,8 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    Status,
+    StatusOk,
     StreamMessage,
     Subscribe,
     SubscribeOk,
@@ -115,7 +117,8 @@ class Connection:
         last: BaseException | None = None
         for host, port in self.params.hosts:
             try:
-                await asyncio.wait_for(self._open_one(host, port), self.params.connect_timeout)
+                async with asyncio.timeout(self.params.connect_timeout):
+                    await self._open_one(host, port)
                 return
             except TandemError as exc:
                 self._reset()
@@ -196,7 +199,8 @@ class Connection:
                 pass  # the protocol is already closing; nothing more may be sent
         if polite and self._tasks:
             try:
-                await asyncio.wait_for(self.closed_event.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.closed_event.wait()
             except asyncio.TimeoutError:
                 log.warning("node %s did not answer Close within %.1fs", self.node, timeout)
         self._shutdown(ConnectionClosedError("connection closed by the client"))
@@ -354,6 +358,10 @@ class Connection:
         reply = await self.request(lambda rid: ListQueues(rid=rid))
         reply = expect(reply, Queues)
         return reply.queues
+
+    async def status(self) -> StatusOk:
+        """The node's view of itself and its replication group."""
+        return expect(await self.request(lambda rid: Status(rid=rid)), StatusOk)
 
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
         """One message, or None when the queue has none ready."""

@@ -140,7 +140,8 @@ class Consumer:
     async def next(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""
         try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
         except asyncio.TimeoutError:
             return None
         except StopAsyncIteration:

@@ -25,7 +25,7 @@ from client.protocol.codec import (
     decode_payload,
     encode,
 )
-from client.protocol.frames import Close, Error, Frame, Hello, Welcome
+from client.protocol.frames import Close, Error, Frame, Hello, PeerHello, PeerWelcome, Welcome
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
@@ -88,6 +88,11 @@ TRANSITIONS: dict[tuple[Role, State, str, str], State] = {
     (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Welcome"): State.OPEN,
     (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Error"): State.HELLO_RECEIVED,
     (Role.SERVER, State.START, _SEND, "Error"): State.START,
+    # node <-> node links: the same handshake with the peer frames
+    (Role.CLIENT, State.START, _SEND, "PeerHello"): State.HELLO_SENT,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "PeerWelcome"): State.OPEN,
+    (Role.SERVER, State.START, _RECV, "PeerHello"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "PeerWelcome"): State.OPEN,
 }
 for _role in Role:
     for _st in (State.START, State.HELLO_SENT, State.HELLO_RECEIVED, State.OPEN):
@@ -105,7 +110,7 @@ for _role in Role:
 # A Welcome already in flight when the client gave up and sent Close.
 TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "Welcome")] = State.CLOSE_SENT
 
-_HANDSHAKE = {"Hello", "Welcome"}
+_HANDSHAKE = {"Hello", "Welcome", "PeerHello", "PeerWelcome"}
 
 
 class ProtocolConnection:
@@ -146,9 +151,9 @@ class ProtocolConnection:
                     f"unsupported protocol version: node chose {frame.version}, this client offered {lo}..{hi}",
                     code=UnsupportedProtocolError.code), fatal=True)
             self.version = frame.version
-        elif isinstance(frame, Welcome):
+        elif isinstance(frame, (Welcome, PeerWelcome)):
             self.version = frame.version
-        elif isinstance(frame, Hello) and direction == _SEND:
+        elif isinstance(frame, (Hello, PeerHello)) and direction == _SEND:
             self._offered = (frame.min_version, frame.max_version)
         self.state = nxt
 

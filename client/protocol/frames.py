@@ -50,6 +50,12 @@ class Op(IntEnum):
     GET_OK = 44
     READ = 45
     READ_OK = 46
+    # node status (any user)
+    STATUS = 50
+    STATUS_OK = 51
+    # node <-> node (peer port)
+    PEER_HELLO = 60
+    PEER_WELCOME = 61
 
 
 class Record:
@@ -372,10 +378,68 @@ class ReadOk(Frame):
     end_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteNode(Record):
+    """What a node knows of another member of its group."""
+
+    name: str
+    state: str  # Undiscovered, Discovered, Up, Down, DuplicateLocation, DuplicateTimestamp, UnsupportedProtocol
+    address: str
+    priority: int
+    votes: int
+    store_stamp: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status(Frame):
+    OP: ClassVar[Op] = Op.STATUS
+    rid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusOk(Frame):
+    """The answering node and its view of the group."""
+
+    OP: ClassVar[Op] = Op.STATUS_OK
+    rid: int
+    node: str
+    version: str
+    store_stamp: str
+    priority: int
+    votes: int
+    quorum_state: str  # Active, Partial, Disabled
+    quorum_policy: str
+    quorum_override: int | None
+    remotes: list[RemoteNode]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerHello(Frame):
+    """The dialing node introduces itself on a peer link."""
+
+    OP: ClassVar[Op] = Op.PEER_HELLO
+    min_version: int
+    max_version: int
+    node: str
+    store_stamp: str
+    priority: int
+    votes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerWelcome(Frame):
+    OP: ClassVar[Op] = Op.PEER_WELCOME
+    version: int
+    node: str
+    store_stamp: str
+    priority: int
+    votes: int
+
+
 _ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
-        Nack, Reject, Get, GetOk, Read, ReadOk,
+        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, PeerHello, PeerWelcome,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 

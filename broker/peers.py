@@ -1,0 +1,240 @@
+"""Peer links: the I/O that feeds :class:`ha.membership.Membership`.
+
+One TCP connection per pair of group members, on the peer port; the member
+whose name sorts first dials, the other accepts.  A link opens with the same
+framing and version handshake as clients (``PeerHello`` / ``PeerWelcome``,
+carrying the node's identity), then carries keep-alives (``Heartbeat``) every
+``keepalive_interval``; any frame counts as a sign of life.  A peer silent for
+``non_response_timeout`` is ``Down``.  A peer with our location code or store
+stamp, or without a common protocol version, is refused with a clear log line.
+
+
+(``asyncio.timeout`` rather than ``wait_for`` throughout: on Python 3.11
+``wait_for`` can swallow a cancellation that races with its result, which left
+dialers running after stop.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from client.errors import TandemError, UnsupportedProtocolError
+from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
+from client.protocol.connection import MAX_VERSION, MIN_VERSION
+from broker.config import ConfigError
+from client.protocol.frames import Close, Error, Frame, Heartbeat, PeerHello, PeerWelcome, expect
+from ha.membership import (
+    Change,
+    Membership,
+    NodeIdentity,
+    QuorumPolicy,
+    QuorumState,
+    QuorumStateChanged,
+    RemoteState,
+    RemoteStateChanged,
+)
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+log = logging.getLogger("tandem.ha")
+
+REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
+HANDSHAKE_TIMEOUT = 5.0
+
+
+class _Link:
+    def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 proto: ProtocolConnection) -> None:
+        self.name, self.reader, self.writer, self.proto = name, reader, writer, proto
+
+    def send(self, frame: Frame) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(self.proto.send(frame))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class PeerManager:
+    def __init__(self, node: Node) -> None:
+        cfg = node.config
+        self.node = node
+        self.addresses = cfg.peer_addresses()
+        self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
+        self.membership = Membership(me=self.me, peers=tuple(self.addresses),
+                                     non_response_timeout=cfg.non_response_timeout,
+                                     policy=QuorumPolicy.parse(cfg.quorum_policy))
+        self.links: dict[str, _Link] = {}
+        self._server: asyncio.Server | None = None
+        self.address: tuple[str, int] | None = None
+        self._up = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.node.config
+        if cfg.peer_port is None:
+            raise ConfigError("a replication group member needs a peer_port")
+        self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s",
+                 cfg.name, sock[0], sock[1], ",".join(self.addresses) or "-", cfg.quorum_policy)
+
+    async def run(self) -> None:
+        """Dial the peers this node dials, and keep every link alive; runs until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            for name in sorted(self.addresses):
+                if self.me.name < name:
+                    tg.create_task(self._dial_forever(name), name=f"tandem-peer-dial-{name}")
+            tg.create_task(self._keepalive(), name="tandem-peer-keepalive")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.links.values()):
+            link.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def _report(self, changes: list[Change]) -> None:
+        for c in changes:
+            if isinstance(c, RemoteStateChanged):
+                level = logging.INFO if c.new in (RemoteState.UP, RemoteState.DISCOVERED) else logging.WARNING
+                log.log(level, "remote node %s: %s -> %s (%s)", c.node, c.old.value, c.new.value, c.reason)
+            elif isinstance(c, QuorumStateChanged):
+                level = logging.INFO if c.new is QuorumState.ACTIVE else logging.WARNING
+                log.log(level, "node quorum %s -> %s (votes up %d of %d)", c.old.value, c.new.value,
+                        c.up_votes, c.total_votes)
+
+    async def _keepalive(self) -> None:
+        clock = self.node.clock
+        interval = self.node.config.keepalive_interval
+        while True:
+            for link in list(self.links.values()):
+                link.send(Heartbeat())
+            self._report(self.membership.tick(clock.monotonic()))
+            await clock.sleep(interval)
+
+    # -- links --------------------------------------------------------------------------------------
+
+    async def _dial_forever(self, name: str) -> None:
+        host, port = self.addresses[name]
+        clock = self.node.clock
+        backoff = self.node.config.keepalive_interval
+        while True:
+            try:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    reader, writer = await asyncio.open_connection(host, port)
+            except (OSError, asyncio.TimeoutError):
+                await clock.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = self.node.config.keepalive_interval
+            proto = ProtocolConnection(Role.CLIENT)
+            link = _Link(name, reader, writer, proto)
+            try:
+                link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
+                                    store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes))
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    frame = await self._next_frame(link)
+                if isinstance(frame, Error):
+                    log.warning("peer %s refused this node: %s", name, frame.message)
+                elif isinstance(frame, PeerWelcome):
+                    who = NodeIdentity(name=frame.node, store_stamp=frame.store_stamp, priority=frame.priority,
+                                       votes=frame.votes)
+                    if frame.node != name:
+                        log.warning("peer at %s:%d says it is %s, not %s: dropped", host, port, frame.node, name)
+                    elif self._admit(link, who):
+                        await self._serve(link)
+            except (TandemError, OSError, asyncio.TimeoutError) as exc:
+                log.debug("peer link to %s failed: %r", name, exc)
+            finally:
+                self._drop(link)
+            await clock.sleep(backoff)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        proto = ProtocolConnection(Role.SERVER)
+        link = _Link("?", reader, writer, proto)
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                frame = await self._next_frame(link)
+            if not isinstance(frame, PeerHello):
+                self._refuse(link, f"expected PeerHello, got {type(frame).__name__}")
+                return
+            link.name = frame.node
+            if frame.node == self.me.name:
+                self._refuse(link, f"duplicate location: a node named {frame.node!r} (location code "
+                                   f"{self.me.location_code:#x}) is this node")
+                return
+            if frame.node not in self.addresses:
+                self._refuse(link, f"node {frame.node!r} is not a member of this group")
+                return
+            who = NodeIdentity(name=frame.node, store_stamp=frame.store_stamp, priority=frame.priority,
+                               votes=frame.votes)
+            try:
+                version = choose_version(frame.min_version, frame.max_version)
+            except UnsupportedProtocolError as exc:
+                self._report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
+                self._refuse(link, exc.message)
+                return
+            if not self._admit(link, who):
+                return
+            link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
+                                  priority=self.me.priority, votes=self.me.votes))
+            await self._serve(link)
+        except (TandemError, OSError, asyncio.TimeoutError) as exc:
+            log.debug("peer link from %s failed: %r", link.name, exc)
+        finally:
+            self._drop(link)
+
+    def _admit(self, link: _Link, who: NodeIdentity) -> bool:
+        self._report(self.membership.handshake(who, self.node.clock.monotonic()))
+        state = self.membership.state(who.name)
+        if state in REFUSED:
+            self._refuse(link, f"refused as {state.value}: check that {who.name} has its own name and data dir")
+            return False
+        old = self.links.get(who.name)
+        if old is not None and old is not link:
+            old.close()
+        self.links[who.name] = link
+        return True
+
+    def _refuse(self, link: _Link, why: str) -> None:
+        log.warning("peer link %s refused: %s", link.name, why)
+        try:
+            link.send(Error(rid=0, code=int(UnsupportedProtocolError.code), message=why))
+            link.send(Close(code=int(UnsupportedProtocolError.code), reason=why))
+        except TandemError:
+            pass  # the protocol already forbids more output on this link; closing it is all that is left
+        link.close()
+
+    async def _serve(self, link: _Link) -> None:
+        clock = self.node.clock
+        while True:
+            frame = await self._next_frame(link)
+            self._report(self.membership.heard(link.name, clock.monotonic()))
+            if isinstance(frame, Close):
+                return
+
+    async def _next_frame(self, link: _Link) -> Frame:
+        while True:
+            event = link.proto.next_event()
+            if event is NEED_DATA:
+                data = await link.reader.read(65536)
+                link.proto.receive_data(data)
+                continue
+            if isinstance(event, ConnectionEnded):
+                raise ConnectionResetError("peer link closed")
+            return expect(event, Frame)
+
+    def _drop(self, link: _Link) -> None:
+        link.close()
+        if self.links.get(link.name) is link:
+            del self.links[link.name]
+            self._report(self.membership.link_lost(link.name))

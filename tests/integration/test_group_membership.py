@@ -1,0 +1,133 @@
+"""Replication group membership over real peer links: Up, Down, quorum, refusals."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+import client
+from broker.config import build_config
+from broker.node import Node
+from ha.membership import QuorumState, RemoteState
+from tests.conftest import url_of
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
+
+NAMES = ("n1", "n2", "n3")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def group_configs(tmp_path: Path, names: tuple[str, ...] = NAMES, **extra: object) -> dict[str, dict]:
+    ports = dict(zip(names, free_ports(len(names))))
+    return {
+        n: {"name": n, "data_dir": tmp_path / n, "port": 0, "peer_port": ports[n],
+            "peers": [f"{o}=127.0.0.1:{ports[o]}" for o in names if o != n],
+            "keepalive_interval": 0.1, "non_response_timeout": 0.6, **extra}
+        for n in names
+    }
+
+
+@pytest_asyncio.fixture
+async def trio(tmp_path: Path) -> AsyncIterator[dict[str, Node]]:
+    cfgs = group_configs(tmp_path)
+    nodes = {n: Node(build_config(c)) for n, c in cfgs.items()}
+    for node in nodes.values():
+        await node.start()
+    try:
+        yield nodes
+    finally:
+        for node in nodes.values():
+            await node.stop()
+
+
+def state(node: Node, other: str) -> RemoteState:
+    assert node.peers is not None
+    return node.peers.membership.state(other)
+
+
+def quorum(node: Node) -> QuorumState:
+    assert node.peers is not None
+    return node.peers.membership.quorum_state
+
+
+async def test_members_come_up_and_report_each_other(trio: dict[str, Node]) -> None:
+    await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
+    async with await client.connect(url_of(trio["n1"])) as conn:
+        st = await conn.status()
+    assert st.node == "n1" and st.quorum_state == "Active"
+    assert {(r.name, r.state) for r in st.remotes} == {("n2", "Up"), ("n3", "Up")}
+    assert all(r.store_stamp for r in st.remotes)
+
+
+async def test_a_stopped_member_goes_down_and_quorum_goes_partial(trio: dict[str, Node]) -> None:
+    await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
+    await trio["n3"].stop()
+    await wait_until(lambda: state(trio["n1"], "n3") is RemoteState.DOWN and state(trio["n2"], "n3")
+                     is RemoteState.DOWN, what="n3 Down")
+    assert quorum(trio["n1"]) is QuorumState.PARTIAL and quorum(trio["n2"]) is QuorumState.PARTIAL
+    await trio["n2"].stop()
+    await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
+
+
+async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path) -> None:
+    """A peer that stops answering (its frames stop coming) is Down after non_response_timeout,
+    even while its TCP connection stays open."""
+    cfgs = group_configs(tmp_path, ("n1", "n2"))
+    n1, n2 = Node(build_config(cfgs["n1"])), Node(build_config(cfgs["n2"]))
+    await n1.start()
+    await n2.start()
+    try:
+        await wait_until(lambda: state(n1, "n2") is RemoteState.UP, what="n2 Up")
+        assert n2._peer_task is not None
+        n2._peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
+        await wait_until(lambda: state(n1, "n2") is RemoteState.DOWN, what="n2 Down by silence")
+        assert "n2" in (n1.peers.links if n1.peers else {})  # the link itself is still open
+    finally:
+        await n2.stop()
+        await n1.stop()
+
+
+async def test_a_copied_data_dir_is_refused_as_duplicate_timestamp(tmp_path: Path) -> None:
+    cfgs = group_configs(tmp_path)
+    n1 = Node(build_config(cfgs["n1"]))
+    await n1.start()
+    await n1.stop()
+    shutil.copytree(tmp_path / "n1", tmp_path / "n2")  # n2 starts from a copy of n1's store
+    nodes = [Node(build_config(cfgs[n])) for n in ("n1", "n2")]
+    for n in nodes:
+        await n.start()
+    try:
+        await wait_until(lambda: state(nodes[0], "n2") is RemoteState.DUPLICATE_TIMESTAMP
+                         or state(nodes[1], "n1") is RemoteState.DUPLICATE_TIMESTAMP,
+                         what="the copy to be refused")
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+async def test_group_settings_are_validated(tmp_path: Path) -> None:
+    from broker.config import ConfigError
+
+    with pytest.raises(ConfigError, match="peers"):
+        build_config({"peers": ["n2=127.0.0.1"], "peer_port": 1})
+    with pytest.raises(ConfigError, match="peer_port"):
+        build_config({"peers": ["n2=127.0.0.1:7791"]})
+    with pytest.raises(ConfigError, match="quorum policy"):
+        build_config({"peer_port": 7781, "quorum_policy": "most"})
+    with pytest.raises(ConfigError, match="priority"):
+        build_config({"priority": 5})
