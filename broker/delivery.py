@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from broker.queues import Consumer, Msg, Queue, encode_headers
 from client.errors import InvalidArgumentError
+from ha.membership import QuorumState
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, WriteOp
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class Delivery:
     def dispatch_queue(self, q: Queue) -> None:
         """Hand ready messages to consumers with credit, fairly, in frame-sized batches."""
         budget = self.node.config.max_frame_size - 4096
+        peers = self.node.peers
+        if peers is not None and peers.membership.quorum_state is QuorumState.DISABLED:
+            return  # no quorum: partitions Unavailable here; dispatch resumes when it returns
         while q.ready_count and q.consumers:
             eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
             if not eligible:

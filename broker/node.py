@@ -24,6 +24,7 @@ from broker.config import NodeConfig
 from broker.delivery import Delivery
 from broker.queues import Msg, Partition, Queue, decode_headers, encode_headers, validate_declare
 from broker.users import UserRegistry, bootstrap_admin
+from ha.membership import QuorumState
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import (
     InvalidArgumentError,
@@ -33,6 +34,7 @@ from client.errors import (
     QueueNotFoundError,
     ShuttingDownError,
     TandemError,
+    UnavailableError,
 )
 from broker import __version__
 from client.protocol.frames import Declare, PublishMessage, QueueInfo, RemoteNode, StatusOk
@@ -216,6 +218,17 @@ class Node:
         finally:
             self.sessions.discard(session)
             self.delivery.release(session)
+
+    def require_quorum(self, what: str) -> None:
+        """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable."""
+        if self.peers is None:
+            return
+        m = self.peers.membership
+        if m.quorum_state is QuorumState.DISABLED:
+            up = 1 + len(m.up())
+            raise UnavailableError(
+                f"node {self.config.name} has no quorum ({up} of {1 + len(self.peers.addresses)} nodes up, policy "
+                f"{self.config.quorum_policy}): partitions are Unavailable here, cannot {what}")
 
     # -- store ----------------------------------------------------------------------------
 

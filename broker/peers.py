@@ -109,8 +109,12 @@ class PeerManager:
                 log.log(level, "remote node %s: %s -> %s (%s)", c.node, c.old.value, c.new.value, c.reason)
             elif isinstance(c, QuorumStateChanged):
                 level = logging.INFO if c.new is QuorumState.ACTIVE else logging.WARNING
-                log.log(level, "node quorum %s -> %s (votes up %d of %d)", c.old.value, c.new.value,
-                        c.up_votes, c.total_votes)
+                log.log(level, "node quorum %s -> %s (votes up %d of %d)%s", c.old.value, c.new.value,
+                        c.up_votes, c.total_votes,
+                        ": partitions Unavailable, clients refused" if c.new is QuorumState.DISABLED else "")
+                if c.old is QuorumState.DISABLED:
+                    for q in self.node.queues.values():
+                        self.node.delivery.schedule(q)  # consumers waited while there was no quorum
 
     async def _keepalive(self) -> None:
         clock = self.node.clock

@@ -311,9 +311,11 @@ class Session:
         log.info("session %s: open user=%s version=%d", self.client_name, user.name, version)
 
     def _admin(self, what: str) -> None:
+        """A state-changing request: the user must be an admin and the node must have quorum."""
         if self.user is None:  # the protocol state machine admits no request before Hello
             raise ProtocolError("request before the handshake")
         require_admin(self.user, what)
+        self.node.require_quorum(what)
 
     async def _declare(self, f: Declare) -> None:
         self._admin("declare queues")

@@ -131,3 +131,34 @@ async def test_group_settings_are_validated(tmp_path: Path) -> None:
         build_config({"peer_port": 7781, "quorum_policy": "most"})
     with pytest.raises(ConfigError, match="priority"):
         build_config({"priority": 5})
+
+
+async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict[str, Node]) -> None:
+    from client.errors import UnavailableError
+
+    await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
+    async with await client.connect(url_of(trio["n1"])) as conn:
+        await conn.declare_queue("q")
+        await conn.producer("q").send(b"before")
+        c = await conn.consumer("q").start()
+        m = await c.next(10)
+        assert m is not None
+        await m.nack()  # back to the queue; delivered again once quorum returns
+        await wait_until(lambda: c.received == 2, what="the redelivery")
+        await trio["n2"].stop()
+        await trio["n3"].stop()
+        await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
+        with pytest.raises(UnavailableError, match="no quorum .* cannot publish"):
+            await conn.producer("q").send(b"during")
+        with pytest.raises(UnavailableError):
+            await conn.declare_queue("other")
+        st = await conn.status()  # looking is still allowed
+        assert st.quorum_state == "Disabled"
+        back = Node(trio["n2"].config)
+        await back.start()
+        try:
+            await wait_until(lambda: quorum(trio["n1"]) is QuorumState.PARTIAL, what="quorum back")
+            await conn.producer("q").send(b"after")
+            assert (await conn.list_queues())[0].ready + (await conn.list_queues())[0].unacked == 3
+        finally:
+            await back.stop()
