@@ -144,7 +144,11 @@ class Membership:
     quorum_override: int | None = None  # minimum nodes up, overriding the policy (temporary)
 
     def __post_init__(self) -> None:
+        if self.me.votes < 0 or not 0 <= self.me.priority <= 3:
+            raise ValueError("votes must be >= 0 and priority 0..3")
         self._remotes = {p: _Remote() for p in self.peers if p != self.me.name}
+        if self.quorum_override is not None and not 1 <= self.quorum_override <= 1 + len(self._remotes):
+            raise ValueError(f"quorum_override must be 1..{1 + len(self._remotes)}")
         self._notifiers: list[Notifier] = []
         self.quorum_state = self._compute_quorum()[0]
 
@@ -243,7 +247,9 @@ class Membership:
     def _compute_quorum(self) -> tuple[QuorumState, int, int]:
         up_votes = self.me.votes + sum(r.identity.votes for r in self._remotes.values()
                                        if r.state is RemoteState.UP and r.identity is not None)
-        known = [r for r in self._remotes.values() if r.state not in _REFUSED]
+        # Every configured member counts towards the total, refused ones too: refusing a peer
+        # (a copied store, an old version during an upgrade) must not shrink the quorum.
+        known = list(self._remotes.values())
         total = self.me.votes + sum(r.identity.votes if r.identity is not None else 1 for r in known)
         if self.quorum_override is not None:
             holds = 1 + len(self.up()) >= self.quorum_override

@@ -65,6 +65,7 @@ TRANSITIONS: dict[tuple[Role, str], Role] = {
     (Role.LEADER, "higher_term"): Role.FOLLOWER,
     (Role.CANDIDATE, "active_seen"): Role.FOLLOWER,
     (Role.LEADER, "lost_quorum"): Role.FOLLOWER,
+    (Role.LEADER, "rival_active"): Role.FOLLOWER,  # only under a weak override, see _on_append
     (Role.LEARNER, "higher_term"): Role.LEARNER,
 }
 
@@ -118,6 +119,9 @@ class Replica:
         self._next: dict[str, int] = {}
         self._match: dict[str, int] = {}
         self._heard: dict[str, float] = {}
+        # Until then this node does not press its priority (no refusals, ordinary timeouts):
+        # set after a refusal and after a lost election, so a preference never blocks progress.
+        self._deferring_until = -1.0
         self._now = now
         self._election_at = now + self._timeout()
         self._heartbeat_at = now
@@ -146,16 +150,20 @@ class Replica:
     def _origin_at(self, index: int) -> str:
         return self.log[index - 1].origin if 0 < index <= len(self.log) else ""
 
+    def _weak_active(self) -> bool:
+        """This node could be (or was) elected without a majority of voters."""
+        return self.cfg.quorum() < len(self.cfg.voters) // 2 + 1
+
     def _new_entry(self, data: Any) -> Entry:
-        weak = self.cfg.quorum() < len(self.cfg.voters) // 2 + 1
-        return Entry(self.term, self.last_index + 1, data, self.id, weak)
+        return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
 
     def _peers(self) -> list[str]:
         return [n for n in self.cfg.voters + self.cfg.learners if n != self.id]
 
     def _timeout(self) -> float:
-        # Higher priority -> shorter waits, so the preferred node usually stands first.
-        spread = (4 - min(3, max(1, self.cfg.priority(self.id)))) / 3
+        # Higher priority -> shorter waits, so the preferred node usually stands first; a node
+        # that just failed to win waits like everyone else, so it cannot starve the others.
+        spread = 1.0 if self._now < self._deferring_until else (4 - min(3, max(1, self.cfg.priority(self.id)))) / 3
         return self.cfg.election_timeout * (1.0 + self.rng.random() * spread)
 
     def _send(self, dst: str, msg: Message) -> None:
@@ -233,6 +241,9 @@ class Replica:
     # -- elections ------------------------------------------------------------------------------
 
     def _campaign(self) -> None:
+        if self.role is Role.CANDIDATE:
+            # Our last bid failed: stop pressing our priority for a while (see _on_vote).
+            self._deferring_until = self._now + 4 * self.cfg.election_timeout
         self._election_at = self._now + self._timeout()
         if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters:
             return
@@ -258,13 +269,18 @@ class Replica:
             ours = self._recency()
             theirs = (m.last_term, m.last_index)
             mine = self.cfg.priority(self.id)
-            if theirs > ours or (theirs == ours and (m.priority >= mine or self.voted_for == m.candidate)):
+            preferred = mine > m.priority and self._now >= self._deferring_until
+            if theirs > ours or (theirs == ours and (not preferred or self.voted_for == m.candidate)):
                 granted = True
                 self.voted_for = m.candidate
                 self._hard_state_changed()
                 self._election_at = self._now + self._timeout()
             elif theirs == ours and mine > m.priority and self.role is Role.FOLLOWER:
-                self._election_at = self._now  # as recent and preferred: stand at the next tick
+                # As recent and preferred: refuse and stand at the next tick.  Only once per
+                # two election timeouts: if this node cannot win (it may reach too few voters),
+                # the next candidate gets its vote, so a preference never blocks an election.
+                self._election_at = self._now
+                self._deferring_until = self._now + 2 * self.cfg.election_timeout
         self._send(m.candidate, VoteReply(self.term, self.id, granted))
 
     def _on_vote_reply(self, m: VoteReply) -> None:
@@ -316,7 +332,16 @@ class Replica:
         if m.term > self.term:
             self._observe_term(m.term, m.leader)
         if self.role is Role.LEADER:
-            raise IllegalTransition(f"two actives in term {m.term}: {self.id} and {m.leader}")
+            # Two actives in one term: only possible when a weak override let one be elected
+            # without a majority.  The one whose log is less recent (then: whose name sorts
+            # later) yields; the other fences it with a higher term.
+            theirs = (m.prev_term, m.prev_index, m.leader)  # a lower bound of the rival's recency
+            if (self._recency() + (self.id,)) > theirs and not self._weak_active():
+                self.term += 1
+                self._hard_state_changed()
+                self._send(m.leader, AppendReply(self.term, self.id, False, 0))
+                return
+            self._become("rival_active", f"{m.leader} is also active in term {m.term}")
         if self.role is Role.CANDIDATE:
             self._become("active_seen", f"{m.leader} is active in term {m.term}")
         self.leader = m.leader

@@ -45,7 +45,7 @@ class Cluster:
         self._seq = itertools.count()
         self.cut: set[frozenset[str]] = set()
         self.leaders: dict[int, str] = {}  # term -> the one active of that term
-        self.confirmed: dict[int, Entry] = {}  # index -> entry confirmed to a client
+        self.confirmed: dict[int, tuple[Entry, int]] = {}  # index -> (entry, term of the active that confirmed it)
         self.discarded = 0  # HA-1014 entries
         self.writes = 0
         #: check the safety rules; off only for scripted runs of a weak override, which
@@ -88,7 +88,7 @@ class Cluster:
         if r is not None and r.role is Role.LEADER:
             for e in ready.committed:
                 if e.data is not None and e.index not in self.confirmed:
-                    self.confirmed[e.index] = e
+                    self.confirmed[e.index] = (e, r.term)
 
     def step(self, dt: float = 0.01) -> None:
         """Advance time by ``dt``: deliver what is due, tick every live node, maybe act."""
@@ -124,8 +124,9 @@ class Cluster:
                 if self.leaders.setdefault(r.term, n) != n:
                     raise SafetyViolation(f"seed {self.seed}: two actives in term {r.term}: "
                                           f"{self.leaders[r.term]} and {n}")
-                for idx, e in self.confirmed.items():
-                    if e.term < r.term and (idx > r.last_index or r.log[idx - 1] != e):
+                for idx, (e, when) in self.confirmed.items():
+                    # every active of a term after the one that confirmed it must have it
+                    if when < r.term and (idx > r.last_index or r.log[idx - 1] != e):
                         raise SafetyViolation(f"seed {self.seed}: active {n} (term {r.term}) lacks confirmed "
                                               f"entry {e}")
             if r.commit > r.last_index:

@@ -126,3 +126,10 @@ def test_static_placement_is_validated() -> None:
         place(DistributionPolicy(kind="static", static=(("a",),)), 2, ["a"])
     with pytest.raises(ValueError, match="cannot be async"):
         place(DistributionPolicy(kind="static", static=(("c", "a"),), async_nodes=frozenset({"c"})), 1, ["a", "c"])
+
+
+def test_refused_peers_still_count_towards_the_quorum_total() -> None:
+    m = group()
+    m.handshake(ident("b"), now=0.0, protocol_ok=False)
+    m.handshake(ident("c"), now=0.0, protocol_ok=False)
+    assert m.quorum_state is QuorumState.DISABLED  # 1 of 3, not "1 of 1"
