@@ -118,7 +118,8 @@ class Replica:
         self._votes: set[str] = set()
         self._next: dict[str, int] = {}
         self._match: dict[str, int] = {}
-        self._heard: dict[str, float] = {}
+        self._heard: dict[str, float] = {}  # replies in this term (a grace period at election)
+        self._acked: dict[str, float] = {}  # last successful append reply in this term
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
@@ -151,8 +152,16 @@ class Replica:
         return self.log[index - 1].origin if 0 < index <= len(self.log) else ""
 
     def _weak_active(self) -> bool:
-        """This node could be (or was) elected without a majority of voters."""
-        return self.cfg.quorum() < len(self.cfg.voters) // 2 + 1
+        """This active's writes are not backed by a majority: it needs fewer votes than a
+        majority (override, designated primary) *and* has not heard from a majority of
+        voters within the election timeout.  With its peers connected, an override
+        active writes strong entries like any other."""
+        majority = len(self.cfg.voters) // 2 + 1
+        if self.cfg.quorum() >= majority:
+            return False
+        acked = 1 + sum(1 for v in self.cfg.voters if v != self.id
+                        and self._now - self._acked.get(v, -1e18) < self.cfg.election_timeout)
+        return acked < majority
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -299,6 +308,7 @@ class Replica:
         self._next = {p: self.last_index + 1 for p in self._peers()}
         self._match = {p: 0 for p in self._peers()}
         self._heard = {p: self._now for p in self._peers()}
+        self._acked = {}
         noop = self._new_entry(None)
         self.log.append(noop)
         self._ready.append.append(noop)
@@ -391,6 +401,7 @@ class Replica:
             return
         self._heard[m.replica] = self._now
         if m.success:
+            self._acked[m.replica] = self._now
             if m.match_index > self._match.get(m.replica, 0):
                 self._match[m.replica] = m.match_index
             self._next[m.replica] = max(self._next.get(m.replica, 1), m.match_index + 1)
