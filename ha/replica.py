@@ -366,6 +366,9 @@ class Replica:
                 mine = self.log[e.index - 1]
                 if mine.term == e.term and mine.origin == e.origin:
                     continue
+                if e.weak and not mine.weak:
+                    self._fence_weak_active(m)
+                    return
                 self._truncate(e.index)
             self.log.append(e)
             self._ready.append.append(e)
@@ -373,6 +376,16 @@ class Replica:
         if m.commit > self.commit:
             self.commit = min(m.commit, match)
         self._send(m.leader, AppendReply(self.term, self.id, True, match))
+
+    def _fence_weak_active(self, m: AppendEntries) -> None:
+        """An active elected under a weak override would overwrite entries a majority wrote:
+        refuse, and depose it with a higher term; an election among the majority follows."""
+        self.term = m.term + 1
+        self.voted_for = None
+        self.leader = None
+        self._hard_state_changed()
+        self._election_at = self._now
+        self._send(m.leader, AppendReply(self.term, self.id, False, 0))
 
     def _truncate(self, index: int) -> None:
         """Drop entries from ``index`` on: the group never committed them (HA-1014).

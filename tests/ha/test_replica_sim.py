@@ -248,3 +248,39 @@ def test_designated_primary_keeps_writes_confirmed_while_its_peer_was_connected(
         c.start("a")
         for _ in range(600):
             c.step()  # SafetyViolation here if b's log won
+
+
+def test_a_weak_active_cannot_overwrite_what_the_majority_confirmed() -> None:
+    """A cut-off follower is forced active with quorum_override=1 and wins a higher term
+    alone; on healing it must not overwrite the entries the majority's active confirmed
+    meanwhile: the majority fences it, and its own weak entries are what gets discarded."""
+    checked = 0
+    for seed in range(30):
+        c = Cluster(seed, ("a", "b", "c"), loss=0.0, priorities={"a": 1, "b": 3, "c": 1})
+        for _ in range(300):
+            c.step()
+        majority_active = c.leader()
+        if majority_active in (None, "a"):
+            continue
+        c.cut |= {frozenset(("a", "b")), frozenset(("a", "c"))}
+        c.strict = False  # two actives for a while, by the operator's choice
+        r = c.nodes["a"]
+        assert r is not None
+        c.nodes["a"] = Replica(ReplicaConfig(node="a", voters=("a", "b", "c"), quorum_override=1),
+                               rng=random.Random(0), now=c.now, term=r.term, voted_for=r.voted_for,
+                               log=list(r.log))
+        for _ in range(300):
+            c.step()
+        for _ in range(5):
+            c.write()  # both actives take writes
+        for _ in range(100):
+            c.step()
+        confirmed_by_majority = {e.index: e for e, _term in c.confirmed.values() if e.origin == majority_active}
+        c.cut.clear()
+        for _ in range(1000):
+            c.step()
+        final = c.nodes[majority_active].log  # type: ignore[union-attr]
+        lost = [e for i, e in confirmed_by_majority.items() if i > len(final) or final[i - 1] != e]
+        assert not lost, f"seed {seed}: {len(lost)} majority-confirmed entries overwritten"
+        checked += 1
+    assert checked >= 10
