@@ -80,10 +80,12 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class HardState:
-    """What must be on disk before any message of the same Ready is sent."""
+    """What must be on disk before any message of the same Ready is sent.  ``commit``
+    rides along so a restarted replica knows what it had confirmed (HA-1014 counts)."""
 
     term: int
     voted_for: str | None
+    commit: int = 0
 
 
 # -- events for operators ----------------------------------------------------------------------

@@ -104,15 +104,16 @@ class ReplicaConfig:
 
 class Replica:
     def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
-                 term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None) -> None:
+                 term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None,
+                 commit: int = 0) -> None:
         self.cfg = config
         self.id = config.node
         self.rng = rng
         self.term = term
         self.voted_for = voted_for
         self.log: list[Entry] = list(log or [])  # log[i] has index i + 1
-        self.commit = 0
-        self.applied = 0
+        # What was confirmed before a restart counts as committed (and applied by the driver).
+        self.commit = self.applied = min(commit, len(self.log))
         self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
         self.leader: str | None = None
         self._votes: set[str] = set()
@@ -179,7 +180,7 @@ class Replica:
         self._ready.messages.append(Envelope(self.id, dst, msg))
 
     def _hard_state_changed(self) -> None:
-        self._ready.hard_state = HardState(self.term, self.voted_for)
+        self._ready.hard_state = HardState(self.term, self.voted_for, self.commit)
 
     def _become(self, event: str, reason: str) -> None:
         new = TRANSITIONS.get((self.role, event))
@@ -190,6 +191,9 @@ class Replica:
         self.role = new
 
     def _take_ready(self) -> Ready:
+        if self.commit > self.applied or (self._ready.hard_state is not None
+                                          and self._ready.hard_state.commit != self.commit):
+            self._hard_state_changed()
         self._apply_committed()
         ready, self._ready = self._ready, Ready()
         return ready

@@ -21,6 +21,7 @@ from ha.replica import Replica, ReplicaConfig, Role
 class Stable:
     term: int = 0
     voted_for: str | None = None
+    commit: int = 0
     log: list[Entry] = field(default_factory=list)
 
 
@@ -47,6 +48,7 @@ class Cluster:
         self.leaders: dict[int, str] = {}  # term -> the one active of that term
         self.confirmed: dict[int, tuple[Entry, int]] = {}  # index -> (entry, term of the active that confirmed it)
         self.discarded = 0  # HA-1014 entries
+        self.discarded_committed = 0  # of those, confirmed by the node that lost them
         self.writes = 0
         #: check the safety rules; off only for scripted runs of a weak override, which
         #: gives them up by design (what it costs is what HA-1014 reports)
@@ -62,7 +64,7 @@ class Cluster:
     def start(self, n: str) -> None:
         st = self.stable[n]
         self.nodes[n] = Replica(self.config(n), rng=random.Random(self.rng.random()), now=self.now,
-                                term=st.term, voted_for=st.voted_for, log=list(st.log))
+                                term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit)
 
     def crash(self, n: str) -> None:
         self.nodes[n] = None
@@ -70,7 +72,8 @@ class Cluster:
     def handle(self, n: str, ready: Ready) -> None:
         st = self.stable[n]
         if ready.hard_state is not None:
-            st.term, st.voted_for = ready.hard_state.term, ready.hard_state.voted_for
+            st.term, st.voted_for, st.commit = (ready.hard_state.term, ready.hard_state.voted_for,
+                                                ready.hard_state.commit)
         if ready.truncate_from is not None:
             del st.log[ready.truncate_from - 1:]
         for e in ready.append:
@@ -80,6 +83,7 @@ class Cluster:
         for ev in ready.events:
             if isinstance(ev, EntriesDiscarded):
                 self.discarded += ev.count
+                self.discarded_committed += ev.committed
         for env in ready.messages:
             if self.rng.random() < self.loss or frozenset((env.src, env.dst)) in self.cut:
                 continue

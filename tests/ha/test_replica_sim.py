@@ -181,10 +181,13 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
     for _ in range(300):
         c.step()  # the majority side elects its own active meanwhile
     assert any(c.nodes[o] is not None and c.nodes[o].role is Role.LEADER for o in others)  # type: ignore[union-attr]
-    c.nodes[old] = Replica(c.config(old), rng=random.Random(1), now=c.now, term=c.nodes[old].term,  # type: ignore[union-attr]
-                           voted_for=c.nodes[old].voted_for, log=list(c.nodes[old].log))  # type: ignore[union-attr]
+    # the operator removes the override: the node restarts with the strict config and what it had
+    st = c.stable[old]
+    c.nodes[old] = Replica(c.config(old), rng=random.Random(1), now=c.now, term=st.term,
+                           voted_for=st.voted_for, log=list(st.log), commit=st.commit)
     heal_and_settle(c, 10)
     assert c.discarded >= 4  # its solo entries were truncated and reported as HA-1014
+    assert c.discarded_committed >= 4  # ... and they had been confirmed to clients: transaction loss
     assert all("solo" not in [e.data for e in r.log] for r in c.nodes.values() if r is not None)
 
 
