@@ -48,7 +48,8 @@ class NodeProcess:
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
+        if self.proc is None:
+            raise NodeStartError(f"node {self.name} is not running")
         return self.proc.pid
 
     async def start(self, timeout: float = 60.0) -> NodeProcess:
@@ -72,7 +73,8 @@ class NodeProcess:
         return self
 
     async def _pump(self, found: asyncio.Future[tuple[str, int]]) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+        if self.proc is None or self.proc.stdout is None:
+            raise NodeStartError(f"node {self.name} has no output to read")
         with open(self.log_path, "ab") as log:
             while True:
                 line = await self.proc.stdout.readline()

@@ -70,6 +70,7 @@ from client.protocol.frames import (
     Subscribe,
     SubscribeOk,
     Welcome,
+    expect,
 )
 from storage.base import UserRecord, WriteOp
 
@@ -229,8 +230,7 @@ class Session:
                 if isinstance(event, ConnectionEnded):
                     self._closing = True  # no more deliveries to a peer that is gone
                     return
-                assert isinstance(event, Frame)
-                await self._handle(event)
+                await self._handle(expect(event, Frame))
             if not data:
                 self._closing = True
                 return

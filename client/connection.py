@@ -167,7 +167,8 @@ class Connection:
         log.debug("connected node=%s version=%s", self.node, self.proto.version)
 
     async def _next_frame(self) -> Frame:
-        assert self._reader is not None
+        if self._reader is None:
+            raise ConnectionClosedError("not connected")
         while True:
             event = self.proto.next_event()
             if event is NEED_DATA:
@@ -313,7 +314,8 @@ class Connection:
     def send_frame(self, frame: Frame) -> None:
         if self._closed is not None:
             raise self._closed
-        assert self._writer is not None
+        if self._writer is None:
+            raise ConnectionClosedError("not connected")
         self._writer.write(self.proto.send(frame))
         self._last_send = self.clock.monotonic()
 

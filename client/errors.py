@@ -237,10 +237,8 @@ def for_code(code: int, message: str, *, active_hint: str | None = None) -> Tand
     cls = _BY_CODE.get(code)
     if cls is None:
         err = TandemError(message)
-        try:
+        if code in ErrorCode._value2member_map_:  # a code this build knows but has no class for
             err.code = ErrorCode(code)
-        except ValueError:
-            pass
         return err
     if cls is NotActiveError:
         return NotActiveError(message, active_hint=active_hint)
