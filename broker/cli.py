@@ -174,6 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
     _url_args(st)
     st.set_defaults(func=commands.status)
 
+    adm = sub.add_parser("admin", help="operator overrides (logged loudly)")
+    asub = adm.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    qo = asub.add_parser("set-quorum-override",
+                         help="keep node quorum with at least N members up (or 'none' to clear)",
+                         description="Temporary operator override of the node quorum policy, e.g. to restore "
+                                     "service from one surviving node of three. Takes effect at once and is "
+                                     "logged loudly; clear it with 'none' when the group is whole again.")
+    qo.add_argument("value", metavar="N|none")
+    _url_args(qo)
+    qo.set_defaults(func=commands.admin)
+
     from broker.bench.cli import add_bench_parser
     add_bench_parser(sub)
     return parser

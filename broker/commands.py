@@ -179,3 +179,28 @@ async def _status(args: argparse.Namespace) -> int:
     else:
         print("(single node: no replication group configured)")
     return 0
+
+
+# -- admin ----------------------------------------------------------------------------------
+
+
+def admin(args: argparse.Namespace) -> int:
+    value = None if args.value.lower() == "none" else _positive(args.value)
+    return _run(_admin(args, value))
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidArgumentError(f"expected a number of nodes >= 1 or 'none', got {text!r}")
+    return int(text)
+
+
+async def _admin(args: argparse.Namespace, value: int | None) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        st = await conn.set_quorum_override(value)
+    if args.json:
+        print(json.dumps({"node": st.node, "quorum_state": st.quorum_state, "quorum_override": st.quorum_override}))
+    else:
+        shown = f"at least {st.quorum_override} node(s) up" if st.quorum_override is not None else "cleared"
+        print(f"node {st.node}: quorum_override {shown}; quorum now {st.quorum_state}")
+    return 0

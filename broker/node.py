@@ -219,6 +219,18 @@ class Node:
             self.sessions.discard(session)
             self.delivery.release(session)
 
+    def set_quorum_override(self, nodes: int | None, *, by: str) -> None:
+        if self.peers is None:
+            raise InvalidArgumentError("this node is not in a replication group: there is no quorum to override")
+        try:
+            changes = self.peers.membership.set_quorum_override(nodes)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        log.warning("QUORUM OVERRIDE %s by %s on node %s: %s", "SET" if nodes is not None else "CLEARED", by,
+                    self.config.name, f"at least {nodes} node(s) up" if nodes is not None else
+                    f"back to policy {self.config.quorum_policy}")
+        self.peers.report(changes)
+
     def require_quorum(self, what: str) -> None:
         """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable."""
         if self.peers is None:

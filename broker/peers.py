@@ -102,7 +102,7 @@ class PeerManager:
 
     # -- membership ------------------------------------------------------------------------------
 
-    def _report(self, changes: list[Change]) -> None:
+    def report(self, changes: list[Change]) -> None:
         for c in changes:
             if isinstance(c, RemoteStateChanged):
                 level = logging.INFO if c.new in (RemoteState.UP, RemoteState.DISCOVERED) else logging.WARNING
@@ -122,7 +122,7 @@ class PeerManager:
         while True:
             for link in list(self.links.values()):
                 link.send(Heartbeat())
-            self._report(self.membership.tick(clock.monotonic()))
+            self.report(self.membership.tick(clock.monotonic()))
             await clock.sleep(interval)
 
     # -- links --------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ class PeerManager:
             try:
                 version = choose_version(frame.min_version, frame.max_version)
             except UnsupportedProtocolError as exc:
-                self._report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
+                self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 self._refuse(link, exc.message)
                 return
             if not self._admit(link, who):
@@ -198,7 +198,7 @@ class PeerManager:
             self._drop(link)
 
     def _admit(self, link: _Link, who: NodeIdentity) -> bool:
-        self._report(self.membership.handshake(who, self.node.clock.monotonic()))
+        self.report(self.membership.handshake(who, self.node.clock.monotonic()))
         state = self.membership.state(who.name)
         if state in REFUSED:
             self._refuse(link, f"refused as {state.value}: check that {who.name} has its own name and data dir")
@@ -222,7 +222,7 @@ class PeerManager:
         clock = self.node.clock
         while True:
             frame = await self._next_frame(link)
-            self._report(self.membership.heard(link.name, clock.monotonic()))
+            self.report(self.membership.heard(link.name, clock.monotonic()))
             if isinstance(frame, Close):
                 return
 
@@ -241,4 +241,4 @@ class PeerManager:
         link.close()
         if self.links.get(link.name) is link:
             del self.links[link.name]
-            self._report(self.membership.link_lost(link.name))
+            self.report(self.membership.link_lost(link.name))

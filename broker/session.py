@@ -65,6 +65,7 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    SetQuorumOverride,
     Status,
     StreamMessage,
     Subscribe,
@@ -451,6 +452,15 @@ class Session:
 
         self.send(status_of(self.node, f.rid))
 
+    async def _set_quorum_override(self, f: SetQuorumOverride) -> None:
+        from broker.node import status_of
+
+        if self.user is None:
+            raise ProtocolError("request before the handshake")
+        require_admin(self.user, "set quorum_override")  # allowed without quorum: that is its point
+        self.node.set_quorum_override(f.nodes, by=self.client_name)
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         q = self.node.queue(f.queue)
         if not 0 <= f.partition < len(q.partitions):
@@ -494,4 +504,5 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
     Reject: Session._reject, Read: Session._read, Status: Session._status,
+    SetQuorumOverride: Session._set_quorum_override,
 }

@@ -58,6 +58,7 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    SetQuorumOverride,
     Status,
     StatusOk,
     StreamMessage,
@@ -364,6 +365,10 @@ class Connection:
     async def status(self) -> StatusOk:
         """The node's view of itself and its replication group."""
         return expect(await self.request(lambda rid: Status(rid=rid)), StatusOk)
+
+    async def set_quorum_override(self, nodes: int | None) -> StatusOk:
+        """Operator override: the node keeps quorum with at least ``nodes`` members up (None clears it)."""
+        return expect(await self.request(lambda rid: SetQuorumOverride(rid=rid, nodes=nodes)), StatusOk)
 
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
         """One message, or None when the queue has none ready."""

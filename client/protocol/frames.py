@@ -53,6 +53,7 @@ class Op(IntEnum):
     # node status (any user)
     STATUS = 50
     STATUS_OK = 51
+    SET_QUORUM_OVERRIDE = 52
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -414,6 +415,16 @@ class StatusOk(Frame):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SetQuorumOverride(Frame):
+    """Operator override of the node quorum: at least ``nodes`` members up (None: back to the
+    policy).  Temporary, logged loudly; answered with StatusOk."""
+
+    OP: ClassVar[Op] = Op.SET_QUORUM_OVERRIDE
+    rid: int
+    nodes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PeerHello(Frame):
     """The dialing node introduces itself on a peer link."""
 
@@ -439,7 +450,7 @@ class PeerWelcome(Frame):
 _ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
-        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, PeerHello, PeerWelcome,
+        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, PeerHello, PeerWelcome,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 

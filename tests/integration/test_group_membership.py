@@ -164,3 +164,42 @@ async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict
             assert info.published == 2 and info.unacked == 2  # "during" was refused, not stored
         finally:
             await back.stop()
+
+
+async def test_quorum_override_restores_service_from_one_survivor(trio: dict[str, Node]) -> None:
+    from client.errors import InvalidArgumentError, UnavailableError
+
+    await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
+    await trio["n2"].stop()
+    await trio["n3"].stop()
+    await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
+    async with await client.connect(url_of(trio["n1"])) as conn:
+        with pytest.raises(UnavailableError):
+            await conn.declare_queue("q")
+        st = await conn.set_quorum_override(1)
+        assert (st.quorum_state, st.quorum_override) == ("Partial", 1)
+        await conn.declare_queue("q")
+        await conn.producer("q").send(b"served by the survivor")
+        with pytest.raises(InvalidArgumentError, match="quorum_override must be 1..3"):
+            await conn.set_quorum_override(4)
+        st = await conn.set_quorum_override(None)
+        assert (st.quorum_state, st.quorum_override) == ("Disabled", None)
+
+
+async def test_quorum_override_needs_a_group(url: str) -> None:
+    from client.errors import InvalidArgumentError
+
+    async with await client.connect(url) as conn:
+        with pytest.raises(InvalidArgumentError, match="not in a replication group"):
+            await conn.set_quorum_override(1)
+
+
+async def test_admin_cli_sets_and_clears_the_override(trio: dict[str, Node]) -> None:
+    from tests.integration.test_cli import tandem
+
+    rc, out, err = await tandem("admin", "set-quorum-override", "2", "--url", url_of(trio["n1"]))
+    assert rc == 0 and "at least 2 node(s) up" in out, err
+    rc, out, _ = await tandem("admin", "set-quorum-override", "none", "--url", url_of(trio["n1"]), "--json")
+    assert rc == 0 and '"quorum_override": null' in out
+    rc, _, err = await tandem("admin", "set-quorum-override", "zero", "--url", url_of(trio["n1"]))
+    assert rc == 2 and "expected a number" in err
