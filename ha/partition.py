@@ -49,6 +49,7 @@ STATE_TRANSITIONS: dict[tuple[PartitionState, str], PartitionState] = {
     (S.REPLICATING, "done"): S.ACTIVE,
     (S.ACTIVE, "update"): S.UPDATING,
     (S.UPDATING, "done"): S.ACTIVE,
+    (S.UNAVAILABLE, "done"): S.UNAVAILABLE,  # work that finishes while unavailable changes nothing
 }
 for _s in (S.ACTIVE, *_BUSY, S.UNAVAILABLE):
     STATE_TRANSITIONS[(_s, "active_lost")] = S.UNAVAILABLE
@@ -91,22 +92,27 @@ class PartitionLifecycle:
     status: PartitionStatus | None = None
     notifiers: list[Notifier] = field(default_factory=list)
 
-    def _changed(self, old_state: PartitionState, old_status: PartitionStatus | None, reason: str) -> None:
-        if (old_state, old_status) != (self.state, self.status):
+    def _changed(self, old_state: PartitionState, old_status: PartitionStatus | None, reason: str,
+                 *, always: bool = False) -> None:
+        if always or (old_state, old_status) != (self.state, self.status):
             change = PartitionChanged(self.queue, self.partition, old_state, self.state, old_status,
                                       self.status, reason)
             for cb in self.notifiers:
                 cb(change)
 
     def on(self, event: str, reason: str = "") -> PartitionState:
-        """Apply a state event (see STATE_TRANSITIONS); IllegalTransition if it does not apply."""
-        new = STATE_TRANSITIONS.get((self.state, event))
+        """Apply a state event (see STATE_TRANSITIONS); IllegalTransition if it does not apply.
+
+        Disabling goes through :meth:`set_status` (``disable_local``), which keeps state and
+        status consistent.  A failover (``active_elected`` while Active) is reported too.
+        """
+        new = STATE_TRANSITIONS.get((self.state, event)) if event != "disabled" else None
         if new is None:
             raise IllegalTransition(f"partition {self.queue}/{self.partition}: {self.state.value} "
                                     f"cannot take {event!r}")
         old = self.state
         self.state = new
-        self._changed(old, self.status, reason or event)
+        self._changed(old, self.status, reason or event, always=event == "active_elected")
         return new
 
     def set_status(self, event: str, reason: str = "") -> PartitionStatus:
@@ -122,7 +128,7 @@ class PartitionLifecycle:
             self._changed(old_state, old, reason or event)
         elif new is T.LOCAL_DISABLED:
             old_state = self.state
-            self.state = S.INITIAL
+            self.state = STATE_TRANSITIONS[(old_state, "disabled")]
             self._changed(old_state, old, reason or event)
         else:
             self._changed(self.state, old, reason or event)

@@ -57,9 +57,11 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
     stable order) under ``policy``."""
     priorities = priorities or {}
     if policy.kind == "static":
-        return _static(policy, partitions, nodes)
+        return _static(policy, partitions, nodes, priorities)
     if not nodes:
         raise ValueError("no nodes to place partitions on")
+    if len(set(nodes)) != len(nodes):
+        raise ValueError("node names must be distinct")
     electable = [n for n in nodes if priorities.get(n, 1) > 0]
     if not electable:
         raise ValueError("every node has priority 0: no partition could ever have an active")
@@ -75,7 +77,8 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
     return out
 
 
-def _static(policy: DistributionPolicy, partitions: int, nodes: list[str]) -> list[NodeList]:
+def _static(policy: DistributionPolicy, partitions: int, nodes: list[str],
+            priorities: dict[str, int]) -> list[NodeList]:
     if len(policy.static) != partitions:
         raise ValueError(f"static policy lists {len(policy.static)} partitions, the queue has {partitions}")
     out = []
@@ -87,6 +90,8 @@ def _static(policy: DistributionPolicy, partitions: int, nodes: list[str]) -> li
             raise ValueError(f"partition {p}: a node list needs distinct nodes")
         if lst[0] in policy.async_nodes:
             raise ValueError(f"partition {p}: the first node (the active) cannot be async")
+        if all(priorities.get(n, 1) == 0 for n in lst if n not in policy.async_nodes):
+            raise ValueError(f"partition {p}: every voter has priority 0, it could never have an active")
         kinds = tuple(ReplicaKind.ASYNC if n in policy.async_nodes else ReplicaKind.SYNC for n in lst)
         out.append(NodeList(tuple(lst), kinds))
     return out

@@ -89,6 +89,12 @@ class ReplicaConfig:
             raise ValueError("a node cannot be both voter and learner")
         if self.quorum_override is not None and not 1 <= self.quorum_override <= len(self.voters):
             raise ValueError(f"quorum_override must be 1..{len(self.voters)}")
+        if self.designated_primary is not None and self.designated_primary not in self.voters:
+            raise ValueError("designated_primary must be one of the voters")
+        if any(not 0 <= p <= 3 for p in self.priorities.values()):
+            raise ValueError("priorities are 0..3")
+        if self.max_append < 1 or not 0 < self.heartbeat_interval < self.election_timeout:
+            raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
 
     def priority(self, node: str) -> int:
         return self.priorities.get(node, 1)

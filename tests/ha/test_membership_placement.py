@@ -133,3 +133,16 @@ def test_refused_peers_still_count_towards_the_quorum_total() -> None:
     m.handshake(ident("b"), now=0.0, protocol_ok=False)
     m.handshake(ident("c"), now=0.0, protocol_ok=False)
     assert m.quorum_state is QuorumState.DISABLED  # 1 of 3, not "1 of 1"
+
+
+def test_placement_and_replica_config_refuse_nonsense() -> None:
+    from ha.replica import ReplicaConfig
+
+    with pytest.raises(ValueError, match="distinct"):
+        place(DistributionPolicy(), 1, ["a", "a"])
+    with pytest.raises(ValueError, match="priority 0"):
+        place(DistributionPolicy(kind="static", static=(("a", "b"),)), 1, ["a", "b"], {"a": 0, "b": 0})
+    for bad in [dict(designated_primary="z"), dict(priorities={"a": 7}), dict(max_append=0),
+                dict(heartbeat_interval=2.0)]:
+        with pytest.raises(ValueError):
+            ReplicaConfig(node="a", voters=("a", "b"), **bad)  # type: ignore[arg-type]

@@ -45,9 +45,26 @@ def test_illegal_transitions_raise() -> None:
     with pytest.raises(IllegalTransition):
         p.set_status("disable_local")
     p.set_status("enable_local")
+    p.on("active_elected")
     with pytest.raises(IllegalTransition):
         p.on("done")  # nothing in progress
 
 
 def test_every_state_can_be_disabled() -> None:
     assert all((s, "disabled") in STATE_TRANSITIONS for s in PartitionState)
+
+
+def test_failover_is_reported_and_late_completion_is_harmless() -> None:
+    seen: list[PartitionChanged] = []
+    p = PartitionLifecycle("q", 1, notifiers=[seen.append])
+    p.set_status("define_local")
+    p.set_status("enable_local")
+    p.on("active_elected")
+    n = len(seen)
+    p.on("active_elected", "failover to node2")
+    assert len(seen) == n + 1 and seen[-1].reason == "failover to node2"
+    p.on("migrate")
+    p.on("quorum_lost")
+    assert p.on("done") is PartitionState.UNAVAILABLE  # the migration ended while unavailable
+    with pytest.raises(IllegalTransition):
+        p.on("disabled")  # disabling is a status change
