@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from broker.node import status_of
 from broker.queues import MESSAGE_OVERHEAD, Consumer, Msg, decode_headers
 from broker.users import require_admin
 from client.errors import (
@@ -448,13 +449,9 @@ class Session:
         self._settled(f.rid, unknown)
 
     async def _status(self, f: Status) -> None:
-        from broker.node import status_of
-
         self.send(status_of(self.node, f.rid))
 
     async def _set_quorum_override(self, f: SetQuorumOverride) -> None:
-        from broker.node import status_of
-
         if self.user is None:
             raise ProtocolError("request before the handshake")
         require_admin(self.user, "set quorum_override")  # allowed without quorum: that is its point

@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from ha.errors import IllegalTransition
 
 
 class RemoteState(Enum):
@@ -54,10 +55,6 @@ TRANSITIONS[(RemoteState.UP, "silent")] = RemoteState.DOWN
 TRANSITIONS[(RemoteState.DISCOVERED, "silent")] = RemoteState.DOWN
 TRANSITIONS[(RemoteState.UP, "link_lost")] = RemoteState.DOWN
 TRANSITIONS[(RemoteState.DISCOVERED, "link_lost")] = RemoteState.DOWN
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 def location_code(name: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from ha.errors import IllegalTransition
 
 
 class PartitionState(Enum):
@@ -30,10 +31,6 @@ class PartitionStatus(Enum):
     REMOTE_ENABLED = "RemoteEnabled"
     LOCAL_ENABLED = "LocalEnabled"
     LOCAL_DISABLED = "LocalDisabled"
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 S, T = PartitionState, PartitionStatus

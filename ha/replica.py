@@ -42,6 +42,7 @@ from ha.messages import (
     RoleChanged,
     VoteReply,
 )
+from ha.errors import IllegalTransition
 
 
 class Role(Enum):
@@ -49,10 +50,6 @@ class Role(Enum):
     CANDIDATE = "candidate"
     LEADER = "active"
     LEARNER = "learner"  # an async replica
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 # (role, event) -> role.  Every role change goes through this table.
