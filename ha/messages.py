@@ -68,7 +68,22 @@ class AppendReply:
     match_index: int  # success: last index now known to match; failure: a hint where to retry
 
 
-Message = RequestVote | VoteReply | AppendEntries | AppendReply
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    """From the active to a replica that needs entries the active has compacted away:
+    the partition's applied state as of ``index``.  The core emits it with
+    ``index`` 0 and ``data`` None; the driver fills in the position and the state it
+    has applied (it alone knows exactly what that is) before sending."""
+
+    term: int
+    leader: str
+    index: int = 0
+    last_term: int = 0
+    last_origin: str = ""
+    data: Any = None
+
+
+Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +132,17 @@ Event = RoleChanged | EntriesDiscarded
 
 @dataclass(slots=True)
 class Ready:
-    """What one call into the core asks of its driver, in this order: persist
-    ``hard_state`` and the log change (truncate at ``truncate_from``, then append
-    ``append``), send ``messages``, apply ``committed`` in order, report ``events``."""
+    """What one call into the core asks of its driver, in this order: install
+    ``snapshot`` (replacing the partition's applied state), persist ``hard_state``
+    and the log change (truncate at ``truncate_from``, then append ``append``),
+    apply ``committed`` in order, send ``messages``, report ``events``.  When the
+    log write is durable, tell the core with :meth:`ha.replica.Replica.persisted`.
 
+    Messages of a replica that is not active must wait for the write (a vote or an
+    append reply promises what is on disk); the active may send its appends while
+    its own write is in flight, since it counts itself only once persisted."""
+
+    snapshot: InstallSnapshot | None = None
     hard_state: HardState | None = None
     truncate_from: int | None = None
     append: list[Entry] = field(default_factory=list)

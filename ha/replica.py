@@ -36,6 +36,7 @@ from ha.messages import (
     Entry,
     Envelope,
     HardState,
+    InstallSnapshot,
     Message,
     Ready,
     RequestVote,
@@ -108,15 +109,25 @@ class ReplicaConfig:
 class Replica:
     def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
                  term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None,
-                 commit: int = 0) -> None:
+                 commit: int = 0, snapshot: tuple[int, int, str] = (0, 0, ""), applied: int | None = None) -> None:
+        """``snapshot`` is (index, term, origin) of the last entry compacted away (its effect
+        is in the driver's applied state); ``log`` the entries after it.  ``applied`` is
+        how far the driver's state goes (default: ``commit``); committed entries after it
+        come out of the first Ready to be applied again."""
         self.cfg = config
         self.id = config.node
         self.rng = rng
         self.term = term
         self.voted_for = voted_for
-        self.log: list[Entry] = list(log or [])  # log[i] has index i + 1
-        # What was confirmed before a restart counts as committed (and applied by the driver).
-        self.commit = self.applied = min(commit, len(self.log))
+        self.snap_index, self.snap_term, self.snap_origin = snapshot
+        self.log: list[Entry] = list(log or [])  # log[i] has index snap_index + i + 1
+        if self.log and self.log[0].index != self.snap_index + 1:
+            raise ValueError(f"log starts at {self.log[0].index}, snapshot ends at {self.snap_index}")
+        # What was confirmed before a restart counts as committed.
+        self.commit = max(self.snap_index, min(commit, self.last_index))
+        self.applied = self.commit if applied is None else max(self.snap_index, min(applied, self.commit))
+        self._persisted = self.last_index  # what the driver has on disk (see persisted())
+        self._snapshot_sent: dict[str, float] = {}
         self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
         self.leader: str | None = None
         self._votes: set[str] = set()
@@ -136,10 +147,20 @@ class Replica:
 
     @property
     def last_index(self) -> int:
-        return len(self.log)
+        return self.snap_index + len(self.log)
+
+    def entry(self, index: int) -> Entry:
+        return self.log[index - self.snap_index - 1]
+
+    def entries(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last (inclusive) still in the log."""
+        lo = max(first, self.snap_index + 1) - self.snap_index - 1
+        return self.log[lo:max(lo, last - self.snap_index)]
 
     def _term_at(self, index: int) -> int:
-        return self.log[index - 1].term if 0 < index <= len(self.log) else 0
+        if index == self.snap_index:
+            return self.snap_term
+        return self.entry(index).term if self.snap_index < index <= self.last_index else 0
 
     @property
     def last_term(self) -> int:
@@ -150,10 +171,12 @@ class Replica:
         for e in reversed(self.log):
             if not e.weak:
                 return e.term, e.index
-        return 0, 0
+        return self.snap_term, self.snap_index  # compacted entries were committed
 
     def _origin_at(self, index: int) -> str:
-        return self.log[index - 1].origin if 0 < index <= len(self.log) else ""
+        if index == self.snap_index:
+            return self.snap_origin
+        return self.entry(index).origin if self.snap_index < index <= self.last_index else ""
 
     def _weak_active(self) -> bool:
         """This active's writes are not backed by a majority: it needs fewer votes than a
@@ -203,7 +226,7 @@ class Replica:
 
     def _apply_committed(self) -> None:
         if self.commit > self.applied:
-            self._ready.committed.extend(self.log[self.applied:self.commit])
+            self._ready.committed.extend(self.entries(self.applied + 1, self.commit))
             self.applied = self.commit
 
     def _observe_term(self, term: int, leader: str | None = None) -> None:
@@ -236,11 +259,39 @@ class Replica:
         entry = self._new_entry(data)
         self.log.append(entry)
         self._ready.append.append(entry)
-        self._match[self.id] = self.last_index
         for p in self._peers():
             self._send_append(p)
-        self._advance_commit()
         return self._take_ready(), entry
+
+    def persisted(self, entry: Entry) -> Ready:
+        """The driver's log write up to ``entry`` is durable.  The active counts itself
+        toward a commit only for entries it has on disk."""
+        i = entry.index
+        if self.snap_index < i <= self.last_index and self.entry(i).term == entry.term \
+                and self.entry(i).origin == entry.origin and i > self._persisted:
+            self._persisted = i
+            if self.role is Role.LEADER:
+                self._advance_commit()
+        return self._take_ready()
+
+    def compact(self, upto: int) -> None:
+        """Forget entries up to ``upto`` (at most what is applied): the driver's state has
+        them.  A replica that needs them later gets a snapshot instead."""
+        upto = min(upto, self.applied)
+        if upto <= self.snap_index:
+            return
+        last = self.entry(upto)
+        del self.log[:upto - self.snap_index]
+        self.snap_index, self.snap_term, self.snap_origin = upto, last.term, last.origin
+
+    def reconfigure(self, config: ReplicaConfig) -> Ready:
+        """New priorities, ``quorum_override`` or ``designated_primary``: effective at once."""
+        if config.node != self.id or config.voters != self.cfg.voters or config.learners != self.cfg.learners:
+            raise ValueError("reconfigure changes settings, not members")
+        self.cfg = config
+        if self.role is Role.LEADER:
+            self._advance_commit()
+        return self._take_ready()
 
     def step(self, env: Envelope) -> Ready:
         msg = env.msg
@@ -252,6 +303,8 @@ class Replica:
             self._on_append(msg)
         elif isinstance(msg, AppendReply):
             self._on_append_reply(msg)
+        elif isinstance(msg, InstallSnapshot):
+            self._on_snapshot(msg)
         return self._take_ready()
 
     # -- elections ------------------------------------------------------------------------------
@@ -316,10 +369,10 @@ class Replica:
         self._match = {p: 0 for p in self._peers()}
         self._heard = {p: self._now for p in self._peers()}
         self._acked = {}
+        self._snapshot_sent = {}
         noop = self._new_entry(None)
         self.log.append(noop)
         self._ready.append.append(noop)
-        self._match[self.id] = self.last_index
         self._heartbeat_at = self._now + self.cfg.heartbeat_interval
         for p in self._peers():
             self._send_append(p)
@@ -337,32 +390,52 @@ class Replica:
 
     def _send_append(self, p: str) -> None:
         nxt = self._next.get(p, self.last_index + 1)
+        if nxt <= self.snap_index:
+            # The entries it needs are compacted: a snapshot (at most one per election
+            # timeout in flight), and meanwhile a keep-alive it cannot match.
+            if self._now - self._snapshot_sent.get(p, -1e18) >= self.cfg.election_timeout:
+                self._snapshot_sent[p] = self._now
+                self._send(p, InstallSnapshot(self.term, self.id))
+            nxt = self.snap_index + 1
+            entries: tuple[Entry, ...] = ()
+        else:
+            entries = tuple(self.entries(nxt, nxt + self.cfg.max_append - 1))
         prev = nxt - 1
-        entries = tuple(self.log[prev:prev + self.cfg.max_append])
         self._send(p, AppendEntries(self.term, self.id, prev, self._term_at(prev), self._origin_at(prev), entries,
                                     self.commit))
 
-    def _on_append(self, m: AppendEntries) -> None:
-        if m.term < self.term:
-            self._send(m.leader, AppendReply(self.term, self.id, False, 0))
-            return
-        if m.term > self.term:
-            self._observe_term(m.term, m.leader)
+    def _follow(self, term: int, leader: str, recency: tuple[int, int]) -> bool:
+        """A message from ``leader`` of ``term``: follow it, or refuse it (False)."""
+        if term < self.term:
+            self._send(leader, AppendReply(self.term, self.id, False, 0))
+            return False
+        if term > self.term:
+            self._observe_term(term, leader)
         if self.role is Role.LEADER:
             # Two actives in one term: only possible when a weak override let one be elected
             # without a majority.  The one whose log is less recent (then: whose name sorts
             # later) yields; the other fences it with a higher term.
-            theirs = (m.prev_term, m.prev_index, m.leader)  # a lower bound of the rival's recency
-            if (self._recency() + (self.id,)) > theirs and not self._weak_active():
+            if (self._recency() + (self.id,)) > recency + (leader,) and not self._weak_active():
                 self.term += 1
                 self._hard_state_changed()
-                self._send(m.leader, AppendReply(self.term, self.id, False, 0))
-                return
-            self._become("rival_active", f"{m.leader} is also active in term {m.term}")
+                self._send(leader, AppendReply(self.term, self.id, False, 0))
+                return False
+            self._become("rival_active", f"{leader} is also active in term {term}")
         if self.role is Role.CANDIDATE:
-            self._become("active_seen", f"{m.leader} is active in term {m.term}")
-        self.leader = m.leader
+            self._become("active_seen", f"{leader} is active in term {term}")
+        self.leader = leader
         self._election_at = self._now + self._timeout()
+        return True
+
+    def _on_append(self, m: AppendEntries) -> None:
+        # (prev_term, prev_index) is a lower bound of the sender's recency
+        if not self._follow(m.term, m.leader, (m.prev_term, m.prev_index)):
+            return
+        if m.prev_index < self.snap_index:
+            # It resends what we have compacted (committed, so identical): skip those.
+            skip = self.snap_index - m.prev_index
+            m = AppendEntries(m.term, m.leader, self.snap_index, self.snap_term, self.snap_origin,
+                              m.entries[skip:], m.commit)
         if (m.prev_index > self.last_index or self._term_at(m.prev_index) != m.prev_term
                 or self._origin_at(m.prev_index) != m.prev_origin):
             hint = min(self.last_index, m.prev_index - 1)
@@ -370,7 +443,7 @@ class Replica:
             return
         for e in m.entries:
             if e.index <= self.last_index:
-                mine = self.log[e.index - 1]
+                mine = self.entry(e.index)
                 if mine.term == e.term and mine.origin == e.origin:
                     continue
                 if e.weak and not mine.weak:
@@ -381,8 +454,41 @@ class Replica:
             self._ready.append.append(e)
         match = m.prev_index + len(m.entries)
         if m.commit > self.commit:
-            self.commit = min(m.commit, match)
+            self.commit = max(self.commit, min(m.commit, match))  # a late, shorter append never lowers it
         self._send(m.leader, AppendReply(self.term, self.id, True, match))
+
+    def _on_snapshot(self, m: InstallSnapshot) -> None:
+        if not self._follow(m.term, m.leader, (m.last_term, m.index)):
+            return
+        matches = (m.index <= self.last_index and self._term_at(m.index) == m.last_term
+                   and self._origin_at(m.index) == m.last_origin) or m.index < self.snap_index
+        if matches and m.index <= self.commit:
+            self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
+            return  # we already have (and applied) all of it
+        if matches:
+            del self.log[:m.index - self.snap_index]  # keep what follows: it matches too
+        else:
+            # Entries after the snapshot's position cannot be the active's (log matching):
+            # they are discarded.  (Uncommitted entries before it that differ are replaced
+            # too, uncounted: this replica cannot tell them from the active's.)
+            dropped = self.log[max(0, m.index - self.snap_index):]
+            lost_committed = max(0, self.commit - m.index)
+            if dropped:
+                self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
+                                                           lost_committed))
+            self.log = []
+            self._ready.truncate_from = self.snap_index + 1
+            self._ready.append = []
+            self._persisted = m.index
+            self.commit = m.index
+        self.snap_index, self.snap_term, self.snap_origin = m.index, m.last_term, m.last_origin
+        self.commit = max(self.commit, m.index)
+        self.applied = m.index
+        self._persisted = max(self._persisted, m.index)
+        self._ready.snapshot = m
+        self._ready.committed = [e for e in self._ready.committed if e.index > m.index]
+        self._hard_state_changed()
+        self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
 
     def _fence_weak_active(self, m: AppendEntries) -> None:
         """An active elected under a weak override would overwrite entries a majority wrote:
@@ -407,7 +513,8 @@ class Replica:
         if lost_committed:
             self.commit = index - 1
             self.applied = min(self.applied, index - 1)
-        del self.log[index - 1:]
+        del self.log[index - self.snap_index - 1:]
+        self._persisted = min(self._persisted, index - 1)
         self._ready.truncate_from = index if self._ready.truncate_from is None else min(
             index, self._ready.truncate_from)
         self._ready.append = [e for e in self._ready.append if e.index < index]
@@ -437,7 +544,7 @@ class Replica:
         for n in range(self.last_index, self.commit, -1):
             if self._term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
-            have = sum(1 for v in self.cfg.voters if (self.last_index if v == self.id else self._match.get(v, 0)) >= n)
+            have = sum(1 for v in self.cfg.voters if (self._persisted if v == self.id else self._match.get(v, 0)) >= n)
             if have >= need:
                 self.commit = n
                 break

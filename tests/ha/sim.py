@@ -3,7 +3,9 @@
 Simulated clock, network (delay, loss, reordering, partitions) and crashes, all
 driven by one seeded ``random.Random``: a failing seed replays exactly.
 Persistence is synchronous: what a replica had when it crashed (log, term,
-vote) is what it restarts with; its commit index is volatile.
+vote, commit index, applied state) is what it restarts with.  The log is
+compacted at random points, so replicas that fall behind catch up from
+snapshots of the applied state.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
-from ha.messages import EntriesDiscarded, Entry, Envelope, Ready
+from ha.messages import EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready
 from ha.replica import Replica, ReplicaConfig, Role
 
 
@@ -22,7 +24,13 @@ class Stable:
     term: int = 0
     voted_for: str | None = None
     commit: int = 0
-    log: list[Entry] = field(default_factory=list)
+    log: list[Entry] = field(default_factory=list)  # entries after snap
+    snap: tuple[int, int, str] = (0, 0, "")
+    #: the applied state: every committed entry as (index, term, origin, data), no-ops included
+    state: list[tuple[int, int, str, object]] = field(default_factory=list)
+
+    def last(self) -> int:
+        return self.log[-1].index if self.log else self.snap[0]
 
 
 class SafetyViolation(AssertionError):
@@ -32,13 +40,16 @@ class SafetyViolation(AssertionError):
 class Cluster:
     def __init__(self, seed: int, voters: tuple[str, ...], *, learners: tuple[str, ...] = (),
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
-                 quorum_override: int | None = None, designated_primary: str | None = None) -> None:
+                 quorum_override: int | None = None, designated_primary: str | None = None,
+                 compaction: float = 0.0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
         self.voters, self.learners = voters, learners
         self.priorities = priorities or {}
         self.loss, self.max_delay = loss, max_delay
+        self.compaction = compaction  # chance per node and step of compacting the log
+        self.snapshots = 0
         self.quorum_override, self.designated_primary = quorum_override, designated_primary
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
@@ -64,7 +75,8 @@ class Cluster:
     def start(self, n: str) -> None:
         st = self.stable[n]
         self.nodes[n] = Replica(self.config(n), rng=random.Random(self.rng.random()), now=self.now,
-                                term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit)
+                                term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit,
+                                snapshot=st.snap, applied=len(st.state))
 
     def crash(self, n: str) -> None:
         self.nodes[n] = None
@@ -75,16 +87,33 @@ class Cluster:
             st.term, st.voted_for, st.commit = (ready.hard_state.term, ready.hard_state.voted_for,
                                                 ready.hard_state.commit)
         if ready.truncate_from is not None:
-            del st.log[ready.truncate_from - 1:]
+            st.log = [e for e in st.log if e.index < ready.truncate_from]
+        for ev in ready.events:
+            if isinstance(ev, EntriesDiscarded) and ev.committed:
+                del st.state[ev.first_index - 1:]  # the driver rolls back what it applied of them
+        if ready.snapshot is not None:
+            m = ready.snapshot
+            st.snap = (m.index, m.last_term, m.last_origin)
+            st.log = [e for e in st.log if e.index > m.index]
+            st.state = list(m.data)
+            self.snapshots += 1
         for e in ready.append:
-            if e.index != len(st.log) + 1:
-                raise SafetyViolation(f"seed {self.seed}: {n} appends index {e.index} after {len(st.log)}")
+            if e.index != st.last() + 1:
+                raise SafetyViolation(f"seed {self.seed}: {n} appends index {e.index} after {st.last()}")
             st.log.append(e)
+        for e in ready.committed:
+            if e.index != len(st.state) + 1:
+                raise SafetyViolation(f"seed {self.seed}: {n} applies index {e.index} after {len(st.state)}")
+            st.state.append((e.index, e.term, e.origin, e.data))
         for ev in ready.events:
             if isinstance(ev, EntriesDiscarded):
                 self.discarded += ev.count
                 self.discarded_committed += ev.committed
         for env in ready.messages:
+            if isinstance(env.msg, InstallSnapshot):
+                i, t, o, _d = st.state[-1] if st.state else (0, 0, "", None)
+                env = Envelope(env.src, env.dst, InstallSnapshot(env.msg.term, env.msg.leader, i, t, o,
+                                                                 tuple(st.state)))
             if self.rng.random() < self.loss or frozenset((env.src, env.dst)) in self.cut:
                 continue
             heapq.heappush(self.net, (self.now + self.rng.random() * self.max_delay, next(self._seq), env))
@@ -93,6 +122,8 @@ class Cluster:
             for e in ready.committed:
                 if e.data is not None and e.index not in self.confirmed:
                     self.confirmed[e.index] = (e, r.term)
+        if r is not None and ready.append:
+            self.handle(n, r.persisted(ready.append[-1]))  # the write is durable: tell the core
 
     def step(self, dt: float = 0.01) -> None:
         """Advance time by ``dt``: deliver what is due, tick every live node, maybe act."""
@@ -105,7 +136,16 @@ class Cluster:
         for n, r in self.nodes.items():
             if r is not None:
                 self.handle(n, r.tick(self.now))
+                if self.compaction and self.rng.random() < self.compaction:
+                    self.compact(n, r)
         self.check()
+
+    def compact(self, n: str, r: Replica) -> None:
+        st = self.stable[n]
+        upto = r.applied - self.rng.randint(0, 3)
+        r.compact(upto)
+        st.snap = (r.snap_index, r.snap_term, r.snap_origin)
+        st.log = [e for e in st.log if e.index > r.snap_index]
 
     def write(self) -> None:
         for n, r in self.nodes.items():
@@ -128,15 +168,23 @@ class Cluster:
                 if self.leaders.setdefault(r.term, n) != n:
                     raise SafetyViolation(f"seed {self.seed}: two actives in term {r.term}: "
                                           f"{self.leaders[r.term]} and {n}")
+                state = self.stable[n].state
                 for idx, (e, when) in self.confirmed.items():
                     # every active of a term after the one that confirmed it must have it
-                    if when < r.term and (idx > r.last_index or r.log[idx - 1] != e):
+                    if when >= r.term:
+                        continue
+                    if idx <= r.snap_index:
+                        have = state[idx - 1] == (e.index, e.term, e.origin, e.data)
+                    else:
+                        have = idx <= r.last_index and r.entry(idx) == e
+                    if not have:
                         raise SafetyViolation(f"seed {self.seed}: active {n} (term {r.term}) lacks confirmed "
                                               f"entry {e}")
             if r.commit > r.last_index:
                 raise SafetyViolation(f"seed {self.seed}: {n} commits past its log")
-        committed = [(r.log[: r.commit]) for r in self.nodes.values() if r is not None]
-        for a, b in itertools.combinations(committed, 2):
+        # applied states are prefixes of one history
+        states = [self.stable[n].state for n, r in self.nodes.items() if r is not None]
+        for a, b in itertools.combinations(states, 2):
             k = min(len(a), len(b))
             if a[:k] != b[:k]:
-                raise SafetyViolation(f"seed {self.seed}: committed prefixes disagree")
+                raise SafetyViolation(f"seed {self.seed}: applied states disagree")

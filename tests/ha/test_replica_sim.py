@@ -3,6 +3,7 @@ operator overrides under scripted ones.  Every failure names its seed, which rep
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -21,7 +22,7 @@ def run_random_schedule(seed: int, steps: int = 1000) -> Cluster:
     learners = ("l",) if rng.random() < 0.3 else ()
     priorities = {n: rng.choice([0, 1, 1, 2, 3]) for n in voters}
     c = Cluster(seed, voters, learners=learners, priorities=priorities, loss=rng.choice([0.0, 0.05, 0.2]),
-                max_delay=rng.choice([0.01, 0.05, 0.3]))
+                max_delay=rng.choice([0.01, 0.05, 0.3]), compaction=rng.choice([0.0, 0.01, 0.1]))
     names = list(voters + learners)
     for _ in range(steps):
         roll = rng.random()
@@ -78,8 +79,8 @@ def test_after_faults_heal_an_active_is_elected_and_writes_commit(seed: int) -> 
     for _ in range(300):
         c.step()
     assert len(c.confirmed) >= before + 5, f"seed {1000 + seed}: writes did not commit"
-    logs = {n: r.log[: r.commit] for n, r in c.nodes.items() if r is not None}
-    assert len({tuple(v) for v in logs.values()}) == 1  # every replica caught up
+    states = {n: tuple(c.stable[n].state) for n, r in c.nodes.items() if r is not None}
+    assert len(set(states.values())) == 1, f"seed {1000 + seed}: a replica did not catch up"
 
 
 def test_priority_zero_never_stands_and_highest_is_preferred() -> None:
@@ -166,9 +167,7 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
     # the operator forces the isolated node to keep going on its own (weak override)
     r = c.nodes[old]
     assert r is not None
-    c.nodes[old] = Replica(ReplicaConfig(node=old, voters=("a", "b", "c"), quorum_override=1,
-                                         election_timeout=1.0, heartbeat_interval=0.2),
-                           rng=random.Random(0), now=c.now, term=r.term, voted_for=r.voted_for, log=list(r.log))
+    c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))  # at runtime
     for _ in range(1000):
         c.step()
         if c.nodes[old].role is Role.LEADER:  # type: ignore[union-attr]
@@ -181,10 +180,8 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
     for _ in range(300):
         c.step()  # the majority side elects its own active meanwhile
     assert any(c.nodes[o] is not None and c.nodes[o].role is Role.LEADER for o in others)  # type: ignore[union-attr]
-    # the operator removes the override: the node restarts with the strict config and what it had
-    st = c.stable[old]
-    c.nodes[old] = Replica(c.config(old), rng=random.Random(1), now=c.now, term=st.term,
-                           voted_for=st.voted_for, log=list(st.log), commit=st.commit)
+    # the operator removes the override (at runtime), then the cut heals
+    c.handle(old, r.reconfigure(c.config(old)))
     heal_and_settle(c, 10)
     assert c.discarded >= 4  # its solo entries were truncated and reported as HA-1014
     assert c.discarded_committed >= 4  # ... and they had been confirmed to clients: transaction loss
@@ -269,9 +266,7 @@ def test_a_weak_active_cannot_overwrite_what_the_majority_confirmed() -> None:
         c.strict = False  # two actives for a while, by the operator's choice
         r = c.nodes["a"]
         assert r is not None
-        c.nodes["a"] = Replica(ReplicaConfig(node="a", voters=("a", "b", "c"), quorum_override=1),
-                               rng=random.Random(0), now=c.now, term=r.term, voted_for=r.voted_for,
-                               log=list(r.log))
+        c.handle("a", r.reconfigure(dataclasses.replace(c.config("a"), quorum_override=1)))
         for _ in range(300):
             c.step()
         for _ in range(5):
@@ -287,3 +282,36 @@ def test_a_weak_active_cannot_overwrite_what_the_majority_confirmed() -> None:
         assert not lost, f"seed {seed}: {len(lost)} majority-confirmed entries overwritten"
         checked += 1
     assert checked >= 10
+
+
+def test_a_replica_behind_the_compacted_log_catches_up_from_a_snapshot() -> None:
+    c = Cluster(7, ("a", "b", "c"), loss=0.0)
+    leader = _elect(c)
+    assert leader is not None
+    behind = next(n for n in ("a", "b", "c") if n != leader)
+    c.crash(behind)
+    for _ in range(20):
+        c.write()
+        c.step()
+    for n, r in c.nodes.items():
+        if r is not None:
+            c.compact(n, r)
+            assert r.snap_index > 0
+    c.start(behind)
+    for _ in range(300):
+        c.step()
+    assert c.snapshots >= 1
+    states = {tuple(c.stable[n].state) for n in ("a", "b", "c")}
+    assert len(states) == 1 and len(next(iter(states))) >= 21  # no-op + 20 writes, everywhere
+
+
+def test_the_active_counts_itself_only_for_what_it_has_on_disk() -> None:
+    cfg = ReplicaConfig(node="a", voters=("a",), election_timeout=1.0, heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    ready = r.tick(5.0)
+    assert r.role is Role.LEADER and ready.append and not ready.committed  # the no-op is not on disk yet
+    ready = r.persisted(ready.append[-1])
+    assert [e.data for e in ready.committed] == [None]
+    ready, entry = r.propose("x")
+    assert entry is not None and not ready.committed
+    assert [e.data for e in r.persisted(entry).committed] == ["x"]
