@@ -155,9 +155,79 @@ class DropUser:
     name: str
 
 
+# -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
+#
+# Key (0, 0) is the group's metadata log (queue definitions); queue ids start at 1.
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    index: int
+    term: int
+    origin: str
+    weak: bool
+    data: bytes  # the entry's commands, msgpack (broker.replication)
+
+
+@dataclass(frozen=True, slots=True)
+class LogAppend:
+    queue_id: int
+    partition: int
+    entries: list[LogRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class LogTruncate:
+    """Delete entries from ``from_index`` on (never committed by the group)."""
+
+    queue_id: int
+    partition: int
+    from_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogCompact:
+    """Delete entries up to ``upto`` (the applied state has them); (upto, term, origin)
+    is the position a restarted replica's log starts after."""
+
+    queue_id: int
+    partition: int
+    upto: int
+    term: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutHardState:
+    queue_id: int
+    partition: int
+    term: int
+    voted_for: str | None
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutApplied:
+    """The partition's state includes every entry up to ``index`` (written with them)."""
+
+    queue_id: int
+    partition: int
+    index: int
+    term: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPartition:
+    """Forget the partition's messages, marks, counts and producers: a snapshot follows."""
+
+    queue_id: int
+    partition: int
+
+
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer
-    | PutUser | DropUser
+    | PutUser | DropUser | LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 
 
@@ -170,6 +240,18 @@ class PartitionState:
     delivered_upto: int = 0
     messages: list[StoredMessage] = field(default_factory=list)
     producers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LogState:
+    """A partition's replication state as stored (hard state, log, applied position)."""
+
+    term: int = 0
+    voted_for: str | None = None
+    commit: int = 0
+    snapshot: tuple[int, int, str] = (0, 0, "")
+    applied: tuple[int, int, str] = (0, 0, "")
+    entries: list[LogRecord] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -186,6 +268,7 @@ class Recovered:
     partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
     users: list[UserRecord] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
+    logs: dict[tuple[int, int], LogState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +292,9 @@ class Engine(Protocol):
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``."""
+
+    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+        """Everything committed of one partition, as :meth:`open` returns it (reader thread)."""
 
     def set_meta(self, key: str, value: str) -> None:
         """Store one node-level setting (e.g. ``store_stamp``) durably."""

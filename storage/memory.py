@@ -17,11 +17,18 @@ from storage.base import (
     Capabilities,
     DropQueue,
     DropUser,
+    LogAppend,
+    LogCompact,
+    LogState,
+    LogTruncate,
     MarkDelivered,
     PartitionState,
+    PutApplied,
+    PutHardState,
     PutProducer,
     PutQueue,
     PutUser,
+    ResetPartition,
     QueueMeta,
     Recovered,
     SetDeliveryCount,
@@ -51,6 +58,7 @@ class MemoryDisk:
     queues: dict[int, QueueMeta] = field(default_factory=dict)
     parts: dict[Key, _Part] = field(default_factory=dict)
     users: dict[str, UserRecord] = field(default_factory=dict)
+    logs: dict[Key, LogState] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -67,16 +75,31 @@ class MemoryEngine:
             d.meta.setdefault("schema_version", "memory")
             rec = Recovered(meta=dict(d.meta), queues=sorted(d.queues.values(), key=lambda q: q.id),
                             users=sorted(d.users.values(), key=lambda u: u.name))
-            for key, p in d.parts.items():
-                msgs = []
-                for off in sorted(p.messages):
-                    m = copy.copy(p.messages[off])
-                    m.dc = p.counts.get(off, 0) + (1 if off < p.delivered_upto else 0)
-                    msgs.append(m)
-                rec.partitions[key] = PartitionState(next_offset=p.next_offset, delivered_upto=p.delivered_upto,
-                                                     messages=msgs, producers=dict(p.producers))
+            for key in d.parts:
+                rec.partitions[key] = self._state(key)
+            rec.logs = copy.deepcopy(d.logs)
         self._open = True
         return rec
+
+    def _state(self, key: Key) -> PartitionState:
+        p = self.disk.parts.get(key) or _Part()
+        msgs = []
+        for off in sorted(p.messages):
+            m = copy.copy(p.messages[off])
+            m.dc = p.counts.get(off, 0) + (1 if off < p.delivered_upto else 0)
+            msgs.append(m)
+        return PartitionState(next_offset=p.next_offset, delivered_upto=p.delivered_upto, messages=msgs,
+                              producers=dict(p.producers))
+
+    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+        with self.disk.lock:
+            return self._state((queue_id, partition))
+
+    def _log(self, op: LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied) -> LogState:
+        st = self.disk.logs.get((op.queue_id, op.partition))
+        if st is None:
+            st = self.disk.logs[(op.queue_id, op.partition)] = LogState()
+        return st
 
     def close(self) -> None:
         self._open = False
@@ -135,6 +158,31 @@ class MemoryEngine:
             d.queues.pop(op.queue_id, None)
             for key in [k for k in d.parts if k[0] == op.queue_id]:
                 del d.parts[key]
+            for key in [k for k in d.logs if k[0] == op.queue_id]:
+                del d.logs[key]
+        elif isinstance(op, LogAppend):
+            st = self._log(op)
+            for e in op.entries:
+                if st.entries and e.index <= st.entries[-1].index:  # replaces (rare): keep it simple
+                    st.entries = [x for x in st.entries if x.index != e.index]
+                    st.entries.append(e)
+                    st.entries.sort(key=lambda e: e.index)
+                else:
+                    st.entries.append(e)
+        elif isinstance(op, LogTruncate):
+            st = self._log(op)
+            st.entries = [e for e in st.entries if e.index < op.from_index]
+        elif isinstance(op, LogCompact):
+            st = self._log(op)
+            st.entries = [e for e in st.entries if e.index > op.upto]
+            st.snapshot = (op.upto, op.term, op.origin)
+        elif isinstance(op, PutHardState):
+            st = self._log(op)
+            st.term, st.voted_for, st.commit = op.term, op.voted_for, op.commit
+        elif isinstance(op, PutApplied):
+            self._log(op).applied = (op.index, op.term, op.origin)
+        elif isinstance(op, ResetPartition):
+            d.parts.pop((op.queue_id, op.partition), None)
         elif isinstance(op, PutUser):
             if not isinstance(op.user.salt, bytes):
                 raise TypeError("salt must be bytes")

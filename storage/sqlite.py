@@ -57,8 +57,16 @@ from storage.base import (
     MarkDelivered,
     MessageRecord,
     PartitionState,
+    LogAppend,
+    LogCompact,
+    LogRecord,
+    LogState,
+    LogTruncate,
+    PutApplied,
+    PutHardState,
     PutProducer,
     PutQueue,
+    ResetPartition,
     PutUser,
     QueueMeta,
     Recovered,
@@ -72,7 +80,8 @@ from storage.intervals import ChunkIndex, IntervalSet, ranges_of
 
 log = logging.getLogger("tandem.storage")
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"  # 3 adds the replication tables ha_log, ha_state; 2 is upgraded in place
+_UPGRADABLE = {"2"}
 
 _DDL = [
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -99,7 +108,33 @@ _DDL = [
     """CREATE TABLE IF NOT EXISTS users (
         name TEXT PRIMARY KEY, salt BLOB NOT NULL, hash BLOB NOT NULL, role TEXT NOT NULL,
         params TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS ha_log (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, idx INTEGER NOT NULL, term INTEGER NOT NULL,
+        origin TEXT NOT NULL, weak INTEGER NOT NULL, data BLOB NOT NULL,
+        PRIMARY KEY (queue_id, partition, idx))""",
+    """CREATE TABLE IF NOT EXISTS ha_state (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, term INTEGER NOT NULL DEFAULT 0,
+        voted_for TEXT, commit_idx INTEGER NOT NULL DEFAULT 0,
+        snap_index INTEGER NOT NULL DEFAULT 0, snap_term INTEGER NOT NULL DEFAULT 0,
+        snap_origin TEXT NOT NULL DEFAULT '',
+        applied_index INTEGER NOT NULL DEFAULT 0, applied_term INTEGER NOT NULL DEFAULT 0,
+        applied_origin TEXT NOT NULL DEFAULT '', PRIMARY KEY (queue_id, partition))""",
 ]
+_UPSERT_HARD = (
+    "INSERT INTO ha_state (queue_id, partition, term, voted_for, commit_idx) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET term = excluded.term, voted_for = excluded.voted_for, "
+    "commit_idx = excluded.commit_idx"
+)
+_UPSERT_SNAP = (
+    "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET snap_index = excluded.snap_index, "
+    "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin"
+)
+_UPSERT_APPLIED = (
+    "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET applied_index = excluded.applied_index, "
+    "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin"
+)
 
 _INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload) VALUES (?, ?, ?, ?, ?)"
 _UPSERT_END = (
@@ -192,6 +227,11 @@ class SqliteEngine:
                 self._writer.exec_driver_sql(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
                 )
+                old = self._writer.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema_version'").scalar()
+                if old in _UPGRADABLE:  # only tables were added since: created above
+                    log.info("store %s upgraded from schema version %s to %s", self.path, old, SCHEMA_VERSION)
+                    self._writer.exec_driver_sql("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                                 (SCHEMA_VERSION,))
             recovered = self._load(self._writer)
             self._writer.rollback()  # end the read transaction autobegun by _load
             return recovered
@@ -262,7 +302,57 @@ class SqliteEngine:
             "SELECT name, salt, hash, role, params FROM users ORDER BY name"
         ):
             rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
+        for row in conn.exec_driver_sql(
+            "SELECT queue_id, partition, term, voted_for, commit_idx, snap_index, snap_term, snap_origin, "
+            "applied_index, applied_term, applied_origin FROM ha_state"
+        ):
+            rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
+                                                  (row[8], row[9], row[10]))
+        for qid, p, idx, term, origin, weak, data in conn.exec_driver_sql(
+            "SELECT queue_id, partition, idx, term, origin, weak, data FROM ha_log ORDER BY queue_id, partition, idx"
+        ):
+            rec.logs.setdefault((qid, p), LogState()).entries.append(LogRecord(idx, term, origin, bool(weak), data))
         return rec
+
+    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+        conn = self._reader()
+        st = PartitionState()
+        key = (queue_id, partition)
+        try:
+            with conn.begin():
+                row = conn.exec_driver_sql(
+                    "SELECT next_offset, delivered_upto FROM partitions WHERE queue_id = ? AND partition = ?",
+                    key).first()
+                if row is not None:
+                    st.next_offset, st.delivered_upto = row
+                settled = IntervalSet(conn.exec_driver_sql(
+                    'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ?', key).all())
+                dcs: dict[int, int] = dict(conn.exec_driver_sql(
+                    'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
+                for start, payload in conn.exec_driver_sql(
+                        "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key):
+                    for m in _unpack(start, payload):
+                        if not settled.contains(m.offset):
+                            m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
+                            st.messages.append(m)
+                if st.messages and st.messages[-1].offset >= st.next_offset:
+                    st.next_offset = st.messages[-1].offset + 1
+                st.producers = dict(conn.exec_driver_sql(
+                    "SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = ?", key).all())
+        except SQLAlchemyError as exc:
+            raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        return st
+
+    def _reader(self) -> Connection:
+        """This thread's read connection."""
+        if self._engine is None:
+            raise StorageError("store is not open")
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._engine.connect()
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
 
     def _rebuild_index(self, conn: Connection) -> None:
         """Load the writer's chunk/settled index from the tables (open, or after a failed commit)."""
@@ -427,11 +517,34 @@ class SqliteEngine:
                 (str(q.id),),
             )
         elif isinstance(op, DropQueue):
-            for table in ("chunks", "settled", "counts", "partitions", "producers"):
+            for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_log", "ha_state"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
             conn.exec_driver_sql("DELETE FROM queues WHERE id = ?", (op.queue_id,))
             for key in [k for k in self._index if k[0] == op.queue_id]:
                 del self._index[key]
+                self._ends.pop(key, None)
+        elif isinstance(op, LogAppend):
+            conn.exec_driver_sql(
+                "INSERT OR REPLACE INTO ha_log (queue_id, partition, idx, term, origin, weak, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(op.queue_id, op.partition, e.index, e.term, e.origin, int(e.weak), e.data) for e in op.entries])
+        elif isinstance(op, LogTruncate):
+            conn.exec_driver_sql("DELETE FROM ha_log WHERE queue_id = ? AND partition = ? AND idx >= ?",
+                                 (op.queue_id, op.partition, op.from_index))
+        elif isinstance(op, LogCompact):
+            conn.exec_driver_sql("DELETE FROM ha_log WHERE queue_id = ? AND partition = ? AND idx <= ?",
+                                 (op.queue_id, op.partition, op.upto))
+            conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin))
+        elif isinstance(op, PutHardState):
+            conn.exec_driver_sql(_UPSERT_HARD, (op.queue_id, op.partition, op.term, op.voted_for, op.commit))
+        elif isinstance(op, PutApplied):
+            conn.exec_driver_sql(_UPSERT_APPLIED, (op.queue_id, op.partition, op.index, op.term, op.origin))
+        elif isinstance(op, ResetPartition):
+            key = (op.queue_id, op.partition)
+            for table in ("chunks", "settled", "counts", "partitions", "producers"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ? AND partition = ?", key)
+            self._index.pop(key, None)
+            self._ends.pop(key, None)
         elif isinstance(op, PutUser):
             u = op.user
             conn.exec_driver_sql(
@@ -456,15 +569,9 @@ class SqliteEngine:
     # -- reads (reader threads) ----------------------------------------------------------------
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
-        if self._engine is None:
-            raise StorageError("store is not open")
-        conn: Connection | None = getattr(self._local, "conn", None)
+        conn = self._reader()
         out: list[StoredMessage] = []
         try:
-            if conn is None:
-                conn = self._local.conn = self._engine.connect()
-                with self._readers_lock:
-                    self._readers.append(conn)
             with conn.begin():
                 settled = IntervalSet(conn.exec_driver_sql(
                     'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ? AND "end" > ?',

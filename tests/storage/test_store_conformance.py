@@ -227,3 +227,45 @@ def test_random_settle_orders_recover_exactly(make_engine: Callable[[], Engine])
     rec = make_engine().open()
     got = rec.partitions[(1, 0)].messages if (1, 0) in rec.partitions else []
     assert [m.offset for m in got] == sorted(live)
+
+
+# -- the replication log (replicated mode) --------------------------------------------------------
+
+
+def test_replication_log_hard_state_and_applied_position_survive_reopen(make_engine: Callable[[], Engine]) -> None:
+    from storage.base import LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState
+
+    e = make_engine()
+    e.open()
+    recs = [LogRecord(i, 1 if i < 4 else 2, "n1", i == 5, bytes([i])) for i in range(1, 7)]
+    e.apply([PutQueue(Q), LogAppend(1, 0, recs[:3])], sync=True)
+    e.apply([LogAppend(1, 0, recs[3:]), PutHardState(1, 0, 2, "n2", 4)], sync=True)
+    e.apply([LogTruncate(1, 0, 6), LogCompact(1, 0, 2, 1, "n1"), PutApplied(1, 0, 3, 1, "n1")], sync=False)
+    e.apply([LogAppend(0, 0, [LogRecord(1, 1, "n3", False, b"meta")])], sync=True)
+    e.close()
+    rec = make_engine().open()
+    st = rec.logs[(1, 0)]
+    assert (st.term, st.voted_for, st.commit) == (2, "n2", 4)
+    assert st.snapshot == (2, 1, "n1") and st.applied == (3, 1, "n1")
+    assert [r.index for r in st.entries] == [3, 4, 5]
+    assert st.entries[2] == LogRecord(5, 2, "n1", True, b"\x05")
+    assert [r.data for r in rec.logs[(0, 0)].entries] == [b"meta"]
+
+
+def test_reset_and_load_one_partition(make_engine: Callable[[], Engine]) -> None:
+    from storage.base import ResetPartition
+
+    e = make_engine()
+    e.open()
+    e.apply([PutQueue(Q), Append(1, 0, [msg(0), msg(1), msg(2)], 3), Append(1, 1, [msg(0)], 1),
+             Settle(1, 0, [1]), MarkDelivered(1, 0, 1), PutProducer(1, 0, "p", 7)], sync=True)
+    st = e.load_partition(1, 0)
+    assert [m.offset for m in st.messages] == [0, 2] and st.messages[0].dc == 1
+    assert st.next_offset == 3 and st.producers == {"p": 7}
+    e.apply([ResetPartition(1, 0), Append(1, 0, [msg(5)], 6)], sync=True)
+    st = e.load_partition(1, 0)
+    assert [m.offset for m in st.messages] == [5] and st.next_offset == 6 and st.producers == {}
+    assert [m.offset for m in e.load_partition(1, 1).messages] == [0]  # the other partition is untouched
+    e.close()
+    rec = make_engine().open()
+    assert [m.offset for m in rec.partitions[(1, 0)].messages] == [5]
