@@ -22,6 +22,10 @@ Example ``tandem.toml``::
     quorum_policy = "majority"  # majority | percentage:P | min_votes:N | disabled
     keepalive_interval = 0.25   # seconds
     non_response_timeout = 1.0  # seconds without a frame -> the peer is Down
+    remote_sync = "WRITE_NO_SYNC"  # how replicas write what the active ships them
+    replicas = 2                # copies of each partition besides its active
+    sync_replicas = 2           # how many of those vote (the rest are async learners)
+    designated_primary = false  # two-node group: this node may go on alone
 """
 
 from __future__ import annotations
@@ -63,6 +67,10 @@ class NodeConfig:
     quorum_policy: str = "majority"
     keepalive_interval: float = 0.25
     non_response_timeout: float = 1.0
+    remote_sync: DurabilityPolicy = DurabilityPolicy.WRITE_NO_SYNC
+    replicas: int = 2
+    sync_replicas: int = 2
+    designated_primary: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -94,6 +102,10 @@ class NodeConfig:
             QuorumPolicy.parse(self.quorum_policy)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if not 0 <= self.sync_replicas <= self.replicas:
+            raise ConfigError("sync_replicas: must be 0..replicas")
+        if self.designated_primary and len(self.peers) != 1:
+            raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
 
@@ -120,7 +132,11 @@ _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 def _coerce(key: str, value: Any) -> Any:
     if key == "data_dir":
         return Path(value)
-    if key == "sync":
+    if key == "designated_primary":
+        if not isinstance(value, bool):
+            raise ConfigError(f"designated_primary: expected true or false, got {value!r}")
+        return value
+    if key in ("sync", "remote_sync"):
         return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))
     if key == "peers":
         if isinstance(value, str):

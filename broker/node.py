@@ -18,7 +18,9 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgpack
 
 from broker.config import NodeConfig
 from broker.delivery import Delivery
@@ -37,13 +39,14 @@ from client.errors import (
     UnavailableError,
 )
 from broker import __version__
-from client.protocol.frames import Declare, PublishMessage, QueueInfo, RemoteNode, StatusOk
+from client.protocol.frames import Declare, PublishMessage, QueueInfo, RemoteNode, StatusOk, expect
 from storage.base import (
     Append,
     DropQueue,
     DurabilityPolicy,
     Engine,
     MarkDelivered,
+    PartitionState,
     PutProducer,
     PutQueue,
     QueueMeta,
@@ -57,6 +60,7 @@ from storage.writer import Callback, GroupCommitWriter
 
 if TYPE_CHECKING:
     from broker.peers import PeerManager
+    from broker.replication import Replication
     from broker.session import Session
 
 log = logging.getLogger("tandem.broker")
@@ -85,9 +89,12 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.delivery = Delivery(self)
         self.peers: PeerManager | None = None
+        self.replication: Replication | None = None
         self._peer_task: asyncio.Task[None] | None = None
+        self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.address: tuple[str, int] = (config.host, config.port)
         self.data_path = config.data_dir
 
@@ -118,7 +125,7 @@ class Node:
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
         recovered = await asyncio.to_thread(self.engine.open)
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
-        self._restore(recovered)
+        self._restore(recovered, group=cfg.peer_port is not None)
         if "store_stamp" not in recovered.meta:
             self.store_stamp = f"{int(self.clock.time() * 1000):x}-{secrets.token_hex(4)}"
             await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.store_stamp)
@@ -129,17 +136,26 @@ class Node:
             await self.write([op], sync=True)
             self.users.put(op.user)
             log.warning("created user admin: password %s", how)
-        if cfg.peer_port is not None:
-            from broker.peers import PeerManager
-
-            self.peers = PeerManager(self)
-            await self.peers.start()
-            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
-        self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20)
+        # bound now (peers learn the address in the handshake), serving once all is set up
+        self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
+                                                  start_serving=False)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
+        if cfg.peer_port is not None:
+            from broker.peers import PeerManager
+            from broker.replication import Replication
 
-    def _restore(self, rec: Recovered) -> None:
+            self.peers = PeerManager(self)
+            self.replication = Replication(self, recovered.logs)
+            self.replication.start()
+            await self.peers.start()
+            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
+            self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
+        await self._server.start_serving()
+
+    def _restore(self, rec: Recovered, *, group: bool = False) -> None:
+        """Queues, partitions and users from the store.  In a group a partition's messages
+        are loaded only when this node becomes its active (:meth:`partition_loaded`)."""
         for meta in rec.queues:
             self.queues[meta.name] = Queue(meta)
             self._next_queue_id = max(self._next_queue_id, meta.id + 1)
@@ -155,7 +171,8 @@ class Node:
             part.marked_upto = st.delivered_upto
             part.producers = dict(st.producers)
             part.committed_producers = dict(st.producers)
-            q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
+            if not group:
+                q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
         for u in rec.users:
             self.users.put(u)
 
@@ -185,6 +202,15 @@ class Node:
         self.stopped.set()
 
     async def _stop_peers(self) -> None:
+        if self._replication_task is not None:
+            self._replication_task.cancel()
+            try:
+                await self._replication_task
+            except asyncio.CancelledError:
+                pass  # we cancelled it
+            self._replication_task = None
+        if self.replication is not None:
+            self.replication.stop()
         if self._peer_task is not None:
             self._peer_task.cancel()
             try:
@@ -230,6 +256,9 @@ class Node:
                     self.config.name, f"at least {nodes} node(s) up" if nodes is not None else
                     f"back to policy {self.config.quorum_policy}")
         self.peers.report(changes)
+        if self.replication is not None:
+            self.replication.quorum_override = nodes
+            self.replication.reconfigure()
 
     def require_quorum(self, what: str) -> None:
         """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable."""
@@ -264,9 +293,78 @@ class Node:
         return fut
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None:
-        """Write ops nobody waits for: retried until committed; ``callback`` runs then."""
-        if ops:
+        """Write ops nobody waits for: retried until committed; ``callback`` runs then.
+
+        In a group these are partition ops (settlements, marks, counts): they are
+        replicated, and fail (callback gets the error) for partitions this node no
+        longer serves; the new active redelivers those messages."""
+        if not ops:
+            return
+        if self.replication is not None:
+            self.replication.propose(ops, callback)
+        else:
             self.writer.submit(ops, sync=False, callback=callback, retry=True, lazy=lazy)
+
+    def _submit_partition_ops(self, ops: list[WriteOp], *, sync: bool, callback: Callback, retry: bool = False) -> None:
+        if self.replication is not None:
+            self.replication.propose(ops, callback)
+        else:
+            self.writer.submit(ops, sync=sync, callback=callback, retry=retry)
+
+    # -- replicated mode: what the replication driver tells the node -------------------------------
+
+    def queue_by_id(self, queue_id: int) -> Queue | None:
+        for q in self.queues.values():
+            if q.meta.id == queue_id:
+                return q
+        return None
+
+    def catalogue_put(self, meta: QueueMeta) -> bool:
+        """A committed declare: the queue exists on every node.  False if the name is taken
+        by an earlier declare (two raced; the first committed wins)."""
+        self._next_queue_id = max(self._next_queue_id, meta.id + 1)
+        existing = self.queues.get(meta.name)
+        if existing is not None:
+            return existing.meta.id == meta.id
+        self.queues[meta.name] = Queue(meta)
+        log.info("queue declared name=%s id=%d partitions=%d (catalogue)", meta.name, meta.id, meta.partitions)
+        return True
+
+    def catalogue_drop(self, queue_id: int) -> None:
+        q = self.queue_by_id(queue_id)
+        if q is None:
+            return
+        q.deleted = True
+        del self.queues[q.name]
+        for c in list(q.consumers):
+            c.session.cancelled_by_broker(c, f"queue {q.name!r} was deleted")
+        log.info("queue deleted name=%s (catalogue)", q.name)
+
+    def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
+        """This node is now the partition's active: its messages come from the store."""
+        q = self.queue_by_id(key[0])
+        if q is None or key[1] >= len(q.partitions):
+            return
+        part = q.partitions[key[1]]
+        self._clear_partition(q, part)
+        part.next_offset = part.committed_end = st.next_offset
+        part.marked_upto = st.delivered_upto
+        part.producers = dict(st.producers)
+        part.committed_producers = dict(st.producers)
+        q.add_ready(part, (self._msg_from_store(key[1], m) for m in st.messages))
+        self.delivery.schedule(q)
+
+    def partition_unloaded(self, key: tuple[int, int]) -> None:
+        q = self.queue_by_id(key[0])
+        if q is not None and key[1] < len(q.partitions):
+            self._clear_partition(q, q.partitions[key[1]])
+
+    @staticmethod
+    def _clear_partition(q: Queue, part: Partition) -> None:
+        q.ready_count -= len(part.ready)
+        part.ready.clear()
+        part.producers = {}
+        part.committed_producers = {}
 
     # -- queues -------------------------------------------------------------------------
 
@@ -278,6 +376,8 @@ class Node:
 
     async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
         validate_declare(frame)
+        if self.replication is not None:
+            return await self._group_declare(frame)
         meta = QueueMeta(
             id=self._next_queue_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
@@ -302,6 +402,9 @@ class Node:
         return q.info(), True
 
     async def delete(self, name: str, if_empty: bool) -> None:
+        if self.replication is not None:
+            await self._group_delete(name, if_empty)
+            return
         q = self.queue(name)
         if if_empty and q.depth:
             raise InvalidArgumentError(f"queue {name!r} is not empty ({q.depth} messages)")
@@ -315,6 +418,8 @@ class Node:
     async def purge(self, name: str) -> int:
         """Drop the ready messages (delivered ones stay with their consumers)."""
         q = self.queue(name)
+        if self.replication is not None:
+            return await self._group_purge(q)
         removed = q.purge_ready()
         ops: list[WriteOp] = [Settle(q.meta.id, p, [m.offset for m in msgs]) for p, msgs in removed.items()]
         count = sum(len(msgs) for msgs in removed.values())
@@ -331,11 +436,18 @@ class Node:
     # -- publish -----------------------------------------------------------------------
 
     def publish(self, queue_name: str, producer_id: str | None, messages: list[PublishMessage],
-                done: PublishDone) -> None:
+                done: PublishDone, *, hops: int = 0) -> None:
         """Store a batch; ``done(stored, duplicates, error)`` runs once it is confirmed."""
         if self.stopping:
             raise ShuttingDownError("node is shutting down")
         q = self.queue(queue_name)
+        rep = self.replication
+        if rep is not None:
+            mapper = q.mapper.partition
+            qid = q.meta.id
+            if not all(rep.serving((qid, mapper(m.key))) for m in messages):
+                self._publish_split(q, producer_id, messages, done, hops)
+                return
         limit = self.config.max_message_size
         for m in messages:
             if len(m.body) > limit:
@@ -378,7 +490,8 @@ class Node:
         premark = {pidx: parts[pidx].next_offset for pidx in by_part} if q.consumers else {}
         ops.extend(MarkDelivered(q.meta.id, pidx, upto) for pidx, upto in premark.items())
         q.published += stored
-        policy = self.config.sync
+        # in a group, a confirm waits for the quorum whatever the local policy
+        policy = self.config.sync if self.replication is None else DurabilityPolicy.SYNC
 
         def committed(err: BaseException | None) -> None:
             if err is not None:
@@ -405,7 +518,7 @@ class Node:
             done(stored, duplicates, None)
             return
         q.pending_count += stored
-        self.writer.submit(ops, sync=policy is DurabilityPolicy.SYNC, callback=committed)
+        self._submit_partition_ops(ops, sync=policy is DurabilityPolicy.SYNC, callback=committed)
 
     def _publish_failed(self, q: Queue, last_seq: dict[tuple[int, str], int], stored: int) -> None:
         """The batch is not stored: let its producers' sequences be stored again."""
@@ -427,6 +540,219 @@ class Node:
             end = msgs[-1].offset + 1
             if end > part.committed_end:
                 part.committed_end = end
+
+
+    # -- replicated mode: requests for partitions active elsewhere -----------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def election_wait(self) -> float:
+        """How long a request waits for a partition to get an active."""
+        return max(5.0, 4 * self.config.non_response_timeout)
+
+    async def _forward(self, who: str, kind: str, payload: bytes) -> bytes:
+        assert self.peers is not None  # only in a group
+        return await self.peers.forward(who, kind, payload)
+
+    def _publish_split(self, q: Queue, producer_id: str | None, messages: list[PublishMessage],
+                       done: PublishDone, hops: int) -> None:
+        """Some messages belong to partitions active elsewhere (or electing): each part goes
+        to its active; ``done`` sums the results.  Parts served here are stored at once, so
+        a producer's sequences reach every partition in the order it sent them."""
+        rep = self.replication
+        assert rep is not None
+        mapper = q.mapper.partition
+        by_part: dict[int, list[PublishMessage]] = {}
+        for m in messages:
+            by_part.setdefault(mapper(m.key), []).append(m)
+        totals = [0, 0, len(by_part)]
+        errors: list[BaseException] = []
+
+        def part_done(stored: int, duplicates: int, err: BaseException | None) -> None:
+            totals[0] += stored
+            totals[1] += duplicates
+            totals[2] -= 1
+            if err is not None:
+                errors.append(err)
+            if totals[2] == 0:
+                done(totals[0], totals[1], errors[0] if errors else None)
+
+        for pidx, msgs in by_part.items():
+            if rep.serving((q.meta.id, pidx)):
+                try:
+                    self.publish(q.name, producer_id, msgs, part_done, hops=hops)
+                except TandemError as exc:
+                    part_done(0, 0, exc)
+            else:
+                self._spawn(self._publish_remote(q, pidx, producer_id, msgs, part_done, hops))
+
+    async def _publish_remote(self, q: Queue, pidx: int, producer_id: str | None, msgs: list[PublishMessage],
+                              done: PublishDone, hops: int) -> None:
+        from client.protocol.codec import encode
+        from client.protocol.frames import Publish
+
+        rep = self.replication
+        assert rep is not None
+        try:
+            if hops >= 3:
+                raise UnavailableError("publish forwarded too many times while the group elects: retry")
+            who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
+            if who == self.config.name:
+                self.publish(q.name, producer_id, msgs, done, hops=hops + 1)
+                return
+            frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
+            out = await self._forward(who, f"publish:{hops + 1}", encode(frame)[4:])
+            stored, duplicates = msgpack.unpackb(out)
+        except TandemError as exc:
+            done(0, 0, exc)
+            return
+        done(stored, duplicates, None)
+
+    async def _group_declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
+        from broker.replication import CATALOGUE
+        from client.protocol.codec import encode
+
+        rep = self.replication
+        assert rep is not None
+        who = await rep.wait_active(CATALOGUE, self.election_wait)
+        if who != self.config.name:
+            out = await self._forward(who, "declare", encode(frame)[4:])
+            created = bool(msgpack.unpackb(out))
+        else:
+            existing = self.queues.get(frame.queue)
+            meta = QueueMeta(
+                id=self._next_queue_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
+                ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
+                dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
+            )
+            if existing is not None:
+                wanted, have = _settings(meta), _settings(existing.meta)
+                diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
+                if diff:
+                    raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
+                return existing.info(), False
+            self._next_queue_id += 1
+            await self._catalogue(PutQueue(meta))
+            q = self.queues.get(frame.queue)
+            if q is None or q.meta.id != meta.id:
+                raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
+            created = True
+        q = await self._wait_queue(frame.queue, present=True)
+        return q.info(), created
+
+    async def _group_delete(self, name: str, if_empty: bool) -> None:
+        from broker.replication import CATALOGUE
+
+        rep = self.replication
+        assert rep is not None
+        q = self.queue(name)
+        who = await rep.wait_active(CATALOGUE, self.election_wait)
+        if who != self.config.name:
+            await self._forward(who, "delete", msgpack.packb([name, if_empty]))
+        else:
+            if if_empty and q.depth:
+                raise InvalidArgumentError(f"queue {name!r} is not empty ({q.depth} messages here)")
+            await self._catalogue(DropQueue(q.meta.id))
+        await self._wait_queue(name, present=False)
+
+    async def _catalogue(self, op: WriteOp) -> None:
+        rep = self.replication
+        assert rep is not None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_exception(err) if err else fut.set_result(None)
+
+        rep.propose_catalogue(op, done)
+        await fut
+
+    async def _wait_queue(self, name: str, *, present: bool) -> Queue:
+        """Until this node has applied the catalogue change (forwarded requests)."""
+        rep = self.replication
+        assert rep is not None
+        try:
+            async with asyncio.timeout(self.election_wait):
+                while (name in self.queues) != present:
+                    await rep.changed.wait()
+        except TimeoutError:
+            raise UnavailableError(f"queue {name!r}: the change is committed but not yet applied on "
+                                   f"{self.config.name}") from None
+        return self.queues.get(name) or Queue(QueueMeta(id=0, name=name, partitions=1, mapper="round_robin",
+                                                        ring_size=1, max_deliveries=0, dead_letter_queue=None,
+                                                        max_length=0))
+
+    async def _group_purge(self, q: Queue) -> int:
+        rep = self.replication
+        assert rep is not None
+        total = 0
+        for pidx in range(q.meta.partitions):
+            who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
+            if who == self.config.name:
+                total += await self.purge_partition(q, pidx)
+            else:
+                total += int(msgpack.unpackb(await self._forward(who, "purge", msgpack.packb([q.name, pidx]))))
+        log.info("queue purged name=%s messages=%d", q.name, total)
+        return total
+
+    async def purge_partition(self, q: Queue, pidx: int) -> int:
+        part = q.partitions[pidx]
+        msgs = list(part.ready)
+        if not msgs:
+            return 0
+        part.ready.clear()
+        q.ready_count -= len(msgs)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_exception(err) if err else fut.set_result(None)
+
+        self._submit_partition_ops([Settle(q.meta.id, pidx, [m.offset for m in msgs])], sync=True, callback=done)
+        try:
+            await fut
+        except TandemError:
+            if not q.deleted and (self.replication is None or self.replication.serving((q.meta.id, pidx))):
+                q.requeue(msgs)
+            raise
+        return len(msgs)
+
+    async def handle_forward(self, kind: str, payload: bytes) -> bytes:
+        """A request another member forwarded here because this node is active for it."""
+        from client.protocol.codec import decode_payload
+        from client.protocol.frames import Publish
+
+        name, _, arg = kind.partition(":")
+        if name == "publish":
+            frame = expect(decode_payload(payload), Publish)
+            fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+
+            def done(st: int, dup: int, err: BaseException | None) -> None:
+                if not fut.done():
+                    fut.set_exception(err) if err else fut.set_result((st, dup))
+
+            self.publish(frame.queue, frame.producer_id, frame.messages, done, hops=int(arg or 1))
+            return msgpack.packb(list(await fut))
+        if name == "declare":
+            _info, created = await self.declare(expect(decode_payload(payload), Declare))
+            return msgpack.packb(created)
+        if name == "delete":
+            qname, if_empty = msgpack.unpackb(payload)
+            await self.delete(qname, bool(if_empty))
+            return b""
+        if name == "purge":
+            qname, pidx = msgpack.unpackb(payload)
+            q = self.queue(qname)
+            if not 0 <= pidx < q.meta.partitions:
+                raise InvalidArgumentError(f"queue {qname!r} has no partition {pidx}")
+            if self.replication is None or not self.replication.serving((q.meta.id, pidx)):
+                raise UnavailableError(f"partition {q.meta.id}/{pidx} is not active on {self.config.name}")
+            return msgpack.packb(await self.purge_partition(q, pidx))
+        raise InvalidArgumentError(f"unknown forwarded request {kind!r}")
 
 
 def status_of(node: Node, rid: int) -> StatusOk:

@@ -20,11 +20,22 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from client.errors import TandemError, UnsupportedProtocolError
+from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError
-from client.protocol.frames import Close, Error, Frame, Heartbeat, PeerHello, PeerWelcome, expect
+from client.protocol.frames import (
+    Close,
+    Error,
+    Forward,
+    ForwardOk,
+    Frame,
+    Heartbeat,
+    PeerHello,
+    PeerWelcome,
+    Replicate,
+    expect,
+)
 from ha.membership import (
     Change,
     Membership,
@@ -43,6 +54,8 @@ log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
 HANDSHAKE_TIMEOUT = 5.0
+PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame
+FORWARD_TIMEOUT = 30.0
 
 
 class _Link:
@@ -68,6 +81,10 @@ class PeerManager:
                                      non_response_timeout=cfg.non_response_timeout,
                                      policy=QuorumPolicy.parse(cfg.quorum_policy))
         self.links: dict[str, _Link] = {}
+        self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
+        self._next_rid = 1
+        self._forwards: dict[int, tuple[str, asyncio.Future[bytes]]] = {}
+        self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None
         self._up = asyncio.Event()
@@ -93,6 +110,11 @@ class PeerManager:
             tg.create_task(self._keepalive(), name="tandem-peer-keepalive")
 
     async def stop(self) -> None:
+        for t in list(self._handlers):
+            t.cancel()
+        for _name, fut in self._forwards.values():
+            if not fut.done():
+                fut.set_exception(UnavailableError(f"node {self.me.name} is shutting down"))
         if self._server is not None:
             self._server.close()
         for link in list(self.links.values()):
@@ -140,11 +162,12 @@ class PeerManager:
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = self.node.config.keepalive_interval
-            proto = ProtocolConnection(Role.CLIENT)
+            proto = ProtocolConnection(Role.CLIENT, max_frame_size=PEER_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
             try:
                 link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
-                                    store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes))
+                                    store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
+                                    client_address=self._client_address()))
                 async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                     frame = await self._next_frame(link)
                 if isinstance(frame, Error):
@@ -154,7 +177,7 @@ class PeerManager:
                                        votes=frame.votes)
                     if frame.node != name:
                         log.warning("peer at %s:%d says it is %s, not %s: dropped", host, port, frame.node, name)
-                    elif self._admit(link, who):
+                    elif self._admit(link, who, frame.client_address):
                         await self._serve(link)
             except (TandemError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("peer link to %s failed: %r", name, exc)
@@ -163,7 +186,7 @@ class PeerManager:
             await clock.sleep(backoff)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        proto = ProtocolConnection(Role.SERVER)
+        proto = ProtocolConnection(Role.SERVER, max_frame_size=PEER_MAX_FRAME)
         link = _Link("?", reader, writer, proto)
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
@@ -187,17 +210,22 @@ class PeerManager:
                 self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 self._refuse(link, exc.message)
                 return
-            if not self._admit(link, who):
+            if not self._admit(link, who, frame.client_address):
                 return
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
-                                  priority=self.me.priority, votes=self.me.votes))
+                                  priority=self.me.priority, votes=self.me.votes,
+                                  client_address=self._client_address()))
             await self._serve(link)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
             log.debug("peer link from %s failed: %r", link.name, exc)
         finally:
             self._drop(link)
 
-    def _admit(self, link: _Link, who: NodeIdentity) -> bool:
+    def _client_address(self) -> str:
+        host, port = self.node.address
+        return f"{host}:{port}"
+
+    def _admit(self, link: _Link, who: NodeIdentity, client_address: str = "") -> bool:
         self.report(self.membership.handshake(who, self.node.clock.monotonic()))
         state = self.membership.state(who.name)
         if state in REFUSED:
@@ -207,6 +235,8 @@ class PeerManager:
         if old is not None and old is not link:
             old.close()
         self.links[who.name] = link
+        if client_address:
+            self.client_addresses[who.name] = client_address
         return True
 
     def _refuse(self, link: _Link, why: str) -> None:
@@ -220,11 +250,60 @@ class PeerManager:
 
     async def _serve(self, link: _Link) -> None:
         clock = self.node.clock
+        rep = self.node.replication
         while True:
             frame = await self._next_frame(link)
             self.report(self.membership.heard(link.name, clock.monotonic()))
-            if isinstance(frame, Close):
+            if isinstance(frame, Replicate):
+                if rep is not None:
+                    rep.receive(link.name, frame.payload)
+            elif isinstance(frame, Forward):
+                task = asyncio.get_running_loop().create_task(self._answer(link, frame))
+                self._handlers.add(task)
+                task.add_done_callback(self._handlers.discard)
+            elif isinstance(frame, ForwardOk):
+                self._resolve(frame.rid, frame.payload, None)
+            elif isinstance(frame, Error) and frame.rid:
+                self._resolve(frame.rid, b"", for_code(frame.code, frame.message, active_hint=frame.active_hint))
+            elif isinstance(frame, Close):
                 return
+
+    # -- forwarded requests (location transparency) ----------------------------------------------
+
+    async def forward(self, name: str, kind: str, payload: bytes) -> bytes:
+        """Ask member ``name`` to do ``kind``; its answer, or the error it raised."""
+        link = self.links.get(name)
+        if link is None:
+            raise UnavailableError(f"node {name} is active for this request but not connected to {self.me.name}")
+        rid = self._next_rid
+        self._next_rid += 1
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._forwards[rid] = (name, fut)
+        try:
+            link.send(Forward(rid=rid, kind=kind, payload=payload))
+            async with asyncio.timeout(FORWARD_TIMEOUT):
+                return await fut
+        except TimeoutError:
+            raise UnavailableError(f"node {name} did not answer a forwarded {kind} in {FORWARD_TIMEOUT:.0f} s") \
+                from None
+        finally:
+            self._forwards.pop(rid, None)
+
+    def _resolve(self, rid: int, payload: bytes, err: BaseException | None) -> None:
+        entry = self._forwards.get(rid)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(err) if err is not None else entry[1].set_result(payload)
+
+    async def _answer(self, link: _Link, f: Forward) -> None:
+        try:
+            out = await self.node.handle_forward(f.kind, f.payload)
+            link.send(ForwardOk(rid=f.rid, payload=out))
+        except TandemError as exc:
+            link.send(Error(rid=f.rid, code=int(exc.code), message=exc.message,
+                            active_hint=getattr(exc, "active_hint", None)))
+        except Exception as exc:  # a bug must not kill the link: answer, and log it
+            log.exception("forwarded %s from %s failed", f.kind, link.name)
+            link.send(Error(rid=f.rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(exc)))
 
     async def _next_frame(self, link: _Link) -> Frame:
         while True:
@@ -241,4 +320,7 @@ class PeerManager:
         link.close()
         if self.links.get(link.name) is link:
             del self.links[link.name]
+            for _rid, (name, fut) in list(self._forwards.items()):
+                if name == link.name and not fut.done():
+                    fut.set_exception(UnavailableError(f"link to node {name} lost during a forwarded request"))
             self.report(self.membership.link_lost(link.name))

@@ -79,6 +79,9 @@ class ReplicaConfig:
     quorum_override: int | None = None
     designated_primary: str | None = None
     max_append: int = 512  # entries per AppendEntries
+    #: the placement's first node: among voters of equal priority it is preferred, so
+    #: that actives spread over the group as placement intends
+    preferred: str | None = None
 
     def __post_init__(self) -> None:
         if self.node not in self.voters and self.node not in self.learners:
@@ -96,6 +99,11 @@ class ReplicaConfig:
 
     def priority(self, node: str) -> int:
         return self.priorities.get(node, 1)
+
+    def rank(self, node: str) -> int:
+        """Priority, then placement preference: what elections prefer (0 never stands)."""
+        p = self.priority(node)
+        return 2 * p + (1 if p and node == self.preferred else 0)
 
     def quorum(self) -> int:
         """Voters (self included) needed to elect or to commit."""
@@ -140,10 +148,18 @@ class Replica:
         self._deferring_until = -1.0
         self._now = now
         self._election_at = now + self._timeout()
+        if config.preferred is not None and config.preferred != self.id:
+            # the first election of a new partition: let the placement's choice stand first
+            self._election_at += config.election_timeout / 2
         self._heartbeat_at = now
         self._ready = Ready()
 
     # -- helpers --------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """The time of the last tick."""
+        return self._now
 
     @property
     def last_index(self) -> int:
@@ -199,7 +215,7 @@ class Replica:
     def _timeout(self) -> float:
         # Higher priority -> shorter waits, so the preferred node usually stands first; a node
         # that just failed to win waits like everyone else, so it cannot starve the others.
-        spread = 1.0 if self._now < self._deferring_until else (4 - min(3, max(1, self.cfg.priority(self.id)))) / 3
+        spread = 0.5 if self._now < self._deferring_until else 0.5 * (8 - min(7, max(2, self.cfg.rank(self.id)))) / 6
         return self.cfg.election_timeout * (1.0 + self.rng.random() * spread)
 
     def _send(self, dst: str, msg: Message) -> None:
@@ -328,7 +344,7 @@ class Replica:
         last_term, last_index = self._recency()
         for v in self.cfg.voters:
             if v != self.id:
-                self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.priority(self.id)))
+                self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
 
     def _on_vote(self, m: RequestVote) -> None:
         if m.term > self.term:
@@ -337,7 +353,7 @@ class Replica:
         if m.term == self.term and self.voted_for in (None, m.candidate) and self.id in self.cfg.voters:
             ours = self._recency()
             theirs = (m.last_term, m.last_index)
-            mine = self.cfg.priority(self.id)
+            mine = self.cfg.rank(self.id)  # m.priority is the candidate's rank
             preferred = mine > m.priority and self._now >= self._deferring_until
             if theirs > ours or (theirs == ours and (not preferred or self.voted_for == m.candidate)):
                 granted = True

@@ -240,6 +240,8 @@ class PartitionState:
     delivered_upto: int = 0
     messages: list[StoredMessage] = field(default_factory=list)
     producers: dict[str, int] = field(default_factory=dict)
+    #: replicated mode: (index, term, origin) of the last log entry this state includes
+    applied: tuple[int, int, str] = (0, 0, "")
 
 
 @dataclass(slots=True)

@@ -93,7 +93,11 @@ class MemoryEngine:
 
     def load_partition(self, queue_id: int, partition: int) -> PartitionState:
         with self.disk.lock:
-            return self._state((queue_id, partition))
+            st = self._state((queue_id, partition))
+            lg = self.disk.logs.get((queue_id, partition))
+            if lg is not None:
+                st.applied = lg.applied
+            return st
 
     def _log(self, op: LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied) -> LogState:
         st = self.disk.logs.get((op.queue_id, op.partition))

@@ -339,6 +339,10 @@ class SqliteEngine:
                     st.next_offset = st.messages[-1].offset + 1
                 st.producers = dict(conn.exec_driver_sql(
                     "SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = ?", key).all())
+                pos = conn.exec_driver_sql("SELECT applied_index, applied_term, applied_origin FROM ha_state "
+                                           "WHERE queue_id = ? AND partition = ?", key).first()
+                if pos is not None:
+                    st.applied = (pos[0], pos[1], pos[2])
         except SQLAlchemyError as exc:
             raise StorageError(f"read failed: {exc}", orig=exc) from exc
         return st

@@ -57,6 +57,9 @@ class Op(IntEnum):
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
+    REPLICATE = 62
+    FORWARD = 63
+    FORWARD_OK = 64
 
 
 class Record:
@@ -435,6 +438,7 @@ class PeerHello(Frame):
     store_stamp: str
     priority: int
     votes: int
+    client_address: str = ""  # host:port clients reach this node at
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -445,12 +449,41 @@ class PeerWelcome(Frame):
     store_stamp: str
     priority: int
     votes: int
+    client_address: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replicate(Frame):
+    """Peer link: the replication messages of any number of partitions, batched per
+    link (encoded by :mod:`broker.replication`)."""
+
+    OP: ClassVar[Op] = Op.REPLICATE
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Forward(Frame):
+    """Peer link: a client request for a partition (or the queue catalogue) that is
+    active on the receiving node.  Answered by ForwardOk or Error with the same rid."""
+
+    OP: ClassVar[Op] = Op.FORWARD
+    rid: int
+    kind: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardOk(Frame):
+    OP: ClassVar[Op] = Op.FORWARD_OK
+    rid: int
+    payload: bytes
 
 
 _ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, PeerHello, PeerWelcome,
+        Replicate, Forward, ForwardOk,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 

@@ -95,6 +95,8 @@ async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path) ->
         await wait_until(lambda: state(n1, "n2") is RemoteState.UP, what="n2 Up")
         assert n2._peer_task is not None
         n2._peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
+        assert n2._replication_task is not None
+        n2._replication_task.cancel()  # ... and replication heartbeats
         await wait_until(lambda: state(n1, "n2") is RemoteState.DOWN, what="n2 Down by silence")
         assert "n2" in (n1.peers.links if n1.peers else {})  # the link itself is still open
     finally:

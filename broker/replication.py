@@ -1,0 +1,702 @@
+"""Replicated mode: the I/O that feeds each partition's :class:`ha.replica.Replica`.
+
+Every partition of every queue has a replication log on each node that holds
+it, and the group has one more log, the *catalogue* (key ``(0, 0)``), whose
+entries declare and delete queues.  What changes a partition (a publish batch,
+settlements, delivery counts and marks, producer sequences) is a list of store
+write ops; on the active those ops become one log entry per partition per turn
+of the event loop, the entry is shipped to the replicas, and once the core says
+it is committed (a quorum of voters, the active included, has it on disk) the
+ops are applied to the local store on every node and the client is confirmed.
+
+* **Persist before send.**  A Ready's log changes and hard state are one writer
+  submission: ``local_sync`` on the active, ``remote_sync`` on replicas.  A
+  replica's messages (votes, append replies) leave only once that write is
+  committed, in order; the active ships appends at once and counts itself
+  toward a commit only when :meth:`Replica.persisted` says its write is done.
+* **Only the active holds messages in memory.**  Replicas apply committed ops
+  to their store and nothing else.  A node that wins an election first commits
+  its no-op (so everything earlier is applied), then loads the partition from
+  its store and starts serving; a node that steps down drops the partition's
+  in-memory state, fails what was waiting on it, and forgets its deliveries.
+* **Compaction and snapshots.**  Applied entries are deleted from the log
+  ``KEEP_ENTRIES`` behind; a replica that needs older ones gets a snapshot: the
+  partition's state read from the store together with its applied position, in
+  one read transaction.
+
+Peer frames: ``Replicate`` carries the messages of any number of partitions to
+one peer, one frame per peer per turn of the loop; ``Forward``/``ForwardOk``
+carry client requests to the node that is active for them (location
+transparency, docs/replication.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from client.errors import NotActiveError, TandemError, UnavailableError
+from ha.messages import (
+    AppendEntries,
+    AppendReply,
+    EntriesDiscarded,
+    Entry,
+    Envelope,
+    InstallSnapshot,
+    Message,
+    Ready,
+    RequestVote,
+    RoleChanged,
+    VoteReply,
+)
+from ha.placement import DistributionPolicy, NodeList, place
+from ha.replica import Replica, ReplicaConfig, Role
+from storage.base import (
+    Append,
+    DropQueue,
+    DurabilityPolicy,
+    LogAppend,
+    LogCompact,
+    LogRecord,
+    LogState,
+    LogTruncate,
+    MarkDelivered,
+    PartitionState,
+    PutApplied,
+    PutHardState,
+    PutProducer,
+    PutQueue,
+    QueueMeta,
+    ResetPartition,
+    SetDeliveryCount,
+    Settle,
+    StoredMessage,
+    WriteOp,
+)
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+log = logging.getLogger("tandem.ha")
+
+Key = tuple[int, int]
+CATALOGUE: Key = (0, 0)
+Callback = Callable[[BaseException | None], None]
+
+KEEP_ENTRIES = 1000  # applied entries kept in the log for replicas that fall a little behind
+COMPACT_EVERY = 4000  # compact when this many applied entries have piled up
+MAX_EVENTS = 200
+
+
+# -- encoding: replication messages and log entries ------------------------------------------------
+
+
+def _entry_out(e: Entry) -> list[Any]:
+    return [e.term, e.index, e.data, e.origin, e.weak]
+
+
+def _entry_in(a: list[Any]) -> Entry:
+    return Entry(a[0], a[1], a[2], a[3], a[4])
+
+
+def encode_message(m: Message) -> list[Any]:
+    if isinstance(m, AppendEntries):
+        return [2, m.term, m.leader, m.prev_index, m.prev_term, m.prev_origin,
+                [_entry_out(e) for e in m.entries], m.commit]
+    if isinstance(m, AppendReply):
+        return [3, m.term, m.replica, m.success, m.match_index]
+    if isinstance(m, RequestVote):
+        return [0, m.term, m.candidate, m.last_index, m.last_term, m.priority]
+    if isinstance(m, VoteReply):
+        return [1, m.term, m.voter, m.granted]
+    return [4, m.term, m.leader, m.index, m.last_term, m.last_origin, m.data]
+
+
+def decode_message(a: list[Any]) -> Message:
+    kind = a[0]
+    if kind == 2:
+        return AppendEntries(a[1], a[2], a[3], a[4], a[5], tuple(_entry_in(e) for e in a[6]), a[7])
+    if kind == 3:
+        return AppendReply(a[1], a[2], a[3], a[4])
+    if kind == 0:
+        return RequestVote(a[1], a[2], a[3], a[4], a[5])
+    if kind == 1:
+        return VoteReply(a[1], a[2], a[3])
+    if kind == 4:
+        return InstallSnapshot(a[1], a[2], a[3], a[4], a[5], a[6])
+    raise ValueError(f"unknown replication message kind {kind!r}")
+
+
+def _meta_out(q: QueueMeta) -> list[Any]:
+    return [q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries, q.dead_letter_queue, q.max_length]
+
+
+def _meta_in(a: list[Any]) -> QueueMeta:
+    return QueueMeta(id=a[0], name=a[1], partitions=a[2], mapper=a[3], ring_size=a[4], max_deliveries=a[5],
+                     dead_letter_queue=a[6], max_length=a[7])
+
+
+def encode_ops(ops: list[WriteOp]) -> bytes:
+    """A log entry's payload: the ops of one partition (or of the catalogue)."""
+    out: list[Any] = []
+    for op in ops:
+        if isinstance(op, Append):
+            out.append(["A", op.next_offset, [[m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts]
+                                              for m in op.messages]])
+        elif isinstance(op, Settle):
+            out.append(["S", op.offsets])
+        elif isinstance(op, MarkDelivered):
+            out.append(["M", op.upto])
+        elif isinstance(op, SetDeliveryCount):
+            out.append(["D", op.items])
+        elif isinstance(op, PutProducer):
+            out.append(["P", op.producer_id, op.last_seq])
+        elif isinstance(op, PutQueue):
+            out.append(["Q", _meta_out(op.queue)])
+        elif isinstance(op, DropQueue):
+            out.append(["X", op.queue_id])
+        else:
+            raise TypeError(f"{type(op).__name__} is not a replicated op")
+    return msgpack.packb(out, use_bin_type=True)
+
+
+def decode_ops(key: Key, data: bytes) -> list[WriteOp]:
+    qid, p = key
+    ops: list[WriteOp] = []
+    for item in msgpack.unpackb(data, raw=False):
+        kind = item[0]
+        if kind == "A":
+            ops.append(Append(qid, p, [StoredMessage(*m) for m in item[2]], item[1]))
+        elif kind == "S":
+            ops.append(Settle(qid, p, item[1]))
+        elif kind == "M":
+            ops.append(MarkDelivered(qid, p, item[1]))
+        elif kind == "D":
+            ops.append(SetDeliveryCount(qid, p, [(o, dc) for o, dc in item[1]]))
+        elif kind == "P":
+            ops.append(PutProducer(qid, p, item[1], item[2]))
+        elif kind == "Q":
+            ops.append(PutQueue(_meta_in(item[1])))
+        elif kind == "X":
+            ops.append(DropQueue(item[1]))
+        else:
+            raise ValueError(f"unknown log op {kind!r}")
+    return ops
+
+
+def encode_snapshot(st: PartitionState) -> bytes:
+    return msgpack.packb([st.next_offset, st.delivered_upto, st.producers,
+                          [[m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts, m.dc]
+                           for m in st.messages]], use_bin_type=True)
+
+
+def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
+    """What installing a snapshot writes: the partition replaced by its state."""
+    qid, p = key
+    nxt, delivered, producers, msgs = msgpack.unpackb(data, raw=False)
+    stored = [StoredMessage(*m[:7]) for m in msgs]
+    ops: list[WriteOp] = [ResetPartition(qid, p)]
+    if stored or nxt:
+        ops.append(Append(qid, p, stored, nxt))
+    if delivered:
+        ops.append(MarkDelivered(qid, p, delivered))
+    # the stored count excludes the one the delivered mark adds back on load
+    counts = [(m[0], m[7] - (1 if m[0] < delivered else 0)) for m in msgs]
+    if any(dc for _o, dc in counts):
+        ops.append(SetDeliveryCount(qid, p, [(o, dc) for o, dc in counts if dc]))
+    ops.extend(PutProducer(qid, p, pid, seq) for pid, seq in producers.items())
+    return ops
+
+
+# -- one log ---------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class PartLog:
+    key: Key
+    replica: Replica
+    nodes: NodeList
+    applied: tuple[int, int, str] = (0, 0, "")
+    #: proposals of this node awaiting commit: index -> (ops, callbacks)
+    waiters: dict[int, tuple[list[WriteOp], list[Callback]]] = field(default_factory=dict)
+    staged_ops: list[WriteOp] = field(default_factory=list)
+    staged_cbs: list[Callback] = field(default_factory=list)
+    serving: bool = False  # active here, caught up, in-memory state loaded
+    serve_from: int = 0  # the index of this active's no-op: serving once it is applied
+    serve_term: int = 0
+    #: messages waiting for log writes to commit: (write seq, envelopes), in order
+    outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
+    write_seq: int = 0
+    done_seq: int = 0
+
+    @property
+    def name(self) -> str:
+        return "catalogue" if self.key == CATALOGUE else f"{self.key[0]}/{self.key[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class HaEvent:
+    at: float
+    kind: str  # role, HA-1014, override
+    partition: str
+    text: str
+
+
+class Replication:
+    def __init__(self, node: Node, logs: dict[Key, LogState]) -> None:
+        self.node = node
+        cfg = node.config
+        self.me = cfg.name
+        self.members = sorted([cfg.name, *cfg.peer_addresses()])
+        self.policy = DistributionPolicy(replicas=cfg.replicas, sync_replicas=cfg.sync_replicas)
+        self.priority = cfg.priority
+        self.quorum_override: int | None = None
+        self.designated_primary: str | None = cfg.name if cfg.designated_primary else None
+        self.logs: dict[Key, PartLog] = {}
+        self._stored = logs
+        self._rng = random.Random()
+        self._out: dict[str, list[Any]] = {}
+        self._flush_scheduled = False
+        self._stage_scheduled: set[PartLog] = set()
+        self.changed = asyncio.Event()  # set (and replaced) whenever a role or an active changes
+        self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
+        self.discarded_total = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._broken = False
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._open(CATALOGUE, NodeList(tuple(self.members), tuple(_sync(len(self.members)))))
+        for q in self.node.queues.values():
+            self._open_queue(q.meta)
+
+    def _open_queue(self, meta: QueueMeta) -> None:
+        for p, nodes in enumerate(place(self.policy, meta.partitions, self.members)):
+            if self.me in nodes.nodes and (meta.id, p) not in self.logs:
+                self._open((meta.id, p), nodes)
+
+    def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
+        cfg = self.node.config
+        voters = nodes.voters
+        dp = self.designated_primary if len(voters) == 2 and self.designated_primary in voters else None
+        override = self.quorum_override if self.quorum_override is None or self.quorum_override <= len(voters) \
+            else len(voters)
+        return ReplicaConfig(node=self.me, voters=voters, learners=nodes.learners,
+                             priorities={self.me: self.priority}, election_timeout=cfg.non_response_timeout,
+                             heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
+                             designated_primary=dp, preferred=nodes.nodes[0], max_append=256)
+
+    def _open(self, key: Key, nodes: NodeList) -> None:
+        st = self._stored.pop(key, None) or LogState()
+        entries = [Entry(r.term, r.index, r.data or None, r.origin, r.weak) for r in st.entries
+                   if r.index > st.snapshot[0]]
+        replica = Replica(self._replica_config(nodes), rng=random.Random(self._rng.random()),
+                          now=self.node.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
+                          commit=st.commit, snapshot=st.snapshot, applied=st.applied[0])
+        self.logs[key] = PartLog(key, replica, nodes, applied=st.applied)
+
+    def reconfigure(self) -> None:
+        """Priority, quorum_override or designated_primary changed: every log, at once."""
+        for plog in list(self.logs.values()):
+            self._handle(plog, plog.replica.reconfigure(self._replica_config(plog.nodes)))
+
+    async def run(self) -> None:
+        interval = min(0.05, self.node.config.keepalive_interval / 2)
+        clock = self.node.clock
+        while True:
+            now = clock.monotonic()
+            for plog in list(self.logs.values()):
+                self._handle(plog, plog.replica.tick(now))
+            await clock.sleep(interval)
+
+    def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for plog in self.logs.values():
+            self._fail_waiters(plog, UnavailableError(f"node {self.me} is shutting down"))
+
+    # -- the core's Ready ------------------------------------------------------------------------
+
+    def _handle(self, plog: PartLog, ready: Ready) -> None:
+        if self._broken:
+            return
+        r = plog.replica
+        key = plog.key
+        ops: list[WriteOp] = []
+        sync = False
+        if ready.snapshot is not None:
+            m = ready.snapshot
+            ops.extend(self._install(plog, m))
+        if ready.truncate_from is not None:
+            ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
+        if ready.snapshot is not None:
+            m = ready.snapshot
+            ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
+            ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
+        leader = r.role is Role.LEADER
+        policy = self.node.config.sync if leader else self.node.config.remote_sync
+        if ready.append:
+            ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
+                                                  for e in ready.append]))
+            sync = policy is DurabilityPolicy.SYNC
+        if ready.hard_state is not None:
+            hs = ready.hard_state
+            ops.append(PutHardState(key[0], key[1], hs.term, hs.voted_for, hs.commit))
+            if ready.messages and not leader:
+                sync = True  # a vote or a new term must be on disk before we say so
+        for ev in ready.events:
+            self._event(plog, ev)
+        callbacks: list[tuple[list[Callback], BaseException | None]] = []
+        if ready.committed:
+            ops.extend(self._apply(plog, ready.committed, callbacks))
+        if r.applied - r.snap_index >= COMPACT_EVERY:
+            upto = r.applied - KEEP_ENTRIES
+            r.compact(upto)
+            ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+        for cbs, err in callbacks:
+            for cb in cbs:
+                cb(err)
+        last = ready.append[-1] if ready.append else None
+        wait = bool(ops) and not leader and policy is not DurabilityPolicy.NO_SYNC
+        if ops:
+            plog.write_seq += 1
+            seq = plog.write_seq
+
+            def written(err: BaseException | None) -> None:
+                if err is not None:
+                    self._fatal(f"replication log write of {plog.name} failed: {err}")
+                    return
+                plog.done_seq = seq
+                while plog.outbox and plog.outbox[0][0] <= seq:
+                    for env in plog.outbox.popleft()[1]:
+                        self._send(key, env)
+                if last is not None and (policy is not DurabilityPolicy.NO_SYNC or not leader):
+                    self._handle(plog, plog.replica.persisted(last))
+                if plog.serve_from and not plog.serving and plog.applied[0] >= plog.serve_from:
+                    self._start_serving(plog)
+
+            self.node.writer.submit(ops, sync=sync, callback=written)
+            if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
+                self._handle(plog, r.persisted(last))
+        if ready.messages:
+            if leader and not wait:
+                for env in ready.messages:
+                    self._send(key, env)
+            elif wait or plog.outbox:
+                target = plog.write_seq
+                if plog.outbox and plog.outbox[-1][0] == target:
+                    plog.outbox[-1][1].extend(ready.messages)
+                else:
+                    plog.outbox.append((target, list(ready.messages)))
+            else:
+                for env in ready.messages:
+                    self._send(key, env)
+
+    def _fatal(self, why: str) -> None:
+        if self._broken:
+            return
+        self._broken = True
+        log.critical("%s: this node stops, its replicas elect another active", why)
+        self._spawn(self.node.stop())
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # -- applying committed entries ------------------------------------------------------------
+
+    def _apply(self, plog: PartLog, entries: list[Entry],
+               callbacks: list[tuple[list[Callback], BaseException | None]]) -> list[WriteOp]:
+        ops: list[WriteOp] = []
+        key = plog.key
+        for e in entries:
+            waiting = plog.waiters.pop(e.index, None)
+            if e.data is not None:
+                if waiting is not None and waiting[0] is not None:
+                    entry_ops = waiting[0]
+                else:
+                    entry_ops = decode_ops(key, e.data)
+                if key == CATALOGUE:
+                    self._apply_catalogue(entry_ops)
+                ops.extend(entry_ops)
+            if waiting is not None:
+                callbacks.append((waiting[1], None))
+            plog.applied = (e.index, e.term, e.origin)
+        ops.append(PutApplied(key[0], key[1], *plog.applied))
+        return ops
+
+    def _apply_catalogue(self, ops: list[WriteOp]) -> None:
+        for op in ops:
+            if isinstance(op, PutQueue):
+                self.node.catalogue_put(op.queue)
+                self._open_queue(op.queue)
+            elif isinstance(op, DropQueue):
+                self.node.catalogue_drop(op.queue_id)
+                for key in [k for k in self.logs if k[0] == op.queue_id]:
+                    plog = self.logs.pop(key)
+                    self._fail_waiters(plog, UnavailableError("the queue was deleted"))
+
+    def _install(self, plog: PartLog, m: InstallSnapshot) -> list[WriteOp]:
+        log.info("partition %s: installing a snapshot from %s at index %d", plog.name, m.leader, m.index)
+        plog.applied = (m.index, m.last_term, m.last_origin)
+        if plog.key == CATALOGUE:
+            metas = [_meta_in(a) for a in msgpack.unpackb(m.data, raw=False)]
+            ops: list[WriteOp] = []
+            have = {q.meta.id for q in self.node.queues.values()}
+            for meta in metas:
+                if meta.id not in have:
+                    ops.append(PutQueue(meta))
+            for qid in have - {meta.id for meta in metas}:
+                ops.append(DropQueue(qid))
+            self._apply_catalogue(ops)
+            return ops
+        return snapshot_ops(plog.key, m.data)
+
+    # -- roles -------------------------------------------------------------------------------------
+
+    def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded) -> None:
+        now = self.node.clock.time()
+        if isinstance(ev, RoleChanged):
+            level = logging.WARNING if ev.old == "active" or ev.new == "active" else logging.DEBUG
+            log.log(level, "partition %s on %s: %s -> %s in term %d (%s)", plog.name, self.me, ev.old, ev.new,
+                    ev.term, ev.reason)
+            if ev.new == "active" or ev.old == "active":
+                self.events.append(HaEvent(now, "role", plog.name, f"{self.me}: {ev.old} -> {ev.new} in term "
+                                                                   f"{ev.term} ({ev.reason})"))
+            if ev.new == "active":
+                plog.serve_from = plog.replica.last_index  # its no-op
+                plog.serve_term = ev.term
+            elif ev.old == "active":
+                self._stop_serving(plog, f"partition {plog.name} is no longer active on {self.me} ({ev.reason})")
+            self._notify()
+        else:
+            self.discarded_total += ev.count
+            log.error("HA-1014 partition %s on %s: %d entries from index %d discarded (never committed by the "
+                      "group)%s", plog.name, self.me, ev.count, ev.first_index, ev.term,
+                      f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed else "")
+            self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries discarded"
+                                       f" from index {ev.first_index}, {ev.committed} confirmed"))
+            if ev.committed:
+                self._resync(plog)
+
+    def _resync(self, plog: PartLog) -> None:
+        """Entries this node had applied were discarded (weak override): its store is wrong
+        for this partition.  Start it over empty; the active sends everything again."""
+        key = plog.key
+        r = plog.replica
+        log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
+        self.node.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
+                                 LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
+                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0)], sync=True)
+        replica = Replica(self._replica_config(plog.nodes), rng=random.Random(self._rng.random()),
+                          now=self.node.clock.monotonic(), term=r.term, voted_for=r.voted_for)
+        self.logs[key] = PartLog(key, replica, plog.nodes)
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _start_serving(self, plog: PartLog) -> None:
+        r = plog.replica
+        if r.role is not Role.LEADER or r.term != plog.serve_term:
+            return
+        plog.serve_from = 0
+        if plog.key == CATALOGUE:
+            plog.serving = True
+            self._notify()
+            return
+        term = r.term
+
+        async def load() -> None:
+            st = await asyncio.to_thread(self.node.engine.load_partition, *plog.key)
+            if r.role is not Role.LEADER or r.term != term or self.logs.get(plog.key) is not plog:
+                return
+            self.node.partition_loaded(plog.key, st)
+            plog.serving = True
+            log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term,
+                        len(st.messages))
+            self._notify()
+
+        self._spawn(load())
+
+    def _stop_serving(self, plog: PartLog, why: str) -> None:
+        was = plog.serving
+        plog.serving = False
+        plog.serve_from = 0
+        self._fail_waiters(plog, NotActiveError(why, active_hint=None))
+        if was and plog.key != CATALOGUE:
+            self.node.partition_unloaded(plog.key)
+
+    def _fail_waiters(self, plog: PartLog, err: TandemError) -> None:
+        waiters, plog.waiters = plog.waiters, {}
+        staged, plog.staged_cbs = plog.staged_cbs, []
+        plog.staged_ops = []
+        for _ops, cbs in waiters.values():
+            for cb in cbs:
+                cb(err)
+        for cb in staged:
+            cb(err)
+
+    # -- proposals ----------------------------------------------------------------------------------
+
+    def serving(self, key: Key) -> bool:
+        plog = self.logs.get(key)
+        return plog is not None and plog.serving
+
+    def propose(self, ops: list[WriteOp], callback: Callback | None) -> None:
+        """Replicate partition ops; ``callback(err)`` once all of them are committed (or not).
+
+        Ops of partitions not served here fail with NotActiveError (their messages are
+        the new active's business: a settlement lost this way means a redelivery)."""
+        by_key: dict[Key, list[WriteOp]] = {}
+        for op in ops:
+            by_key.setdefault((op.queue_id, op.partition), []).append(op)  # type: ignore[union-attr]
+        if not by_key:
+            if callback is not None:
+                callback(None)
+            return
+        remaining = [len(by_key)]
+        first_error: list[BaseException | None] = [None]
+
+        def one(err: BaseException | None) -> None:
+            if err is not None and first_error[0] is None:
+                first_error[0] = err
+            remaining[0] -= 1
+            if remaining[0] == 0 and callback is not None:
+                callback(first_error[0])
+
+        for key, kops in by_key.items():
+            plog = self.logs.get(key)
+            if plog is None or not plog.serving:
+                one(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
+                continue
+            self.stage(plog, kops, one)
+
+    def stage(self, plog: PartLog, ops: list[WriteOp], callback: Callback) -> None:
+        """Ops become one entry per log per turn of the event loop."""
+        plog.staged_ops.extend(ops)
+        plog.staged_cbs.append(callback)
+        if not self._stage_scheduled:
+            asyncio.get_running_loop().call_soon(self._flush_staged)
+        self._stage_scheduled.add(plog)
+
+    def _flush_staged(self) -> None:
+        plogs, self._stage_scheduled = self._stage_scheduled, set()
+        for plog in plogs:
+            ops, cbs = plog.staged_ops, plog.staged_cbs
+            plog.staged_ops, plog.staged_cbs = [], []
+            if not cbs:
+                continue
+            ready, entry = plog.replica.propose(encode_ops(ops))
+            if entry is None:
+                err = NotActiveError(f"partition {plog.name} is not active on {self.me}")
+                for cb in cbs:
+                    cb(err)
+            else:
+                plog.waiters[entry.index] = (ops, cbs)
+            self._handle(plog, ready)
+
+    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+        plog = self.logs[CATALOGUE]
+        if not plog.serving:
+            callback(NotActiveError(f"the catalogue is not active on {self.me}"))
+            return
+        self.stage(plog, [op], callback)
+
+    # -- who is active --------------------------------------------------------------------------------
+
+    def active_of(self, key: Key) -> str | None:
+        plog = self.logs.get(key)
+        if plog is None:
+            return None
+        r = plog.replica
+        if r.role is Role.LEADER:
+            return self.me if plog.serving else None
+        return r.leader
+
+    async def wait_active(self, key: Key, timeout: float) -> str:
+        """The node serving ``key``, waiting up to ``timeout`` for an election."""
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    who = self.active_of(key)
+                    if who is not None and (who != self.me or self.serving(key)):
+                        return who
+                    await self.changed.wait()
+        except TimeoutError:
+            raise UnavailableError(f"partition {key[0]}/{key[1]} has no active (waited {timeout:.1f} s): "
+                                   f"too few nodes up for a quorum?") from None
+
+    # -- transport ------------------------------------------------------------------------------------
+
+    def _send(self, key: Key, env: Envelope) -> None:
+        msg = env.msg
+        if isinstance(msg, InstallSnapshot) and msg.data is None:
+            self._spawn(self._send_snapshot(key, env))
+            return
+        self._out.setdefault(env.dst, []).append([key[0], key[1], encode_message(msg)])
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _send_snapshot(self, key: Key, env: Envelope) -> None:
+        if key == CATALOGUE:
+            data = msgpack.packb([_meta_out(q.meta) for q in self.node.queues.values()], use_bin_type=True)
+            pos = self.logs[key].applied
+        else:
+            st = await asyncio.to_thread(self.node.engine.load_partition, *key)
+            data = encode_snapshot(st)
+            pos = st.applied
+        m = env.msg
+        assert isinstance(m, InstallSnapshot)
+        log.info("partition %d/%d: sending a snapshot at index %d to %s", key[0], key[1], pos[0], env.dst)
+        full = InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data)
+        self._out.setdefault(env.dst, []).append([key[0], key[1], encode_message(full)])
+        self._flush()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, {}
+        peers = self.node.peers
+        if peers is None:
+            return
+        from client.protocol.frames import Replicate
+
+        for dst, items in out.items():
+            link = peers.links.get(dst)
+            if link is not None:
+                link.send(Replicate(payload=msgpack.packb(items, use_bin_type=True)))
+
+    def receive(self, src: str, payload: bytes) -> None:
+        """A Replicate frame from peer ``src``."""
+        if self._broken:
+            return
+        now = self.node.clock.monotonic()
+        for qid, p, raw in msgpack.unpackb(payload, raw=False):
+            plog = self.logs.get((qid, p))
+            if plog is None:
+                continue  # a queue this node does not know yet (the catalogue entry is on its way)
+            try:
+                msg = decode_message(raw)
+            except (ValueError, TypeError, IndexError) as exc:
+                log.warning("bad replication message from %s for %d/%d dropped: %r", src, qid, p, exc)
+                continue
+            r = plog.replica
+            if now - r.now > 0.01:  # the core's clock moves only in tick()
+                self._handle(plog, r.tick(now))
+            self._handle(plog, r.step(Envelope(src, self.me, msg)))
+
+
+def _sync(n: int) -> list[Any]:
+    from ha.placement import ReplicaKind
+
+    return [ReplicaKind.SYNC] * n
