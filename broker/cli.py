@@ -53,7 +53,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
-                "non_response_timeout"):
+                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -82,6 +82,51 @@ async def _serve(config: Any) -> int:
     logging.getLogger("tandem.broker").info("signal received: shutting down")
     await node.stop()
     return 0
+
+
+# -- cluster up ---------------------------------------------------------------------------------
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    return run_async(_run_cluster(args))
+
+
+async def _run_cluster(args: argparse.Namespace) -> int:
+    from broker.cluster import LocalCluster
+
+    extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
+    cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
+                           extra_args=extra)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"starting {args.nodes} node(s) in {args.data_dir} ...", flush=True)
+    try:
+        await cluster.start()
+        await cluster.wait_ready()
+        print(f"Tandem group of {args.nodes} node(s) is up (quorum reached)", flush=True)
+        for name, p in cluster.nodes.items():
+            print(f"  {name:6} client {p.host}:{p.address[1] if p.address else p.port}  peer "
+                  f"{cluster.peer_ports[name]}  log {p.log_path}", flush=True)
+        hosts = cluster.url.split("@", 1)[1]
+        print(f"  client URL : tandem://admin@{hosts}", flush=True)
+        pw = Path(args.data_dir) / "admin-password"
+        print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
+        print("  status     : tandem status --url tandem://admin:PASSWORD@" + hosts.split(",")[0], flush=True)
+        print("  stop with Ctrl-C", flush=True)
+        done = asyncio.ensure_future(stop.wait())
+        died = [asyncio.ensure_future(p.proc.wait()) for p in cluster.nodes.values() if p.proc is not None]
+        await asyncio.wait([done, *died], return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
+            dead = [n for n, p in cluster.nodes.items() if p.proc is not None and p.proc.returncode is not None]
+            print(f"node(s) {', '.join(dead)} exited: stopping the group (see their logs)", file=sys.stderr)
+        for t in (done, *died):
+            t.cancel()
+    finally:
+        print("stopping the group ...", flush=True)
+        await cluster.stop()
+    return 0 if stop.is_set() else 1
 
 
 # -- parser ------------------------------------------------------------------------------------
@@ -132,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between keep-alives on peer links (default 0.25)")
     group.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
                        help="seconds of silence before a peer is Down (default 1.0)")
+    group.add_argument("--remote-sync", dest="remote_sync",
+                       help="how replicas write what the active ships: SYNC, WRITE_NO_SYNC (default), NO_SYNC")
+    group.add_argument("--replicas", type=int, help="copies of each partition besides its active (default 2)")
+    group.add_argument("--sync-replicas", dest="sync_replicas", type=int,
+                       help="how many of the replicas vote and count for commits (default 2; others async)")
+    group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
+                       help="two-node group: this node goes on alone when its peer is gone")
     start.set_defaults(func=_broker_start)
 
     produce = sub.add_parser("produce", help="publish messages with confirms",
@@ -184,6 +236,34 @@ def build_parser() -> argparse.ArgumentParser:
     qo.add_argument("value", metavar="N|none")
     _url_args(qo)
     qo.set_defaults(func=commands.admin)
+    sp = asub.add_parser("set-priority", help="this node's election priority, at once",
+                         description="Change the election priority of the node --url points at: 0 never active, "
+                                     "1 normal, 2 high, 3 highest. Used by the next elections; logged loudly.")
+    sp.add_argument("value", metavar="0|1|2|3")
+    _url_args(sp)
+    sp.set_defaults(func=commands.admin)
+    dp = asub.add_parser("set-designated-primary", help="two-node group: let this node go on alone (on|off)",
+                         description="In a two-node group neither node has a majority alone. Turning this on for "
+                                     "the node --url points at lets it keep (or take) every partition when its "
+                                     "peer is gone. Only one of the two may have it; logged loudly.")
+    dp.add_argument("value", metavar="on|off")
+    _url_args(dp)
+    dp.set_defaults(func=commands.admin)
+
+    cl = sub.add_parser("cluster", help="run a local replication group")
+    clsub = cl.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    up = clsub.add_parser("up", help="start N node processes on this machine and wait for quorum",
+                          description="Start a local replication group: node i listens on BASE+10*(i-1) for "
+                                      "clients, +1 for peer links, +2 for HTTP; data in DATA_DIR/node<i>. "
+                                      "Prints the client URL listing every node; Ctrl-C stops them all. All "
+                                      "nodes share one admin password: TANDEM_ADMIN_PASSWORD, else a random "
+                                      "one in DATA_DIR/admin-password.")
+    up.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
+    up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
+    up.add_argument("--data-dir", dest="data_dir", default=".tandem", help="default .tandem")
+    up.add_argument("--sync", default="SYNC", help="the actives' durability policy (default SYNC)")
+    up.add_argument("--remote-sync", dest="remote_sync", help="the replicas' policy (default WRITE_NO_SYNC)")
+    up.set_defaults(func=_cluster_up)
 
     from broker.bench.cli import add_bench_parser
     add_bench_parser(sub)

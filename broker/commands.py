@@ -70,7 +70,7 @@ def consume(args: argparse.Namespace) -> int:
 async def _consume(args: argparse.Namespace) -> int:
     n = 0
     async with await client.connect(args.url, client_name="tandem-cli") as conn:
-        async with conn.consumer(args.queue, prefetch=args.prefetch) as c:
+        async with conn.group_consumer(args.queue, prefetch=args.prefetch) as c:
             while not args.count or n < args.count:
                 m = await c.next(args.timeout or None)
                 if m is None:
@@ -159,12 +159,7 @@ async def _status(args: argparse.Namespace) -> int:
     async with await client.connect(args.url, client_name="tandem-cli") as conn:
         st = await conn.status()
     if args.json:
-        print(json.dumps({
-            "node": st.node, "version": st.version, "store_stamp": st.store_stamp, "priority": st.priority,
-            "votes": st.votes, "quorum_state": st.quorum_state, "quorum_policy": st.quorum_policy,
-            "quorum_override": st.quorum_override,
-            "remotes": [{f: getattr(r, f) for f in r.__dataclass_fields__} for r in st.remotes],
-        }))
+        print(json.dumps(status_json(st)))
         return 0
     print(f"node {st.node} (version {st.version}, priority {st.priority}, votes {st.votes}, "
           f"store {st.store_stamp})")
@@ -178,15 +173,78 @@ async def _status(args: argparse.Namespace) -> int:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     else:
         print("(single node: no replication group configured)")
+    if st.partitions:
+        print(f"partitions (as {st.node} sees them):")
+        prow: list[tuple[str, ...]] = [("QUEUE", "PART", "STATE", "ACTIVE", "ROLE HERE", "TERM", "COMMIT",
+                                        "REPLICAS (lag)")]
+        for p in st.partitions:
+            reps = ", ".join(f"{r.node}:{r.kind}" + (f"({r.lag})" if p.role == "active" else "") for r in p.replicas)
+            prow.append((p.queue or "(catalogue)", str(p.partition), p.state, p.active or "-", p.role, str(p.term),
+                         str(p.commit), reps))
+        _table(prow)
+    if st.designated_primary:
+        print("designated primary: this node goes on alone when its peer is gone")
+    print(f"HA-1014 discarded entries: {st.discarded}")
+    if st.events:
+        print("recent HA events:")
+        for e in st.events[-20:]:
+            print(f"  {e}")
     return 0
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _record(r: Any) -> Any:
+    if hasattr(r, "__dataclass_fields__"):
+        return {f: _record(getattr(r, f)) for f in r.__dataclass_fields__}
+    if isinstance(r, list):
+        return [_record(x) for x in r]
+    return r
+
+
+def status_json(st: Any) -> dict[str, Any]:
+    return {
+        "node": st.node, "version": st.version, "store_stamp": st.store_stamp, "priority": st.priority,
+        "votes": st.votes, "quorum_state": st.quorum_state, "quorum_policy": st.quorum_policy,
+        "quorum_override": st.quorum_override, "designated_primary": st.designated_primary,
+        "remotes": _record(st.remotes), "partitions": _record(st.partitions), "events": list(st.events),
+        "ha_1014_discarded": st.discarded,
+    }
 
 
 # -- admin ----------------------------------------------------------------------------------
 
 
 def admin(args: argparse.Namespace) -> int:
+    if args.admin_command == "set-priority":
+        if args.value not in ("0", "1", "2", "3"):
+            raise InvalidArgumentError(f"priority {args.value!r}: 0 (never active), 1, 2 or 3 (highest)")
+        return _run(_set_option(args, "priority", int(args.value)))
+    if args.admin_command == "set-designated-primary":
+        if args.value.lower() not in ("on", "off"):
+            raise InvalidArgumentError(f"expected on or off, got {args.value!r}")
+        return _run(_set_option(args, "designated_primary", int(args.value.lower() == "on")))
     value = None if args.value.lower() == "none" else _positive(args.value)
     return _run(_admin(args, value))
+
+
+async def _set_option(args: argparse.Namespace, name: str, value: int) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if name == "priority":
+            st = await conn.set_priority(value)
+        else:
+            st = await conn.set_designated_primary(bool(value))
+    if args.json:
+        print(json.dumps({"node": st.node, "priority": st.priority, "designated_primary": st.designated_primary,
+                          "quorum_state": st.quorum_state}))
+    else:
+        print(f"node {st.node}: priority {st.priority}, designated primary "
+              f"{'on' if st.designated_primary else 'off'}; quorum now {st.quorum_state}")
+    return 0
 
 
 def _positive(text: str) -> int:

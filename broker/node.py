@@ -31,6 +31,7 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
+    NotActiveError,
     QueueExistsError,
     QueueFullError,
     QueueNotFoundError,
@@ -96,6 +97,7 @@ class Node:
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.address: tuple[str, int] = (config.host, config.port)
+        self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
 
     # -- lifecycle --------------------------------------------------------------------
@@ -259,6 +261,32 @@ class Node:
         if self.replication is not None:
             self.replication.quorum_override = nodes
             self.replication.reconfigure()
+
+    def set_option(self, name: str, value: int, *, by: str) -> None:
+        """Runtime ``priority`` or ``designated_primary``: effective at once, logged loudly."""
+        rep = self.replication
+        if rep is None:
+            raise InvalidArgumentError(f"this node is not in a replication group: {name} has no effect")
+        if name == "priority":
+            if not 0 <= value <= 3:
+                raise InvalidArgumentError(f"priority {value}: 0 (never active), 1, 2 or 3 (highest)")
+            old, self.priority = self.priority, value
+            rep.priority = value
+            log.warning("PRIORITY SET by %s on node %s: %d -> %d", by, self.config.name, old, value)
+        elif name == "designated_primary":
+            if value not in (0, 1):
+                raise InvalidArgumentError("designated_primary: 1 (on) or 0 (off)")
+            if value and len(rep.members) != 2:
+                raise InvalidArgumentError(f"designated_primary: only in a two-node group (this one has "
+                                           f"{len(rep.members)} members)")
+            rep.designated_primary = self.config.name if value else None
+            assert self.peers is not None  # a group member has both
+            self.peers.report(self.peers.membership.set_designated_primary(bool(value)))
+            log.warning("DESIGNATED PRIMARY %s by %s on node %s", "SET" if value else "CLEARED", by,
+                        self.config.name)
+        else:
+            raise InvalidArgumentError(f"unknown setting {name!r}: priority or designated_primary")
+        rep.reconfigure()
 
     def require_quorum(self, what: str) -> None:
         """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable."""
@@ -436,18 +464,38 @@ class Node:
     # -- publish -----------------------------------------------------------------------
 
     def publish(self, queue_name: str, producer_id: str | None, messages: list[PublishMessage],
-                done: PublishDone, *, hops: int = 0) -> None:
-        """Store a batch; ``done(stored, duplicates, error)`` runs once it is confirmed."""
+                done: PublishDone, *, hops: int = 0, partition: int | None = None) -> None:
+        """Store a batch; ``done(stored, duplicates, error)`` runs once it is confirmed.
+
+        ``partition``: all of them go there (a part another member mapped already: a
+        mapper may be stateful, e.g. round robin for messages without a key)."""
         if self.stopping:
             raise ShuttingDownError("node is shutting down")
         q = self.queue(queue_name)
+        if partition is not None:
+            if not 0 <= partition < q.meta.partitions:
+                raise InvalidArgumentError(f"queue {queue_name!r} has no partition {partition}")
+            pidxs = [partition] * len(messages)
+        else:
+            mapper = q.mapper.partition
+            pidxs = [mapper(m.key) for m in messages]
         rep = self.replication
         if rep is not None:
-            mapper = q.mapper.partition
             qid = q.meta.id
-            if not all(rep.serving((qid, mapper(m.key))) for m in messages):
-                self._publish_split(q, producer_id, messages, done, hops)
+            if not all(rep.serving((qid, p)) for p in set(pidxs)):
+                self._publish_split(q, producer_id, messages, pidxs, done, hops)
                 return
+            if producer_id is not None and hops < 3:
+                # The active changed before the entry committed: it may still commit (the new
+                # active has it) or not.  With a producer id a resend is safe, the new active
+                # drops what it already stored: send it there instead of failing the client.
+                first_done = done
+
+                def done(stored: int, duplicates: int, err: BaseException | None) -> None:
+                    if isinstance(err, NotActiveError):
+                        self._publish_split(q, producer_id, messages, pidxs, first_done, hops + 1)
+                    else:
+                        first_done(stored, duplicates, err)
         limit = self.config.max_message_size
         for m in messages:
             if len(m.body) > limit:
@@ -459,9 +507,7 @@ class Node:
         last_seq: dict[tuple[int, str], int] = {}
         duplicates = 0
         parts = q.partitions
-        mapper = q.mapper.partition
-        for m in messages:
-            pidx = mapper(m.key)
+        for m, pidx in zip(messages, pidxs):
             part = parts[pidx]
             if producer_id is not None and m.seq is not None:
                 last = part.producers.get(producer_id)
@@ -558,17 +604,16 @@ class Node:
         assert self.peers is not None  # only in a group
         return await self.peers.forward(who, kind, payload)
 
-    def _publish_split(self, q: Queue, producer_id: str | None, messages: list[PublishMessage],
+    def _publish_split(self, q: Queue, producer_id: str | None, messages: list[PublishMessage], pidxs: list[int],
                        done: PublishDone, hops: int) -> None:
         """Some messages belong to partitions active elsewhere (or electing): each part goes
         to its active; ``done`` sums the results.  Parts served here are stored at once, so
         a producer's sequences reach every partition in the order it sent them."""
         rep = self.replication
         assert rep is not None
-        mapper = q.mapper.partition
         by_part: dict[int, list[PublishMessage]] = {}
-        for m in messages:
-            by_part.setdefault(mapper(m.key), []).append(m)
+        for m, p in zip(messages, pidxs):
+            by_part.setdefault(p, []).append(m)
         totals = [0, 0, len(by_part)]
         errors: list[BaseException] = []
 
@@ -584,7 +629,7 @@ class Node:
         for pidx, msgs in by_part.items():
             if rep.serving((q.meta.id, pidx)):
                 try:
-                    self.publish(q.name, producer_id, msgs, part_done, hops=hops)
+                    self.publish(q.name, producer_id, msgs, part_done, hops=hops, partition=pidx)
                 except TandemError as exc:
                     part_done(0, 0, exc)
             else:
@@ -602,10 +647,10 @@ class Node:
                 raise UnavailableError("publish forwarded too many times while the group elects: retry")
             who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
             if who == self.config.name:
-                self.publish(q.name, producer_id, msgs, done, hops=hops + 1)
+                self.publish(q.name, producer_id, msgs, done, hops=hops + 1, partition=pidx)
                 return
             frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
-            out = await self._forward(who, f"publish:{hops + 1}", encode(frame)[4:])
+            out = await self._forward(who, f"publish:{hops + 1}:{pidx}", encode(frame)[4:])
             stored, duplicates = msgpack.unpackb(out)
         except TandemError as exc:
             done(0, 0, exc)
@@ -728,6 +773,7 @@ class Node:
 
         name, _, arg = kind.partition(":")
         if name == "publish":
+            hops, _, pidx = arg.partition(":")
             frame = expect(decode_payload(payload), Publish)
             fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
 
@@ -735,7 +781,8 @@ class Node:
                 if not fut.done():
                     fut.set_exception(err) if err else fut.set_result((st, dup))
 
-            self.publish(frame.queue, frame.producer_id, frame.messages, done, hops=int(arg or 1))
+            self.publish(frame.queue, frame.producer_id, frame.messages, done, hops=int(hops or 1),
+                         partition=int(pidx) if pidx else None)
             return msgpack.packb(list(await fut))
         if name == "declare":
             _info, created = await self.declare(expect(decode_payload(payload), Declare))
@@ -768,10 +815,18 @@ def status_of(node: Node, rid: int) -> StatusOk:
             ident = m.identity(name)
             remotes.append(RemoteNode(name, m.state(name).value, f"{host}:{port}",
                                       ident.priority if ident else 0, ident.votes if ident else 0,
-                                      ident.store_stamp if ident else ""))
+                                      ident.store_stamp if ident else "",
+                                      node.peers.client_addresses.get(name, "")))
+    partitions, events, discarded, dp = [], [], 0, False
+    rep = node.replication
+    if rep is not None:
+        partitions = rep.partition_infos()
+        events = [f"{e.kind} {e.partition}: {e.text}" for e in rep.events]
+        discarded, dp = rep.discarded_total, rep.designated_primary is not None
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
-                    priority=cfg.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
-                    quorum_override=override, remotes=remotes)
+                    priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
+                    quorum_override=override, remotes=remotes, partitions=partitions, events=events,
+                    discarded=discarded, designated_primary=dp)
 
 
 def _settings(meta: QueueMeta) -> dict[str, object]:

@@ -79,7 +79,8 @@ class PeerManager:
         self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
         self.membership = Membership(me=self.me, peers=tuple(self.addresses),
                                      non_response_timeout=cfg.non_response_timeout,
-                                     policy=QuorumPolicy.parse(cfg.quorum_policy))
+                                     policy=QuorumPolicy.parse(cfg.quorum_policy),
+                                     designated_primary=cfg.designated_primary)
         self.links: dict[str, _Link] = {}
         self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
         self._next_rid = 1

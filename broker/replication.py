@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from client.errors import NotActiveError, TandemError, UnavailableError
+from client.protocol.frames import PartitionInfo, ReplicaInfo
 from ha.messages import (
     AppendEntries,
     AppendReply,
@@ -231,6 +232,7 @@ class PartLog:
     serving: bool = False  # active here, caught up, in-memory state loaded
     serve_from: int = 0  # the index of this active's no-op: serving once it is applied
     serve_term: int = 0
+    known_leader: str | None = None  # to notice when the active changes
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
     write_seq: int = 0
@@ -330,6 +332,9 @@ class Replication:
             return
         r = plog.replica
         key = plog.key
+        if r.leader != plog.known_leader:
+            plog.known_leader = r.leader
+            self._notify()
         ops: list[WriteOp] = []
         sync = False
         if ready.snapshot is not None:
@@ -635,6 +640,25 @@ class Replication:
         except TimeoutError:
             raise UnavailableError(f"partition {key[0]}/{key[1]} has no active (waited {timeout:.1f} s): "
                                    f"too few nodes up for a quorum?") from None
+
+    def partition_infos(self) -> list[PartitionInfo]:
+        names = {q.meta.id: q.name for q in self.node.queues.values()}
+        out = []
+        for key in sorted(self.logs):
+            plog = self.logs[key]
+            r = plog.replica
+            active = self.active_of(key) or ""
+            state = "Active" if plog.serving else ("Replicating" if active else "Unavailable")
+            progress = r.progress()
+            replicas = []
+            for n, kind in zip(plog.nodes.nodes, plog.nodes.kinds):
+                if n == self.me:
+                    continue
+                match = progress.get(n, 0)
+                replicas.append(ReplicaInfo(n, kind.value, match, max(0, r.last_index - match) if progress else 0))
+            out.append(PartitionInfo("" if key == CATALOGUE else names.get(key[0], f"#{key[0]}"), key[1], state,
+                                     r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas))
+        return out
 
     # -- transport ------------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    SetOption,
     SetQuorumOverride,
     Status,
     StreamMessage,
@@ -458,6 +459,13 @@ class Session:
         self.node.set_quorum_override(f.nodes, by=self.client_name)
         self.send(status_of(self.node, f.rid))
 
+    async def _set_option(self, f: SetOption) -> None:
+        if self.user is None:
+            raise ProtocolError("request before the handshake")
+        require_admin(self.user, f"set {f.name}")  # allowed without quorum, like the override
+        self.node.set_option(f.name, f.value, by=self.client_name)
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         q = self.node.queue(f.queue)
         if not 0 <= f.partition < len(q.partitions):
@@ -502,4 +510,5 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
+    SetOption: Session._set_option,
 }

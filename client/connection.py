@@ -58,6 +58,7 @@ from client.protocol.frames import (
     Read,
     ReadOk,
     Reject,
+    SetOption,
     SetQuorumOverride,
     Status,
     StatusOk,
@@ -69,7 +70,7 @@ from client.protocol.frames import (
 from client.url import ConnectParams, parse_url
 
 if TYPE_CHECKING:
-    from client.consumer import Consumer, Message
+    from client.consumer import Consumer, GroupConsumer, Message
     from client.producer import Producer
 
 log = logging.getLogger("tandem.client")
@@ -111,6 +112,7 @@ class Connection:
         self._ack_flush_scheduled = False
         self.closed_event = asyncio.Event()
         self.closed_by_client = False
+        self._siblings: dict[str, Connection] = {}  # other group members (GroupConsumer)
 
     # -- open / close ---------------------------------------------------------------------
 
@@ -186,6 +188,9 @@ class Connection:
         for the node's Close, so every reply sent before it is read; then stop the
         tasks and fail whatever is still waiting."""
         self.closed_by_client = True
+        for sib in list(self._siblings.values()):
+            await sib.close(timeout=timeout)
+        self._siblings.clear()
         polite = False
         if self._writer is not None and self._closed is None and not self.proto.closed:
             # Settlements made before close() go out first; messages delivered but never
@@ -370,6 +375,15 @@ class Connection:
         """Operator override: the node keeps quorum with at least ``nodes`` members up (None clears it)."""
         return expect(await self.request(lambda rid: SetQuorumOverride(rid=rid, nodes=nodes)), StatusOk)
 
+    async def set_priority(self, priority: int) -> StatusOk:
+        """Operator change of this node's election priority (0 never active .. 3 highest)."""
+        return expect(await self.request(lambda rid: SetOption(rid=rid, name="priority", value=priority)), StatusOk)
+
+    async def set_designated_primary(self, on: bool) -> StatusOk:
+        """Two-node group: let this node go on alone when its peer is gone (or stop that)."""
+        return expect(await self.request(lambda rid: SetOption(rid=rid, name="designated_primary", value=int(on))),
+                      StatusOk)
+
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
         """One message, or None when the queue has none ready."""
         from client.consumer import Message
@@ -395,9 +409,30 @@ class Connection:
         return Producer(self, queue, producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight)
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> Consumer:
+        """A consumer of the partitions active on this connection's node."""
         from client.consumer import Consumer
 
         return Consumer(self, queue, prefetch=prefetch)
+
+    def group_consumer(self, queue: str, *, prefetch: int = 256) -> GroupConsumer:
+        """A consumer of the whole queue in a replication group: it subscribes on every
+        member (each delivers the partitions it is active for).  On a single node it is
+        the same as :meth:`consumer`."""
+        from client.consumer import GroupConsumer
+
+        return GroupConsumer(self, queue, prefetch=prefetch)
+
+    async def sibling(self, name: str, address: str) -> Connection:
+        """A connection to another member ``name`` at ``address`` with these credentials."""
+        old = self._siblings.get(name)
+        if old is not None and not old.is_closed:
+            return old
+        host, _, port = address.rpartition(":")
+        params = ConnectParams(**{**_params_dict(self.params), "hosts": ((host, int(port)),)})
+        conn = Connection(params, clock=self.clock)
+        await conn._open()
+        self._siblings[name] = conn
+        return conn
 
     async def subscribe(self, c: Consumer) -> int:
         """Subscribe ``c``.  The consumer is registered when the reply is read, even if

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from types import TracebackType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, TandemError
@@ -94,6 +95,8 @@ class Consumer:
         self._waiter: asyncio.Future[None] | None = None
         self._error: TandemError | None = None
         self.received = 0
+        #: set by a GroupConsumer: deliveries go there instead of this consumer's buffer
+        self.sink: Callable[[Connection, list[Delivery]], None] | None = None
 
     async def start(self) -> Consumer:
         """Subscribe (once: a start interrupted by a timeout is resumed, not repeated)."""
@@ -109,6 +112,10 @@ class Consumer:
             self.conn.settle(Nack, self._buffer.popleft().tag, delivered=False)
 
     def _deliver(self, deliveries: list[Delivery]) -> None:
+        if self.sink is not None:
+            self.received += len(deliveries)
+            self.sink(self.conn, deliveries)
+            return
         self._buffer.extend(deliveries)
         self.received += len(deliveries)
         w = self._waiter
@@ -167,6 +174,123 @@ class Consumer:
         await self.cancel()
 
     async def __aenter__(self) -> Consumer:
+        return await self.start()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+
+class GroupConsumer:
+    """Consumes a queue of a replication group: its partitions are active on several
+    members, each delivering only its own.  One subscription per member (the node of
+    ``conn`` and every other member, at the client addresses the group reports),
+    merged into one stream; each message settles on the connection it came from.
+    A member that is down is tried again every ``retry`` seconds, so partitions that
+    fail over to it keep flowing.  With a single node it is just a consumer."""
+
+    def __init__(self, conn: Connection, queue: str, *, prefetch: int = 256, retry: float = 1.0) -> None:
+        self.conn = conn
+        self.queue = queue
+        self.prefetch = prefetch
+        self.retry = retry
+        self.received = 0
+        self._buffer: deque[tuple[Connection, Delivery]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._parts: dict[str, Consumer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._error: TandemError | None = None
+        self._started = False
+
+    def _sink(self, conn: Connection, deliveries: list[Delivery]) -> None:
+        self._buffer.extend((conn, d) for d in deliveries)
+        self.received += len(deliveries)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def start(self) -> GroupConsumer:
+        if self._started:
+            return self
+        self._started = True
+        main = Consumer(self.conn, self.queue, prefetch=self.prefetch)
+        main.sink = self._sink
+        await main.start()
+        self._parts[self.conn.node or "?"] = main
+        st = await self.conn.status()
+        for r in st.remotes:
+            self._tasks.append(asyncio.ensure_future(self._member(r.name)))
+        return self
+
+    async def _member(self, name: str) -> None:
+        """Keep a subscription on member ``name`` while this consumer runs."""
+        while True:
+            try:
+                st = await self.conn.status()
+                addr = next((r.client_address for r in st.remotes if r.name == name), "")
+                if addr:
+                    sib = await self.conn.sibling(name, addr)
+                    c = Consumer(sib, self.queue, prefetch=self.prefetch)
+                    c.sink = self._sink
+                    await c.start()
+                    self._parts[name] = c
+                    await sib.closed_event.wait()
+                    self._parts.pop(name, None)
+            except (TandemError, OSError, asyncio.TimeoutError):
+                pass  # that member is down or refusing: try again shortly
+            if self.conn.is_closed:
+                return
+            await asyncio.sleep(self.retry)
+
+    def __aiter__(self) -> GroupConsumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        await self.start()
+        while not self._buffer:
+            if self.conn.is_closed:
+                if self.conn.closed_by_client:
+                    raise StopAsyncIteration
+                raise self.conn._closed or TandemError("connection closed")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(self.retry):
+                    await self._waiter
+            except TimeoutError:
+                pass  # look at the main connection again
+            self._waiter = None
+        conn, d = self._buffer.popleft()
+        return Message(conn, d)
+
+    async def next(self, timeout: float | None = None) -> Message | None:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except asyncio.TimeoutError:
+            return None
+        except StopAsyncIteration:
+            return None
+
+    async def cancel(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for c in list(self._parts.values()):
+            try:
+                await c.cancel()
+            except TandemError:
+                pass  # its connection is gone: nothing left to cancel there
+        self._parts.clear()
+        while self._buffer:  # handed to nobody: back to the queue, uncounted
+            conn, d = self._buffer.popleft()
+            if not conn.is_closed:
+                conn.settle(Nack, d.tag, delivered=False)
+
+    async def close(self) -> None:
+        await self.cancel()
+
+    async def __aenter__(self) -> GroupConsumer:
         return await self.start()
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,

@@ -139,6 +139,8 @@ class Membership:
     non_response_timeout: float = 1.0
     policy: QuorumPolicy = field(default_factory=QuorumPolicy)
     quorum_override: int | None = None  # minimum nodes up, overriding the policy (temporary)
+    #: two-node group: this node keeps quorum alone when its peer is gone
+    designated_primary: bool = False
 
     def __post_init__(self) -> None:
         if self.me.votes < 0 or not 0 <= self.me.priority <= 3:
@@ -227,6 +229,12 @@ class Membership:
         self.quorum_override = value
         return self._with_quorum([])
 
+    def set_designated_primary(self, on: bool) -> list[Change]:
+        if on and len(self._remotes) != 1:
+            raise ValueError(f"designated_primary: only in a two-node group (this one has {1 + len(self._remotes)})")
+        self.designated_primary = on
+        return self._with_quorum([])
+
     # -- internals ---------------------------------------------------------------------------------
 
     def _move(self, node: str, event: str, reason: str, changes: list[Change]) -> None:
@@ -248,7 +256,9 @@ class Membership:
         # (a copied store, an old version during an upgrade) must not shrink the quorum.
         known = list(self._remotes.values())
         total = self.me.votes + sum(r.identity.votes if r.identity is not None else 1 for r in known)
-        if self.quorum_override is not None:
+        if self.designated_primary:
+            holds = True  # the two-node group's tie-breaker: it goes on alone
+        elif self.quorum_override is not None:
             holds = 1 + len(self.up()) >= self.quorum_override
         else:
             holds = self.policy.holds(up_votes, total)

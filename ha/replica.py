@@ -156,6 +156,10 @@ class Replica:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def progress(self) -> dict[str, int]:
+        """On the active: the last index known to be on each other member."""
+        return dict(self._match) if self.role is Role.LEADER else {}
+
     @property
     def now(self) -> float:
         """The time of the last tick."""

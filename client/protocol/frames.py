@@ -54,6 +54,7 @@ class Op(IntEnum):
     STATUS = 50
     STATUS_OK = 51
     SET_QUORUM_OVERRIDE = 52
+    SET_OPTION = 53
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -392,6 +393,33 @@ class RemoteNode(Record):
     priority: int
     votes: int
     store_stamp: str
+    client_address: str = ""  # host:port its clients use ("" until its link came up)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo(Record):
+    """One replica of a partition, as the partition's active sees it."""
+
+    node: str
+    kind: str  # sync (votes) or async (learner)
+    match: int  # last log index known to be on it
+    lag: int  # entries behind the active
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo(Record):
+    """A partition as one node sees it (``tandem status``)."""
+
+    queue: str  # "" for the group's queue catalogue
+    partition: int
+    state: str  # Active (served here), Replicating (a replica here), Unavailable (no active known)
+    role: str  # this node's role: active, follower, candidate, learner
+    active: str  # the active this node knows of ("" none)
+    term: int
+    commit: int
+    applied: int
+    last_index: int
+    replicas: list[ReplicaInfo]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -415,6 +443,10 @@ class StatusOk(Frame):
     quorum_policy: str
     quorum_override: int | None
     remotes: list[RemoteNode]
+    partitions: list[PartitionInfo] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # recent HA events, oldest first
+    discarded: int = 0  # HA-1014: log entries this node has discarded since it started
+    designated_primary: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,6 +457,17 @@ class SetQuorumOverride(Frame):
     OP: ClassVar[Op] = Op.SET_QUORUM_OVERRIDE
     rid: int
     nodes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetOption(Frame):
+    """Operator change of a node setting at runtime: ``priority`` (0-3) or
+    ``designated_primary`` (1 on, 0 off).  Logged loudly; answered with StatusOk."""
+
+    OP: ClassVar[Op] = Op.SET_OPTION
+    rid: int
+    name: str
+    value: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -482,7 +525,7 @@ class ForwardOk(Frame):
 _ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
-        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, PeerHello, PeerWelcome,
+        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
