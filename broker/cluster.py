@@ -47,12 +47,28 @@ class LocalCluster:
             free = free_ports(2 * nodes)
             ports = {n: (free[2 * i], free[2 * i + 1]) for i, n in enumerate(names)}
         self.peer_ports = {n: p[1] for n, p in ports.items()}
+        #: (from, to) -> "host:port" where ``from`` reaches ``to``'s peer port (a FaultProxy)
+        self.peer_routes: dict[tuple[str, str], str] = {}
         self.nodes: dict[str, NodeProcess] = {}
+        self._extra = list(extra_args or [])
+        self._node_args = dict(node_args or {})
         for n in names:
-            peers = [a for o in names if o != n for a in ("--peer", f"{o}={host}:{ports[o][1]}")]
-            args = ["--peer-port", str(ports[n][1]), *peers, *(extra_args or []), *(node_args or {}).get(n, [])]
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
-                                        password=self.password, host=host, extra_args=args)
+                                        password=self.password, host=host)
+        self._arrange()
+
+    def _arrange(self) -> None:
+        names = list(self.nodes)
+        for n, p in self.nodes.items():
+            peers = [a for o in names if o != n for a in
+                     ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
+            p.extra_args = ["--peer-port", str(self.peer_ports[n]), *peers, *self._extra,
+                            *self._node_args.get(n, [])]
+
+    def route(self, src: str, dst: str, address: str) -> None:
+        """``src`` reaches ``dst``'s peer port at ``address`` (before start)."""
+        self.peer_routes[(src, dst)] = address
+        self._arrange()
 
     def _password_file(self) -> str:
         path = self.data_dir / "admin-password"

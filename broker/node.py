@@ -642,20 +642,31 @@ class Node:
 
         rep = self.replication
         assert rep is not None
-        try:
-            if hops >= 3:
-                raise UnavailableError("publish forwarded too many times while the group elects: retry")
-            who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
-            if who == self.config.name:
-                self.publish(q.name, producer_id, msgs, done, hops=hops + 1, partition=pidx)
+        deadline = self.clock.monotonic() + self.election_wait
+        frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
+        while True:
+            try:
+                if hops >= 3:
+                    raise UnavailableError("publish forwarded too many times while the group elects: retry")
+                who = await rep.wait_active((q.meta.id, pidx), max(0.1, deadline - self.clock.monotonic()))
+                if who == self.config.name:
+                    self.publish(q.name, producer_id, msgs, done, hops=hops + 1, partition=pidx)
+                    return
+                out = await self._forward(who, f"publish:{hops + 1}:{pidx}", encode(frame)[4:])
+                stored, duplicates = msgpack.unpackb(out)
+            except (UnavailableError, NotActiveError) as exc:
+                # The active went away mid-request.  With a producer id a resend is safe (the
+                # next active drops what it already has): try again until the deadline.
+                if producer_id is None or self.clock.monotonic() >= deadline or self.stopping:
+                    done(0, 0, exc)
+                    return
+                await rep.wait_change(0.2)
+                continue
+            except TandemError as exc:
+                done(0, 0, exc)
                 return
-            frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
-            out = await self._forward(who, f"publish:{hops + 1}:{pidx}", encode(frame)[4:])
-            stored, duplicates = msgpack.unpackb(out)
-        except TandemError as exc:
-            done(0, 0, exc)
+            done(stored, duplicates, None)
             return
-        done(stored, duplicates, None)
 
     async def _group_declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
         from broker.replication import CATALOGUE

@@ -628,6 +628,14 @@ class Replication:
             return self.me if plog.serving else None
         return r.leader
 
+    async def wait_change(self, timeout: float) -> None:
+        """Until a role or an active changes, or ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.changed.wait()
+        except TimeoutError:
+            pass  # nothing changed: the caller looks again
+
     async def wait_active(self, key: Key, timeout: float) -> str:
         """The node serving ``key``, waiting up to ``timeout`` for an election."""
         try:

@@ -1,0 +1,89 @@
+"""A fault-injecting TCP proxy, for tests and failover drills.
+
+``FaultProxy(target)`` listens on a port of its own and forwards every
+connection to ``target``.  ``cut()`` drops every connection through it and
+refuses new ones (accepts and closes at once, like a link that is gone);
+``heal()`` lets traffic through again.  Put one in front of a node's peer port
+(configure the other members to reach it through the proxy) and cutting it
+isolates that node from the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger("tandem.faults")
+
+
+class FaultProxy:
+    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.target = target
+        self.host, self.port = host, port
+        self.cut_off = False
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> FaultProxy:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones until :meth:`heal`."""
+        self.cut_off = True
+        for w in list(self._conns):
+            w.transport.abort()
+        self._conns.clear()
+        log.info("proxy %s -> %s:%d cut", self.address, *self.target)
+
+    def heal(self) -> None:
+        self.cut_off = False
+        log.info("proxy %s -> %s:%d healed", self.address, *self.target)
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut_off:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        if self.cut_off:
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
+        self._conns.update((writer, up_writer))
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            t = asyncio.get_running_loop().create_task(self._pipe(src, dst))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                data = await src.read(65536)
+                if not data or self.cut_off:
+                    break
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass  # either side went away: the link is over
+        finally:
+            dst.transport.abort()
+            self._conns.discard(dst)

@@ -1,0 +1,238 @@
+"""Replication groups of real node processes on loopback, with faults injected:
+kill -9 of an active, priority 0, two-node groups, quorum_override, and a node
+cut off by a fault-injecting proxy.  Every message is accounted for by the
+checker (broker.checker): lost, duplicated and unexpected must be 0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+import client
+from broker.checker import classify
+from broker.cluster import LocalCluster
+from broker.faults import FaultProxy
+from client.errors import TandemError, UnavailableError
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
+
+FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]
+
+
+@pytest_asyncio.fixture
+async def trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        yield cl
+    finally:
+        await cl.stop()
+
+
+async def actives(cl: LocalCluster, queue: str, partitions: int) -> dict[int, str]:
+    """Once every partition has an active: partition -> node."""
+    found: dict[int, str] = {}
+
+    async def all_active() -> bool:
+        nonlocal found
+        found = await cl.actives(queue)
+        return len(found) == partitions
+
+    await wait_until(all_active, timeout=30, what=f"an active for each partition of {queue}")
+    return found
+
+
+async def drain(url: str, queue: str, idle: float = 3.0) -> list[tuple[bytes, str]]:
+    """Consume the whole queue (every member) until ``idle`` seconds pass without a message."""
+    out: list[tuple[bytes, str]] = []
+    async with await client.connect(url) as conn:
+        async with conn.group_consumer(queue) as c:
+            while True:
+                m = await c.next(idle)
+                if m is None:
+                    return out
+                out.append((m.body, m.id))
+                await m.ack()
+
+
+async def produce(url: str, queue: str, bodies: list[bytes], confirmed: list[bytes], failed: list[bytes],
+                  window: int = 20) -> float:
+    """Send with confirms, ``window`` in flight; returns the longest wait for a confirm (s)."""
+    longest = 0.0
+    async with await client.connect(url) as conn:
+        p = conn.producer(queue)
+
+        async def one(b: bytes) -> None:
+            nonlocal longest
+            t = time.monotonic()
+            try:
+                await p.send(b, key=b.decode())
+                confirmed.append(b)
+            except TandemError:
+                failed.append(b)
+            longest = max(longest, time.monotonic() - t)
+
+        for i in range(0, len(bodies), window):
+            await asyncio.gather(*(one(b) for b in bodies[i:i + window]))
+    return longest
+
+
+async def test_kill_9_of_an_active_loses_no_confirmed_message(trio: LocalCluster) -> None:
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("orders", partitions=3)
+    act = await actives(cl, "orders", 3)
+    victim = act[0]
+    survivor = next(n for n in cl.nodes if n != victim)
+    bodies = [f"order-{i}".encode() for i in range(1500)]
+    confirmed: list[bytes] = []
+    failed: list[bytes] = []
+    sending = asyncio.ensure_future(produce(cl.url_of(survivor), "orders", bodies, confirmed, failed))
+    await wait_until(lambda: len(confirmed) >= 300, timeout=60, what="300 confirms before the kill")
+    await cl.nodes[victim].kill()  # kill -9 of the active of partition 0, producers still sending
+    longest = await sending
+    after = await actives(cl, "orders", 3)
+    assert victim not in after.values()
+    consumed = await drain(cl.url_of(survivor), "orders")
+    v = classify(bodies, confirmed, consumed)
+    print(f"kill -9 {victim}: {v.as_dict()} longest confirm wait {longest:.2f}s")
+    assert len(confirmed) >= 1400, f"producers did not continue after the failover: {v}"
+    assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+
+
+async def test_a_priority_0_node_is_never_active(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST,
+                      node_args={"node1": ["--priority", "0"]})
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node2")) as conn:
+            await conn.declare_queue("q", partitions=6)
+            await conn.producer("q").send_many([b"a", b"b", b"c"])
+        act = await actives(cl, "q", 6)
+        assert "node1" not in act.values()
+        st = await cl.status("node2")
+        assert all(p.active != "node1" for p in st.partitions if p.active)
+        busiest = max(("node2", "node3"), key=lambda n: list(act.values()).count(n))
+        await cl.nodes[busiest].kill()
+        act = await actives(cl, "q", 6)
+        other = "node3" if busiest == "node2" else "node2"
+        assert set(act.values()) == {other}  # node1 votes, keeps a copy, never stands
+        consumed = await drain(cl.url_of(other), "q")
+        assert sorted(b for b, _ in consumed) == [b"a", b"b", b"c"]
+    finally:
+        await cl.stop()
+
+
+async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password="test-password", extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            await conn.declare_queue("q", partitions=2)
+            await conn.producer("q").send_many([b"before-1", b"before-2"])
+        await actives(cl, "q", 2)
+        await cl.nodes["node2"].kill()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            async def refused() -> bool:
+                try:
+                    await conn.producer("q").send(b"refused")
+                except UnavailableError:
+                    return True
+                return False
+
+            await wait_until(refused, timeout=30, what="node1 to refuse writes alone")
+            st = await conn.set_designated_primary(True)
+            assert st.designated_primary and st.quorum_state != "Disabled"
+            await conn.producer("q").send(b"after")  # the survivor goes on alone
+        consumed = await drain(cl.url_of("node1"), "q")
+        got = sorted(b for b, _ in consumed)
+        assert b"after" in got and b"before-1" in got and b"before-2" in got
+    finally:
+        await cl.stop()
+
+
+async def test_quorum_override_1_restores_service_from_one_of_three(trio: LocalCluster) -> None:
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("q", partitions=3)
+        await conn.producer("q").send_many([f"m{i}".encode() for i in range(30)])
+    await actives(cl, "q", 3)
+    await cl.nodes["node2"].kill()
+    await cl.nodes["node3"].kill()
+    async with await client.connect(cl.url_of("node1")) as conn:
+        await wait_until(lambda: _disabled(conn), timeout=30, what="node1 without quorum")
+        with pytest.raises(UnavailableError):
+            await conn.producer("q").send(b"no quorum")
+        await conn.set_quorum_override(1)
+        await conn.producer("q").send(b"served alone")
+    consumed = await drain(cl.url_of("node1"), "q")
+    assert sorted(b for b, _ in consumed) == sorted([f"m{i}".encode() for i in range(30)] + [b"served alone"])
+
+
+async def _disabled(conn: client.Connection) -> bool:
+    return (await conn.status()).quorum_state == "Disabled"
+
+
+async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_1014_on_heal(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    # node1 and node2 dial node3 (names sort): both links to node3 go through proxies
+    proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start() for _ in range(2)]
+    cl.route("node1", "node3", proxies[0].address)
+    cl.route("node2", "node3", proxies[1].address)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            await conn.declare_queue("q", partitions=3)
+        await actives(cl, "q", 3)
+        for p in proxies:
+            p.cut()
+        async with await client.connect(cl.url_of("node3")) as iso:
+            await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
+            with pytest.raises(UnavailableError):
+                await iso.producer("q").send(b"refused", key="x")
+            # the majority side goes on, for every partition
+            confirmed: list[bytes] = []
+            failed: list[bytes] = []
+            majority = [f"maj-{i}".encode() for i in range(60)]
+            await produce(cl.url_of("node1"), "q", majority, confirmed, failed)
+            assert sorted(confirmed) == sorted(majority)
+            # the operator forces the isolated node to take writes alone: weak, reported on heal
+            await iso.set_quorum_override(1)
+            solo = iso.producer("q")
+
+            async def took_one() -> bool:
+                try:
+                    async with asyncio.timeout(3):
+                        await solo.send(b"solo", key="s")
+                    return True
+                except (TandemError, TimeoutError):
+                    return False
+
+            await wait_until(took_one, timeout=30, what="node3 to take a write under the override")
+            await iso.set_quorum_override(None)
+        for p in proxies:
+            p.heal()
+
+        async def reported() -> bool:
+            st = await cl.status("node3")
+            return st.discarded > 0 and any("HA-1014" in e for e in st.events)
+
+        await wait_until(reported, timeout=30, what="HA-1014 on node3 after healing")
+        consumed = await drain(cl.url_of("node1"), "q")
+        v = classify(majority + [b"solo"], confirmed, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert b"solo" not in {b for b, _ in consumed}  # discarded with node3's weak entries
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
