@@ -142,7 +142,7 @@ class Delivery:
                 expired.append((c, m))
                 continue
             self._release_one(c)
-            if not c.queue.deleted:
+            if not c.queue.deleted and self.node.serves(c.queue, m.partition):
                 back.setdefault(c.queue, []).append(m)
                 counts.setdefault((c.queue, m.partition), []).append((m.offset, m.dc))
         for q, msgs in back.items():
@@ -156,13 +156,19 @@ class Delivery:
         """Move messages to their queue's dead-letter queue (or drop them without one)."""
         ops: list[WriteOp] = []
         moved: dict[Queue, dict[int, list[Msg]]] = {}
+        rep = self.node.replication
         for c, m in settled:
             src = c.queue
             self._release_one(c)
-            if src.deleted:
+            if src.deleted or not self.node.serves(src, m.partition):
+                continue
+            dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
+            headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
+            if dlq is not None and rep is not None and not rep.serving((dlq.meta.id, dlq.mapper.partition(m.key))):
+                # the dead-letter partition is active elsewhere: settle here once it is stored there
+                self.node.dead_letter_remote(src, m, dlq, headers)
                 continue
             ops.append(Settle(src.meta.id, m.partition, [m.offset]))
-            dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
             if dlq is None or (dlq.meta.max_length and dlq.depth >= dlq.meta.max_length):
                 if src.meta.dead_letter_queue:
                     why = "missing" if dlq is None else "full"
@@ -171,7 +177,6 @@ class Delivery:
                 continue
             pidx = dlq.mapper.partition(m.key)
             part = dlq.partitions[pidx]
-            headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
             new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body, None, None, m.ts)
             part.next_offset += 1
             ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))

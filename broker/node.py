@@ -383,9 +383,45 @@ class Node:
         self.delivery.schedule(q)
 
     def partition_unloaded(self, key: tuple[int, int]) -> None:
+        """No longer the active: its messages and its deliveries are the new active's.  A
+        consumer's later ack of one of them gets an unknown-tag error, never a wrong message."""
         q = self.queue_by_id(key[0])
-        if q is not None and key[1] < len(q.partitions):
-            self._clear_partition(q, q.partitions[key[1]])
+        if q is None or key[1] >= len(q.partitions):
+            return
+        self._clear_partition(q, q.partitions[key[1]])
+        revoked = 0
+        for sess in self.sessions:
+            gone = [t for t, (c, m) in sess.deliveries.items() if c.queue is q and m.partition == key[1]]
+            for t in gone:
+                c, _m = sess.deliveries.pop(t)
+                c.unacked -= 1
+                q.unacked_count -= 1
+            revoked += len(gone)
+        if revoked:
+            log.warning("partition %d/%d: %d unacked deliveries revoked (the new active redelivers them)",
+                        key[0], key[1], revoked)
+            self.delivery.schedule(q)
+
+    def serves(self, q: Queue, pidx: int) -> bool:
+        """Whether this node holds the partition's messages (always, on a single node)."""
+        return self.replication is None or self.replication.serving((q.meta.id, pidx))
+
+    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None:
+        """Dead-letter ``m`` into a partition active on another member; settle it here once
+        stored there, put it back if that fails."""
+        pidx = dlq.mapper.partition(m.key)
+
+        def done(stored: int, _dup: int, err: BaseException | None) -> None:
+            if err is None:
+                self.write_later([Settle(src.meta.id, m.partition, [m.offset])])
+                return
+            log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, dlq.name, err)
+            if not src.deleted and self.serves(src, m.partition):
+                src.requeue([m])
+                self.delivery.schedule(src)
+
+        msg = PublishMessage(m.key, headers, m.body, None)
+        self._spawn(self._publish_remote(dlq, pidx, None, [msg], done, 0))
 
     @staticmethod
     def _clear_partition(q: Queue, part: Partition) -> None:
@@ -482,7 +518,10 @@ class Node:
         rep = self.replication
         if rep is not None:
             qid = q.meta.id
-            if not all(rep.serving((qid, p)) for p in set(pidxs)):
+            touched = set(pidxs)
+            # One partition per proposal: each commits (or fails over) on its own, so a
+            # failover never leaves half a batch committed and half to be resent.
+            if len(touched) > 1 or not rep.serving((qid, pidxs[0] if pidxs else 0)):
                 self._publish_split(q, producer_id, messages, pidxs, done, hops)
                 return
             if producer_id is not None and hops < 3:
@@ -668,7 +707,7 @@ class Node:
             done(stored, duplicates, None)
             return
 
-    async def _group_declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
+    async def _group_declare(self, frame: Declare, hops: int = 0) -> tuple[QueueInfo, bool]:
         from broker.replication import CATALOGUE
         from client.protocol.codec import encode
 
@@ -676,7 +715,9 @@ class Node:
         assert rep is not None
         who = await rep.wait_active(CATALOGUE, self.election_wait)
         if who != self.config.name:
-            out = await self._forward(who, "declare", encode(frame)[4:])
+            if hops >= 3:
+                raise UnavailableError("declare forwarded too many times while the group elects: retry")
+            out = await self._forward(who, f"declare:{hops + 1}", encode(frame)[4:])
             created = bool(msgpack.unpackb(out))
         else:
             existing = self.queues.get(frame.queue)
@@ -694,13 +735,13 @@ class Node:
             self._next_queue_id += 1
             await self._catalogue(PutQueue(meta))
             q = self.queues.get(frame.queue)
-            if q is None or q.meta.id != meta.id:
+            created = q is not None and q.meta.id == meta.id
+            if q is not None and not created and _settings(q.meta) != _settings(meta):
                 raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
-            created = True
         q = await self._wait_queue(frame.queue, present=True)
         return q.info(), created
 
-    async def _group_delete(self, name: str, if_empty: bool) -> None:
+    async def _group_delete(self, name: str, if_empty: bool, hops: int = 0) -> None:
         from broker.replication import CATALOGUE
 
         rep = self.replication
@@ -708,12 +749,35 @@ class Node:
         q = self.queue(name)
         who = await rep.wait_active(CATALOGUE, self.election_wait)
         if who != self.config.name:
-            await self._forward(who, "delete", msgpack.packb([name, if_empty]))
+            if hops >= 3:
+                raise UnavailableError("delete forwarded too many times while the group elects: retry")
+            await self._forward(who, f"delete:{hops + 1}", msgpack.packb([name, if_empty]))
         else:
-            if if_empty and q.depth:
-                raise InvalidArgumentError(f"queue {name!r} is not empty ({q.depth} messages here)")
+            if if_empty:
+                depth = await self._group_depth(q)
+                if depth:
+                    raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
             await self._catalogue(DropQueue(q.meta.id))
         await self._wait_queue(name, present=False)
+
+    async def _group_depth(self, q: Queue) -> int:
+        """Messages in the queue, asked of each partition's active."""
+        rep = self.replication
+        assert rep is not None
+        total = 0
+        for pidx in range(q.meta.partitions):
+            who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
+            if who == self.config.name:
+                total += self._partition_depth(q, pidx)
+            else:
+                total += int(msgpack.unpackb(await self._forward(who, "depth", msgpack.packb([q.name, pidx]))))
+        return total
+
+    def _partition_depth(self, q: Queue, pidx: int) -> int:
+        """Ready and delivered-but-unsettled messages of one partition served here."""
+        held = sum(1 for sess in self.sessions for c, m in sess.deliveries.values()
+                   if c.queue is q and m.partition == pidx)
+        return len(q.partitions[pidx].ready) + held
 
     async def _catalogue(self, op: WriteOp) -> None:
         rep = self.replication
@@ -796,12 +860,20 @@ class Node:
                          partition=int(pidx) if pidx else None)
             return msgpack.packb(list(await fut))
         if name == "declare":
-            _info, created = await self.declare(expect(decode_payload(payload), Declare))
+            decl = expect(decode_payload(payload), Declare)
+            validate_declare(decl)
+            _info, created = await self._group_declare(decl, int(arg or 1))
             return msgpack.packb(created)
         if name == "delete":
             qname, if_empty = msgpack.unpackb(payload)
-            await self.delete(qname, bool(if_empty))
+            await self._group_delete(qname, bool(if_empty), int(arg or 1))
             return b""
+        if name == "depth":
+            qname, pidx = msgpack.unpackb(payload)
+            q = self.queue(qname)
+            if self.replication is None or not self.replication.serving((q.meta.id, pidx)):
+                raise UnavailableError(f"partition {q.meta.id}/{pidx} is not active on {self.config.name}")
+            return msgpack.packb(self._partition_depth(q, pidx))
         if name == "purge":
             qname, pidx = msgpack.unpackb(payload)
             q = self.queue(qname)

@@ -84,7 +84,7 @@ class PeerManager:
         self.links: dict[str, _Link] = {}
         self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
         self._next_rid = 1
-        self._forwards: dict[int, tuple[str, asyncio.Future[bytes]]] = {}
+        self._forwards: dict[int, tuple[_Link, asyncio.Future[bytes]]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None
@@ -279,7 +279,7 @@ class PeerManager:
         rid = self._next_rid
         self._next_rid += 1
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._forwards[rid] = (name, fut)
+        self._forwards[rid] = (link, fut)
         try:
             link.send(Forward(rid=rid, kind=kind, payload=payload))
             async with asyncio.timeout(FORWARD_TIMEOUT):
@@ -321,7 +321,7 @@ class PeerManager:
         link.close()
         if self.links.get(link.name) is link:
             del self.links[link.name]
-            for _rid, (name, fut) in list(self._forwards.items()):
-                if name == link.name and not fut.done():
-                    fut.set_exception(UnavailableError(f"link to node {name} lost during a forwarded request"))
+        for _rid, (via, fut) in list(self._forwards.items()):
+            if via is link and not fut.done():
+                fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
             self.report(self.membership.link_lost(link.name))

@@ -233,6 +233,8 @@ class PartLog:
     serve_from: int = 0  # the index of this active's no-op: serving once it is applied
     serve_term: int = 0
     known_leader: str | None = None  # to notice when the active changes
+    durable_applied: int = 0  # applied entries whose store writes have committed
+    promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
     write_seq: int = 0
@@ -308,7 +310,7 @@ class Replication:
     def reconfigure(self) -> None:
         """Priority, quorum_override or designated_primary changed: every log, at once."""
         for plog in list(self.logs.values()):
-            self._handle(plog, plog.replica.reconfigure(self._replica_config(plog.nodes)))
+            self._guarded(plog, lambda: plog.replica.reconfigure(self._replica_config(plog.nodes)))
 
     async def run(self) -> None:
         interval = min(0.05, self.node.config.keepalive_interval / 2)
@@ -316,7 +318,7 @@ class Replication:
         while True:
             now = clock.monotonic()
             for plog in list(self.logs.values()):
-                self._handle(plog, plog.replica.tick(now))
+                self._guarded(plog, lambda: plog.replica.tick(now))
             await clock.sleep(interval)
 
     def stop(self) -> None:
@@ -328,74 +330,85 @@ class Replication:
     # -- the core's Ready ------------------------------------------------------------------------
 
     def _handle(self, plog: PartLog, ready: Ready) -> None:
-        if self._broken:
-            return
+        """Carry out one Ready: one writer submission, then (or at once, on the active)
+        the messages, then the callbacks of confirmed proposals."""
+        if self._broken or self.logs.get(plog.key) is not plog:
+            return  # a log that was replaced (resync) or dropped (queue deleted)
         r = plog.replica
         key = plog.key
         if r.leader != plog.known_leader:
             plog.known_leader = r.leader
             self._notify()
+        if key != CATALOGUE and any(isinstance(ev, EntriesDiscarded) and ev.committed for ev in ready.events):
+            # It had applied entries the group discarded: its store is wrong for this partition.
+            # Nothing of this Ready is carried out (its replies would promise a log about to go).
+            for ev in ready.events:
+                self._event(plog, ev)
+            self._resync(plog)
+            return
         ops: list[WriteOp] = []
         sync = False
-        if ready.snapshot is not None:
-            m = ready.snapshot
-            ops.extend(self._install(plog, m))
+        leader = r.role is Role.LEADER
+        policy = self.node.config.sync if leader else self.node.config.remote_sync
         if ready.truncate_from is not None:
             ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
         if ready.snapshot is not None:
             m = ready.snapshot
+            ops.extend(self._install(plog, m))
             ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
-        leader = r.role is Role.LEADER
-        policy = self.node.config.sync if leader else self.node.config.remote_sync
+            sync = True
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
                                                   for e in ready.append]))
-            sync = policy is DurabilityPolicy.SYNC
+            sync = sync or policy is DurabilityPolicy.SYNC
+        promise = False  # a new term or vote: on disk before anyone hears of it
         if ready.hard_state is not None:
             hs = ready.hard_state
             ops.append(PutHardState(key[0], key[1], hs.term, hs.voted_for, hs.commit))
-            if ready.messages and not leader:
-                sync = True  # a vote or a new term must be on disk before we say so
+            if (hs.term, hs.voted_for) != plog.promised:
+                plog.promised = (hs.term, hs.voted_for)
+                promise = True
+                sync = True
         for ev in ready.events:
             self._event(plog, ev)
-        callbacks: list[tuple[list[Callback], BaseException | None]] = []
+        callbacks: list[list[Callback]] = []
         if ready.committed:
             ops.extend(self._apply(plog, ready.committed, callbacks))
         if r.applied - r.snap_index >= COMPACT_EVERY:
-            upto = r.applied - KEEP_ENTRIES
-            r.compact(upto)
+            r.compact(r.applied - KEEP_ENTRIES)
             ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
-        for cbs, err in callbacks:
-            for cb in cbs:
-                cb(err)
         last = ready.append[-1] if ready.append else None
-        wait = bool(ops) and not leader and policy is not DurabilityPolicy.NO_SYNC
+        # Messages of a replica wait for the write (they promise what is on disk); the
+        # active's appends go at once (it counts itself only once persisted), except
+        # right after it won: its term must be on disk first.
+        wait = bool(ops) and (promise or (not leader and policy is not DurabilityPolicy.NO_SYNC))
         if ops:
             plog.write_seq += 1
             seq = plog.write_seq
+            applied_upto = plog.applied[0]
 
             def written(err: BaseException | None) -> None:
                 if err is not None:
                     self._fatal(f"replication log write of {plog.name} failed: {err}")
                     return
+                if self.logs.get(key) is not plog:
+                    return
                 plog.done_seq = seq
+                plog.durable_applied = max(plog.durable_applied, applied_upto)
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
                         self._send(key, env)
                 if last is not None and (policy is not DurabilityPolicy.NO_SYNC or not leader):
-                    self._handle(plog, plog.replica.persisted(last))
-                if plog.serve_from and not plog.serving and plog.applied[0] >= plog.serve_from:
+                    self._guarded(plog, lambda: plog.replica.persisted(last))
+                if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
                     self._start_serving(plog)
 
             self.node.writer.submit(ops, sync=sync, callback=written)
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
-                self._handle(plog, r.persisted(last))
+                self._guarded(plog, lambda: r.persisted(last))
         if ready.messages:
-            if leader and not wait:
-                for env in ready.messages:
-                    self._send(key, env)
-            elif wait or plog.outbox:
+            if wait or plog.outbox:
                 target = plog.write_seq
                 if plog.outbox and plog.outbox[-1][0] == target:
                     plog.outbox[-1][1].extend(ready.messages)
@@ -404,6 +417,21 @@ class Replication:
             else:
                 for env in ready.messages:
                     self._send(key, env)
+        for cbs in callbacks:
+            for cb in cbs:
+                try:
+                    cb(None)
+                except Exception:  # a confirm callback must not stop replication
+                    log.exception("partition %s: a commit callback failed", plog.name)
+
+    def _guarded(self, plog: PartLog, step: Callable[[], Ready]) -> None:
+        """Feed the core and handle its Ready; an unexpected error stops this node (its
+        state may be inconsistent) rather than the replication task or a peer link."""
+        try:
+            self._handle(plog, step())
+        except Exception as exc:
+            log.exception("partition %s: replication failed", plog.name)
+            self._fatal(f"replication of {plog.name} failed: {exc!r}")
 
     def _fatal(self, why: str) -> None:
         if self._broken:
@@ -419,8 +447,7 @@ class Replication:
 
     # -- applying committed entries ------------------------------------------------------------
 
-    def _apply(self, plog: PartLog, entries: list[Entry],
-               callbacks: list[tuple[list[Callback], BaseException | None]]) -> list[WriteOp]:
+    def _apply(self, plog: PartLog, entries: list[Entry], callbacks: list[list[Callback]]) -> list[WriteOp]:
         ops: list[WriteOp] = []
         key = plog.key
         for e in entries:
@@ -431,24 +458,31 @@ class Replication:
                 else:
                     entry_ops = decode_ops(key, e.data)
                 if key == CATALOGUE:
-                    self._apply_catalogue(entry_ops)
+                    entry_ops = self._apply_catalogue(entry_ops)
                 ops.extend(entry_ops)
             if waiting is not None:
-                callbacks.append((waiting[1], None))
+                callbacks.append(waiting[1])
             plog.applied = (e.index, e.term, e.origin)
         ops.append(PutApplied(key[0], key[1], *plog.applied))
         return ops
 
-    def _apply_catalogue(self, ops: list[WriteOp]) -> None:
+    def _apply_catalogue(self, ops: list[WriteOp]) -> list[WriteOp]:
+        """Apply committed catalogue ops here; the ops to store (a declare that lost a race
+        for its name is a no-op everywhere)."""
+        out: list[WriteOp] = []
         for op in ops:
             if isinstance(op, PutQueue):
-                self.node.catalogue_put(op.queue)
-                self._open_queue(op.queue)
+                if self.node.catalogue_put(op.queue):
+                    self._open_queue(op.queue)
+                    out.append(op)
             elif isinstance(op, DropQueue):
                 self.node.catalogue_drop(op.queue_id)
                 for key in [k for k in self.logs if k[0] == op.queue_id]:
                     plog = self.logs.pop(key)
                     self._fail_waiters(plog, UnavailableError("the queue was deleted"))
+                out.append(op)
+        self._notify()
+        return out
 
     def _install(self, plog: PartLog, m: InstallSnapshot) -> list[WriteOp]:
         log.info("partition %s: installing a snapshot from %s at index %d", plog.name, m.leader, m.index)
@@ -462,13 +496,13 @@ class Replication:
                     ops.append(PutQueue(meta))
             for qid in have - {meta.id for meta in metas}:
                 ops.append(DropQueue(qid))
-            self._apply_catalogue(ops)
-            return ops
+            return self._apply_catalogue(ops)
         return snapshot_ops(plog.key, m.data)
 
     # -- roles -------------------------------------------------------------------------------------
 
     def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded) -> None:
+        """Log it, record it, act on a role change."""
         now = self.node.clock.time()
         if isinstance(ev, RoleChanged):
             level = logging.WARNING if ev.old == "active" or ev.new == "active" else logging.DEBUG
@@ -483,28 +517,30 @@ class Replication:
             elif ev.old == "active":
                 self._stop_serving(plog, f"partition {plog.name} is no longer active on {self.me} ({ev.reason})")
             self._notify()
-        else:
-            self.discarded_total += ev.count
-            log.error("HA-1014 partition %s on %s: %d entries from index %d discarded (never committed by the "
-                      "group)%s", plog.name, self.me, ev.count, ev.first_index, ev.term,
-                      f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed else "")
-            self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries discarded"
-                                       f" from index {ev.first_index}, {ev.committed} confirmed"))
-            if ev.committed:
-                self._resync(plog)
+            return
+        self.discarded_total += ev.count
+        log.error("HA-1014 partition %s on %s: %d entries from index %d discarded in term %d (never "
+                  "committed by the group)%s", plog.name, self.me, ev.count, ev.first_index, ev.term,
+                  f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed else "")
+        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries discarded"
+                                   f" from index {ev.first_index}, {ev.committed} confirmed"))
 
     def _resync(self, plog: PartLog) -> None:
-        """Entries this node had applied were discarded (weak override): its store is wrong
-        for this partition.  Start it over empty; the active sends everything again."""
+        """Entries this node had applied were discarded (it confirmed them under a weak
+        override): its store is wrong for this partition.  Start the partition over
+        empty, after everything already submitted; the active sends it all again (or a
+        snapshot).  Until then it neither votes nor stands (``recovering``)."""
         key = plog.key
         r = plog.replica
         log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
+        self._stop_serving(plog, f"partition {plog.name} is being rebuilt on {self.me}")
+        self._fail_waiters(plog, UnavailableError(f"partition {plog.name} is being rebuilt on {self.me}"))
         self.node.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
                                  LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
                                  PutHardState(key[0], key[1], r.term, r.voted_for, 0)], sync=True)
         replica = Replica(self._replica_config(plog.nodes), rng=random.Random(self._rng.random()),
-                          now=self.node.clock.monotonic(), term=r.term, voted_for=r.voted_for)
-        self.logs[key] = PartLog(key, replica, plog.nodes)
+                          now=self.node.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
+        self.logs[key] = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
 
     def _notify(self) -> None:
         self.changed.set()
@@ -601,6 +637,8 @@ class Replication:
             plog.staged_ops, plog.staged_cbs = [], []
             if not cbs:
                 continue
+            if self.logs.get(plog.key) is not plog:
+                continue
             ready, entry = plog.replica.propose(encode_ops(ops))
             if entry is None:
                 err = NotActiveError(f"partition {plog.name} is not active on {self.me}")
@@ -608,7 +646,11 @@ class Replication:
                     cb(err)
             else:
                 plog.waiters[entry.index] = (ops, cbs)
-            self._handle(plog, ready)
+            try:
+                self._handle(plog, ready)
+            except Exception as exc:
+                log.exception("partition %s: replication failed", plog.name)
+                self._fatal(f"replication of {plog.name} failed: {exc!r}")
 
     def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
         plog = self.logs[CATALOGUE]
@@ -638,6 +680,16 @@ class Replication:
 
     async def wait_active(self, key: Key, timeout: float) -> str:
         """The node serving ``key``, waiting up to ``timeout`` for an election."""
+        if key not in self.logs:
+            # not a replica of it (a group larger than the copies): ask one that is
+            q = self.node.queue_by_id(key[0])
+            peers = self.node.peers
+            if q is not None and peers is not None and key[1] < q.meta.partitions:
+                holders = place(self.policy, q.meta.partitions, self.members)[key[1]].nodes
+                for n in holders:
+                    if n in peers.links:
+                        return n
+            raise UnavailableError(f"partition {key[0]}/{key[1]}: no member holding it is reachable from {self.me}")
         try:
             async with asyncio.timeout(timeout):
                 while True:
@@ -724,8 +776,8 @@ class Replication:
                 continue
             r = plog.replica
             if now - r.now > 0.01:  # the core's clock moves only in tick()
-                self._handle(plog, r.tick(now))
-            self._handle(plog, r.step(Envelope(src, self.me, msg)))
+                self._guarded(plog, lambda: r.tick(now))
+            self._guarded(plog, lambda: plog.replica.step(Envelope(src, self.me, msg)))
 
 
 def _sync(n: int) -> list[Any]:

@@ -117,7 +117,8 @@ class ReplicaConfig:
 class Replica:
     def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
                  term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None,
-                 commit: int = 0, snapshot: tuple[int, int, str] = (0, 0, ""), applied: int | None = None) -> None:
+                 commit: int = 0, snapshot: tuple[int, int, str] = (0, 0, ""), applied: int | None = None,
+                 recovering: bool = False) -> None:
         """``snapshot`` is (index, term, origin) of the last entry compacted away (its effect
         is in the driver's applied state); ``log`` the entries after it.  ``applied`` is
         how far the driver's state goes (default: ``commit``); committed entries after it
@@ -135,6 +136,9 @@ class Replica:
         self.commit = max(self.snap_index, min(commit, self.last_index))
         self.applied = self.commit if applied is None else max(self.snap_index, min(applied, self.commit))
         self._persisted = self.last_index  # what the driver has on disk (see persisted())
+        #: rebuilt empty after losing state (HA-1014 of confirmed entries): neither votes nor
+        #: stands until an active has brought it up to that active's commit index
+        self.recovering = recovering
         self._snapshot_sent: dict[str, float] = {}
         self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
         self.leader: str | None = None
@@ -334,7 +338,7 @@ class Replica:
             # Our last bid failed: stop pressing our priority for a while (see _on_vote).
             self._deferring_until = self._now + 4 * self.cfg.election_timeout
         self._election_at = self._now + self._timeout()
-        if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters:
+        if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters or self.recovering:
             return
         self._become("election_timeout", "no word from an active")
         self.term += 1
@@ -354,7 +358,8 @@ class Replica:
         if m.term > self.term:
             self._observe_term(m.term)
         granted = False
-        if m.term == self.term and self.voted_for in (None, m.candidate) and self.id in self.cfg.voters:
+        if (m.term == self.term and self.voted_for in (None, m.candidate) and self.id in self.cfg.voters
+                and not self.recovering):
             ours = self._recency()
             theirs = (m.last_term, m.last_index)
             mine = self.cfg.rank(self.id)  # m.priority is the candidate's rank
@@ -420,6 +425,10 @@ class Replica:
             entries: tuple[Entry, ...] = ()
         else:
             entries = tuple(self.entries(nxt, nxt + self.cfg.max_append - 1))
+            if entries:
+                # Pipelining: the next send starts after these.  A lost message shows up as
+                # a mismatch on the next append, whose failure reply moves _next back.
+                self._next[p] = entries[-1].index + 1
         prev = nxt - 1
         self._send(p, AppendEntries(self.term, self.id, prev, self._term_at(prev), self._origin_at(prev), entries,
                                     self.commit))
@@ -473,6 +482,8 @@ class Replica:
             self.log.append(e)
             self._ready.append.append(e)
         match = m.prev_index + len(m.entries)
+        if self.recovering and match >= m.commit:
+            self.recovering = False  # it has all the active had committed
         if m.commit > self.commit:
             self.commit = max(self.commit, min(m.commit, match))  # a late, shorter append never lowers it
         self._send(m.leader, AppendReply(self.term, self.id, True, match))
@@ -506,6 +517,7 @@ class Replica:
         self.applied = m.index
         self._persisted = max(self._persisted, m.index)
         self._ready.snapshot = m
+        self.recovering = False
         self._ready.committed = [e for e in self._ready.committed if e.index > m.index]
         self._hard_state_changed()
         self._send(m.leader, AppendReply(self.term, self.id, True, m.index))

@@ -212,6 +212,14 @@ class SqliteEngine:
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA busy_timeout=10000")
         cur.close()
+        # pysqlite opens a transaction only before DML, so each SELECT of a "read
+        # transaction" would see its own snapshot.  SQLAlchemy's recipe: no implicit
+        # transactions in the driver, an explicit BEGIN on every begin (see _on_begin).
+        dbapi_conn.isolation_level = None
+
+    @staticmethod
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -219,6 +227,7 @@ class SqliteEngine:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
         event.listen(self._engine, "connect", self._on_connect)
+        event.listen(self._engine, "begin", self._on_begin)
         try:
             self._writer = self._engine.connect()
             with self._writer.begin():
@@ -387,8 +396,12 @@ class SqliteEngine:
         try:
             mode = "FULL" if sync else "NORMAL"
             if mode != self._sync_mode:
-                conn.exec_driver_sql(f"PRAGMA synchronous={mode}")
-                conn.commit()
+                if conn.in_transaction():
+                    conn.rollback()
+                # not inside a transaction (SQLite refuses): straight on the driver connection
+                raw = conn.connection.driver_connection
+                assert raw is not None  # an open connection has one
+                raw.execute(f"PRAGMA synchronous={mode}")
                 self._sync_mode = mode
             with conn.begin():
                 self._apply(conn, ops)

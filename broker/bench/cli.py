@@ -26,7 +26,13 @@ def add_bench_parser(sub: Any) -> None:
                     "NATS JetStream (file storage, R1) in the same run and prints the ratios.")
     p.add_argument("--url", help="a running node, tandem://user:password@host:port")
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
-    p.add_argument("--sync", default="SYNC", help="durability policy of the spawned node (default SYNC)")
+    p.add_argument("--sync", default="SYNC", help="durability policy of the spawned node(s) (default SYNC)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="with --spawn: a replication group of this many nodes (replicas write WRITE_NO_SYNC)")
+    p.add_argument("--rabbitmq-nodes", dest="rabbitmq_nodes", type=int, default=1,
+                   help="how many nodes the RabbitMQ at --rabbitmq-url has (reported with the figures)")
+    p.add_argument("--nats-replicas", dest="nats_replicas", type=int, default=1,
+                   help="replicas of the NATS stream (R3 needs a 3-node NATS cluster at --nats-url)")
     p.add_argument("--messages", type=int, default=100_000, help="messages in the throughput phase")
     p.add_argument("--size", type=int, default=1024, help="message size in bytes (>= 8)")
     p.add_argument("--producers", type=int, default=1)
@@ -75,9 +81,19 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
 
     runs: list[RunResult] = []
     node = None
+    cluster = None
     tmp = None
     try:
-        if args.spawn:
+        if args.spawn and args.nodes > 1:
+            from broker.cluster import LocalCluster
+
+            tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
+            cluster = LocalCluster(Path(tmp.name), nodes=args.nodes, base_port=0, sync=args.sync)
+            await cluster.start()
+            await cluster.wait_ready()
+            url = cluster.url
+            durability = f"{args.nodes}-node group: active {args.sync.upper()}, replicas WRITE_NO_SYNC, quorum commit"
+        elif args.spawn:
             tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
             node = await NodeProcess(Path(tmp.name) / "node1", sync=args.sync).start()
             url, durability = node.url, args.sync.upper()
@@ -87,12 +103,15 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
     finally:
         if node is not None:
             await node.stop()
+        if cluster is not None:
+            await cluster.stop()
         if tmp is not None:
             tmp.cleanup()
     for peer in dict.fromkeys(args.peer):
         from broker.bench import peers
 
-        drv = peers.RabbitMQDriver(args.rabbitmq_url) if peer == "rabbitmq" else peers.NatsDriver(args.nats_url)
+        drv = (peers.RabbitMQDriver(args.rabbitmq_url, args.rabbitmq_nodes) if peer == "rabbitmq"
+               else peers.NatsDriver(args.nats_url, args.nats_replicas))
         runs.append(await run_system(drv, w))
     report = _report(runs, w)
     if args.json:

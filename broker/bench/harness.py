@@ -145,7 +145,8 @@ class TandemDriver:
 
     async def consume(self, w: Workload, checker: Checker) -> None:
         conn = await self._connect()
-        c = await conn.consumer(self.queue, prefetch=w.prefetch).start()
+        # every member: in a group each delivers the partitions it is active for
+        c = await conn.group_consumer(self.queue, prefetch=w.prefetch).start()
         try:
             async for m in c:
                 checker.record(m.body)

@@ -43,7 +43,9 @@ class RabbitMQDriver:
     name = "rabbitmq"
     durability = "quorum queue (fsync before confirm)"
 
-    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
+    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/", cluster_nodes: int = 1) -> None:
+        if cluster_nodes > 1:
+            self.durability = f"quorum queue on a {cluster_nodes}-node cluster (fsync before confirm)"
         self.url = url
         self.queue_name = ""
         self._queues: list[str] = []
@@ -142,7 +144,10 @@ class NatsDriver:
     consumer_name = "bench"
     fetch_timeout = 1.0  # seconds a fetch lingers before the consumer loops
 
-    def __init__(self, url: str = "nats://127.0.0.1:4222") -> None:
+    def __init__(self, url: str = "nats://127.0.0.1:4222", replicas: int = 1) -> None:
+        self.replicas = replicas
+        if replicas > 1:
+            self.durability = f"JetStream R{replicas} file storage (acks before fsync)"
         self.url = url
         self.stream = ""
         self.subject = ""
@@ -169,7 +174,7 @@ class NatsDriver:
         self.stream = _run_name()
         self.subject = self.stream.replace("-", ".")
         await js.add_stream(StreamConfig(
-            name=self.stream, subjects=[self.subject], storage=StorageType.FILE, num_replicas=1))
+            name=self.stream, subjects=[self.subject], storage=StorageType.FILE, num_replicas=self.replicas))
         self._streams.append(self.stream)
         await js.add_consumer(self.stream, ConsumerConfig(
             durable_name=self.consumer_name,

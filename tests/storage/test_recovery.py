@@ -7,6 +7,7 @@ copy's WAL is cut or scribbled on, as a crash in the middle of a write would.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -80,3 +81,27 @@ def test_scribbled_last_frame_is_ignored(tmp_path: Path) -> None:
         f.write(os.urandom(200))
     got = _offsets(tmp_path / "crash")
     assert got == list(range(40))  # the torn last commit is dropped, the four before it kept
+
+
+def test_a_read_transaction_sees_one_snapshot(tmp_path: Path) -> None:
+    """load_partition reads several tables; a commit between two of its SELECTs must not
+    show (pysqlite's implicit transactions would: regression for the replication snapshot)."""
+    from storage.base import Append, PutQueue, QueueMeta
+    from storage.sqlite import SqliteEngine
+
+    e = SqliteEngine(tmp_path / "t.db")
+    e.open()
+    q = QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
+                  dead_letter_queue=None, max_length=0)
+    e.apply([PutQueue(q)], sync=True)
+    reader = e._reader()
+    with reader.begin():
+        before = reader.exec_driver_sql("SELECT count(*) FROM queues").scalar()
+        e.apply([PutQueue(dataclasses.replace(q, id=2, name="q2"))], sync=True)  # another connection commits
+        again = reader.exec_driver_sql("SELECT count(*) FROM queues").scalar()
+        chunks = reader.exec_driver_sql("SELECT count(*) FROM partitions").scalar()
+    assert before == again == 1 and chunks == 0
+    assert e.load_partition(1, 0).next_offset == 0
+    e.apply([Append(1, 0, [], 5)], sync=True)
+    assert e.load_partition(1, 0).next_offset == 5
+    e.close()
