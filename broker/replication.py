@@ -234,6 +234,7 @@ class PartLog:
     serve_term: int = 0
     known_leader: str | None = None  # to notice when the active changes
     durable_applied: int = 0  # applied entries whose store writes have committed
+    must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
@@ -304,8 +305,9 @@ class Replication:
                    if r.index > st.snapshot[0]]
         replica = Replica(self._replica_config(nodes), rng=random.Random(self._rng.random()),
                           now=self.node.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
-                          commit=st.commit, snapshot=st.snapshot, applied=st.applied[0])
-        self.logs[key] = PartLog(key, replica, nodes, applied=st.applied)
+                          commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
+        self.logs[key] = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
+                                 durable_applied=st.applied[0])
 
     def reconfigure(self) -> None:
         """Priority, quorum_override or designated_primary changed: every log, at once."""
@@ -361,23 +363,35 @@ class Replication:
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
                                                   for e in ready.append]))
-            sync = sync or policy is DurabilityPolicy.SYNC
+            # The active fsyncs (SYNC) entries that carry publishes; settlements and delivery
+            # marks are written without: losing one in an OS crash means a redelivery, as on
+            # a single node.  (Replicas follow remote_sync for all.)
+            if policy is DurabilityPolicy.SYNC:
+                sync = sync or not leader or any(e.index in plog.must_sync for e in ready.append)
+            if plog.must_sync:
+                plog.must_sync.difference_update([e.index for e in ready.append])
         promise = False  # a new term or vote: on disk before anyone hears of it
         if ready.hard_state is not None:
             hs = ready.hard_state
-            ops.append(PutHardState(key[0], key[1], hs.term, hs.voted_for, hs.commit))
+            # Written when the term or vote changes.  A commit index that only moved is not
+            # written on its own: the applied position, written with the applies, stands
+            # for it on restart (a row rewrite per entry would double the WAL traffic).
             if (hs.term, hs.voted_for) != plog.promised:
+                ops.append(PutHardState(key[0], key[1], hs.term, hs.voted_for, hs.commit))
                 plog.promised = (hs.term, hs.voted_for)
                 promise = True
                 sync = True
         for ev in ready.events:
             self._event(plog, ev)
+        # Applying committed entries to the store can wait for the next commit (lazy): the
+        # log already has them durably, and a restart re-applies from the applied position.
         callbacks: list[list[Callback]] = []
+        apply_ops: list[WriteOp] = []
         if ready.committed:
-            ops.extend(self._apply(plog, ready.committed, callbacks))
+            apply_ops = self._apply(plog, ready.committed, callbacks)
         if r.applied - r.snap_index >= COMPACT_EVERY:
             r.compact(r.applied - KEEP_ENTRIES)
-            ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+            apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
         last = ready.append[-1] if ready.append else None
         # Messages of a replica wait for the write (they promise what is on disk); the
         # active's appends go at once (it counts itself only once persisted), except
@@ -386,7 +400,7 @@ class Replication:
         if ops:
             plog.write_seq += 1
             seq = plog.write_seq
-            applied_upto = plog.applied[0]
+            snapshot_upto = plog.applied[0] if ready.snapshot is not None else 0
 
             def written(err: BaseException | None) -> None:
                 if err is not None:
@@ -395,7 +409,7 @@ class Replication:
                 if self.logs.get(key) is not plog:
                     return
                 plog.done_seq = seq
-                plog.durable_applied = max(plog.durable_applied, applied_upto)
+                plog.durable_applied = max(plog.durable_applied, snapshot_upto)
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
                         self._send(key, env)
@@ -407,6 +421,21 @@ class Replication:
             self.node.writer.submit(ops, sync=sync, callback=written)
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
                 self._guarded(plog, lambda: r.persisted(last))
+        if apply_ops:
+            applied_upto = plog.applied[0]
+
+            def applied(err: BaseException | None) -> None:
+                if err is not None:
+                    self._fatal(f"applying {plog.name} to the store failed: {err}")
+                    return
+                if self.logs.get(key) is not plog:
+                    return
+                plog.durable_applied = max(plog.durable_applied, applied_upto)
+                if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
+                    self._start_serving(plog)
+
+            # eager while a new active waits for it to start serving
+            self.node.writer.submit(apply_ops, sync=False, callback=applied, lazy=not plog.serve_from)
         if ready.messages:
             if wait or plog.outbox:
                 target = plog.write_seq
@@ -646,6 +675,8 @@ class Replication:
                     cb(err)
             else:
                 plog.waiters[entry.index] = (ops, cbs)
+                if any(isinstance(op, (Append, PutQueue, DropQueue)) for op in ops):
+                    plog.must_sync.add(entry.index)
             try:
                 self._handle(plog, ready)
             except Exception as exc:

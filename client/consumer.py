@@ -272,16 +272,21 @@ class GroupConsumer:
             return None
 
     async def cancel(self) -> None:
+        """Cancel every member's subscription.  Runs to the end even if the caller is
+        cancelled meanwhile: a subscription left behind would hold messages nobody reads."""
+        await asyncio.shield(self._cancel())
+
+    async def _cancel(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        for c in list(self._parts.values()):
-            try:
-                await c.cancel()
-            except TandemError:
-                pass  # its connection is gone: nothing left to cancel there
+        parts = list(self._parts.values())
         self._parts.clear()
+        results = await asyncio.gather(*(c.cancel() for c in parts), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, TandemError):
+                raise r  # (a TandemError: that connection is gone, nothing left to cancel there)
         while self._buffer:  # handed to nobody: back to the queue, uncounted
             conn, d = self._buffer.popleft()
             if not conn.is_closed:

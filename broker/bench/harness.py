@@ -137,6 +137,14 @@ class TandemDriver:
     async def setup(self, w: Workload) -> None:
         conn = await self._connect()
         await conn.declare_queue(self.queue, partitions=w.partitions)
+        # In a group a new queue's partitions elect their actives first: not part of the figures.
+        async with asyncio.timeout(w.timeout):
+            while True:
+                st = await conn.status()
+                mine = [p for p in st.partitions if p.queue == self.queue and p.active]
+                if not st.partitions or len(mine) == w.partitions:
+                    return
+                await asyncio.sleep(0.05)  # polling a remote state, bounded by the timeout
 
     async def publisher(self, w: Workload) -> Publisher:
         conn = await self._connect()

@@ -97,6 +97,8 @@ async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path) ->
         n2._peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
         assert n2._replication_task is not None
         n2._replication_task.cancel()  # ... and replication heartbeats
+        assert n2.replication is not None
+        n2.replication._broken = True  # ... and answers to n1's appends: n2 says nothing at all
         await wait_until(lambda: state(n1, "n2") is RemoteState.DOWN, what="n2 Down by silence")
         assert "n2" in (n1.peers.links if n1.peers else {})  # the link itself is still open
     finally:
