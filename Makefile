@@ -1,14 +1,15 @@
 # Tandem: two commands on a fresh machine.
-#   make run   creates .venv, installs Tandem into it, starts one node on the embedded store
+#   make run   creates .venv, installs Tandem into it, starts a local group of three nodes
 #   make test  installs the dev dependencies and runs the whole suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DATA   ?= .tandem/node1
+DATA   ?= .tandem
 PORT   ?= 7780
 SYNC   ?= SYNC
+NODES  ?= 3
 
-.PHONY: run test install dev bench typecheck clean
+.PHONY: run run-single test install dev bench typecheck clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +27,10 @@ install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
 
 run: install
-	$(BIN)/tandem broker start --name node1 --data-dir $(DATA) --port $(PORT) --sync $(SYNC)
+	$(BIN)/tandem cluster up --nodes $(NODES) --base-port $(PORT) --data-dir $(DATA) --sync $(SYNC)
+
+run-single: install
+	$(BIN)/tandem broker start --name node1 --data-dir .tandem-single/node1 --port $(PORT) --sync $(SYNC)
 
 test: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole
@@ -37,6 +41,7 @@ typecheck: dev
 
 bench: dev
 	$(BIN)/tandem bench --spawn --peer rabbitmq --peer nats
+	$(BIN)/tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats
 
 clean:
-	rm -rf $(VENV) .tandem .pytest_cache
+	rm -rf $(VENV) .tandem .tandem-single .pytest_cache

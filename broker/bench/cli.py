@@ -50,6 +50,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="publish all messages first, then consume them, and time each side alone "
                         "(default: publish and consume at the same time)")
+    p.add_argument("--failover", action="store_true",
+                   help="with --spawn --nodes N (>= 3): measure the client-visible pause when the active of a "
+                        "partition is killed (kill -9) while producers send, with the default timeouts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=bench)
 
@@ -71,8 +74,29 @@ def bench(args: argparse.Namespace) -> int:
 
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
+    if args.failover:
+        if not args.spawn or args.nodes < 3:
+            raise InvalidArgumentError("--failover needs --spawn --nodes 3 (or more)")
+        return run_async(_failover(args))
     w = _workload(args)
     return run_async(_bench(args, w))
+
+
+async def _failover(args: argparse.Namespace) -> int:
+    from broker.bench.failover import measure_failover
+
+    report = await measure_failover(nodes=args.nodes, partitions=args.partitions,
+                                    messages=max(1000, min(args.messages, 20000)))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        f, v = report["failover_ms"], report["verdict"]
+        print(f"kill -9 of {report['killed']} (active of partition 0; now {report['new_active_of_partition_0']})")
+        print(f"  longest wait for a confirm : {f['max_confirm_wait']:.0f} ms")
+        print(f"  every partition active in : {f['all_partitions_active_again']:.0f} ms")
+        print(f"  messages: sent {v['sent']} confirmed {v['confirmed']} ok {v['ok']} lost {v['lost']} "
+              f"duplicated {v['duplicated']} unexpected {v['unexpected']}")
+    return 0 if report["verdict"]["passed"] else 1
 
 
 async def _bench(args: argparse.Namespace, w: Workload) -> int:

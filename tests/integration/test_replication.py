@@ -240,3 +240,68 @@ async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_101
         await cl.stop()
         for p in proxies:
             await p.stop()
+
+
+def _free_block() -> int:
+    """A base port whose 3-node layout (base+10i, +1, +2) is free right now."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 60000, 10)
+        socks = []
+        try:
+            for i in range(3):
+                for off in (0, 1, 2):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind(("127.0.0.1", base + 10 * i + off))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free port block")
+
+
+async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    import json
+    import os
+    import signal
+    import sys
+
+    from tests.integration.test_cli import tandem
+
+    base = _free_block()
+    env = {**os.environ, "TANDEM_ADMIN_PASSWORD": "test-password"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base),
+        "--data-dir", str(tmp_path / "group"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=env)
+    try:
+        assert proc.stdout is not None
+        url_line = ""
+        async with asyncio.timeout(90):
+            while "client URL" not in url_line:
+                line = await proc.stdout.readline()
+                assert line, "cluster up exited before printing its URL"
+                url_line = line.decode()
+        hosts = url_line.split("tandem://admin@", 1)[1].strip()
+        assert hosts == f"127.0.0.1:{base},127.0.0.1:{base + 10},127.0.0.1:{base + 20}"
+        url = f"tandem://admin:test-password@{hosts}"
+        rc, out, err = await tandem("produce", "orders", "a", "b", "c", "--declare", "3", "--url",
+                                    f"tandem://admin:test-password@127.0.0.1:{base + 10}")
+        assert rc == 0, err
+        rc, out, err = await tandem("consume", "orders", "-n", "3", "--timeout", "10", "--url", url, "--json")
+        assert rc == 0, err
+        assert sorted(json.loads(line)["body"] for line in out.splitlines()) == ["a", "b", "c"]
+        rc, out, err = await tandem("status", "--url", url, "--json")
+        st = json.loads(out)
+        assert {r["name"] for r in st["remotes"]} | {st["node"]} == {"node1", "node2", "node3"}
+        assert len([p for p in st["partitions"] if p["queue"] == "orders"]) == 3
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(60):
+            assert await proc.wait() == 0  # every node stopped cleanly
