@@ -131,7 +131,7 @@ class LocalCluster:
             except (TandemError, OSError):
                 continue
             for part in st.partitions:
-                if part.queue == queue and part.state == "Active":
+                if part.queue == queue and part.role == "active" and part.active == name:
                     out[part.partition] = name
         return out
 

@@ -57,6 +57,9 @@ from ha.messages import (
     RoleChanged,
     VoteReply,
 )
+from ha.partition import PartitionChanged, PartitionLifecycle
+from ha.partition import PartitionState as LifecycleState
+from ha.membership import QuorumState
 from ha.placement import DistributionPolicy, NodeList, place
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
@@ -233,6 +236,8 @@ class PartLog:
     serve_from: int = 0  # the index of this active's no-op: serving once it is applied
     serve_term: int = 0
     known_leader: str | None = None  # to notice when the active changes
+    known_active: str | None = None  # the serving active last reported to the lifecycle
+    lifecycle: PartitionLifecycle | None = None  # state (Active, Unavailable, ...) and status
     durable_applied: int = 0  # applied entries whose store writes have committed
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
@@ -275,6 +280,8 @@ class Replication:
         self.discarded_total = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
+        #: partition state notifiers (Python callbacks), called in order of the changes
+        self.partition_notifiers: list[Callable[[PartitionChanged], None]] = [self._log_partition_change]
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -306,8 +313,55 @@ class Replication:
         replica = Replica(self._replica_config(nodes), rng=random.Random(self._rng.random()),
                           now=self.node.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
                           commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
-        self.logs[key] = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
-                                 durable_applied=st.applied[0])
+        plog = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
+                       durable_applied=st.applied[0])
+        self._start_lifecycle(plog)
+        self.logs[key] = plog
+
+    def _start_lifecycle(self, plog: PartLog) -> None:
+        q = self.node.queue_by_id(plog.key[0])
+        name = "(catalogue)" if plog.key == CATALOGUE else (q.name if q is not None else f"#{plog.key[0]}")
+        plog.lifecycle = lc = PartitionLifecycle(name, plog.key[1], notifiers=[self._notify_partition])
+        lc.set_status("define_local", "defined by the catalogue")
+        lc.set_status("enable_local", "this node holds a replica")  # -> Unavailable until an active is known
+
+    def _notify_partition(self, change: PartitionChanged) -> None:
+        for cb in list(self.partition_notifiers):
+            try:
+                cb(change)
+            except Exception:  # one bad notifier must not stop the others or replication
+                log.exception("partition notifier failed")
+
+    def add_partition_notifier(self, cb: Callable[[PartitionChanged], None]) -> None:
+        """Install ``cb``; it is called at once with every partition's current state."""
+        self.partition_notifiers.append(cb)
+        for plog in self.logs.values():
+            lc = plog.lifecycle
+            if lc is not None:
+                cb(PartitionChanged(lc.queue, lc.partition, lc.state, lc.state, lc.status, lc.status, "installed"))
+
+    @staticmethod
+    def _log_partition_change(c: PartitionChanged) -> None:
+        if c.old_state is not c.new_state or c.reason.startswith("active"):
+            log.info("partition %s/%d state %s -> %s (%s)", c.queue, c.partition, c.old_state.value,
+                     c.new_state.value, c.reason)
+
+    def _track_active(self, plog: PartLog) -> None:
+        """Tell the partition's lifecycle when it gets, changes or loses its active."""
+        lc = plog.lifecycle
+        who = self.active_of(plog.key)
+        if lc is None or who == plog.known_active:
+            return
+        plog.known_active = who
+        if who is not None:
+            lc.on("active_elected", f"active {who}")
+        elif lc.state is not LifecycleState.UNAVAILABLE:
+            lc.on("quorum_lost" if self._disabled() else "active_lost",
+                  "this node has no quorum" if self._disabled() else "no active known")
+
+    def _disabled(self) -> bool:
+        peers = self.node.peers
+        return peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
 
     def reconfigure(self) -> None:
         """Priority, quorum_override or designated_primary changed: every log, at once."""
@@ -341,6 +395,7 @@ class Replication:
         if r.leader != plog.known_leader:
             plog.known_leader = r.leader
             self._notify()
+        self._track_active(plog)
         if key != CATALOGUE and any(isinstance(ev, EntriesDiscarded) and ev.committed for ev in ready.events):
             # It had applied entries the group discarded: its store is wrong for this partition.
             # Nothing of this Ready is carried out (its replies would promise a log about to go).
@@ -569,7 +624,9 @@ class Replication:
                                  PutHardState(key[0], key[1], r.term, r.voted_for, 0)], sync=True)
         replica = Replica(self._replica_config(plog.nodes), rng=random.Random(self._rng.random()),
                           now=self.node.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
-        self.logs[key] = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
+        new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
+        self._start_lifecycle(new)
+        self.logs[key] = new
 
     def _notify(self) -> None:
         self.changed.set()
@@ -582,6 +639,7 @@ class Replication:
         plog.serve_from = 0
         if plog.key == CATALOGUE:
             plog.serving = True
+            self._track_active(plog)
             self._notify()
             return
         term = r.term
@@ -594,6 +652,7 @@ class Replication:
             plog.serving = True
             log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term,
                         len(st.messages))
+            self._track_active(plog)
             self._notify()
 
         self._spawn(load())
@@ -602,6 +661,7 @@ class Replication:
         was = plog.serving
         plog.serving = False
         plog.serve_from = 0
+        self._track_active(plog)
         self._fail_waiters(plog, NotActiveError(why, active_hint=None))
         if was and plog.key != CATALOGUE:
             self.node.partition_unloaded(plog.key)
@@ -693,8 +753,9 @@ class Replication:
     # -- who is active --------------------------------------------------------------------------------
 
     def active_of(self, key: Key) -> str | None:
+        """The node serving ``key`` as far as this node knows (None without node quorum)."""
         plog = self.logs.get(key)
-        if plog is None:
+        if plog is None or self._disabled():
             return None
         r = plog.replica
         if r.role is Role.LEADER:
@@ -739,7 +800,7 @@ class Replication:
             plog = self.logs[key]
             r = plog.replica
             active = self.active_of(key) or ""
-            state = "Active" if plog.serving else ("Replicating" if active else "Unavailable")
+            state = plog.lifecycle.state.value if plog.lifecycle is not None else "Unavailable"
             progress = r.progress()
             replicas = []
             for n, kind in zip(plog.nodes.nodes, plog.nodes.kinds):

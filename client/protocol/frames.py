@@ -412,7 +412,7 @@ class PartitionInfo(Record):
 
     queue: str  # "" for the group's queue catalogue
     partition: int
-    state: str  # Active (served here), Replicating (a replica here), Unavailable (no active known)
+    state: str  # the partition's state as this node knows it: Active (it has an active) or Unavailable
     role: str  # this node's role: active, follower, candidate, learner
     active: str  # the active this node knows of ("" none)
     term: int

@@ -13,6 +13,7 @@ import pytest_asyncio
 import client
 from broker.config import build_config
 from broker.node import Node
+from client.protocol.frames import StatusOk
 from ha.membership import QuorumState, RemoteState
 from tests.conftest import url_of
 from tests.helpers import wait_until
@@ -211,3 +212,28 @@ async def test_admin_cli_sets_and_clears_the_override(trio: dict[str, Node]) -> 
     assert rc == 0 and '"quorum_override": null' in out
     rc, _, err = await tandem("admin", "set-quorum-override", "zero", "--url", url_of(trio["n1"]))
     assert rc == 2 and "expected a number" in err
+
+
+async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[str, Node]) -> None:
+    from ha.partition import PartitionChanged
+
+    n1 = trio["n1"]
+    assert n1.replication is not None
+    seen: list[PartitionChanged] = []
+    n1.replication.add_partition_notifier(seen.append)
+    assert any(c.queue == "(catalogue)" for c in seen)  # called at once for what exists
+    async with await client.connect(url_of(n1)) as conn:
+        await conn.declare_queue("watched", partitions=2)
+    await wait_until(lambda: {c.partition for c in seen if c.queue == "watched" and c.new_state.value == "Active"}
+                     == {0, 1}, what="both partitions Active")
+    await trio["n2"].stop()
+    await trio["n3"].stop()
+    await wait_until(lambda: any(c.queue == "watched" and c.new_state.value == "Unavailable"
+                                 and "quorum" in c.reason for c in seen), what="Unavailable for want of quorum")
+    st = await _status(n1)
+    assert {p.state for p in st.partitions if p.queue == "watched"} == {"Unavailable"}
+
+
+async def _status(node: Node) -> StatusOk:
+    async with await client.connect(url_of(node)) as conn:
+        return await conn.status()
