@@ -102,19 +102,25 @@ class LocalCluster:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    for name, p in self.nodes.items():
-                        if p.proc is None or p.proc.returncode is not None:
-                            continue
-                        try:
-                            st = await self.status(name)
-                        except (TandemError, OSError):
-                            continue
+                    for _name, st in await self._statuses():
                         cat = [x for x in st.partitions if x.queue == "" and x.active]
                         if st.quorum_state != "Disabled" and cat:
                             return
                     await asyncio.sleep(0.1)  # polling a real process for a state; bounded by the deadline
         except TimeoutError:
             raise UnavailableError(f"the group did not elect an active within {timeout:.0f} s") from None
+
+    async def _statuses(self) -> list[tuple[str, StatusOk]]:
+        """The status of every node that is running and answers."""
+        out = []
+        for name, p in self.nodes.items():
+            if p.proc is None or p.proc.returncode is not None:
+                continue
+            try:
+                out.append((name, await self.status(name)))
+            except (TandemError, OSError):
+                continue  # starting, stopping or killed: the caller looks again
+        return out
 
     async def status(self, name: str) -> StatusOk:
         async with await client.connect(self.url_of(name), client_name="tandem-cluster") as conn:
@@ -123,13 +129,7 @@ class LocalCluster:
     async def actives(self, queue: str) -> dict[int, str]:
         """partition -> active node, as the live nodes agree on it (partitions without one left out)."""
         out: dict[int, str] = {}
-        for name, p in self.nodes.items():
-            if p.proc is None or p.proc.returncode is not None:
-                continue
-            try:
-                st = await self.status(name)
-            except (TandemError, OSError):
-                continue
+        for name, st in await self._statuses():
             for part in st.partitions:
                 if part.queue == queue and part.role == "active" and part.active == name:
                     out[part.partition] = name

@@ -762,15 +762,24 @@ class Node:
 
     async def _group_depth(self, q: Queue) -> int:
         """Messages in the queue, asked of each partition's active."""
+
+        async def here(pidx: int) -> int:
+            return self._partition_depth(q, pidx)
+
+        return await self._sum_over_actives(q, "depth", here)
+
+    async def _sum_over_actives(self, q: Queue, kind: str, here: Callable[[int], Any]) -> int:
+        """For each partition: ``await here(p)`` on its active if that is this node, else the
+        forwarded request ``kind``; the sum of the answers."""
         rep = self.replication
         assert rep is not None
         total = 0
         for pidx in range(q.meta.partitions):
             who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
             if who == self.config.name:
-                total += self._partition_depth(q, pidx)
+                total += await here(pidx)
             else:
-                total += int(msgpack.unpackb(await self._forward(who, "depth", msgpack.packb([q.name, pidx]))))
+                total += int(msgpack.unpackb(await self._forward(who, kind, msgpack.packb([q.name, pidx]))))
         return total
 
     def _partition_depth(self, q: Queue, pidx: int) -> int:
@@ -807,15 +816,7 @@ class Node:
                                                         max_length=0))
 
     async def _group_purge(self, q: Queue) -> int:
-        rep = self.replication
-        assert rep is not None
-        total = 0
-        for pidx in range(q.meta.partitions):
-            who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
-            if who == self.config.name:
-                total += await self.purge_partition(q, pidx)
-            else:
-                total += int(msgpack.unpackb(await self._forward(who, "purge", msgpack.packb([q.name, pidx]))))
+        total = await self._sum_over_actives(q, "purge", lambda pidx: self.purge_partition(q, pidx))
         log.info("queue purged name=%s messages=%d", q.name, total)
         return total
 

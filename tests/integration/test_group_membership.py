@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 import client
+from broker.cluster import free_ports
 from broker.config import build_config
 from broker.node import Node
 from client.protocol.frames import StatusOk
@@ -23,14 +23,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 NAMES = ("n1", "n2", "n3")
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def group_configs(tmp_path: Path, names: tuple[str, ...] = NAMES, **extra: object) -> dict[str, dict]:
