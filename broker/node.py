@@ -442,17 +442,8 @@ class Node:
         validate_declare(frame)
         if self.replication is not None:
             return await self._group_declare(frame)
-        meta = QueueMeta(
-            id=self._next_queue_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
-            ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
-            dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
-        )
-        existing = self.queues.get(frame.queue)
+        meta, existing = self._declared(frame)
         if existing is not None:
-            wanted, have = _settings(meta), _settings(existing.meta)
-            diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
-            if diff:
-                raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
             return existing.info(), False
         self._next_queue_id += 1
         q = Queue(meta)
@@ -464,6 +455,22 @@ class Node:
             raise
         log.info("queue declared name=%s partitions=%d mapper=%s", meta.name, meta.partitions, meta.mapper)
         return q.info(), True
+
+    def _declared(self, frame: Declare) -> tuple[QueueMeta, Queue | None]:
+        """The queue a declare asks for, and the existing one of that name (same settings,
+        or QueueExistsError naming what differs)."""
+        meta = QueueMeta(
+            id=self._next_queue_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
+            ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
+            dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
+        )
+        existing = self.queues.get(frame.queue)
+        if existing is not None:
+            wanted, have = _settings(meta), _settings(existing.meta)
+            diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
+            if diff:
+                raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
+        return meta, existing
 
     async def delete(self, name: str, if_empty: bool) -> None:
         if self.replication is not None:
@@ -720,17 +727,8 @@ class Node:
             out = await self._forward(who, f"declare:{hops + 1}", encode(frame)[4:])
             created = bool(msgpack.unpackb(out))
         else:
-            existing = self.queues.get(frame.queue)
-            meta = QueueMeta(
-                id=self._next_queue_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
-                ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
-                dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
-            )
+            meta, existing = self._declared(frame)
             if existing is not None:
-                wanted, have = _settings(meta), _settings(existing.meta)
-                diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
-                if diff:
-                    raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
                 return existing.info(), False
             self._next_queue_id += 1
             await self._catalogue(PutQueue(meta))

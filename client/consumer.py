@@ -263,12 +263,11 @@ class GroupConsumer:
         return Message(conn, d)
 
     async def next(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after ``timeout`` seconds without one."""
         try:
             async with asyncio.timeout(timeout):
                 return await self.__anext__()
-        except asyncio.TimeoutError:
-            return None
-        except StopAsyncIteration:
+        except (asyncio.TimeoutError, StopAsyncIteration):
             return None
 
     async def cancel(self) -> None:
