@@ -220,9 +220,15 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
                      == {0, 1}, what="both partitions Active")
     await trio["n2"].stop()
     await trio["n3"].stop()
-    await wait_until(lambda: any(c.queue == "watched" and c.new_state.value == "Unavailable"
-                                 and "quorum" in c.reason for c in seen), what="Unavailable for want of quorum")
+    # each partition goes Unavailable: its active lost, or this node without quorum, whichever
+    # n1 notices first (the replica's own check or the membership's keep-alives)
+    await wait_until(lambda: {c.partition for c in seen if c.queue == "watched" and c.new_state.value
+                              == "Unavailable" and c.old_state.value == "Active"} == {0, 1},
+                     what="both partitions Unavailable")
+    assert all(c.reason in ("no active known", "this node has no quorum") for c in seen
+               if c.queue == "watched" and c.new_state.value == "Unavailable" and c.old_state.value == "Active")
     st = await _status(n1)
+    assert st.quorum_state == "Disabled"
     assert {p.state for p in st.partitions if p.queue == "watched"} == {"Unavailable"}
 
 
