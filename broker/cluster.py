@@ -17,6 +17,7 @@ from pathlib import Path
 
 import client
 from broker.process import NodeProcess
+from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
 
@@ -34,7 +35,8 @@ def free_ports(n: int) -> list[int]:
 class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
-                 node_args: dict[str, list[str]] | None = None) -> None:
+                 node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         if not 1 <= nodes <= 9:
             raise UnavailableError(f"--nodes {nodes}: a local group has 1 to 9 nodes")
         self.data_dir = Path(data_dir)
@@ -106,7 +108,7 @@ class LocalCluster:
                         cat = [x for x in st.partitions if x.queue == "" and x.active]
                         if st.quorum_state != "Disabled" and cat:
                             return
-                    await asyncio.sleep(0.1)  # polling a real process for a state; bounded by the deadline
+                    await self.clock.sleep(0.1)  # polling real processes for a state; bounded by the deadline
         except TimeoutError:
             raise UnavailableError(f"the group did not elect an active within {timeout:.0f} s") from None
 

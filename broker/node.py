@@ -264,9 +264,7 @@ class Node:
 
     def set_option(self, name: str, value: int, *, by: str) -> None:
         """Runtime ``priority`` or ``designated_primary``: effective at once, logged loudly."""
-        rep = self.replication
-        if rep is None:
-            raise InvalidArgumentError(f"this node is not in a replication group: {name} has no effect")
+        rep, peers = self._group(f"{name} has no effect")
         if name == "priority":
             if not 0 <= value <= 3:
                 raise InvalidArgumentError(f"priority {value}: 0 (never active), 1, 2 or 3 (highest)")
@@ -280,8 +278,7 @@ class Node:
                 raise InvalidArgumentError(f"designated_primary: only in a two-node group (this one has "
                                            f"{len(rep.members)} members)")
             rep.designated_primary = self.config.name if value else None
-            assert self.peers is not None  # a group member has both
-            self.peers.report(self.peers.membership.set_designated_primary(bool(value)))
+            peers.report(peers.membership.set_designated_primary(bool(value)))
             log.warning("DESIGNATED PRIMARY %s by %s on node %s", "SET" if value else "CLEARED", by,
                         self.config.name)
         else:
@@ -646,17 +643,22 @@ class Node:
         """How long a request waits for a partition to get an active."""
         return max(5.0, 4 * self.config.non_response_timeout)
 
+    def _group(self, why: str = "") -> tuple[Replication, PeerManager]:
+        """This node's replication and peer links (a group member has both)."""
+        if self.replication is None or self.peers is None:
+            raise InvalidArgumentError(f"this node is not in a replication group{': ' + why if why else ''}")
+        return self.replication, self.peers
+
     async def _forward(self, who: str, kind: str, payload: bytes) -> bytes:
-        assert self.peers is not None  # only in a group
-        return await self.peers.forward(who, kind, payload)
+        _rep, peers = self._group()
+        return await peers.forward(who, kind, payload)
 
     def _publish_split(self, q: Queue, producer_id: str | None, messages: list[PublishMessage], pidxs: list[int],
                        done: PublishDone, hops: int) -> None:
         """Some messages belong to partitions active elsewhere (or electing): each part goes
         to its active; ``done`` sums the results.  Parts served here are stored at once, so
         a producer's sequences reach every partition in the order it sent them."""
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         by_part: dict[int, list[PublishMessage]] = {}
         for m, p in zip(messages, pidxs):
             by_part.setdefault(p, []).append(m)
@@ -686,8 +688,7 @@ class Node:
         from client.protocol.codec import encode
         from client.protocol.frames import Publish
 
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         deadline = self.clock.monotonic() + self.election_wait
         frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
         while True:
@@ -718,8 +719,7 @@ class Node:
         from broker.replication import CATALOGUE
         from client.protocol.codec import encode
 
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         who = await rep.wait_active(CATALOGUE, self.election_wait)
         if who != self.config.name:
             if hops >= 3:
@@ -736,14 +736,14 @@ class Node:
             created = q is not None and q.meta.id == meta.id
             if q is not None and not created and _settings(q.meta) != _settings(meta):
                 raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
-        q = await self._wait_queue(frame.queue, present=True)
+        await self._wait_queue(frame.queue, present=True)
+        q = self.queue(frame.queue)
         return q.info(), created
 
     async def _group_delete(self, name: str, if_empty: bool, hops: int = 0) -> None:
         from broker.replication import CATALOGUE
 
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         q = self.queue(name)
         who = await rep.wait_active(CATALOGUE, self.election_wait)
         if who != self.config.name:
@@ -769,8 +769,7 @@ class Node:
     async def _sum_over_actives(self, q: Queue, kind: str, here: Callable[[int], Any]) -> int:
         """For each partition: ``await here(p)`` on its active if that is this node, else the
         forwarded request ``kind``; the sum of the answers."""
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         total = 0
         for pidx in range(q.meta.partitions):
             who = await rep.wait_active((q.meta.id, pidx), self.election_wait)
@@ -787,8 +786,7 @@ class Node:
         return len(q.partitions[pidx].ready) + held
 
     async def _catalogue(self, op: WriteOp) -> None:
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(err: BaseException | None) -> None:
@@ -798,10 +796,9 @@ class Node:
         rep.propose_catalogue(op, done)
         await fut
 
-    async def _wait_queue(self, name: str, *, present: bool) -> Queue:
+    async def _wait_queue(self, name: str, *, present: bool) -> None:
         """Until this node has applied the catalogue change (forwarded requests)."""
-        rep = self.replication
-        assert rep is not None
+        rep, _peers = self._group()
         try:
             async with asyncio.timeout(self.election_wait):
                 while (name in self.queues) != present:
@@ -809,9 +806,6 @@ class Node:
         except TimeoutError:
             raise UnavailableError(f"queue {name!r}: the change is committed but not yet applied on "
                                    f"{self.config.name}") from None
-        return self.queues.get(name) or Queue(QueueMeta(id=0, name=name, partitions=1, mapper="round_robin",
-                                                        ring_size=1, max_deliveries=0, dead_letter_queue=None,
-                                                        max_length=0))
 
     async def _group_purge(self, q: Queue) -> int:
         total = await self._sum_over_actives(q, "purge", lambda pidx: self.purge_partition(q, pidx))

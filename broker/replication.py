@@ -60,7 +60,7 @@ from ha.messages import (
 from ha.partition import PartitionChanged, PartitionLifecycle
 from ha.partition import PartitionState as LifecycleState
 from ha.membership import QuorumState
-from ha.placement import DistributionPolicy, NodeList, place
+from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
     Append,
@@ -244,7 +244,6 @@ class PartLog:
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
     write_seq: int = 0
-    done_seq: int = 0
 
     @property
     def name(self) -> str:
@@ -286,7 +285,7 @@ class Replication:
     # -- set-up -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._open(CATALOGUE, NodeList(tuple(self.members), tuple(_sync(len(self.members)))))
+        self._open(CATALOGUE, NodeList(tuple(self.members), (ReplicaKind.SYNC,) * len(self.members)))
         for q in self.node.queues.values():
             self._open_queue(q.meta)
 
@@ -463,7 +462,6 @@ class Replication:
                     return
                 if self.logs.get(key) is not plog:
                     return
-                plog.done_seq = seq
                 plog.durable_applied = max(plog.durable_applied, snapshot_upto)
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
@@ -737,11 +735,7 @@ class Replication:
                 plog.waiters[entry.index] = (ops, cbs)
                 if any(isinstance(op, (Append, PutQueue, DropQueue)) for op in ops):
                     plog.must_sync.add(entry.index)
-            try:
-                self._handle(plog, ready)
-            except Exception as exc:
-                log.exception("partition %s: replication failed", plog.name)
-                self._fatal(f"replication of {plog.name} failed: {exc!r}")
+            self._guarded(plog, lambda: ready)
 
     def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
         plog = self.logs[CATALOGUE]
@@ -817,14 +811,14 @@ class Replication:
     def _send(self, key: Key, env: Envelope) -> None:
         msg = env.msg
         if isinstance(msg, InstallSnapshot) and msg.data is None:
-            self._spawn(self._send_snapshot(key, env))
+            self._spawn(self._send_snapshot(key, env.dst, msg))
             return
         self._out.setdefault(env.dst, []).append([key[0], key[1], encode_message(msg)])
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _send_snapshot(self, key: Key, env: Envelope) -> None:
+    async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         if key == CATALOGUE:
             data = msgpack.packb([_meta_out(q.meta) for q in self.node.queues.values()], use_bin_type=True)
             pos = self.logs[key].applied
@@ -832,11 +826,9 @@ class Replication:
             st = await asyncio.to_thread(self.node.engine.load_partition, *key)
             data = encode_snapshot(st)
             pos = st.applied
-        m = env.msg
-        assert isinstance(m, InstallSnapshot)
-        log.info("partition %d/%d: sending a snapshot at index %d to %s", key[0], key[1], pos[0], env.dst)
+        log.info("partition %d/%d: sending a snapshot at index %d to %s", key[0], key[1], pos[0], dst)
         full = InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data)
-        self._out.setdefault(env.dst, []).append([key[0], key[1], encode_message(full)])
+        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(full)])
         self._flush()
 
     def _flush(self) -> None:
@@ -870,9 +862,3 @@ class Replication:
             if now - r.now > 0.01:  # the core's clock moves only in tick()
                 self._guarded(plog, lambda: r.tick(now))
             self._guarded(plog, lambda: plog.replica.step(Envelope(src, self.me, msg)))
-
-
-def _sync(n: int) -> list[Any]:
-    from ha.placement import ReplicaKind
-
-    return [ReplicaKind.SYNC] * n

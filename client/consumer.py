@@ -240,7 +240,7 @@ class GroupConsumer:
                 pass  # that member is down or refusing: try again shortly
             if self.conn.is_closed:
                 return
-            await asyncio.sleep(self.retry)
+            await self.conn.clock.sleep(self.retry)
 
     def __aiter__(self) -> GroupConsumer:
         return self

@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
+from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnknownDeliveryTagError
 
 
 async def measure_failover(*, nodes: int = 3, partitions: int = 4, messages: int = 3000, warmup: int = 500,
-                           window: int = 50, extra_args: list[str] | None = None) -> dict[str, Any]:
+                           window: int = 50, extra_args: list[str] | None = None,
+                           clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tandem-failover-") as tmp:
-        cl = LocalCluster(Path(tmp), nodes=nodes, base_port=0, extra_args=extra_args)
+        cl = LocalCluster(Path(tmp), nodes=nodes, base_port=0, extra_args=extra_args, clock=clock)
         await cl.start()
         try:
             await cl.wait_ready()
-            return await _run(cl, partitions, messages, warmup, window)
+            return await _run(cl, partitions, messages, warmup, window, clock)
         finally:
             await cl.stop()
 
@@ -39,10 +40,11 @@ async def _actives(cl: LocalCluster, queue: str, partitions: int, timeout: float
             found = await cl.actives(queue)
             if len(found) == partitions:
                 return found
-            await asyncio.sleep(0.02)  # polling real processes, bounded by the timeout
+            await cl.clock.sleep(0.02)  # polling real processes, bounded by the timeout
 
 
-async def _run(cl: LocalCluster, partitions: int, messages: int, warmup: int, window: int) -> dict[str, Any]:
+async def _run(cl: LocalCluster, partitions: int, messages: int, warmup: int, window: int,
+               clock: Clock) -> dict[str, Any]:
     async with await client.connect(cl.url) as conn:
         await conn.declare_queue("failover", partitions=partitions)
     before = await _actives(cl, "failover", partitions)
@@ -51,30 +53,34 @@ async def _run(cl: LocalCluster, partitions: int, messages: int, warmup: int, wi
     bodies = [f"m-{i}".encode() for i in range(messages)]
     confirmed: list[bytes] = []
     waits: list[float] = []
+    warmed_up = asyncio.Event()
 
     async def produce() -> None:
         async with await client.connect(cl.url_of(survivor)) as conn:
             p = conn.producer("failover")
 
             async def one(b: bytes) -> None:
-                t = time.monotonic()
+                t = clock.monotonic()
                 try:
                     await p.send(b, key=b.decode())
                     confirmed.append(b)
+                    if len(confirmed) >= warmup:
+                        warmed_up.set()
                 except TandemError:
                     pass  # unconfirmed: allowed to be lost, never to be duplicated
-                waits.append(time.monotonic() - t)
+                waits.append(clock.monotonic() - t)
 
             for i in range(0, len(bodies), window):
                 await asyncio.gather(*(one(b) for b in bodies[i:i + window]))
 
     sending = asyncio.ensure_future(produce())
-    while len(confirmed) < warmup and not sending.done():
-        await asyncio.sleep(0.01)  # waiting for the warm-up confirms of the task above
-    kill_at = time.monotonic()
+    warm = asyncio.ensure_future(warmed_up.wait())
+    await asyncio.wait([warm, sending], return_when=asyncio.FIRST_COMPLETED)
+    warm.cancel()
+    kill_at = clock.monotonic()
     await cl.nodes[victim].kill()
     after = await _actives(cl, "failover", partitions)
-    reelected = time.monotonic() - kill_at
+    reelected = clock.monotonic() - kill_at
     await sending
     consumed: list[tuple[bytes, str]] = []
     async with await client.connect(cl.url_of(survivor)) as conn:

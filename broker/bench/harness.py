@@ -123,7 +123,8 @@ class TandemDriver:
 
     name = "tandem"
 
-    def __init__(self, url: str, durability: str = "SYNC") -> None:
+    def __init__(self, url: str, durability: str = "SYNC", *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.url = url
         self.durability = durability
         self.queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -144,7 +145,7 @@ class TandemDriver:
                 mine = [p for p in st.partitions if p.queue == self.queue and p.active]
                 if not st.partitions or len(mine) == w.partitions:
                     return
-                await asyncio.sleep(0.05)  # polling a remote state, bounded by the timeout
+                await self.clock.sleep(0.05)  # polling a remote state, bounded by the timeout
 
     async def publisher(self, w: Workload) -> Publisher:
         conn = await self._connect()

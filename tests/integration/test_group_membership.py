@@ -227,6 +227,7 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
                      what="both partitions Unavailable")
     assert all(c.reason in ("no active known", "this node has no quorum") for c in seen
                if c.queue == "watched" and c.new_state.value == "Unavailable" and c.old_state.value == "Active")
+    await wait_until(lambda: quorum(n1) is QuorumState.DISABLED, what="n1 without quorum")
     st = await _status(n1)
     assert st.quorum_state == "Disabled"
     assert {p.state for p in st.partitions if p.queue == "watched"} == {"Unavailable"}
