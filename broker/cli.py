@@ -23,7 +23,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from client.errors import TandemError
+from client.errors import InvalidArgumentError, TandemError
 
 DEFAULT_URL = "tandem://admin@127.0.0.1:7780"
 
@@ -53,7 +53,8 @@ def _broker_start(args: argparse.Namespace) -> int:
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
-                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary"):
+                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
+                "advertise"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -165,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--max-message-size", dest="max_message_size", type=int, help="bytes (default 5 MiB)")
     start.add_argument("--max-frame-size", dest="max_frame_size", type=int, help="bytes (default 8 MiB)")
     start.add_argument("--heartbeat", type=float, help="seconds between heartbeats (default 10)")
+    start.add_argument("--advertise", help="HOST:PORT clients are told to reach this node at, when not "
+                                           "where it listens (NAT, proxies; default: where it listens)")
     group = start.add_argument_group("replication group (leave out for a single node)")
     group.add_argument("--peer-port", dest="peer_port", type=int, help="port for node <-> node links")
     group.add_argument("--peer", dest="peers", action="append", metavar="NAME=HOST:PORT",
@@ -265,9 +268,70 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--remote-sync", dest="remote_sync", help="the replicas' policy (default WRITE_NO_SYNC)")
     up.set_defaults(func=_cluster_up)
 
+    add_drill_parser(sub)
     from broker.bench.cli import add_bench_parser
     add_bench_parser(sub)
     return parser
+
+
+def add_drill_parser(sub: Any) -> None:
+    from broker.drill import SCENARIOS
+
+    d = sub.add_parser(
+        "drill", help="failover drill: inject a fault under load and check every message",
+        description="Start a fresh local group (for every run), run producers and consumers with confirms "
+                    "and acks on durable connections, inject the fault once a third of the messages are "
+                    "confirmed, heal, drain, and classify every message: ok, lost (confirmed, never "
+                    "consumed), duplicated (stored twice), redelivered (delivered again after a failover: "
+                    "allowed), unexpected (consumed, never sent). Exit status 0 only when every run passed. "
+                    "Scenarios: kill-active (kill -9 the node active for most partitions, then restart it), "
+                    "kill-replica (kill -9 a priority-0 node, a replica of every partition), pause-active "
+                    "(SIGSTOP for 2 x non_response_timeout + 1 s), partition-active (cut its peer and client "
+                    "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
+                    "them again), rolling-restart (stop and start each node in turn, waiting for catch-up).")
+    d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
+    d.add_argument("--spawn", action="store_true", default=True,
+                   help="start the group on this machine (the default; the only mode: see docs/drills.md)")
+    d.add_argument("--nodes", type=int, default=3, help="group size (default 3)")
+    d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
+    d.add_argument("--producers", type=int, default=2, help="default 2")
+    d.add_argument("--consumers", type=int, default=2, help="default 2")
+    d.add_argument("--messages", type=int, default=3000, help="messages per run, all producers (default 3000)")
+    d.add_argument("--repeat", type=int, default=1, help="runs (default 1)")
+    d.add_argument("--seed", type=int, default=1, help="makes the schedule (keys, interleaving) reproducible")
+    d.add_argument("--local-sync", dest="local_sync", default="SYNC", help="the actives' policy (default SYNC)")
+    d.add_argument("--remote-sync", dest="remote_sync", default="WRITE_NO_SYNC",
+                   help="the replicas' policy (default WRITE_NO_SYNC)")
+    d.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
+                   help="the nodes' failure detection (default: the node default, 1 s)")
+    d.add_argument("--timeout", type=float, default=180.0, help="seconds per run (default 180)")
+    d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
+    d.set_defaults(func=_drill)
+
+
+def _drill(args: argparse.Namespace) -> int:
+    import json
+
+    from broker.config import DurabilityPolicy
+    from broker.drill import DrillConfig, drill, progress_line, report_text
+
+    for name in ("nodes", "partitions", "producers", "consumers", "messages", "repeat"):
+        if getattr(args, name) < 1:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.nodes < 2:
+        raise InvalidArgumentError("--nodes: a drill needs a group of at least 2 nodes")
+    local = DurabilityPolicy.parse(args.local_sync).value
+    remote = DurabilityPolicy.parse(args.remote_sync).value
+    cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
+                      consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
+                      remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout)
+
+    def progress(r: object) -> None:
+        print(progress_line(r), file=sys.stderr)  # type: ignore[arg-type]
+
+    rep = asyncio.run(drill(cfg, args.repeat, progress=progress))
+    print(json.dumps(rep) if args.json else report_text(rep))
+    return 0 if rep["passed"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 
 import client
+from broker.faults import FaultProxy
 from broker.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
@@ -35,8 +36,13 @@ def free_ports(n: int) -> list[int]:
 class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
-                 node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 proxied: bool = False) -> None:
         self.clock = clock
+        #: every peer link and every node's client port behind a FaultProxy (cut_node / heal_node)
+        self.proxied = proxied
+        self.proxies: dict[str, list[FaultProxy]] = {}  # node -> the proxies cutting which isolates it
+        self._client_proxies: dict[str, FaultProxy] = {}
         if not 1 <= nodes <= 9:
             raise UnavailableError(f"--nodes {nodes}: a local group has 1 to 9 nodes")
         self.data_dir = Path(data_dir)
@@ -86,14 +92,51 @@ class LocalCluster:
     @property
     def url(self) -> str:
         """One URL listing every node: the SDK tries them in turn."""
-        hosts = ",".join(f"{p.host}:{p.address[1] if p.address else p.port}" for p in self.nodes.values())
+        hosts = ",".join(self._client_address(n) for n in self.nodes)
         return f"tandem://admin:{self.password}@{hosts}"
 
+    def _client_address(self, name: str) -> str:
+        if name in self._client_proxies:
+            return self._client_proxies[name].address
+        p = self.nodes[name]
+        return f"{p.host}:{p.address[1] if p.address else p.port}"
+
     def url_of(self, name: str) -> str:
+        """Node ``name`` itself (not through its proxy)."""
         return self.nodes[name].url
+
+    async def _start_proxies(self) -> None:
+        names = list(self.nodes)
+        for n in names:
+            self.proxies[n] = []
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:  # the lower name dials the higher: one link per pair
+                px = await FaultProxy((self.host, self.peer_ports[b])).start()
+                self.proxies[a].append(px)
+                self.proxies[b].append(px)
+                self.peer_routes[(a, b)] = px.address
+        for n, proc in self.nodes.items():
+            if proc.port == 0:  # a proxy needs the node's port before it starts
+                proc.port = free_ports(1)[0]
+            px = await FaultProxy((self.host, proc.port)).start()
+            self._client_proxies[n] = px
+            self.proxies[n].append(px)
+            self._node_args[n] = [*self._node_args.get(n, []), "--advertise", px.address]
+        self._arrange()
+
+    def cut_node(self, name: str) -> None:
+        """Cut every peer link of ``name`` and its clients' connections (``proxied`` groups)."""
+        for px in self.proxies[name]:
+            px.cut()
+
+    def heal_node(self, name: str) -> None:
+        for px in self.proxies[name]:
+            px.heal()
 
     async def start(self, timeout: float = 60.0) -> None:
         try:
+            if self.proxied and not self.proxies:
+                await self._start_proxies()
             await asyncio.gather(*(p.start(timeout) for p in self.nodes.values()))
         except BaseException:
             await self.stop()
@@ -125,7 +168,7 @@ class LocalCluster:
         return out
 
     async def status(self, name: str) -> StatusOk:
-        async with await client.connect(self.url_of(name), client_name="tandem-cluster") as conn:
+        async with await client.connect_link(self.url_of(name), client_name="tandem-cluster") as conn:
             return await conn.status()
 
     async def actives(self, queue: str) -> dict[int, str]:
@@ -139,3 +182,7 @@ class LocalCluster:
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.nodes.values()), return_exceptions=True)
+        proxies = {id(px): px for pxs in self.proxies.values() for px in pxs}
+        await asyncio.gather(*(px.stop() for px in proxies.values()), return_exceptions=True)
+        self.proxies.clear()
+        self._client_proxies.clear()

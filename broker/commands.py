@@ -156,7 +156,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
         st = await conn.status()
     if args.json:
         print(json.dumps(status_json(st)))
@@ -233,7 +233,7 @@ def admin(args: argparse.Namespace) -> int:
 
 
 async def _set_option(args: argparse.Namespace, name: str, value: int) -> int:
-    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
         if name == "priority":
             st = await conn.set_priority(value)
         else:
@@ -254,7 +254,7 @@ def _positive(text: str) -> int:
 
 
 async def _admin(args: argparse.Namespace, value: int | None) -> int:
-    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
         st = await conn.set_quorum_override(value)
     if args.json:
         print(json.dumps({"node": st.node, "quorum_state": st.quorum_state, "quorum_override": st.quorum_override}))

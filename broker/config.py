@@ -71,6 +71,9 @@ class NodeConfig:
     replicas: int = 2
     sync_replicas: int = 2
     designated_primary: bool = False
+    #: host:port clients are told to reach this node at (partition maps, tandem status), when
+    #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
+    advertise: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -108,6 +111,10 @@ class NodeConfig:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
+        if self.advertise is not None:
+            host, _, port = self.advertise.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"advertise {self.advertise!r}: expected HOST:PORT")
 
     @property
     def db_path(self) -> Path:
@@ -144,6 +151,10 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError("peers: expected a list of \"name=host:port\" strings")
         return tuple(value)
+    if key == "advertise":
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"advertise: expected \"host:port\", got {type(value).__name__} {value!r}")
+        return value
     if key == "peer_port":
         if value is None:
             return None

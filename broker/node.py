@@ -32,6 +32,7 @@ from client.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     NotActiveError,
+    OutOfOrderSequenceError,
     QueueExistsError,
     QueueFullError,
     QueueNotFoundError,
@@ -40,7 +41,7 @@ from client.errors import (
     UnavailableError,
 )
 from broker import __version__
-from client.protocol.frames import Declare, PublishMessage, QueueInfo, RemoteNode, StatusOk, expect
+from client.protocol.frames import Declare, PartitionMap, PublishMessage, QueueInfo, RemoteNode, StatusOk, expect
 from storage.base import (
     Append,
     DropQueue,
@@ -66,7 +67,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tandem.broker")
 
-PublishDone = Callable[[int, int, BaseException | None], None]  # stored, duplicates, error
+# stored, duplicates, error, the producer's last sequence in the partition (-1: none or not asked)
+PublishDone = Callable[[int, int, BaseException | None, int], None]
 EngineFactory = Callable[[NodeConfig], Engine]
 
 
@@ -82,6 +84,8 @@ class Node:
         self.queues: dict[str, Queue] = {}
         self.users = UserRegistry([])
         self.sessions: set[Session] = set()
+        self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
+        self._map_push_scheduled = False
         self.store_stamp = ""
         self.engine = engine(config)
         self._writer: GroupCommitWriter | None = None
@@ -245,6 +249,7 @@ class Node:
             await session.run()
         finally:
             self.sessions.discard(session)
+            self.map_watchers.discard(session)
             self.delivery.release(session)
 
     def set_quorum_override(self, nodes: int | None, *, by: str) -> None:
@@ -399,6 +404,14 @@ class Node:
                         key[0], key[1], revoked)
             self.delivery.schedule(q)
 
+    @property
+    def client_address(self) -> str:
+        """host:port clients reach this node at (``advertise``, else where it listens)."""
+        if self.config.advertise:
+            return self.config.advertise
+        host, port = self.address
+        return f"{host}:{port}"
+
     def serves(self, q: Queue, pidx: int) -> bool:
         """Whether this node holds the partition's messages (always, on a single node)."""
         return self.replication is None or self.replication.serving((q.meta.id, pidx))
@@ -408,7 +421,7 @@ class Node:
         stored there, put it back if that fails."""
         pidx = dlq.mapper.partition(m.key)
 
-        def done(stored: int, _dup: int, err: BaseException | None) -> None:
+        def done(stored: int, _dup: int, err: BaseException | None, _last: int) -> None:
             if err is None:
                 self.write_later([Settle(src.meta.id, m.partition, [m.offset])])
                 return
@@ -426,6 +439,39 @@ class Node:
         part.ready.clear()
         part.producers = {}
         part.committed_producers = {}
+
+    # -- partition maps (durable connections send straight to each partition's active) --------
+
+    def partition_map(self, name: str, session: Session | None = None) -> PartitionMap:
+        """Where ``name``'s partitions are active, as this node knows it; ``session`` is
+        told MapChanged from now on whenever that may have changed."""
+        q = self.queue(name)
+        me = self.config.name
+        addresses = {me: self.client_address}
+        if self.replication is None:
+            actives = [me] * q.meta.partitions
+        else:
+            rep, peers = self._group()
+            actives = [rep.active_of((q.meta.id, p)) or "" for p in range(q.meta.partitions)]
+            addresses.update((n, a) for n, a in peers.client_addresses.items() if a)
+        if session is not None:
+            self.map_watchers.add(session)
+        return PartitionMap(q.info(), actives, addresses)
+
+    def map_changed(self) -> None:
+        """A partition got or lost an active: tell the watching sessions, once per loop turn."""
+        if self._map_push_scheduled or not self.map_watchers:
+            return
+        self._map_push_scheduled = True
+        asyncio.get_running_loop().call_soon(self._push_map)
+
+    def _push_map(self) -> None:
+        from client.protocol.frames import MapChanged
+
+        self._map_push_scheduled = False
+        frame = MapChanged(node=self.config.name)
+        for s in list(self.map_watchers):
+            s.send(frame)
 
     # -- queues -------------------------------------------------------------------------
 
@@ -504,14 +550,20 @@ class Node:
     # -- publish -----------------------------------------------------------------------
 
     def publish(self, queue_name: str, producer_id: str | None, messages: list[PublishMessage],
-                done: PublishDone, *, hops: int = 0, partition: int | None = None) -> None:
-        """Store a batch; ``done(stored, duplicates, error)`` runs once it is confirmed.
+                done: PublishDone, *, hops: int = 0, partition: int | None = None, dense: bool = False) -> None:
+        """Store a batch; ``done(stored, duplicates, error, last_seq)`` runs once it is confirmed.
 
         ``partition``: all of them go there (a part another member mapped already: a
-        mapper may be stateful, e.g. round robin for messages without a key)."""
+        mapper may be stateful, e.g. round robin for messages without a key).
+        ``dense``: the client addressed the partition and numbers its messages there
+        0, 1, 2, ... with no gap (see :class:`~client.protocol.frames.Publish`)."""
         if self.stopping:
             raise ShuttingDownError("node is shutting down")
         q = self.queue(queue_name)
+        if dense and (partition is None or producer_id is None
+                      or any(not isinstance(m.seq, int) for m in messages)):
+            raise InvalidArgumentError("a publish addressed to a partition needs a producer_id and a seq "
+                                       "on every message")
         if partition is not None:
             if not 0 <= partition < q.meta.partitions:
                 raise InvalidArgumentError(f"queue {queue_name!r} has no partition {partition}")
@@ -523,10 +575,14 @@ class Node:
         if rep is not None:
             qid = q.meta.id
             touched = set(pidxs)
+            target = partition if partition is not None else pidxs[0] if pidxs else 0
             # One partition per proposal: each commits (or fails over) on its own, so a
             # failover never leaves half a batch committed and half to be resent.
-            if len(touched) > 1 or not rep.serving((qid, pidxs[0] if pidxs else 0)):
-                self._publish_split(q, producer_id, messages, pidxs, done, hops)
+            if len(touched) > 1 or not rep.serving((qid, target)):
+                if dense:
+                    self._spawn(self._publish_remote(q, target, producer_id, messages, done, hops, dense=True))
+                else:
+                    self._publish_split(q, producer_id, messages, pidxs, done, hops)
                 return
             if producer_id is not None and hops < 3:
                 # The active changed before the entry committed: it may still commit (the new
@@ -534,17 +590,26 @@ class Node:
                 # drops what it already stored: send it there instead of failing the client.
                 first_done = done
 
-                def done(stored: int, duplicates: int, err: BaseException | None) -> None:
-                    if isinstance(err, NotActiveError):
-                        self._publish_split(q, producer_id, messages, pidxs, first_done, hops + 1)
+                def done(stored: int, duplicates: int, err: BaseException | None, last: int) -> None:
+                    if not isinstance(err, NotActiveError):
+                        first_done(stored, duplicates, err, last)
+                    elif dense:
+                        self._spawn(self._publish_remote(q, target, producer_id, messages, first_done, hops + 1,
+                                                         dense=True))
                     else:
-                        first_done(stored, duplicates, err)
+                        self._publish_split(q, producer_id, messages, pidxs, first_done, hops + 1)
         limit = self.config.max_message_size
         for m in messages:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
         if q.meta.max_length and q.depth + len(messages) > q.meta.max_length:
             raise QueueFullError(f"queue {queue_name!r} is full: {q.depth} of max_length {q.meta.max_length}")
+        if dense:
+            assert partition is not None and producer_id is not None
+            last = self._check_sequence(q, partition, producer_id, messages)
+            if not messages:  # a producer asks where its sequence stands
+                done(0, 0, None, last)
+                return
         ts = self.clock.time()
         by_part: dict[int, list[Msg]] = {}
         last_seq: dict[tuple[int, str], int] = {}
@@ -553,8 +618,8 @@ class Node:
         for m, pidx in zip(messages, pidxs):
             part = parts[pidx]
             if producer_id is not None and m.seq is not None:
-                last = part.producers.get(producer_id)
-                if last is not None and m.seq <= last:
+                held = part.producers.get(producer_id)
+                if held is not None and m.seq <= held:
                     duplicates += 1
                     continue
                 part.producers[producer_id] = m.seq
@@ -568,8 +633,14 @@ class Node:
             else:
                 lst.append(msg)
         stored = len(messages) - duplicates
+
+        def last_of() -> int:
+            if partition is None or producer_id is None:
+                return -1
+            return parts[partition].producers.get(producer_id, -1)
+
         if not by_part:
-            done(0, duplicates, None)
+            done(0, duplicates, None, last_of())
             return
         ops: list[WriteOp] = [Append(q.meta.id, pidx, msgs, parts[pidx].next_offset) for pidx, msgs in by_part.items()]
         ops.extend(PutProducer(q.meta.id, pidx, pid, seq) for (pidx, pid), seq in last_seq.items())
@@ -585,7 +656,7 @@ class Node:
         def committed(err: BaseException | None) -> None:
             if err is not None:
                 self._publish_failed(q, last_seq, stored)
-                done(0, 0, err)
+                done(0, 0, err, -1)
                 return
             for (pidx, pid), seq in last_seq.items():
                 cp = parts[pidx].committed_producers
@@ -599,15 +670,41 @@ class Node:
                     self.delivery.make_ready(q, by_part)
             self._committed(q, by_part)
             if policy is not DurabilityPolicy.NO_SYNC:
-                done(stored, duplicates, None)
+                done(stored, duplicates, None, last_of())
 
         if policy is DurabilityPolicy.NO_SYNC:
             self.delivery.make_ready(q, by_part)
             self.writer.submit(ops, sync=False, callback=committed, retry=True)
-            done(stored, duplicates, None)
+            done(stored, duplicates, None, last_of())
             return
         q.pending_count += stored
         self._submit_partition_ops(ops, sync=policy is DurabilityPolicy.SYNC, callback=committed)
+
+    @staticmethod
+    def _check_sequence(q: Queue, pidx: int, producer_id: str, messages: list[PublishMessage]) -> int:
+        """A dense batch must continue the producer's sequence in the partition: every
+        seq up to the last one held is a duplicate, the rest must follow on with no gap.
+        Returns the last seq held (-1 none); raises OutOfOrderSequence, storing nothing, or
+        Unavailable for a resend of a sequence not yet committed."""
+        part = q.partitions[pidx]
+        last = part.producers.get(producer_id, -1)
+        committed = part.committed_producers.get(producer_id, -1)
+        expect_seq = last + 1
+        for m in messages:
+            seq = m.seq
+            assert seq is not None
+            if seq <= last:
+                if seq > committed:
+                    # confirming this copy now would confirm what may yet fail to commit
+                    raise UnavailableError(f"producer {producer_id}'s seq {seq} on {q.name}/{pidx} is still being "
+                                           "stored: retry")
+                continue
+            if seq != expect_seq:
+                raise OutOfOrderSequenceError(
+                    f"producer {producer_id} sent seq {seq} to {q.name}/{pidx}, which holds its seqs up to "
+                    f"{last}: resend from {last + 1}", next_seq=last + 1)
+            expect_seq += 1
+        return last
 
     def _publish_failed(self, q: Queue, last_seq: dict[tuple[int, str], int], stored: int) -> None:
         """The batch is not stored: let its producers' sequences be stored again."""
@@ -665,54 +762,55 @@ class Node:
         totals = [0, 0, len(by_part)]
         errors: list[BaseException] = []
 
-        def part_done(stored: int, duplicates: int, err: BaseException | None) -> None:
+        def part_done(stored: int, duplicates: int, err: BaseException | None, _last: int) -> None:
             totals[0] += stored
             totals[1] += duplicates
             totals[2] -= 1
             if err is not None:
                 errors.append(err)
             if totals[2] == 0:
-                done(totals[0], totals[1], errors[0] if errors else None)
+                done(totals[0], totals[1], errors[0] if errors else None, -1)
 
         for pidx, msgs in by_part.items():
             if rep.serving((q.meta.id, pidx)):
                 try:
                     self.publish(q.name, producer_id, msgs, part_done, hops=hops, partition=pidx)
                 except TandemError as exc:
-                    part_done(0, 0, exc)
+                    part_done(0, 0, exc, -1)
             else:
                 self._spawn(self._publish_remote(q, pidx, producer_id, msgs, part_done, hops))
 
     async def _publish_remote(self, q: Queue, pidx: int, producer_id: str | None, msgs: list[PublishMessage],
-                              done: PublishDone, hops: int) -> None:
+                              done: PublishDone, hops: int, *, dense: bool = False) -> None:
         from client.protocol.codec import encode
         from client.protocol.frames import Publish
 
         rep, _peers = self._group()
         deadline = self.clock.monotonic() + self.election_wait
-        frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id)
+        frame = Publish(rid=0, queue=q.name, messages=msgs, producer_id=producer_id,
+                        partition=pidx if dense else None)
         while True:
             try:
                 if hops >= 3:
                     raise UnavailableError("publish forwarded too many times while the group elects: retry")
                 who = await rep.wait_active((q.meta.id, pidx), max(0.1, deadline - self.clock.monotonic()))
                 if who == self.config.name:
-                    self.publish(q.name, producer_id, msgs, done, hops=hops + 1, partition=pidx)
+                    self.publish(q.name, producer_id, msgs, done, hops=hops + 1, partition=pidx, dense=dense)
                     return
                 out = await self._forward(who, f"publish:{hops + 1}:{pidx}", encode(frame)[4:])
-                stored, duplicates = msgpack.unpackb(out)
+                stored, duplicates, last = msgpack.unpackb(out)
             except (UnavailableError, NotActiveError) as exc:
                 # The active went away mid-request.  With a producer id a resend is safe (the
                 # next active drops what it already has): try again until the deadline.
                 if producer_id is None or self.clock.monotonic() >= deadline or self.stopping:
-                    done(0, 0, exc)
+                    done(0, 0, exc, -1)
                     return
                 await rep.wait_change(0.2)
                 continue
             except TandemError as exc:
-                done(0, 0, exc)
+                done(0, 0, exc, -1)
                 return
-            done(stored, duplicates, None)
+            done(stored, duplicates, None, last)
             return
 
     async def _group_declare(self, frame: Declare, hops: int = 0) -> tuple[QueueInfo, bool]:
@@ -843,14 +941,14 @@ class Node:
         if name == "publish":
             hops, _, pidx = arg.partition(":")
             frame = expect(decode_payload(payload), Publish)
-            fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[tuple[int, int, int]] = asyncio.get_running_loop().create_future()
 
-            def done(st: int, dup: int, err: BaseException | None) -> None:
+            def done(st: int, dup: int, err: BaseException | None, last: int) -> None:
                 if not fut.done():
-                    fut.set_exception(err) if err else fut.set_result((st, dup))
+                    fut.set_exception(err) if err else fut.set_result((st, dup, last))
 
             self.publish(frame.queue, frame.producer_id, frame.messages, done, hops=int(hops or 1),
-                         partition=int(pidx) if pidx else None)
+                         partition=int(pidx) if pidx else None, dense=frame.partition is not None)
             return msgpack.packb(list(await fut))
         if name == "declare":
             decl = expect(decode_payload(payload), Declare)

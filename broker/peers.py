@@ -223,8 +223,7 @@ class PeerManager:
             self._drop(link)
 
     def _client_address(self) -> str:
-        host, port = self.node.address
-        return f"{host}:{port}"
+        return self.node.client_address
 
     def _admit(self, link: _Link, who: NodeIdentity, client_address: str = "") -> bool:
         self.report(self.membership.handshake(who, self.node.clock.monotonic()))
@@ -265,7 +264,8 @@ class PeerManager:
             elif isinstance(frame, ForwardOk):
                 self._resolve(frame.rid, frame.payload, None)
             elif isinstance(frame, Error) and frame.rid:
-                self._resolve(frame.rid, b"", for_code(frame.code, frame.message, active_hint=frame.active_hint))
+                self._resolve(frame.rid, b"", for_code(frame.code, frame.message, active_hint=frame.active_hint,
+                                   next_seq=frame.next_seq))
             elif isinstance(frame, Close):
                 return
 
@@ -301,7 +301,8 @@ class PeerManager:
             link.send(ForwardOk(rid=f.rid, payload=out))
         except TandemError as exc:
             link.send(Error(rid=f.rid, code=int(exc.code), message=exc.message,
-                            active_hint=getattr(exc, "active_hint", None)))
+                            active_hint=getattr(exc, "active_hint", None),
+                            next_seq=getattr(exc, "next_seq", None)))
         except Exception as exc:  # a bug must not kill the link: answer, and log it
             log.exception("forwarded %s from %s failed", f.kind, link.name)
             link.send(Error(rid=f.rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(exc)))

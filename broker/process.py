@@ -93,10 +93,21 @@ class NodeProcess:
         """kill -9: no flush, no goodbye."""
         await self._signal(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes, its sockets stay open (a hung node)."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     async def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait for a clean exit (kill -9 after ``timeout``)."""
         if self.proc is None or self.proc.returncode is not None:
             return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGCONT)  # a paused node could not act on SIGTERM
         self.proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.proc.wait(), timeout)

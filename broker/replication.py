@@ -629,6 +629,7 @@ class Replication:
     def _notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+        self.node.map_changed()
 
     def _start_serving(self, plog: PartLog) -> None:
         r = plog.replica

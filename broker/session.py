@@ -58,6 +58,8 @@ from client.protocol.frames import (
     ListQueues,
     Nack,
     Ok,
+    Metadata,
+    MetadataOk,
     Publish,
     PublishOk,
     Purge,
@@ -125,7 +127,8 @@ class Session:
 
     def send_error(self, rid: int, exc: TandemError) -> None:
         self.send(Error(rid=rid, code=int(exc.code), message=exc.message,
-                        active_hint=getattr(exc, "active_hint", None)))
+                        active_hint=getattr(exc, "active_hint", None),
+                        next_seq=getattr(exc, "next_seq", None)))
 
     def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None]) -> None:
         """Send ``frame`` once ``ops`` are committed, keeping the order of everything sent."""
@@ -341,15 +344,20 @@ class Session:
         self._admin("publish")
         rid = f.rid
 
-        def done(stored: int, duplicates: int, err: BaseException | None) -> None:
+        def done(stored: int, duplicates: int, err: BaseException | None, last: int) -> None:
             if err is None:
-                self.send(PublishOk(rid=rid, stored=stored, duplicates=duplicates))
+                self.send(PublishOk(rid=rid, stored=stored, duplicates=duplicates, next_seq=last + 1))
             elif isinstance(err, TandemError):
                 self.send_error(rid, err)
             else:
                 self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
 
-        self.node.publish(f.queue, f.producer_id, f.messages, done)
+        self.node.publish(f.queue, f.producer_id, f.messages, done, partition=f.partition,
+                          dense=f.partition is not None)
+
+    async def _metadata(self, f: Metadata) -> None:
+        self._admin("publish")
+        self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self)))
 
     async def _subscribe(self, f: Subscribe) -> None:
         self._admin("consume")
@@ -510,5 +518,5 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
-    SetOption: Session._set_option,
+    SetOption: Session._set_option, Metadata: Session._metadata,
 }

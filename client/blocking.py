@@ -182,7 +182,8 @@ class BlockingConnection:
             if frame is None or getattr(frame, "rid", None) != rid:
                 continue  # a delivery, or a broker notice; nothing else is outstanding
             if isinstance(frame, Error):
-                raise for_code(frame.code, frame.message, active_hint=frame.active_hint)
+                raise for_code(frame.code, frame.message, active_hint=frame.active_hint,
+                                   next_seq=frame.next_seq)
             return frame
 
     def _handshake(self, client_name: str, user: str, password: str) -> None:

@@ -50,7 +50,11 @@ from client.protocol.frames import (
     GetOk,
     Heartbeat,
     ListQueues,
+    MapChanged,
+    Metadata,
+    MetadataOk,
     Nack,
+    PartitionMap,
     Purge,
     PurgeOk,
     QueueInfo,
@@ -76,8 +80,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.client")
 
 
-async def connect(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK) -> Connection:
-    """Open a connection to the first reachable node of ``url``."""
+async def connect_link(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK) -> Connection:
+    """One plain link to the first reachable node of ``url``: no failover, no partition
+    map (tools and tests of the wire protocol; applications use :func:`client.connect`)."""
     params = parse_url(url)
     if client_name:
         params = ConnectParams(**{**_params_dict(params), "client_name": client_name})
@@ -113,6 +118,9 @@ class Connection:
         self.closed_event = asyncio.Event()
         self.closed_by_client = False
         self._siblings: dict[str, Connection] = {}  # other group members (GroupConsumer)
+        #: set by a DurableConnection that owns this link
+        self.on_map_changed: Callable[[str], None] | None = None
+        self.on_closed: Callable[[Connection, TandemError], None] | None = None
 
     # -- open / close ---------------------------------------------------------------------
 
@@ -155,7 +163,8 @@ class Connection:
             if isinstance(frame, Welcome):
                 break
             if isinstance(frame, Error):
-                raise for_code(frame.code, frame.message, active_hint=frame.active_hint)
+                raise for_code(frame.code, frame.message, active_hint=frame.active_hint,
+                                   next_seq=frame.next_seq)
             if isinstance(frame, Close):
                 raise ConnectionClosedError(f"broker closed the connection: {frame.reason}")
         self.node = frame.node
@@ -239,6 +248,8 @@ class Connection:
         for c in list(self._consumers.values()):
             c._closed(exc)
         self.closed_event.set()
+        if self.on_closed is not None:
+            self.on_closed(self, exc)
 
     @property
     def is_closed(self) -> bool:
@@ -295,7 +306,8 @@ class Connection:
             fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
                 if isinstance(frame, Error):
-                    fut.set_exception(for_code(frame.code, frame.message, active_hint=frame.active_hint))
+                    fut.set_exception(for_code(frame.code, frame.message, active_hint=frame.active_hint,
+                                   next_seq=frame.next_seq))
                 else:
                     fut.set_result(frame)
             return
@@ -304,6 +316,9 @@ class Connection:
             if c is not None:
                 c._closed(ConsumerCancelledError(f"consumer of queue {c.queue!r} cancelled by the broker "
                                                  "(the queue was deleted)"))
+        elif isinstance(frame, MapChanged):
+            if self.on_map_changed is not None:
+                self.on_map_changed(frame.node)
         elif isinstance(frame, Error):
             log.warning("broker error: code=%d %s", frame.code, frame.message)
         elif isinstance(frame, Close):
@@ -366,6 +381,10 @@ class Connection:
         reply = await self.request(lambda rid: ListQueues(rid=rid))
         reply = expect(reply, Queues)
         return reply.queues
+
+    async def partition_map(self, queue: str) -> PartitionMap:
+        """Where ``queue``'s partitions are active; the node sends MapChanged from now on."""
+        return expect(await self.request(lambda rid: Metadata(rid=rid, queue=queue)), MetadataOk).map
 
     async def status(self) -> StatusOk:
         """The node's view of itself and its replication group."""

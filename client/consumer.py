@@ -97,6 +97,8 @@ class Consumer:
         self.received = 0
         #: set by a GroupConsumer: deliveries go there instead of this consumer's buffer
         self.sink: Callable[[Connection, list[Delivery]], None] | None = None
+        #: set by a DurableConsumer: told when the subscription ends (link closed, queue deleted)
+        self.on_end: Callable[[TandemError], None] | None = None
 
     async def start(self) -> Consumer:
         """Subscribe (once: a start interrupted by a timeout is resumed, not repeated)."""
@@ -124,6 +126,8 @@ class Consumer:
 
     def _closed(self, exc: TandemError) -> None:
         self._error = exc
+        if self.on_end is not None:
+            self.on_end(exc)
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

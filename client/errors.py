@@ -35,6 +35,7 @@ class ErrorCode(IntEnum):
     PARTITION_NOT_FOUND = 306
     CONSUMER_NOT_FOUND = 307
     CONSUMER_CANCELLED = 308
+    OUT_OF_ORDER_SEQUENCE = 309
     # 4xx: storage
     STORAGE_ERROR = 400
     # 5xx: availability / HA
@@ -162,6 +163,19 @@ class ConsumerNotFoundError(TandemError):
     code = ErrorCode.CONSUMER_NOT_FOUND
 
 
+class OutOfOrderSequenceError(TandemError):
+    """A partition-addressed publish would leave a gap in the producer's sequence (an
+    earlier batch is not stored, or the node lost it): nothing of it was stored.  The
+    durable producer resends from ``next_seq``."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+    retriable = True
+
+    def __init__(self, message: str = "", *, next_seq: int = 0) -> None:
+        super().__init__(message)
+        self.next_seq = next_seq
+
+
 class ConsumerCancelledError(TandemError):
     """The broker ended this consumer (its queue was deleted)."""
 
@@ -219,6 +233,41 @@ class TimeoutError_(TandemError):
 RequestTimeoutError = TimeoutError_
 
 
+# -- durable connections (raised by the SDK itself, never sent on the wire) ---------
+
+
+class StaleDeliveryError(TandemError):
+    """A settlement of a message that came on a link which has since failed (or whose
+    partition moved to another node).  Nothing was applied: the broker delivers the
+    message again, marked ``redelivered``.  Safe to ignore."""
+
+    code = ErrorCode.CONNECTION_CLOSED
+    retriable = False
+
+
+class BufferFull(TandemError):
+    """The durable connection's local send buffer holds ``buffer_max_bytes``: this
+    message was not taken."""
+
+    code = ErrorCode.QUEUE_FULL
+    retriable = True
+
+
+class ConfirmedMessagesLost(TandemError):
+    """After a failover, a partition holds fewer of this producer's messages than were
+    confirmed: ``count`` confirmed messages (sequences ``first_seq`` ..) are gone,
+    which only weak durability policies allow.  Reported as a connection event."""
+
+    code = ErrorCode.STORAGE_ERROR
+    retriable = False
+
+    def __init__(self, message: str = "", *, queue: str = "", partition: int = 0, producer_id: str = "",
+                 first_seq: int = 0, count: int = 0) -> None:
+        super().__init__(message)
+        self.queue, self.partition, self.producer_id = queue, partition, producer_id
+        self.first_seq, self.count = first_seq, count
+
+
 _BY_CODE: dict[int, type[TandemError]] = {}
 _cls: type[TandemError]
 for _cls in [
@@ -226,13 +275,14 @@ for _cls in [
     UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError,
     QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError,
     UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError,
-    ConsumerNotFoundError, ConsumerCancelledError, StorageError, NotActiveError, ShuttingDownError,
+    ConsumerNotFoundError, ConsumerCancelledError, OutOfOrderSequenceError, StorageError, NotActiveError, ShuttingDownError,
     UnavailableError, ConnectionClosedError, TimeoutError_,
 ]:
     _BY_CODE[int(_cls.code)] = _cls
 
 
-def for_code(code: int, message: str, *, active_hint: str | None = None) -> TandemError:
+def for_code(code: int, message: str, *, active_hint: str | None = None,
+             next_seq: int | None = None) -> TandemError:
     """Build the exception a wire error code stands for (unknown codes: TandemError)."""
     cls = _BY_CODE.get(code)
     if cls is None:
@@ -242,4 +292,6 @@ def for_code(code: int, message: str, *, active_hint: str | None = None) -> Tand
         return err
     if cls is NotActiveError:
         return NotActiveError(message, active_hint=active_hint)
+    if cls is OutOfOrderSequenceError:
+        return OutOfOrderSequenceError(message, next_seq=next_seq or 0)
     return cls(message)

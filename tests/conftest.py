@@ -53,8 +53,19 @@ def url(node: Node) -> str:
 
 
 @pytest_asyncio.fixture
-async def conn(url: str) -> AsyncIterator[client.Connection]:
+async def conn(url: str) -> AsyncIterator[client.DurableConnection]:
+    """What applications use: a durable connection."""
     c = await client.connect(url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest_asyncio.fixture
+async def link(url: str) -> AsyncIterator[client.Connection]:
+    """One plain link, for tests of the wire protocol and of the node's own rules."""
+    c = await client.connect_link(url)
     try:
         yield c
     finally:

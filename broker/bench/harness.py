@@ -128,9 +128,9 @@ class TandemDriver:
         self.url = url
         self.durability = durability
         self.queue = f"bench-{uuid.uuid4().hex[:8]}"
-        self._conns: list[client.Connection] = []
+        self._conns: list[client.DurableConnection] = []
 
-    async def _connect(self) -> client.Connection:
+    async def _connect(self) -> client.DurableConnection:
         conn = await client.connect(self.url, client_name="tandem-bench")
         self._conns.append(conn)
         return conn
@@ -150,7 +150,7 @@ class TandemDriver:
     async def publisher(self, w: Workload) -> Publisher:
         conn = await self._connect()
         producer = conn.producer(self.queue)
-        return Publisher(lambda body: producer._enqueue(body, None, None), window=w.window)
+        return Publisher(lambda body: producer.send_nowait(body), window=w.window)
 
     async def consume(self, w: Workload, checker: Checker) -> None:
         conn = await self._connect()

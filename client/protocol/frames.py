@@ -38,6 +38,10 @@ class Op(IntEnum):
     # publish
     PUBLISH = 20
     PUBLISH_OK = 21
+    # partition map (durable connections)
+    METADATA = 22
+    METADATA_OK = 23
+    MAP_CHANGED = 24
     # consume
     SUBSCRIBE = 30
     SUBSCRIBE_OK = 31
@@ -174,6 +178,7 @@ class Error(Frame):
     code: int
     message: str
     active_hint: str | None = None
+    next_seq: int | None = None  # OutOfOrderSequence: the seq the partition expects next
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,6 +270,12 @@ class Publish(Frame):
     queue: str
     messages: list[PublishMessage]
     producer_id: str | None = None
+    #: All messages go to this partition, and their ``seq`` count 0, 1, 2, ... per
+    #: (producer, partition) with no gap: a batch that would leave one is refused with
+    #: OutOfOrderSequence (and the partition's next expected sequence), never stored.  An empty
+    #: batch asks for that next sequence.  None: the node maps each message, and a
+    #: producer's sequences need only increase.
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,6 +290,42 @@ class PublishOk(Frame):
     rid: int
     stored: int
     duplicates: int = 0
+    next_seq: int = 0  # with ``partition``: the producer's next sequence there (0: it holds none)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMap(Record):
+    """Where a queue's partitions are served: ``actives[p]`` names the node active for
+    partition p ("" while none is), ``addresses`` maps node names to client host:port."""
+
+    queue: QueueInfo
+    actives: list[str]
+    addresses: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metadata(Frame):
+    """Ask for the partition map of ``queue``.  The session then sends MapChanged
+    (no rid) whenever a partition of any queue gets a new active or loses it."""
+
+    OP: ClassVar[Op] = Op.METADATA
+    rid: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetadataOk(Frame):
+    OP: ClassVar[Op] = Op.METADATA_OK
+    rid: int
+    map: PartitionMap
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MapChanged(Frame):
+    """Pushed to sessions that asked for a partition map: ask again."""
+
+    OP: ClassVar[Op] = Op.MAP_CHANGED
+    node: str
 
 
 # -- consume -------------------------------------------------------------------
@@ -524,7 +571,7 @@ class ForwardOk(Frame):
 
 _ALL: list[type[Frame]] = [
         Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
-        ListQueues, Queues, Publish, PublishOk, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
+        ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk,
 ]

@@ -61,7 +61,7 @@ async def flaky(tmp_path: Path) -> AsyncIterator[tuple[Node, FlakyEngine]]:
         await n.stop()
 
 
-async def test_large_messages_are_delivered_and_read_in_frames_that_fit(conn: client.Connection) -> None:
+async def test_large_messages_are_delivered_and_read_in_frames_that_fit(conn: client.DurableConnection) -> None:
     big = 4 * 1024 * 1024  # under the 5 MiB message limit; three do not fit one 8 MiB frame
     await conn.declare_queue("big")
     await conn.producer("big").send_many([bytes([i]) * big for i in range(3)])
@@ -123,7 +123,7 @@ async def test_no_sync_stream_reads_skip_nothing(tmp_path: Path) -> None:
 async def test_failed_commit_lets_every_failed_batch_be_stored_again(
         flaky: tuple[Node, FlakyEngine]) -> None:
     node, engine = flaky
-    async with await client.connect(url_of(node)) as conn:
+    async with await client.connect_link(url_of(node)) as conn:
         await conn.declare_queue("q")
         a = [PublishMessage(None, {}, b"A", i) for i in range(5)]
         b = [PublishMessage(None, {}, b"B", i) for i in range(5, 10)]
@@ -164,7 +164,7 @@ async def test_failed_settlement_commit_is_retried(flaky: tuple[Node, FlakyEngin
         await again.stop()
 
 
-async def test_consumer_survives_a_timeout_during_subscribe(conn: client.Connection, node: Node) -> None:
+async def test_consumer_survives_a_timeout_during_subscribe(conn: client.DurableConnection, node: Node) -> None:
     await conn.declare_queue("q")
     await conn.producer("q").send_many([str(i) for i in range(100)])
     c = conn.consumer("q", prefetch=50)

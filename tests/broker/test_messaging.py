@@ -36,7 +36,7 @@ async def drain(c: client.Consumer, n: int, timeout: float = 10.0, ack: bool = F
     return out
 
 
-async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.Connection) -> None:
+async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.DurableConnection) -> None:
     q1 = await conn.declare_queue("orders", partitions=4)
     q2 = await conn.declare_queue("orders", partitions=4)
     assert q1.name == q2.name == "orders" and q2.partitions == 4
@@ -51,7 +51,7 @@ async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.Connec
     ({"ring_size": 2}, "ring_size"),
     ({"dead_letter_queue": "q"}, "dead_letter_queue"),
 ])
-async def test_declare_rejects_bad_settings(conn: client.Connection, kwargs: dict, field: str) -> None:
+async def test_declare_rejects_bad_settings(conn: client.DurableConnection, kwargs: dict, field: str) -> None:
     with pytest.raises(InvalidArgumentError, match=field):
         await conn.declare_queue("q", **{"partitions": 4, **kwargs})
     with pytest.raises(InvalidFieldError, match="max_deliveries.*negative"):
@@ -60,7 +60,7 @@ async def test_declare_rejects_bad_settings(conn: client.Connection, kwargs: dic
         await conn.declare_queue("bad name!")
 
 
-async def test_publish_consume_ack_every_message_once(conn: client.Connection) -> None:
+async def test_publish_consume_ack_every_message_once(conn: client.DurableConnection) -> None:
     await conn.declare_queue("q", partitions=4)
     p = conn.producer("q")
     n = 3000
@@ -76,7 +76,7 @@ async def test_publish_consume_ack_every_message_once(conn: client.Connection) -
     assert (info.ready, info.unacked, info.acked) == (0, 0, n)
 
 
-async def test_same_key_same_partition_in_order(conn: client.Connection) -> None:
+async def test_same_key_same_partition_in_order(conn: client.DurableConnection) -> None:
     await conn.declare_queue("q", partitions=8)
     p = conn.producer("q")
     await p.send_many([(str(i), "customer-7") for i in range(200)])
@@ -86,7 +86,7 @@ async def test_same_key_same_partition_in_order(conn: client.Connection) -> None
     assert [int(m.body) for m in msgs] == list(range(200))
 
 
-async def test_round_robin_spreads_over_partitions(conn: client.Connection) -> None:
+async def test_round_robin_spreads_over_partitions(conn: client.DurableConnection) -> None:
     await conn.declare_queue("rr", partitions=4, mapper="round_robin")
     await conn.producer("rr").send_many([b"x"] * 40)
     counts = {}
@@ -97,7 +97,7 @@ async def test_round_robin_spreads_over_partitions(conn: client.Connection) -> N
     assert counts == {0: 10, 1: 10, 2: 10, 3: 10}
 
 
-async def test_prefetch_limits_unacked_deliveries(conn: client.Connection, node: Node) -> None:
+async def test_prefetch_limits_unacked_deliveries(conn: client.DurableConnection, node: Node) -> None:
     await conn.declare_queue("q")
     await conn.producer("q").send_many([b"x"] * 50)
     async with conn.consumer("q", prefetch=5) as c:
@@ -129,7 +129,7 @@ async def test_competing_consumers_share_the_queue(url: str) -> None:
         assert ca.received > 50 and cb.received > 50
 
 
-async def test_nack_requeues_with_redelivered_flag_and_count(conn: client.Connection) -> None:
+async def test_nack_requeues_with_redelivered_flag_and_count(conn: client.DurableConnection) -> None:
     await conn.declare_queue("q")
     await conn.producer("q").send(b"job")
     async with conn.consumer("q") as c:
@@ -141,7 +141,7 @@ async def test_nack_requeues_with_redelivered_flag_and_count(conn: client.Connec
         await m2.ack()
 
 
-async def test_dead_letter_after_max_deliveries_and_on_reject(conn: client.Connection) -> None:
+async def test_dead_letter_after_max_deliveries_and_on_reject(conn: client.DurableConnection) -> None:
     await conn.declare_queue("dlq")
     await conn.declare_queue("work", max_deliveries=3, dead_letter_queue="dlq")
     await conn.producer("work").send(b"poison", key="p")
@@ -167,7 +167,7 @@ async def test_dead_client_unacked_deliveries_return_to_ready(url: str, node: No
     async with await client.connect(url) as conn:
         await conn.declare_queue("q")
         await conn.producer("q").send_many([b"a", b"b", b"c"])
-    doomed = await client.connect(url)
+    doomed = await client.connect_link(url)
     c = await doomed.consumer("q", prefetch=10).start()
     await wait_until(lambda: c.received == 3, what="3 deliveries")
     doomed._writer.transport.abort()  # the client dies without a goodbye
@@ -180,7 +180,8 @@ async def test_dead_client_unacked_deliveries_return_to_ready(url: str, node: No
     assert all(m.redelivered and m.delivery_count == 2 for m in msgs)
 
 
-async def test_ack_of_unknown_tag_is_a_typed_error(conn: client.Connection) -> None:
+async def test_ack_of_unknown_tag_is_a_typed_error(link: client.Connection) -> None:
+    conn = link
     await conn.declare_queue("q")
     await conn.producer("q").send(b"x")
     m = await conn.get("q")
@@ -190,7 +191,8 @@ async def test_ack_of_unknown_tag_is_a_typed_error(conn: client.Connection) -> N
         await conn.settle(client.consumer.Ack, m.tag)
 
 
-async def test_ack_multiple(conn: client.Connection) -> None:
+async def test_ack_multiple(link: client.Connection) -> None:
+    conn = link
     from client.protocol.frames import Ack
 
     await conn.declare_queue("q")
@@ -202,7 +204,8 @@ async def test_ack_multiple(conn: client.Connection) -> None:
     assert (info.ready, info.unacked, info.acked) == (0, 0, 3)
 
 
-async def test_idempotent_producer_stores_a_resend_once(conn: client.Connection) -> None:
+async def test_idempotent_producer_stores_a_resend_once(link: client.Connection) -> None:
+    conn = link
     from client.protocol.frames import Publish, PublishMessage, PublishOk
 
     await conn.declare_queue("q", partitions=3)
@@ -215,7 +218,7 @@ async def test_idempotent_producer_stores_a_resend_once(conn: client.Connection)
     assert info.ready == 10
 
 
-async def test_stream_read_by_offset_does_not_consume(conn: client.Connection) -> None:
+async def test_stream_read_by_offset_does_not_consume(conn: client.DurableConnection) -> None:
     await conn.declare_queue("s", partitions=1)
     await conn.producer("s").send_many([str(i) for i in range(25)])
     msgs, nxt, end = await conn.read("s", 0, offset=0, max_messages=10)
@@ -228,7 +231,7 @@ async def test_stream_read_by_offset_does_not_consume(conn: client.Connection) -
         await conn.read("s", 3)
 
 
-async def test_purge_and_delete(conn: client.Connection) -> None:
+async def test_purge_and_delete(conn: client.DurableConnection) -> None:
     await conn.declare_queue("q", partitions=2)
     await conn.producer("q").send_many([b"x"] * 30)
     assert await conn.purge_queue("q") == 30
@@ -251,7 +254,7 @@ async def test_deleting_a_queue_cancels_its_consumers(url: str) -> None:
             await asyncio.wait_for(c.__anext__(), 10)
 
 
-async def test_limits_max_length_and_message_size(conn: client.Connection, node: Node) -> None:
+async def test_limits_max_length_and_message_size(conn: client.DurableConnection, node: Node) -> None:
     await conn.declare_queue("small", max_length=5)
     await conn.producer("small").send_many([b"x"] * 5)
     with pytest.raises(QueueFullError, match="max_length 5"):
@@ -268,7 +271,7 @@ async def test_wrong_password_is_refused_clearly(node: Node) -> None:
         await client.connect(url_of(node, user="nobody"))
 
 
-async def test_monitor_user_may_look_but_not_change(node: Node, conn: client.Connection) -> None:
+async def test_monitor_user_may_look_but_not_change(node: Node, conn: client.DurableConnection) -> None:
     from broker.users import make_user
     from client.errors import AccessRefusedError
     from storage.base import PutUser

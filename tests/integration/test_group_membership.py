@@ -60,7 +60,7 @@ def quorum(node: Node) -> QuorumState:
 
 async def test_members_come_up_and_report_each_other(trio: dict[str, Node]) -> None:
     await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
-    async with await client.connect(url_of(trio["n1"])) as conn:
+    async with await client.connect_link(url_of(trio["n1"])) as conn:
         st = await conn.status()
     assert st.node == "n1" and st.quorum_state == "Active"
     assert {(r.name, r.state) for r in st.remotes} == {("n2", "Up"), ("n3", "Up")}
@@ -134,7 +134,7 @@ async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict
     from client.errors import UnavailableError
 
     await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
-    async with await client.connect(url_of(trio["n1"])) as conn:
+    async with await client.connect_link(url_of(trio["n1"])) as conn:
         await conn.declare_queue("q")
         await conn.producer("q").send(b"before")
         c = await conn.group_consumer("q").start()  # the partition's active may change: every member
@@ -174,7 +174,7 @@ async def test_quorum_override_restores_service_from_one_survivor(trio: dict[str
     await trio["n2"].stop()
     await trio["n3"].stop()
     await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
-    async with await client.connect(url_of(trio["n1"])) as conn:
+    async with await client.connect_link(url_of(trio["n1"])) as conn:
         with pytest.raises(UnavailableError):
             await conn.declare_queue("q")
         st = await conn.set_quorum_override(1)
@@ -190,7 +190,7 @@ async def test_quorum_override_restores_service_from_one_survivor(trio: dict[str
 async def test_quorum_override_needs_a_group(url: str) -> None:
     from client.errors import InvalidArgumentError
 
-    async with await client.connect(url) as conn:
+    async with await client.connect_link(url) as conn:
         with pytest.raises(InvalidArgumentError, match="not in a replication group"):
             await conn.set_quorum_override(1)
 
@@ -214,7 +214,7 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
     seen: list[PartitionChanged] = []
     n1.replication.add_partition_notifier(seen.append)
     assert any(c.queue == "(catalogue)" for c in seen)  # called at once for what exists
-    async with await client.connect(url_of(n1)) as conn:
+    async with await client.connect_link(url_of(n1)) as conn:
         await conn.declare_queue("watched", partitions=2)
     await wait_until(lambda: {c.partition for c in seen if c.queue == "watched" and c.new_state.value == "Active"}
                      == {0, 1}, what="both partitions Active")
@@ -234,5 +234,5 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
 
 
 async def _status(node: Node) -> StatusOk:
-    async with await client.connect(url_of(node)) as conn:
+    async with await client.connect_link(url_of(node)) as conn:
         return await conn.status()

@@ -33,7 +33,7 @@ async def test_node_sends_heartbeats_and_drops_a_silent_client(tmp_path: Path) -
         assert "Heartbeat" in frames  # the node spoke while we were silent
         assert frames[-2:] == ["Error", "Close"]
         # and a live client on the same node is unaffected
-        async with await client.connect(url_of(node) + "/?heartbeat=0.5") as conn:
+        async with await client.connect_link(url_of(node) + "/?heartbeat=0.5") as conn:
             await conn.declare_queue("q")
     finally:
         await node.stop()
@@ -55,7 +55,7 @@ async def test_client_notices_a_frozen_node(tmp_path: Path) -> None:
     proc = NodeProcess(tmp_path / "n", extra_args=["--heartbeat", "0.5"])
     await proc.start()
     try:
-        conn = await client.connect(proc.url + "/?heartbeat=0.5")
+        conn = await client.connect_link(proc.url + "/?heartbeat=0.5")
         await conn.declare_queue("q")
         assert proc.proc is not None
         proc.proc.send_signal(signal.SIGSTOP)
@@ -73,7 +73,7 @@ async def test_client_notices_a_frozen_node(tmp_path: Path) -> None:
 async def test_send_on_a_dead_connection_fails_fast(tmp_path: Path) -> None:
     proc = NodeProcess(tmp_path / "n")
     await proc.start()
-    conn = await client.connect(proc.url)
+    conn = await client.connect_link(proc.url)
     await conn.declare_queue("q")
     await proc.kill()
     await asyncio.wait_for(conn.closed_event.wait(), 30)

@@ -144,7 +144,7 @@ async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path
             await conn.producer("q").send_many([b"before-1", b"before-2"])
         await actives(cl, "q", 2)
         await cl.nodes["node2"].kill()
-        async with await client.connect(cl.url_of("node1")) as conn:
+        async with await client.connect_link(cl.url_of("node1")) as conn:  # node1's own answers
             async def refused() -> bool:
                 try:
                     await conn.producer("q").send(b"refused")
@@ -171,7 +171,7 @@ async def test_quorum_override_1_restores_service_from_one_of_three(trio: LocalC
     await actives(cl, "q", 3)
     await cl.nodes["node2"].kill()
     await cl.nodes["node3"].kill()
-    async with await client.connect(cl.url_of("node1")) as conn:
+    async with await client.connect_link(cl.url_of("node1")) as conn:  # node1's own answers
         await wait_until(lambda: _disabled(conn), timeout=30, what="node1 without quorum")
         with pytest.raises(UnavailableError):
             await conn.producer("q").send(b"no quorum")
@@ -199,7 +199,7 @@ async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_101
         await actives(cl, "q", 3)
         for p in proxies:
             p.cut()
-        async with await client.connect(cl.url_of("node3")) as iso:
+        async with await client.connect_link(cl.url_of("node3")) as iso:  # node3's own answers
             await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
             with pytest.raises(UnavailableError):
                 await iso.producer("q").send(b"refused", key="x")

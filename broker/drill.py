@@ -1,0 +1,384 @@
+"""``tandem drill SCENARIO``: inject a fault into a running group under load and check
+every message.
+
+One run: a fresh local group (``--nodes``, default 3, the default policies unless
+flags say otherwise), one queue, P producers and C consumers on durable
+connections (confirms, acks, a unique payload per message).  Once a third of the
+messages are confirmed the fault is injected; it is healed; the producers finish;
+the consumers drain the queue; the checker classifies every message (see
+:mod:`broker.checker`).  A run passes when nothing is duplicated or unexpected
+and nothing confirmed is lost, or, under weak policies, when every loss was
+reported by Tandem itself (the SDK's ``messages_lost`` events).
+
+Scenarios (the *target* is the node active for the most partitions):
+
+* ``kill-active``: ``kill -9`` the target; once every partition has an active
+  again, start it again (it rejoins and catches up).
+* ``kill-replica``: the group's last node has priority 0, so it is a replica of
+  every partition and active for none: ``kill -9`` it, start it again.
+* ``pause-active``: SIGSTOP the target for 2 x ``non_response_timeout`` + 1 s,
+  then SIGCONT: it must step down, not write.
+* ``partition-active``: every peer link and client connection of the target goes
+  through a fault-injecting proxy; cut them all for 2 x ``non_response_timeout``
+  + 1 s, then heal.
+* ``restart-all``: ``kill -9`` every node, start them all again.
+* ``rolling-restart``: stop (SIGTERM) and start each node in turn, waiting after
+  each until every partition has an active and every replica has caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import random
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import client
+from broker.checker import classify
+from broker.cluster import LocalCluster
+from client.clock import SYSTEM_CLOCK, Clock
+from client.durable import ConnectionEvent, DurableConnection
+from client.errors import StaleDeliveryError, TandemError, UnavailableError
+
+log = logging.getLogger("tandem.drill")
+
+SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart")
+QUEUE = "drill"
+
+
+@dataclass(slots=True)
+class DrillConfig:
+    scenario: str
+    nodes: int = 3
+    partitions: int = 6
+    producers: int = 2
+    consumers: int = 2
+    messages: int = 3000  # per run, over all producers
+    window: int = 64  # sends in flight per producer
+    keys: int = 64
+    seed: int = 1
+    local_sync: str = "SYNC"
+    remote_sync: str = "WRITE_NO_SYNC"
+    non_response_timeout: float | None = None  # None: the node default
+    timeout: float = 180.0  # per run
+    data_dir: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def node_args(self) -> list[str]:
+        args = ["--remote-sync", self.remote_sync, *self.extra_args]
+        if self.non_response_timeout is not None:
+            args += ["--non-response-timeout", str(self.non_response_timeout),
+                      "--keepalive-interval", str(self.non_response_timeout / 4)]
+        return args
+
+    @property
+    def nrt(self) -> float:
+        return self.non_response_timeout or 1.0
+
+
+@dataclass(slots=True)
+class RunResult:
+    run: int
+    target: str
+    sent: int = 0
+    confirmed: int = 0
+    ok: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    redelivered: int = 0
+    unexpected: int = 0
+    unconfirmed_delivered: int = 0
+    failed_sends: int = 0
+    reported_lost: int = 0
+    failover_ms: float = 0.0
+    ha_events: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.error or self.duplicated or self.unexpected:
+            return False
+        return self.lost == 0 or self.lost <= self.reported_lost
+
+
+class _Load:
+    """The producers and consumers of one run."""
+
+    def __init__(self, cl: LocalCluster, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock) -> None:
+        self.cl, self.cfg, self.run, self.rng, self.clock = cl, cfg, run, rng, clock
+        self.sent: list[bytes] = []
+        self.confirmed: list[bytes] = []
+        self.consumed: list[tuple[bytes, str]] = []
+        self.waits: list[float] = []
+        self.failed = 0
+        self.reported_lost = 0
+        self.third = asyncio.Event()
+        self.conns: list[DurableConnection] = []
+        self._stop_consumers = asyncio.Event()
+
+    def _event(self, ev: ConnectionEvent) -> None:
+        if ev.kind == "messages_lost" and ev.error is not None:
+            self.reported_lost += getattr(ev.error, "count", 0)
+
+    async def _connect(self, name: str) -> DurableConnection:
+        conn = await client.connect(self.cl.url, client_name=name, send_timeout=self.cfg.timeout)
+        conn.on_event(self._event)
+        self.conns.append(conn)
+        return conn
+
+    async def produce(self, index: int, count: int) -> None:
+        conn = await self._connect(f"drill-producer-{index}")
+        p = conn.producer(QUEUE, max_in_flight=8)
+        cfg, clock = self.cfg, self.clock
+        sem = asyncio.Semaphore(cfg.window)
+        rng = random.Random(self.rng.random())
+        pending: set[asyncio.Future[Any]] = set()
+
+        def done(body: bytes, t0: float, fut: asyncio.Future[Any]) -> None:
+            sem.release()
+            pending.discard(fut)
+            self.waits.append(clock.monotonic() - t0)
+            if fut.cancelled() or fut.exception() is not None:
+                self.failed += 1
+                return
+            self.confirmed.append(body)
+            if len(self.confirmed) >= cfg.messages // 3:
+                self.third.set()
+
+        for i in range(count):
+            await sem.acquire()
+            body = f"{self.run}:{index}:{i}".encode()
+            self.sent.append(body)
+            fut = p.send_nowait(body, key=f"k{rng.randrange(cfg.keys)}")
+            pending.add(fut)
+            fut.add_done_callback(functools.partial(done, body, clock.monotonic()))
+        while pending:
+            await asyncio.wait(set(pending))
+        await p.close()
+
+    async def consume(self, index: int) -> None:
+        conn = await self._connect(f"drill-consumer-{index}")
+        c = await conn.consumer(QUEUE, prefetch=128).start()
+        try:
+            while not self._stop_consumers.is_set():
+                m = await c.next(0.2)
+                if m is None:
+                    continue
+                self.consumed.append((m.body, m.id))
+                try:
+                    m.ack()
+                except StaleDeliveryError:
+                    pass  # its link failed: it comes again, redelivered
+        finally:
+            await c.close()
+
+    async def drained(self, deadline: float) -> None:
+        """Until every confirmed message was consumed and the queue holds nothing."""
+        want = set(self.confirmed)
+        async with await client.connect(self.cl.url, client_name="drill-check") as conn:
+            while self.clock.monotonic() < deadline:
+                seen = {b for b, _ in self.consumed}
+                if want <= seen:
+                    infos = await conn.list_queues()
+                    total = sum(q.ready + q.unacked for q in infos if q.name == QUEUE)
+                    if total == 0 and await _empty_everywhere(self.cl):
+                        return
+                await self.clock.sleep(0.1)  # polling consumers and nodes, bounded by the deadline
+        log.warning("drill run %d: drain deadline passed", self.run)
+
+    async def close(self) -> None:
+        self._stop_consumers.set()
+        await asyncio.gather(*(c.close() for c in self.conns), return_exceptions=True)
+
+
+async def _empty_everywhere(cl: LocalCluster) -> bool:
+    """No live node holds a ready or unacked message of the drill queue (each reports the
+    partitions it is active for)."""
+    for name, p in cl.nodes.items():
+        if p.proc is None or p.proc.returncode is not None:
+            continue
+        try:
+            async with await client.connect_link(cl.url_of(name), client_name="drill-check") as link:
+                for q in await link.list_queues():
+                    if q.name == QUEUE and q.ready + q.unacked:
+                        return False
+        except (TandemError, OSError):
+            return False
+    return True
+
+
+async def _all_active(cl: LocalCluster, partitions: int, deadline: float, clock: Clock) -> dict[int, str]:
+    while True:
+        found = await cl.actives(QUEUE)
+        if len(found) == partitions:
+            return found
+        if clock.monotonic() > deadline:
+            raise UnavailableError(f"only {len(found)} of {partitions} partitions have an active")
+        await clock.sleep(0.05)  # polling real processes, bounded by the deadline
+
+
+async def _caught_up(cl: LocalCluster, partitions: int, deadline: float, clock: Clock) -> None:
+    """Every partition has an active whose replicas all match its log."""
+    while clock.monotonic() < deadline:
+        ok = 0
+        for _name, st in await cl._statuses():
+            for part in st.partitions:
+                if part.queue == QUEUE and part.role == "active" and part.replicas and \
+                        all(r.lag == 0 for r in part.replicas) and len(part.replicas) >= len(cl.nodes) - 1:
+                    ok += 1
+        if ok >= partitions:
+            return
+        await clock.sleep(0.1)  # polling real processes, bounded by the deadline
+    raise UnavailableError("replicas did not catch up in time")
+
+
+def _target(actives: dict[int, str]) -> str:
+    counts: dict[str, int] = {}
+    for n in actives.values():
+        counts[n] = counts.get(n, 0) + 1
+    return max(sorted(counts), key=lambda n: counts[n])
+
+
+async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
+    s = cfg.scenario
+    hold = 2 * cfg.nrt + 1.0
+    if s in ("kill-active", "kill-replica"):
+        await cl.nodes[target].kill()
+        await _all_active(cl, cfg.partitions, deadline, clock)
+        await cl.nodes[target].start()
+    elif s == "pause-active":
+        cl.nodes[target].pause()
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        cl.nodes[target].resume()
+    elif s == "partition-active":
+        cl.cut_node(target)
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        cl.heal_node(target)
+    elif s == "restart-all":
+        await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
+        await cl.start()
+    elif s == "rolling-restart":
+        for name, p in cl.nodes.items():
+            await p.stop()
+            await p.start()
+            await cl.wait_ready()
+            await _caught_up(cl, cfg.partitions, deadline, clock)
+    else:
+        raise UnavailableError(f"unknown scenario {s!r}")
+    await cl.wait_ready()
+    await _all_active(cl, cfg.partitions, deadline, clock)
+
+
+async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="tandem-drill-", dir=cfg.data_dir) as tmp:
+        node_args: dict[str, list[str]] = {}
+        if cfg.scenario == "kill-replica":
+            node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
+        cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
+                          extra_args=cfg.node_args(), node_args=node_args, clock=clock,
+                          proxied=cfg.scenario == "partition-active")
+        res = RunResult(run, "")
+        load: _Load | None = None
+        try:
+            await cl.start()
+            deadline = clock.monotonic() + cfg.timeout
+            await cl.wait_ready()
+            async with await client.connect(cl.url, client_name="drill-setup") as conn:
+                await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+            actives = await _all_active(cl, cfg.partitions, deadline, clock)
+            res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
+                "all" if cfg.scenario in ("restart-all", "rolling-restart") else _target(actives)
+            load = _Load(cl, cfg, run, rng, clock)
+            consumers = [asyncio.ensure_future(load.consume(i)) for i in range(cfg.consumers)]
+            share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
+                     for i in range(cfg.producers)]
+            producers: asyncio.Future[Any] = asyncio.ensure_future(
+                asyncio.gather(*(load.produce(i, n) for i, n in enumerate(share))))
+            third: asyncio.Future[Any] = asyncio.ensure_future(load.third.wait())
+            await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
+            third.cancel()
+            log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
+            await _inject(cl, cfg, res.target, clock, deadline)
+            async with asyncio.timeout(max(1.0, deadline - clock.monotonic())):
+                await producers
+            await load.drained(deadline)
+            await load.close()
+            await asyncio.gather(*consumers, return_exceptions=True)
+            v = classify(load.sent, load.confirmed, load.consumed)
+            res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
+            res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
+            res.unconfirmed_delivered = v.unconfirmed_delivered
+            res.failed_sends = load.failed
+            res.reported_lost = load.reported_lost
+            res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
+            res.ha_events = sorted({e for _n, st in await cl._statuses() for e in st.events
+                                    if "HA-1014" in e or "lost" in e})
+        except (TandemError, OSError, TimeoutError) as exc:
+            log.exception("drill run %d failed", run)
+            res.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if load is not None:
+                await load.close()
+            await cl.stop()
+        return res
+
+
+def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
+    waits = [r.failover_ms for r in results if not r.error]
+    out: dict[str, Any] = {
+        "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
+        "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync},
+    }
+    for k in ("sent", "confirmed", "ok", "lost", "duplicated", "redelivered", "unexpected",
+              "unconfirmed_delivered", "failed_sends", "reported_lost"):
+        out[k] = sum(getattr(r, k) for r in results)
+    out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
+                          "max": max(waits) if waits else None}
+    out["ha_events"] = sorted({e for r in results for e in r.ha_events})
+    out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
+    out["passed"] = bool(results) and all(r.passed for r in results)
+    return out
+
+
+async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
+                progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
+    if cfg.scenario not in SCENARIOS:
+        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    rng = random.Random(cfg.seed)
+    results = []
+    for run in range(1, repeat + 1):
+        r = await run_once(cfg, run, random.Random(rng.random()), clock)
+        results.append(r)
+        if progress is not None:
+            progress(r)
+    return summarize(cfg, results)
+
+
+def report_text(rep: dict[str, Any]) -> str:
+    lines = [f"drill {rep['scenario']}: {rep['runs']} run(s), policies local_sync={rep['policies']['local_sync']} "
+             f"remote_sync={rep['policies']['remote_sync']}, seed {rep['seed']}",
+             f"  sent {rep['sent']}, confirmed {rep['confirmed']}, ok {rep['ok']}, lost {rep['lost']} "
+             f"(reported by Tandem: {rep['reported_lost']}), duplicated {rep['duplicated']}, "
+             f"unexpected {rep['unexpected']}",
+             f"  redelivered {rep['redelivered']}, unconfirmed but delivered {rep['unconfirmed_delivered']}, "
+             f"sends that raised {rep['failed_sends']}",
+             f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms"]
+    if rep["ha_events"]:
+        lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
+    for e in rep["errors"]:
+        lines.append("  error: " + e)
+    lines.append("  PASSED" if rep["passed"] else "  FAILED")
+    return "\n".join(lines)
+
+
+def progress_line(r: RunResult) -> str:
+    return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
+                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms,
+                       "passed": r.passed, **({"error": r.error} if r.error else {})})
