@@ -610,11 +610,20 @@ class Node:
             if not messages:  # a producer asks where its sequence stands
                 done(0, 0, None, last)
                 return
+        parts = q.partitions
+        if producer_id is not None and not dense:
+            for m, pidx in zip(messages, pidxs):
+                held = parts[pidx].producers.get(producer_id)
+                if held is not None and m.seq is not None and \
+                        parts[pidx].committed_producers.get(producer_id, -1) < m.seq <= held:
+                    # a resend of what is still being stored: confirming it now could confirm
+                    # what then fails to commit
+                    raise UnavailableError(f"producer {producer_id}'s seq {m.seq} on {q.name}/{pidx} is still "
+                                           "being stored: retry")
         ts = self.clock.time()
         by_part: dict[int, list[Msg]] = {}
         last_seq: dict[tuple[int, str], int] = {}
         duplicates = 0
-        parts = q.partitions
         for m, pidx in zip(messages, pidxs):
             part = parts[pidx]
             if producer_id is not None and m.seq is not None:

@@ -14,6 +14,15 @@
 No threads and no event loop: every call writes its frame and reads frames
 until its reply arrives, buffering deliveries for the consumers meanwhile.  So
 it works in plain scripts and under gevent's monkey-patched sockets (locust).
+
+It is durable too: when its node goes away (a broken link, a refusal, a node
+without quorum) a call re-dials the URL's nodes in turn with jittered backoff,
+resubscribes its consumers and sends the request again, until ``send_timeout``.
+A publish is resent under the same (producer id, seq), so it is stored once.
+Messages delivered on the old link come again, marked redelivered; settling one
+of the old ones raises StaleDeliveryError.  It talks to one node at a time: in a
+group, its consumers get the partitions active on that node (use the async
+client's consumer for the whole queue).
 Heartbeats are off by default (``heartbeat=0`` in the handshake): a blocking
 client may sit idle between calls; the broker relies on TCP keepalive.
 A connection is not thread-safe: use one per thread or greenlet.
@@ -22,7 +31,9 @@ A connection is not thread-safe: use one per thread or greenlet.
 from __future__ import annotations
 
 import itertools
+import random
 import socket
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,7 +45,13 @@ from client.errors import (
     ConsumerCancelledError,
     InvalidArgumentError,
     MessageTooLargeError,
+    NotActiveError,
+    QueueFullError,
+    ShuttingDownError,
+    StaleDeliveryError,
     TandemError,
+    TimeoutError_,
+    UnavailableError,
     for_code,
 )
 from client.consumer import DeliveredMessage
@@ -72,14 +89,18 @@ from client.protocol.frames import (
     SubscribeOk,
     Welcome,
 )
-from client.url import parse_url
+from client.url import ConnectParams, parse_url
 
 
-def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: float | None = None) -> BlockingConnection:
-    """Open a blocking connection to the first reachable node of ``url``."""
+def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: float | None = None,
+            send_timeout: float = 60.0, durable: bool = True) -> BlockingConnection:
+    """Open a blocking connection to the first reachable node of ``url``.
+
+    ``timeout``: the socket timeout of one read.  ``durable``: ride through the loss
+    of the node (see the module docs) for up to ``send_timeout`` seconds per call."""
     params = parse_url(url)
     last: BaseException | None = None
-    for host, port in params.hosts:
+    for k, (host, port) in enumerate(params.hosts):
         try:
             sock = socket.create_connection((host, port), timeout=params.connect_timeout)
         except OSError as exc:
@@ -94,22 +115,41 @@ def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: f
                 raise
             last = exc
             continue
+        conn._params, conn._client_name, conn._send_timeout = params, client_name, send_timeout
+        conn._durable, conn._host_index = durable, k
         return conn
-    raise ConnectionClosedError(f"cannot connect to {params.hosts}: {last}")
+    raise ConnectionClosedError(f"cannot connect to {', '.join(f'{h}:{p}' for h, p in params.hosts)}: {last}")
+
+
+def _dial(params: ConnectParams, client_name: str, start: int) -> tuple[socket.socket, int]:
+    """A socket to the first node from ``start`` on (in turn) that accepts TCP."""
+    last: BaseException | None = None
+    hosts = params.hosts
+    for i in range(len(hosts)):
+        k = (start + i) % len(hosts)
+        try:
+            return socket.create_connection(hosts[k], timeout=params.connect_timeout), k
+        except OSError as exc:
+            last = exc
+    raise ConnectionClosedError(f"cannot connect to {', '.join(f'{h}:{p}' for h, p in hosts)}: {last}")
 
 
 class BlockingMessage(DeliveredMessage):
     """A delivered message; ``ack``/``nack``/``reject`` return once the node answered."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_epoch")
 
     def __init__(self, conn: BlockingConnection, d: Delivery) -> None:
         super().__init__(d)
         self._conn = conn
+        self._epoch = conn._epoch
 
     def _settle(self, frame_of: Any) -> None:
+        if self._epoch != self._conn._epoch:
+            raise StaleDeliveryError(f"message {self.id} came on a link that has since failed; "
+                                     "it will be delivered again")
         self._mark_settled()
-        self._conn._call(frame_of)
+        self._conn._call(frame_of, retry=False)
 
     def ack(self) -> None:
         self._settle(lambda rid: Ack(rid=rid, tags=[self._d.tag]))
@@ -133,6 +173,16 @@ class BlockingConnection:
         self._closed = False
         self.node = ""
         self.max_message_size = 5 * 1024 * 1024
+        self._timeout = timeout
+        self._params: ConnectParams | None = None
+        self._client_name = "tandem-python-blocking"
+        self._send_timeout = 60.0
+        self._durable = False
+        self._epoch = 0  # bumped by every reconnect: deliveries of older links are stale
+        self._host_index = 0
+        self._consumers: list[BlockingConsumer] = []
+        self._closing = False
+        self._rng = random.Random()
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -143,6 +193,9 @@ class BlockingConnection:
             if event is NEED_DATA:
                 try:
                     data = self._sock.recv(256 * 1024)
+                except TimeoutError as exc:  # the socket timeout: the caller's to hear
+                    self._closed = True
+                    raise TimeoutError_(f"no frame from node {self.node} within {self._timeout}s") from exc
                 except OSError as exc:
                     self._closed = True
                     raise ConnectionClosedError(f"connection lost: {exc}") from exc
@@ -174,7 +227,24 @@ class BlockingConnection:
             self._closed = True
             raise ConnectionClosedError(f"connection lost: {exc}") from exc
 
-    def _call(self, make: Any) -> Frame:
+    def _call(self, make: Any, *, retry: bool = True) -> Frame:
+        """Send a request and read until its reply; if durable (and ``retry``), ride through
+        a lost node: reconnect and send it again until ``send_timeout``."""
+        deadline = time.monotonic() + self._send_timeout
+        delay = 0.05
+        while True:
+            try:
+                return self._call_once(make)
+            except TandemError as exc:
+                if not (self._durable and retry and exc.retriable and not self._closing) \
+                        or isinstance(exc, (QueueFullError, TimeoutError_)) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay * (0.5 + self._rng.random() / 2))
+                delay = min(2.0, delay * 2)
+                if self._closed or isinstance(exc, (UnavailableError, ShuttingDownError, NotActiveError)):
+                    self._reconnect(deadline)
+
+    def _call_once(self, make: Any) -> Frame:
         rid = next(self._rids)
         self._write(make(rid))
         while True:
@@ -185,6 +255,36 @@ class BlockingConnection:
                 raise for_code(frame.code, frame.message, active_hint=frame.active_hint,
                                    next_seq=frame.next_seq)
             return frame
+
+    def _reconnect(self, deadline: float) -> None:
+        """A new link to the next node that takes us (from the one after the current), with
+        jittered backoff until ``deadline``; consumers resubscribed."""
+        assert self._params is not None
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        delay = 0.05
+        while True:
+            try:
+                sock, k = _dial(self._params, self._client_name, self._host_index + 1)
+                self._host_index = k
+                self._sock = sock
+                sock.settimeout(self._timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.proto = ProtocolConnection(Role.CLIENT)
+                self._closed = False
+                self._handshake(self._client_name, self._params.user, self._params.password)
+                break
+            except TandemError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay * (0.5 + self._rng.random() / 2))
+            delay = min(2.0, delay * 2)
+        self._epoch += 1
+        self._deliveries.clear()
+        for c in self._consumers:
+            c._resubscribe()
 
     def _handshake(self, client_name: str, user: str, password: str) -> None:
         self._sock.sendall(self.proto.hello(client_name=client_name, user=user, password=password, heartbeat=0))
@@ -199,6 +299,7 @@ class BlockingConnection:
         self.max_message_size = frame.max_message_size
 
     def close(self) -> None:
+        self._closing = True
         if not self._closed:
             try:
                 self._sock.sendall(self.proto.send(Close(code=0, reason="client closed")))
@@ -285,6 +386,7 @@ class BlockingProducer:
         return len(msgs)
 
     def _publish(self, msgs: list[PublishMessage]) -> None:
+        # one batch at a time: a resend after a failover carries the same seqs, stored once
         reply = self.conn._call(lambda rid: Publish(rid=rid, queue=self.queue, messages=msgs,
                                                     producer_id=self.producer_id))
         reply = expect(reply, PublishOk)
@@ -293,19 +395,38 @@ class BlockingProducer:
 class BlockingConsumer:
     def __init__(self, conn: BlockingConnection, queue: str, prefetch: int) -> None:
         self.conn = conn
-        reply = conn._call(lambda rid: Subscribe(rid=rid, queue=queue, prefetch=prefetch))
+        self.queue = queue
+        self.prefetch = prefetch
+        self.consumer_id = 0
+        self._buf: deque[Delivery] = deque()
+        self._subscribe()
+        conn._consumers.append(self)
+
+    def _subscribe(self) -> None:
+        reply = self.conn._call(lambda rid: Subscribe(rid=rid, queue=self.queue, prefetch=self.prefetch),
+                                retry=False)
         reply = expect(reply, SubscribeOk)
         self.consumer_id = reply.consumer
-        self._buf = conn._deliveries.setdefault(self.consumer_id, deque())
+        self._buf = self.conn._deliveries.setdefault(self.consumer_id, deque())
+
+    def _resubscribe(self) -> None:
+        self._subscribe()
 
     def next(self) -> BlockingMessage:
         """Block until the next message arrives (socket timeout -> ConnectionClosedError;
-        ConsumerCancelledError when the broker ends the consumer)."""
+        ConsumerCancelledError when the broker ends the consumer).  A lost node is ridden
+        through like any call: the consumer resubscribes elsewhere."""
+        conn = self.conn
         while not self._buf:
-            if self.consumer_id in self.conn._cancelled:
+            if self.consumer_id in conn._cancelled:
                 raise ConsumerCancelledError("consumer cancelled by the broker (the queue was deleted)")
-            self.conn._read_frame()
-        return BlockingMessage(self.conn, self._buf.popleft())
+            try:
+                conn._read_frame()
+            except ConnectionClosedError:
+                if not conn._durable or conn._closing:
+                    raise
+                conn._reconnect(time.monotonic() + conn._send_timeout)
+        return BlockingMessage(conn, self._buf.popleft())
 
     def __iter__(self) -> Iterator[BlockingMessage]:
         while True:
@@ -313,7 +434,9 @@ class BlockingConsumer:
 
     def cancel(self) -> None:
         """Stop deliveries; buffered messages never handed out go back uncounted."""
-        self.conn._call(lambda rid: Cancel(rid=rid, consumer=self.consumer_id))
+        if self in self.conn._consumers:
+            self.conn._consumers.remove(self)
+        self.conn._call(lambda rid: Cancel(rid=rid, consumer=self.consumer_id), retry=False)
         unseen = [d.tag for d in self._buf]
         self._buf.clear()
         self.conn._deliveries.pop(self.consumer_id, None)

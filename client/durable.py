@@ -595,6 +595,7 @@ class DurableProducer:
         self._mapper: DataMapper | None = None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
+        self._drained = asyncio.Event()
         self._stopped: TandemError | None = None
         self._unconfirmed = 0  # futures not yet resolved
         self.buffer: SendBuffer | None = None
@@ -678,12 +679,15 @@ class DurableProducer:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if self._unconfirmed <= 0 and not self._draining:
+        if self._unconfirmed <= 0:
             self._idle.set()
+        if not self._draining:
+            self._drained.set()
 
     async def flush(self) -> None:
-        """Until every message sent so far is confirmed (or failed), the local buffer included."""
-        while (self._unconfirmed > 0 or self._draining) and self._stopped is None:
+        """Until every message sent so far is confirmed or failed (messages in the local
+        buffer are safe on disk: see :meth:`wait_drained`)."""
+        while self._unconfirmed > 0 and self._stopped is None:
             self._idle.clear()
             try:
                 async with asyncio.timeout(0.5):
@@ -691,8 +695,24 @@ class DurableProducer:
             except TimeoutError:
                 pass
 
+    async def wait_drained(self, timeout: float | None = None) -> None:
+        """Until the local buffer is empty: every buffered message sent and confirmed."""
+        async with asyncio.timeout(timeout):
+            while self._draining and self._stopped is None:
+                self._drained.clear()
+                try:
+                    async with asyncio.timeout(0.5):
+                        await self._drained.wait()
+                except TimeoutError:
+                    pass
+
+    @property
+    def buffered_count(self) -> int:
+        """Messages waiting in the local buffer."""
+        return self.buffer.count if self.buffer is not None else 0
+
     async def close(self) -> None:
-        """Flush, then stop."""
+        """Flush (what is in the local buffer stays there for the next run), then stop."""
         try:
             await self.flush()
         finally:
@@ -951,14 +971,14 @@ class DurableProducer:
                 log.error("%s", err.message)
                 self.conn._emit(ConnectionEvent("messages_lost", link.node or "", err.message, err))
                 part.confirmed = n - 1
-            # Everything below n is held (a resend is confirmed as a duplicate); everything
-            # else follows on from n, in the order it was sent.
+            # What went out under a seq below n is held (its resend is confirmed as a
+            # duplicate); everything else follows on from n, in the order it was sent.
             items = sorted(part.back, key=lambda it: it.msg.seq if it.msg.seq is not None else 1 << 62)
             items += list(part.unsent)
             part.back = []
             nxt = n
             for it in items:
-                if it.msg.seq is None or it.msg.seq >= n:
+                if not it.sent or it.msg.seq is None or it.msg.seq >= n:
                     it.msg.seq = nxt
                     nxt += 1
             part.next_seq = nxt

@@ -18,7 +18,7 @@ import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import TandemError, UnknownDeliveryTagError
+from client.errors import TandemError, StaleDeliveryError
 
 
 async def measure_failover(*, nodes: int = 3, partitions: int = 4, messages: int = 3000, warmup: int = 500,
@@ -92,7 +92,7 @@ async def _run(cl: LocalCluster, partitions: int, messages: int, warmup: int, wi
                 consumed.append((m.body, m.id))
                 try:
                     await m.ack()
-                except UnknownDeliveryTagError:
+                except StaleDeliveryError:
                     pass  # delivered again by the new active
     verdict = classify(bodies, confirmed, consumed)
     return {

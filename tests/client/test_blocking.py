@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,21 +11,26 @@ import pytest
 
 from broker.process import NodeProcess
 from client import blocking
-from client.errors import AuthError, QueueNotFoundError
+from client.errors import AuthError, QueueNotFoundError, StaleDeliveryError
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> Iterator[str]:
+def node(tmp_path: Path) -> Iterator[tuple[NodeProcess, asyncio.AbstractEventLoop]]:
     loop = asyncio.new_event_loop()
     proc = NodeProcess(tmp_path / "node1")
     loop.run_until_complete(proc.start())
     try:
-        yield proc.url
+        yield proc, loop
     finally:
         loop.run_until_complete(proc.stop())
         loop.close()
+
+
+@pytest.fixture
+def url(node: tuple[NodeProcess, asyncio.AbstractEventLoop]) -> str:
+    return node[0].url
 
 
 def test_blocking_round_trip(url: str) -> None:
@@ -61,3 +67,33 @@ def test_blocking_round_trip(url: str) -> None:
 def test_blocking_wrong_password(url: str) -> None:
     with pytest.raises(AuthError):
         blocking.connect(url.replace("bench-password", "wrong-one"))
+
+
+def test_blocking_connection_rides_through_a_node_restart(node: tuple[NodeProcess, asyncio.AbstractEventLoop]) -> None:
+    proc, loop = node
+    with blocking.connect(proc.url, send_timeout=60) as conn:
+        conn.declare_queue("q", partitions=2)
+        p = conn.producer("q")
+        for i in range(20):
+            p.send(f"m{i}", key=f"k{i}")
+        c = conn.consumer("q", prefetch=5)
+        held = [c.next(), c.next()]
+        loop.run_until_complete(proc.kill())  # kill -9: the next calls find the link dead
+        restart = threading.Thread(target=loop.run_until_complete, args=(proc.start(),))
+        restart.start()  # the node comes back while the sends below are retrying
+        try:
+            for i in range(20, 40):
+                p.send(f"m{i}", key=f"k{i}")
+        finally:
+            restart.join()
+        for m in held:
+            with pytest.raises(StaleDeliveryError):
+                m.ack()
+        got = []
+        while len(got) < 40:
+            m = c.next()  # resubscribed on the new link: what was held comes again
+            got.append(m.body.decode())
+            m.ack()
+        assert sorted(got) == sorted(f"m{i}" for i in range(40))  # each once
+        (info,) = conn.list_queues()
+        assert info.ready == 0 and info.unacked == 0

@@ -17,7 +17,7 @@ import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
 from broker.faults import FaultProxy
-from client.errors import TandemError, UnavailableError, UnknownDeliveryTagError
+from client.errors import TandemError, UnavailableError, StaleDeliveryError
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -61,7 +61,7 @@ async def drain(url: str, queue: str, idle: float = 3.0) -> list[tuple[bytes, st
                 out.append((m.body, m.id))
                 try:
                     await m.ack()
-                except UnknownDeliveryTagError:
+                except StaleDeliveryError:
                     pass  # its partition failed over meanwhile: the new active delivers it again
 
 
