@@ -184,7 +184,7 @@ async def _status(args: argparse.Namespace) -> int:
         _table(prow)
     if st.designated_primary:
         print("designated primary: this node goes on alone when its peer is gone")
-    print(f"HA-1014 discarded entries: {st.discarded}")
+    print(f"HA-1014 discarded entries: {st.discarded} ({st.discarded_messages} messages)")
     if st.events:
         print("recent HA events:")
         for e in st.events[-20:]:
@@ -213,6 +213,7 @@ def status_json(st: Any) -> dict[str, Any]:
         "quorum_override": st.quorum_override, "designated_primary": st.designated_primary,
         "remotes": _record(st.remotes), "partitions": _record(st.partitions), "events": list(st.events),
         "ha_1014_discarded": st.discarded,
+        "ha_1014_discarded_messages": st.discarded_messages,
     }
 
 

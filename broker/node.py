@@ -1000,16 +1000,17 @@ def status_of(node: Node, rid: int) -> StatusOk:
                                       ident.priority if ident else 0, ident.votes if ident else 0,
                                       ident.store_stamp if ident else "",
                                       node.peers.client_addresses.get(name, "")))
-    partitions, events, discarded, dp = [], [], 0, False
+    partitions, events, discarded, dp, dmsgs = [], [], 0, False, 0
     rep = node.replication
     if rep is not None:
         partitions = rep.partition_infos()
         events = [f"{e.kind} {e.partition}: {e.text}" for e in rep.events]
         discarded, dp = rep.discarded_total, rep.designated_primary is not None
+        dmsgs = rep.discarded_messages
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
                     priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
-                    discarded=discarded, designated_primary=dp)
+                    discarded=discarded, designated_primary=dp, discarded_messages=dmsgs)
 
 
 def _settings(meta: QueueMeta) -> dict[str, object]:

@@ -277,6 +277,7 @@ class Replication:
         self.changed = asyncio.Event()  # set (and replaced) whenever a role or an active changes
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
         self.discarded_total = 0
+        self.discarded_messages = 0  # messages in those entries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
         #: partition state notifiers (Python callbacks), called in order of the changes
@@ -601,11 +602,27 @@ class Replication:
             self._notify()
             return
         self.discarded_total += ev.count
-        log.error("HA-1014 partition %s on %s: %d entries from index %d discarded in term %d (never "
-                  "committed by the group)%s", plog.name, self.me, ev.count, ev.first_index, ev.term,
-                  f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed else "")
-        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries discarded"
-                                   f" from index {ev.first_index}, {ev.committed} confirmed"))
+        messages = self._messages_in(plog.key, ev.payloads)
+        self.discarded_messages += messages
+        log.error("HA-1014 partition %s on %s: %d entries (%d messages) from index %d discarded in term %d "
+                  "(never committed by the group)%s", plog.name, self.me, ev.count, messages, ev.first_index,
+                  ev.term, f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed
+                  else "")
+        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries ({messages} "
+                                   f"messages) discarded from index {ev.first_index}, {ev.committed} confirmed"))
+
+    @staticmethod
+    def _messages_in(key: Key, payloads: tuple[bytes | None, ...]) -> int:
+        """How many published messages these log entries carried."""
+        n = 0
+        for data in payloads:
+            if data is None or key == CATALOGUE:
+                continue
+            try:
+                n += sum(len(op.messages) for op in decode_ops(key, data) if isinstance(op, Append))
+            except (ValueError, TypeError, msgpack.UnpackException):
+                log.warning("HA-1014 on %s: a discarded entry could not be decoded to count its messages", key)
+        return n
 
     def _resync(self, plog: PartLog) -> None:
         """Entries this node had applied were discarded (it confirmed them under a weak

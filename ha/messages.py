@@ -125,6 +125,7 @@ class EntriesDiscarded:
     count: int
     committed: int = 0  # of those, entries it had confirmed while active under a weak override
     code: str = "HA-1014"
+    payloads: tuple[bytes | None, ...] = ()  # the discarded entries' data (the driver counts messages)
 
 
 Event = RoleChanged | EntriesDiscarded

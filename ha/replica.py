@@ -506,7 +506,7 @@ class Replica:
             lost_committed = max(0, self.commit - m.index)
             if dropped:
                 self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
-                                                           lost_committed))
+                                                           lost_committed, payloads=tuple(e.data for e in dropped)))
             self.log = []
             self._ready.truncate_from = self.snap_index + 1
             self._ready.append = []
@@ -541,6 +541,7 @@ class Replica:
         ``committed``, and the driver must roll back what it applied.
         """
         count = self.last_index - index + 1
+        payloads = tuple(e.data for e in self.log[index - self.snap_index - 1:])
         lost_committed = max(0, self.commit - index + 1)
         if lost_committed:
             self.commit = index - 1
@@ -550,7 +551,8 @@ class Replica:
         self._ready.truncate_from = index if self._ready.truncate_from is None else min(
             index, self._ready.truncate_from)
         self._ready.append = [e for e in self._ready.append if e.index < index]
-        self._ready.events.append(EntriesDiscarded(self.id, self.term, index, count, lost_committed))
+        self._ready.events.append(EntriesDiscarded(self.id, self.term, index, count, lost_committed,
+                                                   payloads=payloads))
 
     def _on_append_reply(self, m: AppendReply) -> None:
         if m.term > self.term:

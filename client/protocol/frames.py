@@ -494,6 +494,7 @@ class StatusOk(Frame):
     events: list[str] = field(default_factory=list)  # recent HA events, oldest first
     discarded: int = 0  # HA-1014: log entries this node has discarded since it started
     designated_primary: bool = False
+    discarded_messages: int = 0  # HA-1014: messages in those entries
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
