@@ -54,7 +54,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
-                "advertise"):
+                "advertise", "http_port"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -72,6 +72,8 @@ async def _serve(config: Any) -> int:
     print(f"Tandem node {config.name} is up", flush=True)
     print(f"  client URL : tandem://admin@{host}:{port}", flush=True)
     print(f"  data       : {node.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
+    if node.console is not None:
+        print(f"  console    : {node.console.url}", flush=True)
     if pw_file.exists():
         print(f"  admin pass : {pw_file}", flush=True)
     print("  stop with Ctrl-C or SIGTERM", flush=True)
@@ -112,6 +114,8 @@ async def _run_cluster(args: argparse.Namespace) -> int:
                   f"{cluster.peer_ports[name]}  log {p.log_path}", flush=True)
         hosts = cluster.url.split("@", 1)[1]
         print(f"  client URL : tandem://admin@{hosts}", flush=True)
+        print(f"  console    : {cluster.console_url(next(iter(cluster.nodes)))} (any node's port +2 serves it)",
+              flush=True)
         pw = Path(args.data_dir) / "admin-password"
         print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
         print("  status     : tandem status --url tandem://admin:PASSWORD@" + hosts.split(",")[0], flush=True)
@@ -166,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--max-message-size", dest="max_message_size", type=int, help="bytes (default 5 MiB)")
     start.add_argument("--max-frame-size", dest="max_frame_size", type=int, help="bytes (default 8 MiB)")
     start.add_argument("--heartbeat", type=float, help="seconds between heartbeats (default 10)")
+    start.add_argument("--http-port", dest="http_port", type=int,
+                       help="serve the management console and admin REST API on this port (0 = any free "
+                            "port; default: not served)")
     start.add_argument("--advertise", help="HOST:PORT clients are told to reach this node at, when not "
                                            "where it listens (NAT, proxies; default: where it listens)")
     group = start.add_argument_group("replication group (leave out for a single node)")
@@ -290,8 +297,17 @@ def add_drill_parser(sub: Any) -> None:
                     "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
                     "them again), rolling-restart (stop and start each node in turn, waiting for catch-up).")
     d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
-    d.add_argument("--spawn", action="store_true", default=True,
-                   help="start the group on this machine (the default; the only mode: see docs/drills.md)")
+    d.add_argument("--spawn", action="store_true",
+                   help="start a fresh group on this machine for every run (the default)")
+    d.add_argument("--url", help="drill a running group instead (with --inject and --heal: the drill cannot "
+                                 "reach its nodes' processes itself); its own queue drill-<random>")
+    d.add_argument("--inject", help="with --url: shell command injecting the fault; {node} is replaced by the "
+                                    "node active for most partitions (e.g. \"ssh {node} sudo systemctl kill -s "
+                                    "KILL tandem\")")
+    d.add_argument("--heal", help="with --url: shell command healing it (e.g. \"ssh {node} sudo systemctl start "
+                                  "tandem\")")
+    d.add_argument("--hold", type=float, default=5.0, help="with --url: seconds between inject and heal "
+                                                           "(default 5)")
     d.add_argument("--nodes", type=int, default=3, help="group size (default 3)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
@@ -322,9 +338,19 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--nodes: a drill needs a group of at least 2 nodes")
     local = DurabilityPolicy.parse(args.local_sync).value
     remote = DurabilityPolicy.parse(args.remote_sync).value
+    if args.url and args.spawn:
+        raise InvalidArgumentError("--spawn and --url: choose one")
+    if args.url and not (args.inject and args.heal):
+        raise InvalidArgumentError("--url needs --inject and --heal: the drill cannot reach a running group's "
+                                   "processes itself (see docs/drills.md)")
+    if (args.inject or args.heal) and not args.url:
+        raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
+    if args.hold < 0:
+        raise InvalidArgumentError("--hold must be >= 0")
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
-                      remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout)
+                      remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
+                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold)
 
     def progress(r: object) -> None:
         print(progress_line(r), file=sys.stderr)  # type: ignore[arg-type]

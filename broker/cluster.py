@@ -50,11 +50,13 @@ class LocalCluster:
         self.password = password or os.environ.get("TANDEM_ADMIN_PASSWORD") or self._password_file()
         names = [f"node{i}" for i in range(1, nodes + 1)]
         if base_port:
-            ports = {n: (base_port + 10 * i, base_port + 10 * i + 1) for i, n in enumerate(names)}
+            ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
+                     for i, n in enumerate(names)}
         else:
-            free = free_ports(2 * nodes)
-            ports = {n: (free[2 * i], free[2 * i + 1]) for i, n in enumerate(names)}
+            free = free_ports(3 * nodes)
+            ports = {n: (free[3 * i], free[3 * i + 1], free[3 * i + 2]) for i, n in enumerate(names)}
         self.peer_ports = {n: p[1] for n, p in ports.items()}
+        self.http_ports = {n: p[2] for n, p in ports.items()}
         #: (from, to) -> "host:port" where ``from`` reaches ``to``'s peer port (a FaultProxy)
         self.peer_routes: dict[tuple[str, str], str] = {}
         self.nodes: dict[str, NodeProcess] = {}
@@ -70,8 +72,8 @@ class LocalCluster:
         for n, p in self.nodes.items():
             peers = [a for o in names if o != n for a in
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
-            p.extra_args = ["--peer-port", str(self.peer_ports[n]), *peers, *self._extra,
-                            *self._node_args.get(n, [])]
+            p.extra_args = ["--peer-port", str(self.peer_ports[n]), "--http-port", str(self.http_ports[n]),
+                            *peers, *self._extra, *self._node_args.get(n, [])]
 
     def route(self, src: str, dst: str, address: str) -> None:
         """``src`` reaches ``dst``'s peer port at ``address`` (before start)."""
@@ -100,6 +102,10 @@ class LocalCluster:
             return self._client_proxies[name].address
         p = self.nodes[name]
         return f"{p.host}:{p.address[1] if p.address else p.port}"
+
+    def console_url(self, name: str) -> str:
+        """Node ``name``'s management console (every node serves the whole group's view)."""
+        return f"http://{self.host}:{self.http_ports[name]}/"
 
     def url_of(self, name: str) -> str:
         """Node ``name`` itself (not through its proxy)."""

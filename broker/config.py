@@ -74,6 +74,8 @@ class NodeConfig:
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
+    #: the management console and admin REST API (webconsole/); None: not served
+    http_port: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -111,6 +113,8 @@ class NodeConfig:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
         if self.advertise is not None:
             host, _, port = self.advertise.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -155,11 +159,11 @@ def _coerce(key: str, value: Any) -> Any:
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"advertise: expected \"host:port\", got {type(value).__name__} {value!r}")
         return value
-    if key == "peer_port":
+    if key in ("peer_port", "http_port"):
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"peer_port: expected int, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected int, got {type(value).__name__} {value!r}")
         return value
     field_type = _FIELDS[key].type
     expected = {"int": int, "float": float, "str": str}.get(str(field_type))

@@ -24,6 +24,12 @@ Scenarios (the *target* is the node active for the most partitions):
 * ``restart-all``: ``kill -9`` every node, start them all again.
 * ``rolling-restart``: stop (SIGTERM) and start each node in turn, waiting after
   each until every partition has an active and every replica has caught up.
+
+Against a group that is already running (``--url``), the drill cannot reach the
+nodes' processes itself: the operator gives the fault and its healing as shell
+commands (``--inject``, ``--heal``; ``{node}`` stands for the target's name, e.g.
+``ssh {node} sudo systemctl kill -s KILL tandem``), and the drill runs its
+workload on a queue of its own (``drill-<random>``, deleted afterwards).
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ from pathlib import Path
 from typing import Any
 
 import client
+import shlex
+
 from broker.checker import classify
 from broker.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK, Clock
 from client.durable import ConnectionEvent, DurableConnection
-from client.errors import StaleDeliveryError, TandemError, UnavailableError
+from client.errors import ConfirmedMessagesLost, StaleDeliveryError, TandemError, UnavailableError
 
 log = logging.getLogger("tandem.drill")
 
@@ -70,6 +78,10 @@ class DrillConfig:
     timeout: float = 180.0  # per run
     data_dir: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    url: str | None = None  # an existing group instead of a spawned one
+    inject: str | None = None  # shell command injecting the fault ({node}: the target)
+    heal: str | None = None  # shell command healing it
+    hold: float = 5.0  # seconds between inject and heal (existing group)
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]
@@ -97,35 +109,115 @@ class RunResult:
     unconfirmed_delivered: int = 0
     failed_sends: int = 0
     reported_lost: int = 0
+    unreported_lost: int = 0  # lost messages no messages_lost event covers
+    weak: bool = False  # a policy that may lose confirmed messages (NO_SYNC somewhere)
     failover_ms: float = 0.0
     ha_events: list[str] = field(default_factory=list)
     error: str = ""
 
     @property
     def passed(self) -> bool:
+        """Nothing duplicated or unexpected, and nothing lost; under weak policies a loss is
+        allowed only where Tandem reported it (the lost messages' sequences lie in the
+        ranges of the SDK's ConfirmedMessagesLost events)."""
         if self.error or self.duplicated or self.unexpected:
             return False
-        return self.lost == 0 or self.lost <= self.reported_lost
+        return self.lost == 0 or (self.weak and self.unreported_lost == 0)
+
+
+class ExistingGroup:
+    """A group the drill did not start: reached through its URL, faults by the operator's
+    commands."""
+
+    def __init__(self, url: str) -> None:
+        from client.url import parse_url
+
+        self.url = url
+        self.params = parse_url(url)
+
+    def _link_urls(self) -> list[str]:
+        p = self.params
+        from urllib.parse import quote
+
+        cred = f"{quote(p.user)}:{quote(p.password)}@"
+        return [f"tandem://{cred}{h}:{port}" for h, port in p.hosts]
+
+    async def _statuses(self) -> list[tuple[str, Any]]:
+        out = []
+        for u in self._link_urls():
+            try:
+                async with await client.connect_link(u, client_name="tandem-drill") as link:
+                    st = await link.status()
+                    out.append((st.node, st))
+            except (TandemError, OSError):
+                continue  # down or refusing: the caller looks again
+        return out
+
+    async def actives(self, queue: str) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for name, st in await self._statuses():
+            for part in st.partitions:
+                if part.queue == queue and part.role == "active" and part.active == name:
+                    out[part.partition] = name
+        return out
+
+    async def wait_ready(self) -> None:
+        return None  # the operator's group: the drill only waits for its queue's actives
+
+    async def queue_empty(self, queue: str) -> bool:
+        for u in self._link_urls():
+            try:
+                async with await client.connect_link(u, client_name="tandem-drill") as link:
+                    for q in await link.list_queues():
+                        if q.name == queue and q.ready + q.unacked:
+                            return False
+            except (TandemError, OSError):
+                continue
+        return True
+
+    async def run_command(self, what: str, cmd: str, target: str) -> None:
+        line = cmd.replace("{node}", shlex.quote(target))
+        log.warning("drill: %s: %s", what, line)
+        proc = await asyncio.create_subprocess_shell(line)
+        code = await proc.wait()
+        if code != 0:
+            raise UnavailableError(f"--{what} command exited with status {code}: {line}")
 
 
 class _Load:
     """The producers and consumers of one run."""
 
-    def __init__(self, cl: LocalCluster, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock) -> None:
+    def __init__(self, cl: Any, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock,
+                 queue: str = QUEUE) -> None:
         self.cl, self.cfg, self.run, self.rng, self.clock = cl, cfg, run, rng, clock
+        self.queue = queue
         self.sent: list[bytes] = []
         self.confirmed: list[bytes] = []
         self.consumed: list[tuple[bytes, str]] = []
         self.waits: list[float] = []
         self.failed = 0
         self.reported_lost = 0
+        self.where: dict[bytes, tuple[str, int, int]] = {}  # confirmed body -> (producer id, partition, seq)
+        self.lost_ranges: list[tuple[str, int, int, int]] = []  # (producer id, partition, first seq, count)
         self.third = asyncio.Event()
         self.conns: list[DurableConnection] = []
         self._stop_consumers = asyncio.Event()
 
     def _event(self, ev: ConnectionEvent) -> None:
-        if ev.kind == "messages_lost" and ev.error is not None:
-            self.reported_lost += getattr(ev.error, "count", 0)
+        err = ev.error
+        if ev.kind == "messages_lost" and isinstance(err, ConfirmedMessagesLost):
+            self.reported_lost += err.count
+            self.lost_ranges.append((err.producer_id, err.partition, err.first_seq, err.count))
+
+    def unreported(self, lost: set[bytes]) -> int:
+        """How many of ``lost`` no reported range covers."""
+        n = 0
+        for body in lost:
+            pid, part, seq = self.where.get(body, ("", -1, -1))
+            if not any(pid == rp and part == rpart and first <= seq < first + count
+                       for rp, rpart, first, count in self.lost_ranges):
+                n += 1
+        return n
 
     async def _connect(self, name: str) -> DurableConnection:
         conn = await client.connect(self.cl.url, client_name=name, send_timeout=self.cfg.timeout)
@@ -135,7 +227,7 @@ class _Load:
 
     async def produce(self, index: int, count: int) -> None:
         conn = await self._connect(f"drill-producer-{index}")
-        p = conn.producer(QUEUE, max_in_flight=8)
+        p = conn.producer(self.queue, max_in_flight=8)
         cfg, clock = self.cfg, self.clock
         sem = asyncio.Semaphore(cfg.window)
         rng = random.Random(self.rng.random())
@@ -148,6 +240,8 @@ class _Load:
             if fut.cancelled() or fut.exception() is not None:
                 self.failed += 1
                 return
+            r = fut.result()
+            self.where[body] = (p.producer_id, r.partition, r.seq)
             self.confirmed.append(body)
             if len(self.confirmed) >= cfg.messages // 3:
                 self.third.set()
@@ -165,7 +259,7 @@ class _Load:
 
     async def consume(self, index: int) -> None:
         conn = await self._connect(f"drill-consumer-{index}")
-        c = await conn.consumer(QUEUE, prefetch=128).start()
+        c = await conn.consumer(self.queue, prefetch=128).start()
         try:
             while not self._stop_consumers.is_set():
                 m = await c.next(0.2)
@@ -187,8 +281,8 @@ class _Load:
                 seen = {b for b, _ in self.consumed}
                 if want <= seen:
                     infos = await conn.list_queues()
-                    total = sum(q.ready + q.unacked for q in infos if q.name == QUEUE)
-                    if total == 0 and await _empty_everywhere(self.cl):
+                    total = sum(q.ready + q.unacked for q in infos if q.name == self.queue)
+                    if total == 0 and await _empty_everywhere(self.cl, self.queue):
                         return
                 await self.clock.sleep(0.1)  # polling consumers and nodes, bounded by the deadline
         log.warning("drill run %d: drain deadline passed", self.run)
@@ -198,25 +292,28 @@ class _Load:
         await asyncio.gather(*(c.close() for c in self.conns), return_exceptions=True)
 
 
-async def _empty_everywhere(cl: LocalCluster) -> bool:
+async def _empty_everywhere(cl: Any, queue: str) -> bool:
     """No live node holds a ready or unacked message of the drill queue (each reports the
     partitions it is active for)."""
+    if isinstance(cl, ExistingGroup):
+        return await cl.queue_empty(queue)
     for name, p in cl.nodes.items():
         if p.proc is None or p.proc.returncode is not None:
             continue
         try:
             async with await client.connect_link(cl.url_of(name), client_name="drill-check") as link:
                 for q in await link.list_queues():
-                    if q.name == QUEUE and q.ready + q.unacked:
+                    if q.name == queue and q.ready + q.unacked:
                         return False
         except (TandemError, OSError):
             return False
     return True
 
 
-async def _all_active(cl: LocalCluster, partitions: int, deadline: float, clock: Clock) -> dict[int, str]:
+async def _all_active(cl: Any, partitions: int, deadline: float, clock: Clock,
+                      queue: str = QUEUE) -> dict[int, str]:
     while True:
-        found = await cl.actives(QUEUE)
+        found = await cl.actives(queue)
         if len(found) == partitions:
             return found
         if clock.monotonic() > deadline:
@@ -311,13 +408,7 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             await load.drained(deadline)
             await load.close()
             await asyncio.gather(*consumers, return_exceptions=True)
-            v = classify(load.sent, load.confirmed, load.consumed)
-            res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
-            res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
-            res.unconfirmed_delivered = v.unconfirmed_delivered
-            res.failed_sends = load.failed
-            res.reported_lost = load.reported_lost
-            res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
+            _verdict(res, load)
             res.ha_events = sorted({e for _n, st in await cl._statuses() for e in st.events
                                     if "HA-1014" in e or "lost" in e})
         except (TandemError, OSError, TimeoutError) as exc:
@@ -330,14 +421,74 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
         return res
 
 
+async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    """One run against a running group: the operator's commands inject and heal."""
+    assert cfg.url is not None and cfg.inject is not None and cfg.heal is not None
+    group = ExistingGroup(cfg.url)
+    queue = f"drill-{rng.getrandbits(32):08x}"
+    res = RunResult(run, "")
+    load: _Load | None = None
+    deadline = clock.monotonic() + cfg.timeout
+    try:
+        async with await client.connect(cfg.url, client_name="drill-setup") as conn:
+            await conn.declare_queue(queue, partitions=cfg.partitions)
+        actives = await _all_active(group, cfg.partitions, deadline, clock, queue)
+        res.target = _target(actives)
+        load = _Load(group, cfg, run, rng, clock, queue)
+        consumers = [asyncio.ensure_future(load.consume(i)) for i in range(cfg.consumers)]
+        share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
+                 for i in range(cfg.producers)]
+        producers: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(load.produce(i, n) for i, n in enumerate(share))))
+        third: asyncio.Future[Any] = asyncio.ensure_future(load.third.wait())
+        await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
+        third.cancel()
+        await group.run_command("inject", cfg.inject, res.target)
+        await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
+        await group.run_command("heal", cfg.heal, res.target)
+        await _all_active(group, cfg.partitions, deadline, clock, queue)
+        async with asyncio.timeout(max(1.0, deadline - clock.monotonic())):
+            await producers
+        await load.drained(deadline)
+        await load.close()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        _verdict(res, load)
+        res.ha_events = sorted({e for _n, st in await group._statuses() for e in st.events
+                                if "HA-1014" in e or "lost" in e})
+        async with await client.connect(cfg.url, client_name="drill-setup") as conn:
+            await conn.delete_queue(queue)
+    except (TandemError, OSError, TimeoutError) as exc:
+        log.exception("drill run %d failed", run)
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if load is not None:
+            await load.close()
+    return res
+
+
+def _verdict(res: RunResult, load: _Load) -> None:
+    v = classify(load.sent, load.confirmed, load.consumed)
+    res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None
+    if v.lost:
+        res.unreported_lost = load.unreported(set(load.confirmed) - {b for b, _ in load.consumed})
+    res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
+    res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
+    res.unconfirmed_delivered = v.unconfirmed_delivered
+    res.failed_sends = load.failed
+    res.reported_lost = load.reported_lost
+    res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
+
+
 def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     waits = [r.failover_ms for r in results if not r.error]
     out: dict[str, Any] = {
         "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
-        "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync},
+        "group": "existing" if cfg.url else f"spawned, {cfg.nodes} nodes",
+        "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync} if cfg.url is None
+        else {"local_sync": "the group's own", "remote_sync": "the group's own"},
     }
     for k in ("sent", "confirmed", "ok", "lost", "duplicated", "redelivered", "unexpected",
-              "unconfirmed_delivered", "failed_sends", "reported_lost"):
+              "unconfirmed_delivered", "failed_sends", "reported_lost", "unreported_lost"):
         out[k] = sum(getattr(r, k) for r in results)
     out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
                           "max": max(waits) if waits else None}
@@ -351,10 +502,14 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
     if cfg.scenario not in SCENARIOS:
         raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    if cfg.url is not None and (not cfg.inject or not cfg.heal):
+        raise UnavailableError("against an existing group (--url) the drill needs --inject and --heal commands: "
+                               "it cannot reach the nodes' processes itself")
     rng = random.Random(cfg.seed)
     results = []
     for run in range(1, repeat + 1):
-        r = await run_once(cfg, run, random.Random(rng.random()), clock)
+        one = run_existing if cfg.url is not None else run_once
+        r = await one(cfg, run, random.Random(rng.random()), clock)
         results.append(r)
         if progress is not None:
             progress(r)
@@ -362,7 +517,7 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
 
 
 def report_text(rep: dict[str, Any]) -> str:
-    lines = [f"drill {rep['scenario']}: {rep['runs']} run(s), policies local_sync={rep['policies']['local_sync']} "
+    lines = [f"drill {rep['scenario']}: {rep['runs']} run(s){' on ' + rep['group'] if rep.get('group') else ''}, policies local_sync={rep['policies']['local_sync']} "
              f"remote_sync={rep['policies']['remote_sync']}, seed {rep['seed']}",
              f"  sent {rep['sent']}, confirmed {rep['confirmed']}, ok {rep['ok']}, lost {rep['lost']} "
              f"(reported by Tandem: {rep['reported_lost']}), duplicated {rep['duplicated']}, "
@@ -381,4 +536,4 @@ def report_text(rep: dict[str, Any]) -> str:
 def progress_line(r: RunResult) -> str:
     return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
                        "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms,
-                       "passed": r.passed, **({"error": r.error} if r.error else {})})
+                       "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

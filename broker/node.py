@@ -100,6 +100,8 @@ class Node:
         self.stopping = False
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.console: Any = None  # webconsole.server.Console when http_port is set
+        self.confirms = 0  # messages confirmed to publishers (metrics)
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
@@ -158,6 +160,11 @@ class Node:
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
         await self._server.start_serving()
+        if cfg.http_port is not None:
+            from webconsole.server import Console
+
+            self.console = Console(self)
+            await self.console.start(cfg.host, cfg.http_port)
 
     def _restore(self, rec: Recovered, *, group: bool = False) -> None:
         """Queues, partitions and users from the store.  In a group a partition's messages
@@ -177,6 +184,7 @@ class Node:
             part.marked_upto = st.delivered_upto
             part.producers = dict(st.producers)
             part.committed_producers = dict(st.producers)
+            part.gaps = {}
             if not group:
                 q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
         for u in rec.users:
@@ -194,6 +202,8 @@ class Node:
             return
         self.stopping = True
         log.info("node stop started name=%s sessions=%d", self.config.name, len(self.sessions))
+        if self.console is not None:
+            await self.console.stop()
         if self._server is not None:
             self._server.close()
         for s in list(self.sessions):
@@ -381,6 +391,7 @@ class Node:
         part.marked_upto = st.delivered_upto
         part.producers = dict(st.producers)
         part.committed_producers = dict(st.producers)
+        part.gaps = {}
         q.add_ready(part, (self._msg_from_store(key[1], m) for m in st.messages))
         self.delivery.schedule(q)
 
@@ -439,6 +450,7 @@ class Node:
         part.ready.clear()
         part.producers = {}
         part.committed_producers = {}
+        part.gaps = {}
 
     # -- partition maps (durable connections send straight to each partition's active) --------
 
@@ -602,15 +614,18 @@ class Node:
         for m in messages:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
-        if q.meta.max_length and q.depth + len(messages) > q.meta.max_length:
-            raise QueueFullError(f"queue {queue_name!r} is full: {q.depth} of max_length {q.meta.max_length}")
+        parts = q.partitions
+        if q.meta.max_length:
+            fresh = len(messages) if producer_id is None else sum(
+                1 for m, p in zip(messages, pidxs) if not self._held(parts[p], producer_id, m.seq))
+            if fresh and q.depth + fresh > q.meta.max_length:  # (a resend of what it holds is not refused)
+                raise QueueFullError(f"queue {queue_name!r} is full: {q.depth} of max_length {q.meta.max_length}")
         if dense:
             assert partition is not None and producer_id is not None
             last = self._check_sequence(q, partition, producer_id, messages)
             if not messages:  # a producer asks where its sequence stands
                 done(0, 0, None, last)
                 return
-        parts = q.partitions
         if producer_id is not None and not dense:
             for m, pidx in zip(messages, pidxs):
                 held = parts[pidx].producers.get(producer_id)
@@ -623,16 +638,26 @@ class Node:
         ts = self.clock.time()
         by_part: dict[int, list[Msg]] = {}
         last_seq: dict[tuple[int, str], int] = {}
+        seqs_of: dict[tuple[int, str], list[int]] = {}
         duplicates = 0
         for m, pidx in zip(messages, pidxs):
             part = parts[pidx]
             if producer_id is not None and m.seq is not None:
-                held = part.producers.get(producer_id)
-                if held is not None and m.seq <= held:
+                if self._held(part, producer_id, m.seq):
                     duplicates += 1
                     continue
-                part.producers[producer_id] = m.seq
-                last_seq[(pidx, producer_id)] = m.seq
+                held = part.producers.get(producer_id, -1)
+                if m.seq > held:
+                    part.producers[producer_id] = m.seq
+                else:  # it fills a gap a failed commit left
+                    gaps = part.gaps[producer_id]
+                    gaps.discard(m.seq)
+                    if not gaps:
+                        del part.gaps[producer_id]
+                key = (pidx, producer_id)
+                if m.seq > last_seq.get(key, -1):
+                    last_seq[key] = m.seq
+                seqs_of.setdefault(key, []).append(m.seq)
             offset = part.next_offset
             part.next_offset = offset + 1
             msg = Msg(pidx, offset, m.key, m.headers, encode_headers(m.headers), m.body, producer_id, m.seq, ts)
@@ -664,7 +689,7 @@ class Node:
 
         def committed(err: BaseException | None) -> None:
             if err is not None:
-                self._publish_failed(q, last_seq, stored)
+                self._publish_failed(q, seqs_of, stored)
                 done(0, 0, err, -1)
                 return
             for (pidx, pid), seq in last_seq.items():
@@ -692,17 +717,21 @@ class Node:
     @staticmethod
     def _check_sequence(q: Queue, pidx: int, producer_id: str, messages: list[PublishMessage]) -> int:
         """A dense batch must continue the producer's sequence in the partition: every
-        seq up to the last one held is a duplicate, the rest must follow on with no gap.
-        Returns the last seq held (-1 none); raises OutOfOrderSequence, storing nothing, or
-        Unavailable for a resend of a sequence not yet committed."""
+        seq up to the last one held is a duplicate (or fills a gap a failed commit left),
+        the rest must follow on with no gap.  Returns the last seq held (-1 none); raises
+        OutOfOrderSequence, storing nothing, or Unavailable for a resend of a sequence not
+        yet committed."""
         part = q.partitions[pidx]
         last = part.producers.get(producer_id, -1)
         committed = part.committed_producers.get(producer_id, -1)
+        gaps = part.gaps.get(producer_id, ())
         expect_seq = last + 1
         for m in messages:
             seq = m.seq
             assert seq is not None
             if seq <= last:
+                if seq in gaps:
+                    continue  # stored again
                 if seq > committed:
                     # confirming this copy now would confirm what may yet fail to commit
                     raise UnavailableError(f"producer {producer_id}'s seq {seq} on {q.name}/{pidx} is still being "
@@ -715,17 +744,39 @@ class Node:
             expect_seq += 1
         return last
 
-    def _publish_failed(self, q: Queue, last_seq: dict[tuple[int, str], int], stored: int) -> None:
-        """The batch is not stored: let its producers' sequences be stored again."""
+    @staticmethod
+    def _held(part: Partition, producer_id: str, seq: int | None) -> bool:
+        """Whether the partition holds (or is storing) this producer's ``seq``."""
+        if seq is None:
+            return False
+        held = part.producers.get(producer_id)
+        if held is None or seq > held:
+            return False
+        gaps = part.gaps.get(producer_id)
+        return gaps is None or seq not in gaps
+
+    def _publish_failed(self, q: Queue, seqs_of: dict[tuple[int, str], list[int]], stored: int) -> None:
+        """The batch is not stored: let its producers' sequences be stored again.  A later
+        batch of the same producer may be on its way to commit (single node: a separate
+        commit): then the failed seqs become gaps below its last, which a resend fills."""
         q.pending_count -= stored
         q.published -= stored
-        for (pidx, pid), _seq in last_seq.items():
+        for (pidx, pid), seqs in seqs_of.items():
             part = q.partitions[pidx]
-            committed = part.committed_producers.get(pid)
-            if committed is None:
+            gaps = part.gaps.setdefault(pid, set())
+            gaps.update(seqs)
+            held = part.producers.get(pid, -1)
+            committed = part.committed_producers.get(pid, -1)
+            while held > committed and held in gaps:  # the top failed: the last held moves down
+                gaps.discard(held)
+                held -= 1
+            gaps.difference_update([s for s in gaps if s > held])
+            if not gaps:
+                del part.gaps[pid]
+            if held < 0 and committed < 0:
                 part.producers.pop(pid, None)
             else:
-                part.producers[pid] = committed
+                part.producers[pid] = held
 
     @staticmethod
     def _committed(q: Queue, by_part: dict[int, list[Msg]]) -> None:
@@ -967,6 +1018,25 @@ class Node:
         if name == "delete":
             qname, if_empty = msgpack.unpackb(payload)
             await self._group_delete(qname, bool(if_empty), int(arg or 1))
+            return b""
+        if name == "status":
+            from client.protocol.codec import encode
+
+            return encode(status_of(self, 0))[4:]
+        if name == "pstats":
+            from webconsole.server import pstats_payload
+
+            qname, pidx = msgpack.unpackb(payload)
+            return pstats_payload(self, qname, int(pidx))
+        if name == "qstats":
+            from webconsole.server import queue_counters
+
+            return msgpack.packb(queue_counters(self))
+        if name == "option":
+            from webconsole.server import apply_option
+
+            option, value, by = msgpack.unpackb(payload)
+            apply_option(self, str(option), int(value), f"{by} via a member")
             return b""
         if name == "depth":
             qname, pidx = msgpack.unpackb(payload)

@@ -72,7 +72,7 @@ class Msg:
 
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
-                 "committed_producers")
+                 "committed_producers", "gaps")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
@@ -84,6 +84,9 @@ class Partition:
         self.marked_upto = 0
         self.producers: dict[str, int] = {}  # producer id -> last seq accepted (maybe in flight)
         self.committed_producers: dict[str, int] = {}  # producer id -> last seq committed
+        #: producer id -> seqs below its last accepted one whose batch failed to commit while a
+        #: later batch went on (single node: separate commits); they may be stored again
+        self.gaps: dict[str, set[int]] = {}
 
     def requeue(self, msgs: list[Msg]) -> None:
         """Put ``msgs`` back at their offset positions (usually all before the ready ones).

@@ -278,6 +278,7 @@ class Replication:
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
         self.discarded_total = 0
         self.discarded_messages = 0  # messages in those entries
+        self.elections = 0  # times this node became active for a partition (metrics)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
         #: partition state notifiers (Python callbacks), called in order of the changes
@@ -595,6 +596,7 @@ class Replication:
                 self.events.append(HaEvent(now, "role", plog.name, f"{self.me}: {ev.old} -> {ev.new} in term "
                                                                    f"{ev.term} ({ev.reason})"))
             if ev.new == "active":
+                self.elections += 1
                 plog.serve_from = plog.replica.last_index  # its no-op
                 plog.serve_term = ev.term
             elif ev.old == "active":

@@ -346,6 +346,7 @@ class Session:
 
         def done(stored: int, duplicates: int, err: BaseException | None, last: int) -> None:
             if err is None:
+                self.node.confirms += stored + duplicates
                 self.send(PublishOk(rid=rid, stored=stored, duplicates=duplicates, next_seq=last + 1))
             elif isinstance(err, TandemError):
                 self.send_error(rid, err)

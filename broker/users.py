@@ -57,6 +57,9 @@ class UserRegistry:
     def names(self) -> list[str]:
         return sorted(self._users)
 
+    def get(self, name: str) -> UserRecord | None:
+        return self._users.get(name)
+
     def put(self, user: UserRecord) -> None:
         self._users[user.name] = user
         self._verified.pop(user.name, None)

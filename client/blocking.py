@@ -193,8 +193,7 @@ class BlockingConnection:
             if event is NEED_DATA:
                 try:
                     data = self._sock.recv(256 * 1024)
-                except TimeoutError as exc:  # the socket timeout: the caller's to hear
-                    self._closed = True
+                except TimeoutError as exc:  # the socket timeout: the caller's to hear (the link is fine)
                     raise TimeoutError_(f"no frame from node {self.node} within {self._timeout}s") from exc
                 except OSError as exc:
                     self._closed = True
@@ -266,6 +265,7 @@ class BlockingConnection:
             pass
         delay = 0.05
         while True:
+            sock = None
             try:
                 sock, k = _dial(self._params, self._client_name, self._host_index + 1)
                 self._host_index = k
@@ -276,9 +276,14 @@ class BlockingConnection:
                 self._closed = False
                 self._handshake(self._client_name, self._params.user, self._params.password)
                 break
-            except TandemError as exc:
-                if not exc.retriable or time.monotonic() >= deadline:
+            except (TandemError, OSError) as exc:
+                if sock is not None:
+                    sock.close()
+                self._closed = True
+                if isinstance(exc, TandemError) and not exc.retriable:
                     raise
+                if time.monotonic() >= deadline:
+                    raise ConnectionClosedError(f"no node of the URL answers: {exc}") from exc
             time.sleep(delay * (0.5 + self._rng.random() / 2))
             delay = min(2.0, delay * 2)
         self._epoch += 1
@@ -326,10 +331,12 @@ class BlockingConnection:
         return reply.queue
 
     def delete_queue(self, name: str, *, if_empty: bool = False) -> None:
-        self._call(lambda rid: Delete(rid=rid, queue=name, if_empty=if_empty))
+        """Not resent after a failover: a retry could not tell "deleted now" from "never was"."""
+        self._call(lambda rid: Delete(rid=rid, queue=name, if_empty=if_empty), retry=False)
 
     def purge_queue(self, name: str) -> int:
-        reply = self._call(lambda rid: Purge(rid=rid, queue=name))
+        """Not resent after a failover: it would purge what came in meanwhile."""
+        reply = self._call(lambda rid: Purge(rid=rid, queue=name), retry=False)
         reply = expect(reply, PurgeOk)
         return reply.purged
 
@@ -339,7 +346,7 @@ class BlockingConnection:
         return reply.queues
 
     def get(self, queue: str, *, auto_ack: bool = False) -> BlockingMessage | None:
-        reply = self._call(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
+        reply = self._call(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack), retry=False)
         reply = expect(reply, GetOk)
         return BlockingMessage(self, reply.message) if reply.message else None
 
@@ -441,4 +448,4 @@ class BlockingConsumer:
         self._buf.clear()
         self.conn._deliveries.pop(self.consumer_id, None)
         if unseen:
-            self.conn._call(lambda rid: Nack(rid=rid, tags=unseen, requeue=True, delivered=False))
+            self.conn._call(lambda rid: Nack(rid=rid, tags=unseen, requeue=True, delivered=False), retry=False)

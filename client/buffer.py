@@ -92,12 +92,12 @@ class SendBuffer:
             assert cur.lastrowid is not None
             return cur.lastrowid
 
-    def load(self) -> list[Buffered]:
-        """Every row, oldest first."""
+    def load(self, after: int = 0) -> list[Buffered]:
+        """The rows with an id above ``after``, oldest first."""
         with self._lock:
             rows = self._db.execute("SELECT id, key, headers, body, partition, seq FROM buffered "
-                                    "WHERE producer_id = ? AND queue = ? ORDER BY id",
-                                    (self.producer_id, self.queue)).fetchall()
+                                    "WHERE producer_id = ? AND queue = ? AND id > ? ORDER BY id",
+                                    (self.producer_id, self.queue, after)).fetchall()
         return [Buffered(r[0], r[1], json.loads(r[2]), bytes(r[3]), r[4], r[5]) for r in rows]
 
     def assign(self, numbered: list[tuple[int, int, int]]) -> None:

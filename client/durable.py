@@ -542,7 +542,7 @@ class DurableConnection:
 
 
 class _Item:
-    __slots__ = ("msg", "fut", "deadline", "sent", "buf_id", "buf_at", "partition")
+    __slots__ = ("msg", "fut", "deadline", "sent", "buf_id", "buf_at", "partition", "size")
 
     def __init__(self, msg: PublishMessage, fut: asyncio.Future[SendResult] | None, deadline: float,
                  buf_id: int | None = None) -> None:
@@ -553,6 +553,9 @@ class _Item:
         self.buf_id = buf_id  # its row in the local buffer
         self.buf_at: tuple[int, int] | None = None  # (partition, seq) as written in that row
         self.partition = -1
+        # what it adds to a Publish frame (msgpack overhead estimated generously)
+        self.size = len(msg.body) + FRAME_OVERHEAD + (len(msg.key.encode()) if msg.key else 0) + \
+            sum(len(k.encode()) + len(v.encode()) + 10 for k, v in msg.headers.items())
 
 
 class _Part:
@@ -602,7 +605,8 @@ class DurableProducer:
         if conn.buffer_path is not None:
             self.buffer = SendBuffer(conn.buffer_path, self.producer_id, queue, conn.buffer_max_bytes)
         self._draining = self.buffer is not None and self.buffer.count > 0
-        self._loaded_rows: set[int] = set()
+        self._loaded_upto = 0  # buffer rows up to this id are in the pipelines
+        self._appending = 0  # buffer appends under way
         self._tasks: set[asyncio.Future[Any]] = set()
         self.sent = self.confirmed = self.duplicates = self.buffered = self.resent = 0
         self.lost = 0  # confirmed messages the group no longer holds (ConfirmedMessagesLost)
@@ -622,6 +626,10 @@ class DurableProducer:
         that keep many in flight without a task each)."""
         item = self._item(body, key, headers)
         if not self.conn.connected and self.buffer is not None:
+            if not self._draining:
+                self._draining = True
+                self.conn._emit(ConnectionEvent("buffering", "", f"{self.queue}: sends go to {self.conn.buffer_path}"))
+            self._appending += 1  # later sends wait behind it, even if a node answers meanwhile
             return asyncio.ensure_future(self._to_buffer(item))
         self._pending.append(item)
         self._unconfirmed += 1
@@ -654,27 +662,38 @@ class DurableProducer:
             raise InvalidArgumentError("headers must map str to str")
         if key is not None and not isinstance(key, str):
             raise InvalidArgumentError("key must be a str")
+        try:  # what msgpack cannot encode must fail here, not in the pump
+            for text in (key or "", *(headers or {}).keys(), *(headers or {}).values()):
+                text.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(f"key and headers must be valid UTF-8 text: {exc}") from None
+        frame_limit = (primary.max_frame_size if primary is not None else 8 * 1024 * 1024) - 4096
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        self._idle.clear()
-        return _Item(PublishMessage(key, dict(headers) if headers else {}, data, None), fut,
+        item = _Item(PublishMessage(key, dict(headers) if headers else {}, data, None), fut,
                      self.conn.clock.monotonic() + self.send_timeout)
+        if item.size > frame_limit:
+            raise MessageTooLargeError(f"message with its key and headers ({item.size} bytes) does not fit in "
+                                       f"a frame ({frame_limit} bytes)")
+        self._idle.clear()
+        return item
 
     async def _to_buffer(self, item: _Item) -> SendResult:
         assert self.buffer is not None
         m = item.msg
-        await asyncio.to_thread(self.buffer.append, m.key, m.headers, m.body)
+        try:
+            await asyncio.to_thread(self.buffer.append, m.key, m.headers, m.body)
+        finally:
+            self._appending -= 1
+            self._wake.set()
         self.buffered += 1
-        if not self._draining:
-            self._draining = True
-            self.conn._emit(ConnectionEvent("buffering", "", f"{self.queue}: sends go to {self.conn.buffer_path}"))
-        self._wake.set()
         return SendResult(-1, -1, buffered=True)
 
     def _resolve(self, it: _Item, result: SendResult | None, exc: BaseException | None = None) -> None:
         fut, it.fut = it.fut, None
-        if fut is None or fut.done():
+        if fut is None:
             return
-        fut.set_exception(exc) if exc is not None else fut.set_result(result)  # type: ignore[arg-type]
+        if not fut.done():  # (done: its sender cancelled the wait)
+            fut.set_exception(exc) if exc is not None else fut.set_result(result)  # type: ignore[arg-type]
         self._unconfirmed -= 1
         self._maybe_idle()
 
@@ -781,6 +800,11 @@ class DurableProducer:
                 self._expire()
                 await conn.wait_changed(backoff.next())
                 continue
+            except Exception:  # a bug, or the buffer's file failing: log it, the pump goes on
+                log.exception("producer %s of %s: pump step failed", self.producer_id, self.queue)
+                self._expire()
+                await conn.wait_changed(backoff.next())
+                continue
             wake = asyncio.ensure_future(self._wake.wait())
             changed = asyncio.ensure_future(conn.changed.wait())
             try:
@@ -852,8 +876,7 @@ class DurableProducer:
             items: list[_Item] = []
             size = 0
             while part.unsent and len(items) < self.max_batch:
-                m = part.unsent[0].msg
-                msize = len(m.body) + FRAME_OVERHEAD + (len(m.key) if m.key else 0)
+                msize = part.unsent[0].size
                 if items and size + msize > limit:
                     break
                 it = part.unsent.popleft()
@@ -869,8 +892,11 @@ class DurableProducer:
                 reply = link.request_nowait(Publish(rid=rid, queue=self.queue, messages=[it.msg for it in items],
                                                     producer_id=self.producer_id, partition=part.index))
             except TandemError as exc:
-                part.unsent.extendleft(reversed(items))
-                self._failed(part, exc)
+                if _transient(exc):
+                    part.unsent.extendleft(reversed(items))
+                    self._failed(part, exc, [])
+                else:  # say, a key msgpack cannot encode: it never goes out
+                    self._failed(part, exc, items)
                 return
             for it in items:
                 if it.sent:
@@ -896,29 +922,40 @@ class DurableProducer:
     def _reply(self, part: _Part, items: list[_Item], reply: asyncio.Future[Any]) -> None:
         part.inflight -= 1
         self._wake.set()
-        if self._stopped is not None:
-            return
         exc = reply.exception() if not reply.cancelled() else ConnectionClosedError("publish cancelled")
         if exc is None:
             ok = expect(reply.result(), PublishOk)
             self._confirm(part, items, ok.duplicates)
             part.backoff.reset()
             return
-        part.back.extend(items)
-        self._failed(part, exc)
+        if self._stopped is not None:  # closing: nothing is resent
+            for it in items:
+                self._resolve(it, None, self._stopped)
+            return
+        self._failed(part, exc, items)
 
-    def _failed(self, part: _Part, exc: BaseException) -> None:
+    def _failed(self, part: _Part, exc: BaseException, items: list[_Item]) -> None:
+        """The batch ``items`` failed: the partition settles (probe) and resends, except
+        what can never be stored, which fails; a buffered message is never dropped."""
         part.failed = True
         part.retry_at = self.conn.clock.monotonic() + part.backoff.next()
         if isinstance(exc, (NotActiveError, ConnectionClosedError, UnavailableError, ShuttingDownError)):
             self.conn.map_epoch += 1  # ask again who is active
-        if not _transient(exc):
-            # this batch can never be stored (say, its queue was deleted): fail it; the probe
-            # closes the gap it leaves by renumbering what follows
-            for it in part.back:
-                self._resolve(it, None, exc)
-            self._forget_buffered(part.back)
-            part.back = []
+        if _transient(exc):
+            part.back.extend(items)
+        else:
+            # this batch can never be stored as it is (a full queue, a deleted queue): its
+            # senders hear it; the probe renumbers what follows over the gap it leaves
+            keep = [it for it in items if it.buf_id is not None]
+            for it in items:
+                if it.buf_id is None:
+                    self._resolve(it, None, exc)
+            part.back.extend(keep)
+            if keep:
+                log.error("producer %s: %d buffered message(s) of %s refused (%s); they stay in %s and are "
+                          "tried again", self.producer_id, len(keep), self.queue, exc, self.conn.buffer_path)
+                self.conn._emit(ConnectionEvent("buffer_blocked", "", f"{self.queue}: {exc}",
+                                                exc if isinstance(exc, TandemError) else None))
         log.info("producer %s: partition %d of %s: %s", self.producer_id, part.index, self.queue, exc)
 
     def _confirm(self, part: _Part, items: list[_Item], duplicates: int) -> None:
@@ -939,7 +976,7 @@ class DurableProducer:
     async def _remove_rows(self, ids: list[int]) -> None:
         assert self.buffer is not None
         await asyncio.to_thread(self.buffer.remove, ids)
-        if self.buffer.count == 0 and self._draining and \
+        if self.buffer.count == 0 and self._draining and not self._appending and \
                 not any(it.buf_id is not None for p in self._parts for it in list(p.unsent) + p.back):
             self._draining = False
             self.conn._emit(ConnectionEvent("drained", "", f"{self.queue}: the local buffer is empty"))
@@ -1026,17 +1063,17 @@ class DurableProducer:
     async def _drain(self) -> None:
         """Load the local buffer into the partitions' pipelines, ahead of later sends."""
         assert self.buffer is not None and self._mapper is not None
-        rows: list[Buffered] = await asyncio.to_thread(self.buffer.load)
-        rows = [r for r in rows if r.id not in self._loaded_rows]
+        rows: list[Buffered] = await asyncio.to_thread(self.buffer.load, self._loaded_upto)
+        if rows:
+            self._loaded_upto = rows[-1].id
         if not rows:
-            if self.buffer.count == 0 and \
+            if self.buffer.count == 0 and not self._appending and \
                     not any(it.buf_id is not None for p in self._parts for it in list(p.unsent) + p.back):
                 self._draining = False
                 self._maybe_idle()
             return
         log.info("producer %s: draining %d buffered messages of %s", self.producer_id, len(rows), self.queue)
         for r in rows:
-            self._loaded_rows.add(r.id)
             it = _Item(PublishMessage(r.key, r.headers, r.body, r.seq), None, float("inf"), buf_id=r.id)
             if r.partition is not None and r.seq is not None:
                 # numbered (and maybe sent) by an earlier run: a probe settles it first
@@ -1122,6 +1159,13 @@ class DurableMessage:
         return self._settle(Reject)
 
 
+async def _cancel_quietly(c: Consumer) -> None:
+    try:
+        await c.cancel()
+    except TandemError:
+        pass  # its link is gone: nothing to cancel there
+
+
 class DurableConsumer:
     """Consumes the whole queue: one subscription per member of the group, each kept
     (re-dialed, resubscribed) while the consumer runs."""
@@ -1143,6 +1187,13 @@ class DurableConsumer:
         self._error: TandemError | None = None
 
     def _sink(self, link: Connection, deliveries: list[Delivery]) -> None:
+        if self._closed:  # a subscription that outlived close(): give them back, uncounted
+            for d in deliveries:
+                try:
+                    link.settle(Nack, d.tag, delivered=False)
+                except TandemError:
+                    pass  # the link is gone: the node requeues them
+            return
         self._buffer.extend((link, d) for d in deliveries)
         self.received += len(deliveries)
         w = self._waiter
@@ -1176,7 +1227,14 @@ class DurableConsumer:
             self._members[name] = asyncio.create_task(self._member(name), name=f"tandem-consumer-{name}")
 
     async def _watch_members(self) -> None:
+        epoch = self.conn.map_epoch
         while not self._closed:
+            if self.conn.map_epoch != epoch and self.conn.connected:
+                epoch = self.conn.map_epoch
+                try:  # learns members that were unknown (down, not yet peered) at start
+                    await self.conn.partition_map(self.queue, timeout=2.0)
+                except TandemError:
+                    pass  # asked again on the next change
             for name in list(self.conn.addresses):
                 self._member_task(name)
             await self.conn.wait_changed(1.0)
@@ -1191,7 +1249,12 @@ class DurableConsumer:
                 c = Consumer(link, self.queue, prefetch=self.prefetch)
                 c.sink = self._sink
                 c.on_end = self._ended
-                await c.start()
+                try:
+                    await c.start()
+                except asyncio.CancelledError:
+                    # closing while it subscribes: the subscription may still come up; end it
+                    await asyncio.shield(_cancel_quietly(c))
+                    raise
                 self._subs[name] = c
                 self.conn._changed()
                 backoff.reset()

@@ -1,0 +1,111 @@
+"""Prometheus metrics of a node, at ``/metrics`` (prometheus-client).
+
+Read from the node's own state at scrape time (a custom collector on a registry
+of the node's own), except two things only the moment can tell: commit latency,
+observed by the store's writer thread into a histogram, and the counters the
+node keeps as it goes (confirms, elections, HA-1014).  Per node and per
+partition the node is active for; scrape every node for the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_REGISTRIES: dict[int, CollectorRegistry] = {}
+
+
+class NodeCollector(Collector):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Any]:
+        node = self.node
+        name = node.config.name
+        yield _gauge("tandem_connections", "client connections open", [("node", name)], len(node.sessions))
+        yield _counter("tandem_publish_confirms", "messages confirmed to publishers (duplicates included)",
+                       [("node", name)], node.confirms)
+        qs = sorted(node.queues.items())
+        for metric, help_, attr in (("tandem_messages_published", "messages stored as active", "published"),
+                                    ("tandem_messages_delivered", "deliveries made", "delivered"),
+                                    ("tandem_messages_acked", "messages acked", "acked")):
+            fam = CounterMetricFamily(metric, help_, labels=["node", "queue"])
+            for qname, q in qs:
+                fam.add_metric([name, qname], getattr(q, attr))
+            yield fam
+        depth = GaugeMetricFamily("tandem_partition_depth", "ready + unacked messages of a partition active here",
+                                  labels=["node", "queue", "partition"])
+        ready = GaugeMetricFamily("tandem_partition_ready", "ready messages of a partition active here",
+                                  labels=["node", "queue", "partition"])
+        for qname, q in qs:
+            for p in range(q.meta.partitions):
+                if node.serves(q, p):
+                    depth.add_metric([name, qname, str(p)], node._partition_depth(q, p))
+                    ready.add_metric([name, qname, str(p)], len(q.partitions[p].ready))
+        yield depth
+        yield ready
+        rep = node.replication
+        if rep is None:
+            return
+        lag = GaugeMetricFamily("tandem_replication_lag_entries", "log entries a replica is behind the active",
+                                labels=["node", "queue", "partition", "replica", "kind"])
+        commit = GaugeMetricFamily("tandem_partition_commit_index", "commit index of the partition's log",
+                                   labels=["node", "queue", "partition", "role"])
+        term = GaugeMetricFamily("tandem_partition_term", "current term of the partition's log",
+                                 labels=["node", "queue", "partition"])
+        for info in rep.partition_infos():
+            qname = info.queue or "(catalogue)"
+            commit.add_metric([name, qname, str(info.partition), info.role], info.commit)
+            term.add_metric([name, qname, str(info.partition)], info.term)
+            for r in info.replicas:
+                lag.add_metric([name, qname, str(info.partition), r.node, r.kind], r.lag)
+        yield lag
+        yield commit
+        yield term
+        yield _counter("tandem_elections_won", "times this node became active for a partition", [("node", name)],
+                       rep.elections)
+        yield _counter("tandem_ha1014_discarded_entries", "HA-1014: log entries discarded on rejoin",
+                       [("node", name)], rep.discarded_total)
+        yield _counter("tandem_ha1014_discarded_messages", "HA-1014: messages in the discarded entries",
+                       [("node", name)], rep.discarded_messages)
+        yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],
+                     0 if rep._disabled() else 1)
+
+
+def _gauge(metric: str, help_: str, labels: list[tuple[str, str]], value: float) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(metric, help_, labels=[k for k, _ in labels])
+    fam.add_metric([v for _, v in labels], value)
+    return fam
+
+
+def _counter(metric: str, help_: str, labels: list[tuple[str, str]], value: float) -> CounterMetricFamily:
+    fam = CounterMetricFamily(metric, help_, labels=[k for k, _ in labels])
+    fam.add_metric([v for _, v in labels], value)
+    return fam
+
+
+def registry_of(node: Node) -> CollectorRegistry:
+    reg = _REGISTRIES.get(id(node))
+    if reg is None:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(NodeCollector(node))
+        hist = Histogram("tandem_store_commit_seconds", "store commits (one transaction, fsync'd when sync)",
+                         ["node", "sync"], registry=reg,
+                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        name = node.config.name
+        synced, unsynced = hist.labels(name, "true"), hist.labels(name, "false")
+        node.writer.commit_observers.append(lambda s, sync: (synced if sync else unsynced).observe(s))
+        _REGISTRIES[id(node)] = reg
+    return reg
+
+
+def render(node: Node) -> tuple[bytes, str]:
+    return generate_latest(registry_of(node)), CONTENT_TYPE

@@ -1,0 +1,133 @@
+"""The OpenAPI 3.0 document of the admin REST API (served at /api/v1/openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker import __version__
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_OBJ: dict[str, Any] = {"type": "object"}
+
+
+def _resp(desc: str, schema: dict[str, Any] | None = None, extra: dict[int, str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": {"description": desc, "content": {"application/json": {"schema": schema or _OBJ}}}}
+    for code, text in {401: "not logged in", **(extra or {})}.items():
+        out[str(code)] = {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+    return out
+
+
+def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "properties": props, "required": required, "additionalProperties": False}}}}
+
+
+_NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+_CHANGE = {400: "bad input (the field is named)", 403: "a monitor user, or a missing CSRF token"}
+
+
+def document() -> dict[str, Any]:
+    paths: dict[str, Any] = {
+        "/healthz": {"get": {"summary": "liveness (no login needed)", "security": [],
+                             "responses": {"200": {"description": "the node answers",
+                                                   "content": {"application/json": {"schema": _OBJ}}}}}},
+        "/api/v1/session": {"get": {"summary": "who is logged in, their role and the CSRF token",
+                                    "responses": _resp("the session")}},
+        "/api/v1/overview": {"get": {"summary": "the whole group: nodes, group, partitions, queues, events",
+                                     "responses": _resp("overview")}},
+        "/api/v1/nodes": {"get": {"summary": "every member: state, priority, votes, quorum, addresses, actives",
+                                  "responses": _resp("nodes", {"type": "array", "items": _OBJ})}},
+        "/api/v1/nodes/{name}": {"get": {"summary": "one member", "parameters": _NAME,
+                                         "responses": _resp("the node", extra={404: "no such node"})}},
+        "/api/v1/nodes/{name}/priority": {"post": {
+            "summary": "set a node's election priority (0 never active .. 3 highest), at once",
+            "parameters": _NAME,
+            "requestBody": _body({"priority": {"type": "integer", "minimum": 0, "maximum": 3}}, ["priority"]),
+            "responses": _resp("set", extra={**_CHANGE, 404: "no such node"})}},
+        "/api/v1/group": {"get": {"summary": "members, quorum policy and state, overrides",
+                                  "responses": _resp("the group")}},
+        "/api/v1/group/quorum-override": {"post": {
+            "summary": "operator override of the node quorum on a node (null clears it); logged loudly",
+            "requestBody": _body({"nodes": {"type": "integer", "minimum": 1, "nullable": True},
+                                  "node": {"type": "string"}}, ["nodes"]),
+            "responses": _resp("set", extra={**_CHANGE, 404: "no such node"})}},
+        "/api/v1/group/designated-primary": {"post": {
+            "summary": "two-node group: let a node go on alone (or stop that)",
+            "requestBody": _body({"on": {"type": "boolean"}, "node": {"type": "string"}}, ["on"]),
+            "responses": _resp("set", extra={**_CHANGE, 404: "no such node"})}},
+        "/api/v1/queues": {
+            "get": {"summary": "every queue with its depth, counters and rates",
+                    "responses": _resp("queues", {"type": "array", "items": _OBJ})},
+            "post": {"summary": "declare a queue (idempotent for the same settings)",
+                     "requestBody": _body({
+                         "name": {"type": "string", "minLength": 1}, "partitions": {"type": "integer"},
+                         "mapper": {"type": "string", "enum": ["consistent_hash", "round_robin"]},
+                         "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
+                         "dead_letter_queue": {"type": "string", "nullable": True},
+                         "max_length": {"type": "integer"}}, ["name"]),
+                     "responses": {**_resp("exists already with these settings", extra={
+                         **_CHANGE, 409: "exists with other settings"}),
+                         "201": {"description": "created", "content": {"application/json": {"schema": _OBJ}}}}}},
+        "/api/v1/queues/{name}": {
+            "get": {"summary": "one queue, per partition", "parameters": _NAME,
+                    "responses": _resp("the queue", extra={404: "no such queue"})},
+            "delete": {"summary": "delete a queue", "parameters": _NAME + [
+                {"name": "if_empty", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": ["true", "false"]}}],
+                "responses": _resp("deleted", extra={**_CHANGE, 404: "no such queue"})}},
+        "/api/v1/queues/{name}/purge": {"post": {
+            "summary": "drop a queue's ready messages", "parameters": _NAME,
+            "responses": _resp("purged", extra={**_CHANGE, 404: "no such queue"})}},
+        "/api/v1/partitions": {"get": {
+            "summary": "every partition as its active reports it: state, active, replicas and lag, term, commit",
+            "parameters": [{"name": "queue", "in": "query", "required": False, "schema": {"type": "string"}}],
+            "responses": _resp("partitions", {"type": "array", "items": _OBJ})}},
+        "/api/v1/events": {"get": {"summary": "recent HA events of the group (HA-1014, elections, overrides)",
+                                   "responses": _resp("events", {"type": "array", "items": _OBJ})}},
+        "/api/v1/events/stream": {"get": {
+            "summary": "Server-Sent Events: `ha` for each new event, `overview` every second",
+            "responses": {"200": {"description": "an event stream",
+                                  "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                          "401": {"description": "not logged in",
+                                  "content": {"application/json": {"schema": _ERROR}}}}}},
+        "/api/v1/users": {
+            "get": {"summary": "users of this node", "responses": _resp("users", {"type": "array", "items": _OBJ})},
+            "post": {"summary": "create a user on this node",
+                     "requestBody": _body({"name": {"type": "string", "minLength": 1},
+                                           "password": {"type": "string", "minLength": 8},
+                                           "role": {"type": "string", "enum": ["admin", "monitor"]}},
+                                          ["name", "password"]),
+                     "responses": {**_resp("-", extra={**_CHANGE, 409: "exists"}),
+                                   "201": {"description": "created",
+                                           "content": {"application/json": {"schema": _OBJ}}}}}},
+        "/api/v1/users/{name}": {"delete": {"summary": "delete a user", "parameters": _NAME,
+                                            "responses": _resp("deleted", extra={**_CHANGE, 404: "no such user"})}},
+        "/api/v1/users/{name}/password": {"post": {
+            "summary": "change a user's password", "parameters": _NAME,
+            "requestBody": _body({"password": {"type": "string", "minLength": 8}}, ["password"]),
+            "responses": _resp("changed", extra={**_CHANGE, 404: "no such user"})}},
+        "/metrics": {"get": {"summary": "Prometheus metrics of this node",
+                             "responses": {"200": {"description": "text exposition format",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                           "401": {"description": "not logged in",
+                                                   "content": {"application/json": {"schema": _ERROR}}}}}},
+    }
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            op["operationId"] = method + path.replace("/api/v1", "").replace("/", "_").replace("{", "").replace(
+                "}", "").replace("-", "_")
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Tandem admin API", "version": __version__,
+                 "description": "The management API every Tandem node serves on its http port. Log in at "
+                                "/login (cookie + X-CSRF-Token on changes) or use HTTP Basic."},
+        "servers": [{"url": "/"}],
+        "security": [{"basic": []}, {"cookie": []}],
+        "components": {
+            "securitySchemes": {"basic": {"type": "http", "scheme": "basic"},
+                                "cookie": {"type": "apiKey", "in": "cookie", "name": "tandem_session"}},
+            "schemas": {"Error": {"type": "object", "required": ["code", "error", "message"], "properties": {
+                "code": {"type": "integer"}, "error": {"type": "string"}, "message": {"type": "string"}}}},
+        },
+        "paths": paths,
+    }

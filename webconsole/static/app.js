@@ -1,0 +1,148 @@
+// The Tandem console: one page kept live by the node's event stream (Server-Sent Events).
+// Changes go to the admin API with the session's CSRF token; monitor users see no forms.
+"use strict";
+let session = null;
+let lastOverview = null;
+
+async function api(method, path, body) {
+  const headers = {"Content-Type": "application/json"};
+  if (session && session.csrf) headers["X-CSRF-Token"] = session.csrf;
+  const resp = await fetch(path, {method, headers, credentials: "same-origin",
+                                  body: body === undefined ? undefined : JSON.stringify(body)});
+  if (resp.status === 401) { window.location = "/login"; throw new Error("not logged in"); }
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw new Error(data.message || resp.statusText);
+  return data;
+}
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k.startsWith("data-")) e.setAttribute(k, v); else e[k] = v;
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function say(text, bad) {
+  const r = document.getElementById("result");
+  r.textContent = text;
+  r.className = bad ? "error" : "";
+}
+
+function renderNodes(nodes) {
+  const box = document.getElementById("nodes");
+  box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
+    el("h3", {}, n.name + (n.self ? " (this node)" : "")),
+    el("div", {}, "state ", el("span", {class: "state"}, n.state)),
+    el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}`),
+    el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
+    el("div", {}, `client ${n.client_address || "?"}`),
+    el("div", {class: "actives"}, `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`))));
+  for (const id of ["override-node", "priority-node"]) {
+    const sel = document.getElementById(id);
+    const keep = sel.value;
+    sel.replaceChildren(...nodes.map((n) => el("option", {value: n.name}, n.name)));
+    if (keep) sel.value = keep;
+  }
+}
+
+function renderQueues(queues) {
+  const body = document.querySelector("#queues tbody");
+  body.replaceChildren(...queues.map((q) => el("tr", {"data-queue": q.name},
+    el("td", {}, q.name), el("td", {}, q.partitions), el("td", {class: "ready"}, q.ready),
+    el("td", {}, q.unacked), el("td", {}, q.published_rate), el("td", {}, q.delivered_rate),
+    el("td", {}, q.acked_rate), el("td", {}, q.depth + (q.complete ? "" : "+")),
+    el("td", {class: "admin-only"},
+       el("button", {class: "purge", onclick: () => purge(q.name)}, "Purge"), " ",
+       el("button", {class: "delete", onclick: () => del(q.name)}, "Delete")))));
+}
+
+function renderPartitions(parts) {
+  const f = document.getElementById("partition-filter").value.trim().toLowerCase();
+  const rows = parts.filter((p) => !f || [p.queue || "(catalogue)", p.active, p.state]
+    .some((x) => String(x).toLowerCase().includes(f)));
+  document.querySelector("#partitions tbody").replaceChildren(...rows.map((p) => el("tr", {},
+    el("td", {}, p.queue || "(catalogue)"), el("td", {}, p.partition), el("td", {class: p.state}, p.state),
+    el("td", {class: "active"}, p.active || "-"), el("td", {}, p.term), el("td", {}, p.commit),
+    el("td", {}, p.replicas.map((r) => `${r.node}:${r.kind}(${r.lag})`).join(", ")))));
+}
+
+function render(o) {
+  lastOverview = o;
+  const q = document.getElementById("quorum");
+  q.textContent = `quorum ${o.group.quorum_state}`;
+  q.className = `pill ${o.group.quorum_state}`;
+  renderNodes(o.nodes);
+  renderQueues(o.queues);
+  renderPartitions(o.partitions);
+}
+
+function addEvent(e) {
+  const list = document.getElementById("events");
+  list.prepend(el("li", {class: e.kind}, `${e.node}: ${e.text}`));
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+async function purge(name) {
+  if (!confirm(`Purge every ready message of queue ${name}?`)) return;
+  try { const r = await api("POST", `/api/v1/queues/${encodeURIComponent(name)}/purge`);
+        say(`purged ${r.purged} message(s) from ${name}`); } catch (e) { say(e.message, true); }
+}
+
+async function del(name) {
+  if (!confirm(`Delete queue ${name} and its messages?`)) return;
+  try { await api("DELETE", `/api/v1/queues/${encodeURIComponent(name)}`); say(`deleted ${name}`); }
+  catch (e) { say(e.message, true); }
+}
+
+function wire() {
+  document.getElementById("logout").onclick = async () => { await api("POST", "/logout"); location = "/login"; };
+  document.getElementById("partition-filter").oninput = () => lastOverview && renderPartitions(lastOverview.partitions);
+  document.getElementById("create-queue").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const name = document.getElementById("new-queue-name").value.trim();
+    const partitions = parseInt(document.getElementById("new-queue-partitions").value, 10);
+    if (!confirm(`Create queue ${name} with ${partitions} partition(s)?`)) return;
+    try { const r = await api("POST", "/api/v1/queues", {name, partitions});
+          say(r.created ? `created ${name}` : `${name} exists already with these settings`); }
+    catch (e) { say(e.message, true); }
+  };
+  document.getElementById("set-override").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const node = document.getElementById("override-node").value;
+    const v = document.getElementById("override-nodes").value;
+    const nodes = v === "" ? null : parseInt(v, 10);
+    if (!confirm(nodes === null ? `Clear the quorum override on ${node}?`
+                                : `Let ${node} keep quorum with ${nodes} node(s) up? Writes may be lost on healing.`)) return;
+    try { await api("POST", "/api/v1/group/quorum-override", {node, nodes}); say(`quorum_override on ${node}: ${nodes ?? "cleared"}`); }
+    catch (e) { say(e.message, true); }
+  };
+  document.getElementById("set-priority").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const node = document.getElementById("priority-node").value;
+    const priority = parseInt(document.getElementById("priority-value").value, 10);
+    if (!confirm(`Set the priority of ${node} to ${priority}?`)) return;
+    try { await api("POST", `/api/v1/nodes/${encodeURIComponent(node)}/priority`, {priority});
+          say(`priority of ${node}: ${priority}`); } catch (e) { say(e.message, true); }
+  };
+}
+
+async function main() {
+  session = await api("GET", "/api/v1/session");
+  document.getElementById("whoami").textContent = `${session.user} (${session.role}) on ${session.node}`;
+  if (session.role !== "admin") document.body.classList.add("monitor");
+  wire();
+  render(await api("GET", "/api/v1/overview"));
+  (await api("GET", "/api/v1/events")).forEach(addEvent);
+  const stream = new EventSource("/api/v1/events/stream");
+  let seen = new Set([...document.querySelectorAll("#events li")].map((li) => li.textContent));
+  stream.addEventListener("overview", (m) => render({...lastOverview, ...JSON.parse(m.data)}));
+  stream.addEventListener("ha", (m) => {
+    const e = JSON.parse(m.data);
+    const key = `${e.node}: ${e.text}`;
+    if (!seen.has(key)) { seen.add(key); addEvent(e); }
+  });
+}
+
+main().catch((e) => say(e.message, true));
