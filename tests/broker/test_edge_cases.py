@@ -14,7 +14,7 @@ import pytest_asyncio
 import client
 from broker.config import NodeConfig, build_config
 from broker.node import Node
-from client.errors import StorageError
+from client.errors import QueueFullError, StorageError
 from client.protocol.frames import Publish, PublishMessage, PublishOk
 from storage.base import Append, Engine, Settle, WriteOp
 from storage.sqlite import SqliteEngine
@@ -312,3 +312,68 @@ async def test_connections_over_the_limit_are_told_why(tmp_path: Path) -> None:
                 await client.connect(url_of(node))
     finally:
         await node.stop()
+
+
+async def test_a_failed_commit_under_a_later_one_leaves_a_gap_that_a_resend_fills(
+        flaky: tuple[Node, FlakyEngine]) -> None:
+    """Single node, one producer, one partition: batch A's commit fails while batch B (later
+    seqs) commits.  A's seqs must not then count as held (its resend would be confirmed as a
+    duplicate and lost): they are a gap that the resend fills."""
+    node, engine = flaky
+    entered, release = threading.Event(), threading.Event()
+
+    def fail_a(ops: list[WriteOp]) -> bool:
+        if any(isinstance(o, Append) and any(m.body == b"A" for m in o.messages) for o in ops):
+            entered.set()
+            release.wait(10)  # (the writer thread) B is submitted meanwhile: a commit of its own
+            return True
+        return False
+
+    async with await client.connect_link(url_of(node)) as conn:
+        await conn.declare_queue("q")
+        a = [PublishMessage(None, {}, b"A", i) for i in range(5)]
+        b = [PublishMessage(None, {}, b"B", i) for i in range(5, 10)]
+        engine.failing = fail_a
+        fa = conn.request_nowait(Publish(rid=conn.next_rid(), queue="q", messages=a, producer_id="p", partition=0))
+        await asyncio.to_thread(entered.wait, 10)
+        fb = conn.request_nowait(Publish(rid=conn.next_rid(), queue="q", messages=b, producer_id="p", partition=0))
+        await wait_until(lambda: node.queues["q"].partitions[0].producers.get("p") == 9, what="B accepted")
+        release.set()
+        with pytest.raises(StorageError):
+            await fa
+        assert isinstance(await fb, PublishOk)
+        engine.failing = None
+        probe = await conn.request(lambda rid: Publish(rid=rid, queue="q", messages=[], producer_id="p",
+                                                       partition=0))
+        assert isinstance(probe, PublishOk) and probe.next_seq == 10
+        again = await conn.request(lambda rid: Publish(rid=rid, queue="q", messages=a, producer_id="p",
+                                                       partition=0))
+        assert isinstance(again, PublishOk) and (again.stored, again.duplicates) == (5, 0)
+        dup = await conn.request(lambda rid: Publish(rid=rid, queue="q", messages=b, producer_id="p", partition=0))
+        assert isinstance(dup, PublishOk) and (dup.stored, dup.duplicates) == (0, 5)
+        (info,) = await conn.list_queues()
+        assert info.ready == 10
+
+
+async def test_a_resend_of_stored_messages_is_confirmed_even_when_the_queue_is_full(url: str) -> None:
+    async with await client.connect_link(url) as conn:
+        await conn.declare_queue("small", max_length=3)
+        batch = [PublishMessage(None, {}, b"x", i) for i in range(3)]
+        first = await conn.request(lambda rid: Publish(rid=rid, queue="small", messages=batch, producer_id="p",
+                                                       partition=0))
+        again = await conn.request(lambda rid: Publish(rid=rid, queue="small", messages=batch, producer_id="p",
+                                                       partition=0))
+        assert isinstance(first, PublishOk) and isinstance(again, PublishOk) and again.duplicates == 3
+        with pytest.raises(QueueFullError):
+            await conn.request(lambda rid: Publish(rid=rid, queue="small", producer_id="p", partition=0,
+                                                   messages=[PublishMessage(None, {}, b"y", 3)]))
+
+
+async def test_a_cancelled_send_does_not_hold_up_flush(conn: client.DurableConnection) -> None:
+    await conn.declare_queue("q")
+    p = conn.producer("q")
+    fut = p.send_nowait(b"x")
+    fut.cancel()
+    await p.send(b"y")
+    await asyncio.wait_for(p.flush(), 10)
+    await asyncio.wait_for(p.close(), 10)
