@@ -30,7 +30,7 @@ run: install
 	$(BIN)/tandem cluster up --nodes $(NODES) --base-port $(PORT) --data-dir $(DATA) --sync $(SYNC)
 
 run-single: install
-	$(BIN)/tandem broker start --name node1 --data-dir .tandem-single/node1 --port $(PORT) --sync $(SYNC)
+	$(BIN)/tandem broker start --name node1 --data-dir .tandem-single/node1 --port $(PORT) --http-port $$(( $(PORT) + 2 )) --sync $(SYNC)
 
 test: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole

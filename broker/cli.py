@@ -260,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     _url_args(dp)
     dp.set_defaults(func=commands.admin)
 
+    con = sub.add_parser("console", help="print the management console's address of a running node",
+                         description="Ask the node at --url for its management console (served on its "
+                                     "--http-port; every node of a group shows the whole group) and print the "
+                                     "address. Log in there with a Tandem user.")
+    _url_args(con)
+    con.set_defaults(func=commands.console)
+
     cl = sub.add_parser("cluster", help="run a local replication group")
     clsub = cl.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     up = clsub.add_parser("up", help="start N node processes on this machine and wait for quorum",

@@ -263,3 +263,20 @@ async def _admin(args: argparse.Namespace, value: int | None) -> int:
         shown = f"at least {st.quorum_override} node(s) up" if st.quorum_override is not None else "cleared"
         print(f"node {st.node}: quorum_override {shown}; quorum now {st.quorum_state}")
     return 0
+
+
+def console(args: argparse.Namespace) -> int:
+    return _run(_console(args))
+
+
+async def _console(args: argparse.Namespace) -> int:
+    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
+        st = await conn.status()
+    if not st.console:
+        raise InvalidArgumentError(f"node {st.node} serves no console: start it with --http-port "
+                                   "(tandem cluster up does: client port + 2)")
+    if args.json:
+        print(json.dumps({"node": st.node, "console": st.console}))
+    else:
+        print(f"node {st.node}: console {st.console} (log in with a Tandem user)")
+    return 0

@@ -1080,7 +1080,8 @@ def status_of(node: Node, rid: int) -> StatusOk:
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
                     priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
-                    discarded=discarded, designated_primary=dp, discarded_messages=dmsgs)
+                    discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
+                    console=node.console.url if node.console is not None else "")
 
 
 def _settings(meta: QueueMeta) -> dict[str, object]:

@@ -42,6 +42,10 @@ SESSION_COOKIE = "tandem_session"
 SESSION_TTL = 8 * 3600.0
 PEER_TIMEOUT = 1.5
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+USER = web.RequestKey("user", str)
+ROLE = web.RequestKey("role", str)
+VIA = web.RequestKey("via", str)  # cookie or basic
+SESSION = web.RequestKey("session", object)
 
 
 class ApiError(Exception):
@@ -137,13 +141,16 @@ class Console:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # A browser's own fetches (the console's pages say X-Tandem-Console) must not get a
+        # Basic challenge: the browser would pop up its login dialog.
+        challenge = "X-Tandem-Console" not in request.headers and request.path != "/login"
         try:
             return await handler(request)
         except ApiError as exc:
-            return _json_error(exc.status, exc.error, exc.message, unauth=exc.status == 401)
+            return _json_error(exc.status, exc.error, exc.message, unauth=exc.status == 401 and challenge)
         except TandemError as exc:
             status = _STATUS_OF.get(type(exc).__name__, 500 if not exc.retriable else 503)
-            return _json_error(status, exc.code.name.lower(), exc.message, unauth=status == 401)
+            return _json_error(status, exc.code.name.lower(), exc.message, unauth=status == 401 and challenge)
         except web.HTTPException:
             raise
         except Exception as exc:  # a bug must cost one request, never the node
@@ -160,14 +167,15 @@ class Console:
             if path.startswith("/api/") or path == "/metrics" or request.method != "GET":
                 raise ApiError(401, "unauthenticated", "log in (session cookie) or use HTTP Basic credentials")
             raise web.HTTPFound("/login")
-        request["user"], request["role"], request["via"], request["session"] = who
+        request[USER], request[ROLE], request[VIA], request[SESSION] = who
         if request.method not in ("GET", "HEAD", "OPTIONS"):
-            if request["via"] == "cookie":
-                sess: Session = request["session"]
+            if request[VIA] == "cookie":
+                sess = request[SESSION]
+                assert isinstance(sess, Session)
                 if not secrets.compare_digest(request.headers.get("X-CSRF-Token", ""), sess.csrf):
                     raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token header (GET /api/v1/session gives it)")
-            if request["role"] != "admin" and path != "/logout":
-                raise ApiError(403, "forbidden", f"user {request['user']!r} (role {request['role']}) may only look")
+            if request[ROLE] != "admin" and path != "/logout":
+                raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) may only look")
         return await handler(request)
 
     async def _authenticate(self, request: web.Request) -> tuple[str, str, str, Session | None] | None:
@@ -241,9 +249,9 @@ class Console:
         return resp
 
     async def session_info(self, request: web.Request) -> web.Response:
-        sess: Session | None = request["session"]
-        return web.json_response({"user": request["user"], "role": request["role"],
-                                  "csrf": sess.csrf if sess is not None else None,
+        sess = request[SESSION]
+        return web.json_response({"user": request[USER], "role": request[ROLE],
+                                  "csrf": sess.csrf if isinstance(sess, Session) else None,
                                   "node": self.node.config.name})
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -511,7 +519,7 @@ class Console:
     # -- operations -------------------------------------------------------------------------------
 
     def _who(self, request: web.Request) -> str:
-        return f"{request['user']} (console, {request.remote})"
+        return f"{request[USER]} (console, {request.remote})"
 
     async def set_priority(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -628,7 +636,7 @@ class Console:
         name = request.match_info["name"]
         if self.node.users.get(name) is None:
             raise ApiError(404, "not_found", f"no user {name!r}")
-        if name == request["user"]:
+        if name == request[USER]:
             raise ApiError(409, "conflict", "you cannot delete the user you are logged in as")
         await self.node.write([DropUser(name)], sync=True)
         self.node.users.drop(name)

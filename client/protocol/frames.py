@@ -495,6 +495,7 @@ class StatusOk(Frame):
     discarded: int = 0  # HA-1014: log entries this node has discarded since it started
     designated_primary: bool = False
     discarded_messages: int = 0  # HA-1014: messages in those entries
+    console: str = ""  # the node's management console (http://host:port/), "" if it serves none
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

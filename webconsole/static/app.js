@@ -5,7 +5,7 @@ let session = null;
 let lastOverview = null;
 
 async function api(method, path, body) {
-  const headers = {"Content-Type": "application/json"};
+  const headers = {"Content-Type": "application/json", "X-Tandem-Console": "1"};
   if (session && session.csrf) headers["X-CSRF-Token"] = session.csrf;
   const resp = await fetch(path, {method, headers, credentials: "same-origin",
                                   body: body === undefined ? undefined : JSON.stringify(body)});

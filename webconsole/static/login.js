@@ -4,7 +4,8 @@ document.getElementById("login-form").addEventListener("submit", async (ev) => {
   const err = document.getElementById("login-error");
   err.hidden = true;
   const resp = await fetch("/login", {
-    method: "POST", headers: {"Content-Type": "application/json"}, credentials: "same-origin",
+    method: "POST", headers: {"Content-Type": "application/json", "X-Tandem-Console": "1"},
+    credentials: "same-origin",
     body: JSON.stringify({user: document.getElementById("user").value,
                           password: document.getElementById("password").value}),
   });

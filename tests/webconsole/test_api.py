@@ -1,0 +1,206 @@
+"""The admin REST API of one in-process node: authentication, roles, CSRF, every endpoint
+with good and bad input, the OpenAPI document, metrics."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+import client
+from broker.config import NodeConfig
+from broker.node import Node
+from tests.conftest import PASSWORD, url_of
+
+
+
+@pytest_asyncio.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    n = Node(NodeConfig(data_dir=tmp_path / "n", port=0, http_port=0))
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+
+
+@pytest_asyncio.fixture
+async def http(node: Node) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    assert node.console is not None and node.console.address is not None
+    base = f"http://127.0.0.1:{node.console.address[1]}"
+    async with aiohttp.ClientSession() as s:
+        yield s, base
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+ADMIN = basic("admin", PASSWORD)
+
+
+async def call(s: aiohttp.ClientSession, method: str, url: str, *, auth: dict[str, str] | None = ADMIN,
+               headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+    async with s.request(method, url, headers={**(auth or {}), **(headers or {})}, **kw) as r:
+        body = await r.json() if r.content_type == "application/json" else await r.text()
+        return r.status, body
+
+
+@pytest.mark.asyncio
+async def test_nothing_without_a_login_but_health_and_the_login_page(http: tuple[aiohttp.ClientSession, str]) -> None:
+    from webconsole.openapi import document
+
+    s, base = http
+    assert (await call(s, "GET", f"{base}/healthz", auth=None))[0] == 200
+    assert (await call(s, "GET", f"{base}/login", auth=None))[0] == 200
+    for path, ops in document()["paths"].items():
+        if path == "/healthz":
+            continue
+        for method in ops:
+            status, body = await call(s, method.upper(), base + path.replace("{name}", "x"), auth=None,
+                                      json={})
+            assert status == 401, (method, path, status)
+            assert body["error"] == "unauthenticated"
+    async with s.get(f"{base}/", allow_redirects=False) as r:  # the console page sends a browser to log in
+        assert r.status == 302 and r.headers["Location"] == "/login"
+    status, _ = await call(s, "GET", f"{base}/api/v1/overview", auth=basic("admin", "wrong-password"))
+    assert status == 401
+
+
+@pytest.mark.asyncio
+async def test_read_endpoints(http: tuple[aiohttp.ClientSession, str], node: Node) -> None:
+    s, base = http
+    async with await client.connect(url_of(node)) as conn:
+        await conn.declare_queue("orders", partitions=3)
+        await conn.producer("orders").send_many([b"a", b"b", b"c"])
+    status, ov = await call(s, "GET", f"{base}/api/v1/overview")
+    assert status == 200 and ov["node"] == "node1"
+    assert [n["name"] for n in ov["nodes"]] == ["node1"] and ov["nodes"][0]["state"] == "Up"
+    (q,) = ov["queues"]
+    assert (q["name"], q["partitions"], q["ready"], q["published"]) == ("orders", 3, 3, 3)
+    status, detail = await call(s, "GET", f"{base}/api/v1/queues/orders")
+    assert status == 200 and sum(p["ready"] for p in detail["partition_stats"]) == 3
+    assert (await call(s, "GET", f"{base}/api/v1/queues/nope"))[0] == 404
+    for path in ("nodes", "nodes/node1", "group", "queues", "partitions", "events", "users", "session"):
+        status, _ = await call(s, "GET", f"{base}/api/v1/{path}")
+        assert status == 200, path
+    assert (await call(s, "GET", f"{base}/api/v1/nodes/nobody"))[0] == 404
+    status, text = await call(s, "GET", f"{base}/metrics")
+    assert status == 200
+    for metric in ("tandem_connections", "tandem_messages_published_total", "tandem_partition_depth",
+                   "tandem_store_commit_seconds_bucket", "tandem_publish_confirms_total"):
+        assert metric in text, metric
+
+
+@pytest.mark.asyncio
+async def test_the_openapi_document_validates(http: tuple[aiohttp.ClientSession, str]) -> None:
+    from openapi_spec_validator import validate
+
+    s, base = http
+    status, doc = await call(s, "GET", f"{base}/api/v1/openapi.json")
+    assert status == 200
+    validate(doc)
+
+
+@pytest.mark.asyncio
+async def test_queue_operations_and_bad_input(http: tuple[aiohttp.ClientSession, str]) -> None:
+    s, base = http
+    q = f"{base}/api/v1/queues"
+    assert (await call(s, "POST", q, json={"name": "jobs", "partitions": 2}))[0] == 201
+    assert (await call(s, "POST", q, json={"name": "jobs", "partitions": 2}))[0] == 200  # idempotent
+    assert (await call(s, "POST", q, json={"name": "jobs", "partitions": 5}))[0] == 409
+    for body, field in (({}, "name"), ({"name": "x", "partitions": "two"}, "partitions"),
+                        ({"name": "x", "partitions": 0}, "partitions"), ({"name": "x", "colour": 1}, "colour"),
+                        ({"name": "x", "mapper": "random"}, "mapper")):
+        status, err = await call(s, "POST", q, json=body)
+        assert status == 400 and field in err["message"], (body, err)
+    status, err = await call(s, "POST", q, data=b"{not json", headers={"Content-Type": "application/json"})
+    assert status == 400 and "JSON" in err["message"]
+    status, out = await call(s, "POST", f"{q}/jobs/purge")
+    assert status == 200 and out["purged"] == 0
+    assert (await call(s, "DELETE", f"{q}/jobs?if_empty=maybe"))[0] == 400
+    assert (await call(s, "DELETE", f"{q}/jobs"))[0] == 200
+    assert (await call(s, "DELETE", f"{q}/jobs"))[0] == 404
+    assert (await call(s, "POST", f"{q}/jobs/purge"))[0] == 404
+
+
+@pytest.mark.asyncio
+async def test_operator_settings(http: tuple[aiohttp.ClientSession, str], node: Node) -> None:
+    s, base = http
+    status, _ = await call(s, "POST", f"{base}/api/v1/nodes/node1/priority", json={"priority": 7})
+    assert status == 400
+    status, _ = await call(s, "POST", f"{base}/api/v1/nodes/node9/priority", json={"priority": 2})
+    assert status == 404
+    status, err = await call(s, "POST", f"{base}/api/v1/group/quorum-override", json={"nodes": 1})
+    assert status == 400 and "group" in err["message"]  # a single node has no group to override
+    assert (await call(s, "POST", f"{base}/api/v1/group/designated-primary", json={"on": "yes"}))[0] == 400
+
+
+@pytest.mark.asyncio
+async def test_users_roles_and_csrf(http: tuple[aiohttp.ClientSession, str]) -> None:
+    s, base = http
+    u = f"{base}/api/v1/users"
+    assert (await call(s, "POST", u, json={"name": "watcher", "password": "short"}))[0] == 400
+    assert (await call(s, "POST", u, json={"name": "watcher", "password": "watch-pass", "role": "root"}))[0] == 400
+    assert (await call(s, "POST", u, json={"name": "watcher", "password": "watch-pass", "role": "monitor"}))[0] == 201
+    assert (await call(s, "POST", u, json={"name": "watcher", "password": "watch-pass"}))[0] == 409
+    mon = basic("watcher", "watch-pass")
+    assert (await call(s, "GET", f"{base}/api/v1/overview", auth=mon))[0] == 200
+    status, err = await call(s, "POST", f"{base}/api/v1/queues", auth=mon, json={"name": "q"})
+    assert status == 403 and err["error"] == "forbidden"
+    assert (await call(s, "POST", f"{u}/watcher/password", json={"password": "new-watch-pass"}))[0] == 200
+    assert (await call(s, "GET", f"{base}/api/v1/overview", auth=mon))[0] == 401
+    # a browser session: cookie, and the CSRF token on every change
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        status, who = await call(browser, "POST", f"{base}/login", auth=None,
+                                 json={"user": "admin", "password": PASSWORD})
+        assert status == 200 and who["role"] == "admin"
+        cookie = next(c for c in jar if c.key == "tandem_session")
+        assert cookie["httponly"] and cookie["samesite"] == "Strict"
+        status, err = await call(browser, "POST", f"{base}/api/v1/queues", auth=None, json={"name": "q"})
+        assert status == 403 and err["error"] == "csrf"
+        status, _ = await call(browser, "POST", f"{base}/api/v1/queues", auth=None, json={"name": "q"},
+                               headers={"X-CSRF-Token": who["csrf"]})
+        assert status == 201
+        assert (await call(browser, "POST", f"{base}/logout", auth=None,
+                           headers={"X-CSRF-Token": who["csrf"]}))[0] == 200
+        assert (await call(browser, "GET", f"{base}/api/v1/overview", auth=None))[0] == 401
+    assert (await call(s, "DELETE", f"{u}/watcher"))[0] == 200
+    assert (await call(s, "DELETE", f"{u}/watcher"))[0] == 404
+    assert (await call(s, "DELETE", f"{u}/admin"))[0] == 409  # not the user you are
+
+
+@pytest.mark.integration
+def test_fuzzing_the_api_finds_no_server_error(tmp_path: Path) -> None:
+    """schemathesis generates requests from the OpenAPI document (good and bad input)
+    against a node process; no answer may be a 500."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from broker.cluster import free_ports
+    from broker.process import NodeProcess
+
+    port = free_ports(1)[0]
+    loop = asyncio.new_event_loop()
+    proc = NodeProcess(tmp_path / "n", password=PASSWORD, extra_args=["--http-port", str(port)])
+    loop.run_until_complete(proc.start())
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "schemathesis.cli", "run", f"http://127.0.0.1:{port}/api/v1/openapi.json",
+             "--checks", "not_a_server_error", "--auth", f"admin:{PASSWORD}", "--max-examples", "15",
+             "--seed", "1", "--workers", "1", "--request-timeout", "10", "--exclude-path-regex", "stream"],
+            capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+        m = re.search(r"(\d+) generated, (\d+) passed", out.stdout)
+        assert m is not None and int(m.group(1)) >= 100 and m.group(1) == m.group(2), out.stdout[-3000:]
+    finally:
+        loop.run_until_complete(proc.stop())
+        loop.close()

@@ -1,0 +1,117 @@
+"""The console in real headless Chromium (Debian's chromium, driven by Playwright) against
+a running three-node group: log in, see the nodes, watch a killed node go down and its
+partitions move without reloading, create and purge a queue, and a monitor user who sees
+no operations."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+import client
+from broker.cluster import LocalCluster
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PASSWORD = "test-password"
+FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]
+
+
+@pytest_asyncio.fixture
+async def group(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        yield cl
+    finally:
+        await cl.stop()
+
+
+async def test_console_in_a_browser(group: LocalCluster) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    cl = group
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("orders", partitions=3)
+        await conn.producer("orders").send_many([(f"o{i}", f"k{i}") for i in range(30)])
+
+    async def all_active() -> bool:
+        return len(await cl.actives("orders")) == 3
+
+    await wait_until(all_active, timeout=30, what="an active for each partition")
+    base = cl.console_url("node1")
+    auth = {"Authorization": "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}api/v1/users", headers=auth,
+                             json={"name": "watcher", "password": "watch-pass", "role": "monitor"}) as r:
+            assert r.status == 201
+        async with http.post(f"{base}api/v1/queues", json={"name": "x"}) as r:
+            assert r.status == 401  # nothing without a login
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                           args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            page = await browser.new_page()
+            page.on("dialog", lambda d: d.accept())  # every operation asks for confirmation: yes
+            await page.goto(base)
+            await expect(page).to_have_url(f"{base}login")
+            await page.fill("#user", "admin")
+            await page.fill("#password", "not-the-password")
+            await page.click("#login")
+            await expect(page.locator("#login-error")).to_be_visible()
+            await page.fill("#password", PASSWORD)
+            await page.click("#login")
+            cards = page.locator("#nodes [data-node]")
+            await expect(cards).to_have_count(3, timeout=15000)
+            for name in ("node1", "node2", "node3"):
+                await expect(page.locator(f'[data-node="{name}"] .state')).to_have_text("Up", timeout=15000)
+
+            # kill a node the console is not served by: it turns Down, its partitions move
+            held = set((await cl.actives("orders")).values())
+            victim = next(n for n in ("node3", "node2") if n in held)
+            await cl.nodes[victim].kill()
+            await expect(page.locator(f'[data-node="{victim}"] .state')).not_to_have_text("Up", timeout=20000)
+            orders_rows = page.locator("#partitions tbody tr", has_text="orders")
+            await expect(orders_rows).to_have_count(3)
+            await expect(page.locator("#partitions tbody tr td.active", has_text=victim)).to_have_count(
+                0, timeout=20000)
+
+            # create a queue from the UI, fill it, purge it from the UI
+            await page.fill("#new-queue-name", "ui-made")
+            await page.fill("#new-queue-partitions", "2")
+            await page.click("#create-queue-button")
+            await expect(page.locator("#result")).to_have_text("created ui-made", timeout=10000)
+            row = page.locator('#queues tr[data-queue="ui-made"]')
+            await expect(row).to_be_visible(timeout=10000)
+            async with await client.connect(cl.url) as conn:
+                await conn.producer("ui-made").send_many([b"a", b"b", b"c", b"d"])
+            await expect(row.locator("td.ready")).to_have_text("4", timeout=10000)
+            await row.locator("button.purge").click()
+            await expect(page.locator("#result")).to_have_text("purged 4 message(s) from ui-made", timeout=10000)
+            await expect(row.locator("td.ready")).to_have_text("0", timeout=10000)
+
+            # a monitor user sees no operations, and the API refuses it changes
+            mon = await browser.new_page()
+            await mon.goto(f"{base}login")
+            await mon.fill("#user", "watcher")
+            await mon.fill("#password", "watch-pass")
+            await mon.click("#login")
+            await expect(mon.locator("#nodes [data-node]")).to_have_count(3, timeout=15000)
+            await expect(mon.locator("#create-queue")).to_be_hidden()
+            await expect(mon.locator("button.purge")).to_have_count(2)  # in the page...
+            assert await mon.locator("button.purge").first.is_hidden()  # ...never shown
+            status = await mon.evaluate("""async () => (await fetch('/api/v1/queues/ui-made/purge',
+                {method: 'POST'})).status""")
+            assert status == 403
+        finally:
+            await browser.close()
