@@ -97,6 +97,7 @@ T = TypeVar("T")
 DEFAULT_SEND_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_BUFFER_MAX_BYTES = 64 * 1024 * 1024
+STALL = 1.0  # seconds a batch may go unanswered before the producer asks who is active
 FRAME_OVERHEAD = 64
 
 
@@ -397,7 +398,15 @@ class DurableConnection:
         while True:
             link = await self.primary(deadline)
             try:
-                return await fn(link)
+                async with asyncio.timeout(max(0.05, deadline - self.clock.monotonic())):
+                    return await fn(link)
+            except TimeoutError:
+                # no answer in time: the node may hang; another member may answer (a request
+                # that is not retried is not sent again)
+                if link is self._primary:
+                    await self._rotate(link)
+                if not retry or self.clock.monotonic() >= deadline or self._closed:
+                    raise TimeoutError_(f"node {link.node} did not answer in time") from None
             except TandemError as exc:
                 if not retry or not _transient(exc) or self.clock.monotonic() >= deadline or self._closed:
                     raise
@@ -562,7 +571,7 @@ class _Part:
     """One partition's pipeline: ``unsent`` in sequence order, the number of batches in
     flight, and the items of failed batches (``back``) waiting for the partition to settle."""
 
-    __slots__ = ("index", "next_seq", "confirmed", "unsent", "inflight", "back", "failed", "probe", "busy",
+    __slots__ = ("index", "next_seq", "confirmed", "unsent", "flying", "back", "failed", "probe", "busy",
                  "retry_at", "backoff")
 
     def __init__(self, index: int, rng: random.Random) -> None:
@@ -570,13 +579,18 @@ class _Part:
         self.next_seq = 0
         self.confirmed = -1  # highest sequence confirmed to this producer
         self.unsent: deque[_Item] = deque()
-        self.inflight = 0
+        #: batch -> (node it went to, its items, when it went)
+        self.flying: dict[int, tuple[str, list[_Item], float]] = {}
         self.back: list[_Item] = []
         self.failed = False  # a batch failed: send nothing until all are back, then probe
         self.probe = False  # ask the partition where the sequence stands before sending
         self.busy = False  # a probe or a buffer write runs for it
         self.retry_at = 0.0
         self.backoff = Backoff(0.02, 1.0, rng)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.flying)
 
 
 class DurableProducer:
@@ -608,6 +622,8 @@ class DurableProducer:
         self._loaded_upto = 0  # buffer rows up to this id are in the pipelines
         self._appending = 0  # buffer appends under way
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._batch_ids = 0
+        self._stall_checked = 0.0
         self.sent = self.confirmed = self.duplicates = self.buffered = self.resent = 0
         self.lost = 0  # confirmed messages the group no longer holds (ConfirmedMessagesLost)
         self._task = asyncio.create_task(self._run(), name=f"tandem-producer-{queue}")
@@ -748,6 +764,8 @@ class DurableProducer:
         items = list(self._pending)
         for part in self._parts:
             items += list(part.unsent) + part.back
+            for _node, flying, _t in part.flying.values():
+                items += flying
         for it in items:
             self._resolve(it, None, exc)
         if self.buffer is not None:
@@ -827,6 +845,26 @@ class DurableProducer:
                 p.probe = self._continues
         self._map = m
         self._map_epoch = epoch
+        for part in self._parts:
+            self._abandon_moved(part, m.actives[part.index] if part.index < len(m.actives) else "")
+
+    def _abandon_moved(self, part: _Part, active: str) -> None:
+        """Batches in flight to a node that is no longer the partition's active (it hangs,
+        or is cut off, and has not answered) are not waited for: that node cannot commit
+        them any more, and whatever of them a majority had is on the new active, which the
+        probe asks.  A late answer to an abandoned batch is ignored."""
+        if not active or not part.flying:
+            return
+        gone = [bid for bid, (node, _items, _t) in part.flying.items() if node and node != active]
+        if not gone:
+            return
+        for bid in gone:
+            _node, items, _t = part.flying.pop(bid)
+            part.back.extend(items)
+        part.failed = True
+        part.retry_at = 0.0
+        log.info("producer %s: partition %d of %s moved to %s: %d batch(es) in flight elsewhere are resent",
+                 self.producer_id, part.index, self.queue, active, len(gone))
 
     def _assign(self) -> None:
         if self._mapper is None:
@@ -891,6 +929,8 @@ class DurableProducer:
             try:
                 reply = link.request_nowait(Publish(rid=rid, queue=self.queue, messages=[it.msg for it in items],
                                                     producer_id=self.producer_id, partition=part.index))
+                bid = self._batch_ids = self._batch_ids + 1
+                part.flying[bid] = (link.node or "", items, self.conn.clock.monotonic())
             except TandemError as exc:
                 if _transient(exc):
                     part.unsent.extendleft(reversed(items))
@@ -902,9 +942,8 @@ class DurableProducer:
                 if it.sent:
                     self.resent += 1
                 it.sent = True
-            part.inflight += 1
             self.sent += len(items)
-            reply.add_done_callback(functools.partial(self._reply, part, items))
+            reply.add_done_callback(functools.partial(self._reply, part, bid))
 
     async def _record(self, part: _Part, items: list[_Item]) -> None:
         """Write the (partition, seq) of buffered messages to their rows before sending them."""
@@ -919,10 +958,13 @@ class DurableProducer:
         finally:
             part.busy = False
 
-    def _reply(self, part: _Part, items: list[_Item], reply: asyncio.Future[Any]) -> None:
-        part.inflight -= 1
+    def _reply(self, part: _Part, bid: int, reply: asyncio.Future[Any]) -> None:
         self._wake.set()
+        entry = part.flying.pop(bid, None)
         exc = reply.exception() if not reply.cancelled() else ConnectionClosedError("publish cancelled")
+        if entry is None:  # abandoned (its node lost the partition): it is being resent
+            return
+        _node, items, _t = entry
         if exc is None:
             ok = expect(reply.result(), PublishOk)
             self._confirm(part, items, ok.duplicates)
@@ -1027,6 +1069,12 @@ class DurableProducer:
     def _expire(self) -> None:
         now = self.conn.clock.monotonic()
         timeout = self.send_timeout
+        if now - self._stall_checked >= STALL and any(
+                now - t >= STALL for part in self._parts for _n, _i, t in part.flying.values()):
+            # a batch unanswered this long: its node may hang (SIGSTOP, a cut link that TCP
+            # has not noticed): ask again who is active (and another node, if the primary hangs)
+            self._stall_checked = now
+            self.conn.map_epoch += 1
         while self._pending and self._pending[0].deadline <= now:
             self._resolve(self._pending.popleft(), None,
                           TimeoutError_(f"message to {self.queue}: no node took it within send_timeout={timeout}s"))

@@ -249,7 +249,7 @@ def _free_block() -> int:
     import socket
 
     for _ in range(200):
-        base = random.randrange(20000, 60000, 10)
+        base = random.randrange(20000, 32000, 10)  # below Linux's ephemeral ports (32768-60999)
         socks = []
         try:
             for i in range(3):
@@ -283,11 +283,13 @@ async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> 
     try:
         assert proc.stdout is not None
         url_line = ""
+        seen: list[str] = []
         async with asyncio.timeout(90):
             while "client URL" not in url_line:
                 line = await proc.stdout.readline()
-                assert line, "cluster up exited before printing its URL"
+                assert line, "cluster up exited before printing its URL:\n" + "".join(seen)
                 url_line = line.decode()
+                seen.append(url_line)
         hosts = url_line.split("tandem://admin@", 1)[1].strip()
         assert hosts == f"127.0.0.1:{base},127.0.0.1:{base + 10},127.0.0.1:{base + 20}"
         url = f"tandem://admin:test-password@{hosts}"
