@@ -33,6 +33,7 @@ transparency, docs/replication.md).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import random
 from collections import deque
@@ -244,6 +245,9 @@ class PartLog:
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
     write_seq: int = 0
+    #: (index, monotonic time) of entries this node appended as the active, oldest first
+    #: (replication lag in seconds: how long ago the first entry a replica lacks was written)
+    appended_at: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=100_000))
 
     @property
     def name(self) -> str:
@@ -419,6 +423,12 @@ class Replication:
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
                                                   for e in ready.append]))
+            if leader:
+                now = self.node.clock.monotonic()
+                stamps = plog.appended_at
+                if stamps and stamps[-1][0] >= ready.append[0].index:
+                    stamps.clear()  # a new term rewrote the log's tail
+                stamps.extend((e.index, now) for e in ready.append)
             # The active fsyncs (SYNC) entries that carry publishes; settlements and delivery
             # marks are written without: losing one in an OS crash means a redelivery, as on
             # a single node.  (Replicas follow remote_sync for all.)
@@ -817,14 +827,28 @@ class Replication:
             state = plog.lifecycle.state.value if plog.lifecycle is not None else "Unavailable"
             progress = r.progress()
             replicas = []
+            now = self.node.clock.monotonic()
             for n, kind in zip(plog.nodes.nodes, plog.nodes.kinds):
                 if n == self.me:
                     continue
                 match = progress.get(n, 0)
-                replicas.append(ReplicaInfo(n, kind.value, match, max(0, r.last_index - match) if progress else 0))
+                lag = max(0, r.last_index - match) if progress else 0
+                replicas.append(ReplicaInfo(n, kind.value, match, lag,
+                                            self._lag_seconds(plog, match, now) if lag else 0.0))
             out.append(PartitionInfo("" if key == CATALOGUE else names.get(key[0], f"#{key[0]}"), key[1], state,
                                      r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas))
         return out
+
+    @staticmethod
+    def _lag_seconds(plog: PartLog, match: int, now: float) -> float:
+        """How long ago the active wrote the first entry the replica lacks (0 if unknown)."""
+        stamps = plog.appended_at
+        if not stamps:
+            return 0.0
+        i = bisect.bisect_right(stamps, (match + 1, float("inf"))) - 1
+        if i < 0:
+            i = 0  # older than what is remembered: at least this old
+        return round(max(0.0, now - stamps[i][1]), 3)
 
     # -- transport ------------------------------------------------------------------------------------
 

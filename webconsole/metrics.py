@@ -57,6 +57,9 @@ class NodeCollector(Collector):
             return
         lag = GaugeMetricFamily("tandem_replication_lag_entries", "log entries a replica is behind the active",
                                 labels=["node", "queue", "partition", "replica", "kind"])
+        lag_s = GaugeMetricFamily("tandem_replication_lag_seconds",
+                                  "how long ago the active wrote the first entry a replica lacks",
+                                  labels=["node", "queue", "partition", "replica", "kind"])
         commit = GaugeMetricFamily("tandem_partition_commit_index", "commit index of the partition's log",
                                    labels=["node", "queue", "partition", "role"])
         term = GaugeMetricFamily("tandem_partition_term", "current term of the partition's log",
@@ -67,7 +70,9 @@ class NodeCollector(Collector):
             term.add_metric([name, qname, str(info.partition)], info.term)
             for r in info.replicas:
                 lag.add_metric([name, qname, str(info.partition), r.node, r.kind], r.lag)
+                lag_s.add_metric([name, qname, str(info.partition), r.node, r.kind], r.lag_seconds)
         yield lag
+        yield lag_s
         yield commit
         yield term
         yield _counter("tandem_elections_won", "times this node became active for a partition", [("node", name)],

@@ -360,8 +360,8 @@ class Console:
         for (_q, _i), (seen_by, p) in sorted(best.items()):
             out.append({"queue": p.queue, "partition": p.partition, "state": p.state, "active": p.active,
                         "term": p.term, "commit": p.commit, "last_index": p.last_index, "seen_by": seen_by,
-                        "replicas": [{"node": r.node, "kind": r.kind, "match": r.match, "lag": r.lag}
-                                     for r in p.replicas]})
+                        "replicas": [{"node": r.node, "kind": r.kind, "match": r.match, "lag": r.lag,
+                                      "lag_seconds": r.lag_seconds} for r in p.replicas]})
         return out
 
     @staticmethod

@@ -451,6 +451,7 @@ class ReplicaInfo(Record):
     kind: str  # sync (votes) or async (learner)
     match: int  # last log index known to be on it
     lag: int  # entries behind the active
+    lag_seconds: float = 0.0  # how long ago the active wrote the first entry it lacks
 
 
 @dataclass(frozen=True, slots=True)

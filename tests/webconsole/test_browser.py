@@ -56,6 +56,14 @@ async def test_console_in_a_browser(group: LocalCluster) -> None:
             assert r.status == 201
         async with http.post(f"{base}api/v1/queues", json={"name": "x"}) as r:
             assert r.status == 401  # nothing without a login
+        metrics = ""
+        for name in cl.nodes:
+            async with http.get(f"{cl.console_url(name)}metrics", headers=auth) as r:
+                assert r.status == 200
+                metrics += await r.text()
+        for metric in ("tandem_replication_lag_entries{", "tandem_replication_lag_seconds{",
+                       "tandem_partition_commit_index{", "tandem_elections_won_total{"):
+            assert metric in metrics, metric  # an active reports its replicas
 
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -99,6 +107,12 @@ async def test_console_in_a_browser(group: LocalCluster) -> None:
             await row.locator("button.purge").click()
             await expect(page.locator("#result")).to_have_text("purged 4 message(s) from ui-made", timeout=10000)
             await expect(row.locator("td.ready")).to_have_text("0", timeout=10000)
+            # its page: per-partition stats and a chart that grows as the stream samples it
+            await row.locator("td.name").click()
+            await expect(page.locator("#queue-partitions tbody tr")).to_have_count(2, timeout=10000)
+            chart = page.locator("#queue-chart")
+            points = int(await chart.get_attribute("data-points") or 0)
+            await expect(chart).not_to_have_attribute("data-points", str(points), timeout=10000)
 
             # a monitor user sees no operations, and the API refuses it changes
             mon = await browser.new_page()

@@ -3,6 +3,8 @@
 "use strict";
 let session = null;
 let lastOverview = null;
+let selectedQueue = null;
+const history = {};  // queue -> [{depth, published_rate, acked_rate}], one sample a second, two minutes
 
 async function api(method, path, body) {
   const headers = {"Content-Type": "application/json", "X-Tandem-Console": "1"};
@@ -49,13 +51,58 @@ function renderNodes(nodes) {
 
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
+  for (const q of queues) {
+    const h = history[q.name] || (history[q.name] = []);
+    h.push({depth: q.depth, pub: q.published_rate, ack: q.acked_rate});
+    if (h.length > 120) h.shift();
+  }
   body.replaceChildren(...queues.map((q) => el("tr", {"data-queue": q.name},
-    el("td", {}, q.name), el("td", {}, q.partitions), el("td", {class: "ready"}, q.ready),
+    el("td", {class: "name", onclick: () => selectQueue(q.name)}, q.name), el("td", {}, q.partitions),
+    el("td", {class: "ready"}, q.ready),
     el("td", {}, q.unacked), el("td", {}, q.published_rate), el("td", {}, q.delivered_rate),
     el("td", {}, q.acked_rate), el("td", {}, q.depth + (q.complete ? "" : "+")),
     el("td", {class: "admin-only"},
        el("button", {class: "purge", onclick: () => purge(q.name)}, "Purge"), " ",
        el("button", {class: "delete", onclick: () => del(q.name)}, "Delete")))));
+}
+
+async function selectQueue(name) {
+  selectedQueue = name;
+  document.getElementById("queue-panel").hidden = false;
+  document.getElementById("queue-panel-title").textContent = `queue ${name}`;
+  drawChart();
+  try {
+    const q = await api("GET", `/api/v1/queues/${encodeURIComponent(name)}`);
+    document.querySelector("#queue-partitions tbody").replaceChildren(...q.partition_stats.map((p) => el("tr", {},
+      el("td", {}, p.partition), el("td", {}, p.active ?? "-"), el("td", {}, p.ready ?? "?"),
+      el("td", {}, p.unacked ?? "?"), el("td", {}, p.next_offset ?? "?"))));
+  } catch (e) { say(e.message, true); }
+}
+
+function drawChart() {
+  const canvas = document.getElementById("queue-chart");
+  const h = history[selectedQueue] || [];
+  canvas.dataset.points = String(h.length);
+  const ctx = canvas.getContext("2d");
+  const W = canvas.width, H = canvas.height, pad = 24;
+  ctx.clearRect(0, 0, W, H);
+  ctx.font = "11px sans-serif";
+  ctx.fillStyle = "#666";
+  const series = [["depth", "#3366cc"], ["pub", "#2e9d4e"], ["ack", "#e08a00"]];
+  series.forEach(([key, colour], k) => {
+    const max = Math.max(1, ...h.map((s) => s[key]));
+    ctx.fillStyle = colour;
+    ctx.fillText(`${key === "depth" ? "depth" : key === "pub" ? "published/s" : "acked/s"} max ${Math.round(max)}`,
+                 pad + k * 170, 12);
+    ctx.strokeStyle = colour;
+    ctx.beginPath();
+    h.forEach((s, i) => {
+      const x = pad + (W - 2 * pad) * (h.length > 1 ? i / (h.length - 1) : 0);
+      const y = H - pad - (H - 2 * pad - 10) * (s[key] / max);
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  });
 }
 
 function renderPartitions(parts) {
@@ -65,7 +112,8 @@ function renderPartitions(parts) {
   document.querySelector("#partitions tbody").replaceChildren(...rows.map((p) => el("tr", {},
     el("td", {}, p.queue || "(catalogue)"), el("td", {}, p.partition), el("td", {class: p.state}, p.state),
     el("td", {class: "active"}, p.active || "-"), el("td", {}, p.term), el("td", {}, p.commit),
-    el("td", {}, p.replicas.map((r) => `${r.node}:${r.kind}(${r.lag})`).join(", ")))));
+    el("td", {}, p.replicas.map((r) => `${r.node}:${r.kind}(${r.lag}${r.lag ? `, ${r.lag_seconds}s` : ""})`)
+      .join(", ")))));
 }
 
 function render(o) {
@@ -76,6 +124,7 @@ function render(o) {
   renderNodes(o.nodes);
   renderQueues(o.queues);
   renderPartitions(o.partitions);
+  if (selectedQueue) drawChart();
 }
 
 function addEvent(e) {
