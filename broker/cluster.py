@@ -33,6 +33,16 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, str]:
+    """partition -> the node that says it is active for it (and serves it)."""
+    out: dict[int, str] = {}
+    for name, st in statuses:
+        for part in st.partitions:
+            if part.queue == queue and part.role == "active" and part.active == name:
+                out[part.partition] = name
+    return out
+
+
 class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
@@ -179,12 +189,7 @@ class LocalCluster:
 
     async def actives(self, queue: str) -> dict[int, str]:
         """partition -> active node, as the live nodes agree on it (partitions without one left out)."""
-        out: dict[int, str] = {}
-        for name, st in await self._statuses():
-            for part in st.partitions:
-                if part.queue == queue and part.role == "active" and part.active == name:
-                    out[part.partition] = name
-        return out
+        return actives_of(await self._statuses(), queue)
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.nodes.values()), return_exceptions=True)

@@ -41,7 +41,7 @@ import logging
 import random
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ import client
 import shlex
 
 from broker.checker import classify
-from broker.cluster import LocalCluster
+from broker.cluster import LocalCluster, actives_of
 from client.clock import SYSTEM_CLOCK, Clock
 from client.durable import ConnectionEvent, DurableConnection
 from client.errors import ConfirmedMessagesLost, StaleDeliveryError, TandemError, UnavailableError
@@ -154,12 +154,7 @@ class ExistingGroup:
         return out
 
     async def actives(self, queue: str) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for name, st in await self._statuses():
-            for part in st.partitions:
-                if part.queue == queue and part.role == "active" and part.active == name:
-                    out[part.partition] = name
-        return out
+        return actives_of(await self._statuses(), queue)
 
     async def wait_ready(self) -> None:
         return None  # the operator's group: the drill only waits for its queue's actives
@@ -189,7 +184,7 @@ class _Load:
 
     def __init__(self, cl: Any, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock,
                  queue: str = QUEUE) -> None:
-        self.cl, self.cfg, self.run, self.rng, self.clock = cl, cfg, run, rng, clock
+        self.cl, self.cfg, self.run_no, self.rng, self.clock = cl, cfg, run, rng, clock
         self.queue = queue
         self.sent: list[bytes] = []
         self.confirmed: list[bytes] = []
@@ -248,7 +243,7 @@ class _Load:
 
         for i in range(count):
             await sem.acquire()
-            body = f"{self.run}:{index}:{i}".encode()
+            body = f"{self.run_no}:{index}:{i}".encode()
             self.sent.append(body)
             fut = p.send_nowait(body, key=f"k{rng.randrange(cfg.keys)}")
             pending.add(fut)
@@ -273,6 +268,24 @@ class _Load:
         finally:
             await c.close()
 
+    async def go(self, fault: Callable[[], Awaitable[None]], deadline: float) -> None:
+        """Consumers and producers; ``fault`` once a third is confirmed; then until drained."""
+        cfg = self.cfg
+        consumers = [asyncio.ensure_future(self.consume(i)) for i in range(cfg.consumers)]
+        share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
+                 for i in range(cfg.producers)]
+        producers: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(self.produce(i, n) for i, n in enumerate(share))))
+        third: asyncio.Future[Any] = asyncio.ensure_future(self.third.wait())
+        await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
+        third.cancel()
+        await fault()
+        async with asyncio.timeout(max(1.0, deadline - self.clock.monotonic())):
+            await producers
+        await self.drained(deadline)
+        await self.close()
+        await asyncio.gather(*consumers, return_exceptions=True)
+
     async def drained(self, deadline: float) -> None:
         """Until every confirmed message was consumed and the queue holds nothing."""
         want = set(self.confirmed)
@@ -285,7 +298,7 @@ class _Load:
                     if total == 0 and await _empty_everywhere(self.cl, self.queue):
                         return
                 await self.clock.sleep(0.1)  # polling consumers and nodes, bounded by the deadline
-        log.warning("drill run %d: drain deadline passed", self.run)
+        log.warning("drill run %d: drain deadline passed", self.run_no)
 
     async def close(self) -> None:
         self._stop_consumers.set()
@@ -334,6 +347,11 @@ async def _caught_up(cl: LocalCluster, partitions: int, deadline: float, clock: 
             return
         await clock.sleep(0.1)  # polling real processes, bounded by the deadline
     raise UnavailableError("replicas did not catch up in time")
+
+
+async def _ha_events(group: Any) -> list[str]:
+    """The HA-1014 events the group's live nodes report."""
+    return sorted({e for _n, st in await group._statuses() for e in st.events if "HA-1014" in e})
 
 
 def _target(actives: dict[int, str]) -> str:
@@ -393,24 +411,10 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
                 "all" if cfg.scenario in ("restart-all", "rolling-restart") else _target(actives)
             load = _Load(cl, cfg, run, rng, clock)
-            consumers = [asyncio.ensure_future(load.consume(i)) for i in range(cfg.consumers)]
-            share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
-                     for i in range(cfg.producers)]
-            producers: asyncio.Future[Any] = asyncio.ensure_future(
-                asyncio.gather(*(load.produce(i, n) for i, n in enumerate(share))))
-            third: asyncio.Future[Any] = asyncio.ensure_future(load.third.wait())
-            await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
-            third.cancel()
             log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
-            await _inject(cl, cfg, res.target, clock, deadline)
-            async with asyncio.timeout(max(1.0, deadline - clock.monotonic())):
-                await producers
-            await load.drained(deadline)
-            await load.close()
-            await asyncio.gather(*consumers, return_exceptions=True)
+            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
             _verdict(res, load)
-            res.ha_events = sorted({e for _n, st in await cl._statuses() for e in st.events
-                                    if "HA-1014" in e or "lost" in e})
+            res.ha_events = await _ha_events(cl)
         except (TandemError, OSError, TimeoutError) as exc:
             log.exception("drill run %d failed", run)
             res.error = f"{type(exc).__name__}: {exc}"
@@ -435,26 +439,17 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
         actives = await _all_active(group, cfg.partitions, deadline, clock, queue)
         res.target = _target(actives)
         load = _Load(group, cfg, run, rng, clock, queue)
-        consumers = [asyncio.ensure_future(load.consume(i)) for i in range(cfg.consumers)]
-        share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
-                 for i in range(cfg.producers)]
-        producers: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(load.produce(i, n) for i, n in enumerate(share))))
-        third: asyncio.Future[Any] = asyncio.ensure_future(load.third.wait())
-        await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
-        third.cancel()
-        await group.run_command("inject", cfg.inject, res.target)
-        await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
-        await group.run_command("heal", cfg.heal, res.target)
-        await _all_active(group, cfg.partitions, deadline, clock, queue)
-        async with asyncio.timeout(max(1.0, deadline - clock.monotonic())):
-            await producers
-        await load.drained(deadline)
-        await load.close()
-        await asyncio.gather(*consumers, return_exceptions=True)
+        inject, heal, target = cfg.inject, cfg.heal, res.target
+
+        async def fault() -> None:
+            await group.run_command("inject", inject, target)
+            await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
+            await group.run_command("heal", heal, target)
+            await _all_active(group, cfg.partitions, deadline, clock, queue)
+
+        await load.go(fault, deadline)
         _verdict(res, load)
-        res.ha_events = sorted({e for _n, st in await group._statuses() for e in st.events
-                                if "HA-1014" in e or "lost" in e})
+        res.ha_events = await _ha_events(group)
         async with await client.connect(cfg.url, client_name="drill-setup") as conn:
             await conn.delete_queue(queue)
     except (TandemError, OSError, TimeoutError) as exc:

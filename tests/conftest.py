@@ -7,11 +7,13 @@ import pytest
 import pytest_asyncio
 
 import client
+from broker.cluster import LocalCluster
 from broker.config import NodeConfig
 from broker.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
 
 PASSWORD = "test-password"
+FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]  # failure detection for tests
 
 
 @pytest.fixture(autouse=True)
@@ -70,3 +72,15 @@ async def link(url: str) -> AsyncIterator[client.Connection]:
         yield c
     finally:
         await c.close()
+
+
+@pytest_asyncio.fixture
+async def trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """Three node processes in a replication group, quick to notice a dead member."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        yield cl
+    finally:
+        await cl.stop()

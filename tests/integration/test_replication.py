@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 import client
 from broker.checker import classify
@@ -22,18 +20,7 @@ from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
-FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]
-
-
-@pytest_asyncio.fixture
-async def trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
-    await cl.start()
-    try:
-        await cl.wait_ready()
-        yield cl
-    finally:
-        await cl.stop()
+from tests.conftest import FAST
 
 
 async def actives(cl: LocalCluster, queue: str, partitions: int) -> dict[int, str]:

@@ -7,39 +7,22 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 import client
 from broker.cluster import LocalCluster
+from tests.conftest import PASSWORD
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-PASSWORD = "test-password"
-FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]
-
-
-@pytest_asyncio.fixture
-async def group(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST)
-    await cl.start()
-    try:
-        await cl.wait_ready()
-        yield cl
-    finally:
-        await cl.stop()
-
-
-async def test_console_in_a_browser(group: LocalCluster) -> None:
+async def test_console_in_a_browser(trio: LocalCluster) -> None:
     from playwright.async_api import async_playwright, expect
 
-    cl = group
+    cl = trio
     async with await client.connect(cl.url) as conn:
         await conn.declare_queue("orders", partitions=3)
         await conn.producer("orders").send_many([(f"o{i}", f"k{i}") for i in range(30)])
