@@ -369,7 +369,10 @@ class BlockingProducer:
         self.conn = conn
         self.queue = queue
         self.producer_id = producer_id or uuid.uuid4().hex
-        self._seq = 0
+        # A producer id the application chose may be one an earlier process used: its seqs
+        # start above anything that process sent (microseconds since the epoch), or the node
+        # would take the first ones for resends and drop them.  A new random id starts at 0.
+        self._seq = time.time_ns() // 1000 if producer_id else 0
 
     def _message(self, body: Body, key: str | None, headers: Mapping[str, str] | None) -> PublishMessage:
         data = _as_bytes(body)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -49,7 +50,10 @@ class Producer:
         self.producer_id = producer_id or uuid.uuid4().hex
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
-        self._seq = 0
+        # A producer id the application chose may be one an earlier process used: its seqs
+        # start above anything that process sent (microseconds since the epoch), or the node
+        # would take the first ones for resends and drop them.  A new random id starts at 0.
+        self._seq = time.time_ns() // 1000 if producer_id else 0
         self._buffer: deque[tuple[PublishMessage, asyncio.Future[int]]] = deque()
         self._in_flight = 0
         self._flush_scheduled = False

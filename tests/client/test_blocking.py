@@ -97,3 +97,15 @@ def test_blocking_connection_rides_through_a_node_restart(node: tuple[NodeProces
         assert sorted(got) == sorted(f"m{i}" for i in range(40))  # each once
         (info,) = conn.list_queues()
         assert info.ready == 0 and info.unacked == 0
+
+
+def test_a_producer_id_used_again_is_not_taken_for_resends(url: str) -> None:
+    """A restarted process with the same producer id: its new messages are stored, not
+    dropped as duplicates of the first process's."""
+    with blocking.connect(url) as conn:
+        conn.declare_queue("q")
+        conn.producer("q", producer_id="app-1").send_many([b"a", b"b"])
+    with blocking.connect(url) as conn:
+        conn.producer("q", producer_id="app-1").send_many([b"c", b"d"])
+        (info,) = conn.list_queues()
+        assert info.ready == 4
