@@ -9,7 +9,7 @@ PORT   ?= 7780
 SYNC   ?= SYNC
 NODES  ?= 3
 
-.PHONY: run run-single test install dev bench typecheck clean
+.PHONY: run run-single test install dev bench typecheck clean pipeline-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,10 @@ run-single: install
 
 test: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+pipeline-demo: dev
+	$(BIN)/python examples/pipeline_demo.py
 
 typecheck: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole

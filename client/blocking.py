@@ -81,6 +81,9 @@ from client.protocol.frames import (
     PurgeOk,
     QueueInfo,
     Queues,
+    Metadata,
+    MetadataOk,
+    PartitionMap,
     Read,
     ReadOk,
     Reject,
@@ -356,6 +359,16 @@ class BlockingConnection:
                                             max_messages=max_messages))
         reply = expect(reply, ReadOk)
         return reply.messages, reply.next_offset, reply.end_offset
+
+    def partition_map(self, queue: str) -> PartitionMap:
+        """Where ``queue``'s partitions are active (and the members' client addresses)."""
+        return expect(self._call(lambda rid: Metadata(rid=rid, queue=queue)), MetadataOk).map
+
+    def publish(self, queue: str, messages: list[PublishMessage], producer_id: str) -> PublishOk:
+        """One batch as it is, seqs included (callers that number their own messages, such as
+        the Spark sink, whose retried tasks send the same seqs again); resent on a failover."""
+        return expect(self._call(lambda rid: Publish(rid=rid, queue=queue, messages=messages,
+                                                     producer_id=producer_id)), PublishOk)
 
     def producer(self, queue: str, *, producer_id: str | None = None) -> BlockingProducer:
         return BlockingProducer(self, queue, producer_id)

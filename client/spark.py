@@ -1,0 +1,512 @@
+"""A PySpark data source for Tandem queues: batch read, Structured Streaming, and a sink.
+
+    from client.spark import register
+    register(spark)
+    df = (spark.read.format("tandem").option("url", "tandem://admin:PW@h1:7780,h2:7790")
+          .option("queue", "orders").load())
+    q = (spark.readStream.format("tandem").option("url", url).option("queue", "orders")
+         .option("startingOffsets", "earliest").load()
+         .writeStream.format("parquet").option("checkpointLocation", "/ckpt").start("/out"))
+    df.select("key", "body").write.format("tandem").option("url", url).option("queue", "out").mode("append").save()
+
+Reads are stream reads by offset (non-destructive), one Spark input partition per queue
+partition (more with ``minPartitions``), each from the node active for its partition:
+executors read in parallel from whichever nodes are active, and a reader whose node fails
+over asks the map again and goes on from the same offset.  Offsets are ``{"<partition>":
+<next offset>}`` with the partitions in numeric order (Spark compares offsets as JSON text).
+
+Messages a queue no longer holds (acked, purged) are *gone*: a read that finds a range
+missing fails the query when ``failOnDataLoss`` is true (the default), and otherwise logs
+and skips it.
+
+The sink publishes with confirms.  Each Spark task is one idempotent producer whose id
+comes from the task's stage and partition and whose sequences are the rows' positions, so
+a retried task's copies are recognised and stored once.  (A streaming query restarted from
+its checkpoint may replay its last micro-batch under new stage ids: at least once there,
+as with Kafka's sink.)
+
+Workers need this package importable (``pip install tandem-broker[spark]`` on every
+executor) and run ``$PYSPARK_PYTHON``.  Readers and writers are pickled: they hold plain
+options and open their connections inside ``read()`` / ``write()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from client import blocking
+from client.errors import InvalidArgumentError, TandemError
+from client.protocol.frames import PublishMessage
+from client.url import parse_url
+
+log = logging.getLogger("tandem.spark")
+
+SCHEMA = ("queue string, partition int, offset long, key string, headers map<string,string>, body binary, "
+          "timestamp timestamp")
+READ_BATCH = 1000
+WRITE_BATCH = 500
+
+
+def register(spark: Any) -> None:
+    """Make ``format("tandem")`` known to this SparkSession."""
+    spark.dataSource.register(TandemDataSource)
+
+
+# -- options ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conf:
+    """The options, checked once on the driver (``load()`` fails on a bad one)."""
+
+    url: str
+    queue: str
+    partitions: tuple[int, ...] | None = None  # a subset, or all
+    starting: str | dict[str, int] = "earliest"
+    ending: str | dict[str, int] = "latest"
+    min_partitions: int = 0
+    max_offsets_per_trigger: int = 0
+    fail_on_data_loss: bool = True
+    query_id: str | None = None
+    offsets_dir: str = field(default_factory=lambda: str(Path.home() / ".tandem" / "spark-initial-offsets"))
+
+    @staticmethod
+    def parse(options: dict[str, str], *, streaming: bool = False) -> Conf:
+        opts = {k.lower(): v for k, v in options.items()}
+        url = opts.get("url")
+        if not url:
+            raise InvalidArgumentError("option url is required: tandem://user:password@host:port[,host:port...]")
+        params = parse_url(url)  # bad URLs fail here, on the driver
+        user, password = opts.get("user"), opts.get("password")
+        if user is not None or password is not None:
+            cred = f"{user or params.user}:{password if password is not None else params.password}"
+            hosts = ",".join(f"{h}:{p}" for h, p in params.hosts)
+            url = f"tandem://{cred}@{hosts}"
+        queue = opts.get("queue")
+        if not queue:
+            raise InvalidArgumentError("option queue is required")
+        parts = None
+        if opts.get("partitions"):
+            try:
+                parts = tuple(sorted({int(p) for p in opts["partitions"].split(",") if p.strip()}))
+            except ValueError:
+                raise InvalidArgumentError("option partitions: comma-separated partition numbers") from None
+        return Conf(url=url, queue=queue, partitions=parts,
+                    starting=_offsets_option(opts, "startingoffsets", "latest" if streaming else "earliest"),
+                    ending=_offsets_option(opts, "endingoffsets", "latest"),
+                    min_partitions=_int_option(opts, "minpartitions", 0),
+                    max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 0),
+                    fail_on_data_loss=_bool_option(opts, "failondataloss", True),
+                    query_id=opts.get("queryid"),
+                    offsets_dir=opts.get("initialoffsetsdir") or str(Path.home() / ".tandem" / "spark-initial-offsets"))
+
+
+_CANONICAL = {"startingoffsets": "startingOffsets", "endingoffsets": "endingOffsets",
+              "minpartitions": "minPartitions", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+              "failondataloss": "failOnDataLoss"}
+
+
+def _int_option(opts: dict[str, str], name: str, default: int) -> int:
+    if name not in opts:
+        return default
+    try:
+        v = int(opts[name])
+    except ValueError:
+        raise InvalidArgumentError(f"option {_CANONICAL[name]}: an integer, not {opts[name]!r}") from None
+    if v < 0:
+        raise InvalidArgumentError(f"option {_CANONICAL[name]}: must be >= 0")
+    return v
+
+
+def _bool_option(opts: dict[str, str], name: str, default: bool) -> bool:
+    v = opts.get(name)
+    if v is None:
+        return default
+    if v.lower() not in ("true", "false"):
+        raise InvalidArgumentError(f"option {_CANONICAL[name]}: true or false, not {v!r}")
+    return v.lower() == "true"
+
+
+def _offsets_option(opts: dict[str, str], name: str, default: str) -> str | dict[str, int]:
+    v = opts.get(name, default)
+    if v in ("earliest", "latest"):
+        return v
+    try:
+        parsed = json.loads(v)
+        if not isinstance(parsed, dict) or not all(isinstance(o, int) and o >= 0 for o in parsed.values()):
+            raise ValueError
+        return {str(int(k)): int(o) for k, o in parsed.items()}
+    except (ValueError, TypeError):
+        raise InvalidArgumentError(f'option {_CANONICAL[name]}: earliest, latest or JSON like {{"0": 42, "1": 7}}, '
+                                   f"not {v!r}") from None
+
+
+# -- talking to the group -----------------------------------------------------------------------
+
+
+class _Group:
+    """Blocking links to the group: one to ask for the map, one per node read from."""
+
+    def __init__(self, conf: Conf) -> None:
+        self.conf = conf
+        self.params = parse_url(conf.url)
+        self.main = blocking.connect(conf.url, client_name="tandem-spark", timeout=60)
+        self.links: dict[str, blocking.BlockingConnection] = {}
+
+    def close(self) -> None:
+        for c in [self.main, *self.links.values()]:
+            try:
+                c.close()
+            except (OSError, TandemError):
+                pass  # closing anyway
+
+    def partition_count(self) -> int:
+        return self.main.partition_map(self.conf.queue).queue.partitions
+
+    def partitions(self) -> list[int]:
+        n = self.partition_count()
+        if self.conf.partitions is None:
+            return list(range(n))
+        bad = [p for p in self.conf.partitions if not 0 <= p < n]
+        if bad:
+            raise InvalidArgumentError(f"option partitions: queue {self.conf.queue!r} has {n} partitions, "
+                                       f"not {bad}")
+        return list(self.conf.partitions)
+
+    def link_for(self, partition: int) -> blocking.BlockingConnection:
+        """A link to the node active for ``partition`` (the main link while none is known)."""
+        m = self.main.partition_map(self.conf.queue)
+        active = m.actives[partition] if partition < len(m.actives) else ""
+        addr = m.addresses.get(active, "")
+        if not active or not addr:
+            return self.main
+        link = self.links.get(active)
+        if link is None or link._closed:
+            host, _, port = addr.rpartition(":")
+            p = self.params
+            from urllib.parse import quote
+
+            link = blocking.connect(f"tandem://{quote(p.user)}:{quote(p.password)}@{host}:{port}",
+                                    client_name="tandem-spark", timeout=60)
+            self.links[active] = link
+        return link
+
+    def bounds(self, partition: int) -> tuple[int, int]:
+        """(earliest offset still held, end offset) of a partition, from its active."""
+        for _ in range(5):
+            link = self.link_for(partition)
+            try:
+                msgs, _nxt, end = link.read(self.conf.queue, partition, 0, 1)
+                return (msgs[0].offset if msgs else end), end
+            except TandemError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("reading the bounds of %s/%d: %s; asking again", self.conf.queue, partition, exc)
+        raise InvalidArgumentError(f"partition {partition} of {self.conf.queue!r} has no active to read from")
+
+
+def _resolve(spec: str | dict[str, int], bounds: dict[int, tuple[int, int]], which: str) -> dict[int, int]:
+    if spec == "earliest":
+        return {p: b[0] for p, b in bounds.items()}
+    if spec == "latest":
+        return {p: b[1] for p, b in bounds.items()}
+    assert isinstance(spec, dict)
+    out = {}
+    for p, (lo, hi) in bounds.items():
+        o = spec.get(str(p))
+        out[p] = (lo if which == "start" else hi) if o is None else o
+    return out
+
+
+def _offsets_json(offsets: dict[int, int]) -> dict[str, int]:
+    return {str(p): offsets[p] for p in sorted(offsets)}
+
+
+@dataclass
+class TandemPartition(InputPartition):
+    """Everything ``read()`` needs: it runs on an executor, in another process."""
+
+    url: str
+    queue: str
+    partition: int
+    start: int
+    end: int
+    fail_on_data_loss: bool
+
+    def __init__(self, url: str, queue: str, partition: int, start: int, end: int, fail_on_data_loss: bool) -> None:
+        super().__init__(partition)
+        self.url, self.queue, self.partition = url, queue, partition
+        self.start, self.end, self.fail_on_data_loss = start, end, fail_on_data_loss
+
+
+def _read_range(part: TandemPartition) -> Iterator[tuple[Any, ...]]:
+    """The rows of offsets [start, end) of one partition, from its active (again after a failover)."""
+    conf = Conf(url=part.url, queue=part.queue)
+    group = _Group(conf)
+    offset = part.start
+    tries = 0
+    try:
+        while offset < part.end:
+            link = group.link_for(part.partition)
+            try:
+                msgs, nxt, _end = link.read(part.queue, part.partition, offset, READ_BATCH)
+            except TandemError as exc:
+                tries += 1
+                if not exc.retriable or tries > 20:
+                    raise
+                log.warning("reading %s/%d at %d: %s; again", part.queue, part.partition, offset, exc)
+                continue
+            tries = 0
+            if msgs and msgs[0].offset > offset or not msgs and nxt > offset and offset < part.end:
+                first = min(msgs[0].offset if msgs else nxt, part.end)
+                _data_lost(part, offset, first)
+            for m in msgs:
+                if m.offset >= part.end:
+                    return
+                yield (part.queue, part.partition, m.offset, m.key, m.headers, m.body,
+                       dt.datetime.fromtimestamp(m.timestamp, tz=dt.timezone.utc))
+            if not msgs:
+                if nxt <= offset:
+                    return  # nothing more there (yet): the range ends at what the node holds
+                offset = nxt
+            else:
+                offset = msgs[-1].offset + 1
+    finally:
+        group.close()
+
+
+def _data_lost(part: TandemPartition, start: int, upto: int) -> None:
+    text = (f"offsets {start}..{upto - 1} of {part.queue}/{part.partition} are gone (acked or purged) "
+            "before they were read")
+    if part.fail_on_data_loss:
+        raise InvalidArgumentError(text + ": failing (set failOnDataLoss=false to skip them)")
+    log.warning("%s: skipped (failOnDataLoss=false)", text)
+
+
+# -- the data source -------------------------------------------------------------------------------
+
+
+class TandemDataSource(DataSource):
+    """``format("tandem")``: read a queue's partitions by offset, stream them, or publish rows."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.conf = Conf.parse(dict(options))
+
+    @classmethod
+    def name(cls) -> str:
+        return "tandem"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TandemBatchReader(self.conf)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TandemStreamReader(Conf.parse(dict(self.options), streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise InvalidArgumentError("a Tandem queue can only be appended to: use mode('append')")
+        return TandemWriter(self.conf, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return TandemStreamWriter(self.conf, schema)
+
+
+class TandemBatchReader(DataSourceReader):
+    def __init__(self, conf: Conf) -> None:
+        self.conf = conf
+
+    def partitions(self) -> Sequence[InputPartition]:
+        group = _Group(self.conf)
+        try:
+            bounds = {p: group.bounds(p) for p in group.partitions()}
+        finally:
+            group.close()
+        start = _resolve(self.conf.starting, bounds, "start")
+        end = _resolve(self.conf.ending, bounds, "end")
+        out: list[InputPartition] = []
+        ranges = [(p, start[p], end[p]) for p in sorted(bounds) if end[p] > start[p]]
+        slices = max(1, -(-self.conf.min_partitions // max(1, len(ranges)))) if self.conf.min_partitions else 1
+        for p, s, e in ranges:
+            step = max(1, -(-(e - s) // slices))
+            for lo in range(s, e, step):
+                out.append(TandemPartition(self.conf.url, self.conf.queue, p, lo, min(e, lo + step),
+                                           self.conf.fail_on_data_loss))
+        if not out:  # Spark wants at least one
+            out.append(TandemPartition(self.conf.url, self.conf.queue, 0, 0, 0, self.conf.fail_on_data_loss))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TandemPartition)
+        return _read_range(partition)
+
+
+class TandemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{"<partition>": next offset}``; ``maxOffsetsPerTrigger`` caps a micro-batch."""
+
+    def __init__(self, conf: Conf) -> None:
+        self.conf = conf
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
+
+    def _latest(self) -> tuple[dict[int, tuple[int, int]], dict[str, int]]:
+        group = _Group(self.conf)
+        try:
+            bounds = {p: group.bounds(p) for p in group.partitions()}
+        finally:
+            group.close()
+        return bounds, _offsets_json({p: b[1] for p, b in bounds.items()})
+
+    def initialOffset(self) -> dict:
+        """Resolved once per ``queryId`` and kept (in ``initialOffsetsDir``), so a replay of
+        batch 0 reads the same range even after ``earliest`` has moved."""
+        path = None
+        if self.conf.query_id:
+            path = Path(self.conf.offsets_dir) / f"{self.conf.query_id}.json"
+            if path.exists():
+                stored: dict = json.loads(path.read_text())
+                return stored
+        bounds, _ = self._latest()
+        offsets = _offsets_json(_resolve(self.conf.starting, bounds, "start"))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(offsets))
+            os.replace(tmp, path)
+        return offsets
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, self._target = self._latest()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.conf.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        latest = self._target if self._target is not None else self._latest()[1]
+        end = {k: max(int(start.get(k, 0)), v) for k, v in latest.items()}
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+            capped = {k: int(start.get(k, 0)) for k in end}
+            while budget > 0:  # a fair share per partition, round after round
+                open_ = [k for k in end if capped[k] < end[k]]
+                if not open_:
+                    break
+                share = max(1, budget // len(open_))
+                for k in open_:
+                    take = min(share, end[k] - capped[k], budget)
+                    capped[k] += take
+                    budget -= take
+                    if budget <= 0:
+                        break
+            end = capped
+        return {k: end[k] for k in sorted(end, key=int)}
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._latest()[1]
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return [TandemPartition(self.conf.url, self.conf.queue, int(k), int(start.get(k, 0)), int(v),
+                                self.conf.fail_on_data_loss)
+                for k, v in sorted(end.items(), key=lambda kv: int(kv[0])) if int(v) > int(start.get(k, 0))]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TandemPartition)
+        return _read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        log.debug("tandem source committed %s", end)
+
+
+# -- the sink ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    partition: int
+    confirmed: int
+    duplicates: int
+
+
+class TandemWriter(DataSourceWriter):
+    def __init__(self, conf: Conf, schema: StructType) -> None:
+        self.conf = conf
+        names = set(schema.fieldNames())
+        if "body" not in names:
+            raise InvalidArgumentError("the rows to write need a body column (binary or string); key and "
+                                       "headers are optional")
+        self.has_key, self.has_headers = "key" in names, "headers" in names
+        # one id per write job (made here, on the driver, and pickled to every task): with the
+        # task's stage and partition it names the task's producer, the same for each attempt
+        self.run_id = uuid.uuid4().hex[:12]
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        stage, part = (ctx.stageId(), ctx.partitionId()) if ctx is not None else (0, 0)
+        # the same for every attempt of this task: a retry's copies are recognised
+        producer_id = f"spark-{self.run_id}-{stage}-{part}"
+        conn = blocking.connect(self.conf.url, client_name="tandem-spark-sink", timeout=60)
+        confirmed = duplicates = 0
+        try:
+            batch: list[PublishMessage] = []
+            for seq, row in enumerate(iterator):
+                body = row["body"]
+                if body is None:
+                    raise InvalidArgumentError("a row's body is null")
+                data = body.encode() if isinstance(body, str) else bytes(body)
+                key = row["key"] if self.has_key else None
+                headers = dict(row["headers"] or {}) if self.has_headers else {}
+                batch.append(PublishMessage(None if key is None else str(key), headers, data, seq))
+                if len(batch) >= WRITE_BATCH:
+                    ok = conn.publish(self.conf.queue, batch, producer_id)
+                    confirmed, duplicates, batch = confirmed + len(batch), duplicates + ok.duplicates, []
+            if batch:
+                ok = conn.publish(self.conf.queue, batch, producer_id)
+                confirmed, duplicates = confirmed + len(batch), duplicates + ok.duplicates
+        finally:
+            conn.close()
+        return SinkCommit(part, confirmed, duplicates)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        log.info("tandem sink: %d messages confirmed on %s by %d tasks (%d confirmed again: retries)",
+                 sum(m.confirmed for m in done), self.conf.queue, len(done), sum(m.duplicates for m in done))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        log.warning("tandem sink aborted: %d messages were confirmed on %s before the failure (they stay)",
+                    sum(m.confirmed for m in done), self.conf.queue)
+
+
+class TandemStreamWriter(TandemWriter, DataSourceStreamWriter):
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        log.info("tandem sink, batch %d: %d messages confirmed on %s", batchId, sum(m.confirmed for m in done),
+                 self.conf.queue)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        log.warning("tandem sink, batch %d aborted", batchId)

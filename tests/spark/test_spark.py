@@ -1,0 +1,149 @@
+"""The PySpark data source against a real node process, with one local SparkSession for all
+of these tests (they run on one xdist worker: group "spark")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.process import NodeProcess
+from client import blocking
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark"),
+              pytest.mark.timeout(600)]
+
+PASSWORD = "spark-password"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run this interpreter (it has the client)
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from client.spark import register
+
+    s = (SparkSession.builder.master("local[2]").appName("tandem-tests")
+         .config("spark.sql.shuffle.partitions", "1").config("spark.ui.enabled", "false")
+         .config("spark.driver.memory", "1g")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+         .config("spark.sql.session.timeZone", "UTC")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    loop = asyncio.new_event_loop()
+    proc = NodeProcess(tmp_path_factory.mktemp("spark-node") / "node1", password=PASSWORD)
+    loop.run_until_complete(proc.start())
+    try:
+        yield proc.url
+    finally:
+        loop.run_until_complete(proc.stop())
+        loop.close()
+
+
+def publish(url: str, queue: str, n: int, partitions: int, first: int = 0) -> None:
+    with blocking.connect(url) as conn:
+        conn.declare_queue(queue, partitions=partitions)
+        p = conn.producer(queue)
+        for i in range(first, first + n, 100):
+            p.send_many([f"m{j}".encode() for j in range(i, min(first + n, i + 100))])
+
+
+def test_batch_read_returns_every_message_with_its_offset(spark: Any, url: str) -> None:
+    publish(url, "batch", 500, 4)
+    df = spark.read.format("tandem").option("url", url).option("queue", "batch").load()
+    rows = df.collect()
+    assert len(rows) == 500
+    assert sorted(r.body for r in rows) == sorted(f"m{j}".encode() for j in range(500))
+    by_part: dict[int, list[int]] = {}
+    for r in rows:
+        assert r.queue == "batch" and r.timestamp is not None
+        by_part.setdefault(r.partition, []).append(r.offset)
+    assert set(by_part) == {0, 1, 2, 3}
+    assert all(sorted(offs) == list(range(len(offs))) for offs in by_part.values())  # 0.. per partition
+    # a range, a subset of partitions, more Spark partitions than queue partitions
+    some = (spark.read.format("tandem").option("url", url).option("queue", "batch").option("partitions", "1,3")
+            .option("startingOffsets", json.dumps({"1": 10})).option("minPartitions", "6").load())
+    assert some.rdd.getNumPartitions() >= 6
+    got = some.collect()
+    assert {r.partition for r in got} == {1, 3}
+    assert len(got) == len(by_part[1]) - 10 + len(by_part[3])
+    assert min(r.offset for r in got if r.partition == 1) == 10
+
+
+def test_bad_options_fail_at_load(spark: Any, url: str) -> None:
+    from pyspark.errors import PySparkException
+
+    with pytest.raises((PySparkException, Exception), match="queue is required"):
+        spark.read.format("tandem").option("url", url).load().collect()
+    with pytest.raises((PySparkException, Exception), match="startingOffsets"):
+        (spark.read.format("tandem").option("url", url).option("queue", "batch")
+         .option("startingOffsets", "yesterday").load().collect())
+
+
+def test_streaming_available_now_twice_reads_each_message_once(spark: Any, url: str, tmp_path: Path) -> None:
+    publish(url, "stream", 300, 3)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+
+    def run() -> None:
+        q = (spark.readStream.format("tandem").option("url", url).option("queue", "stream")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "120").load()
+             .selectExpr("partition", "offset", "cast(body as string) as body")
+             .writeStream.format("parquet").option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start(str(out)))
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+
+    run()
+    publish(url, "stream", 200, 3, first=300)  # the queue grows between the two runs
+    run()
+    rows = spark.read.parquet(str(out)).collect()
+    bodies = [r.body for r in rows]
+    assert len(bodies) == 500 and set(bodies) == {f"m{j}" for j in range(500)}  # each once
+
+
+def test_sink_publishes_every_row(spark: Any, url: str) -> None:
+    df = spark.createDataFrame([(f"k{i % 5}", f"row{i}") for i in range(400)], "key string, body string")
+    with blocking.connect(url) as conn:
+        conn.declare_queue("sink", partitions=2)
+    df.repartition(3).write.format("tandem").option("url", url).option("queue", "sink").mode("append").save()
+    with blocking.connect(url) as conn:
+        got = set()
+        c = conn.consumer("sink", prefetch=100)
+        while len(got) < 400:
+            m = c.next()
+            got.add(m.body.decode())
+            m.ack()
+        assert got == {f"row{i}" for i in range(400)}
+        (info,) = [q for q in conn.list_queues() if q.name == "sink"]
+        assert info.ready == 0 and info.unacked == 0  # nothing stored twice
+    with pytest.raises(Exception, match="append"):
+        df.write.format("tandem").option("url", url).option("queue", "sink").mode("overwrite").save()
+
+
+def test_fail_on_data_loss_after_a_purge(spark: Any, url: str) -> None:
+    publish(url, "lossy", 50, 1)
+    reader = (spark.read.format("tandem").option("url", url).option("queue", "lossy")
+              .option("startingOffsets", json.dumps({"0": 0})).option("endingOffsets", json.dumps({"0": 80})))
+    with blocking.connect(url) as conn:
+        conn.purge_queue("lossy")  # offsets 0..49 are gone
+    publish(url, "lossy", 30, 1, first=50)  # 50..79 are there
+    with pytest.raises(Exception, match="are gone"):
+        reader.load().collect()
+    rows = reader.option("failOnDataLoss", "false").load().collect()
+    assert sorted(r.offset for r in rows) == list(range(50, 80))  # the gap skipped, the rest read
