@@ -147,3 +147,24 @@ def test_fail_on_data_loss_after_a_purge(spark: Any, url: str) -> None:
         reader.load().collect()
     rows = reader.option("failOnDataLoss", "false").load().collect()
     assert sorted(r.offset for r in rows) == list(range(50, 80))  # the gap skipped, the rest read
+
+
+def test_stream_to_stream_through_the_sink(spark: Any, url: str, tmp_path: Path) -> None:
+    """A streaming query from one queue into another with writeStream.format("tandem")."""
+    publish(url, "src", 250, 2)
+    with blocking.connect(url) as conn:
+        conn.declare_queue("dst", partitions=3)
+    q = (spark.readStream.format("tandem").option("url", url).option("queue", "src")
+         .option("startingOffsets", "earliest").load().selectExpr("key", "body")
+         .writeStream.format("tandem").option("url", url).option("queue", "dst")
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    with blocking.connect(url) as conn:
+        got = []
+        c = conn.consumer("dst", prefetch=100)
+        while len(got) < 250:
+            m = c.next()
+            got.append(m.body)
+            m.ack()
+        assert sorted(got) == sorted(f"m{j}".encode() for j in range(250))
