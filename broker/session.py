@@ -357,7 +357,8 @@ class Session:
                           dense=f.partition is not None)
 
     async def _metadata(self, f: Metadata) -> None:
-        self._admin("publish")
+        # read-only, like a stream read: any user (a monitor's Spark job), any node (a minority
+        # node answers with what it knows)
         self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self)))
 
     async def _subscribe(self, f: Subscribe) -> None:

@@ -1018,8 +1018,14 @@ class DurableProducer:
     async def _remove_rows(self, ids: list[int]) -> None:
         assert self.buffer is not None
         await asyncio.to_thread(self.buffer.remove, ids)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        """The buffer is empty and nothing of it is in flight: say so, once."""
+        assert self.buffer is not None
         if self.buffer.count == 0 and self._draining and not self._appending and \
-                not any(it.buf_id is not None for p in self._parts for it in list(p.unsent) + p.back):
+                not any(it.buf_id is not None for p in self._parts
+                        for it in itertools.chain(p.unsent, p.back, *(i for _n, i, _t in p.flying.values()))):
             self._draining = False
             self.conn._emit(ConnectionEvent("drained", "", f"{self.queue}: the local buffer is empty"))
             self._maybe_idle()
@@ -1115,10 +1121,7 @@ class DurableProducer:
         if rows:
             self._loaded_upto = rows[-1].id
         if not rows:
-            if self.buffer.count == 0 and not self._appending and \
-                    not any(it.buf_id is not None for p in self._parts for it in list(p.unsent) + p.back):
-                self._draining = False
-                self._maybe_idle()
+            self._check_drained()
             return
         log.info("producer %s: draining %d buffered messages of %s", self.producer_id, len(rows), self.queue)
         for r in rows:

@@ -19,11 +19,8 @@ Messages a queue no longer holds (acked, purged) are *gone*: a read that finds a
 missing fails the query when ``failOnDataLoss`` is true (the default), and otherwise logs
 and skips it.
 
-The sink publishes with confirms.  Each Spark task is one idempotent producer whose id
-comes from the task's stage and partition and whose sequences are the rows' positions, so
-a retried task's copies are recognised and stored once.  (A streaming query restarted from
-its checkpoint may replay its last micro-batch under new stage ids: at least once there,
-as with Kafka's sink.)
+The sink publishes with confirms, at least once: each task attempt is a producer of its own,
+so a retried task (or a replayed micro-batch) sends its rows again, as Kafka's sink does.
 
 Workers need this package importable (``pip install tandem-broker[spark]`` on every
 executor) and run ``$PYSPARK_PYTHON``.  Readers and writers are pickled: they hold plain
@@ -36,6 +33,8 @@ import datetime as dt
 import json
 import logging
 import os
+import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from client import blocking
-from client.errors import InvalidArgumentError, TandemError
+from client.errors import InvalidArgumentError, TandemError, UnavailableError
 from client.protocol.frames import PublishMessage
 from client.url import parse_url
 
@@ -65,6 +64,8 @@ SCHEMA = ("queue string, partition int, offset long, key string, headers map<str
           "timestamp timestamp")
 READ_BATCH = 1000
 WRITE_BATCH = 500
+WRITE_BATCH_BYTES = 4 * 1024 * 1024  # well under a node's default max_frame_size (8 MiB)
+READ_PATIENCE = 120.0  # seconds a read waits for a partition's active (an election, a failover)
 
 
 def register(spark: Any) -> None:
@@ -97,11 +98,11 @@ class Conf:
         if not url:
             raise InvalidArgumentError("option url is required: tandem://user:password@host:port[,host:port...]")
         params = parse_url(url)  # bad URLs fail here, on the driver
-        user, password = opts.get("user"), opts.get("password")
-        if user is not None or password is not None:
-            cred = f"{user or params.user}:{password if password is not None else params.password}"
-            hosts = ",".join(f"{h}:{p}" for h, p in params.hosts)
-            url = f"tandem://{cred}@{hosts}"
+        # Rebuilt with the credentials resolved here (options, the URL, or TANDEM_PASSWORD in
+        # the driver's environment): executors have neither the options nor that environment.
+        user = opts.get("user") or params.user
+        password = opts["password"] if opts.get("password") is not None else params.password
+        url = _url(params.hosts, user, password, params)
         queue = opts.get("queue")
         if not queue:
             raise InvalidArgumentError("option queue is required")
@@ -117,13 +118,21 @@ class Conf:
                     min_partitions=_int_option(opts, "minpartitions", 0),
                     max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 0),
                     fail_on_data_loss=_bool_option(opts, "failondataloss", True),
-                    query_id=opts.get("queryid"),
+                    query_id=_query_id(opts.get("queryid")),
                     offsets_dir=opts.get("initialoffsetsdir") or str(Path.home() / ".tandem" / "spark-initial-offsets"))
 
 
 _CANONICAL = {"startingoffsets": "startingOffsets", "endingoffsets": "endingOffsets",
               "minpartitions": "minPartitions", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
               "failondataloss": "failOnDataLoss"}
+
+
+def _url(hosts: Sequence[tuple[str, int]], user: str, password: str, params: Any) -> str:
+    from urllib.parse import quote
+
+    query = f"?name={quote(params.client_name, safe='')}&connect_timeout={params.connect_timeout}"
+    return (f"tandem://{quote(user, safe='')}:{quote(password, safe='')}@"
+            + ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in hosts) + "/" + query)
 
 
 def _int_option(opts: dict[str, str], name: str, default: int) -> int:
@@ -135,6 +144,12 @@ def _int_option(opts: dict[str, str], name: str, default: int) -> int:
         raise InvalidArgumentError(f"option {_CANONICAL[name]}: an integer, not {opts[name]!r}") from None
     if v < 0:
         raise InvalidArgumentError(f"option {_CANONICAL[name]}: must be >= 0")
+    return v
+
+
+def _query_id(v: str | None) -> str | None:
+    if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", v):
+        raise InvalidArgumentError("option queryId: 1-128 letters, digits, '_', '.', '-'")
     return v
 
 
@@ -193,36 +208,56 @@ class _Group:
                                        f"not {bad}")
         return list(self.conf.partitions)
 
-    def link_for(self, partition: int) -> blocking.BlockingConnection:
-        """A link to the node active for ``partition`` (the main link while none is known)."""
-        m = self.main.partition_map(self.conf.queue)
-        active = m.actives[partition] if partition < len(m.actives) else ""
-        addr = m.addresses.get(active, "")
-        if not active or not addr:
-            return self.main
-        link = self.links.get(active)
-        if link is None or link._closed:
-            host, _, port = addr.rpartition(":")
-            p = self.params
-            from urllib.parse import quote
+    def link_for(self, partition: int, deadline: float) -> blocking.BlockingConnection:
+        """A plain link (no failover of its own: the caller asks the map again) to the node
+        active for ``partition``, waiting (until ``deadline``) while it has none: only the
+        active knows where the partition ends."""
+        delay = 0.05
+        while True:
+            m = self.main.partition_map(self.conf.queue)
+            active = m.actives[partition] if partition < len(m.actives) else ""
+            addr = m.addresses.get(active, "")
+            if active and addr:
+                link = self.links.get(active)
+                if link is not None and not link._closed:
+                    return link
+                host, _, port = addr.rpartition(":")
+                try:
+                    link = blocking.connect(_url([(host.strip("[]"), int(port))], self.params.user,
+                                                 self.params.password, self.params),
+                                            client_name="tandem-spark", timeout=60, durable=False)
+                    self.links[active] = link
+                    return link
+                except TandemError as exc:
+                    if not exc.retriable:
+                        raise
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"partition {partition} of {self.conf.queue!r} has no reachable active")
+            time.sleep(delay)  # an election under way: the map is asked again
+            delay = min(1.0, delay * 2)
 
-            link = blocking.connect(f"tandem://{quote(p.user)}:{quote(p.password)}@{host}:{port}",
-                                    client_name="tandem-spark", timeout=60)
-            self.links[active] = link
-        return link
+    def drop(self, link: blocking.BlockingConnection) -> None:
+        for name, c in list(self.links.items()):
+            if c is link:
+                del self.links[name]
+                try:
+                    c.close()
+                except (OSError, TandemError):
+                    pass
 
     def bounds(self, partition: int) -> tuple[int, int]:
         """(earliest offset still held, end offset) of a partition, from its active."""
-        for _ in range(5):
-            link = self.link_for(partition)
+        deadline = time.monotonic() + READ_PATIENCE
+        while True:
+            link = self.link_for(partition, deadline)
             try:
                 msgs, _nxt, end = link.read(self.conf.queue, partition, 0, 1)
                 return (msgs[0].offset if msgs else end), end
             except TandemError as exc:
-                if not exc.retriable:
+                self.drop(link)
+                if not exc.retriable or time.monotonic() >= deadline:
                     raise
                 log.info("reading the bounds of %s/%d: %s; asking again", self.conf.queue, partition, exc)
-        raise InvalidArgumentError(f"partition {partition} of {self.conf.queue!r} has no active to read from")
 
 
 def _resolve(spec: str | dict[str, int], bounds: dict[int, tuple[int, int]], which: str) -> dict[int, int]:
@@ -263,34 +298,47 @@ def _read_range(part: TandemPartition) -> Iterator[tuple[Any, ...]]:
     """The rows of offsets [start, end) of one partition, from its active (again after a failover)."""
     conf = Conf(url=part.url, queue=part.queue)
     group = _Group(conf)
-    offset = part.start
-    tries = 0
+    offset = part.start  # the next offset this range expects
+    deadline = time.monotonic() + READ_PATIENCE
     try:
         while offset < part.end:
-            link = group.link_for(part.partition)
+            link = group.link_for(part.partition, deadline)
             try:
-                msgs, nxt, _end = link.read(part.queue, part.partition, offset, READ_BATCH)
+                msgs, nxt, end = link.read(part.queue, part.partition, offset, READ_BATCH)
+                deadline = time.monotonic() + READ_PATIENCE  # progress: patience again
             except TandemError as exc:
-                tries += 1
-                if not exc.retriable or tries > 20:
+                group.drop(link)
+                if not exc.retriable or time.monotonic() >= deadline:
                     raise
-                log.warning("reading %s/%d at %d: %s; again", part.queue, part.partition, offset, exc)
+                log.warning("reading %s/%d at %d: %s; asking for its active again", part.queue, part.partition,
+                            offset, exc)
                 continue
-            tries = 0
-            if msgs and msgs[0].offset > offset or not msgs and nxt > offset and offset < part.end:
-                first = min(msgs[0].offset if msgs else nxt, part.end)
-                _data_lost(part, offset, first)
+            if end < part.end and not msgs and nxt <= offset:
+                # this node ends the partition before the range does: it is not (or no longer)
+                # the active, whose end the range was planned with; ask again who is
+                group.drop(link)
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(f"{part.queue}/{part.partition} ends at {end} on {link.node}, "
+                                           f"before the planned {part.end}")
+                time.sleep(0.2)
+                continue
             for m in msgs:
                 if m.offset >= part.end:
-                    return
+                    break
+                if m.offset > offset:  # a hole: acked or purged before it was read
+                    _data_lost(part, offset, m.offset)
                 yield (part.queue, part.partition, m.offset, m.key, m.headers, m.body,
                        dt.datetime.fromtimestamp(m.timestamp, tz=dt.timezone.utc))
-            if not msgs:
-                if nxt <= offset:
-                    return  # nothing more there (yet): the range ends at what the node holds
-                offset = nxt
+                offset = m.offset + 1
             else:
-                offset = msgs[-1].offset + 1
+                if not msgs:
+                    # nothing held from here up to what the node returns next: gone
+                    upto = min(max(nxt, offset), part.end)
+                    if upto > offset:
+                        _data_lost(part, offset, upto)
+                    offset = upto
+                continue
+            break  # passed the range's end
     finally:
         group.close()
 
@@ -386,14 +434,18 @@ class TandemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.conf.query_id:
             path = Path(self.conf.offsets_dir) / f"{self.conf.query_id}.json"
             if path.exists():
-                stored: dict = json.loads(path.read_text())
-                return stored
+                stored = json.loads(path.read_text())
+                if stored.get("queue") != self.conf.queue:
+                    raise InvalidArgumentError(f"queryId {self.conf.query_id!r} was used for queue "
+                                               f"{stored.get('queue')!r}: give this query its own (or remove {path})")
+                offsets: dict = stored["offsets"]
+                return offsets
         bounds, _ = self._latest()
         offsets = _offsets_json(_resolve(self.conf.starting, bounds, "start"))
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(offsets))
+            tmp.write_text(json.dumps({"queue": self.conf.queue, "offsets": offsets}))
             os.replace(tmp, path)
         return offsets
 
@@ -453,11 +505,20 @@ class SinkCommit(WriterCommitMessage):
 class TandemWriter(DataSourceWriter):
     def __init__(self, conf: Conf, schema: StructType) -> None:
         self.conf = conf
-        names = set(schema.fieldNames())
-        if "body" not in names:
-            raise InvalidArgumentError("the rows to write need a body column (binary or string); key and "
-                                       "headers are optional")
-        self.has_key, self.has_headers = "key" in names, "headers" in names
+        from pyspark.sql.types import BinaryType, MapType, StringType
+
+        types = {f.name: f.dataType for f in schema.fields}
+        if not isinstance(types.get("body"), (BinaryType, StringType)):
+            raise InvalidArgumentError("the rows to write need a body column of type binary or string "
+                                       f"(got {types.get('body')}); key (string) and headers (map<string,string>) "
+                                       "are optional")
+        if "key" in types and not isinstance(types["key"], StringType):
+            raise InvalidArgumentError(f"column key must be a string (got {types['key']}): cast it")
+        if "headers" in types and not (isinstance(types["headers"], MapType)
+                                       and isinstance(types["headers"].keyType, StringType)
+                                       and isinstance(types["headers"].valueType, StringType)):
+            raise InvalidArgumentError(f"column headers must be map<string,string> (got {types['headers']})")
+        self.has_key, self.has_headers = "key" in types, "headers" in types
         # one id per write job (made here, on the driver, and pickled to every task): with the
         # task's stage and partition it names the task's producer, the same for each attempt
         self.run_id = uuid.uuid4().hex[:12]
@@ -466,13 +527,17 @@ class TandemWriter(DataSourceWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        stage, part = (ctx.stageId(), ctx.partitionId()) if ctx is not None else (0, 0)
-        # the same for every attempt of this task: a retry's copies are recognised
-        producer_id = f"spark-{self.run_id}-{stage}-{part}"
+        stage, part, attempt = (ctx.stageId(), ctx.partitionId(), ctx.attemptNumber()) if ctx is not None \
+            else (0, 0, 0)
+        # One producer per task attempt: a retried task sends its rows again (at least once).
+        # Keying the producer on the task alone would let the broker drop a retry's rows as
+        # resends whenever the retry sees its rows in another order (after a shuffle).
+        producer_id = f"spark-{self.run_id}-{stage}-{part}-{attempt}"
         conn = blocking.connect(self.conf.url, client_name="tandem-spark-sink", timeout=60)
         confirmed = duplicates = 0
         try:
             batch: list[PublishMessage] = []
+            size = 0
             for seq, row in enumerate(iterator):
                 body = row["body"]
                 if body is None:
@@ -480,10 +545,13 @@ class TandemWriter(DataSourceWriter):
                 data = body.encode() if isinstance(body, str) else bytes(body)
                 key = row["key"] if self.has_key else None
                 headers = dict(row["headers"] or {}) if self.has_headers else {}
-                batch.append(PublishMessage(None if key is None else str(key), headers, data, seq))
-                if len(batch) >= WRITE_BATCH:
+                msize = len(data) + 64 + (len(key) if key else 0) + sum(len(k) + len(v) + 10
+                                                                        for k, v in headers.items())
+                if batch and (len(batch) >= WRITE_BATCH or size + msize > WRITE_BATCH_BYTES):
                     ok = conn.publish(self.conf.queue, batch, producer_id)
-                    confirmed, duplicates, batch = confirmed + len(batch), duplicates + ok.duplicates, []
+                    confirmed, duplicates, batch, size = confirmed + len(batch), duplicates + ok.duplicates, [], 0
+                batch.append(PublishMessage(None if key is None else str(key), headers, data, seq))
+                size += msize
             if batch:
                 ok = conn.publish(self.conf.queue, batch, producer_id)
                 confirmed, duplicates = confirmed + len(batch), duplicates + ok.duplicates

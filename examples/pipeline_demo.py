@@ -92,8 +92,11 @@ class Group(threading.Thread):
                 fut.add_done_callback(done)
                 pending.add(fut)
                 if i == self.orders // 3:
-                    actives = await cl.actives("orders")
-                    self.killed = actives.get(0, "")
+                    deadline = time.monotonic() + 30
+                    while not self.killed and time.monotonic() < deadline:
+                        self.killed = (await cl.actives("orders")).get(0, "")
+                        if not self.killed:
+                            await asyncio.sleep(0.1)  # asking the nodes again, bounded by the deadline
                     if self.killed:
                         print(f"killing {self.killed} (active for partition 0) mid-stream", flush=True)
                         await cl.nodes[self.killed].kill()

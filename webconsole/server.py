@@ -169,6 +169,16 @@ class Console:
             raise web.HTTPFound("/login")
         request[USER], request[ROLE], request[VIA], request[SESSION] = who
         if request.method not in ("GET", "HEAD", "OPTIONS"):
+            # A browser may replay cached Basic credentials on a cross-site form post: changes
+            # must come from this origin (browsers say so) and carry JSON (a form cannot
+            # without a CORS preflight, which this server never grants).
+            site = request.headers.get("Sec-Fetch-Site")
+            origin = request.headers.get("Origin")
+            if site not in (None, "same-origin", "none") or (
+                    origin is not None and origin.split("://", 1)[-1] != request.host):
+                raise ApiError(403, "cross_site", "changes are refused from another site")
+            if request.can_read_body and request.content_type != "application/json" and path != "/login":
+                raise ApiError(415, "unsupported_media_type", "send the body as application/json")
             if request[VIA] == "cookie":
                 sess = request[SESSION]
                 assert isinstance(sess, Session)
@@ -394,13 +404,13 @@ class Console:
         except (TandemError, TimeoutError):
             return {"ready": None, "unacked": None, "depth": None, "active": who}
 
-    async def _counters(self) -> dict[str, list[int]]:
+    async def _counters(self) -> tuple[dict[str, list[int]], bool]:
         """queue -> [published, delivered, acked] summed over the members (each counts what
-        it did as an active)."""
+        it did as an active), and whether every member answered."""
         node = self.node
         total = {name: list(v) for name, v in queue_counters(node).items()}
         if node.peers is None:
-            return total
+            return total, True
         peers = node.peers
 
         async def ask(name: str) -> dict[str, list[int]]:
@@ -411,18 +421,19 @@ class Console:
             except (TandemError, TimeoutError):
                 return {}
 
-        for counts in await asyncio.gather(*(ask(n) for n in list(peers.links))):
+        answers = await asyncio.gather(*(ask(n) for n in list(peers.links)))
+        complete = all(answers) or not self.node.queues
+        for counts in answers:
             for qname, v in counts.items():
                 acc = total.setdefault(qname, [0, 0, 0])
                 for i in range(3):
                     acc[i] += v[i]
-        return total
+        return total, complete
 
     async def _queue_json(self, q: Any, with_partitions: bool,
-                          counters: dict[str, list[int]] | None = None) -> dict[str, Any]:
+                          counted: tuple[dict[str, list[int]], bool] | None = None) -> dict[str, Any]:
         info: QueueInfo = q.info()
-        if counters is None:
-            counters = await self._counters()
+        counters, complete = counted if counted is not None else await self._counters()
         parts = await asyncio.gather(*(self._partition_stats(q, i) for i in range(q.meta.partitions)))
         known = [p for p in parts if p["ready"] is not None]
         published, delivered, acked = counters.get(info.name, [0, 0, 0])
@@ -435,15 +446,18 @@ class Console:
             "published": published, "delivered": delivered, "acked": acked,
         }
         for counter in ("published", "delivered", "acked"):
-            out[f"{counter}_rate"] = self._rate(info.name, counter, out[counter])
+            out[f"{counter}_rate"] = self._rate(info.name, counter, out[counter], update=complete)
         if with_partitions:
             out["partition_stats"] = [{"partition": i, **p} for i, p in enumerate(parts)]
         return out
 
-    def _rate(self, queue: str, counter: str, value: int) -> float:
-        """Per second, from the previous sample (at least a second old) of the same counter."""
+    def _rate(self, queue: str, counter: str, value: int, *, update: bool = True) -> float:
+        """Per second, from the previous sample (at least a second old) of the same counter;
+        a sum some member did not answer for (``update`` false) leaves the samples alone."""
         now = time.monotonic()
         prev = self._rates.get((queue, counter))
+        if not update:
+            return prev[2] if prev is not None else 0.0
         if prev is None:
             self._rates[(queue, counter)] = (now, value, 0.0)
             return 0.0
@@ -455,8 +469,8 @@ class Console:
 
     async def _queues_json(self) -> list[dict[str, Any]]:
         qs = sorted(self.node.queues.values(), key=lambda q: q.meta.name)
-        counters = await self._counters()
-        return list(await asyncio.gather(*(self._queue_json(q, False, counters) for q in qs)))
+        counted = await self._counters()
+        return list(await asyncio.gather(*(self._queue_json(q, False, counted) for q in qs)))
 
     # -- read endpoints ---------------------------------------------------------------------------
 
@@ -496,8 +510,12 @@ class Console:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         sent: set[str] = set()
+        token = request.cookies.get(SESSION_COOKIE)
+        user = request[USER]
         try:
             while not self.node.stopping:
+                if (request[VIA] == "cookie" and token not in self.sessions) or self.node.users.get(user) is None:
+                    break  # logged out, expired or deleted meanwhile: the stream ends with it
                 statuses = await self._statuses()
                 for e in self._events_json(statuses):
                     if e["text"] not in sent:
@@ -612,6 +630,9 @@ class Console:
         from storage.base import PutUser
 
         body = await _json_body(request)
+        unknown = set(body) - {"name", "password", "role"}
+        if unknown:
+            raise _bad(sorted(unknown)[0], "unknown field")
         name, password, role = body.get("name"), body.get("password"), body.get("role", "monitor")
         if not isinstance(name, str) or not name:
             raise _bad("name", "required")
@@ -622,7 +643,7 @@ class Console:
         if self.node.users.get(name) is not None:
             raise ApiError(409, "exists", f"user {name!r} exists (POST /api/v1/users/{name}/password changes it)")
         try:
-            user = make_user(name, password, role)
+            user = await asyncio.to_thread(make_user, name, password, role)  # scrypt: off the loop
         except InvalidArgumentError as exc:
             raise ApiError(400, "bad_request", exc.message) from None
         await self.node.write([PutUser(user)], sync=True)
@@ -657,7 +678,7 @@ class Console:
         if not isinstance(password, str):
             raise _bad("password", "required, at least 8 characters")
         try:
-            user = make_user(name, password, old.role)
+            user = await asyncio.to_thread(make_user, name, password, old.role)
         except InvalidArgumentError as exc:
             raise ApiError(400, "bad_request", exc.message) from None
         await self.node.write([PutUser(user)], sync=True)
@@ -708,7 +729,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, LookupError):  # (LookupError: an unknown charset)
         raise ApiError(400, "bad_request", "body: not JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_request", "body: expected a JSON object")

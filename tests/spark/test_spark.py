@@ -168,3 +168,18 @@ def test_stream_to_stream_through_the_sink(spark: Any, url: str, tmp_path: Path)
             got.append(m.body)
             m.ack()
         assert sorted(got) == sorted(f"m{j}".encode() for j in range(250))
+
+
+def test_a_hole_in_the_middle_is_data_loss_too(spark: Any, url: str) -> None:
+    publish(url, "holes", 40, 1)
+    with blocking.connect(url) as conn:  # offsets 10..14 acked (gone), the rest back to the queue
+        held = [conn.get("holes") for _ in range(20)]
+        for m in held:
+            assert m is not None
+            m.ack() if 10 <= m.offset < 15 else m.nack(requeue=True)
+    reader = (spark.read.format("tandem").option("url", url).option("queue", "holes")
+              .option("startingOffsets", json.dumps({"0": 0})))
+    with pytest.raises(Exception, match="offsets 10..14 of holes/0 are gone"):
+        reader.load().collect()
+    rows = reader.option("failOnDataLoss", "false").load().collect()
+    assert sorted(r.offset for r in rows) == [o for o in range(40) if not 10 <= o < 15]

@@ -204,3 +204,21 @@ def test_fuzzing_the_api_finds_no_server_error(tmp_path: Path) -> None:
     finally:
         loop.run_until_complete(proc.stop())
         loop.close()
+
+
+@pytest.mark.asyncio
+async def test_changes_from_another_site_or_not_json_are_refused(http: tuple[aiohttp.ClientSession, str]) -> None:
+    """A browser holding Basic credentials must not be made to change anything by another
+    site's form (CSRF without a cookie)."""
+    s, base = http
+    q = f"{base}/api/v1/queues"
+    status, err = await call(s, "POST", q, json={"name": "x"}, headers={"Sec-Fetch-Site": "cross-site"})
+    assert status == 403 and err["error"] == "cross_site"
+    status, _ = await call(s, "POST", q, json={"name": "x"}, headers={"Origin": "http://evil.example"})
+    assert status == 403
+    status, err = await call(s, "POST", q, data='{"name": "x"}', headers={"Content-Type": "text/plain"})
+    assert status == 415
+    status, err = await call(s, "POST", f"{base}/api/v1/users", json={"name": "x", "password": "12345678",
+                                                                     "role": "admin", "p": "="})
+    assert status == 400 and "p" in err["message"]
+    assert (await call(s, "POST", q, json={"name": "x"}, headers={"Sec-Fetch-Site": "same-origin"}))[0] == 201

@@ -4,7 +4,7 @@
 let session = null;
 let lastOverview = null;
 let selectedQueue = null;
-const history = {};  // queue -> [{depth, published_rate, acked_rate}], one sample a second, two minutes
+const history = new Map();  // queue -> [{depth, pub, ack}], one sample a second, two minutes
 
 async function api(method, path, body) {
   const headers = {"Content-Type": "application/json", "X-Tandem-Console": "1"};
@@ -52,7 +52,8 @@ function renderNodes(nodes) {
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
   for (const q of queues) {
-    const h = history[q.name] || (history[q.name] = []);
+    if (!history.has(q.name)) history.set(q.name, []);
+    const h = history.get(q.name);
     h.push({depth: q.depth, pub: q.published_rate, ack: q.acked_rate});
     if (h.length > 120) h.shift();
   }
@@ -81,7 +82,7 @@ async function selectQueue(name) {
 
 function drawChart() {
   const canvas = document.getElementById("queue-chart");
-  const h = history[selectedQueue] || [];
+  const h = history.get(selectedQueue) || [];
   canvas.dataset.points = String(h.length);
   const ctx = canvas.getContext("2d");
   const W = canvas.width, H = canvas.height, pad = 24;
