@@ -54,7 +54,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
-                "advertise", "http_port"):
+                "advertise", "http_port", "producer_expiry"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--http-port", dest="http_port", type=int,
                        help="serve the management console and admin REST API on this port (0 = any free "
                             "port; default: not served)")
+    start.add_argument("--producer-expiry", dest="producer_expiry", type=float,
+                       help="seconds a producer may stay idle before its sequences are forgotten "
+                            "(default 86400: a resend later than that is stored again)")
     start.add_argument("--advertise", help="HOST:PORT clients are told to reach this node at, when not "
                                            "where it listens (NAT, proxies; default: where it listens)")
     group = start.add_argument_group("replication group (leave out for a single node)")

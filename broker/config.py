@@ -76,6 +76,9 @@ class NodeConfig:
     advertise: str | None = None
     #: the management console and admin REST API (webconsole/); None: not served
     http_port: int | None = None
+    #: seconds a producer may stay idle before a partition forgets its sequence (a resend after
+    #: that is stored again); bounds the state every short-lived producer id leaves behind
+    producer_expiry: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -113,6 +116,8 @@ class NodeConfig:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
+        if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:
+            raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
         if self.advertise is not None:

@@ -49,6 +49,7 @@ from storage.base import (
     Engine,
     MarkDelivered,
     PartitionState,
+    DropProducers,
     PutProducer,
     PutQueue,
     QueueMeta,
@@ -101,6 +102,7 @@ class Node:
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.console: Any = None  # webconsole.server.Console when http_port is set
+        self._expiry_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
@@ -160,6 +162,7 @@ class Node:
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
         await self._server.start_serving()
+        self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         if cfg.http_port is not None:
             from webconsole.server import Console
 
@@ -185,6 +188,7 @@ class Node:
             part.producers = dict(st.producers)
             part.committed_producers = dict(st.producers)
             part.gaps = {}
+            part.producer_used = {}
             if not group:
                 q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
         for u in rec.users:
@@ -204,6 +208,9 @@ class Node:
         log.info("node stop started name=%s sessions=%d", self.config.name, len(self.sessions))
         if self.console is not None:
             await self.console.stop()
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         for s in list(self.sessions):
@@ -392,6 +399,7 @@ class Node:
         part.producers = dict(st.producers)
         part.committed_producers = dict(st.producers)
         part.gaps = {}
+        part.producer_used = {}
         q.add_ready(part, (self._msg_from_store(key[1], m) for m in st.messages))
         self.delivery.schedule(q)
 
@@ -451,6 +459,7 @@ class Node:
         part.producers = {}
         part.committed_producers = {}
         part.gaps = {}
+        part.producer_used = {}
 
     # -- partition maps (durable connections send straight to each partition's active) --------
 
@@ -636,6 +645,10 @@ class Node:
                     raise UnavailableError(f"producer {producer_id}'s seq {m.seq} on {q.name}/{pidx} is still "
                                            "being stored: retry")
         ts = self.clock.time()
+        if producer_id is not None:
+            used = self.clock.monotonic()
+            for pidx in set(pidxs) if partition is None else (partition,):
+                parts[pidx].producer_used[producer_id] = used
         by_part: dict[int, list[Msg]] = {}
         last_seq: dict[tuple[int, str], int] = {}
         seqs_of: dict[tuple[int, str], list[int]] = {}
@@ -713,6 +726,43 @@ class Node:
             return
         q.pending_count += stored
         self._submit_partition_ops(ops, sync=policy is DurabilityPolicy.SYNC, callback=committed)
+
+    async def _expire_producers(self) -> None:
+        """Forget producers idle longer than ``producer_expiry`` in the partitions served here
+        (a replicated op: every copy forgets them), so short-lived producer ids (a Spark task,
+        a process that restarts) do not pile up for ever."""
+        expiry = self.config.producer_expiry
+        while not self.stopping:
+            await self.clock.sleep(min(60.0, expiry / 4))
+            now = self.clock.monotonic()
+            for q in list(self.queues.values()):
+                for pidx, part in enumerate(q.partitions):
+                    if not self.serves(q, pidx):
+                        continue
+                    for pid in list(part.producers):
+                        part.producer_used.setdefault(pid, now)  # loaded from the store: idle from now
+                    idle = [pid for pid, used in part.producer_used.items()
+                            if now - used > expiry and pid in part.producers and pid not in part.gaps
+                            and part.producers.get(pid) == part.committed_producers.get(pid)]
+                    if idle:
+                        self._drop_producers(q, pidx, idle[:1000], now)
+
+    def _drop_producers(self, q: Queue, pidx: int, pids: list[str], decided: float) -> None:
+        part = q.partitions[pidx]
+
+        def done(err: BaseException | None) -> None:
+            if err is not None:
+                log.warning("expiring %d producers of %s/%d failed: %s", len(pids), q.name, pidx, err)
+                return
+            for pid in pids:
+                if part.producer_used.get(pid, 0.0) <= decided - self.config.producer_expiry:
+                    part.producers.pop(pid, None)  # (one that published meanwhile is written again)
+                    part.committed_producers.pop(pid, None)
+                    part.producer_used.pop(pid, None)
+            log.info("forgot %d producer(s) of %s/%d idle for over %.0f s", len(pids), q.name, pidx,
+                     self.config.producer_expiry)
+
+        self._submit_partition_ops([DropProducers(q.meta.id, pidx, pids)], sync=False, callback=done)
 
     @staticmethod
     def _check_sequence(q: Queue, pidx: int, producer_id: str, messages: list[PublishMessage]) -> int:

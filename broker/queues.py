@@ -72,7 +72,7 @@ class Msg:
 
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
-                 "committed_producers", "gaps")
+                 "committed_producers", "gaps", "producer_used")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
@@ -87,6 +87,7 @@ class Partition:
         #: producer id -> seqs below its last accepted one whose batch failed to commit while a
         #: later batch went on (single node: separate commits); they may be stored again
         self.gaps: dict[str, set[int]] = {}
+        self.producer_used: dict[str, float] = {}  # producer id -> when it last published here (monotonic)
 
     def requeue(self, msgs: list[Msg]) -> None:
         """Put ``msgs`` back at their offset positions (usually all before the ready ones).

@@ -76,6 +76,7 @@ from storage.base import (
     PartitionState,
     PutApplied,
     PutHardState,
+    DropProducers,
     PutProducer,
     PutQueue,
     QueueMeta,
@@ -163,6 +164,8 @@ def encode_ops(ops: list[WriteOp]) -> bytes:
             out.append(["D", op.items])
         elif isinstance(op, PutProducer):
             out.append(["P", op.producer_id, op.last_seq])
+        elif isinstance(op, DropProducers):
+            out.append(["R", op.producer_ids])
         elif isinstance(op, PutQueue):
             out.append(["Q", _meta_out(op.queue)])
         elif isinstance(op, DropQueue):
@@ -187,6 +190,8 @@ def decode_ops(key: Key, data: bytes) -> list[WriteOp]:
             ops.append(SetDeliveryCount(qid, p, [(o, dc) for o, dc in item[1]]))
         elif kind == "P":
             ops.append(PutProducer(qid, p, item[1], item[2]))
+        elif kind == "R":
+            ops.append(DropProducers(qid, p, list(item[1])))
         elif kind == "Q":
             ops.append(PutQueue(_meta_in(item[1])))
         elif kind == "X":

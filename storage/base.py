@@ -146,6 +146,15 @@ class PutProducer:
 
 
 @dataclass(frozen=True, slots=True)
+class DropProducers:
+    """Forget idle producers of a partition (their sequences expire: ``producer_expiry``)."""
+
+    queue_id: int
+    partition: int
+    producer_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class PutUser:
     user: UserRecord
 
@@ -226,7 +235,7 @@ class ResetPartition:
 
 
 WriteOp = (
-    PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer
+    PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
     | PutUser | DropUser | LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 

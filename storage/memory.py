@@ -25,6 +25,7 @@ from storage.base import (
     PartitionState,
     PutApplied,
     PutHardState,
+    DropProducers,
     PutProducer,
     PutQueue,
     PutUser,
@@ -152,6 +153,10 @@ class MemoryEngine:
                     p.counts[off] = dc
         elif isinstance(op, PutProducer):
             self._part((op.queue_id, op.partition)).producers[op.producer_id] = op.last_seq
+        elif isinstance(op, DropProducers):
+            prods = self._part((op.queue_id, op.partition)).producers
+            for pid in op.producer_ids:
+                prods.pop(pid, None)
         elif isinstance(op, PutQueue):
             if any(q.name == op.queue.name and q.id != op.queue.id for q in d.queues.values()):
                 raise ValueError(f"queue name {op.queue.name!r} taken")

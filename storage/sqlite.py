@@ -65,6 +65,7 @@ from storage.base import (
     LogTruncate,
     PutApplied,
     PutHardState,
+    DropProducers,
     PutProducer,
     PutQueue,
     ResetPartition,
@@ -559,6 +560,10 @@ class SqliteEngine:
             conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
 
     def _apply_structural(self, conn: Connection, op: WriteOp) -> None:
+        if isinstance(op, DropProducers):
+            conn.exec_driver_sql("DELETE FROM producers WHERE queue_id = ? AND partition = ? AND producer_id = ?",
+                                 [(op.queue_id, op.partition, pid) for pid in op.producer_ids])
+            return
         if isinstance(op, PutQueue):
             q = op.queue
             conn.exec_driver_sql(

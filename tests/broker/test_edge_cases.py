@@ -377,3 +377,29 @@ async def test_a_cancelled_send_does_not_hold_up_flush(conn: client.DurableConne
     await p.send(b"y")
     await asyncio.wait_for(p.flush(), 10)
     await asyncio.wait_for(p.close(), 10)
+
+
+async def test_idle_producers_are_forgotten_after_producer_expiry(tmp_path: Path) -> None:
+    """Every producer id leaves a sequence per partition; idle ones expire (replicated op),
+    in memory and in the store, so short-lived ids do not pile up."""
+    node = await started(tmp_path, producer_expiry=1.0)
+    try:
+        async with await client.connect_link(url_of(node)) as conn:
+            await conn.declare_queue("q", partitions=2)
+            for pid in ("short-lived-1", "short-lived-2"):
+                await conn.request(lambda rid, pid=pid: Publish(
+                    rid=rid, queue="q", producer_id=pid, messages=[PublishMessage(f"k{i}", {}, b"x", i)
+                                                                   for i in range(10)]))
+            q = node.queues["q"]
+            assert all(part.producers for part in q.partitions)
+            await wait_until(lambda: not any(part.producers for part in q.partitions), timeout=30,
+                             what="idle producers forgotten")
+            (info,) = await conn.list_queues()
+            assert info.ready == 20  # the messages stay
+    finally:
+        await node.stop()
+    again = await started(tmp_path, producer_expiry=1.0)
+    try:
+        assert not any(part.producers for part in again.queues["q"].partitions)  # gone from the store too
+    finally:
+        await again.stop()

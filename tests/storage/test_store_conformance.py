@@ -15,6 +15,7 @@ from storage.base import (
     DropUser,
     Engine,
     MarkDelivered,
+    DropProducers,
     PutProducer,
     PutQueue,
     PutUser,
@@ -87,6 +88,18 @@ def test_everything_committed_comes_back(make_engine: Callable[[], Engine]) -> N
     assert [m.dc for m in p0.messages] == [1, 2] and p0.messages[1].seq == 9
     assert p0.next_offset == 3 and p0.producers == {"p": 9}
     assert [m.body for m in rec.partitions[(1, 1)].messages] == [b"other"]
+
+
+def test_dropped_producers_are_gone_and_others_stay(make_engine: Callable[[], Engine]) -> None:
+    e = make_engine()
+    e.open()
+    e.apply([PutQueue(Q), PutProducer(1, 0, "a", 3), PutProducer(1, 0, "b", 5), PutProducer(1, 1, "a", 1)],
+            sync=True)
+    e.apply([DropProducers(1, 0, ["a", "nobody"]), PutProducer(1, 0, "c", 2)], sync=True)
+    e.close()
+    rec = make_engine().open()
+    assert rec.partitions[(1, 0)].producers == {"b": 5, "c": 2}
+    assert rec.partitions[(1, 1)].producers == {"a": 1}  # another partition's "a" stays
 
 
 def test_next_offset_survives_when_every_message_is_removed(make_engine: Callable[[], Engine]) -> None:
@@ -269,3 +282,13 @@ def test_reset_and_load_one_partition(make_engine: Callable[[], Engine]) -> None
     e.close()
     rec = make_engine().open()
     assert [m.offset for m in rec.partitions[(1, 0)].messages] == [5]
+
+
+def test_partition_ops_travel_the_replication_log_unchanged() -> None:
+    """What the active proposes is what a replica applies: every partition op survives its
+    encoding as a log entry."""
+    from broker.replication import decode_ops, encode_ops
+
+    ops = [Append(1, 0, [msg(0), msg(1, pid="p", seq=4)], 2), Settle(1, 0, [0]), MarkDelivered(1, 0, 1),
+           SetDeliveryCount(1, 0, [(1, 2)]), PutProducer(1, 0, "p", 4), DropProducers(1, 0, ["old-1", "old-2"])]
+    assert decode_ops((1, 0), encode_ops(ops)) == ops
