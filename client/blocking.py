@@ -54,6 +54,7 @@ from client.errors import (
     UnavailableError,
     for_code,
 )
+from client.buffer import SendBuffer
 from client.consumer import DeliveredMessage
 from client.producer import Body, _as_bytes
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
@@ -96,11 +97,16 @@ from client.url import ConnectParams, parse_url
 
 
 def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: float | None = None,
-            send_timeout: float = 60.0, durable: bool = True) -> BlockingConnection:
+            send_timeout: float = 60.0, durable: bool = True, buffer_path: str | None = None,
+            buffer_max_bytes: int = 64 * 1024 * 1024) -> BlockingConnection:
     """Open a blocking connection to the first reachable node of ``url``.
 
     ``timeout``: the socket timeout of one read.  ``durable``: ride through the loss
-    of the node (see the module docs) for up to ``send_timeout`` seconds per call."""
+    of the node (see the module docs) for up to ``send_timeout`` seconds per call.
+    ``buffer_path``: a SQLite file where producers put sends made while no node is
+    reachable (then ``connect`` succeeds even so); they drain in order once one is."""
+    if buffer_max_bytes <= 0:
+        raise InvalidArgumentError("buffer_max_bytes must be > 0")
     params = parse_url(url)
     last: BaseException | None = None
     for k, (host, port) in enumerate(params.hosts):
@@ -120,6 +126,14 @@ def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: f
             continue
         conn._params, conn._client_name, conn._send_timeout = params, client_name, send_timeout
         conn._durable, conn._host_index = durable, k
+        conn.buffer_path, conn.buffer_max_bytes = buffer_path, buffer_max_bytes
+        return conn
+    if buffer_path is not None:  # no node now: the producers buffer, the first call re-dials
+        conn = BlockingConnection(socket.socket(), timeout=timeout)
+        conn._closed = True
+        conn._params, conn._client_name, conn._send_timeout = params, client_name, send_timeout
+        conn._durable, conn._host_index = True, -1
+        conn.buffer_path, conn.buffer_max_bytes = buffer_path, buffer_max_bytes
         return conn
     raise ConnectionClosedError(f"cannot connect to {', '.join(f'{h}:{p}' for h, p in params.hosts)}: {last}")
 
@@ -185,6 +199,8 @@ class BlockingConnection:
         self._host_index = 0
         self._consumers: list[BlockingConsumer] = []
         self._closing = False
+        self.buffer_path: str | None = None
+        self.buffer_max_bytes = 64 * 1024 * 1024
         self._rng = random.Random()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -257,6 +273,16 @@ class BlockingConnection:
                 raise for_code(frame.code, frame.message, active_hint=frame.active_hint,
                                    next_seq=frame.next_seq)
             return frame
+
+    def reachable(self) -> bool:
+        """Connected, or one pass over the URL's nodes found one (never waits longer)."""
+        if not self._closed:
+            return True
+        try:
+            self._reconnect(time.monotonic())
+        except TandemError:
+            return False
+        return True
 
     def _reconnect(self, deadline: float) -> None:
         """A new link to the next node that takes us (from the one after the current), with
@@ -386,6 +412,9 @@ class BlockingProducer:
         # start above anything that process sent (microseconds since the epoch), or the node
         # would take the first ones for resends and drop them.  A new random id starts at 0.
         self._seq = time.time_ns() // 1000 if producer_id else 0
+        self.buffer: SendBuffer | None = None
+        if conn.buffer_path is not None:
+            self.buffer = SendBuffer(conn.buffer_path, self.producer_id, queue, conn.buffer_max_bytes)
 
     def _message(self, body: Body, key: str | None, headers: Mapping[str, str] | None) -> PublishMessage:
         data = _as_bytes(body)
@@ -396,13 +425,53 @@ class BlockingProducer:
         return PublishMessage(key, dict(headers) if headers else {}, data, seq)
 
     def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
-        """Publish one message; returns its sequence number once confirmed."""
+        """Publish one message; returns its sequence number once confirmed, or -1 when no node
+        is reachable and the connection has a ``buffer_path``: then it waits in the buffer,
+        which drains (in order, before this producer's later sends) once a node answers."""
+        if self.buffer is not None:
+            if not self.conn.reachable():
+                data = _as_bytes(body)
+                if len(data) > self.conn.max_message_size:
+                    raise MessageTooLargeError(f"message of {len(data)} bytes exceeds max_message_size")
+                self.buffer.append(key, dict(headers) if headers else {}, data)
+                return -1
+            self.drain()  # the buffer first: its messages get the earlier seqs
         msg = self._message(body, key, headers)
         self._publish([msg])
         return msg.seq or 0
 
+    def drain(self) -> int:
+        """Send what waits in the local buffer, oldest first; returns how many were sent.
+        Each row's seq is written before it is first sent, so a process that dies mid-drain
+        resends it under the same seq and it is stored once."""
+        if self.buffer is None or not self.buffer.count:
+            return 0
+        done = 0
+        rows = self.buffer.load()
+        for i in range(0, len(rows), 100):
+            chunk = rows[i:i + 100]
+            fresh = [(r.id, -1, self._next_seq()) for r in chunk if r.seq is None]
+            self.buffer.assign(fresh)
+            seqs = {rid: seq for rid, _p, seq in fresh}
+            msgs = [PublishMessage(r.key, r.headers, r.body, r.seq if r.seq is not None else seqs[r.id])
+                    for r in chunk]
+            self._publish(msgs)
+            self.buffer.remove([r.id for r in chunk])
+            done += len(chunk)
+        return done
+
+    def _next_seq(self) -> int:
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    @property
+    def buffered_count(self) -> int:
+        return self.buffer.count if self.buffer is not None else 0
+
     def send_many(self, bodies: Iterable[Body], *, key: str | None = None) -> int:
         """Publish many messages in one batch; returns how many were confirmed."""
+        self.drain()
         msgs = [self._message(b, key, None) for b in bodies]
         if msgs:
             self._publish(msgs)

@@ -109,3 +109,31 @@ def test_a_producer_id_used_again_is_not_taken_for_resends(url: str) -> None:
         conn.producer("q", producer_id="app-1").send_many([b"c", b"d"])
         (info,) = conn.list_queues()
         assert info.ready == 4
+
+
+def test_blocking_sends_buffer_while_no_node_answers_and_drain_in_order(
+        node: tuple[NodeProcess, asyncio.AbstractEventLoop], tmp_path: Path) -> None:
+    proc, loop = node
+    url = proc.url
+    with blocking.connect(url) as conn:
+        conn.declare_queue("q")
+    loop.run_until_complete(proc.stop())
+    buffer = str(tmp_path / "sends.db")
+    with blocking.connect(url, buffer_path=buffer) as conn:  # no node: it connects all the same
+        p = conn.producer("q", producer_id="app-1")
+        assert all(p.send(f"m{i}") == -1 for i in range(30))  # buffered
+        assert p.buffered_count == 30
+    loop.run_until_complete(proc.start())
+    with blocking.connect(url, buffer_path=buffer) as conn:  # a new process, the same id and file
+        p = conn.producer("q", producer_id="app-1")
+        assert p.send("after") >= 0  # the buffer drains first, then this one
+        assert p.buffered_count == 0
+        got = []
+        c = conn.consumer("q", prefetch=50)
+        while len(got) < 31:
+            m = c.next()
+            got.append(m.body.decode())
+            m.ack()
+        assert got == [f"m{i}" for i in range(30)] + ["after"]  # once each, in order
+        (info,) = conn.list_queues()
+        assert info.ready == 0 and info.unacked == 0
