@@ -33,7 +33,6 @@ from __future__ import annotations
 import itertools
 import random
 import socket
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -55,6 +54,7 @@ from client.errors import (
     for_code,
 )
 from client.buffer import SendBuffer
+from client.clock import SYSTEM_CLOCK, Backoff
 from client.consumer import DeliveredMessage
 from client.producer import Body, _as_bytes
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
@@ -248,17 +248,17 @@ class BlockingConnection:
     def _call(self, make: Any, *, retry: bool = True) -> Frame:
         """Send a request and read until its reply; if durable (and ``retry``), ride through
         a lost node: reconnect and send it again until ``send_timeout``."""
-        deadline = time.monotonic() + self._send_timeout
-        delay = 0.05
+        clock = SYSTEM_CLOCK
+        deadline = clock.monotonic() + self._send_timeout
+        backoff = Backoff(rng=self._rng)
         while True:
             try:
                 return self._call_once(make)
             except TandemError as exc:
                 if not (self._durable and retry and exc.retriable and not self._closing) \
-                        or isinstance(exc, (QueueFullError, TimeoutError_)) or time.monotonic() >= deadline:
+                        or isinstance(exc, (QueueFullError, TimeoutError_)) or clock.monotonic() >= deadline:
                     raise
-                time.sleep(delay * (0.5 + self._rng.random() / 2))
-                delay = min(2.0, delay * 2)
+                clock.sleep_blocking(backoff.next())
                 if self._closed or isinstance(exc, (UnavailableError, ShuttingDownError, NotActiveError)):
                     self._reconnect(deadline)
 
@@ -279,7 +279,7 @@ class BlockingConnection:
         if not self._closed:
             return True
         try:
-            self._reconnect(time.monotonic())
+            self._reconnect(SYSTEM_CLOCK.monotonic())
         except TandemError:
             return False
         return True
@@ -292,7 +292,7 @@ class BlockingConnection:
             self._sock.close()
         except OSError:
             pass
-        delay = 0.05
+        backoff = Backoff(rng=self._rng)
         while True:
             sock = None
             try:
@@ -311,10 +311,9 @@ class BlockingConnection:
                 self._closed = True
                 if isinstance(exc, TandemError) and not exc.retriable:
                     raise
-                if time.monotonic() >= deadline:
+                if SYSTEM_CLOCK.monotonic() >= deadline:
                     raise ConnectionClosedError(f"no node of the URL answers: {exc}") from exc
-            time.sleep(delay * (0.5 + self._rng.random() / 2))
-            delay = min(2.0, delay * 2)
+            SYSTEM_CLOCK.sleep_blocking(backoff.next())
         self._epoch += 1
         self._deliveries.clear()
         for c in self._consumers:
@@ -411,7 +410,7 @@ class BlockingProducer:
         # A producer id the application chose may be one an earlier process used: its seqs
         # start above anything that process sent (microseconds since the epoch), or the node
         # would take the first ones for resends and drop them.  A new random id starts at 0.
-        self._seq = time.time_ns() // 1000 if producer_id else 0
+        self._seq = int(SYSTEM_CLOCK.time() * 1_000_000) if producer_id else 0
         self.buffer: SendBuffer | None = None
         if conn.buffer_path is not None:
             self.buffer = SendBuffer(conn.buffer_path, self.producer_id, queue, conn.buffer_max_bytes)
@@ -517,7 +516,7 @@ class BlockingConsumer:
             except ConnectionClosedError:
                 if not conn._durable or conn._closing:
                     raise
-                conn._reconnect(time.monotonic() + conn._send_timeout)
+                conn._reconnect(SYSTEM_CLOCK.monotonic() + conn._send_timeout)
         return BlockingMessage(conn, self._buf.popleft())
 
     def __iter__(self) -> Iterator[BlockingMessage]:

@@ -8,6 +8,7 @@ calls ``time.monotonic()`` or ``asyncio.sleep()`` directly.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -44,5 +45,26 @@ class SystemClock:
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         return asyncio.get_running_loop().call_later(delay, callback)
 
+    def sleep_blocking(self, seconds: float) -> None:
+        """For code with no event loop (the blocking client, Spark's executors)."""
+        time.sleep(seconds)
+
 
 SYSTEM_CLOCK = SystemClock()
+
+
+class Backoff:
+    """Exponential backoff with full jitter between ``first`` and ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.05, cap: float = 2.0, rng: random.Random | None = None) -> None:
+        self.first, self.cap = first, cap
+        self.rng = rng or random.Random()
+        self.n = 0
+
+    def next(self) -> float:
+        d = min(self.cap, self.first * (2 ** self.n))
+        self.n = min(self.n + 1, 30)
+        return d * (0.5 + self.rng.random() / 2)
+
+    def reset(self) -> None:
+        self.n = 0

@@ -51,7 +51,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from client.buffer import Buffered, SendBuffer
-from client.clock import SYSTEM_CLOCK, Clock
+from client.clock import SYSTEM_CLOCK, Backoff, Clock
 from client.connection import Connection, _params_dict
 from client.errors import (
     AccessRefusedError,
@@ -124,23 +124,6 @@ class SendResult:
     seq: int
     buffered: bool = False
     duplicate: bool = False
-
-
-class Backoff:
-    """Exponential backoff with full jitter between ``first`` and ``cap`` seconds."""
-
-    def __init__(self, first: float = 0.05, cap: float = 2.0, rng: random.Random | None = None) -> None:
-        self.first, self.cap = first, cap
-        self.rng = rng or random.Random()
-        self.n = 0
-
-    def next(self) -> float:
-        d = min(self.cap, self.first * (2 ** self.n))
-        self.n = min(self.n + 1, 30)
-        return d * (0.5 + self.rng.random() / 2)
-
-    def reset(self) -> None:
-        self.n = 0
 
 
 def _transient(exc: BaseException) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -53,7 +52,7 @@ class Producer:
         # A producer id the application chose may be one an earlier process used: its seqs
         # start above anything that process sent (microseconds since the epoch), or the node
         # would take the first ones for resends and drop them.  A new random id starts at 0.
-        self._seq = time.time_ns() // 1000 if producer_id else 0
+        self._seq = int(conn.clock.time() * 1_000_000) if producer_id else 0
         self._buffer: deque[tuple[PublishMessage, asyncio.Future[int]]] = deque()
         self._in_flight = 0
         self._flush_scheduled = False

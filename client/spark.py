@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from client import blocking
+from client.clock import SYSTEM_CLOCK, Backoff
 from client.errors import InvalidArgumentError, TandemError, UnavailableError
 from client.protocol.frames import PublishMessage
 from client.url import parse_url
@@ -212,7 +212,7 @@ class _Group:
         """A plain link (no failover of its own: the caller asks the map again) to the node
         active for ``partition``, waiting (until ``deadline``) while it has none: only the
         active knows where the partition ends."""
-        delay = 0.05
+        backoff = Backoff(cap=1.0)
         while True:
             m = self.main.partition_map(self.conf.queue)
             active = m.actives[partition] if partition < len(m.actives) else ""
@@ -231,10 +231,9 @@ class _Group:
                 except TandemError as exc:
                     if not exc.retriable:
                         raise
-            if time.monotonic() >= deadline:
+            if SYSTEM_CLOCK.monotonic() >= deadline:
                 raise UnavailableError(f"partition {partition} of {self.conf.queue!r} has no reachable active")
-            time.sleep(delay)  # an election under way: the map is asked again
-            delay = min(1.0, delay * 2)
+            SYSTEM_CLOCK.sleep_blocking(backoff.next())  # an election under way: the map is asked again
 
     def drop(self, link: blocking.BlockingConnection) -> None:
         for name, c in list(self.links.items()):
@@ -247,7 +246,7 @@ class _Group:
 
     def bounds(self, partition: int) -> tuple[int, int]:
         """(earliest offset still held, end offset) of a partition, from its active."""
-        deadline = time.monotonic() + READ_PATIENCE
+        deadline = SYSTEM_CLOCK.monotonic() + READ_PATIENCE
         while True:
             link = self.link_for(partition, deadline)
             try:
@@ -255,7 +254,7 @@ class _Group:
                 return (msgs[0].offset if msgs else end), end
             except TandemError as exc:
                 self.drop(link)
-                if not exc.retriable or time.monotonic() >= deadline:
+                if not exc.retriable or SYSTEM_CLOCK.monotonic() >= deadline:
                     raise
                 log.info("reading the bounds of %s/%d: %s; asking again", self.conf.queue, partition, exc)
 
@@ -299,16 +298,16 @@ def _read_range(part: TandemPartition) -> Iterator[tuple[Any, ...]]:
     conf = Conf(url=part.url, queue=part.queue)
     group = _Group(conf)
     offset = part.start  # the next offset this range expects
-    deadline = time.monotonic() + READ_PATIENCE
+    deadline = SYSTEM_CLOCK.monotonic() + READ_PATIENCE
     try:
         while offset < part.end:
             link = group.link_for(part.partition, deadline)
             try:
                 msgs, nxt, end = link.read(part.queue, part.partition, offset, READ_BATCH)
-                deadline = time.monotonic() + READ_PATIENCE  # progress: patience again
+                deadline = SYSTEM_CLOCK.monotonic() + READ_PATIENCE  # progress: patience again
             except TandemError as exc:
                 group.drop(link)
-                if not exc.retriable or time.monotonic() >= deadline:
+                if not exc.retriable or SYSTEM_CLOCK.monotonic() >= deadline:
                     raise
                 log.warning("reading %s/%d at %d: %s; asking for its active again", part.queue, part.partition,
                             offset, exc)
@@ -317,10 +316,10 @@ def _read_range(part: TandemPartition) -> Iterator[tuple[Any, ...]]:
                 # this node ends the partition before the range does: it is not (or no longer)
                 # the active, whose end the range was planned with; ask again who is
                 group.drop(link)
-                if time.monotonic() >= deadline:
+                if SYSTEM_CLOCK.monotonic() >= deadline:
                     raise UnavailableError(f"{part.queue}/{part.partition} ends at {end} on {link.node}, "
                                            f"before the planned {part.end}")
-                time.sleep(0.2)
+                SYSTEM_CLOCK.sleep_blocking(0.2)  # a moment for the map to change, bounded by the deadline
                 continue
             for m in msgs:
                 if m.offset >= part.end:

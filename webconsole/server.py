@@ -20,7 +20,6 @@ import binascii
 import json
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,20 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from aiohttp import web
 
-from client.errors import AccessRefusedError, AuthError, InvalidArgumentError, QueueNotFoundError, TandemError
+from client.errors import (
+    AccessRefusedError,
+    AuthError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotActiveError,
+    PartitionNotFoundError,
+    QueueExistsError,
+    QueueNotFoundError,
+    ShuttingDownError,
+    TandemError,
+    TimeoutError_,
+    UnavailableError,
+)
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo, StatusOk
 from storage.base import UserRecord
 
@@ -58,11 +70,12 @@ def _bad(field: str, why: str) -> ApiError:
     return ApiError(400, "bad_request", f"{field}: {why}")
 
 
-_STATUS_OF: dict[str, int] = {
-    "QueueNotFoundError": 404, "AuthError": 401, "AccessRefusedError": 403, "QueueExistsError": 409,
-    "InvalidArgumentError": 400, "MessageTooLargeError": 400, "PartitionNotFoundError": 404,
-    "UnavailableError": 503, "NotActiveError": 503, "ShuttingDownError": 503, "TimeoutError_": 503,
-}
+#: HTTP status of a broker error (first match; a subclass before its base)
+_STATUS_OF: tuple[tuple[type[TandemError], int], ...] = (
+    (AccessRefusedError, 403), (AuthError, 401), (QueueNotFoundError, 404), (PartitionNotFoundError, 404),
+    (QueueExistsError, 409), (InvalidArgumentError, 400), (MessageTooLargeError, 400),
+    (UnavailableError, 503), (NotActiveError, 503), (ShuttingDownError, 503), (TimeoutError_, 503),
+)
 
 
 class Session:
@@ -149,7 +162,7 @@ class Console:
         except ApiError as exc:
             return _json_error(exc.status, exc.error, exc.message, unauth=exc.status == 401 and challenge)
         except TandemError as exc:
-            status = _STATUS_OF.get(type(exc).__name__, 500 if not exc.retriable else 503)
+            status = next((s for cls, s in _STATUS_OF if isinstance(exc, cls)), 503 if exc.retriable else 500)
             return _json_error(status, exc.code.name.lower(), exc.message, unauth=status == 401 and challenge)
         except web.HTTPException:
             raise
@@ -192,7 +205,7 @@ class Console:
         token = request.cookies.get(SESSION_COOKIE)
         if token:
             sess = self.sessions.get(token)
-            if sess is not None and sess.expires > time.time():
+            if sess is not None and sess.expires > self.node.clock.time():
                 return sess.user, sess.role, "cookie", sess
             self.sessions.pop(token, None)
         header = request.headers.get("Authorization", "")
@@ -238,7 +251,7 @@ class Console:
             raise _bad("password", "required")
         rec = await self._verify(user, password)
         token = secrets.token_urlsafe(32)
-        now = time.time()
+        now = self.node.clock.time()
         self.sessions = {k: s for k, s in self.sessions.items() if s.expires > now}
         sess = self.sessions[token] = Session(rec.name, rec.role, now + SESSION_TTL)
         log.info("console: %s (%s) logged in from %s", rec.name, rec.role, request.remote)
@@ -454,7 +467,7 @@ class Console:
     def _rate(self, queue: str, counter: str, value: int, *, update: bool = True) -> float:
         """Per second, from the previous sample (at least a second old) of the same counter;
         a sum some member did not answer for (``update`` false) leaves the samples alone."""
-        now = time.monotonic()
+        now = self.node.clock.monotonic()
         prev = self._rates.get((queue, counter))
         if not update:
             return prev[2] if prev is not None else 0.0
@@ -524,7 +537,7 @@ class Console:
                 overview = {"nodes": self._nodes_json(statuses), "partitions": self._partitions_json(statuses),
                             "group": self._group_json(statuses), "queues": await self._queues_json()}
                 await resp.write(f"event: overview\ndata: {json.dumps(overview)}\n\n".encode())
-                await asyncio.sleep(1.0)  # the stream's period, not a wait for a state
+                await self.node.clock.sleep(1.0)  # the stream's period, not a wait for a state
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the browser went away
         return resp
@@ -742,5 +755,3 @@ def _json_error(status: int, error: str, message: str, *, unauth: bool = False) 
         resp.headers["WWW-Authenticate"] = 'Basic realm="tandem"'
     return resp
 
-
-_ = (AccessRefusedError, QueueNotFoundError)  # mapped to 403/404 by name in _STATUS_OF
