@@ -546,8 +546,25 @@ class _Item:
         self.buf_at: tuple[int, int] | None = None  # (partition, seq) as written in that row
         self.partition = -1
         # what it adds to a Publish frame (msgpack overhead estimated generously)
-        self.size = len(msg.body) + FRAME_OVERHEAD + (len(msg.key.encode()) if msg.key else 0) + \
-            sum(len(k.encode()) + len(v.encode()) + 10 for k, v in msg.headers.items())
+        size = len(msg.body) + FRAME_OVERHEAD
+        if msg.key:
+            size += len(msg.key.encode())
+        if msg.headers:
+            size += sum(len(k.encode()) + len(v.encode()) + 10 for k, v in msg.headers.items())
+        self.size = size
+
+
+def _check_key_headers(key: str | None, headers: Mapping[str, str] | None) -> None:
+    """What msgpack cannot encode must fail in ``send``, not in the pump."""
+    if headers and not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise InvalidArgumentError("headers must map str to str")
+    if key is not None and not isinstance(key, str):
+        raise InvalidArgumentError("key must be a str")
+    try:
+        for text in (key or "", *(headers or {}).keys(), *(headers or {}).values()):
+            text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"key and headers must be valid UTF-8 text: {exc}") from None
 
 
 class _Part:
@@ -657,15 +674,8 @@ class DurableProducer:
         limit = primary.max_message_size if primary is not None else 5 * 1024 * 1024
         if len(data) > limit:
             raise MessageTooLargeError(f"message of {len(data)} bytes exceeds the node's max_message_size {limit}")
-        if headers and not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-            raise InvalidArgumentError("headers must map str to str")
-        if key is not None and not isinstance(key, str):
-            raise InvalidArgumentError("key must be a str")
-        try:  # what msgpack cannot encode must fail here, not in the pump
-            for text in (key or "", *(headers or {}).keys(), *(headers or {}).values()):
-                text.encode()
-        except UnicodeEncodeError as exc:
-            raise InvalidArgumentError(f"key and headers must be valid UTF-8 text: {exc}") from None
+        if key is not None or headers:
+            _check_key_headers(key, headers)
         frame_limit = (primary.max_frame_size if primary is not None else 8 * 1024 * 1024) - 4096
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         item = _Item(PublishMessage(key, dict(headers) if headers else {}, data, None), fut,
@@ -884,8 +894,9 @@ class DurableProducer:
             return
         if not part.unsent:
             return
-        if any(it.buf_id is not None and it.buf_at != (part.index, it.msg.seq)
-               for it in itertools.islice(part.unsent, self.max_batch * self.max_in_flight)):
+        if self.buffer is not None and any(
+                it.buf_id is not None and it.buf_at != (part.index, it.msg.seq)
+                for it in itertools.islice(part.unsent, self.max_batch * self.max_in_flight)):
             part.busy = True  # buffered messages: their numbering goes to disk before they go out
             self._spawn(self._record(part, list(itertools.islice(part.unsent, self.max_batch * self.max_in_flight))))
             return
@@ -1131,9 +1142,42 @@ class DurableProducer:
 # -- consumer ------------------------------------------------------------------------------------
 
 
+#: the settlement future handed out for each shared frame future of a link (one per ack frame)
+_settle_outs: dict[asyncio.Future[None], asyncio.Future[None]] = {}
+
+
+def _stale_translated(inner: asyncio.Future[None], node: str | None) -> asyncio.Future[None]:
+    """The future of an ack frame as its settlements see it: a failure that means "it comes
+    again" becomes StaleDeliveryError.  One per frame, shared like the frame's own."""
+    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _settle_outs[inner] = out
+
+    def done(f: asyncio.Future[None]) -> None:
+        _settle_outs.pop(f, None)
+        if out.done():
+            return
+        exc = f.exception() if not f.cancelled() else ConnectionClosedError("cancelled")
+        if exc is None:
+            out.set_result(None)
+        elif isinstance(exc, (ConnectionClosedError, UnknownDeliveryTagError)) or \
+                (isinstance(exc, TandemError) and exc.retriable):
+            out.set_exception(StaleDeliveryError(f"settling on {node} failed ({exc}); the messages will be "
+                                                 "delivered again"))
+            out.exception()  # safe to ignore: no "never retrieved" noise for a fire-and-forget ack
+        else:
+            out.set_exception(exc)
+
+    inner.add_done_callback(done)
+    return out
+
+
 class DurableMessage:
     """A delivered message of a durable consumer; settle it once.  If its link failed
-    meanwhile, settling raises StaleDeliveryError: it will come again, redelivered."""
+    meanwhile, settling raises StaleDeliveryError: it will come again, redelivered.
+
+    ``ack``/``nack``/``reject`` return the future of the frame that carries the settlement;
+    the settlements of one loop turn share it (as with :meth:`Connection.settle`), so await
+    it or drop it, but do not cancel it."""
 
     __slots__ = ("_link", "_d", "_settled")
 
@@ -1164,24 +1208,8 @@ class DurableMessage:
                                      "it will be delivered again")
         self._settled = True
         inner = self._link.settle(kind, self._d.tag, requeue)
-        out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(f: asyncio.Future[None]) -> None:
-            if out.done():
-                return
-            exc = f.exception() if not f.cancelled() else ConnectionClosedError("cancelled")
-            if exc is None:
-                out.set_result(None)
-            elif isinstance(exc, (ConnectionClosedError, UnknownDeliveryTagError)) or \
-                    (isinstance(exc, TandemError) and exc.retriable):
-                out.set_exception(StaleDeliveryError(f"settling {self.id} on {self._link.node} failed ({exc}); "
-                                                     "it will be delivered again"))
-                out.exception()  # safe to ignore: no "never retrieved" noise for a fire-and-forget ack
-            else:
-                out.set_exception(exc)
-
-        inner.add_done_callback(done)
-        return out
+        out = _settle_outs.get(inner)
+        return out if out is not None else _stale_translated(inner, self._link.node)
 
     def ack(self) -> asyncio.Future[None]:
         return self._settle(Ack)
@@ -1306,7 +1334,8 @@ class DurableConsumer:
         return self
 
     async def __anext__(self) -> DurableMessage:
-        await self.start()
+        if not self._started:
+            await self.start()
         while True:
             while self._buffer:
                 link, d = self._buffer.popleft()
