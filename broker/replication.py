@@ -37,7 +37,7 @@ import bisect
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,8 @@ from storage.base import (
     LogState,
     LogTruncate,
     MarkDelivered,
+    MessageRecord,
+    PackedRun,
     PartitionState,
     PutApplied,
     PutHardState,
@@ -149,14 +151,35 @@ def _meta_in(a: list[Any]) -> QueueMeta:
                      dead_letter_queue=a[6], max_length=a[7])
 
 
-def encode_ops(ops: list[WriteOp]) -> bytes:
-    """A log entry's payload: the ops of one partition (or of the catalogue)."""
+def _contiguous(messages: Sequence[MessageRecord]) -> bool:
+    first = messages[0].offset
+    return all(m.offset == first + i for i, m in enumerate(messages))
+
+
+def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
+    """A log entry's payload: the ops of one partition (or of the catalogue); and the same
+    ops with their appends packed (:class:`PackedRun`), to apply here without packing twice.
+
+    An append of consecutive offsets travels as ``["C", next_offset, start, count, chunk]``:
+    ``chunk`` is already the stores' chunk format, so a replica writes it as it comes,
+    without decoding a message.  (``"A"``, a list of messages, is still read.)"""
     out: list[Any] = []
+    applied: list[WriteOp] = []
     for op in ops:
         if isinstance(op, Append):
-            out.append(["A", op.next_offset, [[m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts]
-                                              for m in op.messages]])
-        elif isinstance(op, Settle):
+            msgs = op.messages
+            if type(msgs) is not PackedRun and msgs and _contiguous(msgs):
+                msgs = PackedRun.of(msgs)
+                op = Append(op.queue_id, op.partition, msgs, op.next_offset)
+            if type(msgs) is PackedRun:
+                out.append(["C", op.next_offset, msgs.start, msgs.length, msgs.payload])
+            else:
+                out.append(["A", op.next_offset, [[m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq,
+                                                   m.ts] for m in msgs]])
+            applied.append(op)
+            continue
+        applied.append(op)
+        if isinstance(op, Settle):
             out.append(["S", op.offsets])
         elif isinstance(op, MarkDelivered):
             out.append(["M", op.upto])
@@ -172,7 +195,7 @@ def encode_ops(ops: list[WriteOp]) -> bytes:
             out.append(["X", op.queue_id])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
-    return msgpack.packb(out, use_bin_type=True)
+    return msgpack.packb(out, use_bin_type=True), applied
 
 
 def decode_ops(key: Key, data: bytes) -> list[WriteOp]:
@@ -180,7 +203,9 @@ def decode_ops(key: Key, data: bytes) -> list[WriteOp]:
     ops: list[WriteOp] = []
     for item in msgpack.unpackb(data, raw=False):
         kind = item[0]
-        if kind == "A":
+        if kind == "C":
+            ops.append(Append(qid, p, PackedRun(item[2], item[3], item[4]), item[1]))
+        elif kind == "A":
             ops.append(Append(qid, p, [StoredMessage(*m) for m in item[2]], item[1]))
         elif kind == "S":
             ops.append(Settle(qid, p, item[1]))
@@ -761,7 +786,8 @@ class Replication:
                 continue
             if self.logs.get(plog.key) is not plog:
                 continue
-            ready, entry = plog.replica.propose(encode_ops(ops))
+            data, ops = encode_ops(ops)
+            ready, entry = plog.replica.propose(data)
             if entry is None:
                 err = NotActiveError(f"partition {plog.name} is not active on {self.me}")
                 for cb in cbs:

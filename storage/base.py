@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
 
 from client.errors import InvalidArgumentError
 
@@ -98,10 +100,51 @@ class DropQueue:
     queue_id: int
 
 
+def pack_run(run: Sequence[MessageRecord]) -> bytes:
+    """Messages of consecutive offsets in the stores' chunk format (offsets implied)."""
+    return msgpack.packb([[m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts] for m in run],
+                         use_bin_type=True)
+
+
+def unpack_run(start: int, payload: bytes) -> list[StoredMessage]:
+    items = msgpack.unpackb(payload, raw=False)
+    return [StoredMessage(start + i, *item) for i, item in enumerate(items)]
+
+
+class PackedRun(Sequence[StoredMessage]):
+    """Messages of offsets ``start`` .. ``start + length - 1``, still packed by
+    :func:`pack_run`.  An :class:`Append` of a replicated log entry carries one: a
+    store that keeps chunks writes ``payload`` as it is, and nobody decodes the
+    messages unless they look at them."""
+
+    __slots__ = ("start", "length", "payload", "_decoded")
+
+    def __init__(self, start: int, length: int, payload: bytes) -> None:
+        self.start = start
+        self.length = length
+        self.payload = payload
+        self._decoded: list[StoredMessage] | None = None
+
+    @classmethod
+    def of(cls, run: Sequence[MessageRecord]) -> PackedRun:
+        return cls(run[0].offset, len(run), pack_run(run))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._decoded is None:
+            self._decoded = unpack_run(self.start, self.payload)
+            if len(self._decoded) != self.length:
+                raise ValueError(f"packed run at {self.start} holds {len(self._decoded)} messages, "
+                                 f"not {self.length}")
+        return self._decoded[i]
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
     """Append messages (consecutive offsets) to a partition's log; ``next_offset``
-    is the log end after it."""
+    is the log end after it.  ``messages`` may be a :class:`PackedRun`."""
 
     queue_id: int
     partition: int

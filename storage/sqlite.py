@@ -57,6 +57,7 @@ from storage.base import (
     DropUser,
     MarkDelivered,
     MessageRecord,
+    PackedRun,
     PartitionState,
     LogAppend,
     LogCompact,
@@ -77,6 +78,8 @@ from storage.base import (
     StoredMessage,
     UserRecord,
     WriteOp,
+    pack_run,
+    unpack_run,
 )
 from storage.intervals import ChunkIndex, IntervalSet, ranges_of
 
@@ -174,17 +177,6 @@ def _runs(messages: Sequence[MessageRecord]) -> Iterator[Sequence[MessageRecord]
             begin = i
     if messages:
         yield messages[begin:]
-
-
-def _pack(run: Sequence[MessageRecord]) -> bytes:
-    return msgpack.packb(
-        [[m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts] for m in run], use_bin_type=True
-    )
-
-
-def _unpack(start: int, payload: bytes) -> list[StoredMessage]:
-    items = msgpack.unpackb(payload, raw=False)
-    return [StoredMessage(start + i, *item) for i, item in enumerate(items)]
 
 
 class SqliteEngine:
@@ -337,7 +329,7 @@ class SqliteEngine:
             st = state(key)
             settled = self._index[key].settled
             dcs = counts.get(key, {})
-            for m in _unpack(start, payload):
+            for m in unpack_run(start, payload):
                 if settled.contains(m.offset):
                     continue
                 m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
@@ -381,7 +373,7 @@ class SqliteEngine:
                     'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
                 for start, payload in conn.exec_driver_sql(
                         "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key):
-                    for m in _unpack(start, payload):
+                    for m in unpack_run(start, payload):
                         if not settled.contains(m.offset):
                             m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
                             st.messages.append(m)
@@ -505,10 +497,16 @@ class SqliteEngine:
             if kind is Append:
                 key = (op.queue_id, op.partition)  # type: ignore[union-attr]
                 idx = self._part(key)
-                for run in _runs(op.messages):  # type: ignore[union-attr]
-                    start = run[0].offset
-                    chunks.append((key[0], key[1], start, len(run), _pack(run)))
-                    idx.add_chunk(start, len(run))
+                msgs = op.messages  # type: ignore[union-attr]
+                if type(msgs) is PackedRun:  # from a log entry: already in the chunk format
+                    if msgs.length:
+                        chunks.append((key[0], key[1], msgs.start, msgs.length, msgs.payload))
+                        idx.add_chunk(msgs.start, msgs.length)
+                else:
+                    for run in _runs(msgs):
+                        start = run[0].offset
+                        chunks.append((key[0], key[1], start, len(run), pack_run(run)))
+                        idx.add_chunk(start, len(run))
                 ends[key] = max(ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
                 self._ends[key] = max(self._ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
             elif kind is Settle:
@@ -645,7 +643,7 @@ class SqliteEngine:
                     "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? AND start >= ? "
                     "ORDER BY start", (queue_id, partition, offset if first is None else first))
                 for start, payload in rows:
-                    for m in _unpack(start, payload):
+                    for m in unpack_run(start, payload):
                         if m.offset >= offset and not settled.contains(m.offset):
                             out.append(m)
                             if len(out) >= limit:

@@ -15,6 +15,7 @@ from storage.base import (
     DropUser,
     Engine,
     MarkDelivered,
+    PackedRun,
     DropProducers,
     PutProducer,
     PutQueue,
@@ -24,6 +25,7 @@ from storage.base import (
     Settle,
     StoredMessage,
     UserRecord,
+    WriteOp,
 )
 from storage.memory import MemoryDisk, MemoryEngine
 from storage.sqlite import SqliteEngine
@@ -289,6 +291,36 @@ def test_partition_ops_travel_the_replication_log_unchanged() -> None:
     encoding as a log entry."""
     from broker.replication import decode_ops, encode_ops
 
+    def plain(ops: list[WriteOp]) -> list[WriteOp]:  # appends with their messages as a list
+        return [Append(op.queue_id, op.partition, list(op.messages), op.next_offset) if isinstance(op, Append)
+                else op for op in ops]
+
     ops = [Append(1, 0, [msg(0), msg(1, pid="p", seq=4)], 2), Settle(1, 0, [0]), MarkDelivered(1, 0, 1),
-           SetDeliveryCount(1, 0, [(1, 2)]), PutProducer(1, 0, "p", 4), DropProducers(1, 0, ["old-1", "old-2"])]
-    assert decode_ops((1, 0), encode_ops(ops)) == ops
+           SetDeliveryCount(1, 0, [(1, 2)]), PutProducer(1, 0, "p", 4), DropProducers(1, 0, ["old-1", "old-2"]),
+           Append(1, 0, [msg(5), msg(7)], 8)]  # not consecutive: travels message by message
+    data, here = encode_ops(ops)
+    there = decode_ops((1, 0), data)
+    assert plain(there) == plain(here) == ops
+    # consecutive appends travel (and are applied) in the stores' chunk format, undecoded
+    assert isinstance(there[0], Append) and isinstance(there[0].messages, PackedRun)
+    assert isinstance(here[0], Append) and isinstance(here[0].messages, PackedRun)
+    assert isinstance(there[-1], Append) and isinstance(there[-1].messages, list)
+    # entries written before the packed form still read
+    import msgpack
+    old = msgpack.packb([["A", 2, [[0, "k0", b"\x80", b"b", None, None, 1700000000.0]]]], use_bin_type=True)
+    assert decode_ops((1, 0), old) == [Append(1, 0, [msg(0)], 2)]
+
+
+def test_a_packed_append_is_stored_like_a_list(make_engine: Callable[[], Engine]) -> None:
+    """An append that arrives packed (a replicated log entry) gives the same partition."""
+    e = make_engine()
+    e.open()
+    e.apply([PutQueue(Q), Append(1, 0, PackedRun.of([msg(0), msg(1, pid="p", seq=3), msg(2)]), 3),
+             Append(1, 1, [msg(0), msg(1, pid="p", seq=3), msg(2)], 3), Settle(1, 0, [1]), Settle(1, 1, [1])],
+            sync=True)
+    a, b = e.load_partition(1, 0), e.load_partition(1, 1)
+    assert a.messages == b.messages and [m.offset for m in a.messages] == [0, 2] and a.next_offset == 3
+    e.apply([Settle(1, 0, [0, 2])], sync=True)
+    assert e.load_partition(1, 0).messages == []
+    e.close()
+    assert [m.offset for m in make_engine().open().partitions[(1, 1)].messages] == [0, 2]
