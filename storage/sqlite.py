@@ -85,7 +85,10 @@ from storage.intervals import ChunkIndex, IntervalSet, ranges_of
 
 log = logging.getLogger("tandem.storage")
 
-CHECKPOINT_INTERVAL = 0.2  # seconds between background WAL checkpoints
+CHECKPOINT_INTERVAL = 0.05  # seconds between background WAL checkpoints
+#: WAL frames after which the writer finishes a checkpoint itself, between two commits, so
+#: that the WAL starts over (see _finish_checkpoint)
+WAL_RESTART_FRAMES = 2048
 SCHEMA_VERSION = "3"  # 3 adds the replication tables ha_log, ha_state; 2 is upgraded in place
 _UPGRADABLE = {"2"}
 
@@ -196,6 +199,8 @@ class SqliteEngine:
         self._index: dict[Key, ChunkIndex] = {}
         self._ends: dict[Key, int] = {}
         self._checkpointer: threading.Thread | None = None
+        self._wal_frames = 0  # the WAL's length in frames at the last background checkpoint
+        self.wal_restarts = 0  # checkpoints the writer completed (each lets the WAL start over)
         self._stop_checkpoints = threading.Event()
 
     @staticmethod
@@ -264,9 +269,11 @@ class SqliteEngine:
             assert raw is not None  # an open connection has one
             while not self._stop_checkpoints.wait(CHECKPOINT_INTERVAL):
                 try:
-                    raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    _busy, frames, _copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:  # busy, locked: the next round tries again
                     log.debug("checkpoint skipped: %s", exc)
+                    continue
+                self._wal_frames = frames  # the writer finishes the job once the WAL is big
         finally:
             conn.close()
 
@@ -444,6 +451,27 @@ class SqliteEngine:
         except BaseException:
             self._recover_index(conn)
             raise
+        if self._wal_frames >= WAL_RESTART_FRAMES:
+            self._finish_checkpoint(conn)
+
+    def _finish_checkpoint(self, conn: Connection) -> None:
+        """The background checkpoints copy the WAL into the database, but under a steady
+        stream of commits they never catch up with the last frame, and SQLite starts the
+        WAL over only once every frame is copied: the file would grow without bound (and
+        every new page of it costs the kernel a fresh page).  So once the WAL is big, the
+        writer copies the remainder itself, between two commits (PASSIVE: it neither waits
+        for nor blocks readers); its next transaction then writes from the WAL's start.
+        The background has copied all but its last round, so this is short."""
+        raw = conn.connection.driver_connection
+        assert raw is not None  # an open connection has one
+        try:
+            _busy, frames, copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:  # busy with the background's round: after the next commit
+            log.debug("writer checkpoint skipped: %s", exc)
+            return
+        if frames == copied:  # all copied: the next transaction writes from the WAL's start
+            self._wal_frames = 0
+            self.wal_restarts += 1
 
     def _recover_index(self, conn: Connection) -> None:
         """After a failed transaction, make the in-memory index match the disk again."""

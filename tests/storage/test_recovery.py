@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from storage.base import Append, PutQueue, QueueMeta, StoredMessage
+from storage.base import Append, PutQueue, QueueMeta, Settle, StoredMessage
 from storage.sqlite import SqliteEngine
 
 Q = QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
@@ -105,3 +106,34 @@ def test_a_read_transaction_sees_one_snapshot(tmp_path: Path) -> None:
     e.apply([Append(1, 0, [], 5)], sync=True)
     assert e.load_partition(1, 0).next_offset == 5
     e.close()
+
+
+def test_the_wal_starts_over_under_a_steady_stream_of_commits(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Background checkpoints never copy the frame the next commit adds, and SQLite reuses
+    the WAL from its start only once every frame is copied: without the writer finishing
+    a checkpoint now and then, the WAL grows as long as commits keep coming."""
+    import storage.sqlite as sq
+
+    monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 64)  # 1 MiB of 16 KiB pages
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    written = 0
+    offset = 0
+    deadline = time.monotonic() + 120
+    # 96 MiB of commits, each soon settled (the database itself stays small), and a few
+    # restarts seen (or 512 MiB without): commits never pause for the background checkpointer
+    while written < 96 * 1024 * 1024 or (e.wal_restarts < 3 and written < 512 * 1024 * 1024):
+        assert time.monotonic() < deadline, f"only {written} bytes written in 120 s"
+        msgs = [StoredMessage(offset + i, None, b"\x80", os.urandom(8000), None, None, 0.0) for i in range(8)]
+        e.apply([Append(1, 0, msgs, offset + 8), Settle(1, 0, list(range(max(0, offset - 64), offset)))],
+                sync=False)
+        offset += 8
+        written += 64000
+    wal = (tmp_path / "tandem.db-wal").stat().st_size
+    e.close()
+    # it is reused from its start: its length is what is written between two restarts (the
+    # background's interval at this rate, tens of MiB here), not everything written
+    assert wal < written / 2, f"the WAL grew to {wal} bytes for {written} written"
+    assert e.wal_restarts >= 3
