@@ -20,7 +20,7 @@ ops are applied to the local store on every node and the client is confirmed.
   its store and starts serving; a node that steps down drops the partition's
   in-memory state, fails what was waiting on it, and forgets its deliveries.
 * **Compaction and snapshots.**  Applied entries are deleted from the log
-  ``KEEP_ENTRIES`` behind; a replica that needs older ones gets a snapshot: the
+  ``KEEP_ENTRIES`` (at most ``KEEP_BYTES``) behind; a replica that needs older ones gets a snapshot: the
   partition's state read from the store together with its applied position, in
   one read transaction.
 
@@ -100,6 +100,10 @@ Callback = Callable[[BaseException | None], None]
 
 KEEP_ENTRIES = 1000  # applied entries kept in the log for replicas that fall a little behind
 COMPACT_EVERY = 4000  # compact when this many applied entries have piled up
+# ... and by size, as entries of big batches are big (256 x 1 KiB messages: 4,000 entries
+# would be a gigabyte of log on disk and in memory per partition)
+KEEP_BYTES = 8 * 1024 * 1024  # at most this much of applied entries kept
+COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted reach this
 MAX_EVENTS = 200
 
 
@@ -270,6 +274,7 @@ class PartLog:
     known_active: str | None = None  # the serving active last reported to the lifecycle
     lifecycle: PartitionLifecycle | None = None  # state (Active, Unavailable, ...) and status
     durable_applied: int = 0  # applied entries whose store writes have committed
+    applied_bytes: int = 0  # size of the applied entries still in the log (compaction by size)
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
@@ -485,8 +490,9 @@ class Replication:
         apply_ops: list[WriteOp] = []
         if ready.committed:
             apply_ops = self._apply(plog, ready.committed, callbacks)
-        if r.applied - r.snap_index >= COMPACT_EVERY:
-            r.compact(r.applied - KEEP_ENTRIES)
+        if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= COMPACT_BYTES:
+            upto, plog.applied_bytes = self._compact_upto(r)
+            r.compact(upto)
             apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
         last = ready.append[-1] if ready.append else None
         # Messages of a replica wait for the write (they promise what is on disk); the
@@ -569,6 +575,20 @@ class Replication:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
+    @staticmethod
+    def _compact_upto(r: Replica) -> tuple[int, int]:
+        """Where to compact: keep the last KEEP_ENTRIES applied entries, or fewer if they
+        hold more than KEEP_BYTES; and the bytes kept."""
+        i, kept = r.applied, 0
+        floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
+        while i > floor:
+            size = len(r.entry(i).data or b"")
+            if kept + size > KEEP_BYTES:
+                break
+            kept += size
+            i -= 1
+        return i, kept
+
     # -- applying committed entries ------------------------------------------------------------
 
     def _apply(self, plog: PartLog, entries: list[Entry], callbacks: list[list[Callback]]) -> list[WriteOp]:
@@ -587,6 +607,7 @@ class Replication:
             if waiting is not None:
                 callbacks.append(waiting[1])
             plog.applied = (e.index, e.term, e.origin)
+            plog.applied_bytes += len(e.data or b"")
         ops.append(PutApplied(key[0], key[1], *plog.applied))
         return ops
 

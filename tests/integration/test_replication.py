@@ -330,3 +330,32 @@ async def test_async_replicas_are_fed_and_never_count(tmp_path: Path) -> None:
         assert len(consumed) == 51
     finally:
         await cl.stop()
+
+
+async def test_the_log_is_compacted_by_size_as_well(trio: LocalCluster) -> None:
+    """Entries of big batches are big: a partition's log (on disk, and in memory) is
+    compacted once its applied entries reach COMPACT_BYTES, not only every 4,000 entries
+    (which at 8 MiB an entry would be 32 GiB)."""
+    import sqlite3
+
+    from broker.replication import COMPACT_BYTES
+
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("big", partitions=1)
+        p = conn.producer("big")
+        body = b"x" * 65536
+        for _ in range(12):  # 96 MiB, in ~10 entries of up to 8 MiB
+            await p.send_many([body] * 100)
+
+    def log_bytes(name: str) -> int:
+        db = sqlite3.connect(f"file:{cl.data_dir / name / 'tandem.db'}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT coalesce(sum(length(data)), 0) FROM ha_log WHERE queue_id > 0")
+                       .fetchone()[0])
+        finally:
+            db.close()
+
+    bound = COMPACT_BYTES + 8 * 1024 * 1024  # compaction runs when an apply passes the mark
+    await wait_until(lambda: all(log_bytes(n) <= bound for n in cl.nodes), timeout=60,
+                     what=f"every node's log compacted under {bound} bytes")
