@@ -574,8 +574,10 @@ class Replica:
             self._send_append(m.replica)
 
     def _advance_commit(self) -> None:
+        """The active's own write is part of every commit (a confirmed entry is on its disk,
+        fsynced under SYNC), and with it a quorum of voters."""
         need = self.cfg.quorum()
-        for n in range(self.last_index, self.commit, -1):
+        for n in range(min(self.last_index, self._persisted), self.commit, -1):
             if self._term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
             have = sum(1 for v in self.cfg.voters if (self._persisted if v == self.id else self._match.get(v, 0)) >= n)

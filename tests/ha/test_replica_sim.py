@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from ha.messages import AppendReply, Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
 from tests.ha.sim import Cluster
 
@@ -314,4 +315,25 @@ def test_the_active_counts_itself_only_for_what_it_has_on_disk() -> None:
     assert [e.data for e in ready.committed] == [None]
     ready, entry = r.propose("x")
     assert entry is not None and not ready.committed
+    assert [e.data for e in r.persisted(entry).committed] == ["x"]
+
+
+def test_a_write_is_confirmed_only_once_the_active_has_it_on_disk_too() -> None:
+    """Acks from both replicas are a majority without the active, but the active's own
+    write (fsynced under SYNC) is part of the commit rule: a confirmed entry is on its disk."""
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    assert r.role is Role.LEADER and ready.append
+    noop = ready.append[-1]
+    r.persisted(noop)
+    for v in "bc":
+        r.step(Envelope(v, "a", AppendReply(r.term, v, True, noop.index)))
+    assert r.commit == noop.index
+    ready, entry = r.propose("x")
+    assert entry is not None
+    for v in "bc":
+        ready = r.step(Envelope(v, "a", AppendReply(r.term, v, True, entry.index)))
+        assert not ready.committed and r.commit < entry.index  # not on the active's disk yet
     assert [e.data for e in r.persisted(entry).committed] == ["x"]
