@@ -13,9 +13,14 @@ from collections.abc import Iterable, Iterator
 
 def ranges_of(offsets: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted, merged half-open ranges covering ``offsets``: [3,4,5,9] -> [(3,6),(9,10)]."""
+    ordered = sorted(offsets)
+    if not ordered:
+        return []
+    if ordered[-1] - ordered[0] + 1 == len(ordered) == len(set(ordered)):
+        return [(ordered[0], ordered[-1] + 1)]  # the common case: one run (acks in order)
     out: list[tuple[int, int]] = []
     start = end = None
-    for o in sorted(offsets):
+    for o in ordered:
         if end is not None and o == end:
             end += 1
         elif end is not None and o < end:

@@ -8,6 +8,8 @@ from storage.intervals import IntervalSet, ranges_of
 
 def test_ranges_of() -> None:
     assert ranges_of([9, 3, 4, 5, 5]) == [(3, 6), (9, 10)]
+    assert ranges_of([7, 5, 6]) == [(5, 8)] and ranges_of([]) == []  # one run, any order
+    assert ranges_of([1, 1, 3]) == [(1, 2), (3, 4)]  # as long as the span, but a duplicate and a hole
     assert ranges_of([]) == []
 
 
