@@ -86,9 +86,11 @@ from storage.intervals import ChunkIndex, IntervalSet, ranges_of
 log = logging.getLogger("tandem.storage")
 
 CHECKPOINT_INTERVAL = 0.05  # seconds between background WAL checkpoints
-#: WAL frames after which the writer finishes a checkpoint itself, between two commits, so
-#: that the WAL starts over (see _finish_checkpoint)
+#: WAL frames (as the background last saw), or message and log bytes written, after which
+#: the writer finishes a checkpoint itself, between two commits, so that the WAL starts
+#: over (see _finish_checkpoint)
 WAL_RESTART_FRAMES = 2048
+WAL_RESTART_BYTES = 8 * 1024 * 1024
 SCHEMA_VERSION = "3"  # 3 adds the replication tables ha_log, ha_state; 2 is upgraded in place
 _UPGRADABLE = {"2"}
 
@@ -215,6 +217,7 @@ class SqliteEngine:
         self._ends: dict[Key, int] = {}
         self._checkpointer: threading.Thread | None = None
         self._wal_frames = 0  # the WAL's length in frames at the last background checkpoint
+        self._wal_bytes = 0  # message and log bytes committed since the WAL last started over
         self.wal_restarts = 0  # checkpoints the writer completed (each lets the WAL start over)
         self._stop_checkpoints = threading.Event()
 
@@ -474,7 +477,7 @@ class SqliteEngine:
         except BaseException:
             self._recover_index(conn)
             raise
-        if self._wal_frames >= WAL_RESTART_FRAMES:
+        if self._wal_frames >= WAL_RESTART_FRAMES or self._wal_bytes >= WAL_RESTART_BYTES:
             self._finish_checkpoint(conn)
 
     def _finish_checkpoint(self, conn: Connection) -> None:
@@ -493,7 +496,7 @@ class SqliteEngine:
             log.debug("writer checkpoint skipped: %s", exc)
             return
         if frames == copied:  # all copied: the next transaction writes from the WAL's start
-            self._wal_frames = 0
+            self._wal_frames = self._wal_bytes = 0
             self.wal_restarts += 1
 
     def _recover_index(self, conn: Connection) -> None:
@@ -525,6 +528,7 @@ class SqliteEngine:
 
         def flush() -> None:
             if chunks:
+                self._wal_bytes += sum(len(c[4]) for c in chunks)
                 conn.exec_driver_sql(_INSERT_CHUNK, chunks)
                 chunks.clear()
             if ends:
@@ -635,6 +639,7 @@ class SqliteEngine:
                 del self._index[key]
                 self._ends.pop(key, None)
         elif isinstance(op, LogAppend):
+            self._wal_bytes += sum(len(e.data) for e in op.entries)
             conn.exec_driver_sql(
                 "INSERT OR REPLACE INTO ha_log (queue_id, partition, idx, term, origin, weak, data) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",

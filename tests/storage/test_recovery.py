@@ -116,6 +116,7 @@ def test_the_wal_starts_over_under_a_steady_stream_of_commits(tmp_path: Path,
     import storage.sqlite as sq
 
     monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 64)  # 1 MiB of 16 KiB pages
+    monkeypatch.setattr(sq, "WAL_RESTART_BYTES", 1024 * 1024)
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     e.apply([PutQueue(Q)], sync=True)
