@@ -25,6 +25,17 @@ Chunk payload: a msgpack array with one item per message, offsets
 ``[key: str|nil, headers: bin (msgpack map str->str), body: bin,
 producer_id: str|nil, seq: uint|nil, ts: float]``.
 
+Checkpoints: not SQLite's automatic one, which runs inside a commit and stalled the
+writer for tens of ms; a background thread copies the WAL into the database
+(PASSIVE, every 50 ms), and the writer, between two commits, copies the rest
+once ~8 MiB of messages have been committed since the WAL last started over.
+Without that last step a steady stream of commits never lets every frame be
+copied, and SQLite reuses the WAL from its start only then: the file grew
+without bound (``test_the_wal_starts_over_under_a_steady_stream_of_commits``).
+
+Commits go through the driver connection (``_Driver``), not SQLAlchemy's statement
+layer; reads, recovery and the schema use SQLAlchemy Core.
+
 Durability maps onto SQLite's own machinery: ``sync=True`` commits with
 ``PRAGMA synchronous=FULL`` (the WAL is fsynced before the commit returns);
 ``sync=False`` with ``synchronous=NORMAL`` (WAL frames written to the OS,
