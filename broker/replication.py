@@ -103,7 +103,11 @@ COMPACT_EVERY = 4000  # compact when this many applied entries have piled up
 # ... and by size, as entries of big batches are big (256 x 1 KiB messages: 4,000 entries
 # would be a gigabyte of log on disk and in memory per partition)
 KEEP_BYTES = 8 * 1024 * 1024  # at most this much of applied entries kept
-COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted reach this
+COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted reach this (more than kept)
+# ... but the active keeps what a replica that is answering still lacks, up to this much
+# (beyond it, that replica gets a snapshot)
+HOLD_BYTES = 256 * 1024 * 1024
+MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
 MAX_EVENTS = 200
 
 
@@ -275,6 +279,7 @@ class PartLog:
     lifecycle: PartitionLifecycle | None = None  # state (Active, Unavailable, ...) and status
     durable_applied: int = 0  # applied entries whose store writes have committed
     applied_bytes: int = 0  # size of the applied entries still in the log (compaction by size)
+    compact_at: int = COMPACT_BYTES  # compact when applied_bytes reaches it
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
@@ -344,7 +349,8 @@ class Replication:
         return ReplicaConfig(node=self.me, voters=voters, learners=nodes.learners,
                              priorities={self.me: self.priority}, election_timeout=cfg.non_response_timeout,
                              heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
-                             designated_primary=dp, preferred=nodes.nodes[0], max_append=256)
+                             designated_primary=dp, preferred=nodes.nodes[0], max_append=256,
+                             max_append_bytes=MAX_APPEND_BYTES)
 
     def _open(self, key: Key, nodes: NodeList) -> None:
         st = self._stored.pop(key, None) or LogState()
@@ -354,7 +360,8 @@ class Replication:
                           now=self.node.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
                           commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
         plog = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
-                       durable_applied=st.applied[0])
+                       durable_applied=st.applied[0],
+                       applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))
         self._start_lifecycle(plog)
         self.logs[key] = plog
 
@@ -490,10 +497,14 @@ class Replication:
         apply_ops: list[WriteOp] = []
         if ready.committed:
             apply_ops = self._apply(plog, ready.committed, callbacks)
-        if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= COMPACT_BYTES:
+        if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
             upto, plog.applied_bytes = self._compact_upto(r)
-            r.compact(upto)
-            apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+            # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
+            # while a slow replica holds more than COMPACT_BYTES back)
+            plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
+            if upto > r.snap_index:
+                r.compact(upto)
+                apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
         last = ready.append[-1] if ready.append else None
         # Messages of a replica wait for the write (they promise what is on disk); the
         # active's appends go at once (it counts itself only once persisted), except
@@ -577,13 +588,16 @@ class Replication:
 
     @staticmethod
     def _compact_upto(r: Replica) -> tuple[int, int]:
-        """Where to compact: keep the last KEEP_ENTRIES applied entries, or fewer if they
-        hold more than KEEP_BYTES; and the bytes kept."""
+        """Where to compact, and the bytes of applied entries kept: the last KEEP_ENTRIES
+        applied entries, or fewer if they hold more than KEEP_BYTES; on the active also
+        every entry a replica that answers still lacks, up to HOLD_BYTES."""
+        need = r.live_match()  # entries after it are still wanted
         i, kept = r.applied, 0
         floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
-        while i > floor:
+        while i > r.snap_index:
             size = len(r.entry(i).data or b"")
-            if kept + size > KEEP_BYTES:
+            if not ((i > floor and kept + size <= KEEP_BYTES)
+                    or (need is not None and i > need and kept + size <= HOLD_BYTES)):
                 break
             kept += size
             i -= 1
@@ -632,6 +646,7 @@ class Replication:
     def _install(self, plog: PartLog, m: InstallSnapshot) -> list[WriteOp]:
         log.info("partition %s: installing a snapshot from %s at index %d", plog.name, m.leader, m.index)
         plog.applied = (m.index, m.last_term, m.last_origin)
+        plog.applied_bytes = 0  # the log before it is gone
         if plog.key == CATALOGUE:
             metas = [_meta_in(a) for a in msgpack.unpackb(m.data, raw=False)]
             ops: list[WriteOp] = []

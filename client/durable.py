@@ -44,6 +44,7 @@ import itertools
 import logging
 import random
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -1142,14 +1143,24 @@ class DurableProducer:
 # -- consumer ------------------------------------------------------------------------------------
 
 
-#: the settlement future handed out for each shared frame future of a link (one per ack frame)
-_settle_outs: dict[asyncio.Future[None], asyncio.Future[None]] = {}
+class _SharedSettlement(asyncio.Future[None]):
+    """The future of the settlements of one ack frame, shared by all of them: it cannot be
+    cancelled, so a task cancelled while it awaits its ack (a timeout, a shutdown) leaves
+    the others awaiting theirs alone (the task itself still gets CancelledError)."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+
+#: the settlement future handed out for each shared frame future of a link (one per ack
+#: frame); weak: a frame that never completes (its loop stopped) leaves nothing behind
+_settle_outs: weakref.WeakKeyDictionary[asyncio.Future[None], asyncio.Future[None]] = weakref.WeakKeyDictionary()
 
 
 def _stale_translated(inner: asyncio.Future[None], node: str | None) -> asyncio.Future[None]:
     """The future of an ack frame as its settlements see it: a failure that means "it comes
     again" becomes StaleDeliveryError.  One per frame, shared like the frame's own."""
-    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    out: asyncio.Future[None] = _SharedSettlement(loop=asyncio.get_running_loop())
     _settle_outs[inner] = out
 
     def done(f: asyncio.Future[None]) -> None:
@@ -1176,8 +1187,9 @@ class DurableMessage:
     meanwhile, settling raises StaleDeliveryError: it will come again, redelivered.
 
     ``ack``/``nack``/``reject`` return the future of the frame that carries the settlement;
-    the settlements of one loop turn share it (as with :meth:`Connection.settle`), so await
-    it or drop it, but do not cancel it."""
+    the settlements of one loop turn share it, and it refuses ``cancel()``: a task cancelled
+    while awaiting it gets CancelledError once the frame is answered, the others their
+    result."""
 
     __slots__ = ("_link", "_d", "_settled")
 

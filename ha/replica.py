@@ -79,6 +79,7 @@ class ReplicaConfig:
     quorum_override: int | None = None
     designated_primary: str | None = None
     max_append: int = 512  # entries per AppendEntries
+    max_append_bytes: int = 0  # and at most this much entry data in one (0: no limit); one entry always goes
     #: the placement's first node: among voters of equal priority it is preferred, so
     #: that actives spread over the group as placement intends
     preferred: str | None = None
@@ -159,6 +160,16 @@ class Replica:
         self._ready = Ready()
 
     # -- helpers --------------------------------------------------------------------------
+
+    def live_match(self) -> int | None:
+        """On the active: the lowest last index on the other members (learners included)
+        that acknowledged an append within the election timeout; None if there is none.
+        Compaction keeps what they still need (they are catching up, not gone)."""
+        if self.role is not Role.LEADER:
+            return None
+        live = [self._match.get(n, 0) for n, t in self._acked.items()
+                if n != self.id and self._now - t <= self.cfg.election_timeout]
+        return min(live) if live else None
 
     def progress(self) -> dict[str, int]:
         """On the active: the last index known to be on each other member."""
@@ -425,6 +436,14 @@ class Replica:
             entries: tuple[Entry, ...] = ()
         else:
             entries = tuple(self.entries(nxt, nxt + self.cfg.max_append - 1))
+            cap = self.cfg.max_append_bytes
+            if cap and len(entries) > 1:  # a replica catching up on big entries: frames stay bounded
+                total = 0
+                for k, e in enumerate(entries):
+                    total += len(e.data) if e.data is not None else 0
+                    if total > cap and k:
+                        entries = entries[:k]
+                        break
             if entries:
                 # Pipelining: the next send starts after these.  A lost message shows up as
                 # a mismatch on the next append, whose failure reply moves _next back.

@@ -229,7 +229,7 @@ class SqliteEngine:
         self._checkpointer: threading.Thread | None = None
         self._wal_frames = 0  # the WAL's length in frames at the last background checkpoint
         self._wal_bytes = 0  # message and log bytes committed since the WAL last started over
-        self.wal_restarts = 0  # checkpoints the writer completed (each lets the WAL start over)
+        self.wal_restarts = 0  # writer checkpoints that copied every frame (the WAL may start over)
         self._stop_checkpoints = threading.Event()
 
     @staticmethod
@@ -298,11 +298,12 @@ class SqliteEngine:
             assert raw is not None  # an open connection has one
             while not self._stop_checkpoints.wait(CHECKPOINT_INTERVAL):
                 try:
-                    _busy, frames, _copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                except sqlite3.Error as exc:  # busy, locked: the next round tries again
+                    busy, frames, _copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:  # locked: the next round tries again
                     log.debug("checkpoint skipped: %s", exc)
                     continue
-                self._wal_frames = frames  # the writer finishes the job once the WAL is big
+                if not busy and frames >= 0:  # (busy: the writer's own checkpoint holds the lock)
+                    self._wal_frames = frames  # the writer finishes the job once the WAL is big
         finally:
             conn.close()
 
@@ -502,11 +503,14 @@ class SqliteEngine:
         raw = conn.connection.driver_connection
         assert raw is not None  # an open connection has one
         try:
-            _busy, frames, copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as exc:  # busy with the background's round: after the next commit
+            busy, frames, copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:
             log.debug("writer checkpoint skipped: %s", exc)
             return
-        if frames == copied:  # all copied: the next transaction writes from the WAL's start
+        # busy (the background's round holds the checkpoint lock) reads (1, -1, -1): after
+        # the next commit.  Every frame copied: the next transaction starts the WAL over,
+        # unless a reader still uses it (then the background's next report asks again).
+        if not busy and frames >= 0 and frames == copied:
             self._wal_frames = self._wal_bytes = 0
             self.wal_restarts += 1
 

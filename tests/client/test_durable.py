@@ -176,6 +176,31 @@ async def test_consumer_resubscribes_and_old_deliveries_are_stale(conn: client.D
         await watcher.close()
 
 
+async def test_a_cancelled_ack_wait_leaves_the_other_acks_of_its_frame_alone(conn: client.DurableConnection) -> None:
+    """The acks of one loop turn share a frame and its future: cancelling one waiter (a
+    timeout, a shutdown) must not cancel the others, nor lose the settlement."""
+    await conn.declare_queue("q")
+    await conn.producer("q").send_many([b"a", b"b"])
+    c = await conn.consumer("q", prefetch=10).start()
+    m1, m2 = await c.next(10), await c.next(10)
+    assert m1 is not None and m2 is not None
+    f1, f2 = m1.ack(), m2.ack()
+    assert f1 is f2  # one frame
+    async def wait(f: asyncio.Future[None]) -> None:
+        await f
+
+    waiter = asyncio.create_task(wait(f1))
+    other = asyncio.create_task(wait(f2))
+    await asyncio.sleep(0)  # both are waiting on the frame (a loop turn, not a wait for a state)
+    waiter.cancel()
+    await other  # answered, not cancelled
+    assert f1.done() and not f1.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    (info,) = await conn.list_queues()
+    assert (info.ready, info.unacked, info.acked) == (0, 0, 2)
+
+
 async def test_consumer_of_a_deleted_queue_ends(conn: client.DurableConnection) -> None:
     await conn.declare_queue("q")
     c = await conn.consumer("q").start()

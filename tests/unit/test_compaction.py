@@ -1,0 +1,73 @@
+"""Where the active compacts a partition's log (broker.replication.Replication._compact_upto):
+by count and size, but not past what a replica that answers still lacks, up to a cap."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import broker.replication as rep
+from ha.messages import AppendReply, Envelope, VoteReply
+from ha.replica import Replica, ReplicaConfig, Role
+
+
+def _active_with_entries(n: int, size: int) -> Replica:
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    assert r.role is Role.LEADER
+    r.persisted(ready.append[-1])
+    for _ in range(n):
+        _ready, e = r.propose(b"x" * size)
+        assert e is not None
+        r.persisted(e)
+    return r
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rep, "KEEP_ENTRIES", 1000)
+    monkeypatch.setattr(rep, "KEEP_BYTES", 100)
+    monkeypatch.setattr(rep, "HOLD_BYTES", 1000)
+
+
+def test_compaction_keeps_what_an_answering_replica_lacks(small: None) -> None:
+    r = _active_with_entries(20, 50)  # the no-op is index 1, the entries 2..21
+    r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
+    r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))  # c is behind, and answering
+    assert r.applied == 21
+    assert rep.Replication._compact_upto(r) == (5, 16 * 50)  # c still gets entries 6.. from the log
+
+
+def test_compaction_holds_at_most_hold_bytes(small: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rep, "HOLD_BYTES", 300)
+    r = _active_with_entries(20, 50)
+    r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
+    r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))
+    assert rep.Replication._compact_upto(r) == (15, 6 * 50)  # beyond that c gets a snapshot
+
+
+def test_compaction_by_size_when_every_replica_has_it(small: None) -> None:
+    r = _active_with_entries(20, 50)
+    for n in "bc":
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, 21)))
+    assert rep.Replication._compact_upto(r) == (19, 2 * 50)  # KEEP_BYTES: the last two
+
+
+def test_a_catching_up_replica_gets_appends_of_bounded_size() -> None:
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2,
+                        max_append_bytes=120)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    r.persisted(ready.append[-1])
+    for _ in range(6):
+        r.propose(b"x" * 50)
+    # c answers that it has nothing: the next append to it carries at most 120 bytes of entries
+    ready = r.step(Envelope("c", "a", AppendReply(r.term, "c", False, 0)))
+    sent = [env.msg for env in ready.messages if env.dst == "c"]
+    assert sent and all(sum(len(e.data or b"") for e in m.entries) <= 120 or len(m.entries) == 1  # type: ignore[union-attr]
+                        for m in sent)
+    assert any(len(m.entries) >= 2 for m in sent)  # type: ignore[union-attr]
