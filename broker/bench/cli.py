@@ -123,7 +123,14 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
             url, durability = node.url, args.sync.upper()
         else:
             url, durability = args.url, "as configured on the node"
-        runs.append(await run_system(TandemDriver(url, durability), w))
+
+        def server_pids() -> list[int]:
+            if cluster is not None:
+                return [n.pid for n in cluster.nodes.values()]
+            return [node.pid] if node is not None else []
+
+        runs.append(await run_system(TandemDriver(url, durability), w,
+                                     server_pids=server_pids if args.spawn else None))
     finally:
         if node is not None:
             await node.stop()
@@ -182,6 +189,11 @@ def _print_human(report: dict[str, Any]) -> None:
               f"{r['unexpected']:>5}  {r['durability']}")
         if r["error"]:
             print(f"  ! {r['system']}: {r['error']}")
+    for r in report["runs"]:
+        cpu = r.get("cpu_us_per_msg") or {}
+        if cpu:
+            parts = [f"{k} {v:,.1f}" for k, v in cpu.items()]
+            print(f"CPU per message (us, throughput phase), {r['system']}: {', '.join(parts)}")
     for peer, ratio in report["ratios"].items():
         pub, con = ratio["publish_per_s"], ratio["consume_per_s"]
         print(f"tandem / {peer}: publish x{pub if pub is not None else '-'}, consume x{con if con is not None else '-'}")

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
+from collections.abc import Callable
 
 import client
 from broker.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
@@ -81,13 +83,40 @@ async def _phase(drv: Driver, w: Workload, first_id: int, count: int, producers:
     return t_pub, t_cons, checker, pubs
 
 
-async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(server_pids: Callable[[], list[int]] | None) -> tuple[float, float | None]:
+    t = os.times()
+    servers: float | None = None
+    if server_pids is not None:
+        try:
+            servers = sum(process_cpu_seconds(pid) for pid in server_pids())
+        except (OSError, ValueError, IndexError):
+            servers = None  # not Linux, or a node is gone: no server figure
+    return t.user + t.system, servers
+
+
+async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK,
+                     server_pids: Callable[[], list[int]] | None = None) -> RunResult:
+    """``server_pids``: the system's processes, when the bench started them (their CPU
+    time per message is reported)."""
     res = RunResult(system=drv.name, messages=w.messages, durability=drv.durability)
     t_start = clock.monotonic()
     try:
         await drv.setup(w)
+        cpu0 = _cpu_now(server_pids)
         t_pub, t_cons, checker, pubs = await _phase(drv, w, 0, w.messages, w.producers, 0.0, clock,
                                                     sequential=w.sequential)
+        cpu1 = _cpu_now(server_pids)
+        if w.messages:
+            res.cpu_us_per_msg["client"] = round((cpu1[0] - cpu0[0]) / w.messages * 1e6, 1)
+            if cpu0[1] is not None and cpu1[1] is not None:
+                res.cpu_us_per_msg["servers"] = round((cpu1[1] - cpu0[1]) / w.messages * 1e6, 1)
         res.confirmed = sum(p.confirmed for p in pubs)
         res.consumed = checker.unique
         res.publish_per_s = round(w.messages / t_pub, 1) if t_pub else 0.0

@@ -100,6 +100,10 @@ class RunResult:
     seconds: float = 0.0
     durability: str = ""
     error: str | None = None
+    #: CPU time per message of the throughput phase, in microseconds (user + system): of the
+    #: benchmark process ("client": every producer and consumer, all systems alike) and, when
+    #: the bench started the nodes itself (``--spawn``), of the node processes ("servers")
+    cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -30,6 +30,10 @@ async def test_bench_spawn_with_peers_reports_json() -> None:
         assert 0 < r["confirm_ms"]["p50"] <= r["confirm_ms"]["p99"]
     assert set(report["ratios"]) == {"rabbitmq", "nats"}
     assert report["ratios"]["nats"]["publish_per_s"] > 0
+    # CPU per message: the client's for every system, the node's where the bench started it
+    tandem, *peers = report["runs"]
+    assert tandem["cpu_us_per_msg"]["client"] > 0 and tandem["cpu_us_per_msg"]["servers"] > 0
+    assert all(set(r["cpu_us_per_msg"]) == {"client"} and r["cpu_us_per_msg"]["client"] > 0 for r in peers)
 
 
 async def test_bench_needs_a_target() -> None:
