@@ -77,7 +77,7 @@ from client.protocol.frames import (
     Welcome,
     expect,
 )
-from storage.base import UserRecord, WriteOp
+from storage.base import StoredMessage, UserRecord, WriteOp
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -483,8 +483,18 @@ class Session:
         if f.offset < 0 or not 1 <= f.max_messages <= MAX_READ_BATCH:
             raise InvalidArgumentError(f"offset must be >= 0 and max_messages 1..{MAX_READ_BATCH}")
         part = q.partitions[f.partition]
+        engine = self.node.engine
+
+        def read() -> tuple[int, list[StoredMessage]]:
+            # the store's end first: below it every message is in the store or settled.  In a
+            # group the log commits before the store is written (lazily), and a read that
+            # trusted committed_end alone would step over messages not yet written there.
+            stored = engine.stored_end(q.meta.id, f.partition)
+            return stored, engine.read(q.meta.id, f.partition, f.offset, f.max_messages)
+
         end = part.committed_end
-        rows = await asyncio.to_thread(self.node.engine.read, q.meta.id, f.partition, f.offset, f.max_messages)
+        stored, rows = await asyncio.to_thread(read)
+        end = min(end, stored)
         full = len(rows) == f.max_messages
         budget = self.node.config.max_frame_size - 4096
         msgs: list[StreamMessage] = []

@@ -347,6 +347,11 @@ class Engine(Protocol):
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``."""
 
+    def stored_end(self, queue_id: int, partition: int) -> int:
+        """The partition's log end as committed in the store (0 if it has none): every
+        offset below it is in the store or settled.  (In a group the log may be committed
+        ahead of the store, whose writes follow lazily.)"""
+
     def load_partition(self, queue_id: int, partition: int) -> PartitionState:
         """Everything committed of one partition, as :meth:`open` returns it (reader thread)."""
 

@@ -209,6 +209,11 @@ class MemoryEngine:
             offs = sorted(o for o in p.messages if o >= offset)[:limit]
             return [copy.copy(p.messages[o]) for o in offs]
 
+    def stored_end(self, queue_id: int, partition: int) -> int:
+        with self.disk.lock:
+            p = self.disk.parts.get((queue_id, partition))
+            return p.next_offset if p is not None else 0
+
     def set_meta(self, key: str, value: str) -> None:
         with self.disk.lock:
             self.disk.meta[key] = value

@@ -699,6 +699,16 @@ class SqliteEngine:
 
     # -- reads (reader threads) ----------------------------------------------------------------
 
+    def stored_end(self, queue_id: int, partition: int) -> int:
+        conn = self._reader()
+        try:
+            with conn.begin():
+                end = conn.exec_driver_sql("SELECT next_offset FROM partitions WHERE queue_id = ? AND partition = ?",
+                                           (queue_id, partition)).scalar()
+        except SQLAlchemyError as exc:
+            raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        return int(end or 0)
+
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         conn = self._reader()
         out: list[StoredMessage] = []

@@ -311,6 +311,19 @@ def test_partition_ops_travel_the_replication_log_unchanged() -> None:
     assert decode_ops((1, 0), old) == [Append(1, 0, [msg(0)], 2)]
 
 
+def test_stored_end_is_what_the_store_has_committed(make_engine: Callable[[], Engine]) -> None:
+    """A stream read caps what it reports at the store's own end (in a group the log
+    commits before the store is written)."""
+    e = make_engine()
+    e.open()
+    assert e.stored_end(1, 0) == 0
+    e.apply([PutQueue(Q), Append(1, 0, [msg(0), msg(1), msg(2)], 3)], sync=True)
+    assert e.stored_end(1, 0) == 3 and e.stored_end(1, 1) == 0
+    e.apply([Settle(1, 0, [0, 1, 2])], sync=True)
+    assert e.stored_end(1, 0) == 3  # settling does not move the end
+    e.close()
+
+
 def test_a_packed_append_is_stored_like_a_list(make_engine: Callable[[], Engine]) -> None:
     """An append that arrives packed (a replicated log entry) gives the same partition."""
     e = make_engine()
