@@ -492,9 +492,8 @@ class Session:
             stored = engine.stored_end(q.meta.id, f.partition)
             return stored, engine.read(q.meta.id, f.partition, f.offset, f.max_messages)
 
-        end = part.committed_end
         stored, rows = await asyncio.to_thread(read)
-        end = min(end, stored)
+        end = min(part.committed_end, stored)
         full = len(rows) == f.max_messages
         budget = self.node.config.max_frame_size - 4096
         msgs: list[StreamMessage] = []

@@ -490,9 +490,9 @@ class SqliteEngine:
             self._recover_index(conn)
             raise
         if self._wal_frames >= WAL_RESTART_FRAMES or self._wal_bytes >= WAL_RESTART_BYTES:
-            self._finish_checkpoint(conn)
+            self._finish_checkpoint(raw)
 
-    def _finish_checkpoint(self, conn: Connection) -> None:
+    def _finish_checkpoint(self, raw: sqlite3.Connection) -> None:
         """The background checkpoints copy the WAL into the database, but under a steady
         stream of commits they never catch up with the last frame, and SQLite starts the
         WAL over only once every frame is copied: the file would grow without bound (and
@@ -500,8 +500,6 @@ class SqliteEngine:
         writer copies the remainder itself, between two commits (PASSIVE: it neither waits
         for nor blocks readers); its next transaction then writes from the WAL's start.
         The background has copied all but its last round, so this is short."""
-        raw = conn.connection.driver_connection
-        assert raw is not None  # an open connection has one
         try:
             busy, frames, copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
