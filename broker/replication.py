@@ -109,6 +109,13 @@ COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted r
 HOLD_BYTES = 256 * 1024 * 1024
 MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
 MAX_EVENTS = 200
+# Committed entries reach the store this long after they commit (or once this many bytes of
+# them are waiting): the log has them on disk already, and a message acked in the meantime
+# is never written to the store at all.  The log is the record until then: a restart
+# applies again from the store's applied position; a node that becomes active applies what
+# it holds at once.
+HOLD_APPLY = 0.25
+HOLD_APPLY_BYTES = 8 * 1024 * 1024
 
 
 # -- encoding: replication messages and log entries ------------------------------------------------
@@ -281,6 +288,11 @@ class PartLog:
     applied_bytes: int = 0  # size of the applied entries still in the log (compaction by size)
     compact_at: int = COMPACT_BYTES  # compact when applied_bytes reaches it
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
+    #: store writes of committed entries, held back (see HOLD_APPLY)
+    held_ops: list[WriteOp] = field(default_factory=list)
+    held_bytes: int = 0
+    held_since: float = 0.0
+    held_upto: int = 0  # the applied index they bring the store to
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
     outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
@@ -318,6 +330,8 @@ class Replication:
         self._out: dict[str, list[Any]] = {}
         self._flush_scheduled = False
         self._stage_scheduled: set[PartLog] = set()
+        self._held: set[PartLog] = set()  # logs holding store writes back
+        self._hold_timer: asyncio.TimerHandle | None = None
         self.changed = asyncio.Event()  # set (and replaced) whenever a role or an active changes
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
         self.discarded_total = 0
@@ -428,6 +442,7 @@ class Replication:
         for t in list(self._tasks):
             t.cancel()
         for plog in self.logs.values():
+            self._release_held(plog)
             self._fail_waiters(plog, UnavailableError(f"node {self.me} is shutting down"))
 
     # -- the core's Ready ------------------------------------------------------------------------
@@ -454,6 +469,8 @@ class Replication:
         sync = False
         leader = r.role is Role.LEADER
         policy = self.node.config.sync if leader else self.node.config.remote_sync
+        if ready.truncate_from is not None or ready.snapshot is not None:
+            self._release_held(plog)  # what is held goes to the store first, in order
         if ready.truncate_from is not None:
             ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
         if ready.snapshot is not None:
@@ -534,20 +551,7 @@ class Replication:
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
                 self._guarded(plog, lambda: r.persisted(last))
         if apply_ops:
-            applied_upto = plog.applied[0]
-
-            def applied(err: BaseException | None) -> None:
-                if err is not None:
-                    self._fatal(f"applying {plog.name} to the store failed: {err}")
-                    return
-                if self.logs.get(key) is not plog:
-                    return
-                plog.durable_applied = max(plog.durable_applied, applied_upto)
-                if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
-                    self._start_serving(plog)
-
-            # eager while a new active waits for it to start serving
-            self.node.writer.submit(apply_ops, sync=False, callback=applied, lazy=not plog.serve_from)
+            self._hold(plog, apply_ops, sum(len(e.data or b"") for e in ready.committed))
         if ready.messages:
             if wait or plog.outbox:
                 target = plog.write_seq
@@ -564,6 +568,56 @@ class Replication:
                     cb(None)
                 except Exception:  # a confirm callback must not stop replication
                     log.exception("partition %s: a commit callback failed", plog.name)
+
+    def _hold(self, plog: PartLog, ops: list[WriteOp], size: int) -> None:
+        """Store writes of committed entries: held back for HOLD_APPLY, or written at once
+        while a new active waits for them to start serving (and for the catalogue)."""
+        if plog.held_ops and type(plog.held_ops[-1]) is PutApplied:
+            plog.held_ops.pop()  # superseded by the one at the end of ``ops``
+        plog.held_ops.extend(ops)
+        plog.held_bytes += size
+        plog.held_upto = plog.applied[0]
+        if plog.serve_from or plog.key == CATALOGUE or plog.held_bytes >= HOLD_APPLY_BYTES:
+            self._release_held(plog, eager=bool(plog.serve_from))
+            return
+        if not plog.held_since:
+            plog.held_since = self.node.clock.monotonic()
+            self._held.add(plog)
+            if self._hold_timer is None:
+                self._hold_timer = asyncio.get_running_loop().call_later(HOLD_APPLY, self._release_due)
+
+    def _release_due(self) -> None:
+        self._hold_timer = None
+        now = self.node.clock.monotonic()
+        for plog in list(self._held):
+            if now - plog.held_since >= HOLD_APPLY:
+                self._release_held(plog)
+        if self._held:
+            wait = min(plog.held_since for plog in self._held) + HOLD_APPLY - now
+            self._hold_timer = asyncio.get_running_loop().call_later(max(0.001, wait), self._release_due)
+
+    def _release_held(self, plog: PartLog, *, eager: bool = False) -> None:
+        """Submit the store writes ``plog`` holds (eager: commit them now).  A log that was
+        replaced (resync) or dropped (queue deleted) writes nothing: its rows are reset."""
+        ops, plog.held_ops = plog.held_ops, []
+        plog.held_bytes, plog.held_since = 0, 0.0
+        self._held.discard(plog)
+        key = plog.key
+        if not ops or self.logs.get(key) is not plog:
+            return
+        applied_upto = plog.held_upto
+
+        def applied(err: BaseException | None) -> None:
+            if err is not None:
+                self._fatal(f"applying {plog.name} to the store failed: {err}")
+                return
+            if self.logs.get(key) is not plog:
+                return
+            plog.durable_applied = max(plog.durable_applied, applied_upto)
+            if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
+                self._start_serving(plog)
+
+        self.node.writer.submit(ops, sync=False, callback=applied, lazy=not eager)
 
     def _guarded(self, plog: PartLog, step: Callable[[], Ready]) -> None:
         """Feed the core and handle its Ready; an unexpected error stops this node (its
@@ -934,6 +988,10 @@ class Replication:
             data = msgpack.packb([_meta_out(q.meta) for q in self.node.queues.values()], use_bin_type=True)
             pos = self.logs[key].applied
         else:
+            plog = self.logs.get(key)
+            if plog is not None and plog.held_ops:
+                self._release_held(plog)  # a snapshot of the store as up to date as the log allows
+                await self.node.write([], sync=False)
             st = await asyncio.to_thread(self.node.engine.load_partition, *key)
             data = encode_snapshot(st)
             pos = st.applied

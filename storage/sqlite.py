@@ -541,8 +541,12 @@ class SqliteEngine:
 
         def flush() -> None:
             if chunks:
-                self._wal_bytes += sum(len(c[4]) for c in chunks)
-                conn.exec_driver_sql(_INSERT_CHUNK, chunks)
+                # a chunk settled whole in this same batch is never written (compaction would
+                # delete it in this transaction anyway)
+                live = [c for c in chunks if not self._index[(c[0], c[1])].settled.covers(c[2], c[2] + c[3])]
+                if live:
+                    self._wal_bytes += sum(len(c[4]) for c in live)
+                    conn.exec_driver_sql(_INSERT_CHUNK, live)
                 chunks.clear()
             if ends:
                 conn.exec_driver_sql(_UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])

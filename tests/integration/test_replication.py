@@ -359,3 +359,29 @@ async def test_the_log_is_compacted_by_size_as_well(trio: LocalCluster) -> None:
     bound = COMPACT_BYTES + 8 * 1024 * 1024  # compaction runs when an apply passes the mark
     await wait_until(lambda: all(log_bytes(n) <= bound for n in cl.nodes), timeout=60,
                      what=f"every node's log compacted under {bound} bytes")
+
+
+async def test_a_quiet_partition_reaches_every_store(trio: LocalCluster) -> None:
+    """The store writes of committed entries are held back (HOLD_APPLY) for the entries
+    after them: with no traffic after them, they still reach every node's store, and a
+    stream read (which stops at the store's end) returns them."""
+    import sqlite3
+
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("quiet", partitions=1)
+        await conn.producer("quiet").send_many([f"m{i}".encode() for i in range(5)])
+
+    def stored(name: str) -> int:
+        db = sqlite3.connect(f"file:{cl.data_dir / name / 'tandem.db'}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT coalesce(sum(count), 0) FROM chunks WHERE queue_id > 0").fetchone()[0])
+        finally:
+            db.close()
+
+    await wait_until(lambda: all(stored(n) == 5 for n in cl.nodes), timeout=30,
+                     what="the 5 messages in every node's store")
+    active = (await actives(cl, "quiet", 1))[0]
+    async with await client.connect(cl.url_of(active)) as conn:
+        msgs, _next, end = await conn.read("quiet", 0)
+    assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(5)] and end == 5

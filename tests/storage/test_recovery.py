@@ -138,3 +138,27 @@ def test_the_wal_starts_over_under_a_steady_stream_of_commits(tmp_path: Path,
     # background's interval at this rate, tens of MiB here), not everything written
     assert wal < written / 2, f"the WAL grew to {wal} bytes for {written} written"
     assert e.wal_restarts >= 3
+
+
+def test_a_chunk_settled_in_its_own_batch_is_never_written(tmp_path: Path) -> None:
+    """Held-back store writes of a group often append and settle the same messages: such
+    a chunk costs no write at all (the WAL grows by bookkeeping pages only), while a
+    chunk with a live message is written."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    wal = tmp_path / "tandem.db-wal"
+    body = 400 * 2000
+    msgs = [StoredMessage(i, None, b"\x80", os.urandom(2000), None, None, 0.0) for i in range(800)]
+    before = wal.stat().st_size
+    e.apply([Append(1, 0, msgs[:400], 400), Settle(1, 0, list(range(400)))], sync=False)
+    grown = wal.stat().st_size - before
+    assert grown < body / 4, f"the WAL grew by {grown} bytes for {body} bytes appended and settled at once"
+    e.apply([Append(1, 0, msgs[400:], 800), Settle(1, 0, list(range(400, 799)))], sync=False)
+    assert wal.stat().st_size - before - grown > body  # one live message: its chunk is written
+    reader = e._reader()
+    with reader.begin():
+        rows = reader.exec_driver_sql("SELECT start, count FROM chunks ORDER BY start").fetchall()
+    assert [tuple(r) for r in rows] == [(400, 400)]
+    assert [m.offset for m in e.load_partition(1, 0).messages] == [799]
+    e.close()

@@ -324,6 +324,29 @@ def test_stored_end_is_what_the_store_has_committed(make_engine: Callable[[], En
     e.close()
 
 
+def test_a_chunk_settled_in_the_batch_that_appends_it_leaves_nothing_behind(
+        make_engine: Callable[[], Engine]) -> None:
+    """In a group the store writes of committed entries are held back, so a batch often
+    appends messages and settles them too: the partition must read as if both were
+    written one after the other, now and after a restart."""
+    e = make_engine()
+    e.open()
+    e.apply([PutQueue(Q), Append(1, 0, PackedRun.of([msg(0), msg(1), msg(2)]), 3), Settle(1, 0, [0, 1, 2]),
+             Append(1, 0, [msg(3), msg(4)], 5), Settle(1, 0, [3])], sync=True)
+    st = e.load_partition(1, 0)
+    assert [m.offset for m in st.messages] == [4] and st.next_offset == 5
+    assert e.stored_end(1, 0) == 5 and [m.offset for m in e.read(1, 0, 0, 10)] == [4]
+    e.apply([Append(1, 0, [msg(5)], 6), Settle(1, 0, [4, 5])], sync=True)
+    e.close()
+    e = make_engine()
+    e.open()
+    st = e.load_partition(1, 0)
+    assert st.messages == [] and st.next_offset == 6 and e.read(1, 0, 0, 10) == []
+    e.apply([Append(1, 0, [msg(6)], 7)], sync=True)
+    assert [m.offset for m in e.load_partition(1, 0).messages] == [6]
+    e.close()
+
+
 def test_a_packed_append_is_stored_like_a_list(make_engine: Callable[[], Engine]) -> None:
     """An append that arrives packed (a replicated log entry) gives the same partition."""
     e = make_engine()
