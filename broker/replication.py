@@ -114,7 +114,7 @@ MAX_EVENTS = 200
 # is never written to the store at all.  The log is the record until then: a restart
 # applies again from the store's applied position; a node that becomes active applies what
 # it holds at once.
-HOLD_APPLY = 0.25
+HOLD_APPLY = 0.05
 HOLD_APPLY_BYTES = 8 * 1024 * 1024
 
 
