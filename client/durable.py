@@ -573,7 +573,7 @@ class _Part:
     flight, and the items of failed batches (``back``) waiting for the partition to settle."""
 
     __slots__ = ("index", "next_seq", "confirmed", "unsent", "flying", "back", "failed", "probe", "busy",
-                 "retry_at", "backoff")
+                 "retry_at", "backoff", "seen_active")
 
     def __init__(self, index: int, rng: random.Random) -> None:
         self.index = index
@@ -588,6 +588,7 @@ class _Part:
         self.busy = False  # a probe or a buffer write runs for it
         self.retry_at = 0.0
         self.backoff = Backoff(0.02, 1.0, rng)
+        self.seen_active = ""  # the partition's active in the last map loaded
 
     @property
     def inflight(self) -> int:
@@ -840,7 +841,14 @@ class DurableProducer:
         self._map = m
         self._map_epoch = epoch
         for part in self._parts:
-            self._abandon_moved(part, m.actives[part.index] if part.index < len(m.actives) else "")
+            active = m.actives[part.index] if part.index < len(m.actives) else ""
+            if active and active != part.seen_active and part.failed:
+                # A new active: try it now.  The back-off grew while the group elected it
+                # (up to a second a wait), and waiting it out would add that to the failover.
+                part.retry_at = 0.0
+                part.backoff.reset()
+            part.seen_active = active
+            self._abandon_moved(part, active)
 
     def _abandon_moved(self, part: _Part, active: str) -> None:
         """Batches in flight to a node that is no longer the partition's active (it hangs,

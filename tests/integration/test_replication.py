@@ -385,3 +385,42 @@ async def test_a_quiet_partition_reaches_every_store(trio: LocalCluster) -> None
     async with await client.connect(cl.url_of(active)) as conn:
         msgs, _next, end = await conn.read("quiet", 0)
     assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(5)] and end == 5
+
+
+class _Forever:
+    """A back-off that never ends within a test: a retry can only come from something else."""
+
+    def next(self) -> float:
+        return 3600.0
+
+    def reset(self) -> None:
+        pass
+
+
+async def test_a_producer_retries_a_partition_as_soon_as_the_map_names_its_new_active(trio: LocalCluster) -> None:
+    """After its active dies, a partition's sends wait out a back-off that grows while the
+    group elects a new active (up to a second a wait). A map naming the new active ends the
+    wait: here the back-off never ends, so only that can deliver the send."""
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("moved", partitions=1)
+    victim = (await actives(cl, "moved", 1))[0]
+    bodies = [f"m{i}".encode() for i in range(3000)]
+    async with await client.connect(cl.url, send_timeout=120) as conn:
+        p = conn.producer("moved", max_batch=10)
+        futs = [p.send_nowait(b) for b in bodies]
+        await wait_until(lambda: p.confirmed >= 300, timeout=60, what="300 confirms before the kill")
+        assert p._parts
+        for part in p._parts:
+            part.backoff = _Forever()  # type: ignore[assignment]
+        await cl.nodes[victim].kill()  # batches in flight fail with it
+        for _ in range(40):
+            pt = p._parts[0]
+            print("DBG", round(pt.retry_at - conn.clock.monotonic(), 2), pt.failed, pt.probe, pt.busy, len(pt.flying), p.confirmed)
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(*futs), timeout=60)
+    after = await actives(cl, "moved", 1)
+    assert after[0] != victim
+    consumed = await drain(cl.url_of(after[0]), "moved")
+    v = classify(bodies, bodies, consumed)
+    assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
