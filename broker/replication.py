@@ -268,6 +268,23 @@ def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
 # -- one log ---------------------------------------------------------------------------------------
 
 
+def one_applied_position(ops: list[WriteOp]) -> list[WriteOp]:
+    """Store writes held across several Readies, with one applied position: the newest.
+    (A Ready that only compacted the log brings none, so the newest is not always last:
+    dropping "the last one" there lost the position while its rows went in, and a restart
+    applied those entries again over them.)"""
+    out: list[WriteOp] = []
+    newest: WriteOp | None = None
+    for op in ops:
+        if type(op) is PutApplied:
+            newest = op
+        else:
+            out.append(op)
+    if newest is not None:
+        out.append(newest)
+    return out
+
+
 @dataclass(eq=False)
 class PartLog:
     key: Key
@@ -331,6 +348,7 @@ class Replication:
         self._flush_scheduled = False
         self._stage_scheduled: set[PartLog] = set()
         self._held: set[PartLog] = set()  # logs holding store writes back
+        self._stopping = False
         self._hold_timer: asyncio.TimerHandle | None = None
         self.changed = asyncio.Event()  # set (and replaced) whenever a role or an active changes
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
@@ -441,9 +459,13 @@ class Replication:
     def stop(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         for plog in self.logs.values():
             self._release_held(plog)
             self._fail_waiters(plog, UnavailableError(f"node {self.me} is shutting down"))
+        self._stopping = True
 
     # -- the core's Ready ------------------------------------------------------------------------
 
@@ -538,14 +560,12 @@ class Replication:
                     return
                 if self.logs.get(key) is not plog:
                     return
-                plog.durable_applied = max(plog.durable_applied, snapshot_upto)
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
                         self._send(key, env)
                 if last is not None and (policy is not DurabilityPolicy.NO_SYNC or not leader):
                     self._guarded(plog, lambda: plog.replica.persisted(last))
-                if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
-                    self._start_serving(plog)
+                self._stored_upto(plog, snapshot_upto)
 
             self.node.writer.submit(ops, sync=sync, callback=written)
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
@@ -572,8 +592,8 @@ class Replication:
     def _hold(self, plog: PartLog, ops: list[WriteOp], size: int) -> None:
         """Store writes of committed entries: held back for HOLD_APPLY, or written at once
         while a new active waits for them to start serving (and for the catalogue)."""
-        if plog.held_ops and type(plog.held_ops[-1]) is PutApplied:
-            plog.held_ops.pop()  # superseded by the one at the end of ``ops``
+        if self._stopping:
+            return  # the writer is closing; the log has them, a restart applies them
         plog.held_ops.extend(ops)
         plog.held_bytes += size
         plog.held_upto = plog.applied[0]
@@ -599,25 +619,29 @@ class Replication:
     def _release_held(self, plog: PartLog, *, eager: bool = False) -> None:
         """Submit the store writes ``plog`` holds (eager: commit them now).  A log that was
         replaced (resync) or dropped (queue deleted) writes nothing: its rows are reset."""
-        ops, plog.held_ops = plog.held_ops, []
+        held, plog.held_ops = plog.held_ops, []
         plog.held_bytes, plog.held_since = 0, 0.0
         self._held.discard(plog)
         key = plog.key
-        if not ops or self.logs.get(key) is not plog:
+        if not held or self.logs.get(key) is not plog:
             return
+        ops = one_applied_position(held)
         applied_upto = plog.held_upto
 
         def applied(err: BaseException | None) -> None:
             if err is not None:
                 self._fatal(f"applying {plog.name} to the store failed: {err}")
-                return
-            if self.logs.get(key) is not plog:
-                return
-            plog.durable_applied = max(plog.durable_applied, applied_upto)
-            if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
-                self._start_serving(plog)
+            elif self.logs.get(key) is plog:
+                self._stored_upto(plog, applied_upto)
 
         self.node.writer.submit(ops, sync=False, callback=applied, lazy=not eager)
+
+    def _stored_upto(self, plog: PartLog, index: int) -> None:
+        """The store has every entry up to ``index`` applied: a new active waiting for
+        that starts serving."""
+        plog.durable_applied = max(plog.durable_applied, index)
+        if plog.serve_from and not plog.serving and plog.durable_applied >= plog.serve_from:
+            self._start_serving(plog)
 
     def _guarded(self, plog: PartLog, step: Callable[[], Ready]) -> None:
         """Feed the core and handle its Ready; an unexpected error stops this node (its
@@ -989,8 +1013,10 @@ class Replication:
             pos = self.logs[key].applied
         else:
             plog = self.logs.get(key)
-            if plog is not None and plog.held_ops:
-                self._release_held(plog)  # a snapshot of the store as up to date as the log allows
+            if plog is not None:
+                # a snapshot of the store as up to date as the log allows: what is held, and
+                # what was released but not yet committed, first
+                self._release_held(plog)
                 await self.node.write([], sync=False)
             st = await asyncio.to_thread(self.node.engine.load_partition, *key)
             data = encode_snapshot(st)

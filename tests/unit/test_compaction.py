@@ -71,3 +71,17 @@ def test_a_catching_up_replica_gets_appends_of_bounded_size() -> None:
     assert sent and all(sum(len(e.data or b"") for e in m.entries) <= 120 or len(m.entries) == 1  # type: ignore[union-attr]
                         for m in sent)
     assert any(len(m.entries) >= 2 for m in sent)  # type: ignore[union-attr]
+
+
+def test_held_store_writes_keep_the_newest_applied_position() -> None:
+    """Store writes held across Readies carry one applied position, the newest, even when
+    the last Ready only compacted the log (it brings a LogCompact and no position)."""
+    from storage.base import Append, LogCompact, PutApplied, Settle
+
+    first = [Append(1, 0, [], 5), PutApplied(1, 0, 5, 1, "a")]
+    second = [Settle(1, 0, [0, 1]), PutApplied(1, 0, 7, 1, "a"), LogCompact(1, 0, 3, 1, "a")]
+    compaction_only = [LogCompact(1, 0, 6, 1, "a")]
+    ops = rep.one_applied_position(first + second + compaction_only)
+    assert ops == [Append(1, 0, [], 5), Settle(1, 0, [0, 1]), LogCompact(1, 0, 3, 1, "a"),
+                   LogCompact(1, 0, 6, 1, "a"), PutApplied(1, 0, 7, 1, "a")]
+    assert rep.one_applied_position(compaction_only) == compaction_only
