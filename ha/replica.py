@@ -345,6 +345,7 @@ class Replica:
     # -- elections ------------------------------------------------------------------------------
 
     def _campaign(self) -> None:
+        first_bid = self.role is not Role.CANDIDATE
         if self.role is Role.CANDIDATE:
             # Our last bid failed: stop pressing our priority for a while (see _on_vote).
             self._deferring_until = self._now + 4 * self.cfg.election_timeout
@@ -352,6 +353,12 @@ class Replica:
         if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters or self.recovering:
             return
         self._become("election_timeout", "no word from an active")
+        if first_bid:
+            # If the first bid fails (two candidates split the votes), bid again sooner than
+            # a full timeout: the others know the active is gone by now.  Random, so two
+            # rivals part.  Only once: a node that keeps failing (it cannot reach a quorum)
+            # and kept bidding fast would keep moving the term under the one that can win.
+            self._election_at = self._now + self.cfg.election_timeout * (0.2 + self.rng.random() * 0.3)
         self.term += 1
         self.voted_for = self.id
         self.leader = None

@@ -337,3 +337,36 @@ def test_a_write_is_confirmed_only_once_the_active_has_it_on_disk_too() -> None:
         ready = r.step(Envelope(v, "a", AppendReply(r.term, v, True, entry.index)))
         assert not ready.committed and r.commit < entry.index  # not on the active's disk yet
     assert [e.data for e in r.persisted(entry).committed] == ["x"]
+
+
+def test_a_split_vote_is_retried_well_within_an_election_timeout() -> None:
+    """Two replicas time out at once after the active died: each votes for itself and
+    refuses the other. The next bid comes within half an election timeout (a full one
+    again made failovers of ~2.7 s in drills), and it wins."""
+    import random
+
+    from ha.messages import Envelope
+    from ha.replica import Replica, ReplicaConfig, Role
+
+    for seed in range(20):
+        cfg = {n: ReplicaConfig(node=n, voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+               for n in "bc"}
+        rs = {n: Replica(cfg[n], rng=random.Random(seed * 2 + i)) for i, n in enumerate("bc")}
+        now = 5.0
+        inbox = [m for n in "bc" for m in rs[n].tick(now).messages]
+        assert all(r.role is Role.CANDIDATE and r.term == 1 for r in rs.values())
+        for env in inbox:  # each refuses the other: it voted for itself
+            if env.dst in rs:
+                for reply in rs[env.dst].step(env).messages:
+                    rs[reply.dst].step(reply)
+        assert all(r.role is Role.CANDIDATE for r in rs.values()), f"seed {seed}: no split"
+        leader = None
+        while leader is None and now < 5.0 + 0.5:
+            now += 0.01
+            inbox = [m for n in "bc" for m in rs[n].tick(now).messages]
+            while inbox:
+                env = inbox.pop(0)
+                if env.dst in rs:
+                    inbox.extend(rs[env.dst].step(env).messages)
+            leader = next((n for n, r in rs.items() if r.role is Role.LEADER), None)
+        assert leader is not None, f"seed {seed}: still no active half an election timeout after the split"
