@@ -24,7 +24,7 @@ import msgpack
 
 from broker.config import NodeConfig
 from broker.delivery import Delivery
-from broker.queues import Msg, Partition, Queue, decode_headers, encode_headers, validate_declare
+from broker.queues import MESSAGE_OVERHEAD, Msg, Partition, Queue, decode_headers, encode_headers, validate_declare
 from broker.users import UserRegistry, bootstrap_admin
 from ha.membership import QuorumState
 from client.clock import SYSTEM_CLOCK, Clock
@@ -33,6 +33,7 @@ from client.errors import (
     MessageTooLargeError,
     NotActiveError,
     OutOfOrderSequenceError,
+    PartitionNotFoundError,
     QueueExistsError,
     QueueFullError,
     QueueNotFoundError,
@@ -41,7 +42,8 @@ from client.errors import (
     UnavailableError,
 )
 from broker import __version__
-from client.protocol.frames import Declare, PartitionMap, PublishMessage, QueueInfo, RemoteNode, StatusOk, expect
+from client.protocol.frames import (Declare, PartitionMap, PublishMessage, QueueInfo, ReadOk, RemoteNode, StatusOk,
+                                    StreamMessage, expect)
 from storage.base import (
     Append,
     DropQueue,
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from broker.session import Session
 
 log = logging.getLogger("tandem.broker")
+
+MAX_READ_BATCH = 10000  # messages in one stream read
 
 # stored, duplicates, error, the producer's last sequence in the partition (-1: none or not asked)
 PublishDone = Callable[[int, int, BaseException | None, int], None]
@@ -860,6 +864,58 @@ class Node:
         _rep, peers = self._group()
         return await peers.forward(who, kind, payload)
 
+    # -- stream reads --------------------------------------------------------------------------
+
+    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
+                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
+        """Messages of one partition from ``offset`` without consuming them: (messages, next
+        offset, end offset).  In a group the partition's active answers: a read made on
+        another member is forwarded there (another member's store may lag, and only the
+        active knows the committed end)."""
+        q = self.queue(queue)
+        if not 0 <= partition < len(q.partitions):
+            raise PartitionNotFoundError(f"queue {queue!r} has no partition {partition}")
+        if offset < 0 or not 1 <= max_messages <= MAX_READ_BATCH:
+            raise InvalidArgumentError(f"offset must be >= 0 and max_messages 1..{MAX_READ_BATCH}")
+        rep = self.replication
+        if rep is not None and not rep.serving((q.meta.id, partition)):
+            who = await rep.wait_active((q.meta.id, partition), self.election_wait)
+            if who != self.config.name:
+                if hops >= 3:
+                    raise UnavailableError(f"partition {q.meta.id}/{partition}: its active keeps moving; retry")
+                from client.protocol.codec import decode_payload
+
+                out = await self._forward(who, f"read:{hops + 1}",
+                                          msgpack.packb([queue, partition, offset, max_messages]))
+                ok = expect(decode_payload(out), ReadOk)
+                return ok.messages, ok.next_offset, ok.end_offset
+        part = q.partitions[partition]
+        engine = self.engine
+
+        def read() -> tuple[int, list[StoredMessage]]:
+            # the store's end first: below it every message is in the store or settled.  In a
+            # group the log commits before the store is written (held back a little), and a
+            # read that trusted committed_end alone would step over messages not yet there.
+            stored = engine.stored_end(q.meta.id, partition)
+            return stored, engine.read(q.meta.id, partition, offset, max_messages)
+
+        stored, rows = await asyncio.to_thread(read)
+        end = min(part.committed_end, stored)
+        full = len(rows) == max_messages
+        budget = self.config.max_frame_size - 4096
+        msgs: list[StreamMessage] = []
+        for r in rows:
+            if r.offset >= end:
+                break
+            budget -= len(r.body) + len(r.headers_blob) + len(r.key or "") + MESSAGE_OVERHEAD
+            if msgs and budget < 0:
+                full = True  # the frame is full: the reader continues after the last one sent
+                break
+            msgs.append(StreamMessage(partition, r.offset, r.key, decode_headers(r.headers_blob), r.body,
+                                      r.ts, f"{partition}-{r.offset}"))
+        nxt = msgs[-1].offset + 1 if msgs and full else max(end, offset)
+        return msgs, nxt, end
+
     def _publish_split(self, q: Queue, producer_id: str | None, messages: list[PublishMessage], pidxs: list[int],
                        done: PublishDone, hops: int) -> None:
         """Some messages belong to partitions active elsewhere (or electing): each part goes
@@ -1088,6 +1144,13 @@ class Node:
             option, value, by = msgpack.unpackb(payload)
             apply_option(self, str(option), int(value), f"{by} via a member")
             return b""
+        if name == "read":
+            from client.protocol.codec import encode
+
+            qname, pidx, offset, max_messages = msgpack.unpackb(payload)
+            msgs, nxt, end = await self.read_stream(qname, int(pidx), int(offset), int(max_messages),
+                                                    hops=int(arg or 1))
+            return encode(ReadOk(rid=0, messages=msgs, next_offset=nxt, end_offset=end))[4:]
         if name == "depth":
             qname, pidx = msgpack.unpackb(payload)
             q = self.queue(qname)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.node import status_of
-from broker.queues import MESSAGE_OVERHEAD, Consumer, Msg, decode_headers
+from broker.queues import Consumer, Msg
 from broker.users import require_admin
 from client.errors import (
     AuthError,
@@ -31,7 +31,6 @@ from client.errors import (
     HeartbeatTimeoutError,
     InvalidArgumentError,
     LocalProtocolError,
-    PartitionNotFoundError,
     ProtocolError,
     ShuttingDownError,
     TandemError,
@@ -71,7 +70,6 @@ from client.protocol.frames import (
     SetOption,
     SetQuorumOverride,
     Status,
-    StreamMessage,
     Subscribe,
     SubscribeOk,
     Welcome,
@@ -86,7 +84,6 @@ log = logging.getLogger("tandem.broker")
 
 READ_CHUNK = 256 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-MAX_READ_BATCH = 10000
 
 
 class Session:
@@ -477,36 +474,7 @@ class Session:
         self.send(status_of(self.node, f.rid))
 
     async def _read(self, f: Read) -> None:
-        q = self.node.queue(f.queue)
-        if not 0 <= f.partition < len(q.partitions):
-            raise PartitionNotFoundError(f"queue {f.queue!r} has no partition {f.partition}")
-        if f.offset < 0 or not 1 <= f.max_messages <= MAX_READ_BATCH:
-            raise InvalidArgumentError(f"offset must be >= 0 and max_messages 1..{MAX_READ_BATCH}")
-        part = q.partitions[f.partition]
-        engine = self.node.engine
-
-        def read() -> tuple[int, list[StoredMessage]]:
-            # the store's end first: below it every message is in the store or settled.  In a
-            # group the log commits before the store is written (lazily), and a read that
-            # trusted committed_end alone would step over messages not yet written there.
-            stored = engine.stored_end(q.meta.id, f.partition)
-            return stored, engine.read(q.meta.id, f.partition, f.offset, f.max_messages)
-
-        stored, rows = await asyncio.to_thread(read)
-        end = min(part.committed_end, stored)
-        full = len(rows) == f.max_messages
-        budget = self.node.config.max_frame_size - 4096
-        msgs: list[StreamMessage] = []
-        for r in rows:
-            if r.offset >= end:
-                break
-            budget -= len(r.body) + len(r.headers_blob) + len(r.key or "") + MESSAGE_OVERHEAD
-            if msgs and budget < 0:
-                full = True  # the frame is full: the reader continues after the last one sent
-                break
-            msgs.append(StreamMessage(f.partition, r.offset, r.key, decode_headers(r.headers_blob), r.body,
-                                      r.ts, f"{f.partition}-{r.offset}"))
-        nxt = msgs[-1].offset + 1 if msgs and full else max(end, f.offset)
+        msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
         self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
 
 
