@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from client.clock import Cancellable
 from client.errors import NotActiveError, TandemError, UnavailableError
 from client.protocol.frames import PartitionInfo, ReplicaInfo
 from ha.messages import (
@@ -308,7 +309,7 @@ class PartLog:
     #: store writes of committed entries, held back (see HOLD_APPLY)
     held_ops: list[WriteOp] = field(default_factory=list)
     held_bytes: int = 0
-    held_since: float = 0.0
+    held_since: float = 0.0  # when the oldest of them was held (while in Replication._held)
     held_upto: int = 0  # the applied index they bring the store to
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
@@ -349,7 +350,7 @@ class Replication:
         self._stage_scheduled: set[PartLog] = set()
         self._held: set[PartLog] = set()  # logs holding store writes back
         self._stopping = False
-        self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_timer: Cancellable | None = None
         self.changed = asyncio.Event()  # set (and replaced) whenever a role or an active changes
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
         self.discarded_total = 0
@@ -534,8 +535,10 @@ class Replication:
         # log already has them durably, and a restart re-applies from the applied position.
         callbacks: list[list[Callback]] = []
         apply_ops: list[WriteOp] = []
+        applied_size = plog.applied_bytes
         if ready.committed:
             apply_ops = self._apply(plog, ready.committed, callbacks)
+        applied_size = plog.applied_bytes - applied_size  # (before compaction recounts it)
         if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
             upto, plog.applied_bytes = self._compact_upto(r)
             # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
@@ -571,7 +574,7 @@ class Replication:
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
                 self._guarded(plog, lambda: r.persisted(last))
         if apply_ops:
-            self._hold(plog, apply_ops, sum(len(e.data or b"") for e in ready.committed))
+            self._hold(plog, apply_ops, applied_size)
         if ready.messages:
             if wait or plog.outbox:
                 target = plog.write_seq
@@ -600,11 +603,11 @@ class Replication:
         if plog.serve_from or plog.key == CATALOGUE or plog.held_bytes >= HOLD_APPLY_BYTES:
             self._release_held(plog, eager=bool(plog.serve_from))
             return
-        if not plog.held_since:
+        if plog not in self._held:
             plog.held_since = self.node.clock.monotonic()
             self._held.add(plog)
             if self._hold_timer is None:
-                self._hold_timer = asyncio.get_running_loop().call_later(HOLD_APPLY, self._release_due)
+                self._hold_timer = self.node.clock.call_later(HOLD_APPLY, self._release_due)
 
     def _release_due(self) -> None:
         self._hold_timer = None
@@ -614,13 +617,13 @@ class Replication:
                 self._release_held(plog)
         if self._held:
             wait = min(plog.held_since for plog in self._held) + HOLD_APPLY - now
-            self._hold_timer = asyncio.get_running_loop().call_later(max(0.001, wait), self._release_due)
+            self._hold_timer = self.node.clock.call_later(max(0.001, wait), self._release_due)
 
     def _release_held(self, plog: PartLog, *, eager: bool = False) -> None:
         """Submit the store writes ``plog`` holds (eager: commit them now).  A log that was
         replaced (resync) or dropped (queue deleted) writes nothing: its rows are reset."""
         held, plog.held_ops = plog.held_ops, []
-        plog.held_bytes, plog.held_since = 0, 0.0
+        plog.held_bytes = 0
         self._held.discard(plog)
         key = plog.key
         if not held or self.logs.get(key) is not plog:
