@@ -55,7 +55,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
-                "advertise", "http_port", "producer_expiry"):
+                "advertise", "http_port", "producer_expiry", "log_segment_size"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--replicas", type=int, help="copies of each partition besides its active (default 2)")
     group.add_argument("--sync-replicas", dest="sync_replicas", type=int,
                        help="how many of the replicas vote and count for commits (default 2; others async)")
+    group.add_argument("--log-segment-size", dest="log_segment_size", type=int, metavar="BYTES",
+                       help="size a file of the replication log grows to before the next is started; "
+                            "space is reclaimed a whole file at a time (default 64 MiB)")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
     start.set_defaults(func=_broker_start)

@@ -26,6 +26,7 @@ Example ``tandem.toml``::
     replicas = 2                # copies of each partition besides its active
     sync_replicas = 2           # how many of those vote (the rest are async learners)
     designated_primary = false  # two-node group: this node may go on alone
+    log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class NodeConfig:
     replicas: int = 2
     sync_replicas: int = 2
     designated_primary: bool = False
+    #: bytes a segment file of the replication log grows to (storage/segments.py): space is
+    #: reclaimed a whole segment at a time
+    log_segment_size: int = 64 * 1024 * 1024
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -116,6 +120,8 @@ class NodeConfig:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
+        if not 1024 * 1024 <= self.log_segment_size <= 4 * 1024 * 1024 * 1024:
+            raise ConfigError("log_segment_size: must be 1 MiB .. 4 GiB")
         if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:

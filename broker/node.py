@@ -78,7 +78,7 @@ EngineFactory = Callable[[NodeConfig], Engine]
 
 
 def sqlite_engine(config: NodeConfig) -> Engine:
-    return SqliteEngine(config.db_path)
+    return SqliteEngine(config.db_path, log_segment_bytes=config.log_segment_size)
 
 
 class Node:

@@ -117,6 +117,8 @@ MAX_EVENTS = 200
 # it holds at once.
 HOLD_APPLY = 0.05
 HOLD_APPLY_BYTES = 8 * 1024 * 1024
+# How often partitions that keep the log's oldest segment are compacted past it.
+UNPIN_EVERY = 1.0
 
 
 # -- encoding: replication messages and log entries ------------------------------------------------
@@ -451,11 +453,39 @@ class Replication:
     async def run(self) -> None:
         interval = min(0.05, self.node.config.keepalive_interval / 2)
         clock = self.node.clock
+        pins_at = clock.monotonic()
         while True:
             now = clock.monotonic()
             for plog in list(self.logs.values()):
                 self._guarded(plog, lambda: plog.replica.tick(now))
+            if now >= pins_at:
+                pins_at = now + UNPIN_EVERY
+                self._unpin_segments()
             await clock.sleep(interval)
+
+    def _unpin_segments(self) -> None:
+        """The oldest segment of the log's files goes once every entry in it is compacted
+        (storage/segments.py).  A partition that keeps it (a quiet one: it compacts only
+        every COMPACT_EVERY entries) is compacted past it here, once applied that far;
+        the log of a partition this node no longer replicates is dropped."""
+        pins = getattr(self.node.engine, "log_pins", None)
+        if pins is None:
+            return
+        for key, top in pins().items():
+            plog = self.logs.get(key)
+            if plog is None:
+                if key != CATALOGUE and self.node.queue_by_id(key[0]) is not None:
+                    log.info("partition %d/%d: dropping its log on %s, which no longer holds a replica",
+                             key[0], key[1], self.me)
+                    self.node.writer.submit([LogTruncate(key[0], key[1], 0)], sync=False, lazy=True)
+                continue  # (a queue not known yet: its catalogue entry is still to be applied)
+            r = plog.replica
+            if r.snap_index >= top or r.applied < top or self._stopping:
+                continue  # compacted already (not yet durably), or not applied that far yet
+            r.compact(top)
+            plog.applied_bytes = sum(len(r.entry(i).data or b"") for i in range(r.snap_index + 1, r.applied + 1))
+            # with the store writes it depends on, in order (see _hold)
+            self._hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
 
     def stop(self) -> None:
         for t in list(self._tasks):

@@ -331,6 +331,10 @@ class Capabilities:
     fsync: bool = True  # SYNC really reaches the disk
 
 
+#: the replication log's own ops (an engine may keep the log apart from the store)
+LOG_OPS: frozenset[type] = frozenset({LogAppend, LogTruncate})
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A storage engine.  Methods are blocking; the broker calls them from the
@@ -341,8 +345,12 @@ class Engine(Protocol):
     def open(self) -> Recovered:
         """Create or open the store and return what it holds."""
 
-    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
-        """Apply ``ops`` in one transaction; with ``sync``, durable on return."""
+    def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
+        """Apply ``ops`` in one transaction; with ``sync``, durable on return.
+
+        ``store_sync``: for an engine that keeps the replication log (:data:`LOG_OPS`) in
+        files of its own, whether the other ops need a synced commit as well (default:
+        ``sync``); the writer passes False when only log ops asked for ``sync``."""
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``."""

@@ -115,7 +115,7 @@ class MemoryEngine:
             p = self.disk.parts[key] = _Part()
         return p
 
-    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
+    def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
         if not self._open:
             raise StorageError("store is closed")
         with self.disk.lock:

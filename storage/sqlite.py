@@ -33,6 +33,12 @@ Without that last step a steady stream of commits never lets every frame be
 copied, and SQLite reuses the WAL from its start only then: the file grew
 without bound (``test_the_wal_starts_over_under_a_steady_stream_of_commits``).
 
+The replication log is not in the database: it is kept in append-only segment files
+beside it (``tandem.db-log/``, ``storage/segments.py``, which says why).  The ``ha_log``
+table remains only to carry a log written by an earlier version over into them, on open.
+``ha_state`` keeps each partition's hard state, compaction point and applied position:
+they change with the store's own rows and commit with them.
+
 Commits go through the driver connection (``_Driver``), not SQLAlchemy's statement
 layer; reads, recovery and the schema use SQLAlchemy Core.
 
@@ -51,6 +57,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections import ChainMap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +100,7 @@ from storage.base import (
     unpack_run,
 )
 from storage.intervals import ChunkIndex, IntervalSet, ranges_of
+from storage.segments import SEGMENT_BYTES, SegmentLog
 
 log = logging.getLogger("tandem.storage")
 
@@ -215,7 +223,7 @@ class SqliteEngine:
 
     capabilities = Capabilities(shared=False, fsync=True)
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, log_segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = Path(path)
         self._engine: Engine | None = None  # created in open(), off the event loop
         self._writer: Connection | None = None
@@ -231,6 +239,13 @@ class SqliteEngine:
         self._wal_bytes = 0  # message and log bytes committed since the WAL last started over
         self.wal_restarts = 0  # writer checkpoints that copied every frame (the WAL may start over)
         self._stop_checkpoints = threading.Event()
+        self.log = SegmentLog(self.path.with_name(self.path.name + "-log"), segment_bytes=log_segment_bytes)
+        #: each partition's compaction point as far as it is known to be on disk (the log's
+        #: segments go by these), and the points committed since (not yet fsynced)
+        self._durable_snaps: dict[Key, int] = {}
+        self._pending_snaps: dict[Key, int] = {}
+        self._check_segments = False
+        self._segments_seen = 0
 
     @staticmethod
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -277,6 +292,7 @@ class SqliteEngine:
                                                  (SCHEMA_VERSION,))
             recovered = self._load(self._writer)
             self._writer.rollback()  # end the read transaction autobegun by _load
+            self._open_log(recovered)
             self._stop_checkpoints.clear()
             self._checkpointer = threading.Thread(target=self._checkpoints, name="tandem-checkpoint", daemon=True)
             self._checkpointer.start()
@@ -325,6 +341,7 @@ class SqliteEngine:
                 log.warning("final checkpoint failed (the WAL stays, nothing is lost): %s", exc)
             self._writer.close()
             self._writer = None
+        self.log.close()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -387,11 +404,40 @@ class SqliteEngine:
         ):
             rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
                                                   (row[8], row[9], row[10]))
-        for qid, p, idx, term, origin, weak, data in conn.exec_driver_sql(
+        return rec
+
+    def _open_log(self, rec: Recovered) -> None:
+        """Replay the log's segments into ``rec.logs``; first carry over a log an earlier
+        version kept in the ``ha_log`` table."""
+        assert self._writer is not None
+        raw = self._writer.connection.driver_connection
+        assert raw is not None
+        replayed = self.log.open()
+        rows: dict[Key, list[LogRecord]] = {}
+        for qid, p, idx, term, origin, weak, data in raw.execute(
             "SELECT queue_id, partition, idx, term, origin, weak, data FROM ha_log ORDER BY queue_id, partition, idx"
         ):
-            rec.logs.setdefault((qid, p), LogState()).entries.append(LogRecord(idx, term, origin, bool(weak), data))
-        return rec
+            rows.setdefault((qid, p), []).append(LogRecord(idx, term, origin, bool(weak), data))
+        if rows:
+            # Each partition's rows go in one record: after a crash here a partition is in
+            # the segments whole or not at all, and the rows are still there either way.
+            fresh = {key: recs for key, recs in rows.items() if key not in replayed}
+            self.log.write([["A", key[0], key[1], [[r.index, r.term, r.origin, r.weak, r.data] for r in recs]]
+                            for key, recs in fresh.items()], sync=True)
+            raw.execute("DELETE FROM ha_log")
+            log.info("store %s: replication log of %d partition(s) moved from the ha_log table to %s",
+                     self.path, len(fresh), self.log.dir)
+            replayed.update(fresh)
+        for key, entries in replayed.items():
+            st = rec.logs.setdefault(key, LogState())
+            st.entries = [e for e in entries if e.index > st.snapshot[0]]
+            if st.entries and st.entries[-1].term > st.term:
+                # The entries of a new term reached the log, its hard state did not (a crash
+                # between the two writes of one batch; nothing was answered for it): the
+                # term is the entries', and no vote was cast in it.
+                st.term, st.voted_for = st.entries[-1].term, None
+        self._pending_snaps = {key: st.snapshot[0] for key, st in rec.logs.items()}
+        self._make_durable()
 
     def load_partition(self, queue_id: int, partition: int) -> PartitionState:
         conn = self._reader()
@@ -457,7 +503,9 @@ class SqliteEngine:
 
     # -- writes (writer thread) ------------------------------------------------------------
 
-    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
+    def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
+        """``store_sync``: whether the database's part needs a synced commit (default
+        ``sync``); the log's part is synced with ``sync``."""
         conn = self._writer
         if conn is None:
             raise StorageError("store is closed")
@@ -468,6 +516,70 @@ class SqliteEngine:
         # recovery keep SQLAlchemy.
         raw = conn.connection.driver_connection
         assert raw is not None  # an open connection has one
+        records: list[list[Any]] = []
+        store_ops: list[WriteOp] = []
+        compacted: dict[Key, int] = {}
+        for op in ops:
+            kind = type(op)
+            if kind is LogAppend:
+                records.append(["A", op.queue_id, op.partition,  # type: ignore[union-attr]
+                                [[e.index, e.term, e.origin, e.weak, e.data] for e in op.entries]])  # type: ignore[union-attr]
+            elif kind is LogTruncate:
+                records.append(["T", op.queue_id, op.partition, op.from_index])  # type: ignore[union-attr]
+                self._check_segments = True  # (it may free the oldest segment)
+            else:
+                if kind is DropQueue:
+                    records.append(["X", op.queue_id])  # type: ignore[union-attr]
+                    self._check_segments = True
+                elif kind is LogCompact:
+                    compacted[(op.queue_id, op.partition)] = op.upto  # type: ignore[union-attr]
+                store_ops.append(op)
+        # The log first: a crash between the two leaves the log ahead of the store, which
+        # recovery handles (the store's applied position says where to resume).
+        self.log.write(records, sync=sync)
+        if store_ops:
+            synced = sync if store_sync is None else store_sync
+            self._commit_store(conn, raw, store_ops, synced)
+            if compacted:
+                self._pending_snaps.update(compacted)
+                self._check_segments = True
+            if synced and self._pending_snaps:
+                self._durable_snaps.update(self._pending_snaps)
+                self._pending_snaps.clear()
+        if self._check_segments or self.log.segments != self._segments_seen:
+            self._reclaim_segments()
+
+    def log_pins(self) -> dict[Key, int]:
+        """The partitions that keep the replication log's oldest segment, with their
+        highest entry in it: compacting them past it lets it go (any thread)."""
+        return self.log.pins()
+
+    def _reclaim_segments(self) -> None:
+        """Delete log segments that only hold compacted entries, once the compaction
+        points that make them so are on disk (an fsync of the database first, if needed)."""
+        self._check_segments = False
+        committed = ChainMap(self._pending_snaps, self._durable_snaps)
+        if self.log.segments > 1 and (self._pending_snaps and not self.log.reclaimable(self._durable_snaps)
+                                      and self.log.reclaimable(committed)):
+            self._make_durable()
+        self.log.reclaim(self._durable_snaps, committed)
+        self._segments_seen = self.log.segments
+
+    def _make_durable(self) -> None:
+        """Every commit so far on disk: the WAL's frames and the database fsynced."""
+        for path in (self.path.with_name(self.path.name + "-wal"), self.path):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._durable_snaps.update(self._pending_snaps)
+        self._pending_snaps.clear()
+
+    def _commit_store(self, conn: Connection, raw: sqlite3.Connection, ops: list[WriteOp], sync: bool) -> None:
         try:
             mode = "FULL" if sync else "NORMAL"
             if mode != self._sync_mode:
@@ -649,24 +761,13 @@ class SqliteEngine:
                 (str(q.id),),
             )
         elif isinstance(op, DropQueue):
-            for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_log", "ha_state"):
+            for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_state"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
             conn.exec_driver_sql("DELETE FROM queues WHERE id = ?", (op.queue_id,))
             for key in [k for k in self._index if k[0] == op.queue_id]:
                 del self._index[key]
                 self._ends.pop(key, None)
-        elif isinstance(op, LogAppend):
-            self._wal_bytes += sum(len(e.data) for e in op.entries)
-            conn.exec_driver_sql(
-                "INSERT OR REPLACE INTO ha_log (queue_id, partition, idx, term, origin, weak, data) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(op.queue_id, op.partition, e.index, e.term, e.origin, int(e.weak), e.data) for e in op.entries])
-        elif isinstance(op, LogTruncate):
-            conn.exec_driver_sql("DELETE FROM ha_log WHERE queue_id = ? AND partition = ? AND idx >= ?",
-                                 (op.queue_id, op.partition, op.from_index))
         elif isinstance(op, LogCompact):
-            conn.exec_driver_sql("DELETE FROM ha_log WHERE queue_id = ? AND partition = ? AND idx <= ?",
-                                 (op.queue_id, op.partition, op.upto))
             conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin))
         elif isinstance(op, PutHardState):
             conn.exec_driver_sql(_UPSERT_HARD, (op.queue_id, op.partition, op.term, op.voted_for, op.commit))

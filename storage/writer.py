@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import StorageError
-from storage.base import Engine, WriteOp
+from storage.base import LOG_OPS, Engine, WriteOp
 
 log = logging.getLogger("tandem.storage")
 
@@ -146,10 +146,13 @@ class GroupCommitWriter:
     def _commit(self, batch: list[_Item]) -> None:
         ops: list[WriteOp] = [op for item in batch for op in item.ops]
         sync = any(item.sync for item in batch)
+        # does anything but the replication log need the sync? (an engine keeping the log
+        # in files of its own then fsyncs those alone for a batch of log appends)
+        store_sync = sync and any(item.sync and any(type(op) not in LOG_OPS for op in item.ops) for item in batch)
         started = self._clock.monotonic()
         error: BaseException | None = None
         try:
-            self.engine.apply(ops, sync=sync)
+            self.engine.apply(ops, sync=sync, store_sync=store_sync)
         except StorageError as exc:
             error = exc
         except Exception as exc:  # an engine bug must not kill the writer thread

@@ -32,11 +32,11 @@ class FlakyEngine(SqliteEngine):
         self.failing: Callable[[list[WriteOp]], bool] | None = None
         self.failures = 0
 
-    def apply(self, ops: list[WriteOp], *, sync: bool) -> None:
+    def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
         if self.failing is not None and self.failing(ops):
             self.failures += 1
             raise StorageError("injected failure")
-        super().apply(ops, sync=sync)
+        super().apply(ops, sync=sync, store_sync=store_sync)
 
 
 async def started(tmp_path: Path, **kw: object) -> Node:

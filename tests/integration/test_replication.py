@@ -332,33 +332,78 @@ async def test_async_replicas_are_fed_and_never_count(tmp_path: Path) -> None:
         await cl.stop()
 
 
-async def test_the_log_is_compacted_by_size_as_well(trio: LocalCluster) -> None:
+async def test_the_log_is_compacted_by_size_as_well(tmp_path: Path) -> None:
     """Entries of big batches are big: a partition's log (on disk, and in memory) is
     compacted once its applied entries reach COMPACT_BYTES, not only every 4,000 entries
-    (which at 8 MiB an entry would be 32 GiB)."""
-    import sqlite3
-
+    (which at 8 MiB an entry would be 32 GiB); and the log's files on disk shrink with it
+    (a segment goes once all of it is compacted: 4 MiB segments here)."""
     from broker.replication import COMPACT_BYTES
 
-    cl = trio
-    async with await client.connect(cl.url) as conn:
-        await conn.declare_queue("big", partitions=1)
-        p = conn.producer("big")
-        body = b"x" * 65536
-        for _ in range(12):  # 96 MiB, in ~10 entries of up to 8 MiB
-            await p.send_many([body] * 100)
+    segment = 4 * 1024 * 1024
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--log-segment-size", str(segment)])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("big", partitions=1)
+            p = conn.producer("big")
+            body = b"x" * 65536
+            for _ in range(12):  # 96 MiB, in ~10 entries of up to 8 MiB
+                await p.send_many([body] * 100)
 
-    def log_bytes(name: str) -> int:
-        db = sqlite3.connect(f"file:{cl.data_dir / name / 'tandem.db'}?mode=ro", uri=True)
-        try:
-            return int(db.execute("SELECT coalesce(sum(length(data)), 0) FROM ha_log WHERE queue_id > 0")
-                       .fetchone()[0])
-        finally:
-            db.close()
+        def log_bytes(name: str) -> int:
+            return sum(f.stat().st_size for f in (cl.data_dir / name / "tandem.db-log").glob("*.seg"))
 
-    bound = COMPACT_BYTES + 8 * 1024 * 1024  # compaction runs when an apply passes the mark
-    await wait_until(lambda: all(log_bytes(n) <= bound for n in cl.nodes), timeout=60,
-                     what=f"every node's log compacted under {bound} bytes")
+        assert max(log_bytes(n) for n in cl.nodes) > 0  # (where the log is kept)
+        # compaction runs when an apply passes the mark; whole segments go, the newest stays
+        bound = COMPACT_BYTES + 8 * 1024 * 1024 + 2 * segment
+        await wait_until(lambda: all(log_bytes(n) <= bound for n in cl.nodes), timeout=60,
+                         what=f"every node's log compacted under {bound} bytes")
+    finally:
+        await cl.stop()
+
+
+async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> None:
+    """Only the oldest segment of the log's files can go, and only once every entry in it
+    is compacted.  A quiet partition (and the catalogue: queue declares are entries too)
+    compacts only every 4,000 entries, so its few entries would keep the oldest segment,
+    and with it every later one, forever: the nodes compact such partitions past it."""
+    segment = 1024 * 1024
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--log-segment-size", str(segment)])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("quiet", partitions=1)
+            await conn.producer("quiet").send(b"a message that stays")
+            await conn.declare_queue("busy", partitions=1)
+            await actives(cl, "busy", 1)  # (every node has applied the declare)
+            p = conn.producer("busy")
+            async with conn.consumer("busy") as c:  # consumed: the store does not keep them
+                for _ in range(8):  # 32 MiB: past the busy partition's first compaction (COMPACT_BYTES)
+                    await p.send_many([b"y" * 65536] * 64)
+                    for _ in range(64):
+                        m = await c.next(30)
+                        assert m is not None
+                        await m.ack()
+
+            def segments(name: str) -> list[int]:
+                return sorted(int(f.stem) for f in (cl.data_dir / name / "tandem.db-log").glob("*.seg"))
+
+            # The first segment (the declares, the quiet message) goes, and the rest with it
+            # down to what compaction by size keeps of the busy partition, plus the newest.
+            from broker.replication import COMPACT_BYTES
+            bound = (COMPACT_BYTES + 8 * 1024 * 1024) // segment + 2
+            await wait_until(lambda: all(segments(n)[0] > 1 and len(segments(n)) <= bound for n in cl.nodes),
+                             timeout=60, what=f"every node's first log segment gone, and at most {bound} left")
+            # and the quiet partition's message is still there, on whichever node is active
+            async with conn.consumer("quiet") as c:
+                m = await c.next(30)
+                assert m is not None and m.body == b"a message that stays"
+    finally:
+        await cl.stop()
 
 
 async def test_a_quiet_partition_reaches_every_store(trio: LocalCluster) -> None:

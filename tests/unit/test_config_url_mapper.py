@@ -25,6 +25,7 @@ def test_config_defaults_and_coercion() -> None:
     ({"name": "has space"}, "name"),
     ({"sync": "MAYBE"}, "durability policy"),
     ({"max_message_size": 10}, "max_message_size"),
+    ({"log_segment_size": 4096}, "log_segment_size: must be 1 MiB .. 4 GiB"),
     ({"max_frame_size": 1024 * 1024, "max_message_size": 1024 * 1024}, "max_frame_size"),
     ({"heartbeat": 0}, "heartbeat"),
 ])

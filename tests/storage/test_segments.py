@@ -1,0 +1,254 @@
+"""The replication log's segment files (storage/segments.py), and the SQLite engine that
+keeps its log in them: replay, torn writes, space reclaimed, the ha_log table carried over."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from client.errors import StorageError
+from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState, PutQueue
+from storage.base import QueueMeta
+from storage.segments import SegmentLog
+from storage.sqlite import SqliteEngine
+
+KIB = 1024
+
+
+def append(qid: int, p: int, first: int, n: int, *, term: int = 1, size: int = 100) -> list[object]:
+    return ["A", qid, p, [[i, term, "n1", False, bytes([i % 256]) * size] for i in range(first, first + n)]]
+
+
+def indexes(recs: list[LogRecord]) -> list[int]:
+    return [r.index for r in recs]
+
+
+def test_entries_truncations_and_deleted_queues_come_back_across_segments(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    assert log.open() == {}
+    log.write([append(1, 0, 1, 30)], sync=True)  # several segments' worth, in one record
+    log.write([append(1, 1, 1, 5), append(2, 0, 1, 3)], sync=False)
+    log.write([["T", 1, 0, 21], append(1, 0, 21, 4, term=2)], sync=True)  # a new active rewrote the tail
+    log.write([["X", 2]], sync=False)
+    log.write([append(1, 1, 6, 60)], sync=False)
+    assert log.segments > 2
+    log.close()
+
+    again = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    got = again.open()
+    assert set(got) == {(1, 0), (1, 1)}  # queue 2 was deleted
+    assert indexes(got[(1, 0)]) == list(range(1, 25))
+    assert [r.term for r in got[(1, 0)]][19:] == [1, 2, 2, 2, 2]
+    assert got[(1, 0)][0].data == b"\x01" * 100
+    assert indexes(got[(1, 1)]) == list(range(1, 66))
+    # and it goes on appending where it stopped
+    again.write([append(1, 0, 25, 1)], sync=True)
+    again.close()
+    third = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    assert indexes(third.open()[(1, 0)]) == list(range(1, 26))
+    third.close()
+
+
+def _newest(directory: Path) -> Path:
+    return sorted(directory.glob("*.seg"))[-1]
+
+
+@pytest.mark.parametrize("cut", [3, 11, 60])  # inside the header, inside the payload, near its end
+def test_a_torn_last_record_is_cut_off_and_what_came_before_stays(tmp_path: Path, cut: int) -> None:
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 3)], sync=True)
+    last = log.size()  # where the last record starts
+    log.write([append(1, 0, 4, 1)], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    whole = seg.read_bytes()
+    assert len(whole) > last + cut
+    seg.write_bytes(whole[:last + cut])  # a crash in the middle of the last write
+
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert indexes(got[(1, 0)]) == [1, 2, 3]
+    again.write([append(1, 0, 4, 2)], sync=True)  # appends go after the cut, not after the garbage
+    again.close()
+    assert indexes(SegmentLog(tmp_path / "log").open()[(1, 0)]) == [1, 2, 3, 4, 5]
+
+
+def test_a_damaged_record_in_an_older_segment_refuses_to_open(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    log.open()
+    for i in range(1, 40, 4):
+        log.write([append(1, 0, i, 4)], sync=False)
+    log.close()
+    oldest = sorted((tmp_path / "log").glob("*.seg"))[0]
+    data = bytearray(oldest.read_bytes())
+    data[20] ^= 0xFF
+    oldest.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match="corrupt"):
+        SegmentLog(tmp_path / "log", segment_bytes=1 * KIB).open()
+
+
+def test_the_oldest_segment_goes_once_everything_in_it_is_compacted(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    log.open()
+    log.write([append(1, 0, 1, 10), append(0, 0, 1, 1)], sync=False)  # over 1 KiB each: one segment
+    log.write([append(1, 0, 11, 10)], sync=False)
+    log.write([append(1, 0, 21, 10)], sync=False)
+    assert log.segments == 3
+    assert log.pins() == {}  # as of the last reclaim: none yet
+    assert log.reclaim({}) == 0
+    assert log.pins() == {(1, 0): 10, (0, 0): 1}
+    assert log.reclaim({(1, 0): 10}) == 0  # (0, 0) still keeps it
+    assert log.pins() == {(0, 0): 1}
+    assert log.reclaim({(1, 0): 10, (0, 0): 1}) == 1
+    assert log.segments == 2
+    assert log.pins() == {(1, 0): 20}
+    # entries truncated away keep nothing; nor does a deleted queue
+    log.write([["T", 1, 0, 15], ["X", 0]], sync=False)  # (in a third segment)
+    assert log.reclaim({(1, 0): 14}) == 2
+    assert log.segments == 1 and log.pins() == {}
+    log.close()
+    assert SegmentLog(tmp_path / "log").open() == {}  # all compacted, truncated or deleted
+
+
+def test_only_the_newest_segment_is_ever_written(tmp_path: Path) -> None:
+    """A roll fsyncs the full segment first; the new one is where every later write goes."""
+    log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    log.open()
+    sizes = []
+    for i in range(1, 20, 2):
+        log.write([append(1, 0, i, 2, size=200)], sync=False)
+        sizes.append({p.name: p.stat().st_size for p in (tmp_path / "log").glob("*.seg")})
+    for before, after in zip(sizes, sizes[1:], strict=False):
+        changed = [n for n in after if before.get(n) != after[n]]
+        assert changed == [max(after)], (before, after)
+    log.close()
+
+
+# -- the SQLite engine with its log in segments ------------------------------------------------
+
+Q = QueueMeta(id=1, name="q", partitions=2, mapper="consistent_hash", ring_size=64, max_deliveries=3,
+              dead_letter_queue=None, max_length=0)
+
+
+def test_a_log_only_batch_does_not_touch_the_database(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    wal = tmp_path / "tandem.db-wal"
+    before = wal.stat().st_size, wal.stat().st_mtime_ns
+    e.apply([LogAppend(1, 0, [LogRecord(i, 1, "n1", False, b"x" * 1000) for i in range(1, 50)])], sync=True,
+            store_sync=False)
+    assert (wal.stat().st_size, wal.stat().st_mtime_ns) == before
+    assert e.log.size() > 49_000
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    assert indexes(again.open().logs[(1, 0)].entries) == list(range(1, 50))
+    again.close()
+
+
+def test_compaction_through_the_engine_deletes_segments_and_reopens_from_the_point(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db", log_segment_bytes=1024 * 1024)
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    for first in range(1, 400, 10):  # ~4 MiB of entries of 10 KiB
+        e.apply([LogAppend(1, 0, [LogRecord(i, 1, "n1", False, b"y" * 10_000) for i in range(first, first + 10)])],
+                sync=False)
+    assert e.log.segments >= 4
+    e.apply([PutApplied(1, 0, 390, 1, "n1"), LogCompact(1, 0, 380, 1, "n1")], sync=False)
+    assert e.log.segments == 1  # every older segment only held compacted entries
+    assert sorted(p.name for p in (tmp_path / "tandem.db-log").glob("*.seg")) == [
+        f"{n:016d}.seg" for n in [max(int(p.stem) for p in (tmp_path / "tandem.db-log").glob("*.seg"))]]
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db", log_segment_bytes=1024 * 1024)
+    st = again.open().logs[(1, 0)]
+    assert st.snapshot == (380, 1, "n1") and st.applied == (390, 1, "n1")
+    assert indexes(st.entries) == list(range(381, 401))
+    again.close()
+
+
+def test_a_quiet_partition_is_named_as_keeping_the_oldest_segment(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db", log_segment_bytes=1024 * 1024)
+    e.open()
+    e.apply([PutQueue(Q), LogAppend(1, 1, [LogRecord(1, 1, "n1", False, b"quiet")])], sync=True)
+    for first in range(1, 300, 10):
+        e.apply([LogAppend(1, 0, [LogRecord(i, 1, "n1", False, b"z" * 10_000) for i in range(first, first + 10)])],
+                sync=False)
+    e.apply([LogCompact(1, 0, 300, 1, "n1")], sync=False)
+    assert e.log_pins() == {(1, 1): 1}
+    e.apply([LogCompact(1, 1, 1, 1, "n1")], sync=False)
+    assert e.log_pins() == {} and e.log.segments == 1
+    e.close()
+
+
+def test_a_deleted_queue_takes_its_log_along(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"a")]), PutHardState(1, 0, 1, "n1", 1)],
+            sync=True)
+    e.apply([DropQueue(1)], sync=True)
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    assert (1, 0) not in again.open().logs
+    again.close()
+
+
+def test_entries_of_a_newer_term_than_the_hard_state_set_the_term(tmp_path: Path) -> None:
+    """A batch's log part is written before its database part: a crash between them leaves
+    entries of a term the hard state has not recorded.  The node takes the entries' term,
+    with no vote in it (it answered nothing for that batch)."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutHardState(1, 0, 3, "n2", 0), LogAppend(1, 0, [LogRecord(1, 3, "n2", False, b"a")])],
+            sync=True)
+    e.log.write([["A", 1, 0, [[2, 4, "n3", False, b"b"]]]], sync=True)  # as if PutHardState(4) never made it
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    st = again.open().logs[(1, 0)]
+    assert (st.term, st.voted_for) == (4, None)
+    assert indexes(st.entries) == [1, 2]
+    again.close()
+
+
+def test_a_log_kept_in_the_ha_log_table_is_carried_over(tmp_path: Path) -> None:
+    """A store written by the version before the segments: its log is in ha_log."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutHardState(1, 0, 2, "n1", 3), LogCompact(1, 0, 1, 1, "n1")], sync=True)
+    e.close()
+    db = sqlite3.connect(tmp_path / "tandem.db")
+    db.executemany("INSERT INTO ha_log (queue_id, partition, idx, term, origin, weak, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [(1, 0, i, 2, "n1", 0, f"e{i}".encode()) for i in range(1, 6)]
+                   + [(0, 0, 1, 1, "n1", 1, b"cat")])
+    db.commit()
+    db.close()
+    for path in (tmp_path / "tandem.db-log").glob("*.seg"):
+        os.unlink(path)
+
+    again = SqliteEngine(tmp_path / "tandem.db")
+    logs = again.open().logs
+    assert indexes(logs[(1, 0)].entries) == [2, 3, 4, 5]  # after the compaction point
+    assert logs[(1, 0)].entries[0].data == b"e2"
+    assert logs[(0, 0)].entries == [LogRecord(1, 1, "n1", True, b"cat")]
+    again.close()
+    db = sqlite3.connect(tmp_path / "tandem.db")
+    assert db.execute("SELECT count(*) FROM ha_log").fetchone()[0] == 0
+    db.close()
+    third = SqliteEngine(tmp_path / "tandem.db")
+    assert indexes(third.open().logs[(1, 0)].entries) == [2, 3, 4, 5]
+    third.close()
+
+
+def test_a_truncation_then_a_rewrite_survive_reopen_through_the_engine(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), LogAppend(1, 0, [LogRecord(i, 1, "n1", False, b"old") for i in range(1, 6)])], sync=True)
+    e.apply([LogTruncate(1, 0, 3), LogAppend(1, 0, [LogRecord(3, 2, "n2", False, b"new")])], sync=False)
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    entries = again.open().logs[(1, 0)].entries
+    assert [(r.index, r.term, r.data) for r in entries] == [(1, 1, b"old"), (2, 1, b"old"), (3, 2, b"new")]
+    again.close()
