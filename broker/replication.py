@@ -466,26 +466,44 @@ class Replication:
     def _unpin_segments(self) -> None:
         """The oldest segment of the log's files goes once every entry in it is compacted
         (storage/segments.py).  A partition that keeps it (a quiet one: it compacts only
-        every COMPACT_EVERY entries) is compacted past it here, once applied that far;
-        the log of a partition this node no longer replicates is dropped."""
+        every COMPACT_EVERY entries) is compacted past it here, once applied that far.  The
+        log of a partition this node holds no replica of is dropped: of a queue placed
+        elsewhere now, with its store rows; of a deleted queue (its deletion record did not
+        reach the disk before a crash), once the catalogue here is caught up."""
         pins = getattr(self.node.engine, "log_pins", None)
-        if pins is None:
+        if pins is None or self._broken or self._stopping:
             return
-        for key, top in pins().items():
-            plog = self.logs.get(key)
-            if plog is None:
-                if key != CATALOGUE and self.node.queue_by_id(key[0]) is not None:
-                    log.info("partition %d/%d: dropping its log on %s, which no longer holds a replica",
-                             key[0], key[1], self.me)
-                    self.node.writer.submit([LogTruncate(key[0], key[1], 0)], sync=False, lazy=True)
-                continue  # (a queue not known yet: its catalogue entry is still to be applied)
-            r = plog.replica
-            if r.snap_index >= top or r.applied < top or self._stopping:
-                continue  # compacted already (not yet durably), or not applied that far yet
-            r.compact(top)
-            plog.applied_bytes = sum(len(r.entry(i).data or b"") for i in range(r.snap_index + 1, r.applied + 1))
-            # with the store writes it depends on, in order (see _hold)
-            self._hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
+        try:
+            for key, top in pins().items():
+                plog = self.logs.get(key)
+                if plog is None:
+                    self._drop_foreign_log(key)
+                    continue
+                r = plog.replica
+                if r.snap_index >= top or r.applied < top:
+                    continue  # compacted already (not yet durably), or not applied that far yet
+                r.compact(top)
+                plog.applied_bytes = sum(len(r.entry(i).data or b"") for i in range(r.snap_index + 1, r.applied + 1))
+                # with the store writes it depends on, in order (see _hold)
+                self._hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
+        except Exception as exc:
+            log.exception("compacting the partitions that keep the oldest log segment failed")
+            self._fatal(f"log compaction failed: {exc!r}")
+
+    def _drop_foreign_log(self, key: Key) -> None:
+        if key == CATALOGUE:
+            return
+        qid, p = key
+        if self.node.queue_by_id(qid) is not None:
+            log.info("partition %d/%d: dropping its log and store rows on %s, which no longer holds a replica",
+                     qid, p, self.me)
+            self.node.writer.submit([ResetPartition(qid, p), LogCompact(qid, p, 0, 0, ""), PutApplied(qid, p, 0, 0, ""),
+                                     LogTruncate(qid, p, 0)], sync=False)
+            return
+        cat = self.logs[CATALOGUE].replica
+        if cat.leader is not None and not cat.recovering and cat.applied >= cat.commit:
+            log.info("partition %d/%d: dropping the log of a deleted queue on %s", qid, p, self.me)
+            self.node.writer.submit([LogTruncate(qid, p, 0)], sync=False)
 
     def stop(self) -> None:
         for t in list(self._tasks):

@@ -13,7 +13,7 @@ then ``length`` bytes of msgpack:
 * ``["A", queue_id, partition, [[index, term, origin, weak, data], ...]]``: entries (a
   later record of the same index replaces the earlier one);
 * ``["T", queue_id, partition, from_index]``: entries from ``from_index`` on are gone;
-* ``["X", queue_id]``: the queue was deleted, with every entry of its partitions.
+* ``["X", queue_id]``: the queue was deleted, with every entry of its partitions before it.
 
 Durability: :meth:`SegmentLog.write` with ``sync`` fdatasyncs the segment; a segment is
 fsynced when the next one starts, and a new segment's directory entry is fsynced.  So what
@@ -25,8 +25,9 @@ is an error.
 
 Space: the store (SQLite) keeps each partition's compaction point (``LogCompact``).  The
 oldest segment is deleted once every entry in it is at or below its partition's point as
-the store has *durably* committed it, or belongs to a deleted queue.  Only the oldest
-goes, so a truncation or deletion record never goes before the entries it removes.
+the store has *durably* committed it, or was truncated or deleted by a later record (which
+is fsynced first).  Only the oldest goes, so a truncation or deletion record never goes
+before the entries it removes.
 A partition whose old entries keep the oldest segment (a quiet one) is named by
 :meth:`SegmentLog.pins`: the replication driver compacts it.
 """
@@ -80,7 +81,6 @@ class SegmentLog:
         self._segments: list[_Segment] = []
         self._fd: int | None = None  # the newest segment, open for appending
         self._dirty = False  # written since the last fdatasync
-        self._dropped: set[int] = set()  # deleted queues (ids are never reused)
         self._pins: dict[Key, int] = {}  # what keeps the oldest segment (copied for other threads)
         self.deleted_segments = 0
 
@@ -157,8 +157,13 @@ class SegmentLog:
                 if s.tops.get(key, 0) >= start:
                     s.tops[key] = start - 1
         elif kind == "X":
+            # Only the entries before it: a queue id could come back (a node that caught
+            # up through a catalogue snapshot does not know the ids used meanwhile).
             qid = rec[1]
-            self._dropped.add(qid)
+            for s in (*self._segments, seg):
+                for key in s.tops:
+                    if key[0] == qid:
+                        s.tops[key] = -1
             if entries is not None:
                 for key in [k for k in entries if k[0] == qid]:
                     del entries[key]
@@ -228,8 +233,7 @@ class SegmentLog:
     # -- space ---------------------------------------------------------------------------
 
     def _live(self, seg: _Segment, snaps: Mapping[Key, int]) -> dict[Key, int]:
-        return {key: top for key, top in seg.tops.items()
-                if key[0] not in self._dropped and top > snaps.get(key, 0)}
+        return {key: top for key, top in seg.tops.items() if top > snaps.get(key, 0)}
 
     def reclaimable(self, snaps: Mapping[Key, int]) -> bool:
         """Would the oldest segment go, were these the durable compaction points?"""
@@ -241,6 +245,11 @@ class SegmentLog:
         what keeps the oldest by ``committed_snaps`` (default: the durable ones)."""
         gone = 0
         while len(self._segments) > 1 and not self._live(self._segments[0], durable_snaps):
+            if not gone:
+                # What made it deletable may be a truncation or a deletion record still in
+                # the OS's cache: on disk first, or a crash would bring back the entries
+                # after this segment without it (a log with a hole).
+                self.sync()
             seg = self._segments.pop(0)
             try:
                 seg.path.unlink()
@@ -252,6 +261,11 @@ class SegmentLog:
                 break
             gone += 1
         if gone:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
             self.deleted_segments += gone
             log.debug("replication log: %d old segment(s) deleted, %d left", gone, len(self._segments))
         self._update_pins(durable_snaps if committed_snaps is None else committed_snaps)

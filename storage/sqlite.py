@@ -430,14 +430,47 @@ class SqliteEngine:
             replayed.update(fresh)
         for key, entries in replayed.items():
             st = rec.logs.setdefault(key, LogState())
-            st.entries = [e for e in entries if e.index > st.snapshot[0]]
+            st.entries = self._usable(key, st, entries)
             if st.entries and st.entries[-1].term > st.term:
                 # The entries of a new term reached the log, its hard state did not (a crash
                 # between the two writes of one batch; nothing was answered for it): the
                 # term is the entries', and no vote was cast in it.
                 st.term, st.voted_for = st.entries[-1].term, None
+        for key, st in rec.logs.items():
+            if key not in replayed and st.applied[0] > st.snapshot[0]:
+                st.snapshot = st.applied  # (a log lost whole: the store is its own snapshot)
         self._pending_snaps = {key: st.snapshot[0] for key, st in rec.logs.items()}
         self._make_durable()
+
+    @staticmethod
+    def _usable(key: Key, st: LogState, entries: list[LogRecord]) -> list[LogRecord]:
+        """What of a replayed log a node can go on from, given its store's compaction point
+        and applied position (``st.snapshot`` may move up to ``st.applied``).
+
+        The log and the store are two files: after an OS crash the store can be on disk
+        ahead of the log (its applied position past entries the log lost).  The store then
+        stands as a snapshot at its applied position: the active's next append matches it
+        by (index, term, origin) or, if the group went another way, sends a snapshot.  A
+        hole or a term going back (stale entries after an installed snapshot whose log
+        truncation did not reach the disk) ends the usable log: the active sends the rest
+        again."""
+        have = {e.index for e in entries}
+        base, base_term = st.snapshot[0], st.snapshot[1]
+        if st.applied[0] > base and any(i not in have for i in range(base + 1, st.applied[0] + 1)):
+            log.warning("replication log of %d/%d ends before the store's applied position %d: the store stands "
+                        "as the snapshot there", key[0], key[1], st.applied[0])
+            st.snapshot = st.applied
+            base, base_term = st.applied[0], st.applied[1]
+        out: list[LogRecord] = []
+        for e in entries:
+            if e.index <= base:
+                continue
+            if e.index != base + 1 + len(out) or e.term < (out[-1].term if out else base_term):
+                log.warning("replication log of %d/%d: entries from %d on do not follow on (a hole or an older "
+                            "term); they are dropped, the active sends them again", key[0], key[1], e.index)
+                break
+            out.append(e)
+        return out
 
     def load_partition(self, queue_id: int, partition: int) -> PartitionState:
         conn = self._reader()
@@ -534,9 +567,11 @@ class SqliteEngine:
                 elif kind is LogCompact:
                     compacted[(op.queue_id, op.partition)] = op.upto  # type: ignore[union-attr]
                 store_ops.append(op)
-        # The log first: a crash between the two leaves the log ahead of the store, which
-        # recovery handles (the store's applied position says where to resume).
-        self.log.write(records, sync=sync)
+        # The store first, then the log.  A crash between the two: a reset partition
+        # (_resync) or an installed snapshot with the log not yet truncated (the stale
+        # entries conflict with the active's and go); a store applied beyond its log, which
+        # opening takes as a snapshot at the applied position (_open_log).  The other
+        # order could leave a truncated log under a store still holding what was discarded.
         if store_ops:
             synced = sync if store_sync is None else store_sync
             self._commit_store(conn, raw, store_ops, synced)
@@ -546,6 +581,7 @@ class SqliteEngine:
             if synced and self._pending_snaps:
                 self._durable_snaps.update(self._pending_snaps)
                 self._pending_snaps.clear()
+        self.log.write(records, sync=sync)
         if self._check_segments or self.log.segments != self._segments_seen:
             self._reclaim_segments()
 
@@ -566,7 +602,9 @@ class SqliteEngine:
         self._segments_seen = self.log.segments
 
     def _make_durable(self) -> None:
-        """Every commit so far on disk: the WAL's frames and the database fsynced."""
+        """Every commit so far on disk: the WAL's frames and the database fsynced (the log
+        first, so that the store is not on disk ahead of it)."""
+        self.log.sync()
         for path in (self.path.with_name(self.path.name + "-wal"), self.path):
             try:
                 fd = os.open(path, os.O_RDONLY)

@@ -252,3 +252,115 @@ def test_a_truncation_then_a_rewrite_survive_reopen_through_the_engine(tmp_path:
     entries = again.open().logs[(1, 0)].entries
     assert [(r.index, r.term, r.data) for r in entries] == [(1, 1, b"old"), (2, 1, b"old"), (3, 2, b"new")]
     again.close()
+
+
+# -- power loss: what was not fsynced is gone ---------------------------------------------------
+
+
+class PowerLoss:
+    """A model of the OS losing its cache: each fsync / fdatasync of a segment records the
+    file's size then; :meth:`image` copies a data directory with every segment cut back to
+    its last synced size.  The database files are copied whole (as if every store commit had
+    reached the disk: the worst case for a store ahead of its log)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.synced: dict[str, int] = {}
+        real_fdatasync, real_fsync = os.fdatasync, os.fsync
+
+        def record(fd: int) -> None:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if path.endswith(".seg"):
+                self.synced[path] = os.fstat(fd).st_size
+
+        def fdatasync(fd: int) -> None:
+            record(fd)
+            real_fdatasync(fd)
+
+        def fsync(fd: int) -> None:
+            record(fd)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    def image(self, src: Path, dst: Path) -> None:
+        import shutil
+
+        shutil.copytree(src, dst)
+        for seg in dst.rglob("*.seg"):
+            with open(seg, "r+b") as f:
+                f.truncate(self.synced.get(str(src / seg.relative_to(dst)), 0))
+
+
+def test_a_store_on_disk_ahead_of_its_log_stands_as_a_snapshot(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica (WRITE_NO_SYNC) writes entries without an fsync; the store's applies of them
+    can still reach the disk (a checkpoint, the kernel's writeback) while the log's do not."""
+    from storage.base import Append, StoredMessage
+
+    power = PowerLoss(monkeypatch)
+    e = SqliteEngine(tmp_path / "d" / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    e.apply([LogAppend(1, 0, [LogRecord(i, 2, "n3", False, b"entry") for i in range(1, 3)])], sync=True)
+    e.apply([LogAppend(1, 0, [LogRecord(i, 2, "n3", False, b"entry") for i in range(3, 5)])], sync=False)
+    e.apply([Append(1, 0, [StoredMessage(o, None, b"\x80", b"m%d" % o, None, None, 0.0) for o in range(4)], 4),
+             PutApplied(1, 0, 4, 2, "n3")], sync=False)
+    power.image(tmp_path / "d", tmp_path / "after")
+    e.close()
+
+    again = SqliteEngine(tmp_path / "after" / "tandem.db")
+    st = again.open().logs[(1, 0)]
+    assert st.entries == []
+    assert st.snapshot == st.applied == (4, 2, "n3")  # the active's append after 4 matches it, or a snapshot comes
+    assert [m.body for m in again.read(1, 0, 0, 10)] == [b"m0", b"m1", b"m2", b"m3"]
+    again.close()
+
+
+def test_a_truncation_that_frees_the_oldest_segment_is_on_disk_first(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries 3..5 in the oldest segment, 6..8 after; a new active truncates from 3
+    (unsynced, as on a replica): the oldest segment may go only with the truncation on disk,
+    or a crash would leave 6..8 after a hole."""
+    power = PowerLoss(monkeypatch)
+    log = SegmentLog(tmp_path / "d" / "log", segment_bytes=1 * KIB)
+    log.open()
+    log.write([append(1, 0, 3, 3, size=400)], sync=False)
+    log.write([append(1, 0, 6, 3, size=400)], sync=False)  # (the roll fsyncs the first)
+    log.write([["T", 1, 0, 3], append(1, 0, 3, 1, term=2)], sync=False)
+    assert log.reclaim({(1, 0): 2}) == 2  # nothing left above the compaction point in either
+    power.image(tmp_path / "d", tmp_path / "after")
+    log.close()
+    got = SegmentLog(tmp_path / "after" / "log", segment_bytes=1 * KIB).open()
+    assert [(r.index, r.term) for r in got.get((1, 0), [])] == [(3, 2)]
+
+
+def test_a_hole_or_an_older_term_ends_the_usable_log(tmp_path: Path) -> None:
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), LogCompact(1, 0, 2, 3, "n1"), PutApplied(1, 0, 2, 3, "n1")], sync=True)
+    e.log.write([append(1, 0, 3, 2, term=3), append(1, 0, 6, 2, term=3)], sync=True)  # a hole at 5
+    e.log.write([append(1, 1, 1, 3, term=1)], sync=True)
+    e.apply([LogCompact(1, 1, 1, 2, "n1"), PutApplied(1, 1, 1, 2, "n1")], sync=True)  # entries of term 1 after it
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    logs = again.open().logs
+    assert indexes(logs[(1, 0)].entries) == [3, 4]
+    assert logs[(1, 1)].entries == []  # term 1 cannot follow a snapshot of term 2
+    again.close()
+
+
+def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) -> None:
+    """A queue id can come back (a node that caught up through a catalogue snapshot does not
+    know the ids used meanwhile): the entries of the new queue are not the deleted one's."""
+    log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    log.open()
+    log.write([append(1, 0, 1, 12)], sync=False)
+    log.write([["X", 1], append(1, 0, 1, 12, term=5)], sync=False)  # (a second segment)
+    log.write([append(2, 0, 1, 1)], sync=False)  # (a third)
+    assert log.segments == 3
+    assert log.reclaim({}) == 1  # the old queue's segment
+    assert log.pins() == {(1, 0): 12}  # the new queue's entries keep theirs
+    log.close()
+    got = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB).open()
+    assert [(r.index, r.term) for r in got[(1, 0)]] == [(i, 5) for i in range(1, 13)]
