@@ -160,9 +160,8 @@ def test_compaction_through_the_engine_deletes_segments_and_reopens_from_the_poi
     assert e.log.segments >= 4
     e.apply([PutApplied(1, 0, 390, 1, "n1"), LogCompact(1, 0, 380, 1, "n1")], sync=False)
     assert e.log.segments == 1  # every older segment only held compacted entries
-    assert sorted(p.name for p in (tmp_path / "tandem.db-log").glob("*.seg")) == [
-        f"{n:016d}.seg" for n in [max(int(p.stem) for p in (tmp_path / "tandem.db-log").glob("*.seg"))]]
     e.close()
+    assert len(list((tmp_path / "tandem.db-log").glob("*.seg"))) == 1  # (unlinked on a thread of their own)
     again = SqliteEngine(tmp_path / "tandem.db", log_segment_bytes=1024 * 1024)
     st = again.open().logs[(1, 0)]
     assert st.snapshot == (380, 1, "n1") and st.applied == (390, 1, "n1")
@@ -329,6 +328,7 @@ def test_a_truncation_that_frees_the_oldest_segment_is_on_disk_first(tmp_path: P
     log.write([append(1, 0, 6, 3, size=400)], sync=False)  # (the roll fsyncs the first)
     log.write([["T", 1, 0, 3], append(1, 0, 3, 1, term=2)], sync=False)
     assert log.reclaim({(1, 0): 2}) == 2  # nothing left above the compaction point in either
+    log.wait_deletions()
     power.image(tmp_path / "d", tmp_path / "after")
     log.close()
     got = SegmentLog(tmp_path / "after" / "log", segment_bytes=1 * KIB).open()
