@@ -482,6 +482,10 @@ class Replication:
                 r = plog.replica
                 if r.snap_index >= top or r.applied < top:
                     continue  # compacted already (not yet durably), or not applied that far yet
+                need = r.live_match()
+                if need is not None and need < top and sum(
+                        len(r.entry(i).data or b"") for i in range(need + 1, r.applied + 1)) <= HOLD_BYTES:
+                    continue  # a replica that answers still lacks them: it catches up first (as _compact_upto)
                 r.compact(top)
                 plog.applied_bytes = sum(len(r.entry(i).data or b"") for i in range(r.snap_index + 1, r.applied + 1))
                 # with the store writes it depends on, in order (see _hold)
