@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -74,13 +75,20 @@ async def link(url: str) -> AsyncIterator[client.Connection]:
         await c.close()
 
 
-@pytest_asyncio.fixture
-async def trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    """Three node processes in a replication group, quick to notice a dead member."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST)
+@contextlib.asynccontextmanager
+async def running_group(tmp_path: Path, *extra_args: str) -> AsyncIterator[LocalCluster]:
+    """Three node processes in a replication group, quick to notice a dead member; stopped after."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *extra_args])
     await cl.start()
     try:
         await cl.wait_ready()
         yield cl
     finally:
         await cl.stop()
+
+
+@pytest_asyncio.fixture
+async def trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """Three node processes in a replication group, quick to notice a dead member."""
+    async with running_group(tmp_path) as cl:
+        yield cl

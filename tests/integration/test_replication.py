@@ -20,7 +20,7 @@ from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
-from tests.conftest import FAST
+from tests.conftest import FAST, running_group
 
 
 async def actives(cl: LocalCluster, queue: str, partitions: int) -> dict[int, str]:
@@ -332,6 +332,11 @@ async def test_async_replicas_are_fed_and_never_count(tmp_path: Path) -> None:
         await cl.stop()
 
 
+def log_segments(cl: LocalCluster, name: str) -> list[Path]:
+    """Node ``name``'s replication log files, oldest first."""
+    return sorted((cl.data_dir / name / "tandem.db-log").glob("*.seg"))
+
+
 async def test_the_log_is_compacted_by_size_as_well(tmp_path: Path) -> None:
     """Entries of big batches are big: a partition's log (on disk, and in memory) is
     compacted once its applied entries reach COMPACT_BYTES, not only every 4,000 entries
@@ -340,11 +345,7 @@ async def test_the_log_is_compacted_by_size_as_well(tmp_path: Path) -> None:
     from broker.replication import COMPACT_BYTES
 
     segment = 4 * 1024 * 1024
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--log-segment-size", str(segment)])
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path, "--log-segment-size", str(segment)) as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("big", partitions=1)
             p = conn.producer("big")
@@ -353,15 +354,13 @@ async def test_the_log_is_compacted_by_size_as_well(tmp_path: Path) -> None:
                 await p.send_many([body] * 100)
 
         def log_bytes(name: str) -> int:
-            return sum(f.stat().st_size for f in (cl.data_dir / name / "tandem.db-log").glob("*.seg"))
+            return sum(f.stat().st_size for f in log_segments(cl, name))
 
         assert max(log_bytes(n) for n in cl.nodes) > 0  # (where the log is kept)
         # compaction runs when an apply passes the mark; whole segments go, the newest stays
         bound = COMPACT_BYTES + 8 * 1024 * 1024 + 2 * segment
         await wait_until(lambda: all(log_bytes(n) <= bound for n in cl.nodes), timeout=60,
                          what=f"every node's log compacted under {bound} bytes")
-    finally:
-        await cl.stop()
 
 
 async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> None:
@@ -370,11 +369,7 @@ async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> Non
     compacts only every 4,000 entries, so its few entries would keep the oldest segment,
     and with it every later one, forever: the nodes compact such partitions past it."""
     segment = 1024 * 1024
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--log-segment-size", str(segment)])
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path, "--log-segment-size", str(segment)) as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("quiet", partitions=1)
             await conn.producer("quiet").send(b"a message that stays")
@@ -390,7 +385,7 @@ async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> Non
                         await m.ack()
 
             def segments(name: str) -> list[int]:
-                return sorted(int(f.stem) for f in (cl.data_dir / name / "tandem.db-log").glob("*.seg"))
+                return [int(f.stem) for f in log_segments(cl, name)]
 
             # The first segment (the declares, the quiet message) goes, and the rest with it
             # down to what compaction by size keeps of the busy partition, plus the newest.
@@ -402,8 +397,6 @@ async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> Non
             async with conn.consumer("quiet") as c:
                 m = await c.next(30)
                 assert m is not None and m.body == b"a message that stays"
-    finally:
-        await cl.stop()
 
 
 async def test_a_quiet_partition_reaches_every_store(trio: LocalCluster) -> None:
