@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from storage.segments import SegmentLog
+
 if TYPE_CHECKING:
     from broker.node import Node
 
@@ -52,6 +54,13 @@ class NodeCollector(Collector):
                     ready.add_metric([name, qname, str(p)], len(q.partitions[p].ready))
         yield depth
         yield ready
+        seglog = getattr(node.engine, "log", None)
+        if isinstance(seglog, SegmentLog):  # the replication log's files (storage/segments.py)
+            yield _gauge("tandem_log_segments", "files of the replication log on disk", [("node", name)],
+                         seglog.segments)
+            yield _gauge("tandem_log_bytes", "bytes in the replication log's files", [("node", name)], seglog.size())
+            yield _counter("tandem_log_segments_deleted", "replication log files deleted, all compacted",
+                           [("node", name)], seglog.deleted_segments)
         rep = node.replication
         if rep is None:
             return

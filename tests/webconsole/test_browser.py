@@ -45,8 +45,12 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
                 assert r.status == 200
                 metrics += await r.text()
         for metric in ("tandem_replication_lag_entries{", "tandem_replication_lag_seconds{",
-                       "tandem_partition_commit_index{", "tandem_elections_won_total{"):
+                       "tandem_partition_commit_index{", "tandem_elections_won_total{", "tandem_log_segments{",
+                       "tandem_log_bytes{", "tandem_log_segments_deleted_total{"):
             assert metric in metrics, metric  # an active reports its replicas
+        log_bytes = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                     if line.startswith("tandem_log_bytes{")]
+        assert len(log_bytes) == 3 and all(b > 0 for b in log_bytes), log_bytes  # (the catalogue, at least)
 
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
