@@ -271,6 +271,11 @@ def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
 # -- one log ---------------------------------------------------------------------------------------
 
 
+def _entry_bytes(r: Replica, first: int, last: int) -> int:
+    """Bytes of the entries ``first..last`` in the core's log."""
+    return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
+
+
 def one_applied_position(ops: list[WriteOp]) -> list[WriteOp]:
     """Store writes held across several Readies, with one applied position: the newest.
     (A Ready that only compacted the log brings none, so the newest is not always last:
@@ -483,11 +488,10 @@ class Replication:
                 if r.snap_index >= top or r.applied < top:
                     continue  # compacted already (not yet durably), or not applied that far yet
                 need = r.live_match()
-                if need is not None and need < top and sum(
-                        len(r.entry(i).data or b"") for i in range(need + 1, r.applied + 1)) <= HOLD_BYTES:
+                if need is not None and need < top and _entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
                     continue  # a replica that answers still lacks them: it catches up first (as _compact_upto)
                 r.compact(top)
-                plog.applied_bytes = sum(len(r.entry(i).data or b"") for i in range(r.snap_index + 1, r.applied + 1))
+                plog.applied_bytes = _entry_bytes(r, r.snap_index + 1, r.applied)
                 # with the store writes it depends on, in order (see _hold)
                 self._hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
         except Exception as exc:

@@ -196,7 +196,7 @@ class SegmentLog:
                 try:
                     os.ftruncate(self._fd, seg.size)
                 except OSError as exc2:
-                    self.close_on_error()
+                    self._close_fd()  # no further writes: the segment's end is unknown
                     raise StorageError(f"replication log write to {seg.path} failed ({exc}), and cutting "
                                        f"it back failed too ({exc2}): restart the node", orig=exc) from exc
                 raise StorageError(f"replication log write to {seg.path} failed: {exc}", orig=exc) from exc
@@ -218,9 +218,7 @@ class SegmentLog:
     def _roll(self) -> _Segment:
         """The next segment; the full one is made durable first (prefix durability)."""
         self.sync()
-        assert self._fd is not None
-        os.close(self._fd)
-        self._fd = None
+        self._close_fd()
         return self._start_segment(self._segments[-1].seq + 1)
 
     def _start_segment(self, seq: int) -> _Segment:
@@ -300,8 +298,7 @@ class SegmentLog:
         """Bytes in every segment."""
         return sum(s.size for s in self._segments)
 
-    def close_on_error(self) -> None:
-        """Refuse further writes (the segment's end is unknown)."""
+    def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
