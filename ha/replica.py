@@ -151,6 +151,7 @@ class Replica:
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
+        self._stand_early_after = -1.0  # see _on_vote: a less recent candidate asked us
         self._now = now
         self._election_at = now + self._timeout()
         if config.preferred is not None and config.preferred != self.id:
@@ -158,6 +159,14 @@ class Replica:
             self._election_at += config.election_timeout / 2
         self._heartbeat_at = now
         self._ready = Ready()
+
+    @property
+    def wake_at(self) -> float:
+        """When ``tick`` next has something to do (a heartbeat, or an election): a driver
+        that ticks then, not on its next round, keeps two rivals' random timers apart."""
+        if self.role is Role.LEADER:
+            return self._heartbeat_at
+        return float("inf") if self.role is Role.LEARNER else self._election_at
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -393,6 +402,14 @@ class Replica:
                 # the next candidate gets its vote, so a preference never blocks an election.
                 self._election_at = self._now
                 self._deferring_until = self._now + 2 * self.cfg.election_timeout
+            elif theirs < ours and self.cfg.priority(self.id) > 0 and self._now >= self._stand_early_after:
+                # The candidate's log is behind ours: it cannot win with our vote, and its bid
+                # says the active is gone.  We can win with its vote, so stand now rather than
+                # wait out our own timer (with a little jitter, in case a peer as recent as we
+                # are heard the same bid).  Once per two election timeouts, as above.
+                self._election_at = min(self._election_at,
+                                        self._now + self.cfg.election_timeout * 0.05 * self.rng.random())
+                self._stand_early_after = self._now + 2 * self.cfg.election_timeout
         self._send(m.candidate, VoteReply(self.term, self.id, granted))
 
     def _on_vote_reply(self, m: VoteReply) -> None:
