@@ -5,7 +5,9 @@ connection to ``target``.  ``cut()`` drops every connection through it and
 refuses new ones (accepts and closes at once, like a link that is gone);
 ``heal()`` lets traffic through again.  Put one in front of a node's peer port
 (configure the other members to reach it through the proxy) and cutting it
-isolates that node from the group.
+isolates that node from the group.  ``delay`` (seconds, default 0) holds every
+chunk that long before passing it on, in order: a slow link, which makes a
+member lag behind the others without losing it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class FaultProxy:
         self.target = target
         self.host, self.port = host, port
         self.cut_off = False
+        self.delay = 0.0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -74,16 +77,27 @@ class FaultProxy:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
+    def _late_write(self, dst: asyncio.StreamWriter, data: bytes) -> None:
+        if not self.cut_off and not dst.transport.is_closing():
+            dst.write(data)
+
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while True:
                 data = await src.read(65536)
                 if not data or self.cut_off:
                     break
+                if self.delay > 0:
+                    # in order: equal delays keep the order the chunks came in
+                    asyncio.get_running_loop().call_later(self.delay, self._late_write, dst, data)
+                    continue
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
             pass  # either side went away: the link is over
         finally:
-            dst.transport.abort()
+            if self.delay > 0 and not self.cut_off:  # what is still on its way arrives first
+                asyncio.get_running_loop().call_later(self.delay, dst.transport.abort)
+            else:
+                dst.transport.abort()
             self._conns.discard(dst)

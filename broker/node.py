@@ -1060,6 +1060,36 @@ class Node:
         rep.propose_catalogue(op, done)
         await fut
 
+    async def catch_up_catalogue(self) -> bool:
+        """In a group: apply every catalogue change the catalogue's active holds before
+        answering that a queue does not exist.  A declare confirmed through another member
+        may not have reached this one yet (its entry commits with a majority that need not
+        include this member), so a client that declares and then consumes here would be told
+        the queue is missing.  True if this member applied catalogue changes meanwhile: a
+        lookup that failed is worth one more try.  False if it had nothing to catch up (or
+        cannot tell: no active, or it does not answer), so "not found" stands."""
+        from broker.replication import CATALOGUE
+
+        rep = self.replication
+        if rep is None:
+            return False
+        before = rep.catalogue_applied()
+        who = rep.active_of(CATALOGUE)
+        if who is None or who == self.config.name:
+            return False  # the active applies what it commits at once
+        try:
+            upto = int(msgpack.unpackb(await self._forward(who, "catalogue", b"")))
+        except (TandemError, ValueError, TypeError):
+            return False
+        try:
+            async with asyncio.timeout(self.election_wait):
+                while rep.catalogue_applied() < upto:
+                    await rep.changed.wait()
+        except TimeoutError:
+            raise UnavailableError(f"{self.config.name} is catching up with the group's queue catalogue: "
+                                   "retry") from None
+        return rep.catalogue_applied() > before
+
     async def _wait_queue(self, name: str, *, present: bool) -> None:
         """Until this node has applied the catalogue change (forwarded requests)."""
         rep, _peers = self._group()
@@ -1125,6 +1155,8 @@ class Node:
             qname, if_empty = msgpack.unpackb(payload)
             await self._group_delete(qname, bool(if_empty), int(arg or 1))
             return b""
+        if name == "catalogue":  # how far the catalogue goes here (catch_up_catalogue)
+            return msgpack.packb(self._group()[0].catalogue_last())
         if name == "status":
             from client.protocol.codec import encode
 

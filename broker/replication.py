@@ -987,6 +987,15 @@ class Replication:
 
     # -- who is active --------------------------------------------------------------------------------
 
+    def catalogue_last(self) -> int:
+        """The index of the last catalogue entry this node holds (on its active: every
+        change confirmed so far)."""
+        return self.logs[CATALOGUE].replica.last_index
+
+    def catalogue_applied(self) -> int:
+        """How far the catalogue is applied here (queues declared and deleted)."""
+        return self.logs[CATALOGUE].applied[0]
+
     def active_of(self, key: Key) -> str | None:
         """The node serving ``key`` as far as this node knows (None without node quorum)."""
         plog = self.logs.get(key)

@@ -32,6 +32,7 @@ from client.errors import (
     InvalidArgumentError,
     LocalProtocolError,
     ProtocolError,
+    QueueNotFoundError,
     ShuttingDownError,
     TandemError,
     UnavailableError,
@@ -278,7 +279,15 @@ class Session:
                 handler = _HANDLERS.get(type(frame))
                 if handler is None:
                     raise InvalidArgumentError(f"{type(frame).__name__} is not a request a client may send")
-                await handler(self, frame)
+                try:
+                    await handler(self, frame)
+                except QueueNotFoundError:
+                    # In a group this member may not have applied a declare the group already
+                    # confirmed: catch up with the catalogue's active, then look once more.
+                    # (Every handler looks the queue up before it changes anything.)
+                    if not await self.node.catch_up_catalogue():
+                        raise
+                    await handler(self, frame)
         except TandemError as exc:
             self.send_error(rid, exc)
             if isinstance(frame, Hello):

@@ -504,7 +504,10 @@ class Console:
         return web.json_response(await self._queues_json())
 
     async def queue_detail(self, request: web.Request) -> web.Response:
-        q = self.node.queue(request.match_info["name"])
+        name = request.match_info["name"]
+        if name not in self.node.queues:
+            await self.node.catch_up_catalogue()  # declared through another member a moment ago?
+        q = self.node.queue(name)
         return web.json_response(await self._queue_json(q, True))
 
     async def partitions(self, request: web.Request) -> web.Response:

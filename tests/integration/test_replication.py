@@ -15,7 +15,7 @@ import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
 from broker.faults import FaultProxy
-from client.errors import TandemError, UnavailableError, StaleDeliveryError
+from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -501,3 +501,42 @@ async def test_every_store_reaches_the_commit_index_after_a_replica_catches_up(t
         return all(stored_applied(n) == commit for n in cl.nodes)
 
     await wait_until(settled, timeout=60, what="every store at the commit index")
+
+
+async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagging_one(tmp_path: Path) -> None:
+    """node3's peer links are slow (400 ms each way): a declare commits on node1 and node2
+    without it.  A client that then uses the queue on node3 must not be told it does not
+    exist: node3 catches up with the catalogue's active first.  A queue that really does
+    not exist is still refused."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      node_args={"node1": ["--priority", "3"]})  # node1: the catalogue's active
+    proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start() for _ in range(2)]
+    cl.route("node1", "node3", proxies[0].address)
+    cl.route("node2", "node3", proxies[1].address)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+
+        async def node1_holds_the_catalogue() -> bool:
+            st = await cl.status("node3")
+            return any(p.queue == "" and p.active == "node1" for p in st.partitions)
+
+        await wait_until(node1_holds_the_catalogue, timeout=30, what="node1 active for the catalogue")
+        for p in proxies:
+            p.delay = 0.4
+        async with await client.connect_link(cl.url_of("node1")) as first, \
+                await client.connect_link(cl.url_of("node3")) as lagging:
+            for i in range(3):
+                await first.declare_queue(f"lag{i}", partitions=2)
+                assert (await lagging.partition_map(f"lag{i}")).queue.partitions == 2
+            await first.declare_queue("lag-consume")
+            async with lagging.consumer("lag-consume"):  # subscribed
+                pass
+            await first.declare_queue("lag-get")
+            assert await lagging.get("lag-get") is None  # found, and empty
+            with pytest.raises(QueueNotFoundError):
+                await lagging.partition_map("never-declared")
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
