@@ -22,6 +22,7 @@ from ha.errors import IllegalTransition
 
 
 class RemoteState(Enum):
+    __hash__ = object.__hash__  # members are singletons: identity, in C (Enum's own hashes the name in Python, per lookup)
     UNDISCOVERED = "Undiscovered"
     DISCOVERED = "Discovered"
     UP = "Up"
@@ -205,6 +206,8 @@ class Membership:
         if r is None or r.state in _REFUSED or r.state is RemoteState.UNDISCOVERED:
             return changes
         r.last_heard = now
+        if r.state is RemoteState.UP:
+            return changes  # every frame of a live link: nothing moves, the quorum stays
         self._move(node, "heard", "frame received", changes)
         return self._with_quorum(changes)
 

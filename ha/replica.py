@@ -47,6 +47,7 @@ from ha.errors import IllegalTransition
 
 
 class Role(Enum):
+    __hash__ = object.__hash__  # members are singletons: identity, in C (Enum's own hashes the name in Python, per lookup)
     FOLLOWER = "follower"  # a sync replica
     CANDIDATE = "candidate"
     LEADER = "active"

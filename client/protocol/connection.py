@@ -47,11 +47,13 @@ def choose_version(
 
 
 class Role(Enum):
+    __hash__ = object.__hash__  # (see State)
     CLIENT = auto()
     SERVER = auto()
 
 
 class State(Enum):
+    __hash__ = object.__hash__  # members are singletons: identity, in C (Enum's own hashes the name in Python, per lookup)
     START = auto()
     HELLO_SENT = auto()  # client
     HELLO_RECEIVED = auto()  # server
