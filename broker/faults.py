@@ -24,6 +24,7 @@ class FaultProxy:
         self.host, self.port = host, port
         self.cut_off = False
         self.delay = 0.0
+        self.held = 0  # bytes a delay is holding right now, all links
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -40,6 +41,7 @@ class FaultProxy:
     def cut(self) -> None:
         """Drop every connection and refuse new ones until :meth:`heal`."""
         self.cut_off = True
+        self.held = 0  # dropped
         for w in list(self._conns):
             w.transport.abort()
         self._conns.clear()
@@ -77,27 +79,49 @@ class FaultProxy:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    def _late_write(self, dst: asyncio.StreamWriter, data: bytes) -> None:
-        if not self.cut_off and not dst.transport.is_closing():
-            dst.write(data)
-
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        late: asyncio.Queue[tuple[float, bytes] | None] | None = None  # once delayed, always queued
         try:
             while True:
                 data = await src.read(65536)
                 if not data or self.cut_off:
                     break
-                if self.delay > 0:
-                    # in order: equal delays keep the order the chunks came in
-                    asyncio.get_running_loop().call_later(self.delay, self._late_write, dst, data)
+                if self.delay > 0 or late is not None:
+                    if late is None:
+                        late = asyncio.Queue()
+                        t = loop.create_task(self._late(late, dst))
+                        self._tasks.add(t)
+                        t.add_done_callback(self._tasks.discard)
+                    # in order, even if ``delay`` changes meanwhile
+                    late.put_nowait((loop.time() + self.delay, data))
+                    self.held += len(data)
                     continue
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
             pass  # either side went away: the link is over
         finally:
-            if self.delay > 0 and not self.cut_off:  # what is still on its way arrives first
-                asyncio.get_running_loop().call_later(self.delay, dst.transport.abort)
+            self._conns.discard(dst)
+            if late is not None and not self.cut_off:
+                late.put_nowait(None)  # what is on its way arrives first, then the link closes
             else:
                 dst.transport.abort()
-            self._conns.discard(dst)
+
+    async def _late(self, late: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter) -> None:
+        """Pass on the chunks of a delayed pipe, each at its time, in order."""
+        loop = asyncio.get_running_loop()
+        try:
+            while (item := await late.get()) is not None:
+                due, data = item
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())  # the injected delay itself
+                if self.cut_off:
+                    break
+                dst.write(data)
+                self.held -= len(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            dst.transport.abort()

@@ -1156,7 +1156,7 @@ class Node:
             await self._group_delete(qname, bool(if_empty), int(arg or 1))
             return b""
         if name == "catalogue":  # how far the catalogue goes here (catch_up_catalogue)
-            return msgpack.packb(self._group()[0].catalogue_last())
+            return msgpack.packb(self._group()[0].catalogue_commit())
         if name == "status":
             from client.protocol.codec import encode
 

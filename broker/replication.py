@@ -464,15 +464,20 @@ class Replication:
             wake = now + interval
             for plog in list(self.logs.values()):
                 self._guarded(plog, lambda: plog.replica.tick(now))
-                at = plog.replica.wake_at
-                if now < at < wake:  # (a log whose tick failed must not make this loop spin)
-                    wake = at
+                r = plog.replica
+                # Early only for an election timer: an active's heartbeats keep a phase of their
+                # own each, and waking for every one would tick every log N times a round.
+                if r.role is not Role.LEADER:
+                    at = r.wake_at
+                    if now < at < wake:  # (a log whose tick failed must not make this loop spin)
+                        wake = at
             if now >= pins_at:
                 pins_at = now + UNPIN_EVERY
                 self._unpin_segments()
-            # Round by round, but early for a timer due before the next round: two replicas
-            # whose random election timers differ by 20 ms must not bid in the same round
-            # (that split the vote again in one failover in six, at 50 ms rounds).
+            # Round by round, but early for an election timer due before the next round: two
+            # replicas whose random timers differ by 20 ms must not bid in the same round (that
+            # split the vote again in one failover in six, at 50 ms rounds).  (A timer a message
+            # sets, as a refusal's early stand, waits for the next round or message: <= 50 ms.)
             await clock.sleep(max(0.001, wake - clock.monotonic()))
 
     def _unpin_segments(self) -> None:
@@ -766,6 +771,11 @@ class Replication:
                 callbacks.append(waiting[1])
             plog.applied = (e.index, e.term, e.origin)
             plog.applied_bytes += len(e.data or b"")
+        if key == CATALOGUE and entries and all(e.data is None for e in entries):
+            # A new active's no-op moves the catalogue's applied position too, and
+            # Node.catch_up_catalogue waits on that (entries with data notify in
+            # _apply_catalogue; the waiters look once this call is over).
+            self._notify()
         ops.append(PutApplied(key[0], key[1], *plog.applied))
         return ops
 
@@ -987,10 +997,14 @@ class Replication:
 
     # -- who is active --------------------------------------------------------------------------------
 
-    def catalogue_last(self) -> int:
-        """The index of the last catalogue entry this node holds (on its active: every
-        change confirmed so far)."""
-        return self.logs[CATALOGUE].replica.last_index
+    def catalogue_commit(self) -> int:
+        """On the catalogue's active: how far the catalogue is committed (every change
+        confirmed so far).  NotActiveError elsewhere: another member's answer could name
+        entries a new active will truncate, which nobody would ever apply."""
+        plog = self.logs[CATALOGUE]
+        if not plog.serving:
+            raise NotActiveError(f"the catalogue is not active on {self.me}")
+        return plog.replica.commit
 
     def catalogue_applied(self) -> int:
         """How far the catalogue is applied here (queues declared and deleted)."""

@@ -153,6 +153,7 @@ class Replica:
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
         self._stand_early_after = -1.0  # see _on_vote: a less recent candidate asked us
+        self._active_seen = -1e18  # the last message this node took from an active (_follow)
         self._now = now
         self._election_at = now + self._timeout()
         if config.preferred is not None and config.preferred != self.id:
@@ -403,11 +404,15 @@ class Replica:
                 # the next candidate gets its vote, so a preference never blocks an election.
                 self._election_at = self._now
                 self._deferring_until = self._now + 2 * self.cfg.election_timeout
-            elif theirs < ours and self.cfg.priority(self.id) > 0 and self._now >= self._stand_early_after:
+            elif (theirs < ours and self.cfg.priority(self.id) > 0 and self._now >= self._stand_early_after
+                  and self._now - self._active_seen >= self.cfg.election_timeout - self.cfg.heartbeat_interval):
                 # The candidate's log is behind ours: it cannot win with our vote, and its bid
                 # says the active is gone.  We can win with its vote, so stand now rather than
                 # wait out our own timer (with a little jitter, in case a peer as recent as we
-                # are heard the same bid).  Once per two election timeouts, as above.
+                # are heard the same bid).  Once per two election timeouts, as above.  Not while
+                # an active was heard within a heartbeat of a timeout: then the bid says only
+                # that the candidate cannot hear (a one-way cut), the deposed active stands
+                # again by itself, and a second early candidate would split the vote with it.
                 self._election_at = min(self._election_at,
                                         self._now + self.cfg.election_timeout * 0.05 * self.rng.random())
                 self._stand_early_after = self._now + 2 * self.cfg.election_timeout
@@ -497,6 +502,7 @@ class Replica:
         if self.role is Role.CANDIDATE:
             self._become("active_seen", f"{leader} is active in term {term}")
         self.leader = leader
+        self._active_seen = self._now
         self._election_at = self._now + self._timeout()
         return True
 
