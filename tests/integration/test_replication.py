@@ -172,12 +172,17 @@ async def _disabled(conn: client.Connection) -> bool:
     return (await conn.status()).quorum_state == "Disabled"
 
 
-async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_1014_on_heal(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
-    # node1 and node2 dial node3 (names sort): both links to node3 go through proxies
+async def _node3_behind_proxies(cl: LocalCluster) -> list[FaultProxy]:
+    """node1 and node2 dial node3 (names sort): both links to node3 go through proxies (before start)."""
     proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start() for _ in range(2)]
     cl.route("node1", "node3", proxies[0].address)
     cl.route("node2", "node3", proxies[1].address)
+    return proxies
+
+
+async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_1014_on_heal(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
         await cl.wait_ready()
@@ -510,9 +515,7 @@ async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagg
     not exist is still refused."""
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
                       node_args={"node1": ["--priority", "3"]})  # node1: the catalogue's active
-    proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start() for _ in range(2)]
-    cl.route("node1", "node3", proxies[0].address)
-    cl.route("node2", "node3", proxies[1].address)
+    proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
         await cl.wait_ready()
