@@ -15,12 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from client.clock import SYSTEM_CLOCK, Clock
+
 log = logging.getLogger("tandem.faults")
 
 
 class FaultProxy:
-    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.target = target
+        self.clock = clock
         self.host, self.port = host, port
         self.cut_off = False
         self.delay = 0.0
@@ -80,7 +84,6 @@ class FaultProxy:
             t.add_done_callback(self._tasks.discard)
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
         late: asyncio.Queue[tuple[float, bytes] | None] | None = None  # once delayed, always queued
         try:
             while True:
@@ -90,11 +93,11 @@ class FaultProxy:
                 if self.delay > 0 or late is not None:
                     if late is None:
                         late = asyncio.Queue()
-                        t = loop.create_task(self._late(late, dst))
+                        t = asyncio.get_running_loop().create_task(self._late(late, dst))
                         self._tasks.add(t)
                         t.add_done_callback(self._tasks.discard)
                     # in order, even if ``delay`` changes meanwhile
-                    late.put_nowait((loop.time() + self.delay, data))
+                    late.put_nowait((self.clock.monotonic() + self.delay, data))
                     self.held += len(data)
                     continue
                 dst.write(data)
@@ -110,18 +113,18 @@ class FaultProxy:
 
     async def _late(self, late: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter) -> None:
         """Pass on the chunks of a delayed pipe, each at its time, in order."""
-        loop = asyncio.get_running_loop()
         try:
             while (item := await late.get()) is not None:
                 due, data = item
-                if due > loop.time():
-                    await asyncio.sleep(due - loop.time())  # the injected delay itself
+                wait = due - self.clock.monotonic()
+                if wait > 0:
+                    await self.clock.sleep(wait)  # the injected delay itself
                 if self.cut_off:
                     break
                 dst.write(data)
                 self.held -= len(data)
                 await dst.drain()
         except (ConnectionError, OSError):
-            pass
+            pass  # the far side went away: the link is over
         finally:
             dst.transport.abort()
