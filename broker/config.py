@@ -27,6 +27,7 @@ Example ``tandem.toml``::
     sync_replicas = 2           # how many of those vote (the rest are async learners)
     designated_primary = false  # two-node group: this node may go on alone
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
+    ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class NodeConfig:
     #: bytes a segment file of the replication log grows to (storage/segments.py): space is
     #: reclaimed a whole segment at a time
     log_segment_size: int = 64 * 1024 * 1024
+    #: seconds an ack (a settlement) may wait to ride in its partition's next log entry, in a
+    #: group (docs/replication.md, "settlements ride in the next entry"); 0: an entry at once
+    ack_linger: float = 0.01
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -122,6 +126,8 @@ class NodeConfig:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
         if not 1024 * 1024 <= self.log_segment_size <= 4 * 1024 * 1024 * 1024:
             raise ConfigError("log_segment_size: must be 1 MiB .. 4 GiB")
+        if not 0 <= self.ack_linger <= 60:
+            raise ConfigError("ack_linger: must be 0 .. 60 seconds")
         if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:

@@ -223,6 +223,9 @@ class Node:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
         if self._server is not None:
             await self._server.wait_closed()
+        if self.replication is not None:
+            # the acks still waiting for a partition's next entry: out while the links are up
+            await self.replication.flush_lazy(timeout=self.config.non_response_timeout)
         await self._stop_peers()
         await self._close_store()
         log.info("node stop complete name=%s", self.config.name)
@@ -352,7 +355,7 @@ class Node:
         if not ops:
             return
         if self.replication is not None:
-            self.replication.propose(ops, callback)
+            self.replication.propose(ops, callback, lazy=lazy)
         else:
             self.writer.submit(ops, sync=False, callback=callback, retry=True, lazy=lazy)
 
@@ -446,7 +449,9 @@ class Node:
 
         def done(stored: int, _dup: int, err: BaseException | None, _last: int) -> None:
             if err is None:
-                self.write_later([Settle(src.meta.id, m.partition, [m.offset])])
+                # eager: until it commits, a failover here would deliver the message again
+                # while its copy sits in the dead-letter queue
+                self.write_later([Settle(src.meta.id, m.partition, [m.offset])], lazy=False)
                 return
             log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, dlq.name, err)
             if not src.deleted and self.serves(src, m.partition):

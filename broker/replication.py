@@ -119,6 +119,12 @@ HOLD_APPLY = 0.05
 HOLD_APPLY_BYTES = 8 * 1024 * 1024
 # How often partitions that keep the log's oldest segment are compacted past it.
 UNPIN_EVERY = 1.0
+# Settlements (acks) are proposed lazily: they ride in the partition's next entry, a
+# publish's most often, or go on their own after the node's ``ack_linger`` (or once this
+# many ops wait).  An ack is answered before it commits in any case; a crash of the active
+# in this window redelivers the message, as an OS crash does on a single node
+# (docs/replication.md).
+LAZY_PROPOSE_OPS = 4096
 
 
 # -- encoding: replication messages and log entries ------------------------------------------------
@@ -317,6 +323,7 @@ class PartLog:
     held_ops: list[WriteOp] = field(default_factory=list)
     held_bytes: int = 0
     held_since: float = 0.0  # when the oldest of them was held (while in Replication._held)
+    lazy_since: float = 0.0  # when its oldest lazily staged op was staged (while in Replication._lazy)
     held_upto: int = 0  # the applied index they bring the store to
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
     #: messages waiting for log writes to commit: (write seq, envelopes), in order
@@ -355,6 +362,9 @@ class Replication:
         self._out: dict[str, list[Any]] = {}
         self._flush_scheduled = False
         self._stage_scheduled: set[PartLog] = set()
+        self._lazy: set[PartLog] = set()  # logs holding lazily staged ops only, for the timer
+        self._lazy_timer: Cancellable | None = None
+        self.linger = cfg.ack_linger
         self._held: set[PartLog] = set()  # logs holding store writes back
         self._stopping = False
         self._hold_timer: Cancellable | None = None
@@ -531,6 +541,10 @@ class Replication:
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        self._lazy.clear()
         for plog in self.logs.values():
             self._release_held(plog)
             self._fail_waiters(plog, UnavailableError(f"node {self.me} is shutting down"))
@@ -930,11 +944,13 @@ class Replication:
         plog = self.logs.get(key)
         return plog is not None and plog.serving
 
-    def propose(self, ops: list[WriteOp], callback: Callback | None) -> None:
+    def propose(self, ops: list[WriteOp], callback: Callback | None, *, lazy: bool = False) -> None:
         """Replicate partition ops; ``callback(err)`` once all of them are committed (or not).
 
         Ops of partitions not served here fail with NotActiveError (their messages are
-        the new active's business: a settlement lost this way means a redelivery)."""
+        the new active's business: a settlement lost this way means a redelivery).
+        ``lazy``: no hurry (settlements): they wait for the partition's next entry, at
+        most the node's ``ack_linger``."""
         by_key: dict[Key, list[WriteOp]] = {}
         for op in ops:
             by_key.setdefault((op.queue_id, op.partition), []).append(op)  # type: ignore[union-attr]
@@ -957,15 +973,69 @@ class Replication:
             if plog is None or not plog.serving:
                 one(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
                 continue
-            self.stage(plog, kops, one)
+            self.stage(plog, kops, one, lazy=lazy)
 
-    def stage(self, plog: PartLog, ops: list[WriteOp], callback: Callback) -> None:
-        """Ops become one entry per log per turn of the event loop."""
+    def stage(self, plog: PartLog, ops: list[WriteOp], callback: Callback, *, lazy: bool = False) -> None:
+        """Ops become one entry per log per turn of the event loop.  Lazy ops wait for the
+        log's next eager ones (one entry for both, in the order they were staged) or for
+        the lazy timer: at 2,000 publishes a second with consumers on, an ack per
+        message had doubled the entries every node writes, ships and applies."""
         plog.staged_ops.extend(ops)
         plog.staged_cbs.append(callback)
+        if lazy and self.linger > 0 and len(plog.staged_ops) < LAZY_PROPOSE_OPS:
+            if plog not in self._stage_scheduled and plog not in self._lazy:
+                plog.lazy_since = self.node.clock.monotonic()
+                self._lazy.add(plog)
+                if self._lazy_timer is None:
+                    self._lazy_timer = self.node.clock.call_later(self.linger, self._lazy_due)
+            return
+        self._lazy.discard(plog)
         if not self._stage_scheduled:
             asyncio.get_running_loop().call_soon(self._flush_staged)
         self._stage_scheduled.add(plog)
+
+    def _lazy_due(self) -> None:
+        """The timer: propose the logs whose oldest lazy op has waited ``ack_linger`` (each
+        its full wait, as ``_release_due`` does for held writes), and re-arm for the rest."""
+        self._lazy_timer = None
+        now = self.node.clock.monotonic()
+        due = {plog for plog in self._lazy if now - plog.lazy_since >= self.linger}
+        if due:
+            self._lazy -= due
+            self._stage_scheduled |= due
+            self._flush_staged()
+        if self._lazy:
+            wait = min(plog.lazy_since for plog in self._lazy) + self.linger - now
+            self._lazy_timer = self.node.clock.call_later(max(0.001, wait), self._lazy_due)
+
+    async def flush_lazy(self, timeout: float) -> None:
+        """Propose every lazily staged op now and wait, at most ``timeout`` seconds, until
+        their entries are committed or failed (a clean stop, so that the acks of its last
+        ``ack_linger`` are not lost with it)."""
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        lazy, self._lazy = self._lazy, set()
+        if not lazy or self._broken:
+            return  # (broken: nothing more is written; the waiters fail with the stop)
+        # one more callback in each entry about to go: it runs once the entry commits or fails
+        loop = asyncio.get_running_loop()
+        settled: list[asyncio.Future[None]] = []
+        def settle(fut: asyncio.Future[None]) -> Callback:
+            return lambda _err: None if fut.done() else fut.set_result(None)
+
+        for plog in lazy:
+            if plog.staged_cbs:
+                settled.append(loop.create_future())
+                plog.staged_cbs.append(settle(settled[-1]))
+        self._stage_scheduled |= lazy
+        self._flush_staged()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*settled)
+        except TimeoutError:
+            log.warning("stopping with acks not yet committed on %d partition(s): their messages "
+                        "will be delivered again", sum(not f.done() for f in settled))
 
     def _flush_staged(self) -> None:
         plogs, self._stage_scheduled = self._stage_scheduled, set()

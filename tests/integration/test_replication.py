@@ -551,3 +551,66 @@ async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagg
         await cl.stop()
         for p in proxies:
             await p.stop()
+
+
+def _chunk_rows(cl: LocalCluster, name: str) -> int:
+    """Message chunks in a member's store (a chunk goes once every message in it is settled)."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{cl.data_dir / name / 'tandem.db'}?mode=ro", uri=True)
+    try:
+        return int(db.execute("SELECT count(*) FROM chunks").fetchone()[0])
+    finally:
+        db.close()
+
+
+async def test_acks_ride_in_the_partitions_next_entry_and_a_clean_stop_proposes_the_rest(tmp_path: Path) -> None:
+    """Settlements are proposed lazily (docs/replication.md, "settlements ride in the next
+    entry"): while messages flow, each ack travels in the entry of the next publish instead of
+    an entry of its own, so a message costs the group one entry, not two.  The ack still
+    waiting when the active is stopped cleanly is proposed and committed before it goes, not
+    lost with it.  (``--ack-linger 30`` keeps the timer out of the way.)"""
+    n = 40
+    async with running_group(tmp_path, "--ack-linger", "30") as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("acks", partitions=1)
+        active = (await actives(cl, "acks", 1))[0]
+
+        async def commit() -> int:
+            st = await cl.status(active)
+            return next(pi.commit for pi in st.partitions if pi.queue == "acks")
+
+        before = await commit()
+        async with await client.connect(cl.url_of(active)) as conn:
+            p = conn.producer("acks")
+            c = conn.consumer("acks", prefetch=1)
+            for i in range(n):
+                await p.send(b"m%d" % i)
+                m = await c.next(30)
+                assert m is not None and m.body == b"m%d" % i
+                await m.ack()
+            # one entry a publish, each carrying the ack before it; the last ack still waits
+            # (with an entry per ack this is 2 n)
+            assert n <= await commit() - before <= n + 2
+        others = [name for name in cl.nodes if name != active]
+        assert all(_chunk_rows(cl, name) == 1 for name in others)  # the last message, unsettled
+        await cl.nodes[active].stop()
+        await wait_until(lambda: all(_chunk_rows(cl, name) == 0 for name in others), timeout=60,
+                         what="the last ack committed and applied on the members that stay")
+
+
+async def test_a_lone_ack_commits_once_its_linger_is_over(trio: LocalCluster) -> None:
+    """With nothing else to send, an ack goes in an entry of its own after ``ack_linger``
+    (10 ms by default): every member's store drops the acked message."""
+    cl = trio
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("lone", partitions=1)
+        await conn.producer("lone").send(b"only")
+        c = conn.consumer("lone", prefetch=1)
+        m = await c.next(30)
+        assert m is not None
+        await wait_until(lambda: all(_chunk_rows(cl, name) == 1 for name in cl.nodes), timeout=60,
+                         what="the message in every member's store")
+        await m.ack()
+        await wait_until(lambda: all(_chunk_rows(cl, name) == 0 for name in cl.nodes), timeout=60,
+                         what="the ack committed and applied on every member")

@@ -26,6 +26,8 @@ def test_config_defaults_and_coercion() -> None:
     ({"sync": "MAYBE"}, "durability policy"),
     ({"max_message_size": 10}, "max_message_size"),
     ({"log_segment_size": 4096}, "log_segment_size: must be 1 MiB .. 4 GiB"),
+    ({"ack_linger": -0.5}, "ack_linger: must be 0 .. 60 seconds"),
+    ({"ack_linger": "soon"}, "ack_linger: expected float"),
     ({"max_frame_size": 1024 * 1024, "max_message_size": 1024 * 1024}, "max_frame_size"),
     ({"heartbeat": 0}, "heartbeat"),
 ])
