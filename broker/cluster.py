@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import random
 import socket
 from pathlib import Path
 
@@ -24,13 +25,36 @@ from client.protocol.frames import StatusOk
 
 
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """``n`` distinct ports free on 127.0.0.1 now, for nodes that bind them a moment later.
+
+    They are picked below the kernel's ephemeral range when it leaves room: a port that
+    ``bind(0)`` hands out comes from that range, and so do the local ports of outgoing
+    connections, so in between any connection could take it (a test suite makes thousands;
+    a drill once failed on "address already in use")."""
+    low = _ephemeral_low()
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < n:
+            s = socket.socket()
+            port = random.randrange(10000, low) if low > 11000 else 0
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue  # taken: another one
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768, its default, elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, str]:
