@@ -614,3 +614,46 @@ async def test_a_lone_ack_commits_once_its_linger_is_over(trio: LocalCluster) ->
         await m.ack()
         await wait_until(lambda: all(_chunk_rows(cl, name) == 0 for name in cl.nodes), timeout=60,
                          what="the ack committed and applied on every member")
+
+
+async def test_while_an_entry_is_in_flight_what_follows_waits_for_its_commit_and_goes_as_one(
+        tmp_path: Path) -> None:
+    """One entry of a partition in flight at a time (docs/replication.md, "one entry in
+    flight"): publishes that reach the active while its entry waits for the replicas are not
+    proposed each in an entry of its own; they go together once that entry commits.  The
+    replicas are paused (SIGSTOP) so that the first entry cannot commit while the rest
+    arrive, one publish frame at a time; ``--non-response-timeout 4`` keeps the active in
+    office meanwhile."""
+    n = 30
+    async with running_group(tmp_path, "--non-response-timeout", "4") as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("inflight", partitions=1)
+        active = (await actives(cl, "inflight", 1))[0]
+        others = [name for name in cl.nodes if name != active]
+
+        async def commit() -> int:
+            st = await cl.status(active)
+            return next(pi.commit for pi in st.partitions if pi.queue == "inflight")
+
+        before = await commit()
+        async with await client.connect(cl.url_of(active)) as conn:
+            p = conn.producer("inflight", max_batch=1, max_in_flight=n)
+
+            async def published(k: int) -> bool:
+                return next(q.published for q in await conn.list_queues() if q.name == "inflight") == k
+
+            for name in others:
+                cl.nodes[name].pause()
+            try:
+                sent = []
+                for i in range(n):  # each in a frame of its own, each seen by the active before the next
+                    sent.append(p.send_nowait(b"m%d" % i))
+                    await wait_until(lambda: published(i + 1), timeout=60, what=f"publish {i} on the active")
+            finally:
+                for name in others:
+                    cl.nodes[name].resume()
+            await asyncio.gather(*sent)
+            # the first publish alone, then the other n - 1 in one entry (an entry each: n)
+            assert await commit() - before == 2
+        consumed = await drain(cl.url, "inflight")
+        assert sorted(body for body, _id in consumed) == sorted(b"m%d" % i for i in range(n))
