@@ -4,6 +4,10 @@
 given data dir and waits (with a deadline, reading the node's own output,
 never sleeping blind) until it prints its client URL.  ``kill()`` is
 ``kill -9``; ``stop()`` is SIGTERM and a wait for the clean shutdown.
+
+The node runs the code of the process that starts it (:func:`node_command`):
+``python -m`` alone would put the working directory first on ``sys.path``, and
+a ``broker`` package there (another checkout, say) would be what runs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ _URL_LINE = re.compile(r"client URL\s*:\s*tandem://[^@]*@([^:\s]+):(\d+)")
 
 class NodeStartError(TandemError):
     pass
+
+
+#: the directory this process imports ``broker`` from
+CODE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def node_command() -> tuple[list[str], dict[str, str]]:
+    """``python -m broker.cli`` as a child of this process runs it, and its environment:
+    the same code as this process (``-P``: not the working directory's first), with
+    CODE_ROOT first on its ``PYTHONPATH``."""
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": CODE_ROOT + (os.pathsep + path if path else "")}
+    return [sys.executable, "-P", "-m", "broker.cli"], env
 
 
 class NodeProcess:
@@ -54,10 +71,11 @@ class NodeProcess:
 
     async def start(self, timeout: float = 60.0) -> NodeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1"}
+        command, env = node_command()
+        env.update({"TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1"})
         port = self.port if self.address is None else self.address[1]  # a restart keeps its port
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.cli", "broker", "start", "--name", self.name,
+            *command, "broker", "start", "--name", self.name,
             "--data-dir", str(self.data_dir), "--host", self.host, "--port", str(port),
             "--sync", self.sync, *self.extra_args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,

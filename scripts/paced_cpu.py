@@ -17,10 +17,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from broker.process import node_command
 from client.clock import SYSTEM_CLOCK
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -40,12 +40,12 @@ def node_pids(parent: int) -> list[int]:
 
 
 def one_rate(rate: int, base_port: int) -> str:
-    tandem = [sys.executable, "-m", "broker.cli"]
+    tandem, env = node_command()  # the group and the bench run this checkout's code, whatever the cwd
     with tempfile.TemporaryDirectory(prefix="tandem-paced-") as tmp:
         data = Path(tmp) / "group"
         logf = open(Path(tmp) / "cluster.log", "w+")
         cluster = subprocess.Popen([*tandem, "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
-                                    "--data-dir", str(data)], stdout=logf, stderr=subprocess.STDOUT)
+                                    "--data-dir", str(data)], stdout=logf, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = SYSTEM_CLOCK.monotonic() + 60
             while "client URL" not in Path(logf.name).read_text():
@@ -59,7 +59,7 @@ def one_rate(rate: int, base_port: int) -> str:
             messages = 500 + 8 * rate
             out = subprocess.run([*tandem, "bench", "--url", f"tandem://admin:{password}@{hosts}", "--messages", "500",
                                   "--latency-rate", str(rate), "--latency-messages", str(8 * rate), "--json"],
-                                 capture_output=True, text=True, check=True).stdout
+                                 capture_output=True, text=True, check=True, env=env).stdout
             used = cpu_seconds(pids) - before
         finally:
             cluster.send_signal(signal.SIGINT)

@@ -144,3 +144,18 @@ async def test_consume_into_a_closed_pipe_stops_quietly(proc: NodeProcess) -> No
     rc, out, _ = await tandem("queues", "--url", proc.url, "--json")
     (q,) = json.loads(out)
     assert q["unacked"] == 0 and 0 < q["ready"] < 2000  # what was not printed was not acked
+
+
+async def test_a_spawned_node_runs_the_code_that_spawned_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m`` puts the working directory first on ``sys.path``: started from a
+    directory holding another ``broker`` package (another checkout, an unrelated project), a
+    node would run that.  NodeProcess (tandem bench --spawn, cluster up, drills) starts the
+    code of the process that starts it."""
+    other = tmp_path / "elsewhere" / "broker"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "cli.py").write_text("raise SystemExit('the wrong broker package ran')\n")
+    monkeypatch.chdir(other.parent)
+    p = NodeProcess(tmp_path / "node1")
+    await p.start()  # (NodeStartError, with the line above in its output, if the wrong one ran)
+    await p.stop()
