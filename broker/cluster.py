@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import random
+import secrets
 import socket
 from pathlib import Path
 
