@@ -12,9 +12,10 @@ import pytest
 
 from broker.drill import SCENARIOS, DrillConfig, drill
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("scenario", SCENARIOS)
 async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path) -> None:
     cfg = DrillConfig(scenario, producers=1, consumers=1, messages=400, partitions=4, seed=7,
@@ -26,6 +27,7 @@ async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path)
     assert rep["passed"]
 
 
+@pytest.mark.asyncio
 async def test_weak_policies_never_lose_silently(tmp_path: Path) -> None:
     """NO_SYNC everywhere and the whole group killed: confirmed messages may be lost, but
     only as many as Tandem itself reported (ConfirmedMessagesLost in the SDK)."""
