@@ -317,6 +317,7 @@ class PartLog:
     staged_ops: list[WriteOp] = field(default_factory=list)
     staged_cbs: list[Callback] = field(default_factory=list)
     staged_bytes: int = 0  # message bodies in staged_ops (see STAGE_BYTES)
+    proposed_term: int = 0  # the term of this node's last proposal to the log
     serving: bool = False  # active here, caught up, in-memory state loaded
     serve_from: int = 0  # the index of this active's no-op: serving once it is applied
     serve_term: int = 0
@@ -352,6 +353,18 @@ class HaEvent:
     kind: str  # role, HA-1014, override
     partition: str
     text: str
+
+
+def waits_for_commit(plog: PartLog) -> bool:
+    """Whether what is staged for ``plog`` waits for this node's entry in flight to commit
+    (MAX_UNCOMMITTED) rather than go now.  It goes now once it is big (STAGE_BYTES of bodies,
+    or LAZY_PROPOSE_OPS ops), for the catalogue, and once the term has moved on since the
+    entry in flight was proposed: an active that raised its own term (a rival active in its
+    term, ha/replica.py) commits an entry of the old term only with one of the new, which
+    only the next proposal can be."""
+    return (len(plog.waiters) >= MAX_UNCOMMITTED and plog.staged_bytes < STAGE_BYTES
+            and len(plog.staged_ops) < LAZY_PROPOSE_OPS and plog.key != CATALOGUE
+            and plog.proposed_term == plog.replica.term)
 
 
 class Replication:
@@ -572,6 +585,7 @@ class Replication:
             plog.known_leader = r.leader
             self._notify()
         self._track_active(plog)
+        self._undefer(plog)  # (a term raised without a step-down: what waits must go, see waits_for_commit)
         if key != CATALOGUE and any(isinstance(ev, EntriesDiscarded) and ev.committed for ev in ready.events):
             # It had applied entries the group discarded: its store is wrong for this partition.
             # Nothing of this Ready is carried out (its replies would promise a log about to go).
@@ -794,11 +808,7 @@ class Replication:
                 callbacks.append(waiting[1])
             plog.applied = (e.index, e.term, e.origin)
             plog.applied_bytes += len(e.data or b"")
-        if plog in self._deferred and len(plog.waiters) < MAX_UNCOMMITTED:
-            self._deferred.discard(plog)  # what waited for these commits goes now
-            if not self._stage_scheduled:
-                asyncio.get_running_loop().call_soon(self._flush_staged)
-            self._stage_scheduled.add(plog)
+        self._undefer(plog)  # what waited for these commits goes now
         if key == CATALOGUE and entries and all(e.data is None for e in entries):
             # A new active's no-op moves the catalogue's applied position too, and
             # Node.catch_up_catalogue waits on that (entries with data notify in
@@ -1003,7 +1013,7 @@ class Replication:
                 msgs = op.messages
                 plog.staged_bytes += len(msgs.payload) if type(msgs) is PackedRun else sum(len(m.body) for m in msgs)
         if plog in self._deferred:
-            if plog.staged_bytes < STAGE_BYTES:
+            if waits_for_commit(plog):
                 return  # it goes once the entry in flight commits (_apply)
             self._deferred.discard(plog)
         if lazy and self.linger > 0 and len(plog.staged_ops) < LAZY_PROPOSE_OPS:
@@ -1063,6 +1073,14 @@ class Replication:
             log.warning("stopping with acks not yet committed on %d partition(s): their messages "
                         "will be delivered again", sum(not f.done() for f in settled))
 
+    def _undefer(self, plog: PartLog) -> None:
+        """Schedule what ``plog`` holds back for its entry in flight, once it need wait no more."""
+        if plog in self._deferred and not waits_for_commit(plog):
+            self._deferred.discard(plog)
+            if not self._stage_scheduled:
+                asyncio.get_running_loop().call_soon(self._flush_staged)
+            self._stage_scheduled.add(plog)
+
     def _flush_staged(self, *, force: bool = False) -> None:
         """Propose what is staged, an entry per log; a log with an entry of its own in flight
         waits for its commit instead (MAX_UNCOMMITTED), unless ``force``."""
@@ -1070,8 +1088,7 @@ class Replication:
         for plog in plogs:
             if not plog.staged_cbs:
                 continue
-            if (not force and len(plog.waiters) >= MAX_UNCOMMITTED and plog.staged_bytes < STAGE_BYTES
-                    and plog.key != CATALOGUE):
+            if not force and waits_for_commit(plog):
                 self._deferred.add(plog)
                 continue
             self._deferred.discard(plog)
@@ -1088,6 +1105,7 @@ class Replication:
                     cb(err)
             else:
                 plog.waiters[entry.index] = (ops, cbs)
+                plog.proposed_term = entry.term
                 if any(isinstance(op, (Append, PutQueue, DropQueue)) for op in ops):
                     plog.must_sync.add(entry.index)
             self._guarded(plog, lambda: ready)
