@@ -1,12 +1,16 @@
-"""Test helpers: wait for a condition with a deadline, never sleep blind."""
+"""Test helpers: wait for a condition with a deadline, never sleep blind; a replication core
+that is active."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
 
 from client.clock import SYSTEM_CLOCK
+from ha.messages import Envelope, VoteReply
+from ha.replica import Replica, ReplicaConfig, Role
 
 POLL = 0.01
 
@@ -32,3 +36,21 @@ def wait_until_sync(predicate: Callable[[], bool], *, timeout: float = 30.0, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(POLL)
+
+
+def active_replica(entries: int = 0, size: int = 0) -> Replica:
+    """The core of node "a" of a three-voter partition (a, b, c), elected with b's vote, its
+    no-op (index 1) persisted, then ``entries`` entries of ``size`` bytes proposed and persisted."""
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    if r.role is not Role.LEADER:
+        raise AssertionError(f"node a did not become active: {r.role}")
+    r.persisted(ready.append[-1])
+    for _ in range(entries):
+        _ready, e = r.propose(b"x" * size)
+        if e is None:
+            raise AssertionError("a proposal was refused")
+        r.persisted(e)
+    return r

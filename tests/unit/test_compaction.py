@@ -9,21 +9,8 @@ import pytest
 
 import broker.replication as rep
 from ha.messages import AppendReply, Envelope, VoteReply
-from ha.replica import Replica, ReplicaConfig, Role
-
-
-def _active_with_entries(n: int, size: int) -> Replica:
-    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
-    r = Replica(cfg, rng=random.Random(0))
-    r.tick(5.0)
-    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
-    assert r.role is Role.LEADER
-    r.persisted(ready.append[-1])
-    for _ in range(n):
-        _ready, e = r.propose(b"x" * size)
-        assert e is not None
-        r.persisted(e)
-    return r
+from ha.replica import Replica, ReplicaConfig
+from tests.helpers import active_replica
 
 
 @pytest.fixture
@@ -34,7 +21,7 @@ def small(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_compaction_keeps_what_an_answering_replica_lacks(small: None) -> None:
-    r = _active_with_entries(20, 50)  # the no-op is index 1, the entries 2..21
+    r = active_replica(20, 50)  # the no-op is index 1, the entries 2..21
     r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
     r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))  # c is behind, and answering
     assert r.applied == 21
@@ -43,14 +30,14 @@ def test_compaction_keeps_what_an_answering_replica_lacks(small: None) -> None:
 
 def test_compaction_holds_at_most_hold_bytes(small: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rep, "HOLD_BYTES", 300)
-    r = _active_with_entries(20, 50)
+    r = active_replica(20, 50)
     r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
     r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))
     assert rep.Replication._compact_upto(r) == (15, 6 * 50)  # beyond that c gets a snapshot
 
 
 def test_compaction_by_size_when_every_replica_has_it(small: None) -> None:
-    r = _active_with_entries(20, 50)
+    r = active_replica(20, 50)
     for n in "bc":
         r.step(Envelope(n, "a", AppendReply(r.term, n, True, 21)))
     assert rep.Replication._compact_upto(r) == (19, 2 * 50)  # KEEP_BYTES: the last two

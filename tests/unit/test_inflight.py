@@ -4,22 +4,11 @@ it must not: a held-back proposal must never wait for a commit that cannot come.
 
 from __future__ import annotations
 
-import random
-
 import broker.replication as rep
-from ha.messages import AppendEntries, AppendReply, Envelope, VoteReply
-from ha.replica import Replica, ReplicaConfig, Role
+from ha.messages import AppendEntries, AppendReply, Envelope
+from ha.replica import Replica, Role
 from storage.base import Settle
-
-
-def _active() -> Replica:
-    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
-    r = Replica(cfg, rng=random.Random(0))
-    r.tick(5.0)
-    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
-    assert r.role is Role.LEADER
-    r.persisted(ready.append[-1])
-    return r
+from tests.helpers import active_replica
 
 
 def _in_flight(r: Replica, plog: rep.PartLog, data: bytes) -> int:
@@ -38,7 +27,7 @@ def _commit(r: Replica, index: int) -> None:
 
 
 def test_what_is_staged_waits_for_the_entry_in_flight_unless_it_is_big() -> None:
-    r = _active()
+    r = active_replica()
     plog = rep.PartLog((1, 0), r, None)  # type: ignore[arg-type]
     plog.staged_ops.append(Settle(1, 0, [0]))
     assert not rep.waits_for_commit(plog)  # nothing in flight: it goes
@@ -57,7 +46,7 @@ def test_what_is_staged_waits_for_the_entry_in_flight_unless_it_is_big() -> None
 
 
 def test_the_catalogue_never_waits() -> None:
-    r = _active()
+    r = active_replica()
     plog = rep.PartLog(rep.CATALOGUE, r, None)  # type: ignore[arg-type]
     plog.staged_ops.append(Settle(1, 0, [0]))
     _in_flight(r, plog, b"a declare")
@@ -69,7 +58,7 @@ def test_an_active_that_raises_its_own_term_holds_nothing_back() -> None:
     log makes this active raise its term and stay active.  Its entry of the old term then
     commits only with an entry of the new term: what is staged must go, or nothing would
     ever commit again (a review found this stall)."""
-    r = _active()
+    r = active_replica()
     plog = rep.PartLog((1, 0), r, None)  # type: ignore[arg-type]
     plog.staged_ops.append(Settle(1, 0, [0]))
     old = _in_flight(r, plog, b"proposed in the old term")
