@@ -492,11 +492,17 @@ class Replica:
         if self.role is Role.LEADER:
             # Two actives in one term: only possible when a weak override let one be elected
             # without a majority.  The one whose log is less recent (then: whose name sorts
-            # later) yields; the other fences it with a higher term.
+            # later) yields; the other fences it with a higher term and stands again at once:
+            # an entry of the old term commits only through one of a later term, and only an
+            # election gives this node that (its no-op).  Staying active in the raised term
+            # left a new active whose no-op had not committed unable ever to serve.
             if (self._recency() + (self.id,)) > recency + (leader,) and not self._weak_active():
                 self.term += 1
                 self._hard_state_changed()
                 self._send(leader, AppendReply(self.term, self.id, False, 0))
+                self._become("rival_active", f"{leader} was also active in term {term}: standing again")
+                self.leader = None
+                self._election_at = self._now  # its log is the more recent: the next tick stands
                 return False
             self._become("rival_active", f"{leader} is also active in term {term}")
         if self.role is Role.CANDIDATE:

@@ -5,7 +5,7 @@ it must not: a held-back proposal must never wait for a commit that cannot come.
 from __future__ import annotations
 
 import broker.replication as rep
-from ha.messages import AppendEntries, AppendReply, Envelope
+from ha.messages import AppendEntries, AppendReply, Envelope, VoteReply
 from ha.replica import Replica, Role
 from storage.base import Settle
 from tests.helpers import active_replica
@@ -53,22 +53,38 @@ def test_the_catalogue_never_waits() -> None:
     assert not rep.waits_for_commit(plog)
 
 
-def test_an_active_that_raises_its_own_term_holds_nothing_back() -> None:
-    """A rival active in the same term (possible under a weak override) with a less recent
-    log makes this active raise its term and stay active.  Its entry of the old term then
-    commits only with an entry of the new term: what is staged must go, or nothing would
-    ever commit again (a review found this stall)."""
+def test_an_active_past_its_term_holds_nothing_back() -> None:
+    """Entries of an older term commit only with one of the current term: once the term has
+    moved on since the entry in flight was proposed, what is staged goes."""
     r = active_replica()
     plog = rep.PartLog((1, 0), r, None)  # type: ignore[arg-type]
     plog.staged_ops.append(Settle(1, 0, [0]))
-    old = _in_flight(r, plog, b"proposed in the old term")
+    _in_flight(r, plog, b"proposed in this term")
     assert rep.waits_for_commit(plog)
-    term = r.term
-    r.step(Envelope("b", "a", AppendEntries(term, "b", 0, 0, "", (), 0)))
-    assert r.role is Role.LEADER and r.term == term + 1
-    _commit(r, old)
-    assert r.commit < old  # an entry of the old term does not commit by itself
+    plog.proposed_term = r.term - 1
     assert not rep.waits_for_commit(plog)
-    new = _in_flight(r, plog, b"the next proposal")
-    _commit(r, new)
-    assert r.commit == new  # and carries the old one with it
+
+
+def test_an_active_that_meets_a_rival_stands_again_and_commits_its_old_entries() -> None:
+    """A rival active in the same term (possible under a weak override) with a less recent
+    log: this active fences it with a higher term, steps down and stands again at once, and
+    the new term's no-op commits what it had not committed yet, its own no-op included.  (It
+    used to stay active in the raised term: entries of the old term never committed, and a
+    new active whose no-op had not committed could never serve; a review found it.)"""
+    r = active_replica()  # its no-op (index 1) persisted, not committed
+    _ready, e = r.propose(b"proposed in the old term")
+    assert e is not None
+    r.persisted(e)
+    term = r.term
+    ready = r.step(Envelope("b", "a", AppendEntries(term, "b", 0, 0, "", (), 0)))
+    assert r.term == term + 1 and r.role is Role.FOLLOWER
+    assert [(ev.old, ev.new) for ev in ready.events] == [("active", "follower")]  # type: ignore[union-attr]
+    assert r.commit == 0
+    r.tick(5.01)  # it stands at the next tick
+    assert r.role is Role.CANDIDATE
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    assert r.role is Role.LEADER
+    noop = ready.append[-1]
+    r.persisted(noop)
+    _commit(r, noop.index)
+    assert r.commit == noop.index > e.index  # the old no-op and entry with it
