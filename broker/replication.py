@@ -359,9 +359,10 @@ def waits_for_commit(plog: PartLog) -> bool:
     """Whether what is staged for ``plog`` waits for this node's entry in flight to commit
     (MAX_UNCOMMITTED) rather than go now.  It goes now once it is big (STAGE_BYTES of bodies,
     or LAZY_PROPOSE_OPS ops), for the catalogue, and once the term has moved on since the
-    entry in flight was proposed: an active that raised its own term (a rival active in its
-    term, ha/replica.py) commits an entry of the old term only with one of the new, which
-    only the next proposal can be."""
+    entry in flight was proposed: an entry of an older term commits only with one of the
+    current term, which only the next proposal can be.  (The core steps down whenever it
+    raises its own term, ha/replica.py ``_follow``, which fails what waits; the term check is
+    the second line, should an active's term ever move on without a step-down.)"""
     return (len(plog.waiters) >= MAX_UNCOMMITTED and plog.staged_bytes < STAGE_BYTES
             and len(plog.staged_ops) < LAZY_PROPOSE_OPS and plog.key != CATALOGUE
             and plog.proposed_term == plog.replica.term)
@@ -585,7 +586,7 @@ class Replication:
             plog.known_leader = r.leader
             self._notify()
         self._track_active(plog)
-        self._undefer(plog)  # (a term raised without a step-down: what waits must go, see waits_for_commit)
+        self._undefer(plog)  # (should the term move on without a step-down: see waits_for_commit)
         if key != CATALOGUE and any(isinstance(ev, EntriesDiscarded) and ev.committed for ev in ready.events):
             # It had applied entries the group discarded: its store is wrong for this partition.
             # Nothing of this Ready is carried out (its replies would promise a log about to go).
