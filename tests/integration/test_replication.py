@@ -593,7 +593,10 @@ async def test_acks_ride_in_the_partitions_next_entry_and_a_clean_stop_proposes_
             # (with an entry per ack this is 2 n)
             assert n <= await commit() - before <= n + 2
         others = [name for name in cl.nodes if name != active]
-        assert all(_chunk_rows(cl, name) == 1 for name in others)  # the last message, unsettled
+        # the last message, unsettled, once the members have applied it (they learn of its
+        # commit with the active's next message, and hold store writes back for HOLD_APPLY)
+        await wait_until(lambda: all(_chunk_rows(cl, name) == 1 for name in others), timeout=60,
+                         what="the last message applied, unsettled, on the other members")
         await cl.nodes[active].stop()
         await wait_until(lambda: all(_chunk_rows(cl, name) == 0 for name in others), timeout=60,
                          what="the last ack committed and applied on the members that stay")
