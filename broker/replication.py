@@ -114,8 +114,11 @@ MAX_EVENTS = 200
 # them are waiting): the log has them on disk already, and a message acked in the meantime
 # is never written to the store at all.  The log is the record until then: a restart
 # applies again from the store's applied position; a node that becomes active applies what
-# it holds at once.
-HOLD_APPLY = 0.05
+# it holds at once.  0.2 s: long enough that a consumer keeping up acks its messages before
+# they are written (publish, deliver, ack and the ack's commit take ~0.1 s under full load
+# here); the writer commits such a batch in slices behind log appends (storage/writer.py), so
+# a confirm does not wait for it (docs/replication.md, tenth session).
+HOLD_APPLY = 0.2
 HOLD_APPLY_BYTES = 8 * 1024 * 1024
 # How often partitions that keep the log's oldest segment are compacted past it.
 UNPIN_EVERY = 1.0

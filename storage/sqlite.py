@@ -684,16 +684,28 @@ class SqliteEngine:
         chunks: list[tuple[int, int, int, int, bytes]] = []
         ends: dict[Key, int] = {}
         delivered: dict[Key, int] = {}
-        settled_rows: list[tuple[int, int, int, int]] = []
-        touched: dict[Key, list[tuple[int, int]]] = {}
+        # Settlements and producer positions of a batch are merged before they are written:
+        # a batch of held applies (broker/replication.py, HOLD_APPLY) carries hundreds of
+        # acks, mostly consecutive, and a position per publish of each producer; a row per
+        # range and one per producer say the same.
+        settled: dict[Key, IntervalSet] = {}
+        touched: dict[Key, list[tuple[int, int]]] = {}  # settled ranges, for _compact
         counts: list[tuple[int, int, int, int]] = []
-        producers: list[tuple[int, int, str, int]] = []
+        producers: dict[tuple[int, int, str], int] = {}
+        unwritten: set[tuple[int, int, int]] = set()  # chunks of this batch never written
+        wrote_counts = False
 
         def flush() -> None:
+            nonlocal wrote_counts
             if chunks:
                 # a chunk settled whole in this same batch is never written (compaction would
-                # delete it in this transaction anyway)
-                live = [c for c in chunks if not self._index[(c[0], c[1])].settled.covers(c[2], c[2] + c[3])]
+                # delete it in this transaction anyway), nor deleted
+                live = []
+                for c in chunks:
+                    if self._index[(c[0], c[1])].settled.covers(c[2], c[2] + c[3]):
+                        unwritten.add((c[0], c[1], c[2]))
+                    else:
+                        live.append(c)
                 if live:
                     self._wal_bytes += sum(len(c[4]) for c in live)
                     conn.exec_driver_sql(_INSERT_CHUNK, live)
@@ -707,11 +719,15 @@ class SqliteEngine:
             if counts:
                 conn.exec_driver_sql(_UPSERT_COUNT, counts)
                 counts.clear()
-            if settled_rows:
-                conn.exec_driver_sql(_INSERT_SETTLED, settled_rows)
-                settled_rows.clear()
+                wrote_counts = True
+            if settled:
+                conn.exec_driver_sql(_INSERT_SETTLED, [(q, p, s, e) for (q, p), ranges in settled.items()
+                                                       for s, e in ranges])
+                for key, ranges in settled.items():
+                    touched.setdefault(key, []).extend(ranges)
+                settled.clear()
             if producers:
-                conn.exec_driver_sql(_UPSERT_PRODUCER, producers)
+                conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq) for (q, p, pid), seq in producers.items()])
                 producers.clear()
 
         for op in ops:
@@ -734,10 +750,12 @@ class SqliteEngine:
             elif kind is Settle:
                 key = (op.queue_id, op.partition)  # type: ignore[union-attr]
                 idx = self._part(key)
+                mine = settled.get(key)
+                if mine is None:
+                    mine = settled[key] = IntervalSet()
                 for s, e in ranges_of(op.offsets):  # type: ignore[union-attr]
-                    settled_rows.append((key[0], key[1], s, e))
+                    mine.add(s, e)
                     idx.settled.add(s, e)
-                    touched.setdefault(key, []).append((s, e))
             elif kind is MarkDelivered:
                 key = (op.queue_id, op.partition)  # type: ignore[union-attr]
                 delivered[key] = max(delivered.get(key, 0), op.upto)  # type: ignore[union-attr]
@@ -745,16 +763,19 @@ class SqliteEngine:
                 q, p = op.queue_id, op.partition  # type: ignore[union-attr]
                 counts.extend((q, p, o, dc) for o, dc in op.items)  # type: ignore[union-attr]
             elif kind is PutProducer:
-                producers.append((op.queue_id, op.partition, op.producer_id, op.last_seq))  # type: ignore[union-attr]
+                producers[(op.queue_id, op.partition, op.producer_id)] = op.last_seq  # type: ignore[union-attr]
             else:
                 flush()
                 self._apply_structural(conn, op)
         flush()
         if touched:
-            self._compact(conn, touched)
+            self._compact(conn, touched, unwritten, wrote_counts)
 
-    def _compact(self, conn: _Driver, touched: dict[Key, list[tuple[int, int]]]) -> None:
-        """Delete chunks whose messages are all settled, and the bookkeeping below the log's start."""
+    def _compact(self, conn: _Driver, touched: dict[Key, list[tuple[int, int]]],
+                 unwritten: set[tuple[int, int, int]], wrote_counts: bool) -> None:
+        """Delete chunks whose messages are all settled, and the bookkeeping below the log's start.
+        ``unwritten``: chunks this transaction did not write (no row to delete; and no delivery
+        counts either, unless it wrote some: a chunk's counts come after it)."""
         drop_chunks: list[tuple[int, int, int]] = []
         drop_counts: list[tuple[int, int, int, int]] = []
         drop_settled: list[tuple[int, int, int]] = []
@@ -766,7 +787,10 @@ class SqliteEngine:
                 for start in idx.settled_chunks(s, e):
                     n = idx.counts[start]
                     idx.drop_chunk(start)
-                    drop_chunks.append((key[0], key[1], start))
+                    if (key[0], key[1], start) not in unwritten:
+                        drop_chunks.append((key[0], key[1], start))
+                    elif not wrote_counts:
+                        continue
                     drop_counts.append((key[0], key[1], start, start + n))
             low = idx.low(self._ends.get(key, 0))
             if len(idx.settled) and next(iter(idx.settled))[0] < low:
@@ -774,6 +798,7 @@ class SqliteEngine:
                 drop_settled.append((key[0], key[1], low))
         if drop_chunks:
             conn.exec_driver_sql(_DELETE_CHUNK, drop_chunks)
+        if drop_counts:
             conn.exec_driver_sql(_DELETE_COUNTS, drop_counts)
         if drop_settled:
             # rows wholly below the log's start go; a row straddling it stays (harmless)

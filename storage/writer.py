@@ -10,7 +10,15 @@ they were made; callbacks run in that order.
 
 *Lazy* submissions (settlements, delivery marks) do not wake the writer: they
 ride along with the next eager commit, or are committed on their own once the
-oldest has waited ``lazy_delay`` seconds (or ``lazy_max_ops`` pile up).
+oldest has waited ``lazy_delay`` seconds (or ``lazy_max_ops`` pile up).  One
+exception to the order: when everything eager in a batch appends to the
+replication log and nothing else, those appends are committed first, and the
+lazy rest right after, in transactions of about ``LAZY_SLICE_OPS`` ops, with any
+append submitted meanwhile going between two of them.  A confirm waits for such an
+append (and its fsync); it need not wait for a group's held-back store writes,
+which a batch may hold hundreds of (broker/replication.py, ``HOLD_APPLY``), and
+which are of entries the log already has: a crash between the two leaves the
+store behind its log, which a restart applies again.
 
 When a commit fails, submissions made with ``retry=False`` (someone is waiting
 and can act: a publisher gets an error and may resend) get the error; those
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import StorageError
-from storage.base import LOG_OPS, Engine, WriteOp
+from storage.base import LOG_OPS, Engine, LogAppend, WriteOp
 
 log = logging.getLogger("tandem.storage")
 
@@ -38,6 +46,7 @@ Notify = Callable[[Callable[[], None]], object]
 
 RETRY_MIN = 0.05
 RETRY_MAX = 5.0
+LAZY_SLICE_OPS = 512  # lazy ops in one transaction, when log appends are waiting (see _commit_lazy)
 
 
 @dataclass(slots=True)
@@ -59,6 +68,11 @@ class _Item:
     callback: Callback | None
     retry: bool
     lazy: bool
+
+
+def _appends_only(item: _Item) -> bool:
+    """An eager submission of replication log appends and nothing else."""
+    return not item.lazy and all(type(op) is LogAppend for op in item.ops)
 
 
 class GroupCommitWriter:
@@ -141,9 +155,43 @@ class GroupCommitWriter:
                     self._cond.wait(wait)
                 batch, self._pending = self._pending, []
                 self._eager = self._lazy_ops = 0
-            self._commit(batch)
+            eager = [item for item in batch if not item.lazy]
+            if eager and len(eager) < len(batch) and all(_appends_only(item) for item in eager):
+                self._commit(eager)  # (see the module doc)
+                self._commit_lazy([item for item in batch if item.lazy])
+            else:
+                self._commit(batch)
 
-    def _commit(self, batch: list[_Item]) -> None:
+    def _commit_lazy(self, items: list[_Item]) -> None:
+        """Commit lazy submissions in transactions of about LAZY_SLICE_OPS (whole submissions:
+        each is all or nothing), and between two, log appends submitted meanwhile: an append
+        waits for one slice, not for all of them."""
+        while items:
+            n, size = 0, 0
+            while n < len(items) and (n == 0 or size + len(items[n].ops) <= LAZY_SLICE_OPS):
+                size += len(items[n].ops)
+                n += 1
+            requeued = self._commit(items[:n])
+            items = items[n:]
+            if requeued is not None and items:  # failed: the rest goes back too, behind what is retried
+                with self._cond:
+                    self._pending[requeued:requeued] = items
+                    self._lazy_ops += sum(len(item.ops) for item in items)
+                    self._lazy_since = self._clock.monotonic() - self.lazy_delay  # (due at once)
+                return
+            if items:
+                with self._cond:
+                    k = 0
+                    while k < len(self._pending) and _appends_only(self._pending[k]):
+                        k += 1
+                    jump, self._pending[:k] = self._pending[:k], []
+                    self._eager -= k
+                if jump:
+                    self._commit(jump)
+
+    def _commit(self, batch: list[_Item]) -> int | None:
+        """Commit ``batch``; None if it committed, else how many of its submissions went back
+        to the head of the queue to be tried again."""
         ops: list[WriteOp] = [op for item in batch for op in item.ops]
         sync = any(item.sync for item in batch)
         # does anything but the replication log need the sync? (an engine keeping the log
@@ -168,9 +216,11 @@ class GroupCommitWriter:
         for observer in self.commit_observers:
             observer(elapsed, sync)
         done = batch
+        requeued: int | None = None
         if error is not None:
             st.failed_commits += 1
             again = [item for item in batch if item.retry]
+            requeued = len(again)
             done = [item for item in batch if not item.retry]
             retried = sum(len(item.ops) for item in again)
             st.retried_ops += retried
@@ -198,3 +248,4 @@ class GroupCommitWriter:
                 self._notify(run_callbacks)
             except RuntimeError as exc:  # the event loop is closed: nobody is left to tell
                 log.error("commit callbacks dropped (%d): %s", len(callbacks), exc)
+        return requeued

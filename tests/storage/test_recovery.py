@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.base import Append, PutQueue, QueueMeta, Settle, StoredMessage
+from storage.base import Append, PutProducer, PutQueue, QueueMeta, Settle, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
 
 Q = QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
@@ -170,4 +170,39 @@ def test_a_chunk_settled_in_its_own_batch_is_never_written(tmp_path: Path) -> No
         rows = reader.exec_driver_sql("SELECT start, count FROM chunks ORDER BY start").fetchall()
     assert [tuple(r) for r in rows] == [(400, 400)]
     assert [m.offset for m in e.load_partition(1, 0).messages] == [799]
+    e.close()
+
+
+def test_a_batch_of_held_applies_writes_one_row_a_settled_range_and_a_producer(tmp_path: Path) -> None:
+    """A batch of held-back applies carries an ack range and a producer position per
+    publish: the store writes the merged ranges and each producer's last position, and the
+    chunks it never wrote it does not delete either; what reopens is the same."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    msgs = [StoredMessage(i, "p", b"\x80", b"m%d" % i, "p", i, 0.0) for i in range(300)]
+    e.apply([Append(1, 0, msgs[:100], 100)], sync=False)  # written: a chunk that stays for now
+    statements: list[str] = []
+    e._writer.connection.driver_connection.set_trace_callback(statements.append)  # type: ignore[union-attr]
+    ops: list[WriteOp] = []
+    for i in range(100, 300):  # publish entry by entry, each acked soon after, as a group applies them
+        ops += [Append(1, 0, [msgs[i]], i + 1), PutProducer(1, 0, "p", i), Settle(1, 0, [i])]
+    ops += [Settle(1, 0, list(range(0, 99)))]  # all but one of the chunk written before
+    e.apply(ops, sync=False)
+    e._writer.connection.driver_connection.set_trace_callback(None)  # type: ignore[union-attr]
+    inserts = [s for s in statements if s.startswith("INSERT INTO settled")]
+    upserts = [s for s in statements if s.startswith("INSERT INTO producers")]
+    deletes = [s for s in statements if s.startswith("DELETE FROM chunks")]
+    assert len(inserts) <= 2 and len(upserts) == 1 and deletes == [], (inserts, upserts, deletes)
+    st = e.load_partition(1, 0)
+    assert [m.offset for m in st.messages] == [99] and st.producers == {"p": 299} and st.next_offset == 300
+    e.apply([Settle(1, 0, [99])], sync=False)  # the chunk written earlier goes now
+    e.close()
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    st = e.load_partition(1, 0)
+    assert st.messages == [] and st.producers == {"p": 299} and st.next_offset == 300
+    reader = e._reader()
+    with reader.begin():
+        assert reader.exec_driver_sql("SELECT count(*) FROM chunks").fetchone()[0] == 0
     e.close()

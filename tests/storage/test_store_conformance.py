@@ -14,6 +14,9 @@ from storage.base import (
     DropQueue,
     DropUser,
     Engine,
+    LogAppend,
+    LogRecord,
+    LogTruncate,
     MarkDelivered,
     PackedRun,
     DropProducers,
@@ -182,6 +185,99 @@ def test_group_commit_writer_batches_and_reports(make_engine: Callable[[], Engin
     assert done == [None] * 201
     assert w.stats.commits < 201  # batched: fewer commits than submissions
     assert len(e.read(1, 0, 0, 1000)) == 200
+
+
+@pytest.mark.parametrize("eager_truncates", [False, True])
+def test_log_appends_do_not_wait_behind_lazy_store_writes(tmp_path: Path, eager_truncates: bool) -> None:
+    """Held-back store writes submitted lazily ride with the next commit; when that commit is
+    of log appends alone (a publish's entry, to be fsynced before its confirm) the appends go
+    first and the store writes right after, in a transaction of their own.  Anything else in
+    the eager part (here a truncation) keeps the submission order: one commit."""
+    applied: list[list[str]] = []
+
+    class Recording(SqliteEngine):
+        def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
+            applied.append(sorted({type(op).__name__ for op in ops}))
+            super().apply(ops, sync=sync, store_sync=store_sync)
+
+    e = Recording(tmp_path / "tandem.db")
+    e.open()
+    order: list[str] = []
+    cv = threading.Condition()
+
+    def notify(fn: Callable[[], None]) -> None:
+        with cv:
+            fn()
+            cv.notify_all()
+
+    w = GroupCommitWriter(e, notify, lazy_delay=60.0)  # lazy writes wait for an eager commit
+    w.submit([PutQueue(Q), Append(1, 0, [msg(0)], 1)], sync=True, callback=lambda err: order.append("setup"))
+    with cv:
+        assert cv.wait_for(lambda: order == ["setup"], timeout=30)
+    order.clear()
+    w.submit([Settle(1, 0, [0]), PutProducer(1, 0, "p", 0)], sync=False, lazy=True,
+             callback=lambda err: order.append("store"))
+    eager: list[WriteOp] = [LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"entry")])]
+    if eager_truncates:
+        eager.insert(0, LogTruncate(1, 0, 1))
+    w.submit(eager, sync=True, callback=lambda err: order.append("log"))
+    with cv:
+        assert cv.wait_for(lambda: len(order) == 2, timeout=30)
+    w.close()
+    if eager_truncates:
+        assert order == ["store", "log"] and applied[-1] == ["LogAppend", "LogTruncate", "PutProducer", "Settle"]
+    else:
+        assert order == ["log", "store"] and applied[-2:] == [["LogAppend"], ["PutProducer", "Settle"]]
+    e.close()
+    rec = SqliteEngine(tmp_path / "tandem.db").open()
+    assert rec.partitions[(1, 0)].messages == [] and rec.partitions[(1, 0)].producers == {"p": 0}
+
+
+def test_lazy_store_writes_go_in_slices_and_an_append_waits_for_one_slice_only(tmp_path: Path) -> None:
+    """Many held-back store writes behind a log append are committed a slice at a time
+    (LAZY_SLICE_OPS), whole submissions each; an append submitted meanwhile goes after the
+    slice being committed, not after all of them."""
+    applied: list[str] = []
+    w: GroupCommitWriter | None = None
+    done: list[str] = []
+
+    class Recording(SqliteEngine):
+        def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
+            kinds = {type(op).__name__ for op in ops}
+            applied.append("log" if kinds == {"LogAppend"} else f"store:{len(ops)}")
+            super().apply(ops, sync=sync, store_sync=store_sync)
+            if applied.count("log") == 1 and kinds != {"LogAppend"} and w is not None:
+                # a publish's entry arrives while the first slice commits
+                w.submit([LogAppend(1, 0, [LogRecord(2, 1, "n1", False, b"second")])], sync=True,
+                         callback=lambda err: done.append("log2"))
+
+    e = Recording(tmp_path / "tandem.db")
+    e.open()
+    cv = threading.Condition()
+
+    def notify(fn: Callable[[], None]) -> None:
+        with cv:
+            fn()
+            cv.notify_all()
+
+    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
+    w.submit([PutQueue(Q)], sync=True, callback=lambda err: done.append("setup"))
+    with cv:
+        assert cv.wait_for(lambda: done == ["setup"], timeout=30)
+    done.clear()
+    for i in range(8):  # 8 submissions of 200 ops: slices of 2 (400 ops <= LAZY_SLICE_OPS)
+        w.submit([PutProducer(1, 0, f"p{j}", i) for j in range(200)], sync=False, lazy=True,
+                 callback=lambda err, i=i: done.append(f"store{i}"))
+    w.submit([LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"first")])], sync=True,
+             callback=lambda err: done.append("log1"))
+    with cv:
+        assert cv.wait_for(lambda: len(done) == 10, timeout=30)
+    w.close()
+    assert applied[-6:] == ["log", "store:400", "log", "store:400", "store:400", "store:400"], applied
+    assert done == ["log1", "store0", "store1", "log2", *(f"store{i}" for i in range(2, 8))]
+    e.close()
+    rec = SqliteEngine(tmp_path / "tandem.db").open()
+    assert rec.partitions[(1, 0)].producers == {f"p{j}": 7 for j in range(200)}
 
 
 def test_writer_reports_failures_to_every_callback(make_engine: Callable[[], Engine]) -> None:
