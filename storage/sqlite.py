@@ -706,6 +706,8 @@ class SqliteEngine:
                         unwritten.add((c[0], c[1], c[2]))
                     else:
                         live.append(c)
+                        # (the same start again after a reset in this batch: this one has a row)
+                        unwritten.discard((c[0], c[1], c[2]))
                 if live:
                     self._wal_bytes += sum(len(c[4]) for c in live)
                     conn.exec_driver_sql(_INSERT_CHUNK, live)

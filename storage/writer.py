@@ -71,8 +71,9 @@ class _Item:
 
 
 def _appends_only(item: _Item) -> bool:
-    """An eager submission of replication log appends and nothing else."""
-    return not item.lazy and all(type(op) is LogAppend for op in item.ops)
+    """An eager submission of replication log appends and nothing else.  (Not an empty one:
+    that is a barrier, which must wait for everything before it; found in review.)"""
+    return not item.lazy and bool(item.ops) and all(type(op) is LogAppend for op in item.ops)
 
 
 class GroupCommitWriter:
@@ -171,13 +172,19 @@ class GroupCommitWriter:
             while n < len(items) and (n == 0 or size + len(items[n].ops) <= LAZY_SLICE_OPS):
                 size += len(items[n].ops)
                 n += 1
-            requeued = self._commit(items[:n])
+            error, requeued = self._commit(items[:n])
             items = items[n:]
-            if requeued is not None and items:  # failed: the rest goes back too, behind what is retried
-                with self._cond:
-                    self._pending[requeued:requeued] = items
-                    self._lazy_ops += sum(len(item.ops) for item in items)
-                    self._lazy_since = self._clock.monotonic() - self.lazy_delay  # (due at once)
+            if error is not None and items:
+                # The rest fails with it, as it would have in one transaction: a later slice
+                # must not commit over writes that did not (its applied position would say
+                # they are in the store).  What is to be retried goes back behind the rest.
+                again = [item for item in items if item.retry]
+                if again:
+                    with self._cond:
+                        self._pending[requeued:requeued] = again
+                        self._lazy_ops += sum(len(item.ops) for item in again)
+                        self._lazy_since = self._clock.monotonic() - self.lazy_delay  # (with the others)
+                self._report([item for item in items if not item.retry], error)
                 return
             if items:
                 with self._cond:
@@ -189,9 +196,9 @@ class GroupCommitWriter:
                 if jump:
                     self._commit(jump)
 
-    def _commit(self, batch: list[_Item]) -> int | None:
-        """Commit ``batch``; None if it committed, else how many of its submissions went back
-        to the head of the queue to be tried again."""
+    def _commit(self, batch: list[_Item]) -> tuple[BaseException | None, int]:
+        """Commit ``batch``: its error (None if it committed) and how many of its submissions
+        went back to the head of the queue to be tried again."""
         ops: list[WriteOp] = [op for item in batch for op in item.ops]
         sync = any(item.sync for item in batch)
         # does anything but the replication log need the sync? (an engine keeping the log
@@ -216,7 +223,7 @@ class GroupCommitWriter:
         for observer in self.commit_observers:
             observer(elapsed, sync)
         done = batch
-        requeued: int | None = None
+        requeued = 0
         if error is not None:
             st.failed_commits += 1
             again = [item for item in batch if item.retry]
@@ -238,7 +245,12 @@ class GroupCommitWriter:
                     self._retry_delay = min(RETRY_MAX, self._retry_delay * 2)
         else:
             self._retry_delay = RETRY_MIN
-        callbacks = [item.callback for item in done if item.callback is not None]
+        self._report(done, error)
+        return error, requeued
+
+    def _report(self, items: list[_Item], error: BaseException | None) -> None:
+        """Hand the callbacks of ``items`` to the loop, in order, in one call."""
+        callbacks = [item.callback for item in items if item.callback is not None]
         if callbacks:
             def run_callbacks() -> None:
                 for cb in callbacks:
@@ -248,4 +260,3 @@ class GroupCommitWriter:
                 self._notify(run_callbacks)
             except RuntimeError as exc:  # the event loop is closed: nobody is left to tell
                 log.error("commit callbacks dropped (%d): %s", len(callbacks), exc)
-        return requeued

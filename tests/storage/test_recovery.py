@@ -206,3 +206,27 @@ def test_a_batch_of_held_applies_writes_one_row_a_settled_range_and_a_producer(t
     with reader.begin():
         assert reader.exec_driver_sql("SELECT count(*) FROM chunks").fetchone()[0] == 0
     e.close()
+
+
+def test_a_chunk_written_after_a_reset_in_the_same_batch_is_deleted_when_settled(tmp_path: Path) -> None:
+    """One transaction: a chunk appended and settled (never written), the partition reset,
+    the same offsets appended again and written (a flush comes between), then settled: that
+    row must go (found in review: the first chunk's 'never written' mark skipped its DELETE,
+    and the acked messages came back on reopen)."""
+    from storage.base import DropProducers, ResetPartition
+
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    old = [StoredMessage(i, None, b"\x80", b"old%d" % i, None, None, 0.0) for i in range(3)]
+    new = [StoredMessage(i, None, b"\x80", b"new%d" % i, None, None, 0.0) for i in range(3)]
+    e.apply([Append(1, 0, old, 3), Settle(1, 0, [0, 1, 2]), ResetPartition(1, 0), Append(1, 0, new, 3),
+             DropProducers(1, 0, ["nobody"]), Settle(1, 0, [0, 1, 2])], sync=True)
+    e.close()
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    assert e.load_partition(1, 0).messages == []
+    reader = e._reader()
+    with reader.begin():
+        assert reader.exec_driver_sql("SELECT count(*) FROM chunks").fetchone()[0] == 0
+    e.close()

@@ -233,6 +233,68 @@ def test_log_appends_do_not_wait_behind_lazy_store_writes(tmp_path: Path, eager_
     assert rec.partitions[(1, 0)].messages == [] and rec.partitions[(1, 0)].producers == {"p": 0}
 
 
+def test_an_empty_submission_waits_for_the_lazy_writes_before_it(tmp_path: Path) -> None:
+    """An empty eager submission is a barrier (the active submits what it holds, then waits
+    for an empty write before it reads a snapshot): it is not "appends only", and must not go
+    ahead of the lazy writes before it (found in review)."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    order: list[str] = []
+    cv = threading.Condition()
+
+    def notify(fn: Callable[[], None]) -> None:
+        with cv:
+            fn()
+            cv.notify_all()
+
+    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
+    w.submit([PutQueue(Q)], sync=True, callback=lambda err: order.append("setup"))
+    with cv:
+        assert cv.wait_for(lambda: order == ["setup"], timeout=30)
+    order.clear()
+    w.submit([PutProducer(1, 0, "p", 1)], sync=False, lazy=True, callback=lambda err: order.append("store"))
+    w.submit([], sync=False, callback=lambda err: order.append("barrier"))
+    with cv:
+        assert cv.wait_for(lambda: len(order) == 2, timeout=30)
+    w.close()
+    assert order == ["store", "barrier"]
+    e.close()
+
+
+def test_when_a_slice_of_lazy_writes_fails_the_rest_fails_with_it(tmp_path: Path) -> None:
+    """Lazy writes committed in slices fail together, as in one transaction: a later slice
+    committing over a failed one would carry an applied position past writes the store lacks
+    (found in review)."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    results: list[tuple[str, BaseException | None]] = []
+    cv = threading.Condition()
+
+    def notify(fn: Callable[[], None]) -> None:
+        with cv:
+            fn()
+            cv.notify_all()
+
+    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
+    w.submit([PutQueue(Q)], sync=True, callback=lambda err: results.append(("setup", err)))
+    with cv:
+        assert cv.wait_for(lambda: len(results) == 1, timeout=30)
+    results.clear()
+    bad = PutUser(UserRecord(name="x", salt=None, hash=b"", role="admin", params=""))  # type: ignore[arg-type]
+    w.submit([*(PutProducer(1, 0, f"a{j}", 1) for j in range(600)), bad], sync=False, lazy=True,
+             callback=lambda err: results.append(("first", err)))
+    w.submit([PutProducer(1, 0, "b", 1)], sync=False, lazy=True, callback=lambda err: results.append(("second", err)))
+    w.submit([LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"entry")])], sync=True,
+             callback=lambda err: results.append(("log", err)))
+    with cv:
+        assert cv.wait_for(lambda: len(results) == 3, timeout=30)
+    w.close()
+    assert [name for name, _ in results] == ["log", "first", "second"]
+    assert results[0][1] is None and all(isinstance(err, StorageError) for _, err in results[1:])
+    e.close()
+    assert SqliteEngine(tmp_path / "tandem.db").open().partitions.get((1, 0)) is None  # neither slice
+
+
 def test_lazy_store_writes_go_in_slices_and_an_append_waits_for_one_slice_only(tmp_path: Path) -> None:
     """Many held-back store writes behind a log append are committed a slice at a time
     (LAZY_SLICE_OPS), whole submissions each; an append submitted meanwhile goes after the
