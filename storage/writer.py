@@ -177,7 +177,8 @@ class GroupCommitWriter:
             if error is not None and items:
                 # The rest fails with it, as it would have in one transaction: a later slice
                 # must not commit over writes that did not (its applied position would say
-                # they are in the store).  What is to be retried goes back behind the rest.
+                # they are in the store).  What is to be retried goes back to the queue, after
+                # what the failed slice itself put back.
                 again = [item for item in items if item.retry]
                 if again:
                     with self._cond:
