@@ -187,6 +187,27 @@ def test_group_commit_writer_batches_and_reports(make_engine: Callable[[], Engin
     assert len(e.read(1, 0, 0, 1000)) == 200
 
 
+class _LazyWriter:
+    """A writer whose lazy writes wait for an eager commit (``lazy_delay`` 60 s), with its
+    callbacks run under a condition a test waits on; ``setup`` is committed on return."""
+
+    def __init__(self, engine: Engine, setup: list[WriteOp]) -> None:
+        self.cv = threading.Condition()
+        self.writer = GroupCommitWriter(engine, self._notify, lazy_delay=60.0)
+        done: list[BaseException | None] = []
+        self.writer.submit(setup, sync=True, callback=done.append)
+        self.wait(lambda: done == [None])
+
+    def _notify(self, fn: Callable[[], None]) -> None:
+        with self.cv:
+            fn()
+            self.cv.notify_all()
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        with self.cv:
+            assert self.cv.wait_for(until, timeout=30)
+
+
 @pytest.mark.parametrize("eager_truncates", [False, True])
 def test_log_appends_do_not_wait_behind_lazy_store_writes(tmp_path: Path, eager_truncates: bool) -> None:
     """Held-back store writes submitted lazily ride with the next commit; when that commit is
@@ -203,26 +224,15 @@ def test_log_appends_do_not_wait_behind_lazy_store_writes(tmp_path: Path, eager_
     e = Recording(tmp_path / "tandem.db")
     e.open()
     order: list[str] = []
-    cv = threading.Condition()
-
-    def notify(fn: Callable[[], None]) -> None:
-        with cv:
-            fn()
-            cv.notify_all()
-
-    w = GroupCommitWriter(e, notify, lazy_delay=60.0)  # lazy writes wait for an eager commit
-    w.submit([PutQueue(Q), Append(1, 0, [msg(0)], 1)], sync=True, callback=lambda err: order.append("setup"))
-    with cv:
-        assert cv.wait_for(lambda: order == ["setup"], timeout=30)
-    order.clear()
+    h = _LazyWriter(e, [PutQueue(Q), Append(1, 0, [msg(0)], 1)])
+    w = h.writer
     w.submit([Settle(1, 0, [0]), PutProducer(1, 0, "p", 0)], sync=False, lazy=True,
              callback=lambda err: order.append("store"))
     eager: list[WriteOp] = [LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"entry")])]
     if eager_truncates:
         eager.insert(0, LogTruncate(1, 0, 1))
     w.submit(eager, sync=True, callback=lambda err: order.append("log"))
-    with cv:
-        assert cv.wait_for(lambda: len(order) == 2, timeout=30)
+    h.wait(lambda: len(order) == 2)
     w.close()
     if eager_truncates:
         assert order == ["store", "log"] and applied[-1] == ["LogAppend", "LogTruncate", "PutProducer", "Settle"]
@@ -240,22 +250,11 @@ def test_an_empty_submission_waits_for_the_lazy_writes_before_it(tmp_path: Path)
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     order: list[str] = []
-    cv = threading.Condition()
-
-    def notify(fn: Callable[[], None]) -> None:
-        with cv:
-            fn()
-            cv.notify_all()
-
-    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
-    w.submit([PutQueue(Q)], sync=True, callback=lambda err: order.append("setup"))
-    with cv:
-        assert cv.wait_for(lambda: order == ["setup"], timeout=30)
-    order.clear()
+    h = _LazyWriter(e, [PutQueue(Q)])
+    w = h.writer
     w.submit([PutProducer(1, 0, "p", 1)], sync=False, lazy=True, callback=lambda err: order.append("store"))
     w.submit([], sync=False, callback=lambda err: order.append("barrier"))
-    with cv:
-        assert cv.wait_for(lambda: len(order) == 2, timeout=30)
+    h.wait(lambda: len(order) == 2)
     w.close()
     assert order == ["store", "barrier"]
     e.close()
@@ -268,26 +267,15 @@ def test_when_a_slice_of_lazy_writes_fails_the_rest_fails_with_it(tmp_path: Path
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     results: list[tuple[str, BaseException | None]] = []
-    cv = threading.Condition()
-
-    def notify(fn: Callable[[], None]) -> None:
-        with cv:
-            fn()
-            cv.notify_all()
-
-    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
-    w.submit([PutQueue(Q)], sync=True, callback=lambda err: results.append(("setup", err)))
-    with cv:
-        assert cv.wait_for(lambda: len(results) == 1, timeout=30)
-    results.clear()
+    h = _LazyWriter(e, [PutQueue(Q)])
+    w = h.writer
     bad = PutUser(UserRecord(name="x", salt=None, hash=b"", role="admin", params=""))  # type: ignore[arg-type]
     w.submit([*(PutProducer(1, 0, f"a{j}", 1) for j in range(600)), bad], sync=False, lazy=True,
              callback=lambda err: results.append(("first", err)))
     w.submit([PutProducer(1, 0, "b", 1)], sync=False, lazy=True, callback=lambda err: results.append(("second", err)))
     w.submit([LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"entry")])], sync=True,
              callback=lambda err: results.append(("log", err)))
-    with cv:
-        assert cv.wait_for(lambda: len(results) == 3, timeout=30)
+    h.wait(lambda: len(results) == 3)
     w.close()
     assert [name for name, _ in results] == ["log", "first", "second"]
     assert results[0][1] is None and all(isinstance(err, StorageError) for _, err in results[1:])
@@ -315,25 +303,14 @@ def test_lazy_store_writes_go_in_slices_and_an_append_waits_for_one_slice_only(t
 
     e = Recording(tmp_path / "tandem.db")
     e.open()
-    cv = threading.Condition()
-
-    def notify(fn: Callable[[], None]) -> None:
-        with cv:
-            fn()
-            cv.notify_all()
-
-    w = GroupCommitWriter(e, notify, lazy_delay=60.0)
-    w.submit([PutQueue(Q)], sync=True, callback=lambda err: done.append("setup"))
-    with cv:
-        assert cv.wait_for(lambda: done == ["setup"], timeout=30)
-    done.clear()
+    h = _LazyWriter(e, [PutQueue(Q)])
+    w = h.writer
     for i in range(8):  # 8 submissions of 200 ops: slices of 2 (400 ops <= LAZY_SLICE_OPS)
         w.submit([PutProducer(1, 0, f"p{j}", i) for j in range(200)], sync=False, lazy=True,
                  callback=lambda err, i=i: done.append(f"store{i}"))
     w.submit([LogAppend(1, 0, [LogRecord(1, 1, "n1", False, b"first")])], sync=True,
              callback=lambda err: done.append("log1"))
-    with cv:
-        assert cv.wait_for(lambda: len(done) == 10, timeout=30)
+    h.wait(lambda: len(done) == 10)
     w.close()
     assert applied[-6:] == ["log", "store:400", "log", "store:400", "store:400", "store:400"], applied
     assert done == ["log1", "store0", "store1", "log2", *(f"store{i}" for i in range(2, 8))]
