@@ -14,6 +14,7 @@ from broker.bench.workload import RunResult, Workload
 from client.errors import InvalidArgumentError
 
 PEERS = ("rabbitmq", "nats")
+SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node (one per node in a group)
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -37,7 +38,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--size", type=int, default=1024, help="message size in bytes (>= 8)")
     p.add_argument("--producers", type=int, default=1)
     p.add_argument("--consumers", type=int, default=1)
-    p.add_argument("--partitions", type=int, default=4, help="partitions of the Tandem queue")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partitions of the Tandem queue (default: one per node of a group, so that "
+                        "each node is the active of as many as the others; 4 for a single node)")
     p.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight per producer")
     p.add_argument("--prefetch", type=int, default=1000, help="unacked deliveries per consumer")
     p.add_argument("--latency-rate", dest="latency_rate", type=float, default=2000.0,
@@ -57,7 +60,22 @@ def add_bench_parser(sub: Any) -> None:
     p.set_defaults(func=bench)
 
 
+def _partitions(args: argparse.Namespace) -> int:
+    """--partitions, or by default one per node of the group under test: a count the nodes
+    share evenly.  (With 4 partitions on 3 nodes one node is the active of two, and the
+    group's confirm latency follows that node: docs/benchmarks.md, eleventh session.)"""
+    if args.partitions is not None:
+        return int(args.partitions)
+    if args.spawn:
+        return args.nodes if args.nodes > 1 else SINGLE_NODE_PARTITIONS
+    from client.url import parse_url
+
+    hosts = len(parse_url(args.url).hosts) if args.url else 1
+    return hosts if hosts > 1 else SINGLE_NODE_PARTITIONS
+
+
 def _workload(args: argparse.Namespace) -> Workload:
+    args.partitions = _partitions(args)
     if args.size < 8:
         raise InvalidArgumentError("--size must be >= 8 (the message id takes 8 bytes)")
     for name in ("messages", "producers", "consumers", "partitions", "window", "prefetch"):
@@ -77,6 +95,9 @@ def bench(args: argparse.Namespace) -> int:
     if args.failover:
         if not args.spawn or args.nodes < 3:
             raise InvalidArgumentError("--failover needs --spawn --nodes 3 (or more)")
+        args.partitions = _partitions(args)
+        if args.partitions < 1:
+            raise InvalidArgumentError("--partitions must be >= 1")
         return run_async(_failover(args))
     w = _workload(args)
     return run_async(_bench(args, w))

@@ -42,3 +42,21 @@ async def test_bench_needs_a_target() -> None:
         stderr=asyncio.subprocess.PIPE)
     _out, err = await proc.communicate()
     assert proc.returncode == 2 and b"--url" in err and b"Traceback" not in err
+
+
+async def test_bench_of_a_spawned_group_gives_each_node_one_partition() -> None:
+    """The issue's command without the peers: a 3-node group, every message checked."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3",
+        "--messages", "2000", "--latency-messages", "200", "--latency-rate", "500", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    report = json.loads(out)
+    assert report["workload"]["partitions"] == 3
+    (run,) = report["runs"]
+    assert run["durability"].startswith("3-node group")
+    assert run["error"] is None, run
+    assert (run["lost"], run["duplicated"], run["unexpected"]) == (0, 0, 0), run
+    assert run["confirmed"] == run["consumed"] == 2000
+    assert run["cpu_us_per_msg"]["servers"] > 0
