@@ -159,6 +159,13 @@ class Replica:
         if config.preferred is not None and config.preferred != self.id:
             # the first election of a new partition: let the placement's choice stand first
             self._election_at += config.election_timeout / 2
+        elif config.preferred == self.id and term == 0 and not self.log and self.snap_index == 0 and not recovering:
+            # A partition that never had an active (a new queue's): there is none to wait
+            # for, so the placement's choice stands within a heartbeat or two.  Its head
+            # start over the others (1.5-2 timeouts) then outlasts the time the members take
+            # to learn of the queue (up to a heartbeat each); with the head start alone it
+            # did not, and a new queue's actives came out unevenly spread (docs/replication.md).
+            self._election_at = now + config.heartbeat_interval * (1.0 + self.rng.random())
         self._heartbeat_at = now
         self._ready = Ready()
 

@@ -41,7 +41,7 @@ class Cluster:
     def __init__(self, seed: int, voters: tuple[str, ...], *, learners: tuple[str, ...] = (),
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
                  quorum_override: int | None = None, designated_primary: str | None = None,
-                 compaction: float = 0.0) -> None:
+                 compaction: float = 0.0, preferred: str | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -51,6 +51,7 @@ class Cluster:
         self.compaction = compaction  # chance per node and step of compacting the log
         self.snapshots = 0
         self.quorum_override, self.designated_primary = quorum_override, designated_primary
+        self.preferred = preferred  # the placement's first node (ReplicaConfig.preferred)
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
         self.net: list[tuple[float, int, Envelope]] = []
@@ -70,7 +71,8 @@ class Cluster:
     def config(self, n: str) -> ReplicaConfig:
         return ReplicaConfig(node=n, voters=self.voters, learners=self.learners, priorities=self.priorities,
                              election_timeout=1.0, heartbeat_interval=0.2, max_append=8,
-                             quorum_override=self.quorum_override, designated_primary=self.designated_primary)
+                             quorum_override=self.quorum_override, designated_primary=self.designated_primary,
+                             preferred=self.preferred)
 
     def start(self, n: str) -> None:
         st = self.stable[n]
