@@ -55,7 +55,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
-                "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger"):
+                "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long an ack may wait to travel in its partition's next log entry instead "
                             "of one of its own (default 0.01; 0: at once). Longer saves CPU; an ack not yet "
                             "committed when the active dies means its message is delivered again")
+    group.add_argument("--failback-after", dest="failback_after", type=float, metavar="SECONDS",
+                       help="failback: a partition's placed active that is back, caught up and answering for "
+                            "this long takes the partition over again (default 5; 0: never). The hand-over "
+                            "holds the partition's writes for a moment, like a failover, without losing any")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
     start.set_defaults(func=_broker_start)

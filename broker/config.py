@@ -28,6 +28,7 @@ Example ``tandem.toml``::
     designated_primary = false  # two-node group: this node may go on alone
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
+    failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ class NodeConfig:
     #: seconds an ack (a settlement) may wait to ride in its partition's next log entry, in a
     #: group (docs/replication.md, "settlements ride in the next entry"); 0: an entry at once
     ack_linger: float = 0.01
+    #: failback: a partition's preferred node (placement's first), back, caught up and
+    #: answering for this many seconds, is handed the partition again (0: never;
+    #: docs/replication.md, "failback")
+    failback_after: float = 5.0
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -128,6 +133,8 @@ class NodeConfig:
             raise ConfigError("log_segment_size: must be 1 MiB .. 4 GiB")
         if not 0 <= self.ack_linger <= 60:
             raise ConfigError("ack_linger: must be 0 .. 60 seconds")
+        if not 0 <= self.failback_after <= 24 * 3600:
+            raise ConfigError("failback_after: must be 0 (never) .. 86400 seconds")
         if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:

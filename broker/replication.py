@@ -52,11 +52,13 @@ from ha.messages import (
     EntriesDiscarded,
     Entry,
     Envelope,
+    HandingOver,
     InstallSnapshot,
     Message,
     Ready,
     RequestVote,
     RoleChanged,
+    TimeoutNow,
     VoteReply,
 )
 from ha.partition import PartitionChanged, PartitionLifecycle
@@ -158,6 +160,8 @@ def encode_message(m: Message) -> list[Any]:
         return [0, m.term, m.candidate, m.last_index, m.last_term, m.priority]
     if isinstance(m, VoteReply):
         return [1, m.term, m.voter, m.granted]
+    if isinstance(m, TimeoutNow):
+        return [5, m.term, m.leader, m.rank]
     return [4, m.term, m.leader, m.index, m.last_term, m.last_origin, m.data]
 
 
@@ -173,6 +177,8 @@ def decode_message(a: list[Any]) -> Message:
         return VoteReply(a[1], a[2], a[3])
     if kind == 4:
         return InstallSnapshot(a[1], a[2], a[3], a[4], a[5], a[6])
+    if kind == 5:
+        return TimeoutNow(a[1], a[2], a[3])
     raise ValueError(f"unknown replication message kind {kind!r}")
 
 
@@ -425,7 +431,8 @@ class Replication:
         return ReplicaConfig(node=self.me, voters=voters, learners=nodes.learners,
                              priorities={self.me: self.priority}, election_timeout=cfg.non_response_timeout,
                              heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
-                             designated_primary=dp, preferred=nodes.nodes[0], max_append=256,
+                             designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
+                             max_append=256,
                              max_append_bytes=MAX_APPEND_BYTES)
 
     def _open(self, key: Key, nodes: NodeList) -> None:
@@ -857,9 +864,16 @@ class Replication:
 
     # -- roles -------------------------------------------------------------------------------------
 
-    def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded) -> None:
+    def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver) -> None:
         """Log it, record it, act on a role change."""
         now = self.node.clock.time()
+        if isinstance(ev, HandingOver):
+            log.warning("partition %s on %s: failback: handing it to %s, its placement's choice, back and "
+                        "caught up (term %d; writes wait until it has taken over)", plog.name, self.me, ev.to,
+                        ev.term)
+            self.events.append(HaEvent(now, "failback", plog.name, f"{self.me}: handing over to {ev.to} "
+                                                                   f"in term {ev.term}"))
+            return
         if isinstance(ev, RoleChanged):
             level = logging.WARNING if ev.old == "active" or ev.new == "active" else logging.DEBUG
             log.log(level, "partition %s on %s: %s -> %s in term %d (%s)", plog.name, self.me, ev.old, ev.new,

@@ -83,7 +83,17 @@ class InstallSnapshot:
     data: Any = None
 
 
-Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot
+@dataclass(frozen=True, slots=True)
+class TimeoutNow:
+    """From the active to the partition's preferred node, caught up: stand now (Raft's
+    leadership transfer, used for failback).  The active takes no writes meanwhile."""
+
+    term: int
+    leader: str
+    rank: int  # the active's (ReplicaConfig.rank): the node stands only if its own is higher
+
+
+Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot | TimeoutNow
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +138,18 @@ class EntriesDiscarded:
     payloads: tuple[bytes | None, ...] = ()  # the discarded entries' data (the driver counts messages)
 
 
-Event = RoleChanged | EntriesDiscarded
+@dataclass(frozen=True, slots=True)
+class HandingOver:
+    """Failback: the active asked ``to`` (the placement's choice, back and caught up) to
+    take the partition over, and takes no writes until it has or ``ReplicaConfig.election_timeout``
+    has passed."""
+
+    node: str
+    term: int
+    to: str
+
+
+Event = RoleChanged | EntriesDiscarded | HandingOver
 
 
 @dataclass(slots=True)

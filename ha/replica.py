@@ -35,12 +35,14 @@ from ha.messages import (
     EntriesDiscarded,
     Entry,
     Envelope,
+    HandingOver,
     HardState,
     InstallSnapshot,
     Message,
     Ready,
     RequestVote,
     RoleChanged,
+    TimeoutNow,
     VoteReply,
 )
 from ha.errors import IllegalTransition
@@ -84,6 +86,10 @@ class ReplicaConfig:
     #: the placement's first node: among voters of equal priority it is preferred, so
     #: that actives spread over the group as placement intends
     preferred: str | None = None
+    #: failback: the active hands the partition to ``preferred`` once that node has answered
+    #: without a gap for this long and has every entry (0: never).  Only to a node elections
+    #: would prefer anyway (rank at least the active's), never under a weak override.
+    failback_after: float = 0.0
 
     def __post_init__(self) -> None:
         if self.node not in self.voters and self.node not in self.learners:
@@ -96,6 +102,8 @@ class ReplicaConfig:
             raise ValueError("designated_primary must be one of the voters")
         if any(not 0 <= p <= 3 for p in self.priorities.values()):
             raise ValueError("priorities are 0..3")
+        if self.failback_after < 0:
+            raise ValueError("failback_after >= 0")
         if self.max_append < 1 or not 0 < self.heartbeat_interval < self.election_timeout:
             raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
 
@@ -149,6 +157,11 @@ class Replica:
         self._match: dict[str, int] = {}
         self._heard: dict[str, float] = {}  # replies in this term (a grace period at election)
         self._acked: dict[str, float] = {}  # last successful append reply in this term
+        self._live_since: dict[str, float] = {}  # answering without a gap since (failback)
+        self._handing_to: str | None = None  # failback under way: no writes until _handing_until
+        self._handing_until = 0.0
+        self._handing_sent = False
+        self._handed: dict[str, float] = {}  # when the active last asked a node to take over
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
@@ -284,12 +297,17 @@ class Replica:
 
     def _observe_term(self, term: int, leader: str | None = None) -> None:
         if term > self.term:
+            handing = self.role is Role.LEADER and self._handing_to is not None
             self.term = term
             self.voted_for = None
             self._hard_state_changed()
             if self.role is not Role.FOLLOWER or leader is None:
                 self._become("higher_term", f"saw term {term}")
             self.leader = leader
+            if handing:
+                # Its election timer ran out long ago: it would stand at once against the node
+                # it handed over to (seen first in a reply of that node's, before its vote request).
+                self._election_at = self._now + self._timeout()
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -301,13 +319,19 @@ class Replica:
                 for p in self._peers():
                     self._send_append(p)
             self._check_quorum(now)
+            if self.role is Role.LEADER:
+                if self._handing_to is not None and now >= self._handing_until:
+                    self._handing_to = None  # it did not take over: carry on taking writes
+                elif self._handing_to is None and self.cfg.failback_after:
+                    self._maybe_hand_back(now)
         elif self.role is not Role.LEARNER and now >= self._election_at:
             self._campaign()
         return self._take_ready()
 
     def propose(self, data: Any) -> tuple[Ready, Entry | None]:
-        """Append a client write (on the active only); the entry, or None if not active."""
-        if self.role is not Role.LEADER:
+        """Append a client write (on the active only); the entry, or None if not active
+        (or handing the partition over: the client tries again, and finds the new active)."""
+        if self.role is not Role.LEADER or self._handing_to is not None:
             return self._take_ready(), None
         entry = self._new_entry(data)
         self.log.append(entry)
@@ -358,11 +382,13 @@ class Replica:
             self._on_append_reply(msg)
         elif isinstance(msg, InstallSnapshot):
             self._on_snapshot(msg)
+        elif isinstance(msg, TimeoutNow):
+            self._on_timeout_now(msg)
         return self._take_ready()
 
     # -- elections ------------------------------------------------------------------------------
 
-    def _campaign(self) -> None:
+    def _campaign(self, reason: str = "no word from an active") -> None:
         first_bid = self.role is not Role.CANDIDATE
         if self.role is Role.CANDIDATE:
             # Our last bid failed: stop pressing our priority for a while (see _on_vote).
@@ -370,7 +396,7 @@ class Replica:
         self._election_at = self._now + self._timeout()
         if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters or self.recovering:
             return
-        self._become("election_timeout", "no word from an active")
+        self._become("election_timeout", reason)
         if first_bid:
             # If the first bid fails (two candidates split the votes), bid again sooner than
             # a full timeout: the others know the active is gone by now.  Random, so two
@@ -435,6 +461,47 @@ class Replica:
         if len(self._votes) >= self.cfg.quorum():
             self._win()
 
+    # -- failback --------------------------------------------------------------------------------
+
+    def _maybe_hand_back(self, now: float) -> None:
+        """On the active: hand the partition to the placement's choice once it is back, has
+        answered without a gap for ``failback_after``: stop taking writes, bring it up to the
+        last entry, then tell it to stand (Raft's leadership transfer).  Once each time it
+        comes back.  The node takes over only if elections
+        prefer it anyway (a higher rank than this one's, which the message carries: an
+        active knows only its own priority); if it declines, writes resume after an
+        election timeout."""
+        to = self.cfg.preferred
+        if to is None or to == self.id or to not in self.cfg.voters or self._weak_active():
+            return
+        since = self._live_since.get(to)
+        if (since is None or now - since < self.cfg.failback_after
+                or self._handed.get(to, -1e18) >= since  # once each time it comes back: it may decline
+                or now - self._acked.get(to, -1e18) > 2 * self.cfg.heartbeat_interval
+                or self._match.get(to, 0) < self.last_index - self.cfg.max_append):
+            return
+        # No writes from here; the node is sent what it lacks, then told to stand.
+        self._handing_to = to
+        self._handing_until = now + self.cfg.election_timeout
+        self._handing_sent = False
+        self._handed[to] = now
+        self._ready.events.append(HandingOver(self.id, self.term, to))
+        self._hand_over_if_caught_up()
+
+    def _hand_over_if_caught_up(self) -> None:
+        to = self._handing_to
+        if to is not None and not self._handing_sent and self._match.get(to, 0) == self.last_index:
+            self._handing_sent = True
+            self._send(to, TimeoutNow(self.term, self.id, self.cfg.rank(self.id)))
+
+    def _on_timeout_now(self, m: TimeoutNow) -> None:
+        """The active hands this node the partition: stand at once (the vote rules still
+        decide; the active takes no writes meanwhile, so this log is as recent as its)."""
+        if (m.term != self.term or m.leader != self.leader or self.role is not Role.FOLLOWER
+                or self.cfg.priority(self.id) == 0 or self.recovering or self.cfg.rank(self.id) <= m.rank):
+            return  # (the active takes writes again after an election timeout)
+        self._campaign(f"{m.leader} handed over (failback)")
+
     def _win(self) -> None:
         self._become("won", f"{len(self._votes)} vote(s) in term {self.term}")
         self.leader = self.id
@@ -442,6 +509,8 @@ class Replica:
         self._match = {p: 0 for p in self._peers()}
         self._heard = {p: self._now for p in self._peers()}
         self._acked = {}
+        self._live_since = {}
+        self._handing_to = None
         self._snapshot_sent = {}
         noop = self._new_entry(None)
         self.log.append(noop)
@@ -625,11 +694,15 @@ class Replica:
             return
         self._heard[m.replica] = self._now
         if m.success:
+            if self._now - self._acked.get(m.replica, -1e18) > self.cfg.election_timeout:
+                self._live_since[m.replica] = self._now  # back (or new): failback counts from here
             self._acked[m.replica] = self._now
             if m.match_index > self._match.get(m.replica, 0):
                 self._match[m.replica] = m.match_index
             self._next[m.replica] = max(self._next.get(m.replica, 1), m.match_index + 1)
             self._advance_commit()
+            if m.replica == self._handing_to:
+                self._hand_over_if_caught_up()
             if self._next[m.replica] <= self.last_index:
                 self._send_append(m.replica)
         else:

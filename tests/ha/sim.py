@@ -41,7 +41,7 @@ class Cluster:
     def __init__(self, seed: int, voters: tuple[str, ...], *, learners: tuple[str, ...] = (),
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
                  quorum_override: int | None = None, designated_primary: str | None = None,
-                 compaction: float = 0.0, preferred: str | None = None) -> None:
+                 compaction: float = 0.0, preferred: str | None = None, failback_after: float = 0.0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -52,6 +52,7 @@ class Cluster:
         self.snapshots = 0
         self.quorum_override, self.designated_primary = quorum_override, designated_primary
         self.preferred = preferred  # the placement's first node (ReplicaConfig.preferred)
+        self.failback_after = failback_after
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
         self.net: list[tuple[float, int, Envelope]] = []
@@ -72,7 +73,7 @@ class Cluster:
         return ReplicaConfig(node=n, voters=self.voters, learners=self.learners, priorities=self.priorities,
                              election_timeout=1.0, heartbeat_interval=0.2, max_append=8,
                              quorum_override=self.quorum_override, designated_primary=self.designated_primary,
-                             preferred=self.preferred)
+                             preferred=self.preferred, failback_after=self.failback_after)
 
     def start(self, n: str) -> None:
         st = self.stable[n]

@@ -24,7 +24,8 @@ def run_random_schedule(seed: int, steps: int = 1000) -> Cluster:
     priorities = {n: rng.choice([0, 1, 1, 2, 3]) for n in voters}
     c = Cluster(seed, voters, learners=learners, priorities=priorities, loss=rng.choice([0.0, 0.05, 0.2]),
                 max_delay=rng.choice([0.01, 0.05, 0.3]), compaction=rng.choice([0.0, 0.01, 0.1]),
-                preferred=rng.choice(voters) if rng.random() < 0.5 else None)
+                preferred=rng.choice(voters) if rng.random() < 0.5 else None,
+                failback_after=rng.choice([0.0, 0.5, 2.0]))
     names = list(voters + learners)
     for _ in range(steps):
         roll = rng.random()
@@ -123,6 +124,66 @@ def test_a_new_partitions_preferred_node_wins_its_first_election_even_when_it_le
         c.start(preferred)
         first = _elect(c)
         assert first == preferred, f"seed {seed}: {first} became the first active, not {preferred} ({late:.2f} s late)"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_failback_the_preferred_node_takes_its_partition_back_and_nothing_confirmed_is_lost(seed: int) -> None:
+    """The placed active dies, another takes over and confirms writes; back and caught up,
+    the placed one is handed the partition within ``failback_after`` and a little, and
+    every confirmed entry is in its log (the simulation checks that at every step)."""
+    c = Cluster(seed, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=2.0)
+    assert _elect(c) == "a", f"seed {seed}"
+    c.crash("a")
+    for _ in range(300):  # writes all along: through the failover, the return and the hand-over
+        c.write()
+        c.step()
+    other = c.leader()
+    assert other in ("b", "c"), f"seed {seed}: {other}"
+    c.start("a")
+    before = len(c.confirmed)
+    for _ in range(600):  # 6 s: it must answer for 2 s, then the hand-over
+        c.write()
+        c.step()
+        if c.leader() == "a":
+            break
+    assert c.leader() == "a", f"seed {seed}: {other} kept the partition"
+    for _ in range(100):
+        c.write()
+        c.step()
+    assert len(c.confirmed) > before, f"seed {seed}: no writes confirmed after the hand-over"
+    assert c.discarded == 0, f"seed {seed}: the hand-over discarded entries (HA-1014)"
+
+
+def test_failback_is_declined_by_a_node_elections_would_not_prefer_and_asked_once() -> None:
+    """A preferred node of priority 0 never becomes active; the active asks it once per
+    return, and writes go on after the one pause."""
+    for seed in range(20):
+        c = Cluster(seed, ("a", "b", "c"), priorities={"a": 0}, loss=0.0, preferred="a", failback_after=0.5)
+        leader = _elect(c)
+        assert leader in ("b", "c"), f"seed {seed}"
+        for _ in range(500):  # 5 s: "a" answers for 0.5 s, is asked, declines; writes wait 1 s
+            c.write()
+            c.step()
+        assert "a" not in c.leaders.values(), f"seed {seed}"
+        r = c.nodes[leader]
+        assert r is not None and r.role is Role.LEADER and r._handed.keys() == {"a"}, f"seed {seed}"
+        assert r._handing_to is None, f"seed {seed}: still holding writes"
+        done = len(c.confirmed)
+        for _ in range(300):  # and it is not asked again while it stays
+            c.write()
+            c.step()
+        assert len(c.confirmed) >= done + 250, f"seed {seed}: writes paused again"
+
+
+def test_no_failback_when_it_is_off() -> None:
+    c = Cluster(3, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.0)
+    assert _elect(c) == "a"
+    c.crash("a")
+    _elect_other = _elect(c)
+    c.start("a")
+    for _ in range(1000):
+        c.step()
+    assert c.leader() == _elect_other
 
 
 def _elect(c: Cluster, seconds: float = 10.0) -> str | None:

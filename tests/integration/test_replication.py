@@ -660,3 +660,72 @@ async def test_while_an_entry_is_in_flight_what_follows_waits_for_its_commit_and
             assert await commit() - before == 2
         consumed = await drain(cl.url, "inflight")
         assert sorted(body for body, _id in consumed) == sorted(b"m%d" % i for i in range(n))
+
+
+async def test_failback_the_placed_active_takes_its_partition_back_and_no_message_is_lost(tmp_path: Path) -> None:
+    """kill -9 of the active of partition 0 while producers send, then a restart: back,
+    caught up and answering for ``--failback-after``, it is handed its partition again
+    (a `failback` HA event on the node that had it), and every confirmed message is
+    consumed exactly once."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--failback-after", "1"])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("orders", partitions=3)
+        placed = await actives(cl, "orders", 3)
+        victim = placed[0]
+        survivor = next(n for n in cl.nodes if n != victim)
+        bodies: list[bytes] = []
+        confirmed: list[bytes] = []
+        failed: list[bytes] = []
+        stop = asyncio.Event()
+
+        async def send_until_stopped() -> None:
+            async with await client.connect(cl.url_of(survivor)) as conn:
+                p = conn.producer("orders")
+
+                async def one(b: bytes) -> None:
+                    try:
+                        await p.send(b, key=b.decode())
+                        confirmed.append(b)
+                    except TandemError:
+                        failed.append(b)
+
+                while not stop.is_set():
+                    batch = [f"order-{len(bodies) + i}".encode() for i in range(20)]
+                    bodies.extend(batch)
+                    await asyncio.gather(*(one(b) for b in batch))
+
+        sending = asyncio.ensure_future(send_until_stopped())
+        await wait_until(lambda: len(confirmed) >= 300, timeout=60, what="300 confirms before the kill")
+        await cl.nodes[victim].kill()
+        moved = await cl.actives("orders")
+
+        async def failed_over() -> bool:
+            nonlocal moved
+            moved = await cl.actives("orders")
+            return moved.get(0) not in (None, victim)
+
+        await wait_until(failed_over, timeout=30, what="partition 0 active on another node")
+        holder = moved[0]
+        await cl.nodes[victim].start()
+
+        async def back() -> bool:
+            return (await cl.actives("orders")).get(0) == victim
+
+        await wait_until(back, timeout=60, what=f"partition 0 handed back to {victim}")
+        mark = len(confirmed)
+        await wait_until(lambda: len(confirmed) >= mark + 300, timeout=60, what="writes after the failback")
+        stop.set()
+        await sending
+        status = await cl.status(holder)
+        assert any("failback" in e and victim in e for e in status.events), status.events
+        consumed = await drain(cl.url_of(survivor), "orders")
+        v = classify(bodies, confirmed, consumed)
+        print(f"kill -9 {victim}, failover to {holder}, failback: {v.as_dict()}")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert not failed, f"{len(failed)} publishes failed (the durable connection retries through both moves)"
+    finally:
+        await cl.stop()

@@ -28,6 +28,8 @@ def test_config_defaults_and_coercion() -> None:
     ({"log_segment_size": 4096}, "log_segment_size: must be 1 MiB .. 4 GiB"),
     ({"ack_linger": -0.5}, "ack_linger: must be 0 .. 60 seconds"),
     ({"ack_linger": "soon"}, "ack_linger: expected float"),
+    ({"failback_after": -1}, "failback_after: must be 0 (never) .. 86400 seconds"),
+    ({"failback_after": "later"}, "failback_after: expected float"),
     ({"max_frame_size": 1024 * 1024, "max_message_size": 1024 * 1024}, "max_frame_size"),
     ({"heartbeat": 0}, "heartbeat"),
 ])
