@@ -1093,7 +1093,7 @@ class Replication:
 
     def _undefer(self, plog: PartLog) -> None:
         """Schedule what ``plog`` holds back for its entry in flight, once it need wait no more."""
-        if plog in self._deferred and not waits_for_commit(plog):
+        if plog in self._deferred and not waits_for_commit(plog) and not plog.replica.handing_over:
             self._deferred.discard(plog)
             if not self._stage_scheduled:
                 asyncio.get_running_loop().call_soon(self._flush_staged)
@@ -1106,7 +1106,9 @@ class Replication:
         for plog in plogs:
             if not plog.staged_cbs:
                 continue
-            if not force and waits_for_commit(plog):
+            if plog.replica.handing_over or (not force and waits_for_commit(plog)):
+                # (handing over, failback: they go once it gives up, or fail with the step-down
+                # that unloads the partition, never while it goes on serving: found in review)
                 self._deferred.add(plog)
                 continue
             self._deferred.discard(plog)

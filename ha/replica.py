@@ -48,6 +48,9 @@ from ha.messages import (
 from ha.errors import IllegalTransition
 
 
+FAILBACK_MEMORY = 600.0  # seconds a hand-over to a node counts toward its next wait (_maybe_hand_back)
+
+
 class Role(Enum):
     __hash__ = object.__hash__  # members are singletons: identity, in C (Enum's own hashes the name in Python, per lookup)
     FOLLOWER = "follower"  # a sync replica
@@ -162,6 +165,7 @@ class Replica:
         self._handing_until = 0.0
         self._handing_sent = False
         self._handed: dict[str, float] = {}  # when the active last asked a node to take over
+        self._handovers: dict[str, list[float]] = {}  # when it did, within FAILBACK_MEMORY
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
@@ -172,15 +176,25 @@ class Replica:
         if config.preferred is not None and config.preferred != self.id:
             # the first election of a new partition: let the placement's choice stand first
             self._election_at += config.election_timeout / 2
-        elif config.preferred == self.id and term == 0 and not self.log and self.snap_index == 0 and not recovering:
+        elif (config.preferred == self.id and term == 0 and not self.log and self.snap_index == 0 and not recovering
+              and config.quorum() > 1):
             # A partition that never had an active (a new queue's): there is none to wait
             # for, so the placement's choice stands within a heartbeat or two.  Its head
             # start over the others (1.5-2 timeouts) then outlasts the time the members take
             # to learn of the queue (up to a heartbeat each); with the head start alone it
             # did not, and a new queue's actives came out unevenly spread (docs/replication.md).
+            # Not where one vote elects (an override, a designated primary): a node that lost
+            # its store, or was down when the queue was made, looks new too, and must first
+            # hear of the active it does not know (found in review).
             self._election_at = now + config.heartbeat_interval * (1.0 + self.rng.random())
         self._heartbeat_at = now
         self._ready = Ready()
+
+    @property
+    def handing_over(self) -> bool:
+        """Failback under way: this active takes no writes until it has handed over or given
+        up (the driver keeps what clients send meanwhile, rather than fail it)."""
+        return self.role is Role.LEADER and self._handing_to is not None
 
     @property
     def wake_at(self) -> float:
@@ -297,7 +311,8 @@ class Replica:
 
     def _observe_term(self, term: int, leader: str | None = None) -> None:
         if term > self.term:
-            handing = self.role is Role.LEADER and self._handing_to is not None
+            handing = self.role is Role.LEADER and (self._handing_to is not None or any(
+                self._now - t < 3 * self.cfg.election_timeout for t in self._handed.values()))
             self.term = term
             self.voted_for = None
             self._hard_state_changed()
@@ -472,19 +487,26 @@ class Replica:
         active knows only its own priority); if it declines, writes resume after an
         election timeout."""
         to = self.cfg.preferred
-        if to is None or to == self.id or to not in self.cfg.voters or self._weak_active():
-            return
+        if (to is None or to == self.id or to not in self.cfg.voters or self._weak_active()
+                or self.cfg.quorum_override is not None or self.cfg.designated_primary is not None):
+            return  # (an operator's override or primary decides who may go on: not moved under it)
         since = self._live_since.get(to)
-        if (since is None or now - since < self.cfg.failback_after
+        # A node that keeps leaving waits twice as long each time it was handed over in the
+        # last ten minutes (at most 64 times): a flaky node does not drag the partition along.
+        recent = [t for t in self._handovers.get(to, ()) if now - t < FAILBACK_MEMORY]
+        self._handovers[to] = recent
+        wait = self.cfg.failback_after * 2 ** min(6, len(recent))
+        if (since is None or now - since < wait
                 or self._handed.get(to, -1e18) >= since  # once each time it comes back: it may decline
                 or now - self._acked.get(to, -1e18) > 2 * self.cfg.heartbeat_interval
                 or self._match.get(to, 0) < self.last_index - self.cfg.max_append):
             return
         # No writes from here; the node is sent what it lacks, then told to stand.
         self._handing_to = to
-        self._handing_until = now + self.cfg.election_timeout
+        self._handing_until = now + self.cfg.election_timeout  # to catch up, then again to take over
         self._handing_sent = False
         self._handed[to] = now
+        self._handovers[to].append(now)
         self._ready.events.append(HandingOver(self.id, self.term, to))
         self._hand_over_if_caught_up()
 
@@ -492,6 +514,7 @@ class Replica:
         to = self._handing_to
         if to is not None and not self._handing_sent and self._match.get(to, 0) == self.last_index:
             self._handing_sent = True
+            self._handing_until = self._now + self.cfg.election_timeout
             self._send(to, TimeoutNow(self.term, self.id, self.cfg.rank(self.id)))
 
     def _on_timeout_now(self, m: TimeoutNow) -> None:

@@ -175,6 +175,62 @@ def test_failback_is_declined_by_a_node_elections_would_not_prefer_and_asked_onc
         assert len(c.confirmed) >= done + 250, f"seed {seed}: writes paused again"
 
 
+def _back_after(c: Cluster, node: str, limit: float = 60.0) -> float:
+    """Seconds from now until ``node`` is the active again (writes all along)."""
+    t0 = c.now
+    while c.now - t0 < limit:
+        c.write()
+        c.step()
+        if c.leader() == node:
+            return c.now - t0
+    raise AssertionError(f"seed {c.seed}: {node} not handed back within {limit} s")
+
+
+def test_failback_to_a_node_that_keeps_leaving_waits_twice_as_long_each_time() -> None:
+    """A flaky preferred node does not drag its partition along: each hand-over to it in the
+    last ten minutes doubles the time it must answer before the next.  (The active that hands
+    over keeps that count: here "c" never stands, so "b" takes over each time.)"""
+    for seed in range(10):
+        c = Cluster(seed, ("a", "b", "c"), priorities={"c": 0}, loss=0.0, preferred="a", failback_after=1.0)
+        assert _elect(c) == "a"
+        waits = []
+        for _ in range(3):
+            c.crash("a")
+            assert _elect(c) == "b", f"seed {seed}"
+            c.start("a")
+            waits.append(_back_after(c, "a"))
+        assert 1.0 <= waits[0] < 2.0 and 2.0 <= waits[1] < 3.5 and 4.0 <= waits[2] < 6.0, f"seed {seed}: {waits}"
+
+
+def test_no_failback_under_an_override_or_a_designated_primary() -> None:
+    c = Cluster(5, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.5, quorum_override=2)
+    assert _elect(c) == "a"
+    c.crash("a")
+    other = _elect(c)
+    c.start("a")
+    for _ in range(500):
+        c.step()
+    assert c.leader() == other
+    c = Cluster(6, ("a", "b"), loss=0.0, preferred="a", failback_after=0.5, designated_primary="b")
+    assert _elect(c) == "a"
+    c.crash("a")
+    assert _elect(c) == "b"
+    c.start("a")
+    for _ in range(500):
+        c.step()
+    assert c.leader() == "b"
+
+
+def test_a_new_partition_stands_fast_only_where_one_vote_cannot_elect() -> None:
+    """Where one vote elects (an override of 1), a node that looks new may have lost its
+    store: it waits a full timeout, to hear of an active first."""
+    for override, fast in ((None, True), (2, True), (1, False)):
+        cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), preferred="a", quorum_override=override,
+                            election_timeout=1.0, heartbeat_interval=0.2)
+        r = Replica(cfg, rng=random.Random(1), now=0.0)
+        assert (r.wake_at < 0.5) is fast, (override, r.wake_at)
+
+
 def test_no_failback_when_it_is_off() -> None:
     c = Cluster(3, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.0)
     assert _elect(c) == "a"
