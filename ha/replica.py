@@ -164,6 +164,7 @@ class Replica:
         self._handing_to: str | None = None  # failback under way: no writes until _handing_until
         self._handing_until = 0.0
         self._handing_sent = False
+        self._timeout_now_at = -1e18  # when it last told a node to stand (_observe_term)
         self._handed: dict[str, float] = {}  # when the active last asked a node to take over
         self._handovers: dict[str, list[float]] = {}  # when it did, within FAILBACK_MEMORY
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
@@ -311,8 +312,7 @@ class Replica:
 
     def _observe_term(self, term: int, leader: str | None = None) -> None:
         if term > self.term:
-            handing = self.role is Role.LEADER and (self._handing_to is not None or any(
-                self._now - t < 3 * self.cfg.election_timeout for t in self._handed.values()))
+            handing = self.role is Role.LEADER and self._now - self._timeout_now_at < 2 * self.cfg.election_timeout
             self.term = term
             self.voted_for = None
             self._hard_state_changed()
@@ -320,8 +320,10 @@ class Replica:
                 self._become("higher_term", f"saw term {term}")
             self.leader = leader
             if handing:
-                # Its election timer ran out long ago: it would stand at once against the node
-                # it handed over to (seen first in a reply of that node's, before its vote request).
+                # It told a node to stand: its own election timer ran out long ago, and it would
+                # stand at once against that node (seen first in a reply of that node's, before
+                # its vote request).  Only then: elsewhere a deposed active standing at once is
+                # how a failover is quick (_on_vote).
                 self._election_at = self._now + self._timeout()
 
     # -- inputs -----------------------------------------------------------------------------
@@ -491,12 +493,14 @@ class Replica:
                 or self.cfg.quorum_override is not None or self.cfg.designated_primary is not None):
             return  # (an operator's override or primary decides who may go on: not moved under it)
         since = self._live_since.get(to)
+        if since is None or now - since < self.cfg.failback_after:
+            return
         # A node that keeps leaving waits twice as long each time it was handed over in the
         # last ten minutes (at most 64 times): a flaky node does not drag the partition along.
         recent = [t for t in self._handovers.get(to, ()) if now - t < FAILBACK_MEMORY]
         self._handovers[to] = recent
         wait = self.cfg.failback_after * 2 ** min(6, len(recent))
-        if (since is None or now - since < wait
+        if (now - since < wait
                 or self._handed.get(to, -1e18) >= since  # once each time it comes back: it may decline
                 or now - self._acked.get(to, -1e18) > 2 * self.cfg.heartbeat_interval
                 or self._match.get(to, 0) < self.last_index - self.cfg.max_append):
@@ -514,6 +518,7 @@ class Replica:
         to = self._handing_to
         if to is not None and not self._handing_sent and self._match.get(to, 0) == self.last_index:
             self._handing_sent = True
+            self._timeout_now_at = self._now
             self._handing_until = self._now + self.cfg.election_timeout
             self._send(to, TimeoutNow(self.term, self.id, self.cfg.rank(self.id)))
 
