@@ -202,23 +202,25 @@ def test_failback_to_a_node_that_keeps_leaving_waits_twice_as_long_each_time() -
         assert 1.0 <= waits[0] < 2.0 and 2.0 <= waits[1] < 3.5 and 4.0 <= waits[2] < 6.0, f"seed {seed}: {waits}"
 
 
+def _away_and_back(c: Cluster, node: str, seconds: float) -> str | None:
+    """Crash ``node``, elect another, bring ``node`` back and let ``seconds`` pass; the
+    active that took over."""
+    c.crash(node)
+    other = _elect(c)
+    c.start(node)
+    for _ in range(int(seconds / 0.01)):
+        c.step()
+    return other
+
+
 def test_no_failback_under_an_override_or_a_designated_primary() -> None:
     c = Cluster(5, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.5, quorum_override=2)
     assert _elect(c) == "a"
-    c.crash("a")
-    other = _elect(c)
-    c.start("a")
-    for _ in range(500):
-        c.step()
-    assert c.leader() == other
+    other = _away_and_back(c, "a", 5.0)
+    assert other is not None and c.leader() == other
     c = Cluster(6, ("a", "b"), loss=0.0, preferred="a", failback_after=0.5, designated_primary="b")
     assert _elect(c) == "a"
-    c.crash("a")
-    assert _elect(c) == "b"
-    c.start("a")
-    for _ in range(500):
-        c.step()
-    assert c.leader() == "b"
+    assert _away_and_back(c, "a", 5.0) == "b" and c.leader() == "b"
 
 
 def test_a_new_partition_stands_fast_only_where_one_vote_cannot_elect() -> None:
@@ -234,12 +236,8 @@ def test_a_new_partition_stands_fast_only_where_one_vote_cannot_elect() -> None:
 def test_no_failback_when_it_is_off() -> None:
     c = Cluster(3, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.0)
     assert _elect(c) == "a"
-    c.crash("a")
-    _elect_other = _elect(c)
-    c.start("a")
-    for _ in range(1000):
-        c.step()
-    assert c.leader() == _elect_other
+    other = _away_and_back(c, "a", 10.0)
+    assert other is not None and c.leader() == other
 
 
 def _elect(c: Cluster, seconds: float = 10.0) -> str | None:
