@@ -869,8 +869,8 @@ class Replication:
         now = self.node.clock.time()
         if isinstance(ev, HandingOver):
             log.warning("partition %s on %s: failback: handing it to %s, its placement's choice, back and "
-                        "caught up (term %d; writes wait until it has taken over)", plog.name, self.me, ev.to,
-                        ev.term)
+                        "answering (term %d; writes wait until it has taken over, or given up after an "
+                        "election timeout)", plog.name, self.me, ev.to, ev.term)
             self.events.append(HaEvent(now, "failback", plog.name, f"{self.me}: handing over to {ev.to} "
                                                                    f"in term {ev.term}"))
             return

@@ -90,8 +90,7 @@ class ReplicaConfig:
     #: that actives spread over the group as placement intends
     preferred: str | None = None
     #: failback: the active hands the partition to ``preferred`` once that node has answered
-    #: without a gap for this long and has every entry (0: never).  Only to a node elections
-    #: would prefer anyway (rank at least the active's), never under a weak override.
+    #: without a gap for this long (0: never); see ``_maybe_hand_back``
     failback_after: float = 0.0
 
     def __post_init__(self) -> None:
@@ -481,13 +480,13 @@ class Replica:
     # -- failback --------------------------------------------------------------------------------
 
     def _maybe_hand_back(self, now: float) -> None:
-        """On the active: hand the partition to the placement's choice once it is back, has
-        answered without a gap for ``failback_after``: stop taking writes, bring it up to the
-        last entry, then tell it to stand (Raft's leadership transfer).  Once each time it
-        comes back.  The node takes over only if elections
-        prefer it anyway (a higher rank than this one's, which the message carries: an
-        active knows only its own priority); if it declines, writes resume after an
-        election timeout."""
+        """On the active: hand the partition to the placement's choice once it is back and
+        has answered without a gap for ``failback_after``: stop taking writes, bring it up to
+        the last entry, then tell it to stand (Raft's leadership transfer).  Once each time it
+        comes back; never under an override, a designated primary or a weak active.  The node
+        takes over only if elections prefer it anyway (a higher rank than this one's, which
+        the message carries: an active knows only its own priority); if it declines, writes
+        resume after an election timeout."""
         to = self.cfg.preferred
         if (to is None or to == self.id or to not in self.cfg.voters or self._weak_active()
                 or self.cfg.quorum_override is not None or self.cfg.designated_primary is not None):
