@@ -65,7 +65,7 @@ def _partitions(args: argparse.Namespace) -> int:
     share evenly.  (With 4 partitions on 3 nodes one node is the active of two, and the
     group's confirm latency follows that node: docs/benchmarks.md, eleventh session.)"""
     if args.partitions is not None:
-        return int(args.partitions)
+        return args.partitions
     if args.spawn:
         return args.nodes if args.nodes > 1 else SINGLE_NODE_PARTITIONS
     from client.url import parse_url
@@ -75,7 +75,6 @@ def _partitions(args: argparse.Namespace) -> int:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
-    args.partitions = _partitions(args)
     if args.size < 8:
         raise InvalidArgumentError("--size must be >= 8 (the message id takes 8 bytes)")
     for name in ("messages", "producers", "consumers", "partitions", "window", "prefetch"):
@@ -92,10 +91,10 @@ def bench(args: argparse.Namespace) -> int:
 
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
+    args.partitions = _partitions(args)
     if args.failover:
         if not args.spawn or args.nodes < 3:
             raise InvalidArgumentError("--failover needs --spawn --nodes 3 (or more)")
-        args.partitions = _partitions(args)
         if args.partitions < 1:
             raise InvalidArgumentError("--partitions must be >= 1")
         return run_async(_failover(args))
