@@ -8,12 +8,21 @@ refuses new ones (accepts and closes at once, like a link that is gone);
 isolates that node from the group.  ``delay`` (seconds, default 0) holds every
 chunk that long before passing it on, in order: a slow link, which makes a
 member lag behind the others without losing it.
+
+``stall_disk(pids, seconds)`` makes the disk of running processes stop for a
+while: the next fsync / fdatasync of each of their threads waits ``seconds``
+before it runs, and what those threads write meanwhile waits behind it, as on a
+virtual disk that stops (this machine's did for up to half a second in the
+twelfth session, docs/replication.md).  It uses strace's syscall fault
+injection: Linux, with strace installed and the right to trace the processes
+(root, or one's own processes where ptrace is allowed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 
 from client.clock import SYSTEM_CLOCK, Clock
 
@@ -128,3 +137,32 @@ class FaultProxy:
             pass  # the far side went away: the link is over
         finally:
             dst.transport.abort()
+
+
+async def stall_disk(pids: list[int], seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    """The next fsync / fdatasync of every thread of ``pids`` waits ``seconds``; returns
+    once the stall is over (the processes are then let go)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        raise RuntimeError("stall_disk needs strace (Debian: apt-get install strace)")
+    delay = f"inject=fsync,fdatasync:delay_enter={int(seconds * 1e6)}:when=1"
+    args = [strace, "-f", "-e", "trace=fsync,fdatasync", "-e", delay, "-o", "/dev/null"]
+    for pid in pids:
+        args += ["-p", str(pid)]
+    proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None  # (asked for above)
+    try:
+        attached = 0
+        async with asyncio.timeout(10):
+            while attached < len(pids):  # "strace: Process N attached ..." for each
+                line = await proc.stderr.readline()
+                if not line:
+                    raise RuntimeError(f"strace could not trace {pids}: exit {await proc.wait()}")
+                attached += b"attached" in line
+        log.warning("disk of pid(s) %s stalls for %.1f s (injected)", pids, seconds)
+        await clock.sleep(seconds)  # the injected stall itself
+    finally:
+        if proc.returncode is None:
+            proc.terminate()  # strace lets the processes go as it exits
+        await proc.wait()
