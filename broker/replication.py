@@ -47,6 +47,7 @@ from client.clock import Cancellable
 from client.errors import NotActiveError, TandemError, UnavailableError
 from client.protocol.frames import PartitionInfo, ReplicaInfo
 from ha.messages import (
+    Alive,
     AppendEntries,
     AppendReply,
     EntriesDiscarded,
@@ -162,6 +163,8 @@ def encode_message(m: Message) -> list[Any]:
         return [1, m.term, m.voter, m.granted]
     if isinstance(m, TimeoutNow):
         return [5, m.term, m.leader, m.rank]
+    if isinstance(m, Alive):
+        return [6, m.term, m.replica]
     return [4, m.term, m.leader, m.index, m.last_term, m.last_origin, m.data]
 
 
@@ -179,6 +182,8 @@ def decode_message(a: list[Any]) -> Message:
         return InstallSnapshot(a[1], a[2], a[3], a[4], a[5], a[6])
     if kind == 5:
         return TimeoutNow(a[1], a[2], a[3])
+    if kind == 6:
+        return Alive(a[1], a[2])
     raise ValueError(f"unknown replication message kind {kind!r}")
 
 
@@ -344,8 +349,10 @@ class PartLog:
     lazy_since: float = 0.0  # when its oldest lazily staged op was staged (while in Replication._lazy)
     held_upto: int = 0  # the applied index they bring the store to
     promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
-    #: messages waiting for log writes to commit: (write seq, envelopes), in order
-    outbox: deque[tuple[int, list[Envelope]]] = field(default_factory=deque)
+    #: messages waiting for log writes to commit: (write seq, envelopes, monotonic time
+    #: queued), in order
+    outbox: deque[tuple[int, list[Envelope], float]] = field(default_factory=deque)
+    alive_at: float = -1e18  # when this replica last sent the active an Alive (_keep_alive)
     write_seq: int = 0
     #: (index, monotonic time) of entries this node appended as the active, oldest first
     #: (replication lag in seconds: how long ago the first entry a replica lacks was written)
@@ -694,10 +701,13 @@ class Replication:
         if ready.messages:
             if wait or plog.outbox:
                 target = plog.write_seq
+                now = self.node.clock.monotonic()
                 if plog.outbox and plog.outbox[-1][0] == target:
                     plog.outbox[-1][1].extend(ready.messages)
                 else:
-                    plog.outbox.append((target, list(ready.messages)))
+                    plog.outbox.append((target, list(ready.messages), now))
+                if not leader:
+                    self._keep_alive(plog, now)
             else:
                 for env in ready.messages:
                     self._send(key, env)
@@ -707,6 +717,22 @@ class Replication:
                     cb(None)
                 except Exception:  # a confirm callback must not stop replication
                     log.exception("partition %s: a commit callback failed", plog.name)
+
+    def _keep_alive(self, plog: PartLog, now: float) -> None:
+        """A replica's replies wait for its log write, and that write can wait for long: behind
+        this node's own fsyncs in the one writer thread, or for a disk that stalls (the
+        twelfth session saw this machine's disk stop for up to half a second).  Once the
+        oldest held reply has waited a keep-alive interval, the active is told that this
+        replica is up, once an interval: else, hearing nothing for ``non_response_timeout``,
+        it steps down, and a disk's hiccup costs the partition an election
+        (docs/replication.md, "a slow disk is not a dead node")."""
+        r = plog.replica
+        every = self.node.config.keepalive_interval
+        if (r.leader is None or r.leader == self.me or now - plog.outbox[0][2] < every
+                or now - plog.alive_at < every):
+            return
+        plog.alive_at = now
+        self._send(plog.key, Envelope(self.me, r.leader, Alive(r.term, self.me)))
 
     def _hold(self, plog: PartLog, ops: list[WriteOp], size: int) -> None:
         """Store writes of committed entries: held back for HOLD_APPLY, or written at once

@@ -93,7 +93,18 @@ class TimeoutNow:
     rank: int  # the active's (ReplicaConfig.rank): the node stands only if its own is higher
 
 
-Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot | TimeoutNow
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """From a replica whose replies to the active wait for its disk: it is up and follows
+    ``term``.  The active counts it as word from the replica when it checks that it still
+    hears from a quorum, never toward a commit (a reply promises what is on disk; this
+    promises nothing)."""
+
+    term: int
+    replica: str
+
+
+Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot | TimeoutNow | Alive
 
 
 @dataclass(frozen=True, slots=True)

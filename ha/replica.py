@@ -12,7 +12,8 @@ Raft's safety rules with Qpid's preferences (DESIGN.md, "Replicated mode"):
 * the active commits an entry of its own term once that many voters (itself
   included) have it; a new active first appends a no-op so earlier terms commit;
 * an active that has not heard from enough voters for ``election_timeout``
-  steps down (a cut-off active stops taking writes);
+  steps down (a cut-off active stops taking writes); a replica's :class:`Alive`
+  counts as word from it (its replies may wait for a slow disk; it is not cut off);
 * a replica that finds entries of a deposed term beyond the active's log
   truncates them and reports ``HA-1014`` with the count.
 
@@ -30,6 +31,7 @@ from enum import Enum
 from typing import Any
 
 from ha.messages import (
+    Alive,
     AppendEntries,
     AppendReply,
     EntriesDiscarded,
@@ -400,6 +402,8 @@ class Replica:
             self._on_snapshot(msg)
         elif isinstance(msg, TimeoutNow):
             self._on_timeout_now(msg)
+        elif isinstance(msg, Alive):
+            self._on_alive(msg)
         return self._take_ready()
 
     # -- elections ------------------------------------------------------------------------------
@@ -735,6 +739,15 @@ class Replica:
         else:
             self._next[m.replica] = max(1, min(self._next.get(m.replica, 1) - 1, m.match_index + 1))
             self._send_append(m.replica)
+
+    def _on_alive(self, m: Alive) -> None:
+        """The replica is up, its replies held back by its disk: word from it for the
+        check of quorum (_check_quorum), nothing more."""
+        if m.term > self.term:
+            self._observe_term(m.term)
+            return
+        if self.role is Role.LEADER and m.term == self.term:
+            self._heard[m.replica] = self._now
 
     def _advance_commit(self) -> None:
         """The active's own write is part of every commit (a confirmed entry is on its disk,

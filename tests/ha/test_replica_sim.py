@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ha.messages import AppendReply, Entry, Envelope, VoteReply
+from ha.messages import Alive, AppendReply, Entry, Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
 from tests.ha.sim import Cluster
 
@@ -473,6 +473,35 @@ def test_a_write_is_confirmed_only_once_the_active_has_it_on_disk_too() -> None:
         ready = r.step(Envelope(v, "a", AppendReply(r.term, v, True, entry.index)))
         assert not ready.committed and r.commit < entry.index  # not on the active's disk yet
     assert [e.data for e in r.persisted(entry).committed] == ["x"]
+
+
+def test_alive_keeps_an_active_whose_replicas_disks_stall_and_never_commits() -> None:
+    """Replicas whose replies wait for a stalled disk send Alive: the active goes on hearing
+    from them (no step-down past the election timeout), but Alive counts toward no commit;
+    one of a later term deposes it."""
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    noop = ready.append[-1]
+    r.persisted(noop)
+    ready, entry = r.propose("x")
+    assert entry is not None
+    r.persisted(entry)
+    t = 5.0
+    for _ in range(30):  # 3 s of Alive and no reply: still the active, nothing committed
+        t += 0.1
+        r.tick(t)
+        for v in "bc":
+            r.step(Envelope(v, "a", Alive(r.term, v)))
+        assert r.role is Role.LEADER and r.commit < noop.index
+    r.tick(t + 1.01)  # and without it, the usual step-down
+    assert r.role is Role.FOLLOWER
+    r2 = Replica(cfg, rng=random.Random(0))
+    r2.tick(5.0)
+    r2.step(Envelope("b", "a", VoteReply(r2.term, "b", True)))
+    r2.step(Envelope("c", "a", Alive(r2.term + 1, "c")))
+    assert r2.role is Role.FOLLOWER and r2.term == 2
 
 
 def test_a_split_vote_is_retried_well_within_an_election_timeout() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ import pytest
 import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
-from broker.faults import FaultProxy
+from broker.faults import FaultProxy, stall_disk
 from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
+from client.mapper import make_mapper
+from client.protocol.frames import StatusOk
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -663,8 +666,10 @@ async def test_while_an_entry_is_in_flight_what_follows_waits_for_its_commit_and
 
 
 async def send_until(url: str, queue: str, stop: asyncio.Event, bodies: list[bytes], confirmed: list[bytes],
-                     failed: list[bytes], window: int = 20) -> None:
-    """Send with confirms, ``window`` in flight, new bodies until ``stop`` is set."""
+                     failed: list[bytes], window: int = 20, *, prefix: str = "order",
+                     keep: Callable[[str], bool] = lambda key: True) -> None:
+    """Send with confirms, ``window`` in flight, new bodies until ``stop`` is set; each body
+    is its own key, ``prefix-N``, those ``keep`` takes (to aim at some partitions only)."""
     async with await client.connect(url) as conn:
         p = conn.producer(queue)
 
@@ -675,8 +680,14 @@ async def send_until(url: str, queue: str, stop: asyncio.Event, bodies: list[byt
             except TandemError:
                 failed.append(b)
 
+        n = 0
         while not stop.is_set():
-            batch = [f"order-{len(bodies) + i}".encode() for i in range(window)]
+            batch: list[bytes] = []
+            while len(batch) < window:
+                key = f"{prefix}-{n}"
+                n += 1
+                if keep(key):
+                    batch.append(key.encode())
             bodies.extend(batch)
             await asyncio.gather(*(one(b) for b in batch))
 
@@ -804,3 +815,48 @@ async def test_a_declined_failback_holds_writes_once_and_fails_none(tmp_path: Pa
         assert v.redelivered == 0, f"acks taken during the hold were lost: {v}"
     finally:
         await cl.stop()
+
+
+async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_path: Path) -> None:
+    """The disks of both replicas of partition 0 stop for four times ``non_response_timeout``
+    while producers send to every partition.  Their writer threads wait for their own
+    partitions' fsyncs, and partition 0's replies to its active wait behind them; but they
+    tell it they are up (Alive): it stays the active, in the same term, and takes writes
+    again once the disks do; every confirmed message is consumed exactly once.  (Before, it
+    stepped down, "heard from 1 of 3 voters", and the partition went through elections.)"""
+    async with running_group(tmp_path) as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("orders", partitions=3)
+        active = (await actives(cl, "orders", 3))[0]
+        replicas = [n for n in cl.nodes if n != active]
+        mapper = make_mapper("consistent_hash", 3, 1024)  # declare_queue's defaults
+
+        def term(st: StatusOk) -> int:
+            return next(p.term for p in st.partitions if p.queue == "orders" and p.partition == 0)
+
+        before = term(await cl.status(active))
+        bodies: list[bytes] = []
+        confirmed: list[bytes] = []
+        failed: list[bytes] = []
+        stop = asyncio.Event()
+        # partition 0 on its own producer, so that it has writes in flight all through the stall
+        sending = [asyncio.ensure_future(send_until(cl.url_of(active), "orders", stop, bodies, confirmed, failed,
+                                                    prefix=prefix, keep=keep))
+                   for prefix, keep in (("zero", lambda k: mapper.partition(k) == 0),
+                                        ("rest", lambda k: mapper.partition(k) != 0))]
+        await wait_until(lambda: len(confirmed) >= 300, timeout=60, what="300 confirms before the stall")
+        procs = [cl.nodes[n].proc for n in replicas]
+        await stall_disk([p.pid for p in procs if p is not None], 4 * 0.5)  # FAST: non_response_timeout 0.5 s
+        mark = len(confirmed)
+        await wait_until(lambda: len(confirmed) >= mark + 300, timeout=60, what="writes after the stall")
+        stop.set()
+        await asyncio.gather(*sending)
+        st = await cl.status(active)
+        assert (await cl.actives("orders")).get(0) == active
+        assert term(st) == before, st.events
+        assert not any("heard from" in e for e in st.events), st.events
+        consumed = await drain(cl.url_of(active), "orders")
+        v = classify(bodies, confirmed, consumed)
+        print(f"disks of {replicas} stalled 2 s: {v.as_dict()}, {len(failed)} failed")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert not failed, f"{len(failed)} publishes failed"
