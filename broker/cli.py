@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Coroutine
@@ -374,6 +375,9 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
+    if args.scenario == "slow-disk" and not args.url and shutil.which("strace") is None:
+        raise InvalidArgumentError("slow-disk stalls the nodes' fsyncs with strace, which is not installed "
+                                   "(Debian: apt-get install strace)")
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,

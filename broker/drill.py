@@ -24,6 +24,11 @@ Scenarios (the *target* is the node active for the most partitions):
 * ``restart-all``: ``kill -9`` every node, start them all again.
 * ``rolling-restart``: stop (SIGTERM) and start each node in turn, waiting after
   each until every partition has an active and every replica has caught up.
+* ``slow-disk``: the disks of every node but the target stop for 2 x
+  ``non_response_timeout`` + 1 s (strace delays the next fsync of each of their
+  threads, :func:`broker.faults.stall_disk`): the replicas of the target's
+  partitions are up but cannot write.  No partition may change its active (a
+  slow disk is not a dead node); confirms wait for the stall.
 
 Against a group that is already running (``--url``), the drill cannot reach the
 nodes' processes itself: the operator gives the fault and its healing as shell
@@ -51,13 +56,15 @@ import shlex
 
 from broker.checker import classify
 from broker.cluster import LocalCluster, actives_of
+from broker.faults import stall_disk
 from client.clock import SYSTEM_CLOCK, Clock
 from client.durable import ConnectionEvent, DurableConnection
 from client.errors import ConfirmedMessagesLost, StaleDeliveryError, TandemError, UnavailableError
 
 log = logging.getLogger("tandem.drill")
 
-SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart")
+SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart",
+             "slow-disk")
 QUEUE = "drill"
 
 
@@ -376,6 +383,9 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
         cl.cut_node(target)
         await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
         cl.heal_node(target)
+    elif s == "slow-disk":
+        procs = [p.proc for name, p in cl.nodes.items() if name != target]
+        await stall_disk([p.pid for p in procs if p is not None], hold, clock=clock)
     elif s == "restart-all":
         await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
         await cl.start()
@@ -415,6 +425,11 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
             _verdict(res, load)
             res.ha_events = await _ha_events(cl)
+            if cfg.scenario == "slow-disk":
+                after = await _all_active(cl, cfg.partitions, deadline, clock)
+                moved = {p: f"{actives[p]} -> {after[p]}" for p in sorted(actives) if after.get(p) != actives[p]}
+                if moved:
+                    res.error = f"a disk stall moved active(s), which only a dead or cut-off node should: {moved}"
         except (TandemError, OSError, TimeoutError) as exc:
             log.exception("drill run %d failed", run)
             res.error = f"{type(exc).__name__}: {exc}"
