@@ -140,13 +140,18 @@ class FaultProxy:
 
 
 async def stall_disk(pids: list[int], seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
-    """The next fsync / fdatasync of every thread of ``pids`` waits ``seconds``; returns
-    once the stall is over (the processes are then let go)."""
+    """The next fsync and the next fdatasync of every thread of ``pids`` wait ``seconds``
+    (what they write meanwhile waits behind them); returns once the stall is over and the
+    processes are let go.  RuntimeError if strace is missing or cannot trace one of them."""
+    if not pids:
+        raise ValueError("stall_disk: no process to stall")
     strace = shutil.which("strace")
     if strace is None:
         raise RuntimeError("stall_disk needs strace (Debian: apt-get install strace)")
     delay = f"inject=fsync,fdatasync:delay_enter={int(seconds * 1e6)}:when=1"
-    args = [strace, "-f", "-e", "trace=fsync,fdatasync", "-e", delay, "-o", "/dev/null"]
+    # (under timeout(1): should this process die without letting go, strace still does)
+    args = ["timeout", f"{seconds + 10:.0f}", strace, "-f", "-e", "trace=fsync,fdatasync", "-e", delay,
+            "-o", "/dev/null"]
     for pid in pids:
         args += ["-p", str(pid)]
     proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
@@ -157,12 +162,12 @@ async def stall_disk(pids: list[int], seconds: float, *, clock: Clock = SYSTEM_C
         async with asyncio.timeout(10):
             while attached < len(pids):  # "strace: Process N attached ..." for each
                 line = await proc.stderr.readline()
-                if not line:
-                    raise RuntimeError(f"strace could not trace {pids}: exit {await proc.wait()}")
+                if not line or b"attach:" in line:  # "strace: attach: ptrace(PTRACE_SEIZE, N): ..."
+                    raise RuntimeError(f"strace cannot stall {pids}: {line.decode(errors='replace').strip()}")
                 attached += b"attached" in line
         log.warning("disk of pid(s) %s stalls for %.1f s (injected)", pids, seconds)
         await clock.sleep(seconds)  # the injected stall itself
     finally:
         if proc.returncode is None:
-            proc.terminate()  # strace lets the processes go as it exits
+            proc.terminate()  # strace lets the processes go as it exits (timeout passes the signal on)
         await proc.wait()

@@ -5,7 +5,9 @@ driven by one seeded ``random.Random``: a failing seed replays exactly.
 Persistence is synchronous: what a replica had when it crashed (log, term,
 vote, commit index, applied state) is what it restarts with.  The log is
 compacted at random points, so replicas that fall behind catch up from
-snapshots of the applied state.
+snapshots of the applied state.  With ``alive`` > 0 followers also send their
+active ``Alive`` at random (as replicas whose replies wait for a slow disk do),
+over the same lossy network.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
-from ha.messages import EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready
+from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready
 from ha.replica import Replica, ReplicaConfig, Role
 
 
@@ -41,7 +43,8 @@ class Cluster:
     def __init__(self, seed: int, voters: tuple[str, ...], *, learners: tuple[str, ...] = (),
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
                  quorum_override: int | None = None, designated_primary: str | None = None,
-                 compaction: float = 0.0, preferred: str | None = None, failback_after: float = 0.0) -> None:
+                 compaction: float = 0.0, preferred: str | None = None, failback_after: float = 0.0,
+                 alive: float = 0.0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -53,6 +56,7 @@ class Cluster:
         self.quorum_override, self.designated_primary = quorum_override, designated_primary
         self.preferred = preferred  # the placement's first node (ReplicaConfig.preferred)
         self.failback_after = failback_after
+        self.alive = alive  # chance per follower and step of an Alive to its active
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
         self.net: list[tuple[float, int, Envelope]] = []
@@ -117,9 +121,7 @@ class Cluster:
                 i, t, o, _d = st.state[-1] if st.state else (0, 0, "", None)
                 env = Envelope(env.src, env.dst, InstallSnapshot(env.msg.term, env.msg.leader, i, t, o,
                                                                  tuple(st.state)))
-            if self.rng.random() < self.loss or frozenset((env.src, env.dst)) in self.cut:
-                continue
-            heapq.heappush(self.net, (self.now + self.rng.random() * self.max_delay, next(self._seq), env))
+            self.post(env)
         r = self.nodes[n]
         if r is not None and r.role is Role.LEADER:
             for e in ready.committed:
@@ -127,6 +129,12 @@ class Cluster:
                     self.confirmed[e.index] = (e, r.term)
         if r is not None and ready.append:
             self.handle(n, r.persisted(ready.append[-1]))  # the write is durable: tell the core
+
+    def post(self, env: Envelope) -> None:
+        """Put a message on the network: lost, cut off, or delivered after a random delay."""
+        if self.rng.random() < self.loss or frozenset((env.src, env.dst)) in self.cut:
+            return
+        heapq.heappush(self.net, (self.now + self.rng.random() * self.max_delay, next(self._seq), env))
 
     def step(self, dt: float = 0.01) -> None:
         """Advance time by ``dt``: deliver what is due, tick every live node, maybe act."""
@@ -141,6 +149,9 @@ class Cluster:
                 self.handle(n, r.tick(self.now))
                 if self.compaction and self.rng.random() < self.compaction:
                     self.compact(n, r)
+                if (self.alive and r.role is Role.FOLLOWER and r.leader not in (None, n)
+                        and self.rng.random() < self.alive):
+                    self.post(Envelope(n, r.leader, Alive(r.term, n)))
         self.check()
 
     def compact(self, n: str, r: Replica) -> None:

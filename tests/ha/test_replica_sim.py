@@ -25,7 +25,9 @@ def run_random_schedule(seed: int, steps: int = 1000) -> Cluster:
     c = Cluster(seed, voters, learners=learners, priorities=priorities, loss=rng.choice([0.0, 0.05, 0.2]),
                 max_delay=rng.choice([0.01, 0.05, 0.3]), compaction=rng.choice([0.0, 0.01, 0.1]),
                 preferred=rng.choice(voters) if rng.random() < 0.5 else None,
-                failback_after=rng.choice([0.0, 0.5, 2.0]))
+                failback_after=rng.choice([0.0, 0.5, 2.0]),
+                # (its own stream: the other draws, and so the seeds found before, replay as they were)
+                alive=random.Random(f"alive-{seed}").choice([0.0, 0.02, 0.2]))
     names = list(voters + learners)
     for _ in range(steps):
         roll = rng.random()
@@ -502,6 +504,33 @@ def test_alive_keeps_an_active_whose_replicas_disks_stall_and_never_commits() ->
     r2.step(Envelope("b", "a", VoteReply(r2.term, "b", True)))
     r2.step(Envelope("c", "a", Alive(r2.term + 1, "c")))
     assert r2.role is Role.FOLLOWER and r2.term == 2
+
+
+def test_alive_is_word_for_the_check_of_quorum_only() -> None:
+    """An Alive of an older term, or from a learner, does not keep an active; it is not a
+    reply (failback's "answering", the replicas' progress); a follower ignores it."""
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), learners=("l",), election_timeout=1.0,
+                        heartbeat_interval=0.2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    assert r.role is Role.LEADER and r.term == 1
+    t = 5.0
+    for _ in range(15):
+        t += 0.1
+        r.tick(t)
+        r.step(Envelope("b", "a", Alive(0, "b")))  # an older term's
+        r.step(Envelope("l", "a", Alive(r.term, "l")))  # a learner's: never a voter
+    assert r.role is Role.FOLLOWER and r.term == 1  # stepped down: heard from 1 of 3 voters
+    r3 = Replica(cfg, rng=random.Random(0))
+    r3.tick(5.0)
+    r3.step(Envelope("b", "a", VoteReply(r3.term, "b", True)))
+    r3.step(Envelope("b", "a", Alive(r3.term, "b")))
+    assert r3._acked == {} and r3._live_since == {} and r3.progress() == {"b": 0, "c": 0, "l": 0}
+    f = Replica(ReplicaConfig(node="b", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2),
+                rng=random.Random(0))
+    ready = f.step(Envelope("c", "b", Alive(0, "c")))
+    assert f.role is Role.FOLLOWER and not ready.messages and f.term == 0
 
 
 def test_a_split_vote_is_retried_well_within_an_election_timeout() -> None:

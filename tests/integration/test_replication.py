@@ -667,18 +667,22 @@ async def test_while_an_entry_is_in_flight_what_follows_waits_for_its_commit_and
 
 async def send_until(url: str, queue: str, stop: asyncio.Event, bodies: list[bytes], confirmed: list[bytes],
                      failed: list[bytes], window: int = 20, *, prefix: str = "order",
-                     keep: Callable[[str], bool] = lambda key: True) -> None:
+                     keep: Callable[[str], bool] = lambda key: True, waits: list[float] | None = None) -> None:
     """Send with confirms, ``window`` in flight, new bodies until ``stop`` is set; each body
-    is its own key, ``prefix-N``, those ``keep`` takes (to aim at some partitions only)."""
+    is its own key, ``prefix-N``, those ``keep`` takes (to aim at some partitions only);
+    each send's wait for its confirm goes to ``waits``."""
     async with await client.connect(url) as conn:
         p = conn.producer(queue)
 
         async def one(b: bytes) -> None:
+            t = time.monotonic()
             try:
                 await p.send(b, key=b.decode())
                 confirmed.append(b)
             except TandemError:
                 failed.append(b)
+            if waits is not None:
+                waits.append(time.monotonic() - t)
 
         n = 0
         while not stop.is_set():
@@ -839,18 +843,22 @@ async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_pa
         confirmed: list[bytes] = []
         failed: list[bytes] = []
         stop = asyncio.Event()
+        waits: list[float] = []  # partition 0's
         # partition 0 on its own producer, so that it has writes in flight all through the stall
         sending = [asyncio.ensure_future(send_until(cl.url_of(active), "orders", stop, bodies, confirmed, failed,
-                                                    prefix=prefix, keep=keep))
-                   for prefix, keep in (("zero", lambda k: mapper.partition(k) == 0),
-                                        ("rest", lambda k: mapper.partition(k) != 0))]
+                                                    prefix=prefix, keep=keep, waits=w))
+                   for prefix, keep, w in (("zero", lambda k: mapper.partition(k) == 0, waits),
+                                           ("rest", lambda k: mapper.partition(k) != 0, None))]
         await wait_until(lambda: len(confirmed) >= 300, timeout=60, what="300 confirms before the stall")
-        procs = [cl.nodes[n].proc for n in replicas]
-        await stall_disk([p.pid for p in procs if p is not None], 4 * 0.5)  # FAST: non_response_timeout 0.5 s
+        pids = [p.pid for p in (cl.nodes[n].proc for n in replicas) if p is not None]
+        assert len(pids) == 2, "both replicas running"
+        await stall_disk(pids, 4 * 0.5)  # FAST: non_response_timeout 0.5 s
         mark = len(confirmed)
         await wait_until(lambda: len(confirmed) >= mark + 300, timeout=60, what="writes after the stall")
         stop.set()
         await asyncio.gather(*sending)
+        # the stall took: partition 0's confirms waited for the replicas' disks
+        assert max(waits) >= 1.0, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
         st = await cl.status(active)
         assert (await cl.actives("orders")).get(0) == active
         assert term(st) == before, st.events

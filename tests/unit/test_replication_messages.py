@@ -1,12 +1,13 @@
 """Replication messages survive the wire: every kind encodes and decodes to itself, and an
-unknown kind (a newer build's) is refused with ValueError, which the receiver logs and drops."""
+unknown kind (a newer build's) is refused with UnknownMessageKind, which the receiver logs
+once per peer and kind and drops."""
 
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from broker.replication import decode_message, encode_message
+from broker.replication import UnknownMessageKind, decode_message, encode_message
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -37,5 +38,6 @@ def test_every_kind_round_trips_through_msgpack(m: Message) -> None:
 
 
 def test_an_unknown_kind_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown replication message kind 99"):
+    with pytest.raises(UnknownMessageKind, match="unknown replication message kind 99") as exc:
         decode_message([99, 3, "node1"])
+    assert exc.value.kind == 99 and isinstance(exc.value, ValueError)  # (receive drops it)
