@@ -16,6 +16,7 @@ import client
 from broker.checker import classify
 from broker.cluster import LocalCluster
 from broker.faults import FaultProxy, stall_disk
+from broker.replication import ALIVE_GIVE_UP
 from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import StatusOk
@@ -821,30 +822,24 @@ async def test_a_declined_failback_holds_writes_once_and_fails_none(tmp_path: Pa
         await cl.stop()
 
 
-async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_path: Path) -> None:
-    """The disks of both replicas of partition 0 stop for four times ``non_response_timeout``
-    while producers send to every partition.  Their writer threads wait for their own
-    partitions' fsyncs, and partition 0's replies to its active wait behind them; but they
-    tell it they are up (Alive): it stays the active, in the same term, and takes writes
-    again once the disks do; every confirmed message is consumed exactly once.  (Before, it
-    stepped down, "heard from 1 of 3 voters", and the partition went through elections.)"""
+async def _stall_partition_0s_replicas(tmp_path: Path, seconds: float) -> tuple[str, int, StatusOk, list[float]]:
+    """A group, producers on every partition (partition 0 on a producer of its own, so that
+    it has writes in flight all through), the disks of both replicas of partition 0 stopped
+    for ``seconds``, then writes again.  Checks every message (none lost, duplicated,
+    unexpected or failed) and returns (partition 0's active before, its term before, the
+    status of that node after, partition 0's waits for confirms)."""
     async with running_group(tmp_path) as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("orders", partitions=3)
         active = (await actives(cl, "orders", 3))[0]
         replicas = [n for n in cl.nodes if n != active]
         mapper = make_mapper("consistent_hash", 3, 1024)  # declare_queue's defaults
-
-        def term(st: StatusOk) -> int:
-            return next(p.term for p in st.partitions if p.queue == "orders" and p.partition == 0)
-
-        before = term(await cl.status(active))
+        before = term_of_0(await cl.status(active))
         bodies: list[bytes] = []
         confirmed: list[bytes] = []
         failed: list[bytes] = []
         stop = asyncio.Event()
-        waits: list[float] = []  # partition 0's
-        # partition 0 on its own producer, so that it has writes in flight all through the stall
+        waits: list[float] = []
         sending = [asyncio.ensure_future(send_until(cl.url_of(active), "orders", stop, bodies, confirmed, failed,
                                                     prefix=prefix, keep=keep, waits=w))
                    for prefix, keep, w in (("zero", lambda k: mapper.partition(k) == 0, waits),
@@ -852,19 +847,48 @@ async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_pa
         await wait_until(lambda: len(confirmed) >= 300, timeout=60, what="300 confirms before the stall")
         pids = [p.pid for p in (cl.nodes[n].proc for n in replicas) if p is not None]
         assert len(pids) == 2, "both replicas running"
-        await stall_disk(pids, 4 * 0.5)  # FAST: non_response_timeout 0.5 s
+        await stall_disk(pids, seconds)
         mark = len(confirmed)
         await wait_until(lambda: len(confirmed) >= mark + 300, timeout=60, what="writes after the stall")
         stop.set()
         await asyncio.gather(*sending)
-        # the stall took: partition 0's confirms waited for the replicas' disks
-        assert max(waits) >= 1.0, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
+        await actives(cl, "orders", 3)
         st = await cl.status(active)
-        assert (await cl.actives("orders")).get(0) == active
-        assert term(st) == before, st.events
-        assert not any("heard from" in e for e in st.events), st.events
         consumed = await drain(cl.url_of(active), "orders")
         v = classify(bodies, confirmed, consumed)
-        print(f"disks of {replicas} stalled 2 s: {v.as_dict()}, {len(failed)} failed")
+        print(f"disks of {replicas} stalled {seconds} s: {v.as_dict()}, {len(failed)} failed")
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert not failed, f"{len(failed)} publishes failed"
+        return active, before, st, waits
+
+
+def term_of_0(st: StatusOk) -> int:
+    return next(p.term for p in st.partitions if p.queue == "orders" and p.partition == 0)
+
+
+async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_path: Path) -> None:
+    """The disks of both replicas of partition 0 stop for four times ``non_response_timeout``
+    while producers send.  Their writer threads wait for their own partitions' fsyncs, and
+    partition 0's replies to its active wait behind them; but they tell it they are up
+    (Alive): it stays the active, in the same term, and takes writes again once the disks
+    do.  (Before, it stepped down, "heard from 1 of 3 voters", and the partition went
+    through elections.)"""
+    active, before, st, waits = await _stall_partition_0s_replicas(tmp_path, 4 * 0.5)  # FAST: 0.5 s
+    # the stall took: partition 0's confirms waited for the replicas' disks
+    assert max(waits) >= 1.0, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
+    assert st.partitions and any(p.queue == "orders" and p.partition == 0 and p.active == active
+                                 for p in st.partitions), st.partitions
+    assert term_of_0(st) == before, st.events
+    assert not any("heard from" in e for e in st.events), st.events
+
+
+async def test_a_disk_stuck_past_alive_give_up_fails_its_partitions_over(tmp_path: Path) -> None:
+    """Stuck for longer than ALIVE_GIVE_UP non-response timeouts (5 s here), the replicas stop
+    saying they are up: the active steps down ("heard from 1 of 3 voters") rather than hold
+    its clients' confirms for ever, and once the disks go on, the partition serves again
+    with nothing lost."""
+    stall = ALIVE_GIVE_UP * 0.5 + 2.5  # FAST: non_response_timeout 0.5 s
+    _active, before, st, waits = await _stall_partition_0s_replicas(tmp_path, stall)
+    assert max(waits) >= ALIVE_GIVE_UP * 0.5, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
+    assert any("heard from" in e for e in st.events), st.events
+    assert term_of_0(st) > before
