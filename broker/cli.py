@@ -323,7 +323,9 @@ def add_drill_parser(sub: Any) -> None:
                     "kill-replica (kill -9 a priority-0 node, a replica of every partition), pause-active "
                     "(SIGSTOP for 2 x non_response_timeout + 1 s), partition-active (cut its peer and client "
                     "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
-                    "them again), rolling-restart (stop and start each node in turn, waiting for catch-up).")
+                    "them again), rolling-restart (stop and start each node in turn, waiting for catch-up), "
+                    "slow-disk (the fsyncs of every node but that one stall for as long, through strace: "
+                    "no partition may change its active).")
     d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
@@ -353,6 +355,15 @@ def add_drill_parser(sub: Any) -> None:
     d.set_defaults(func=_drill)
 
 
+def _ptrace_scope() -> int:
+    """Linux's Yama ptrace_scope (0: a process may trace any of its user's; 1 and up: not
+    its siblings, which the drill's strace is to the nodes); 0 where there is no Yama."""
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def _drill(args: argparse.Namespace) -> int:
     import json
 
@@ -375,9 +386,16 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
-    if args.scenario == "slow-disk" and not args.url and shutil.which("strace") is None:
-        raise InvalidArgumentError("slow-disk stalls the nodes' fsyncs with strace, which is not installed "
-                                   "(Debian: apt-get install strace)")
+    if args.scenario == "slow-disk":
+        if args.url:
+            raise InvalidArgumentError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs "
+                                       "itself and checks that no active moved): drop --url")
+        if shutil.which("strace") is None:
+            raise InvalidArgumentError("slow-disk stalls the nodes' fsyncs with strace, which is not installed "
+                                       "(Debian: apt-get install strace)")
+        if os.geteuid() != 0 and _ptrace_scope() > 0:
+            raise InvalidArgumentError("slow-disk traces the nodes with strace, which ptrace_scope "
+                                       f"{_ptrace_scope()} (/proc/sys/kernel/yama) allows only to root")
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,

@@ -27,8 +27,9 @@ Scenarios (the *target* is the node active for the most partitions):
 * ``slow-disk``: the disks of every node but the target stop for 2 x
   ``non_response_timeout`` + 1 s (strace delays the next fsync of each of their
   threads, :func:`broker.faults.stall_disk`): the replicas of the target's
-  partitions are up but cannot write.  No partition may change its active (a
-  slow disk is not a dead node); confirms wait for the stall.
+  partitions are up but cannot write.  No partition may change its active or
+  its term (a slow disk is not a dead node); confirms wait for the stall, so
+  ``failover_ms`` is about the stall's length.  Spawned groups only.
 
 Against a group that is already running (``--url``), the drill cannot reach the
 nodes' processes itself: the operator gives the fault and its healing as shell
@@ -368,6 +369,16 @@ def _target(actives: dict[int, str]) -> str:
     return max(sorted(counts), key=lambda n: counts[n])
 
 
+async def _terms(cl: LocalCluster) -> dict[int, tuple[str, int]]:
+    """partition -> (its active, the active's term), as each active says."""
+    out: dict[int, tuple[str, int]] = {}
+    for name, st in await cl._statuses():
+        for part in st.partitions:
+            if part.queue == QUEUE and part.role == "active" and part.active == name:
+                out[part.partition] = (name, part.term)
+    return out
+
+
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
     s = cfg.scenario
     hold = 2 * cfg.nrt + 1.0
@@ -385,7 +396,10 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
         cl.heal_node(target)
     elif s == "slow-disk":
         procs = [p.proc for name, p in cl.nodes.items() if name != target]
-        await stall_disk([p.pid for p in procs if p is not None], hold, clock=clock)
+        try:
+            await stall_disk([p.pid for p in procs if p is not None], hold, clock=clock)
+        except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
+            raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
     elif s == "restart-all":
         await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
         await cl.start()
@@ -420,16 +434,20 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             actives = await _all_active(cl, cfg.partitions, deadline, clock)
             res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
                 "all" if cfg.scenario in ("restart-all", "rolling-restart") else _target(actives)
+            before = await _terms(cl) if cfg.scenario == "slow-disk" else {}
             load = _Load(cl, cfg, run, rng, clock)
             log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
             await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
             _verdict(res, load)
             res.ha_events = await _ha_events(cl)
             if cfg.scenario == "slow-disk":
-                after = await _all_active(cl, cfg.partitions, deadline, clock)
-                moved = {p: f"{actives[p]} -> {after[p]}" for p in sorted(actives) if after.get(p) != actives[p]}
+                await _all_active(cl, cfg.partitions, deadline, clock)
+                after = await _terms(cl)
+                moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
+                         for p in sorted(before) if after.get(p) != before[p]}
                 if moved:
-                    res.error = f"a disk stall moved active(s), which only a dead or cut-off node should: {moved}"
+                    res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
+                                 f"should: {moved}")
         except (TandemError, OSError, TimeoutError) as exc:
             log.exception("drill run %d failed", run)
             res.error = f"{type(exc).__name__}: {exc}"
@@ -512,6 +530,9 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
     if cfg.scenario not in SCENARIOS:
         raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    if cfg.url is not None and cfg.scenario == "slow-disk":
+        raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
+                               "and checks that no active moved): drop --url")
     if cfg.url is not None and (not cfg.inject or not cfg.heal):
         raise UnavailableError("against an existing group (--url) the drill needs --inject and --heal commands: "
                                "it cannot reach the nodes' processes itself")

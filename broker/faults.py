@@ -15,7 +15,8 @@ before it runs, and what those threads write meanwhile waits behind it, as on a
 virtual disk that stops (this machine's did for up to half a second in the
 twelfth session, docs/replication.md).  It uses strace's syscall fault
 injection: Linux, with strace installed and the right to trace the processes
-(root, or one's own processes where ptrace is allowed).
+(root; or one's own processes where Yama's ptrace_scope is 0, since strace is
+not their parent).
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ async def stall_disk(pids: list[int], seconds: float, *, clock: Clock = SYSTEM_C
         args += ["-p", str(pid)]
     proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None  # (asked for above)
+    if proc.stderr is None:
+        raise RuntimeError("stall_disk: no pipe from strace")  # (asked for above: never)
     try:
         attached = 0
         async with asyncio.timeout(10):

@@ -364,6 +364,7 @@ class PartLog:
     #: queued), in order
     outbox: deque[tuple[int, list[Envelope], float]] = field(default_factory=deque)
     alive_at: float = -1e18  # when this replica last sent the active an Alive (_keep_alive)
+    replied_at: float = -1e18  # when this replica's messages last went out (_keep_alive)
     write_seq: int = 0
     #: (index, monotonic time) of entries this node appended as the active, oldest first
     #: (replication lag in seconds: how long ago the first entry a replica lacks was written)
@@ -425,7 +426,7 @@ class Replication:
         self.elections = 0  # times this node became active for a partition (metrics)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
-        self._unknown_kinds: set[tuple[str, Any]] = set()  # (peer, message kind) already logged
+        self._unknown_kinds: set[tuple[str, str]] = set()  # (peer, repr of message kind) already logged
         #: partition state notifiers (Python callbacks), called in order of the changes
         self.partition_notifiers: list[Callable[[PartitionChanged], None]] = [self._log_partition_change]
 
@@ -527,7 +528,7 @@ class Replication:
             for plog in list(self.logs.values()):
                 self._guarded(plog, lambda: plog.replica.tick(now))
                 r = plog.replica
-                if plog.outbox and r.role is not Role.LEADER:
+                if plog.outbox and r.role is Role.FOLLOWER:  # (a learner's word counts for nothing)
                     self._keep_alive(plog, now)
                 # Early only for an election timer: an active's heartbeats keep a phase of their
                 # own each, and waking for every one would tick every log N times a round.
@@ -700,6 +701,8 @@ class Replication:
                     return
                 if self.logs.get(key) is not plog:
                     return
+                if plog.outbox and plog.outbox[0][0] <= seq:
+                    plog.replied_at = self.node.clock.monotonic()
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
                         self._send(key, env)
@@ -720,6 +723,8 @@ class Replication:
                 else:
                     plog.outbox.append((target, list(ready.messages), self.node.clock.monotonic()))
             else:
+                if not leader:
+                    plog.replied_at = self.node.clock.monotonic()
                 for env in ready.messages:
                     self._send(key, env)
         for cbs in callbacks:
@@ -733,9 +738,11 @@ class Replication:
         """A replica's replies wait for its log write, and that write can wait for long: behind
         this node's own fsyncs in the one writer thread, or for a disk that stalls (the
         twelfth session saw this machine's disk stop for up to half a second).  While the
-        oldest held reply has waited half a keep-alive interval, the active is told that this
-        replica is up, every half interval (from the ticks, not from the active's messages:
-        their spacing would leave gaps of up to three intervals): else, hearing nothing for
+        active has heard nothing from this replica for half a keep-alive interval and a reply
+        is held, it is told that this replica is up, every half interval (from the ticks, not
+        from the active's messages: their spacing would leave gaps of up to three intervals;
+        now at most an interval and 0.1 s, where the config allows anything below
+        ``non_response_timeout``): else, hearing nothing for
         ``non_response_timeout``, it steps down, and a disk's hiccup costs the partition an
         election (docs/replication.md, "a slow disk is not a dead node").  Not for ever: a
         disk stuck for ALIVE_GIVE_UP timeouts is a node that cannot serve, and the active must
@@ -743,8 +750,9 @@ class Replication:
         r = plog.replica
         half = self.node.config.keepalive_interval / 2
         held = now - plog.outbox[0][2]
-        if r.leader is None or r.leader == self.me or held < half or now - plog.alive_at < half:
-            return
+        quiet = now - max(plog.replied_at, plog.alive_at)  # since the active last heard from us
+        if r.leader is None or r.leader == self.me or held < min(half, 0.05) or quiet < half:
+            return  # (held: not for the millisecond a reply waits for a healthy disk)
         if held > ALIVE_GIVE_UP * self.node.config.non_response_timeout:
             if plog.alive_at > plog.outbox[0][2]:  # (said once per stuck write)
                 plog.alive_at = -1e18
@@ -1329,8 +1337,8 @@ class Replication:
                 msg = decode_message(raw)
             except UnknownMessageKind as exc:
                 # a newer build's (as Alive is to a node of the eleventh session's): said once
-                if (src, exc.kind) not in self._unknown_kinds:
-                    self._unknown_kinds.add((src, exc.kind))
+                if (src, repr(exc.kind)) not in self._unknown_kinds:  # (repr: a kind may be a list)
+                    self._unknown_kinds.add((src, repr(exc.kind)))
                     log.warning("%s sends replication messages of kind %r, which this build does not know "
                                 "(a newer build's?): dropped, and not logged again", src, exc.kind)
                 continue

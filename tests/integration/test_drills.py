@@ -18,11 +18,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 @pytest.mark.asyncio
 @pytest.mark.parametrize("scenario", SCENARIOS)
 async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path) -> None:
-    cfg = DrillConfig(scenario, producers=1, consumers=1, messages=400, partitions=4, seed=7,
+    # (slow-disk: enough messages that sends are still in flight when the 3 s stall starts)
+    n = 2000 if scenario == "slow-disk" else 400
+    cfg = DrillConfig(scenario, producers=1, consumers=1, messages=n, partitions=4, seed=7,
                       data_dir=tmp_path, timeout=150)
     rep = await drill(cfg, repeat=1)
     assert rep["errors"] == []
-    assert rep["sent"] == 400 and rep["confirmed"] == 400  # every send confirmed, across the fault
+    assert rep["sent"] == n and rep["confirmed"] == n  # every send confirmed, across the fault
+    if scenario == "slow-disk":  # the stall took: confirms waited for it (and no active moved: errors)
+        assert rep["failover_ms"]["max"] >= 1500, rep["failover_ms"]
     assert (rep["lost"], rep["duplicated"], rep["unexpected"]) == (0, 0, 0)
     assert rep["passed"]
 
@@ -51,3 +55,7 @@ def test_drill_cli_reports_json_and_exit_status(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "broker.cli", "drill", "kill-everything"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    remote = subprocess.run([sys.executable, "-m", "broker.cli", "drill", "slow-disk", "--url",
+                             "tandem://admin:pw@127.0.0.1:1", "--inject", "true", "--heal", "true"],
+                            capture_output=True, text=True, timeout=60)
+    assert remote.returncode == 2 and "drop --url" in remote.stderr, remote.stderr

@@ -1,6 +1,6 @@
 """Replication messages survive the wire: every kind encodes and decodes to itself, and an
-unknown kind (a newer build's) is refused with UnknownMessageKind, which the receiver logs
-once per peer and kind and drops."""
+unknown kind (a newer build's) is refused with UnknownMessageKind (which
+``Replication.receive`` logs once per peer and kind, and drops)."""
 
 from __future__ import annotations
 
