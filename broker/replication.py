@@ -137,10 +137,10 @@ LAZY_PROPOSE_OPS = 4096
 # one per turn of the loop, and every entry costs each node a write, a frame, a reply and an
 # apply (docs/replication.md, "one entry in flight").
 MAX_UNCOMMITTED = 1
+STAGE_BYTES = 1024 * 1024
 # A replica whose replies have been held this many non_response_timeouts by its log writes
 # stops sending the active Alive (Replication._keep_alive): its disk or writer is stuck.
 ALIVE_GIVE_UP = 10
-STAGE_BYTES = 1024 * 1024
 
 
 # -- encoding: replication messages and log entries ------------------------------------------------
