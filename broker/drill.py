@@ -25,7 +25,8 @@ Scenarios (the *target* is the node active for the most partitions):
 * ``rolling-restart``: stop (SIGTERM) and start each node in turn, waiting after
   each until every partition has an active and every replica has caught up.
 * ``slow-disk``: the disks of every node but the target stop for 2 x
-  ``non_response_timeout`` + 1 s (strace delays the next fsync of each of their
+  ``non_response_timeout`` + 1 s, at most 5 x (half of ``ALIVE_GIVE_UP``, past which an
+  active is meant to step down) (strace delays the next fsync of each of their
   threads, :func:`broker.faults.stall_disk`): the replicas of the target's
   partitions are up but cannot write.  No partition may change its active or
   its term (a slow disk is not a dead node); confirms wait for the stall, so
@@ -58,6 +59,7 @@ import shlex
 from broker.checker import classify
 from broker.cluster import LocalCluster, actives_of
 from broker.faults import stall_disk
+from broker.replication import ALIVE_GIVE_UP
 from client.clock import SYSTEM_CLOCK, Clock
 from client.durable import ConnectionEvent, DurableConnection
 from client.errors import ConfirmedMessagesLost, StaleDeliveryError, TandemError, UnavailableError
@@ -396,8 +398,11 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
         cl.heal_node(target)
     elif s == "slow-disk":
         procs = [p.proc for name, p in cl.nodes.items() if name != target]
+        # (within half of how long a replica goes on saying it is up: past that the active is
+        # meant to step down, which a very short --non-response-timeout would otherwise reach)
+        stall = min(hold, ALIVE_GIVE_UP / 2 * cfg.nrt)
         try:
-            await stall_disk([p.pid for p in procs if p is not None], hold, clock=clock)
+            await stall_disk([p.pid for p in procs if p is not None], stall, clock=clock)
         except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
             raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
     elif s == "restart-all":

@@ -32,6 +32,18 @@ async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path)
 
 
 @pytest.mark.asyncio
+async def test_slow_disk_with_a_short_timeout_stalls_within_alive_give_up(tmp_path: Path) -> None:
+    """--non-response-timeout 0.1: the usual stall (2 x 0.1 + 1 s) would outlast how long the
+    replicas say they are up (ALIVE_GIVE_UP x 0.1 s), and the actives would rightly step
+    down; the drill stalls for 5 x 0.1 s instead, and no active moves."""
+    cfg = DrillConfig("slow-disk", producers=1, consumers=1, messages=2000, partitions=4, seed=7,
+                      non_response_timeout=0.1, data_dir=tmp_path, timeout=150)
+    rep = await drill(cfg, repeat=1)
+    assert rep["errors"] == [] and rep["passed"], rep
+    assert rep["failover_ms"]["max"] >= 250, rep["failover_ms"]  # the stall took (without the cap: a step-down)
+
+
+@pytest.mark.asyncio
 async def test_weak_policies_never_lose_silently(tmp_path: Path) -> None:
     """NO_SYNC everywhere and the whole group killed: confirmed messages may be lost, but
     only as many as Tandem itself reported (ConfirmedMessagesLost in the SDK)."""
