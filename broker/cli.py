@@ -393,9 +393,10 @@ def _drill(args: argparse.Namespace) -> int:
         if shutil.which("strace") is None:
             raise InvalidArgumentError("slow-disk stalls the nodes' fsyncs with strace, which is not installed "
                                        "(Debian: apt-get install strace)")
-        if os.geteuid() != 0 and _ptrace_scope() > 0:
-            raise InvalidArgumentError("slow-disk traces the nodes with strace, which ptrace_scope "
-                                       f"{_ptrace_scope()} (/proc/sys/kernel/yama) allows only to root")
+        scope = _ptrace_scope()
+        if os.geteuid() != 0 and scope > 0:
+            raise InvalidArgumentError(f"slow-disk traces the nodes with strace, which ptrace_scope {scope} "
+                                       "(/proc/sys/kernel/yama) allows only to root")
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,

@@ -57,14 +57,19 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, str]:
-    """partition -> the node that says it is active for it (and serves it)."""
-    out: dict[int, str] = {}
+def active_terms(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, tuple[str, int]]:
+    """partition -> (the node that says it is active for it (and serves it), its term)."""
+    out: dict[int, tuple[str, int]] = {}
     for name, st in statuses:
         for part in st.partitions:
             if part.queue == queue and part.role == "active" and part.active == name:
-                out[part.partition] = name
+                out[part.partition] = (name, part.term)
     return out
+
+
+def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, str]:
+    """partition -> the node that says it is active for it (and serves it)."""
+    return {p: name for p, (name, _term) in active_terms(statuses, queue).items()}
 
 
 class LocalCluster:

@@ -57,7 +57,7 @@ import client
 import shlex
 
 from broker.checker import classify
-from broker.cluster import LocalCluster, actives_of
+from broker.cluster import LocalCluster, active_terms, actives_of
 from broker.faults import stall_disk
 from broker.replication import ALIVE_GIVE_UP
 from client.clock import SYSTEM_CLOCK, Clock
@@ -371,16 +371,6 @@ def _target(actives: dict[int, str]) -> str:
     return max(sorted(counts), key=lambda n: counts[n])
 
 
-async def _terms(cl: LocalCluster) -> dict[int, tuple[str, int]]:
-    """partition -> (its active, the active's term), as each active says."""
-    out: dict[int, tuple[str, int]] = {}
-    for name, st in await cl._statuses():
-        for part in st.partitions:
-            if part.queue == QUEUE and part.role == "active" and part.active == name:
-                out[part.partition] = (name, part.term)
-    return out
-
-
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
     s = cfg.scenario
     hold = 2 * cfg.nrt + 1.0
@@ -439,7 +429,7 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             actives = await _all_active(cl, cfg.partitions, deadline, clock)
             res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
                 "all" if cfg.scenario in ("restart-all", "rolling-restart") else _target(actives)
-            before = await _terms(cl) if cfg.scenario == "slow-disk" else {}
+            before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
             load = _Load(cl, cfg, run, rng, clock)
             log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
             await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
@@ -447,7 +437,7 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             res.ha_events = await _ha_events(cl)
             if cfg.scenario == "slow-disk":
                 await _all_active(cl, cfg.partitions, deadline, clock)
-                after = await _terms(cl)
+                after = active_terms(await cl._statuses(), QUEUE)
                 moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
                          for p in sorted(before) if after.get(p) != before[p]}
                 if moved:

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,17 @@ async def drain(url: str, queue: str, idle: float = 3.0) -> list[tuple[bytes, st
                     pass  # its partition failed over meanwhile: the new active delivers it again
 
 
+async def _send_one(p: Any, b: bytes, confirmed: list[bytes], failed: list[bytes]) -> float:
+    """Send ``b`` (its own key) with a confirm, into ``confirmed`` or ``failed``; the wait (s)."""
+    t = time.monotonic()
+    try:
+        await p.send(b, key=b.decode())
+        confirmed.append(b)
+    except TandemError:
+        failed.append(b)
+    return time.monotonic() - t
+
+
 async def produce(url: str, queue: str, bodies: list[bytes], confirmed: list[bytes], failed: list[bytes],
                   window: int = 20) -> float:
     """Send with confirms, ``window`` in flight; returns the longest wait for a confirm (s)."""
@@ -65,13 +77,7 @@ async def produce(url: str, queue: str, bodies: list[bytes], confirmed: list[byt
 
         async def one(b: bytes) -> None:
             nonlocal longest
-            t = time.monotonic()
-            try:
-                await p.send(b, key=b.decode())
-                confirmed.append(b)
-            except TandemError:
-                failed.append(b)
-            longest = max(longest, time.monotonic() - t)
+            longest = max(longest, await _send_one(p, b, confirmed, failed))
 
         for i in range(0, len(bodies), window):
             await asyncio.gather(*(one(b) for b in bodies[i:i + window]))
@@ -676,14 +682,9 @@ async def send_until(url: str, queue: str, stop: asyncio.Event, bodies: list[byt
         p = conn.producer(queue)
 
         async def one(b: bytes) -> None:
-            t = time.monotonic()
-            try:
-                await p.send(b, key=b.decode())
-                confirmed.append(b)
-            except TandemError:
-                failed.append(b)
+            wait = await _send_one(p, b, confirmed, failed)
             if waits is not None:
-                waits.append(time.monotonic() - t)
+                waits.append(wait)
 
         n = 0
         while not stop.is_set():
