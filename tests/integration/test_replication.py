@@ -703,11 +703,7 @@ async def test_failback_the_placed_active_takes_its_partition_back_and_no_messag
     caught up and answering for ``--failback-after``, it is handed its partition again
     (a `failback` HA event on the node that had it), and every confirmed message is
     consumed exactly once."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--failback-after", "1"])
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path, "--failback-after", "1") as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("orders", partitions=3)
         placed = await actives(cl, "orders", 3)
@@ -746,8 +742,6 @@ async def test_failback_the_placed_active_takes_its_partition_back_and_no_messag
         print(f"kill -9 {victim}, failover to {holder}, failback: {v.as_dict()}")
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert not failed, f"{len(failed)} publishes failed (the durable connection retries through both moves)"
-    finally:
-        await cl.stop()
 
 
 async def test_a_declined_failback_holds_writes_once_and_fails_none(tmp_path: Path) -> None:
