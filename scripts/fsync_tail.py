@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 from pathlib import Path
 
 from client.clock import SYSTEM_CLOCK
@@ -50,7 +51,16 @@ def measure(directory: Path, recycled: bool, procs: int, rate: float, count: int
           for i in range(procs)]
     for p in ps:
         p.start()
-    times = sorted(t for _ in ps for t in out.get())
+    got: list[float] = []
+    for _ in ps:
+        while True:
+            try:
+                got.extend(out.get(timeout=1))
+                break
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in ps):
+                    raise SystemExit("a worker failed (its error is above)")
+    times = sorted(got)
     for p in ps:
         p.join()
     return times
@@ -63,6 +73,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=400.0, help="appends + fdatasyncs a second, per process")
     ap.add_argument("--count", type=int, default=2000, help="per process")
     args = ap.parse_args()
+    if not args.dir.is_dir():  # a worker that cannot open its file would leave the parent waiting for ever
+        ap.error(f"{args.dir} is not a directory")
     for recycled in (False, True):
         t = measure(args.dir, recycled, args.procs, args.rate, args.count)
         q = lambda f: t[min(len(t) - 1, int(len(t) * f))] * 1000  # noqa: E731
