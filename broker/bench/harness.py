@@ -1,6 +1,8 @@
 """Runs one workload against one system and measures it.
 
-Two phases per system, on a fresh queue:
+Two phases per system, each on a fresh queue of its own (``drv.setup`` before each), so
+that nothing one phase left behind (a peer's client that closes with deliveries it had not
+acked, say, whose broker then delivers them again) is counted in the other:
 
 1. *throughput*: ``producers`` publishers (each ``window`` confirms in flight)
    and ``consumers`` consumers (manual acks, ``prefetch``) run at once;
@@ -129,6 +131,7 @@ async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK,
         if errors:
             res.error = f"{sum(p.failed for p in pubs)} publish(es) failed: {errors[0]!r}"
         if w.latency_rate > 0 and w.latency_messages > 0:
+            await drv.setup(w)
             _tp, _tc, lchk, lpubs = await _phase(drv, w, w.messages, w.latency_messages, 1, w.latency_rate, clock)
             res.confirm_ms = _ms(lpubs[0].latencies)
             lconf = lpubs[0].confirmed
@@ -156,7 +159,8 @@ class TandemDriver:
         self.clock = clock
         self.url = url
         self.durability = durability
-        self.queue = f"bench-{uuid.uuid4().hex[:8]}"
+        self.queue = ""
+        self._queues: list[str] = []  # every queue setup made, for teardown
         self._conns: list[client.DurableConnection] = []
 
     async def _connect(self) -> client.DurableConnection:
@@ -165,8 +169,11 @@ class TandemDriver:
         return conn
 
     async def setup(self, w: Workload) -> None:
-        conn = await self._connect()
+        """Declare a fresh queue for the phase to come, and wait until its partitions have actives."""
+        conn = self._conns[0] if self._conns else await self._connect()
+        self.queue = f"bench-{uuid.uuid4().hex[:8]}"
         await conn.declare_queue(self.queue, partitions=w.partitions)
+        self._queues.append(self.queue)
         # In a group a new queue's partitions elect their actives first: not part of the figures.
         async with asyncio.timeout(w.timeout):
             while True:
@@ -198,7 +205,9 @@ class TandemDriver:
     async def teardown(self) -> None:
         if self._conns:
             try:
-                await self._conns[0].delete_queue(self.queue)
+                for q in self._queues:
+                    await self._conns[0].delete_queue(q)
+                self._queues.clear()
             finally:
                 for c in self._conns:
                     await c.close()
