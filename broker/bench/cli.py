@@ -14,7 +14,8 @@ from broker.bench.workload import RunResult, Workload
 from client.errors import InvalidArgumentError
 
 PEERS = ("rabbitmq", "nats")
-SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node (one per node in a group)
+SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node
+GROUP_PARTITIONS = 1  # ... and for a group: a queue declared with the defaults
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -39,8 +40,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--producers", type=int, default=1)
     p.add_argument("--consumers", type=int, default=1)
     p.add_argument("--partitions", type=int, default=None,
-                   help="partitions of the Tandem queue (default: one per node of a group, so that "
-                        "each node is the active of as many as the others; 4 for a single node)")
+                   help="partitions of the Tandem queue (default: 1 for a group, the queue a client "
+                        "declares with the defaults, as the peers' one stream or quorum queue; 4 for a "
+                        "single node; N spreads the actives over N nodes)")
     p.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight per producer")
     p.add_argument("--prefetch", type=int, default=1000, help="unacked deliveries per consumer")
     p.add_argument("--latency-rate", dest="latency_rate", type=float, default=2000.0,
@@ -61,17 +63,21 @@ def add_bench_parser(sub: Any) -> None:
 
 
 def _partitions(args: argparse.Namespace) -> int:
-    """--partitions, or by default one per node of the group under test: a count the nodes
-    share evenly.  (With 4 partitions on 3 nodes one node is the active of two, and the
-    group's confirm latency follows that node: docs/benchmarks.md, eleventh session.)"""
+    """--partitions, or by default: for a group, the queue a client gets when it declares one
+    with the defaults (one partition: an active and its replicas), which is what the peers
+    are measured with too (a NATS stream, a RabbitMQ quorum queue: one leader, one log); for
+    a single node, the 4 partitions its figures have always been taken with.  A queue spread
+    over the nodes (``--partitions 3``) is a choice a deployment makes; on one machine it
+    multiplies the small events each message costs (docs/benchmarks.md, thirteenth session)."""
     if args.partitions is not None:
         return args.partitions
     if args.spawn:
-        return args.nodes if args.nodes > 1 else SINGLE_NODE_PARTITIONS
-    from client.url import parse_url
+        nodes = args.nodes
+    else:
+        from client.url import parse_url
 
-    hosts = len(parse_url(args.url).hosts) if args.url else 1
-    return hosts if hosts > 1 else SINGLE_NODE_PARTITIONS
+        nodes = len(parse_url(args.url).hosts) if args.url else 1
+    return GROUP_PARTITIONS if nodes > 1 else SINGLE_NODE_PARTITIONS
 
 
 def _workload(args: argparse.Namespace) -> Workload:

@@ -44,8 +44,9 @@ async def test_bench_needs_a_target() -> None:
     assert proc.returncode == 2 and b"--url" in err and b"Traceback" not in err
 
 
-async def test_bench_of_a_spawned_group_gives_each_node_one_partition() -> None:
-    """The issue's command without the peers: a 3-node group, every message checked."""
+async def test_bench_of_a_spawned_group_measures_the_default_queue() -> None:
+    """The issue's command without the peers: a 3-node group, its default queue (one
+    partition: an active and two replicas), every message checked."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3",
         "--messages", "2000", "--latency-messages", "200", "--latency-rate", "500", "--json",
@@ -53,7 +54,7 @@ async def test_bench_of_a_spawned_group_gives_each_node_one_partition() -> None:
     out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0, err.decode()[-3000:]
     report = json.loads(out)
-    assert report["workload"]["partitions"] == 3
+    assert report["workload"]["partitions"] == 1
     (run,) = report["runs"]
     assert run["durability"].startswith("3-node group")
     assert run["error"] is None, run
