@@ -222,7 +222,10 @@ class GroupCommitWriter:
         st.last_commit_seconds = elapsed
         st.max_batch_ops = max(st.max_batch_ops, len(ops))
         for observer in self.commit_observers:
-            observer(elapsed, sync)
+            try:
+                observer(elapsed, sync)
+            except Exception:  # a metric's fault must not end the thread every write waits on
+                log.exception("commit observer %r failed; the commit stands", observer)
         done = batch
         requeued = 0
         if error is not None:

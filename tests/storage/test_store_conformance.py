@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -317,6 +318,26 @@ def test_lazy_store_writes_go_in_slices_and_an_append_waits_for_one_slice_only(t
     e.close()
     rec = SqliteEngine(tmp_path / "tandem.db").open()
     assert rec.partitions[(1, 0)].producers == {f"p{j}": 7 for j in range(200)}
+
+
+def test_a_failing_commit_observer_neither_fails_the_commit_nor_ends_the_writer(
+        make_engine: Callable[[], Engine], caplog: pytest.LogCaptureFixture) -> None:
+    e = make_engine()
+    e.open()
+    done: list[BaseException | None] = []
+    w = GroupCommitWriter(e, lambda fn: fn())
+
+    def broken(seconds: float, sync: bool) -> None:
+        raise ValueError("metric backend gone")
+
+    w.commit_observers.append(broken)
+    with caplog.at_level(logging.ERROR, logger="tandem.storage"):
+        w.submit([PutQueue(Q)], sync=True, callback=done.append)
+        w.submit([Append(1, 0, [msg(0)], 1)], sync=True, callback=done.append)
+        w.close()  # commits what is pending: the thread is still there to do it
+    assert done == [None, None]
+    assert len(e.read(1, 0, 0, 10)) == 1
+    assert "commit observer" in caplog.text and "metric backend gone" in caplog.text
 
 
 def test_writer_reports_failures_to_every_callback(make_engine: Callable[[], Engine]) -> None:
