@@ -1,6 +1,5 @@
 """Loaded by the nodes that ``scripts/confirm_tail.py`` starts (it puts this folder on their
-``PYTHONPATH`` and sets ``TANDEM_TAIL_PROBE`` to a folder).  In a node it records, with
-``time.monotonic()`` (one clock for every process of the machine):
+``PYTHONPATH`` and sets ``TANDEM_TAIL_PROBE`` to a folder).  In a node it records:
 
 * every writer commit: start, seconds, the writer thread's CPU seconds, ops, synced, and how
   many of its submissions were lazy (held store writes: broker/replication.py, HOLD_APPLY);
@@ -9,6 +8,9 @@
 
 and writes them to ``$TANDEM_TAIL_PROBE/<pid>.json`` when the node exits.  A diagnostic, never
 loaded otherwise: without the variable, or in any process but a node, it does nothing.
+
+Times are the project's clock (``client.clock.SYSTEM_CLOCK``, the machine's monotonic clock, one
+for every process), CPU seconds the thread's own (``time.thread_time``).
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ if os.environ.get("TANDEM_TAIL_PROBE") and "broker" in sys.argv and "start" in s
     import asyncio.runners
 
     import storage.writer
+    from client.clock import SYSTEM_CLOCK as _clock
 
     _commit = storage.writer.GroupCommitWriter._commit
 
     def _timed_commit(self, batch):  # type: ignore[no-untyped-def]
-        t0, c0 = time.monotonic(), time.thread_time()
+        t0, c0 = _clock.monotonic(), time.thread_time()
         result = _commit(self, batch)
-        _commits.append((t0, time.monotonic() - t0, time.thread_time() - c0, sum(len(i.ops) for i in batch),
+        _commits.append((t0, _clock.monotonic() - t0, time.thread_time() - c0, sum(len(i.ops) for i in batch),
                          any(i.sync for i in batch), sum(1 for i in batch if i.lazy)))
         return result
 
@@ -54,15 +57,15 @@ if os.environ.get("TANDEM_TAIL_PROBE") and "broker" in sys.argv and "start" in s
 
         def watch() -> None:
             while True:
-                t0 = time.monotonic()
+                t0 = _clock.monotonic()
                 ran = threading.Event()
                 loop.call_soon_threadsafe(ran.set)
                 if not ran.wait(5):
                     return  # the loop is gone
-                lag = time.monotonic() - t0
+                lag = _clock.monotonic() - t0
                 if lag > 0.002:
                     _lags.append((t0, lag))
-                time.sleep(0.002)  # a probe's own pace, not a wait for a state
+                _clock.sleep_blocking(0.002)  # a probe's own pace, not a wait for a state
 
         threading.Thread(target=watch, name="tail-probe", daemon=True).start()
 
