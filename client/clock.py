@@ -11,6 +11,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 
@@ -29,6 +30,9 @@ class Clock(Protocol):
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[Any]:
+        """Cancel the enclosed block after ``seconds`` on this clock; it raises TimeoutError."""
+
 
 class SystemClock:
     """The real clock, on the running asyncio loop."""
@@ -44,6 +48,9 @@ class SystemClock:
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         return asyncio.get_running_loop().call_later(delay, callback)
+
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[Any]:
+        return asyncio.timeout(seconds)
 
     def sleep_blocking(self, seconds: float) -> None:
         """For code with no event loop (the blocking client, Spark's executors)."""
