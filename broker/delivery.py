@@ -187,7 +187,7 @@ class Delivery:
 
         def committed(err: BaseException | None) -> None:
             for dlq, by_part in moved.items():
-                self.node._committed(dlq, by_part)
+                dlq.mark_committed(by_part)
 
         self.node.write_later(ops, committed, lazy=False)
 

@@ -24,6 +24,7 @@ from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedP
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError
+from broker.forward import ForwardRequest
 from client.protocol.frames import (
     Close,
     Error,
@@ -271,8 +272,9 @@ class PeerManager:
 
     # -- forwarded requests (location transparency) ----------------------------------------------
 
-    async def forward(self, name: str, kind: str, payload: bytes) -> bytes:
-        """Ask member ``name`` to do ``kind``; its answer, or the error it raised."""
+    async def forward(self, name: str, request: ForwardRequest) -> bytes:
+        """Ask member ``name`` to do ``request``; its reply, or the error it raised."""
+        kind = request.KIND.name
         link = self.links.get(name)
         if link is None:
             raise UnavailableError(f"node {name} is active for this request but not connected to {self.me.name}")
@@ -281,7 +283,7 @@ class PeerManager:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._forwards[rid] = (link, fut)
         try:
-            link.send(Forward(rid=rid, kind=kind, payload=payload))
+            link.send(Forward(rid=rid, kind=int(request.KIND), payload=request.pack()))
             async with asyncio.timeout(FORWARD_TIMEOUT):
                 return await fut
         except TimeoutError:

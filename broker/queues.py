@@ -173,6 +173,14 @@ class Queue:
     def name(self) -> str:
         return self.meta.name
 
+    def mark_committed(self, by_part: dict[int, list[Msg]]) -> None:
+        """These messages are in the store: stream reads may see them."""
+        for pidx, msgs in by_part.items():
+            part = self.partitions[pidx]
+            end = msgs[-1].offset + 1
+            if end > part.committed_end:
+                part.committed_end = end
+
     @property
     def depth(self) -> int:
         return self.ready_count + self.unacked_count + self.pending_count

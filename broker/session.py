@@ -15,13 +15,15 @@ and its other clients go on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.node import status_of
+from broker.publish import PublishRequest, PublishResult
+from broker.status import status_of
 from broker.queues import Consumer, Msg
 from broker.users import require_admin
 from client.errors import (
@@ -348,19 +350,21 @@ class Session:
 
     async def _publish(self, f: Publish) -> None:
         self._admin("publish")
-        rid = f.rid
+        result = self.node.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
+                                                            dense=f.partition is not None))
+        result.add_done_callback(functools.partial(self._published, f.rid))
 
-        def done(stored: int, duplicates: int, err: BaseException | None, last: int) -> None:
-            if err is None:
-                self.node.confirms += stored + duplicates
-                self.send(PublishOk(rid=rid, stored=stored, duplicates=duplicates, next_seq=last + 1))
-            elif isinstance(err, TandemError):
-                self.send_error(rid, err)
-            else:
-                self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
-
-        self.node.publish(f.queue, f.producer_id, f.messages, done, partition=f.partition,
-                          dense=f.partition is not None)
+    def _published(self, rid: int, result: asyncio.Future[PublishResult]) -> None:
+        err = result.exception()
+        if err is None:
+            r = result.result()
+            self.node.confirms += r.stored + r.duplicates
+            self.send(PublishOk(rid=rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
+        elif isinstance(err, TandemError):
+            self.send_error(rid, err)
+        else:
+            log.error("session %s: publish failed: %r", self.client_name, err, exc_info=err)
+            self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
 
     async def _metadata(self, f: Metadata) -> None:
         # read-only, like a stream read: any user (a monitor's Spark job), any node (a minority

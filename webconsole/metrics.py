@@ -50,7 +50,7 @@ class NodeCollector(Collector):
         for qname, q in qs:
             for p in range(q.meta.partitions):
                 if node.serves(q, p):
-                    depth.add_metric([name, qname, str(p)], node._partition_depth(q, p))
+                    depth.add_metric([name, qname, str(p)], node.catalogue.partition_depth(q, p))
                     ready.add_metric([name, qname, str(p)], len(q.partitions[p].ready))
         yield depth
         yield ready

@@ -43,6 +43,7 @@ from client.errors import (
 )
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo, StatusOk
 from storage.base import UserRecord
+from broker.forward import OptionFwd, PartitionStatsFwd, QueueStatsFwd, StatusFwd
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -294,7 +295,7 @@ class Console:
 
     async def _statuses(self) -> list[tuple[str, StatusOk | None]]:
         """Every member's status, this node's first (None: it did not answer)."""
-        from broker.node import status_of
+        from broker.status import status_of
         from client.protocol.codec import decode_payload
 
         node = self.node
@@ -309,7 +310,7 @@ class Console:
                 return None
             try:
                 async with asyncio.timeout(PEER_TIMEOUT):
-                    frame = decode_payload(await peers.forward(name, "status", b""))
+                    frame = decode_payload(await peers.forward(name, StatusFwd()))
                 return frame if isinstance(frame, StatusOk) else None
             except (TandemError, TimeoutError):
                 return None
@@ -411,7 +412,7 @@ class Console:
             return {"ready": None, "unacked": None, "depth": None, "active": None}
         try:
             async with asyncio.timeout(PEER_TIMEOUT):
-                out = await node.peers.forward(who, "pstats", msgpack.packb([q.name, pidx]))
+                out = await node.peers.forward(who, PartitionStatsFwd(q.name, pidx))
             stats: dict[str, Any] = msgpack.unpackb(out)
             return stats
         except (TandemError, TimeoutError):
@@ -429,7 +430,7 @@ class Console:
         async def ask(name: str) -> dict[str, list[int]]:
             try:
                 async with asyncio.timeout(PEER_TIMEOUT):
-                    out: dict[str, list[int]] = msgpack.unpackb(await peers.forward(name, "qstats", b""))
+                    out: dict[str, list[int]] = msgpack.unpackb(await peers.forward(name, QueueStatsFwd()))
                     return out
             except (TandemError, TimeoutError):
                 return {}
@@ -595,7 +596,7 @@ class Console:
             return
         if node.peers is None or name not in node.peers.addresses:
             raise ApiError(404, "not_found", f"no node {name!r} in this group")
-        await node.peers.forward(name, "option", msgpack.packb([option, value, by]))
+        await node.peers.forward(name, OptionFwd(option, value, by))
 
     async def create_queue(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -717,7 +718,7 @@ def apply_option(node: Node, option: str, value: int, by: str) -> None:
 
 def _local_pstats(node: Node, q: Any, pidx: int) -> dict[str, Any]:
     part = q.partitions[pidx]
-    depth = node._partition_depth(q, pidx)
+    depth = node.catalogue.partition_depth(q, pidx)
     ready = len(part.ready)
     return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
             "next_offset": part.next_offset}

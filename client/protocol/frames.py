@@ -561,7 +561,7 @@ class Forward(Frame):
 
     OP: ClassVar[Op] = Op.FORWARD
     rid: int
-    kind: str
+    kind: int  # broker.forward.ForwardKind
     payload: bytes
 
 

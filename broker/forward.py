@@ -1,0 +1,197 @@
+"""Forwarded requests: what one group member asks of another (location transparency).
+
+A client may send any request to any member.  One that needs a partition's active (a
+publish, a stream read, a partition's depth or purge) or the queue catalogue's active (a
+declare, a delete) is forwarded there over the peer link as a ``Forward`` frame, answered
+by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
+its status and counters this way.
+
+A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack
+array of the request's fields, in the order its dataclass declares them.  Each request type
+below is one kind; its ``Reply`` is what ``ForwardOk.payload`` holds, decoded by
+:func:`decode_reply`.  A payload that does not fit its kind is refused with
+``InvalidArgumentError`` (the peer gets an error frame; the link and the node carry on).
+
+``hops`` counts how often a request was forwarded already: a member that is no longer the
+active forwards it on, at most :data:`MAX_HOPS` times, so a group in the middle of an
+election answers "retry" instead of bouncing a request around.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar, TypeVar, get_type_hints
+
+import msgpack
+
+from client.errors import InvalidArgumentError
+
+MAX_HOPS = 3
+
+
+class ForwardKind(IntEnum):
+    PUBLISH = 1
+    DECLARE = 2
+    DELETE = 3
+    CATALOGUE = 4
+    STATUS = 5
+    PARTITION_STATS = 6
+    QUEUE_STATS = 7
+    OPTION = 8
+    READ = 9
+    DEPTH = 10
+    PURGE = 11
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRequest:
+    KIND: ClassVar[ForwardKind]
+
+    def pack(self) -> bytes:
+        return msgpack.packb([getattr(self, f.name) for f in dataclasses.fields(self)], use_bin_type=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFwd(ForwardRequest):
+    """A publish for one partition's active; ``frame`` is the client's ``Publish`` payload.
+    Reply: ``[stored, duplicates, last_seq]``."""
+    KIND = ForwardKind.PUBLISH
+    hops: int
+    partition: int
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareFwd(ForwardRequest):
+    """A declare for the catalogue's active; ``frame`` is the ``Declare`` payload.  Reply:
+    whether this declare created the queue."""
+    KIND = ForwardKind.DECLARE
+    hops: int
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFwd(ForwardRequest):
+    """A delete for the catalogue's active.  Reply: empty."""
+    KIND = ForwardKind.DELETE
+    hops: int
+    queue: str
+    if_empty: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueFwd(ForwardRequest):
+    """How far the catalogue's log is committed on its active.  Reply: the index."""
+    KIND = ForwardKind.CATALOGUE
+
+
+@dataclass(frozen=True, slots=True)
+class StatusFwd(ForwardRequest):
+    """The member's ``StatusOk`` (its frame payload).  Reply: that payload."""
+    KIND = ForwardKind.STATUS
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatsFwd(ForwardRequest):
+    """A partition's figures from its active (the console's partition view)."""
+    KIND = ForwardKind.PARTITION_STATS
+    queue: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatsFwd(ForwardRequest):
+    """The member's per-queue counters for the partitions it is active for:
+    ``{queue: [ready, unacked, published, ...]}``."""
+    KIND = ForwardKind.QUEUE_STATS
+
+
+@dataclass(frozen=True, slots=True)
+class OptionFwd(ForwardRequest):
+    """Set a runtime option (priority, designated_primary) on the member.  Reply: empty."""
+    KIND = ForwardKind.OPTION
+    option: str
+    value: int
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFwd(ForwardRequest):
+    """A stream read for a partition's active.  Reply: a ``ReadOk`` frame's payload."""
+    KIND = ForwardKind.READ
+    hops: int
+    queue: str
+    partition: int
+    offset: int
+    max_messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class DepthFwd(ForwardRequest):
+    """Ready and unsettled messages of a partition, from its active.  Reply: the count."""
+    KIND = ForwardKind.DEPTH
+    queue: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeFwd(ForwardRequest):
+    """Drop a partition's ready messages on its active.  Reply: how many."""
+    KIND = ForwardKind.PURGE
+    queue: str
+    partition: int
+
+
+REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
+    cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
+                              QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd)
+}
+
+R = TypeVar("R", bound=ForwardRequest)
+
+
+def _check(value: Any, tp: Any) -> bool:
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+_FIELD_TYPES: dict[ForwardKind, list[tuple[str, Any]]] = {
+    kind: [(f.name, get_type_hints(cls)[f.name]) for f in dataclasses.fields(cls)]
+    for kind, cls in REQUESTS.items()
+}
+
+
+def decode_request(kind: int, payload: bytes) -> ForwardRequest:
+    """The typed request a ``Forward`` frame carries; InvalidArgumentError if it does not fit."""
+    try:
+        k = ForwardKind(kind)
+    except ValueError:
+        raise InvalidArgumentError(f"unknown forwarded request kind {kind!r}") from None
+    try:
+        values = msgpack.unpackb(payload, raw=False, use_list=True) if payload else []
+    except Exception as exc:  # msgpack raises several types
+        raise InvalidArgumentError(f"forwarded {k.name}: payload is not msgpack ({exc})") from None
+    fields = _FIELD_TYPES[k]
+    if type(values) is not list or len(values) != len(fields):
+        raise InvalidArgumentError(f"forwarded {k.name}: expected {len(fields)} fields")
+    for (name, tp), v in zip(fields, values):
+        if not _check(v, tp):
+            raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {tp.__name__}")
+    return REQUESTS[k](*values)
+
+
+def decode_reply(payload: bytes) -> Any:
+    """A ``ForwardOk`` payload of a kind whose reply is a msgpack value."""
+    try:
+        return msgpack.unpackb(payload, raw=False) if payload else None
+    except Exception as exc:  # msgpack raises several types
+        raise InvalidArgumentError(f"a forwarded request's reply is not msgpack ({exc})") from None
+
+
+def pack_reply(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
