@@ -67,7 +67,9 @@ def _broker_start(args: argparse.Namespace) -> int:
 async def _serve(config: Any) -> int:
     from broker.node import Node
 
-    node = Node(config)
+    from webconsole.server import Console
+
+    node = Node(config, console=Console)
     await node.start()
     if os.environ.get("TANDEM_GC_FREEZE", "1") != "0":
         # What start-up made (modules, SQLAlchemy, the schema, ...) lives as long as the

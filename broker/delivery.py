@@ -10,18 +10,39 @@ counts").  Settlements change memory at once and are written lazily.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from broker.queues import Consumer, Msg, Queue, encode_headers
+from broker.commit import CommitPath
+from broker.config import NodeConfig
+from broker.queues import Consumer, Msg, Queue, Recipient, encode_headers
 from client.errors import InvalidArgumentError
-from ha.membership import QuorumState
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, WriteOp
+from storage.writer import Callback
 
-if TYPE_CHECKING:
-    from broker.node import Node
-    from broker.session import Session
+class DeliveryHost(Protocol):
+    """What delivery needs from its node."""
+    config: NodeConfig
+
+    @property
+    def queues(self) -> dict[str, Queue]: ...
+
+    @property
+    def commit(self) -> CommitPath: ...
+
+    @property
+    def has_quorum(self) -> bool: ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    def serves(self, q: Queue, pidx: int) -> bool: ...
+
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
+
+    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
+
 
 log = logging.getLogger("tandem.broker")
 
@@ -30,7 +51,7 @@ Held = tuple[Consumer, Msg]
 
 
 class Delivery:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: DeliveryHost) -> None:
         self.node = node
         self._next_consumer_id = 1
         self._dirty: set[Queue] = set()
@@ -45,8 +66,11 @@ class Delivery:
 
     def schedule(self, q: Queue) -> None:
         self._dirty.add(q)
-        loop = self.node._loop
-        if not self._scheduled and loop is not None:
+        if not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # not started: the node's start dispatches what is ready
             self._scheduled = True
             loop.call_soon(self._dispatch)
 
@@ -60,8 +84,7 @@ class Delivery:
     def dispatch_queue(self, q: Queue) -> None:
         """Hand ready messages to consumers with credit, fairly, in frame-sized batches."""
         budget = self.node.config.max_frame_size - 4096
-        peers = self.node.peers
-        if peers is not None and peers.membership.quorum_state is QuorumState.DISABLED:
+        if not self.node.has_quorum:
             return  # no quorum: partitions Unavailable here; dispatch resumes when it returns
         while q.ready_count and q.consumers:
             eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
@@ -95,7 +118,7 @@ class Delivery:
 
     # -- consumers -------------------------------------------------------------------------------
 
-    def add_consumer(self, session: Session, queue_name: str, prefetch: int) -> Consumer:
+    def add_consumer(self, session: Recipient, queue_name: str, prefetch: int) -> Consumer:
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
         q = self.node.queue(queue_name)
@@ -156,7 +179,7 @@ class Delivery:
         """Move messages to their queue's dead-letter queue (or drop them without one)."""
         ops: list[WriteOp] = []
         moved: dict[Queue, dict[int, list[Msg]]] = {}
-        rep = self.node.replication
+        commit = self.node.commit
         for c, m in settled:
             src = c.queue
             self._release_one(c)
@@ -164,7 +187,7 @@ class Delivery:
                 continue
             dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
             headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
-            if dlq is not None and rep is not None and not rep.serving((dlq.meta.id, dlq.mapper.partition(m.key))):
+            if dlq is not None and commit.replicated and not commit.serving((dlq.meta.id, dlq.mapper.partition(m.key))):
                 # the dead-letter partition is active elsewhere: settle here once it is stored there
                 self.node.dead_letter_remote(src, m, dlq, headers)
                 continue
@@ -191,7 +214,7 @@ class Delivery:
 
         self.node.write_later(ops, committed, lazy=False)
 
-    def release(self, session: Session) -> None:
+    def release(self, session: Recipient) -> None:
         """A session ended: its consumers go, its unacked deliveries become ready again."""
         for c in list(session.consumers.values()):
             self.remove_consumer(c)

@@ -57,7 +57,9 @@ def sqlite_engine(config: NodeConfig) -> Engine:
 
 class Console(Protocol):
     """The management console the entry point attaches (``webconsole``)."""
-    url: str
+
+    @property
+    def url(self) -> str: ...
 
     async def start(self, host: str, port: int) -> None: ...
 
@@ -108,6 +110,11 @@ class Node:
     @property
     def holders(self) -> Collection[Session]:
         return self.sessions
+
+    @property
+    def has_quorum(self) -> bool:
+        """False while this group member has no node quorum (its partitions are Unavailable)."""
+        return self.peers is None or self.peers.membership.quorum_state is not QuorumState.DISABLED
 
     @property
     def commit(self) -> CommitPath:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
-from broker.config import ConfigError
+from broker.config import ConfigError, NodeConfig
+from broker.queues import Queue
+from client.clock import Clock
 from broker.forward import ForwardRequest
 from client.protocol.frames import (
     Close,
@@ -48,8 +50,34 @@ from ha.membership import (
     RemoteStateChanged,
 )
 
-if TYPE_CHECKING:
-    from broker.node import Node
+
+class Receiving(Protocol):
+    def receive(self, src: str, payload: bytes) -> None: ...
+
+
+class Dispatching(Protocol):
+    def schedule(self, q: Queue) -> None: ...
+
+
+class PeerHost(Protocol):
+    """What the peer links need from their node."""
+    config: NodeConfig
+    clock: Clock
+    store_stamp: str
+
+    @property
+    def replication(self) -> Receiving | None: ...
+
+    @property
+    def client_address(self) -> str: ...
+
+    @property
+    def queues(self) -> dict[str, Queue]: ...
+
+    @property
+    def delivery(self) -> Dispatching: ...
+
+    async def handle_forward(self, kind: int, payload: bytes) -> bytes: ...
 
 log = logging.getLogger("tandem.ha")
 
@@ -73,7 +101,7 @@ class _Link:
 
 
 class PeerManager:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: PeerHost) -> None:
         cfg = node.config
         self.node = node
         self.addresses = cfg.peer_addresses()

@@ -14,7 +14,7 @@ import heapq
 import re
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgpack
 
@@ -23,8 +23,19 @@ from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, QueueInfo
 from storage.base import QueueMeta
 
-if TYPE_CHECKING:
-    from broker.session import Session
+
+class Recipient(Protocol):
+    """A client session as consumers and delivery see it."""
+    client_name: str
+    consumers: dict[int, Consumer]
+    deliveries: dict[int, tuple[Consumer, Msg]]
+
+    @property
+    def writable(self) -> bool: ...
+
+    def deliver(self, c: Consumer, msgs: list[Msg]) -> None: ...
+
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
 
 #: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
 MESSAGE_OVERHEAD = 128
@@ -116,7 +127,7 @@ def frame_cost(m: Msg) -> int:
 class Consumer:
     __slots__ = ("id", "queue", "session", "prefetch", "unacked")
 
-    def __init__(self, id: int, queue: Queue, session: Session, prefetch: int) -> None:
+    def __init__(self, id: int, queue: Queue, session: Recipient, prefetch: int) -> None:
         self.id = id
         self.queue = queue
         self.session = session

@@ -20,11 +20,16 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker.publish import PublishRequest, PublishResult
-from broker.status import status_of
-from broker.queues import Consumer, Msg
+from broker.status import StatusSource, status_of
+from broker import delivery as _delivery
+from broker.publish import Publisher
+from broker.users import UserRegistry
+from client.clock import Clock
+from storage.writer import Callback
+from broker.queues import Consumer, Msg, Queue
 from broker.users import require_admin
 from client.errors import (
     AuthError,
@@ -43,6 +48,9 @@ from client.errors import (
 )
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, choose_version
 from client.protocol.frames import (
+    PartitionMap,
+    QueueInfo,
+    StreamMessage,
     Ack,
     Cancel,
     Close,
@@ -80,8 +88,35 @@ from client.protocol.frames import (
 )
 from storage.base import StoredMessage, UserRecord, WriteOp
 
-if TYPE_CHECKING:
-    from broker.node import Node
+
+class SessionHost(StatusSource, Protocol):
+    """What a client session needs from its node."""
+    clock: Clock
+    users: UserRegistry
+    confirms: int
+    publisher: Publisher
+
+    @property
+    def delivery(self) -> _delivery.Delivery: ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    def require_quorum(self, what: str) -> None: ...
+
+    def partition_map(self, name: str, session: Any = None) -> PartitionMap: ...
+
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
+
+    async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]: ...
+
+    async def delete(self, name: str, if_empty: bool) -> None: ...
+
+    async def purge(self, name: str) -> int: ...
+
+    async def catch_up_catalogue(self) -> bool: ...
+
+    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
+                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
 
 log = logging.getLogger("tandem.broker")
 
@@ -90,7 +125,7 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
 class Session:
-    def __init__(self, node: Node, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, node: SessionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.node = node
         self.reader = reader
         self.writer = writer

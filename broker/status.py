@@ -22,7 +22,8 @@ from client.protocol.frames import RemoteNode, StatusOk
 
 
 class HasUrl(Protocol):
-    url: str
+    @property
+    def url(self) -> str: ...
 
 
 class StatusSource(Protocol):

@@ -16,13 +16,14 @@ import pytest_asyncio
 import client
 from broker.config import NodeConfig
 from broker.node import Node
+from webconsole.server import Console
 from tests.conftest import PASSWORD, url_of
 
 
 
 @pytest_asyncio.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    n = Node(NodeConfig(data_dir=tmp_path / "n", port=0, http_port=0))
+    n = Node(NodeConfig(data_dir=tmp_path / "n", port=0, http_port=0), console=Console)
     await n.start()
     try:
         yield n
@@ -32,7 +33,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
 
 @pytest_asyncio.fixture
 async def http(node: Node) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
-    assert node.console is not None and node.console.address is not None
+    assert isinstance(node.console, Console) and node.console.address is not None
     base = f"http://127.0.0.1:{node.console.address[1]}"
     async with aiohttp.ClientSession() as s:
         yield s, base
