@@ -299,26 +299,25 @@ class Publisher:
         """Each partition's part to its active; the result sums theirs.  Parts served here are
         stored at once, so a producer's sequences reach every partition in the order it sent
         them."""
-        if req.dense:
+        if req.dense:  # one partition: its result, with the producer's last seq there
             assert req.partition is not None
-            parts: list[asyncio.Future[PublishResult]] = [
-                asyncio.ensure_future(self._publish_remote(q, req.partition, req))]
-        else:
-            by_part: dict[int, list[PublishMessage]] = {}
-            for m, p in zip(req.messages, pidxs):
-                by_part.setdefault(p, []).append(m)
-            parts = []
-            for pidx, msgs in by_part.items():
-                part_req = replace(req, messages=msgs, partition=pidx)
-                if self.node.commit.serving((q.meta.id, pidx)):
-                    try:
-                        parts.append(self.publish(part_req))
-                    except Exception as exc:
-                        refused: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
-                        refused.set_exception(exc)
-                        parts.append(refused)
-                else:
-                    parts.append(asyncio.ensure_future(self._publish_remote(q, pidx, part_req)))
+            self.node.spawn(_relay(self._publish_remote(q, req.partition, req), result))
+            return
+        by_part: dict[int, list[PublishMessage]] = {}
+        for m, p in zip(req.messages, pidxs):
+            by_part.setdefault(p, []).append(m)
+        parts: list[asyncio.Future[PublishResult]] = []
+        for pidx, msgs in by_part.items():
+            part_req = replace(req, messages=msgs, partition=pidx)
+            if self.node.commit.serving((q.meta.id, pidx)):
+                try:
+                    parts.append(self.publish(part_req))
+                except Exception as exc:
+                    refused: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+                    refused.set_exception(exc)
+                    parts.append(refused)
+            else:
+                parts.append(asyncio.ensure_future(self._publish_remote(q, pidx, part_req)))
         self.node.spawn(_sum_parts(parts, result))
 
     async def _publish_remote(self, q: Queue, pidx: int, req: PublishRequest) -> PublishResult:
@@ -344,6 +343,17 @@ class Publisher:
                 if req.producer_id is None or clock.monotonic() >= deadline or node.stopping:
                     raise
                 await commit.wait_change(0.2)
+
+
+async def _relay(work: Coroutine[Any, Any, PublishResult], result: asyncio.Future[PublishResult]) -> None:
+    try:
+        r = await work
+    except Exception as exc:
+        if not result.done():
+            result.set_exception(exc)
+        return
+    if not result.done():
+        result.set_result(r)
 
 
 async def _sum_parts(parts: list[asyncio.Future[PublishResult]], result: asyncio.Future[PublishResult]) -> None:
