@@ -18,6 +18,7 @@ from broker.commit import CATALOGUE, CommitPath
 from broker.config import NodeConfig
 from broker.forward import MAX_HOPS, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardRequest, PurgeFwd, \
     decode_reply
+from broker import queues
 from broker.queues import Consumer, Msg, Queue, validate_declare
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
@@ -253,9 +254,7 @@ class Catalogue:
 
     def partition_depth(self, q: Queue, pidx: int) -> int:
         """Ready and delivered-but-unsettled messages of one partition served here."""
-        held = sum(1 for h in self.node.holders for c, m in h.deliveries.values()
-                   if c.queue is q and m.partition == pidx)
-        return len(q.partitions[pidx].ready) + held
+        return queues.partition_depth(self.node.holders, q, pidx)
 
     async def purge_partition(self, q: Queue, pidx: int) -> int:
         part = q.partitions[pidx]

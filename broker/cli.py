@@ -67,7 +67,7 @@ def _broker_start(args: argparse.Namespace) -> int:
 async def _serve(config: Any) -> int:
     from broker.node import Node
 
-    from webconsole.server import Console
+    from webconsole.app import Console
 
     node = Node(config, console=Console)
     await node.start()

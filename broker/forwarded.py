@@ -16,7 +16,6 @@ from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, Forwa
                             PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
-from client.errors import InvalidArgumentError
 from client.protocol.codec import decode_payload, encode
 from client.protocol.frames import Declare, Publish, ReadOk, StreamMessage, expect
 
@@ -24,6 +23,8 @@ from client.protocol.frames import Declare, Publish, ReadOk, StreamMessage, expe
 class ForwardedHost(status.StatusSource, Protocol):
     publisher: Publisher
     catalogue: Catalogue
+
+    def catalogue_commit(self) -> int: ...
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
@@ -71,10 +72,7 @@ class ForwardHandlers:
         return b""
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
-        rep = self.node.replication
-        if rep is None:
-            raise InvalidArgumentError("this node is not in a replication group")
-        return pack_reply(rep.catalogue_commit())
+        return pack_reply(self.node.catalogue_commit())
 
     async def _status(self, _req: Any) -> bytes:
         return encode(status.status_of(self.node, 0))[4:]

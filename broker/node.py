@@ -507,6 +507,11 @@ class Node:
     async def catch_up_catalogue(self) -> bool:
         return await self.catalogue.catch_up()
 
+    def catalogue_commit(self) -> int:
+        """How far the catalogue's log is committed here (asked of the catalogue's active)."""
+        rep, _peers = self._group()
+        return rep.catalogue_commit()
+
     def catalogue_applied(self) -> int:
         return self.replication.catalogue_applied() if self.replication is not None else 0
 

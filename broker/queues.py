@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import msgpack
@@ -266,3 +266,16 @@ class Queue:
         k = self._next_consumer % len(cs)
         self._next_consumer = k + 1
         return cs[k:] + cs[:k]
+
+
+class Holder(Protocol):
+    """A session holding deliveries (delivered, not yet settled)."""
+
+    @property
+    def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
+
+
+def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int) -> int:
+    """Ready and delivered-but-unsettled messages of one partition served here."""
+    held = sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
+    return len(q.partitions[pidx].ready) + held

@@ -1,44 +1,55 @@
-"""What a node tells about itself: ``tandem status``, the console's views, forwarded stats.
+"""What a node reports about itself, for ``tandem status``, its console, its metrics and its peers.
 
-Pure functions of the node's state, shared by the client protocol's ``Status`` request, the
-requests other members forward (:mod:`broker.forwarded`) and the console (``webconsole``),
-which imports them from here.
+:func:`status_of` is a node's view of itself and its group (the ``Status`` request, and the
+forwarded status request the console sends every member).
+
+The management console (``webconsole/``) shows the whole group: for each partition
+it asks the member active for it (the forwarded ``pstats`` request), and it sums
+the counters every member keeps of what it did as an active (``qstats``).  The
+answers are computed here, on the node's own state, so that the broker answers
+its peers without importing the console; ``apply_option`` applies an operator
+setting sent by a member's console (forwarded ``option``).
+
+The helpers read the node through :class:`NodeState`, the few things they need.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 import msgpack
 
 from broker import __version__
-from broker.catalogue import Catalogue
 from broker.config import NodeConfig
-from broker.peers import PeerManager
-from broker.queues import Queue
-from broker.replication import Replication
+from broker import queues
+from broker.queues import Consumer, Msg, Queue
+
 from client.errors import InvalidArgumentError, UnavailableError
-from client.protocol.frames import RemoteNode, StatusOk
+from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk
+from ha.membership import Membership
 
 
-class HasUrl(Protocol):
-    @property
-    def url(self) -> str: ...
-
-
-class StatusSource(Protocol):
-    config: NodeConfig
-    store_stamp: str
-    priority: int
-    peers: PeerManager | None
-    replication: Replication | None
-    catalogue: Catalogue
+class HoldsDeliveries(Protocol):
+    """A client session: the messages delivered to it and not yet settled."""
 
     @property
-    def console(self) -> HasUrl | None: ...
+    def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
+
+
+class NodeState(Protocol):
+    """What the status helpers read and set on a node."""
 
     @property
-    def queues(self) -> dict[str, Queue]: ...
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def queues(self) -> Mapping[str, Queue]: ...
+
+    @property
+    def sessions(self) -> Collection[HoldsDeliveries]: ...
+
+    def queue(self, name: str) -> Queue: ...
 
     def serves(self, q: Queue, pidx: int) -> bool: ...
 
@@ -47,22 +58,135 @@ class StatusSource(Protocol):
     def set_option(self, name: str, value: int, *, by: str) -> None: ...
 
 
+def partition_depth(node: NodeState, q: Queue, pidx: int) -> int:
+    """Ready and delivered-but-unsettled messages of one partition served here."""
+    return queues.partition_depth(node.sessions, q, pidx)
+
+
+def local_pstats(node: NodeState, q: Queue, pidx: int) -> dict[str, Any]:
+    """ready, unacked, depth and next offset of a partition this node serves."""
+    part = q.partitions[pidx]
+    depth = partition_depth(node, q, pidx)
+    ready = len(part.ready)
+    return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
+            "next_offset": part.next_offset}
+
+
+def pstats_payload(node: NodeState, qname: str, pidx: int) -> bytes:
+    """The answer to a forwarded ``pstats`` request: a partition this node is active for."""
+    q = node.queue(qname)
+    if not 0 <= pidx < q.meta.partitions:
+        raise InvalidArgumentError(f"queue {qname!r} has no partition {pidx}")
+    if not node.serves(q, pidx):
+        raise UnavailableError(f"partition {qname}/{pidx} is not active on {node.config.name}")
+    return msgpack.packb(local_pstats(node, q, pidx))
+
+
+def queue_counters(node: NodeState) -> dict[str, list[int]]:
+    """What this node counted, per queue: [published, delivered, acked]."""
+    return {name: [q.published, q.delivered, q.acked] for name, q in node.queues.items()}
+
+
+def add_counters(total: dict[str, list[int]], counts: Mapping[str, list[int]]) -> None:
+    """Add one member's :func:`queue_counters` into ``total`` (the whole group's)."""
+    for qname, v in counts.items():
+        acc = total.setdefault(qname, [0, 0, 0])
+        for i in range(3):
+            acc[i] += v[i]
+
+
+def apply_option(node: NodeState, option: str, value: int, by: str) -> None:
+    """An operator setting on this node (from its console, or forwarded by a member).
+    ``quorum_override`` below 0 clears the override."""
+    if option == "quorum_override":
+        node.set_quorum_override(None if value < 0 else value, by=by)
+    elif option in ("priority", "designated_primary"):
+        node.set_option(option, value, by=by)
+    else:
+        raise InvalidArgumentError(f"unknown option {option!r}")
+
+
+class HasUrl(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class PeersState(Protocol):
+    @property
+    def addresses(self) -> Mapping[str, tuple[str, int]]: ...
+
+    @property
+    def client_addresses(self) -> Mapping[str, str]: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+
+class HaEventView(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def partition(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+class ReplicationState(Protocol):
+    @property
+    def events(self) -> Collection[HaEventView]: ...
+
+    @property
+    def discarded_total(self) -> int: ...
+
+    @property
+    def discarded_messages(self) -> int: ...
+
+    @property
+    def designated_primary(self) -> str | None: ...
+
+    def partition_infos(self) -> list[PartitionInfo]: ...
+
+
+class StatusSource(NodeState, Protocol):
+    """What :func:`status_of` reads on a node."""
+
+    @property
+    def store_stamp(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def console(self) -> HasUrl | None: ...
+
+    @property
+    def peers(self) -> PeersState | None: ...
+
+    @property
+    def replication(self) -> ReplicationState | None: ...
+
+
 def status_of(node: StatusSource, rid: int) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``."""
     cfg = node.config
     remotes: list[RemoteNode] = []
-    if node.peers is None:
+    peers = node.peers
+    if peers is None:
         quorum, override = "Active", None
     else:
-        m = node.peers.membership
+        m = peers.membership
         quorum, override = m.quorum_state.value, m.quorum_override
-        for name, (host, port) in sorted(node.peers.addresses.items()):
+        for name, (host, port) in sorted(peers.addresses.items()):
             ident = m.identity(name)
             remotes.append(RemoteNode(name, m.state(name).value, f"{host}:{port}",
                                       ident.priority if ident else 0, ident.votes if ident else 0,
                                       ident.store_stamp if ident else "",
-                                      node.peers.client_addresses.get(name, "")))
-    partitions, events, discarded, dp, dmsgs = [], [], 0, False, 0
+                                      peers.client_addresses.get(name, "")))
+    partitions: list[PartitionInfo] = []
+    events: list[str] = []
+    discarded, dp, dmsgs = 0, False, 0
     rep = node.replication
     if rep is not None:
         partitions = rep.partition_infos()
@@ -75,37 +199,3 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
                     discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
                     console=console.url if console is not None else "")
-
-
-def apply_option(node: StatusSource, option: str, value: int, by: str) -> None:
-    """An operator setting on this node (from the console here or forwarded by a member)."""
-    if option == "quorum_override":
-        node.set_quorum_override(None if value < 0 else value, by=by)
-    elif option in ("priority", "designated_primary"):
-        node.set_option(option, value, by=by)
-    else:
-        raise InvalidArgumentError(f"unknown option {option!r}")
-
-
-def local_pstats(node: StatusSource, q: Queue, pidx: int) -> dict[str, Any]:
-    """A partition served here: ready, unacked, depth, active, next offset."""
-    part = q.partitions[pidx]
-    depth = node.catalogue.partition_depth(q, pidx)
-    ready = len(part.ready)
-    return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
-            "next_offset": part.next_offset}
-
-
-def queue_counters(node: StatusSource) -> dict[str, list[int]]:
-    """What this node counted, per queue: [published, delivered, acked]."""
-    return {name: [q.published, q.delivered, q.acked] for name, q in node.queues.items()}
-
-
-def pstats_payload(node: StatusSource, qname: str, pidx: int) -> bytes:
-    """The forwarded partition-stats request: a partition this node is active for."""
-    q = node.catalogue.queue(qname)
-    if not 0 <= pidx < q.meta.partitions:
-        raise InvalidArgumentError(f"queue {qname!r} has no partition {pidx}")
-    if not node.serves(q, pidx):
-        raise UnavailableError(f"partition {qname}/{pidx} is not active on {node.config.name}")
-    return msgpack.packb(local_pstats(node, q, pidx))

@@ -9,24 +9,24 @@ partition the node is active for; scrape every node for the group.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from broker.status import partition_depth
+from ha.membership import QuorumState
 from storage.segments import SegmentLog
-
-if TYPE_CHECKING:
-    from broker.node import Node
+from webconsole.nodeview import NODE, NodeView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_REGISTRIES: dict[int, CollectorRegistry] = {}
 
 
 class NodeCollector(Collector):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
 
     def collect(self) -> Iterator[Any]:
@@ -50,7 +50,7 @@ class NodeCollector(Collector):
         for qname, q in qs:
             for p in range(q.meta.partitions):
                 if node.serves(q, p):
-                    depth.add_metric([name, qname, str(p)], node.catalogue.partition_depth(q, p))
+                    depth.add_metric([name, qname, str(p)], partition_depth(node, q, p))
                     ready.add_metric([name, qname, str(p)], len(q.partitions[p].ready))
         yield depth
         yield ready
@@ -90,8 +90,10 @@ class NodeCollector(Collector):
                        [("node", name)], rep.discarded_total)
         yield _counter("tandem_ha1014_discarded_messages", "HA-1014: messages in the discarded entries",
                        [("node", name)], rep.discarded_messages)
+        peers = node.peers
+        disabled = peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
         yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],
-                     0 if rep._disabled() else 1)
+                     0 if disabled else 1)
 
 
 def _gauge(metric: str, help_: str, labels: list[tuple[str, str]], value: float) -> GaugeMetricFamily:
@@ -106,20 +108,41 @@ def _counter(metric: str, help_: str, labels: list[tuple[str, str]], value: floa
     return fam
 
 
-def registry_of(node: Node) -> CollectorRegistry:
-    reg = _REGISTRIES.get(id(node))
-    if reg is None:
-        reg = CollectorRegistry(auto_describe=False)
-        reg.register(NodeCollector(node))
+class Metrics:
+    """A node's registry: its collector, and the histogram of its store's commits (observed
+    by the writer from the moment the console starts until it stops)."""
+
+    def __init__(self, node: NodeView) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeCollector(node))
         hist = Histogram("tandem_store_commit_seconds", "store commits (one transaction, fsync'd when sync)",
-                         ["node", "sync"], registry=reg,
+                         ["node", "sync"], registry=self.registry,
                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
         name = node.config.name
         synced, unsynced = hist.labels(name, "true"), hist.labels(name, "false")
-        node.writer.commit_observers.append(lambda s, sync: (synced if sync else unsynced).observe(s))
-        _REGISTRIES[id(node)] = reg
-    return reg
+
+        def observe(seconds: float, sync: bool) -> None:
+            (synced if sync else unsynced).observe(seconds)
+
+        self._observe = observe
+        self._observers = node.writer.commit_observers
+        self._observers.append(observe)
+
+    def close(self) -> None:
+        """Stop observing the store's commits."""
+        if self._observe in self._observers:
+            self._observers.remove(self._observe)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE
 
 
-def render(node: Node) -> tuple[bytes, str]:
-    return generate_latest(registry_of(node)), CONTENT_TYPE
+METRICS = web.AppKey("metrics", Metrics)
+
+
+async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The application's :class:`Metrics`, for as long as it runs (``cleanup_ctx``)."""
+    app[METRICS] = metrics = Metrics(app[NODE])
+    yield
+    metrics.close()

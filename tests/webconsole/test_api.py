@@ -16,14 +16,13 @@ import pytest_asyncio
 import client
 from broker.config import NodeConfig
 from broker.node import Node
-from webconsole.server import Console
 from tests.conftest import PASSWORD, url_of
-
+from webconsole.app import Console, serve_console
 
 
 @pytest_asyncio.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    n = Node(NodeConfig(data_dir=tmp_path / "n", port=0, http_port=0), console=Console)
+    n = Node(NodeConfig(data_dir=tmp_path / "n", port=0))
     await n.start()
     try:
         yield n
@@ -32,9 +31,19 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
 
 
 @pytest_asyncio.fixture
-async def http(node: Node) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
-    assert isinstance(node.console, Console) and node.console.address is not None
-    base = f"http://127.0.0.1:{node.console.address[1]}"
+async def console(node: Node) -> AsyncIterator[Console]:
+    """The node's console, served as the entry point serves it."""
+    c = await serve_console(node, "127.0.0.1", 0)
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+@pytest_asyncio.fixture
+async def http(console: Console) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    assert console.address is not None
+    base = f"http://127.0.0.1:{console.address[1]}"
     async with aiohttp.ClientSession() as s:
         yield s, base
 
@@ -223,3 +232,26 @@ async def test_changes_from_another_site_or_not_json_are_refused(http: tuple[aio
                                                                      "role": "admin", "p": "="})
     assert status == 400 and "p" in err["message"]
     assert (await call(s, "POST", q, json={"name": "x"}, headers={"Sec-Fetch-Site": "same-origin"}))[0] == 201
+
+
+@pytest.mark.asyncio
+async def test_the_event_stream_sends_the_overview_and_ends_when_the_console_stops(
+        http: tuple[aiohttp.ClientSession, str], console: Console, node: Node) -> None:
+    s, base = http
+    async with s.get(f"{base}/api/v1/events/stream", headers=ADMIN) as r:
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        while (line := await r.content.readline()) != b"event: overview\n":
+            assert line, "the stream ended before its first overview"
+        assert b'"nodes"' in await r.content.readline()
+        async with node.clock.timeout(10):  # the stream must not hold the shutdown up
+            await console.stop()
+            assert await r.content.read() is not None
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_console_leaves_no_observer_on_the_store(node: Node) -> None:
+    before = len(node.writer.commit_observers)
+    c = await serve_console(node, "127.0.0.1", 0)
+    assert len(node.writer.commit_observers) == before + 1
+    await c.stop()
+    assert len(node.writer.commit_observers) == before

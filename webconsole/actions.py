@@ -1,0 +1,178 @@
+"""The operations (admin role only): node settings (priority, quorum override,
+designated primary), declare, delete and purge a queue, create and delete users
+and change their passwords.  Each is logged with the operator who asked."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from broker.queues import validate_declare
+from broker.users import make_user
+from client.errors import InvalidArgumentError
+from client.protocol.frames import Declare
+from storage.base import DropUser, PutUser
+from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
+from webconsole.errors import ApiError, bad, json_body
+from webconsole.group import GROUP
+from webconsole.nodeview import NODE
+
+log = logging.getLogger("tandem.console")
+
+#: the fields of a declare, and the JSON type each takes
+DECLARE_FIELDS: dict[str, type] = {"partitions": int, "ring_size": int, "max_deliveries": int, "max_length": int,
+                                   "mapper": str, "dead_letter_queue": str}
+
+
+def _target(body: dict[str, Any], request: web.Request) -> str:
+    """The node a group setting is for: ``node`` of the body, this one by default."""
+    target = body.get("node", request.app[NODE].config.name)
+    if not isinstance(target, str):
+        raise bad("node", "a node name")
+    return target
+
+
+# -- node settings ----------------------------------------------------------------------------------
+
+
+async def set_priority(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    body = await json_body(request)
+    prio = body.get("priority")
+    if not isinstance(prio, int) or isinstance(prio, bool) or not 0 <= prio <= 3:
+        raise bad("priority", "an integer 0 (never active) .. 3 (highest)")
+    await request.app[GROUP].apply_on(name, "priority", prio, who(request))
+    return web.json_response({"node": name, "priority": prio})
+
+
+async def set_quorum_override(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    nodes = body.get("nodes")
+    if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
+        raise bad("nodes", "an integer >= 1, or null to clear the override")
+    target = _target(body, request)
+    await request.app[GROUP].apply_on(target, "quorum_override", -1 if nodes is None else nodes, who(request))
+    return web.json_response({"node": target, "quorum_override": nodes})
+
+
+async def set_designated_primary(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    on = body.get("on")
+    if not isinstance(on, bool):
+        raise bad("on", "true or false")
+    target = _target(body, request)
+    await request.app[GROUP].apply_on(target, "designated_primary", int(on), who(request))
+    return web.json_response({"node": target, "designated_primary": on})
+
+
+# -- queues -------------------------------------------------------------------------------------------
+
+
+async def create_queue(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad("name", "required: the queue's name")
+    kwargs: dict[str, Any] = {}
+    for field, kind in DECLARE_FIELDS.items():
+        if field in body and body[field] is not None:
+            v = body[field]
+            if not isinstance(v, kind) or isinstance(v, bool):
+                raise bad(field, f"expected {kind.__name__}")
+            kwargs[field] = v
+    unknown = set(body) - {"name", *DECLARE_FIELDS}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    frame = Declare(rid=0, queue=name, **kwargs)
+    try:
+        validate_declare(frame)
+    except InvalidArgumentError as exc:
+        raise ApiError(400, "bad_request", exc.message) from None
+    info, created = await request.app[NODE].declare(frame)
+    log.warning("console: %s declared queue %s", who(request), name)
+    return web.json_response({"name": info.name, "partitions": info.partitions, "created": created},
+                             status=201 if created else 200)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if_empty = request.query.get("if_empty", "false")
+    if if_empty not in ("true", "false"):
+        raise bad("if_empty", "true or false")
+    await request.app[NODE].delete(name, if_empty == "true")
+    log.warning("console: %s deleted queue %s", who(request), name)
+    return web.json_response({"deleted": name})
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    purged = await request.app[NODE].purge(name)
+    log.warning("console: %s purged queue %s (%d messages)", who(request), name, purged)
+    return web.json_response({"queue": name, "purged": purged})
+
+
+# -- users --------------------------------------------------------------------------------------------
+
+
+async def create_user(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await json_body(request)
+    unknown = set(body) - {"name", "password", "role"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    name, password, role = body.get("name"), body.get("password"), body.get("role", "monitor")
+    if not isinstance(name, str) or not name:
+        raise bad("name", "required")
+    if not isinstance(password, str):
+        raise bad("password", "required, at least 8 characters")
+    if not isinstance(role, str):
+        raise bad("role", "admin or monitor")
+    if node.users.get(name) is not None:
+        raise ApiError(409, "exists", f"user {name!r} exists (POST /api/v1/users/{name}/password changes it)")
+    try:
+        user = await asyncio.to_thread(make_user, name, password, role)  # scrypt: off the loop
+    except InvalidArgumentError as exc:
+        raise ApiError(400, "bad_request", exc.message) from None
+    await node.write([PutUser(user)], sync=True)
+    node.users.put(user)
+    log.warning("console: %s created user %s (%s)", who(request), name, role)
+    return web.json_response({"name": name, "role": role}, status=201)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    if node.users.get(name) is None:
+        raise ApiError(404, "not_found", f"no user {name!r}")
+    if name == request[USER]:
+        raise ApiError(409, "conflict", "you cannot delete the user you are logged in as")
+    await node.write([DropUser(name)], sync=True)
+    node.users.drop(name)
+    request.app[SESSIONS].end_user(name)
+    log.warning("console: %s deleted user %s", who(request), name)
+    return web.json_response({"deleted": name})
+
+
+async def change_password(request: web.Request) -> web.Response:
+    """A new password for a user; their other browser sessions end (the asking one stays)."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    old = node.users.get(name)
+    if old is None:
+        raise ApiError(404, "not_found", f"no user {name!r}")
+    body = await json_body(request)
+    password = body.get("password")
+    if not isinstance(password, str):
+        raise bad("password", "required, at least 8 characters")
+    try:
+        user = await asyncio.to_thread(make_user, name, password, old.role)
+    except InvalidArgumentError as exc:
+        raise ApiError(400, "bad_request", exc.message) from None
+    await node.write([PutUser(user)], sync=True)
+    node.users.put(user)
+    request.app[SESSIONS].end_user(name, keep=request.cookies.get(SESSION_COOKIE))
+    log.warning("console: %s changed the password of %s", who(request), name)
+    return web.json_response({"name": name, "changed": True})

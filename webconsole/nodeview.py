@@ -1,0 +1,110 @@
+"""What the console needs from the node it serves: :class:`NodeView`.
+
+The console reads the node's state, asks the other members over the node's
+peer links, and calls the node's operations (declare, delete, purge, write a
+user).  ``broker.node.Node`` satisfies these protocols; the console names no
+concrete broker class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Protocol
+
+from aiohttp import web
+
+from broker.forward import ForwardRequest
+from broker.status import PeersState, ReplicationState, StatusSource
+from broker.users import UserRegistry
+from client.clock import Clock
+from client.protocol.frames import Declare, PartitionInfo, QueueInfo
+from ha.membership import Membership
+from storage.base import WriteOp
+from storage.writer import GroupCommitWriter
+
+#: a partition: (queue id, partition index)
+Key = tuple[int, int]
+
+
+class PeersView(PeersState, Protocol):
+    """The node's links to the other members of its group."""
+
+    @property
+    def addresses(self) -> Mapping[str, tuple[str, int]]:
+        """Every other member's name and peer address."""
+
+    @property
+    def links(self) -> Mapping[str, object]:
+        """The members connected now."""
+
+    @property
+    def membership(self) -> Membership: ...
+
+    async def forward(self, name: str, request: ForwardRequest) -> bytes:
+        """Ask member ``name`` to do ``request``; its reply, or the error it raised."""
+
+
+class ReplicationView(ReplicationState, Protocol):
+    """The node's replicated partitions."""
+
+    @property
+    def elections(self) -> int: ...
+
+    @property
+    def discarded_total(self) -> int: ...
+
+    @property
+    def discarded_messages(self) -> int: ...
+
+    def active_of(self, key: Key) -> str | None: ...
+
+    def partition_infos(self) -> list[PartitionInfo]: ...
+
+
+class NodeView(StatusSource, Protocol):
+    """A node as its console sees it."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def users(self) -> UserRegistry: ...
+
+    @property
+    def peers(self) -> PeersView | None:
+        """None on a node that is not in a replication group."""
+
+    @property
+    def replication(self) -> ReplicationView | None: ...
+
+    @property
+    def client_address(self) -> str: ...
+
+    @property
+    def confirms(self) -> int:
+        """Messages confirmed to publishers."""
+
+    @property
+    def engine(self) -> object:
+        """The store (the metrics read its replication log's files, when it has one)."""
+
+    @property
+    def writer(self) -> GroupCommitWriter: ...
+
+    def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]: ...
+
+    async def catch_up_catalogue(self) -> bool: ...
+
+    async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]: ...
+
+    async def delete(self, name: str, if_empty: bool) -> None: ...
+
+    async def purge(self, name: str) -> int: ...
+
+
+#: the node an application serves
+NODE: web.AppKey[NodeView] = web.AppKey("node")
