@@ -3,8 +3,8 @@ unknown kind (a newer build's) is refused with UnknownMessageKind (which
 ``Replication.receive`` logs once per peer and kind, and drops).
 
 The wire format is pinned to exact bytes: a node of this build talks to a node of the
-previous build, so every message kind, every log op code and both snapshot encodings
-must encode to (and decode from) the bytes below."""
+previous build, so every message kind, every log op code, both snapshot encodings and
+the ``Replicate`` payload must encode to (and decode from) the bytes below."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import msgpack
 import pytest
 
 from broker.replication import (
+    MessageKind,
+    OpCode,
     UnknownMessageKind,
     decode_message,
     decode_ops,
@@ -19,6 +21,12 @@ from broker.replication import (
     encode_ops,
     encode_snapshot,
     snapshot_ops,
+)
+from broker.replication.codec import (
+    decode_catalogue_snapshot,
+    decode_replicate,
+    encode_catalogue_snapshot,
+    encode_replicate,
 )
 from ha.messages import (
     Alive,
@@ -154,3 +162,25 @@ def test_a_partition_snapshot_encodes_to_the_pinned_bytes() -> None:
         SetDeliveryCount(1, 0, [(5, 1)]),  # (the delivered mark adds one back on load)
         PutProducer(1, 0, "p1", 7),
     ]
+
+
+def test_a_catalogue_snapshot_encodes_to_the_pinned_bytes() -> None:
+    wire = "919804a66f726465727302a4686173680005a3646c7164"
+    assert encode_catalogue_snapshot([META]).hex() == wire
+    assert decode_catalogue_snapshot(bytes.fromhex(wire)) == [META]
+
+
+def test_a_replicate_payload_encodes_to_the_pinned_bytes() -> None:
+    """Items of (queue id, partition, message), the catalogue's (0, 0) among them."""
+    items = [[1, 0, encode_message(Alive(3, "node3"))], [0, 0, encode_message(VoteReply(3, "node2", True))]]
+    wire = "92930100930603a56e6f646533930000940103a56e6f646532c3"
+    assert encode_replicate(items).hex() == wire
+    assert [(q, p, decode_message(raw)) for q, p, raw in decode_replicate(bytes.fromhex(wire))] == [
+        (1, 0, Alive(3, "node3")), (0, 0, VoteReply(3, "node2", True))]
+
+
+def test_the_kinds_and_codes_are_the_wire_values() -> None:
+    assert [(k.name, int(k)) for k in MessageKind] == [
+        ("REQUEST_VOTE", 0), ("VOTE_REPLY", 1), ("APPEND_ENTRIES", 2), ("APPEND_REPLY", 3),
+        ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6)]
+    assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]
