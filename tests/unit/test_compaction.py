@@ -1,4 +1,4 @@
-"""Where the active compacts a partition's log (broker.replication.Replication._compact_upto):
+"""Where the active compacts a partition's log (broker.replication.compaction.compact_upto):
 by count and size, but not past what a replica that answers still lacks, up to a cap."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-import broker.replication as rep
+import broker.replication.compaction as compaction
+from broker.replication import compact_upto, one_applied_position
 from ha.messages import AppendReply, Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig
 from tests.helpers import active_replica
@@ -15,9 +16,9 @@ from tests.helpers import active_replica
 
 @pytest.fixture
 def small(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rep, "KEEP_ENTRIES", 1000)
-    monkeypatch.setattr(rep, "KEEP_BYTES", 100)
-    monkeypatch.setattr(rep, "HOLD_BYTES", 1000)
+    monkeypatch.setattr(compaction, "KEEP_ENTRIES", 1000)
+    monkeypatch.setattr(compaction, "KEEP_BYTES", 100)
+    monkeypatch.setattr(compaction, "HOLD_BYTES", 1000)
 
 
 def test_compaction_keeps_what_an_answering_replica_lacks(small: None) -> None:
@@ -25,22 +26,22 @@ def test_compaction_keeps_what_an_answering_replica_lacks(small: None) -> None:
     r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
     r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))  # c is behind, and answering
     assert r.applied == 21
-    assert rep.Replication._compact_upto(r) == (5, 16 * 50)  # c still gets entries 6.. from the log
+    assert compact_upto(r) == (5, 16 * 50)  # c still gets entries 6.. from the log
 
 
 def test_compaction_holds_at_most_hold_bytes(small: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rep, "HOLD_BYTES", 300)
+    monkeypatch.setattr(compaction, "HOLD_BYTES", 300)
     r = active_replica(20, 50)
     r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 21)))
     r.step(Envelope("c", "a", AppendReply(r.term, "c", True, 5)))
-    assert rep.Replication._compact_upto(r) == (15, 6 * 50)  # beyond that c gets a snapshot
+    assert compact_upto(r) == (15, 6 * 50)  # beyond that c gets a snapshot
 
 
 def test_compaction_by_size_when_every_replica_has_it(small: None) -> None:
     r = active_replica(20, 50)
     for n in "bc":
         r.step(Envelope(n, "a", AppendReply(r.term, n, True, 21)))
-    assert rep.Replication._compact_upto(r) == (19, 2 * 50)  # KEEP_BYTES: the last two
+    assert compact_upto(r) == (19, 2 * 50)  # KEEP_BYTES: the last two
 
 
 def test_a_catching_up_replica_gets_appends_of_bounded_size() -> None:
@@ -68,7 +69,7 @@ def test_held_store_writes_keep_the_newest_applied_position() -> None:
     first = [Append(1, 0, [], 5), PutApplied(1, 0, 5, 1, "a")]
     second = [Settle(1, 0, [0, 1]), PutApplied(1, 0, 7, 1, "a"), LogCompact(1, 0, 3, 1, "a")]
     compaction_only = [LogCompact(1, 0, 6, 1, "a")]
-    ops = rep.one_applied_position(first + second + compaction_only)
+    ops = one_applied_position(first + second + compaction_only)
     assert ops == [Append(1, 0, [], 5), Settle(1, 0, [0, 1]), LogCompact(1, 0, 3, 1, "a"),
                    LogCompact(1, 0, 6, 1, "a"), PutApplied(1, 0, 7, 1, "a")]
-    assert rep.one_applied_position(compaction_only) == compaction_only
+    assert one_applied_position(compaction_only) == compaction_only

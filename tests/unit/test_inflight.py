@@ -1,5 +1,5 @@
 """When an active holds a partition's next proposals back for its entry in flight
-(broker.replication.waits_for_commit, docs/replication.md "one entry in flight"), and when
+(broker.replication.commit.waits_for_commit, docs/replication.md "one entry in flight"), and when
 it must not: a held-back proposal must never wait for a commit that cannot come."""
 
 from __future__ import annotations

@@ -1,13 +1,33 @@
 """Replication messages survive the wire: every kind encodes and decodes to itself, and an
 unknown kind (a newer build's) is refused with UnknownMessageKind (which
-``Replication.receive`` logs once per peer and kind, and drops)."""
+``Replication.receive`` logs once per peer and kind, and drops).
+
+The wire format is pinned to exact bytes: a node of this build talks to a node of the
+previous build, so every message kind, every log op code, both snapshot encodings and
+the ``Replicate`` payload must encode to (and decode from) the bytes below."""
 
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from broker.replication import UnknownMessageKind, decode_message, encode_message
+from broker.replication import (
+    MessageKind,
+    OpCode,
+    UnknownMessageKind,
+    decode_message,
+    decode_ops,
+    encode_message,
+    encode_ops,
+    encode_snapshot,
+    snapshot_ops,
+)
+from broker.replication.codec import (
+    decode_catalogue_snapshot,
+    decode_replicate,
+    encode_catalogue_snapshot,
+    encode_replicate,
+)
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -18,6 +38,22 @@ from ha.messages import (
     RequestVote,
     TimeoutNow,
     VoteReply,
+)
+from storage.base import (
+    Append,
+    DropProducers,
+    DropQueue,
+    MarkDelivered,
+    PackedRun,
+    PartitionState,
+    PutProducer,
+    PutQueue,
+    QueueMeta,
+    ResetPartition,
+    SetDeliveryCount,
+    Settle,
+    StoredMessage,
+    WriteOp,
 )
 
 MESSAGES: list[Message] = [
@@ -41,3 +77,110 @@ def test_an_unknown_kind_is_refused() -> None:
     with pytest.raises(UnknownMessageKind, match="unknown replication message kind 99") as exc:
         decode_message([99, 3, "node1"])
     assert exc.value.kind == 99 and isinstance(exc.value, ValueError)  # (receive drops it)
+
+
+# -- the exact bytes -------------------------------------------------------------------------------
+
+PINNED_MESSAGES: list[tuple[Message, str]] = [
+    (RequestVote(3, "node1", 10, 2, 1), "960003a56e6f6465310a0201"),
+    (VoteReply(3, "node2", True), "940103a56e6f646532c3"),
+    (AppendEntries(3, "node1", 9, 2, "node1", (Entry(3, 10, b"ops", "node1", False),
+                                                Entry(3, 11, None, "node1", True)), 8),
+     "980203a56e6f6465310902a56e6f6465319295030ac4036f7073a56e6f646531c295030bc0a56e6f646531c308"),
+    (AppendReply(3, "node2", True, 10), "950303a56e6f646532c30a"),
+    (InstallSnapshot(3, "node1", 10, 2, "node1", b"state"), "970403a56e6f6465310a02a56e6f646531c4057374617465"),
+    (TimeoutNow(3, "node1", 4), "940503a56e6f64653104"),
+    (Alive(3, "node3"), "930603a56e6f646533"),
+]
+
+
+@pytest.mark.parametrize(("m", "wire"), PINNED_MESSAGES, ids=lambda v: type(v).__name__)
+def test_every_kind_encodes_to_the_pinned_bytes(m: Message, wire: str) -> None:
+    assert msgpack.packb(encode_message(m), use_bin_type=True).hex() == wire
+    assert decode_message(msgpack.unpackb(bytes.fromhex(wire), raw=False)) == m
+
+
+M1 = StoredMessage(5, "k", b"\x80", b"body", "p1", 7, 1.5)
+M2 = StoredMessage(6, None, b"\x80", b"b2", None, None, 2.0)
+M3 = StoredMessage(9, None, b"\x80", b"b3", None, None, 3.0)
+META = QueueMeta(id=4, name="orders", partitions=2, mapper="hash", ring_size=0, max_deliveries=5,
+                 dead_letter_queue="dlq", max_length=100)
+
+PINNED_OPS: list[tuple[str, WriteOp, str]] = [
+    ("C", Append(1, 0, [M1, M2], 7),  # consecutive offsets: one packed chunk
+     "9195a143070502c42e9296a16bc40180c404626f6479a2703107cb3ff800000000000096c0c40180c4026232c0c0cb4000000000000000"),
+    ("A", Append(1, 0, [M1, M3], 10),  # a gap: message by message
+     "9193a1410a929705a16bc40180c404626f6479a2703107cb3ff80000000000009709c0c40180c4026233c0c0cb4008000000000000"),
+    ("S", Settle(1, 0, [5, 6]), "9192a153920506"),
+    ("M", MarkDelivered(1, 0, 6), "9192a14d06"),
+    ("D", SetDeliveryCount(1, 0, [(5, 2)]), "9192a14491920502"),
+    ("P", PutProducer(1, 0, "p1", 7), "9193a150a2703107"),
+    ("R", DropProducers(1, 0, ["p1", "p2"]), "9192a15292a27031a27032"),
+    ("Q", PutQueue(META), "9192a1519804a66f726465727302a4686173680005a3646c7164"),
+    ("X", DropQueue(4), "9192a15804"),
+]
+
+
+def _plain(op: WriteOp) -> WriteOp:
+    """``op`` with a packed run of messages unpacked (a PackedRun compares by identity)."""
+    if isinstance(op, Append) and type(op.messages) is PackedRun:
+        return Append(op.queue_id, op.partition, list(op.messages), op.next_offset)
+    return op
+
+
+@pytest.mark.parametrize(("code", "op", "wire"), PINNED_OPS, ids=[c for c, _o, _w in PINNED_OPS])
+def test_every_op_code_encodes_to_the_pinned_bytes(code: str, op: WriteOp, wire: str) -> None:
+    data, _applied = encode_ops([op])
+    assert data.hex() == wire
+    assert msgpack.unpackb(data, raw=False)[0][0] == code
+    (back,) = decode_ops((1, 0), bytes.fromhex(wire))
+    assert _plain(back) == op
+
+
+def test_a_list_of_messages_is_read() -> None:
+    """``A`` is what a log holds for an append whose offsets have a gap."""
+    (back,) = decode_ops((1, 0), bytes.fromhex(PINNED_OPS[1][2]))
+    assert isinstance(back, Append) and list(back.messages) == [M1, M3] and back.next_offset == 10
+
+
+def test_an_unknown_op_code_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown log op 'Z'"):
+        decode_ops((1, 0), msgpack.packb([["Z", 1]]))
+
+
+SNAPSHOT = PartitionState(next_offset=10, delivered_upto=6, producers={"p1": 7},
+                          messages=[StoredMessage(5, "k", b"\x80", b"body", "p1", 7, 1.5, 2)])
+SNAPSHOT_WIRE = "940a0681a2703107919805a16bc40180c404626f6479a2703107cb3ff800000000000002"
+
+
+def test_a_partition_snapshot_encodes_to_the_pinned_bytes() -> None:
+    assert encode_snapshot(SNAPSHOT).hex() == SNAPSHOT_WIRE
+    assert snapshot_ops((1, 0), bytes.fromhex(SNAPSHOT_WIRE)) == [
+        ResetPartition(1, 0),
+        Append(1, 0, [StoredMessage(5, "k", b"\x80", b"body", "p1", 7, 1.5)], 10),
+        MarkDelivered(1, 0, 6),
+        SetDeliveryCount(1, 0, [(5, 1)]),  # (the delivered mark adds one back on load)
+        PutProducer(1, 0, "p1", 7),
+    ]
+
+
+def test_a_catalogue_snapshot_encodes_to_the_pinned_bytes() -> None:
+    wire = "919804a66f726465727302a4686173680005a3646c7164"
+    assert encode_catalogue_snapshot([META]).hex() == wire
+    assert decode_catalogue_snapshot(bytes.fromhex(wire)) == [META]
+
+
+def test_a_replicate_payload_encodes_to_the_pinned_bytes() -> None:
+    """Items of (queue id, partition, message), the catalogue's (0, 0) among them."""
+    items = [[1, 0, encode_message(Alive(3, "node3"))], [0, 0, encode_message(VoteReply(3, "node2", True))]]
+    wire = "92930100930603a56e6f646533930000940103a56e6f646532c3"
+    assert encode_replicate(items).hex() == wire
+    assert [(q, p, decode_message(raw)) for q, p, raw in decode_replicate(bytes.fromhex(wire))] == [
+        (1, 0, Alive(3, "node3")), (0, 0, VoteReply(3, "node2", True))]
+
+
+def test_the_kinds_and_codes_are_the_wire_values() -> None:
+    assert [(k.name, int(k)) for k in MessageKind] == [
+        ("REQUEST_VOTE", 0), ("VOTE_REPLY", 1), ("APPEND_ENTRIES", 2), ("APPEND_REPLY", 3),
+        ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6)]
+    assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]

@@ -1,0 +1,45 @@
+"""Where a partition's log is compacted: how much of the applied log is kept, and why.
+
+Applied entries are deleted from the log ``KEEP_ENTRIES`` (at most ``KEEP_BYTES``)
+behind; a replica that needs older ones gets a snapshot.  The active keeps more for a
+replica that answers and still lacks them (up to ``HOLD_BYTES``): sending it entries is
+cheaper than a snapshot.
+"""
+
+from __future__ import annotations
+
+from ha.replica import Replica
+
+KEEP_ENTRIES = 1000  # applied entries kept in the log for replicas that fall a little behind
+COMPACT_EVERY = 4000  # compact when this many applied entries have piled up
+# ... and by size, as entries of big batches are big (256 x 1 KiB messages: 4,000 entries
+# would be a gigabyte of log on disk and in memory per partition)
+KEEP_BYTES = 8 * 1024 * 1024  # at most this much of applied entries kept
+COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted reach this (more than kept)
+# ... but the active keeps what a replica that is answering still lacks, up to this much
+# (beyond it, that replica gets a snapshot)
+HOLD_BYTES = 256 * 1024 * 1024
+# How often partitions that keep the log's oldest segment are compacted past it.
+UNPIN_EVERY = 1.0
+
+
+def entry_bytes(r: Replica, first: int, last: int) -> int:
+    """Bytes of the entries ``first..last`` in the core's log."""
+    return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
+
+
+def compact_upto(r: Replica) -> tuple[int, int]:
+    """Where to compact, and the bytes of applied entries kept: the last KEEP_ENTRIES
+    applied entries, or fewer if they hold more than KEEP_BYTES; on the active also
+    every entry a replica that answers still lacks, up to HOLD_BYTES."""
+    need = r.live_match()  # entries after it are still wanted
+    i, kept = r.applied, 0
+    floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
+    while i > r.snap_index:
+        size = len(r.entry(i).data or b"")
+        if not ((i > floor and kept + size <= KEEP_BYTES)
+                or (need is not None and i > need and kept + size <= HOLD_BYTES)):
+            break
+        kept += size
+        i -= 1
+    return i, kept

@@ -1,0 +1,552 @@
+""":class:`Replication`: the I/O that feeds each partition's :class:`ha.replica.Replica`.
+
+It ticks every log's core, carries out each Ready the cores return (log writes, then
+messages, then the confirms of committed proposals), and wires the parts of the
+package together: proposals (commit.py), applying committed entries (apply.py), who
+serves what (serving.py), peer messages (transport.py).
+
+* **Persist before send.**  A Ready's log changes and hard state are one writer
+  submission: ``sync`` on the active, ``remote_sync`` on replicas.  A replica's
+  messages (votes, append replies) leave only once that write is committed, in order;
+  the active ships appends at once and counts itself toward a commit only when
+  :meth:`Replica.persisted` says its write is done.
+* **Alive while a disk is slow.**  A replica whose replies wait for its log write
+  tells the active it is up (``Alive``), so a disk's hiccup does not cost an election
+  (:meth:`Replication._keep_alive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
+from broker.replication.codec import CATALOGUE, Key
+from broker.replication.commit import Proposals
+from broker.replication.compaction import (
+    COMPACT_BYTES,
+    COMPACT_EVERY,
+    HOLD_BYTES,
+    KEEP_BYTES,
+    UNPIN_EVERY,
+    compact_upto,
+    entry_bytes,
+)
+from broker.replication.host import Callback, ReplicationHost
+from broker.replication.partlog import PartLog
+from broker.replication.serving import PartitionNotifier, Serving
+from broker.replication.transport import Transport
+from client.errors import UnavailableError
+from client.protocol.frames import PartitionInfo
+from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, HandingOver, Ready, RoleChanged
+from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
+from ha.replica import Replica, ReplicaConfig, Role
+from storage.base import (
+    DropQueue,
+    DurabilityPolicy,
+    LogAppend,
+    LogCompact,
+    LogRecord,
+    LogState,
+    LogTruncate,
+    PutApplied,
+    PutHardState,
+    PutQueue,
+    QueueMeta,
+    ResetPartition,
+    WriteOp,
+)
+
+log = logging.getLogger("tandem.ha")
+
+MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
+MAX_EVENTS = 200
+# A replica whose replies have been held this many non_response_timeouts by its log writes
+# stops sending the active Alive (Replication._keep_alive): its disk or writer is stuck.
+ALIVE_GIVE_UP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class HaEvent:
+    at: float
+    kind: str  # role, failback, HA-1014
+    partition: str
+    text: str
+
+
+class Replication:
+    def __init__(self, host: ReplicationHost, logs: dict[Key, LogState]) -> None:
+        self.host = host
+        cfg = host.config
+        self.me = cfg.name
+        self.members = sorted([cfg.name, *cfg.peer_addresses()])
+        self.policy = DistributionPolicy(replicas=cfg.replicas, sync_replicas=cfg.sync_replicas)
+        self.priority = cfg.priority
+        self.quorum_override: int | None = None
+        self.designated_primary: str | None = cfg.name if cfg.designated_primary else None
+        self.logs: dict[Key, PartLog] = {}
+        self._stored = logs
+        self._rng = random.Random()
+        self._stopping = False
+        self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
+        self.discarded_total = 0
+        self.discarded_messages = 0  # messages in those entries
+        self.elections = 0  # times this node became active for a partition (metrics)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._broken = False
+        self.proposals = Proposals(host, self.logs, guarded=self._guarded, broken=lambda: self._broken)
+        self.roles = Serving(host, self.logs, policy=self.policy, members=self.members, spawn=self._spawn,
+                             fail_waiters=self.proposals.fail_waiters)
+        self.held = HeldWrites(host, self.logs, stored=self.roles.stored_upto, fatal=self._fatal)
+        self.transport = Transport(host, self.logs, release_held=self.held.release, spawn=self._spawn)
+
+    # -- the node's view: proposals, who is active ----------------------------------------------
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set (and replaced) whenever a role or an active changes."""
+        return self.roles.changed
+
+    def propose(self, ops: list[WriteOp], callback: Callback | None, *, lazy: bool = False) -> None:
+        self.proposals.propose(ops, callback, lazy=lazy)
+
+    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+        self.proposals.propose_catalogue(op, callback)
+
+    async def flush_lazy(self, timeout: float) -> None:
+        await self.proposals.flush_lazy(timeout)
+
+    def serving(self, key: Key) -> bool:
+        return self.roles.serving(key)
+
+    def active_of(self, key: Key) -> str | None:
+        return self.roles.active_of(key)
+
+    def catalogue_commit(self) -> int:
+        return self.roles.catalogue_commit()
+
+    def catalogue_applied(self) -> int:
+        return self.roles.catalogue_applied()
+
+    async def wait_change(self, timeout: float) -> None:
+        await self.roles.wait_change(timeout)
+
+    async def wait_active(self, key: Key, timeout: float) -> str:
+        return await self.roles.wait_active(key, timeout)
+
+    def partition_infos(self) -> list[PartitionInfo]:
+        return self.roles.partition_infos()
+
+    def add_partition_notifier(self, cb: PartitionNotifier) -> None:
+        self.roles.add_partition_notifier(cb)
+
+    def _disabled(self) -> bool:
+        return self.roles.disabled()
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._open(CATALOGUE, NodeList(tuple(self.members), (ReplicaKind.SYNC,) * len(self.members)))
+        for q in self.host.queues.values():
+            self._open_queue(q.meta)
+
+    def _open_queue(self, meta: QueueMeta) -> None:
+        for p, nodes in enumerate(place(self.policy, meta.partitions, self.members)):
+            if self.me in nodes.nodes and (meta.id, p) not in self.logs:
+                self._open((meta.id, p), nodes)
+
+    def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
+        cfg = self.host.config
+        voters = nodes.voters
+        dp = self.designated_primary if len(voters) == 2 and self.designated_primary in voters else None
+        override = self.quorum_override if self.quorum_override is None or self.quorum_override <= len(voters) \
+            else len(voters)
+        return ReplicaConfig(node=self.me, voters=voters, learners=nodes.learners,
+                             priorities={self.me: self.priority}, election_timeout=cfg.non_response_timeout,
+                             heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
+                             designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
+                             max_append=256,
+                             max_append_bytes=MAX_APPEND_BYTES)
+
+    def _open(self, key: Key, nodes: NodeList) -> None:
+        st = self._stored.pop(key, None) or LogState()
+        entries = [Entry(r.term, r.index, r.data or None, r.origin, r.weak) for r in st.entries
+                   if r.index > st.snapshot[0]]
+        replica = Replica(self._replica_config(nodes), rng=random.Random(self._rng.random()),
+                          now=self.host.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
+                          commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
+        plog = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
+                       durable_applied=st.applied[0],
+                       applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))
+        self.roles.start_lifecycle(plog)
+        self.logs[key] = plog
+
+    def reconfigure(self) -> None:
+        """Priority, quorum_override or designated_primary changed: every log, at once."""
+        for plog in list(self.logs.values()):
+            self._guarded(plog, lambda: plog.replica.reconfigure(self._replica_config(plog.nodes)))
+
+    async def run(self) -> None:
+        interval = min(0.05, self.host.config.keepalive_interval / 2)
+        clock = self.host.clock
+        pins_at = clock.monotonic()
+        while True:
+            now = clock.monotonic()
+            wake = now + interval
+            for plog in list(self.logs.values()):
+                self._guarded(plog, lambda: plog.replica.tick(now))
+                r = plog.replica
+                if plog.outbox and r.role is Role.FOLLOWER:  # (a learner's word counts for nothing)
+                    self._keep_alive(plog, now)
+                # Early only for an election timer: an active's heartbeats keep a phase of their
+                # own each, and waking for every one would tick every log N times a round.
+                if r.role is not Role.LEADER:
+                    at = r.wake_at
+                    if now < at < wake:  # (a log whose tick failed must not make this loop spin)
+                        wake = at
+            if now >= pins_at:
+                pins_at = now + UNPIN_EVERY
+                self._unpin_segments()
+            # Round by round, but early for an election timer due before the next round: two
+            # replicas whose random timers differ by 20 ms must not bid in the same round, or
+            # they split the vote again.  (A timer a message sets, as a refusal's early stand,
+            # waits for the next round or message: <= 50 ms.)
+            await clock.sleep(max(0.001, wake - clock.monotonic()))
+
+    def _unpin_segments(self) -> None:
+        """The oldest segment of the log's files goes once every entry in it is compacted
+        (storage/segments.py).  A partition that keeps it (a quiet one: it compacts only
+        every COMPACT_EVERY entries) is compacted past it here, once applied that far.  The
+        log of a partition this node holds no replica of is dropped: of a queue placed
+        elsewhere now, with its store rows; of a deleted queue (its deletion record did not
+        reach the disk before a crash), once the catalogue here is caught up."""
+        pins = getattr(self.host.engine, "log_pins", None)
+        if pins is None or self._broken or self._stopping:
+            return
+        try:
+            for key, top in pins().items():
+                plog = self.logs.get(key)
+                if plog is None:
+                    self._drop_foreign_log(key)
+                    continue
+                r = plog.replica
+                if r.snap_index >= top or r.applied < top:
+                    continue  # compacted already (not yet durably), or not applied that far yet
+                need = r.live_match()
+                if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
+                    continue  # a replica that answers still lacks them: it catches up first (as compact_upto)
+                r.compact(top)
+                plog.applied_bytes = entry_bytes(r, r.snap_index + 1, r.applied)
+                # with the store writes it depends on, in order (see HeldWrites)
+                self.held.hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
+        except Exception as exc:
+            log.exception("compacting the partitions that keep the oldest log segment failed")
+            self._fatal(f"log compaction failed: {exc!r}")
+
+    def _drop_foreign_log(self, key: Key) -> None:
+        if key == CATALOGUE:
+            return
+        qid, p = key
+        if self.host.queue_by_id(qid) is not None:
+            log.info("partition %d/%d: dropping its log and store rows on %s, which no longer holds a replica",
+                     qid, p, self.me)
+            self.host.writer.submit([ResetPartition(qid, p), LogCompact(qid, p, 0, 0, ""), PutApplied(qid, p, 0, 0, ""),
+                                     LogTruncate(qid, p, 0)], sync=False)
+            return
+        cat = self.logs[CATALOGUE].replica
+        if cat.leader is not None and not cat.recovering and cat.applied >= cat.commit:
+            log.info("partition %d/%d: dropping the log of a deleted queue on %s", qid, p, self.me)
+            self.host.writer.submit([LogTruncate(qid, p, 0)], sync=False)
+
+    def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        self.held.cancel_timer()
+        self.proposals.stop()
+        for plog in self.logs.values():
+            self.held.release(plog)
+            self.proposals.fail_waiters(plog, UnavailableError(f"node {self.me} is shutting down"))
+        self._stopping = True
+        self.held.stopping = True
+
+    def receive(self, src: str, payload: bytes) -> None:
+        """A Replicate frame from peer ``src``."""
+        if self._broken:
+            return
+        now = self.host.clock.monotonic()
+        for plog, msg in self.transport.receive(src, payload):
+            r = plog.replica
+            if now - r.now > 0.01:  # the core's clock moves only in tick()
+                self._guarded(plog, lambda: r.tick(now))
+            self._guarded(plog, lambda: plog.replica.step(Envelope(src, self.me, msg)))
+
+    # -- the core's Ready ------------------------------------------------------------------------
+
+    def _handle(self, plog: PartLog, ready: Ready) -> None:
+        """Carry out one Ready: one writer submission, then (or at once, on the active)
+        the messages, then the callbacks of confirmed proposals."""
+        if self._broken or self.logs.get(plog.key) is not plog:
+            return  # a log that was replaced (resync) or dropped (queue deleted)
+        r = plog.replica
+        key = plog.key
+        if r.leader != plog.known_leader:
+            plog.known_leader = r.leader
+            self.roles.notify()
+        self.roles.track_active(plog)
+        self.proposals.undefer(plog)  # (should the term move on without a step-down: see waits_for_commit)
+        if key != CATALOGUE and any(isinstance(ev, EntriesDiscarded) and ev.committed for ev in ready.events):
+            # It had applied entries the group discarded: its store is wrong for this partition.
+            # Nothing of this Ready is carried out (its replies would promise a log about to go).
+            for ev in ready.events:
+                self._event(plog, ev)
+            self._resync(plog)
+            return
+        leader = r.role is Role.LEADER
+        policy = self.host.config.sync if leader else self.host.config.remote_sync
+        ops, sync, promise = self._log_writes(plog, ready, leader, policy)
+        for ev in ready.events:
+            self._event(plog, ev)
+        # Applying committed entries to the store can wait for the next commit (held): the
+        # log already has them durably, and a restart re-applies from the applied position.
+        callbacks: list[list[Callback]] = []
+        apply_ops: list[WriteOp] = []
+        applied_size = plog.applied_bytes
+        if ready.committed:
+            apply_ops = apply_entries(plog, ready.committed, callbacks, self._apply_catalogue)
+            self.proposals.undefer(plog)  # what waited for these commits goes now
+            if key == CATALOGUE and all(e.data is None for e in ready.committed):
+                # A new active's no-op moves the catalogue's applied position too, and the
+                # node's catalogue catch-up waits on that (entries with data notify in
+                # _apply_catalogue).
+                self.roles.notify()
+        applied_size = plog.applied_bytes - applied_size  # (before compaction recounts it)
+        if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
+            upto, plog.applied_bytes = compact_upto(r)
+            # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
+            # while a slow replica holds more than COMPACT_BYTES back)
+            plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
+            if upto > r.snap_index:
+                r.compact(upto)
+                apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+        last = ready.append[-1] if ready.append else None
+        # Messages of a replica wait for the write (they promise what is on disk); the
+        # active's appends go at once (it counts itself only once persisted), except
+        # right after it won: its term must be on disk first.
+        wait = bool(ops) and (promise or (not leader and policy is not DurabilityPolicy.NO_SYNC))
+        if ops:
+            plog.write_seq += 1
+            seq = plog.write_seq
+            snapshot_upto = plog.applied[0] if ready.snapshot is not None else 0
+
+            def written(err: BaseException | None) -> None:
+                if err is not None:
+                    self._fatal(f"replication log write of {plog.name} failed: {err}")
+                    return
+                if self.logs.get(key) is not plog:
+                    return
+                if plog.outbox and plog.outbox[0][0] <= seq:
+                    plog.replied_at = self.host.clock.monotonic()
+                while plog.outbox and plog.outbox[0][0] <= seq:
+                    for env in plog.outbox.popleft()[1]:
+                        self.transport.send(key, env)
+                if last is not None and (policy is not DurabilityPolicy.NO_SYNC or not leader):
+                    self._guarded(plog, lambda: plog.replica.persisted(last))
+                self.roles.stored_upto(plog, snapshot_upto)
+
+            self.host.writer.submit(ops, sync=sync, callback=written)
+            if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
+                self._guarded(plog, lambda: r.persisted(last))
+        if apply_ops:
+            self.held.hold(plog, apply_ops, applied_size)
+        if ready.messages:
+            if wait or plog.outbox:
+                target = plog.write_seq
+                if plog.outbox and plog.outbox[-1][0] == target:
+                    plog.outbox[-1][1].extend(ready.messages)
+                else:
+                    plog.outbox.append((target, list(ready.messages), self.host.clock.monotonic()))
+            else:
+                if not leader:
+                    plog.replied_at = self.host.clock.monotonic()
+                for env in ready.messages:
+                    self.transport.send(key, env)
+        for cbs in callbacks:
+            for cb in cbs:
+                try:
+                    cb(None)
+                except Exception:  # a confirm callback must not stop replication
+                    log.exception("partition %s: a commit callback failed", plog.name)
+
+    def _log_writes(self, plog: PartLog, ready: Ready, leader: bool,
+                    policy: DurabilityPolicy) -> tuple[list[WriteOp], bool, bool]:
+        """The log writes of ``ready`` (truncation, snapshot, appends, hard state), whether
+        they are fsynced, and whether they make a promise (a new term or vote: on disk
+        before anyone hears of it)."""
+        key = plog.key
+        ops: list[WriteOp] = []
+        sync = False
+        if ready.truncate_from is not None or ready.snapshot is not None:
+            self.held.release(plog)  # what is held goes to the store first, in order
+        if ready.truncate_from is not None:
+            ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
+        if ready.snapshot is not None:
+            m = ready.snapshot
+            ops.extend(install_ops(plog, m, {q.meta.id for q in self.host.queues.values()}, self._apply_catalogue))
+            ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
+            ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
+            sync = True
+        if ready.append:
+            ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
+                                                  for e in ready.append]))
+            if leader:
+                now = self.host.clock.monotonic()
+                stamps = plog.appended_at
+                if stamps and stamps[-1][0] >= ready.append[0].index:
+                    stamps.clear()  # a new term rewrote the log's tail
+                stamps.extend((e.index, now) for e in ready.append)
+            # The active fsyncs (SYNC) entries that carry publishes; settlements and delivery
+            # marks are written without: losing one in an OS crash means a redelivery, as on
+            # a single node.  (Replicas follow remote_sync for all.)
+            if policy is DurabilityPolicy.SYNC:
+                sync = sync or not leader or any(e.index in plog.must_sync for e in ready.append)
+            if plog.must_sync:
+                plog.must_sync.difference_update([e.index for e in ready.append])
+        promise = False
+        if ready.hard_state is not None:
+            hs = ready.hard_state
+            # Written when the term or vote changes.  A commit index that only moved is not
+            # written on its own: the applied position, written with the applies, stands
+            # for it on restart (a row rewrite per entry would double the WAL traffic).
+            if (hs.term, hs.voted_for) != plog.promised:
+                ops.append(PutHardState(key[0], key[1], hs.term, hs.voted_for, hs.commit))
+                plog.promised = (hs.term, hs.voted_for)
+                promise = True
+                sync = True
+        return ops, sync, promise
+
+    def _keep_alive(self, plog: PartLog, now: float) -> None:
+        """A replica's replies wait for its log write, and that write can wait for long: behind
+        this node's own fsyncs in the one writer thread, or for a disk that stalls for up to
+        half a second.  While the active has heard nothing from this replica for half a
+        keep-alive interval and a reply is held, it is told that this replica is up, every
+        half interval (from the ticks, not from the active's messages, whose spacing would
+        leave gaps of up to three intervals; this way at most an interval and 0.1 s, where
+        the config allows anything below ``non_response_timeout``): else, hearing nothing
+        for ``non_response_timeout``, it steps down, and a disk's hiccup costs the partition
+        an election (docs/replication.md, "a slow disk is not a dead node").  Not for ever:
+        a disk stuck for ALIVE_GIVE_UP timeouts is a node that cannot serve, and the active
+        must step down so that its clients hear UNAVAILABLE instead of waiting."""
+        r = plog.replica
+        half = self.host.config.keepalive_interval / 2
+        held = now - plog.outbox[0][2]
+        quiet = now - max(plog.replied_at, plog.alive_at)  # since the active last heard from us
+        if r.leader is None or r.leader == self.me or held < min(half, 0.05) or quiet < half:
+            return  # (held: not for the millisecond a reply waits for a healthy disk)
+        if held > ALIVE_GIVE_UP * self.host.config.non_response_timeout:
+            if plog.alive_at > plog.outbox[0][2]:  # (said once per stuck write)
+                plog.alive_at = -1e18
+                log.error("partition %s: replies to %s held %.1f s by this node's log writes: no longer "
+                          "telling it this replica is up (its disk or writer is stuck?)", plog.name, r.leader, held)
+            return
+        plog.alive_at = now
+        self.transport.send(plog.key, Envelope(self.me, r.leader, Alive(r.term, self.me)))
+
+    def _guarded(self, plog: PartLog, step: Callable[[], Ready]) -> None:
+        """Feed the core and handle its Ready; an unexpected error stops this node (its
+        state may be inconsistent) rather than the replication task or a peer link."""
+        try:
+            self._handle(plog, step())
+        except Exception as exc:
+            log.exception("partition %s: replication failed", plog.name)
+            self._fatal(f"replication of {plog.name} failed: {exc!r}")
+
+    def _fatal(self, why: str) -> None:
+        if self._broken:
+            return
+        self._broken = True
+        log.critical("%s: this node stops, its replicas elect another active", why)
+        self._spawn(self.host.stop())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # -- committed catalogue entries, roles, HA-1014 ---------------------------------------------
+
+    def _apply_catalogue(self, ops: list[WriteOp]) -> list[WriteOp]:
+        """Apply committed catalogue ops here; the ops to store (a declare that lost a race
+        for its name is a no-op everywhere)."""
+        out: list[WriteOp] = []
+        for op in ops:
+            if isinstance(op, PutQueue):
+                if self.host.catalogue_put(op.queue):
+                    self._open_queue(op.queue)
+                    out.append(op)
+            elif isinstance(op, DropQueue):
+                self.host.catalogue_drop(op.queue_id)
+                for key in [k for k in self.logs if k[0] == op.queue_id]:
+                    plog = self.logs.pop(key)
+                    self.proposals.fail_waiters(plog, UnavailableError("the queue was deleted"))
+                out.append(op)
+        self.roles.notify()
+        return out
+
+    def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver) -> None:
+        """Log it, record it, act on a role change."""
+        now = self.host.clock.time()
+        if isinstance(ev, HandingOver):
+            log.warning("partition %s on %s: failback: handing it to %s, its placement's choice, back and "
+                        "answering (term %d; writes wait until it has taken over, or given up after an "
+                        "election timeout)", plog.name, self.me, ev.to, ev.term)
+            self.events.append(HaEvent(now, "failback", plog.name, f"{self.me}: handing over to {ev.to} "
+                                                                   f"in term {ev.term}"))
+            return
+        if isinstance(ev, RoleChanged):
+            level = logging.WARNING if ev.old == "active" or ev.new == "active" else logging.DEBUG
+            log.log(level, "partition %s on %s: %s -> %s in term %d (%s)", plog.name, self.me, ev.old, ev.new,
+                    ev.term, ev.reason)
+            if ev.new == "active" or ev.old == "active":
+                self.events.append(HaEvent(now, "role", plog.name, f"{self.me}: {ev.old} -> {ev.new} in term "
+                                                                   f"{ev.term} ({ev.reason})"))
+            if ev.new == "active":
+                self.elections += 1
+                plog.serve_from = plog.replica.last_index  # its no-op
+                plog.serve_term = ev.term
+            elif ev.old == "active":
+                self.roles.stop(plog, f"partition {plog.name} is no longer active on {self.me} ({ev.reason})")
+            self.roles.notify()
+            return
+        self.discarded_total += ev.count
+        messages = messages_in(plog.key, ev.payloads)
+        self.discarded_messages += messages
+        log.error("HA-1014 partition %s on %s: %d entries (%d messages) from index %d discarded in term %d "
+                  "(never committed by the group)%s", plog.name, self.me, ev.count, messages, ev.first_index,
+                  ev.term, f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed
+                  else "")
+        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries ({messages} "
+                                   f"messages) discarded from index {ev.first_index}, {ev.committed} confirmed"))
+
+    def _resync(self, plog: PartLog) -> None:
+        """Entries this node had applied were discarded (it confirmed them under a weak
+        override): its store is wrong for this partition.  Start the partition over
+        empty, after everything already submitted; the active sends it all again (or a
+        snapshot).  Until then it neither votes nor stands (``recovering``)."""
+        key = plog.key
+        r = plog.replica
+        log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
+        self.roles.stop(plog, f"partition {plog.name} is being rebuilt on {self.me}")
+        self.proposals.fail_waiters(plog, UnavailableError(f"partition {plog.name} is being rebuilt on {self.me}"))
+        self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
+                                 LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
+                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0)], sync=True)
+        replica = Replica(self._replica_config(plog.nodes), rng=random.Random(self._rng.random()),
+                          now=self.host.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
+        new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
+        self.roles.start_lifecycle(new)
+        self.logs[key] = new

@@ -1,0 +1,99 @@
+"""What replication needs from the node that hosts it: :class:`ReplicationHost`.
+
+Replication receives this narrow view instead of the node itself, so that it imports
+nothing of the node and the node can change behind it.  ``broker.node.Node`` satisfies
+it structurally (mypy checks it where the node constructs :class:`Replication`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from broker.config import NodeConfig
+from client.clock import Clock
+from client.protocol.frames import Replicate
+from ha.membership import Membership
+from storage.base import Engine, PartitionState, QueueMeta, WriteOp
+
+Callback = Callable[[BaseException | None], None]
+
+
+class StoreWriter(Protocol):
+    """The node's group-commit writer (storage.writer.GroupCommitWriter)."""
+
+    def submit(self, ops: list[WriteOp], *, sync: bool, callback: Callback | None = None,
+               lazy: bool = False) -> None: ...
+
+
+class QueueView(Protocol):
+    """A queue as replication sees it: its name and its catalogue record."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def meta(self) -> QueueMeta: ...
+
+
+class PeerLink(Protocol):
+    def send(self, frame: Replicate) -> None: ...
+
+
+class PeerGroup(Protocol):
+    """The node's peer links (broker.peers.PeerManager): who is connected, and the
+    group's quorum state."""
+
+    @property
+    def links(self) -> Mapping[str, PeerLink]: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+
+class ReplicationHost(Protocol):
+    """The node, as far as replication uses it."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def engine(self) -> Engine:
+        """The store: partitions are loaded from it (in a thread); ``log_pins``, where the
+        engine has it, names the partitions that keep the log's oldest segment."""
+
+    @property
+    def writer(self) -> StoreWriter: ...
+
+    @property
+    def peers(self) -> PeerGroup | None: ...
+
+    @property
+    def queues(self) -> Mapping[str, QueueView]:
+        """Every queue the node knows, by name."""
+
+    def queue_by_id(self, queue_id: int) -> QueueView | None: ...
+
+    def catalogue_put(self, meta: QueueMeta) -> bool:
+        """A committed declare: True if the queue is new here (False: its name was taken)."""
+
+    def catalogue_drop(self, queue_id: int) -> None:
+        """A committed delete."""
+
+    def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
+        """This node now serves the partition: its state, loaded from the store."""
+
+    def partition_unloaded(self, key: tuple[int, int]) -> None:
+        """This node no longer serves the partition: drop its in-memory state."""
+
+    def map_changed(self) -> None:
+        """A role or an active changed: clients that watch the partition map hear of it."""
+
+    def write(self, ops: list[WriteOp], *, sync: bool) -> Awaitable[None]:
+        """Commit ``ops`` (after everything submitted before them)."""
+
+    async def stop(self) -> None:
+        """Stop the node (replication calls it when its state may be inconsistent)."""

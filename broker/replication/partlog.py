@@ -1,0 +1,64 @@
+"""One partition's replication log on this node, and what it carries besides the core."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from broker.replication.codec import CATALOGUE, Key
+from broker.replication.compaction import COMPACT_BYTES
+from broker.replication.host import Callback
+from ha.messages import Envelope
+from ha.partition import PartitionLifecycle
+from ha.placement import NodeList
+from ha.replica import Replica
+from storage.base import WriteOp
+
+
+@dataclass(eq=False)
+class PartLog:
+    """The core (:class:`ha.replica.Replica`) of one partition (or of the catalogue) and
+    the driver's state around it: proposals waiting for their commit, ops staged for the
+    next entry, whether this node serves it, store writes held back, messages waiting
+    for the log write they promise."""
+
+    key: Key
+    replica: Replica
+    nodes: NodeList
+    applied: tuple[int, int, str] = (0, 0, "")
+    #: proposals of this node awaiting commit: index -> (ops, callbacks)
+    waiters: dict[int, tuple[list[WriteOp], list[Callback]]] = field(default_factory=dict)
+    staged_ops: list[WriteOp] = field(default_factory=list)
+    staged_cbs: list[Callback] = field(default_factory=list)
+    staged_bytes: int = 0  # message bodies in staged_ops (see commit.STAGE_BYTES)
+    proposed_term: int = 0  # the term of this node's last proposal to the log
+    serving: bool = False  # active here, caught up, in-memory state loaded
+    serve_from: int = 0  # the index of this active's no-op: serving once it is applied
+    serve_term: int = 0
+    known_leader: str | None = None  # to notice when the active changes
+    known_active: str | None = None  # the serving active last reported to the lifecycle
+    lifecycle: PartitionLifecycle | None = None  # state (Active, Unavailable, ...) and status
+    durable_applied: int = 0  # applied entries whose store writes have committed
+    applied_bytes: int = 0  # size of the applied entries still in the log (compaction by size)
+    compact_at: int = COMPACT_BYTES  # compact when applied_bytes reaches it
+    must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
+    #: store writes of committed entries, held back (see apply.HOLD_APPLY)
+    held_ops: list[WriteOp] = field(default_factory=list)
+    held_bytes: int = 0
+    held_since: float = 0.0  # when the oldest of them was held (while in HeldWrites)
+    lazy_since: float = 0.0  # when its oldest lazily staged op was staged (while in Proposals' lazy set)
+    held_upto: int = 0  # the applied index they bring the store to
+    promised: tuple[int, str | None] = (0, None)  # (term, voted_for) as last written
+    #: messages waiting for log writes to commit: (write seq, envelopes, monotonic time
+    #: queued), in order
+    outbox: deque[tuple[int, list[Envelope], float]] = field(default_factory=deque)
+    alive_at: float = -1e18  # when this replica last sent the active an Alive (keep-alive)
+    replied_at: float = -1e18  # when this replica's messages last went out (keep-alive)
+    write_seq: int = 0
+    #: (index, monotonic time) of entries this node appended as the active, oldest first
+    #: (replication lag in seconds: how long ago the first entry a replica lacks was written)
+    appended_at: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=100_000))
+
+    @property
+    def name(self) -> str:
+        return "catalogue" if self.key == CATALOGUE else f"{self.key[0]}/{self.key[1]}"
