@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from broker.bench.harness import TandemDriver
-from broker.bench.workload import Checker, Workload, body_for
-from broker.process import node_command
+from broker.tools.bench.harness import TandemDriver
+from broker.tools.bench.workload import Checker, Workload, body_for
+from broker.tools.process import node_command
 from client.clock import SYSTEM_CLOCK
 
 PROBE = Path(__file__).resolve().parent / "tail_probe"

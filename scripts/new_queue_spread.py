@@ -16,9 +16,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from broker.bench.harness import TandemDriver
-from broker.bench.workload import Workload
-from broker.cluster import LocalCluster
+from broker.tools.bench.harness import TandemDriver
+from broker.tools.bench.workload import Workload
+from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
 
 

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from broker.process import node_command
+from broker.tools.process import node_command
 from client.clock import SYSTEM_CLOCK
 
 TICK = os.sysconf("SC_CLK_TCK")

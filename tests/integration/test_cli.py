@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.drill import SCENARIOS, DrillConfig, drill
+from broker.tools.drill import SCENARIOS, DrillConfig, drill
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

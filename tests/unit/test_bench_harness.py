@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker.bench.harness import run_system
-from broker.bench.workload import Checker, Publisher, Workload, id_of
+from broker.tools.bench.harness import run_system
+from broker.tools.bench.workload import Checker, Publisher, Workload, id_of
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,8 +17,8 @@ import socket
 from pathlib import Path
 
 import client
-from broker.faults import FaultProxy
-from broker.process import NodeProcess
+from broker.tools.faults import FaultProxy
+from broker.tools.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
@@ -103,7 +103,7 @@ class LocalCluster:
         self._node_args = dict(node_args or {})
         for n in names:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
-                                        password=self.password, host=host)
+                                        password=self.password, host=host, clock=clock)
         self._arrange()
 
     def _arrange(self) -> None:
@@ -190,7 +190,7 @@ class LocalCluster:
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until some node reports node quorum and an active for the queue catalogue."""
         try:
-            async with asyncio.timeout(timeout):
+            async with self.clock.timeout(timeout):
                 while True:
                     for _name, st in await self._statuses():
                         cat = [x for x in st.partitions if x.queue == "" and x.active]
