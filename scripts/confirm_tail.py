@@ -8,8 +8,8 @@ publishes at ``--rate`` with a consumer acking, as ``tandem bench``'s latency ph
 notes each confirm's send time and latency.  It prints the p50 / p99, then the slowest 1% in
 episodes (sends less than 20 ms apart) with what each node was doing then: writer commits
 over 2 ms (``L`` lazy, the held store writes; ``S`` synced; ops in brackets) and loop lags
-over 2 ms.  Last, how many episodes overlap a lazy commit on some node.  A diagnostic for
-docs/benchmarks.md (thirteenth session); ``tandem bench`` is the benchmark.  Linux only.
+over 2 ms.  Last, how many episodes overlap a lazy commit on some node.  A diagnostic;
+``tandem bench`` is the benchmark.  Linux only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Node *i* (1-based) is named ``node<i>``, keeps its store in ``<data_dir>/node<i>``
 and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
-``+2`` for HTTP (the management console, later).  ``base_port=0`` picks free
+``+2`` for HTTP (the management console).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
 else a random one written to ``<data_dir>/admin-password``).
 """
@@ -29,8 +29,8 @@ def free_ports(n: int) -> list[int]:
 
     They are picked below the kernel's ephemeral range when it leaves room: a port that
     ``bind(0)`` hands out comes from that range, and so do the local ports of outgoing
-    connections, so in between any connection could take it (a test suite makes thousands;
-    a drill once failed on "address already in use")."""
+    connections, so in between any connection could take it (a test suite makes thousands)
+    and the node would fail with "address already in use"."""
     low = _ephemeral_low()
     socks: list[socket.socket] = []
     try:

@@ -94,7 +94,7 @@ async def test_the_delay_stops_growing_at_the_cap(tmp_path: Path) -> None:
     watch = asyncio.create_task(sup.watch("node2"))
     try:
         node.exits.put_nowait(-signal.SIGKILL)
-        while (line := await lines.get()) != "node2 is back (pid 101)":
+        while await lines.get() != "node2 is back (pid 101)":
             pass
         gaps = [b - a for a, b in zip(node.started_at, node.started_at[1:])]
         assert gaps[:4] == [4.0, 8.0, 16.0, RESTART_CAP] and max(gaps) == RESTART_CAP
