@@ -1,6 +1,7 @@
 # Tandem: two commands on a fresh machine.
 #   make run   creates .venv, installs Tandem into it, starts a local group of three nodes
-#   make test  installs the dev dependencies and runs the whole suite
+#   make test  installs what the tests need (dev dependencies; chromium, a Java runtime and strace
+#              with apt-get when root: scripts/ensure-system-packages.sh) and runs the whole suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -33,6 +34,7 @@ run-single: install
 	$(BIN)/tandem broker start --name node1 --data-dir .tandem-single/node1 --port $(PORT) --http-port $$(( $(PORT) + 2 )) --sync $(SYNC)
 
 test: dev
+	@scripts/ensure-system-packages.sh
 	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 

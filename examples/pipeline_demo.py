@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import client  # noqa: E402
-from broker.cluster import LocalCluster  # noqa: E402
+from broker.tools.cluster import LocalCluster  # noqa: E402
 
 PASSWORD = "pipeline-demo"
 

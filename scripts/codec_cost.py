@@ -3,8 +3,8 @@
     .venv/bin/python scripts/codec_cost.py
 
 Encodes and decodes a ``Publish`` and a ``Deliver`` frame of 256 messages of 1 KiB with
-``client.protocol.codec`` 2,000 times each and prints the time per message.  A diagnostic
-for docs/benchmarks.md (ninth session); ``tandem bench`` is the benchmark.
+``client.protocol.codec`` 2,000 times each and prints the time per message.  A diagnostic;
+``tandem bench`` is the benchmark.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ publishes at ``--rate`` with a consumer acking, as ``tandem bench``'s latency ph
 notes each confirm's send time and latency.  It prints the p50 / p99, then the slowest 1% in
 episodes (sends less than 20 ms apart) with what each node was doing then: writer commits
 over 2 ms (``L`` lazy, the held store writes; ``S`` synced; ops in brackets) and loop lags
-over 2 ms.  Last, how many episodes overlap a lazy commit on some node.  A diagnostic for
-docs/benchmarks.md (thirteenth session); ``tandem bench`` is the benchmark.  Linux only.
+over 2 ms.  Last, how many episodes overlap a lazy commit on some node.  A diagnostic;
+``tandem bench`` is the benchmark.  Linux only.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from broker.bench.harness import TandemDriver
-from broker.bench.workload import Checker, Workload, body_for
-from broker.process import node_command
+from broker.tools.bench.harness import TandemDriver
+from broker.tools.bench.workload import Checker, Workload, body_for
+from broker.tools.process import node_command
 from client.clock import SYSTEM_CLOCK
 
 PROBE = Path(__file__).resolve().parent / "tail_probe"

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import client
-from broker.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster
 
 PASSWORD = "screenshot-password"
 

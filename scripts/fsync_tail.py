@@ -4,8 +4,8 @@ grow (as the replication log's segments do) or on files written over in place (r
 
     .venv/bin/python scripts/fsync_tail.py [DIR] [--procs 3] [--rate 400] [--count 2000]
 
-Prints p50 / p90 / p99 / max of one fdatasync for each mode (docs/benchmarks.md, seventh
-session), and how many took over 30 ms (a disk that stops: docs/replication.md, twelfth).
+Prints p50 / p90 / p99 / max of one fdatasync for each mode, and how many took over 30 ms
+(a disk that stops: docs/replication.md).
 Writes and removes a 64 MiB file per process in DIR (default: the current one).
 """
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import client
-from broker.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster
 
 
 async def paced(url: str, queue: str, n: int = 2000, rate: float = 2000) -> tuple[float, float]:

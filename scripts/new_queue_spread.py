@@ -6,7 +6,7 @@ Each run starts a fresh group (``LocalCluster``, as ``tandem cluster up``, in a 
 declares a queue with one partition per node, and times the declare until every partition
 has an active (``tandem bench``'s set-up, which polls every 50 ms).  Prints one line a run
 and a summary: how many runs had each node the active of exactly one partition.  A diagnostic
-for docs/replication.md (eleventh session); the test of the rule is in tests/ha.
+(docs/replication.md); the test of the rule is in tests/ha.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from broker.bench.harness import TandemDriver
-from broker.bench.workload import Workload
-from broker.cluster import LocalCluster
+from broker.tools.bench.harness import TandemDriver
+from broker.tools.bench.workload import Workload
+from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
 
 

@@ -6,8 +6,8 @@ For each rate: a fresh group (``tandem cluster up --nodes 3``, in a temp dir), t
 ``tandem bench --url ... --messages 500 --latency-rate R --latency-messages 8R`` against it;
 the three node processes' user + system time (``/proc/<pid>/stat``) from before the bench to
 after it, divided by the messages sent.  Prints one line a rate: the nodes' CPU, per message,
-and the bench's confirm p50 / p99.  A diagnostic for docs/benchmarks.md (eighth session), Linux
-only; ``tandem bench`` is the benchmark.
+and the bench's confirm p50 / p99.  A diagnostic, Linux only;
+``tandem bench`` is the benchmark.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from broker.process import node_command
+from broker.tools.process import node_command
 from client.clock import SYSTEM_CLOCK
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 
 import client
-from broker.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster
 from broker.config import NodeConfig
 from broker.node import Node
 from storage.memory import MemoryDisk, MemoryEngine

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from broker.faults import FaultProxy
+from broker.tools.faults import FaultProxy
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.asyncio

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 from client import blocking
 from client.errors import AuthError, QueueNotFoundError, StaleDeliveryError
 

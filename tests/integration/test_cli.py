@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
@@ -159,3 +159,12 @@ async def test_a_spawned_node_runs_the_code_that_spawned_it(tmp_path: Path, monk
     p = NodeProcess(tmp_path / "node1")
     await p.start()  # (NodeStartError, with the line above in its output, if the wrong one ran)
     await p.stop()
+
+
+async def test_client_commands_log_warnings_only_unless_asked(proc: NodeProcess) -> None:
+    rc, _, err = await tandem("produce", "q", "a", "--declare", "1", "--url", proc.url)
+    assert rc == 0 and err == ""
+    rc, _, err = await tandem("produce", "q", "b", "-v", "--url", proc.url)
+    assert rc == 0 and "INFO" in err and "durable connection: connected" in err
+    rc, _, err = await tandem("--log-level", "DEBUG", "status", "--url", proc.url)
+    assert rc == 0 and "DEBUG" in err

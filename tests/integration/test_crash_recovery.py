@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 import client
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 from client.errors import TandemError
 from tests.helpers import wait_until
 

@@ -1,4 +1,4 @@
-"""Every failover drill in short form (``tandem drill``, broker/drill.py): real node
+"""Every failover drill in short form (``tandem drill``, broker/tools/drill/): real node
 processes, the fault injected under load, every message checked."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.drill import SCENARIOS, DrillConfig, drill
+from broker.tools.drill import SCENARIOS, DrillConfig, drill
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

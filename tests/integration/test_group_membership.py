@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 import client
-from broker.cluster import free_ports
+from broker.tools.cluster import free_ports
 from broker.config import build_config
 from broker.node import Node
 from client.protocol.frames import StatusOk

@@ -11,7 +11,7 @@ import pytest
 import client
 from broker.config import NodeConfig
 from broker.node import Node
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 from client.errors import ConnectionClosedError, ErrorCode, HeartbeatTimeoutError
 from tests.broker.test_bad_input import RawClient
 from tests.conftest import url_of

@@ -1,7 +1,7 @@
 """Replication groups of real node processes on loopback, with faults injected:
 kill -9 of an active, priority 0, two-node groups, quorum_override, and a node
 cut off by a fault-injecting proxy.  Every message is accounted for by the
-checker (broker.checker): lost, duplicated and unexpected must be 0."""
+checker (broker.tools.checker): lost, duplicated and unexpected must be 0."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import client
-from broker.checker import classify
-from broker.cluster import LocalCluster
-from broker.faults import FaultProxy, stall_disk
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster
+from broker.tools.faults import FaultProxy, stall_disk
 from broker.replication import ALIVE_GIVE_UP
 from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import client
-from broker.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.process import NodeProcess
+from broker.tools.process import NodeProcess
 from client import blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark"),

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from broker.bench.cli import GROUP_PARTITIONS, SINGLE_NODE_PARTITIONS, _partitions
+from broker.tools.bench.cli import GROUP_PARTITIONS, SINGLE_NODE_PARTITIONS, _partitions
 
 
 def _args(**kw: object) -> argparse.Namespace:

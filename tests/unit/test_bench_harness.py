@@ -2,8 +2,8 @@
 
 The stub broker behaves as RabbitMQ does when a consumer's connection closes with
 deliveries it had not acked: it delivers them again to the next consumer of that queue.
-With both phases on one queue the latency phase's checker counted those as unexpected and
-the bench failed for a peer's reason (docs/benchmarks.md, twelfth session).
+Were both phases on one queue, the latency phase's checker would count those as unexpected
+and the bench would fail for a peer's reason.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker.bench.harness import run_system
-from broker.bench.workload import Checker, Publisher, Workload, id_of
+from broker.tools.bench.harness import run_system
+from broker.tools.bench.workload import Checker, Publisher, Workload, id_of
 
 pytestmark = pytest.mark.asyncio
 

@@ -195,8 +195,8 @@ def test_fuzzing_the_api_finds_no_server_error(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from broker.cluster import free_ports
-    from broker.process import NodeProcess
+    from broker.tools.cluster import free_ports
+    from broker.tools.process import NodeProcess
 
     port = free_ports(1)[0]
     loop = asyncio.new_event_loop()

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 import client
-from broker.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster
 from tests.conftest import PASSWORD
 from tests.helpers import wait_until
 

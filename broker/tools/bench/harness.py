@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 
 import client
-from broker.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
+from broker.tools.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
 from client.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("tandem.bench")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import client
-from broker.checker import classify
-from broker.cluster import LocalCluster
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, StaleDeliveryError
 

@@ -1,6 +1,6 @@
 """Benchmark drivers for the peer systems: RabbitMQ (quorum queue) and NATS JetStream.
 
-Both follow :class:`broker.bench.workload.Driver`: ``setup`` makes a fresh
+Both follow :class:`broker.tools.bench.workload.Driver`: ``setup`` makes a fresh
 queue/stream with a unique name, every publisher and consumer gets its own
 connection, and ``teardown`` deletes what ``setup`` made and closes every
 connection still open.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -21,7 +20,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-from broker.bench.workload import Checker, Publisher, Workload
+from broker.tools.bench.workload import Checker, Publisher, Workload
 
 _AMQP_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError)
 _log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
 
 _URL_LINE = re.compile(r"client URL\s*:\s*tandem://[^@]*@([^:\s]+):(\d+)")
@@ -29,7 +30,7 @@ class NodeStartError(TandemError):
 
 
 #: the directory this process imports ``broker`` from
-CODE_ROOT = str(Path(__file__).resolve().parent.parent)
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def node_command() -> tuple[list[str], dict[str, str]]:
@@ -44,7 +45,8 @@ def node_command() -> tuple[list[str], dict[str, str]]:
 class NodeProcess:
     def __init__(self, data_dir: Path, *, name: str = "node1", port: int = 0, sync: str = "SYNC",
                  password: str = "bench-password", host: str = "127.0.0.1", log_path: Path | None = None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.data_dir = Path(data_dir)
         self.name = name
         self.port = port
@@ -83,8 +85,9 @@ class NodeProcess:
         found: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
         self._output = asyncio.create_task(self._pump(found))
         try:
-            self.address = await asyncio.wait_for(asyncio.shield(found), timeout)
-        except (asyncio.TimeoutError, NodeStartError) as exc:
+            async with self.clock.timeout(timeout):
+                self.address = await asyncio.shield(found)
+        except (TimeoutError, NodeStartError) as exc:
             await self.kill()
             tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise NodeStartError(f"node {self.name} did not start: {exc or 'timeout'}\n{tail}") from None
@@ -107,6 +110,15 @@ class NodeProcess:
         if not found.done():
             found.set_exception(NodeStartError(f"exited with status {await self.proc.wait()}"))
 
+    async def wait(self) -> int:
+        """Until the process exits and its output is in the log; its exit status (a negative
+        one: the signal that killed it)."""
+        if self.proc is None:
+            raise NodeStartError(f"node {self.name} is not running")
+        code = await self.proc.wait()
+        await self._finish_output()
+        return code
+
     async def kill(self) -> None:
         """kill -9: no flush, no goodbye."""
         await self._signal(signal.SIGKILL)
@@ -128,8 +140,9 @@ class NodeProcess:
         self.proc.send_signal(signal.SIGCONT)  # a paused node could not act on SIGTERM
         self.proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.proc.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with self.clock.timeout(timeout):
+                await self.proc.wait()
+        except TimeoutError:
             await self.kill()
         await self._finish_output()
         return self.proc.returncode

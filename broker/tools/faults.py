@@ -12,8 +12,7 @@ member lag behind the others without losing it.
 ``stall_disk(pids, seconds)`` makes the disk of running processes stop for a
 while: the next fsync / fdatasync of each of their threads waits ``seconds``
 before it runs, and what those threads write meanwhile waits behind it, as on a
-virtual disk that stops (this machine's did for up to half a second in the
-twelfth session, docs/replication.md).  It uses strace's syscall fault
+virtual disk that stops (docs/replication.md).  It uses strace's syscall fault
 injection: Linux, with strace installed and the right to trace the processes
 (root; or one's own processes where Yama's ptrace_scope is 0, since strace is
 not their parent).

@@ -7,11 +7,17 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from broker.bench.workload import RunResult, Workload
+from broker.tools.bench.failover import measure_failover
+from broker.tools.bench.harness import TandemDriver, run_system
+from broker.tools.bench.workload import RunResult, Workload
+from broker.tools.cluster import LocalCluster
+from broker.tools.process import NodeProcess
 from client.errors import InvalidArgumentError
+from client.url import parse_url
 
 PEERS = ("rabbitmq", "nats")
 SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node
@@ -63,19 +69,16 @@ def add_bench_parser(sub: Any) -> None:
 
 
 def _partitions(args: argparse.Namespace) -> int:
-    """--partitions, or by default: for a group, the queue a client gets when it declares one
-    with the defaults (one partition: an active and its replicas), which is what the peers
-    are measured with too (a NATS stream, a RabbitMQ quorum queue: one leader, one log); for
-    a single node, the 4 partitions its figures have always been taken with.  A queue spread
-    over the nodes (``--partitions 3``) is a choice a deployment makes; on one machine it
-    multiplies the small events each message costs (docs/benchmarks.md, thirteenth session)."""
+    """--partitions, or by default: for a group, one partition (what a client gets when it
+    declares a queue with the defaults: one active and its replicas), as the peers are measured
+    (a NATS stream, a RabbitMQ quorum queue: one leader, one log); for a single node, 4.  A
+    queue spread over the nodes (``--partitions 3``) is a choice a deployment makes; on one
+    machine it multiplies the small events each message costs."""
     if args.partitions is not None:
         return args.partitions
     if args.spawn:
         nodes = args.nodes
     else:
-        from client.url import parse_url
-
         nodes = len(parse_url(args.url).hosts) if args.url else 1
     return GROUP_PARTITIONS if nodes > 1 else SINGLE_NODE_PARTITIONS
 
@@ -92,9 +95,7 @@ def _workload(args: argparse.Namespace) -> Workload:
                     sequential=args.sequential)
 
 
-def bench(args: argparse.Namespace) -> int:
-    from broker.cli import run_async
-
+def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
     args.partitions = _partitions(args)
@@ -103,14 +104,12 @@ def bench(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--failover needs --spawn --nodes 3 (or more)")
         if args.partitions < 1:
             raise InvalidArgumentError("--partitions must be >= 1")
-        return run_async(_failover(args))
+        return _failover(args)
     w = _workload(args)
-    return run_async(_bench(args, w))
+    return _bench(args, w)
 
 
 async def _failover(args: argparse.Namespace) -> int:
-    from broker.bench.failover import measure_failover
-
     report = await measure_failover(nodes=args.nodes, partitions=args.partitions,
                                     messages=max(1000, min(args.messages, 20000)))
     if args.json:
@@ -126,17 +125,12 @@ async def _failover(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace, w: Workload) -> int:
-    from broker.bench.harness import TandemDriver, run_system
-    from broker.process import NodeProcess
-
     runs: list[RunResult] = []
     node = None
     cluster = None
     tmp = None
     try:
         if args.spawn and args.nodes > 1:
-            from broker.cluster import LocalCluster
-
             tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
             cluster = LocalCluster(Path(tmp.name), nodes=args.nodes, base_port=0, sync=args.sync)
             await cluster.start()
@@ -165,7 +159,7 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
         if tmp is not None:
             tmp.cleanup()
     for peer in dict.fromkeys(args.peer):
-        from broker.bench import peers
+        from broker.tools.bench import peers  # aio-pika and nats-py: the optional "bench" extra
 
         drv = (peers.RabbitMQDriver(args.rabbitmq_url, args.rabbitmq_nodes) if peer == "rabbitmq"
                else peers.NatsDriver(args.nats_url, args.nats_replicas))

@@ -2,7 +2,7 @@
 
 Node *i* (1-based) is named ``node<i>``, keeps its store in ``<data_dir>/node<i>``
 and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
-``+2`` for HTTP (the management console, later).  ``base_port=0`` picks free
+``+2`` for HTTP (the management console).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
 else a random one written to ``<data_dir>/admin-password``).
 """
@@ -17,8 +17,8 @@ import socket
 from pathlib import Path
 
 import client
-from broker.faults import FaultProxy
-from broker.process import NodeProcess
+from broker.tools.faults import FaultProxy
+from broker.tools.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
@@ -29,8 +29,8 @@ def free_ports(n: int) -> list[int]:
 
     They are picked below the kernel's ephemeral range when it leaves room: a port that
     ``bind(0)`` hands out comes from that range, and so do the local ports of outgoing
-    connections, so in between any connection could take it (a test suite makes thousands;
-    a drill once failed on "address already in use")."""
+    connections, so in between any connection could take it (a test suite makes thousands)
+    and the node would fail with "address already in use"."""
     low = _ephemeral_low()
     socks: list[socket.socket] = []
     try:
@@ -103,7 +103,7 @@ class LocalCluster:
         self._node_args = dict(node_args or {})
         for n in names:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
-                                        password=self.password, host=host)
+                                        password=self.password, host=host, clock=clock)
         self._arrange()
 
     def _arrange(self) -> None:
@@ -190,7 +190,7 @@ class LocalCluster:
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until some node reports node quorum and an active for the queue catalogue."""
         try:
-            async with asyncio.timeout(timeout):
+            async with self.clock.timeout(timeout):
                 while True:
                     for _name, st in await self._statuses():
                         cat = [x for x in st.partitions if x.queue == "" and x.active]

@@ -1,7 +1,7 @@
 """The benchmark workload, its result, the exactly-once checker, and the driver interface.
 
 Every system (Tandem, RabbitMQ, NATS JetStream) is driven through a
-:class:`Driver` by the same harness (:mod:`broker.bench.harness`), so they pay
+:class:`Driver` by the same harness (:mod:`broker.tools.bench.harness`), so they pay
 the same client-side costs.  A message body is its 8-byte big-endian id
 followed by padding up to ``size``; the checker reads the id back.
 """

@@ -1,0 +1,187 @@
+"""``tandem cluster up``: a local replication group in the foreground.
+
+It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`), waits for a quorum,
+prints where everything is, then watches the node processes.  A node that exits or is
+killed is named once, with how it ended; the others keep serving, and the node is started
+again after ``--restart-delay`` seconds (doubled, up to :data:`RESTART_CAP`, while it keeps
+dying within :data:`STEADY` seconds of its start).  Each node's pid is in
+``DATA_DIR/node<i>.pid`` while it runs.  SIGINT (Ctrl-C) or SIGTERM stops every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from broker.tools.cluster import LocalCluster
+from broker.tools.process import NodeProcess, NodeStartError
+from client.clock import SYSTEM_CLOCK, Clock
+from client.errors import InvalidArgumentError
+
+RESTART_DELAY = 2.0
+RESTART_CAP = 30.0
+#: a node that ran this long before it died is restarted after the first delay again
+STEADY = 30.0
+
+
+def add_parser(sub: Any) -> None:
+    """``cluster up`` under the ``tandem`` parser."""
+    cl = sub.add_parser("cluster", help="run a local replication group")
+    clsub = cl.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    up = clsub.add_parser("up", help="start N node processes on this machine and wait for quorum",
+                          description="Start a local replication group: node i listens on BASE+10*(i-1) for "
+                                      "clients, +1 for peer links, +2 for HTTP; data in DATA_DIR/node<i>, its "
+                                      "log in DATA_DIR/node<i>.log, its pid in DATA_DIR/node<i>.pid. Prints the "
+                                      "client URL listing every node. A node that exits or is killed is "
+                                      "started again after --restart-delay seconds while the others keep "
+                                      "serving; Ctrl-C stops them all. All nodes share one admin password: "
+                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password.")
+    up.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
+    up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
+    up.add_argument("--data-dir", dest="data_dir", default=".tandem", help="default .tandem")
+    up.add_argument("--sync", default="SYNC", help="the actives' durability policy (default SYNC)")
+    up.add_argument("--remote-sync", dest="remote_sync", help="the replicas' policy (default WRITE_NO_SYNC)")
+    up.add_argument("--restart-delay", dest="restart_delay", type=float, default=RESTART_DELAY,
+                    metavar="SECONDS", help=f"start a node that died again after this long (default "
+                                            f"{RESTART_DELAY:g}; doubled while it keeps dying; 0: leave it down)")
+    up.set_defaults(func=cluster_up)
+
+
+def cluster_up(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
+    if args.restart_delay < 0:
+        raise InvalidArgumentError("--restart-delay must be >= 0")
+    return _run(args)
+
+
+def how_it_ended(code: int) -> str:
+    """'killed by SIGKILL', 'exited with status 1', ..."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Supervisor:
+    """Brings back the nodes of a running group that die, one watch per node."""
+
+    def __init__(self, cluster: LocalCluster, *, restart_delay: float = RESTART_DELAY,
+                 clock: Clock = SYSTEM_CLOCK, say: Callable[[str], None] = _say) -> None:
+        self.cluster = cluster
+        self.restart_delay = restart_delay
+        self.clock = clock
+        self.say = say
+
+    def pid_path(self, name: str) -> Path:
+        return self.cluster.data_dir / f"{name}.pid"
+
+    def write_pid(self, p: NodeProcess) -> None:
+        self.pid_path(p.name).write_text(f"{p.pid}\n")
+
+    def remove_pids(self) -> None:
+        for name in self.cluster.nodes:
+            self.pid_path(name).unlink(missing_ok=True)
+
+    async def watch(self, name: str) -> None:
+        """Until cancelled: wait for the node to die, say so, start it again."""
+        p = self.cluster.nodes[name]
+        delay = self.restart_delay
+        while True:
+            up_since = self.clock.monotonic()
+            code = await p.wait()
+            self.pid_path(name).unlink(missing_ok=True)
+            if self.restart_delay <= 0:
+                self.say(f"{name} {how_it_ended(code)}; the others keep serving (--restart-delay 0: "
+                         f"it stays down; log {p.log_path})")
+                return
+            if self.clock.monotonic() - up_since >= STEADY:
+                delay = self.restart_delay
+            again = "" if delay == self.restart_delay else f" (it keeps dying: waiting {delay:g} s)"
+            self.say(f"{name} {how_it_ended(code)}; the others keep serving; starting it again in {delay:g} s"
+                     f"{again} (log {p.log_path})")
+            while True:
+                await self.clock.sleep(delay)  # the restart delay itself: not a wait for a state
+                delay = min(delay * 2, RESTART_CAP)
+                try:
+                    await p.start()
+                    break
+                except NodeStartError as exc:
+                    reason = str(exc).splitlines()[0]
+                    self.say(f"{reason}; trying again in {delay:g} s (log {p.log_path})")
+            self.write_pid(p)
+            self.say(f"{name} is back (pid {p.pid})")
+
+
+async def _run(args: argparse.Namespace) -> int:
+    extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
+    cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
+                           extra_args=extra)
+    sup = Supervisor(cluster, restart_delay=args.restart_delay)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"starting {args.nodes} node(s) in {args.data_dir} ...", flush=True)
+    try:
+        if not await _started(cluster, stop):
+            return 0
+        for p in cluster.nodes.values():
+            sup.write_pid(p)
+        _banner(cluster, args)
+        async with asyncio.TaskGroup() as tg:
+            watches = [tg.create_task(sup.watch(name), name=f"watch-{name}") for name in cluster.nodes]
+            await stop.wait()
+            for t in watches:
+                t.cancel()
+    finally:
+        print("stopping the group ...", flush=True)
+        await cluster.stop()
+        sup.remove_pids()
+    return 0
+
+
+async def _started(cluster: LocalCluster, stop: asyncio.Event) -> bool:
+    """Start the nodes and wait for a quorum; False if ``stop`` came first."""
+    starting = asyncio.ensure_future(_start(cluster))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+    if starting.cancelled():
+        return False
+    starting.result()  # the start's error, if it failed
+    return True
+
+
+async def _start(cluster: LocalCluster) -> None:
+    await cluster.start()
+    await cluster.wait_ready()
+
+
+def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
+    print(f"Tandem group of {args.nodes} node(s) is up (quorum reached)", flush=True)
+    for name, p in cluster.nodes.items():
+        print(f"  {name:6} client {p.host}:{p.address[1] if p.address else p.port}  peer "
+              f"{cluster.peer_ports[name]}  pid {p.pid}  log {p.log_path}", flush=True)
+    hosts = cluster.url.split("@", 1)[1]
+    print(f"  client URL : tandem://admin@{hosts}", flush=True)
+    print(f"  console    : {cluster.console_url(next(iter(cluster.nodes)))} (any node's port +2 serves it)",
+          flush=True)
+    pw = Path(args.data_dir) / "admin-password"
+    print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
+    print("  status     : tandem status --url tandem://admin:PASSWORD@" + hosts.split(",")[0], flush=True)
+    print("  a node that dies is started again; stop them all with Ctrl-C", flush=True)
+

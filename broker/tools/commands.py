@@ -1,0 +1,228 @@
+"""The client commands ``tandem produce``, ``consume``, ``queues`` and ``console``.
+
+Each command function takes the parsed arguments and returns the coroutine the entry point
+(:mod:`broker.cli`) runs; bad input raises :class:`~client.errors.InvalidArgumentError`
+before anything connects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import client
+from broker.tools.options import url_args
+from broker.tools.totals import QueueTotals, queue_totals
+from client.errors import InvalidArgumentError
+from client.protocol.frames import QueueInfo
+
+Command = Coroutine[Any, Any, int]
+
+
+def add_parsers(sub: Any) -> None:
+    """``produce``, ``consume``, ``queues`` and ``console`` under the ``tandem`` parser."""
+    produce_p = sub.add_parser("produce", help="publish messages with confirms",
+                               description="Publish each BODY argument (or each line of stdin when no BODY is "
+                                           "given) to QUEUE and wait for the broker's confirms.")
+    produce_p.add_argument("queue")
+    produce_p.add_argument("bodies", nargs="*", metavar="BODY")
+    produce_p.add_argument("--key", help="message key (selects the partition)")
+    produce_p.add_argument("--header", action="append", default=[], metavar="K=V", help="header, repeatable")
+    produce_p.add_argument("--declare", type=int, metavar="PARTITIONS",
+                           help="declare the queue first with this many partitions")
+    url_args(produce_p)
+    produce_p.set_defaults(func=produce)
+
+    consume_p = sub.add_parser("consume", help="consume and ack messages",
+                               description="Consume from QUEUE on every member of the group, print each "
+                                           "message, ack it.")
+    consume_p.add_argument("queue")
+    consume_p.add_argument("-n", "--count", type=int, default=0,
+                           help="stop after N messages (0 = run until Ctrl-C)")
+    consume_p.add_argument("--timeout", type=float, default=0.0,
+                           help="stop when no message came for this many seconds (0 = wait forever)")
+    consume_p.add_argument("--prefetch", type=int, default=256)
+    consume_p.add_argument("--no-ack", action="store_true", help="nack with requeue instead of ack")
+    url_args(consume_p)
+    consume_p.set_defaults(func=consume)
+
+    queues_p = sub.add_parser(
+        "queues", help="list (default), declare, delete or purge queues",
+        description="list: every queue with figures for the whole queue, gathered from every member of "
+                    "the group (READY and UNACKED over all partitions, PUBLISHED, DELIVERED and ACKED as "
+                    "counted by the members since they started, CONSUMERS on the member that has the "
+                    "most). A member that does not answer is named on stderr, its figures left out.")
+    queues_p.add_argument("action", nargs="?", default="list", choices=["list", "declare", "delete", "purge"])
+    queues_p.add_argument("name", nargs="?")
+    queues_p.add_argument("--partitions", type=int, default=1)
+    queues_p.add_argument("--mapper", default="consistent_hash", choices=["consistent_hash", "round_robin"])
+    queues_p.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
+    queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue")
+    queues_p.add_argument("--max-length", dest="max_length", type=int, default=0)
+    url_args(queues_p)
+    queues_p.set_defaults(func=queues)
+
+    console_p = sub.add_parser("console", help="print the management console's address of a running node",
+                               description="Ask the node at --url for its management console (served on its "
+                                           "--http-port; every node of a group shows the whole group) and "
+                                           "print the address. Log in there with a Tandem user.")
+    url_args(console_p)
+    console_p.set_defaults(func=console)
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        k, sep, v = pair.partition("=")
+        if not sep or not k:
+            raise InvalidArgumentError(f"--header {pair!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+# -- produce ------------------------------------------------------------------------------
+
+
+def produce(args: argparse.Namespace) -> Command:
+    headers = _headers(args.header)
+    bodies = list(args.bodies) if args.bodies else [line.rstrip("\n") for line in sys.stdin]
+    return _produce(args, bodies, headers)
+
+
+async def _produce(args: argparse.Namespace, bodies: list[str], headers: dict[str, str]) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if args.declare:
+            await conn.declare_queue(args.queue, partitions=args.declare)
+        p = conn.producer(args.queue)
+        await p.send_many([(b, args.key, headers) for b in bodies])
+    if args.json:
+        print(json.dumps({"queue": args.queue, "confirmed": len(bodies), "producer_id": p.producer_id}))
+    else:
+        print(f"{len(bodies)} message(s) confirmed on queue {args.queue}")
+    return 0
+
+
+# -- consume ------------------------------------------------------------------------------
+
+
+def consume(args: argparse.Namespace) -> Command:
+    if args.count < 0 or args.timeout < 0:
+        raise InvalidArgumentError("--count and --timeout must be >= 0")
+    return _consume(args)
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    n = 0
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        async with conn.group_consumer(args.queue, prefetch=args.prefetch) as c:
+            while not args.count or n < args.count:
+                m = await c.next(args.timeout or None)
+                if m is None:
+                    break
+                n += 1
+                text = _body_text(m.body)
+                if args.json:
+                    print(json.dumps({
+                        "id": m.id, "partition": m.partition, "offset": m.offset, "key": m.key,
+                        "headers": m.headers, "redelivered": m.redelivered,
+                        "delivery_count": m.delivery_count, "timestamp": m.timestamp,
+                        "body": text if text is not None else None,
+                        "body_base64": base64.b64encode(m.body).decode() if text is None else None,
+                    }), flush=True)
+                else:
+                    shown = text if text is not None else f"<{len(m.body)} bytes>"
+                    flag = " (redelivered)" if m.redelivered else ""
+                    print(f"[{m.id}] key={m.key} {shown}{flag}", flush=True)
+                if args.no_ack:
+                    await m.nack(requeue=True)
+                else:
+                    await m.ack()
+    if not args.json:
+        print(f"{n} message(s) consumed from {args.queue}", file=sys.stderr)
+    return 0
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+def queues(args: argparse.Namespace) -> Command:
+    if args.action != "list" and not args.name:
+        raise InvalidArgumentError(f"tandem queues {args.action} needs a queue name")
+    return _list(args) if args.action == "list" else _change(args)
+
+
+def _info_json(q: QueueInfo) -> dict[str, Any]:
+    return {f: getattr(q, f) for f in q.__dataclass_fields__}
+
+
+async def _change(args: argparse.Namespace) -> int:
+    async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if args.action == "declare":
+            info = await conn.declare_queue(
+                args.name, partitions=args.partitions, mapper=args.mapper,
+                max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
+                max_length=args.max_length)
+            print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
+                  f"({info.partitions} partitions, {info.mapper})")
+        elif args.action == "delete":
+            await conn.delete_queue(args.name)
+            print(json.dumps({"deleted": args.name}) if args.json else f"queue {args.name} deleted")
+        else:
+            n = await conn.purge_queue(args.name)
+            print(json.dumps({"purged": n, "queue": args.name}) if args.json
+                  else f"{n} message(s) purged from {args.name}")
+    return 0
+
+
+async def _list(args: argparse.Namespace) -> int:
+    totals = await queue_totals(args.url, client_name="tandem-cli")
+    for name, why in sorted(totals.missing.items()):
+        print(f"tandem: {name} did not answer ({why}): its figures are left out", file=sys.stderr)
+    if args.json:
+        print(json.dumps([{**_info_json(q), "complete": not totals.missing} for q in totals.queues]))
+    else:
+        _print_table(totals)
+    return 0
+
+
+def _print_table(totals: QueueTotals) -> None:
+    qs = totals.queues
+    rows = [("NAME", "PARTITIONS", "READY", "UNACKED", "CONSUMERS", "PUBLISHED", "ACKED")]
+    rows += [(q.name, str(q.partitions), str(q.ready), str(q.unacked), str(q.consumers), str(q.published),
+              str(q.acked)) for q in qs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if not qs:
+        print("(no queues)")
+
+
+# -- console ------------------------------------------------------------------------------
+
+
+def console(args: argparse.Namespace) -> Command:
+    return _console(args)
+
+
+async def _console(args: argparse.Namespace) -> int:
+    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
+        st = await conn.status()
+    if not st.console:
+        raise InvalidArgumentError(f"node {st.node} serves no console: start it with --http-port "
+                                   "(tandem cluster up does: client port + 2)")
+    if args.json:
+        print(json.dumps({"node": st.node, "console": st.console}))
+    else:
+        print(f"node {st.node}: console {st.console} (log in with a Tandem user)")
+    return 0

@@ -1,0 +1,147 @@
+"""The producers and consumers of one drill run, and what they saw."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import client
+from broker.tools.drill.groups import empty_everywhere
+from broker.tools.drill.model import QUEUE, DrillConfig
+from client.clock import Clock
+from client.durable import ConnectionEvent, DurableConnection
+from client.errors import ConfirmedMessagesLost, StaleDeliveryError
+
+log = logging.getLogger("tandem.drill")
+
+
+class Load:
+    """The producers and consumers of one run."""
+
+    def __init__(self, cl: Any, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock,
+                 queue: str = QUEUE) -> None:
+        self.cl, self.cfg, self.run_no, self.rng, self.clock = cl, cfg, run, rng, clock
+        self.queue = queue
+        self.sent: list[bytes] = []
+        self.confirmed: list[bytes] = []
+        self.consumed: list[tuple[bytes, str]] = []
+        self.waits: list[float] = []
+        self.failed = 0
+        self.reported_lost = 0
+        self.where: dict[bytes, tuple[str, int, int]] = {}  # confirmed body -> (producer id, partition, seq)
+        self.lost_ranges: list[tuple[str, int, int, int]] = []  # (producer id, partition, first seq, count)
+        self.third = asyncio.Event()
+        self.conns: list[DurableConnection] = []
+        self._stop_consumers = asyncio.Event()
+
+    def _event(self, ev: ConnectionEvent) -> None:
+        err = ev.error
+        if ev.kind == "messages_lost" and isinstance(err, ConfirmedMessagesLost):
+            self.reported_lost += err.count
+            self.lost_ranges.append((err.producer_id, err.partition, err.first_seq, err.count))
+
+    def unreported(self, lost: set[bytes]) -> int:
+        """How many of ``lost`` no reported range covers."""
+        n = 0
+        for body in lost:
+            pid, part, seq = self.where.get(body, ("", -1, -1))
+            if not any(pid == rp and part == rpart and first <= seq < first + count
+                       for rp, rpart, first, count in self.lost_ranges):
+                n += 1
+        return n
+
+    async def _connect(self, name: str) -> DurableConnection:
+        conn = await client.connect(self.cl.url, client_name=name, send_timeout=self.cfg.timeout)
+        conn.on_event(self._event)
+        self.conns.append(conn)
+        return conn
+
+    async def produce(self, index: int, count: int) -> None:
+        conn = await self._connect(f"drill-producer-{index}")
+        p = conn.producer(self.queue, max_in_flight=8)
+        cfg, clock = self.cfg, self.clock
+        sem = asyncio.Semaphore(cfg.window)
+        rng = random.Random(self.rng.random())
+        pending: set[asyncio.Future[Any]] = set()
+
+        def done(body: bytes, t0: float, fut: asyncio.Future[Any]) -> None:
+            sem.release()
+            pending.discard(fut)
+            self.waits.append(clock.monotonic() - t0)
+            if fut.cancelled() or fut.exception() is not None:
+                self.failed += 1
+                return
+            r = fut.result()
+            self.where[body] = (p.producer_id, r.partition, r.seq)
+            self.confirmed.append(body)
+            if len(self.confirmed) >= cfg.messages // 3:
+                self.third.set()
+
+        for i in range(count):
+            await sem.acquire()
+            body = f"{self.run_no}:{index}:{i}".encode()
+            self.sent.append(body)
+            fut = p.send_nowait(body, key=f"k{rng.randrange(cfg.keys)}")
+            pending.add(fut)
+            fut.add_done_callback(functools.partial(done, body, clock.monotonic()))
+        while pending:
+            await asyncio.wait(set(pending))
+        await p.close()
+
+    async def consume(self, index: int) -> None:
+        conn = await self._connect(f"drill-consumer-{index}")
+        c = await conn.consumer(self.queue, prefetch=128).start()
+        try:
+            while not self._stop_consumers.is_set():
+                m = await c.next(0.2)
+                if m is None:
+                    continue
+                self.consumed.append((m.body, m.id))
+                try:
+                    m.ack()
+                except StaleDeliveryError:
+                    pass  # its link failed: it comes again, redelivered
+        finally:
+            await c.close()
+
+    async def go(self, fault: Callable[[], Awaitable[None]], deadline: float) -> None:
+        """Consumers and producers; ``fault`` once a third is confirmed; then until drained."""
+        cfg = self.cfg
+        consumers = [asyncio.ensure_future(self.consume(i)) for i in range(cfg.consumers)]
+        share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
+                 for i in range(cfg.producers)]
+        producers: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(self.produce(i, n) for i, n in enumerate(share))))
+        third: asyncio.Future[Any] = asyncio.ensure_future(self.third.wait())
+        await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
+        third.cancel()
+        await fault()
+        async with asyncio.timeout(max(1.0, deadline - self.clock.monotonic())):
+            await producers
+        await self.drained(deadline)
+        await self.close()
+        await asyncio.gather(*consumers, return_exceptions=True)
+
+    async def drained(self, deadline: float) -> None:
+        """Until every confirmed message was consumed and the queue holds nothing."""
+        want = set(self.confirmed)
+        async with await client.connect(self.cl.url, client_name="drill-check") as conn:
+            while self.clock.monotonic() < deadline:
+                seen = {b for b, _ in self.consumed}
+                if want <= seen:
+                    infos = await conn.list_queues()
+                    total = sum(q.ready + q.unacked for q in infos if q.name == self.queue)
+                    if total == 0 and await empty_everywhere(self.cl, self.queue):
+                        return
+                await self.clock.sleep(0.1)  # polling consumers and nodes, bounded by the deadline
+        log.warning("drill run %d: drain deadline passed", self.run_no)
+
+    async def close(self) -> None:
+        self._stop_consumers.set()
+        await asyncio.gather(*(c.close() for c in self.conns), return_exceptions=True)
+
+

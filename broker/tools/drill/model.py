@@ -1,0 +1,75 @@
+"""A drill's settings and the result of one run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart",
+             "slow-disk")
+QUEUE = "drill"
+
+
+@dataclass(slots=True)
+class DrillConfig:
+    scenario: str
+    nodes: int = 3
+    partitions: int = 6
+    producers: int = 2
+    consumers: int = 2
+    messages: int = 3000  # per run, over all producers
+    window: int = 64  # sends in flight per producer
+    keys: int = 64
+    seed: int = 1
+    local_sync: str = "SYNC"
+    remote_sync: str = "WRITE_NO_SYNC"
+    non_response_timeout: float | None = None  # None: the node default
+    timeout: float = 180.0  # per run
+    data_dir: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    url: str | None = None  # an existing group instead of a spawned one
+    inject: str | None = None  # shell command injecting the fault ({node}: the target)
+    heal: str | None = None  # shell command healing it
+    hold: float = 5.0  # seconds between inject and heal (existing group)
+
+    def node_args(self) -> list[str]:
+        args = ["--remote-sync", self.remote_sync, *self.extra_args]
+        if self.non_response_timeout is not None:
+            args += ["--non-response-timeout", str(self.non_response_timeout),
+                      "--keepalive-interval", str(self.non_response_timeout / 4)]
+        return args
+
+    @property
+    def nrt(self) -> float:
+        return self.non_response_timeout or 1.0
+
+
+@dataclass(slots=True)
+class RunResult:
+    run: int
+    target: str
+    sent: int = 0
+    confirmed: int = 0
+    ok: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    redelivered: int = 0
+    unexpected: int = 0
+    unconfirmed_delivered: int = 0
+    failed_sends: int = 0
+    reported_lost: int = 0
+    unreported_lost: int = 0  # lost messages no messages_lost event covers
+    weak: bool = False  # a policy that may lose confirmed messages (NO_SYNC somewhere)
+    failover_ms: float = 0.0
+    ha_events: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """Nothing duplicated or unexpected, and nothing lost; under weak policies a loss is
+        allowed only where Tandem reported it (the lost messages' sequences lie in the
+        ranges of the SDK's ConfirmedMessagesLost events)."""
+        if self.error or self.duplicated or self.unexpected:
+            return False
+        return self.lost == 0 or (self.weak and self.unreported_lost == 0)
+

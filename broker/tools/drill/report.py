@@ -1,0 +1,51 @@
+"""The verdict of drill runs: totals over the runs, and the lines that show them."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from broker.tools.drill.model import DrillConfig, RunResult
+
+
+def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
+    waits = [r.failover_ms for r in results if not r.error]
+    out: dict[str, Any] = {
+        "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
+        "group": "existing" if cfg.url else f"spawned, {cfg.nodes} nodes",
+        "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync} if cfg.url is None
+        else {"local_sync": "the group's own", "remote_sync": "the group's own"},
+    }
+    for k in ("sent", "confirmed", "ok", "lost", "duplicated", "redelivered", "unexpected",
+              "unconfirmed_delivered", "failed_sends", "reported_lost", "unreported_lost"):
+        out[k] = sum(getattr(r, k) for r in results)
+    out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
+                          "max": max(waits) if waits else None}
+    out["ha_events"] = sorted({e for r in results for e in r.ha_events})
+    out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
+    out["passed"] = bool(results) and all(r.passed for r in results)
+    return out
+
+
+def report_text(rep: dict[str, Any]) -> str:
+    lines = [f"drill {rep['scenario']}: {rep['runs']} run(s){' on ' + rep['group'] if rep.get('group') else ''}, policies local_sync={rep['policies']['local_sync']} "
+             f"remote_sync={rep['policies']['remote_sync']}, seed {rep['seed']}",
+             f"  sent {rep['sent']}, confirmed {rep['confirmed']}, ok {rep['ok']}, lost {rep['lost']} "
+             f"(reported by Tandem: {rep['reported_lost']}), duplicated {rep['duplicated']}, "
+             f"unexpected {rep['unexpected']}",
+             f"  redelivered {rep['redelivered']}, unconfirmed but delivered {rep['unconfirmed_delivered']}, "
+             f"sends that raised {rep['failed_sends']}",
+             f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms"]
+    if rep["ha_events"]:
+        lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
+    for e in rep["errors"]:
+        lines.append("  error: " + e)
+    lines.append("  PASSED" if rep["passed"] else "  FAILED")
+    return "\n".join(lines)
+
+
+def progress_line(r: RunResult) -> str:
+    return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
+                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms,
+                       "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

@@ -1,0 +1,179 @@
+"""One drill run: start (or reach) the group, run the load, inject the fault, judge."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import client
+from broker.replication import ALIVE_GIVE_UP
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster, active_terms
+from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
+from broker.tools.drill.load import Load
+from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
+from broker.tools.drill.report import summarize
+from broker.tools.faults import stall_disk
+from client.clock import SYSTEM_CLOCK, Clock
+from client.errors import TandemError, UnavailableError
+
+log = logging.getLogger("tandem.drill")
+
+
+async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
+    s = cfg.scenario
+    hold = 2 * cfg.nrt + 1.0
+    if s in ("kill-active", "kill-replica"):
+        await cl.nodes[target].kill()
+        await all_active(cl, cfg.partitions, deadline, clock)
+        await cl.nodes[target].start()
+    elif s == "pause-active":
+        cl.nodes[target].pause()
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        cl.nodes[target].resume()
+    elif s == "partition-active":
+        cl.cut_node(target)
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        cl.heal_node(target)
+    elif s == "slow-disk":
+        procs = [p.proc for name, p in cl.nodes.items() if name != target]
+        # (within half of how long a replica goes on saying it is up: past that the active is
+        # meant to step down, which a very short --non-response-timeout would otherwise reach)
+        stall = min(hold, ALIVE_GIVE_UP / 2 * cfg.nrt)
+        try:
+            await stall_disk([p.pid for p in procs if p is not None], stall, clock=clock)
+        except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
+            raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
+    elif s == "restart-all":
+        await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
+        await cl.start()
+    elif s == "rolling-restart":
+        for name, p in cl.nodes.items():
+            await p.stop()
+            await p.start()
+            await cl.wait_ready()
+            await caught_up(cl, cfg.partitions, deadline, clock)
+    else:
+        raise UnavailableError(f"unknown scenario {s!r}")
+    await cl.wait_ready()
+    await all_active(cl, cfg.partitions, deadline, clock)
+
+
+async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="tandem-drill-", dir=cfg.data_dir) as tmp:
+        node_args: dict[str, list[str]] = {}
+        if cfg.scenario == "kill-replica":
+            node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
+        cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
+                          extra_args=cfg.node_args(), node_args=node_args, clock=clock,
+                          proxied=cfg.scenario == "partition-active")
+        res = RunResult(run, "")
+        load: Load | None = None
+        try:
+            await cl.start()
+            deadline = clock.monotonic() + cfg.timeout
+            await cl.wait_ready()
+            async with await client.connect(cl.url, client_name="drill-setup") as conn:
+                await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+            actives = await all_active(cl, cfg.partitions, deadline, clock)
+            res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
+                "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
+            before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
+            load = Load(cl, cfg, run, rng, clock)
+            log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
+            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
+            _verdict(res, load)
+            res.ha_events = await ha_events(cl)
+            if cfg.scenario == "slow-disk":
+                await all_active(cl, cfg.partitions, deadline, clock)
+                after = active_terms(await cl._statuses(), QUEUE)
+                moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
+                         for p in sorted(before) if after.get(p) != before[p]}
+                if moved:
+                    res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
+                                 f"should: {moved}")
+        except (TandemError, OSError, TimeoutError) as exc:
+            log.exception("drill run %d failed", run)
+            res.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if load is not None:
+                await load.close()
+            await cl.stop()
+        return res
+
+
+async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    """One run against a running group: the operator's commands inject and heal."""
+    assert cfg.url is not None and cfg.inject is not None and cfg.heal is not None
+    group = ExistingGroup(cfg.url)
+    queue = f"drill-{rng.getrandbits(32):08x}"
+    res = RunResult(run, "")
+    load: Load | None = None
+    deadline = clock.monotonic() + cfg.timeout
+    try:
+        async with await client.connect(cfg.url, client_name="drill-setup") as conn:
+            await conn.declare_queue(queue, partitions=cfg.partitions)
+        actives = await all_active(group, cfg.partitions, deadline, clock, queue)
+        res.target = target_of(actives)
+        load = Load(group, cfg, run, rng, clock, queue)
+        inject, heal, target = cfg.inject, cfg.heal, res.target
+
+        async def fault() -> None:
+            await group.run_command("inject", inject, target)
+            await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
+            await group.run_command("heal", heal, target)
+            await all_active(group, cfg.partitions, deadline, clock, queue)
+
+        await load.go(fault, deadline)
+        _verdict(res, load)
+        res.ha_events = await ha_events(group)
+        async with await client.connect(cfg.url, client_name="drill-setup") as conn:
+            await conn.delete_queue(queue)
+    except (TandemError, OSError, TimeoutError) as exc:
+        log.exception("drill run %d failed", run)
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if load is not None:
+            await load.close()
+    return res
+
+
+def _verdict(res: RunResult, load: Load) -> None:
+    v = classify(load.sent, load.confirmed, load.consumed)
+    res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None
+    if v.lost:
+        res.unreported_lost = load.unreported(set(load.confirmed) - {b for b, _ in load.consumed})
+    res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
+    res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
+    res.unconfirmed_delivered = v.unconfirmed_delivered
+    res.failed_sends = load.failed
+    res.reported_lost = load.reported_lost
+    res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
+
+
+async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
+                progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
+    if cfg.scenario not in SCENARIOS:
+        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    if cfg.url is not None and cfg.scenario == "slow-disk":
+        raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
+                               "and checks that no active moved): drop --url")
+    if cfg.url is not None and (not cfg.inject or not cfg.heal):
+        raise UnavailableError("against an existing group (--url) the drill needs --inject and --heal commands: "
+                               "it cannot reach the nodes' processes itself")
+    rng = random.Random(cfg.seed)
+    results = []
+    for run in range(1, repeat + 1):
+        one = run_existing if cfg.url is not None else run_once
+        r = await one(cfg, run, random.Random(rng.random()), clock)
+        results.append(r)
+        if progress is not None:
+            progress(r)
+    return summarize(cfg, results)
+
+
