@@ -36,6 +36,7 @@ run-single: install
 test: dev
 	@scripts/ensure-system-packages.sh
 	$(BIN)/python -m mypy broker client storage ha webconsole
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 pipeline-demo: dev
