@@ -1329,7 +1329,7 @@ class DurableConsumer:
             try:
                 link = await self.conn.link(name, self.conn.clock.monotonic() + 5.0)
                 c = Consumer(link, self.queue, prefetch=self.prefetch)
-                c.sink = self._sink
+                c.sink = functools.partial(self._sink, link)
                 c.on_end = self._ended
                 try:
                     await c.start()
