@@ -8,7 +8,7 @@ linger, and up to ``max_in_flight`` frames are pipelined before the producer
 waits for confirms.
 
 Every message carries the producer's id and a sequence number, so the broker
-stores a resent message once (idempotent producer, see DESIGN.md).
+stores a resent message once (an idempotent producer).
 """
 
 from __future__ import annotations
