@@ -44,13 +44,9 @@ from client.errors import (
     ConsumerCancelledError,
     InvalidArgumentError,
     MessageTooLargeError,
-    NotActiveError,
-    QueueFullError,
-    ShuttingDownError,
     StaleDeliveryError,
     TandemError,
     TimeoutError_,
-    UnavailableError,
     for_code,
 )
 from client.buffer import SendBuffer
@@ -254,12 +250,14 @@ class BlockingConnection:
         while True:
             try:
                 return self._call_once(make)
+            except TimeoutError_:
+                raise  # the socket timeout the caller chose: theirs to hear (the link is fine)
             except TandemError as exc:
-                if not (self._durable and retry and exc.retriable and not self._closing) \
-                        or isinstance(exc, (QueueFullError, TimeoutError_)) or clock.monotonic() >= deadline:
+                if not (self._durable and retry and exc.should_retry and not self._closing) \
+                        or clock.monotonic() >= deadline:
                     raise
                 clock.sleep_blocking(backoff.next())
-                if self._closed or isinstance(exc, (UnavailableError, ShuttingDownError, NotActiveError)):
+                if self._closed or exc.reroutes:
                     self._reconnect(deadline)
 
     def _call_once(self, make: Any) -> Frame:

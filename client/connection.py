@@ -24,9 +24,10 @@ import logging
 import socket
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from client.clock import SYSTEM_CLOCK, Clock
+from client.consumer import Consumer, GroupConsumer, Message
 from client.errors import (
     ConnectionClosedError,
     ConsumerCancelledError,
@@ -34,6 +35,8 @@ from client.errors import (
     TandemError,
     for_code,
 )
+from client.link import Subscriber
+from client.producer import Producer
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
 from client.protocol.frames import (
     expect,
@@ -73,10 +76,6 @@ from client.protocol.frames import (
 )
 from client.url import ConnectParams, parse_url
 
-if TYPE_CHECKING:
-    from client.consumer import Consumer, GroupConsumer, Message
-    from client.producer import Producer
-
 log = logging.getLogger("tandem.client")
 
 
@@ -108,8 +107,8 @@ class Connection:
         self._writer: asyncio.StreamWriter | None = None
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Frame]] = {}
-        self._consumers: dict[int, Consumer] = {}
-        self._subscribing: dict[int, Consumer] = {}
+        self._consumers: dict[int, Subscriber] = {}
+        self._subscribing: dict[int, Subscriber] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed: TandemError | None = None
         self._last_recv = self._last_send = 0.0
@@ -128,7 +127,7 @@ class Connection:
         last: BaseException | None = None
         for host, port in self.params.hosts:
             try:
-                async with asyncio.timeout(self.params.connect_timeout):
+                async with self.clock.timeout(self.params.connect_timeout):
                     await self._open_one(host, port)
                 return
             except TandemError as exc:
@@ -137,7 +136,7 @@ class Connection:
                     raise
                 last = exc
                 continue
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (OSError, TimeoutError) as exc:
                 last = exc
             self._reset()
         hosts = ", ".join(f"{h}:{p}" for h, p in self.params.hosts)
@@ -215,9 +214,9 @@ class Connection:
                 pass  # the protocol is already closing; nothing more may be sent
         if polite and self._tasks:
             try:
-                async with asyncio.timeout(timeout):
+                async with self.clock.timeout(timeout):
                     await self.closed_event.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("node %s did not answer Close within %.1fs", self.node, timeout)
         self._shutdown(ConnectionClosedError("connection closed by the client"))
         current = asyncio.current_task()
@@ -254,6 +253,11 @@ class Connection:
     @property
     def is_closed(self) -> bool:
         return self._closed is not None
+
+    @property
+    def close_error(self) -> TandemError | None:
+        """Why the link closed (None while it is open)."""
+        return self._closed
 
     async def __aenter__(self) -> Connection:
         return self
@@ -405,8 +409,6 @@ class Connection:
 
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
         """One message, or None when the queue has none ready."""
-        from client.consumer import Message
-
         reply = await self.request(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
         reply = expect(reply, GetOk)
         return Message(self, reply.message) if reply.message is not None else None
@@ -423,22 +425,16 @@ class Connection:
 
     def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 256,
                  max_in_flight: int = 64) -> Producer:
-        from client.producer import Producer
-
         return Producer(self, queue, producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight)
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> Consumer:
         """A consumer of the partitions active on this connection's node."""
-        from client.consumer import Consumer
-
         return Consumer(self, queue, prefetch=prefetch)
 
     def group_consumer(self, queue: str, *, prefetch: int = 256) -> GroupConsumer:
         """A consumer of the whole queue in a replication group: it subscribes on every
         member (each delivers the partitions it is active for).  On a single node it is
         the same as :meth:`consumer`."""
-        from client.consumer import GroupConsumer
-
         return GroupConsumer(self, queue, prefetch=prefetch)
 
     async def sibling(self, name: str, address: str) -> Connection:
@@ -453,7 +449,7 @@ class Connection:
         self._siblings[name] = conn
         return conn
 
-    async def subscribe(self, c: Consumer) -> int:
+    async def subscribe(self, c: Subscriber) -> int:
         """Subscribe ``c``.  The consumer is registered when the reply is read, even if
         the caller stopped waiting (a timeout), so no delivery is ever dropped."""
         rid = self.next_rid()

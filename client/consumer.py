@@ -11,16 +11,14 @@ all settlements made in one event-loop iteration travel in one frame.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
-from types import TracebackType
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from types import TracebackType
 
 from client.errors import InvalidArgumentError, TandemError
+from client.link import Link
 from client.protocol.frames import Ack, Cancel, Delivery, Nack, Reject
-
-if TYPE_CHECKING:
-    from client.connection import Connection
 
 
 class DeliveredMessage:
@@ -57,7 +55,7 @@ class Message(DeliveredMessage):
 
     __slots__ = ("_conn",)
 
-    def __init__(self, conn: Connection, delivery: Delivery) -> None:
+    def __init__(self, conn: Link, delivery: Delivery) -> None:
         super().__init__(delivery)
         self._conn = conn
 
@@ -83,7 +81,7 @@ class Message(DeliveredMessage):
 
 
 class Consumer:
-    def __init__(self, conn: Connection, queue: str, *, prefetch: int = 256) -> None:
+    def __init__(self, conn: Link, queue: str, *, prefetch: int = 256) -> None:
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError("prefetch must be 1..65535")
         self.conn = conn
@@ -96,7 +94,7 @@ class Consumer:
         self._error: TandemError | None = None
         self.received = 0
         #: set by a GroupConsumer: deliveries go there instead of this consumer's buffer
-        self.sink: Callable[[Connection, list[Delivery]], None] | None = None
+        self.sink: Callable[[list[Delivery]], None] | None = None
         #: set by a DurableConsumer: told when the subscription ends (link closed, queue deleted)
         self.on_end: Callable[[TandemError], None] | None = None
 
@@ -116,7 +114,7 @@ class Consumer:
     def _deliver(self, deliveries: list[Delivery]) -> None:
         if self.sink is not None:
             self.received += len(deliveries)
-            self.sink(self.conn, deliveries)
+            self.sink(deliveries)
             return
         self._buffer.extend(deliveries)
         self.received += len(deliveries)
@@ -151,11 +149,9 @@ class Consumer:
     async def next(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""
         try:
-            async with asyncio.timeout(timeout):
+            async with self.conn.clock.timeout(timeout):
                 return await self.__anext__()
-        except asyncio.TimeoutError:
-            return None
-        except StopAsyncIteration:
+        except (TimeoutError, StopAsyncIteration):
             return None
 
     async def cancel(self) -> None:
@@ -193,20 +189,20 @@ class GroupConsumer:
     A member that is down is tried again every ``retry`` seconds, so partitions that
     fail over to it keep flowing.  With a single node it is just a consumer."""
 
-    def __init__(self, conn: Connection, queue: str, *, prefetch: int = 256, retry: float = 1.0) -> None:
+    def __init__(self, conn: Link, queue: str, *, prefetch: int = 256, retry: float = 1.0) -> None:
         self.conn = conn
         self.queue = queue
         self.prefetch = prefetch
         self.retry = retry
         self.received = 0
-        self._buffer: deque[tuple[Connection, Delivery]] = deque()
+        self._buffer: deque[tuple[Link, Delivery]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._parts: dict[str, Consumer] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._error: TandemError | None = None
         self._started = False
 
-    def _sink(self, conn: Connection, deliveries: list[Delivery]) -> None:
+    def _sink(self, conn: Link, deliveries: list[Delivery]) -> None:
         self._buffer.extend((conn, d) for d in deliveries)
         self.received += len(deliveries)
         w = self._waiter
@@ -218,7 +214,7 @@ class GroupConsumer:
             return self
         self._started = True
         main = Consumer(self.conn, self.queue, prefetch=self.prefetch)
-        main.sink = self._sink
+        main.sink = functools.partial(self._sink, self.conn)
         await main.start()
         self._parts[self.conn.node or "?"] = main
         st = await self.conn.status()
@@ -235,12 +231,12 @@ class GroupConsumer:
                 if addr:
                     sib = await self.conn.sibling(name, addr)
                     c = Consumer(sib, self.queue, prefetch=self.prefetch)
-                    c.sink = self._sink
+                    c.sink = functools.partial(self._sink, sib)
                     await c.start()
                     self._parts[name] = c
                     await sib.closed_event.wait()
                     self._parts.pop(name, None)
-            except (TandemError, OSError, asyncio.TimeoutError):
+            except (TandemError, OSError, TimeoutError):
                 pass  # that member is down or refusing: try again shortly
             if self.conn.is_closed:
                 return
@@ -255,10 +251,10 @@ class GroupConsumer:
             if self.conn.is_closed:
                 if self.conn.closed_by_client:
                     raise StopAsyncIteration
-                raise self.conn._closed or TandemError("connection closed")
+                raise self.conn.close_error or TandemError("connection closed")
             self._waiter = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(self.retry):
+                async with self.conn.clock.timeout(self.retry):
                     await self._waiter
             except TimeoutError:
                 pass  # look at the main connection again
@@ -269,9 +265,9 @@ class GroupConsumer:
     async def next(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""
         try:
-            async with asyncio.timeout(timeout):
+            async with self.conn.clock.timeout(timeout):
                 return await self.__anext__()
-        except (asyncio.TimeoutError, StopAsyncIteration):
+        except (TimeoutError, StopAsyncIteration):
             return None
 
     async def cancel(self) -> None:

@@ -4,11 +4,17 @@ Every error that can cross the wire has a stable :class:`ErrorCode`; the broker
 sends ``Error(code, message)`` frames and the SDK turns them back into the same
 exception class with :func:`for_code`.  ``retriable`` tells a caller whether the
 same request may succeed if sent again (to this node later, or to another).
+
+What the SDK's clients (the durable connection and the blocking client alike) do
+with a failed request is a rule of the error class too: :attr:`TandemError.retry`
+says whether to fail it to the caller, send it again to the same node, or send it
+again elsewhere (ask who is active, use another node, open a new link).
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import Enum, IntEnum
+from typing import ClassVar
 
 
 class ErrorCode(IntEnum):
@@ -48,11 +54,32 @@ class ErrorCode(IntEnum):
     TIMEOUT = 902
 
 
+class Retry(Enum):
+    """What a client does with a request that failed with an error (``TandemError.retry``)."""
+
+    #: the caller hears it at once
+    FAIL = "fail"
+    #: send it again after a backoff; the same node may take it (a store that failed, a
+    #: sequence to settle first, an answer that did not come in time)
+    SAME_NODE = "same_node"
+    #: this node is not the partition's (or the catalogue's) active: ask who is, send it there
+    ASK_ACTIVE = "ask_active"
+    #: this node serves nothing now (no quorum, shutting down): another node may
+    OTHER_NODE = "other_node"
+    #: the link is gone: send it again on a new one, to whichever node answers
+    NEW_LINK = "new_link"
+
+
 class TandemError(Exception):
     """Root of every error Tandem raises."""
 
     code: ErrorCode = ErrorCode.INTERNAL_ERROR
     retriable: bool = False
+    #: what the SDK's clients do with a request that failed with it (only a retriable
+    #: error is ever sent again)
+    retry: ClassVar[Retry] = Retry.FAIL
+    #: a subscription that ends with it cannot come back (resubscribing is pointless)
+    ends_subscription: ClassVar[bool] = False
 
     def __init__(self, message: str = "", *, code: ErrorCode | None = None) -> None:
         super().__init__(message or self.__class__.__name__)
@@ -62,6 +89,23 @@ class TandemError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0])
+
+    @property
+    def should_retry(self) -> bool:
+        """A client rides through it: the request goes again (after a backoff, maybe elsewhere)."""
+        return self.retry is not Retry.FAIL
+
+    @property
+    def reroutes(self) -> bool:
+        """The node that should serve the request may be another one now: ask the group
+        again who is active (the partition map) before sending it again."""
+        return self.retry in (Retry.ASK_ACTIVE, Retry.OTHER_NODE, Retry.NEW_LINK)
+
+    @property
+    def redelivers(self) -> bool:
+        """A settlement (ack, nack, reject) that failed with it was not applied: the broker
+        delivers the message again."""
+        return self.retriable
 
 
 # -- protocol ---------------------------------------------------------------
@@ -102,6 +146,7 @@ class UnsupportedProtocolError(ProtocolError):
 class HeartbeatTimeoutError(ProtocolError):
     code = ErrorCode.HEARTBEAT_TIMEOUT
     retriable = True
+    retry = Retry.NEW_LINK
 
 
 # -- auth --------------------------------------------------------------------
@@ -113,6 +158,7 @@ class AuthError(TandemError):
 
 class AccessRefusedError(AuthError):
     code = ErrorCode.ACCESS_REFUSED
+    ends_subscription = True
 
 
 # -- requests ------------------------------------------------------------------
@@ -120,6 +166,7 @@ class AccessRefusedError(AuthError):
 
 class QueueNotFoundError(TandemError):
     code = ErrorCode.QUEUE_NOT_FOUND
+    ends_subscription = True
 
 
 class QueueExistsError(TandemError):
@@ -137,6 +184,9 @@ class MessageTooLargeError(LimitError):
 
 
 class QueueFullError(LimitError):
+    """Retriable on the wire, but the SDK's clients fail it to the caller at once: a full
+    queue is the application's to hear (back-pressure), not something to wait out."""
+
     code = ErrorCode.QUEUE_FULL
     retriable = True
 
@@ -149,6 +199,10 @@ class UnknownDeliveryTagError(TandemError):
     """
 
     code = ErrorCode.UNKNOWN_DELIVERY_TAG
+
+    @property
+    def redelivers(self) -> bool:
+        return True
 
 
 class InvalidArgumentError(TandemError):
@@ -170,6 +224,7 @@ class OutOfOrderSequenceError(TandemError):
 
     code = ErrorCode.OUT_OF_ORDER_SEQUENCE
     retriable = True
+    retry = Retry.SAME_NODE
 
     def __init__(self, message: str = "", *, next_seq: int = 0) -> None:
         super().__init__(message)
@@ -180,6 +235,7 @@ class ConsumerCancelledError(TandemError):
     """The broker ended this consumer (its queue was deleted)."""
 
     code = ErrorCode.CONSUMER_CANCELLED
+    ends_subscription = True
 
 
 # -- storage -------------------------------------------------------------------
@@ -190,6 +246,7 @@ class StorageError(TandemError):
 
     code = ErrorCode.STORAGE_ERROR
     retriable = True
+    retry = Retry.SAME_NODE
 
     def __init__(self, message: str = "", *, orig: BaseException | None = None) -> None:
         super().__init__(message)
@@ -204,6 +261,7 @@ class NotActiveError(TandemError):
 
     code = ErrorCode.NOT_ACTIVE
     retriable = True
+    retry = Retry.ASK_ACTIVE
 
     def __init__(self, message: str = "", *, active_hint: str | None = None) -> None:
         super().__init__(message)
@@ -213,21 +271,25 @@ class NotActiveError(TandemError):
 class ShuttingDownError(TandemError):
     code = ErrorCode.SHUTTING_DOWN
     retriable = True
+    retry = Retry.OTHER_NODE
 
 
 class UnavailableError(TandemError):
     code = ErrorCode.UNAVAILABLE
     retriable = True
+    retry = Retry.OTHER_NODE
 
 
 class ConnectionClosedError(TandemError):
     code = ErrorCode.CONNECTION_CLOSED
     retriable = True
+    retry = Retry.NEW_LINK
 
 
 class TimeoutError_(TandemError):
     code = ErrorCode.TIMEOUT
     retriable = True
+    retry = Retry.SAME_NODE
 
 
 RequestTimeoutError = TimeoutError_

@@ -8,7 +8,7 @@ linger, and up to ``max_in_flight`` frames are pipelined before the producer
 waits for confirms.
 
 Every message carries the producer's id and a sequence number, so the broker
-stores a resent message once (idempotent producer, see DESIGN.md).
+stores a resent message once (an idempotent producer).
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, MessageTooLargeError, TandemError
+from client.link import Link
 from client.protocol.frames import Frame, Publish, PublishMessage, PublishOk, expect
-
-if TYPE_CHECKING:
-    from client.connection import Connection
 
 Body = bytes | bytearray | memoryview | str
 FRAME_OVERHEAD = 64  # per-message msgpack overhead estimate, bytes
@@ -40,7 +37,7 @@ def _as_bytes(body: Body) -> bytes:
 
 
 class Producer:
-    def __init__(self, conn: Connection, queue: str, *, producer_id: str | None = None,
+    def __init__(self, conn: Link, queue: str, *, producer_id: str | None = None,
                  max_batch: int = 256, max_in_flight: int = 64) -> None:
         if max_batch < 1 or max_in_flight < 1:
             raise InvalidArgumentError("max_batch and max_in_flight must be >= 1")

@@ -1,0 +1,108 @@
+"""The durable connection as the application uses it: requests that are not about one
+partition, producers and consumers, and close.  Its links and failover are
+:class:`~client.durable.links.DurableLinks`."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+from client.durable.consumer import DurableConsumer
+from client.durable.links import DurableLinks
+from client.durable.producer import DurableProducer
+from client.errors import ConnectionClosedError, TandemError
+from client.protocol.frames import QueueInfo, StatusOk, StreamMessage
+
+
+class DurableConnection(DurableLinks):
+    """A client that rides through failovers (see :mod:`client.durable`)."""
+
+    # -- requests that are not about one partition ---------------------------------------------
+
+    async def declare_queue(self, name: str, **settings: Any) -> QueueInfo:
+        """Create ``name`` (idempotent); see :meth:`Connection.declare_queue`."""
+        return await self._call(lambda c: c.declare_queue(name, **settings))
+
+    async def delete_queue(self, name: str, *, if_empty: bool = False) -> None:
+        """Not retried once sent: a retry could not tell "deleted just now" from "never was"."""
+        await self._call(lambda c: c.delete_queue(name, if_empty=if_empty), retry=False)
+
+    async def purge_queue(self, name: str) -> int:
+        return await self._call(lambda c: c.purge_queue(name), retry=False)
+
+    async def list_queues(self) -> list[QueueInfo]:
+        return await self._call(lambda c: c.list_queues())
+
+    async def status(self) -> StatusOk:
+        return await self._call(lambda c: c.status())
+
+    async def set_quorum_override(self, nodes: int | None) -> StatusOk:
+        return await self._call(lambda c: c.set_quorum_override(nodes))
+
+    async def set_priority(self, priority: int) -> StatusOk:
+        return await self._call(lambda c: c.set_priority(priority))
+
+    async def set_designated_primary(self, on: bool) -> StatusOk:
+        return await self._call(lambda c: c.set_designated_primary(on))
+
+    async def read(self, queue: str, partition: int, offset: int = 0,
+                   max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
+        return await self._call(lambda c: c.read(queue, partition, offset, max_messages))
+
+    async def get(self, queue: str, *, auto_ack: bool = False) -> Any:
+        """One message from the primary link's node, or None (not retried once sent)."""
+        return await self._call(lambda c: c.get(queue, auto_ack=auto_ack), retry=False)
+
+    # -- producers and consumers ---------------------------------------------------------------
+
+    def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 256,
+                 max_in_flight: int = 16, send_timeout: float | None = None) -> DurableProducer:
+        """A producer that sends each partition's messages to its active and resends across
+        failovers.  Give ``producer_id`` to continue an earlier producer (its buffer, its
+        sequences); by default a new random one."""
+        p = DurableProducer(self, queue, producer_id=producer_id, max_batch=max_batch,
+                            max_in_flight=max_in_flight, send_timeout=send_timeout or self.send_timeout)
+        self._producers.add(p)
+        return p
+
+    def consumer(self, queue: str, *, prefetch: int = 256) -> DurableConsumer:
+        """A consumer of the whole queue: every member's partitions, resubscribed after failures."""
+        c = DurableConsumer(self, queue, prefetch=prefetch)
+        self._consumers.add(c)
+        return c
+
+    group_consumer = consumer
+
+    # -- close -----------------------------------------------------------------------------------
+
+    async def close(self, *, timeout: float = 5.0) -> None:
+        """Stop consumers and producers (what is unconfirmed fails), then every link."""
+        if self._closed:
+            return
+        self.closed_by_client = True
+        for c in list(self._consumers):
+            try:
+                await c.close()
+            except TandemError:
+                pass  # its links are gone: nothing to cancel there
+        for p in list(self._producers):
+            await p._stop(ConnectionClosedError("connection closed by the client"))
+        self._closed = True
+        self._changed()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        for t in list(self._opening.values()):
+            t.cancel()
+        await asyncio.gather(*self._opening.values(), return_exceptions=True)
+        await asyncio.gather(*(link.close(timeout=timeout) for link in list(self.links.values())),
+                             return_exceptions=True)
+        self.links.clear()
+
+    async def __aenter__(self) -> DurableConnection:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
