@@ -13,8 +13,10 @@ from broker.config import NodeConfig
 from broker.node import Node
 from broker.tools.process import NodeProcess
 from client.errors import ConnectionClosedError, ErrorCode, HeartbeatTimeoutError
+from client.testing import FakeClock
 from tests.broker.test_bad_input import RawClient
 from tests.conftest import url_of
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
@@ -80,3 +82,31 @@ async def test_send_on_a_dead_connection_fails_fast(tmp_path: Path) -> None:
     with pytest.raises(ConnectionClosedError):
         await conn.producer("q").send(b"x")
     await conn.close()
+
+
+async def test_heartbeat_deadlines_run_on_the_node_clock(tmp_path: Path) -> None:
+    """The session's heartbeat timer is the node's clock: on a FakeClock a client silent for
+    more than three 30 s intervals is dropped when the test moves time past them, and not
+    before."""
+    clock = FakeClock(start=1000.0)
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=30.0), clock=clock)
+    await node.start()
+    try:
+        raw = await RawClient.open(node, handshake=False)
+        await wait_until(lambda: len(node.sessions) == 1, what="the session")
+
+
+        async def silent_for(seconds: float) -> None:
+            for _ in range(int(seconds // 15)):
+                clock.advance(15.0)
+                for _ in range(10):  # let the session's heartbeat task wake and sleep again
+                    await asyncio.sleep(0)
+
+        await silent_for(90.0)  # three intervals: not yet over
+        assert len(node.sessions) == 1 and not raw.buffer.next_payload()
+        await silent_for(15.0)  # over three intervals: dropped
+        err = await raw.error()
+        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no handshake for 90.0s" in err.message
+        assert await raw.closed()
+    finally:
+        await node.stop()
