@@ -113,7 +113,7 @@ def test_the_wal_starts_over_under_a_steady_stream_of_commits(tmp_path: Path,
     """Background checkpoints never copy the frame the next commit adds, and SQLite reuses
     the WAL from its start only once every frame is copied: without the writer finishing
     a checkpoint now and then, the WAL grows as long as commits keep coming."""
-    import storage.sqlite as sq
+    import storage.sqlite.checkpoints as sq
 
     monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 64)  # 1 MiB of 16 KiB pages
     monkeypatch.setattr(sq, "WAL_RESTART_BYTES", 1024 * 1024)

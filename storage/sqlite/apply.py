@@ -1,0 +1,319 @@
+"""Applying a batch of write ops to the SQLite store's tables, inside the writer's
+transaction, and the writer's in-memory index of chunks and settled ranges.
+
+A batch's appends become chunk rows (one per run of consecutive offsets), its
+settlements merged ranges, its producer positions one row per producer; a chunk whose
+messages are all settled is deleted (``_compact``), using the index to find it without
+a query.  Statements go through the driver connection (:class:`Driver`): SQLAlchemy's
+statement layer costs ~6 us a statement, a tenth of a commit's own work for a small
+batch.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from client.errors import StorageError
+from storage.base import (
+    Append,
+    DropProducers,
+    DropQueue,
+    DropUser,
+    LogCompact,
+    MarkDelivered,
+    MessageRecord,
+    PackedRun,
+    PutApplied,
+    PutHardState,
+    PutProducer,
+    PutQueue,
+    PutUser,
+    ResetPartition,
+    SetDeliveryCount,
+    Settle,
+    WriteOp,
+    pack_run,
+)
+from storage.intervals import ChunkIndex, IntervalSet, ranges_of
+from storage.sqlite.schema import Key
+
+_UPSERT_HARD = (
+    "INSERT INTO ha_state (queue_id, partition, term, voted_for, commit_idx) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET term = excluded.term, voted_for = excluded.voted_for, "
+    "commit_idx = excluded.commit_idx"
+)
+_UPSERT_SNAP = (
+    "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET snap_index = excluded.snap_index, "
+    "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin"
+)
+_UPSERT_APPLIED = (
+    "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET applied_index = excluded.applied_index, "
+    "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin"
+)
+
+_INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload) VALUES (?, ?, ?, ?, ?)"
+_UPSERT_END = (
+    "INSERT INTO partitions (queue_id, partition, next_offset) VALUES (?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)"
+)
+_UPSERT_DELIVERED = (
+    "INSERT INTO partitions (queue_id, partition, delivered_upto) VALUES (?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET "
+    "delivered_upto = max(delivered_upto, excluded.delivered_upto)"
+)
+_INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end") VALUES (?, ?, ?, ?)'
+_UPSERT_COUNT = (
+    'INSERT INTO counts (queue_id, partition, "offset", dc) VALUES (?, ?, ?, ?) '
+    'ON CONFLICT (queue_id, partition, "offset") DO UPDATE SET dc = excluded.dc'
+)
+_UPSERT_PRODUCER = (
+    "INSERT INTO producers (queue_id, partition, producer_id, last_seq) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition, producer_id) DO UPDATE SET last_seq = excluded.last_seq"
+)
+_DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?"
+_DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
+_DELETE_SETTLED_BELOW = 'DELETE FROM settled WHERE queue_id = ? AND partition = ? AND "end" <= ?'
+
+
+def _runs(messages: Sequence[MessageRecord]) -> Iterator[Sequence[MessageRecord]]:
+    """Split into runs of consecutive offsets (one chunk each)."""
+    begin = 0
+    for i in range(1, len(messages)):
+        if messages[i].offset != messages[i - 1].offset + 1:
+            yield messages[begin:i]
+            begin = i
+    if messages:
+        yield messages[begin:]
+
+
+class Driver:
+    """The writer's statements on the driver connection, spelled like SQLAlchemy's
+    ``exec_driver_sql``: a list of rows is ``executemany``, a tuple one ``execute``."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self._raw = raw
+
+    def exec_driver_sql(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        if type(params) is list:
+            return self._raw.executemany(sql, params)
+        return self._raw.execute(sql, params)
+
+
+class OpApplier:
+    """Turns write ops into statements, and keeps the writer's index of the chunk and
+    settled rows (``index``) and of each partition's end (``ends``) in step with them.
+    Used by the writer thread only."""
+
+    def __init__(self) -> None:
+        self.index: dict[Key, ChunkIndex] = {}
+        self.ends: dict[Key, int] = {}
+
+    def reload(self, conn: Connection) -> None:
+        """Load the index from the tables (on open, or after a failed commit)."""
+        index: dict[Key, ChunkIndex] = {}
+        for qid, p, start, count in conn.exec_driver_sql(
+            "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
+        ):
+            index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
+        for qid, p, s, e in conn.exec_driver_sql('SELECT queue_id, partition, start, "end" FROM settled'):
+            index.setdefault((qid, p), ChunkIndex()).settled.add(s, e)
+        ends = {(qid, p): nxt for qid, p, nxt in conn.exec_driver_sql(
+            "SELECT queue_id, partition, next_offset FROM partitions")}
+        for key, idx in index.items():
+            if idx.starts:
+                last = idx.starts[-1]
+                ends[key] = max(ends.get(key, 0), last + idx.counts[last])
+        self.index = index
+        self.ends = ends
+
+    def _part(self, key: Key) -> ChunkIndex:
+        idx = self.index.get(key)
+        if idx is None:
+            idx = self.index[key] = ChunkIndex()
+        return idx
+
+    def apply(self, conn: Driver, ops: list[WriteOp]) -> int:
+        """Write ``ops`` in the open transaction; the message bytes written (chunk payloads)."""
+        written = 0
+        chunks: list[tuple[int, int, int, int, bytes]] = []
+        ends: dict[Key, int] = {}
+        delivered: dict[Key, int] = {}
+        # Settlements and producer positions of a batch are merged before they are written:
+        # a batch of held applies (broker/replication.py, HOLD_APPLY) carries hundreds of
+        # acks, mostly consecutive, and a position per publish of each producer; a row per
+        # range and one per producer say the same.
+        settled: dict[Key, IntervalSet] = {}
+        touched: dict[Key, list[tuple[int, int]]] = {}  # settled ranges, for _compact
+        counts: list[tuple[int, int, int, int]] = []
+        producers: dict[tuple[int, int, str], int] = {}
+        unwritten: set[tuple[int, int, int]] = set()  # chunks of this batch never written
+        wrote_counts = False
+
+        def flush() -> None:
+            nonlocal wrote_counts, written
+            if chunks:
+                # a chunk settled whole in this same batch is never written (compaction would
+                # delete it in this transaction anyway), nor deleted
+                live = []
+                for c in chunks:
+                    if self.index[(c[0], c[1])].settled.covers(c[2], c[2] + c[3]):
+                        unwritten.add((c[0], c[1], c[2]))
+                    else:
+                        live.append(c)
+                        # (the same start again after a reset in this batch: this one has a row)
+                        unwritten.discard((c[0], c[1], c[2]))
+                if live:
+                    written += sum(len(c[4]) for c in live)
+                    conn.exec_driver_sql(_INSERT_CHUNK, live)
+                chunks.clear()
+            if ends:
+                conn.exec_driver_sql(_UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])
+                ends.clear()
+            if delivered:
+                conn.exec_driver_sql(_UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
+                delivered.clear()
+            if counts:
+                conn.exec_driver_sql(_UPSERT_COUNT, counts)
+                counts.clear()
+                wrote_counts = True
+            if settled:
+                conn.exec_driver_sql(_INSERT_SETTLED, [(q, p, s, e) for (q, p), ranges in settled.items()
+                                                       for s, e in ranges])
+                for key, ranges in settled.items():
+                    touched.setdefault(key, []).extend(ranges)
+                settled.clear()
+            if producers:
+                conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq) for (q, p, pid), seq in producers.items()])
+                producers.clear()
+
+        for op in ops:
+            kind = type(op)
+            if kind is Append:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                idx = self._part(key)
+                msgs = op.messages  # type: ignore[union-attr]
+                if type(msgs) is PackedRun:  # from a log entry: already in the chunk format
+                    if msgs.length:
+                        chunks.append((key[0], key[1], msgs.start, msgs.length, msgs.payload))
+                        idx.add_chunk(msgs.start, msgs.length)
+                else:
+                    for run in _runs(msgs):
+                        start = run[0].offset
+                        chunks.append((key[0], key[1], start, len(run), pack_run(run)))
+                        idx.add_chunk(start, len(run))
+                ends[key] = max(ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
+                self.ends[key] = max(self.ends.get(key, 0), op.next_offset)  # type: ignore[union-attr]
+            elif kind is Settle:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                idx = self._part(key)
+                mine = settled.get(key)
+                if mine is None:
+                    mine = settled[key] = IntervalSet()
+                for s, e in ranges_of(op.offsets):  # type: ignore[union-attr]
+                    mine.add(s, e)
+                    idx.settled.add(s, e)
+            elif kind is MarkDelivered:
+                key = (op.queue_id, op.partition)  # type: ignore[union-attr]
+                delivered[key] = max(delivered.get(key, 0), op.upto)  # type: ignore[union-attr]
+            elif kind is SetDeliveryCount:
+                q, p = op.queue_id, op.partition  # type: ignore[union-attr]
+                counts.extend((q, p, o, dc) for o, dc in op.items)  # type: ignore[union-attr]
+            elif kind is PutProducer:
+                producers[(op.queue_id, op.partition, op.producer_id)] = op.last_seq  # type: ignore[union-attr]
+            else:
+                flush()
+                self._apply_structural(conn, op)
+        flush()
+        if touched:
+            self._compact(conn, touched, unwritten, wrote_counts)
+        return written
+
+    def _compact(self, conn: Driver, touched: dict[Key, list[tuple[int, int]]],
+                 unwritten: set[tuple[int, int, int]], wrote_counts: bool) -> None:
+        """Delete chunks whose messages are all settled, and the bookkeeping below the log's start.
+        ``unwritten``: chunks this transaction did not write (no row to delete; and no delivery
+        counts either, unless it wrote some: a chunk's counts come after it)."""
+        drop_chunks: list[tuple[int, int, int]] = []
+        drop_counts: list[tuple[int, int, int, int]] = []
+        drop_settled: list[tuple[int, int, int]] = []
+        for key, ranges in touched.items():
+            idx = self.index.get(key)
+            if idx is None:
+                continue
+            for s, e in ranges:
+                for start in idx.settled_chunks(s, e):
+                    n = idx.counts[start]
+                    idx.drop_chunk(start)
+                    if (key[0], key[1], start) not in unwritten:
+                        drop_chunks.append((key[0], key[1], start))
+                    elif not wrote_counts:
+                        continue
+                    drop_counts.append((key[0], key[1], start, start + n))
+            low = idx.low(self.ends.get(key, 0))
+            if len(idx.settled) and next(iter(idx.settled))[0] < low:
+                idx.settled.drop_below(low)
+                drop_settled.append((key[0], key[1], low))
+        if drop_chunks:
+            conn.exec_driver_sql(_DELETE_CHUNK, drop_chunks)
+        if drop_counts:
+            conn.exec_driver_sql(_DELETE_COUNTS, drop_counts)
+        if drop_settled:
+            # rows wholly below the log's start go; a row straddling it stays (harmless)
+            conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
+
+    def _apply_structural(self, conn: Driver, op: WriteOp) -> None:
+        if isinstance(op, DropProducers):
+            conn.exec_driver_sql("DELETE FROM producers WHERE queue_id = ? AND partition = ? AND producer_id = ?",
+                                 [(op.queue_id, op.partition, pid) for pid in op.producer_ids])
+            return
+        if isinstance(op, PutQueue):
+            q = op.queue
+            conn.exec_driver_sql(
+                "INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, "
+                "max_deliveries, dead_letter_queue, max_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
+                 q.dead_letter_queue, q.max_length),
+            )
+            # queue ids are never reused, even after the newest queue is deleted
+            conn.exec_driver_sql(
+                "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
+                "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
+                (str(q.id),),
+            )
+        elif isinstance(op, DropQueue):
+            for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_state"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
+            conn.exec_driver_sql("DELETE FROM queues WHERE id = ?", (op.queue_id,))
+            for key in [k for k in self.index if k[0] == op.queue_id]:
+                del self.index[key]
+                self.ends.pop(key, None)
+        elif isinstance(op, LogCompact):
+            conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin))
+        elif isinstance(op, PutHardState):
+            conn.exec_driver_sql(_UPSERT_HARD, (op.queue_id, op.partition, op.term, op.voted_for, op.commit))
+        elif isinstance(op, PutApplied):
+            conn.exec_driver_sql(_UPSERT_APPLIED, (op.queue_id, op.partition, op.index, op.term, op.origin))
+        elif isinstance(op, ResetPartition):
+            key = (op.queue_id, op.partition)
+            for table in ("chunks", "settled", "counts", "partitions", "producers"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ? AND partition = ?", key)
+            self.index.pop(key, None)
+            self.ends.pop(key, None)
+        elif isinstance(op, PutUser):
+            u = op.user
+            conn.exec_driver_sql(
+                "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)",
+                (u.name, u.salt, u.hash, u.role, u.params),
+            )
+        elif isinstance(op, DropUser):
+            conn.exec_driver_sql("DELETE FROM users WHERE name = ?", (op.name,))
+        else:
+            raise StorageError(f"unknown write op {type(op).__name__}")

@@ -1,0 +1,152 @@
+"""What opening the SQLite store recovers: the tables' contents (``load``) and each
+partition's replication log from the segment files (``replay_log``), reconciled with
+the store's compaction point and applied position (``usable``)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+from sqlalchemy import Connection
+
+from client.errors import StorageError
+from storage.base import (
+    LogRecord,
+    LogState,
+    PartitionState,
+    QueueMeta,
+    Recovered,
+    UserRecord,
+    unpack_run,
+)
+from storage.segments import SegmentLog
+from storage.sqlite.apply import OpApplier
+from storage.sqlite.schema import SCHEMA_VERSION, Key
+
+log = logging.getLogger("tandem.storage")
+
+
+def load(conn: Connection, path: Path, applier: OpApplier) -> Recovered:
+    """Everything the tables hold; (re)loads the writer's index on the way."""
+    rec = Recovered()
+    rec.meta = {k: v for k, v in conn.exec_driver_sql("SELECT key, value FROM meta")}
+    version = rec.meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise StorageError(f"store {path} has schema version {version}, this build reads {SCHEMA_VERSION}")
+    for row in conn.exec_driver_sql(
+        "SELECT id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
+        "max_length FROM queues ORDER BY id"
+    ):
+        rec.queues.append(QueueMeta(
+            id=row[0], name=row[1], partitions=row[2], mapper=row[3], ring_size=row[4],
+            max_deliveries=row[5], dead_letter_queue=row[6], max_length=row[7],
+        ))
+    parts = rec.partitions
+
+    def state(key: Key) -> PartitionState:
+        st = parts.get(key)
+        if st is None:
+            st = parts[key] = PartitionState()
+        return st
+
+    for qid, p, nxt, delivered in conn.exec_driver_sql(
+        "SELECT queue_id, partition, next_offset, delivered_upto FROM partitions"
+    ):
+        st = state((qid, p))
+        st.next_offset, st.delivered_upto = nxt, delivered
+    applier.reload(conn)
+    counts: dict[Key, dict[int, int]] = {}
+    for qid, p, off, dc in conn.exec_driver_sql('SELECT queue_id, partition, "offset", dc FROM counts'):
+        counts.setdefault((qid, p), {})[off] = dc
+    for qid, p, start, payload in conn.exec_driver_sql(
+        "SELECT queue_id, partition, start, payload FROM chunks ORDER BY queue_id, partition, start"
+    ):
+        key = (qid, p)
+        st = state(key)
+        settled = applier.index[key].settled
+        dcs = counts.get(key, {})
+        for m in unpack_run(start, payload):
+            if settled.contains(m.offset):
+                continue
+            m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
+            st.messages.append(m)
+        if st.messages and st.messages[-1].offset >= st.next_offset:
+            st.next_offset = st.messages[-1].offset + 1
+    for qid, p, pid, last in conn.exec_driver_sql(
+        "SELECT queue_id, partition, producer_id, last_seq FROM producers"
+    ):
+        state((qid, p)).producers[pid] = last
+    for name, salt, hsh, role, params in conn.exec_driver_sql(
+        "SELECT name, salt, hash, role, params FROM users ORDER BY name"
+    ):
+        rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
+    for row in conn.exec_driver_sql(
+        "SELECT queue_id, partition, term, voted_for, commit_idx, snap_index, snap_term, snap_origin, "
+        "applied_index, applied_term, applied_origin FROM ha_state"
+    ):
+        rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
+                                              (row[8], row[9], row[10]))
+    return rec
+
+
+def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path) -> None:
+    """Replay the log's segments into ``rec.logs``; first move a log kept in the
+    ``ha_log`` table (a store of schema 3 written before the segment files) into them."""
+    replayed = segments.open()
+    rows: dict[Key, list[LogRecord]] = {}
+    for qid, p, idx, term, origin, weak, data in raw.execute(
+        "SELECT queue_id, partition, idx, term, origin, weak, data FROM ha_log ORDER BY queue_id, partition, idx"
+    ):
+        rows.setdefault((qid, p), []).append(LogRecord(idx, term, origin, bool(weak), data))
+    if rows:
+        # Each partition's rows go in one record: after a crash here a partition is in
+        # the segments whole or not at all, and the rows are still there either way.
+        fresh = {key: recs for key, recs in rows.items() if key not in replayed}
+        segments.write([["A", key[0], key[1], [[r.index, r.term, r.origin, r.weak, r.data] for r in recs]]
+                        for key, recs in fresh.items()], sync=True)
+        raw.execute("DELETE FROM ha_log")
+        log.info("store %s: replication log of %d partition(s) moved from the ha_log table to %s",
+                 path, len(fresh), segments.dir)
+        replayed.update(fresh)
+    for key, entries in replayed.items():
+        st = rec.logs.setdefault(key, LogState())
+        st.entries = usable(key, st, entries)
+        if st.entries and st.entries[-1].term > st.term:
+            # The entries of a new term reached the log, its hard state did not (a crash
+            # between the two writes of one batch; nothing was answered for it): the
+            # term is the entries', and no vote was cast in it.
+            st.term, st.voted_for = st.entries[-1].term, None
+    for key, st in rec.logs.items():
+        if key not in replayed and st.applied[0] > st.snapshot[0]:
+            st.snapshot = st.applied  # (a log lost whole: the store is its own snapshot)
+
+
+def usable(key: Key, st: LogState, entries: list[LogRecord]) -> list[LogRecord]:
+    """What of a replayed log a node can go on from, given its store's compaction point
+    and applied position (``st.snapshot`` may move up to ``st.applied``).
+
+    The log and the store are two files: after an OS crash the store can be on disk
+    ahead of the log (its applied position past entries the log lost).  The store then
+    stands as a snapshot at its applied position: the active's next append matches it
+    by (index, term, origin) or, if the group went another way, sends a snapshot.  A
+    hole or a term going back (stale entries after an installed snapshot whose log
+    truncation did not reach the disk) ends the usable log: the active sends the rest
+    again."""
+    have = {e.index for e in entries}
+    base, base_term = st.snapshot[0], st.snapshot[1]
+    if st.applied[0] > base and any(i not in have for i in range(base + 1, st.applied[0] + 1)):
+        log.warning("replication log of %d/%d ends before the store's applied position %d: the store stands "
+                    "as the snapshot there", key[0], key[1], st.applied[0])
+        st.snapshot = st.applied
+        base, base_term = st.applied[0], st.applied[1]
+    out: list[LogRecord] = []
+    for e in entries:
+        if e.index <= base:
+            continue
+        if e.index != base + 1 + len(out) or e.term < (out[-1].term if out else base_term):
+            log.warning("replication log of %d/%d: entries from %d on do not follow on (a hole or an older "
+                        "term); they are dropped, the active sends them again", key[0], key[1], e.index)
+            break
+        out.append(e)
+    return out

@@ -1,0 +1,99 @@
+"""The SQLite store's tables, and their creation and upgrade on open.
+
+Schema (version 3, in ``meta.schema_version``)::
+
+    meta(key TEXT PK, value TEXT)
+    queues(id INT PK, name TEXT UNIQUE, partitions, mapper, ring_size,
+           max_deliveries, dead_letter_queue, max_length)
+    partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
+    chunks(queue_id, partition, start, count, payload BLOB)         PK (queue_id, partition, start)
+    settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
+    counts(queue_id, partition, "offset", dc)                       PK (queue_id, partition, offset)
+    producers(queue_id, partition, producer_id, last_seq)           PK (queue_id, partition, producer_id)
+    users(name TEXT PK, salt BLOB, hash BLOB, role, params)
+    ha_state(queue_id, partition, term, voted_for, commit_idx,      PK (queue_id, partition)
+             snap_index, snap_term, snap_origin,
+             applied_index, applied_term, applied_origin)
+    ha_log(queue_id, partition, idx, term, origin, weak, data)      PK (queue_id, partition, idx)
+
+Chunk payload: a msgpack array with one item per message, offsets
+``start .. start+count-1`` in order; each item is the array
+``[key: str|nil, headers: bin (msgpack map str->str), body: bin,
+producer_id: str|nil, seq: uint|nil, ts: float]`` (``storage.base.pack_run``).
+
+``ha_state`` keeps each partition's hard state, compaction point and applied position:
+they change with the store's own rows and commit with them.  The replication log itself
+is in segment files beside the database (``storage/segments.py``); the ``ha_log`` table
+is only read on open, and a log found there is moved into the segments
+(``storage.sqlite.recovery.replay_log``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import Connection
+
+log = logging.getLogger("tandem.storage")
+
+#: version 3 has the replication tables ha_log and ha_state; a version 2 store (without
+#: them) is upgraded in place, as they are only added
+SCHEMA_VERSION = "3"
+UPGRADABLE = {"2"}
+
+Key = tuple[int, int]  # (queue_id, partition)
+
+DDL = [
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS queues (
+        id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, partitions INTEGER NOT NULL,
+        mapper TEXT NOT NULL, ring_size INTEGER NOT NULL, max_deliveries INTEGER NOT NULL,
+        dead_letter_queue TEXT, max_length INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS partitions (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL DEFAULT 0,
+        delivered_upto INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (queue_id, partition))""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, start INTEGER NOT NULL,
+        count INTEGER NOT NULL, payload BLOB NOT NULL, PRIMARY KEY (queue_id, partition, start))""",
+    """CREATE TABLE IF NOT EXISTS settled (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, start INTEGER NOT NULL,
+        "end" INTEGER NOT NULL)""",
+    'CREATE INDEX IF NOT EXISTS settled_end ON settled (queue_id, partition, "end")',
+    """CREATE TABLE IF NOT EXISTS counts (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
+        dc INTEGER NOT NULL, PRIMARY KEY (queue_id, partition, "offset"))""",
+    """CREATE TABLE IF NOT EXISTS producers (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, producer_id TEXT NOT NULL,
+        last_seq INTEGER NOT NULL, PRIMARY KEY (queue_id, partition, producer_id))""",
+    """CREATE TABLE IF NOT EXISTS users (
+        name TEXT PRIMARY KEY, salt BLOB NOT NULL, hash BLOB NOT NULL, role TEXT NOT NULL,
+        params TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS ha_log (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, idx INTEGER NOT NULL, term INTEGER NOT NULL,
+        origin TEXT NOT NULL, weak INTEGER NOT NULL, data BLOB NOT NULL,
+        PRIMARY KEY (queue_id, partition, idx))""",
+    """CREATE TABLE IF NOT EXISTS ha_state (
+        queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, term INTEGER NOT NULL DEFAULT 0,
+        voted_for TEXT, commit_idx INTEGER NOT NULL DEFAULT 0,
+        snap_index INTEGER NOT NULL DEFAULT 0, snap_term INTEGER NOT NULL DEFAULT 0,
+        snap_origin TEXT NOT NULL DEFAULT '',
+        applied_index INTEGER NOT NULL DEFAULT 0, applied_term INTEGER NOT NULL DEFAULT 0,
+        applied_origin TEXT NOT NULL DEFAULT '', PRIMARY KEY (queue_id, partition))""",
+]
+
+
+def create_schema(conn: Connection, path: Path) -> None:
+    """Create the tables that are missing and stamp or upgrade the schema version, in
+    one transaction.  A version this build cannot read is left as it is: opening
+    (``recovery.load``) then refuses the store."""
+    with conn.begin():
+        for ddl in DDL:
+            conn.exec_driver_sql(ddl)
+        conn.exec_driver_sql(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+        )
+        old = conn.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema_version'").scalar()
+        if old in UPGRADABLE:  # only tables were added since: created above
+            log.info("store %s upgraded from schema version %s to %s", path, old, SCHEMA_VERSION)
+            conn.exec_driver_sql("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
