@@ -21,19 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from broker import sequences
 from broker.catalogue import Catalogue
-from broker.commit import CATALOGUE, CommitPath, LocalCommitPath, ReplicatedCommitPath
+from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
 from broker.config import NodeConfig
 from broker.delivery import Delivery
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.peers import PeerManager
 from broker.publish import Publisher, PublishRequest, PublishResult
-from broker.queues import Msg, Partition, Queue, decode_headers
+from broker.queues import Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
 from broker.streams import read_stream
@@ -42,7 +42,7 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, ShuttingDownError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, StoredMessage, WriteOp
+from storage.base import DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, WriteOp
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
@@ -187,28 +187,14 @@ class Node:
         for meta in rec.queues:
             cat.add(meta)
         cat.next_id = max(cat.next_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)
-        by_id = {q.meta.id: q for q in self.queues.values()}
         for (qid, pidx), st in rec.partitions.items():
-            q = by_id.get(qid)
+            q = cat.by_id(qid)
             if q is None or pidx >= len(q.partitions):
                 log.warning("recovery ignored rows of unknown queue_id=%d partition=%d", qid, pidx)
                 continue
-            part = q.partitions[pidx]
-            part.next_offset = part.committed_end = st.next_offset
-            part.marked_upto = st.delivered_upto
-            part.producers = dict(st.producers)
-            part.committed_producers = dict(st.producers)
-            part.gaps = {}
-            part.producer_used = {}
-            if not group:
-                q.add_ready(part, (self._msg_from_store(pidx, m) for m in st.messages))
+            q.load_partition(pidx, st, messages=not group)
         for u in rec.users:
             self.users.put(u)
-
-    @staticmethod
-    def _msg_from_store(partition: int, m: StoredMessage) -> Msg:
-        return Msg(partition, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
-                   m.producer_id, m.seq, m.ts, m.dc)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -381,15 +367,7 @@ class Node:
         q = self.queue_by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
-        part = q.partitions[key[1]]
-        self._clear_partition(q, part)
-        part.next_offset = part.committed_end = st.next_offset
-        part.marked_upto = st.delivered_upto
-        part.producers = dict(st.producers)
-        part.committed_producers = dict(st.producers)
-        part.gaps = {}
-        part.producer_used = {}
-        q.add_ready(part, (self._msg_from_store(key[1], m) for m in st.messages))
+        q.load_partition(key[1], st)
         self.delivery.schedule(q)
 
     def partition_unloaded(self, key: tuple[int, int]) -> None:
@@ -398,15 +376,8 @@ class Node:
         q = self.queue_by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
-        self._clear_partition(q, q.partitions[key[1]])
-        revoked = 0
-        for sess in self.sessions:
-            gone = [t for t, (c, m) in sess.deliveries.items() if c.queue is q and m.partition == key[1]]
-            for t in gone:
-                c, _m = sess.deliveries.pop(t)
-                c.unacked -= 1
-                q.unacked_count -= 1
-            revoked += len(gone)
+        q.clear_partition(key[1])
+        revoked = revoke_deliveries(self.sessions, q, key[1])
         if revoked:
             log.warning("partition %d/%d: %d unacked deliveries revoked (the new active redelivers them)",
                         key[0], key[1], revoked)
@@ -448,16 +419,6 @@ class Node:
             failed: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             done(failed)
-
-    @staticmethod
-    def _clear_partition(q: Queue, part: Partition) -> None:
-        q.ready_count -= len(part.ready)
-        part.ready.clear()
-        part.producers = {}
-        part.committed_producers = {}
-        part.gaps = {}
-        part.producer_used = {}
-
 
     # -- partition maps (durable connections send straight to each partition's active) --------
 

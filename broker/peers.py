@@ -8,10 +8,9 @@ carrying the node's identity), then carries keep-alives (``Heartbeat``) every
 ``non_response_timeout`` is ``Down``.  A peer with our location code or store
 stamp, or without a common protocol version, is refused with a clear log line.
 
-
-(``asyncio.timeout`` rather than ``wait_for`` throughout: on Python 3.11
-``wait_for`` can swallow a cancellation that races with its result, which left
-dialers running after stop.)
+Timeouts are the node clock's (``clock.timeout``, never ``wait_for``: on Python 3.11
+``wait_for`` can swallow a cancellation that races with its result, and a dialer would
+outlive ``stop``).
 """
 
 from __future__ import annotations
@@ -185,7 +184,7 @@ class PeerManager:
         backoff = self.node.config.keepalive_interval
         while True:
             try:
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                     reader, writer = await asyncio.open_connection(host, port)
             except (OSError, asyncio.TimeoutError):
                 await clock.sleep(backoff)
@@ -198,7 +197,7 @@ class PeerManager:
                 link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                                     store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
                                     client_address=self._client_address()))
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                     frame = await self._next_frame(link)
                 if isinstance(frame, Error):
                     log.warning("peer %s refused this node: %s", name, frame.message)
@@ -219,7 +218,7 @@ class PeerManager:
         proto = ProtocolConnection(Role.SERVER, max_frame_size=PEER_MAX_FRAME)
         link = _Link("?", reader, writer, proto)
         try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+            async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                 frame = await self._next_frame(link)
             if not isinstance(frame, PeerHello):
                 self._refuse(link, f"expected PeerHello, got {type(frame).__name__}")
@@ -312,7 +311,7 @@ class PeerManager:
         self._forwards[rid] = (link, fut)
         try:
             link.send(Forward(rid=rid, kind=int(request.KIND), payload=request.pack()))
-            async with asyncio.timeout(FORWARD_TIMEOUT):
+            async with self.node.clock.timeout(FORWARD_TIMEOUT):
                 return await fut
         except TimeoutError:
             raise UnavailableError(f"node {name} did not answer a forwarded {kind} in {FORWARD_TIMEOUT:.0f} s") \

@@ -21,7 +21,7 @@ import msgpack
 from broker.mapper import MAPPERS, DataMapper, make_mapper
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, QueueInfo
-from storage.base import QueueMeta
+from storage.base import PartitionState, QueueMeta, StoredMessage
 
 
 class Recipient(Protocol):
@@ -184,6 +184,28 @@ class Queue:
     def name(self) -> str:
         return self.meta.name
 
+    def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
+        """The partition as the store has it (at start, or when this node becomes its active):
+        offsets, producer sequences and, with ``messages``, its ready messages."""
+        part = self.partitions[pidx]
+        self.clear_partition(pidx)
+        part.next_offset = part.committed_end = st.next_offset
+        part.marked_upto = st.delivered_upto
+        part.producers = dict(st.producers)
+        part.committed_producers = dict(st.producers)
+        if messages:
+            self.add_ready(part, (msg_from_store(pidx, m) for m in st.messages))
+
+    def clear_partition(self, pidx: int) -> None:
+        """Forget the partition's ready messages and producers (another node serves it now)."""
+        part = self.partitions[pidx]
+        self.ready_count -= len(part.ready)
+        part.ready.clear()
+        part.producers = {}
+        part.committed_producers = {}
+        part.gaps = {}
+        part.producer_used = {}
+
     def mark_committed(self, by_part: dict[int, list[Msg]]) -> None:
         """These messages are in the store: stream reads may see them."""
         for pidx, msgs in by_part.items():
@@ -279,3 +301,22 @@ def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int) -> int:
     """Ready and delivered-but-unsettled messages of one partition served here."""
     held = sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
     return len(q.partitions[pidx].ready) + held
+
+
+def msg_from_store(partition: int, m: StoredMessage) -> Msg:
+    return Msg(partition, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
+               m.producer_id, m.seq, m.ts, m.dc)
+
+
+def revoke_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> int:
+    """Drop the unsettled deliveries of a partition this node no longer serves (the new active
+    delivers them again); how many."""
+    revoked = 0
+    for h in holders:
+        gone = [t for t, (c, m) in h.deliveries.items() if c.queue is q and m.partition == pidx]
+        for t in gone:
+            c, _m = h.deliveries.pop(t)
+            c.unacked -= 1
+            q.unacked_count -= 1
+        revoked += len(gone)
+    return revoked

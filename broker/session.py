@@ -86,7 +86,7 @@ from client.protocol.frames import (
     Welcome,
     expect,
 )
-from storage.base import StoredMessage, UserRecord, WriteOp
+from storage.base import UserRecord, WriteOp
 
 
 class SessionHost(StatusSource, Protocol):
