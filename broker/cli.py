@@ -28,6 +28,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker.config import NodeConfig, build_config, load_toml
 from broker.tools import cluster_up, commands, status
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
@@ -66,9 +67,7 @@ def log_level(args: argparse.Namespace) -> str:
 # -- broker start -----------------------------------------------------------------------------
 
 
-def _broker_start(args: argparse.Namespace) -> int:
-    from broker.config import build_config, load_toml
-
+def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
@@ -78,11 +77,11 @@ def _broker_start(args: argparse.Namespace) -> int:
         if v is not None:
             values[key] = v
     config = build_config(values)
-    return run_async(_serve(config))
+    return _serve(config)
 
 
-async def _serve(config: Any) -> int:
-    from broker.node import Node
+async def _serve(config: NodeConfig) -> int:
+    from broker.node import Node  # the node and its console: only for the command that runs one
 
     from webconsole.app import Console
 

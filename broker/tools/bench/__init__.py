@@ -1,0 +1,1 @@
+"""``tandem bench``: one workload against Tandem and its peers (RabbitMQ, NATS JetStream)."""
