@@ -1,0 +1,51 @@
+"""Forwarded requests: every kind round-trips, and a payload that does not fit its kind is
+refused with InvalidArgumentError (a peer's bad frame costs one request, never the node)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+from broker.forward import (REQUESTS, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardKind, OptionFwd,
+                            PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd, StatusFwd,
+                            decode_request)
+from client.errors import InvalidArgumentError
+
+EXAMPLES = [
+    PublishFwd(1, 2, b"\x81\xa2op\x01"), DeclareFwd(2, b"frame"), DeleteFwd(1, "orders", True), CatalogueFwd(),
+    StatusFwd(), PartitionStatsFwd("orders", 3), QueueStatsFwd(), OptionFwd("priority", 2, "admin"),
+    ReadFwd(1, "orders", 0, 100, 500), DepthFwd("orders", 1), PurgeFwd("orders", 0),
+]
+
+
+def test_every_kind_has_one_request_type_and_an_example() -> None:
+    assert set(REQUESTS) == set(ForwardKind)
+    assert {type(e).KIND for e in EXAMPLES} == set(ForwardKind)
+
+
+@pytest.mark.parametrize("req", EXAMPLES, ids=lambda r: type(r).__name__)
+def test_round_trip(req: object) -> None:
+    assert decode_request(int(type(req).KIND), req.pack()) == req  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind, payload, what", [
+    (99, b"", "unknown forwarded request kind 99"),
+    (int(ForwardKind.DELETE), b"\xc1", "not msgpack"),
+    (int(ForwardKind.DELETE), msgpack.packb({"queue": "q"}), "expected 3 fields"),
+    (int(ForwardKind.DELETE), msgpack.packb([1, "q"]), "expected 3 fields"),
+    (int(ForwardKind.DELETE), msgpack.packb([1, "q", 1]), "field if_empty is not bool"),
+    (int(ForwardKind.DEPTH), msgpack.packb(["q", True]), "field partition is not int"),
+    (int(ForwardKind.PUBLISH), msgpack.packb([1, 0, "not bytes"]), "field frame is not bytes"),
+    (int(ForwardKind.STATUS), msgpack.packb([1]), "expected 0 fields"),
+])
+def test_a_payload_that_does_not_fit_is_refused(kind: int, payload: bytes, what: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=what):
+        decode_request(kind, payload)
+
+
+def test_fields_are_packed_in_declaration_order() -> None:
+    req = ReadFwd(1, "orders", 2, 3, 4)
+    assert msgpack.unpackb(req.pack()) == [getattr(req, f.name) for f in dataclasses.fields(req)]
+    assert msgpack.unpackb(req.pack()) == [1, "orders", 2, 3, 4]
