@@ -475,10 +475,6 @@ async def test_a_producer_retries_a_partition_as_soon_as_the_map_names_its_new_a
         for part in p._parts:
             part.backoff = _Forever()  # type: ignore[assignment]
         await cl.nodes[victim].kill()  # batches in flight fail with it
-        for _ in range(40):
-            pt = p._parts[0]
-            print("DBG", round(pt.retry_at - conn.clock.monotonic(), 2), pt.failed, pt.probe, pt.busy, len(pt.flying), p.confirmed)
-            await asyncio.sleep(0.1)
         await asyncio.wait_for(asyncio.gather(*futs), timeout=60)
     after = await actives(cl, "moved", 1)
     assert after[0] != victim
