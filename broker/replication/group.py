@@ -72,6 +72,10 @@ class HaEvent:
 
 
 class Replication:
+    """This node's replication logs (one per partition it holds, and the catalogue) and
+    the parts around them: ``proposals`` (commit.py), ``roles`` (who serves what,
+    serving.py), ``held`` (store writes held back, apply.py), ``transport``."""
+
     def __init__(self, host: ReplicationHost, logs: dict[Key, LogState]) -> None:
         self.host = host
         cfg = host.config
