@@ -14,6 +14,7 @@ Modules, from the bottom up:
 * ``codec``: the wire format (message kinds, log op codes, snapshots), byte by byte;
 * ``host``: what replication needs from the node (:class:`ReplicationHost`);
 * ``compaction``: how much applied log is kept; ``partlog``: one partition's log;
+  ``segments``: compacting past the log files' oldest segment;
 * ``commit``: staging and proposing ops; ``apply``: committed entries to store writes,
   held back for a moment; ``serving``: who serves each partition, waits for an active;
   ``transport``: ``Replicate`` frames to and from peers;

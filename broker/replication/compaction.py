@@ -19,8 +19,6 @@ COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted r
 # ... but the active keeps what a replica that is answering still lacks, up to this much
 # (beyond it, that replica gets a snapshot)
 HOLD_BYTES = 256 * 1024 * 1024
-# How often partitions that keep the log's oldest segment are compacted past it.
-UNPIN_EVERY = 1.0
 
 
 def entry_bytes(r: Replica, first: int, last: int) -> int:

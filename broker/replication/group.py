@@ -28,22 +28,15 @@ from typing import Any
 from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
 from broker.replication.codec import CATALOGUE, Key
 from broker.replication.commit import Proposals
-from broker.replication.compaction import (
-    COMPACT_BYTES,
-    COMPACT_EVERY,
-    HOLD_BYTES,
-    KEEP_BYTES,
-    UNPIN_EVERY,
-    compact_upto,
-    entry_bytes,
-)
+from broker.replication.compaction import COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto
 from broker.replication.host import Callback, ReplicationHost
-from broker.replication.partlog import PartLog
+from broker.replication.partlog import PartLog, open_log, replica_config
+from broker.replication.segments import UNPIN_EVERY, unpin_segments
 from broker.replication.serving import PartitionNotifier, Serving
 from broker.replication.transport import Transport
 from client.errors import UnavailableError
 from client.protocol.frames import PartitionInfo
-from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, HandingOver, Ready, RoleChanged
+from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
 from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
@@ -64,7 +57,6 @@ from storage.base import (
 
 log = logging.getLogger("tandem.ha")
 
-MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
 MAX_EVENTS = 200
 # A replica whose replies have been held this many non_response_timeouts by its log writes
 # stops sending the active Alive (Replication._keep_alive): its disk or writer is stuck.
@@ -80,6 +72,10 @@ class HaEvent:
 
 
 class Replication:
+    """This node's replication logs (one per partition it holds, and the catalogue) and
+    the parts around them: ``proposals`` (commit.py), ``roles`` (who serves what,
+    serving.py), ``held`` (store writes held back, apply.py), ``transport``."""
+
     def __init__(self, host: ReplicationHost, logs: dict[Key, LogState]) -> None:
         self.host = host
         cfg = host.config
@@ -161,28 +157,13 @@ class Replication:
                 self._open((meta.id, p), nodes)
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
-        cfg = self.host.config
-        voters = nodes.voters
-        dp = self.designated_primary if len(voters) == 2 and self.designated_primary in voters else None
-        override = self.quorum_override if self.quorum_override is None or self.quorum_override <= len(voters) \
-            else len(voters)
-        return ReplicaConfig(node=self.me, voters=voters, learners=nodes.learners,
-                             priorities={self.me: self.priority}, election_timeout=cfg.non_response_timeout,
-                             heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
-                             designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
-                             max_append=256,
-                             max_append_bytes=MAX_APPEND_BYTES)
+        return replica_config(self.host.config, nodes, priority=self.priority,
+                              designated_primary=self.designated_primary, quorum_override=self.quorum_override)
 
     def _open(self, key: Key, nodes: NodeList) -> None:
         st = self._stored.pop(key, None) or LogState()
-        entries = [Entry(r.term, r.index, r.data or None, r.origin, r.weak) for r in st.entries
-                   if r.index > st.snapshot[0]]
-        replica = Replica(self._replica_config(nodes), rng=random.Random(self._rng.random()),
-                          now=self.host.clock.monotonic(), term=st.term, voted_for=st.voted_for, log=entries,
-                          commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
-        plog = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
-                       durable_applied=st.applied[0],
-                       applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))
+        plog = open_log(key, nodes, st, self._replica_config(nodes), rng=random.Random(self._rng.random()),
+                        now=self.host.clock.monotonic())
         self.roles.start_lifecycle(plog)
         self.logs[key] = plog
 
@@ -219,49 +200,13 @@ class Replication:
             await clock.sleep(max(0.001, wake - clock.monotonic()))
 
     def _unpin_segments(self) -> None:
-        """The oldest segment of the log's files goes once every entry in it is compacted
-        (storage/segments.py).  A partition that keeps it (a quiet one: it compacts only
-        every COMPACT_EVERY entries) is compacted past it here, once applied that far.  The
-        log of a partition this node holds no replica of is dropped: of a queue placed
-        elsewhere now, with its store rows; of a deleted queue (its deletion record did not
-        reach the disk before a crash), once the catalogue here is caught up."""
-        pins = getattr(self.host.engine, "log_pins", None)
-        if pins is None or self._broken or self._stopping:
+        if self._broken or self._stopping:
             return
         try:
-            for key, top in pins().items():
-                plog = self.logs.get(key)
-                if plog is None:
-                    self._drop_foreign_log(key)
-                    continue
-                r = plog.replica
-                if r.snap_index >= top or r.applied < top:
-                    continue  # compacted already (not yet durably), or not applied that far yet
-                need = r.live_match()
-                if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
-                    continue  # a replica that answers still lacks them: it catches up first (as compact_upto)
-                r.compact(top)
-                plog.applied_bytes = entry_bytes(r, r.snap_index + 1, r.applied)
-                # with the store writes it depends on, in order (see HeldWrites)
-                self.held.hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
+            unpin_segments(self.host, self.logs, self.held.hold)
         except Exception as exc:
             log.exception("compacting the partitions that keep the oldest log segment failed")
             self._fatal(f"log compaction failed: {exc!r}")
-
-    def _drop_foreign_log(self, key: Key) -> None:
-        if key == CATALOGUE:
-            return
-        qid, p = key
-        if self.host.queue_by_id(qid) is not None:
-            log.info("partition %d/%d: dropping its log and store rows on %s, which no longer holds a replica",
-                     qid, p, self.me)
-            self.host.writer.submit([ResetPartition(qid, p), LogCompact(qid, p, 0, 0, ""), PutApplied(qid, p, 0, 0, ""),
-                                     LogTruncate(qid, p, 0)], sync=False)
-            return
-        cat = self.logs[CATALOGUE].replica
-        if cat.leader is not None and not cat.recovering and cat.applied >= cat.commit:
-            log.info("partition %d/%d: dropping the log of a deleted queue on %s", qid, p, self.me)
-            self.host.writer.submit([LogTruncate(qid, p, 0)], sync=False)
 
     def stop(self) -> None:
         for t in list(self._tasks):

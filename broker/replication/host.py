@@ -87,7 +87,7 @@ class ReplicationHost(Protocol):
         """This node now serves the partition: its state, loaded from the store."""
 
     def partition_unloaded(self, key: tuple[int, int]) -> None:
-        """This node no longer serves the partition: drop its in-memory state."""
+        """This node stops serving the partition: drop its in-memory state."""
 
     def map_changed(self) -> None:
         """A role or an active changed: clients that watch the partition map hear of it."""

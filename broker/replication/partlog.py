@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from broker.config import NodeConfig
 from broker.replication.codec import CATALOGUE, Key
 from broker.replication.compaction import COMPACT_BYTES
 from broker.replication.host import Callback
-from ha.messages import Envelope
+from ha.messages import Entry, Envelope
 from ha.partition import PartitionLifecycle
 from ha.placement import NodeList
-from ha.replica import Replica
-from storage.base import WriteOp
+from ha.replica import Replica, ReplicaConfig
+from storage.base import LogState, WriteOp
+
+MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
 
 
 @dataclass(eq=False)
@@ -62,3 +66,29 @@ class PartLog:
     @property
     def name(self) -> str:
         return "catalogue" if self.key == CATALOGUE else f"{self.key[0]}/{self.key[1]}"
+
+
+def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designated_primary: str | None,
+                   quorum_override: int | None) -> ReplicaConfig:
+    """The core's configuration for a log placed on ``nodes``: a designated primary counts
+    only in a two-voter log, and a quorum override never exceeds the voters."""
+    voters = nodes.voters
+    dp = designated_primary if len(voters) == 2 and designated_primary in voters else None
+    override = quorum_override if quorum_override is None or quorum_override <= len(voters) else len(voters)
+    return ReplicaConfig(node=cfg.name, voters=voters, learners=nodes.learners,
+                         priorities={cfg.name: priority}, election_timeout=cfg.non_response_timeout,
+                         heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
+                         designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
+                         max_append=256, max_append_bytes=MAX_APPEND_BYTES)
+
+
+def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, rng: random.Random,
+             now: float) -> PartLog:
+    """A log as the store recovered it (``st``: hard state, entries, snapshot, applied)."""
+    entries = [Entry(r.term, r.index, r.data or None, r.origin, r.weak) for r in st.entries
+               if r.index > st.snapshot[0]]
+    replica = Replica(config, rng=rng, now=now, term=st.term, voted_for=st.voted_for, log=entries,
+                      commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
+    return PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
+                   durable_applied=st.applied[0],
+                   applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))

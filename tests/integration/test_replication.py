@@ -487,9 +487,9 @@ async def test_every_store_reaches_the_commit_index_after_a_replica_catches_up(t
     """Store writes are held back (HOLD_APPLY), the log compacts past COMPACT_EVERY while a
     replica is stopped, and the replica catches up (by snapshot or entries) under traffic.
     Once quiet, every node's store stands at the commit index: its rows and its applied
-    position agree with the log.  (The race of a compaction-only Ready right after a held
-    position, found in review, is not forced here: tests/unit/test_compaction.py pins the
-    rule that fixed it.)"""
+    position agree with the log.  (A compaction-only Ready right after a held position is
+    not forced here: tests/unit/test_compaction.py pins the rule that keeps the newest
+    position.)"""
     import sqlite3
 
     cl = trio

@@ -68,9 +68,9 @@ def test_an_active_past_its_term_holds_nothing_back() -> None:
 def test_an_active_that_meets_a_rival_stands_again_and_commits_its_old_entries() -> None:
     """A rival active in the same term (possible under a weak override) with a less recent
     log: this active fences it with a higher term, steps down and stands again at once, and
-    the new term's no-op commits what it had not committed yet, its own no-op included.  (It
-    used to stay active in the raised term: entries of the old term never committed, and a
-    new active whose no-op had not committed could never serve; a review found it.)"""
+    the new term's no-op commits what it had not committed yet, its own no-op included.  (An
+    active that stayed active in the raised term would never commit the old term's entries,
+    and a new active whose no-op had not committed could never serve.)"""
     r = active_replica()  # its no-op (index 1) persisted, not committed
     _ready, e = r.propose(b"proposed in the old term")
     assert e is not None
