@@ -16,7 +16,7 @@ replication log and nothing else, those appends are committed first, and the
 lazy rest right after, in transactions of about ``LAZY_SLICE_OPS`` ops, with any
 append submitted meanwhile going between two of them.  A confirm waits for such an
 append (and its fsync); it need not wait for a group's held-back store writes,
-which a batch may hold hundreds of (broker/replication.py, ``HOLD_APPLY``), and
+which a batch may hold hundreds of (the replication driver's ``HOLD_APPLY``), and
 which are of entries the log already has: a crash between the two leaves the
 store behind its log, which a restart applies again.
 
