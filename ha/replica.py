@@ -21,15 +21,22 @@ The driver calls :meth:`Replica.tick` with the time, :meth:`Replica.step` with
 each message, and :meth:`Replica.propose` for client writes on the active;
 each returns a :class:`~ha.messages.Ready` saying what to persist, send, apply.
 Time is whatever the driver passes in; randomness comes from the ``rng`` given.
+
+Every role change goes through the table in :mod:`ha.roles`; every message goes to its
+handler through ``_HANDLERS``.  The rules live beside it: :mod:`ha.elections` (how long to
+wait before standing, how to answer a vote request), :mod:`ha.log` (the log and its
+snapshot position), :mod:`ha.progress` (what the active knows of each member),
+:mod:`ha.failback` (handing the partition back to the placement's choice).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from enum import Enum
+from collections.abc import Callable
 from typing import Any
 
+from ha.failback import Failback
+from ha.log import EntryLog
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -47,85 +54,12 @@ from ha.messages import (
     TimeoutNow,
     VoteReply,
 )
-from ha.errors import IllegalTransition
+from ha.progress import NEVER, PeerTracker
+from ha.replica_config import ReplicaConfig
+from ha.roles import Role, RoleEvent, next_role
+from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at
 
-
-FAILBACK_MEMORY = 600.0  # seconds a hand-over to a node counts toward its next wait (_maybe_hand_back)
-
-
-class Role(Enum):
-    __hash__ = object.__hash__  # members are singletons: identity, in C (Enum's own hashes the name in Python, per lookup)
-    FOLLOWER = "follower"  # a sync replica
-    CANDIDATE = "candidate"
-    LEADER = "active"
-    LEARNER = "learner"  # an async replica
-
-
-# (role, event) -> role.  Every role change goes through this table.
-TRANSITIONS: dict[tuple[Role, str], Role] = {
-    (Role.FOLLOWER, "election_timeout"): Role.CANDIDATE,
-    (Role.CANDIDATE, "election_timeout"): Role.CANDIDATE,
-    (Role.CANDIDATE, "won"): Role.LEADER,
-    (Role.FOLLOWER, "higher_term"): Role.FOLLOWER,
-    (Role.CANDIDATE, "higher_term"): Role.FOLLOWER,
-    (Role.LEADER, "higher_term"): Role.FOLLOWER,
-    (Role.CANDIDATE, "active_seen"): Role.FOLLOWER,
-    (Role.LEADER, "lost_quorum"): Role.FOLLOWER,
-    (Role.LEADER, "rival_active"): Role.FOLLOWER,  # only under a weak override, see _on_append
-    (Role.LEARNER, "higher_term"): Role.LEARNER,
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplicaConfig:
-    node: str
-    voters: tuple[str, ...]
-    learners: tuple[str, ...] = ()
-    priorities: dict[str, int] = field(default_factory=dict)  # 0 never stands; default 1
-    election_timeout: float = 1.0  # non_response_timeout
-    heartbeat_interval: float = 0.25  # keepalive_interval
-    quorum_override: int | None = None
-    designated_primary: str | None = None
-    max_append: int = 512  # entries per AppendEntries
-    max_append_bytes: int = 0  # and at most this much entry data in one (0: no limit); one entry always goes
-    #: the placement's first node: among voters of equal priority it is preferred, so
-    #: that actives spread over the group as placement intends
-    preferred: str | None = None
-    #: failback: the active hands the partition to ``preferred`` once that node has answered
-    #: without a gap for this long (0: never); see ``_maybe_hand_back``
-    failback_after: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.node not in self.voters and self.node not in self.learners:
-            raise ValueError(f"node {self.node!r} is neither a voter nor a learner")
-        if set(self.voters) & set(self.learners):
-            raise ValueError("a node cannot be both voter and learner")
-        if self.quorum_override is not None and not 1 <= self.quorum_override <= len(self.voters):
-            raise ValueError(f"quorum_override must be 1..{len(self.voters)}")
-        if self.designated_primary is not None and self.designated_primary not in self.voters:
-            raise ValueError("designated_primary must be one of the voters")
-        if any(not 0 <= p <= 3 for p in self.priorities.values()):
-            raise ValueError("priorities are 0..3")
-        if self.failback_after < 0:
-            raise ValueError("failback_after >= 0")
-        if self.max_append < 1 or not 0 < self.heartbeat_interval < self.election_timeout:
-            raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
-
-    def priority(self, node: str) -> int:
-        return self.priorities.get(node, 1)
-
-    def rank(self, node: str) -> int:
-        """Priority, then placement preference: what elections prefer (0 never stands)."""
-        p = self.priority(node)
-        return 2 * p + (1 if p and node == self.preferred else 0)
-
-    def quorum(self) -> int:
-        """Voters (self included) needed to elect or to commit."""
-        if self.designated_primary is not None and len(self.voters) == 2 and self.designated_primary == self.node:
-            return 1
-        if self.quorum_override is not None:
-            return self.quorum_override
-        return len(self.voters) // 2 + 1
+__all__ = ["Replica", "ReplicaConfig", "Role", "RoleEvent"]
 
 
 class Replica:
@@ -142,10 +76,7 @@ class Replica:
         self.rng = rng
         self.term = term
         self.voted_for = voted_for
-        self.snap_index, self.snap_term, self.snap_origin = snapshot
-        self.log: list[Entry] = list(log or [])  # log[i] has index snap_index + i + 1
-        if self.log and self.log[0].index != self.snap_index + 1:
-            raise ValueError(f"log starts at {self.log[0].index}, snapshot ends at {self.snap_index}")
+        self._log = EntryLog(snapshot, log or [])
         # What was confirmed before a restart counts as committed.
         self.commit = max(self.snap_index, min(commit, self.last_index))
         self.applied = self.commit if applied is None else max(self.snap_index, min(applied, self.commit))
@@ -153,42 +84,19 @@ class Replica:
         #: rebuilt empty after losing state (HA-1014 of confirmed entries): neither votes nor
         #: stands until an active has brought it up to that active's commit index
         self.recovering = recovering
-        self._snapshot_sent: dict[str, float] = {}
         self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
         self.leader: str | None = None
         self._votes: set[str] = set()
-        self._next: dict[str, int] = {}
-        self._match: dict[str, int] = {}
-        self._heard: dict[str, float] = {}  # replies in this term (a grace period at election)
-        self._acked: dict[str, float] = {}  # last successful append reply in this term
-        self._live_since: dict[str, float] = {}  # answering without a gap since (failback)
-        self._handing_to: str | None = None  # failback under way: no writes until _handing_until
-        self._handing_until = 0.0
-        self._handing_sent = False
-        self._timeout_now_at = -1e18  # when it last told a node to stand (_observe_term)
-        self._handed: dict[str, float] = {}  # when the active last asked a node to take over
-        self._handovers: dict[str, list[float]] = {}  # when it did, within FAILBACK_MEMORY
+        self._tracker = PeerTracker()  # the active's view of the other members, in its term
+        self._failback = Failback()  # the active's hand-over to the placement's choice
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
         self._deferring_until = -1.0
         self._stand_early_after = -1.0  # see _on_vote: a less recent candidate asked us
-        self._active_seen = -1e18  # the last message this node took from an active (_follow)
+        self._active_seen = NEVER  # the last message this node took from an active (_follow)
         self._now = now
-        self._election_at = now + self._timeout()
-        if config.preferred is not None and config.preferred != self.id:
-            # the first election of a new partition: let the placement's choice stand first
-            self._election_at += config.election_timeout / 2
-        elif (config.preferred == self.id and term == 0 and not self.log and self.snap_index == 0 and not recovering
-              and config.quorum() > 1):
-            # A partition that never had an active (a new queue's): there is none to wait
-            # for, so the placement's choice stands within a heartbeat or two.  Its head
-            # start over the others (1.5-2 timeouts) then outlasts the time the members take
-            # to learn of the queue (up to a heartbeat each); with the head start alone it
-            # did not, and a new queue's actives came out unevenly spread (docs/replication.md).
-            # Not where one vote elects (an override, a designated primary): a node that lost
-            # its store, or was down when the queue was made, looks new too, and must first
-            # hear of the active it does not know (found in review).
-            self._election_at = now + config.heartbeat_interval * (1.0 + self.rng.random())
+        fresh = term == 0 and not self.log and self.snap_index == 0 and not recovering
+        self._election_at = first_election_at(config, now, self._timeout(), fresh, self.rng)
         self._heartbeat_at = now
         self._ready = Ready()
 
@@ -196,7 +104,7 @@ class Replica:
     def handing_over(self) -> bool:
         """Failback under way: this active takes no writes until it has handed over or given
         up (the driver keeps what clients send meanwhile, rather than fail it)."""
-        return self.role is Role.LEADER and self._handing_to is not None
+        return self.role is Role.LEADER and self._failback.handing_to is not None
 
     @property
     def wake_at(self) -> float:
@@ -214,63 +122,56 @@ class Replica:
         Compaction keeps what they still need (they are catching up, not gone)."""
         if self.role is not Role.LEADER:
             return None
-        live = [self._match.get(n, 0) for n, t in self._acked.items()
-                if n != self.id and self._now - t <= self.cfg.election_timeout]
-        return min(live) if live else None
+        return self._tracker.live_match(self.id, self._now, self.cfg.election_timeout)
 
     def progress(self) -> dict[str, int]:
         """On the active: the last index known to be on each other member."""
-        return dict(self._match) if self.role is Role.LEADER else {}
+        return dict(self._tracker.match) if self.role is Role.LEADER else {}
 
     @property
     def now(self) -> float:
         """The time of the last tick."""
         return self._now
 
+    # The log (ha.log.EntryLog), read-only to the driver.
+
+    @property
+    def log(self) -> list[Entry]:
+        """The entries after the snapshot: ``log[i]`` has index ``snap_index + i + 1``."""
+        return self._log.entries
+
+    @property
+    def snap_index(self) -> int:
+        return self._log.snap_index
+
+    @property
+    def snap_term(self) -> int:
+        return self._log.snap_term
+
+    @property
+    def snap_origin(self) -> str:
+        return self._log.snap_origin
+
     @property
     def last_index(self) -> int:
-        return self.snap_index + len(self.log)
+        return self._log.last_index
 
     def entry(self, index: int) -> Entry:
-        return self.log[index - self.snap_index - 1]
+        return self._log.entry(index)
 
     def entries(self, first: int, last: int) -> list[Entry]:
         """Entries first..last (inclusive) still in the log."""
-        lo = max(first, self.snap_index + 1) - self.snap_index - 1
-        return self.log[lo:max(lo, last - self.snap_index)]
-
-    def _term_at(self, index: int) -> int:
-        if index == self.snap_index:
-            return self.snap_term
-        return self.entry(index).term if self.snap_index < index <= self.last_index else 0
-
-    @property
-    def last_term(self) -> int:
-        return self._term_at(self.last_index)
-
-    def _recency(self) -> tuple[int, int]:
-        """(term, index) of the last entry written under a real quorum: what elections compare."""
-        for e in reversed(self.log):
-            if not e.weak:
-                return e.term, e.index
-        return self.snap_term, self.snap_index  # compacted entries were committed
-
-    def _origin_at(self, index: int) -> str:
-        if index == self.snap_index:
-            return self.snap_origin
-        return self.entry(index).origin if self.snap_index < index <= self.last_index else ""
+        return self._log.slice(first, last)
 
     def _weak_active(self) -> bool:
         """This active's writes are not backed by a majority: it needs fewer votes than a
         majority (override, designated primary) *and* has not heard from a majority of
         voters within the election timeout.  With its peers connected, an override
         active writes strong entries like any other."""
-        majority = len(self.cfg.voters) // 2 + 1
+        majority = self.cfg.majority
         if self.cfg.quorum() >= majority:
             return False
-        acked = 1 + sum(1 for v in self.cfg.voters if v != self.id
-                        and self._now - self._acked.get(v, -1e18) < self.cfg.election_timeout)
-        return acked < majority
+        return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -279,10 +180,7 @@ class Replica:
         return [n for n in self.cfg.voters + self.cfg.learners if n != self.id]
 
     def _timeout(self) -> float:
-        # Higher priority -> shorter waits, so the preferred node usually stands first; a node
-        # that just failed to win waits like everyone else, so it cannot starve the others.
-        spread = 0.5 if self._now < self._deferring_until else 0.5 * (8 - min(7, max(2, self.cfg.rank(self.id)))) / 6
-        return self.cfg.election_timeout * (1.0 + self.rng.random() * spread)
+        return election_wait(self.cfg, self._now < self._deferring_until, self.rng)
 
     def _send(self, dst: str, msg: Message) -> None:
         self._ready.messages.append(Envelope(self.id, dst, msg))
@@ -290,10 +188,8 @@ class Replica:
     def _hard_state_changed(self) -> None:
         self._ready.hard_state = HardState(self.term, self.voted_for, self.commit)
 
-    def _become(self, event: str, reason: str) -> None:
-        new = TRANSITIONS.get((self.role, event))
-        if new is None:
-            raise IllegalTransition(f"{self.role.name} cannot take {event!r}")
+    def _become(self, event: RoleEvent, reason: str) -> None:
+        new = next_role(self.role, event)
         if new is not self.role:
             self._ready.events.append(RoleChanged(self.id, self.term, self.role.value, new.value, reason))
         self.role = new
@@ -313,12 +209,13 @@ class Replica:
 
     def _observe_term(self, term: int, leader: str | None = None) -> None:
         if term > self.term:
-            handing = self.role is Role.LEADER and self._now - self._timeout_now_at < 2 * self.cfg.election_timeout
+            handing = (self.role is Role.LEADER
+                       and self._now - self._failback.timeout_now_at < 2 * self.cfg.election_timeout)
             self.term = term
             self.voted_for = None
             self._hard_state_changed()
             if self.role is not Role.FOLLOWER or leader is None:
-                self._become("higher_term", f"saw term {term}")
+                self._become(RoleEvent.HIGHER_TERM, f"saw term {term}")
             self.leader = leader
             if handing:
                 # It told a node to stand: its own election timer ran out long ago, and it would
@@ -338,9 +235,10 @@ class Replica:
                     self._send_append(p)
             self._check_quorum(now)
             if self.role is Role.LEADER:
-                if self._handing_to is not None and now >= self._handing_until:
-                    self._handing_to = None  # it did not take over: carry on taking writes
-                elif self._handing_to is None and self.cfg.failback_after:
+                fb = self._failback
+                if fb.handing_to is not None and now >= fb.handing_until:
+                    fb.handing_to = None  # it did not take over: carry on taking writes
+                elif fb.handing_to is None and self.cfg.failback_after:
                     self._maybe_hand_back(now)
         elif self.role is not Role.LEARNER and now >= self._election_at:
             self._campaign()
@@ -349,10 +247,10 @@ class Replica:
     def propose(self, data: Any) -> tuple[Ready, Entry | None]:
         """Append a client write (on the active only); the entry, or None if not active
         (or handing the partition over: the client tries again, and finds the new active)."""
-        if self.role is not Role.LEADER or self._handing_to is not None:
+        if self.role is not Role.LEADER or self._failback.handing_to is not None:
             return self._take_ready(), None
         entry = self._new_entry(data)
-        self.log.append(entry)
+        self._log.entries.append(entry)
         self._ready.append.append(entry)
         for p in self._peers():
             self._send_append(p)
@@ -362,8 +260,7 @@ class Replica:
         """The driver's log write up to ``entry`` is durable.  The active counts itself
         toward a commit only for entries it has on disk."""
         i = entry.index
-        if self.snap_index < i <= self.last_index and self.entry(i).term == entry.term \
-                and self.entry(i).origin == entry.origin and i > self._persisted:
+        if self._persisted < i and self.snap_index < i and self._log.has(i, entry.term, entry.origin):
             self._persisted = i
             if self.role is Role.LEADER:
                 self._advance_commit()
@@ -375,9 +272,7 @@ class Replica:
         upto = min(upto, self.applied)
         if upto <= self.snap_index:
             return
-        last = self.entry(upto)
-        del self.log[:upto - self.snap_index]
-        self.snap_index, self.snap_term, self.snap_origin = upto, last.term, last.origin
+        self._log.compact(upto)
 
     def reconfigure(self, config: ReplicaConfig) -> Ready:
         """New priorities, ``quorum_override`` or ``designated_primary``: effective at once."""
@@ -389,21 +284,10 @@ class Replica:
         return self._take_ready()
 
     def step(self, env: Envelope) -> Ready:
-        msg = env.msg
-        if isinstance(msg, RequestVote):
-            self._on_vote(msg)
-        elif isinstance(msg, VoteReply):
-            self._on_vote_reply(msg)
-        elif isinstance(msg, AppendEntries):
-            self._on_append(msg)
-        elif isinstance(msg, AppendReply):
-            self._on_append_reply(msg)
-        elif isinstance(msg, InstallSnapshot):
-            self._on_snapshot(msg)
-        elif isinstance(msg, TimeoutNow):
-            self._on_timeout_now(msg)
-        elif isinstance(msg, Alive):
-            self._on_alive(msg)
+        """A message from another replica, handed to its handler (``_HANDLERS``)."""
+        handler = _HANDLERS.get(type(env.msg))
+        if handler is not None:
+            handler(self, env.msg)
         return self._take_ready()
 
     # -- elections ------------------------------------------------------------------------------
@@ -416,7 +300,7 @@ class Replica:
         self._election_at = self._now + self._timeout()
         if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters or self.recovering:
             return
-        self._become("election_timeout", reason)
+        self._become(RoleEvent.ELECTION_TIMEOUT, reason)
         if first_bid:
             # If the first bid fails (two candidates split the votes), bid again sooner than
             # a full timeout: the others know the active is gone by now.  Random, so two
@@ -431,7 +315,7 @@ class Replica:
         if len(self._votes) >= self.cfg.quorum():
             self._win()
             return
-        last_term, last_index = self._recency()
+        last_term, last_index = self._log.recency()
         for v in self.cfg.voters:
             if v != self.id:
                 self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
@@ -439,37 +323,24 @@ class Replica:
     def _on_vote(self, m: RequestVote) -> None:
         if m.term > self.term:
             self._observe_term(m.term)
-        granted = False
-        if (m.term == self.term and self.voted_for in (None, m.candidate) and self.id in self.cfg.voters
-                and not self.recovering):
-            ours = self._recency()
-            theirs = (m.last_term, m.last_index)
-            mine = self.cfg.rank(self.id)  # m.priority is the candidate's rank
-            preferred = mine > m.priority and self._now >= self._deferring_until
-            if theirs > ours or (theirs == ours and (not preferred or self.voted_for == m.candidate)):
-                granted = True
-                self.voted_for = m.candidate
-                self._hard_state_changed()
-                self._election_at = self._now + self._timeout()
-            elif theirs == ours and mine > m.priority and self.role is Role.FOLLOWER:
-                # As recent and preferred: refuse and stand at the next tick.  Only once per
-                # two election timeouts: if this node cannot win (it may reach too few voters),
-                # the next candidate gets its vote, so a preference never blocks an election.
-                self._election_at = self._now
-                self._deferring_until = self._now + 2 * self.cfg.election_timeout
-            elif (theirs < ours and self.cfg.priority(self.id) > 0 and self._now >= self._stand_early_after
-                  and self._now - self._active_seen >= self.cfg.election_timeout - self.cfg.heartbeat_interval):
-                # The candidate's log is behind ours: it cannot win with our vote, and its bid
-                # says the active is gone.  We can win with its vote, so stand now rather than
-                # wait out our own timer (with a little jitter, in case a peer as recent as we
-                # are heard the same bid).  Once per two election timeouts, as above.  Not while
-                # an active was heard within a heartbeat of a timeout: then the bid says only
-                # that the candidate cannot hear (a one-way cut), the deposed active stands
-                # again by itself, and a second early candidate would split the vote with it.
-                self._election_at = min(self._election_at,
-                                        self._now + self.cfg.election_timeout * 0.05 * self.rng.random())
-                self._stand_early_after = self._now + 2 * self.cfg.election_timeout
-        self._send(m.candidate, VoteReply(self.term, self.id, granted))
+        et, now = self.cfg.election_timeout, self._now
+        answer = ballot(Voter(
+            term=self.term, voted_for=self.voted_for, may_vote=self.id in self.cfg.voters and not self.recovering,
+            recency=self._log.recency(), rank=self.cfg.rank(self.id), deferring=now < self._deferring_until,
+            follower=self.role is Role.FOLLOWER,
+            may_stand_early=(self.cfg.priority(self.id) > 0 and now >= self._stand_early_after
+                             and now - self._active_seen >= et - self.cfg.heartbeat_interval)), m)
+        if answer is Ballot.GRANT:
+            self.voted_for = m.candidate
+            self._hard_state_changed()
+            self._election_at = now + self._timeout()
+        elif answer is Ballot.REFUSE_AND_STAND:
+            self._election_at = now
+            self._deferring_until = now + 2 * et
+        elif answer is Ballot.STAND_EARLY:
+            self._election_at = min(self._election_at, now + et * 0.05 * self.rng.random())
+            self._stand_early_after = now + 2 * et
+        self._send(m.candidate, VoteReply(self.term, self.id, answer is Ballot.GRANT))
 
     def _on_vote_reply(self, m: VoteReply) -> None:
         if m.term > self.term:
@@ -484,45 +355,17 @@ class Replica:
     # -- failback --------------------------------------------------------------------------------
 
     def _maybe_hand_back(self, now: float) -> None:
-        """On the active: hand the partition to the placement's choice once it is back and
-        has answered without a gap for ``failback_after``: stop taking writes, bring it up to
-        the last entry, then tell it to stand (Raft's leadership transfer).  Once each time it
-        comes back; never under an override, a designated primary or a weak active.  The node
-        takes over only if elections prefer it anyway (a higher rank than this one's, which
-        the message carries: an active knows only its own priority); if it declines, writes
-        resume after an election timeout."""
-        to = self.cfg.preferred
-        if (to is None or to == self.id or to not in self.cfg.voters or self._weak_active()
-                or self.cfg.quorum_override is not None or self.cfg.designated_primary is not None):
-            return  # (an operator's override or primary decides who may go on: not moved under it)
-        since = self._live_since.get(to)
-        if since is None or now - since < self.cfg.failback_after:
-            return
-        # A node that keeps leaving waits twice as long each time it was handed over in the
-        # last ten minutes (at most 64 times): a flaky node does not drag the partition along.
-        recent = [t for t in self._handovers.get(to, ()) if now - t < FAILBACK_MEMORY]
-        self._handovers[to] = recent
-        wait = self.cfg.failback_after * 2 ** min(6, len(recent))
-        if (now - since < wait
-                or self._handed.get(to, -1e18) >= since  # once each time it comes back: it may decline
-                or now - self._acked.get(to, -1e18) > 2 * self.cfg.heartbeat_interval
-                or self._match.get(to, 0) < self.last_index - self.cfg.max_append):
-            return
-        # No writes from here; the node is sent what it lacks, then told to stand.
-        self._handing_to = to
-        self._handing_until = now + self.cfg.election_timeout  # to catch up, then again to take over
-        self._handing_sent = False
-        self._handed[to] = now
-        self._handovers[to].append(now)
-        self._ready.events.append(HandingOver(self.id, self.term, to))
-        self._hand_over_if_caught_up()
+        """On the active: start handing the partition back to the placement's choice if it
+        is time (:mod:`ha.failback`).  No writes from here; the node is sent what it lacks,
+        then told to stand."""
+        to = self._failback.start(self.cfg, self.id, now, self._tracker, self.last_index, self._weak_active())
+        if to is not None:
+            self._ready.events.append(HandingOver(self.id, self.term, to))
+            self._hand_over_if_caught_up()
 
     def _hand_over_if_caught_up(self) -> None:
-        to = self._handing_to
-        if to is not None and not self._handing_sent and self._match.get(to, 0) == self.last_index:
-            self._handing_sent = True
-            self._timeout_now_at = self._now
-            self._handing_until = self._now + self.cfg.election_timeout
+        to = self._failback.caught_up(self._tracker, self.last_index, self._now, self.cfg.election_timeout)
+        if to is not None:
             self._send(to, TimeoutNow(self.term, self.id, self.cfg.rank(self.id)))
 
     def _on_timeout_now(self, m: TimeoutNow) -> None:
@@ -534,17 +377,12 @@ class Replica:
         self._campaign(f"{m.leader} handed over (failback)")
 
     def _win(self) -> None:
-        self._become("won", f"{len(self._votes)} vote(s) in term {self.term}")
+        self._become(RoleEvent.WON, f"{len(self._votes)} vote(s) in term {self.term}")
         self.leader = self.id
-        self._next = {p: self.last_index + 1 for p in self._peers()}
-        self._match = {p: 0 for p in self._peers()}
-        self._heard = {p: self._now for p in self._peers()}
-        self._acked = {}
-        self._live_since = {}
-        self._handing_to = None
-        self._snapshot_sent = {}
+        self._tracker = PeerTracker.elected(self._peers(), self.last_index, self._now)
+        self._failback.handing_to = None
         noop = self._new_entry(None)
-        self.log.append(noop)
+        self._log.entries.append(noop)
         self._ready.append.append(noop)
         self._heartbeat_at = self._now + self.cfg.heartbeat_interval
         for p in self._peers():
@@ -552,41 +390,31 @@ class Replica:
         self._advance_commit()
 
     def _check_quorum(self, now: float) -> None:
-        heard = 1 + sum(1 for v in self.cfg.voters
-                        if v != self.id and now - self._heard.get(v, -1e18) < self.cfg.election_timeout)
+        heard = self._tracker.heard_voters(self.cfg.voters, self.id, now, self.cfg.election_timeout)
         if heard < self.cfg.quorum():
-            self._become("lost_quorum", f"heard from {heard} of {len(self.cfg.voters)} voters")
+            self._become(RoleEvent.LOST_QUORUM, f"heard from {heard} of {len(self.cfg.voters)} voters")
             self.leader = None
             self._election_at = now + self._timeout()
 
     # -- replication --------------------------------------------------------------------------------
 
     def _send_append(self, p: str) -> None:
-        nxt = self._next.get(p, self.last_index + 1)
+        nxt = self._tracker.next.get(p, self.last_index + 1)
         if nxt <= self.snap_index:
             # The entries it needs are compacted: a snapshot (at most one per election
             # timeout in flight), and meanwhile a keep-alive it cannot match.
-            if self._now - self._snapshot_sent.get(p, -1e18) >= self.cfg.election_timeout:
-                self._snapshot_sent[p] = self._now
+            if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
                 self._send(p, InstallSnapshot(self.term, self.id))
             nxt = self.snap_index + 1
             entries: tuple[Entry, ...] = ()
         else:
-            entries = tuple(self.entries(nxt, nxt + self.cfg.max_append - 1))
-            cap = self.cfg.max_append_bytes
-            if cap and len(entries) > 1:  # a replica catching up on big entries: frames stay bounded
-                total = 0
-                for k, e in enumerate(entries):
-                    total += len(e.data) if e.data is not None else 0
-                    if total > cap and k:
-                        entries = entries[:k]
-                        break
+            entries = self._log.batch(nxt, self.cfg.max_append, self.cfg.max_append_bytes)
             if entries:
                 # Pipelining: the next send starts after these.  A lost message shows up as
-                # a mismatch on the next append, whose failure reply moves _next back.
-                self._next[p] = entries[-1].index + 1
+                # a mismatch on the next append, whose failure reply moves ``next`` back.
+                self._tracker.next[p] = entries[-1].index + 1
         prev = nxt - 1
-        self._send(p, AppendEntries(self.term, self.id, prev, self._term_at(prev), self._origin_at(prev), entries,
+        self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev), entries,
                                     self.commit))
 
     def _follow(self, term: int, leader: str, recency: tuple[int, int]) -> bool:
@@ -601,19 +429,19 @@ class Replica:
             # without a majority.  The one whose log is less recent (then: whose name sorts
             # later) yields; the other fences it with a higher term and stands again at once:
             # an entry of the old term commits only through one of a later term, and only an
-            # election gives this node that (its no-op).  Staying active in the raised term
-            # left a new active whose no-op had not committed unable ever to serve.
-            if (self._recency() + (self.id,)) > recency + (leader,) and not self._weak_active():
+            # election gives this node that (its no-op): staying active in the raised term, a
+            # new active whose no-op has not committed could never serve.
+            if (self._log.recency() + (self.id,)) > recency + (leader,) and not self._weak_active():
                 self.term += 1
                 self._hard_state_changed()
                 self._send(leader, AppendReply(self.term, self.id, False, 0))
-                self._become("rival_active", f"{leader} was also active in term {term}: standing again")
+                self._become(RoleEvent.RIVAL_ACTIVE, f"{leader} was also active in term {term}: standing again")
                 self.leader = None
                 self._election_at = self._now  # its log is the more recent: the next tick stands
                 return False
-            self._become("rival_active", f"{leader} is also active in term {term}")
+            self._become(RoleEvent.RIVAL_ACTIVE, f"{leader} is also active in term {term}")
         if self.role is Role.CANDIDATE:
-            self._become("active_seen", f"{leader} is active in term {term}")
+            self._become(RoleEvent.ACTIVE_SEEN, f"{leader} is active in term {term}")
         self.leader = leader
         self._active_seen = self._now
         self._election_at = self._now + self._timeout()
@@ -628,8 +456,7 @@ class Replica:
             skip = self.snap_index - m.prev_index
             m = AppendEntries(m.term, m.leader, self.snap_index, self.snap_term, self.snap_origin,
                               m.entries[skip:], m.commit)
-        if (m.prev_index > self.last_index or self._term_at(m.prev_index) != m.prev_term
-                or self._origin_at(m.prev_index) != m.prev_origin):
+        if not self._log.has(m.prev_index, m.prev_term, m.prev_origin):
             hint = min(self.last_index, m.prev_index - 1)
             self._send(m.leader, AppendReply(self.term, self.id, False, max(0, hint)))
             return
@@ -642,7 +469,7 @@ class Replica:
                     self._fence_weak_active(m)
                     return
                 self._truncate(e.index)
-            self.log.append(e)
+            self._log.entries.append(e)
             self._ready.append.append(e)
         match = m.prev_index + len(m.entries)
         if self.recovering and match >= m.commit:
@@ -654,28 +481,24 @@ class Replica:
     def _on_snapshot(self, m: InstallSnapshot) -> None:
         if not self._follow(m.term, m.leader, (m.last_term, m.index)):
             return
-        matches = (m.index <= self.last_index and self._term_at(m.index) == m.last_term
-                   and self._origin_at(m.index) == m.last_origin) or m.index < self.snap_index
+        matches = self._log.has(m.index, m.last_term, m.last_origin) or m.index < self.snap_index
         if matches and m.index <= self.commit:
             self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
             return  # we already have (and applied) all of it
-        if matches:
-            del self.log[:m.index - self.snap_index]  # keep what follows: it matches too
-        else:
-            # Entries after the snapshot's position cannot be the active's (log matching):
-            # they are discarded.  (Uncommitted entries before it that differ are replaced
-            # too, uncounted: this replica cannot tell them from the active's.)
-            dropped = self.log[max(0, m.index - self.snap_index):]
+        # Matching, what follows the snapshot's position stays: it matches too.  Otherwise
+        # the entries after it cannot be the active's (log matching): they are discarded.
+        # (Uncommitted entries before it that differ are replaced too, uncounted: this
+        # replica cannot tell them from the active's.)
+        first = self.snap_index + 1
+        dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches)
+        if not matches:
             lost_committed = max(0, self.commit - m.index)
             if dropped:
-                self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
-                                                           lost_committed, payloads=tuple(e.data for e in dropped)))
-            self.log = []
-            self._ready.truncate_from = self.snap_index + 1
+                self._discarded(dropped, lost_committed)
+            self._ready.truncate_from = first
             self._ready.append = []
             self._persisted = m.index
             self.commit = m.index
-        self.snap_index, self.snap_term, self.snap_origin = m.index, m.last_term, m.last_origin
         self.commit = max(self.commit, m.index)
         self.applied = m.index
         self._persisted = max(self._persisted, m.index)
@@ -703,19 +526,20 @@ class Replica:
         while cut off: those confirmed writes are lost, reported in
         ``committed``, and the driver must roll back what it applied.
         """
-        count = self.last_index - index + 1
-        payloads = tuple(e.data for e in self.log[index - self.snap_index - 1:])
+        dropped = self._log.truncate(index)
         lost_committed = max(0, self.commit - index + 1)
         if lost_committed:
             self.commit = index - 1
             self.applied = min(self.applied, index - 1)
-        del self.log[index - self.snap_index - 1:]
         self._persisted = min(self._persisted, index - 1)
         self._ready.truncate_from = index if self._ready.truncate_from is None else min(
             index, self._ready.truncate_from)
         self._ready.append = [e for e in self._ready.append if e.index < index]
-        self._ready.events.append(EntriesDiscarded(self.id, self.term, index, count, lost_committed,
-                                                   payloads=payloads))
+        self._discarded(dropped, lost_committed)
+
+    def _discarded(self, dropped: list[Entry], lost_committed: int) -> None:
+        self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
+                                                   lost_committed, payloads=tuple(e.data for e in dropped)))
 
     def _on_append_reply(self, m: AppendReply) -> None:
         if m.term > self.term:
@@ -723,21 +547,14 @@ class Replica:
             return
         if self.role is not Role.LEADER or m.term != self.term:
             return
-        self._heard[m.replica] = self._now
+        self._tracker.record_reply(m, self._now, self.cfg.election_timeout)
         if m.success:
-            if self._now - self._acked.get(m.replica, -1e18) > self.cfg.election_timeout:
-                self._live_since[m.replica] = self._now  # back (or new): failback counts from here
-            self._acked[m.replica] = self._now
-            if m.match_index > self._match.get(m.replica, 0):
-                self._match[m.replica] = m.match_index
-            self._next[m.replica] = max(self._next.get(m.replica, 1), m.match_index + 1)
             self._advance_commit()
-            if m.replica == self._handing_to:
+            if m.replica == self._failback.handing_to:
                 self._hand_over_if_caught_up()
-            if self._next[m.replica] <= self.last_index:
+            if self._tracker.next[m.replica] <= self.last_index:
                 self._send_append(m.replica)
         else:
-            self._next[m.replica] = max(1, min(self._next.get(m.replica, 1) - 1, m.match_index + 1))
             self._send_append(m.replica)
 
     def _on_alive(self, m: Alive) -> None:
@@ -747,16 +564,27 @@ class Replica:
             self._observe_term(m.term)
             return
         if self.role is Role.LEADER and m.term == self.term:
-            self._heard[m.replica] = self._now
+            self._tracker.heard[m.replica] = self._now
 
     def _advance_commit(self) -> None:
         """The active's own write is part of every commit (a confirmed entry is on its disk,
         fsynced under SYNC), and with it a quorum of voters."""
         need = self.cfg.quorum()
         for n in range(min(self.last_index, self._persisted), self.commit, -1):
-            if self._term_at(n) != self.term:
+            if self._log.term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
-            have = sum(1 for v in self.cfg.voters if (self._persisted if v == self.id else self._match.get(v, 0)) >= n)
-            if have >= need:
+            if self._tracker.holding(self.cfg.voters, self.id, self._persisted, n) >= need:
                 self.commit = n
                 break
+
+
+#: message type -> the handler :meth:`Replica.step` gives it to
+_HANDLERS: dict[type[Message], Callable[[Replica, Any], None]] = {
+    RequestVote: Replica._on_vote,
+    VoteReply: Replica._on_vote_reply,
+    AppendEntries: Replica._on_append,
+    AppendReply: Replica._on_append_reply,
+    InstallSnapshot: Replica._on_snapshot,
+    TimeoutNow: Replica._on_timeout_now,
+    Alive: Replica._on_alive,
+}

@@ -1,11 +1,11 @@
 """The replication log's own files: append-only segments, beside the SQLite store.
 
-Why not a table: SQLite writes whole pages.  A log entry went to the WAL as 16 KiB
-pages (an entry of 30 KiB: its leaf page and two overflow pages), was copied again into
-the database by the checkpoint, and its delete at compaction rewrote the pages once
-more.  With the log in a table a 3-node group wrote ~17 KiB to disk per 1 KiB message
-(all nodes); with the log here, ~10 KiB, and throughput rose by a fifth
-(docs/benchmarks.md).  The log is what an append-only file is for.
+Why not a table: SQLite writes whole pages.  In a table a log entry would go to the WAL
+as 16 KiB pages (an entry of 30 KiB: its leaf page and two overflow pages), be copied
+again into the database by the checkpoint, and its delete at compaction would rewrite the
+pages once more: a 3-node group would write ~17 KiB to disk per 1 KiB message (all
+nodes), against ~10 KiB with the log here, for about a fifth less throughput.  The log
+is what an append-only file is for.
 
 Layout: ``<dir>/<seq>.seg``, ``seq`` rising.  Each record is ``<u32 length><u32 crc32>``
 then ``length`` bytes of msgpack:

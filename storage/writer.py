@@ -16,7 +16,7 @@ replication log and nothing else, those appends are committed first, and the
 lazy rest right after, in transactions of about ``LAZY_SLICE_OPS`` ops, with any
 append submitted meanwhile going between two of them.  A confirm waits for such an
 append (and its fsync); it need not wait for a group's held-back store writes,
-which a batch may hold hundreds of (broker/replication.py, ``HOLD_APPLY``), and
+which a batch may hold hundreds of (the replication driver's ``HOLD_APPLY``), and
 which are of entries the log already has: a crash between the two leaves the
 store behind its log, which a restart applies again.
 
@@ -26,6 +26,11 @@ made with ``retry=True`` (nobody can act on an error: an ack already
 answered, a NO_SYNC publish already confirmed) go back to the head of the
 queue and are tried again after a back-off, and their callbacks run once they
 are committed.
+
+Time: the lazy delay and the back-off are measured on the injected clock.  On the
+system clock the thread waits for them with a timed wait; on any other clock (a test's
+:class:`client.testing.FakeClock`) a timer on that clock wakes it, so they pass exactly
+when that clock says so (``tests/storage/test_writer_clock.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from client.clock import SYSTEM_CLOCK, Clock
+from client.clock import SYSTEM_CLOCK, Clock, SystemClock
 from client.errors import StorageError
 from storage.base import LOG_OPS, Engine, LogAppend, WriteOp
 
@@ -72,7 +77,7 @@ class _Item:
 
 def _appends_only(item: _Item) -> bool:
     """An eager submission of replication log appends and nothing else.  (Not an empty one:
-    that is a barrier, which must wait for everything before it; found in review.)"""
+    that is a barrier, which must wait for everything before it.)"""
     return not item.lazy and bool(item.ops) and all(type(op) is LogAppend for op in item.ops)
 
 
@@ -132,6 +137,21 @@ class GroupCommitWriter:
             self._cond.notify()
         self._thread.join()
 
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait, the lock held, until notified or ``seconds`` have passed on the clock."""
+        if isinstance(self._clock, SystemClock):
+            self._cond.wait(seconds)
+            return
+        timer = self._clock.call_later(seconds, self._wake)
+        try:
+            self._cond.wait()
+        finally:
+            timer.cancel()
+
     def _due(self) -> float:
         """Seconds until the next commit should start (0: now); called under the lock."""
         now = self._clock.monotonic()
@@ -153,7 +173,7 @@ class GroupCommitWriter:
                     wait = self._due()
                     if wait <= 0:
                         break
-                    self._cond.wait(wait)
+                    self._sleep(wait)
                 batch, self._pending = self._pending, []
                 self._eager = self._lazy_ops = 0
             eager = [item for item in batch if not item.lazy]

@@ -147,7 +147,7 @@ class OpApplier:
         ends: dict[Key, int] = {}
         delivered: dict[Key, int] = {}
         # Settlements and producer positions of a batch are merged before they are written:
-        # a batch of held applies (broker/replication.py, HOLD_APPLY) carries hundreds of
+        # a batch of held applies (the replication driver's HOLD_APPLY) carries hundreds of
         # acks, mostly consecutive, and a position per publish of each producer; a row per
         # range and one per producer say the same.
         settled: dict[Key, IntervalSet] = {}

@@ -168,8 +168,8 @@ def test_failback_is_declined_by_a_node_elections_would_not_prefer_and_asked_onc
             c.step()
         assert "a" not in c.leaders.values(), f"seed {seed}"
         r = c.nodes[leader]
-        assert r is not None and r.role is Role.LEADER and r._handed.keys() == {"a"}, f"seed {seed}"
-        assert r._handing_to is None, f"seed {seed}: still holding writes"
+        assert r is not None and r.role is Role.LEADER and r._failback.handed.keys() == {"a"}, f"seed {seed}"
+        assert r._failback.handing_to is None, f"seed {seed}: still holding writes"
         done = len(c.confirmed)
         for _ in range(300):  # and it is not asked again while it stays
             c.write()
@@ -526,7 +526,7 @@ def test_alive_is_word_for_the_check_of_quorum_only() -> None:
     r3.tick(5.0)
     r3.step(Envelope("b", "a", VoteReply(r3.term, "b", True)))
     r3.step(Envelope("b", "a", Alive(r3.term, "b")))
-    assert r3._acked == {} and r3._live_since == {} and r3.progress() == {"b": 0, "c": 0, "l": 0}
+    assert r3._tracker.acked == {} and r3._tracker.live_since == {} and r3.progress() == {"b": 0, "c": 0, "l": 0}
     f = Replica(ReplicaConfig(node="b", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2),
                 rng=random.Random(0))
     ready = f.step(Envelope("c", "b", Alive(0, "c")))
@@ -639,8 +639,8 @@ class _DeafCluster(Cluster):
 def test_a_voter_that_cannot_hear_does_not_split_the_others_votes(voters: tuple[str, ...]) -> None:
     """A voter cut one way falls behind and bids again and again; each bid deposes the active
     (no pre-vote).  The deposed active stands again and wins at once: the other replicas,
-    which heard that active a moment ago, must not stand early against it (found in review:
-    they did, and split the vote: 103 terms electing nobody in 20 x 30 s, outages to 1.5 s)."""
+    which heard that active a moment ago, must not stand early against it: standing early,
+    they would split the vote, and terms would pass electing nobody."""
     wasted = 0
     for seed in range(10):
         c = _DeafCluster(seed, voters, loss=0.0, max_delay=0.005)

@@ -86,7 +86,7 @@ def test_scribbled_last_frame_is_ignored(tmp_path: Path) -> None:
 
 def test_a_read_transaction_sees_one_snapshot(tmp_path: Path) -> None:
     """load_partition reads several tables; a commit between two of its SELECTs must not
-    show (pysqlite's implicit transactions would: regression for the replication snapshot)."""
+    show (pysqlite's implicit transactions would let it; the replication snapshot reads this way)."""
     from storage.base import Append, PutQueue, QueueMeta
     from storage.sqlite import SqliteEngine
 
@@ -211,8 +211,8 @@ def test_a_batch_of_held_applies_writes_one_row_a_settled_range_and_a_producer(t
 def test_a_chunk_written_after_a_reset_in_the_same_batch_is_deleted_when_settled(tmp_path: Path) -> None:
     """One transaction: a chunk appended and settled (never written), the partition reset,
     the same offsets appended again and written (a flush comes between), then settled: that
-    row must go (found in review: the first chunk's 'never written' mark skipped its DELETE,
-    and the acked messages came back on reopen)."""
+    row must go: the first chunk's 'never written' mark must not skip its DELETE, or the acked
+    messages would come back on reopen."""
     from storage.base import DropProducers, ResetPartition
 
     e = SqliteEngine(tmp_path / "tandem.db")

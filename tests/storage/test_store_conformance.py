@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from client.errors import StorageError
+from client.testing import FakeClock
 from storage.base import (
     Append,
     DropQueue,
@@ -189,12 +190,13 @@ def test_group_commit_writer_batches_and_reports(make_engine: Callable[[], Engin
 
 
 class _LazyWriter:
-    """A writer whose lazy writes wait for an eager commit (``lazy_delay`` 60 s), with its
-    callbacks run under a condition a test waits on; ``setup`` is committed on return."""
+    """A writer whose lazy writes wait for an eager commit (its clock, a FakeClock, never
+    reaches ``lazy_delay``), with its callbacks run under a condition a test waits on;
+    ``setup`` is committed on return."""
 
     def __init__(self, engine: Engine, setup: list[WriteOp]) -> None:
         self.cv = threading.Condition()
-        self.writer = GroupCommitWriter(engine, self._notify, lazy_delay=60.0)
+        self.writer = GroupCommitWriter(engine, self._notify, clock=FakeClock(), lazy_delay=60.0)
         done: list[BaseException | None] = []
         self.writer.submit(setup, sync=True, callback=done.append)
         self.wait(lambda: done == [None])
@@ -247,7 +249,7 @@ def test_log_appends_do_not_wait_behind_lazy_store_writes(tmp_path: Path, eager_
 def test_an_empty_submission_waits_for_the_lazy_writes_before_it(tmp_path: Path) -> None:
     """An empty eager submission is a barrier (the active submits what it holds, then waits
     for an empty write before it reads a snapshot): it is not "appends only", and must not go
-    ahead of the lazy writes before it (found in review)."""
+    ahead of the lazy writes before it."""
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     order: list[str] = []
@@ -263,8 +265,7 @@ def test_an_empty_submission_waits_for_the_lazy_writes_before_it(tmp_path: Path)
 
 def test_when_a_slice_of_lazy_writes_fails_the_rest_fails_with_it(tmp_path: Path) -> None:
     """Lazy writes committed in slices fail together, as in one transaction: a later slice
-    committing over a failed one would carry an applied position past writes the store lacks
-    (found in review)."""
+    committing over a failed one would carry an applied position past writes the store lacks."""
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     results: list[tuple[str, BaseException | None]] = []

@@ -1,0 +1,62 @@
+"""The settings of one partition's replica on one node (see :mod:`ha.replica`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    node: str
+    voters: tuple[str, ...]
+    learners: tuple[str, ...] = ()
+    priorities: dict[str, int] = field(default_factory=dict)  # 0 never stands; default 1
+    election_timeout: float = 1.0  # non_response_timeout
+    heartbeat_interval: float = 0.25  # keepalive_interval
+    quorum_override: int | None = None
+    designated_primary: str | None = None
+    max_append: int = 512  # entries per AppendEntries
+    max_append_bytes: int = 0  # and at most this much entry data in one (0: no limit); one entry always goes
+    #: the placement's first node: among voters of equal priority it is preferred, so
+    #: that actives spread over the group as placement intends
+    preferred: str | None = None
+    #: failback: the active hands the partition to ``preferred`` once that node has answered
+    #: without a gap for this long (0: never); see :mod:`ha.failback`
+    failback_after: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.node not in self.voters and self.node not in self.learners:
+            raise ValueError(f"node {self.node!r} is neither a voter nor a learner")
+        if set(self.voters) & set(self.learners):
+            raise ValueError("a node cannot be both voter and learner")
+        if self.quorum_override is not None and not 1 <= self.quorum_override <= len(self.voters):
+            raise ValueError(f"quorum_override must be 1..{len(self.voters)}")
+        if self.designated_primary is not None and self.designated_primary not in self.voters:
+            raise ValueError("designated_primary must be one of the voters")
+        if any(not 0 <= p <= 3 for p in self.priorities.values()):
+            raise ValueError("priorities are 0..3")
+        if self.failback_after < 0:
+            raise ValueError("failback_after >= 0")
+        if self.max_append < 1 or not 0 < self.heartbeat_interval < self.election_timeout:
+            raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
+
+    def priority(self, node: str) -> int:
+        return self.priorities.get(node, 1)
+
+    def rank(self, node: str) -> int:
+        """Priority, then placement preference: what elections prefer (0 never stands)."""
+        p = self.priority(node)
+        return 2 * p + (1 if p and node == self.preferred else 0)
+
+    def quorum(self) -> int:
+        """Voters (self included) needed to elect or to commit."""
+        if self.designated_primary is not None and len(self.voters) == 2 and self.designated_primary == self.node:
+            return 1
+        if self.quorum_override is not None:
+            return self.quorum_override
+        return len(self.voters) // 2 + 1
+
+    @property
+    def majority(self) -> int:
+        """Voters that make a majority (a quorum may be fewer, under an override)."""
+        return len(self.voters) // 2 + 1
