@@ -1,5 +1,5 @@
-"""A partition's lifecycle on one node: its ``state`` and ``status`` (DESIGN.md,
-"Partition management", after StreamBase), as explicit state machines.
+"""A partition's lifecycle on one node: its ``state`` and ``status`` (after StreamBase's
+partition management; docs/ha.md), as explicit state machines.
 
 ``status`` says where the partition's definition stands here (defined locally
 or learnt from a remote node, enabled, disabled); ``state`` says what it is

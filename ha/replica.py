@@ -1,6 +1,6 @@
 """The election and replication core of one partition on one node.  Sans-IO.
 
-Raft's safety rules with Qpid's preferences (DESIGN.md, "Replicated mode"):
+Raft's safety rules with Qpid's preferences (docs/replication.md):
 
 * voters are the partition's sync members; async members are *learners*: fed
   the log, never vote, never stand;

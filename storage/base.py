@@ -25,7 +25,7 @@ from client.errors import InvalidArgumentError
 
 
 class DurabilityPolicy(str, Enum):
-    """When a write counts as done (see DESIGN.md, 'durability policy')."""
+    """When a write counts as done (docs/architecture.md, "Vocabulary")."""
 
     SYNC = "SYNC"  # written and fsynced before the confirm
     WRITE_NO_SYNC = "WRITE_NO_SYNC"  # written to the OS before the confirm; fsync later
