@@ -14,9 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol
 
-from broker.commit import CATALOGUE, CommitPath
-from broker.config import NodeConfig
-from broker.forward import MAX_HOPS, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardRequest, PurgeFwd, \
+from broker.commit import CATALOGUE
+from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
     decode_reply
 from broker import queues
 from broker.queues import Consumer, Msg, Queue, validate_declare
@@ -36,19 +35,9 @@ class Holder(Protocol):
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
 
 
-class CatalogueHost(Protocol):
-    config: NodeConfig
-
-    @property
-    def commit(self) -> CommitPath: ...
-
-    @property
-    def election_wait(self) -> float: ...
-
+class CatalogueHost(Forwarding, Protocol):
     @property
     def holders(self) -> Collection[Holder]: ...
-
-    async def forward(self, who: str, request: ForwardRequest) -> bytes: ...
 
     async def applied(self, what: str, done: Callable[[], bool]) -> None:
         """Until ``done()``: a committed catalogue change is applied here."""

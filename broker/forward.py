@@ -22,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, TypeVar, get_type_hints
+from typing import Any, ClassVar, Protocol, TypeVar, get_type_hints
 
 import msgpack
 
+from broker.commit import CommitPath
+from broker.config import NodeConfig
+from broker.queues import Queue
 from client.errors import InvalidArgumentError
 
 MAX_HOPS = 3
@@ -195,3 +198,21 @@ def decode_reply(payload: bytes) -> Any:
 
 def pack_reply(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
+
+
+class Forwarding(Protocol):
+    """A node that serves requests for partitions it is active for and forwards the others:
+    what the publish path, stream reads and the catalogue route with."""
+    config: NodeConfig
+
+    @property
+    def commit(self) -> CommitPath: ...
+
+    @property
+    def election_wait(self) -> float:
+        """How long a request waits for a partition to get an active."""
+        ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    async def forward(self, who: str, request: ForwardRequest) -> bytes: ...

@@ -32,9 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from broker import sequences
-from broker.commit import CommitPath
-from broker.config import NodeConfig
-from broker.forward import MAX_HOPS, ForwardRequest, PublishFwd, decode_reply
+from broker.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
 from broker.queues import Msg, Queue, encode_headers
 from client.clock import Clock
 from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError, QueueFullError,
@@ -82,24 +80,13 @@ class Delivering(Protocol):
     def make_ready(self, q: Queue, by_part: dict[int, list[Msg]]) -> None: ...
 
 
-class PublishHost(Protocol):
+class PublishHost(Forwarding, Protocol):
     """What the publish path needs from its node."""
-    config: NodeConfig
     clock: Clock
     stopping: bool
 
     @property
     def delivery(self) -> Delivering: ...
-
-    @property
-    def commit(self) -> CommitPath: ...
-
-    @property
-    def election_wait(self) -> float: ...
-
-    def queue(self, name: str) -> Queue: ...
-
-    async def forward(self, who: str, request: ForwardRequest) -> bytes: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from broker.commit import CommitPath
-from broker.config import NodeConfig
-from broker.forward import MAX_HOPS, ForwardRequest, ReadFwd
-from broker.queues import MESSAGE_OVERHEAD, Queue, decode_headers
+from broker.forward import MAX_HOPS, Forwarding, ReadFwd
+from broker.queues import MESSAGE_OVERHEAD, decode_headers
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnavailableError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import ReadOk, StreamMessage, expect
@@ -21,19 +19,8 @@ from storage.base import Engine, StoredMessage
 MAX_READ_BATCH = 10000  # messages in one stream read
 
 
-class StreamHost(Protocol):
-    config: NodeConfig
+class StreamHost(Forwarding, Protocol):
     engine: Engine
-
-    @property
-    def commit(self) -> CommitPath: ...
-
-    @property
-    def election_wait(self) -> float: ...
-
-    def queue(self, name: str) -> Queue: ...
-
-    async def forward(self, who: str, request: ForwardRequest) -> bytes: ...
 
 
 async def read_stream(node: StreamHost, queue: str, partition: int, offset: int, max_messages: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -54,3 +55,24 @@ def active_replica(entries: int = 0, size: int = 0) -> Replica:
             raise AssertionError("a proposal was refused")
         r.persisted(e)
     return r
+
+
+def free_base_port(nodes: int = 3) -> int:
+    """A base port whose group layout (base + 10 i, +1, +2 for i < ``nodes``) is free now,
+    below Linux's ephemeral range (32768-60999)."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, 10)
+        socks: list[socket.socket] = []
+        try:
+            for i in range(nodes):
+                for off in (0, 1, 2):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind(("127.0.0.1", base + 10 * i + off))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free block of ports")

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,31 +20,10 @@ import pytest_asyncio
 import client
 from broker.tools.checker import classify
 from tests.conftest import PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import free_base_port, wait_until
 from tests.integration.test_cli import tandem
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-def free_base_port() -> int:
-    """A base port whose 3-node layout (base + 10 i, +1, +2) is free now, below Linux's
-    ephemeral range."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000, 10)
-        socks: list[socket.socket] = []
-        try:
-            for i in range(3):
-                for off in (0, 1, 2):
-                    s = socket.socket()
-                    socks.append(s)
-                    s.bind(("127.0.0.1", base + 10 * i + off))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free block of ports")
 
 
 @dataclass

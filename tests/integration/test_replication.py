@@ -21,7 +21,7 @@ from broker.replication import ALIVE_GIVE_UP
 from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import StatusOk
-from tests.helpers import wait_until
+from tests.helpers import free_base_port, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -245,29 +245,6 @@ async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_101
             await p.stop()
 
 
-def _free_block() -> int:
-    """A base port whose 3-node layout (base+10i, +1, +2) is free right now."""
-    import random
-    import socket
-
-    for _ in range(200):
-        base = random.randrange(20000, 32000, 10)  # below Linux's ephemeral ports (32768-60999)
-        socks = []
-        try:
-            for i in range(3):
-                for off in (0, 1, 2):
-                    s = socket.socket()
-                    socks.append(s)
-                    s.bind(("127.0.0.1", base + 10 * i + off))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free port block")
-
-
 async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     import json
     import os
@@ -276,7 +253,7 @@ async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> 
 
     from tests.integration.test_cli import tandem
 
-    base = _free_block()
+    base = free_base_port()
     env = {**os.environ, "TANDEM_ADMIN_PASSWORD": "test-password"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base),
