@@ -214,6 +214,7 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
     seen: list[PartitionChanged] = []
     n1.replication.add_partition_notifier(seen.append)
     assert any(c.queue == "(catalogue)" for c in seen)  # called at once for what exists
+    await wait_until(lambda: quorum(n1) is QuorumState.ACTIVE, what="n1 sees its peers up")
     async with await client.connect_link(url_of(n1)) as conn:
         await conn.declare_queue("watched", partitions=2)
     await wait_until(lambda: {c.partition for c in seen if c.queue == "watched" and c.new_state.value == "Active"}
