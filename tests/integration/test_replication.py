@@ -799,6 +799,13 @@ async def _stall_partition_0s_replicas(tmp_path: Path, seconds: float) -> tuple[
     async with running_group(tmp_path) as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("orders", partitions=3)
+
+        async def spread() -> bool:  # each node active for one partition, as placed
+            return len(set((await actives(cl, "orders", 3)).values())) == 3
+
+        # The stall reaches partition 0's replies through the replicas' own fsyncs, which
+        # they make as actives of the other partitions (as replicas they write WRITE_NO_SYNC).
+        await wait_until(spread, timeout=60, what="the partitions' actives on three nodes")
         active = (await actives(cl, "orders", 3))[0]
         replicas = [n for n in cl.nodes if n != active]
         mapper = make_mapper("consistent_hash", 3, 1024)  # declare_queue's defaults
