@@ -846,8 +846,7 @@ async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_pa
     while producers send.  Their writer threads wait for their own partitions' fsyncs, and
     partition 0's replies to its active wait behind them; but they tell it they are up
     (Alive): it stays the active, in the same term, and takes writes again once the disks
-    do.  (Before, it stepped down, "heard from 1 of 3 voters", and the partition went
-    through elections.)"""
+    do, with no election."""
     active, before, st, waits = await _stall_partition_0s_replicas(tmp_path, 4 * 0.5)  # FAST: 0.5 s
     # the stall took: partition 0's confirms waited for the replicas' disks
     assert max(waits) >= 1.0, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
