@@ -177,29 +177,33 @@ class Publisher:
             used = clock.monotonic()
             for pidx in set(pidxs) if req.partition is None else (req.partition,):
                 parts[pidx].producer_used[pid] = used
-        batch = _Assigned()
-        by_part = batch.by_part
+        # locals, not the batch's attributes, in the per-message loop: it is the hot path
+        by_part: dict[int, list[Msg]] = {}
+        last_seq: dict[tuple[int, str], int] = {}
+        seqs_of: dict[tuple[int, str], list[int]] = {}
+        duplicates = 0
+        held, take = sequences.held, sequences.take
         for m, pidx in zip(req.messages, pidxs):
             part = parts[pidx]
-            if pid is not None and m.seq is not None:
-                if sequences.held(part, pid, m.seq):
-                    batch.duplicates += 1
+            seq = m.seq
+            if pid is not None and seq is not None:
+                if held(part, pid, seq):
+                    duplicates += 1
                     continue
-                sequences.take(part, pid, m.seq)
+                take(part, pid, seq)
                 key = (pidx, pid)
-                if m.seq > batch.last_seq.get(key, -1):
-                    batch.last_seq[key] = m.seq
-                batch.seqs_of.setdefault(key, []).append(m.seq)
+                if seq > last_seq.get(key, -1):
+                    last_seq[key] = seq
+                seqs_of.setdefault(key, []).append(seq)
             offset = part.next_offset
             part.next_offset = offset + 1
-            msg = Msg(pidx, offset, m.key, m.headers, encode_headers(m.headers), m.body, pid, m.seq, ts)
+            msg = Msg(pidx, offset, m.key, m.headers, encode_headers(m.headers), m.body, pid, seq, ts)
             lst = by_part.get(pidx)
             if lst is None:
                 by_part[pidx] = [msg]
             else:
                 lst.append(msg)
-        batch.stored = len(req.messages) - batch.duplicates
-        return batch
+        return _Assigned(by_part, last_seq, seqs_of, duplicates, len(req.messages) - duplicates)
 
     # -- 4. to ops ------------------------------------------------------------------------------
 
