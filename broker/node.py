@@ -32,6 +32,7 @@ from broker.delivery import Delivery
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.peers import PeerManager
+from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.queues import Msg, Queue, revoke_deliveries
 from broker.replication import Replication
@@ -401,7 +402,7 @@ class Node:
         req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
                              partition=dlq.mapper.partition(m.key))
 
-        def done(fut: asyncio.Future[PublishResult]) -> None:
+        def done(fut: Outcome[PublishResult]) -> None:
             err = fut.exception()
             if err is None:
                 # eager: until it commits, a failover here would deliver the message again
@@ -416,9 +417,7 @@ class Node:
         try:
             self.publisher.publish(req).add_done_callback(done)
         except Exception as exc:
-            failed: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            done(failed)
+            done(Outcome.failed(exc))
 
     # -- partition maps (durable connections send straight to each partition's active) --------
 

@@ -1,7 +1,8 @@
 """The publish path: one batch from a ``Publish`` frame to its confirm.
 
 :meth:`Publisher.publish` reads top to bottom as the steps a batch goes through, and returns
-one future with the :class:`PublishResult` (or the error the client gets):
+one result, a :class:`~broker.outcome.Outcome` of :class:`PublishResult` (or of the error the
+client gets), settled in the commit's own callback so the confirm goes out at once:
 
 1. **route**: each message to a partition (the queue's data mapper, or the partition the
    client addressed).  A batch touching a partition this node does not serve goes to each
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 
 from broker import sequences
 from broker.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
+from broker.outcome import Outcome
 from broker.queues import Msg, Queue, encode_headers
 from client.clock import Clock
 from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError, QueueFullError,
@@ -95,14 +97,14 @@ class Publisher:
     def __init__(self, node: PublishHost) -> None:
         self.node = node
 
-    def publish(self, req: PublishRequest) -> asyncio.Future[PublishResult]:
+    def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
         """Raises at once what refuses the batch before anything is stored (no such queue or
         partition, too large, queue full, out of sequence); the future holds the outcome."""
-        result: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+        result: Outcome[PublishResult] = Outcome()
         self._publish(req, result)
         return result
 
-    def _publish(self, req: PublishRequest, result: asyncio.Future[PublishResult]) -> None:
+    def _publish(self, req: PublishRequest, result: Outcome[PublishResult]) -> None:
         q = self._queue(req)
         pidxs = self._route(q, req)
         if not self._served_here(q, req, pidxs):
@@ -224,7 +226,7 @@ class Publisher:
     # -- 5. commit and 6. confirm --------------------------------------------------------------
 
     def _commit(self, q: Queue, req: PublishRequest, batch: _Assigned, ops: list[WriteOp],
-                result: asyncio.Future[PublishResult]) -> None:
+                result: Outcome[PublishResult]) -> None:
         node = self.node
         commit = node.commit
         # in a group a confirm waits for the quorum whatever the local policy
@@ -259,7 +261,7 @@ class Publisher:
         q.mark_committed(batch.by_part)
 
     def _failed(self, q: Queue, req: PublishRequest, batch: _Assigned, err: BaseException,
-                result: asyncio.Future[PublishResult]) -> None:
+                result: Outcome[PublishResult]) -> None:
         q.pending_count -= batch.stored
         q.published -= batch.stored
         sequences.release(q, batch.seqs_of)
@@ -286,7 +288,7 @@ class Publisher:
     # -- partitions active elsewhere ------------------------------------------------------------
 
     def _publish_elsewhere(self, q: Queue, req: PublishRequest, pidxs: list[int],
-                           result: asyncio.Future[PublishResult]) -> None:
+                           result: Outcome[PublishResult]) -> None:
         """Each partition's part to its active; the result sums theirs.  Parts served here are
         stored at once, so a producer's sequences reach every partition in the order it sent
         them."""
@@ -297,16 +299,14 @@ class Publisher:
         by_part: dict[int, list[PublishMessage]] = {}
         for m, p in zip(req.messages, pidxs):
             by_part.setdefault(p, []).append(m)
-        parts: list[asyncio.Future[PublishResult]] = []
+        parts: list[Outcome[PublishResult] | asyncio.Future[PublishResult]] = []
         for pidx, msgs in by_part.items():
             part_req = replace(req, messages=msgs, partition=pidx)
             if self.node.commit.serving((q.meta.id, pidx)):
                 try:
                     parts.append(self.publish(part_req))
                 except Exception as exc:
-                    refused: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
-                    refused.set_exception(exc)
-                    parts.append(refused)
+                    parts.append(Outcome.failed(exc))
             else:
                 parts.append(asyncio.ensure_future(self._publish_remote(q, pidx, part_req)))
         self.node.spawn(_sum_parts(parts, result))
@@ -336,7 +336,7 @@ class Publisher:
                 await commit.wait_change(0.2)
 
 
-async def _relay(work: Coroutine[Any, Any, PublishResult], result: asyncio.Future[PublishResult]) -> None:
+async def _relay(work: Coroutine[Any, Any, PublishResult], result: Outcome[PublishResult]) -> None:
     try:
         r = await work
     except Exception as exc:
@@ -347,16 +347,18 @@ async def _relay(work: Coroutine[Any, Any, PublishResult], result: asyncio.Futur
         result.set_result(r)
 
 
-async def _sum_parts(parts: list[asyncio.Future[PublishResult]], result: asyncio.Future[PublishResult]) -> None:
-    outcomes = await asyncio.gather(*parts, return_exceptions=True)
+async def _sum_parts(parts: list[Outcome[PublishResult] | asyncio.Future[PublishResult]],
+                     result: Outcome[PublishResult]) -> None:
     stored = duplicates = 0
     error: BaseException | None = None
-    for o in outcomes:
-        if isinstance(o, BaseException):
-            error = error or o
-        else:
-            stored += o.stored
-            duplicates += o.duplicates
+    for part in parts:  # each is settled on its own: waiting in order costs nothing
+        try:
+            r = await part
+        except Exception as exc:
+            error = error or exc
+            continue
+        stored += r.stored
+        duplicates += r.duplicates
     if result.done():
         return
     if error is not None:

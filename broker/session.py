@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from broker.outcome import Outcome
 from broker.publish import PublishRequest, PublishResult
 from broker.status import StatusSource, status_of
 from broker import delivery as _delivery
@@ -389,7 +390,7 @@ class Session:
                                                             dense=f.partition is not None))
         result.add_done_callback(functools.partial(self._published, f.rid))
 
-    def _published(self, rid: int, result: asyncio.Future[PublishResult]) -> None:
+    def _published(self, rid: int, result: Outcome[PublishResult]) -> None:
         err = result.exception()
         if err is None:
             r = result.result()
