@@ -18,21 +18,13 @@ from broker.commit import CATALOGUE
 from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
     decode_reply
 from broker import queues
-from broker.queues import Consumer, Msg, Queue, validate_declare
+from broker.queues import Holder, Queue, validate_declare
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
 from client.protocol.frames import Declare, QueueInfo
 from storage.base import DropQueue, PutQueue, QueueMeta, Settle
 
 log = logging.getLogger("tandem.broker")
-
-
-class Holder(Protocol):
-    """A session, as far as the catalogue cares: the deliveries it holds, and being told a
-    consumer is gone."""
-    deliveries: dict[int, tuple[Consumer, Msg]]
-
-    def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
 
 
 class CatalogueHost(Forwarding, Protocol):

@@ -23,18 +23,11 @@ import msgpack
 from broker import __version__
 from broker.config import NodeConfig
 from broker import queues
-from broker.queues import Consumer, Msg, Queue
+from broker.queues import Holder, Queue
 
 from client.errors import InvalidArgumentError, UnavailableError
 from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk
 from ha.membership import Membership
-
-
-class HoldsDeliveries(Protocol):
-    """A client session: the messages delivered to it and not yet settled."""
-
-    @property
-    def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
 
 
 class NodeState(Protocol):
@@ -47,7 +40,7 @@ class NodeState(Protocol):
     def queues(self) -> Mapping[str, Queue]: ...
 
     @property
-    def sessions(self) -> Collection[HoldsDeliveries]: ...
+    def sessions(self) -> Collection[Holder]: ...
 
     def queue(self, name: str) -> Queue: ...
 
