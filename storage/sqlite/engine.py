@@ -9,6 +9,8 @@ import os
 import sqlite3
 import threading
 from collections import ChainMap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,11 @@ class SqliteEngine:
         self._local = threading.local()
         self._readers: list[Connection] = []  # one per reader thread, closed with the store
         self._readers_lock = threading.Lock()
+        # reads in flight on reader threads: close() waits for them, since closing a
+        # connection another thread is reading on crashes the process
+        self._reads = threading.Condition(threading.Lock())
+        self._reads_in_flight = 0
+        self._closing = False
         self._broken: str | None = None
         self._sync_mode: str | None = None
         self._applier = OpApplier()
@@ -112,6 +119,10 @@ class SqliteEngine:
 
     def close(self) -> None:
         self._checkpointer.stop()
+        with self._reads:
+            self._closing = True
+            while self._reads_in_flight:
+                self._reads.wait()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:
@@ -278,11 +289,29 @@ class SqliteEngine:
 
     # -- reads (reader threads) ----------------------------------------------------------------
 
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """This thread's read connection, counted in flight so that close() waits for it."""
+        with self._reads:
+            if self._closing:
+                raise StorageError("store is closed")
+            self._reads_in_flight += 1
+        try:
+            yield self._reader()
+        finally:
+            with self._reads:
+                self._reads_in_flight -= 1
+                if not self._reads_in_flight:
+                    self._reads.notify_all()
+
     def load_partition(self, queue_id: int, partition: int) -> PartitionState:
-        return read_partition(self._reader(), queue_id, partition)
+        with self._reading() as conn:
+            return read_partition(conn, queue_id, partition)
 
     def stored_end(self, queue_id: int, partition: int) -> int:
-        return read_stored_end(self._reader(), queue_id, partition)
+        with self._reading() as conn:
+            return read_stored_end(conn, queue_id, partition)
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
-        return read_messages(self._reader(), queue_id, partition, offset, limit)
+        with self._reading() as conn:
+            return read_messages(conn, queue_id, partition, offset, limit)
