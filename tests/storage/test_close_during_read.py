@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection
 
 import storage.sqlite.engine as engine_mod
 from client.errors import StorageError
@@ -20,7 +21,7 @@ def test_close_waits_for_a_read_in_flight(tmp_path: Path, monkeypatch: pytest.Mo
     reading, release = threading.Event(), threading.Event()
     real = engine_mod.read_partition
 
-    def slow_read(conn, queue_id, partition):  # type: ignore[no-untyped-def]
+    def slow_read(conn: Connection, queue_id: int, partition: int) -> PartitionState:
         reading.set()
         assert release.wait(10)
         return real(conn, queue_id, partition)
