@@ -72,7 +72,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
-                "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after"):
+                "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
+                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -187,6 +188,24 @@ def build_parser() -> argparse.ArgumentParser:
                             "holds the partition's writes for a moment, like a failover, without losing any")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
+    pair = start.add_argument_group("two-node groups and shared mode (docs/shared-mode.md)")
+    pair.add_argument("--arbiter", choices=("majority", "lockfile", "witness"),
+                      help="who decides which of two nodes is active: majority (the votes; default), "
+                           "lockfile (the holder of --lockfile) or witness (--witness, a data-less third vote)")
+    pair.add_argument("--lockfile", metavar="PATH", help="--arbiter lockfile: a lock file both nodes reach "
+                                                         "(on a third, gateway machine)")
+    pair.add_argument("--witness", metavar="NAME=HOST:PORT", help="--arbiter witness: the group's witness "
+                                                                  "(tandem witness start)")
+    pair.add_argument("--lease", type=float, metavar="SECONDS",
+                      help="how long a lock or lease holder may go without a confirmed renewal before it "
+                           "stops serving (default 1.0); a failover takes about this long")
+    pair.add_argument("--mode", choices=("replicated", "shared"),
+                      help="replicated (each node its own store; default) or shared (one database for the "
+                           "group, the lock holder active)")
+    pair.add_argument("--database", metavar="URL", help="--mode shared: postgresql+psycopg://USER@HOST:PORT/DB, "
+                                                       "or sqlite:///PATH for nodes on one machine")
+    pair.add_argument("--lock", metavar="database|file:PATH",
+                      help="--mode shared: database (a lease row in the database; default) or file:PATH")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)

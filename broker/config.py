@@ -29,6 +29,17 @@ Example ``tandem.toml``::
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
+
+    # two-node groups (docs/shared-mode.md): who may be active when there is no third node
+    arbiter = "majority"        # majority | lockfile | witness
+    lockfile = "/mnt/gateway/tandem.lock"   # arbiter = "lockfile": a path both nodes reach
+    witness = "w1=10.0.0.3:7781"           # arbiter = "witness": the group's data-less third vote
+    lease = 1.0                 # seconds a lock holder may go without renewing before it stops serving
+
+    # shared mode: one database for the group, the lock holder active for every partition
+    mode = "shared"             # replicated (default) | shared
+    database = "postgresql+psycopg://tandem@db.example:5432/tandem"   # or sqlite:///PATH on one machine
+    lock = "database"           # database (a lease row) | file:/path/on/gateway/tandem.lock
 """
 
 from __future__ import annotations
@@ -92,6 +103,19 @@ class NodeConfig:
     #: seconds a producer may stay idle before a partition forgets its sequence (a resend after
     #: that is stored again); bounds the state every short-lived producer id leaves behind
     producer_expiry: float = 24 * 3600.0
+    #: who decides which node may be active in a two-node replicated group: ``majority`` (the
+    #: votes, or ``designated_primary``), ``lockfile`` (the holder of ``lockfile``), ``witness``
+    #: (a data-less third voter, ``tandem witness start``)
+    arbiter: str = "majority"
+    lockfile: str | None = None
+    witness: str | None = None  # "name=host:port" of the group's witness
+    #: seconds a lock or lease holder may go without a confirmed renewal before it stops serving
+    #: (the LockFile arbiter, shared mode's lease row); failover takes about this long
+    lease: float = 1.0
+    #: ``replicated`` (each node its own store, log shipping) or ``shared`` (one database)
+    mode: str = "replicated"
+    database: str | None = None  # shared mode: postgresql+psycopg://USER@HOST:PORT/DB or sqlite:///PATH
+    lock: str = "database"  # shared mode: "database" (a lease row) or "file:/path/tandem.lock"
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -143,6 +167,53 @@ class NodeConfig:
             host, _, port = self.advertise.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"advertise {self.advertise!r}: expected HOST:PORT")
+        self._check_ha()
+
+    def _check_ha(self) -> None:
+        """The two-node arbiters and shared mode: each setting checked against the others."""
+        if not 0.2 <= self.lease <= 300:
+            raise ConfigError("lease: must be 0.2 .. 300 seconds")
+        if self.mode not in ("replicated", "shared"):
+            raise ConfigError(f"mode {self.mode!r}: replicated or shared")
+        if self.arbiter not in ("majority", "lockfile", "witness"):
+            raise ConfigError(f"arbiter {self.arbiter!r}: majority, lockfile or witness")
+        if self.mode == "shared":
+            if not self.database:
+                raise ConfigError("mode = \"shared\" needs database = \"postgresql+psycopg://USER@HOST:PORT/DB\" "
+                                  "(or sqlite:///PATH on one machine)")
+            if not self.database.startswith(("postgresql+psycopg://", "sqlite:///")):
+                raise ConfigError(f"database {redact_url(self.database)!r}: expected postgresql+psycopg://"
+                                  "USER@HOST:PORT/DB or sqlite:///PATH")
+            if self.lock != "database" and not (self.lock.startswith("file:") and len(self.lock) > 5):
+                raise ConfigError(f"lock {self.lock!r}: \"database\" or \"file:/path/tandem.lock\"")
+            if self.arbiter != "majority":
+                raise ConfigError(f"arbiter {self.arbiter!r}: shared mode is arbitrated by its lock "
+                                  "(the lock setting), not by an arbiter")
+            if self.designated_primary:
+                raise ConfigError("designated_primary: not in shared mode (the lock holder is active)")
+        elif self.database is not None:
+            raise ConfigError("database: only with mode = \"shared\"")
+        if self.arbiter == "lockfile":
+            if not self.lockfile:
+                raise ConfigError("arbiter = \"lockfile\" needs lockfile = \"/path/both/nodes/reach/tandem.lock\"")
+            if len(self.peers) != 1:
+                raise ConfigError("arbiter = \"lockfile\": only in a two-node group (exactly one peer)")
+        elif self.lockfile is not None:
+            raise ConfigError("lockfile: only with arbiter = \"lockfile\"")
+        if self.arbiter == "witness":
+            if not self.witness:
+                raise ConfigError("arbiter = \"witness\" needs witness = \"NAME=HOST:PORT\"")
+            if len(self.peers) != 1:
+                raise ConfigError("arbiter = \"witness\": only in a two-node group (exactly one peer)")
+        elif self.witness is not None:
+            raise ConfigError("witness: only with arbiter = \"witness\"")
+        if self.witness is not None:
+            try:
+                parse_peer(self.witness)
+            except ConfigError:
+                raise ConfigError(f"witness {self.witness!r}: expected NAME=HOST:PORT") from None
+        if self.arbiter != "majority" and self.designated_primary:
+            raise ConfigError(f"designated_primary: not with arbiter = \"{self.arbiter}\" (the arbiter decides)")
 
     @property
     def db_path(self) -> Path:
@@ -150,6 +221,15 @@ class NodeConfig:
 
     def peer_addresses(self) -> dict[str, tuple[str, int]]:
         return dict(parse_peer(spec) for spec in self.peers)
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password replaced (for logs, errors and ``tandem status``)."""
+    head, sep, rest = url.partition("://")
+    cred, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in cred:
+        return url
+    return f"{head}://{cred.split(':', 1)[0]}:***@{host}"
 
 
 def parse_peer(spec: str) -> tuple[str, tuple[str, int]]:
@@ -179,9 +259,9 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError("peers: expected a list of \"name=host:port\" strings")
         return tuple(value)
-    if key == "advertise":
+    if key in ("advertise", "lockfile", "witness", "database"):
         if value is not None and not isinstance(value, str):
-            raise ConfigError(f"advertise: expected \"host:port\", got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
         return value
     if key in ("peer_port", "http_port"):
         if value is None:

@@ -37,6 +37,7 @@ from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.queues import Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
+from broker.status import HaReport
 from broker.streams import read_stream
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -91,6 +92,8 @@ class Node:
         self.forwarded = ForwardHandlers(self)
         self.peers: PeerManager | None = None
         self.replication: Replication | None = None
+        #: the HA arbiter's driver (shared mode, LockFile), for status, console and metrics
+        self.ha: HaReport | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False

@@ -142,6 +142,29 @@ class ReplicationState(Protocol):
     def partition_infos(self) -> list[PartitionInfo]: ...
 
 
+class HaReport(Protocol):
+    """A node's HA arbiter as the status, the console and the metrics show it: the LockFile
+    arbiter's driver, or shared mode's (``Node.ha``; None under majority elections)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def lock_holder(self) -> str | None: ...
+
+    @property
+    def renewals(self) -> int: ...  # lock or lease renewals confirmed since start
+
+    @property
+    def fencing_refusals(self) -> int: ...  # writes or frames refused for a stale epoch
+
+    @property
+    def changes(self) -> int: ...  # state changes since start
+
+
 class StatusSource(NodeState, Protocol):
     """What :func:`status_of` reads on a node."""
 
@@ -159,6 +182,9 @@ class StatusSource(NodeState, Protocol):
 
     @property
     def replication(self) -> ReplicationState | None: ...
+
+    @property
+    def ha(self) -> HaReport | None: ...
 
 
 def status_of(node: StatusSource, rid: int) -> StatusOk:
@@ -187,8 +213,12 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
         discarded, dp = rep.discarded_total, rep.designated_primary is not None
         dmsgs = rep.discarded_messages
     console = node.console
+    ha = node.ha
+    mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
                     priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
                     discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
-                    console=console.url if console is not None else "")
+                    console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
+                    ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
+                    lock_holder=(ha.lock_holder or "") if ha is not None else "")

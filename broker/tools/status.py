@@ -66,6 +66,11 @@ async def _status(args: argparse.Namespace) -> int:
           f"store {st.store_stamp})")
     override = f", override {st.quorum_override}" if st.quorum_override is not None else ""
     print(f"quorum: {st.quorum_state} (policy {st.quorum_policy}{override})")
+    if st.ha_state:
+        holder = f", lock held by {st.lock_holder}" if st.lock_holder else ", lock free"
+        print(f"ha: {st.mode} mode, arbiter {st.arbiter}: {st.ha_state} (epoch {st.epoch}{holder})")
+    elif st.arbiter != "majority":
+        print(f"ha: {st.mode} mode, arbiter {st.arbiter}")
     if st.remotes:
         rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES")]
         rows += [(r.name, r.state, r.address, str(r.priority), str(r.votes)) for r in st.remotes]
@@ -115,6 +120,8 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "remotes": _record(st.remotes), "partitions": _record(st.partitions), "events": list(st.events),
         "ha_1014_discarded": st.discarded,
         "ha_1014_discarded_messages": st.discarded_messages,
+        "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
+        "lock_holder": st.lock_holder or None,
     }
 
 

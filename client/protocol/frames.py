@@ -497,6 +497,11 @@ class StatusOk(Frame):
     designated_primary: bool = False
     discarded_messages: int = 0  # HA-1014: messages in those entries
     console: str = ""  # the node's management console (http://host:port/), "" if it serves none
+    mode: str = "replicated"  # replicated | shared | single
+    arbiter: str = "majority"  # majority | lockfile | witness (who decides the active of two nodes)
+    ha_state: str = ""  # shared mode and the LockFile arbiter: this node's HA state ("" otherwise)
+    epoch: int = 0  # the activation (shared) or lock (lockfile) epoch this node last served or saw
+    lock_holder: str = ""  # the node holding the lock or lease as this node knows it ("" none/unknown)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
