@@ -76,11 +76,15 @@ class SqlLease:
             raise StorageError(f"lease {what} on {self._where} failed: {self._describe(exc)}", orig=exc) from exc
 
     def acquire(self, node: str, address: str, lease: float) -> int | None:
-        epoch = self._run("acquire", lambda c: c.execute(
-            self._acquire, {"node": node, "address": address, "lease": float(lease)}).scalar())
+        epoch = self._run("acquire", lambda c: self._attempt(
+            c, self._acquire, {"node": node, "address": address, "lease": float(lease)}))
         if epoch is not None:
             log.info("lease acquired node=%s epoch=%d database=%s", node, epoch, self._where)
         return None if epoch is None else int(epoch)
+
+    def _attempt(self, conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
+        """The takeover's UPDATE (a dialect may set a lock timeout first); its epoch or None."""
+        return conn.execute(statement, params).scalar()
 
     def renew(self, node: str, epoch: int, lease: float) -> bool:
         return bool(self._run("renew", lambda c: c.execute(

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from client.errors import StorageError
 from storage.base import Append, LogAppend, LogRecord, PutQueue, QueueMeta, StoredMessage
+from storage.postgres import PostgresShared
 from storage.shared import FencedEngine, FencedError, Lease, SharedStore
 from storage.sqlite.shared import SqliteShared
 from tests.helpers import wait_until_sync
@@ -44,8 +46,21 @@ def _sqlite(tmp_path: Path) -> Backend:
                    impatient_store=lambda seconds: SqliteShared(path, busy_timeout=seconds))
 
 
+def _postgresql(request: pytest.FixtureRequest) -> Backend:
+    url = request.getfixturevalue("pg_url")
+
+    def wait_lock_waiter() -> None:
+        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+            wait_until_sync(lambda: conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'").fetchone() != (0,), timeout=10, what="a session waiting for a lock")
+
+    return Backend("postgresql", lambda: PostgresShared(url), wait_lock_waiter=wait_lock_waiter)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
     "sqlite": lambda _request, tmp_path: _sqlite(tmp_path),
+    "postgresql": lambda request, _tmp_path: _postgresql(request),
 }
 
 
