@@ -29,10 +29,13 @@ through: the takeover would not wait, and a transaction that read epoch N could 
 epoch N + 1 was granted.
 
 A node stopped (SIGSTOP, a long GC pause) inside a write transaction would hold that lock,
-and so block the takeover, for as long as it is stopped: every session sets
-``idle_in_transaction_session_timeout`` (``idle_timeout``, default 2 s), so the server ends
-such a transaction (and its session) and the takeover goes through.  The stopped node's
-commit then fails; it is not stale data, it is no data.
+and so block the takeover, for as long as it is stopped.  Two things end such a transaction
+(``idle_timeout``, default 2 s): the writer's session sets ``idle_in_transaction_session_timeout``,
+so the server ends it, and since that timer is not always armed (not after a pipelined
+``executemany``, whose trailing flush disarms it), a takeover that waited ``idle_timeout`` for
+the row ends the sessions that lock it and have been idle in their transaction for longer
+(``shared.PgLease``), then tries again.  The stopped node's commit then fails: nothing of it
+is in the database.
 
 Connection errors are :class:`~client.errors.StorageError` naming the database by its URL
 without the password.  The writer reconnects by itself on its next batch (reloading its

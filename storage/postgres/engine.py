@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import psycopg
-from sqlalchemy import URL, Connection, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -117,20 +117,10 @@ def describe(exc: BaseException, url: URL) -> str:
     return text
 
 
-def make_engine(url: URL, *, idle_timeout: float, pool_size: int = 4) -> Engine:
-    """A SQLAlchemy engine on ``url`` (psycopg 3); each session ends a transaction left idle
-    for ``idle_timeout`` seconds (a client stopped inside one: its locks must not outlive
-    its lease)."""
-    engine = create_engine(url, pool_size=pool_size, max_overflow=8, pool_pre_ping=True,
-                           connect_args={"connect_timeout": 5, "application_name": "tandem"})
-    ms = max(1, int(idle_timeout * 1000))
-
-    @event.listens_for(engine, "connect")
-    def _settings(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.execute(f"SET idle_in_transaction_session_timeout = {ms}")
-        dbapi_conn.commit()
-
-    return engine
+def make_engine(url: URL, *, pool_size: int = 4) -> Engine:
+    """A SQLAlchemy engine on ``url`` (psycopg 3), its connections checked before use."""
+    return create_engine(url, pool_size=pool_size, max_overflow=8, pool_pre_ping=True,
+                         connect_args={"connect_timeout": 5, "application_name": "tandem"})
 
 
 class PostgresEngine:
@@ -163,7 +153,7 @@ class PostgresEngine:
     # -- lifecycle ------------------------------------------------------------------------
 
     def open(self) -> Recovered:
-        self._engine = make_engine(self.url, idle_timeout=self._idle_timeout)
+        self._engine = make_engine(self.url)
         try:
             with self._engine.connect() as conn:
                 create_schema(conn)
@@ -195,8 +185,8 @@ class PostgresEngine:
             raise StorageError("store is closed")
         w = self._writer
         if w is not None:
-            raw = cast(psycopg.Connection[Any], w.driver_connection)
-            if not raw.closed and not raw.broken:
+            raw = cast(psycopg.Connection[Any], w.dbapi_connection)
+            if raw is not None and not raw.closed and not raw.broken:
                 return raw
             try:
                 w.invalidate()
@@ -205,7 +195,13 @@ class PostgresEngine:
             self._writer = None
             self._stale = True
         self._writer = self._engine.raw_connection()
-        return cast(psycopg.Connection[Any], self._writer.driver_connection)
+        raw = cast(psycopg.Connection[Any], self._writer.driver_connection)
+        self._writer.detach()  # its session's settings are its own: never back to the pool
+        # The server ends a write transaction left idle this long (its node stopped inside it,
+        # holding the lease row): the writer's alone, reads and loads may take their time.
+        raw.execute(f"SET idle_in_transaction_session_timeout = {max(1, int(self._idle_timeout * 1000))}")
+        raw.commit()
+        return raw
 
     def _reload(self) -> None:
         assert self._engine is not None

@@ -93,7 +93,7 @@ class PostgresShared:
         return PostgresEngine(self.url, idle_timeout=self.idle_timeout)
 
     def lease(self) -> SqlLease:
-        engine = make_engine(self.url, idle_timeout=self.idle_timeout, pool_size=1)
+        engine = make_engine(self.url, pool_size=1)
 
         def prepare(conn: Connection) -> None:
             create_schema(conn)

@@ -149,3 +149,20 @@ def test_two_nodes_creating_the_schema_at_once_both_open(pg_url: str) -> None:
     for e in engines:
         e.close()
     assert errors == []
+
+
+def test_only_the_writer_session_is_ended_when_idle_in_a_transaction(pg_url: str) -> None:
+    """Loading a big store reads in one transaction and unpacks between statements for as
+    long as it takes: the idle timeout is the writer's alone (the one locking the lease row)."""
+    e = PostgresShared(pg_url, idle_timeout=0.2).engine()
+    e.open()
+    try:
+        e.apply([PutQueue(Q)], sync=True)
+        assert e._engine is not None
+        with e._engine.connect() as conn:  # a pooled (reader) connection
+            assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "0"
+        raw = e._raw_writer()
+        assert raw.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("200ms",)
+        raw.rollback()
+    finally:
+        e.close()
