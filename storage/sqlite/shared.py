@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,6 +34,7 @@ from client.errors import StorageError
 from storage.base import REPLICATION_OPS, Capabilities, Recovered, WriteOp
 from storage.lease import TABLE, SqlLease
 from storage.shared import FencedError
+from storage.sqlite.apply import Driver
 from storage.sqlite.engine import SqliteEngine
 
 #: the database's clock in seconds since 1970 (julianday: days since noon, 24 Nov 4714 BC)
@@ -73,8 +74,12 @@ class SharedSqliteEngine(SqliteEngine):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self._epoch: int | None = None
+        self._stale = False  # the writer's index must be read again before the next write
 
     def fence(self, epoch: int | None) -> None:
+        if epoch != self._epoch:
+            # another node may have written since this one last did: read the index again
+            self._stale = True
         self._epoch = epoch
 
     def _on_begin(self, conn: Any) -> None:  # type: ignore[override]
@@ -94,12 +99,15 @@ class SharedSqliteEngine(SqliteEngine):
 
     def _begin_write(self, raw: sqlite3.Connection) -> None:
         raw.execute("BEGIN IMMEDIATE")
-        if self._epoch is not None:
-            try:
+        try:
+            if self._epoch is not None:
                 self._check_epoch(raw)
-            except BaseException:
-                raw.execute("ROLLBACK")
-                raise
+            if self._stale:  # (under the write lock: nobody writes meanwhile)
+                self._applier.reload(cast(Connection, Driver(raw)))
+                self._stale = False
+        except BaseException:
+            raw.execute("ROLLBACK")
+            raise
 
     def _check_epoch(self, raw: sqlite3.Connection) -> None:
         row = raw.execute(f"SELECT epoch FROM {TABLE} WHERE id = 1").fetchone()

@@ -166,3 +166,38 @@ def test_only_the_writer_session_is_ended_when_idle_in_a_transaction(pg_url: str
         raw.rollback()
     finally:
         e.close()
+
+
+@pytest.mark.asyncio
+async def test_the_database_going_away_and_coming_back(pg_url: str) -> None:
+    """Through a link that is cut (every connection dropped, new ones refused) and healed:
+    while it is cut every write, read and lease operation fails at once with a StorageError
+    (the engine is not broken by it); once healed they work again on new connections, the
+    engine's index read again."""
+    import asyncio
+
+    from broker.tools.faults import FaultProxy
+
+    proxy = await FaultProxy(("127.0.0.1", 5432)).start()
+    url = pg_url.replace("127.0.0.1:5432", proxy.address)
+    store = PostgresShared(url)
+    e, lease = store.engine(), store.lease()
+    try:
+        await asyncio.to_thread(e.open)
+        assert await asyncio.to_thread(lease.acquire, "a", "ha:1", 60.0) == 1
+        e.fence(1)
+        await asyncio.to_thread(e.apply, [PutQueue(Q), Append(1, 0, [msg(0)], 1)], sync=True)
+        proxy.cut()
+        for call in (lambda: e.apply([Append(1, 0, [msg(1)], 2)], sync=True), lambda: e.read(1, 0, 0, 10),
+                     lambda: lease.renew("a", 1, 60.0), lambda: lease.holder()):
+            with pytest.raises(StorageError) as info:
+                await asyncio.to_thread(call)
+            assert "127.0.0.1" in str(info.value)
+        proxy.heal()
+        assert await asyncio.to_thread(lease.renew, "a", 1, 60.0)
+        await asyncio.to_thread(e.apply, [Append(1, 0, [msg(1)], 2)], sync=True)
+        assert [m.offset for m in await asyncio.to_thread(e.read, 1, 0, 0, 10)] == [0, 1]
+    finally:
+        await asyncio.to_thread(e.close)
+        await asyncio.to_thread(lease.close)
+        await proxy.stop()

@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from client.errors import StorageError
-from storage.base import Append, LogAppend, LogRecord, PutQueue, QueueMeta, StoredMessage
-from storage.postgres import PostgresShared
+from storage.base import Append, LogAppend, LogRecord, PutQueue, QueueMeta, Settle, StoredMessage
+from storage.postgres import PostgresEngine, PostgresShared
 from storage.shared import FencedEngine, FencedError, Lease, SharedStore
+from storage.sqlite import SqliteEngine
 from storage.sqlite.shared import SqliteShared
 from tests.helpers import wait_until_sync
 
@@ -271,3 +272,64 @@ def test_a_write_in_flight_commits_before_the_takeover_is_granted_never_after(
     assert [m.offset for m in engine_of(backend, closing).read(1, 0, 0, 10)] == [0]
     with pytest.raises(FencedError):
         a.apply([Append(1, 0, [msg(1)], 2)], sync=True)
+
+
+def test_processes_racing_for_the_lease_of_a_fresh_sqlite_file_get_one(tmp_path: Path) -> None:
+    """Nodes on one machine are processes: three of them create the table and ask for the
+    lease at once; one gets epoch 1, the others None, none an error."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared" / "tandem.db"
+    code = ("import sys; from storage.sqlite.shared import SqliteShared; "
+            "lease = SqliteShared(sys.argv[1]).lease(); sys.stdin.readline(); "
+            "print(lease.acquire(sys.argv[2], 'h:1', 60.0)); lease.close()")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"n{i}"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path.cwd())
+             for i in range(3)]
+    try:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert sorted(out.strip() for out, _ in outs) == ["1", "None", "None"]
+
+
+def chunk_rows(engine: FencedEngine) -> int:
+    """The chunk rows in the engine's database (nothing settled whole may be left behind)."""
+    if isinstance(engine, PostgresEngine):
+        assert engine._engine is not None
+        with engine._engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT count(*) FROM chunks").scalar_one())
+    assert isinstance(engine, SqliteEngine) and engine._writer is not None
+    n = int(engine._writer.exec_driver_sql("SELECT count(*) FROM chunks").scalar_one())
+    engine._writer.rollback()
+    return n
+
+
+def test_a_node_that_takes_the_lease_again_writes_on_what_the_other_wrote(backend: Backend, closing: Any) -> None:
+    """A, B, then A again with the engine it kept: A's view of the tables (which chunks are
+    there, which ranges settled) is read again, so its compaction deletes what B left."""
+    lease = lease_of(backend, closing)
+    a, b = engine_of(backend, closing), engine_of(backend, closing)
+    assert lease.acquire("a", "ha:1", 60.0) == 1
+    a.fence(1)
+    a.apply([PutQueue(Q), Append(1, 0, [msg(i) for i in range(10)], 10)], sync=True)
+    lease.release("a", 1)
+    assert lease.acquire("b", "hb:1", 60.0) == 2
+    b.fence(2)
+    b.apply([Append(1, 0, [msg(i) for i in range(10, 20)], 20), Settle(1, 0, list(range(10)))], sync=True)
+    lease.release("b", 2)
+    assert lease.acquire("a", "ha:1", 60.0) == 3
+    a.fence(3)
+    a.apply([Append(1, 0, [msg(20)], 21), Settle(1, 0, list(range(10, 20)))], sync=True)
+    assert [m.offset for m in a.read(1, 0, 0, 100)] == [20] and chunk_rows(a) == 1
+    rec = engine_of(backend, closing).open()
+    assert [m.offset for m in rec.partitions[(1, 0)].messages] == [20] and rec.partitions[(1, 0)].next_offset == 21
