@@ -1,7 +1,7 @@
 """Confirmed append throughput of the storage engines alone, through the group-commit writer.
 
     .venv/bin/python scripts/store_throughput.py [--seconds 3] [--engines sqlite,postgresql]
-        [--size 100] [--ack] [--pg postgres@127.0.0.1:5432]
+        [--size 100] [--ack] [--random] [--pg postgres@127.0.0.1:5432]
 
 For each engine (SQLite in a temp dir; PostgreSQL in a database of its own on the local
 server, dropped after) and each shape, submits ``Append`` ops of B messages of 100 bytes
@@ -17,6 +17,7 @@ is printed (a renewal waits for the write transaction in flight).  A diagnostic,
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import tempfile
 import threading
@@ -36,7 +37,7 @@ PARTITIONS = 4
 Q = QueueMeta(id=1, name="bench", partitions=PARTITIONS, mapper="consistent_hash", ring_size=64,
               max_deliveries=3, dead_letter_queue=None, max_length=0)
 #: (messages per append, appends in flight); a producer's frame of 256 over 4 partitions: ~64
-SHAPES = [(1, 1), (1, 64), (64, 16), (100, 16), (1000, 4)]
+SHAPES = [(1, 1), (1, 64), (64, 16), (256, 4), (1000, 4)]
 
 
 @contextmanager
@@ -54,7 +55,7 @@ def postgres(server: str) -> Iterator[str]:
 
 
 def run(engine: Engine, batch: int, inflight: int, seconds: float, size: int,
-        ack: bool) -> tuple[float, float, float]:
+        ack: bool, random_bodies: bool) -> tuple[float, float, float]:
     """On an open engine: confirmed messages a second, commits a second, mean commit ms."""
     cv = threading.Condition()
     done = [0]
@@ -63,7 +64,8 @@ def run(engine: Engine, batch: int, inflight: int, seconds: float, size: int,
     writer.submit([PutQueue(Q)], sync=True)
     stop = time.perf_counter() + seconds
     errors: list[BaseException] = []
-    body = b"x" * size
+    pool = os.urandom(size * 64) if random_bodies else b"x" * (size * 64)
+    bodies = [pool[i * size:(i + 1) * size] for i in range(64)]
     to_ack: list[tuple[int, int]] = []  # confirmed appends (partition, start), to settle
 
     def confirmed(err: BaseException | None, p: int, start: int) -> None:
@@ -79,7 +81,8 @@ def run(engine: Engine, batch: int, inflight: int, seconds: float, size: int,
         p = i % PARTITIONS
         start = ends[p]
         ends[p] += batch
-        msgs = [StoredMessage(start + j, None, b"\x80", body, None, None, 0.0) for j in range(batch)]
+        msgs = [StoredMessage(start + j, None, b"\x80", bodies[(start + j) % 64], None, None, 0.0)
+                for j in range(batch)]
         writer.submit([Append(1, p, msgs, ends[p])], sync=True,
                       callback=lambda err: confirmed(err, p, start))
         with cv:
@@ -137,6 +140,7 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres@127.0.0.1:5432")
     ap.add_argument("--size", type=int, default=100, help="message body bytes")
     ap.add_argument("--ack", action="store_true", help="settle every confirmed append")
+    ap.add_argument("--random", action="store_true", help="random (incompressible) bodies, not b'x' * size")
     args = ap.parse_args()
     print(f"{'engine':11} {'msgs/append':>11} {'in flight':>9} {'msg/s':>10} {'commits/s':>9} {'commit ms':>9}")
     for name in args.engines.split(","):
@@ -147,7 +151,7 @@ def main() -> None:
                     engine: Engine = SqliteEngine(Path(d) / "tandem.db")
                     engine.open()
                     try:
-                        rate, commits, ms = run(engine, batch, inflight, args.seconds, args.size, args.ack)
+                        rate, commits, ms = run(engine, batch, inflight, args.seconds, args.size, args.ack, args.random)
                     finally:
                         engine.close()
             else:
@@ -158,7 +162,7 @@ def main() -> None:
                     slowest, end = renewing(store)
                     pg.fence(1)
                     try:
-                        rate, commits, ms = run(pg, batch, inflight, args.seconds, args.size, args.ack)
+                        rate, commits, ms = run(pg, batch, inflight, args.seconds, args.size, args.ack, args.random)
                     finally:
                         end()
                         pg.close()

@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from client.errors import StorageError
-from storage.base import REPLICATION_OPS, Capabilities, Recovered, WriteOp
+from storage.base import REPLICATION_OPS, Capabilities, WriteOp
 from storage.lease import TABLE, SqlLease
 from storage.shared import FencedError
 from storage.sqlite.apply import Driver
@@ -75,6 +75,7 @@ class SharedSqliteEngine(SqliteEngine):
         super().__init__(path)
         self._epoch: int | None = None
         self._stale = False  # the writer's index must be read again before the next write
+        self._immediate = False  # the writer's next transaction takes the write lock at once
 
     def fence(self, epoch: int | None) -> None:
         if epoch != self._epoch:
@@ -83,19 +84,19 @@ class SharedSqliteEngine(SqliteEngine):
         self._epoch = epoch
 
     def _on_begin(self, conn: Any) -> None:  # type: ignore[override]
-        # The writer's transactions (opening's schema creation and load too) take the write
-        # lock at once: a deferred one that reads first may find at its first write that
-        # another process wrote meanwhile, and fail (SQLITE_BUSY_SNAPSHOT) without waiting.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn is self._writer else "BEGIN")
+        # The schema's creation takes the write lock at once: a deferred transaction that
+        # reads first may find at its first write that another process wrote meanwhile, and
+        # fail (SQLITE_BUSY_SNAPSHOT) without waiting.  Loading is a read transaction: it must
+        # not hold up the active's writes and lease renewals for as long as it takes.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if self._immediate and conn is self._writer else "BEGIN")
 
-    def open(self) -> Recovered:
-        recovered = super().open()
+    def _create_schema(self, conn: Connection) -> None:
+        self._immediate = True
         try:
-            create_lease_table(self._raw(self._writer))  # type: ignore[arg-type]
-        except sqlite3.Error as exc:
-            self.close()
-            raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
-        return recovered
+            super()._create_schema(conn)
+            create_lease_table(self._raw(conn))
+        finally:
+            self._immediate = False
 
     def _begin_write(self, raw: sqlite3.Connection) -> None:
         raw.execute("BEGIN IMMEDIATE")

@@ -333,3 +333,51 @@ def test_a_node_that_takes_the_lease_again_writes_on_what_the_other_wrote(backen
     assert [m.offset for m in a.read(1, 0, 0, 100)] == [20] and chunk_rows(a) == 1
     rec = engine_of(backend, closing).open()
     assert [m.offset for m in rec.partitions[(1, 0)].messages] == [20] and rec.partitions[(1, 0)].next_offset == 21
+
+
+def test_a_node_loading_the_store_holds_up_neither_writes_nor_the_lease(
+        backend: Backend, closing: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A passive (or activating) node reads everything on open, for as long as that takes; the
+    active's writes and lease renewals go on meanwhile."""
+    import storage.postgres.engine
+    import storage.sqlite.engine
+
+    lease = closing(backend.impatient_store(0.5).lease() if backend.impatient_store else backend.store().lease())
+    a = engine_of(backend, closing)
+    assert lease.acquire("a", "ha:1", 60.0) == 1
+    a.fence(1)
+    a.apply([PutQueue(Q), Append(1, 0, [msg(0)], 1)], sync=True)
+    module: Any = storage.sqlite.engine if backend.name == "sqlite" else storage.postgres.engine
+    inside, go = threading.Event(), threading.Event()
+    plain = module.load
+
+    def slow_load(*args: Any) -> Any:
+        out = plain(*args)  # (in the read transaction, which stays open)
+        inside.set()
+        assert go.wait(30)
+        return out
+
+    monkeypatch.setattr(module, "load", slow_load)
+    passive = closing(backend.store().engine())
+    opener = threading.Thread(target=passive.open)
+    opener.start()
+    try:
+        assert inside.wait(30)
+        done: list[BaseException | None] = []
+
+        def active_work() -> None:
+            try:
+                a.apply([Append(1, 0, [msg(1)], 2)], sync=True)
+                assert lease.renew("a", 1, 60.0)
+                done.append(None)
+            except BaseException as exc:
+                done.append(exc)
+
+        worker = threading.Thread(target=active_work)
+        worker.start()
+        worker.join(timeout=20)
+        assert done == [None]
+    finally:
+        go.set()
+        opener.join()
+    assert [m.offset for m in passive.read(1, 0, 0, 10)] == [0, 1]
