@@ -34,6 +34,7 @@ class Backend:
     node's view, with connections of its own)."""
 
     name: str
+    url: str  # as ``database = URL`` names it
     store: Callable[[], SharedStore]
     #: waits until some session is blocked on a lock (PostgreSQL); None: not observable
     wait_lock_waiter: Callable[[], None] | None = None
@@ -43,7 +44,7 @@ class Backend:
 
 def _sqlite(tmp_path: Path) -> Backend:
     path = tmp_path / "shared" / "tandem.db"
-    return Backend("sqlite", lambda: SqliteShared(path),
+    return Backend("sqlite", f"sqlite:///{path}", lambda: SqliteShared(path),
                    impatient_store=lambda seconds: SqliteShared(path, busy_timeout=seconds))
 
 
@@ -56,7 +57,7 @@ def _postgresql(request: pytest.FixtureRequest) -> Backend:
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock'").fetchone() != (0,), timeout=10, what="a session waiting for a lock")
 
-    return Backend("postgresql", lambda: PostgresShared(url), wait_lock_waiter=wait_lock_waiter)
+    return Backend("postgresql", url, lambda: PostgresShared(url), wait_lock_waiter=wait_lock_waiter)
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
@@ -381,3 +382,62 @@ def test_a_node_loading_the_store_holds_up_neither_writes_nor_the_lease(
         go.set()
         opener.join()
     assert [m.offset for m in passive.read(1, 0, 0, 10)] == [0, 1]
+
+
+def test_an_active_process_killed_mid_stream_leaves_a_store_the_next_one_opens(backend: Backend) -> None:
+    """The active (a process) commits, then dies with SIGKILL while it keeps committing; the
+    next node's engine opens every commit it confirmed, in order, and writes on under a later
+    epoch.  (SQLite: the replication log's directory beside the file stays empty.)"""
+    import signal
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from storage.base import Append, PutQueue, QueueMeta, StoredMessage
+from storage.shared import open_shared
+store = open_shared(sys.argv[1])
+lease, engine = store.lease(), store.engine()
+engine.open()
+engine.fence(lease.acquire("a", "ha:1", 0.5))
+engine.apply([PutQueue(QueueMeta(id=1, name="q", partitions=1, mapper="consistent_hash", ring_size=64,
+                                 max_deliveries=3, dead_letter_queue=None, max_length=0))], sync=True)
+i = 0
+while True:
+    engine.apply([Append(1, 0, [StoredMessage(i, None, b"\\x80", b"m", None, None, 0.0)], i + 1)], sync=True)
+    print(i, flush=True)
+    i += 1
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code, backend.url], stdout=subprocess.PIPE, text=True,
+                            cwd=Path.cwd())
+    try:
+        assert proc.stdout is not None
+        confirmed = [int(proc.stdout.readline()) for _ in range(50)]  # 50 commits confirmed
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    store = backend.store()
+    lease, engine = store.lease(), store.engine()
+    try:
+        rec = engine.open()
+        offsets = [m.offset for m in rec.partitions[(1, 0)].messages]
+        assert offsets[:50] == confirmed and offsets == list(range(len(offsets)))  # every one, in order
+        got: list[int | None] = []
+
+        def taken() -> bool:  # the dead one's lease runs out
+            got.append(lease.acquire("b", "hb:1", 60.0))
+            return got[-1] is not None
+
+        wait_until_sync(taken, timeout=10, what="the lease to run out")
+        epoch = got[-1]
+        assert epoch == 2
+        engine.fence(epoch)
+        n = len(offsets)
+        engine.apply([Append(1, 0, [msg(n)], n + 1)], sync=True)
+        assert [m.offset for m in engine.read(1, 0, 0, 1000)] == list(range(n + 1))
+        if backend.name == "sqlite":
+            log_dir = Path(backend.url.removeprefix("sqlite:///") + "-log")
+            assert not any(f.stat().st_size for f in log_dir.iterdir())
+    finally:
+        engine.close()
+        lease.close()
