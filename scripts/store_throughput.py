@@ -1,9 +1,9 @@
 """Confirmed append throughput of the storage engines alone, through the group-commit writer.
 
-    .venv/bin/python scripts/store_throughput.py [--seconds 3] [--engines sqlite,postgresql]
+    .venv/bin/python scripts/store_throughput.py [--seconds 3] [--engines sqlite,sqlite-shared,postgresql]
         [--size 100] [--ack] [--random] [--pg postgres@127.0.0.1:5432]
 
-For each engine (SQLite in a temp dir; PostgreSQL in a database of its own on the local
+For each engine (SQLite in a temp dir, plain and as shared mode's fenced engine; PostgreSQL in a database of its own on the local
 server, dropped after) and each shape, submits ``Append`` ops of B messages of 100 bytes
 to ``storage.writer.GroupCommitWriter`` with ``sync=True`` (SYNC: confirmed once durable),
 keeping K submissions in flight (K producers, each waiting for its confirm before the next),
@@ -31,6 +31,7 @@ import psycopg
 from storage.base import Append, Engine, PutQueue, QueueMeta, Settle, StoredMessage
 from storage.postgres import PostgresShared
 from storage.sqlite import SqliteEngine
+from storage.sqlite.shared import SqliteShared
 from storage.writer import GroupCommitWriter
 
 PARTITIONS = 4
@@ -136,13 +137,13 @@ def renewing(store: PostgresShared) -> tuple[Callable[[], float], Callable[[], N
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--engines", default="sqlite,postgresql")
+    ap.add_argument("--engines", default="sqlite,sqlite-shared,postgresql")
     ap.add_argument("--pg", default="postgres@127.0.0.1:5432")
     ap.add_argument("--size", type=int, default=100, help="message body bytes")
     ap.add_argument("--ack", action="store_true", help="settle every confirmed append")
     ap.add_argument("--random", action="store_true", help="random (incompressible) bodies, not b'x' * size")
     args = ap.parse_args()
-    print(f"{'engine':11} {'msgs/append':>11} {'in flight':>9} {'msg/s':>10} {'commits/s':>9} {'commit ms':>9}")
+    print(f"{'engine':13} {'msgs/append':>11} {'in flight':>9} {'msg/s':>10} {'commits/s':>9} {'commit ms':>9}")
     for name in args.engines.split(","):
         for batch, inflight in SHAPES:
             extra = ""
@@ -154,6 +155,18 @@ def main() -> None:
                         rate, commits, ms = run(engine, batch, inflight, args.seconds, args.size, args.ack, args.random)
                     finally:
                         engine.close()
+            elif name == "sqlite-shared":  # fenced, as nodes of one machine sharing the file
+                with tempfile.TemporaryDirectory() as d:
+                    shared = SqliteShared(Path(d) / "tandem.db")
+                    lease = shared.lease()
+                    sq = shared.engine()
+                    sq.open()
+                    sq.fence(lease.acquire("bench", "127.0.0.1:1", 60.0))
+                    try:
+                        rate, commits, ms = run(sq, batch, inflight, args.seconds, args.size, args.ack, args.random)
+                    finally:
+                        sq.close()
+                        lease.close()
             else:
                 with postgres(args.pg) as url:
                     store = PostgresShared(url)
@@ -167,7 +180,7 @@ def main() -> None:
                         end()
                         pg.close()
                     extra = f"  (slowest lease renewal {slowest() * 1000:.1f} ms)"
-            print(f"{name:11} {batch:>11} {inflight:>9} {rate:>10,.0f} {commits:>9,.0f} {ms:>9.2f}{extra}",
+            print(f"{name:13} {batch:>11} {inflight:>9} {rate:>10,.0f} {commits:>9,.0f} {ms:>9.2f}{extra}",
                   flush=True)
 
 
