@@ -4,7 +4,6 @@ adapter through which it shares SQLite's statements, reads and recovery."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -145,7 +144,6 @@ class PostgresEngine:
         self._stale = False  # the applier's index must be reloaded before the next write
         self._epoch: int | None = None
         self._closed = False
-        self._lock = threading.Lock()  # open/close against the writer thread's reconnect
 
     def fence(self, epoch: int | None) -> None:
         if epoch != self._epoch:
@@ -172,16 +170,16 @@ class PostgresEngine:
             raise self._error("cannot open store", exc) from exc
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._writer is not None:
-                try:
-                    self._writer.close()
-                except (SQLAlchemyError, psycopg.Error) as exc:
-                    log.warning("closing the writer connection to %s: %s", self.where, describe(exc, self.url))
-                self._writer = None
-            if self._engine is not None:
-                self._engine.dispose()
+        """(After the writer thread has stopped.)"""
+        self._closed = True
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except (SQLAlchemyError, psycopg.Error) as exc:
+                log.warning("closing the writer connection to %s: %s", self.where, describe(exc, self.url))
+            self._writer = None
+        if self._engine is not None:
+            self._engine.dispose()
 
     # -- writes (writer thread) -----------------------------------------------------------
 
@@ -243,7 +241,7 @@ class PostgresEngine:
                     raw.commit()
                 except BaseException:
                     self._stale = True  # the index went ahead of the database
-                    if not raw.closed:
+                    if not raw.closed and not raw.broken:
                         raw.rollback()
                     raise
         except psycopg.Error as exc:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import URL, Connection, make_url, text
+from sqlalchemy import URL, Connection, Engine, make_url, text
 from sqlalchemy.exc import ArgumentError
 
 from client.errors import StorageError
@@ -20,6 +21,7 @@ NOW = "extract(epoch from clock_timestamp())::float8"
 DRIVER = "postgresql+psycopg"
 
 log = logging.getLogger("tandem.storage")
+T = TypeVar("T")
 
 #: ends the sessions whose transactions lock the lease table (a write transaction's FOR SHARE)
 #: and that have been idle inside them for longer than :idle seconds (their node is stopped)
@@ -46,7 +48,7 @@ def parse_url(url: str) -> URL:
 class PgLease(SqlLease):
     """The lease row on PostgreSQL, whose takeover ends the transactions of a stopped node.
 
-    A takeover waits for the write transactions holding the lease row (``FOR SHARE``).
+    A takeover (``acquire``, ``claim``) waits for the write transactions holding the lease row (``FOR SHARE``).
     A node stopped inside one holds it for as long as it is stopped; the server ends a
     transaction idle for ``idle_timeout`` (``idle_in_transaction_session_timeout``), but
     not always: after a pipelined ``executemany`` psycopg's trailing flush leaves that timer
@@ -55,26 +57,33 @@ class PgLease(SqlLease):
     and tries once more.  (It needs the right to: the same database user as those sessions,
     or ``pg_signal_backend``.)"""
 
-    def __init__(self, *args: object, idle_timeout: float, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, engine: Engine, *, now: str, prepare: Callable[[Connection], None], where: str,
+                 describe: Callable[[BaseException], str], idle_timeout: float) -> None:
+        super().__init__(engine, now=now, prepare=prepare, where=where, describe=describe)
         self._idle_timeout = idle_timeout
 
     def acquire(self, node: str, address: str, lease: float) -> int | None:
+        return self._takeover(lambda: super(PgLease, self).acquire(node, address, lease))
+
+    def claim(self, node: str, address: str, epoch: int) -> bool:
+        return self._takeover(lambda: super(PgLease, self).claim(node, address, epoch))
+
+    def _takeover(self, attempt: Callable[[], T]) -> T:
         try:
-            return super().acquire(node, address, lease)
+            return attempt()
         except StorageError as exc:
             orig = getattr(exc.orig, "orig", None)
             if not isinstance(orig, psycopg.errors.LockNotAvailable):
                 raise
-        ended = self._run("acquire", lambda c: c.execute(_STUCK, {"idle": self._idle_timeout}).fetchall())
+        ended = self._run("takeover", lambda c: c.execute(_STUCK, {"idle": self._idle_timeout}).fetchall())
         for pid, _ok in ended:
             log.warning("lease takeover: ended session %d, idle inside a transaction holding the lease row for "
                         "over %.1fs (its node stopped?) database=%s", pid, self._idle_timeout, self._where)
-        return super().acquire(node, address, lease)
+        return attempt()
 
     def _attempt(self, conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
         conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(self._idle_timeout * 1000))}")
-        return conn.execute(statement, params).scalar()
+        return conn.execute(statement, params)
 
 
 class PostgresShared:

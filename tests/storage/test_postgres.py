@@ -70,8 +70,9 @@ def test_a_cut_connection_fails_the_batch_in_flight_and_the_next_one_reconnects(
         e.close()
 
 
+@pytest.mark.parametrize("takeover", ["acquire", "claim"])
 def test_a_node_stopped_inside_a_write_transaction_cannot_hold_up_a_takeover(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, takeover: str) -> None:
     """A write transaction left idle past ``idle_timeout`` (the node stopped inside it, here
     right after a pipelined executemany, where the server's own idle timeout is not armed) is
     ended by the takeover: the takeover goes through, and the stopped node's commit fails,
@@ -108,8 +109,12 @@ def test_a_node_stopped_inside_a_write_transaction_cannot_hold_up_a_takeover(
         assert inside.wait(30)
         got: list[int | None] = []
 
-        def taken() -> bool:  # the lease runs out on the database's clock; the takeover then
-            got.append(lease_b.acquire("b", "hb:1", 60.0))  # waits for the server to end A's transaction
+        def taken() -> bool:  # the lease runs out on the database's clock (or a file lock is won,
+            # claim): the takeover waits for A's transaction, then ends it
+            if takeover == "claim":
+                got.append(2 if lease_b.claim("b", "hb:1", 2) else None)
+            else:
+                got.append(lease_b.acquire("b", "hb:1", 60.0))
             return got[-1] is not None
 
         wait_until_sync(taken, timeout=20, what="the takeover")
