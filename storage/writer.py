@@ -25,7 +25,8 @@ and can act: a publisher gets an error and may resend) get the error; those
 made with ``retry=True`` (nobody can act on an error: an ack already
 answered, a NO_SYNC publish already confirmed) go back to the head of the
 queue and are tried again after a back-off, and their callbacks run once they
-are committed.
+are committed; but not after a :class:`~storage.shared.FencedError` (shared mode: another
+node took the lease, and every later write is refused too): then they get the error.
 
 Time: the lazy delay and the back-off are measured on the injected clock.  On the
 system clock the thread waits for them with a timed wait; on any other clock (a test's
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from client.clock import SYSTEM_CLOCK, Clock, SystemClock
 from client.errors import StorageError
 from storage.base import LOG_OPS, Engine, LogAppend, WriteOp
+from storage.shared import FencedError
 
 log = logging.getLogger("tandem.storage")
 
@@ -250,9 +252,12 @@ class GroupCommitWriter:
         requeued = 0
         if error is not None:
             st.failed_commits += 1
-            again = [item for item in batch if item.retry]
+            # a fenced engine refuses every later write as well (another node holds the lease):
+            # retrying would spin for ever; this node must stop writing
+            retry = not isinstance(error, FencedError)
+            again = [item for item in batch if retry and item.retry]
             requeued = len(again)
-            done = [item for item in batch if not item.retry]
+            done = [item for item in batch if not (retry and item.retry)]
             retried = sum(len(item.ops) for item in again)
             st.retried_ops += retried
             log.error("commit failed ops=%d retrying=%d in=%.2fs error=%s",

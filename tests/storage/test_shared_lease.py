@@ -441,3 +441,27 @@ while True:
     finally:
         engine.close()
         lease.close()
+
+
+def test_the_group_commit_writer_does_not_retry_a_fenced_write(backend: Backend, closing: Any) -> None:
+    """Writes whose submitter cannot act on an error (``retry=True``) are tried again after a
+    failed commit, but not once fenced: every later one would be refused too.  They get the
+    FencedError, and the writer closes."""
+    from storage.writer import GroupCommitWriter
+
+    lease = lease_of(backend, closing)
+    a = engine_of(backend, closing)
+    assert lease.acquire("a", "ha:1", 60.0) == 1
+    a.fence(1)
+    results: list[BaseException | None] = []
+    w = GroupCommitWriter(a, lambda fn: fn())
+    w.submit([PutQueue(Q)], sync=True, callback=results.append)
+    wait_until_sync(lambda: results == [None], timeout=10, what="the first commit")
+    lease.release("a", 1)
+    assert lease.acquire("b", "hb:1", 60.0) == 2
+    w.submit([Append(1, 0, [msg(0)], 1)], sync=True, callback=results.append, retry=True)
+    w.submit([Settle(1, 0, [0])], sync=False, callback=results.append, retry=True, lazy=True)
+    w.close()
+    assert results[0] is None and len(results) == 3
+    assert all(isinstance(err, FencedError) and err.epoch == 2 for err in results[1:])
+    assert w.stats.retried_ops == 0
