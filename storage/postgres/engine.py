@@ -161,7 +161,8 @@ class PostgresEngine:
         try:
             with self._engine.connect() as conn:
                 create_schema(conn)
-                conn.execution_options(isolation_level="REPEATABLE READ")  # one snapshot
+                # one snapshot; rows fetched as they are read (a server-side cursor), not all first
+                conn.execution_options(isolation_level="REPEATABLE READ", stream_results=True, max_row_buffer=256)
                 rec = load(cast(Connection, PgConnection(conn)), self.where, self._applier)  # type: ignore[arg-type]
                 conn.rollback()
             self._stale = False

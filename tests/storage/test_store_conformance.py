@@ -1,5 +1,6 @@
 """The Store conformance suite: every engine must pass it (SQLite, SQLite shared by the nodes
-of a machine, memory); a test of a feature an engine lacks (``Capabilities``) skips, naming it."""
+of a machine, PostgreSQL, memory); a test of a feature an engine lacks (``Capabilities``)
+skips, naming it."""
 
 from __future__ import annotations
 
