@@ -40,6 +40,7 @@ function renderNodes(nodes) {
     el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}`),
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
     el("div", {}, `client ${n.client_address || "?"}`),
+    ...haLines(n),
     el("div", {class: "actives"}, `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`))));
   for (const id of ["override-node", "priority-node"]) {
     const sel = document.getElementById(id);
@@ -47,6 +48,24 @@ function renderNodes(nodes) {
     sel.replaceChildren(...nodes.map((n) => el("option", {value: n.name}, n.name)));
     if (keep) sel.value = keep;
   }
+}
+
+// A member's HA arbiter (shared mode, the LockFile arbiter): nothing under majority elections.
+function haLines(n) {
+  if (!n.ha_state) return [];
+  return [el("div", {class: "ha"}, "HA ", el("span", {class: `ha-state ${n.ha_state}`}, n.ha_state),
+             `, epoch ${n.epoch}`),
+          el("div", {class: "holder"}, `lock holder ${n.lock_holder || "none"}`)];
+}
+
+// How the group decides its active: the mode, the arbiter, the lock or lease holder and its epoch.
+function modeText(g) {
+  if (g.mode === "single") return "single node";
+  const holder = g.lock_holder ? `${g.lock_holder} (epoch ${g.epoch})` : "none";
+  if (g.mode === "shared") return `shared · lease holder ${holder}`;
+  if (g.arbiter === "lockfile") return `replicated · LockFile · holder ${holder}`;
+  if (g.arbiter === "witness") return "replicated · witness";
+  return "replicated · majority elections";
 }
 
 function renderQueues(queues) {
@@ -122,6 +141,7 @@ function render(o) {
   const q = document.getElementById("quorum");
   q.textContent = `quorum ${o.group.quorum_state}`;
   q.className = `pill ${o.group.quorum_state}`;
+  document.getElementById("mode").textContent = modeText(o.group);
   renderNodes(o.nodes);
   renderQueues(o.queues);
   renderPartitions(o.partitions);
