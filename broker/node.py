@@ -111,6 +111,9 @@ class Node:
         self.console: Console | None = None
         self._expiry_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
+        #: called on the writer thread with each commit's duration and sync flag (metrics); every
+        #: writer the node opens shares this list (shared mode opens one per activation)
+        self.commit_observers: list[Callable[[float, bool], None]] = []
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
@@ -167,6 +170,7 @@ class Node:
             return
         recovered = await asyncio.to_thread(self.engine.open)
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
         self._commit = LocalCommitPath(self._writer, cfg.name, sync=cfg.sync.value == "SYNC")
         self._restore(recovered, group=cfg.peer_port is not None)
         if "store_stamp" not in recovered.meta:
@@ -239,6 +243,7 @@ class Node:
         recovered = await asyncio.to_thread(engine.open)
         self.engine, self._engine_open = engine, True
         self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
         self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([])

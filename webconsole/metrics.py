@@ -147,7 +147,7 @@ def _counter(metric: str, help_: str, labels: list[tuple[str, str]], value: floa
 
 class Metrics:
     """A node's registry: its collector, and the histogram of its store's commits (observed
-    by the writer from the moment the console starts until it stops)."""
+    by the node's writer, whichever is open, from the moment the console starts until it stops)."""
 
     def __init__(self, node: NodeView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -162,7 +162,7 @@ class Metrics:
             (synced if sync else unsynced).observe(seconds)
 
         self._observe = observe
-        self._observers = node.writer.commit_observers
+        self._observers = node.commit_observers
         self._observers.append(observe)
 
     def close(self) -> None:
