@@ -39,6 +39,8 @@ _SCHEMAS: dict[str, Any] = {
         "priority": _t("integer", True), "votes": _t("integer", True), "quorum_state": _t("string", True),
         "version": _t("string", True), "store_stamp": _t("string"), "peer_address": _t("string", True),
         "client_address": _t("string", True), "designated_primary": _t("boolean", True),
+        "console": _t("string", True, description="its console's address (null: it serves none, or does not "
+                      "answer)"),
         "ha_1014_discarded": _t("integer", True), "actives": _STRINGS, "ha_state": _HA_STATE,
         "epoch": _t("integer", True, description="the activation (shared) or lock (lockfile) epoch it last "
                     "served or saw; null under majority elections"),

@@ -64,27 +64,27 @@ class Pair:
 
 @pytest_asyncio.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
-    """Two nodes in a group arbitrated by a LockFile, each serving its console."""
+    """Two nodes in a group arbitrated by a LockFile, each serving its console (as the entry
+    point has it serve it)."""
     base = free_base_port(2)
     nodes = [Node(NodeConfig(name=f"node{i + 1}", data_dir=tmp_path / f"node{i + 1}", port=base + 10 * i,
                              peer_port=base + 10 * i + 1, peers=(f"node{2 - i}=127.0.0.1:{base + 10 * (1 - i) + 1}",),
-                             arbiter="lockfile", lockfile=str(tmp_path / "tandem.lock"),
-                             keepalive_interval=0.1, non_response_timeout=0.5)) for i in range(2)]
-    consoles: list[Console] = []
+                             arbiter="lockfile", lockfile=str(tmp_path / "tandem.lock"), http_port=0,
+                             keepalive_interval=0.1, non_response_timeout=0.5), console=Console) for i in range(2)]
     try:
         for n in nodes:
             await n.start()
         await wait_until(lambda: all(n.peers is not None and len(n.peers.links) == 1 for n in nodes),
                          timeout=20, what="the two nodes linked")
+        consoles = []
         for n in nodes:
-            consoles.append(await serve_console(n, "127.0.0.1", 0))
+            assert isinstance(n.console, Console)
+            consoles.append(n.console)
         async with aiohttp.ClientSession() as http:
             yield Pair(nodes, consoles, http)
     finally:
-        for c in consoles:
-            await c.stop()
         for n in reversed(nodes):
-            await n.stop()
+            await n.stop()  # (and its console)
 
 
 def set_ha(pair: Pair, *reports: HaReport | None) -> None:
@@ -126,6 +126,7 @@ async def test_each_members_ha_state_epoch_and_the_lock_holder_in_the_rest_api(p
     assert (nodes["node2"]["ha_state"], nodes["node2"]["epoch"], nodes["node2"]["lock_holder"]) == (
         "PASSIVE", 4, "node1")
     assert await pair.get(0, "/api/v1/nodes/node2") == nodes["node2"]
+    assert nodes["node2"]["console"] == pair.consoles[1].url  # (where to look at it)
     overview = await pair.get(1, "/api/v1/overview")  # any member's console shows the same
     assert overview["group"]["lock_holder"] == "node1"
     assert {n["name"]: n["ha_state"] for n in overview["nodes"]} == {"node1": "ACTIVE", "node2": "PASSIVE"}
@@ -227,6 +228,7 @@ async def test_the_console_page_shows_the_mode_each_nodes_ha_state_and_the_holde
             await expect(card1.locator(".ha")).to_have_text("HA ACTIVE, epoch 4")
             await expect(card2.locator(".ha-state")).to_have_text("PASSIVE")
             await expect(card2.locator(".holder")).to_have_text("lock holder node1")
+            await expect(page.locator("#queues-hint")).to_be_hidden()  # (shared mode's passives only)
             # live: the link cut, node2 waits, node1 goes on alone
             set_ha(pair, Report("STANDALONE", 4, "node1"), Report("WAITING", 4, None))
             await expect(card2.locator(".ha-state")).to_have_text("WAITING", timeout=10000)

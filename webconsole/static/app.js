@@ -68,6 +68,19 @@ function modeText(g) {
   return "replicated · majority elections";
 }
 
+// Shared mode: only the lock holder holds the queues; a passive's page points to its console.
+function renderQueuesHint(o) {
+  const hint = document.getElementById("queues-hint");
+  const me = o.nodes.find((n) => n.self);
+  const passive = o.group.mode === "shared" && me && me.ha_state && me.ha_state !== "ACTIVE";
+  hint.hidden = !passive;
+  if (!passive) return;
+  const holder = o.nodes.find((n) => n.name === o.group.lock_holder);
+  const link = holder && holder.console ? el("a", {href: holder.console}, `${holder.name}'s console`) : null;
+  hint.replaceChildren(`${me.name} is ${me.ha_state}: the queues are served by the lock holder, ` +
+                       `${o.group.lock_holder || "none at the moment"}`, ...(link ? [" (", link, ")"] : []), ".");
+}
+
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
   for (const q of queues) {
@@ -142,6 +155,7 @@ function render(o) {
   q.textContent = `quorum ${o.group.quorum_state}`;
   q.className = `pill ${o.group.quorum_state}`;
   document.getElementById("mode").textContent = modeText(o.group);
+  renderQueuesHint(o);
   renderNodes(o.nodes);
   renderQueues(o.queues);
   renderPartitions(o.partitions);
