@@ -32,7 +32,7 @@ function say(text, bad) {
   r.className = bad ? "error" : "";
 }
 
-function renderNodes(nodes) {
+function renderNodes(nodes, group) {
   const box = document.getElementById("nodes");
   box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
@@ -41,7 +41,7 @@ function renderNodes(nodes) {
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
     el("div", {}, `client ${n.client_address || "?"}`),
     ...haLines(n),
-    el("div", {class: "actives"}, `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`))));
+    el("div", {class: "actives"}, activesText(n, group)))));
   for (const id of ["override-node", "priority-node"]) {
     const sel = document.getElementById(id);
     const keep = sel.value;
@@ -56,6 +56,12 @@ function haLines(n) {
   return [el("div", {class: "ha"}, "HA ", el("span", {class: `ha-state ${n.ha_state}`}, n.ha_state),
              `, epoch ${n.epoch}`),
           el("div", {class: "holder"}, `lock holder ${n.lock_holder || "none"}`)];
+}
+
+// Shared mode has no per-partition actives: the lock holder serves every queue.
+function activesText(n, group) {
+  if (group.mode === "shared") return n.ha_state === "ACTIVE" ? "active for every queue" : "serves no queue";
+  return `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`;
 }
 
 // How the group decides its active: the mode, the arbiter, the lock or lease holder and its epoch.
@@ -156,7 +162,7 @@ function render(o) {
   q.className = `pill ${o.group.quorum_state}`;
   document.getElementById("mode").textContent = modeText(o.group);
   renderQueuesHint(o);
-  renderNodes(o.nodes);
+  renderNodes(o.nodes, o.group);
   renderQueues(o.queues);
   renderPartitions(o.partitions);
   if (selectedQueue) drawChart();
