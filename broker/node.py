@@ -113,6 +113,9 @@ class Node:
         self.console: Console | None = None
         self._expiry_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
+        #: called on the writer thread with each commit's duration and sync flag (metrics); every
+        #: writer the node opens shares this list (shared mode opens one per activation)
+        self.commit_observers: list[Callable[[float, bool], None]] = []
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir

@@ -21,7 +21,6 @@ from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
 from ha.membership import Membership
 from storage.base import WriteOp
-from storage.writer import GroupCommitWriter
 
 #: a partition: (queue id, partition index)
 Key = tuple[int, int]
@@ -93,7 +92,9 @@ class NodeView(StatusSource, Protocol):
         """The store (the metrics read its replication log's files, when it has one)."""
 
     @property
-    def writer(self) -> GroupCommitWriter: ...
+    def commit_observers(self) -> list[Callable[[float, bool], None]]:
+        """Called on the writer thread with each commit's duration and sync flag, whichever
+        writer the node has open (none on a shared-mode passive; a new one per activation)."""
 
     @property
     def commit_observers(self) -> list[Callable[[float, bool], None]]:
