@@ -92,8 +92,6 @@ class Node:
         self.engine = self._shared_store.engine() if self._shared_store is not None else engine(config)
         self._engine_open = False
         self._writer: GroupCommitWriter | None = None
-        #: called with (seconds, synced) after each store commit (every writer this node opens)
-        self.commit_observers: list[Callable[[float, bool], None]] = []
         self._commit: CommitPath | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

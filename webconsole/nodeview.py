@@ -96,10 +96,6 @@ class NodeView(StatusSource, Protocol):
         """Called on the writer thread with each commit's duration and sync flag, whichever
         writer the node has open (none on a shared-mode passive; a new one per activation)."""
 
-    @property
-    def commit_observers(self) -> list[Callable[[float, bool], None]]:
-        """Called with (seconds, synced) after each store commit, whichever writer made it."""
-        ...
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]: ...
 

@@ -19,15 +19,7 @@ from tests.conftest import FAST, PASSWORD
 from tests.helpers import wait_until
 from tests.webconsole.test_ha_view import conforms, samples
 
-#: Shared mode on SQLite between two processes does not hold yet: the database file gets
-#: corrupted ("database disk image is malformed"; the lease row's epoch read back as a blob), the
-#: active's renewals are refused within seconds, and a passive reads no users (SqlLease.users
-#: missing), so its console refuses every login.  Remove the mark once those are fixed.
-SHARED_MODE_ON_SQLITE_UNSTABLE = pytest.mark.xfail(
-    reason="shared mode on SQLite across processes: database corruption, lease lost, passive without users",
-    strict=False)
-
-pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(180), SHARED_MODE_ON_SQLITE_UNSTABLE]
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(180)]
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()}
 SHARED_STATES = {"PASSIVE", "ACTIVATING", "ACTIVE", "DEAD"}
@@ -108,9 +100,11 @@ async def test_the_mode_each_nodes_ha_state_and_the_holder_before_and_after_kill
     # kill -9 of the active: the passive takes the lease at a later epoch; its console says so
     await cl.nodes[active].kill()
 
-    async def took_over() -> bool:
+    async def took_over() -> bool:  # holds the lease and has loaded the queues (ACTIVATING -> ACTIVE)
         status, g = await get(http, f"{cl.console_url(passive)}api/v1/group")
-        return status == 200 and g["lock_holder"] == passive
+        _, nodes = await get(http, f"{cl.console_url(passive)}api/v1/nodes")
+        mine = [n for n in nodes if n["name"] == passive] if status == 200 else []
+        return status == 200 and g["lock_holder"] == passive and bool(mine) and mine[0]["ha_state"] == "ACTIVE"
 
     await wait_until(took_over, timeout=30, what=f"{passive} holding the lease")
     _, group = await get(http, f"{cl.console_url(passive)}api/v1/group")
