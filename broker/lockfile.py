@@ -6,7 +6,8 @@ record with an epoch, on a path both nodes reach), watches the peer link, and te
 replication who may be active:
 
 * **Only the holder serves.**  While this node holds the lock (``STANDALONE``,
-  ``ACTIVE_SYNC``, ``ACTIVE``) it is elected for every partition on its own vote
+  ``ACTIVE_SYNC``, ``ACTIVE``) it keeps node quorum alone (as a designated primary
+  does) and is elected for every partition on its own vote
   (:meth:`broker.replication.Replication.arbitrate`); with its peer in step it commits with
   the peer (nothing it confirmed is lost if it dies), and alone only while the peer is gone
   (``STANDALONE``).  The other node never stands (priority 0).  Every state change
@@ -44,7 +45,7 @@ from client.clock import Clock
 from client.protocol.frames import Frame, Heartbeat, Replicate
 from ha.errors import IllegalTransition
 from ha.lockfile import SERVING, HaState, LockArbiter, StateChanged
-from ha.membership import Membership, RemoteState
+from ha.membership import Change, Membership, RemoteState
 
 log = logging.getLogger("tandem.ha")
 
@@ -81,6 +82,8 @@ class PeersView(Protocol):
 
     @property
     def membership(self) -> Membership: ...
+
+    def report(self, changes: list[Change]) -> None: ...
 
 
 class LockFileDriver:
@@ -351,6 +354,9 @@ class LockFileDriver:
                 self.lock_holder = self.me
             elif c.previous in SERVING:
                 self.lock_holder = None
+            if serving != (c.previous in SERVING):
+                # node quorum: the holder goes on alone, as a designated primary does
+                self.peers.report(self.peers.membership.set_designated_primary(serving))
             self.replication.arbitrate(serving, c.present is HaState.STANDALONE,
                                        f"LockFile {c.previous.value} -> {c.present.value}: {c.reason}")
         self.peers.epoch = self.arbiter.seen_epoch

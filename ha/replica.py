@@ -480,7 +480,7 @@ class Replica:
                 mine = self.entry(e.index)
                 if mine.term == e.term and mine.origin == e.origin:
                     continue
-                if e.weak and not mine.weak:
+                if e.weak and not mine.weak and not self.cfg.arbitrated:
                     self._fence_weak_active(m)
                     return
                 self._truncate(e.index)

@@ -19,6 +19,10 @@ class ReplicaConfig:
     #: quorum: a LockFile holder is elected alone (the lock decides) but commits with its
     #: peer while the peer is in step (see broker.lockfile)
     commit_quorum: int | None = None
+    #: an arbiter outside the log (the LockFile) decides who may be active: a replica does
+    #: not fence an active whose entries are weak (the lock holder's log wins; a stale holder
+    #: is fenced by the lock's epoch instead)
+    arbitrated: bool = False
     max_append: int = 512  # entries per AppendEntries
     max_append_bytes: int = 0  # and at most this much entry data in one (0: no limit); one entry always goes
     #: the placement's first node: among voters of equal priority it is preferred, so

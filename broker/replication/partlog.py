@@ -86,7 +86,7 @@ def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designate
                              election_timeout=cfg.non_response_timeout, heartbeat_interval=cfg.keepalive_interval,
                              designated_primary=me if holder and me in voters else None,
                              commit_quorum=(1 if alone else len(voters)) if holder and me in voters else None,
-                             preferred=nodes.nodes[0], failback_after=0.0, max_append=256,
+                             preferred=nodes.nodes[0], failback_after=0.0, arbitrated=True, max_append=256,
                              max_append_bytes=MAX_APPEND_BYTES)
     dp = designated_primary if len(voters) == 2 and designated_primary in voters else None
     override = quorum_override if quorum_override is None or quorum_override <= len(voters) else len(voters)
