@@ -160,7 +160,7 @@ class LockFileDriver:
         if isinstance(frame, Replicate):
             if frame.epoch > self.arbiter.seen_epoch:
                 self._observe(frame.epoch)
-            elif frame.epoch < self.arbiter.epoch and self.arbiter.state in SERVING:
+            elif 0 < frame.epoch < self.arbiter.epoch and self.arbiter.state in SERVING:
                 self._refused += 1  # a stale holder's appends: its terms are refused as well
             return
         if not isinstance(frame, Heartbeat) or not frame.ha_state:
