@@ -16,8 +16,8 @@ replication who may be active:
   every proposal and every confirm: it checks the lease on the node's clock, so a holder
   whose lease ran out (a renewal that failed or hung, a process paused by SIGSTOP) refuses
   from that instant, before any other part of it has run, and steps down in the next turn.
-* **Epochs on the wire.**  Every ``Heartbeat`` and ``Replicate`` frame on the peer link
-  carries the latest epoch this node has seen; a later one than this node's makes it step
+* **Epochs on the wire.**  The peer link's handshake (``PeerHello``, ``PeerWelcome``) and
+  every ``Heartbeat`` and ``Replicate`` frame on it carry the latest epoch this node has seen; a later one than this node's makes it step
   down at once.  The heartbeat also carries the HA state, and goes out at once on every
   change with the state before it; the peer follows a serving peer (``PASSIVE_SYNC``), and
   is told ``ACTIVE`` once it is in step (``PASSIVE``).
@@ -42,7 +42,7 @@ from typing import Any, Protocol, TypeVar
 from broker.config import NodeConfig
 from broker.lockrecord import LockFile, LockFileError, Record, Taken
 from client.clock import Clock
-from client.protocol.frames import Frame, Heartbeat, Replicate
+from client.protocol.frames import Frame, Heartbeat, PeerHello, PeerWelcome, Replicate
 from ha.errors import IllegalTransition
 from ha.lockfile import SERVING, HaState, LockArbiter, StateChanged
 from ha.membership import Change, Membership, RemoteState
@@ -156,6 +156,10 @@ class LockFileDriver:
     def heard(self, src: str, frame: Frame) -> None:
         """A frame from the peer: its epoch first (it may fence this node), then its state."""
         if src != self.peer:
+            return
+        if isinstance(frame, (PeerHello, PeerWelcome)):  # a link (re)opens: its epoch first
+            if frame.epoch > self.arbiter.seen_epoch:
+                self._observe(frame.epoch)
             return
         if isinstance(frame, Replicate):
             if frame.epoch > self.arbiter.seen_epoch:

@@ -153,6 +153,10 @@ class LockFile:
     def _locked(self, what: str) -> _Release:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LockFileError(f"{what}: the lock file's directory {self.path.parent} is not reachable: {exc}",
+                                exc) from exc
+        try:
             self._flock.acquire()
         except filelock.Timeout as exc:
             raise LockFileError(f"{what}: the flock on {self.path} is held by another process", exc) from exc

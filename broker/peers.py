@@ -210,7 +210,7 @@ class PeerManager:
             try:
                 link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                                     store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
-                                    client_address=self._client_address()))
+                                    client_address=self._client_address(), epoch=self.epoch))
                 async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                     frame = await self._next_frame(link)
                 if isinstance(frame, Error):
@@ -221,6 +221,8 @@ class PeerManager:
                     if frame.node != name:
                         log.warning("peer at %s:%d says it is %s, not %s: dropped", host, port, frame.node, name)
                     elif self._admit(link, who, frame.client_address):
+                        if self.arbiter is not None:
+                            self.arbiter.heard(name, frame)
                         await self._serve(link)
             except (TandemError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("peer link to %s failed: %r", name, exc)
@@ -257,7 +259,9 @@ class PeerManager:
                 return
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
-                                  client_address=self._client_address()))
+                                  client_address=self._client_address(), epoch=self.epoch))
+            if self.arbiter is not None:
+                self.arbiter.heard(frame.node, frame)
             await self._serve(link)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
             log.debug("peer link from %s failed: %r", link.name, exc)

@@ -544,6 +544,7 @@ class PeerHello(Frame):
     priority: int
     votes: int
     client_address: str = ""  # host:port clients reach this node at
+    epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -555,6 +556,7 @@ class PeerWelcome(Frame):
     priority: int
     votes: int
     client_address: str = ""
+    epoch: int = 0  # as PeerHello's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

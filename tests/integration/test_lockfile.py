@@ -31,10 +31,16 @@ LEASE = "1.0"
 
 @asynccontextmanager
 async def lock_pair(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    """Two nodes, one lock file, every link behind a fault proxy; in step (ACTIVE/PASSIVE)."""
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, proxied=True,
-                      extra_args=[*FAST, "--arbiter", "lockfile", "--lockfile", str(tmp_path / "gateway" / "tandem.lock"),
-                                  "--lease", LEASE])
+    """Two nodes, one lock file, every link behind a fault proxy; in step (ACTIVE/PASSIVE).
+    Each node reaches the gateway's directory through a mount point of its own (a symlink,
+    ``mount-NODE``), which :func:`cut_gateway` takes away."""
+    (tmp_path / "gateway").mkdir()
+    args: dict[str, list[str]] = {}
+    for name in ("node1", "node2"):
+        (tmp_path / f"mount-{name}").symlink_to(tmp_path / "gateway")
+        args[name] = ["--lockfile", str(tmp_path / f"mount-{name}" / "tandem.lock")]
+    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, proxied=True, node_args=args,
+                      extra_args=[*FAST, "--arbiter", "lockfile", "--lease", LEASE])
     await cl.start()
     try:
         await wait_states(cl, {"ACTIVE", "PASSIVE"})
@@ -81,6 +87,13 @@ def holder_of(sts: dict[str, StatusOk]) -> str:
     serving = [n for n, st in sts.items() if st.ha_state in ("STANDALONE", "ACTIVE_SYNC", "ACTIVE")]
     assert len(serving) == 1, {n: st.ha_state for n, st in sts.items()}
     return serving[0]
+
+
+def cut_gateway(tmp_path: Path, name: str) -> None:
+    """Node ``name`` loses the gateway: its mount point leads nowhere (a dead NFS mount)."""
+    mount = tmp_path / f"mount-{name}"
+    mount.unlink()
+    mount.symlink_to(tmp_path / "unreachable")
 
 
 def peer_proxies(cl: LocalCluster) -> list[FaultProxy]:
@@ -314,3 +327,30 @@ async def test_status_shows_the_ha_state_epoch_and_holder(tmp_path: Path) -> Non
             d = json.loads(out)
             want = "ACTIVE" if name == holder else "PASSIVE"
             assert (d["arbiter"], d["ha_state"], d["epoch"], d["lock_holder"]) == ("lockfile", want, 1, holder), d
+
+
+async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_over(tmp_path: Path) -> None:
+    async with lock_pair(tmp_path) as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("orders", partitions=3)
+        sts = await statuses(cl)
+        holder = holder_of(sts)
+        other = next(n for n in cl.nodes if n != holder)
+        load = Load(cl.url, "orders")
+        load.start()
+        await wait_until(lambda: len(load.confirmed) >= 300, timeout=60, what="300 confirms before the cut")
+        cut_at = time.monotonic()
+        cut_gateway(tmp_path, holder)
+        await wait_states(cl, {"ACTIVE"}, names=[other])
+        sts = await wait_states(cl, {"PASSIVE"}, names=[holder])
+        assert sts[holder].lock_holder == other and sts[other].epoch == sts[holder].epoch == 2
+        mark = len(load.confirmed)
+        await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what=f"confirms from {other}")
+        await load.finish()
+        gap, took = load.pause_after(cut_at)
+        consumed = load.consumed + await drain(cl.url_of(other), "orders")
+        v = classify(load.bodies, load.confirmed, consumed)
+        print(f"gateway cut from {holder}: {v.as_dict()} confirms resumed on {other} {took:.2f}s after the cut "
+              f"(longest gap {gap:.2f}s)")
+        assert "renewal failed" in cl.nodes[holder].log_text()
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v

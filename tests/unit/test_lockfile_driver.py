@@ -221,3 +221,13 @@ async def test_a_clean_stop_releases_the_lock_for_the_peer(tmp_path: Path) -> No
     assert p.d["a"].state == "DEAD"
     await p.step("b")
     assert p.d["b"].state == "STANDALONE" and p.d["b"].epoch == 2
+
+
+async def test_a_holder_learns_a_later_epoch_from_the_peer_links_handshake(tmp_path: Path) -> None:
+    from client.protocol.frames import PeerHello
+    p = Pair(tmp_path)
+    await p.step("a")
+    assert p.d["a"].state == "STANDALONE"
+    p.d["a"].heard("b", PeerHello(min_version=1, max_version=1, node="b", store_stamp="s", priority=1, votes=1,
+                                  epoch=5))
+    assert p.d["a"].state == "WAITING" and p.d["a"].epoch == 5
