@@ -354,3 +354,39 @@ async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_o
               f"(longest gap {gap:.2f}s)")
         assert "renewal failed" in cl.nodes[holder].log_text()
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+
+
+async def test_what_a_holder_confirmed_alone_is_lost_if_it_dies_before_the_link_heals_and_reported(
+        tmp_path: Path) -> None:
+    """The limit of two copies: cut from its peer, the holder confirms alone; killed then,
+    the other takes over without those writes (it warns that the holder had gone alone);
+    when the old holder comes back they are discarded there and reported (HA-1014)."""
+    async with lock_pair(tmp_path) as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("q", partitions=2)
+            await conn.producer("q").send_many([f"before-{i}".encode() for i in range(20)])
+        holder = holder_of(await statuses(cl))
+        other = next(n for n in cl.nodes if n != holder)
+        for px in peer_proxies(cl):
+            px.cut()
+        await wait_states(cl, {"STANDALONE", "WAITING"})
+        alone = [f"alone-{i}".encode() for i in range(20)]
+        async with await client.connect_link(cl.url_of(holder)) as conn:
+            await conn.producer("q").send_many(alone)
+        record = tmp_path / "gateway" / "tandem.lock.epoch"
+        await wait_until(lambda: json.loads(record.read_text())["alone"], timeout=10,
+                         what="the lock record to say the holder confirms alone")
+        await cl.nodes[holder].kill()
+        await wait_states(cl, {"STANDALONE"}, names=[other])
+        assert "it had confirmed writes alone" in cl.nodes[other].log_text()
+        for px in peer_proxies(cl):
+            px.heal()
+        await cl.nodes[holder].start()
+        await wait_states(cl, {"ACTIVE"}, names=[other])
+        sts = await wait_states(cl, {"PASSIVE"}, names=[holder])
+        assert sts[holder].discarded_messages == len(alone), sts[holder].events
+        assert any("HA-1014" in e for e in sts[holder].events)
+        consumed = await drain(cl.url_of(other), "q")
+        before = [f"before-{i}".encode() for i in range(20)]
+        v = classify(before + alone, before + alone, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (len(alone), 0, 0), v
