@@ -310,6 +310,9 @@ class Node:
             rep.priority = value
             log.warning("PRIORITY SET by %s on node %s: %d -> %d", by, self.config.name, old, value)
         elif name == "designated_primary":
+            if self.config.arbiter != "majority":
+                raise InvalidArgumentError(f"designated_primary: not with arbiter = \"{self.config.arbiter}\" "
+                                           "(the arbiter decides who goes on alone)")
             if value not in (0, 1):
                 raise InvalidArgumentError("designated_primary: 1 (on) or 0 (off)")
             if value and len(rep.members) != 2:

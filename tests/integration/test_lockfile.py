@@ -19,7 +19,7 @@ import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy
-from client.errors import StaleDeliveryError, TandemError
+from client.errors import InvalidArgumentError, StaleDeliveryError, TandemError
 from client.protocol.frames import StatusOk
 from tests.conftest import FAST, PASSWORD
 from tests.helpers import wait_until
@@ -327,6 +327,9 @@ async def test_status_shows_the_ha_state_epoch_and_holder(tmp_path: Path) -> Non
             d = json.loads(out)
             want = "ACTIVE" if name == holder else "PASSIVE"
             assert (d["arbiter"], d["ha_state"], d["epoch"], d["lock_holder"]) == ("lockfile", want, 1, holder), d
+        async with await client.connect_link(cl.url_of(holder)) as conn:
+            with pytest.raises(InvalidArgumentError, match="arbiter decides"):
+                await conn.set_designated_primary(True)  # the lock decides who goes on alone
 
 
 async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_over(tmp_path: Path) -> None:
