@@ -15,7 +15,11 @@ Raft's safety rules with Qpid's preferences (docs/replication.md):
   steps down (a cut-off active stops taking writes); a replica's :class:`Alive`
   counts as word from it (its replies may wait for a slow disk; it is not cut off);
 * a replica that finds entries of a deposed term beyond the active's log
-  truncates them and reports ``HA-1014`` with the count.
+  truncates them and reports ``HA-1014`` with the count;
+* a *witness* (``ReplicaConfig.witnesses``) is a voter without data: it is sent
+  entry positions only, never stands, and the active counts it toward a commit only
+  while no other data voter is in sync (:meth:`Replica.witness_counts`), so while
+  both data nodes of a two-node group answer, every commit is on both.
 
 The driver calls :meth:`Replica.tick` with the time, :meth:`Replica.step` with
 each message, and :meth:`Replica.propose` for client writes on the active;
@@ -94,6 +98,7 @@ class Replica:
         self._deferring_until = -1.0
         self._stand_early_after = -1.0  # see _on_vote: a less recent candidate asked us
         self._active_seen = NEVER  # the last message this node took from an active (_follow)
+        self._heard_from: dict[str, float] = {}  # member -> when its last message arrived (any term)
         self._now = now
         fresh = term == 0 and not self.log and self.snap_index == 0 and not recovering
         self._election_at = first_election_at(config, now, self._timeout(), fresh, self.rng)
@@ -172,6 +177,30 @@ class Replica:
         if self.cfg.quorum() >= majority:
             return False
         return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
+
+    def witness_counts(self) -> bool:
+        """On the active: whether a witness's acknowledgement counts toward a commit now.
+
+        Only while no other data voter is in sync: one counts as in sync while it has sent
+        anything within the election timeout and either has every committed entry or has
+        not yet answered an append in this term.  So while the other data node answers,
+        every commit is on both data nodes (and the witness is sent positions only up to
+        the commit index, so its log is never ahead of that node's): whichever data node
+        dies, the other has every confirmed entry and the witness's vote elects it.  Once
+        the other is silent (or behind, catching up), the witness's acknowledgement makes
+        the majority: the entries are on this node's disk alone, and the witness's log,
+        ahead of the other's, stops that node from winning an election without them.
+        The rule only ever asks for more than a majority, never less: Raft's safety holds
+        as it is."""
+        cfg = self.cfg
+        for v in cfg.voters:
+            if v == self.id or v in cfg.witnesses:
+                continue
+            if self._now - self._heard_from.get(v, NEVER) >= cfg.election_timeout:
+                continue  # silent: down, or cut off from this node
+            if v not in self._tracker.acked or self._tracker.match.get(v, 0) >= self.commit:
+                return False
+        return True
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -287,6 +316,7 @@ class Replica:
         """A message from another replica, handed to its handler (``_HANDLERS``)."""
         handler = _HANDLERS.get(type(env.msg))
         if handler is not None:
+            self._heard_from[env.src] = self._now
             handler(self, env.msg)
         return self._take_ready()
 
@@ -399,6 +429,9 @@ class Replica:
     # -- replication --------------------------------------------------------------------------------
 
     def _send_append(self, p: str) -> None:
+        if p in self.cfg.witnesses:
+            self._send_append_to_witness(p)
+            return
         nxt = self._tracker.next.get(p, self.last_index + 1)
         if nxt <= self.snap_index:
             # The entries it needs are compacted: a snapshot (at most one per election
@@ -416,6 +449,34 @@ class Replica:
         prev = nxt - 1
         self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev), entries,
                                     self.commit))
+
+    def _send_limit(self, p: str) -> int:
+        """The last index ``p`` is sent now: a witness that does not count gets no further
+        than the commit index."""
+        if p in self.cfg.witnesses and not self.witness_counts():
+            return self.commit
+        return self.last_index
+
+    def _send_append_to_witness(self, p: str) -> None:
+        """The witness gets entry positions (term, index, origin, weak), never data, and
+        only up to the commit index while it does not count toward commits
+        (:meth:`witness_counts`); what it needs of the compacted log is the snapshot's
+        position alone."""
+        nxt = self._tracker.next.get(p, self.last_index + 1)
+        entries: tuple[Entry, ...] = ()
+        if nxt <= self.snap_index:
+            if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
+                self._send(p, InstallSnapshot(self.term, self.id, self.snap_index, self.snap_term,
+                                              self.snap_origin, b""))
+            nxt = self.snap_index + 1
+        else:
+            batch = self._log.slice(nxt, min(self._send_limit(p), nxt + 4 * self.cfg.max_append - 1))
+            if batch:
+                entries = tuple(Entry(e.term, e.index, None, e.origin, e.weak) for e in batch)
+                self._tracker.next[p] = entries[-1].index + 1
+        prev = nxt - 1
+        self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev),
+                                    entries, self.commit))
 
     def _follow(self, term: int, leader: str, recency: tuple[int, int]) -> bool:
         """A message from ``leader`` of ``term``: follow it, or refuse it (False)."""
@@ -552,7 +613,7 @@ class Replica:
             self._advance_commit()
             if m.replica == self._failback.handing_to:
                 self._hand_over_if_caught_up()
-            if self._tracker.next[m.replica] <= self.last_index:
+            if self._tracker.next[m.replica] <= self._send_limit(m.replica):
                 self._send_append(m.replica)
         else:
             self._send_append(m.replica)
@@ -570,10 +631,13 @@ class Replica:
         """The active's own write is part of every commit (a confirmed entry is on its disk,
         fsynced under SYNC), and with it a quorum of voters."""
         need = self.cfg.quorum()
+        voters = self.cfg.voters
+        if self.cfg.witnesses and not self.witness_counts():
+            voters = tuple(v for v in voters if v not in self.cfg.witnesses)
         for n in range(min(self.last_index, self._persisted), self.commit, -1):
             if self._log.term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
-            if self._tracker.holding(self.cfg.voters, self.id, self._persisted, n) >= need:
+            if self._tracker.holding(voters, self.id, self._persisted, n) >= need:
                 self.commit = n
                 break
 
