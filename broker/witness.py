@@ -188,7 +188,10 @@ class Witness:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._unknown_kinds: set[tuple[str, str]] = set()
+        self._votes: dict[Key, tuple[int, str]] = {}  # the vote last logged, per log
         self._delivery = _NoDelivery()
+        #: set when the witness cannot go on (its store failed): the process exits
+        self.failed = asyncio.Event()
 
     # -- what the peer links need (broker.peers.PeerHost) ----------------------------------------
 
@@ -265,6 +268,15 @@ class Witness:
         return r
 
     async def _work(self) -> None:
+        try:
+            await self._answer()
+        except (sqlite3.Error, OSError) as exc:
+            # Unanswered, the data nodes count this witness as silent: better gone than mute.
+            log.critical("witness %s: writing its votes failed (%s): it stops answering and exits",
+                         self.config.name, exc)
+            self.failed.set()
+
+    async def _answer(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -315,15 +327,21 @@ class Witness:
         if ready.append:
             ops.append(("append", key, list(ready.append)))
         if ready.hard_state is not None:
-            hs = ready.hard_state
-            ops.append(("hard", key, hs.term, hs.voted_for, hs.commit))
+            ops.append(("hard", key, ready.hard_state.term, ready.hard_state.voted_for, ready.hard_state.commit))
         if r.applied - r.snap_index >= COMPACT_EVERY:
             r.compact(r.applied)
             ops.append(("snapshot", key, r.snap_index, r.snap_term, r.snap_origin))
+        hs = ready.hard_state
+        if hs is not None and hs.voted_for is not None and self._votes.get(key) != (hs.term, hs.voted_for):
+            self._votes[key] = (hs.term, hs.voted_for)
+            log.info("log %s: vote for %s in term %d", _name(key), hs.voted_for, hs.term)
         for ev in ready.events:
             if isinstance(ev, EntriesDiscarded):
-                name = "catalogue" if key == CATALOGUE else f"{key[0]}/{key[1]}"
-                log.info("partition %s: %d entry positions from index %d dropped in term %d (never committed)",
-                         name, ev.count, ev.first_index, ev.term)
+                log.info("log %s: %d entry positions from index %d dropped in term %d (never committed)",
+                         _name(key), ev.count, ev.first_index, ev.term)
         for env in ready.messages:
             out.setdefault(env.dst, []).append([key[0], key[1], encode_message(env.msg)])
+
+
+def _name(key: Key) -> str:
+    return "catalogue" if key == CATALOGUE else f"{key[0]}/{key[1]}"

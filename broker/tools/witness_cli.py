@@ -82,7 +82,11 @@ async def _serve(cfg: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    logging.getLogger("tandem.ha.witness").info("signal received: shutting down")
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(w.failed.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for t in waits:
+        t.cancel()
+    if not w.failed.is_set():
+        logging.getLogger("tandem.ha.witness").info("signal received: shutting down")
     await w.stop()
-    return 0
+    return 1 if w.failed.is_set() else 0
