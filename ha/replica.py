@@ -351,6 +351,16 @@ class Replica:
                 self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
 
     def _on_vote(self, m: RequestVote) -> None:
+        if (m.term > self.term and self.id in self.cfg.witnesses and self.leader is not None
+                and self._now - self._active_seen < self.cfg.election_timeout
+                and (m.last_term, m.last_index) < self._log.recency()):
+            # A witness that hears from an active refuses a candidate whose log is behind the
+            # positions it holds without taking up its term: that candidate could not win,
+            # and the term, carried to the active in the witness's replies, would depose it
+            # for nothing, once every election timeout (a data node cut off from the
+            # active, and only from it, would stand again and again).
+            self._send(m.candidate, VoteReply(self.term, self.id, False))
+            return
         if m.term > self.term:
             self._observe_term(m.term)
         et, now = self.cfg.election_timeout, self._now

@@ -49,7 +49,7 @@ def test_the_witness_votes_once_per_term_and_only_for_a_log_as_recent_as_the_pos
     r.step(Envelope("a", "w", AppendEntries(1, "a", 0, 0, "", tuple(Entry(1, i, None, "a") for i in (1, 2, 3)), 2)))
     assert r.last_index == 3 and all(e.data is None for e in r.log)
     # b's log stops at 2: refused (entry 3 may be confirmed with the witness's ack alone)
-    assert votes(r, Envelope("b", "w", RequestVote(2, "b", 2, 1, 2))) == [VoteReply(2, "w", False)]
+    assert votes(r, Envelope("b", "w", RequestVote(2, "b", 2, 1, 2))) == [VoteReply(1, "w", False)]
     # a's log is as recent: granted, and only once in the term
     assert votes(r, Envelope("a", "w", RequestVote(3, "a", 3, 1, 2))) == [VoteReply(3, "w", True)]
     assert votes(r, Envelope("b", "w", RequestVote(3, "b", 3, 1, 2))) == [VoteReply(3, "w", False)]
@@ -210,3 +210,21 @@ def test_after_faults_heal_a_data_node_is_active_and_both_catch_up(seed: int) ->
     assert len(c.confirmed) >= before + 5, f"seed {5000 + seed}: writes did not commit"
     _run(c, 3.0, writes=False)
     assert c.stable["a"].state == c.stable["b"].state, f"seed {5000 + seed}: a data node did not catch up"
+
+
+def test_a_witness_hearing_from_an_active_ignores_the_term_of_a_candidate_that_could_not_win() -> None:
+    r = witness()
+    r.tick(0.0)
+    r.step(Envelope("a", "w", AppendEntries(3, "a", 0, 0, "", tuple(Entry(3, i, None, "a") for i in (1, 2)), 1)))
+    r.tick(0.3)
+    # b, cut off from a, stands with a log behind: refused, and the term stays (a is not deposed)
+    assert votes(r, Envelope("b", "w", RequestVote(9, "b", 1, 3, 2))) == [VoteReply(3, "w", False)]
+    assert r.term == 3 and r.leader == "a"
+    # as recent (a hand-over, or a's entries reached b): the term is taken up, the vote granted
+    assert votes(r, Envelope("b", "w", RequestVote(10, "b", 2, 3, 2))) == [VoteReply(10, "w", True)]
+    # once a has been silent for an election timeout, a candidate's term is taken up even if refused
+    r2 = witness()
+    r2.step(Envelope("a", "w", AppendEntries(3, "a", 0, 0, "", (Entry(3, 1, None, "a"),), 0)))
+    r2.tick(1.5)
+    assert votes(r2, Envelope("b", "w", RequestVote(9, "b", 0, 0, 2))) == [VoteReply(9, "w", False)]
+    assert r2.term == 9

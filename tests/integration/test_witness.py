@@ -20,6 +20,7 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster, free_ports
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import DrillConfig
+from broker.tools.faults import FaultProxy
 from broker.tools.witness_process import WitnessProcess
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
@@ -32,21 +33,29 @@ QUEUE = "drill"
 
 
 @asynccontextmanager
-async def witnessed_pair(tmp_path: Path) -> AsyncIterator[tuple[LocalCluster, WitnessProcess]]:
-    """node1, node2 (arbiter witness) and w1, quick to notice a dead member; stopped after."""
+async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None
+                         ) -> AsyncIterator[tuple[LocalCluster, WitnessProcess]]:
+    """node1, node2 (arbiter witness) and w1, quick to notice a dead member; stopped after.
+    ``link``: a proxy (not started) that the data nodes' link goes through."""
     wport = free_ports(1)[0]
     cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, "--arbiter", "witness", "--witness", f"w1=127.0.0.1:{wport}"])
     w = WitnessProcess(tmp_path / "w1", name="w1", peer_port=wport,
                        peers=[f"{n}=127.0.0.1:{p}" for n, p in cl.peer_ports.items()], extra_args=FAST)
-    await w.start()
     try:
+        if link is not None:
+            link.target = ("127.0.0.1", cl.peer_ports["node2"])
+            await link.start()
+            cl.route("node1", "node2", link.address)  # node1 dials node2 (the lower name dials)
+        await w.start()
         await cl.start()
         await cl.wait_ready()
         yield cl, w
     finally:
         await cl.stop()
         await w.stop()
+        if link is not None:
+            await link.stop()
 
 
 class ActiveWatch:
@@ -211,6 +220,61 @@ async def test_after_commits_with_the_witness_alone_the_stale_node_does_not_serv
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
 
 
+async def _stable_for(cl: LocalCluster, want: dict[int, str], seconds: float) -> bool:
+    """Whether the actives stay ``want`` (and their terms do not move) for ``seconds``."""
+    start = time.monotonic()
+    terms = {p.partition: p.term for _n, st in await cl._statuses() for p in st.partitions
+             if p.queue == QUEUE and p.role == "active"}
+    while time.monotonic() - start < seconds:
+        now = {p.partition: p.term for _n, st in await cl._statuses() for p in st.partitions
+               if p.queue == QUEUE and p.role == "active"}
+        if await cl.actives(QUEUE) != want or now != terms:
+            want.clear()
+            want.update(await cl.actives(QUEUE))
+            return False
+        await asyncio.sleep(0.05)  # sampling that the actives stay put, over a fixed window
+    return True
+
+
 async def _active_set(cl: LocalCluster, queue: str, nodes: set[str]) -> bool:
     act = await cl.actives(queue)
     return bool(act) and set(act.values()) == nodes and len(act) == 2
+
+
+async def test_cutting_the_link_between_the_data_nodes_keeps_one_active_per_partition_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """Both data nodes reach the witness but not each other: each partition has one active
+    (the witness votes once per term, and does not let the node that cannot win depose the
+    one that can), and after the heal every confirmed message is consumed.  (Clients still
+    reach both nodes meanwhile, and a node forwards what it is not active for over the cut
+    link: they wait for the heal.  That is the client side of a partial cut, not the witness's.)"""
+    px = FaultProxy(("127.0.0.1", 1))
+    async with witnessed_pair(tmp_path, px) as (cl, _w):
+        partitions = 4
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=partitions)
+        await wait_until(lambda: _all_active(cl, QUEUE, partitions), timeout=30, what="an active for each partition")
+        watch = ActiveWatch(cl, QUEUE)
+        cfg = DrillConfig(scenario="partition-active", nodes=2, partitions=partitions, producers=2, consumers=2,
+                          messages=4000, window=32, timeout=150)
+        load = Load(cl, cfg, 1, random.Random(11), SYSTEM_CLOCK, queue=QUEUE)
+
+        async def cut_and_heal() -> None:
+            px.cut()
+            await wait_until(lambda: _remote_state(cl, "node1", "node2", "Down"), timeout=10, what="node2 Down")
+            await wait_until(lambda: _all_active(cl, QUEUE, partitions), timeout=30,
+                             what="an active for each partition while the data nodes are cut apart")
+            settled = await cl.actives(QUEUE)
+            await wait_until(lambda: _stable_for(cl, settled, 3 * 0.5), timeout=30,
+                             what="the same actives for three election timeouts")
+            px.heal()
+
+        await load.go(cut_and_heal, time.monotonic() + cfg.timeout)
+        await watch.stop()
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"data link cut: {v.as_dict()} failed sends {load.failed}, {watch.rounds} status rounds, "
+              f"violations {watch.violations}")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert v.confirmed == cfg.messages and load.failed == 0, v
+        assert not [x for x in watch.violations if "term" in x], watch.violations
+        assert not watch.violations, watch.violations
