@@ -278,3 +278,43 @@ async def test_cutting_the_link_between_the_data_nodes_keeps_one_active_per_part
         assert v.confirmed == cfg.messages and load.failed == 0, v
         assert not [x for x in watch.violations if "term" in x], watch.violations
         assert not watch.violations, watch.violations
+
+
+async def test_a_killed_data_node_restarts_catches_up_and_takes_its_partitions_back(tmp_path: Path) -> None:
+    """kill -9 of a data node under load, then its restart: it catches up from the survivor
+    (the witness holds no data to give), failback hands it its partitions again, and every
+    confirmed message is consumed exactly once."""
+    async with witnessed_pair(tmp_path) as (cl, _w):
+        partitions = 4
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=partitions)
+        await wait_until(lambda: _all_active(cl, QUEUE, partitions), timeout=30, what="an active for each partition")
+        placed = await cl.actives(QUEUE)
+        victim = placed[0]
+        watch = ActiveWatch(cl, QUEUE)
+        cfg = DrillConfig(scenario="kill-active", nodes=2, partitions=partitions, producers=2, consumers=2,
+                          messages=6000, window=32, timeout=150)
+        load = Load(cl, cfg, 1, random.Random(5), SYSTEM_CLOCK, queue=QUEUE)
+
+        async def kill_and_restart() -> None:
+            await cl.nodes[victim].kill()
+            await wait_until(lambda: _without(cl, victim, partitions), timeout=30, what="failover")
+            await cl.nodes[victim].start()
+            await wait_until(lambda: _back(cl, placed), timeout=60, what=f"failback to {victim}")
+
+        await load.go(kill_and_restart, time.monotonic() + cfg.timeout)
+        await watch.stop()
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"kill -9 {victim}, restart, failback: {v.as_dict()} failed sends {load.failed}")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert load.failed == 0, v
+        assert not watch.violations, watch.violations
+
+
+async def _without(cl: LocalCluster, victim: str, partitions: int) -> bool:
+    act = await cl.actives(QUEUE)
+    return len(act) == partitions and victim not in act.values()
+
+
+async def _back(cl: LocalCluster, placed: dict[int, str]) -> bool:
+    return await cl.actives(QUEUE) == placed
