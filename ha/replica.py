@@ -18,8 +18,7 @@ Raft's safety rules with Qpid's preferences (docs/replication.md):
   truncates them and reports ``HA-1014`` with the count;
 * a *witness* (``ReplicaConfig.witnesses``) is a voter without data: it is sent
   entry positions only, never stands, and the active counts it toward a commit only
-  while no other data voter is in sync (:meth:`Replica.witness_counts`), so while
-  both data nodes of a two-node group answer, every commit is on both.
+  while no other data voter is in sync (:mod:`ha.witness`).
 
 The driver calls :meth:`Replica.tick` with the time, :meth:`Replica.step` with
 each message, and :meth:`Replica.propose` for client writes on the active;
@@ -39,6 +38,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from ha import witness
 from ha.failback import Failback
 from ha.log import EntryLog
 from ha.messages import (
@@ -179,28 +179,9 @@ class Replica:
         return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
 
     def witness_counts(self) -> bool:
-        """On the active: whether a witness's acknowledgement counts toward a commit now.
-
-        Only while no other data voter is in sync: one counts as in sync while it has sent
-        anything within the election timeout and either has every committed entry or has
-        not yet answered an append in this term.  So while the other data node answers,
-        every commit is on both data nodes (and the witness is sent positions only up to
-        the commit index, so its log is never ahead of that node's): whichever data node
-        dies, the other has every confirmed entry and the witness's vote elects it.  Once
-        the other is silent (or behind, catching up), the witness's acknowledgement makes
-        the majority: the entries are on this node's disk alone, and the witness's log,
-        ahead of the other's, stops that node from winning an election without them.
-        The rule only ever asks for more than a majority, never less: Raft's safety holds
-        as it is."""
-        cfg = self.cfg
-        for v in cfg.voters:
-            if v == self.id or v in cfg.witnesses:
-                continue
-            if self._now - self._heard_from.get(v, NEVER) >= cfg.election_timeout:
-                continue  # silent: down, or cut off from this node
-            if v not in self._tracker.acked or self._tracker.match.get(v, 0) >= self.commit:
-                return False
-        return True
+        """On the active: whether a witness's acknowledgement counts toward a commit now
+        (:func:`ha.witness.counts`)."""
+        return witness.counts(self.cfg, self.id, self._now, self._heard_from, self._tracker, self.commit)
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -351,15 +332,10 @@ class Replica:
                 self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
 
     def _on_vote(self, m: RequestVote) -> None:
-        if (m.term > self.term and self.id in self.cfg.witnesses and self.leader is not None
-                and self._now - self._active_seen < self.cfg.election_timeout
-                and (m.last_term, m.last_index) < self._log.recency()):
-            # A witness that hears from an active refuses a candidate whose log is behind the
-            # positions it holds without taking up its term: that candidate could not win,
-            # and the term, carried to the active in the witness's replies, would depose it
-            # for nothing, once every election timeout (a data node cut off from the
-            # active, and only from it, would stand again and again).
-            self._send(m.candidate, VoteReply(self.term, self.id, False))
+        if witness.ignores_term(self.cfg, self.id, m, term=self.term, recency=self._log.recency(),
+                                active_heard=(self.leader is not None and
+                                              self._now - self._active_seen < self.cfg.election_timeout)):
+            self._send(m.candidate, VoteReply(self.term, self.id, False))  # (ha.witness)
             return
         if m.term > self.term:
             self._observe_term(m.term)
@@ -482,7 +458,7 @@ class Replica:
         else:
             batch = self._log.slice(nxt, min(self._send_limit(p), nxt + 4 * self.cfg.max_append - 1))
             if batch:
-                entries = tuple(Entry(e.term, e.index, None, e.origin, e.weak) for e in batch)
+                entries = witness.positions(batch)
                 self._tracker.next[p] = entries[-1].index + 1
         prev = nxt - 1
         self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev),
