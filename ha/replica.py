@@ -337,6 +337,7 @@ class Replica:
                                               self._now - self._active_seen < self.cfg.election_timeout)):
             self._send(m.candidate, VoteReply(self.term, self.id, False))  # (ha.witness)
             return
+        deposed = self.leader if m.term > self.term else None
         if m.term > self.term:
             self._observe_term(m.term)
         et, now = self.cfg.election_timeout, self._now
@@ -350,6 +351,8 @@ class Replica:
             self.voted_for = m.candidate
             self._hard_state_changed()
             self._election_at = now + self._timeout()
+            if deposed is not None and witness.tells_deposed(self.cfg, self.id, deposed, m.candidate):
+                self._send(deposed, AppendReply(self.term, self.id, False, 0))
         elif answer is Ballot.REFUSE_AND_STAND:
             self._election_at = now
             self._deferring_until = now + 2 * et

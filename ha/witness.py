@@ -20,6 +20,10 @@ judge a candidate's recency (Raft's vote rule) and nothing else; it never stands
   the witness's replies, would depose the active for nothing, once every election
   timeout (a data node cut off from the active, and only from it, stands again and
   again).  Refusing a vote is always safe.
+* **Whom it tells** (:func:`tells_deposed`): granting a vote in a higher term, a witness
+  tells the active it was following at once (a reply in the new term, which makes it
+  step down), not at that active's next heartbeat: the old active stops serving about
+  when the new one is elected, before the new one has committed its first entry.
 """
 
 from __future__ import annotations
@@ -58,3 +62,9 @@ def ignores_term(cfg: ReplicaConfig, me: str, m: RequestVote, *, term: int, acti
     without taking up its term."""
     return (me in cfg.witnesses and m.term > term and active_heard
             and (m.last_term, m.last_index) < recency)
+
+
+def tells_deposed(cfg: ReplicaConfig, me: str, deposed: str, candidate: str) -> bool:
+    """Whether witness ``me``, granting ``candidate`` its vote in a term after that of the
+    active ``deposed`` it followed, tells ``deposed`` at once."""
+    return me in cfg.witnesses and deposed not in (me, candidate)

@@ -228,3 +228,12 @@ def test_a_witness_hearing_from_an_active_ignores_the_term_of_a_candidate_that_c
     r2.tick(1.5)
     assert votes(r2, Envelope("b", "w", RequestVote(9, "b", 0, 0, 2))) == [VoteReply(9, "w", False)]
     assert r2.term == 9
+
+
+def test_a_witness_granting_a_vote_tells_the_active_it_followed_at_once() -> None:
+    r = witness()
+    r.step(Envelope("a", "w", AppendEntries(3, "a", 0, 0, "", (Entry(3, 1, None, "a"),), 1)))
+    r.tick(0.1)
+    ready = r.step(Envelope("b", "w", RequestVote(4, "b", 1, 3, 2)))  # as recent: granted
+    sent = {(e.dst, type(e.msg).__name__, e.msg.term) for e in ready.messages}
+    assert sent == {("b", "VoteReply", 4), ("a", "AppendReply", 4)}
