@@ -318,3 +318,22 @@ async def _without(cl: LocalCluster, victim: str, partitions: int) -> bool:
 
 async def _back(cl: LocalCluster, placed: dict[int, str]) -> bool:
     return await cl.actives(QUEUE) == placed
+
+
+async def test_kill_9_of_the_witness_under_load_changes_nothing_for_the_data_nodes(tmp_path: Path) -> None:
+    async with witnessed_pair(tmp_path) as (cl, w):
+        partitions = 4
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=partitions)
+        await wait_until(lambda: _all_active(cl, QUEUE, partitions), timeout=30, what="an active for each partition")
+        placed = await cl.actives(QUEUE)
+        cfg = DrillConfig(scenario="kill-replica", nodes=2, partitions=partitions, producers=2, consumers=2,
+                          messages=3000, window=32, timeout=120)
+        load = Load(cl, cfg, 1, random.Random(3), SYSTEM_CLOCK, queue=QUEUE)
+        await load.go(w.kill, time.monotonic() + cfg.timeout)
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"kill -9 w1: {v.as_dict()} failed sends {load.failed}, longest confirm wait {max(load.waits):.2f}s")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert load.failed == 0 and await cl.actives(QUEUE) == placed
+        await wait_until(lambda: _remote_state(cl, "node1", "w1", "Down"), timeout=10, what="w1 Down")
+        assert (await cl.status("node1")).quorum_state == "Partial"
