@@ -25,6 +25,7 @@ data nodes are up.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import random
 import sqlite3
@@ -107,6 +108,13 @@ class WitnessStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # one witness per data dir: two would each vote once per term, together twice
+        self._lock = open(path.with_suffix(".lock"), "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise ConfigError(f"data dir {path.parent}: another witness is running on it") from None
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")
@@ -162,6 +170,7 @@ class WitnessStore:
 
     def close(self) -> None:
         self._db.close()
+        self._lock.close()
 
 
 class _NoDelivery:
@@ -187,6 +196,7 @@ class Witness:
         self._pending: deque[tuple[str, bytes]] = deque()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._writing: asyncio.Future[None] | None = None  # the store write in flight (on a thread)
         self._unknown_kinds: set[tuple[str, str]] = set()
         self._votes: dict[Key, tuple[int, str]] = {}  # the vote last logged, per log
         self._delivery = _NoDelivery()
@@ -244,6 +254,12 @@ class Witness:
                 pass
         if self.peers is not None:
             await self.peers.stop()
+        if self._writing is not None:
+            try:
+                await self._writing
+            except (sqlite3.Error, OSError) as exc:
+                # its answers never went out: no data node counts on what it did not write
+                log.error("witness %s: writing its votes failed while stopping: %s", self.config.name, exc)
         if self._store is not None:
             self._store.close()
         log.info("witness %s stopped", self.config.name)
@@ -291,7 +307,11 @@ class Witness:
                         r.tick(now)
                     self._carry_out(key, r, r.step(Envelope(src, self.config.name, msg)), ops, out)
             if ops and self._store is not None:
-                await asyncio.to_thread(self._store.write, ops)  # on disk before any answer goes
+                # on disk before any answer goes; shielded: a stop waits for it (stop()) rather
+                # than close the store under the thread still writing
+                self._writing = asyncio.ensure_future(asyncio.to_thread(self._store.write, ops))
+                await asyncio.shield(self._writing)
+                self._writing = None
             peers = self.peers
             for dst, items in out.items():
                 link = peers.links.get(dst) if peers is not None else None

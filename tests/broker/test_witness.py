@@ -54,3 +54,11 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_one_witness_per_data_dir(tmp_path: Path) -> None:
+    s = WitnessStore(tmp_path / "witness.db")
+    with pytest.raises(ConfigError, match="another witness is running on it"):
+        WitnessStore(tmp_path / "witness.db")
+    s.close()
+    WitnessStore(tmp_path / "witness.db").close()
