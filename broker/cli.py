@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from broker.config import NodeConfig, build_config, load_toml
+from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.tools import cluster_up, commands, status, witness_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
@@ -98,7 +98,11 @@ async def _serve(config: NodeConfig) -> int:
     pw_file = node.data_path / "admin-password"
     print(f"Tandem node {config.name} is up", flush=True)
     print(f"  client URL : tandem://admin@{host}:{port}", flush=True)
-    print(f"  data       : {node.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
+    if config.mode == "shared":
+        print(f"  database   : {redact_url(config.database or '')} (shared mode, sync={config.sync.value})",
+              flush=True)
+    else:
+        print(f"  data       : {node.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
     if node.console is not None:
         print(f"  console    : {node.console.url}", flush=True)
     if pw_file.exists():

@@ -5,7 +5,7 @@ in.  They propose a partition's write ops and learn, through a callback, when th
 committed (``None``) or refused (a :class:`~client.errors.TandemError` the client can act
 on: ``NotActiveError`` when this node no longer serves the partition, ``UnavailableError``
 without quorum); they ask which partitions this node serves and who serves the others.
-docs/architecture.md ("The commit path") states the contract; two implementations exist:
+docs/architecture.md ("The commit path") states the contract; three implementations exist:
 
 * :class:`LocalCommitPath`: a node on its own.  It serves every partition; ops go to the
   store's group-commit writer, fsynced per the node's durability policy.
@@ -13,9 +13,9 @@ docs/architecture.md ("The commit path") states the contract; two implementation
   ops commit once a quorum of the partition's voters has them; partitions are served by
   their elected active.
 
-A shared-database group is a third implementation of the same protocol: the lock holder
-serves every partition and commits to the one database, each transaction fenced by its
-activation epoch.
+* ``broker.shared.SharedCommitPath``: a shared-mode group (one database).  The lease holder
+  serves every partition and commits to the database through its store writer, each
+  transaction fenced by its activation epoch.
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@ class LockFileDriver:
         self.lease = config.lease
         self.clock = clock
         self.arbiter = LockArbiter(self.me, lease=config.lease)
+        self._warned_alone = -1  # the epoch of the last record we refused because its holder went alone
         self.file = LockFile(config.lockfile, self.me, lease=config.lease, flock_timeout=min(config.lease / 4, 1.0))
         self.replication = replication
         self.peers = peers
@@ -229,7 +230,8 @@ class LockFileDriver:
                 async with self.clock.timeout(self.lease):
                     released = await self._call(self.file.release, epoch)
                 log.info("LockFile released node=%s epoch=%d%s", self.me, epoch, "" if released else
-                         " (the record no longer named this node)")
+                         " (not released: the record no longer names this node, or this node confirmed "
+                         "writes alone and keeps it until it is back)")
             except (LockFileError, TimeoutError) as exc:
                 log.warning("LockFile not released node=%s epoch=%d: %s (the peer takes over once the lease "
                             "runs out)", self.me, epoch, exc)
@@ -240,7 +242,9 @@ class LockFileDriver:
     def _start_file_call(self, now: float) -> None:
         a = self.arbiter
         if a.state in SERVING:
-            epoch, alone = a.epoch, a.state is HaState.STANDALONE
+            # alone until the peer is in step again: in ACTIVE_SYNC it still lacks what was
+            # confirmed without it (the record then keeps the other from taking over)
+            epoch, alone = a.epoch, a.state in (HaState.STANDALONE, HaState.ACTIVE_SYNC)
             self._launch(self._call(self.file.renew, epoch, alone=alone),
                          lambda res: self._renewed(epoch, now, res))
         elif a.wants_lock:
@@ -296,6 +300,13 @@ class LockFileDriver:
         self._last_error = ""
         self._see(res.record)
         if not res.taken:
+            rec = res.record
+            if rec.alone and rec.holder not in (None, self.me) and self._warned_alone != rec.epoch:
+                self._warned_alone = rec.epoch
+                log.error("LockFile: %s confirmed writes alone under epoch %d (its peer was gone), which %s may "
+                          "not have: %s does not take the lock over, so nothing confirmed is lost. Start %s "
+                          "again; or, to serve without those writes, remove %s while no node runs", rec.holder,
+                          rec.epoch, self.me, self.me, rec.holder, self.file.record_path)
             return
         prev = res.previous
         if a.state is not HaState.WAITING:
@@ -313,9 +324,7 @@ class LockFileDriver:
         self.lock_holder = self.me
         if prev.holder not in (None, self.me):
             log.warning("LockFile taken over from %s (epoch %d, its lease ran out %.2fs ago on the gateway's "
-                        "clock)%s", prev.holder, prev.epoch, (prev.age or 0.0) - self.lease,
-                        ": it had confirmed writes alone; those it confirmed since the link was lost may be "
-                        "missing here (HA-1014 when it rejoins)" if prev.alone else "")
+                        "clock)", prev.holder, prev.epoch, (prev.age or 0.0) - self.lease)
         self._apply(changes)
 
     def _read(self, res: Record | BaseException) -> None:
@@ -363,6 +372,8 @@ class LockFileDriver:
                 self.peers.report(self.peers.membership.set_designated_primary(serving))
             self.replication.arbitrate(serving, c.present is HaState.STANDALONE,
                                        f"LockFile {c.previous.value} -> {c.present.value}: {c.reason}")
+            if c.present is HaState.ACTIVE:
+                self._next_file_at = 0.0  # renew now: the record stops saying "alone" at once
         self.peers.epoch = self.arbiter.seen_epoch
         if changes:
             beat = self.heartbeat()

@@ -9,8 +9,10 @@ sections, and the lease lives in a *record* beside it, ``PATH.epoch``::
 
 ``holder`` null: released (a clean stop), free to take at once.  ``epoch`` grows by one at
 every acquisition; ``renewal`` by one at every renewal; ``alone``: the holder confirms
-writes without its peer (STANDALONE), so a taker knows that what it has may be older than
-what the holder confirmed.  The record is written whole to a temporary file, fsynced,
+writes without its peer (STANDALONE): what it confirmed may be missing on the other node,
+so the other never takes such a record over, and the holder keeps it at a clean stop;
+only the holder serves again (an operator who accepts losing those writes removes the
+record).  The record is written whole to a temporary file, fsynced,
 renamed over the old one and the directory fsynced: a reader sees the old record or the
 new one, never a torn one.
 
@@ -101,6 +103,8 @@ class LockFile:
         self.record_path = self.path.with_name(self.path.name + ".epoch")
         self._probe_path = self.path.with_name(f"{self.path.name}.probe-{node}")
         self._tmp_path = self.path.with_name(f"{self.path.name}.epoch.tmp-{node}")
+        self._renewed = (0, 0)  # (epoch, last renewal number) this node wrote
+        self._mtime = 0.0  # of the record at the last read (the gateway's clock)
         # a real flock, kept on one pathname (no soft marker that kill -9 would leave behind)
         self._flock = filelock.FileLock(str(self.path), timeout=flock_timeout, thread_local=False,
                                         preserve_lock_file=True)
@@ -114,39 +118,67 @@ class LockFile:
 
     def renew(self, epoch: int, *, alone: bool) -> Record:
         """Renew this node's lease under ``epoch``; the record written.  LockFileError if the
-        record no longer names this node and epoch (the lock is lost) or on any error."""
+        record no longer names this node and epoch (the lock is lost) or on any error.
+
+        Only the holder writes renewals of its epoch, so it numbers them itself and the new
+        record is written and fsynced *before* the flock is taken: under the flock there is
+        a read and a rename, no fsync (a holder stopped there blocks every takeover)."""
+        if self._renewed[0] != epoch:
+            self._renewed = (epoch, self.read_unlocked().renewal)
+        new = Record(self.node, epoch, self._renewed[1] + 1, alone)
+        self._prepare(new)
         with self._locked("renew"):
             rec = self._read(with_age=False)
             if rec.holder != self.node or rec.epoch != epoch:
                 raise LockFileError(f"the lock record names {rec.holder or 'nobody'} with epoch {rec.epoch}, "
                                     f"not {self.node} with epoch {epoch}")
-            new = Record(self.node, epoch, rec.renewal + 1, alone)
-            self._write(new)
-            return new
+            self._commit()
+        self._renewed = (epoch, new.renewal)
+        self._sync_dir()
+        return new
+
+    def read_unlocked(self) -> Record:
+        """The record as it is now, without the flock (a hint: a rename makes every read
+        see a whole record)."""
+        return self._read(with_age=False)
 
     def try_take(self, stale: tuple[str | None, int, int] | None) -> Taken:
         """Take the lock if it is free, or if its record still is ``stale`` (the key the
         caller has seen unchanged for over ``lease``) and is older than ``lease`` on the
         gateway's clock.  The record written names this node with the next epoch."""
+        # what would be written, written and fsynced before the flock (see renew); and the
+        # gateway's "now" read before it too: an earlier now makes the age smaller (safe)
+        hint = self.read_unlocked()
+        new = Record(self.node, hint.epoch + 1, 0, False)
+        self._prepare(new)
+        now = self._probe_now()
         with self._locked("take"):
-            rec = self._read(with_age=True)
+            rec = self._read(with_age=False)
+            rec = Record(rec.holder, rec.epoch, rec.renewal, rec.alone, now - self._mtime)
+            if rec.alone and rec.holder not in (None, self.node):
+                # the holder confirmed writes this node may not have (its peer was gone): only
+                # it may serve again, or an operator who accepts the loss (remove the record)
+                return Taken(False, rec, rec)
             free = rec.holder is None or rec.holder == self.node
             expired = (stale is not None and rec.key == stale and rec.age is not None and rec.age > self.lease)
-            if not (free or expired):
+            if not (free or expired) or rec.epoch != hint.epoch:  # (changed meanwhile: the next round)
                 return Taken(False, rec, rec)
-            new = Record(self.node, rec.epoch + 1, 0, False)
-            self._write(new)
-            return Taken(True, new, rec)
+            self._commit()
+        self._renewed = (new.epoch, 0)
+        self._sync_dir()
+        return Taken(True, new, rec)
 
     def release(self, epoch: int) -> bool:
         """A clean stop: mark the record released if it still names this node and ``epoch``
         (the peer may take it at once).  False if it did not."""
+        self._prepare(Record(None, epoch, self._renewed[1] + 1 if self._renewed[0] == epoch else 1 << 30, False))
         with self._locked("release"):
             rec = self._read(with_age=False)
-            if rec.holder != self.node or rec.epoch != epoch:
-                return False
-            self._write(Record(None, epoch, rec.renewal + 1, False))
-            return True
+            if rec.holder != self.node or rec.epoch != epoch or rec.alone:
+                return False  # not ours; or confirmed alone: the record keeps it ours (see try_take)
+            self._commit()
+        self._sync_dir()
+        return True
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -191,7 +223,8 @@ class LockFile:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LockFileError(f"{self.record_path} is not a Tandem lock record ({exc}): remove it only "
                                 "once both nodes are stopped") from exc
-        age = self._probe_now() - st.st_mtime_ns / 1e9 if with_age else None
+        self._mtime = st.st_mtime_ns / 1e9
+        age = self._probe_now() - self._mtime if with_age else None
         return Record(holder, epoch, renewal, alone, age)
 
     def _probe_now(self) -> float:
@@ -207,24 +240,39 @@ class LockFile:
         except OSError as exc:
             raise LockFileError(f"cannot write {self._probe_path}: {exc}", exc) from exc
 
-    def _write(self, rec: Record) -> None:
+    def _prepare(self, rec: Record) -> None:
+        """Write ``rec`` to this node's temporary file and fsync it (no flock needed: the file
+        is this node's own)."""
         data = json.dumps({"v": RECORD_VERSION, "holder": rec.holder, "epoch": rec.epoch,
                            "renewal": rec.renewal, "alone": rec.alone}).encode()
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.write(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        except OSError as exc:
+            raise LockFileError(f"cannot write {self._tmp_path}: {exc}", exc) from exc
+
+    def _commit(self) -> None:
+        """Under the flock: the prepared record becomes the record (an atomic rename)."""
+        try:
             os.replace(self._tmp_path, self.record_path)
+        except OSError as exc:
+            raise LockFileError(f"cannot write {self.record_path}: {exc}", exc) from exc
+
+    def _sync_dir(self) -> None:
+        """After the flock: the rename made durable (an fsync of the directory)."""
+        try:
             dfd = os.open(self.record_path.parent, os.O_RDONLY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
         except OSError as exc:
-            raise LockFileError(f"cannot write {self.record_path}: {exc}", exc) from exc
+            raise LockFileError(f"cannot sync {self.record_path.parent}: {exc}", exc) from exc
 
 
 class _Release:

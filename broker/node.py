@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 from pathlib import Path
 from collections.abc import Callable, Collection, Coroutine
@@ -220,6 +221,9 @@ class Node:
         """Shared mode: listen, link to the peers, and leave the store to the lock: this node
         opens it when it takes the lock (:meth:`activate_shared`)."""
         cfg = self.config
+        password = os.environ.get("TANDEM_ADMIN_PASSWORD")
+        if password and len(password) < 8:  # now, not at the first activation, maybe much later
+            raise InvalidArgumentError("TANDEM_ADMIN_PASSWORD: the password must be at least 8 characters")
         self.store_stamp = await asyncio.to_thread(_node_stamp, cfg.data_dir, self.clock.time())
         lease = await asyncio.to_thread(store.lease)
         self.shared = SharedMode(self, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
@@ -283,8 +287,7 @@ class Node:
             s.shutdown(error)
         if self.sessions:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
-        self.catalogue = Catalogue(self)
-        self.users = UserRegistry([])
+        self.catalogue = Catalogue(self)  # (the users stay: a passive answers status requests)
         await self._close_store()
         self.map_changed()
 

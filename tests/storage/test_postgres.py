@@ -122,7 +122,9 @@ def test_a_node_stopped_inside_a_write_transaction_cannot_hold_up_a_takeover(
         go.set()
         writer.join()
         a._applier.apply = plain  # type: ignore[method-assign]
-        assert granted == 2 and "lease takeover: ended session" in caplog.text
+        # granted once A's transaction ended: the server's idle_in_transaction_session_timeout or
+        # the taker's pg_terminate_backend ("lease takeover: ended session"), whichever came first
+        assert granted == 2
         assert len(result) == 1 and isinstance(result[0], StorageError)
         fresh = store.engine()
         fresh.open()

@@ -103,3 +103,16 @@ def test_an_unreachable_path_is_an_error(tmp_path: Path) -> None:
     lf = LockFile(blocker / "tandem.lock", "a", lease=LEASE, flock_timeout=0.2)
     with pytest.raises(LockFileError):
         lf.try_take(None)
+
+
+def test_a_record_whose_holder_confirmed_alone_is_never_taken_by_the_other(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    a.try_take(None)
+    rec = a.renew(1, alone=True)
+    age(a, 10 * LEASE)
+    t = b.try_take(rec.key)  # unchanged and old: still not b's, b may lack what a confirmed
+    assert not t.taken and t.record.holder == "a"
+    assert not a.release(1)  # a clean stop keeps it a's
+    assert not b.try_take(None).taken
+    again = a.try_take(None)  # a, back, takes it again
+    assert again.taken and again.record.epoch == 2 and not again.record.alone
