@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import tempfile
@@ -19,27 +20,36 @@ from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
+from broker.tools.pair import HaSetup
+from broker.tools.scratch_db import fresh_database
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 
 log = logging.getLogger("tandem.drill")
 
 
-async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
+async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
+                  load: Load) -> None:
     s = cfg.scenario
-    hold = 2 * cfg.nrt + 1.0
+    hold = cfg.pause
     if s in ("kill-active", "kill-replica"):
+        load.mark_fault()
         await cl.nodes[target].kill()
         await all_active(cl, cfg.partitions, deadline, clock)
+        load.mark_settled()
         await cl.nodes[target].start()
     elif s == "pause-active":
+        load.mark_fault()
         cl.nodes[target].pause()
         await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
         cl.nodes[target].resume()
+        load.mark_settled()
     elif s == "partition-active":
+        load.mark_fault()
         cl.cut_node(target)
         await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
         cl.heal_node(target)
+        load.mark_settled()
     elif s == "slow-disk":
         procs = [p.proc for name, p in cl.nodes.items() if name != target]
         # (within half of how long a replica goes on saying it is up: past that the active is
@@ -65,13 +75,24 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
 
 
 async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
+    """One run on a fresh group (shared mode: on a fresh database beside ``cfg.ha.database``)."""
+    if not cfg.ha.shared:
+        return await _run_spawned(cfg, cfg.ha, run, rng, clock)
+    try:
+        async with fresh_database(str(cfg.ha.database), f"drill{run}") as url:
+            return await _run_spawned(cfg, dataclasses.replace(cfg.ha, database=url), run, rng, clock)
+    except (TandemError, OSError) as exc:  # the database could not be made
+        return RunResult(run, "", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _run_spawned(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, clock: Clock) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="tandem-drill-", dir=cfg.data_dir) as tmp:
         node_args: dict[str, list[str]] = {}
         if cfg.scenario == "kill-replica":
             node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
         cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
                           extra_args=cfg.node_args(), node_args=node_args, clock=clock,
-                          proxied=cfg.scenario == "partition-active")
+                          proxied=cfg.scenario == "partition-active", ha=ha)
         res = RunResult(run, "")
         load: Load | None = None
         try:
@@ -86,8 +107,11 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
             before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
             load = Load(cl, cfg, run, rng, clock)
             log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
-            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
+            run_load = load
+            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
             _verdict(res, load)
+            took = load.takeover({p for p, n in actives.items() if n == res.target})
+            res.takeover_ms = round(took * 1000, 1) if took is not None else None
             res.ha_events = await ha_events(cl)
             if cfg.scenario == "slow-disk":
                 await all_active(cl, cfg.partitions, deadline, clock)
@@ -123,14 +147,20 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
         load = Load(group, cfg, run, rng, clock, queue)
         inject, heal, target = cfg.inject, cfg.heal, res.target
 
+        run_load = load
+
         async def fault() -> None:
+            run_load.mark_fault()
             await group.run_command("inject", inject, target)
             await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
             await group.run_command("heal", heal, target)
             await all_active(group, cfg.partitions, deadline, clock, queue)
+            run_load.mark_settled()
 
         await load.go(fault, deadline)
         _verdict(res, load)
+        took = load.takeover({p for p, n in actives.items() if n == target})
+        res.takeover_ms = round(took * 1000, 1) if took is not None else None
         res.ha_events = await ha_events(group)
         async with await client.connect(cfg.url, client_name="drill-setup") as conn:
             await conn.delete_queue(queue)
