@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from pathlib import Path
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from broker import sequences
 from broker.catalogue import Catalogue
 from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
-from broker.config import NodeConfig
+from broker.config import NodeConfig, redact_url
 from broker.delivery import Delivery
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
@@ -37,14 +38,16 @@ from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.queues import Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
+from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport
 from broker.streams import read_stream
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import InvalidArgumentError, ShuttingDownError, UnavailableError
+from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, WriteOp
+from storage.base import DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, WriteOp
+from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
@@ -82,7 +85,12 @@ class Node:
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
         self.store_stamp = ""
-        self.engine = engine(config)
+        #: shared mode: the group's database, opened by this node only while it holds the lock
+        self._shared_store: SharedStore | None = open_shared(config.database) \
+            if config.mode == "shared" and config.database else None
+        self.shared: SharedMode | None = None
+        self.engine = self._shared_store.engine() if self._shared_store is not None else engine(config)
+        self._engine_open = False
         self._writer: GroupCommitWriter | None = None
         self._commit: CommitPath | None = None
         self._server: asyncio.Server | None = None
@@ -117,7 +125,10 @@ class Node:
 
     @property
     def has_quorum(self) -> bool:
-        """False while this group member has no node quorum (its partitions are Unavailable)."""
+        """False while this group member has no node quorum (its partitions are Unavailable);
+        in shared mode, while it does not hold the lock."""
+        if self.shared is not None:
+            return self.shared.serving()
         return self.peers is None or self.peers.membership.quorum_state is not QuorumState.DISABLED
 
     @property
@@ -151,6 +162,9 @@ class Node:
         assert self._loop is not None  # set by start(), which is the only caller
         await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
+        if self._shared_store is not None:
+            await self._start_shared(self._shared_store)
+            return
         recovered = await asyncio.to_thread(self.engine.open)
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._commit = LocalCommitPath(self._writer, cfg.name, sync=cfg.sync.value == "SYNC")
@@ -180,9 +194,86 @@ class Node:
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
         await self._server.start_serving()
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
+        await self._start_console()
+
+    async def _start_console(self) -> None:
+        cfg = self.config
         if cfg.http_port is not None and self._console_factory is not None:
             self.console = self._console_factory(self)
             await self.console.start(cfg.host, cfg.http_port)
+
+    # -- shared mode ------------------------------------------------------------------------
+
+    async def _start_shared(self, store: SharedStore) -> None:
+        """Shared mode: listen, link to the peers, and leave the store to the lock: this node
+        opens it when it takes the lock (:meth:`activate_shared`)."""
+        cfg = self.config
+        self.store_stamp = await asyncio.to_thread(_node_stamp, cfg.data_dir, self.clock.time())
+        lease = await asyncio.to_thread(store.lease)
+        self.shared = SharedMode(self, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
+        self.ha = self.shared
+        self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
+                                                  start_serving=False)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        if cfg.peer_port is not None:
+            self.peers = PeerManager(self)
+            await self.peers.start()
+            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
+        await self._server.start_serving()
+        self.shared.start()
+        self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
+        await self._start_console()
+        log.info("shared mode: %s is PASSIVE until it holds the lock (database %s, lock %s, lease %.2f s)",
+                 cfg.name, redact_url(cfg.database or ""), cfg.lock, cfg.lease)
+
+    async def activate_shared(self, epoch: int) -> None:
+        """ACTIVATING: open the group's store fenced by ``epoch`` and load every queue.
+        Messages delivered but not settled under the previous active are ready again, their
+        delivery counts kept (counted once more if they may have been out with a consumer)."""
+        assert self._shared_store is not None and self.shared is not None and self._loop is not None
+        cfg = self.config
+        started = self.clock.monotonic()
+        engine = self._shared_store.engine()
+        engine.fence(epoch)
+        recovered = await asyncio.to_thread(engine.open)
+        self.engine, self._engine_open = engine, True
+        self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
+        self.catalogue = Catalogue(self)
+        self.users = UserRegistry([])
+        self._restore(recovered)
+        if not len(self.users):
+            op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
+            await self.write([op], sync=True)
+            self.users.put(op.user)
+            log.warning("created user admin: password %s", how)
+        total = sum(q.depth for q in self.queues.values())
+        log.warning("shared mode: %s activated under epoch %d in %.2f s: %d queue(s), %d message(s) loaded",
+                    cfg.name, epoch, self.clock.monotonic() - started, len(self.queues), total)
+        for q in self.queues.values():
+            self.delivery.schedule(q)
+        self.map_changed()
+
+    def passive_users(self, users: list[UserRecord]) -> None:
+        if not self._engine_open:
+            self.users = UserRegistry(users)
+
+    async def deactivate_shared(self, error: NotActiveError) -> None:
+        """Stop serving (the lock is lost or this node stops): close every session with
+        ``error``, forget the queues (the store has them) and close the store."""
+        if not self._engine_open:
+            return
+        self._engine_open = False
+        log.warning("shared mode: %s stops serving: %s", self.config.name, error.message)
+        for s in list(self.sessions):
+            s.shutdown(error)
+        if self.sessions:
+            await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
+        self.catalogue = Catalogue(self)
+        self.users = UserRegistry([])
+        await self._close_store()
+        self.map_changed()
 
     def _restore(self, rec: Recovered, *, group: bool = False) -> None:
         """Queues, partitions and users from the store.  In a group a partition's messages
@@ -207,6 +298,16 @@ class Node:
             return
         self.stopping = True
         log.info("node stop started name=%s sessions=%d", self.config.name, len(self.sessions))
+        if self.shared is not None:
+            # the lock loop first, then the sessions (their last acks commit), then the lock
+            # goes: the peer takes over at once rather than after the lease
+            await self.shared.halt()
+            for s in list(self.sessions):
+                s.shutdown(ShuttingDownError(f"node {self.config.name} is shutting down"))
+            if self.sessions:
+                await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
+            await self._close_store()
+            await self.shared.release()
         if self.console is not None:
             await self.console.stop()
         if self._expiry_task is not None:
@@ -249,6 +350,9 @@ class Node:
             await self.peers.stop()
 
     async def _close_store(self) -> None:
+        if self._shared_store is not None and not self._engine_open and self._writer is None:
+            return  # shared mode, passive: this node has not opened the group's store
+        self._engine_open = False
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
             st = self._writer.stats
@@ -259,8 +363,11 @@ class Node:
         await asyncio.to_thread(self.engine.close)
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.stopping or len(self.sessions) >= self.config.max_connections:
-            Session.refuse(writer, self.stopping, self.config.max_connections)
+        if self.stopping:
+            Session.refuse(writer, ShuttingDownError("node is shutting down"))
+            return
+        if len(self.sessions) >= self.config.max_connections:
+            Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
             return
         session = Session(self, reader, writer)
         self.sessions.add(session)
@@ -309,8 +416,20 @@ class Node:
             raise InvalidArgumentError(f"unknown setting {name!r}: priority or designated_primary")
         rep.reconfigure()
 
+    def refusal(self) -> NotActiveError | None:
+        """Why this node serves no client now: a shared-mode node without the lock (or still
+        loading the queues) names the active; None when it serves."""
+        if self.shared is None or (self._engine_open and self.shared.serving()):
+            return None
+        return self.shared.not_active()
+
     def require_quorum(self, what: str) -> None:
-        """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable."""
+        """Refuse ``what`` while this node has no node quorum: its partitions are Unavailable
+        (in shared mode: while it does not hold the lock)."""
+        if self.shared is not None:
+            if not self.shared.serving():
+                raise self.shared.not_active(f"cannot {what}")
+            return
         if self.peers is None:
             return
         m = self.peers.membership
@@ -397,6 +516,8 @@ class Node:
 
     def serves(self, q: Queue, pidx: int) -> bool:
         """Whether this node holds the partition's messages (always, on a single node)."""
+        if self.shared is not None:
+            return self.shared.serving()
         return self.replication is None or self.replication.serving((q.meta.id, pidx))
 
     def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None:
@@ -554,3 +675,13 @@ class Node:
         """A request another member forwarded here because this node is active for it."""
         return await self.forwarded.handle(kind, payload)
 
+
+def _node_stamp(data_dir: Path, now: float) -> str:
+    """Shared mode: this node's own stamp (the store is the group's), kept in its data dir."""
+    path = data_dir / "node-stamp"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        stamp = f"{int(now * 1000):x}-{secrets.token_hex(4)}"
+        path.write_text(stamp + "\n")
+        return stamp

@@ -39,11 +39,10 @@ from client.errors import (
     HeartbeatTimeoutError,
     InvalidArgumentError,
     LocalProtocolError,
+    NotActiveError,
     ProtocolError,
     QueueNotFoundError,
-    ShuttingDownError,
     TandemError,
-    UnavailableError,
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
@@ -104,6 +103,10 @@ class SessionHost(StatusSource, Protocol):
 
     def require_quorum(self, what: str) -> None: ...
 
+    def refusal(self) -> NotActiveError | None:
+        """Why this node serves no client now (a shared-mode passive), or None."""
+        ...
+
     def partition_map(self, name: str, session: Any = None) -> PartitionMap: ...
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
@@ -136,6 +139,7 @@ class Session:
         self.client_name = self.peer
         _tune_socket(writer)
         self.user: UserRecord | None = None
+        self.observer = False  # a status-only session on a node that serves nothing
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
         self._next_tag = 1
@@ -187,12 +191,11 @@ class Session:
             self.send(frame)
 
     @staticmethod
-    def refuse(writer: asyncio.StreamWriter, stopping: bool, limit: int) -> None:
+    def refuse(writer: asyncio.StreamWriter, err: TandemError) -> None:
         """Turn a connection away before its handshake, saying why."""
-        err = (ShuttingDownError("node is shutting down") if stopping
-               else UnavailableError(f"node is at max_connections ({limit})"))
         proto = ProtocolConnection(Role.SERVER)
-        writer.write(proto.send(Error(rid=0, code=int(err.code), message=err.message)))
+        writer.write(proto.send(Error(rid=0, code=int(err.code), message=err.message,
+                                      active_hint=getattr(err, "active_hint", None))))
         writer.write(proto.send(Close(code=int(err.code), reason=err.message)))
         writer.close()
 
@@ -317,6 +320,8 @@ class Session:
                 handler = _HANDLERS.get(type(frame))
                 if handler is None:
                     raise InvalidArgumentError(f"{type(frame).__name__} is not a request a client may send")
+                if self.observer and not isinstance(frame, Status):
+                    raise self.node.refusal() or NotActiveError("this session is for status only")
                 try:
                     await handler(self, frame)
                 except QueueNotFoundError:
@@ -340,6 +345,10 @@ class Session:
         except UnsupportedProtocolError as exc:
             log.warning("session %s: %s", self.peer, exc.message)
             raise
+        refusal = self.node.refusal()
+        if refusal is not None and not frame.observe:
+            raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
+        self.observer = refusal is not None
         registry = self.node.users
         user = registry.check_cached(frame.user, frame.password)
         if user is None:

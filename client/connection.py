@@ -79,12 +79,16 @@ from client.url import ConnectParams, parse_url
 log = logging.getLogger("tandem.client")
 
 
-async def connect_link(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK) -> Connection:
+async def connect_link(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK,
+                       observe: bool = False) -> Connection:
     """One plain link to the first reachable node of ``url``: no failover, no partition
-    map (tools and tests of the wire protocol; applications use :func:`client.connect`)."""
+    map (tools and tests of the wire protocol; applications use :func:`client.connect`).
+    ``observe``: for status only; a node that serves nothing (a shared-mode passive)
+    accepts it too."""
     params = parse_url(url)
-    if client_name:
-        params = ConnectParams(**{**_params_dict(params), "client_name": client_name})
+    if client_name or observe:
+        params = ConnectParams(**{**_params_dict(params), "client_name": client_name or params.client_name,
+                                  "observe": observe})
     conn = Connection(params, clock=clock)
     await conn._open()
     return conn
@@ -156,7 +160,7 @@ class Connection:
         self._reader, self._writer = reader, writer
         p = self.params
         writer.write(self.proto.hello(client_name=p.client_name, user=p.user, password=p.password,
-                                      heartbeat=p.heartbeat))
+                                      heartbeat=p.heartbeat, observe=p.observe))
         while True:
             frame = await self._next_frame()
             if isinstance(frame, Welcome):

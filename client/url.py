@@ -25,6 +25,7 @@ class ConnectParams:
     heartbeat: float = 10.0
     connect_timeout: float = 10.0
     tls: bool = False
+    observe: bool = False  # a monitoring session (client.protocol.frames.Hello.observe)
 
 
 def parse_url(url: str) -> ConnectParams:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from client.errors import StorageError
-from storage.base import Engine
+from storage.base import Engine, UserRecord
 
 
 class FencedError(StorageError):
     """A write was refused: the database's activation epoch is not this node's."""
+
+    permanent = True  # never retried (storage.writer): no later attempt under this epoch can succeed
 
     def __init__(self, message: str, *, epoch: int) -> None:
         super().__init__(message)
@@ -61,6 +63,11 @@ class Lease(Protocol):
         ...
 
     def holder(self) -> LeaseHolder:
+        ...
+
+    def users(self) -> list[UserRecord]:
+        """The group's users as the database holds them (a passive node checks the
+        credentials of status requests with them); [] before the store is created."""
         ...
 
     def close(self) -> None:

@@ -199,13 +199,14 @@ class GroupCommitWriter:
                 # must not commit over writes that did not (its applied position would say
                 # they are in the store).  What is to be retried goes back to the queue, after
                 # what the failed slice itself put back.
-                again = [item for item in items if item.retry]
+                again = [item for item in items if item.retry and not getattr(error, "permanent", False)]
                 if again:
                     with self._cond:
                         self._pending[requeued:requeued] = again
                         self._lazy_ops += sum(len(item.ops) for item in again)
                         self._lazy_since = self._clock.monotonic() - self.lazy_delay  # (with the others)
-                self._report([item for item in items if not item.retry], error)
+                kept = {id(item) for item in again}
+                self._report([item for item in items if id(item) not in kept], error)
                 return
             if items:
                 with self._cond:
@@ -250,9 +251,12 @@ class GroupCommitWriter:
         requeued = 0
         if error is not None:
             st.failed_commits += 1
-            again = [item for item in batch if item.retry]
+            # an error marked permanent (shared mode's FencedError: this node may never write
+            # again under its epoch) ends retried submissions too
+            retrying = not getattr(error, "permanent", False)
+            again = [item for item in batch if item.retry and retrying]
             requeued = len(again)
-            done = [item for item in batch if not item.retry]
+            done = [item for item in batch if not (item.retry and retrying)]
             retried = sum(len(item.ops) for item in again)
             st.retried_ops += retried
             log.error("commit failed ops=%d retrying=%d in=%.2fs error=%s",

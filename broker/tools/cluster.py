@@ -241,7 +241,7 @@ class LocalCluster:
         return out
 
     async def status(self, name: str) -> StatusOk:
-        async with await client.connect_link(self.url_of(name), client_name="tandem-cluster") as conn:
+        async with await client.connect_link(self.url_of(name), client_name="tandem-cluster", observe=True) as conn:
             return await conn.status()
 
     async def actives(self, queue: str, partitions: int | None = None) -> dict[int, str]:

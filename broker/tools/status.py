@@ -57,7 +57,7 @@ def status(args: argparse.Namespace) -> Command:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
+    async with await client.connect_link(args.url, client_name="tandem-cli", observe=True) as conn:
         st = await conn.status()
     if args.json:
         print(json.dumps(status_json(st)))

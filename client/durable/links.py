@@ -25,6 +25,7 @@ from client.durable.events import ConnectionEvent
 from client.errors import (
     ConnectionClosedError,
     InvalidArgumentError,
+    NotActiveError,
     Retry,
     TandemError,
     TimeoutError_,
@@ -92,6 +93,9 @@ class DurableLinks:
         self._rotated_at = -1e9
         self._last_dial_error: BaseException | None = None
         self._unreachable: set[tuple[str, int]] = set()
+        #: where refusing nodes said the active is (NotActive's hint, e.g. a shared-mode
+        #: passive naming the lock holder): tried first
+        self._hints: list[tuple[str, int]] = []
 
     # -- events ----------------------------------------------------------------------------
 
@@ -125,11 +129,15 @@ class DurableLinks:
     # -- links -----------------------------------------------------------------------------------
 
     async def _open(self) -> None:
-        for host, port in self.params.hosts:
+        todo, tried = list(self.params.hosts), set()
+        while todo:
+            host, port = todo.pop(0)
+            tried.add((host, port))
             link = await self._dial(host, port)
             if link is not None:
                 self._set_primary(link)
                 break
+            todo[:0] = [h for h in self._hints if h not in tried and h not in todo]
         else:
             hosts = ", ".join(f"{h}:{p}" for h, p in self.params.hosts)
             if self.buffer_path is None:
@@ -158,6 +166,7 @@ class DurableLinks:
             if not exc.retriable:
                 raise
             self._dial_failed(host, port, exc)
+            self._note_hint(exc)  # after: the refusing node's own address is never its hint
             return None
         except (OSError, TimeoutError) as exc:
             self._dial_failed(host, port, exc)
@@ -178,8 +187,20 @@ class DurableLinks:
         self._changed()
         return link
 
+    def _note_hint(self, exc: TandemError) -> None:
+        hint = exc.active_hint if isinstance(exc, NotActiveError) else None
+        host, _, port = (hint or "").rpartition(":")
+        if host and port.isdigit():
+            addr = (host, int(port))
+            if addr in self._hints:
+                self._hints.remove(addr)
+            self._hints.insert(0, addr)
+            del self._hints[4:]
+
     def _dial_failed(self, host: str, port: int, exc: BaseException) -> None:
         self._last_dial_error = exc
+        if (host, port) in self._hints:  # a hint that does not answer is stale
+            self._hints.remove((host, port))
         if (host, port) not in self._unreachable:  # said once, until it answers again
             self._unreachable.add((host, port))
             log.info("durable connection: %s:%d does not answer: %s", host, port, exc)
@@ -222,7 +243,7 @@ class DurableLinks:
             if addr not in seen:
                 seen.append(addr)
         self._rng.shuffle(seen)
-        return seen
+        return self._hints + [a for a in seen if a not in self._hints]
 
     async def _keep_primary(self) -> None:
         backoff = Backoff(rng=self._rng)
@@ -236,7 +257,10 @@ class DurableLinks:
                     backoff.reset()
                     break
             else:
-                for host, port in self._candidates():
+                todo, tried = self._candidates(), set()
+                while todo:
+                    host, port = todo.pop(0)
+                    tried.add((host, port))
                     try:
                         dialed = await self._dial(host, port)
                     except TandemError as exc:  # refused for good (bad credentials): say so, keep trying
@@ -246,6 +270,7 @@ class DurableLinks:
                         self._set_primary(dialed)
                         backoff.reset()
                         break
+                    todo[:0] = [h for h in self._hints if h not in tried and h not in todo]
                 else:
                     await self.clock.sleep(backoff.next())
 

@@ -176,10 +176,11 @@ class ProtocolConnection:
             self.state = before
             raise LocalProtocolError(f"cannot encode {type(frame).__name__}: {exc}") from exc
 
-    def hello(self, *, client_name: str, user: str, password: str, heartbeat: float) -> bytes:
+    def hello(self, *, client_name: str, user: str, password: str, heartbeat: float,
+              observe: bool = False) -> bytes:
         return self.send(Hello(
             min_version=MIN_VERSION, max_version=MAX_VERSION, client_name=client_name,
-            user=user, password=password, heartbeat=heartbeat,
+            user=user, password=password, heartbeat=heartbeat, observe=observe,
         ))
 
     # -- inbound -----------------------------------------------------------------

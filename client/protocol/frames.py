@@ -157,6 +157,9 @@ class Hello(Frame):
     user: str
     password: str
     heartbeat: float = 10.0
+    #: a monitoring session (``tandem status``): a node that serves nothing (a shared-mode
+    #: passive) accepts it for Status alone instead of refusing the connection
+    observe: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
