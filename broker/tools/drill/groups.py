@@ -41,7 +41,7 @@ class ExistingGroup:
         out = []
         for u in self._link_urls():
             try:
-                async with await client.connect_link(u, client_name="tandem-drill") as link:
+                async with await client.connect_link(u, client_name="tandem-drill", observe=True) as link:
                     st = await link.status()
                     out.append((st.node, st))
             except (TandemError, OSError):
