@@ -329,10 +329,16 @@ class Recovered:
 class Capabilities:
     shared: bool = False  # several nodes may open the same store
     fsync: bool = True  # SYNC really reaches the disk
+    #: keeps the replication log (replicated mode: REPLICATION_OPS); without it those ops
+    #: are refused (shared mode: one database, no log)
+    replication_log: bool = True
 
 
 #: the replication log's own ops (an engine may keep the log apart from the store)
 LOG_OPS: frozenset[type] = frozenset({LogAppend, LogTruncate})
+#: the ops of replicated mode alone: the log, its compaction point, hard state and applied
+#: position (an engine without ``capabilities.replication_log`` refuses them)
+REPLICATION_OPS: frozenset[type] = frozenset({LogAppend, LogTruncate, LogCompact, PutHardState, PutApplied})
 
 
 @runtime_checkable

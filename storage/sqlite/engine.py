@@ -44,6 +44,9 @@ class SqliteEngine:
     """SQLite in WAL mode, one file per node (``<data_dir>/tandem.db``)."""
 
     capabilities = Capabilities(shared=False, fsync=True)
+    #: the checkpoint on close: TRUNCATE empties the WAL (it waits for other connections,
+    #: so an engine sharing the file with other processes copies what it can: PASSIVE)
+    _final_checkpoint = "TRUNCATE"
 
     def __init__(self, path: str | os.PathLike[str], *, log_segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = Path(path)
@@ -131,7 +134,7 @@ class SqliteEngine:
             try:
                 raw = self._writer.connection.driver_connection
                 if raw is not None:
-                    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                    raw.execute(f"PRAGMA wal_checkpoint({self._final_checkpoint})").fetchall()
             except (sqlite3.Error, SQLAlchemyError) as exc:
                 log.warning("final checkpoint failed (the WAL stays, nothing is lost): %s", exc)
             self._writer.close()
@@ -215,7 +218,7 @@ class SqliteEngine:
                     conn.rollback()
                 raw.execute(f"PRAGMA synchronous={mode}")  # not inside a transaction: SQLite refuses
                 self._sync_mode = mode
-            raw.execute("BEGIN")
+            self._begin_write(raw)
             try:
                 written = self._applier.apply(Driver(raw), ops)
                 raw.execute("COMMIT")
@@ -232,6 +235,10 @@ class SqliteEngine:
         self._checkpointer.wal_bytes += written
         if self._checkpointer.due():
             self._checkpointer.finish(raw)
+
+    def _begin_write(self, raw: sqlite3.Connection) -> None:
+        """Start the writer's transaction (a subclass may check something inside it)."""
+        raw.execute("BEGIN")
 
     def _recover_index(self, conn: Connection) -> None:
         """After a failed transaction, make the in-memory index match the disk again."""

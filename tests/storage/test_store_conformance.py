@@ -1,4 +1,5 @@
-"""The Store conformance suite: every engine must pass it (today: SQLite)."""
+"""The Store conformance suite: every engine must pass it (SQLite, SQLite shared by the nodes
+of a machine, memory); a test of a feature an engine lacks (``Capabilities``) skips, naming it."""
 
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ from storage.base import (
 )
 from storage.memory import MemoryDisk, MemoryEngine
 from storage.sqlite import SqliteEngine
+from storage.sqlite.shared import SharedSqliteEngine
 from storage.writer import GroupCommitWriter
 
 # name -> factory(tmp_path, shared) where ``shared`` is one object per test (the memory
 # engine keeps its "disk" there, so a second engine sees what the first committed)
 ENGINES: dict[str, Callable[[Path, dict[str, object]], Engine]] = {
     "sqlite": lambda d, _shared: SqliteEngine(d / "tandem.db"),
+    "sqlite-shared": lambda d, _shared: SharedSqliteEngine(d / "tandem.db"),
     "memory": lambda _d, shared: MemoryEngine(shared.setdefault("disk", MemoryDisk())),  # type: ignore[arg-type]
 }
 
@@ -408,6 +411,8 @@ def test_replication_log_hard_state_and_applied_position_survive_reopen(make_eng
     from storage.base import LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState
 
     e = make_engine()
+    if not e.capabilities.replication_log:
+        pytest.skip("capability: the engine keeps no replication log (shared mode)")
     e.open()
     recs = [LogRecord(i, 1 if i < 4 else 2, "n1", i == 5, bytes([i])) for i in range(1, 7)]
     e.apply([PutQueue(Q), LogAppend(1, 0, recs[:3])], sync=True)
