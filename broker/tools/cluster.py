@@ -25,7 +25,7 @@ import client
 from broker.tools.faults import FaultProxy
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
-from broker.tools.witness_process import WitnessProcess
+from broker.tools.witness_child import SupervisedWitness
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
@@ -79,6 +79,16 @@ def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, st
     return {p: name for p, (name, _term) in active_terms(statuses, queue).items()}
 
 
+def _failure_detection(args: list[str]) -> list[str]:
+    """The nodes' keep-alive and non-response flags among ``args``, for the witness (its peer
+    links time out as theirs do)."""
+    out = []
+    for flag in ("--keepalive-interval", "--non-response-timeout"):
+        if flag in args[:-1]:
+            out += [flag, args[args.index(flag) + 1]]
+    return out
+
+
 class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
@@ -116,11 +126,11 @@ class LocalCluster:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
                                         password=self.password, host=host, clock=clock)
         #: the pair's witness (``ha.arbiter == "witness"``), started before the nodes
-        self.witness: WitnessProcess | None = None
+        self.witness: SupervisedWitness | None = None
         if ha.witness:
-            self.witness = WitnessProcess(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
-                                          peers={n: (host, self.peer_ports[n]) for n in names}, host=host,
-                                          clock=clock)
+            self.witness = SupervisedWitness(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
+                                             peers={n: (host, self.peer_ports[n]) for n in names}, host=host,
+                                             extra_args=_failure_detection(self._extra), clock=clock)
         self._arrange()
 
     def _arrange(self) -> None:
