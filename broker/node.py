@@ -92,6 +92,8 @@ class Node:
         self.engine = self._shared_store.engine() if self._shared_store is not None else engine(config)
         self._engine_open = False
         self._writer: GroupCommitWriter | None = None
+        #: called with (seconds, synced) after each store commit (every writer this node opens)
+        self.commit_observers: list[Callable[[float, bool], None]] = []
         self._commit: CommitPath | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,6 +169,7 @@ class Node:
             return
         recovered = await asyncio.to_thread(self.engine.open)
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
         self._commit = LocalCommitPath(self._writer, cfg.name, sync=cfg.sync.value == "SYNC")
         self._restore(recovered, group=cfg.peer_port is not None)
         if "store_stamp" not in recovered.meta:
@@ -239,6 +242,7 @@ class Node:
         recovered = await asyncio.to_thread(engine.open)
         self.engine, self._engine_open = engine, True
         self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
         self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([])

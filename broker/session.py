@@ -143,7 +143,10 @@ class Session:
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
         self._next_tag = 1
-        self.heartbeat = node.config.heartbeat
+        cfg = node.config
+        # shared mode: clients learn that a paused or cut-off active is gone by its silence
+        # (the passive cannot tell them), so they hear from it at least every half lease
+        self.heartbeat = min(cfg.heartbeat, max(0.5, cfg.lease / 2)) if cfg.mode == "shared" else cfg.heartbeat
         clock = node.clock
         self.last_recv = self.last_send = clock.monotonic()
         self.finished = asyncio.Event()

@@ -127,6 +127,7 @@ class SharedMode:
         self.interval = max(0.05, lease_seconds / 4)
         self.file_lock = _FileLock(lock.removeprefix("file:")) if lock.startswith("file:") else None
         self.holder = LeaseHolder(None, 0, "", 0.0)
+        self._holder_read_at = 0.0
         self.renewals = 0
         self.fencing_refusals = 0
         self.changes = 0
@@ -150,7 +151,9 @@ class SharedMode:
     def lock_holder(self) -> str | None:
         if self.arbiter.state in (SharedState.ACTIVE, SharedState.ACTIVATING):
             return self.name
-        return self.holder.node if self.holder.remaining > 0 else None
+        # the lease as last read, counted down since (an expired holder is no hint)
+        left = self.holder.remaining - (self.clock.monotonic() - self._holder_read_at)
+        return self.holder.node if left > 0 else None
 
     # -- what the node asks -------------------------------------------------------------------
 
@@ -160,8 +163,10 @@ class SharedMode:
     def not_active(self, what: str = "") -> NotActiveError:
         """The refusal a client gets here: names the active (and its address) when known."""
         holder = self.lock_holder
+        if holder == self.name and not self.serving():
+            holder = None  # this node's own lease, lost
         where = f"{holder} ({self.holder.address})" if holder and holder != self.name and self.holder.address \
-            else holder or "being elected"
+            else holder or "not known yet (a lease is running out or being taken)"
         state = self.arbiter.state.value
         hint = self.holder.address if holder and holder != self.name and self.holder.address else None
         return NotActiveError(f"node {self.name} is {state} in a shared-mode group{': ' + what if what else ''}; "
@@ -239,14 +244,17 @@ class SharedMode:
                 await self._refresh_holder()
                 now = self.clock.monotonic()
                 if now >= self._users_read_at + USERS_EVERY:
-                    self._users_read_at = now
-                    self.node.passive_users(await asyncio.to_thread(self.lease_store.users))
+                    users = await asyncio.to_thread(self.lease_store.users)
+                    if users:  # none yet: the first active is still creating them; look again next time
+                        self._users_read_at = now
+                    self.node.passive_users(users)
                 return
         except (StorageError, OSError) as exc:
             log.warning("shared mode: trying the lock failed: %s", exc)
             return
         self._report(self.arbiter.lease_acquired(epoch, sent))
         self.holder = LeaseHolder(self.name, epoch, self.node.client_address, self.arbiter.lease)
+        self._holder_read_at = sent
         self._renewing = asyncio.create_task(self._keep(), name="tandem-shared-renew")
         async with self._transition:
             try:
@@ -263,7 +271,9 @@ class SharedMode:
 
     async def _refresh_holder(self) -> None:
         before = self.holder
+        read_at = self.clock.monotonic()
         self.holder = await asyncio.to_thread(self.lease_store.holder)
+        self._holder_read_at = read_at
         if (before.node, before.epoch) != (self.holder.node, self.holder.epoch):
             log.info("shared mode: the lock is held by %s (epoch %d, at %s)", self.holder.node or "nobody",
                      self.holder.epoch, self.holder.address or "-")

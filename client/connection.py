@@ -32,6 +32,7 @@ from client.errors import (
     ConnectionClosedError,
     ConsumerCancelledError,
     HeartbeatTimeoutError,
+    NotActiveError,
     TandemError,
     for_code,
 )
@@ -127,9 +128,15 @@ class Connection:
 
     # -- open / close ---------------------------------------------------------------------
 
-    async def _open(self) -> None:
+    async def _open(self, *, follow_hint: bool = True) -> None:
+        """Connect to the first node of the URL that takes the handshake.  A node that
+        serves nothing (a shared-mode passive) refuses with NotActive naming the one that
+        does; with ``follow_hint`` that one is tried next."""
         last: BaseException | None = None
-        for host, port in self.params.hosts:
+        todo, tried = list(self.params.hosts), set()
+        while todo:
+            host, port = todo.pop(0)
+            tried.add((host, port))
             try:
                 async with self.clock.timeout(self.params.connect_timeout):
                     await self._open_one(host, port)
@@ -138,11 +145,19 @@ class Connection:
                 self._reset()
                 if not exc.retriable:
                     raise
-                last = exc
+                if not isinstance(last, NotActiveError):  # the most telling reason wins
+                    last = exc
+                hint = exc.active_hint if isinstance(exc, NotActiveError) and follow_hint else None
+                h, _, p = (hint or "").rpartition(":")
+                if h and p.isdigit() and (h, int(p)) not in tried and (h, int(p)) not in todo:
+                    todo.insert(0, (h, int(p)))
                 continue
             except (OSError, TimeoutError) as exc:
-                last = exc
+                if not isinstance(last, NotActiveError):
+                    last = exc
             self._reset()
+        if isinstance(last, NotActiveError):
+            raise last
         hosts = ", ".join(f"{h}:{p}" for h, p in self.params.hosts)
         raise ConnectionClosedError(f"cannot connect to {hosts}: {last}")
 

@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from client.errors import StorageError
+from storage.base import UserRecord
 from storage.shared import LeaseHolder
 
 log = logging.getLogger("tandem.storage")
@@ -62,6 +63,7 @@ class SqlLease:
         self._claim = text(f"UPDATE {TABLE} SET holder = :node, epoch = :epoch, address = :address, until = NULL "
                            "WHERE id = 1 AND (epoch < :epoch OR (epoch = :epoch AND holder = :node))")
         self._holder = text(f"SELECT holder, epoch, address, until - {now} FROM {TABLE} WHERE id = 1")
+        self._users = text("SELECT name, salt, hash, role, params FROM users")
 
     def _run(self, what: str, fn: Callable[[Connection], Any]) -> Any:
         try:
@@ -101,6 +103,14 @@ class SqlLease:
         row = self._run("read", lambda c: c.execute(self._holder).one())
         remaining = math.inf if row[3] is None else float(row[3])
         return LeaseHolder(node=row[0], epoch=int(row[1]), address=row[2], remaining=remaining)
+
+    def users(self) -> list[UserRecord]:
+        try:
+            rows = self._run("users", lambda c: c.execute(self._users).all())
+        except StorageError as exc:  # no store yet (never activated), or the database is away
+            log.debug("users not read: %s", exc)
+            return []
+        return [UserRecord(name=r[0], salt=bytes(r[1]), hash=bytes(r[2]), role=r[3], params=r[4]) for r in rows]
 
     def close(self) -> None:
         self._engine.dispose()

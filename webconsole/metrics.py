@@ -125,7 +125,7 @@ class Metrics:
             (synced if sync else unsynced).observe(seconds)
 
         self._observe = observe
-        self._observers = node.writer.commit_observers
+        self._observers = node.commit_observers
         self._observers.append(observe)
 
     def close(self) -> None:

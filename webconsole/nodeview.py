@@ -9,7 +9,7 @@ concrete broker class.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -94,6 +94,11 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def writer(self) -> GroupCommitWriter: ...
+
+    @property
+    def commit_observers(self) -> list[Callable[[float, bool], None]]:
+        """Called with (seconds, synced) after each store commit, whichever writer made it."""
+        ...
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]: ...
 

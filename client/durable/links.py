@@ -152,7 +152,7 @@ class DurableLinks:
         link = Connection(params, clock=self.clock)
         try:
             async with self.clock.timeout(self.params.connect_timeout):
-                await link._open()
+                await link._open(follow_hint=False)  # the durable connection follows hints itself
         except BaseException:
             link._reset()
             raise
@@ -257,22 +257,46 @@ class DurableLinks:
                     backoff.reset()
                     break
             else:
-                todo, tried = self._candidates(), set()
-                while todo:
-                    host, port = todo.pop(0)
-                    tried.add((host, port))
-                    try:
-                        dialed = await self._dial(host, port)
-                    except TandemError as exc:  # refused for good (bad credentials): say so, keep trying
-                        log.error("durable connection: %s:%d refused: %s", host, port, exc)
-                        dialed = None
-                    if dialed is not None:
-                        self._set_primary(dialed)
-                        backoff.reset()
-                        break
-                    todo[:0] = [h for h in self._hints if h not in tried and h not in todo]
-                else:
-                    await self.clock.sleep(backoff.next())
+                dialed = await self._redial(backoff)
+                if dialed is not None:
+                    self._set_primary(dialed)
+                    backoff.reset()
+
+    async def _redial(self, backoff: Backoff) -> Connection | None:
+        """Dial every known address at once (where refusing nodes pointed first), again
+        after each backoff interval for those that answered no, until one opens.  A dial
+        that hangs (a node that accepts TCP but never answers: stopped, SIGSTOP) runs on
+        meanwhile and never holds up one that answers."""
+        inflight: dict[tuple[str, int], asyncio.Future[Connection | None]] = {}
+
+        async def one(host: str, port: int) -> Connection | None:
+            try:
+                return await self._dial(host, port)
+            except TandemError as exc:  # refused for good (bad credentials): say so, keep trying
+                log.error("durable connection: %s:%d refused: %s", host, port, exc)
+                return None
+
+        try:
+            while not self._closed:
+                for addr in self._candidates():
+                    if addr not in inflight:
+                        inflight[addr] = asyncio.ensure_future(one(*addr))
+                try:
+                    async with self.clock.timeout(backoff.next()):
+                        await asyncio.wait(inflight.values(), return_when=asyncio.FIRST_COMPLETED)
+                except TimeoutError:
+                    pass  # none answered within the interval: those that said no are dialed again
+                done = {task for task in inflight.values() if task.done()}
+                for addr, task in list(inflight.items()):
+                    if task in done:
+                        del inflight[addr]
+                        link = task.result()
+                        if link is not None and not link.is_closed:
+                            return link
+            return None
+        finally:
+            for task in inflight.values():  # let them finish: a link they open is kept
+                task.add_done_callback(_consume)
 
     async def primary(self, deadline: float | None = None) -> Connection:
         """The primary link, waiting (until ``deadline``, monotonic) while it is being re-dialed."""
@@ -398,3 +422,8 @@ class DurableLinks:
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+
+def _consume(task: asyncio.Future[Connection | None]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a dial that failed after another won is no news

@@ -26,6 +26,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import filelock
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -76,6 +77,14 @@ class SharedSqliteEngine(SqliteEngine):
 
     def fence(self, epoch: int | None) -> None:
         self._epoch = epoch
+
+    def _make_durable(self) -> None:
+        # The base engine fsyncs the database file through a descriptor of its own, and
+        # closing any descriptor of a file drops every POSIX lock the process holds on it,
+        # SQLite's included: with another process using the file that corrupts it.  Here
+        # there is no replication log to keep ahead of the store, so nothing to do.
+        self._durable_snaps.update(self._pending_snaps)
+        self._pending_snaps.clear()
 
     def _on_begin(self, conn: Any) -> None:  # type: ignore[override]
         # The writer's transactions (opening's schema creation and load too) take the write
@@ -143,10 +152,33 @@ class SqliteShared:
         self.busy_timeout = busy_timeout
 
     def engine(self) -> SharedSqliteEngine:
+        self._create_file()
         return SharedSqliteEngine(self.path)
 
-    def lease(self) -> SqlLease:
+    def _create_file(self) -> None:
+        """Create the file, in WAL mode with the engine's page size and the lease table, one
+        process at a time (a lock file beside it).  Two processes setting up a new file at
+        once can each write a first page of their own and leave a malformed database."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(self.path) + ".create-lock", timeout=self.busy_timeout):
+            raw = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout)
+            try:
+                if raw.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    raw.execute("PRAGMA page_size=16384")
+                    raw.execute("PRAGMA journal_mode=WAL")
+                create_lease_table(raw)
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot create shared store {self.path}: {exc.__class__.__name__}: {exc}",
+                                   orig=exc) from exc
+            finally:
+                raw.close()
+
+    def lease(self) -> SqlLease:
+        try:
+            self._create_file()
+        except filelock.Timeout:
+            raise StorageError(f"cannot create shared store {self.path}: another process holds "
+                               f"{self.path}.create-lock") from None
         engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
         # SQLite's settings as the engine's (WAL: the lease and the engine share the file);
         # no BEGIN of SQLAlchemy's: each statement commits on its own (one UPDATE each)
