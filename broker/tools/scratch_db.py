@@ -7,7 +7,7 @@ database of its own, next to the one the operator named, and it is dropped after
 * ``postgresql+psycopg://USER@HOST:PORT/DB``: ``CREATE DATABASE DB_<tag>_<random>`` on that
   server (the user needs the CREATEDB right), ``DROP DATABASE ... WITH (FORCE)`` after;
 * ``sqlite:///PATH``: the file ``<PATH's stem>-<tag>-<random>.db`` in PATH's directory,
-  deleted after (with its ``-wal`` and ``-shm`` files).
+  deleted after (with the files beside it that start with its name: WAL, locks).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,8 +38,11 @@ async def fresh_database(url: str, tag: str) -> AsyncIterator[str]:
         try:
             yield f"sqlite:///{path}"
         finally:
-            for extra in ("", "-wal", "-shm", "-journal"):
-                Path(f"{path}{extra}").unlink(missing_ok=True)
+            for p in path.parent.glob(f"{path.name}*"):  # its journal, WAL, lock files
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         return
     if not url.startswith("postgresql+psycopg://"):
         raise InvalidArgumentError(f"--database {redact_url(url)}: expected postgresql+psycopg://USER@HOST:PORT/DB "
