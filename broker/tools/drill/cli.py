@@ -59,8 +59,10 @@ def add_parser(sub: Any) -> None:
                                     "KILL tandem\")")
     d.add_argument("--heal", help="with --url: shell command healing it (e.g. \"ssh {node} sudo systemctl start "
                                   "tandem\")")
-    d.add_argument("--hold", type=float, default=5.0, help="with --url: seconds between inject and heal "
-                                                           "(default 5)")
+    d.add_argument("--hold", type=float, help="seconds between inject and heal: with --url (default 5), and "
+                                              "for a spawned group's pause-active and partition-active (default "
+                                              "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
+                                              "shared mode and under the LockFile arbiter)")
     d.add_argument("--nodes", type=int, help="group size (default 3; 2 with --mode shared or --arbiter)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
@@ -127,8 +129,11 @@ def _drill(args: argparse.Namespace) -> int:
                                    "processes itself (see docs/drills.md)")
     if (args.inject or args.heal) and not args.url:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
-    if args.hold < 0:
+    if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
+    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active"):
+        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active and "
+                                   "partition-active have, and a running group's --inject/--heal)")
     if args.scenario == "slow-disk":
         if args.url:
             raise InvalidArgumentError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs "

@@ -33,6 +33,7 @@ class Load:
         self.confirm_times: list[tuple[float, int]] = []  # (when, partition) of every confirm
         self.fault_at: float | None = None  # when the fault was injected
         self.settled_at: float | None = None  # when the group served again (or the fault ended)
+        self.after: dict[int, str] = {}  # partition -> who served it once the fault was over
         self.failed = 0
         self.reported_lost = 0
         self.where: dict[bytes, tuple[str, int, int]] = {}  # confirmed body -> (producer id, partition, seq)

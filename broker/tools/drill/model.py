@@ -32,7 +32,9 @@ class DrillConfig:
     url: str | None = None  # an existing group instead of a spawned one
     inject: str | None = None  # shell command injecting the fault ({node}: the target)
     heal: str | None = None  # shell command healing it
-    hold: float = 5.0  # seconds between inject and heal (existing group)
+    #: seconds between inject and heal: an existing group's (None: 5), a spawned group's
+    #: pause-active and partition-active (None: :attr:`pause`'s default)
+    hold: float | None = None
     #: shared mode, or the LockFile / witness arbiter of a pair (a spawned group's)
     ha: HaSetup = REPLICATED
 
@@ -49,9 +51,14 @@ class DrillConfig:
 
     @property
     def pause(self) -> float:
-        """How long a fault of pause-active or partition-active lasts: 2 x the failure
-        detection + 1 s, and past twice the lease where a lock or lease decides (so the
-        other node has taken it over before the paused one wakes up)."""
+        """How long a fault lasts: ``hold`` if given; against an existing group 5 s; for
+        pause-active and partition-active 2 x the failure detection + 1 s, and past twice the
+        lease where a lock or lease decides (so the other node can take it over before the
+        paused one wakes up)."""
+        if self.hold is not None:
+            return self.hold
+        if self.url is not None:
+            return 5.0
         hold = 2 * self.nrt + 1.0
         if self.ha.shared or self.ha.arbiter == "lockfile":
             hold = max(hold, 2 * (self.ha.lease or 1.0) + 1.0)
@@ -78,6 +85,8 @@ class RunResult:
     #: from the fault (kill -9, SIGSTOP, cut) to the first confirm on the new active: the
     #: longest pause in confirms that ends after the fault, over the target's partitions
     takeover_ms: float | None = None
+    #: the node serving most partitions once the fault was over (the target again: no takeover)
+    after: str = ""
     ha_events: list[str] = field(default_factory=list)
     error: str = ""
 

@@ -26,6 +26,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     took = [r.takeover_ms for r in results if not r.error and r.takeover_ms is not None]
     out["takeover_ms"] = {"p50": round(statistics.median(took), 1) if took else None,
                           "max": max(took) if took else None}
+    out["moved"] = sum(1 for r in results if r.after and r.target and r.after != r.target)
     out["ha_events"] = sorted({e for r in results for e in r.ha_events})
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
     out["passed"] = bool(results) and all(r.passed for r in results)
@@ -42,7 +43,8 @@ def report_text(rep: dict[str, Any]) -> str:
              f"sends that raised {rep['failed_sends']}",
              f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms",
              f"  fault to the first confirm on the new active: p50 {rep['takeover_ms']['p50']} ms, "
-             f"max {rep['takeover_ms']['max']} ms"]
+             f"max {rep['takeover_ms']['max']} ms",
+             f"  another node served once the fault was over in {rep['moved']} of {rep['runs']} run(s)"]
     if rep["ha_events"]:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
     for e in rep["errors"]:
@@ -53,5 +55,5 @@ def report_text(rep: dict[str, Any]) -> str:
 
 def progress_line(r: RunResult) -> str:
     return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
-                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms, "takeover_ms": r.takeover_ms,
+                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms, "takeover_ms": r.takeover_ms, "after": r.after,
                        "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

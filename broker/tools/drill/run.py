@@ -35,7 +35,7 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     if s in ("kill-active", "kill-replica"):
         load.mark_fault()
         await cl.nodes[target].kill()
-        await all_active(cl, cfg.partitions, deadline, clock)
+        load.after = await all_active(cl, cfg.partitions, deadline, clock)
         load.mark_settled()
         await cl.nodes[target].start()
     elif s == "pause-active":
@@ -71,7 +71,9 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     else:
         raise UnavailableError(f"unknown scenario {s!r}")
     await cl.wait_ready()
-    await all_active(cl, cfg.partitions, deadline, clock)
+    found = await all_active(cl, cfg.partitions, deadline, clock)
+    if not load.after:
+        load.after = found
 
 
 async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
@@ -112,6 +114,7 @@ async def _run_spawned(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Rand
             _verdict(res, load)
             took = load.takeover({p for p, n in actives.items() if n == res.target})
             res.takeover_ms = round(took * 1000, 1) if took is not None else None
+            res.after = target_of(load.after) if load.after else ""
             res.ha_events = await ha_events(cl)
             if cfg.scenario == "slow-disk":
                 await all_active(cl, cfg.partitions, deadline, clock)
@@ -152,7 +155,7 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
         async def fault() -> None:
             run_load.mark_fault()
             await group.run_command("inject", inject, target)
-            await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
+            await clock.sleep(cfg.pause)  # the fault lasts this long, as the operator asked
             await group.run_command("heal", heal, target)
             await all_active(group, cfg.partitions, deadline, clock, queue)
             run_load.mark_settled()
