@@ -278,21 +278,34 @@ class DurableLinks:
 
         try:
             while not self._closed:
+                dialed_now: set[tuple[str, int]] = set()
                 for addr in self._candidates():
                     if addr not in inflight:
                         inflight[addr] = asyncio.ensure_future(one(*addr))
-                try:
-                    async with self.clock.timeout(backoff.next()):
-                        await asyncio.wait(inflight.values(), return_when=asyncio.FIRST_COMPLETED)
-                except TimeoutError:
-                    pass  # none answered within the interval: those that said no are dialed again
-                done = {task for task in inflight.values() if task.done()}
-                for addr, task in list(inflight.items()):
-                    if task in done:
-                        del inflight[addr]
-                        link = task.result()
-                        if link is not None and not link.is_closed:
-                            return link
+                        dialed_now.add(addr)
+                deadline = self.clock.monotonic() + backoff.next()
+                while True:
+                    for addr, task in list(inflight.items()):
+                        if task.done():
+                            del inflight[addr]
+                            link = task.result()
+                            if link is not None and not link.is_closed:
+                                return link
+                    for addr in self._hints:  # where a node that said no pointed: at once
+                        if addr not in inflight and addr not in dialed_now:
+                            inflight[addr] = asyncio.ensure_future(one(*addr))
+                            dialed_now.add(addr)
+                    remaining = deadline - self.clock.monotonic()
+                    if remaining <= 0 or self._closed:
+                        break
+                    if not inflight:
+                        await self.clock.sleep(remaining)
+                        break
+                    try:
+                        async with self.clock.timeout(remaining):
+                            await asyncio.wait(inflight.values(), return_when=asyncio.FIRST_COMPLETED)
+                    except TimeoutError:
+                        pass  # the interval is over: those that said no are dialed again
             return None
         finally:
             for task in inflight.values():  # let them finish: a link they open is kept
