@@ -32,6 +32,7 @@ from broker.config import NodeConfig, redact_url
 from broker.delivery import Delivery
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
+from broker.lockfile import LockFileDriver
 from broker.peers import PeerManager
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
@@ -92,8 +93,6 @@ class Node:
         self.engine = self._shared_store.engine() if self._shared_store is not None else engine(config)
         self._engine_open = False
         self._writer: GroupCommitWriter | None = None
-        #: called with (seconds, synced) after each store commit (every writer this node opens)
-        self.commit_observers: list[Callable[[float, bool], None]] = []
         self._commit: CommitPath | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,6 +103,8 @@ class Node:
         self.replication: Replication | None = None
         #: the HA arbiter's driver (shared mode, LockFile), for status, console and metrics
         self.ha: HaReport | None = None
+        self._lockfile: LockFileDriver | None = None  # arbiter = "lockfile"
+        self._lockfile_task: asyncio.Task[None] | None = None
         self._peer_task: asyncio.Task[None] | None = None
         self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
@@ -113,6 +114,9 @@ class Node:
         self.console: Console | None = None
         self._expiry_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
+        #: called on the writer thread with each commit's duration and sync flag (metrics); every
+        #: writer the node opens shares this list (shared mode opens one per activation)
+        self.commit_observers: list[Callable[[float, bool], None]] = []
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
@@ -191,10 +195,15 @@ class Node:
             self.peers = PeerManager(self)
             self.replication = Replication(self, recovered.logs)
             self._commit = ReplicatedCommitPath(self.replication)
+            if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
+                self._lockfile = LockFileDriver(cfg, self.clock, self.replication, self.peers)
+                self.ha = self._lockfile
             self.replication.start()
             await self.peers.start()
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
+            if self._lockfile is not None:
+                self._lockfile_task = asyncio.create_task(self._lockfile.run(), name="tandem-lockfile")
         await self._server.start_serving()
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()
@@ -334,6 +343,12 @@ class Node:
         self.stopped.set()
 
     async def _stop_peers(self) -> None:
+        if self._lockfile_task is not None:
+            self._lockfile_task.cancel()
+            await asyncio.gather(self._lockfile_task, return_exceptions=True)
+            self._lockfile_task = None
+        if self._lockfile is not None:
+            await self._lockfile.stop()  # the lock released: the peer may take over at once
         if self._replication_task is not None:
             self._replication_task.cancel()
             try:
@@ -407,6 +422,9 @@ class Node:
             rep.priority = value
             log.warning("PRIORITY SET by %s on node %s: %d -> %d", by, self.config.name, old, value)
         elif name == "designated_primary":
+            if self.config.arbiter != "majority":
+                raise InvalidArgumentError(f"designated_primary: not with arbiter = \"{self.config.arbiter}\" "
+                                           "(the arbiter decides who goes on alone)")
             if value not in (0, 1):
                 raise InvalidArgumentError("designated_primary: 1 (on) or 0 (off)")
             if value and len(rep.members) != 2:

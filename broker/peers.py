@@ -54,6 +54,16 @@ class Receiving(Protocol):
     def receive(self, src: str, payload: bytes) -> None: ...
 
 
+class PeerArbiter(Protocol):
+    """The LockFile arbiter's driver (broker.lockfile), as the peer links feed it."""
+
+    def heartbeat(self) -> Heartbeat:
+        """The keep-alive to send now (it carries the epoch and the HA state)."""
+
+    def heard(self, src: str, frame: Frame) -> None:
+        """Any frame from peer ``src``, before it is handled (its epoch may fence this node)."""
+
+
 class Dispatching(Protocol):
     def schedule(self, q: Queue) -> None: ...
 
@@ -117,6 +127,9 @@ class PeerManager:
         self._server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None
         self._up = asyncio.Event()
+        #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
+        self.arbiter: PeerArbiter | None = None
+        self.epoch = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,8 +184,9 @@ class PeerManager:
         clock = self.node.clock
         interval = self.node.config.keepalive_interval
         while True:
+            beat = self.arbiter.heartbeat() if self.arbiter is not None else Heartbeat()
             for link in list(self.links.values()):
-                link.send(Heartbeat())
+                link.send(beat)
             self.report(self.membership.tick(clock.monotonic()))
             await clock.sleep(interval)
 
@@ -196,7 +210,7 @@ class PeerManager:
             try:
                 link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                                     store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
-                                    client_address=self._client_address()))
+                                    client_address=self._client_address(), epoch=self.epoch))
                 async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                     frame = await self._next_frame(link)
                 if isinstance(frame, Error):
@@ -207,6 +221,8 @@ class PeerManager:
                     if frame.node != name:
                         log.warning("peer at %s:%d says it is %s, not %s: dropped", host, port, frame.node, name)
                     elif self._admit(link, who, frame.client_address):
+                        if self.arbiter is not None:
+                            self.arbiter.heard(name, frame)
                         await self._serve(link)
             except (TandemError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("peer link to %s failed: %r", name, exc)
@@ -243,7 +259,9 @@ class PeerManager:
                 return
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
-                                  client_address=self._client_address()))
+                                  client_address=self._client_address(), epoch=self.epoch))
+            if self.arbiter is not None:
+                self.arbiter.heard(frame.node, frame)
             await self._serve(link)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
             log.debug("peer link from %s failed: %r", link.name, exc)
@@ -282,6 +300,8 @@ class PeerManager:
         while True:
             frame = await self._next_frame(link)
             self.report(self.membership.heard(link.name, clock.monotonic()))
+            if self.arbiter is not None:
+                self.arbiter.heard(link.name, frame)
             if isinstance(frame, Replicate):
                 if rep is not None:
                     rep.receive(link.name, frame.payload)

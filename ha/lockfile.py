@@ -12,7 +12,8 @@ States (:class:`HaState`) and what moves them (:class:`LockEvent`), all in :data
 * ``ACTIVE_SYNC``: holds the lock, serves, and brings the reconnected peer up to date;
 * ``ACTIVE``: holds the lock and serves, the peer in step;
 * ``PASSIVE_SYNC``: the peer holds the lock; this node catches up with it;
-* ``PASSIVE``: in step with the serving peer; serves nothing;
+* ``PASSIVE``: in step with the serving peer; serves nothing (back to ``WAITING`` when the
+  peer is gone or says it no longer serves);
 * ``DEAD``: stopped.
 
 The rules: on link loss the holder goes ``STANDALONE`` and the other ``WAITING`` (it then
@@ -52,6 +53,7 @@ class LockEvent(Enum):
     PEER_UP = "peer_up"  # the link to the peer is up
     PEER_DOWN = "peer_down"  # the link is lost, or the peer silent past non_response_timeout
     PEER_SERVING = "peer_serving"  # the peer says it holds the lock (an epoch not below ours)
+    PEER_IDLE = "peer_idle"  # the peer, connected, says it serves nothing (it lost the lock)
     SYNCED = "synced"  # the passive side is caught up with the active's log
     STOP = "stop"
 
@@ -62,16 +64,18 @@ S, E = HaState, LockEvent
 #: IllegalTransition: a bug in the driver, never a state to guess at.
 TRANSITIONS: dict[HaState, dict[LockEvent, HaState]] = {
     S.WAITING: {E.LOCK_ACQUIRED: S.STANDALONE, E.PEER_SERVING: S.PASSIVE_SYNC, E.PEER_UP: S.WAITING,
-                E.PEER_DOWN: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.LOCK_LOST: S.WAITING, E.STOP: S.DEAD},
-    S.STANDALONE: {E.PEER_UP: S.ACTIVE_SYNC, E.PEER_DOWN: S.STANDALONE, E.LOCK_LOST: S.WAITING,
-                   E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
+                E.PEER_DOWN: S.WAITING, E.PEER_IDLE: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.LOCK_LOST: S.WAITING,
+                E.STOP: S.DEAD},
+    S.STANDALONE: {E.PEER_UP: S.ACTIVE_SYNC, E.PEER_DOWN: S.STANDALONE, E.PEER_IDLE: S.STANDALONE,
+                   E.LOCK_LOST: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
     S.ACTIVE_SYNC: {E.SYNCED: S.ACTIVE, E.PEER_DOWN: S.STANDALONE, E.PEER_UP: S.ACTIVE_SYNC,
-                    E.LOCK_LOST: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
-    S.ACTIVE: {E.PEER_DOWN: S.STANDALONE, E.PEER_UP: S.ACTIVE, E.SYNCED: S.ACTIVE, E.LOCK_LOST: S.WAITING,
-               E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
+                    E.PEER_IDLE: S.ACTIVE_SYNC, E.LOCK_LOST: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
+    S.ACTIVE: {E.PEER_DOWN: S.STANDALONE, E.PEER_UP: S.ACTIVE, E.PEER_IDLE: S.ACTIVE, E.SYNCED: S.ACTIVE,
+               E.LOCK_LOST: S.WAITING, E.HIGHER_EPOCH: S.WAITING, E.STOP: S.DEAD},
+    # the peer that served says it no longer does (it lost the lock): wait for the lock
     S.PASSIVE_SYNC: {E.SYNCED: S.PASSIVE, E.PEER_SERVING: S.PASSIVE_SYNC, E.PEER_DOWN: S.WAITING,
-                     E.HIGHER_EPOCH: S.PASSIVE_SYNC, E.STOP: S.DEAD},
-    S.PASSIVE: {E.PEER_SERVING: S.PASSIVE, E.SYNCED: S.PASSIVE, E.PEER_DOWN: S.WAITING,
+                     E.PEER_IDLE: S.WAITING, E.HIGHER_EPOCH: S.PASSIVE_SYNC, E.STOP: S.DEAD},
+    S.PASSIVE: {E.PEER_SERVING: S.PASSIVE, E.SYNCED: S.PASSIVE, E.PEER_DOWN: S.WAITING, E.PEER_IDLE: S.WAITING,
                 E.HIGHER_EPOCH: S.PASSIVE, E.STOP: S.DEAD},
     S.DEAD: {},
 }
@@ -181,6 +185,10 @@ class LockArbiter:
                 return changes  # a stale holder: our later epoch fences it
             raise IllegalTransition(f"{self.node} serves epoch {self.epoch} and the peer claims epoch {epoch}")
         return changes + self._move(LockEvent.PEER_SERVING, f"peer serves epoch {epoch}")
+
+    def peer_idle(self, why: str) -> list[StateChanged]:
+        """The connected peer says it serves nothing: a passive goes back to waiting for the lock."""
+        return self._move(LockEvent.PEER_IDLE, why)
 
     def synced(self) -> list[StateChanged]:
         """The passive side caught up (on the active: the peer says so; on the passive: itself)."""

@@ -283,6 +283,21 @@ class Replica:
             self._advance_commit()
         return self._take_ready()
 
+    def step_down(self, reason: str) -> Ready:
+        """The group's arbiter no longer lets this node be active (a LockFile holder that lost
+        its lock): an active or a candidate stops at once and waits an election timeout."""
+        if self.role in (Role.LEADER, Role.CANDIDATE):
+            self._become(RoleEvent.DEPOSED, reason)
+            self.leader = None
+            self._election_at = self._now + self._timeout()
+        return self._take_ready()
+
+    def stand_now(self) -> None:
+        """The group's arbiter made this node the one to be active: stand at the next tick
+        rather than after an election timeout."""
+        if self.role in (Role.FOLLOWER, Role.CANDIDATE):
+            self._election_at = self._now
+
     def step(self, env: Envelope) -> Ready:
         """A message from another replica, handed to its handler (``_HANDLERS``)."""
         handler = _HANDLERS.get(type(env.msg))
@@ -465,7 +480,7 @@ class Replica:
                 mine = self.entry(e.index)
                 if mine.term == e.term and mine.origin == e.origin:
                     continue
-                if e.weak and not mine.weak:
+                if e.weak and not mine.weak and not self.cfg.arbitrated:
                     self._fence_weak_active(m)
                     return
                 self._truncate(e.index)
@@ -569,7 +584,7 @@ class Replica:
     def _advance_commit(self) -> None:
         """The active's own write is part of every commit (a confirmed entry is on its disk,
         fsynced under SYNC), and with it a quorum of voters."""
-        need = self.cfg.quorum()
+        need = self.cfg.commit_quorum or self.cfg.quorum()
         for n in range(min(self.last_index, self._persisted), self.commit, -1):
             if self._log.term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)

@@ -15,6 +15,14 @@ class ReplicaConfig:
     heartbeat_interval: float = 0.25  # keepalive_interval
     quorum_override: int | None = None
     designated_primary: str | None = None
+    #: voters (self included) an entry needs to commit, when it differs from the election
+    #: quorum: a LockFile holder is elected alone (the lock decides) but commits with its
+    #: peer while the peer is in step (see broker.lockfile)
+    commit_quorum: int | None = None
+    #: an arbiter outside the log (the LockFile) decides who may be active: a replica does
+    #: not fence an active whose entries are weak (the lock holder's log wins; a stale holder
+    #: is fenced by the lock's epoch instead)
+    arbitrated: bool = False
     max_append: int = 512  # entries per AppendEntries
     max_append_bytes: int = 0  # and at most this much entry data in one (0: no limit); one entry always goes
     #: the placement's first node: among voters of equal priority it is preferred, so
@@ -33,6 +41,8 @@ class ReplicaConfig:
             raise ValueError(f"quorum_override must be 1..{len(self.voters)}")
         if self.designated_primary is not None and self.designated_primary not in self.voters:
             raise ValueError("designated_primary must be one of the voters")
+        if self.commit_quorum is not None and not 1 <= self.commit_quorum <= len(self.voters):
+            raise ValueError(f"commit_quorum must be 1..{len(self.voters)}")
         if any(not 0 <= p <= 3 for p in self.priorities.values()):
             raise ValueError("priorities are 0..3")
         if self.failback_after < 0:

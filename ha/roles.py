@@ -25,6 +25,7 @@ class RoleEvent(Enum):
     ACTIVE_SEEN = "active_seen"  # an active of this same term
     LOST_QUORUM = "lost_quorum"  # the active heard from too few voters within the election timeout
     RIVAL_ACTIVE = "rival_active"  # another active in this term (only under a weak override)
+    DEPOSED = "deposed"  # the group's arbiter (a LockFile) no longer lets this node be active
 
 
 F, C, A, L = Role.FOLLOWER, Role.CANDIDATE, Role.LEADER, Role.LEARNER
@@ -34,8 +35,8 @@ E = RoleEvent
 #: caller (``next_role`` raises).  A learner never stands and never becomes active.
 TRANSITIONS: dict[Role, dict[RoleEvent, Role]] = {
     F: {E.ELECTION_TIMEOUT: C, E.HIGHER_TERM: F},
-    C: {E.ELECTION_TIMEOUT: C, E.WON: A, E.HIGHER_TERM: F, E.ACTIVE_SEEN: F},
-    A: {E.HIGHER_TERM: F, E.LOST_QUORUM: F, E.RIVAL_ACTIVE: F},
+    C: {E.ELECTION_TIMEOUT: C, E.WON: A, E.HIGHER_TERM: F, E.ACTIVE_SEEN: F, E.DEPOSED: F},
+    A: {E.HIGHER_TERM: F, E.LOST_QUORUM: F, E.RIVAL_ACTIVE: F, E.DEPOSED: F},
     L: {E.HIGHER_TERM: L},
 }
 

@@ -78,11 +78,15 @@ class SqlLease:
             raise StorageError(f"lease {what} on {self._where} failed: {self._describe(exc)}", orig=exc) from exc
 
     def acquire(self, node: str, address: str, lease: float) -> int | None:
-        epoch = self._run("acquire", lambda c: c.execute(
-            self._acquire, {"node": node, "address": address, "lease": float(lease)}).scalar())
+        epoch = self._run("acquire", lambda c: self._attempt(
+            c, self._acquire, {"node": node, "address": address, "lease": float(lease)}).scalar())
         if epoch is not None:
             log.info("lease acquired node=%s epoch=%d database=%s", node, epoch, self._where)
         return None if epoch is None else int(epoch)
+
+    def _attempt(self, conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
+        """A takeover's UPDATE (``acquire``, ``claim``): a dialect may set a lock timeout first."""
+        return conn.execute(statement, params)
 
     def renew(self, node: str, epoch: int, lease: float) -> bool:
         return bool(self._run("renew", lambda c: c.execute(
@@ -93,8 +97,8 @@ class SqlLease:
             log.info("lease released node=%s epoch=%d database=%s", node, epoch, self._where)
 
     def claim(self, node: str, address: str, epoch: int) -> bool:
-        done = bool(self._run("claim", lambda c: c.execute(
-            self._claim, {"node": node, "address": address, "epoch": epoch}).rowcount == 1))
+        done = bool(self._run("claim", lambda c: self._attempt(
+            c, self._claim, {"node": node, "address": address, "epoch": epoch}).rowcount == 1))
         if done:
             log.info("lease claimed node=%s epoch=%d database=%s", node, epoch, self._where)
         return done

@@ -25,7 +25,8 @@ and can act: a publisher gets an error and may resend) get the error; those
 made with ``retry=True`` (nobody can act on an error: an ack already
 answered, a NO_SYNC publish already confirmed) go back to the head of the
 queue and are tried again after a back-off, and their callbacks run once they
-are committed.
+are committed; but not after a :class:`~storage.shared.FencedError` (shared mode: another
+node took the lease, and every later write is refused too): then they get the error.
 
 Time: the lazy delay and the back-off are measured on the injected clock.  On the
 system clock the thread waits for them with a timed wait; on any other clock (a test's

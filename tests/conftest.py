@@ -12,6 +12,7 @@ from broker.tools.cluster import LocalCluster
 from broker.config import NodeConfig
 from broker.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
+from tests.pg import pg_database, pg_url  # noqa: F401 (fixtures)
 
 PASSWORD = "test-password"
 FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]  # failure detection for tests

@@ -120,7 +120,9 @@ class Group:
                 "peer_address": r.address if r else None,
                 "client_address": r.client_address if r else self.node.client_address,
                 "designated_primary": st.designated_primary if st else None,
+                "console": (st.console or None) if st else None,
                 "ha_1014_discarded": st.discarded if st else None,
+                **ha_json(st),
                 "actives": sorted(actives.get(name, [])),
             })
         return out
@@ -207,12 +209,28 @@ class Group:
 GROUP = web.AppKey("group", Group)
 
 
+def ha_json(st: StatusOk | None) -> dict[str, Any]:
+    """A member's HA arbiter as it reports it: its state, its epoch and the lock or lease holder
+    it knows (None each under majority elections, or when it did not answer)."""
+    if st is None or not st.ha_state:
+        return {"ha_state": None, "epoch": None, "lock_holder": None}
+    return {"ha_state": st.ha_state, "epoch": st.epoch, "lock_holder": st.lock_holder or None}
+
+
 def group_json(statuses: Statuses) -> dict[str, Any]:
+    """Members, quorum, and how the group decides its active: ``mode`` (replicated, shared or
+    single), ``arbiter`` (majority, lockfile or witness), and the lock or lease holder with its
+    epoch as the member that saw the latest epoch reports them (None under majority elections)."""
     mine = statuses[0][1]
     assert mine is not None  # this node's own status is always there
+    reports = [st for _, st in statuses if st is not None and st.ha_state]
+    latest = max(reports, key=lambda st: (st.epoch, bool(st.lock_holder)), default=None)
     return {"members": [n for n, _ in statuses], "quorum_policy": mine.quorum_policy,
             "quorum_state": mine.quorum_state, "quorum_override": mine.quorum_override,
-            "designated_primary": [n for n, st in statuses if st is not None and st.designated_primary]}
+            "designated_primary": [n for n, st in statuses if st is not None and st.designated_primary],
+            "mode": mine.mode, "arbiter": mine.arbiter,
+            "lock_holder": (latest.lock_holder or None) if latest is not None else None,
+            "epoch": latest.epoch if latest is not None else None}
 
 
 def partitions_json(statuses: Statuses) -> list[dict[str, Any]]:

@@ -3,8 +3,13 @@
 Read from the node's own state at scrape time (a custom collector on a registry
 of the node's own), except two things only the moment can tell: commit latency,
 observed by the store's writer thread into a histogram, and the counters the
-node keeps as it goes (confirms, elections, HA-1014).  Per node and per
-partition the node is active for; scrape every node for the group.
+node keeps as it goes (confirms, elections, HA-1014, the HA arbiter's renewals,
+fencing refusals and state changes).  Per node and per partition the node is
+active for; scrape every node for the group.
+
+Under shared mode or the LockFile arbiter (``node.ha``), ``tandem_ha_state`` has
+one series per state of the mode, 1 for the current one, 0 for the others; none
+under majority elections.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.status import partition_depth
+from broker.status import HaReport
+from ha.lockfile import HaState
 from ha.membership import QuorumState
+from ha.shared import SharedState
 from storage.segments import SegmentLog
 from webconsole.nodeview import NODE, NodeView
 
@@ -61,6 +69,8 @@ class NodeCollector(Collector):
             yield _gauge("tandem_log_bytes", "bytes in the replication log's files", [("node", name)], seglog.size())
             yield _counter("tandem_log_segments_deleted", "replication log files deleted, all compacted",
                            [("node", name)], seglog.deleted_segments)
+        if node.ha is not None:
+            yield from _ha_metrics(node, node.ha)
         rep = node.replication
         if rep is None:
             return
@@ -96,6 +106,33 @@ class NodeCollector(Collector):
                      0 if disabled else 1)
 
 
+def ha_states(node: NodeView) -> list[str]:
+    """The HA states of the node's mode: shared mode's, or the LockFile arbiter's."""
+    cfg = node.config
+    if cfg.mode == "shared":
+        return [s.value for s in SharedState]
+    if cfg.arbiter == "lockfile":
+        return [s.value for s in HaState]
+    return []
+
+
+def _ha_metrics(node: NodeView, ha: HaReport) -> Iterator[Any]:
+    name = node.config.name
+    state = ha.state
+    states = ha_states(node)
+    fam = GaugeMetricFamily("tandem_ha_state", "1 for the node's HA state (shared mode, LockFile arbiter), "
+                            "0 for the mode's other states", labels=["node", "state"])
+    for s in states if state in states else [*states, state]:
+        fam.add_metric([name, s], 1 if s == state else 0)
+    yield fam
+    yield _gauge("tandem_ha_epoch", "the activation (shared) or lock (lockfile) epoch the node last served or saw",
+                 [("node", name)], ha.epoch)
+    yield _counter("tandem_lease_renewals", "lock or lease renewals confirmed", [("node", name)], ha.renewals)
+    yield _counter("tandem_fencing_refusals", "writes or frames refused for a stale epoch", [("node", name)],
+                   ha.fencing_refusals)
+    yield _counter("tandem_ha_state_changes", "changes of the node's HA state", [("node", name)], ha.changes)
+
+
 def _gauge(metric: str, help_: str, labels: list[tuple[str, str]], value: float) -> GaugeMetricFamily:
     fam = GaugeMetricFamily(metric, help_, labels=[k for k, _ in labels])
     fam.add_metric([v for _, v in labels], value)
@@ -110,7 +147,7 @@ def _counter(metric: str, help_: str, labels: list[tuple[str, str]], value: floa
 
 class Metrics:
     """A node's registry: its collector, and the histogram of its store's commits (observed
-    by the writer from the moment the console starts until it stops)."""
+    by the node's writer, whichever is open, from the moment the console starts until it stops)."""
 
     def __init__(self, node: NodeView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)

@@ -21,7 +21,6 @@ from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
 from ha.membership import Membership
 from storage.base import WriteOp
-from storage.writer import GroupCommitWriter
 
 #: a partition: (queue id, partition index)
 Key = tuple[int, int]
@@ -93,12 +92,10 @@ class NodeView(StatusSource, Protocol):
         """The store (the metrics read its replication log's files, when it has one)."""
 
     @property
-    def writer(self) -> GroupCommitWriter: ...
-
-    @property
     def commit_observers(self) -> list[Callable[[float, bool], None]]:
-        """Called with (seconds, synced) after each store commit, whichever writer made it."""
-        ...
+        """Called on the writer thread with each commit's duration and sync flag, whichever
+        writer the node has open (none on a shared-mode passive; a new one per activation)."""
+
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]: ...
 

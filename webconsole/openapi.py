@@ -7,6 +7,8 @@ from typing import Any
 from broker import __version__
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_NODE = {"$ref": "#/components/schemas/Node"}
+_GROUP = {"$ref": "#/components/schemas/Group"}
 _OBJ: dict[str, Any] = {"type": "object"}
 
 
@@ -22,6 +24,40 @@ def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
         "type": "object", "properties": props, "required": required, "additionalProperties": False}}}}
 
 
+def _t(kind: str, nullable: bool = False, **kw: Any) -> dict[str, Any]:
+    return {"type": kind, **({"nullable": True} if nullable else {}), **kw}
+
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_HA_STATE = _t("string", True, description="this member's HA state: shared mode's PASSIVE, ACTIVATING, ACTIVE, "
+               "DEAD, or the LockFile arbiter's WAITING, STANDALONE, ACTIVE_SYNC, ACTIVE, PASSIVE_SYNC, PASSIVE, "
+               "DEAD; null under majority elections or when the member does not answer")
+_SCHEMAS: dict[str, Any] = {
+    "Node": {"type": "object", "description": "a member of the group, as it reports itself", "properties": {
+        "name": _t("string"), "state": _t("string", description="Up, Down, Unreachable, ... (as this node sees it)"),
+        "self": _t("boolean", description="the node serving this console"),
+        "priority": _t("integer", True), "votes": _t("integer", True), "quorum_state": _t("string", True),
+        "version": _t("string", True), "store_stamp": _t("string"), "peer_address": _t("string", True),
+        "client_address": _t("string", True), "designated_primary": _t("boolean", True),
+        "console": _t("string", True, description="its console's address (null: it serves none, or does not "
+                      "answer)"),
+        "ha_1014_discarded": _t("integer", True), "actives": _STRINGS, "ha_state": _HA_STATE,
+        "epoch": _t("integer", True, description="the activation (shared) or lock (lockfile) epoch it last "
+                    "served or saw; null under majority elections"),
+        "lock_holder": _t("string", True, description="the lock or lease holder it knows (null: none, unknown, "
+                          "or majority elections)")},
+        "required": ["name", "state", "self", "actives", "ha_state", "epoch", "lock_holder"]},
+    "Group": {"type": "object", "description": "the group's quorum and how it decides its active", "properties": {
+        "members": _STRINGS, "quorum_policy": _t("string"), "quorum_state": _t("string"),
+        "quorum_override": _t("integer", True), "designated_primary": _STRINGS,
+        "mode": _t("string", enum=["replicated", "shared", "single"]),
+        "arbiter": _t("string", enum=["majority", "lockfile", "witness"]),
+        "lock_holder": _t("string", True, description="the lock or lease holder, as the member that saw the "
+                          "latest epoch reports it (null: none, or majority elections)"),
+        "epoch": _t("integer", True, description="that latest epoch (null under majority elections)")},
+        "required": ["members", "quorum_state", "mode", "arbiter", "lock_holder", "epoch"]},
+}
+
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
 _CHANGE = {400: "bad input (the field is named)", 403: "a monitor user, or a missing CSRF token"}
 
@@ -34,18 +70,21 @@ def document() -> dict[str, Any]:
         "/api/v1/session": {"get": {"summary": "who is logged in, their role and the CSRF token",
                                     "responses": _resp("the session")}},
         "/api/v1/overview": {"get": {"summary": "the whole group: nodes, group, partitions, queues, events",
-                                     "responses": _resp("overview")}},
-        "/api/v1/nodes": {"get": {"summary": "every member: state, priority, votes, quorum, addresses, actives",
-                                  "responses": _resp("nodes", {"type": "array", "items": _OBJ})}},
+                                     "responses": _resp("overview", {"type": "object", "properties": {
+                                         "node": _t("string"), "group": _GROUP,
+                                         "nodes": {"type": "array", "items": _NODE}}})}},
+        "/api/v1/nodes": {"get": {"summary": "every member: state, priority, votes, quorum, addresses, actives, "
+                                             "HA state, epoch, lock holder",
+                                  "responses": _resp("nodes", {"type": "array", "items": _NODE})}},
         "/api/v1/nodes/{name}": {"get": {"summary": "one member", "parameters": _NAME,
-                                         "responses": _resp("the node", extra={404: "no such node"})}},
+                                         "responses": _resp("the node", _NODE, extra={404: "no such node"})}},
         "/api/v1/nodes/{name}/priority": {"post": {
             "summary": "set a node's election priority (0 never active .. 3 highest), at once",
             "parameters": _NAME,
             "requestBody": _body({"priority": {"type": "integer", "minimum": 0, "maximum": 3}}, ["priority"]),
             "responses": _resp("set", extra={**_CHANGE, 404: "no such node"})}},
-        "/api/v1/group": {"get": {"summary": "members, quorum policy and state, overrides",
-                                  "responses": _resp("the group")}},
+        "/api/v1/group": {"get": {"summary": "members, quorum policy and state, overrides; mode, arbiter, lock holder",
+                                  "responses": _resp("the group", _GROUP)}},
         "/api/v1/group/quorum-override": {"post": {
             "summary": "operator override of the node quorum on a node (null clears it); logged loudly",
             "requestBody": _body({"nodes": {"type": "integer", "minimum": 1, "nullable": True},
@@ -127,7 +166,8 @@ def document() -> dict[str, Any]:
             "securitySchemes": {"basic": {"type": "http", "scheme": "basic"},
                                 "cookie": {"type": "apiKey", "in": "cookie", "name": "tandem_session"}},
             "schemas": {"Error": {"type": "object", "required": ["code", "error", "message"], "properties": {
-                "code": {"type": "integer"}, "error": {"type": "string"}, "message": {"type": "string"}}}},
+                "code": {"type": "integer"}, "error": {"type": "string"}, "message": {"type": "string"}}},
+                **_SCHEMAS},
         },
         "paths": paths,
     }

@@ -34,7 +34,7 @@ from broker.replication.partlog import PartLog, open_log, replica_config
 from broker.replication.segments import UNPIN_EVERY, unpin_segments
 from broker.replication.serving import PartitionNotifier, Serving
 from broker.replication.transport import Transport
-from client.errors import UnavailableError
+from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
 from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
@@ -85,6 +85,12 @@ class Replication:
         self.priority = cfg.priority
         self.quorum_override: int | None = None
         self.designated_primary: str | None = cfg.name if cfg.designated_primary else None
+        #: the LockFile arbiter's say (broker.lockfile): None under majority elections, else
+        #: (this node holds the lock, it commits alone); see partlog.replica_config
+        self.lock_role: tuple[bool, bool] | None = None
+        #: the LockFile arbiter's gate: while it says False this node proposes and confirms nothing
+        self.confirm_gate: Callable[[], bool] | None = None
+        self.gate_refusals = 0  # proposals and confirms the gate refused
         self.logs: dict[Key, PartLog] = {}
         self._stored = logs
         self._rng = random.Random()
@@ -109,10 +115,52 @@ class Replication:
         return self.roles.changed
 
     def propose(self, ops: list[WriteOp], callback: Callback | None, *, lazy: bool = False) -> None:
+        if self._gate_closed(callback):
+            return
         self.proposals.propose(ops, callback, lazy=lazy)
 
     def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+        if self._gate_closed(callback):
+            return
         self.proposals.propose_catalogue(op, callback)
+
+    def _gate_closed(self, callback: Callback | None) -> bool:
+        """The LockFile arbiter does not let this node write now: refuse, naming the holder."""
+        if self.confirm_gate is None or self.confirm_gate():
+            return False
+        self.gate_refusals += 1
+        if callback is not None:
+            callback(self._not_serving())
+        return True
+
+    def _not_serving(self) -> NotActiveError:
+        holder = next((plog.replica.leader for plog in self.logs.values()
+                       if plog.replica.leader not in (None, self.me)), None)
+        return NotActiveError(f"node {self.me} does not hold the group's lock"
+                              + (f": {holder} is active" if holder else ""), active_hint=holder)
+
+    def arbitrate(self, holder: bool, alone: bool, reason: str) -> None:
+        """The LockFile arbiter changed its say: every log reconfigured at once; a node that
+        lost the lock steps down everywhere, one that took it stands at once."""
+        was = self.lock_role
+        self.lock_role = (holder, alone)
+        self.reconfigure()
+        for plog in list(self.logs.values()):
+            if not holder:
+                self._guarded(plog, lambda: plog.replica.step_down(reason))
+            elif was is None or not was[0]:
+                plog.replica.stand_now()
+
+    def caught_up(self, peer: str) -> bool:
+        """On the LockFile holder: ``peer`` has every entry this node committed, in every log
+        this node is active for (and it is active for all of them)."""
+        for plog in self.logs.values():
+            r = plog.replica
+            if r.role is not Role.LEADER:
+                return False
+            if peer in r.cfg.voters + r.cfg.learners and r.progress().get(peer, 0) < r.commit:
+                return False
+        return True
 
     async def flush_lazy(self, timeout: float) -> None:
         await self.proposals.flush_lazy(timeout)
@@ -158,7 +206,8 @@ class Replication:
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
         return replica_config(self.host.config, nodes, priority=self.priority,
-                              designated_primary=self.designated_primary, quorum_override=self.quorum_override)
+                              designated_primary=self.designated_primary, quorum_override=self.quorum_override,
+                              lock=self.lock_role)
 
     def _open(self, key: Key, nodes: NodeList) -> None:
         st = self._stored.pop(key, None) or LogState()
@@ -166,6 +215,8 @@ class Replication:
                         now=self.host.clock.monotonic())
         self.roles.start_lifecycle(plog)
         self.logs[key] = plog
+        if self.lock_role is not None and self.lock_role[0]:
+            plog.replica.stand_now()  # the LockFile holder: a new queue's partitions at once
 
     def reconfigure(self) -> None:
         """Priority, quorum_override or designated_primary changed: every log, at once."""
@@ -320,10 +371,16 @@ class Replication:
                     plog.replied_at = self.host.clock.monotonic()
                 for env in ready.messages:
                     self.transport.send(key, env)
+        err = None
+        if callbacks and self.confirm_gate is not None and not self.confirm_gate():
+            # committed here, but this node no longer holds the group's lock: it confirms
+            # nothing (the client resends to the holder; the producer sequence dedups it)
+            self.gate_refusals += 1
+            err = self._not_serving()
         for cbs in callbacks:
             for cb in cbs:
                 try:
-                    cb(None)
+                    cb(err)
                 except Exception:  # a confirm callback must not stop replication
                     log.exception("partition %s: a commit callback failed", plog.name)
 

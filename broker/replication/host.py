@@ -50,6 +50,10 @@ class PeerGroup(Protocol):
     @property
     def membership(self) -> Membership: ...
 
+    @property
+    def epoch(self) -> int:
+        """The LockFile epoch this node's frames carry (0 without the LockFile arbiter)."""
+
 
 class ReplicationHost(Protocol):
     """The node, as far as replication uses it."""

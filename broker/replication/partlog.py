@@ -69,10 +69,25 @@ class PartLog:
 
 
 def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designated_primary: str | None,
-                   quorum_override: int | None) -> ReplicaConfig:
+                   quorum_override: int | None, lock: tuple[bool, bool] | None = None) -> ReplicaConfig:
     """The core's configuration for a log placed on ``nodes``: a designated primary counts
-    only in a two-voter log, and a quorum override never exceeds the voters."""
+    only in a two-voter log, and a quorum override never exceeds the voters.
+
+    ``lock``: the LockFile arbiter's say, (holds the lock, commits alone).  The holder is
+    elected on its own vote (the lock decides, not a majority) and commits with its peer,
+    or alone while the peer is gone (STANDALONE); the other node never stands (priority
+    0).  No failback: the lock, not the placement, says who is active."""
     voters = nodes.voters
+    if lock is not None:
+        holder, alone = lock
+        me = cfg.name
+        return ReplicaConfig(node=me, voters=voters, learners=nodes.learners,
+                             priorities={me: max(priority, 1) if holder else 0},
+                             election_timeout=cfg.non_response_timeout, heartbeat_interval=cfg.keepalive_interval,
+                             designated_primary=me if holder and me in voters else None,
+                             commit_quorum=(1 if alone else len(voters)) if holder and me in voters else None,
+                             preferred=nodes.nodes[0], failback_after=0.0, arbitrated=True, max_append=256,
+                             max_append_bytes=MAX_APPEND_BYTES)
     dp = designated_primary if len(voters) == 2 and designated_primary in voters else None
     override = quorum_override if quorum_override is None or quorum_override <= len(voters) else len(voters)
     return ReplicaConfig(node=cfg.name, voters=voters, learners=nodes.learners,

@@ -82,10 +82,11 @@ class Transport:
         peers = self._host.peers
         if peers is None:
             return
+        epoch = peers.epoch
         for dst, items in out.items():
             link = peers.links.get(dst)
             if link is not None:
-                link.send(Replicate(payload=encode_replicate(items)))
+                link.send(Replicate(payload=encode_replicate(items), epoch=epoch))
 
     def receive(self, src: str, payload: bytes) -> Iterator[tuple[PartLog, Message]]:
         """The messages of a Replicate frame from peer ``src``, each with its log (looked up

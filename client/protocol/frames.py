@@ -193,7 +193,14 @@ class Close(Frame):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat(Frame):
+    """A keep-alive.  On a peer link of a LockFile pair it also carries the sender's lock
+    epoch and HA state, and is sent at once on every change of that state (with the state
+    before it); elsewhere the fields keep their defaults."""
+
     OP: ClassVar[Op] = Op.HEARTBEAT
+    epoch: int = 0  # the latest lock epoch the sender has seen (0: none, or no LockFile)
+    ha_state: str = ""  # the sender's HA state (ha.lockfile.HaState), "" without one
+    ha_previous: str = ""  # its state before the change this frame reports ("" if none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -540,6 +547,7 @@ class PeerHello(Frame):
     priority: int
     votes: int
     client_address: str = ""  # host:port clients reach this node at
+    epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -551,6 +559,7 @@ class PeerWelcome(Frame):
     priority: int
     votes: int
     client_address: str = ""
+    epoch: int = 0  # as PeerHello's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -560,6 +569,7 @@ class Replicate(Frame):
 
     OP: ClassVar[Op] = Op.REPLICATE
     payload: bytes
+    epoch: int = 0  # the sender's LockFile epoch (see Heartbeat): a later one fences the receiver
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

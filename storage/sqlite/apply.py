@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
@@ -92,6 +92,12 @@ def _runs(messages: Sequence[MessageRecord]) -> Iterator[Sequence[MessageRecord]
         yield messages[begin:]
 
 
+class Executor(Protocol):
+    """What the applier writes through: a connection's ``exec_driver_sql``."""
+
+    def exec_driver_sql(self, sql: str, params: list[Any] | tuple[Any, ...] = ...) -> Any: ...
+
+
 class Driver:
     """The writer's statements on the driver connection, spelled like SQLAlchemy's
     ``exec_driver_sql``: a list of rows is ``executemany``, a tuple one ``execute``."""
@@ -110,7 +116,18 @@ class Driver:
 class OpApplier:
     """Turns write ops into statements, and keeps the writer's index of the chunk and
     settled rows (``index``) and of each partition's end (``ends``) in step with them.
-    Used by the writer thread only."""
+    Used by the writer thread only.
+
+    The statements are portable SQL with ``?`` placeholders, but for the few below, which
+    another dialect overrides (``storage.postgres``)."""
+
+    UPSERT_END = _UPSERT_END
+    UPSERT_DELIVERED = _UPSERT_DELIVERED
+    PUT_QUEUE = ("INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, "
+                 "max_deliveries, dead_letter_queue, max_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    QUEUE_ID_HWM = ("INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
+                    "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)")
+    PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)"
 
     def __init__(self) -> None:
         self.index: dict[Key, ChunkIndex] = {}
@@ -140,7 +157,7 @@ class OpApplier:
             idx = self.index[key] = ChunkIndex()
         return idx
 
-    def apply(self, conn: Driver, ops: list[WriteOp]) -> int:
+    def apply(self, conn: Executor, ops: list[WriteOp]) -> int:
         """Write ``ops`` in the open transaction; the message bytes written (chunk payloads)."""
         written = 0
         chunks: list[tuple[int, int, int, int, bytes]] = []
@@ -175,10 +192,10 @@ class OpApplier:
                     conn.exec_driver_sql(_INSERT_CHUNK, live)
                 chunks.clear()
             if ends:
-                conn.exec_driver_sql(_UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])
+                conn.exec_driver_sql(self.UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])
                 ends.clear()
             if delivered:
-                conn.exec_driver_sql(_UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
+                conn.exec_driver_sql(self.UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
                 delivered.clear()
             if counts:
                 conn.exec_driver_sql(_UPSERT_COUNT, counts)
@@ -236,7 +253,7 @@ class OpApplier:
             self._compact(conn, touched, unwritten, wrote_counts)
         return written
 
-    def _compact(self, conn: Driver, touched: dict[Key, list[tuple[int, int]]],
+    def _compact(self, conn: Executor, touched: dict[Key, list[tuple[int, int]]],
                  unwritten: set[tuple[int, int, int]], wrote_counts: bool) -> None:
         """Delete chunks whose messages are all settled, and the bookkeeping below the log's start.
         ``unwritten``: chunks this transaction did not write (no row to delete; and no delivery
@@ -269,7 +286,7 @@ class OpApplier:
             # rows wholly below the log's start go; a row straddling it stays (harmless)
             conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
 
-    def _apply_structural(self, conn: Driver, op: WriteOp) -> None:
+    def _apply_structural(self, conn: Executor, op: WriteOp) -> None:
         if isinstance(op, DropProducers):
             conn.exec_driver_sql("DELETE FROM producers WHERE queue_id = ? AND partition = ? AND producer_id = ?",
                                  [(op.queue_id, op.partition, pid) for pid in op.producer_ids])
@@ -277,17 +294,12 @@ class OpApplier:
         if isinstance(op, PutQueue):
             q = op.queue
             conn.exec_driver_sql(
-                "INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, "
-                "max_deliveries, dead_letter_queue, max_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                self.PUT_QUEUE,
                 (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
                  q.dead_letter_queue, q.max_length),
             )
             # queue ids are never reused, even after the newest queue is deleted
-            conn.exec_driver_sql(
-                "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
-                "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
-                (str(q.id),),
-            )
+            conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))
         elif isinstance(op, DropQueue):
             for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_state"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
@@ -310,7 +322,7 @@ class OpApplier:
         elif isinstance(op, PutUser):
             u = op.user
             conn.exec_driver_sql(
-                "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)",
+                self.PUT_USER,
                 (u.name, u.salt, u.hash, u.role, u.params),
             )
         elif isinstance(op, DropUser):

@@ -109,7 +109,7 @@ class SqliteEngine:
         event.listen(self._engine, "begin", self._on_begin)
         try:
             self._writer = self._engine.connect()
-            create_schema(self._writer, self.path)
+            self._create_schema(self._writer)
             recovered = load(self._writer, self.path, self._applier)
             self._writer.rollback()  # end the read transaction autobegun by load
             replay_log(self.log, self._raw(self._writer), recovered, self.path)
@@ -119,6 +119,9 @@ class SqliteEngine:
             return recovered
         except SQLAlchemyError as exc:
             raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
+
+    def _create_schema(self, conn: Connection) -> None:
+        create_schema(conn, self.path)
 
     def close(self) -> None:
         self._checkpointer.stop()

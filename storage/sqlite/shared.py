@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import filelock
 from sqlalchemy import Connection, create_engine, event
@@ -32,9 +32,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from client.errors import StorageError
-from storage.base import REPLICATION_OPS, Capabilities, Recovered, WriteOp
+from storage.base import REPLICATION_OPS, Capabilities, WriteOp
 from storage.lease import TABLE, SqlLease
 from storage.shared import FencedError
+from storage.sqlite.apply import Driver
 from storage.sqlite.engine import SqliteEngine
 
 #: the database's clock in seconds since 1970 (julianday: days since noon, 24 Nov 4714 BC)
@@ -74,8 +75,13 @@ class SharedSqliteEngine(SqliteEngine):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self._epoch: int | None = None
+        self._stale = False  # the writer's index must be read again before the next write
+        self._immediate = False  # the writer's next transaction takes the write lock at once
 
     def fence(self, epoch: int | None) -> None:
+        if epoch != self._epoch:
+            # another node may have written since this one last did: read the index again
+            self._stale = True
         self._epoch = epoch
 
     def _make_durable(self) -> None:
@@ -87,28 +93,31 @@ class SharedSqliteEngine(SqliteEngine):
         self._pending_snaps.clear()
 
     def _on_begin(self, conn: Any) -> None:  # type: ignore[override]
-        # The writer's transactions (opening's schema creation and load too) take the write
-        # lock at once: a deferred one that reads first may find at its first write that
-        # another process wrote meanwhile, and fail (SQLITE_BUSY_SNAPSHOT) without waiting.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn is self._writer else "BEGIN")
+        # The schema's creation takes the write lock at once: a deferred transaction that
+        # reads first may find at its first write that another process wrote meanwhile, and
+        # fail (SQLITE_BUSY_SNAPSHOT) without waiting.  Loading is a read transaction: it must
+        # not hold up the active's writes and lease renewals for as long as it takes.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if self._immediate and conn is self._writer else "BEGIN")
 
-    def open(self) -> Recovered:
-        recovered = super().open()
+    def _create_schema(self, conn: Connection) -> None:
+        self._immediate = True
         try:
-            create_lease_table(self._raw(self._writer))  # type: ignore[arg-type]
-        except sqlite3.Error as exc:
-            self.close()
-            raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
-        return recovered
+            super()._create_schema(conn)
+            create_lease_table(self._raw(conn))
+        finally:
+            self._immediate = False
 
     def _begin_write(self, raw: sqlite3.Connection) -> None:
         raw.execute("BEGIN IMMEDIATE")
-        if self._epoch is not None:
-            try:
+        try:
+            if self._epoch is not None:
                 self._check_epoch(raw)
-            except BaseException:
-                raw.execute("ROLLBACK")
-                raise
+            if self._stale:  # (under the write lock: nobody writes meanwhile)
+                self._applier.reload(cast(Connection, Driver(raw)))
+                self._stale = False
+        except BaseException:
+            raw.execute("ROLLBACK")
+            raise
 
     def _check_epoch(self, raw: sqlite3.Connection) -> None:
         row = raw.execute(f"SELECT epoch FROM {TABLE} WHERE id = 1").fetchone()

@@ -215,3 +215,27 @@ def test_a_pair_through_faults_never_has_two_serving() -> None:
     b.synced()
     assert (a.state, b.state) == (S.PASSIVE, S.ACTIVE)
     check()
+
+
+@pytest.mark.parametrize("before", [S.PASSIVE_SYNC, S.PASSIVE])
+def test_a_passive_whose_peer_stops_serving_waits_for_the_lock(before: HaState) -> None:
+    b, clock = arbiter("b")
+    b.peer_connected()
+    b.peer_serving(1)
+    if before is S.PASSIVE:
+        b.synced()
+    assert b.state is before
+    assert states(b.peer_idle("peer lost its lock")) == [(before.value, "WAITING")]
+    assert b.wants_lock
+    b.lock_acquired(2, clock.monotonic())  # the peer is still connected: it syncs it
+    assert b.state is S.ACTIVE_SYNC
+
+
+@pytest.mark.parametrize("state", [S.WAITING, S.STANDALONE, S.ACTIVE_SYNC, S.ACTIVE])
+def test_a_peer_serving_nothing_changes_nothing_elsewhere(state: HaState) -> None:
+    assert next_state(state, LockEvent.PEER_IDLE) is state
+
+
+def test_peer_idle_is_illegal_once_dead() -> None:
+    with pytest.raises(IllegalTransition):
+        next_state(S.DEAD, LockEvent.PEER_IDLE)

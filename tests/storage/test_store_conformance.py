@@ -1,5 +1,6 @@
 """The Store conformance suite: every engine must pass it (SQLite, SQLite shared by the nodes
-of a machine, memory); a test of a feature an engine lacks (``Capabilities``) skips, naming it."""
+of a machine, PostgreSQL, memory); a test of a feature an engine lacks (``Capabilities``)
+skips, naming it."""
 
 from __future__ import annotations
 
@@ -34,13 +35,16 @@ from storage.base import (
     WriteOp,
 )
 from storage.memory import MemoryDisk, MemoryEngine
+from storage.postgres import PostgresEngine, PostgresShared
 from storage.sqlite import SqliteEngine
 from storage.sqlite.shared import SharedSqliteEngine
 from storage.writer import GroupCommitWriter
 
 # name -> factory(tmp_path, shared) where ``shared`` is one object per test (the memory
-# engine keeps its "disk" there, so a second engine sees what the first committed)
+# engine keeps its "disk" there, so a second engine sees what the first committed;
+# PostgreSQL's "url" is a database schema of the test's own, see tests/pg.py)
 ENGINES: dict[str, Callable[[Path, dict[str, object]], Engine]] = {
+    "postgresql": lambda _d, shared: PostgresShared(str(shared["url"])).engine(),
     "sqlite": lambda d, _shared: SqliteEngine(d / "tandem.db"),
     "sqlite-shared": lambda d, _shared: SharedSqliteEngine(d / "tandem.db"),
     "memory": lambda _d, shared: MemoryEngine(shared.setdefault("disk", MemoryDisk())),  # type: ignore[arg-type]
@@ -51,6 +55,8 @@ ENGINES: dict[str, Callable[[Path, dict[str, object]], Engine]] = {
 def make_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Engine]]:
     opened: list[Engine] = []
     shared: dict[str, object] = {}
+    if request.param == "postgresql":
+        shared["url"] = request.getfixturevalue("pg_url")
 
     def make() -> Engine:
         e = ENGINES[request.param](tmp_path, shared)
@@ -378,6 +384,11 @@ def test_settled_chunks_are_deleted_and_out_of_order_settles_work(make_engine: C
         assert conn.exec_driver_sql("SELECT count(*) FROM chunks").scalar() == 1
         assert conn.exec_driver_sql("SELECT count(*) FROM settled").scalar() == 0
         conn.rollback()
+    if isinstance(e2, PostgresEngine):
+        assert e2._engine is not None
+        with e2._engine.connect() as pg:
+            assert pg.exec_driver_sql("SELECT count(*) FROM chunks").scalar() == 1
+            assert pg.exec_driver_sql("SELECT count(*) FROM settled").scalar() == 0
 
 
 def test_random_settle_orders_recover_exactly(make_engine: Callable[[], Engine]) -> None:

@@ -250,8 +250,9 @@ async def test_the_event_stream_sends_the_overview_and_ends_when_the_console_sto
 
 @pytest.mark.asyncio
 async def test_a_stopped_console_leaves_no_observer_on_the_store(node: Node) -> None:
-    before = len(node.writer.commit_observers)
+    assert node.writer.commit_observers is node.commit_observers  # (every writer the node opens)
+    before = len(node.commit_observers)
     c = await serve_console(node, "127.0.0.1", 0)
-    assert len(node.writer.commit_observers) == before + 1
+    assert len(node.commit_observers) == before + 1
     await c.stop()
-    assert len(node.writer.commit_observers) == before
+    assert len(node.commit_observers) == before

@@ -70,6 +70,9 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             await expect(cards).to_have_count(3, timeout=15000)
             for name in ("node1", "node2", "node3"):
                 await expect(page.locator(f'[data-node="{name}"] .state')).to_have_text("Up", timeout=15000)
+            # majority elections: said once in the header, no HA lines on the cards
+            await expect(page.locator("#mode")).to_have_text("replicated · majority elections")
+            await expect(page.locator("#nodes .ha-state")).to_have_count(0)
 
             # kill a node the console is not served by: it turns Down, its partitions move
             held = set((await cl.actives("orders")).values())

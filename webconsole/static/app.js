@@ -32,7 +32,7 @@ function say(text, bad) {
   r.className = bad ? "error" : "";
 }
 
-function renderNodes(nodes) {
+function renderNodes(nodes, group) {
   const box = document.getElementById("nodes");
   box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
@@ -40,13 +40,51 @@ function renderNodes(nodes) {
     el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}`),
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
     el("div", {}, `client ${n.client_address || "?"}`),
-    el("div", {class: "actives"}, `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`))));
+    ...haLines(n),
+    el("div", {class: "actives"}, activesText(n, group)))));
   for (const id of ["override-node", "priority-node"]) {
     const sel = document.getElementById(id);
     const keep = sel.value;
     sel.replaceChildren(...nodes.map((n) => el("option", {value: n.name}, n.name)));
     if (keep) sel.value = keep;
   }
+}
+
+// A member's HA arbiter (shared mode, the LockFile arbiter): nothing under majority elections.
+function haLines(n) {
+  if (!n.ha_state) return [];
+  return [el("div", {class: "ha"}, "HA ", el("span", {class: `ha-state ${n.ha_state}`}, n.ha_state),
+             `, epoch ${n.epoch}`),
+          el("div", {class: "holder"}, `lock holder ${n.lock_holder || "none"}`)];
+}
+
+// Shared mode has no per-partition actives: the lock holder serves every queue.
+function activesText(n, group) {
+  if (group.mode === "shared") return n.ha_state === "ACTIVE" ? "active for every queue" : "serves no queue";
+  return `active for ${n.actives.length}: ${n.actives.join(", ") || "-"}`;
+}
+
+// How the group decides its active: the mode, the arbiter, the lock or lease holder and its epoch.
+function modeText(g) {
+  if (g.mode === "single") return "single node";
+  const holder = g.lock_holder ? `${g.lock_holder} (epoch ${g.epoch})` : "none";
+  if (g.mode === "shared") return `shared · lease holder ${holder}`;
+  if (g.arbiter === "lockfile") return `replicated · LockFile · holder ${holder}`;
+  if (g.arbiter === "witness") return "replicated · witness";
+  return "replicated · majority elections";
+}
+
+// Shared mode: only the lock holder holds the queues; a passive's page points to its console.
+function renderQueuesHint(o) {
+  const hint = document.getElementById("queues-hint");
+  const me = o.nodes.find((n) => n.self);
+  const passive = o.group.mode === "shared" && me && me.ha_state && me.ha_state !== "ACTIVE";
+  hint.hidden = !passive;
+  if (!passive) return;
+  const holder = o.nodes.find((n) => n.name === o.group.lock_holder);
+  const link = holder && holder.console ? el("a", {href: holder.console}, `${holder.name}'s console`) : null;
+  hint.replaceChildren(`${me.name} is ${me.ha_state}: the queues are served by the lock holder, ` +
+                       `${o.group.lock_holder || "none at the moment"}`, ...(link ? [" (", link, ")"] : []), ".");
 }
 
 function renderQueues(queues) {
@@ -122,7 +160,9 @@ function render(o) {
   const q = document.getElementById("quorum");
   q.textContent = `quorum ${o.group.quorum_state}`;
   q.className = `pill ${o.group.quorum_state}`;
-  renderNodes(o.nodes);
+  document.getElementById("mode").textContent = modeText(o.group);
+  renderQueuesHint(o);
+  renderNodes(o.nodes, o.group);
   renderQueues(o.queues);
   renderPartitions(o.partitions);
   if (selectedQueue) drawChart();

@@ -1,0 +1,105 @@
+"""broker.lockrecord: the lease record beside the LockFile, two nodes on one temp path in one
+process (real files, real flocks).  A holder that stopped renewing is simulated by ageing
+the record's mtime (the gateway's clock says how old it is)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import filelock
+import pytest
+
+from broker.lockrecord import LockFile, LockFileError
+
+LEASE = 1.0
+
+
+def pair(tmp_path: Path) -> tuple[LockFile, LockFile]:
+    path = tmp_path / "gw" / "tandem.lock"
+    return (LockFile(path, "a", lease=LEASE, flock_timeout=0.2), LockFile(path, "b", lease=LEASE, flock_timeout=0.2))
+
+
+def age(lf: LockFile, seconds: float) -> None:
+    """The record was last written ``seconds`` ago (its holder stopped renewing then)."""
+    t = time.time() - seconds
+    os.utime(lf.record_path, (t, t))
+
+
+def test_the_first_taker_gets_epoch_1_and_a_fresh_record_is_not_taken(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    assert a.read().holder is None
+    t = a.try_take(None)
+    assert t.taken and (t.record.holder, t.record.epoch) == ("a", 1)
+    assert not b.try_take(None).taken
+    rec = b.read()
+    assert (rec.holder, rec.epoch) == ("a", 1) and rec.age is not None and rec.age < LEASE
+    # seen unchanged for a lease on b's clock, but young on the gateway's clock: not taken
+    assert not b.try_take(rec.key).taken
+
+
+def test_renewals_change_the_record_and_keep_it_young(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    a.try_take(None)
+    first = b.read()
+    r = a.renew(1, alone=True)
+    assert (r.renewal, r.alone) == (1, True)
+    assert b.read().key != first.key
+    age(a, 5)
+    assert not b.try_take(first.key).taken  # a renewed after b looked: b's observation is stale
+
+
+def test_a_record_unchanged_and_old_is_taken_with_the_next_epoch_and_the_old_holder_loses_it(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    a.try_take(None)
+    key = b.read().key
+    age(a, LEASE + 0.5)
+    t = b.try_take(key)
+    assert t.taken and (t.record.holder, t.record.epoch) == ("b", 2) and t.previous.holder == "a"
+    with pytest.raises(LockFileError, match="names b with epoch 2"):
+        a.renew(1, alone=False)
+    assert not a.release(1)  # not its lock any more: the record stays b's
+    assert b.read().holder == "b"
+
+
+def test_a_released_lock_is_taken_at_once(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    a.try_take(None)
+    assert a.release(1)
+    t = b.try_take(None)
+    assert t.taken and t.record.epoch == 2
+
+
+def test_a_record_naming_this_node_is_taken_again_with_a_new_epoch(tmp_path: Path) -> None:
+    a, _b = pair(tmp_path)
+    a.try_take(None)
+    t = a.try_take(None)  # a restarted (or lost it on its own clock): nobody else holds it
+    assert t.taken and t.record.epoch == 2
+
+
+def test_a_foreign_or_torn_record_is_an_error_never_a_lock(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    a.try_take(None)
+    a.record_path.write_text('{"holder": "a"')
+    with pytest.raises(LockFileError, match="not a Tandem lock record"):
+        b.try_take(None)
+    with pytest.raises(LockFileError):
+        a.renew(1, alone=False)
+
+
+def test_a_held_flock_times_out_as_an_error(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    other = filelock.FileLock(str(a.path), thread_local=False, preserve_lock_file=True)
+    a.path.parent.mkdir(parents=True)
+    with other:
+        with pytest.raises(LockFileError, match="held by another process"):
+            b.try_take(None)
+
+
+def test_an_unreachable_path_is_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    lf = LockFile(blocker / "tandem.lock", "a", lease=LEASE, flock_timeout=0.2)
+    with pytest.raises(LockFileError):
+        lf.try_take(None)
