@@ -239,10 +239,10 @@ class LocalCluster:
             raise UnavailableError(f"the group did not elect {what} within {timeout:.0f} s") from None
 
     async def _statuses(self) -> list[tuple[str, StatusOk]]:
-        """The status of every node that is running and answers."""
+        """The status of every node that is running (not paused) and answers."""
         out = []
         for name, p in self.nodes.items():
-            if p.proc is None or p.proc.returncode is not None:
+            if p.proc is None or p.proc.returncode is not None or p.paused:
                 continue
             try:
                 out.append((name, await self.status(name)))

@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
                     "each run on a fresh database beside URL, dropped after), --arbiter lockfile (the lock "
                     "holder is the target; the lock file in the run's directory) and --arbiter witness (a "
                     "witness process beside the pair; the node active for most partitions is the target); "
-                    "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s. "
+                    "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
+                    "until the other node serves (then SIGCONT: the woken node must write nothing). "
                     "Reported per run: the longest wait for a confirm, and the time from the fault to the "
                     "first confirm on the new active.",
         epilog="examples:\n"

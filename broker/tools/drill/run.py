@@ -20,12 +20,15 @@ from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
-from broker.tools.pair import HaSetup
+from broker.tools.pair import REPLICATED, HaSetup
 from broker.tools.scratch_db import fresh_database
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 
 log = logging.getLogger("tandem.drill")
+
+#: pause-active on a pair: how long past its hold the drill waits for the other node to take over
+TAKEOVER_WAIT = 30.0
 
 
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
@@ -41,7 +44,10 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     elif s == "pause-active":
         load.mark_fault()
         cl.nodes[target].pause()
-        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        await clock.sleep(hold)  # the fault itself lasts at least this long: not a wait for a state
+        if cfg.ha != REPLICATED and cfg.hold is None:
+            # a pair: the paused node wakes up only once the other serves (then it must not write)
+            load.after = await _taken_over(cl, cfg, target, clock, deadline)
         cl.nodes[target].resume()
         load.mark_settled()
     elif s == "partition-active":
@@ -74,6 +80,22 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     found = await all_active(cl, cfg.partitions, deadline, clock)
     if not load.after:
         load.after = found
+
+
+async def _taken_over(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
+                      deadline: float) -> dict[int, str]:
+    """Until every partition is served by a node other than the (paused) ``target``; at most
+    :data:`TAKEOVER_WAIT` seconds."""
+    give_up = min(deadline, clock.monotonic() + TAKEOVER_WAIT)
+    while True:
+        found = await cl.actives(QUEUE, cfg.partitions)
+        if len(found) == cfg.partitions and target not in found.values():
+            return found
+        if clock.monotonic() > give_up:
+            cl.nodes[target].resume()
+            raise UnavailableError(f"no other node took over from the paused {target} within "
+                                   f"{TAKEOVER_WAIT + cfg.pause:.0f} s")
+        await clock.sleep(0.05)  # polling real processes, bounded by the deadline
 
 
 async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
