@@ -87,6 +87,7 @@ class RunResult:
     takeover_ms: float | None = None
     #: the node serving most partitions once the fault was over (the target again: no takeover)
     after: str = ""
+    kept: str = ""  # a failed run's directory, its node logs left there
     ha_events: list[str] = field(default_factory=list)
     error: str = ""
 

@@ -29,6 +29,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     out["moved"] = sum(1 for r in results if r.after and r.target and r.after != r.target)
     out["ha_events"] = sorted({e for r in results for e in r.ha_events})
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
+    out["kept"] = [f"run {r.run}: {r.kept}" for r in results if r.kept]
     out["passed"] = bool(results) and all(r.passed for r in results)
     return out
 
@@ -49,6 +50,8 @@ def report_text(rep: dict[str, Any]) -> str:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
     for e in rep["errors"]:
         lines.append("  error: " + e)
+    for k in rep.get("kept", []):
+        lines.append("  node logs kept: " + k)
     lines.append("  PASSED" if rep["passed"] else "  FAILED")
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -110,50 +111,65 @@ async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock 
 
 
 async def _run_spawned(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, clock: Clock) -> RunResult:
-    with tempfile.TemporaryDirectory(prefix="tandem-drill-", dir=cfg.data_dir) as tmp:
-        node_args: dict[str, list[str]] = {}
-        if cfg.scenario == "kill-replica":
-            node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
-        cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
-                          extra_args=cfg.node_args(), node_args=node_args, clock=clock,
-                          proxied=cfg.scenario == "partition-active", ha=ha)
-        res = RunResult(run, "")
-        load: Load | None = None
-        try:
-            await cl.start()
-            deadline = clock.monotonic() + cfg.timeout
-            await cl.wait_ready()
-            async with await client.connect(cl.url, client_name="drill-setup") as conn:
-                await conn.declare_queue(QUEUE, partitions=cfg.partitions)
-            actives = await all_active(cl, cfg.partitions, deadline, clock)
-            res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
-                "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
-            before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
-            load = Load(cl, cfg, run, rng, clock)
-            log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
-            run_load = load
-            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
-            _verdict(res, load)
-            took = load.takeover({p for p, n in actives.items() if n == res.target})
-            res.takeover_ms = round(took * 1000, 1) if took is not None else None
-            res.after = target_of(load.after) if load.after else ""
-            res.ha_events = await ha_events(cl)
-            if cfg.scenario == "slow-disk":
-                await all_active(cl, cfg.partitions, deadline, clock)
-                after = active_terms(await cl._statuses(), QUEUE)
-                moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
-                         for p in sorted(before) if after.get(p) != before[p]}
-                if moved:
-                    res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
-                                 f"should: {moved}")
-        except (TandemError, OSError, TimeoutError) as exc:
-            log.exception("drill run %d failed", run)
-            res.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            if load is not None:
-                await load.close()
-            await cl.stop()
-        return res
+    """A run in a directory of its own, removed afterwards unless the run failed: then its
+    node logs stay there for the post-mortem (the result's ``kept``)."""
+    tmp = tempfile.mkdtemp(prefix="tandem-drill-", dir=cfg.data_dir)
+    res = RunResult(run, "")
+    try:
+        return await _run_in(cfg, ha, run, rng, clock, tmp, res)
+    finally:
+        if res.passed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            res.kept = tmp
+            log.warning("drill run %d failed: its node logs are kept in %s", run, tmp)
+
+
+async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, clock: Clock, tmp: str,
+                  res: RunResult) -> RunResult:
+    """One run's group in ``tmp``: start it, load it, inject the fault, judge into ``res``."""
+    node_args: dict[str, list[str]] = {}
+    if cfg.scenario == "kill-replica":
+        node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
+    cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
+                      extra_args=cfg.node_args(), node_args=node_args, clock=clock,
+                      proxied=cfg.scenario == "partition-active", ha=ha)
+    load: Load | None = None
+    try:
+        await cl.start()
+        deadline = clock.monotonic() + cfg.timeout
+        await cl.wait_ready()
+        async with await client.connect(cl.url, client_name="drill-setup") as conn:
+            await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+        actives = await all_active(cl, cfg.partitions, deadline, clock)
+        res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
+            "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
+        before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
+        load = Load(cl, cfg, run, rng, clock)
+        log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
+        run_load = load
+        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
+        _verdict(res, load)
+        took = load.takeover({p for p, n in actives.items() if n == res.target})
+        res.takeover_ms = round(took * 1000, 1) if took is not None else None
+        res.after = target_of(load.after) if load.after else ""
+        res.ha_events = await ha_events(cl)
+        if cfg.scenario == "slow-disk":
+            await all_active(cl, cfg.partitions, deadline, clock)
+            after = active_terms(await cl._statuses(), QUEUE)
+            moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
+                     for p in sorted(before) if after.get(p) != before[p]}
+            if moved:
+                res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
+                             f"should: {moved}")
+    except (TandemError, OSError, TimeoutError) as exc:
+        log.exception("drill run %d failed", run)
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if load is not None:
+            await load.close()
+        await cl.stop()
+    return res
 
 
 async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
