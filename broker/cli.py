@@ -8,6 +8,7 @@
     tandem status         a node's view of its replication group
     tandem drill          inject a fault under load and check every message
     tandem bench          throughput and latency, side by side with RabbitMQ and NATS
+    tandem witness start  run a two-node group's witness (a data-less third vote)
 
 Every client command takes ``--url tandem://user:password@host:port`` (or
 ``TANDEM_URL``) and ``--json``.  Errors print one line and exit non-zero;
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import NodeConfig, build_config, load_toml
-from broker.tools import cluster_up, commands, status
+from broker.tools import cluster_up, commands, status, witness_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -213,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)
+    witness_cli.add_parser(sub)
     for name, command_parser in sub.choices.items():
         _log_args(command_parser, argparse.SUPPRESS)
         if name == "cluster":

@@ -222,6 +222,11 @@ class NodeConfig:
     def peer_addresses(self) -> dict[str, tuple[str, int]]:
         return dict(parse_peer(spec) for spec in self.peers)
 
+    def witness_address(self) -> tuple[str, tuple[str, int]] | None:
+        """(name, (host, port)) of the group's witness under ``arbiter = "witness"``, else None:
+        a member of the peer links and a voter of every log, never a data replica."""
+        return parse_peer(self.witness) if self.arbiter == "witness" and self.witness else None
+
 
 def redact_url(url: str) -> str:
     """A database URL with its password replaced (for logs, errors and ``tandem status``)."""

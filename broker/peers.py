@@ -114,6 +114,9 @@ class PeerManager:
         cfg = node.config
         self.node = node
         self.addresses = cfg.peer_addresses()
+        witness = cfg.witness_address()
+        if witness is not None:
+            self.addresses[witness[0]] = witness[1]  # a member: its vote counts in the node quorum
         self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
         self.membership = Membership(me=self.me, peers=tuple(self.addresses),
                                      non_response_timeout=cfg.non_response_timeout,

@@ -15,7 +15,10 @@ Raft's safety rules with Qpid's preferences (docs/replication.md):
   steps down (a cut-off active stops taking writes); a replica's :class:`Alive`
   counts as word from it (its replies may wait for a slow disk; it is not cut off);
 * a replica that finds entries of a deposed term beyond the active's log
-  truncates them and reports ``HA-1014`` with the count.
+  truncates them and reports ``HA-1014`` with the count;
+* a *witness* (``ReplicaConfig.witnesses``) is a voter without data: it is sent
+  entry positions only, never stands, and the active counts it toward a commit only
+  while no other data voter is in sync (:mod:`ha.witness`).
 
 The driver calls :meth:`Replica.tick` with the time, :meth:`Replica.step` with
 each message, and :meth:`Replica.propose` for client writes on the active;
@@ -35,6 +38,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from ha import witness
 from ha.failback import Failback
 from ha.log import EntryLog
 from ha.messages import (
@@ -94,6 +98,7 @@ class Replica:
         self._deferring_until = -1.0
         self._stand_early_after = -1.0  # see _on_vote: a less recent candidate asked us
         self._active_seen = NEVER  # the last message this node took from an active (_follow)
+        self._heard_from: dict[str, float] = {}  # member -> when its last message arrived (any term)
         self._now = now
         fresh = term == 0 and not self.log and self.snap_index == 0 and not recovering
         self._election_at = first_election_at(config, now, self._timeout(), fresh, self.rng)
@@ -172,6 +177,11 @@ class Replica:
         if self.cfg.quorum() >= majority:
             return False
         return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
+
+    def witness_counts(self) -> bool:
+        """On the active: whether a witness's acknowledgement counts toward a commit now
+        (:func:`ha.witness.counts`)."""
+        return witness.counts(self.cfg, self.id, self._now, self._heard_from, self._tracker, self.commit)
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -302,6 +312,7 @@ class Replica:
         """A message from another replica, handed to its handler (``_HANDLERS``)."""
         handler = _HANDLERS.get(type(env.msg))
         if handler is not None:
+            self._heard_from[env.src] = self._now
             handler(self, env.msg)
         return self._take_ready()
 
@@ -336,6 +347,12 @@ class Replica:
                 self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
 
     def _on_vote(self, m: RequestVote) -> None:
+        if witness.ignores_term(self.cfg, self.id, m, term=self.term, recency=self._log.recency(),
+                                active_heard=(self.leader is not None and
+                                              self._now - self._active_seen < self.cfg.election_timeout)):
+            self._send(m.candidate, VoteReply(self.term, self.id, False))  # (ha.witness)
+            return
+        deposed = self.leader if m.term > self.term else None
         if m.term > self.term:
             self._observe_term(m.term)
         et, now = self.cfg.election_timeout, self._now
@@ -349,6 +366,8 @@ class Replica:
             self.voted_for = m.candidate
             self._hard_state_changed()
             self._election_at = now + self._timeout()
+            if deposed is not None and witness.tells_deposed(self.cfg, self.id, deposed, m.candidate):
+                self._send(deposed, AppendReply(self.term, self.id, False, 0))
         elif answer is Ballot.REFUSE_AND_STAND:
             self._election_at = now
             self._deferring_until = now + 2 * et
@@ -414,6 +433,9 @@ class Replica:
     # -- replication --------------------------------------------------------------------------------
 
     def _send_append(self, p: str) -> None:
+        if p in self.cfg.witnesses:
+            self._send_append_to_witness(p)
+            return
         nxt = self._tracker.next.get(p, self.last_index + 1)
         if nxt <= self.snap_index:
             # The entries it needs are compacted: a snapshot (at most one per election
@@ -431,6 +453,34 @@ class Replica:
         prev = nxt - 1
         self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev), entries,
                                     self.commit))
+
+    def _send_limit(self, p: str) -> int:
+        """The last index ``p`` is sent now: a witness that does not count gets no further
+        than the commit index."""
+        if p in self.cfg.witnesses and not self.witness_counts():
+            return self.commit
+        return self.last_index
+
+    def _send_append_to_witness(self, p: str) -> None:
+        """The witness gets entry positions (term, index, origin, weak), never data, and
+        only up to the commit index while it does not count toward commits
+        (:meth:`witness_counts`); what it needs of the compacted log is the snapshot's
+        position alone."""
+        nxt = self._tracker.next.get(p, self.last_index + 1)
+        entries: tuple[Entry, ...] = ()
+        if nxt <= self.snap_index:
+            if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
+                self._send(p, InstallSnapshot(self.term, self.id, self.snap_index, self.snap_term,
+                                              self.snap_origin, b""))
+            nxt = self.snap_index + 1
+        else:
+            batch = self._log.slice(nxt, min(self._send_limit(p), nxt + 4 * self.cfg.max_append - 1))
+            if batch:
+                entries = witness.positions(batch)
+                self._tracker.next[p] = entries[-1].index + 1
+        prev = nxt - 1
+        self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev),
+                                    entries, self.commit))
 
     def _follow(self, term: int, leader: str, recency: tuple[int, int]) -> bool:
         """A message from ``leader`` of ``term``: follow it, or refuse it (False)."""
@@ -567,7 +617,7 @@ class Replica:
             self._advance_commit()
             if m.replica == self._failback.handing_to:
                 self._hand_over_if_caught_up()
-            if self._tracker.next[m.replica] <= self.last_index:
+            if self._tracker.next[m.replica] <= self._send_limit(m.replica):
                 self._send_append(m.replica)
         else:
             self._send_append(m.replica)
@@ -585,10 +635,13 @@ class Replica:
         """The active's own write is part of every commit (a confirmed entry is on its disk,
         fsynced under SYNC), and with it a quorum of voters."""
         need = self.cfg.commit_quorum or self.cfg.quorum()
+        voters = self.cfg.voters
+        if self.cfg.witnesses and not self.witness_counts():
+            voters = tuple(v for v in voters if v not in self.cfg.witnesses)
         for n in range(min(self.last_index, self._persisted), self.commit, -1):
             if self._log.term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
-            if self._tracker.holding(self.cfg.voters, self.id, self._persisted, n) >= need:
+            if self._tracker.holding(voters, self.id, self._persisted, n) >= need:
                 self.commit = n
                 break
 

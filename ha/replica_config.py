@@ -31,6 +31,11 @@ class ReplicaConfig:
     #: failback: the active hands the partition to ``preferred`` once that node has answered
     #: without a gap for this long (0: never); see :mod:`ha.failback`
     failback_after: float = 0.0
+    #: voters that hold no data (a group's witness, ``tandem witness start``): they vote and
+    #: acknowledge entry positions, never stand, and are sent entries without their data;
+    #: an active counts a witness toward a commit only while no other data voter is in
+    #: sync (see :meth:`ha.replica.Replica.witness_counts`)
+    witnesses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.node not in self.voters and self.node not in self.learners:
@@ -43,6 +48,10 @@ class ReplicaConfig:
             raise ValueError("designated_primary must be one of the voters")
         if self.commit_quorum is not None and not 1 <= self.commit_quorum <= len(self.voters):
             raise ValueError(f"commit_quorum must be 1..{len(self.voters)}")
+        if not set(self.witnesses) <= set(self.voters):
+            raise ValueError("a witness must be one of the voters")
+        if self.preferred is not None and self.preferred in self.witnesses:
+            raise ValueError("a witness cannot be the preferred node (it holds no data)")
         if any(not 0 <= p <= 3 for p in self.priorities.values()):
             raise ValueError("priorities are 0..3")
         if self.failback_after < 0:
@@ -51,7 +60,8 @@ class ReplicaConfig:
             raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
 
     def priority(self, node: str) -> int:
-        return self.priorities.get(node, 1)
+        """0 for a witness, whatever the settings say: it holds no data, so it never stands."""
+        return 0 if node in self.witnesses else self.priorities.get(node, 1)
 
     def rank(self, node: str) -> int:
         """Priority, then placement preference: what elections prefer (0 never stands)."""

@@ -88,13 +88,16 @@ def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designate
                              commit_quorum=(1 if alone else len(voters)) if holder and me in voters else None,
                              preferred=nodes.nodes[0], failback_after=0.0, arbitrated=True, max_append=256,
                              max_append_bytes=MAX_APPEND_BYTES)
+    witness = cfg.witness_address()
+    witnesses = (witness[0],) if witness is not None else ()
+    voters += witnesses  # the witness votes in every log and holds none of its data
     dp = designated_primary if len(voters) == 2 and designated_primary in voters else None
     override = quorum_override if quorum_override is None or quorum_override <= len(voters) else len(voters)
     return ReplicaConfig(node=cfg.name, voters=voters, learners=nodes.learners,
                          priorities={cfg.name: priority}, election_timeout=cfg.non_response_timeout,
                          heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
                          designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
-                         max_append=256, max_append_bytes=MAX_APPEND_BYTES)
+                         max_append=256, max_append_bytes=MAX_APPEND_BYTES, witnesses=witnesses)
 
 
 def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, rng: random.Random,

@@ -73,7 +73,8 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"ha: {st.mode} mode, arbiter {st.arbiter}")
     if st.remotes:
         rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES")]
-        rows += [(r.name, r.state, r.address, str(r.priority), str(r.votes)) for r in st.remotes]
+        rows += [(r.name + (" (witness)" if r.store_stamp.startswith("witness-") else ""), r.state, r.address,
+                  str(r.priority), str(r.votes)) for r in st.remotes]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

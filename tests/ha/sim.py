@@ -44,7 +44,7 @@ class Cluster:
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
                  quorum_override: int | None = None, designated_primary: str | None = None,
                  compaction: float = 0.0, preferred: str | None = None, failback_after: float = 0.0,
-                 alive: float = 0.0) -> None:
+                 alive: float = 0.0, witnesses: tuple[str, ...] = ()) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -57,6 +57,7 @@ class Cluster:
         self.preferred = preferred  # the placement's first node (ReplicaConfig.preferred)
         self.failback_after = failback_after
         self.alive = alive  # chance per follower and step of an Alive to its active
+        self.witnesses = witnesses  # voters without data (ReplicaConfig.witnesses)
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
         self.net: list[tuple[float, int, Envelope]] = []
@@ -77,13 +78,14 @@ class Cluster:
         return ReplicaConfig(node=n, voters=self.voters, learners=self.learners, priorities=self.priorities,
                              election_timeout=1.0, heartbeat_interval=0.2, max_append=8,
                              quorum_override=self.quorum_override, designated_primary=self.designated_primary,
-                             preferred=self.preferred, failback_after=self.failback_after)
+                             preferred=self.preferred, failback_after=self.failback_after,
+                             witnesses=self.witnesses)
 
     def start(self, n: str) -> None:
         st = self.stable[n]
         self.nodes[n] = Replica(self.config(n), rng=random.Random(self.rng.random()), now=self.now,
                                 term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit,
-                                snapshot=st.snap, applied=len(st.state))
+                                snapshot=st.snap, applied=None if n in self.witnesses else len(st.state))
 
     def crash(self, n: str) -> None:
         self.nodes[n] = None
@@ -102,13 +104,19 @@ class Cluster:
             m = ready.snapshot
             st.snap = (m.index, m.last_term, m.last_origin)
             st.log = [e for e in st.log if e.index > m.index]
-            st.state = list(m.data)
+            if n in self.witnesses:
+                if m.data != b"":
+                    raise SafetyViolation(f"seed {self.seed}: witness {n} was sent a snapshot with data")
+            else:
+                st.state = list(m.data)
             self.snapshots += 1
         for e in ready.append:
             if e.index != st.last() + 1:
                 raise SafetyViolation(f"seed {self.seed}: {n} appends index {e.index} after {st.last()}")
+            if n in self.witnesses and e.data is not None:
+                raise SafetyViolation(f"seed {self.seed}: witness {n} was sent an entry's data")
             st.log.append(e)
-        for e in ready.committed:
+        for e in ready.committed if n not in self.witnesses else ():
             if e.index != len(st.state) + 1:
                 raise SafetyViolation(f"seed {self.seed}: {n} applies index {e.index} after {len(st.state)}")
             st.state.append((e.index, e.term, e.origin, e.data))
@@ -117,7 +125,7 @@ class Cluster:
                 self.discarded += ev.count
                 self.discarded_committed += ev.committed
         for env in ready.messages:
-            if isinstance(env.msg, InstallSnapshot):
+            if isinstance(env.msg, InstallSnapshot) and env.msg.data is None:
                 i, t, o, _d = st.state[-1] if st.state else (0, 0, "", None)
                 env = Envelope(env.src, env.dst, InstallSnapshot(env.msg.term, env.msg.leader, i, t, o,
                                                                  tuple(st.state)))
@@ -179,6 +187,8 @@ class Cluster:
             if r is None:
                 continue
             if r.role is Role.LEADER:
+                if n in self.witnesses:
+                    raise SafetyViolation(f"seed {self.seed}: witness {n} became active in term {r.term}")
                 if self.leaders.setdefault(r.term, n) != n:
                     raise SafetyViolation(f"seed {self.seed}: two actives in term {r.term}: "
                                           f"{self.leaders[r.term]} and {n}")
@@ -197,7 +207,7 @@ class Cluster:
             if r.commit > r.last_index:
                 raise SafetyViolation(f"seed {self.seed}: {n} commits past its log")
         # applied states are prefixes of one history
-        states = [self.stable[n].state for n, r in self.nodes.items() if r is not None]
+        states = [self.stable[n].state for n, r in self.nodes.items() if r is not None and n not in self.witnesses]
         for a, b in itertools.combinations(states, 2):
             k = min(len(a), len(b))
             if a[:k] != b[:k]:
