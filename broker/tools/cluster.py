@@ -143,9 +143,9 @@ class LocalCluster:
                             *peers, *ha, *self._extra, *self._node_args.get(n, [])]
 
     @property
-    def processes(self) -> dict[str, NodeProcess]:
+    def processes(self) -> dict[str, NodeProcess | SupervisedWitness]:
         """Every process of the group: the nodes, and the witness if there is one."""
-        procs = dict(self.nodes)
+        procs: dict[str, NodeProcess | SupervisedWitness] = dict(self.nodes)
         if self.witness is not None:
             procs[self.witness.name] = self.witness
         return procs
