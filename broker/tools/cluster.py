@@ -5,6 +5,11 @@ and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
 ``+2`` for HTTP (the management console).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
 else a random one written to ``<data_dir>/admin-password``).
+
+``ha`` (:class:`~broker.tools.pair.HaSetup`) makes it a shared-mode group (every node on the
+one database) or a pair under the LockFile arbiter (``<data_dir>/tandem.lock`` unless a path
+is given) or a witness: then a witness process ``w1`` runs beside the nodes, its peer port
+the one a third node's would be (``base_port + 10*N + 1``), its data in ``<data_dir>/w1``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from pathlib import Path
 
 import client
 from broker.tools.faults import FaultProxy
+from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
+from broker.tools.witness_child import SupervisedWitness
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
@@ -72,12 +79,24 @@ def actives_of(statuses: list[tuple[str, StatusOk]], queue: str) -> dict[int, st
     return {p: name for p, (name, _term) in active_terms(statuses, queue).items()}
 
 
+def _failure_detection(args: list[str]) -> list[str]:
+    """The nodes' keep-alive and non-response flags among ``args``, for the witness (its peer
+    links time out as theirs do)."""
+    out = []
+    for flag in ("--keepalive-interval", "--non-response-timeout"):
+        if flag in args[:-1]:
+            out += [flag, args[args.index(flag) + 1]]
+    return out
+
+
 class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 proxied: bool = False) -> None:
+                 proxied: bool = False, ha: HaSetup = REPLICATED) -> None:
         self.clock = clock
+        ha.check(nodes)
+        self.ha = ha
         #: every peer link and every node's client port behind a FaultProxy (cut_node / heal_node)
         self.proxied = proxied
         self.proxies: dict[str, list[FaultProxy]] = {}  # node -> the proxies cutting which isolates it
@@ -91,9 +110,11 @@ class LocalCluster:
         if base_port:
             ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
                      for i, n in enumerate(names)}
+            witness_port = base_port + 10 * nodes + 1
         else:
-            free = free_ports(3 * nodes)
+            free = free_ports(3 * nodes + 1)
             ports = {n: (free[3 * i], free[3 * i + 1], free[3 * i + 2]) for i, n in enumerate(names)}
+            witness_port = free[-1]
         self.peer_ports = {n: p[1] for n, p in ports.items()}
         self.http_ports = {n: p[2] for n, p in ports.items()}
         #: (from, to) -> "host:port" where ``from`` reaches ``to``'s peer port (a FaultProxy)
@@ -104,15 +125,30 @@ class LocalCluster:
         for n in names:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
                                         password=self.password, host=host, clock=clock)
+        #: the pair's witness (``ha.arbiter == "witness"``), started before the nodes
+        self.witness: SupervisedWitness | None = None
+        if ha.witness:
+            self.witness = SupervisedWitness(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
+                                             peers={n: (host, self.peer_ports[n]) for n in names}, host=host,
+                                             extra_args=_failure_detection(self._extra), clock=clock)
         self._arrange()
 
     def _arrange(self) -> None:
         names = list(self.nodes)
+        ha = self.ha.node_args(self.data_dir, self.witness.spec if self.witness is not None else None)
         for n, p in self.nodes.items():
             peers = [a for o in names if o != n for a in
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
             p.extra_args = ["--peer-port", str(self.peer_ports[n]), "--http-port", str(self.http_ports[n]),
-                            *peers, *self._extra, *self._node_args.get(n, [])]
+                            *peers, *ha, *self._extra, *self._node_args.get(n, [])]
+
+    @property
+    def processes(self) -> dict[str, NodeProcess | SupervisedWitness]:
+        """Every process of the group: the nodes, and the witness if there is one."""
+        procs: dict[str, NodeProcess | SupervisedWitness] = dict(self.nodes)
+        if self.witness is not None:
+            procs[self.witness.name] = self.witness
+        return procs
 
     def route(self, src: str, dst: str, address: str) -> None:
         """``src`` reaches ``dst``'s peer port at ``address`` (before start)."""
@@ -182,29 +218,31 @@ class LocalCluster:
         try:
             if self.proxied and not self.proxies:
                 await self._start_proxies()
+            if self.witness is not None and (self.witness.proc is None or self.witness.proc.returncode is not None):
+                await self.witness.start(timeout)
             await asyncio.gather(*(p.start(timeout) for p in self.nodes.values()))
         except BaseException:
             await self.stop()
             raise
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until some node reports node quorum and an active for the queue catalogue."""
+        """Until some node serves clients (:func:`~broker.tools.pair.group_ready`: node quorum and
+        an active for the queue catalogue; under the LockFile arbiter a lock holder; in shared
+        mode an ACTIVE node)."""
         try:
             async with self.clock.timeout(timeout):
-                while True:
-                    for _name, st in await self._statuses():
-                        cat = [x for x in st.partitions if x.queue == "" and x.active]
-                        if st.quorum_state != "Disabled" and cat:
-                            return
+                while not group_ready(self.ha, await self._statuses()):
                     await self.clock.sleep(0.1)  # polling real processes for a state; bounded by the deadline
         except TimeoutError:
-            raise UnavailableError(f"the group did not elect an active within {timeout:.0f} s") from None
+            what = "an ACTIVE node" if self.ha.shared else "a lock holder" if self.ha.arbiter == "lockfile" \
+                else "an active"
+            raise UnavailableError(f"the group did not elect {what} within {timeout:.0f} s") from None
 
     async def _statuses(self) -> list[tuple[str, StatusOk]]:
-        """The status of every node that is running and answers."""
+        """The status of every node that is running (not paused) and answers."""
         out = []
         for name, p in self.nodes.items():
-            if p.proc is None or p.proc.returncode is not None:
+            if p.proc is None or p.proc.returncode is not None or p.paused:
                 continue
             try:
                 out.append((name, await self.status(name)))
@@ -216,12 +254,15 @@ class LocalCluster:
         async with await client.connect_link(self.url_of(name), client_name="tandem-cluster", observe=True) as conn:
             return await conn.status()
 
-    async def actives(self, queue: str) -> dict[int, str]:
-        """partition -> active node, as the live nodes agree on it (partitions without one left out)."""
-        return actives_of(await self._statuses(), queue)
+    async def actives(self, queue: str, partitions: int | None = None) -> dict[int, str]:
+        """partition -> the node serving it, as the live nodes report (partitions without one left
+        out; shared mode: :func:`~broker.tools.pair.serving_actives`)."""
+        return serving_actives(self.ha, await self._statuses(), queue, partitions)
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.nodes.values()), return_exceptions=True)
+        if self.witness is not None:
+            await self.witness.stop()
         proxies = {id(px): px for pxs in self.proxies.values() for px in pxs}
         await asyncio.gather(*(px.stop() for px in proxies.values()), return_exceptions=True)
         self.proxies.clear()

@@ -1,9 +1,14 @@
 """``tandem cluster up``: a local replication group in the foreground.
 
+By default a replicated group; ``--mode shared --database URL`` makes every node use the one
+database (the lock holder active, the others passive), and ``--arbiter lockfile`` or
+``--arbiter witness`` makes a replicated pair (``--nodes 2``) arbitrated by a lock file or by
+a witness process started beside the nodes (:class:`~broker.tools.pair.HaSetup`).
+
 It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`), waits for a quorum,
 prints where everything is, then watches the node processes.  A node that exits or is
-killed is named once, with how it ended; the others keep serving, and the node is started
-again after ``--restart-delay`` seconds (doubled, up to :data:`RESTART_CAP`, while it keeps
+killed (the witness too) is named once, with how it ended; the others keep serving, and it
+is started again after ``--restart-delay`` seconds (doubled, up to :data:`RESTART_CAP`, while it keeps
 dying within :data:`STEADY` seconds of its start).  Each node's pid is in
 ``DATA_DIR/node<i>.pid`` while it runs.  SIGINT (Ctrl-C) or SIGTERM stops every node.
 """
@@ -17,8 +22,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker.config import redact_url
 from broker.tools.cluster import LocalCluster
+from broker.tools.options import ExamplesFormatter
+from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from broker.tools.process import NodeProcess, NodeStartError
+from broker.tools.witness_child import SupervisedWitness
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError
 
@@ -39,7 +48,22 @@ def add_parser(sub: Any) -> None:
                                       "client URL listing every node. A node that exits or is killed is "
                                       "started again after --restart-delay seconds while the others keep "
                                       "serving; Ctrl-C stops them all. All nodes share one admin password: "
-                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password.")
+                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password. "
+                                      "Two-node setups (docs/shared-mode.md): --mode shared --database URL (every "
+                                      "node on the one database; the lock holder is ACTIVE for every partition, "
+                                      "the others PASSIVE), --arbiter lockfile (a replicated pair, the holder of "
+                                      "--lockfile serves) and --arbiter witness (a replicated pair plus a witness "
+                                      "process w1 as the third vote, peer port BASE+10*N+1, supervised like the "
+                                      "nodes).",
+                          epilog="examples:\n"
+                                 "  tandem cluster up --nodes 2 --mode shared --database "
+                                 "postgresql+psycopg://postgres@127.0.0.1:5432/tandem\n"
+                                 "  tandem cluster up --nodes 2 --mode shared --database "
+                                 "sqlite:///$PWD/.tandem/shared.db\n"
+                                 "  tandem cluster up --nodes 2 --arbiter lockfile --lockfile "
+                                 "/mnt/gateway/tandem.lock\n"
+                                 "  tandem cluster up --nodes 2 --arbiter witness",
+                          formatter_class=ExamplesFormatter)
     up.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
     up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
     up.add_argument("--data-dir", dest="data_dir", default=".tandem", help="default .tandem")
@@ -48,12 +72,16 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--restart-delay", dest="restart_delay", type=float, default=RESTART_DELAY,
                     metavar="SECONDS", help=f"start a node that died again after this long (default "
                                             f"{RESTART_DELAY:g}; doubled while it keeps dying; 0: leave it down)")
+    add_ha_args(up)
     up.set_defaults(func=cluster_up)
 
 
 def cluster_up(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if args.restart_delay < 0:
         raise InvalidArgumentError("--restart-delay must be >= 0")
+    if not 1 <= args.nodes <= 9:
+        raise InvalidArgumentError(f"--nodes {args.nodes}: a local group has 1 to 9 nodes")
+    args.ha = ha_setup(args, args.nodes)
     return _run(args)
 
 
@@ -84,16 +112,16 @@ class Supervisor:
     def pid_path(self, name: str) -> Path:
         return self.cluster.data_dir / f"{name}.pid"
 
-    def write_pid(self, p: NodeProcess) -> None:
+    def write_pid(self, p: NodeProcess | SupervisedWitness) -> None:
         self.pid_path(p.name).write_text(f"{p.pid}\n")
 
     def remove_pids(self) -> None:
-        for name in self.cluster.nodes:
+        for name in self.cluster.processes:
             self.pid_path(name).unlink(missing_ok=True)
 
     async def watch(self, name: str) -> None:
-        """Until cancelled: wait for the node to die, say so, start it again."""
-        p = self.cluster.nodes[name]
+        """Until cancelled: wait for the node (or witness) to die, say so, start it again."""
+        p = self.cluster.processes[name]
         delay = self.restart_delay
         while True:
             up_since = self.clock.monotonic()
@@ -124,21 +152,21 @@ class Supervisor:
 async def _run(args: argparse.Namespace) -> int:
     extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
-                           extra_args=extra)
+                           extra_args=extra, ha=args.ha)
     sup = Supervisor(cluster, restart_delay=args.restart_delay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"starting {args.nodes} node(s) in {args.data_dir} ...", flush=True)
+    print(f"starting {args.nodes} node(s) ({args.ha.label(args.nodes)}) in {args.data_dir} ...", flush=True)
     try:
         if not await _started(cluster, stop):
             return 0
-        for p in cluster.nodes.values():
+        for p in cluster.processes.values():
             sup.write_pid(p)
         _banner(cluster, args)
         async with asyncio.TaskGroup() as tg:
-            watches = [tg.create_task(sup.watch(name), name=f"watch-{name}") for name in cluster.nodes]
+            watches = [tg.create_task(sup.watch(name), name=f"watch-{name}") for name in cluster.processes]
             await stop.wait()
             for t in watches:
                 t.cancel()
@@ -172,10 +200,20 @@ async def _start(cluster: LocalCluster) -> None:
 
 
 def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
-    print(f"Tandem group of {args.nodes} node(s) is up (quorum reached)", flush=True)
+    ha: HaSetup = args.ha
+    reached = "an ACTIVE node" if ha.shared else "a lock holder" if ha.arbiter == "lockfile" else "quorum reached"
+    print(f"Tandem group of {args.nodes} node(s) is up ({reached})", flush=True)
+    print(f"  mode       : {ha.label(args.nodes)}", flush=True)
+    if ha.shared:
+        print(f"  database   : {redact_url(str(ha.database))}  lock {ha.lock or 'database'}", flush=True)
+    if ha.arbiter == "lockfile":
+        print(f"  lock file  : {ha.lockfile_path(cluster.data_dir)}", flush=True)
     for name, p in cluster.nodes.items():
         print(f"  {name:6} client {p.host}:{p.address[1] if p.address else p.port}  peer "
               f"{cluster.peer_ports[name]}  pid {p.pid}  log {p.log_path}", flush=True)
+    if cluster.witness is not None:
+        w = cluster.witness
+        print(f"  {w.name:6} witness, peer {w.peer_port}  pid {w.pid}  log {w.log_path}", flush=True)
     hosts = cluster.url.split("@", 1)[1]
     print(f"  client URL : tandem://admin@{hosts}", flush=True)
     print(f"  console    : {cluster.console_url(next(iter(cluster.nodes)))} (any node's port +2 serves it)",

@@ -1,4 +1,4 @@
-"""Options every client command shares."""
+"""Options every client command shares, and the help layout of the tools with examples."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def url_args(p: argparse.ArgumentParser) -> None:
                    help="broker URL, tandem://user:password@host:port (env TANDEM_URL; "
                         "the password may also come from TANDEM_PASSWORD)")
     p.add_argument("--json", action="store_true", help="machine-readable output, one JSON document")
+
+
+class ExamplesFormatter(argparse.HelpFormatter):
+    """Wraps the description as usual and keeps an ``examples:`` block line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        head, sep, tail = text.partition("examples:\n")
+        if not sep:
+            return super()._fill_text(text, width, indent)
+        filled = super()._fill_text(head, width, indent) + "\n\n" if head.strip() else ""
+        return filled + sep + tail

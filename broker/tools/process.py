@@ -56,6 +56,7 @@ class NodeProcess:
         self.log_path = log_path or self.data_dir.parent / f"{name}.log"
         self.extra_args = extra_args or []
         self.proc: asyncio.subprocess.Process | None = None
+        self.paused = False  # SIGSTOPped by pause(): it accepts connections and answers none
         self.address: tuple[str, int] | None = None
         self._output: asyncio.Task[None] | None = None
 
@@ -127,11 +128,13 @@ class NodeProcess:
         """SIGSTOP: the process freezes, its sockets stay open (a hung node)."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGSTOP)
+            self.paused = True
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
 
     async def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait for a clean exit (kill -9 after ``timeout``)."""

@@ -49,7 +49,7 @@ async def test_a_dead_node_is_started_again_later_while_it_keeps_dying(tmp_path:
     clock = FakeClock(autojump=True)
     node = FakeNode("node1", tmp_path, clock)
     lines: asyncio.Queue[str] = asyncio.Queue()
-    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node1": node})
+    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node1": node}, processes={"node1": node})
     sup = Supervisor(cluster, restart_delay=2.0, clock=clock, say=lines.put_nowait)  # type: ignore[arg-type]
     sup.write_pid(node)  # type: ignore[arg-type]
     watch = asyncio.create_task(sup.watch("node1"))
@@ -89,7 +89,7 @@ async def test_the_delay_stops_growing_at_the_cap(tmp_path: Path) -> None:
     node = FakeNode("node2", tmp_path, clock)
     node.fail_starts = 10
     lines: asyncio.Queue[str] = asyncio.Queue()
-    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node2": node})
+    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node2": node}, processes={"node2": node})
     sup = Supervisor(cluster, restart_delay=2.0, clock=clock, say=lines.put_nowait)  # type: ignore[arg-type]
     watch = asyncio.create_task(sup.watch("node2"))
     try:
@@ -109,7 +109,7 @@ async def test_restart_delay_zero_leaves_the_node_down(tmp_path: Path) -> None:
     clock = FakeClock(autojump=True)
     node = FakeNode("node3", tmp_path, clock)
     lines: asyncio.Queue[str] = asyncio.Queue()
-    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node3": node})
+    cluster = SimpleNamespace(data_dir=tmp_path, nodes={"node3": node}, processes={"node3": node})
     sup = Supervisor(cluster, restart_delay=0, clock=clock, say=lines.put_nowait)  # type: ignore[arg-type]
     watch = asyncio.create_task(sup.watch("node3"))
     node.exits.put_nowait(-signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -15,8 +16,11 @@ from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
 from broker.tools.cluster import LocalCluster
+from broker.tools.options import ExamplesFormatter
+from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from broker.tools.process import NodeProcess
-from client.errors import InvalidArgumentError
+from broker.tools.scratch_db import fresh_database
+from client.errors import InvalidArgumentError, TandemError
 from client.url import parse_url
 
 PEERS = ("rabbitmq", "nats")
@@ -29,9 +33,17 @@ def add_bench_parser(sub: Any) -> None:
         "bench", help="measure publish/consume throughput and confirm latency",
         description="Publish with confirms and consume with acks at the same time, check every message "
                     "arrived exactly once, then measure publish-to-confirm latency at a fixed rate. "
-                    "Targets --url (a running node) or --spawn (a fresh local node in a temp dir); "
+                    "Targets --url (a running node) or --spawn (a fresh local node in a temp dir; --nodes N "
+                    "a replication group; --mode shared --database URL a shared-mode group on a fresh "
+                    "database beside URL, dropped after; --arbiter lockfile|witness a replicated pair); "
+                    "--compare-replicated N then runs the same workload on a spawned N-node replicated group; "
                     "--peer runs the same workload against the local RabbitMQ (quorum queue) and "
-                    "NATS JetStream (file storage, R1) in the same run and prints the ratios.")
+                    "NATS JetStream (file storage, R1) in the same run and prints the ratios.",
+        epilog="examples:\n"
+               "  tandem bench --spawn --nodes 2 --mode shared --database "
+               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --compare-replicated 3\n"
+               "  tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats",
+        formatter_class=ExamplesFormatter)
     p.add_argument("--url", help="a running node, tandem://user:password@host:port")
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
     p.add_argument("--sync", default="SYNC", help="durability policy of the spawned node(s) (default SYNC)")
@@ -64,7 +76,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--failover", action="store_true",
                    help="with --spawn --nodes N (>= 3): measure the client-visible pause when the active of a "
                         "partition is killed (kill -9) while producers send, with the default timeouts")
+    p.add_argument("--compare-replicated", dest="compare_replicated", type=int, metavar="NODES",
+                   help="with --spawn: then also spawn a replicated group of NODES nodes and run the same "
+                        "workload on it, in the same run (e.g. a shared-mode pair against 3 replicated "
+                        "nodes); the table names each line's mode and gives the ratio")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_ha_args(p)
     p.set_defaults(func=bench)
 
 
@@ -98,8 +115,21 @@ def _workload(args: argparse.Namespace) -> Workload:
 def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
+    pair = args.mode != "replicated" or args.arbiter != "majority"
+    if not args.spawn and (pair or args.database or args.lock or args.lockfile or args.compare_replicated):
+        raise InvalidArgumentError("--mode, --arbiter and --compare-replicated set up groups the bench starts: "
+                                   "add --spawn (a running group, --url, is measured as it is)")
+    if not 1 <= args.nodes <= 9:
+        raise InvalidArgumentError(f"--nodes {args.nodes}: a spawned group has 1 to 9 nodes")
+    args.ha = ha_setup(args, args.nodes)
+    if args.compare_replicated is not None and not 1 <= args.compare_replicated <= 9:
+        raise InvalidArgumentError(f"--compare-replicated {args.compare_replicated}: 1 to 9 nodes")
     args.partitions = _partitions(args)
     if args.failover:
+        if pair or args.compare_replicated:
+            raise InvalidArgumentError("--failover measures a replicated group; the failover of a shared-mode "
+                                       "group or an arbitrated pair: tandem drill kill-active --mode shared ... "
+                                       "(or --arbiter ...)")
         if not args.spawn or args.nodes < 3:
             raise InvalidArgumentError("--failover needs --spawn --nodes 3 (or more)")
         if args.partitions < 1:
@@ -126,38 +156,12 @@ async def _failover(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, w: Workload) -> int:
     runs: list[RunResult] = []
-    node = None
-    cluster = None
-    tmp = None
-    try:
-        if args.spawn and args.nodes > 1:
-            tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
-            cluster = LocalCluster(Path(tmp.name), nodes=args.nodes, base_port=0, sync=args.sync)
-            await cluster.start()
-            await cluster.wait_ready()
-            url = cluster.url
-            durability = f"{args.nodes}-node group: active {args.sync.upper()}, replicas WRITE_NO_SYNC, quorum commit"
-        elif args.spawn:
-            tmp = tempfile.TemporaryDirectory(prefix="tandem-bench-")
-            node = await NodeProcess(Path(tmp.name) / "node1", sync=args.sync).start()
-            url, durability = node.url, args.sync.upper()
-        else:
-            url, durability = args.url, "as configured on the node"
-
-        def server_pids() -> list[int]:
-            if cluster is not None:
-                return [n.pid for n in cluster.nodes.values()]
-            return [node.pid] if node is not None else []
-
-        runs.append(await run_system(TandemDriver(url, durability), w,
-                                     server_pids=server_pids if args.spawn else None))
-    finally:
-        if node is not None:
-            await node.stop()
-        if cluster is not None:
-            await cluster.stop()
-        if tmp is not None:
-            tmp.cleanup()
+    if args.spawn:
+        runs.append(await _spawned(args, w, args.nodes, args.ha))
+        if args.compare_replicated is not None:
+            runs.append(await _spawned(args, w, args.compare_replicated, HaSetup()))
+    else:
+        runs.append(await run_system(TandemDriver(args.url, "as configured on the node"), w))
     for peer in dict.fromkeys(args.peer):
         from broker.tools.bench import peers  # aio-pika and nats-py: the optional "bench" extra
 
@@ -173,11 +177,64 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
     return 0 if ok else 1
 
 
+async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup) -> RunResult:
+    """Start a fresh group (one node, a replicated group, a shared-mode group on a database of
+    its own, an arbitrated pair), run the workload on it, stop it."""
+    if ha.shared:
+        try:
+            async with fresh_database(str(ha.database), "bench") as url:
+                return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url))
+        except (TandemError, OSError) as exc:  # the database could not be made
+            return RunResult(system="tandem", messages=w.messages, mode=ha.label(nodes),
+                             error=f"{type(exc).__name__}: {exc}")
+    return await _spawned_on(args, w, nodes, ha)
+
+
+async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup) -> RunResult:
+    node = None
+    cluster = None
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
+        try:
+            if nodes > 1:
+                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha)
+                await cluster.start()
+                await cluster.wait_ready()
+                url = cluster.url
+                if ha.shared:
+                    durability = f"{nodes}-node shared group: the lock holder commits to the one database " \
+                                 f"({'PostgreSQL' if str(ha.database).startswith('postgresql') else 'SQLite'}), " \
+                                 "others passive"
+                else:
+                    durability = f"{nodes}-node group: active {args.sync.upper()}, replicas WRITE_NO_SYNC, " \
+                                 "quorum commit"
+            else:
+                node = await NodeProcess(Path(tmp) / "node1", sync=args.sync).start()
+                url, durability = node.url, args.sync.upper()
+
+            def server_pids() -> list[int]:
+                if cluster is not None:
+                    return [n.pid for n in cluster.processes.values()]
+                return [node.pid] if node is not None else []
+
+            return await run_system(TandemDriver(url, durability), w, server_pids=server_pids,
+                                    mode=ha.label(nodes))
+        finally:
+            if node is not None:
+                await node.stop()
+            if cluster is not None:
+                await cluster.stop()
+
+
+def ratio_key(r: RunResult) -> str:
+    """How a run is named in the ratios: the peer's name, or Tandem with its mode."""
+    return f"{r.system} ({r.mode})" if r.mode else r.system
+
+
 def _report(runs: list[RunResult], w: Workload) -> dict[str, Any]:
     tandem = runs[0]
     ratios: dict[str, dict[str, float | None]] = {}
     for r in runs[1:]:
-        ratios[r.system] = {
+        ratios[r.system if r.system != tandem.system else ratio_key(r)] = {
             "publish_per_s": round(tandem.publish_per_s / r.publish_per_s, 2) if r.publish_per_s else None,
             "consume_per_s": round(tandem.consume_per_s / r.consume_per_s, 2) if r.consume_per_s else None,
         }
@@ -199,12 +256,14 @@ def _print_human(report: dict[str, Any]) -> None:
     print(f"workload: {w['messages']} x {w['size']} B, {w['producers']} producer(s), {w['consumers']} "
           f"consumer(s), window {w['window']}, prefetch {w['prefetch']}, {mode}; "
           f"latency at {w['latency_rate']:g} msg/s")
-    head = f"{'system':<10} {'publish/s':>11} {'consume/s':>11} {'p50 ms':>8} {'p99 ms':>8} " \
+    modes = [r.get("mode") or "-" for r in report["runs"]]
+    mw = max(len("mode"), *(len(m) for m in modes))
+    head = f"{'system':<10} {'mode':<{mw}} {'publish/s':>11} {'consume/s':>11} {'p50 ms':>8} {'p99 ms':>8} " \
            f"{'lost':>5} {'dup':>5} {'unexp':>5}  durability"
     print(head)
-    for r in report["runs"]:
+    for r, m in zip(report["runs"], modes):
         c = r["confirm_ms"] or {}
-        print(f"{r['system']:<10} {r['publish_per_s']:>11,.0f} {r['consume_per_s']:>11,.0f} "
+        print(f"{r['system']:<10} {m:<{mw}} {r['publish_per_s']:>11,.0f} {r['consume_per_s']:>11,.0f} "
               f"{c.get('p50', 0):>8.2f} {c.get('p99', 0):>8.2f} {r['lost']:>5} {r['duplicated']:>5} "
               f"{r['unexpected']:>5}  {r['durability']}")
         if r["error"]:
@@ -213,7 +272,12 @@ def _print_human(report: dict[str, Any]) -> None:
         cpu = r.get("cpu_us_per_msg") or {}
         if cpu:
             parts = [f"{k} {v:,.1f}" for k, v in cpu.items()]
-            print(f"CPU per message (us, throughput phase), {r['system']}: {', '.join(parts)}")
+            name = f"{r['system']} ({r['mode']})" if r.get("mode") else r["system"]
+            print(f"CPU per message (us, throughput phase), {name}: {', '.join(parts)}")
+    first = report["runs"][0] if report["runs"] else {}
+    ours = f"tandem ({first['mode']})" if len(report["runs"]) > 1 and first.get("mode") and \
+        any(r["system"] == "tandem" for r in report["runs"][1:]) else "tandem"
     for peer, ratio in report["ratios"].items():
         pub, con = ratio["publish_per_s"], ratio["consume_per_s"]
-        print(f"tandem / {peer}: publish x{pub if pub is not None else '-'}, consume x{con if con is not None else '-'}")
+        print(f"{ours} / {peer}: publish x{pub if pub is not None else '-'}, "
+              f"consume x{con if con is not None else '-'}")

@@ -104,10 +104,10 @@ def _cpu_now(server_pids: Callable[[], list[int]] | None) -> tuple[float, float 
 
 
 async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK,
-                     server_pids: Callable[[], list[int]] | None = None) -> RunResult:
+                     server_pids: Callable[[], list[int]] | None = None, mode: str = "") -> RunResult:
     """``server_pids``: the system's processes, when the bench started them (their CPU
-    time per message is reported)."""
-    res = RunResult(system=drv.name, messages=w.messages, durability=drv.durability)
+    time per message is reported); ``mode``: how it runs, for the report."""
+    res = RunResult(system=drv.name, messages=w.messages, durability=drv.durability, mode=mode)
     t_start = clock.monotonic()
     try:
         await drv.setup(w)

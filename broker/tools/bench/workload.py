@@ -88,6 +88,9 @@ def percentile(values: list[float], p: float) -> float:
 class RunResult:
     system: str
     messages: int
+    #: how the system ran, for Tandem the group's setup ("replicated, 3 nodes", "shared, 2
+    #: nodes, postgresql", "single node"); "" for a peer (its durability line says it)
+    mode: str = ""
     publish_per_s: float = 0.0
     consume_per_s: float = 0.0
     confirm_ms: dict[str, float] = field(default_factory=dict)  # paced latency phase

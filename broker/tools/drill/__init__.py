@@ -32,6 +32,14 @@ Scenarios (the *target* is the node active for the most partitions):
   its term (a slow disk is not a dead node); confirms wait for the stall, so
   ``failover_ms`` is about the stall's length.  Spawned groups only.
 
+Two-node setups and shared mode (``DrillConfig.ha``, flags ``--mode shared --database URL``,
+``--arbiter lockfile|witness``; kill-active and pause-active): the target is the one node whose
+status says ``ha_state`` ACTIVE (shared mode), the lock holder (LockFile arbiter), or the node
+active for most partitions (witness).  A shared-mode run gets a database of its own beside
+``URL`` (:mod:`broker.tools.scratch_db`), dropped afterwards.  Besides the longest wait for a
+confirm, each run reports the time from the fault to the first confirm on the new active
+(:func:`broker.tools.drill.load.takeover_time`) and who served once the fault was over.
+
 Against a group that is already running (``--url``), the drill cannot reach the
 nodes' processes itself: the operator gives the fault and its healing as shell
 commands (``--inject``, ``--heal``; ``{node}`` stands for the target's name, e.g.

@@ -15,6 +15,8 @@ from broker.config import DurabilityPolicy
 from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
 from broker.tools.drill.run import drill
+from broker.tools.options import ExamplesFormatter
+from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from client.errors import InvalidArgumentError
 
 
@@ -33,7 +35,21 @@ def add_parser(sub: Any) -> None:
                     "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
                     "them again), rolling-restart (stop and start each node in turn, waiting for catch-up), "
                     "slow-disk (the fsyncs of every node but that one stall for as long, through strace: "
-                    "no partition may change its active).")
+                    "no partition may change its active). Two-node setups (kill-active and pause-active): "
+                    "--mode shared --database URL (the node whose status says ha_state ACTIVE is the target; "
+                    "each run on a fresh database beside URL, dropped after), --arbiter lockfile (the lock "
+                    "holder is the target; the lock file in the run's directory) and --arbiter witness (a "
+                    "witness process beside the pair; the node active for most partitions is the target); "
+                    "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
+                    "until the other node serves (then SIGCONT: the woken node must write nothing). "
+                    "Reported per run: the longest wait for a confirm, and the time from the fault to the "
+                    "first confirm on the new active.",
+        epilog="examples:\n"
+               "  tandem drill kill-active --mode shared --database "
+               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --runs 20\n"
+               "  tandem drill pause-active --arbiter lockfile --runs 20\n"
+               "  tandem drill kill-active --arbiter witness --runs 20",
+        formatter_class=ExamplesFormatter)
     d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
@@ -44,14 +60,16 @@ def add_parser(sub: Any) -> None:
                                     "KILL tandem\")")
     d.add_argument("--heal", help="with --url: shell command healing it (e.g. \"ssh {node} sudo systemctl start "
                                   "tandem\")")
-    d.add_argument("--hold", type=float, default=5.0, help="with --url: seconds between inject and heal "
-                                                           "(default 5)")
-    d.add_argument("--nodes", type=int, default=3, help="group size (default 3)")
+    d.add_argument("--hold", type=float, help="seconds between inject and heal: with --url (default 5), and "
+                                              "for a spawned group's pause-active and partition-active (default "
+                                              "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
+                                              "shared mode and under the LockFile arbiter)")
+    d.add_argument("--nodes", type=int, help="group size (default 3; 2 with --mode shared or --arbiter)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
     d.add_argument("--consumers", type=int, default=2, help="default 2")
     d.add_argument("--messages", type=int, default=3000, help="messages per run, all producers (default 3000)")
-    d.add_argument("--repeat", type=int, default=1, help="runs (default 1)")
+    d.add_argument("--runs", "--repeat", dest="repeat", type=int, default=1, help="runs (default 1)")
     d.add_argument("--seed", type=int, default=1, help="makes the schedule (keys, interleaving) reproducible")
     d.add_argument("--local-sync", dest="local_sync", default="SYNC", help="the actives' policy (default SYNC)")
     d.add_argument("--remote-sync", dest="remote_sync", default="WRITE_NO_SYNC",
@@ -60,6 +78,7 @@ def add_parser(sub: Any) -> None:
                    help="the nodes' failure detection (default: the node default, 1 s)")
     d.add_argument("--timeout", type=float, default=180.0, help="seconds per run (default 180)")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
+    add_ha_args(d)
     d.set_defaults(func=_drill)
 
 
@@ -72,10 +91,34 @@ def _ptrace_scope() -> int:
         return 0
 
 
+#: the scenarios a shared-mode group or an arbitrated pair is drilled with
+PAIR_SCENARIOS = ("kill-active", "pause-active")
+
+
+def _ha(args: argparse.Namespace) -> HaSetup:
+    """The drilled group's HA setup; --nodes filled in (2 for a pair or a shared group)."""
+    pair = args.mode != "replicated" or args.arbiter != "majority"
+    if args.nodes is None:
+        args.nodes = 2 if pair else 3
+    if not pair:
+        if args.database or args.lock or args.lockfile or args.lease is not None:
+            ha_setup(args, args.nodes)  # names the flag that needs another
+        return HaSetup()
+    if args.url:
+        raise InvalidArgumentError("--mode and --arbiter set up a group the drill starts; a running group (--url) "
+                                   "is drilled with the setup it has")
+    if args.scenario not in PAIR_SCENARIOS:
+        what = "--mode shared" if args.mode == "shared" else f"--arbiter {args.arbiter}"
+        raise InvalidArgumentError(f"{what}: the drills are {' and '.join(PAIR_SCENARIOS)}, not {args.scenario}")
+    return ha_setup(args, args.nodes)
+
+
 def _drill(args: argparse.Namespace) -> int:
+    ha = _ha(args)
     for name in ("nodes", "partitions", "producers", "consumers", "messages", "repeat"):
         if getattr(args, name) < 1:
-            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+            flag = "runs" if name == "repeat" else name
+            raise InvalidArgumentError(f"--{flag} must be >= 1")
     if args.nodes < 2:
         raise InvalidArgumentError("--nodes: a drill needs a group of at least 2 nodes")
     local = DurabilityPolicy.parse(args.local_sync).value
@@ -87,8 +130,11 @@ def _drill(args: argparse.Namespace) -> int:
                                    "processes itself (see docs/drills.md)")
     if (args.inject or args.heal) and not args.url:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
-    if args.hold < 0:
+    if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
+    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active"):
+        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active and "
+                                   "partition-active have, and a running group's --inject/--heal)")
     if args.scenario == "slow-disk":
         if args.url:
             raise InvalidArgumentError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs "
@@ -103,7 +149,7 @@ def _drill(args: argparse.Namespace) -> int:
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
-                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold)
+                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha)
 
     def progress(r: RunResult) -> None:
         print(progress_line(r), file=sys.stderr)

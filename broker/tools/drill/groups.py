@@ -14,10 +14,11 @@ from typing import Any
 from urllib.parse import quote
 
 import client
-from broker.tools.cluster import LocalCluster, actives_of
+from broker.tools.cluster import LocalCluster
+from broker.tools.pair import reported_setup, serving_actives
 from broker.tools.drill.model import QUEUE
 from client.clock import Clock
-from client.errors import TandemError, UnavailableError
+from client.errors import NotActiveError, TandemError, UnavailableError
 from client.url import parse_url
 
 log = logging.getLogger("tandem.drill")
@@ -40,15 +41,17 @@ class ExistingGroup:
         out = []
         for u in self._link_urls():
             try:
-                async with await client.connect_link(u, client_name="tandem-drill") as link:
+                async with await client.connect_link(u, client_name="tandem-drill", observe=True) as link:
                     st = await link.status()
                     out.append((st.node, st))
             except (TandemError, OSError):
                 continue  # down or refusing: the caller looks again
         return out
 
-    async def actives(self, queue: str) -> dict[int, str]:
-        return actives_of(await self._statuses(), queue)
+    async def actives(self, queue: str, partitions: int | None = None) -> dict[int, str]:
+        """As :meth:`LocalCluster.actives`, for the setup the nodes report (mode, arbiter)."""
+        statuses = await self._statuses()
+        return serving_actives(reported_setup(statuses), statuses, queue, partitions)
 
     async def wait_ready(self) -> None:
         return None  # the operator's group: the drill only waits for its queue's actives
@@ -86,6 +89,8 @@ async def empty_everywhere(cl: Any, queue: str) -> bool:
                 for q in await link.list_queues():
                     if q.name == queue and q.ready + q.unacked:
                         return False
+        except NotActiveError:
+            continue  # a shared-mode passive: it holds nothing, the active answers for the database
         except (TandemError, OSError):
             return False
     return True
@@ -94,7 +99,7 @@ async def empty_everywhere(cl: Any, queue: str) -> bool:
 async def all_active(cl: Any, partitions: int, deadline: float, clock: Clock,
                       queue: str = QUEUE) -> dict[int, str]:
     while True:
-        found = await cl.actives(queue)
+        found = await cl.actives(queue, partitions)
         if len(found) == partitions:
             return found
         if clock.monotonic() > deadline:

@@ -30,6 +30,10 @@ class Load:
         self.confirmed: list[bytes] = []
         self.consumed: list[tuple[bytes, str]] = []
         self.waits: list[float] = []
+        self.confirm_times: list[tuple[float, int]] = []  # (when, partition) of every confirm
+        self.fault_at: float | None = None  # when the fault was injected
+        self.settled_at: float | None = None  # when the group served again (or the fault ended)
+        self.after: dict[int, str] = {}  # partition -> who served it once the fault was over
         self.failed = 0
         self.reported_lost = 0
         self.where: dict[bytes, tuple[str, int, int]] = {}  # confirmed body -> (producer id, partition, seq)
@@ -54,6 +58,19 @@ class Load:
                 n += 1
         return n
 
+    def mark_fault(self) -> None:
+        self.fault_at = self.clock.monotonic()
+
+    def mark_settled(self) -> None:
+        if self.settled_at is None:
+            self.settled_at = self.clock.monotonic()
+
+    def takeover(self, partitions: set[int]) -> float | None:
+        """Seconds from the fault to the first confirm on the new active (:func:`takeover_time`)."""
+        if self.fault_at is None:
+            return None
+        return takeover_time(self.confirm_times, self.fault_at, self.settled_at, partitions)
+
     async def _connect(self, name: str) -> DurableConnection:
         conn = await client.connect(self.cl.url, client_name=name, send_timeout=self.cfg.timeout)
         conn.on_event(self._event)
@@ -76,6 +93,7 @@ class Load:
                 self.failed += 1
                 return
             r = fut.result()
+            self.confirm_times.append((clock.monotonic(), r.partition))
             self.where[body] = (p.producer_id, r.partition, r.seq)
             self.confirmed.append(body)
             if len(self.confirmed) >= cfg.messages // 3:
@@ -145,3 +163,24 @@ class Load:
         await asyncio.gather(*(c.close() for c in self.conns), return_exceptions=True)
 
 
+def takeover_time(confirms: list[tuple[float, int]], fault_at: float, settled_at: float | None,
+                  partitions: set[int]) -> float | None:
+    """From the fault to the first confirm on the new active, out of the confirms' times
+    ``(when, partition)``: per partition of ``partitions`` (the target's), the end of the
+    longest pause in its confirms after the fault, looking no further than its first confirm
+    once the group served again (``settled_at``: a later pause, a failback say, is not this
+    fault's); the worst partition.  Confirms the old active sent just before it died arrive
+    right after the fault and end no pause.  None: no partition had a confirm after the fault."""
+    worst: float | None = None
+    for part in partitions:
+        times = sorted(t for t, q in confirms if q == part and t > fault_at)
+        prev, best = fault_at, None
+        for t in times:
+            if best is None or t - prev > best[0]:
+                best = (t - prev, t)
+            prev = t
+            if settled_at is not None and t >= settled_at:
+                break
+        if best is not None:
+            worst = max(worst or 0.0, best[1] - fault_at)
+    return worst

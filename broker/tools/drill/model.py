@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.tools.pair import REPLICATED, HaSetup
+
 SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart",
              "slow-disk")
 QUEUE = "drill"
@@ -30,7 +32,11 @@ class DrillConfig:
     url: str | None = None  # an existing group instead of a spawned one
     inject: str | None = None  # shell command injecting the fault ({node}: the target)
     heal: str | None = None  # shell command healing it
-    hold: float = 5.0  # seconds between inject and heal (existing group)
+    #: seconds between inject and heal: an existing group's (None: 5), a spawned group's
+    #: pause-active and partition-active (None: :attr:`pause`'s default)
+    hold: float | None = None
+    #: shared mode, or the LockFile / witness arbiter of a pair (a spawned group's)
+    ha: HaSetup = REPLICATED
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]
@@ -42,6 +48,21 @@ class DrillConfig:
     @property
     def nrt(self) -> float:
         return self.non_response_timeout or 1.0
+
+    @property
+    def pause(self) -> float:
+        """How long a fault lasts: ``hold`` if given; against an existing group 5 s; for
+        pause-active and partition-active 2 x the failure detection + 1 s, and past twice the
+        lease where a lock or lease decides (so the other node can take it over before the
+        paused one wakes up)."""
+        if self.hold is not None:
+            return self.hold
+        if self.url is not None:
+            return 5.0
+        hold = 2 * self.nrt + 1.0
+        if self.ha.shared or self.ha.arbiter == "lockfile":
+            hold = max(hold, 2 * (self.ha.lease or 1.0) + 1.0)
+        return hold
 
 
 @dataclass(slots=True)
@@ -61,6 +82,12 @@ class RunResult:
     unreported_lost: int = 0  # lost messages no messages_lost event covers
     weak: bool = False  # a policy that may lose confirmed messages (NO_SYNC somewhere)
     failover_ms: float = 0.0
+    #: from the fault (kill -9, SIGSTOP, cut) to the first confirm on the new active: the
+    #: longest pause in confirms that ends after the fault, over the target's partitions
+    takeover_ms: float | None = None
+    #: the node serving most partitions once the fault was over (the target again: no takeover)
+    after: str = ""
+    kept: str = ""  # a failed run's directory, its node logs left there
     ha_events: list[str] = field(default_factory=list)
     error: str = ""
 

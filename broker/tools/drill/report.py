@@ -13,7 +13,8 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     waits = [r.failover_ms for r in results if not r.error]
     out: dict[str, Any] = {
         "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
-        "group": "existing" if cfg.url else f"spawned, {cfg.nodes} nodes",
+        "group": "existing" if cfg.url else f"spawned, {cfg.ha.label(cfg.nodes)}",
+        "mode": None if cfg.url else cfg.ha.mode, "arbiter": None if cfg.url else cfg.ha.arbiter,
         "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync} if cfg.url is None
         else {"local_sync": "the group's own", "remote_sync": "the group's own"},
     }
@@ -22,8 +23,13 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
         out[k] = sum(getattr(r, k) for r in results)
     out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
                           "max": max(waits) if waits else None}
+    took = [r.takeover_ms for r in results if not r.error and r.takeover_ms is not None]
+    out["takeover_ms"] = {"p50": round(statistics.median(took), 1) if took else None,
+                          "max": max(took) if took else None}
+    out["moved"] = sum(1 for r in results if r.after and r.target and r.after != r.target)
     out["ha_events"] = sorted({e for r in results for e in r.ha_events})
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
+    out["kept"] = [f"run {r.run}: {r.kept}" for r in results if r.kept]
     out["passed"] = bool(results) and all(r.passed for r in results)
     return out
 
@@ -36,16 +42,21 @@ def report_text(rep: dict[str, Any]) -> str:
              f"unexpected {rep['unexpected']}",
              f"  redelivered {rep['redelivered']}, unconfirmed but delivered {rep['unconfirmed_delivered']}, "
              f"sends that raised {rep['failed_sends']}",
-             f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms"]
+             f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms",
+             f"  fault to the first confirm on the new active: p50 {rep['takeover_ms']['p50']} ms, "
+             f"max {rep['takeover_ms']['max']} ms",
+             f"  another node served once the fault was over in {rep['moved']} of {rep['runs']} run(s)"]
     if rep["ha_events"]:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
     for e in rep["errors"]:
         lines.append("  error: " + e)
+    for k in rep.get("kept", []):
+        lines.append("  node logs kept: " + k)
     lines.append("  PASSED" if rep["passed"] else "  FAILED")
     return "\n".join(lines)
 
 
 def progress_line(r: RunResult) -> str:
     return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
-                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms,
+                       "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms, "takeover_ms": r.takeover_ms, "after": r.after,
                        "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

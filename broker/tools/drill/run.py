@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,27 +21,42 @@ from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
+from broker.tools.pair import REPLICATED, HaSetup
+from broker.tools.scratch_db import fresh_database
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 
 log = logging.getLogger("tandem.drill")
 
+#: pause-active on a pair: how long past its hold the drill waits for the other node to take over
+TAKEOVER_WAIT = 30.0
 
-async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float) -> None:
+
+async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
+                  load: Load) -> None:
     s = cfg.scenario
-    hold = 2 * cfg.nrt + 1.0
+    hold = cfg.pause
     if s in ("kill-active", "kill-replica"):
+        load.mark_fault()
         await cl.nodes[target].kill()
-        await all_active(cl, cfg.partitions, deadline, clock)
+        load.after = await all_active(cl, cfg.partitions, deadline, clock)
+        load.mark_settled()
         await cl.nodes[target].start()
     elif s == "pause-active":
+        load.mark_fault()
         cl.nodes[target].pause()
-        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        await clock.sleep(hold)  # the fault itself lasts at least this long: not a wait for a state
+        if cfg.ha != REPLICATED and cfg.hold is None:
+            # a pair: the paused node wakes up only once the other serves (then it must not write)
+            load.after = await _taken_over(cl, cfg, target, clock, deadline)
         cl.nodes[target].resume()
+        load.mark_settled()
     elif s == "partition-active":
+        load.mark_fault()
         cl.cut_node(target)
         await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
         cl.heal_node(target)
+        load.mark_settled()
     elif s == "slow-disk":
         procs = [p.proc for name, p in cl.nodes.items() if name != target]
         # (within half of how long a replica goes on saying it is up: past that the active is
@@ -61,50 +78,98 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     else:
         raise UnavailableError(f"unknown scenario {s!r}")
     await cl.wait_ready()
-    await all_active(cl, cfg.partitions, deadline, clock)
+    found = await all_active(cl, cfg.partitions, deadline, clock)
+    if not load.after:
+        load.after = found
+
+
+async def _taken_over(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
+                      deadline: float) -> dict[int, str]:
+    """Until every partition is served by a node other than the (paused) ``target``; at most
+    :data:`TAKEOVER_WAIT` seconds."""
+    give_up = min(deadline, clock.monotonic() + TAKEOVER_WAIT)
+    while True:
+        found = await cl.actives(QUEUE, cfg.partitions)
+        if len(found) == cfg.partitions and target not in found.values():
+            return found
+        if clock.monotonic() > give_up:
+            cl.nodes[target].resume()
+            raise UnavailableError(f"no other node took over from the paused {target} within "
+                                   f"{TAKEOVER_WAIT + cfg.pause:.0f} s")
+        await clock.sleep(0.05)  # polling real processes, bounded by the deadline
 
 
 async def run_once(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
-    with tempfile.TemporaryDirectory(prefix="tandem-drill-", dir=cfg.data_dir) as tmp:
-        node_args: dict[str, list[str]] = {}
-        if cfg.scenario == "kill-replica":
-            node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
-        cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
-                          extra_args=cfg.node_args(), node_args=node_args, clock=clock,
-                          proxied=cfg.scenario == "partition-active")
-        res = RunResult(run, "")
-        load: Load | None = None
-        try:
-            await cl.start()
-            deadline = clock.monotonic() + cfg.timeout
-            await cl.wait_ready()
-            async with await client.connect(cl.url, client_name="drill-setup") as conn:
-                await conn.declare_queue(QUEUE, partitions=cfg.partitions)
-            actives = await all_active(cl, cfg.partitions, deadline, clock)
-            res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
-                "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
-            before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
-            load = Load(cl, cfg, run, rng, clock)
-            log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
-            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline), deadline)
-            _verdict(res, load)
-            res.ha_events = await ha_events(cl)
-            if cfg.scenario == "slow-disk":
-                await all_active(cl, cfg.partitions, deadline, clock)
-                after = active_terms(await cl._statuses(), QUEUE)
-                moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
-                         for p in sorted(before) if after.get(p) != before[p]}
-                if moved:
-                    res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
-                                 f"should: {moved}")
-        except (TandemError, OSError, TimeoutError) as exc:
-            log.exception("drill run %d failed", run)
-            res.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            if load is not None:
-                await load.close()
-            await cl.stop()
-        return res
+    """One run on a fresh group (shared mode: on a fresh database beside ``cfg.ha.database``)."""
+    if not cfg.ha.shared:
+        return await _run_spawned(cfg, cfg.ha, run, rng, clock)
+    try:
+        async with fresh_database(str(cfg.ha.database), f"drill{run}") as url:
+            return await _run_spawned(cfg, dataclasses.replace(cfg.ha, database=url), run, rng, clock)
+    except (TandemError, OSError) as exc:  # the database could not be made
+        return RunResult(run, "", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _run_spawned(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, clock: Clock) -> RunResult:
+    """A run in a directory of its own, removed afterwards unless the run failed: then its
+    node logs stay there for the post-mortem (the result's ``kept``)."""
+    tmp = tempfile.mkdtemp(prefix="tandem-drill-", dir=cfg.data_dir)
+    res = RunResult(run, "")
+    try:
+        return await _run_in(cfg, ha, run, rng, clock, tmp, res)
+    finally:
+        if res.passed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            res.kept = tmp
+            log.warning("drill run %d failed: its node logs are kept in %s", run, tmp)
+
+
+async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, clock: Clock, tmp: str,
+                  res: RunResult) -> RunResult:
+    """One run's group in ``tmp``: start it, load it, inject the fault, judge into ``res``."""
+    node_args: dict[str, list[str]] = {}
+    if cfg.scenario == "kill-replica":
+        node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
+    cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
+                      extra_args=cfg.node_args(), node_args=node_args, clock=clock,
+                      proxied=cfg.scenario == "partition-active", ha=ha)
+    load: Load | None = None
+    try:
+        await cl.start()
+        deadline = clock.monotonic() + cfg.timeout
+        await cl.wait_ready()
+        async with await client.connect(cl.url, client_name="drill-setup") as conn:
+            await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+        actives = await all_active(cl, cfg.partitions, deadline, clock)
+        res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
+            "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
+        before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
+        load = Load(cl, cfg, run, rng, clock)
+        log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
+        run_load = load
+        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
+        _verdict(res, load)
+        took = load.takeover({p for p, n in actives.items() if n == res.target})
+        res.takeover_ms = round(took * 1000, 1) if took is not None else None
+        res.after = target_of(load.after) if load.after else ""
+        res.ha_events = await ha_events(cl)
+        if cfg.scenario == "slow-disk":
+            await all_active(cl, cfg.partitions, deadline, clock)
+            after = active_terms(await cl._statuses(), QUEUE)
+            moved = {p: f"{before[p][0]} (term {before[p][1]}) -> {after[p][0]} (term {after[p][1]})"
+                     for p in sorted(before) if after.get(p) != before[p]}
+            if moved:
+                res.error = ("a disk stall changed active(s) or term(s), which only a dead or cut-off node "
+                             f"should: {moved}")
+    except (TandemError, OSError, TimeoutError) as exc:
+        log.exception("drill run %d failed", run)
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if load is not None:
+            await load.close()
+        await cl.stop()
+    return res
 
 
 async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Clock = SYSTEM_CLOCK) -> RunResult:
@@ -123,14 +188,20 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
         load = Load(group, cfg, run, rng, clock, queue)
         inject, heal, target = cfg.inject, cfg.heal, res.target
 
+        run_load = load
+
         async def fault() -> None:
+            run_load.mark_fault()
             await group.run_command("inject", inject, target)
-            await clock.sleep(cfg.hold)  # the fault lasts this long, as the operator asked
+            await clock.sleep(cfg.pause)  # the fault lasts this long, as the operator asked
             await group.run_command("heal", heal, target)
             await all_active(group, cfg.partitions, deadline, clock, queue)
+            run_load.mark_settled()
 
         await load.go(fault, deadline)
         _verdict(res, load)
+        took = load.takeover({p for p, n in actives.items() if n == target})
+        res.takeover_ms = round(took * 1000, 1) if took is not None else None
         res.ha_events = await ha_events(group)
         async with await client.connect(cfg.url, client_name="drill-setup") as conn:
             await conn.delete_queue(queue)
