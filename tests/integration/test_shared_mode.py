@@ -158,10 +158,14 @@ async def test_a_paused_active_is_fenced_and_steps_down(pair: LocalCluster) -> N
     finally:
         cl.nodes[old].resume()  # SIGCONT: it still believes it is active, until the database says no
 
-    async def stepped_down() -> bool:
-        return (await ha_states(cl)).get(old) == "PASSIVE"
+    async def stepped_down() -> bool:  # and it knows who holds the lease now
+        try:
+            st = await cl.status(old)
+        except (TandemError, OSError):
+            return False
+        return st.ha_state == "PASSIVE" and st.lock_holder == new
 
-    await wait_until(stepped_down, timeout=30, what=f"{old} back to PASSIVE")
+    await wait_until(stepped_down, timeout=30, what=f"{old} back to PASSIVE, naming {new}")
     assert "HA state ACTIVE -> PASSIVE" in cl.nodes[old].log_text()
     st_old, st_new = await cl.status(old), await cl.status(new)
     assert st_new.ha_state == "ACTIVE" and st_new.epoch > 1 and st_old.lock_holder == new
