@@ -24,12 +24,16 @@ log = logging.getLogger("tandem.storage")
 T = TypeVar("T")
 
 #: ends the sessions whose transactions lock the lease table (a write transaction's FOR SHARE)
-#: and that have been idle inside them for longer than :idle seconds (their node is stopped)
+#: and that have not moved for longer than :idle seconds (their node is stopped).  Whatever
+#: their state: a node stopped in the middle of sending a batch leaves its session "active",
+#: waiting for the rest, where ``idle_in_transaction_session_timeout`` does not apply.
 _STUCK = text(
     "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
     f"AND pid IN (SELECT pid FROM pg_locks WHERE relation = to_regclass('{TABLE}') AND granted) "
-    "AND pid <> pg_backend_pid() AND state IN ('idle in transaction', 'idle in transaction (aborted)') "
+    "AND pid <> pg_backend_pid() AND state <> 'idle' "
     "AND clock_timestamp() - state_change > make_interval(secs => :idle)")
+#: whether the lease has run out (a plain read: it never waits for the row's locks)
+_EXPIRED = text(f"SELECT holder IS NULL OR until < {NOW} FROM {TABLE} WHERE id = 1")
 
 
 def parse_url(url: str) -> URL:
@@ -63,18 +67,23 @@ class PgLease(SqlLease):
         self._idle_timeout = idle_timeout
 
     def acquire(self, node: str, address: str, lease: float) -> int | None:
-        return self._takeover(lambda: super(PgLease, self).acquire(node, address, lease))
+        return self._takeover(lambda: super(PgLease, self).acquire(node, address, lease), None, expired_only=True)
 
     def claim(self, node: str, address: str, epoch: int) -> bool:
-        return self._takeover(lambda: super(PgLease, self).claim(node, address, epoch))
+        # the file lock was won: its old holder is gone whatever the row says
+        return self._takeover(lambda: super(PgLease, self).claim(node, address, epoch), False, expired_only=False)
 
-    def _takeover(self, attempt: Callable[[], T]) -> T:
+    def _takeover(self, attempt: Callable[[], T], refused: T, *, expired_only: bool) -> T:
         try:
             return attempt()
         except StorageError as exc:
             orig = getattr(exc.orig, "orig", None)
             if not isinstance(orig, psycopg.errors.LockNotAvailable):
                 raise
+        # A write transaction holds the row.  Only if the lease has run out is its node
+        # stopped (a live active renews): then end its session; never a live active's.
+        if expired_only and not self._run("takeover", lambda c: bool(c.execute(_EXPIRED).scalar())):
+            return refused
         ended = self._run("takeover", lambda c: c.execute(_STUCK, {"idle": self._idle_timeout}).fetchall())
         for pid, _ok in ended:
             log.warning("lease takeover: ended session %d, idle inside a transaction holding the lease row for "

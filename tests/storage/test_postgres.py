@@ -158,6 +158,41 @@ def test_two_nodes_creating_the_schema_at_once_both_open(pg_url: str) -> None:
     assert errors == []
 
 
+def test_a_session_stopped_mid_statement_holding_the_row_is_ended_once_the_lease_ran_out(pg_url: str) -> None:
+    """A node stopped while the server still runs (or waits for the rest of) its statement
+    leaves its session "active", not idle: the server's idle timeout never ends it.  A taker
+    ends it once the lease has run out, and only then."""
+    store = PostgresShared(pg_url, idle_timeout=0.5)
+    lease_a, lease_b = store.lease(), store.lease()
+    assert lease_a.acquire("a", "ha:1", 5.0) == 1
+    stuck = admin(pg_url)
+    stuck.execute("BEGIN")
+    stuck.execute("SELECT epoch FROM tandem_lease WHERE id = 1 FOR SHARE")
+    sleeper = threading.Thread(target=lambda: _ignore(lambda: stuck.execute("SELECT pg_sleep(60)")))
+    sleeper.start()
+    try:
+        # a's lease (5 s) is current: the taker gives up at its lock timeout and ends nothing
+        assert lease_b.acquire("b", "hb:1", 60.0) is None
+        assert sleeper.is_alive()
+        got: list[int | None] = []
+        wait_until_sync(lambda: got.append(lease_b.acquire("b", "hb:1", 60.0)) or got[-1] is not None,
+                        timeout=30, what="a takeover once a's lease ran out")
+        assert got[-1] == 2
+        sleeper.join(30)
+        assert not sleeper.is_alive()  # its session was ended
+    finally:
+        stuck.close()
+        lease_a.close()
+        lease_b.close()
+
+
+def _ignore(fn: Any) -> None:
+    try:
+        fn()
+    except psycopg.Error:
+        pass  # ended by the takeover: what the test wants
+
+
 def test_only_the_writer_session_is_ended_when_idle_in_a_transaction(pg_url: str) -> None:
     """Loading a big store reads in one transaction and unpacks between statements for as
     long as it takes: the idle timeout is the writer's alone (the one locking the lease row)."""
