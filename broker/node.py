@@ -187,11 +187,7 @@ class Node:
             await self.write([op], sync=True)
             self.users.put(op.user)
             log.warning("created user admin: password %s", how)
-        # bound now (peers learn the address in the handshake), serving once all is set up
-        self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
-                                                  start_serving=False)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
+        server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self)
             self.replication = Replication(self, recovered.logs)
@@ -205,9 +201,19 @@ class Node:
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
             if self._lockfile is not None:
                 self._lockfile_task = asyncio.create_task(self._lockfile.run(), name="tandem-lockfile")
-        await self._server.start_serving()
+        await server.start_serving()
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()
+
+    async def _bind_clients(self) -> asyncio.Server:
+        """Bind the client port now (peers learn the address in the handshake); serving
+        starts once everything is set up."""
+        cfg = self.config
+        self._server = server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
+                                                           start_serving=False)
+        sock = server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        return server
 
     async def _start_console(self) -> None:
         cfg = self.config
@@ -228,15 +234,12 @@ class Node:
         lease = await asyncio.to_thread(store.lease)
         self.shared = SharedMode(self, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
         self.ha = self.shared
-        self._server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
-                                                  start_serving=False)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
+        server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self)
             await self.peers.start()
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
-        await self._server.start_serving()
+        await server.start_serving()
         self.shared.start()
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()

@@ -25,7 +25,7 @@ import client
 from broker.tools.faults import FaultProxy
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
-from broker.tools.witness_child import SupervisedWitness
+from broker.tools.witness_process import WitnessProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
@@ -126,10 +126,10 @@ class LocalCluster:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
                                         password=self.password, host=host, clock=clock)
         #: the pair's witness (``ha.arbiter == "witness"``), started before the nodes
-        self.witness: SupervisedWitness | None = None
+        self.witness: WitnessProcess | None = None
         if ha.witness:
-            self.witness = SupervisedWitness(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
-                                             peers={n: (host, self.peer_ports[n]) for n in names}, host=host,
+            self.witness = WitnessProcess(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
+                                             peers=[f"{n}={host}:{self.peer_ports[n]}" for n in names], host=host,
                                              extra_args=_failure_detection(self._extra), clock=clock)
         self._arrange()
 
@@ -143,9 +143,9 @@ class LocalCluster:
                             *peers, *ha, *self._extra, *self._node_args.get(n, [])]
 
     @property
-    def processes(self) -> dict[str, NodeProcess | SupervisedWitness]:
+    def processes(self) -> dict[str, NodeProcess | WitnessProcess]:
         """Every process of the group: the nodes, and the witness if there is one."""
-        procs: dict[str, NodeProcess | SupervisedWitness] = dict(self.nodes)
+        procs: dict[str, NodeProcess | WitnessProcess] = dict(self.nodes)
         if self.witness is not None:
             procs[self.witness.name] = self.witness
         return procs

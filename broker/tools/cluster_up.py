@@ -27,7 +27,7 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from broker.tools.process import NodeProcess, NodeStartError
-from broker.tools.witness_child import SupervisedWitness
+from broker.tools.witness_process import WitnessProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError
 
@@ -112,7 +112,7 @@ class Supervisor:
     def pid_path(self, name: str) -> Path:
         return self.cluster.data_dir / f"{name}.pid"
 
-    def write_pid(self, p: NodeProcess | SupervisedWitness) -> None:
+    def write_pid(self, p: NodeProcess | WitnessProcess) -> None:
         self.pid_path(p.name).write_text(f"{p.pid}\n")
 
     def remove_pids(self) -> None:

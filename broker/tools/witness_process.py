@@ -1,5 +1,7 @@
-"""Run a two-node group's witness as a child process (tests, drills): ``tandem witness start``
-with a deadline on its "is up" line, ``kill()`` (kill -9) and ``stop()`` (SIGTERM)."""
+"""Run a two-node group's witness as a child process (tests, drills, ``tandem cluster up``):
+``tandem witness start`` with a deadline on its "is up" line, ``kill()`` (kill -9), ``stop()``
+(SIGTERM), and what the supervisor and the drills use of a node process: ``pid``, ``wait()``
+and ``paused``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,22 @@ class WitnessProcess:
         self.log_path = self.data_dir.parent / f"{name}.log"
         self.proc: asyncio.subprocess.Process | None = None
         self._output: asyncio.Task[None] | None = None
+        self.paused = False  # (a witness is never paused by the tools; the drills skip paused nodes)
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise NodeStartError(f"witness {self.name} is not running")
+        return self.proc.pid
+
+    async def wait(self) -> int:
+        """Until the process exits and its output is in the log; its exit status (a negative
+        one: the signal that killed it)."""
+        if self.proc is None:
+            raise NodeStartError(f"witness {self.name} is not running")
+        code = await self.proc.wait()
+        await self._finish_output()
+        return code
 
     @property
     def spec(self) -> str:
