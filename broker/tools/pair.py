@@ -186,8 +186,10 @@ def reported_setup(statuses: list[tuple[str, StatusOk]]) -> HaSetup:
 
 
 def group_ready(setup: HaSetup, statuses: list[tuple[str, StatusOk]]) -> bool:
-    """Some node serves clients: shared mode, an ``ACTIVE`` node; the LockFile arbiter, a lock
-    holder with an active for the queue catalogue; else node quorum and a catalogue active."""
+    """Some node serves clients: shared mode, an ``ACTIVE`` node; the LockFile arbiter, the
+    lock holder ``ACTIVE`` (the pair in step: a holder still ``STANDALONE`` may confirm writes
+    its peer lacks, and if it died then the peer would rightly wait for it) with an active for
+    the queue catalogue; else node quorum and a catalogue active."""
     for _name, st in statuses:
         if setup.shared:
             if st.ha_state == "ACTIVE":
@@ -195,7 +197,7 @@ def group_ready(setup: HaSetup, statuses: list[tuple[str, StatusOk]]) -> bool:
             continue
         cat = [x for x in st.partitions if x.queue == "" and x.active]
         if setup.arbiter == "lockfile":
-            if st.ha_state in LOCK_SERVING and cat:
+            if st.ha_state == "ACTIVE" and cat:
                 return True
         elif st.quorum_state != "Disabled" and cat:
             return True
