@@ -23,6 +23,7 @@ from client.errors import InvalidArgumentError, StaleDeliveryError, TandemError
 from client.protocol.frames import StatusOk
 from tests.conftest import FAST, PASSWORD
 from tests.helpers import wait_until
+from tests.integration.test_replication import drain
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -100,21 +101,6 @@ def peer_proxies(cl: LocalCluster) -> list[FaultProxy]:
     """The proxy of the peer link between the two nodes (not the clients')."""
     a, b = cl.nodes
     return [px for px in cl.proxies[a] if px in cl.proxies[b]]
-
-
-async def drain(url: str, queue: str, idle: float = 3.0) -> list[tuple[bytes, str]]:
-    out: list[tuple[bytes, str]] = []
-    async with await client.connect(url) as conn:
-        async with conn.group_consumer(queue) as c:
-            while True:
-                m = await c.next(idle)
-                if m is None:
-                    return out
-                out.append((m.body, m.id))
-                try:
-                    await m.ack()
-                except StaleDeliveryError:
-                    pass  # its partition failed over meanwhile: the new active delivers it again
 
 
 class Load:
