@@ -74,7 +74,20 @@ async def test_one_node_is_active_and_the_passive_names_it(pair: LocalCluster) -
     cl = pair
     active = await the_active(cl)
     passive = next(n for n in cl.nodes if n != active)
-    st = await cl.status(passive)
+    # the passive checks credentials against the users the active created: it reads them on
+    # its next look at the lease (every lease / 4)
+    st = None
+
+    async def answers() -> bool:
+        nonlocal st
+        try:
+            st = await cl.status(passive)
+        except TandemError:
+            return False
+        return True
+
+    await wait_until(answers, timeout=10, what=f"{passive} answering a status request")
+    assert st is not None
     assert (st.mode, st.ha_state, st.lock_holder) == ("shared", "PASSIVE", active)
     assert (await cl.status(active)).epoch == st.epoch >= 1
     # the passive refuses clients at the handshake, naming the active: a plain link follows

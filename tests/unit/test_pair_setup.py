@@ -88,7 +88,13 @@ def test_lockfile_only_a_lock_holder_counts_as_active() -> None:
                      parts=[_part("q", 0, "node1", "active"), _part("", 0, "node1", "active")])
     stale = _status("node2", ha_state="WAITING", arbiter="lockfile", parts=[_part("q", 1, "node2", "active")])
     assert serving_actives(lock, [holder, stale], "q") == {0: "node1"}
-    assert group_ready(lock, [holder, stale]) and not group_ready(lock, [stale])
+    # ready once the holder is in step with its peer (ACTIVE): while STANDALONE it may confirm
+    # writes the other lacks, and a fault injected then would be a double fault
+    in_step = _status("node1", ha_state="ACTIVE", arbiter="lockfile",
+                      parts=[_part("q", 0, "node1", "active"), _part("", 0, "node1", "active")])
+    passive = _status("node2", ha_state="PASSIVE", arbiter="lockfile", parts=[_part("q", 0, "node1", "replica")])
+    assert not group_ready(lock, [holder, stale]) and not group_ready(lock, [stale])
+    assert group_ready(lock, [in_step, passive])
     assert reported_setup([stale]).arbiter == "lockfile"
 
 
