@@ -148,6 +148,8 @@ async def test_a_holder_that_stops_renewing_is_taken_over_and_then_fenced_by_the
     await p.step("b")
     await p.step("a")
     assert p.states() == ("ACTIVE", "PASSIVE")
+    await p.step("a")  # a renewal in step: the record no longer says a confirms alone
+    assert not p.d["a"].file.read_unlocked().alone
     # a stops (SIGSTOP): no renewals; the link goes quiet, b waits and watches the record
     p.connect(False)
     await p.step("b")
