@@ -250,7 +250,8 @@ class Node:
         """ACTIVATING: open the group's store fenced by ``epoch`` and load every queue.
         Messages delivered but not settled under the previous active are ready again, their
         delivery counts kept (counted once more if they may have been out with a consumer)."""
-        assert self._shared_store is not None and self.shared is not None and self._loop is not None
+        if self._shared_store is None or self.shared is None or self._loop is None:
+            raise ShuttingDownError(f"node {self.config.name} is not a started shared-mode node: nothing to activate")
         cfg = self.config
         started = self.clock.monotonic()
         engine = self._shared_store.engine()
