@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import pytest_asyncio
 
 import client
-from broker.tools.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster, port_range
 from broker.config import NodeConfig
 from broker.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
@@ -16,6 +17,16 @@ from tests.pg import pg_database, pg_url  # noqa: F401 (fixtures)
 
 PASSWORD = "test-password"
 FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]  # failure detection for tests
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker picks free ports from its own slice of the range (see free_ports)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count.isdigit() and "TANDEM_PORT_RANGE" not in os.environ:
+        low, high = port_range()
+        span = (high - low) // int(count)
+        start = low + int(worker[2:]) * span
+        os.environ["TANDEM_PORT_RANGE"] = f"{start}-{start + span}"
 
 
 @pytest.fixture(autouse=True)

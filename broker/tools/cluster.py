@@ -37,13 +37,15 @@ def free_ports(n: int) -> list[int]:
     They are picked below the kernel's ephemeral range when it leaves room: a port that
     ``bind(0)`` hands out comes from that range, and so do the local ports of outgoing
     connections, so in between any connection could take it (a test suite makes thousands)
-    and the node would fail with "address already in use"."""
-    low = _ephemeral_low()
+    and the node would fail with "address already in use".  ``TANDEM_PORT_RANGE=LOW-HIGH``
+    narrows the choice: parallel test workers each get their own range, so one worker never
+    picks a port that another's node is about to bind or is restarting on."""
+    low, high = port_range()
     socks: list[socket.socket] = []
     try:
         while len(socks) < n:
             s = socket.socket()
-            port = random.randrange(10000, low) if low > 11000 else 0
+            port = random.randrange(low, high) if high - low > 100 else 0
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -54,6 +56,16 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def port_range() -> tuple[int, int]:
+    """[low, high) that :func:`free_ports` picks from: ``TANDEM_PORT_RANGE`` or 10000 up to
+    the kernel's ephemeral range."""
+    spec = os.environ.get("TANDEM_PORT_RANGE", "")
+    if spec:
+        lo, _, hi = spec.partition("-")
+        return int(lo), int(hi)
+    return 10000, _ephemeral_low()
 
 
 def _ephemeral_low() -> int:

@@ -174,14 +174,27 @@ class TandemDriver:
         self.queue = f"bench-{uuid.uuid4().hex[:8]}"
         await conn.declare_queue(self.queue, partitions=w.partitions)
         self._queues.append(self.queue)
-        # In a group a new queue's partitions elect their actives first: not part of the figures.
+        # In a group a new queue's partitions elect their actives first, and every member learns
+        # of the queue (a consumer subscribes on each): not part of the figures.
         async with asyncio.timeout(w.timeout):
             while True:
                 st = await conn.status()
                 mine = [p for p in st.partitions if p.queue == self.queue and p.active]
                 if not st.partitions or len(mine) == w.partitions:
-                    return
+                    break
                 await self.clock.sleep(0.05)  # polling a remote state, bounded by the timeout
+            if st.mode != "replicated":
+                return  # single node, or shared mode: one active serves every client
+            primary = await conn.primary()
+            while not all(r.state == "Up" for r in st.remotes):  # a link still coming up
+                await self.clock.sleep(0.05)
+                st = await conn.status()
+            for r in st.remotes:
+                if not r.client_address:
+                    continue  # a witness: no clients, no queues
+                member = await primary.sibling(r.name, r.client_address)
+                while sum(p.queue == self.queue for p in (await member.status()).partitions) < w.partitions:
+                    await self.clock.sleep(0.05)
 
     async def publisher(self, w: Workload) -> Publisher:
         conn = await self._connect()
