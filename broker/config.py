@@ -40,6 +40,17 @@ Example ``tandem.toml``::
     mode = "shared"             # replicated (default) | shared
     database = "postgresql+psycopg://tandem@db.example:5432/tandem"   # or sqlite:///PATH on one machine
     lock = "database"           # database (a lease row) | file:/path/on/gateway/tandem.lock
+
+    # security (docs/security.md)
+    cluster_secret_file = "/etc/tandem/cluster.secret"  # a group's peer links prove they hold it
+    permitted_nodes = ["node2", "node3@10.0.0.3"]        # who may join (names, optionally @address)
+    tls_cert = "/etc/tandem/node1.crt"   # with tls_key: TLS on the client, peer and console ports
+    tls_key = "/etc/tandem/node1.key"
+    tls_ca = "/etc/tandem/ca.crt"        # the CA peers' (and clients') certificates are checked against
+    peer_tls = "auto"           # auto (on when certificates are set) | on | off (logged as a warning)
+    max_connections_per_user = 1000
+    max_prefetch = 10000        # the ceiling on a consumer's prefetch
+    max_failed_logins = 5       # per client address before its logins are slowed down
 """
 
 from __future__ import annotations
@@ -116,6 +127,24 @@ class NodeConfig:
     mode: str = "replicated"
     database: str | None = None  # shared mode: postgresql+psycopg://USER@HOST:PORT/DB or sqlite:///PATH
     lock: str = "database"  # shared mode: "database" (a lease row) or "file:/path/tandem.lock"
+    #: a file holding the group secret every peer link proves it knows (challenge-response);
+    #: a group member needs it (or mutual TLS on its peer links)
+    cluster_secret_file: Path | None = None
+    #: members allowed on the peer port: "name" or "name@host"; empty: the names in peers
+    permitted_nodes: tuple[str, ...] = ()
+    #: PEM certificate and key of this node: with both, the client, peer and console ports speak TLS
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: PEM CA bundle that peers' certificates (and clients' ones, when they present any) chain to
+    tls_ca: Path | None = None
+    #: TLS on peer links: "auto" (on when tls_cert is set), "on", or "off" (plaintext, a warning)
+    peer_tls: str = "auto"
+    #: client connections one user may hold at once on this node
+    max_connections_per_user: int = 1000
+    #: the largest prefetch a consumer may ask for
+    max_prefetch: int = 10000
+    #: failed logins from one client address before each further attempt is delayed
+    max_failed_logins: int = 5
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -168,6 +197,30 @@ class NodeConfig:
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"advertise {self.advertise!r}: expected HOST:PORT")
         self._check_ha()
+        self._check_security()
+
+    def _check_security(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key: give both (the node's certificate and its key) or neither")
+        if self.peer_tls not in ("auto", "on", "off"):
+            raise ConfigError(f"peer_tls {self.peer_tls!r}: auto, on or off")
+        if self.peer_tls == "on" and self.tls_cert is None:
+            raise ConfigError("peer_tls = \"on\" needs tls_cert and tls_key (and tls_ca)")
+        for spec in self.permitted_nodes:
+            name, at, host = spec.partition("@")
+            if not _NAME.match(name) or (at and not host):
+                raise ConfigError(f"permitted_nodes: {spec!r} is not NAME or NAME@HOST")
+        if self.max_connections_per_user < 1:
+            raise ConfigError("max_connections_per_user: must be >= 1")
+        if not 1 <= self.max_prefetch <= 65535:
+            raise ConfigError("max_prefetch: must be 1 .. 65535")
+        if self.max_failed_logins < 1:
+            raise ConfigError("max_failed_logins: must be >= 1")
+
+    @property
+    def peer_tls_on(self) -> bool:
+        """Whether peer links speak TLS: on when certificates are set, unless peer_tls = "off"."""
+        return self.peer_tls == "on" or (self.peer_tls == "auto" and self.tls_cert is not None)
 
     def _check_ha(self) -> None:
         """The two-node arbiters and shared mode: each setting checked against the others."""
@@ -252,6 +305,18 @@ _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 def _coerce(key: str, value: Any) -> Any:
     if key == "data_dir":
         return Path(value)
+    if key in ("cluster_secret_file", "tls_cert", "tls_key", "tls_ca"):
+        if value is None or isinstance(value, Path):
+            return value
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a file path, got {value!r}")
+        return Path(value)
+    if key == "permitted_nodes":
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("permitted_nodes: expected a list of \"NAME\" or \"NAME@HOST\" strings")
+        return tuple(value)
     if key == "designated_primary":
         if not isinstance(value, bool):
             raise ConfigError(f"designated_primary: expected true or false, got {value!r}")
