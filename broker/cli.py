@@ -9,9 +9,10 @@
     tandem drill          inject a fault under load and check every message
     tandem bench          throughput and latency, side by side with RabbitMQ and NATS
     tandem witness start  run a two-node group's witness (a data-less third vote)
+    tandem certs dev      a throwaway CA and node certificates for TLS on one machine
 
 Every client command takes ``--url tandem://user:password@host:port`` (or
-``TANDEM_URL``) and ``--json``.  Errors print one line and exit non-zero;
+``TANDEM_URL``; ``tandems://...?ca=CA.pem`` for a node that speaks TLS) and ``--json``.  Errors print one line and exit non-zero;
 nothing prints a traceback for bad input.  Client commands log warnings and errors
 only; ``-v`` or ``--log-level`` shows more.  Nodes log at INFO.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import cluster_up, commands, status, witness_cli
+from broker.tools import certs, cluster_up, commands, status, witness_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -74,7 +75,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
-                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock"):
+                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
+                "tls_ca", "peer_tls"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -97,7 +99,8 @@ async def _serve(config: NodeConfig) -> int:
     host, port = node.address
     pw_file = node.data_path / "admin-password"
     print(f"Tandem node {config.name} is up", flush=True)
-    print(f"  client URL : tandem://admin@{host}:{port}", flush=True)
+    scheme = "tandems" if config.tls_cert is not None else "tandem"
+    print(f"  client URL : {scheme}://admin@{host}:{port}", flush=True)
     if config.mode == "shared":
         print(f"  database   : {redact_url(config.database or '')} (shared mode, sync={config.sync.value})",
               flush=True)
@@ -211,6 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "or sqlite:///PATH for nodes on one machine")
     pair.add_argument("--lock", metavar="database|file:PATH",
                       help="--mode shared: database (a lease row in the database; default) or file:PATH")
+    sec = start.add_argument_group("TLS (docs/security.md)")
+    sec.add_argument("--tls-cert", dest="tls_cert", metavar="PEM",
+                     help="this node's certificate (with --tls-key): the client port, the peer links and the "
+                          "console speak TLS only (clients use tandems://, the console https://)")
+    sec.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="the private key of --tls-cert")
+    sec.add_argument("--tls-ca", dest="tls_ca", metavar="PEM",
+                     help="the CA certificate the members' certificates are signed by; peer links check "
+                          "each other's against it (needed for TLS on peer links)")
+    sec.add_argument("--peer-tls", dest="peer_tls", choices=("auto", "on", "off"),
+                     help="TLS on peer links: auto (on when --tls-cert is given; default), on, or off "
+                          "(plaintext replication, logged as a warning)")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)
@@ -219,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)
     witness_cli.add_parser(sub)
+    certs.add_parser(sub)
     for name, command_parser in sub.choices.items():
         _log_args(command_parser, argparse.SUPPRESS)
         if name == "cluster":

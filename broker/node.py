@@ -26,7 +26,7 @@ from pathlib import Path
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Protocol
 
-from broker import sequences
+from broker import sequences, tls
 from broker.catalogue import Catalogue
 from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
 from broker.config import NodeConfig, redact_url
@@ -159,14 +159,15 @@ class Node:
             raise
         total = sum(q.depth for q in self.queues.values())
         log.info(
-            "node start complete name=%s url=tandem://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
-            cfg.name, self.address[0], self.address[1], self.data_path, cfg.sync.value,
+            "node start complete name=%s url=%s://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
+            cfg.name, "tandems" if cfg.tls_cert is not None else "tandem", self.address[0], self.address[1], self.data_path, cfg.sync.value,
             len(self.queues), total,
         )
 
     async def _start(self) -> None:
         cfg = self.config
         assert self._loop is not None  # set by start(), which is the only caller
+        await asyncio.to_thread(tls.check, cfg)  # a bad certificate or key stops the start, named
         await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
         if self._shared_store is not None:
@@ -210,6 +211,7 @@ class Node:
         starts once everything is set up."""
         cfg = self.config
         self._server = server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
+                                                           ssl=tls.client_server_context(cfg),
                                                            start_serving=False)
         sock = server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])

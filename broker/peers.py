@@ -24,6 +24,7 @@ from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError, NodeConfig
 from broker.queues import Queue
+from broker.tls import peer_dial_tls, peer_server_context
 from client.clock import Clock
 from broker.forward import ForwardRequest
 from client.protocol.frames import (
@@ -140,7 +141,8 @@ class PeerManager:
         cfg = self.node.config
         if cfg.peer_port is None:
             raise ConfigError("a replication group member needs a peer_port")
-        self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
+        self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port,
+                                                  ssl=peer_server_context(cfg))
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s",
@@ -202,7 +204,7 @@ class PeerManager:
         while True:
             try:
                 async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
-                    reader, writer = await asyncio.open_connection(host, port)
+                    reader, writer = await asyncio.open_connection(host, port, **peer_dial_tls(self.node.config, host))
             except (OSError, asyncio.TimeoutError):
                 await clock.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

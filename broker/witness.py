@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import ConfigError, NodeConfig, parse_peer
+from broker import tls
 from broker.peers import PeerManager
 from broker.queues import Queue
 from broker.replication.codec import (
@@ -76,6 +77,11 @@ class WitnessConfig:
     data_dir: Path = Path(".tandem/witness")
     keepalive_interval: float = 0.25
     non_response_timeout: float = 1.0
+    #: TLS on its peer links, as the data nodes' settings of the same names (broker/tls.py)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    peer_tls: str = "auto"
 
     def __post_init__(self) -> None:
         names = [parse_peer(p)[0] for p in self.peers]
@@ -90,7 +96,8 @@ class WitnessConfig:
         """The settings the peer links read (a node's, with priority 0: it is never active)."""
         return NodeConfig(name=self.name, host=self.host, port=0, peer_port=self.peer_port, peers=self.peers,
                           data_dir=self.data_dir, priority=0, keepalive_interval=self.keepalive_interval,
-                          non_response_timeout=self.non_response_timeout)
+                          non_response_timeout=self.non_response_timeout, tls_cert=self.tls_cert,
+                          tls_key=self.tls_key, tls_ca=self.tls_ca, peer_tls=self.peer_tls)
 
 
 @dataclass
@@ -228,6 +235,7 @@ class Witness:
 
     async def start(self) -> None:
         path = self.config.data_dir / "witness.db"
+        await asyncio.to_thread(tls.check, self.config)  # a bad certificate or key stops the start, named
         try:
             self._store = await asyncio.to_thread(WitnessStore, path)
             self.store_stamp = self._store.stamp(f"witness-{int(self.clock.time() * 1000):x}-"

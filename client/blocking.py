@@ -30,9 +30,11 @@ A connection is not thread-safe: use one per thread or greenlet.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import socket
+import ssl
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -49,6 +51,7 @@ from client.errors import (
     TimeoutError_,
     for_code,
 )
+from client import tls
 from client.buffer import SendBuffer
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.consumer import DeliveredMessage
@@ -94,20 +97,29 @@ from client.url import ConnectParams, parse_url
 
 def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: float | None = None,
             send_timeout: float = 60.0, durable: bool = True, buffer_path: str | None = None,
-            buffer_max_bytes: int = 64 * 1024 * 1024) -> BlockingConnection:
+            buffer_max_bytes: int = 64 * 1024 * 1024, ssl_context: ssl.SSLContext | None = None) -> BlockingConnection:
     """Open a blocking connection to the first reachable node of ``url``.
 
     ``timeout``: the socket timeout of one read.  ``durable``: ride through the loss
     of the node (see the module docs) for up to ``send_timeout`` seconds per call.
     ``buffer_path``: a SQLite file where producers put sends made while no node is
-    reachable (then ``connect`` succeeds even so); they drain in order once one is."""
+    reachable (then ``connect`` succeeds even so); they drain in order once one is.
+    ``ssl_context``: for ``tandems://``, the TLS context to use instead of one that trusts
+    the URL's ``ca`` (or the system's CAs)."""
     if buffer_max_bytes <= 0:
         raise InvalidArgumentError("buffer_max_bytes must be > 0")
     params = parse_url(url)
+    if ssl_context is not None:
+        params = dataclasses.replace(params, ssl_context=ssl_context)
     last: BaseException | None = None
     for k, (host, port) in enumerate(params.hosts):
         try:
-            sock = socket.create_connection((host, port), timeout=params.connect_timeout)
+            sock = _open_socket(params, host, port)
+        except TandemError as exc:
+            if not exc.retriable:
+                raise
+            last = exc
+            continue
         except OSError as exc:
             last = exc
             continue
@@ -134,14 +146,34 @@ def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: f
     raise ConnectionClosedError(f"cannot connect to {', '.join(f'{h}:{p}' for h, p in params.hosts)}: {last}")
 
 
+def _open_socket(params: ConnectParams, host: str, port: int) -> socket.socket:
+    """A connected socket to ``host:port``, its TLS handshake done for tandems://."""
+    sock = socket.create_connection((host, port), timeout=params.connect_timeout)
+    ctx = params.context()
+    if ctx is None:
+        return sock
+    try:
+        return ctx.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLError as exc:
+        sock.close()
+        raise tls.handshake_error(host, port, exc) from None
+    except OSError:
+        sock.close()
+        raise
+
+
 def _dial(params: ConnectParams, client_name: str, start: int) -> tuple[socket.socket, int]:
-    """A socket to the first node from ``start`` on (in turn) that accepts TCP."""
+    """A socket to the first node from ``start`` on (in turn) that accepts TCP (and TLS)."""
     last: BaseException | None = None
     hosts = params.hosts
     for i in range(len(hosts)):
         k = (start + i) % len(hosts)
         try:
-            return socket.create_connection(hosts[k], timeout=params.connect_timeout), k
+            return _open_socket(params, *hosts[k]), k
+        except TandemError as exc:
+            if not exc.retriable:
+                raise
+            last = exc
         except OSError as exc:
             last = exc
     raise ConnectionClosedError(f"cannot connect to {', '.join(f'{h}:{p}' for h, p in hosts)}: {last}")
@@ -319,9 +351,15 @@ class BlockingConnection:
 
     def _handshake(self, client_name: str, user: str, password: str) -> None:
         self._sock.sendall(self.proto.hello(client_name=client_name, user=user, password=password, heartbeat=0))
-        frame = self._read_frame()
-        while frame is None:
+        try:
             frame = self._read_frame()
+            while frame is None:
+                frame = self._read_frame()
+        except ConnectionClosedError:
+            if not isinstance(self._sock, ssl.SSLSocket):  # no answer to a plaintext Hello: a TLS-only port?
+                host, port = self._sock.getpeername()[:2]
+                raise tls.plaintext_refused(host, port) from None
+            raise
         if isinstance(frame, Error):
             raise for_code(frame.code, frame.message)
         if not isinstance(frame, Welcome):

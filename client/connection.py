@@ -22,10 +22,12 @@ import functools
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from client import tls
 from client.clock import SYSTEM_CLOCK, Clock
 from client.consumer import Consumer, GroupConsumer, Message
 from client.errors import (
@@ -81,15 +83,16 @@ log = logging.getLogger("tandem.client")
 
 
 async def connect_link(url: str, *, client_name: str | None = None, clock: Clock = SYSTEM_CLOCK,
-                       observe: bool = False) -> Connection:
+                       observe: bool = False, ssl_context: ssl.SSLContext | None = None) -> Connection:
     """One plain link to the first reachable node of ``url``: no failover, no partition
     map (tools and tests of the wire protocol; applications use :func:`client.connect`).
     ``observe``: for status only; a node that serves nothing (a shared-mode passive)
-    accepts it too."""
+    accepts it too.  ``ssl_context``: for ``tandems://``, the TLS context to use instead of
+    one that trusts the URL's ``ca`` (or the system's CAs)."""
     params = parse_url(url)
-    if client_name or observe:
+    if client_name or observe or ssl_context is not None:
         params = ConnectParams(**{**_params_dict(params), "client_name": client_name or params.client_name,
-                                  "observe": observe})
+                                  "observe": observe, "ssl_context": ssl_context or params.ssl_context})
     conn = Connection(params, clock=clock)
     await conn._open()
     return conn
@@ -168,7 +171,12 @@ class Connection:
         self._reader = self._writer = None
 
     async def _open_one(self, host: str, port: int) -> None:
-        reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+        ctx = self.params.context()
+        try:
+            reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ctx,
+                                                           server_hostname=host if ctx is not None else None)
+        except ssl.SSLError as exc:
+            raise tls.handshake_error(host, port, exc) from None
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -177,7 +185,12 @@ class Connection:
         writer.write(self.proto.hello(client_name=p.client_name, user=p.user, password=p.password,
                                       heartbeat=p.heartbeat, observe=p.observe))
         while True:
-            frame = await self._next_frame()
+            try:
+                frame = await self._next_frame()
+            except ConnectionClosedError:
+                if ctx is None:  # no answer at all to a plaintext Hello: a TLS-only port, most likely
+                    raise tls.plaintext_refused(host, port) from None
+                raise
             if isinstance(frame, Welcome):
                 break
             if isinstance(frame, Error):

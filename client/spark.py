@@ -130,8 +130,11 @@ _CANONICAL = {"startingoffsets": "startingOffsets", "endingoffsets": "endingOffs
 def _url(hosts: Sequence[tuple[str, int]], user: str, password: str, params: Any) -> str:
     from urllib.parse import quote
 
+    scheme = "tandems" if params.tls else "tandem"
     query = f"?name={quote(params.client_name, safe='')}&connect_timeout={params.connect_timeout}"
-    return (f"tandem://{quote(user, safe='')}:{quote(password, safe='')}@"
+    if params.tls and params.ca:
+        query += f"&ca={quote(params.ca, safe='/')}"
+    return (f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@"
             + ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in hosts) + "/" + query)
 
 

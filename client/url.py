@@ -1,17 +1,24 @@
 """Parsing of Tandem URLs: ``tandem://user:password@host:port[,host:port...]/?name=...``.
 
+``tandems://`` is the same over TLS: the node's certificate is checked against the
+system's trusted CAs, or the CA file of the ``ca`` option, and must name the host
+dialled (:mod:`client.tls`).
+
 The password may be left out of the URL and given in ``TANDEM_PASSWORD``.
 Query options: ``name`` (client name shown in broker logs), ``heartbeat``
-(seconds; 0 disables), ``connect_timeout`` (seconds).
+(seconds; 0 disables), ``connect_timeout`` (seconds), ``ca`` (tandems:// only: a PEM
+file of the CA the nodes' certificates are signed by).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 from client.errors import InvalidArgumentError
+from client.tls import default_context
 
 DEFAULT_PORT = 7780
 
@@ -24,8 +31,30 @@ class ConnectParams:
     client_name: str = "tandem-python"
     heartbeat: float = 10.0
     connect_timeout: float = 10.0
-    tls: bool = False
+    tls: bool = False  # tandems://
+    ca: str | None = None  # PEM CA file the nodes' certificates are checked against (else the system's)
+    #: the application's own TLS context (replaces ``ca`` and the default one)
+    ssl_context: ssl.SSLContext | None = None
     observe: bool = False  # a monitoring session (client.protocol.frames.Hello.observe)
+
+    def context(self) -> ssl.SSLContext | None:
+        """The TLS context links are opened with (None: plaintext, tandem://)."""
+        if not self.tls:
+            return None
+        return self.ssl_context or default_context(self.ca)
+
+
+def format_url(params: ConnectParams, hosts: str | None = None, *, query: dict[str, str] | None = None) -> str:
+    """A URL with ``params``' scheme, credentials and CA for ``hosts`` ("h1:p1,h2:p2"; default:
+    the params' own); ``query``: further options."""
+    if hosts is None:
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in params.hosts)
+    opts = dict(query or {})
+    if params.tls and params.ca:
+        opts["ca"] = params.ca
+    q = "&".join(f"{k}={quote(str(v), safe='/')}" for k, v in opts.items())
+    return (f"{'tandems' if params.tls else 'tandem'}://{quote(params.user, safe='')}:"
+            f"{quote(params.password, safe='')}@{hosts}" + (f"/?{q}" if q else ""))
 
 
 def parse_url(url: str) -> ConnectParams:
@@ -34,8 +63,6 @@ def parse_url(url: str) -> ConnectParams:
     scheme, rest = url.split("://", 1)
     if scheme not in ("tandem", "tandems"):
         raise InvalidArgumentError(f"unknown URL scheme {scheme!r} (use tandem:// or tandems://)")
-    if scheme == "tandems":
-        raise InvalidArgumentError("tandems:// (TLS) is not supported yet by this build")
     rest, _, query = rest.partition("?")
     rest = rest.rstrip("/")
     user, password = "admin", None
@@ -68,9 +95,11 @@ def parse_url(url: str) -> ConnectParams:
     if not hosts:
         raise InvalidArgumentError(f"no host in URL {url!r}")
     opts = {k: v[-1] for k, v in parse_qs(query).items()}
-    unknown = set(opts) - {"name", "heartbeat", "connect_timeout"}
+    unknown = set(opts) - {"name", "heartbeat", "connect_timeout", "ca"}
     if unknown:
         raise InvalidArgumentError(f"unknown URL option(s): {', '.join(sorted(unknown))}")
+    if "ca" in opts and scheme != "tandems":
+        raise InvalidArgumentError("URL option ca: only with tandems:// (TLS)")
     try:
         heartbeat = float(opts.get("heartbeat", 10.0))
         connect_timeout = float(opts.get("connect_timeout", 10.0))
@@ -78,4 +107,4 @@ def parse_url(url: str) -> ConnectParams:
         raise InvalidArgumentError("heartbeat and connect_timeout must be numbers") from None
     return ConnectParams(hosts=tuple(hosts), user=user, password=password,
                          client_name=opts.get("name", "tandem-python"), heartbeat=heartbeat,
-                         connect_timeout=connect_timeout)
+                         connect_timeout=connect_timeout, tls=scheme == "tandems", ca=opts.get("ca") or None)

@@ -15,6 +15,7 @@ import logging
 
 from aiohttp import web
 
+from broker.tls import console_context
 from webconsole import actions, auth, stream, views
 from webconsole.errors import errors_middleware
 from webconsole.group import GROUP, Group
@@ -69,7 +70,8 @@ def make_app(node: NodeView) -> web.Application:
 
 
 class Console:
-    """The management console and admin REST API of a node, served over HTTP."""
+    """The management console and admin REST API of a node, served over HTTP, or HTTPS when
+    the node has a certificate (``tls_cert``, ``tls_key``)."""
 
     def __init__(self, node: NodeView) -> None:
         self.node = node
@@ -81,11 +83,11 @@ class Console:
         """Listen on ``host``:``port`` (0: any free port; :attr:`address` says which)."""
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=console_context(self.node.config))
         await site.start()
         bound = self._runner.addresses
         self.address = (bound[0][0], bound[0][1]) if bound else (host, port)
-        log.info("console listening on http://%s:%d/", *self.address)
+        log.info("console listening on %s", self.url)
 
     async def stop(self) -> None:
         """Stop listening, end the event streams, release the application's resources."""
@@ -96,7 +98,8 @@ class Console:
     @property
     def url(self) -> str:
         host, port = self.address or (self.node.config.host, self.node.config.http_port or 0)
-        return f"http://{host}:{port}/"
+        scheme = "https" if self.node.config.tls_cert is not None else "http"
+        return f"{scheme}://{host}:{port}/"
 
 
 async def serve_console(node: NodeView, host: str, port: int) -> Console:

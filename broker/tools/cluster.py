@@ -10,6 +10,10 @@ else a random one written to ``<data_dir>/admin-password``).
 one database) or a pair under the LockFile arbiter (``<data_dir>/tandem.lock`` unless a path
 is given) or a witness: then a witness process ``w1`` runs beside the nodes, its peer port
 the one a third node's would be (``base_port + 10*N + 1``), its data in ``<data_dir>/w1``.
+
+``tls``: TLS on every link.  A throwaway CA and a certificate per node (and witness) are made
+in ``<data_dir>/certs`` (:mod:`broker.tools.certs`, once), every process gets ``--tls-cert``,
+``--tls-key`` and ``--tls-ca``, and :attr:`LocalCluster.url` is ``tandems://...?ca=<data_dir>/certs/ca.crt``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import socket
 from pathlib import Path
 
 import client
+from broker.tools.certs import make_dev_certs
 from broker.tools.faults import FaultProxy
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
@@ -105,8 +110,10 @@ class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 proxied: bool = False, ha: HaSetup = REPLICATED) -> None:
+                 proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False) -> None:
         self.clock = clock
+        self.tls = tls
+        self.certs_dir = Path(data_dir) / "certs"
         ha.check(nodes)
         self.ha = ha
         #: every peer link and every node's client port behind a FaultProxy (cut_node / heal_node)
@@ -136,14 +143,29 @@ class LocalCluster:
         self._node_args = dict(node_args or {})
         for n in names:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
-                                        password=self.password, host=host, clock=clock)
+                                        password=self.password, host=host, clock=clock,
+                                        ca=self.certs_dir / "ca.crt" if tls else None)
         #: the pair's witness (``ha.arbiter == "witness"``), started before the nodes
         self.witness: WitnessProcess | None = None
         if ha.witness:
             self.witness = WitnessProcess(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
                                              peers=[f"{n}={host}:{self.peer_ports[n]}" for n in names], host=host,
-                                             extra_args=_failure_detection(self._extra), clock=clock)
+                                             extra_args=_failure_detection(self._extra) + self._tls_args(WITNESS_NAME),
+                                             clock=clock)
         self._arrange()
+
+    def _tls_args(self, name: str) -> list[str]:
+        if not self.tls:
+            return []
+        d = self.certs_dir
+        return ["--tls-cert", str(d / f"{name}.crt"), "--tls-key", str(d / f"{name}.key"), "--tls-ca", str(d / "ca.crt")]
+
+    def _make_certs(self) -> None:
+        """The group's throwaway CA and certificates (kept across restarts of the group)."""
+        names = [*self.nodes, *([self.witness.name] if self.witness is not None else [])]
+        if all((self.certs_dir / f"{n}.key").exists() for n in names):
+            return
+        make_dev_certs(self.certs_dir, names, [self.host])
 
     def _arrange(self) -> None:
         names = list(self.nodes)
@@ -152,7 +174,7 @@ class LocalCluster:
             peers = [a for o in names if o != n for a in
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
             p.extra_args = ["--peer-port", str(self.peer_ports[n]), "--http-port", str(self.http_ports[n]),
-                            *peers, *ha, *self._extra, *self._node_args.get(n, [])]
+                            *peers, *ha, *self._tls_args(n), *self._extra, *self._node_args.get(n, [])]
 
     @property
     def processes(self) -> dict[str, NodeProcess | WitnessProcess]:
@@ -182,6 +204,8 @@ class LocalCluster:
     def url(self) -> str:
         """One URL listing every node: the SDK tries them in turn."""
         hosts = ",".join(self._client_address(n) for n in self.nodes)
+        if self.tls:
+            return f"tandems://admin:{self.password}@{hosts}/?ca={self.certs_dir / 'ca.crt'}"
         return f"tandem://admin:{self.password}@{hosts}"
 
     def _client_address(self, name: str) -> str:
@@ -192,7 +216,7 @@ class LocalCluster:
 
     def console_url(self, name: str) -> str:
         """Node ``name``'s management console (every node serves the whole group's view)."""
-        return f"http://{self.host}:{self.http_ports[name]}/"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_ports[name]}/"
 
     def url_of(self, name: str) -> str:
         """Node ``name`` itself (not through its proxy)."""
@@ -228,6 +252,8 @@ class LocalCluster:
 
     async def start(self, timeout: float = 60.0) -> None:
         try:
+            if self.tls:
+                await asyncio.to_thread(self._make_certs)
             if self.proxied and not self.proxies:
                 await self._start_proxies()
             if self.witness is not None and (self.witness.proc is None or self.witness.proc.returncode is not None):

@@ -22,7 +22,7 @@ from pathlib import Path
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
 
-_URL_LINE = re.compile(r"client URL\s*:\s*tandem://[^@]*@([^:\s]+):(\d+)")
+_URL_LINE = re.compile(r"client URL\s*:\s*(tandems?)://[^@]*@([^:\s]+):(\d+)")
 
 
 class NodeStartError(TandemError):
@@ -45,8 +45,12 @@ def node_command() -> tuple[list[str], dict[str, str]]:
 class NodeProcess:
     def __init__(self, data_dir: Path, *, name: str = "node1", port: int = 0, sync: str = "SYNC",
                  password: str = "bench-password", host: str = "127.0.0.1", log_path: Path | None = None,
-                 extra_args: list[str] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 extra_args: list[str] | None = None, ca: Path | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
+        #: the CA a TLS node's certificate is signed by (the ``ca`` of :attr:`url`)
+        self.ca = ca
+        self.tls = False  # whether the node said tandems:// (set when it starts)
         self.data_dir = Path(data_dir)
         self.name = name
         self.port = port
@@ -64,6 +68,9 @@ class NodeProcess:
     def url(self) -> str:
         if self.address is None:
             raise NodeStartError(f"node {self.name} is not running")
+        if self.tls:
+            query = f"/?ca={self.ca}" if self.ca is not None else ""
+            return f"tandems://admin:{self.password}@{self.address[0]}:{self.address[1]}{query}"
         return f"tandem://admin:{self.password}@{self.address[0]}:{self.address[1]}"
 
     @property
@@ -107,7 +114,8 @@ class NodeProcess:
                 if not found.done():
                     m = _URL_LINE.search(line.decode(errors="replace"))
                     if m:
-                        found.set_result((m.group(1), int(m.group(2))))
+                        self.tls = m.group(1) == "tandems"
+                        found.set_result((m.group(2), int(m.group(3))))
         if not found.done():
             found.set_exception(NodeStartError(f"exited with status {await self.proc.wait()}"))
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
-from urllib.parse import quote
 
 import client
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
 from client.protocol.frames import QueueInfo
-from client.url import ConnectParams, parse_url
+from client.url import ConnectParams, format_url, parse_url
 
 #: seconds a member has to answer before its figures are left out
 MEMBER_TIMEOUT = 5.0
@@ -35,7 +34,7 @@ class QueueTotals:
 
 def member_url(params: ConnectParams, address: str) -> str:
     """A URL for one member at ``address`` (host:port), with ``params``' credentials."""
-    return f"tandem://{quote(params.user, safe='')}:{quote(params.password, safe='')}@{address}"
+    return format_url(params, address)
 
 
 def merge(per_member: list[list[QueueInfo]]) -> list[QueueInfo]:

@@ -47,6 +47,15 @@ def add_parser(sub: Any) -> None:
                        help="seconds between keep-alives on peer links (default 0.25; as the data nodes')")
     start.add_argument("--non-response-timeout", dest="non_response_timeout", type=float, default=1.0,
                        help="seconds of silence before a peer is Down (default 1.0; as the data nodes')")
+    start.add_argument("--tls-cert", dest="tls_cert", metavar="PEM",
+                       help="the witness's certificate (with --tls-key and --tls-ca): TLS on its peer links, "
+                            "as the data nodes' --tls-cert")
+    start.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="the private key of --tls-cert")
+    start.add_argument("--tls-ca", dest="tls_ca", metavar="PEM",
+                       help="the CA certificate the data nodes' certificates are signed by")
+    start.add_argument("--peer-tls", dest="peer_tls", choices=("auto", "on", "off"), default="auto",
+                       help="TLS on peer links: auto (on with --tls-cert; default), on, or off (plaintext, "
+                            "a warning); as the data nodes'")
     start.set_defaults(func=_start, default_log_level="INFO")
 
 
@@ -63,7 +72,10 @@ def _start(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--peer-port {args.peer_port}: must be 0..65535")
     data_dir = Path(args.data_dir) if args.data_dir else Path(".tandem") / args.name
     cfg = WitnessConfig(name=args.name, peer_port=args.peer_port, peers=peers, host=args.host, data_dir=data_dir,
-                        keepalive_interval=args.keepalive_interval, non_response_timeout=args.non_response_timeout)
+                        keepalive_interval=args.keepalive_interval, non_response_timeout=args.non_response_timeout,
+                        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+                        tls_key=Path(args.tls_key) if args.tls_key else None,
+                        tls_ca=Path(args.tls_ca) if args.tls_ca else None, peer_tls=args.peer_tls)
     return _serve(cfg)
 
 

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import shlex
 from typing import Any
-from urllib.parse import quote
 
 import client
 from broker.tools.cluster import LocalCluster
@@ -19,7 +18,7 @@ from broker.tools.pair import reported_setup, serving_actives
 from broker.tools.drill.model import QUEUE
 from client.clock import Clock
 from client.errors import NotActiveError, TandemError, UnavailableError
-from client.url import parse_url
+from client.url import format_url, parse_url
 
 log = logging.getLogger("tandem.drill")
 
@@ -34,8 +33,7 @@ class ExistingGroup:
 
     def _link_urls(self) -> list[str]:
         p = self.params
-        cred = f"{quote(p.user)}:{quote(p.password)}@"
-        return [f"tandem://{cred}{h}:{port}" for h, port in p.hosts]
+        return [format_url(p, f"{h}:{port}") for h, port in p.hosts]
 
     async def _statuses(self) -> list[tuple[str, Any]]:
         out = []
