@@ -113,7 +113,7 @@ class LocalCluster:
                  proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False) -> None:
         self.clock = clock
         self.tls = tls
-        self.certs_dir = Path(data_dir) / "certs"
+        self.certs_dir = Path(os.path.abspath(data_dir)) / "certs"  # absolute: the URL's ca works anywhere
         ha.check(nodes)
         self.ha = ha
         #: every peer link and every node's client port behind a FaultProxy (cut_node / heal_node)

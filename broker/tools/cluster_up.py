@@ -72,6 +72,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--restart-delay", dest="restart_delay", type=float, default=RESTART_DELAY,
                     metavar="SECONDS", help=f"start a node that died again after this long (default "
                                             f"{RESTART_DELAY:g}; doubled while it keeps dying; 0: leave it down)")
+    up.add_argument("--tls", action="store_true",
+                    help="TLS on every link: a throwaway CA and node certificates in DATA_DIR/certs (tandem certs "
+                         "dev), client URL tandems://...?ca=DATA_DIR/certs/ca.crt, the console on https://")
     add_ha_args(up)
     up.set_defaults(func=cluster_up)
 
@@ -152,7 +155,7 @@ class Supervisor:
 async def _run(args: argparse.Namespace) -> int:
     extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
-                           extra_args=extra, ha=args.ha)
+                           extra_args=extra, ha=args.ha, tls=args.tls)
     sup = Supervisor(cluster, restart_delay=args.restart_delay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -214,12 +217,15 @@ def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
     if cluster.witness is not None:
         w = cluster.witness
         print(f"  {w.name:6} witness, peer {w.peer_port}  pid {w.pid}  log {w.log_path}", flush=True)
-    hosts = cluster.url.split("@", 1)[1]
-    print(f"  client URL : tandem://admin@{hosts}", flush=True)
+    scheme, rest = cluster.url.split("://", 1)
+    hosts = rest.split("@", 1)[1]
+    print(f"  client URL : {scheme}://admin@{hosts}", flush=True)
     print(f"  console    : {cluster.console_url(next(iter(cluster.nodes)))} (any node's port +2 serves it)",
           flush=True)
     pw = Path(args.data_dir) / "admin-password"
     print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
-    print("  status     : tandem status --url tandem://admin:PASSWORD@" + hosts.split(",")[0], flush=True)
+    query = f"/?ca={cluster.certs_dir / 'ca.crt'}" if cluster.tls else ""
+    print(f"  status     : tandem status --url '{scheme}://admin:PASSWORD@{hosts.split(',')[0].split('/')[0]}{query}'",
+          flush=True)
     print("  a node that dies is started again; stop them all with Ctrl-C", flush=True)
 
