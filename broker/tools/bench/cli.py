@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
+from broker.tools.certs import make_dev_certs
 from broker.tools.cluster import LocalCluster
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
@@ -42,7 +44,8 @@ def add_bench_parser(sub: Any) -> None:
         epilog="examples:\n"
                "  tandem bench --spawn --nodes 2 --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --compare-replicated 3\n"
-               "  tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats",
+               "  tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats\n"
+               "  tandem bench --spawn --nodes 3 --tls",
         formatter_class=ExamplesFormatter)
     p.add_argument("--url", help="a running node, tandem://user:password@host:port")
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
@@ -80,6 +83,10 @@ def add_bench_parser(sub: Any) -> None:
                    help="with --spawn: then also spawn a replicated group of NODES nodes and run the same "
                         "workload on it, in the same run (e.g. a shared-mode pair against 3 replicated "
                         "nodes); the table names each line's mode and gives the ratio")
+    p.add_argument("--tls", action="store_true",
+                   help="with --spawn: run the workload twice in the same run, on a plaintext group and then on "
+                        "one with TLS on every link (tandems://, mutual TLS between nodes), and give TLS's cost "
+                        "(a running node is measured over TLS when its --url is tandems://)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_ha_args(p)
     p.set_defaults(func=bench)
@@ -122,6 +129,10 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if not 1 <= args.nodes <= 9:
         raise InvalidArgumentError(f"--nodes {args.nodes}: a spawned group has 1 to 9 nodes")
     args.ha = ha_setup(args, args.nodes)
+    if args.tls and (not args.spawn or args.compare_replicated or args.failover):
+        raise InvalidArgumentError("--tls compares a spawned group with and without TLS: give it with --spawn "
+                                   "(not --url: tandems:// in the URL measures a running node over TLS; not with "
+                                   "--compare-replicated or --failover)")
     if args.compare_replicated is not None and not 1 <= args.compare_replicated <= 9:
         raise InvalidArgumentError(f"--compare-replicated {args.compare_replicated}: 1 to 9 nodes")
     args.partitions = _partitions(args)
@@ -158,6 +169,8 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
     runs: list[RunResult] = []
     if args.spawn:
         runs.append(await _spawned(args, w, args.nodes, args.ha))
+        if args.tls:
+            runs.append(await _spawned(args, w, args.nodes, args.ha, tls=True))
         if args.compare_replicated is not None:
             runs.append(await _spawned(args, w, args.compare_replicated, HaSetup()))
     else:
@@ -169,6 +182,8 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
                else peers.NatsDriver(args.nats_url, args.nats_replicas))
         runs.append(await run_system(drv, w))
     report = _report(runs, w)
+    if args.tls:
+        report["tls_cost"] = _tls_cost(runs[0], runs[1])
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -177,26 +192,38 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
     return 0 if ok else 1
 
 
-async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup) -> RunResult:
+def _tls_cost(plain: RunResult, tls: RunResult) -> dict[str, float | None]:
+    """How much throughput TLS takes, as a fraction of the plaintext run's (0.2: 20 % less)."""
+    def cost(a: float, b: float) -> float | None:
+        return round(1 - b / a, 3) if a and b else None
+
+    return {"publish_per_s": cost(plain.publish_per_s, tls.publish_per_s),
+            "consume_per_s": cost(plain.consume_per_s, tls.consume_per_s)}
+
+
+async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *,
+                   tls: bool = False) -> RunResult:
     """Start a fresh group (one node, a replicated group, a shared-mode group on a database of
-    its own, an arbitrated pair), run the workload on it, stop it."""
+    its own, an arbitrated pair; with ``tls``, TLS on every link), run the workload on it, stop it."""
+    mode = ha.label(nodes) + (", TLS" if tls else "")
     if ha.shared:
         try:
             async with fresh_database(str(ha.database), "bench") as url:
-                return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url))
+                return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url), tls=tls, mode=mode)
         except (TandemError, OSError) as exc:  # the database could not be made
-            return RunResult(system="tandem", messages=w.messages, mode=ha.label(nodes),
+            return RunResult(system="tandem", messages=w.messages, mode=mode,
                              error=f"{type(exc).__name__}: {exc}")
-    return await _spawned_on(args, w, nodes, ha)
+    return await _spawned_on(args, w, nodes, ha, tls=tls, mode=mode)
 
 
-async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup) -> RunResult:
+async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *, tls: bool,
+                      mode: str) -> RunResult:
     node = None
     cluster = None
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         try:
             if nodes > 1:
-                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha)
+                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha, tls=tls)
                 await cluster.start()
                 await cluster.wait_ready()
                 url = cluster.url
@@ -208,7 +235,12 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                     durability = f"{nodes}-node group: active {args.sync.upper()}, replicas WRITE_NO_SYNC, " \
                                  "quorum commit"
             else:
-                node = await NodeProcess(Path(tmp) / "node1", sync=args.sync).start()
+                tls_args: list[str] = []
+                ca = None
+                if tls:
+                    certs = await asyncio.to_thread(make_dev_certs, Path(tmp) / "certs", ["node1"])
+                    tls_args, ca = certs.node_args("node1"), certs.ca
+                node = await NodeProcess(Path(tmp) / "node1", sync=args.sync, extra_args=tls_args, ca=ca).start()
                 url, durability = node.url, args.sync.upper()
 
             def server_pids() -> list[int]:
@@ -216,8 +248,7 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                     return [n.pid for n in cluster.processes.values()]
                 return [node.pid] if node is not None else []
 
-            return await run_system(TandemDriver(url, durability), w, server_pids=server_pids,
-                                    mode=ha.label(nodes))
+            return await run_system(TandemDriver(url, durability), w, server_pids=server_pids, mode=mode)
         finally:
             if node is not None:
                 await node.stop()
@@ -277,6 +308,11 @@ def _print_human(report: dict[str, Any]) -> None:
     first = report["runs"][0] if report["runs"] else {}
     ours = f"tandem ({first['mode']})" if len(report["runs"]) > 1 and first.get("mode") and \
         any(r["system"] == "tandem" for r in report["runs"][1:]) else "tandem"
+    cost = report.get("tls_cost")
+    if cost:
+        pub, con = cost["publish_per_s"], cost["consume_per_s"]
+        print(f"TLS costs: publish {pub:.1%}, consume {con:.1%} of the plaintext run's throughput"
+              if pub is not None and con is not None else "TLS costs: - (a run failed)")
     for peer, ratio in report["ratios"].items():
         pub, con = ratio["publish_per_s"], ratio["consume_per_s"]
         print(f"{ours} / {peer}: publish x{pub if pub is not None else '-'}, "

@@ -77,6 +77,9 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
                    help="the nodes' failure detection (default: the node default, 1 s)")
     d.add_argument("--timeout", type=float, default=180.0, help="seconds per run (default 180)")
+    d.add_argument("--tls", action="store_true",
+                   help="TLS on every link of the spawned group: clients on tandems://, mutual TLS between the "
+                        "nodes (a running group, --url, is drilled over TLS when its URL is tandems://)")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
     add_ha_args(d)
     d.set_defaults(func=_drill)
@@ -125,6 +128,9 @@ def _drill(args: argparse.Namespace) -> int:
     remote = DurabilityPolicy.parse(args.remote_sync).value
     if args.url and args.spawn:
         raise InvalidArgumentError("--spawn and --url: choose one")
+    if args.url and args.tls:
+        raise InvalidArgumentError("--tls sets up the group the drill starts; a running group (--url) is drilled "
+                                   "over TLS when its URL is tandems://")
     if args.url and not (args.inject and args.heal):
         raise InvalidArgumentError("--url needs --inject and --heal: the drill cannot reach a running group's "
                                    "processes itself (see docs/drills.md)")
@@ -149,7 +155,7 @@ def _drill(args: argparse.Namespace) -> int:
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
-                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha)
+                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls)
 
     def progress(r: RunResult) -> None:
         print(progress_line(r), file=sys.stderr)

@@ -37,6 +37,8 @@ class DrillConfig:
     hold: float | None = None
     #: shared mode, or the LockFile / witness arbiter of a pair (a spawned group's)
     ha: HaSetup = REPLICATED
+    #: TLS on every link of a spawned group (clients on tandems://, mutual TLS between nodes)
+    tls: bool = False
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]

@@ -13,7 +13,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     waits = [r.failover_ms for r in results if not r.error]
     out: dict[str, Any] = {
         "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
-        "group": "existing" if cfg.url else f"spawned, {cfg.ha.label(cfg.nodes)}",
+        "group": "existing" if cfg.url else f"spawned, {cfg.ha.label(cfg.nodes)}{', TLS' if cfg.tls else ''}",
         "mode": None if cfg.url else cfg.ha.mode, "arbiter": None if cfg.url else cfg.ha.arbiter,
         "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync} if cfg.url is None
         else {"local_sync": "the group's own", "remote_sync": "the group's own"},

@@ -133,7 +133,7 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
     cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
-                      proxied=cfg.scenario == "partition-active", ha=ha)
+                      proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls)
     load: Load | None = None
     try:
         await cl.start()
