@@ -125,6 +125,8 @@ class SessionHost(StatusSource, Protocol):
 log = logging.getLogger("tandem.broker")
 
 READ_CHUNK = 256 * 1024
+#: the first bytes of a TLS ClientHello (a handshake record, version 3.x)
+TLS_HANDSHAKE = b"\x16\x03"
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
@@ -258,9 +260,16 @@ class Session:
             self.finished.set()
 
     async def _read_loop(self) -> None:
+        first = True
         while not self._closing:
             data = await self.reader.read(READ_CHUNK)
             self.last_recv = self.node.clock.monotonic()
+            if first and data.startswith(TLS_HANDSHAKE):  # never a frame: its length would be > 369 MB
+                log.warning("session %s: a TLS handshake on the plaintext client port (a tandems:// client; "
+                            "this node has no tls_cert): closed", self.client_name)
+                self.close(int(ErrorCode.PROTOCOL_ERROR), "this port does not speak TLS (use tandem://)")
+                return
+            first = False
             self.proto.receive_data(data)
             while not self._closing:
                 try:

@@ -28,6 +28,7 @@ from client import blocking
 from client.errors import ConnectionClosedError, TandemError
 from client.tls import TlsError
 from tests.conftest import FAST, PASSWORD
+from tests.helpers import wait_until
 from tests.integration.test_cli import tandem
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -152,6 +153,8 @@ async def test_a_tls_client_against_a_plaintext_node(tmp_path: Path) -> None:
         assert loop.time() - t0 < 5
         rc, _, err = await tandem("queues", "--url", url)
         assert rc != 0 and "does not speak TLS (use tandem://)" in err and "Traceback" not in err, err
+        await wait_until(lambda: "a TLS handshake on the plaintext client port" in node.log_text(), timeout=10,
+                         what="the node to log the TLS client")
     finally:
         await node.stop()
 
