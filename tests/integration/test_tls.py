@@ -23,9 +23,10 @@ import pytest_asyncio
 import client
 from broker.tls import peer_cert_names
 from broker.tools.cluster import LocalCluster, free_ports
+from broker.tools.pair import HaSetup
 from broker.tools.process import NodeProcess
 from client import blocking
-from client.errors import ConnectionClosedError, TandemError
+from client.errors import ConnectionClosedError
 from client.tls import TlsError
 from tests.conftest import FAST, PASSWORD
 from tests.helpers import wait_until
@@ -224,3 +225,21 @@ async def test_peer_tls_off_is_plaintext_with_a_warning(tmp_path: Path) -> None:
             await asyncio.wait_for(asyncio.open_connection("127.0.0.1", peer_port, ssl=member), 10)
     finally:
         await node.stop()
+
+
+async def test_a_witnessed_pair_with_tls(tmp_path: Path) -> None:
+    """The witness's peer links are mutual TLS too: the pair counts its vote (node quorum with
+    both data nodes' links and the witness's up) and serves over tandems://."""
+    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST, tls=True,
+                      ha=HaSetup(arbiter="witness"))
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        assert cl.witness is not None and "--tls-cert" in cl.witness.extra_args
+        st = await cl.status("node1")
+        assert sorted((r.name, r.state) for r in st.remotes) == [("node2", "Up"), ("w1", "Up")], st.remotes
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("pair", partitions=1)
+            await conn.producer("pair").send(b"witnessed")
+    finally:
+        await cl.stop()
