@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import ssl
 import stat
 import struct
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from client import blocking
 from client.errors import ConnectionClosedError
 from client.tls import TlsError
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import free_base_port, wait_until
 from tests.integration.test_cli import tandem
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -243,3 +245,48 @@ async def test_a_witnessed_pair_with_tls(tmp_path: Path) -> None:
             await conn.producer("pair").send(b"witnessed")
     finally:
         await cl.stop()
+
+
+async def test_bench_tls_measures_plaintext_and_tls_in_one_run() -> None:
+    rc, out, err = await tandem("bench", "--spawn", "--tls", "--messages", "2000", "--latency-rate", "0", "--json")
+    assert rc == 0, err[-3000:]
+    report = json.loads(out)
+    assert [r["mode"] for r in report["runs"]] == ["single node", "single node, TLS"]
+    for r in report["runs"]:
+        assert r["error"] is None and (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
+        assert r["confirmed"] == r["consumed"] == 2000
+    assert set(report["tls_cost"]) == {"publish_per_s", "consume_per_s"}
+    assert report["tls_cost"]["publish_per_s"] is not None
+    rc, _, err = await tandem("bench", "--url", "tandem://admin@127.0.0.1:1", "--tls")
+    assert rc == 2 and "--tls compares a spawned group" in err, err
+
+
+async def test_cluster_up_tls_prints_a_tandems_url_that_works(tmp_path: Path) -> None:
+    base = free_base_port(nodes=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "cluster", "up", "--tls", "--nodes", "1", "--base-port", str(base),
+        "--data-dir", str(tmp_path / "g"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "TANDEM_ADMIN_PASSWORD": PASSWORD})
+    lines: list[str] = []
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            lines.append(line.decode(errors="replace"))
+
+    reader = asyncio.create_task(read())
+    try:
+        await wait_until(lambda: any("client URL" in x for x in lines) or proc.returncode is not None, timeout=90,
+                         what="cluster up to print its URL")
+        await wait_until(lambda: any("console" in x for x in lines), timeout=10, what="the console line")
+        (url_line,) = [x for x in lines if "client URL" in x]
+        url = url_line.split(":", 1)[1].strip()
+        assert url.startswith("tandems://admin@") and f"?ca={tmp_path / 'g' / 'certs' / 'ca.crt'}" in url, url
+        assert any("https://127.0.0.1:" in x for x in lines if "console" in x), lines
+        rc, out, err = await tandem("status", "--url", url.replace("admin@", f"admin:{PASSWORD}@"))
+        assert rc == 0 and "node node1" in out, err
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+            await wait_until(lambda: proc.returncode is not None, timeout=60, what="cluster up to stop")
+        await reader
