@@ -37,8 +37,12 @@ def _load_chain(ctx: ssl.SSLContext, cert: Path, key: Path) -> None:
             path.open("rb").close()
         except OSError as exc:
             raise ConfigError(f"{what} {path}: cannot be read ({exc.strerror})") from None
+    def encrypted() -> bytes:  # never prompt on the terminal: a node starts unattended
+        raise ConfigError(f"tls_key {key} is encrypted: give the key unencrypted (readable by the node only, "
+                          "mode 0600)")
+
     try:
-        ctx.load_cert_chain(str(cert), str(key))
+        ctx.load_cert_chain(str(cert), str(key), password=encrypted)
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
             raise ConfigError(f"tls_key {key} is not the key of the certificate in tls_cert {cert}") from None

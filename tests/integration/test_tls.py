@@ -190,8 +190,14 @@ async def test_bad_certificate_files_stop_the_node_with_one_clear_line(tmp_path:
     d = tmp_path / "certs"
     rc, _, err = await tandem("certs", "dev", str(d), "--nodes", "node1,node2")
     assert rc == 0, err
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key((d / "node1.key").read_bytes(), password=None)
+    (d / "encrypted.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                        serialization.BestAvailableEncryption(b"a-passphrase")))
     base = ["broker", "start", "--data-dir", str(tmp_path / "n"), "--port", "0"]
     cases = [
+        (["--tls-cert", str(d / "node1.crt"), "--tls-key", str(d / "encrypted.key")], "is encrypted"),
         (["--tls-cert", str(d / "missing.crt"), "--tls-key", str(d / "node1.key")], f"tls_cert {d}/missing.crt: no such file"),
         (["--tls-cert", str(d / "node1.crt"), "--tls-key", str(d / "node2.key")], "is not the key of the certificate"),
         (["--tls-cert", str(d / "node1.key"), "--tls-key", str(d / "node1.key")], "not a PEM certificate"),
