@@ -506,7 +506,7 @@ class StatusOk(Frame):
     discarded: int = 0  # HA-1014: log entries this node has discarded since it started
     designated_primary: bool = False
     discarded_messages: int = 0  # HA-1014: messages in those entries
-    console: str = ""  # the node's management console (http://host:port/), "" if it serves none
+    console: str = ""  # the node's management console (http[s]://host:port/), "" if it serves none
     mode: str = "replicated"  # replicated | shared | single
     arbiter: str = "majority"  # majority | lockfile | witness (who decides the active of two nodes)
     ha_state: str = ""  # shared mode and the LockFile arbiter: this node's HA state ("" otherwise)
