@@ -11,8 +11,8 @@ DEFAULT_URL = "tandem://admin@127.0.0.1:7780"
 def url_args(p: argparse.ArgumentParser) -> None:
     """``--url`` (or ``TANDEM_URL``) and ``--json``."""
     p.add_argument("--url", default=os.environ.get("TANDEM_URL", DEFAULT_URL),
-                   help="broker URL, tandem://user:password@host:port (env TANDEM_URL; "
-                        "the password may also come from TANDEM_PASSWORD)")
+                   help="broker URL, tandem://user:password@host:port, or tandems://...?ca=CA.pem for TLS "
+                        "(env TANDEM_URL; the password may also come from TANDEM_PASSWORD)")
     p.add_argument("--json", action="store_true", help="machine-readable output, one JSON document")
 
 
