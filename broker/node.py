@@ -160,8 +160,8 @@ class Node:
         total = sum(q.depth for q in self.queues.values())
         log.info(
             "node start complete name=%s url=%s://%s:%d data_dir=%s sync=%s queues=%d messages=%d",
-            cfg.name, "tandems" if cfg.tls_cert is not None else "tandem", self.address[0], self.address[1], self.data_path, cfg.sync.value,
-            len(self.queues), total,
+            cfg.name, "tandems" if cfg.tls_cert is not None else "tandem", self.address[0], self.address[1],
+            self.data_path, cfg.sync.value, len(self.queues), total,
         )
 
     async def _start(self) -> None:
