@@ -74,7 +74,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
-                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock"):
+                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock",
+                "max_connections_per_user", "max_prefetch", "max_failed_logins"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -211,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "or sqlite:///PATH for nodes on one machine")
     pair.add_argument("--lock", metavar="database|file:PATH",
                       help="--mode shared: database (a lease row in the database; default) or file:PATH")
+    limits = start.add_argument_group("limits against abuse (docs/security.md)")
+    limits.add_argument("--max-connections-per-user", dest="max_connections_per_user", type=int, metavar="N",
+                        help="client connections one user may hold on this node (default 1000); "
+                             "more are refused with TOO_MANY_CONNECTIONS")
+    limits.add_argument("--max-prefetch", dest="max_prefetch", type=int, metavar="N",
+                        help="the largest prefetch a consumer may ask for, 1..65535 (default 10000); "
+                             "a Subscribe above it is refused with PREFETCH_TOO_LARGE")
+    limits.add_argument("--max-failed-logins", dest="max_failed_logins", type=int, metavar="N",
+                        help="failed logins from one client address before it must wait (1 s, doubling "
+                             "per further failure, up to 30 s) between attempts (default 5)")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)

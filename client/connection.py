@@ -42,6 +42,7 @@ from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConn
 from client.protocol.frames import (
     expect,
     Ack,
+    AuthChallenge,
     Cancel,
     Close,
     Declare,
@@ -75,6 +76,7 @@ from client.protocol.frames import (
     SubscribeOk,
     Welcome,
 )
+from client.scram import ScramClient
 from client.url import ConnectParams, parse_url
 
 log = logging.getLogger("tandem.client")
@@ -174,11 +176,20 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader, self._writer = reader, writer
         p = self.params
-        writer.write(self.proto.hello(client_name=p.client_name, user=p.user, password=p.password,
+        sc = ScramClient(p.user, p.password)
+        writer.write(self.proto.hello(client_name=p.client_name, user=p.user, auth=sc.first,
                                       heartbeat=p.heartbeat, observe=p.observe))
         while True:
             frame = await self._next_frame()
+            if isinstance(frame, AuthChallenge):
+                sc.challenge(frame.data)
+                salted = sc.cached()
+                if salted is None:  # PBKDF2 (tens of ms): off the loop; cached for reconnects
+                    salted = await asyncio.to_thread(sc.salt_password)
+                writer.write(self.proto.auth_response(sc.final(salted)))
+                continue
             if isinstance(frame, Welcome):
+                sc.verify(frame.auth)  # the node proves it holds the user's credentials
                 break
             if isinstance(frame, Error):
                 raise for_code(frame.code, frame.message, active_hint=frame.active_hint,
