@@ -316,3 +316,44 @@ async def test_console_logins_check_the_scram_credentials(make_node) -> None:  #
     async with aiohttp.ClientSession() as s, \
             s.post(f"{http}/login", json={"user": "carol", "password": "carol-password"}) as r:
         assert r.status == 200 and (await r.json())["role"] == "monitor"
+
+
+async def test_users_in_the_scrypt_format_log_in_to_the_console_until_their_password_is_set_again(
+        tmp_path: Path) -> None:
+    """A store from a build that kept scrypt hashes: such a user is refused on the client port
+    with a message saying how to get back in, may still log in to the console, and logs in
+    with SCRAM once an admin has set the password again."""
+    import hashlib
+
+    from broker.config import NodeConfig
+    from broker.node import Node
+    from storage.base import PutUser, UserRecord
+    from webconsole.app import serve_console
+
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0))
+    await node.start()
+    console = await serve_console(node, "127.0.0.1", 0)
+    try:
+        salt = b"legacy-salt-0001"
+        legacy = UserRecord(name="old", salt=salt, role="monitor", params="scrypt:n=16384,r=8,p=1",
+                            hash=hashlib.scrypt(b"old-password", salt=salt, n=2**14, r=8, p=1, dklen=32,
+                                                maxmem=64 * 1024 * 1024))
+        await node.write([PutUser(legacy)], sync=True)
+        node.users.put(legacy)
+        url = f"tandem://old:old-password@127.0.0.1:{node.address[1]}"
+        with pytest.raises(AuthError, match=r"scrypt format.*POST /api/v1/users/old/password") as info:
+            await client.connect_link(url)
+        assert info.value.code is ErrorCode.AUTHENTICATION_FAILED
+        assert console.address is not None
+        http = f"http://127.0.0.1:{console.address[1]}"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{http}/login", json={"user": "old", "password": "old-password"}) as r:
+                assert r.status == 200
+            async with s.post(f"{http}/api/v1/users/old/password", headers=basic(),
+                              json={"password": "new-password"}) as r:
+                assert r.status == 200
+        async with await client.connect_link(f"tandem://old:new-password@127.0.0.1:{node.address[1]}") as link:
+            assert await link.list_queues() == []
+    finally:
+        await console.stop()
+        await node.stop()
