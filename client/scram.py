@@ -23,8 +23,9 @@ AuthChallenge, AuthResponse and Welcome frames)::
     server-final   v=<base64 ServerSignature>
 
 Written with the standard library (hashlib.pbkdf2_hmac, hmac): the exchange is
-small, and the SDK keeps a cache of SaltedPassword per (user, salt, iterations)
-that a packaged client (scramp) has no hook for.  Nothing here does I/O.
+small, and the SDK keeps a cache of SaltedPassword per (user, salt, iterations),
+where a packaged client (scramp) takes the password and salts it on every
+exchange.  Nothing here does I/O.
 """
 
 from __future__ import annotations
