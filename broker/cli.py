@@ -76,7 +76,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
-                "tls_ca", "peer_tls"):
+                "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -225,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--peer-tls", dest="peer_tls", choices=("auto", "on", "off"),
                      help="TLS on peer links: auto (on when --tls-cert is given; default), on, or off "
                           "(plaintext replication, logged as a warning)")
+    limits = start.add_argument_group("limits against abuse (docs/security.md)")
+    limits.add_argument("--max-connections-per-user", dest="max_connections_per_user", type=int, metavar="N",
+                        help="client connections one user may hold on this node (default 1000); "
+                             "more are refused with TOO_MANY_CONNECTIONS")
+    limits.add_argument("--max-prefetch", dest="max_prefetch", type=int, metavar="N",
+                        help="the largest prefetch a consumer may ask for, 1..65535 (default 10000); "
+                             "a Subscribe above it is refused with PREFETCH_TOO_LARGE")
+    limits.add_argument("--max-failed-logins", dest="max_failed_logins", type=int, metavar="N",
+                        help="failed logins from one client address before it must wait (1 s, doubling "
+                             "per further failure, up to 30 s) between attempts (default 5)")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)

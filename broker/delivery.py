@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from broker.auth import ClientGuard
 from broker.commit import CommitPath
 from broker.config import NodeConfig
 from broker.queues import Consumer, Msg, Queue, Recipient, encode_headers
@@ -25,6 +26,7 @@ from storage.writer import Callback
 class DeliveryHost(Protocol):
     """What delivery needs from its node."""
     config: NodeConfig
+    guard: ClientGuard
 
     @property
     def queues(self) -> dict[str, Queue]: ...
@@ -121,6 +123,7 @@ class Delivery:
     def add_consumer(self, session: Recipient, queue_name: str, prefetch: int) -> Consumer:
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
+        self.node.guard.check_prefetch(prefetch)
         q = self.node.queue(queue_name)
         c = Consumer(self._next_consumer_id, q, session, prefetch)
         self._next_consumer_id += 1

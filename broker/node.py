@@ -43,6 +43,7 @@ from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport
 from broker.streams import read_stream
+from broker.auth import ClientGuard
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, UnavailableError
@@ -83,6 +84,7 @@ class Node:
         self.clock = clock
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([])
+        self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.sessions: set[Session] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False

@@ -27,13 +27,13 @@ from broker.publish import PublishRequest, PublishResult
 from broker.status import StatusSource, status_of
 from broker import delivery as _delivery
 from broker.publish import Publisher
+from broker.auth import ClientGuard, ClientHandshake
 from broker.users import UserRegistry
 from client.clock import Clock
 from storage.writer import Callback
 from broker.queues import Consumer, Msg, Queue
 from broker.users import require_admin
 from client.errors import (
-    AuthError,
     ConsumerNotFoundError,
     ErrorCode,
     HeartbeatTimeoutError,
@@ -52,6 +52,7 @@ from client.protocol.frames import (
     QueueInfo,
     StreamMessage,
     Ack,
+    AuthResponse,
     Cancel,
     Close,
     Declare,
@@ -93,6 +94,7 @@ class SessionHost(StatusSource, Protocol):
     """What a client session needs from its node."""
     clock: Clock
     users: UserRegistry
+    guard: ClientGuard
     confirms: int
     publisher: Publisher
 
@@ -138,9 +140,14 @@ class Session:
         self.proto = ProtocolConnection(Role.SERVER, max_frame_size=node.config.max_frame_size)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)  # the host, for the login throttle
         self.client_name = self.peer
         _tune_socket(writer)
         self.user: UserRecord | None = None
+        self._auth: ClientHandshake | None = None  # the SCRAM exchange, between Hello and Welcome
+        self._hello_frame: Hello | None = None
+        self._version = 0
+        self._admitted = False  # counted in the guard's connections per user
         self.observer = False  # a status-only session on a node that serves nothing
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
@@ -257,6 +264,9 @@ class Session:
             if not self.writer.is_closing():
                 self.writer.close()
             self._closing = True
+            if self._admitted and self.user is not None:
+                self._admitted = False
+                self.node.guard.release(self.user.name)
             self.finished.set()
 
     async def _read_loop(self) -> None:
@@ -323,6 +333,8 @@ class Session:
         try:
             if isinstance(frame, Hello):
                 await self._hello(frame)
+            elif isinstance(frame, AuthResponse):
+                await self._auth_response(frame)
             elif isinstance(frame, (Heartbeat, Ok, Error)):
                 pass
             elif isinstance(frame, Close):
@@ -345,41 +357,51 @@ class Session:
                     await handler(self, frame)
         except TandemError as exc:
             self.send_error(rid, exc)
-            if isinstance(frame, Hello):
+            if isinstance(frame, (Hello, AuthResponse)):
                 self.close(int(exc.code), exc.message)
         except Exception as exc:  # a bug must cost one request, not the node
             log.exception("session %s: internal error on %s", self.client_name, type(frame).__name__)
             self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=f"internal error: {exc!r}"))
 
     async def _hello(self, frame: Hello) -> None:
+        """Check the version and the node's readiness, start the SCRAM exchange (broker.auth)."""
         try:
-            version = choose_version(frame.min_version, frame.max_version)
+            self._version = choose_version(frame.min_version, frame.max_version)
         except UnsupportedProtocolError as exc:
             log.warning("session %s: %s", self.peer, exc.message)
             raise
         refusal = self.node.refusal()
         if refusal is not None and not frame.observe:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
-        self.observer = refusal is not None
-        registry = self.node.users
-        user = registry.check_cached(frame.user, frame.password)
-        if user is None:
-            try:
-                user = await asyncio.to_thread(registry.verify, frame.user, frame.password)
-            except AuthError:
-                log.warning("session %s: authentication failed user=%s", self.peer, frame.user)
-                raise
+        self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
+        self.send(self._auth.hello(frame))
+        self._hello_frame = frame
+
+    async def _auth_response(self, frame: AuthResponse) -> None:
+        """The client's proof: Welcome (with the node's own proof) or AuthError."""
+        hello, auth = self._hello_frame, self._auth
+        if hello is None or auth is None:  # the protocol state machine admits no AuthResponse before
+            raise ProtocolError("AuthResponse before Hello")
+        user, server_final = auth.response(frame)
+        self._auth = None
+        refusal = self.node.refusal()
+        if refusal is not None and not hello.observe:
+            raise refusal  # the node stopped serving during the exchange
+        self.node.guard.admit(user.name)
+        self._admitted = True
         self.user = user
-        self.client_name = f"{frame.client_name}@{self.peer}"
-        if frame.heartbeat > 0:
-            self.heartbeat = max(0.5, min(self.heartbeat, frame.heartbeat))
+        self.observer = refusal is not None
+        self.client_name = f"{hello.client_name}@{self.peer}"
+        if hello.heartbeat > 0:
+            self.heartbeat = max(0.5, min(self.heartbeat, hello.heartbeat))
         else:
             self.heartbeat = 0.0  # disabled on request; TCP keepalive is on
         cfg = self.node.config
         self.proto.max_frame_size = cfg.max_frame_size
-        self.send(Welcome(version=version, node=cfg.name, heartbeat=self.heartbeat,
-                          max_frame_size=cfg.max_frame_size, max_message_size=cfg.max_message_size))
-        log.info("session %s: open user=%s version=%d", self.client_name, user.name, version)
+        self.send(Welcome(version=self._version, node=cfg.name, heartbeat=self.heartbeat,
+                          max_frame_size=cfg.max_frame_size, max_message_size=cfg.max_message_size,
+                          auth=server_final))
+        log.info("session %s: open user=%s version=%d", self.client_name, user.name, self._version)
 
     def _admin(self, what: str) -> None:
         """A state-changing request: the user must be an admin and the node must have quorum."""

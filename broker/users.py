@@ -1,7 +1,14 @@
-"""Users: salted scrypt password hashes, roles, and the first admin.
+"""Users: SCRAM-SHA-256 credentials, roles, and the first admin.
 
 Roles: ``admin`` may do everything; ``monitor`` may only look (list queues,
 stream reads) and is refused anything that changes state.
+
+A user's record keeps what SCRAM needs and nothing that lets anyone log in
+(:mod:`client.scram`): ``salt``, ``hash`` = StoredKey (32 bytes) + ServerKey (32
+bytes), ``params`` = ``scram-sha-256:i=<iterations>``.  Records in the scrypt
+format (``params`` ``scrypt:...``) hold a hash SCRAM cannot use: those users may
+log in to the console (the password is checked there), and are refused on the
+client port with a message saying how to set the password again.
 """
 
 from __future__ import annotations
@@ -13,43 +20,69 @@ import os
 import secrets
 from pathlib import Path
 
+from client import scram
 from client.errors import AccessRefusedError, AuthError, InvalidArgumentError
 from storage.base import PutUser, UserRecord
 
 log = logging.getLogger("tandem.broker")
 
 ROLES = ("admin", "monitor")
+_SCRAM_PREFIX = "scram-sha-256:i="
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
-_PARAMS = "scrypt:n=16384,r=8,p=1"
 
 
-def hash_password(password: str, salt: bytes) -> bytes:
+def _scrypt(password: str, salt: bytes) -> bytes:
     return hashlib.scrypt(password.encode(), salt=salt, dklen=32, maxmem=64 * 1024 * 1024, **_SCRYPT)
 
 
-def make_user(name: str, password: str, role: str) -> UserRecord:
+def make_user(name: str, password: str, role: str, *, iterations: int = scram.DEFAULT_ITERATIONS) -> UserRecord:
+    """A user record with fresh SCRAM credentials (one PBKDF2: run it off the event loop)."""
     if not name or len(name) > 128:
         raise InvalidArgumentError("user name must be 1..128 characters")
     if role not in ROLES:
         raise InvalidArgumentError(f"unknown role {role!r} (choose {', '.join(ROLES)})")
     if len(password) < 8:
         raise InvalidArgumentError("password must be at least 8 characters")
-    salt = secrets.token_bytes(16)
-    return UserRecord(name=name, salt=salt, hash=hash_password(password, salt), role=role, params=_PARAMS)
+    try:
+        creds = scram.make_credentials(password, iterations=iterations)
+    except AuthError as exc:  # SASLprep refused a character
+        raise InvalidArgumentError(exc.message) from None
+    return UserRecord(name=name, salt=creds.salt, hash=creds.stored_key + creds.server_key, role=role,
+                      params=f"{_SCRAM_PREFIX}{creds.iterations}")
+
+
+def credentials(user: UserRecord) -> scram.Credentials | None:
+    """The user's SCRAM credentials; None for a record in another format (scrypt)."""
+    if not user.params.startswith(_SCRAM_PREFIX) or len(user.hash) != 64:
+        return None
+    try:
+        iterations = int(user.params[len(_SCRAM_PREFIX):])
+    except ValueError:
+        return None
+    return scram.Credentials(user.salt, iterations, user.hash[:32], user.hash[32:])
+
+
+def legacy_refusal(name: str) -> AuthError:
+    return AuthError(
+        f"user {name!r} has a password stored in the scrypt format, which SCRAM-SHA-256 cannot check: "
+        f"an admin sets it again through the console's admin API (POST /api/v1/users/{name}/password), "
+        f"then this user can log in; the console's own login still takes the old password")
 
 
 class UserRegistry:
-    """The users a node knows, with a cache of verified credentials.
+    """The users a node knows, and the SCRAM credentials of each.
 
-    scrypt is deliberately slow (~50 ms); a successful check is remembered as
-    an HMAC of the password under a per-process key, so reconnecting clients
-    do not pay it again.  Changing or dropping a user forgets its entry.
+    The console checks passwords (one PBKDF2, ~20 ms); a successful check is
+    remembered as an HMAC of the password under a per-process key, so a console
+    using Basic auth does not pay it per request (that HMAC cannot log anyone in).
+    Changing or dropping a user forgets its entry.
     """
 
     def __init__(self, users: list[UserRecord]) -> None:
         self._users = {u.name: u for u in users}
         self._verified: dict[str, bytes] = {}
         self._cache_key = secrets.token_bytes(32)
+        self._decoy_key = secrets.token_bytes(32)
 
     def __len__(self) -> int:
         return len(self._users)
@@ -68,8 +101,23 @@ class UserRegistry:
         self._users.pop(name, None)
         self._verified.pop(name, None)
 
+    def scram_credentials(self, name: str) -> tuple[UserRecord | None, scram.Credentials]:
+        """The user and their credentials.  For a name nobody has, stable decoy credentials
+        (salt and keys derived from the name under a key of this registry): the exchange
+        runs and fails at the proof, as a wrong password does, so names cannot be probed.
+        AuthError for a user in the scrypt format."""
+        user = self._users.get(name)
+        if user is not None:
+            creds = credentials(user)
+            if creds is None:
+                raise legacy_refusal(name)
+            return user, creds
+        mac = hmac.new(self._decoy_key, name.encode("utf-8", "surrogatepass"), "sha256").digest()
+        keys = hmac.new(self._decoy_key, b"keys" + mac, "sha512").digest()
+        return None, scram.Credentials(mac[:16], scram.DEFAULT_ITERATIONS, keys[:32], keys[32:])
+
     def _mac(self, password: str) -> bytes:
-        return hmac.new(self._cache_key, password.encode(), "sha256").digest()
+        return hmac.new(self._cache_key, password.encode("utf-8", "surrogatepass"), "sha256").digest()
 
     def check_cached(self, name: str, password: str) -> UserRecord | None:
         """The user if these credentials were verified before (cheap; on the loop)."""
@@ -79,12 +127,18 @@ class UserRegistry:
         return None
 
     def verify(self, name: str, password: str) -> UserRecord:
-        """Check credentials (slow: run it off the event loop).  AuthError if wrong."""
+        """Check a password (the console; slow: run it off the event loop).  AuthError if wrong."""
         user = self._users.get(name)
-        # Hash even for an unknown user, so timing does not reveal which names exist.
-        salt = user.salt if user else b"\0" * 16
-        digest = hash_password(password, salt)
-        if user is None or not hmac.compare_digest(digest, user.hash):
+        if user is None:
+            # Work as for a real user, so timing does not reveal which names exist.
+            _none, decoy = self.scram_credentials(name)
+            scram.check_password(password, decoy)
+            ok = False
+        elif (creds := credentials(user)) is not None:
+            ok = scram.check_password(password, creds)
+        else:  # the scrypt format
+            ok = hmac.compare_digest(_scrypt(password, user.salt), user.hash)
+        if user is None or not ok:
             raise AuthError(f"authentication failed for user {name!r}: wrong user name or password")
         self._verified[name] = self._mac(password)
         return user

@@ -60,6 +60,7 @@ from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.frames import (
     expect,
     Ack,
+    AuthChallenge,
     Cancel,
     Close,
     Declare,
@@ -92,6 +93,7 @@ from client.protocol.frames import (
     SubscribeOk,
     Welcome,
 )
+from client.scram import ScramClient
 from client.url import ConnectParams, parse_url
 
 
@@ -350,22 +352,33 @@ class BlockingConnection:
             c._resubscribe()
 
     def _handshake(self, client_name: str, user: str, password: str) -> None:
-        self._sock.sendall(self.proto.hello(client_name=client_name, user=user, password=password, heartbeat=0))
+        """Hello, the SCRAM-SHA-256 exchange (no password on the wire), Welcome."""
+        sc = ScramClient(user, password)
+        self._sock.sendall(self.proto.hello(client_name=client_name, user=user, auth=sc.first, heartbeat=0))
         try:
-            frame = self._read_frame()
-            while frame is None:
-                frame = self._read_frame()
+            frame = self._handshake_frame()
         except ConnectionClosedError:
             if not isinstance(self._sock, ssl.SSLSocket):  # no answer to a plaintext Hello: a TLS-only port?
                 host, port = self._sock.getpeername()[:2]
                 raise tls.plaintext_refused(host, port) from None
             raise
+        if isinstance(frame, AuthChallenge):
+            sc.challenge(frame.data)
+            self._sock.sendall(self.proto.auth_response(sc.final(sc.salt_password())))
+            frame = self._handshake_frame()
         if isinstance(frame, Error):
             raise for_code(frame.code, frame.message)
         if not isinstance(frame, Welcome):
             raise ConnectionClosedError(f"unexpected {type(frame).__name__} during the handshake")
+        sc.verify(frame.auth)  # the node proves it holds the user's credentials
         self.node = frame.node
         self.max_message_size = frame.max_message_size
+
+    def _handshake_frame(self) -> Frame:
+        frame = self._read_frame()
+        while frame is None:
+            frame = self._read_frame()
+        return frame
 
     def close(self) -> None:
         self._closing = True

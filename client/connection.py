@@ -44,6 +44,7 @@ from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConn
 from client.protocol.frames import (
     expect,
     Ack,
+    AuthChallenge,
     Cancel,
     Close,
     Declare,
@@ -77,6 +78,7 @@ from client.protocol.frames import (
     SubscribeOk,
     Welcome,
 )
+from client.scram import ScramClient
 from client.url import ConnectParams, parse_url
 
 log = logging.getLogger("tandem.client")
@@ -182,7 +184,8 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader, self._writer = reader, writer
         p = self.params
-        writer.write(self.proto.hello(client_name=p.client_name, user=p.user, password=p.password,
+        sc = ScramClient(p.user, p.password)
+        writer.write(self.proto.hello(client_name=p.client_name, user=p.user, auth=sc.first,
                                       heartbeat=p.heartbeat, observe=p.observe))
         while True:
             try:
@@ -191,7 +194,15 @@ class Connection:
                 if ctx is None:  # no answer at all to a plaintext Hello: a TLS-only port, most likely
                     raise tls.plaintext_refused(host, port) from None
                 raise
+            if isinstance(frame, AuthChallenge):
+                sc.challenge(frame.data)
+                salted = sc.cached()
+                if salted is None:  # PBKDF2 (tens of ms): off the loop; cached for reconnects
+                    salted = await asyncio.to_thread(sc.salt_password)
+                writer.write(self.proto.auth_response(sc.final(salted)))
+                continue
             if isinstance(frame, Welcome):
+                sc.verify(frame.auth)  # the node proves it holds the user's credentials
                 break
             if isinstance(frame, Error):
                 raise for_code(frame.code, frame.message, active_hint=frame.active_hint,

@@ -31,6 +31,7 @@ class ErrorCode(IntEnum):
     # 2xx: auth
     AUTHENTICATION_FAILED = 200
     ACCESS_REFUSED = 201
+    LOGIN_THROTTLED = 202
     # 3xx: resources and requests
     QUEUE_NOT_FOUND = 300
     QUEUE_EXISTS_DIFFERENT = 301
@@ -42,6 +43,8 @@ class ErrorCode(IntEnum):
     CONSUMER_NOT_FOUND = 307
     CONSUMER_CANCELLED = 308
     OUT_OF_ORDER_SEQUENCE = 309
+    TOO_MANY_CONNECTIONS = 310
+    PREFETCH_TOO_LARGE = 311
     # 4xx: storage
     STORAGE_ERROR = 400
     # 5xx: availability / HA
@@ -161,6 +164,13 @@ class AccessRefusedError(AuthError):
     ends_subscription = True
 
 
+class LoginThrottledError(AuthError):
+    """Too many failed logins from this client address lately: the node refuses its logins
+    until a backoff has passed (the message says how long)."""
+
+    code = ErrorCode.LOGIN_THROTTLED
+
+
 # -- requests ------------------------------------------------------------------
 
 
@@ -181,6 +191,19 @@ class LimitError(TandemError):
 
 class MessageTooLargeError(LimitError):
     code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class TooManyConnectionsError(LimitError):
+    """The user holds ``max_connections_per_user`` connections on this node already."""
+
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+
+
+class PrefetchTooLargeError(LimitError):
+    """A Subscribe asked for a prefetch above the node's ``max_prefetch``."""
+
+    code = ErrorCode.PREFETCH_TOO_LARGE
+    ends_subscription = True
 
 
 class QueueFullError(LimitError):
@@ -334,8 +357,9 @@ _BY_CODE: dict[int, type[TandemError]] = {}
 _cls: type[TandemError]
 for _cls in [
     ProtocolError, FrameTooLargeError, MalformedFrameError, UnknownOpError, InvalidFieldError,
-    UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError,
-    QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError,
+    UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError, LoginThrottledError,
+    QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError, TooManyConnectionsError,
+    PrefetchTooLargeError,
     UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError,
     ConsumerNotFoundError, ConsumerCancelledError, OutOfOrderSequenceError, StorageError, NotActiveError, ShuttingDownError,
     UnavailableError, ConnectionClosedError, TimeoutError_,

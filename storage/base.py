@@ -84,7 +84,7 @@ class UserRecord:
     salt: bytes
     hash: bytes
     role: str
-    params: str  # hash scheme and parameters, e.g. "scrypt:n=16384,r=8,p=1"
+    params: str  # hash scheme and parameters: "scram-sha-256:i=100000" (hash = StoredKey + ServerKey; broker.users)
 
 
 # -- write ops ---------------------------------------------------------------------

@@ -133,7 +133,7 @@ async def create_user(request: web.Request) -> web.Response:
     if node.users.get(name) is not None:
         raise ApiError(409, "exists", f"user {name!r} exists (POST /api/v1/users/{name}/password changes it)")
     try:
-        user = await asyncio.to_thread(make_user, name, password, role)  # scrypt: off the loop
+        user = await asyncio.to_thread(make_user, name, password, role)  # PBKDF2: off the loop
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
     await node.write([PutUser(user)], sync=True)

@@ -18,7 +18,7 @@ import secrets
 from aiohttp import web
 
 from client.clock import Clock
-from client.errors import AuthError
+from client.errors import AuthError, LoginThrottledError
 from storage.base import UserRecord
 from webconsole.errors import ApiError, Handler, bad, json_body
 from webconsole.nodeview import NODE, NodeView
@@ -128,20 +128,31 @@ async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | 
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             raise ApiError(401, "unauthenticated", "malformed Basic credentials") from None
-        rec = await verify(request.app[NODE], user, password)
+        rec = await verify(request.app[NODE], user, password, request.remote)
         return rec.name, rec.role, "basic", None
     return None
 
 
-async def verify(node: NodeView, user: str, password: str) -> UserRecord:
-    """The user, if ``password`` is theirs (scrypt off the loop unless recently checked); else 401."""
-    reg = node.users
+async def verify(node: NodeView, user: str, password: str, addr: str | None) -> UserRecord:
+    """The user, if ``password`` is theirs; else 401 (429 while ``addr`` has failed too often).
+
+    The password is checked against the user's SCRAM credentials (one PBKDF2, off the loop)
+    unless it was checked recently.  Failures count against the client's address in the
+    node's failed-login throttle (broker.auth), shared with the client port."""
+    reg, guard = node.users, node.guard
+    where = addr or "unknown"
     rec = reg.check_cached(user, password)
     if rec is None:
         try:
+            guard.check_throttle(where)
+        except LoginThrottledError as exc:
+            raise ApiError(429, "too_many_attempts", exc.message) from None
+        try:
             rec = await asyncio.to_thread(reg.verify, user, password)
         except AuthError as exc:
+            guard.login_failed(where, user, "console: wrong user name or password")
             raise ApiError(401, "unauthenticated", exc.message) from None
+        guard.login_succeeded(where)
     return rec
 
 
@@ -164,7 +175,7 @@ async def login(request: web.Request) -> web.Response:
         raise bad("user", "required")
     if not isinstance(password, str):
         raise bad("password", "required")
-    rec = await verify(request.app[NODE], user, password)
+    rec = await verify(request.app[NODE], user, password, request.remote)
     token, sess = request.app[SESSIONS].open(rec)
     log.info("console: %s (%s) logged in from %s", rec.name, rec.role, request.remote)
     if request.content_type == "application/json":

@@ -43,6 +43,7 @@ class NodeCollector(Collector):
         yield _gauge("tandem_connections", "client connections open", [("node", name)], len(node.sessions))
         yield _counter("tandem_publish_confirms", "messages confirmed to publishers (duplicates included)",
                        [("node", name)], node.confirms)
+        yield from _limit_metrics(node)
         qs = sorted(node.queues.items())
         for metric, help_, attr in (("tandem_messages_published", "messages stored as active", "published"),
                                     ("tandem_messages_delivered", "deliveries made", "delivered"),
@@ -104,6 +105,23 @@ class NodeCollector(Collector):
         disabled = peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
         yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],
                      0 if disabled else 1)
+
+
+def _limit_metrics(node: NodeView) -> Iterator[Any]:
+    """The client port's refusals (broker.auth.ClientGuard)."""
+    name, counts = node.config.name, node.guard.counters
+    yield _counter("tandem_auth_failures", "client and console logins refused (wrong password, unknown user, "
+                   "bad SCRAM exchange)", [("node", name)], counts.auth_failures)
+    yield _counter("tandem_logins_throttled", "logins refused unheard: too many failed logins from the address",
+                   [("node", name)], counts.logins_throttled)
+    limits = CounterMetricFamily("tandem_limit_refusals", "requests refused by a limit against abuse",
+                                 labels=["node", "limit"])
+    limits.add_metric([name, "max_connections_per_user"], counts.connections_refused)
+    limits.add_metric([name, "max_prefetch"], counts.prefetch_refused)
+    limits.add_metric([name, "max_failed_logins"], counts.logins_throttled)
+    yield limits
+    yield _gauge("tandem_login_throttle_addresses", "client addresses with recent failed logins tracked",
+                 [("node", name)], len(node.guard.throttle))
 
 
 def ha_states(node: NodeView) -> list[str]:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from broker.forward import ForwardRequest
 from broker.status import PeersState, ReplicationState, StatusSource
+from broker.auth import ClientGuard
 from broker.users import UserRegistry
 from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
@@ -72,6 +73,10 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def users(self) -> UserRegistry: ...
+
+    @property
+    def guard(self) -> ClientGuard:
+        """The limits of the client port, and the failed-login throttle the console shares."""
 
     @property
     def peers(self) -> PeersView | None:

@@ -14,7 +14,8 @@ _OBJ: dict[str, Any] = {"type": "object"}
 
 def _resp(desc: str, schema: dict[str, Any] | None = None, extra: dict[int, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"200": {"description": desc, "content": {"application/json": {"schema": schema or _OBJ}}}}
-    for code, text in {401: "not logged in", **(extra or {})}.items():
+    for code, text in {401: "not logged in", 429: "too many failed logins from this address: try again later",
+                       **(extra or {})}.items():
         out[str(code)] = {"description": text, "content": {"application/json": {"schema": _ERROR}}}
     return out
 

@@ -5,11 +5,20 @@ is end of stream), ``next_event()`` returns a :class:`Frame`, :data:`NEED_DATA`
 or :class:`ConnectionEnded`; ``send(frame)`` checks the frame is legal now and
 returns its bytes.  Every state transition is in :data:`TRANSITIONS`.
 
-The handshake: the client sends ``Hello`` with its version range; the server
-answers ``Welcome`` with the highest common version (and the negotiated
-heartbeat and limits), or ``Error(UNSUPPORTED_PROTOCOL_VERSION)`` then
-``Close``.  Either side may send ``Close`` at any time; after sending it
-nothing but ``Close`` may follow.
+The handshake (SCRAM-SHA-256, :mod:`client.scram`)::
+
+    client                                   node
+    Hello(versions, user, auth=client-first)  ->
+                                             <-  AuthChallenge(server-first)
+    AuthResponse(client-final)               ->
+                                             <-  Welcome(version, limits, auth=server-final)
+
+The node picks the highest common version; it may answer ``Error`` then ``Close``
+instead of AuthChallenge (no common version, a node that serves nothing, too many
+failed logins) or instead of Welcome (wrong password, a limit).  A Welcome
+straight after Hello is a protocol error: the client trusts a node only once it
+has checked the server signature the Welcome carries.  Either side may send
+``Close`` at any time; after sending it nothing but ``Close`` may follow.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from client.scram import MECHANISM
 from client.errors import LocalProtocolError, RemoteProtocolError, UnsupportedProtocolError
 from client.protocol.codec import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -25,7 +35,7 @@ from client.protocol.codec import (
     decode_payload,
     encode,
 )
-from client.protocol.frames import Close, Error, Frame, Hello, PeerHello, PeerWelcome, Welcome
+from client.protocol.frames import AuthResponse, Close, Frame, Hello, PeerHello, PeerWelcome, Welcome
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
@@ -57,6 +67,10 @@ class State(Enum):
     START = auto()
     HELLO_SENT = auto()  # client
     HELLO_RECEIVED = auto()  # server
+    CHALLENGED = auto()  # client: AuthChallenge received, its AuthResponse not sent yet
+    CHALLENGE_SENT = auto()  # server
+    RESPONSE_SENT = auto()  # client: waiting for Welcome
+    RESPONSE_RECEIVED = auto()  # server: checking the proof
     OPEN = auto()
     CLOSE_SENT = auto()
     CLOSED = auto()
@@ -84,11 +98,17 @@ _ANY = "*"
 # (role, state, direction, frame class name or *) -> next state
 TRANSITIONS: dict[tuple[Role, State, str, str], State] = {
     (Role.CLIENT, State.START, _SEND, "Hello"): State.HELLO_SENT,
-    (Role.CLIENT, State.HELLO_SENT, _RECV, "Welcome"): State.OPEN,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "AuthChallenge"): State.CHALLENGED,
     (Role.CLIENT, State.HELLO_SENT, _RECV, "Error"): State.HELLO_SENT,
+    (Role.CLIENT, State.CHALLENGED, _SEND, "AuthResponse"): State.RESPONSE_SENT,
+    (Role.CLIENT, State.RESPONSE_SENT, _RECV, "Welcome"): State.OPEN,
+    (Role.CLIENT, State.RESPONSE_SENT, _RECV, "Error"): State.RESPONSE_SENT,
     (Role.SERVER, State.START, _RECV, "Hello"): State.HELLO_RECEIVED,
-    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Welcome"): State.OPEN,
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "AuthChallenge"): State.CHALLENGE_SENT,
     (Role.SERVER, State.HELLO_RECEIVED, _SEND, "Error"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.CHALLENGE_SENT, _RECV, "AuthResponse"): State.RESPONSE_RECEIVED,
+    (Role.SERVER, State.RESPONSE_RECEIVED, _SEND, "Welcome"): State.OPEN,
+    (Role.SERVER, State.RESPONSE_RECEIVED, _SEND, "Error"): State.RESPONSE_RECEIVED,
     (Role.SERVER, State.START, _SEND, "Error"): State.START,
     # node <-> node links: the same handshake with the peer frames
     (Role.CLIENT, State.START, _SEND, "PeerHello"): State.HELLO_SENT,
@@ -96,8 +116,10 @@ TRANSITIONS: dict[tuple[Role, State, str, str], State] = {
     (Role.SERVER, State.START, _RECV, "PeerHello"): State.HELLO_RECEIVED,
     (Role.SERVER, State.HELLO_RECEIVED, _SEND, "PeerWelcome"): State.OPEN,
 }
+_BEFORE_OPEN = (State.START, State.HELLO_SENT, State.HELLO_RECEIVED, State.CHALLENGED, State.CHALLENGE_SENT,
+                State.RESPONSE_SENT, State.RESPONSE_RECEIVED)
 for _role in Role:
-    for _st in (State.START, State.HELLO_SENT, State.HELLO_RECEIVED, State.OPEN):
+    for _st in (*_BEFORE_OPEN, State.OPEN):
         TRANSITIONS[(_role, _st, _SEND, "Close")] = State.CLOSE_SENT
         TRANSITIONS[(_role, _st, _RECV, "Close")] = State.CLOSED
     TRANSITIONS[(_role, State.CLOSE_SENT, _RECV, "Close")] = State.CLOSED
@@ -109,10 +131,12 @@ for _role in Role:
     TRANSITIONS[(_role, State.OPEN, _RECV, _ANY)] = State.OPEN
     # The side that received Close answers with Close.
     TRANSITIONS[(_role, State.CLOSED, _SEND, "Close")] = State.CLOSED
-# A Welcome already in flight when the client gave up and sent Close.
+# Handshake frames already in flight when the other side gave up and sent Close.
 TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "Welcome")] = State.CLOSE_SENT
+TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "AuthChallenge")] = State.CLOSE_SENT
+TRANSITIONS[(Role.SERVER, State.CLOSE_SENT, _RECV, "AuthResponse")] = State.CLOSE_SENT
 
-_HANDSHAKE = {"Hello", "Welcome", "PeerHello", "PeerWelcome"}
+_HANDSHAKE = {"Hello", "AuthChallenge", "AuthResponse", "Welcome", "PeerHello", "PeerWelcome"}
 
 
 class ProtocolConnection:
@@ -176,12 +200,16 @@ class ProtocolConnection:
             self.state = before
             raise LocalProtocolError(f"cannot encode {type(frame).__name__}: {exc}") from exc
 
-    def hello(self, *, client_name: str, user: str, password: str, heartbeat: float,
+    def hello(self, *, client_name: str, user: str, auth: str, heartbeat: float,
               observe: bool = False) -> bytes:
+        """Hello opening a SCRAM-SHA-256 exchange; ``auth`` is the client-first-message."""
         return self.send(Hello(
             min_version=MIN_VERSION, max_version=MAX_VERSION, client_name=client_name,
-            user=user, password=password, heartbeat=heartbeat, observe=observe,
+            user=user, mechanism=MECHANISM, auth=auth, heartbeat=heartbeat, observe=observe,
         ))
+
+    def auth_response(self, client_final: str) -> bytes:
+        return self.send(AuthResponse(data=client_final))
 
     # -- inbound -----------------------------------------------------------------
 
@@ -214,7 +242,7 @@ class ProtocolConnection:
         try:
             frame = decode_payload(payload)
         except FrameError as exc:
-            if self.state in (State.START, State.HELLO_SENT):
+            if self.state in _BEFORE_OPEN:
                 # Nothing is trustworthy before the handshake completes.
                 self.state = State.ERROR
                 exc.fatal = True

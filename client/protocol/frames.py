@@ -27,6 +27,8 @@ class Op(IntEnum):
     CLOSE = 4
     HEARTBEAT = 5
     OK = 6
+    AUTH_CHALLENGE = 7
+    AUTH_RESPONSE = 8
     # queues
     DECLARE = 10
     DECLARE_OK = 11
@@ -150,12 +152,17 @@ class QueueInfo(Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Frame):
+    """The client introduces itself and starts authenticating: ``mechanism`` names how
+    (``SCRAM-SHA-256``, the only one) and ``auth`` carries its first message (SCRAM's
+    client-first-message, :mod:`client.scram`).  No password travels on the wire."""
+
     OP: ClassVar[Op] = Op.HELLO
     min_version: int
     max_version: int
     client_name: str
     user: str
-    password: str
+    mechanism: str = ""
+    auth: str = ""
     heartbeat: float = 10.0
     #: a monitoring session (``tandem status``): a node that serves nothing (a shared-mode
     #: passive) accepts it for Status alone instead of refusing the connection
@@ -163,13 +170,33 @@ class Hello(Frame):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AuthChallenge(Frame):
+    """Node -> client after Hello: SCRAM's server-first-message (nonce, salt, iterations)."""
+
+    OP: ClassVar[Op] = Op.AUTH_CHALLENGE
+    data: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthResponse(Frame):
+    """Client -> node: SCRAM's client-final-message (with the client's proof)."""
+
+    OP: ClassVar[Op] = Op.AUTH_RESPONSE
+    data: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Welcome(Frame):
+    """The handshake succeeded.  ``auth``: SCRAM's server-final-message (the node's
+    signature), which the client checks before it trusts the node."""
+
     OP: ClassVar[Op] = Op.WELCOME
     version: int
     node: str
     heartbeat: float
     max_frame_size: int
     max_message_size: int
+    auth: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -591,7 +618,7 @@ class ForwardOk(Frame):
 
 
 _ALL: list[type[Frame]] = [
-        Hello, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
+        Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk,

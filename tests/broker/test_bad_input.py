@@ -11,8 +11,9 @@ import pytest
 import client
 from broker.node import Node
 from client.errors import ErrorCode
-from client.protocol import FrameBuffer, ProtocolConnection, Role, decode_payload
-from client.protocol.frames import Error, Frame, PublishOk, Welcome
+from client.protocol import FrameBuffer, ProtocolConnection, Role, decode_payload, encode
+from client.protocol.frames import AuthChallenge, AuthResponse, Error, Frame, PublishOk, Welcome
+from client.scram import ScramClient
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.asyncio
@@ -31,8 +32,15 @@ class RawClient:
         r, w = await asyncio.open_connection("127.0.0.1", node.address[1])
         raw = cls(r, w)
         if handshake:
-            w.write(raw.proto.hello(client_name="raw", user="admin", password=PASSWORD, heartbeat=10))
-            assert isinstance(await raw.frame(), Welcome)
+            sc = ScramClient("admin", PASSWORD)
+            w.write(raw.proto.hello(client_name="raw", user="admin", auth=sc.first, heartbeat=10))
+            challenge = await raw.frame()
+            assert isinstance(challenge, AuthChallenge), challenge
+            sc.challenge(challenge.data)
+            w.write(encode(AuthResponse(data=sc.final(sc.salt_password()))))
+            welcome = await raw.frame()
+            assert isinstance(welcome, Welcome), welcome
+            sc.verify(welcome.auth)
         return raw
 
     def send_raw(self, payload: bytes, declared: int | None = None) -> None:

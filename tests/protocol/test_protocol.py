@@ -49,6 +49,8 @@ from client.protocol import (
     encode,
 )
 from client.protocol.frames import (
+    AuthChallenge,
+    AuthResponse,
     Close,
     Error,
     Heartbeat,
@@ -70,7 +72,7 @@ MEDIUM = settings(max_examples=80, deadline=None, suppress_health_check=[HealthC
 SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ALL_FRAME_CLASSES = list(FRAME_TYPES.values())
-HANDSHAKE = (Hello, Welcome, PeerHello, PeerWelcome)
+HANDSHAKE = (Hello, AuthChallenge, AuthResponse, Welcome, PeerHello, PeerWelcome)
 # Frames any side may receive while OPEN without ending the connection.
 BODY_CLASSES = [c for c in ALL_FRAME_CLASSES if c not in (*HANDSHAKE, Close)]
 # Frames that are requests/replies: refused on the wire before the handshake.
@@ -195,17 +197,24 @@ def pack(obj: Any) -> bytes:
 
 
 def open_pair(*, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> tuple[ProtocolConnection, ProtocolConnection]:
-    """A client and a server that completed the Hello/Welcome handshake."""
+    """A client and a server that completed the handshake (Hello, AuthChallenge, AuthResponse,
+    Welcome; the SCRAM messages are not checked at this layer)."""
     client = ProtocolConnection(Role.CLIENT)
     server = ProtocolConnection(Role.SERVER, max_frame_size=max_frame_size)
-    server.receive_data(client.hello(client_name="t", user="u", password="p", heartbeat=5.0))
+    server.receive_data(client.hello(client_name="t", user="u", auth="n,,n=u,r=abc", heartbeat=5.0))
     hello = server.next_event()
     assert isinstance(hello, Hello)
     assert server.state is State.HELLO_RECEIVED
     version = choose_version(hello.min_version, hello.max_version)
+    client.receive_data(server.send(AuthChallenge(data="r=abcdef,s=c2FsdA==,i=4096")))
+    assert isinstance(client.next_event(), AuthChallenge)
+    assert client.state is State.CHALLENGED and server.state is State.CHALLENGE_SENT
+    server.receive_data(client.auth_response("c=biws,r=abcdef,p=cHJvb2Y="))
+    assert isinstance(server.next_event(), AuthResponse)
+    assert client.state is State.RESPONSE_SENT and server.state is State.RESPONSE_RECEIVED
     client.receive_data(server.send(Welcome(
         version=version, node="n1", heartbeat=5.0,
-        max_frame_size=max_frame_size, max_message_size=1024,
+        max_frame_size=max_frame_size, max_message_size=1024, auth="v=c2ln",
     )))
     welcome = client.next_event()
     assert isinstance(welcome, Welcome)
@@ -216,14 +225,24 @@ def open_pair(*, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> tuple[Protocol
 
 def client_hello_sent() -> ProtocolConnection:
     client = ProtocolConnection(Role.CLIENT)
-    client.hello(client_name="t", user="u", password="p", heartbeat=5.0)
+    client.hello(client_name="t", user="u", auth="n,,n=u,r=abc", heartbeat=5.0)
     assert client.state is State.HELLO_SENT
+    return client
+
+
+def client_response_sent() -> ProtocolConnection:
+    """A client that answered the node's AuthChallenge and waits for Welcome."""
+    client = client_hello_sent()
+    client.receive_data(encode(AuthChallenge(data="r=abcdef,s=c2FsdA==,i=4096")))
+    assert isinstance(client.next_event(), AuthChallenge)
+    client.auth_response("c=biws,r=abcdef,p=cHJvb2Y=")
+    assert client.state is State.RESPONSE_SENT
     return client
 
 
 def server_hello_received() -> ProtocolConnection:
     server = ProtocolConnection(Role.SERVER)
-    server.receive_data(encode(Hello(min_version=1, max_version=1, client_name="c", user="u", password="p")))
+    server.receive_data(encode(Hello(min_version=1, max_version=1, client_name="c", user="u", mechanism="SCRAM-SHA-256", auth="n,,n=u,r=abc")))
     assert isinstance(server.next_event(), Hello)
     return server
 
@@ -325,7 +344,7 @@ def test_hello_roundtrip_through_server_in_any_chunking(frame: Hello, data: st.D
     data=st.data(),
 )
 def test_welcome_roundtrip_through_client_in_any_chunking(frame: Welcome, data: st.DataObject) -> None:
-    client = client_hello_sent()
+    client = client_response_sent()
     got: list[Frame] = []
     for chunk in data.draw(chunkings(encode(frame))):
         client.receive_data(chunk)
@@ -875,7 +894,7 @@ def test_welcome_without_hello_is_refused() -> None:
 
 
 def test_handshake_frames_are_refused_once_open() -> None:
-    hello = Hello(min_version=1, max_version=1, client_name="c", user="u", password="p")
+    hello = Hello(min_version=1, max_version=1, client_name="c", user="u", mechanism="SCRAM-SHA-256", auth="n,,n=u,r=abc")
     welcome = Welcome(version=1, node="n", heartbeat=1.0, max_frame_size=100, max_message_size=10)
     for frame in (hello, welcome):
         for side in (0, 1):
@@ -918,6 +937,39 @@ def test_server_cannot_send_before_welcome(cls: type[Frame]) -> None:
         assert conn.state is before
 
 
+def test_welcome_without_the_scram_exchange_is_fatal() -> None:
+    """A node that skips the challenge (it cannot prove it holds the credentials) is refused
+    by the protocol itself, before any SCRAM check."""
+    client = client_hello_sent()
+    client.receive_data(encode(Welcome(version=1, node="n", heartbeat=1.0, max_frame_size=100,
+                                       max_message_size=10)))
+    with pytest.raises(FrameError) as info:
+        client.next_event()
+    assert info.value.fatal and client.state is State.ERROR
+
+
+def test_server_cannot_welcome_before_the_proof() -> None:
+    server = server_hello_received()
+    welcome = Welcome(version=1, node="n", heartbeat=1.0, max_frame_size=100, max_message_size=10)
+    with pytest.raises(LocalProtocolError):
+        server.send(welcome)
+    server.send(AuthChallenge(data="r=x"))
+    with pytest.raises(LocalProtocolError):
+        server.send(welcome)
+    assert server.state is State.CHALLENGE_SENT
+
+
+def test_server_may_refuse_the_proof_with_error_then_close() -> None:
+    server = server_hello_received()
+    server.send(AuthChallenge(data="r=x"))
+    server.receive_data(encode(AuthResponse(data="c=biws")))
+    assert isinstance(server.next_event(), AuthResponse)
+    server.send(Error(rid=0, code=int(ErrorCode.AUTHENTICATION_FAILED), message="no"))
+    assert server.state is State.RESPONSE_RECEIVED
+    server.send(Close(code=int(ErrorCode.AUTHENTICATION_FAILED)))
+    assert server.state is State.CLOSE_SENT
+
+
 def test_server_may_refuse_hello_with_error_then_close() -> None:
     server = server_hello_received()
     server.send(Error(rid=0, code=int(ErrorCode.AUTHENTICATION_FAILED), message="no"))
@@ -954,7 +1006,7 @@ def test_after_sending_close(after: list[Frame], reply: bool, side: int, more: F
 
 
 @pytest.mark.parametrize("frame", [
-    Hello(min_version=1, max_version=1, client_name="c", user="u", password="p"),
+    Hello(min_version=1, max_version=1, client_name="c", user="u", mechanism="SCRAM-SHA-256", auth="n,,n=u,r=abc"),
     Welcome(version=1, node="n", heartbeat=1.0, max_frame_size=100, max_message_size=10),
 ], ids=["Hello", "Welcome"])
 def test_handshake_frames_refused_after_sending_close_when_open(frame: Frame) -> None:
@@ -1087,12 +1139,12 @@ def test_timestamp_ext_type_is_ignored_under_unknown_keys_and_refused_in_fields(
 def test_failed_send_leaves_state_unchanged(case: str) -> None:
     if case == "hello":
         conn, frame = ProtocolConnection(Role.CLIENT), Hello(
-            min_version=1, max_version=1, client_name="\ud800", user="u", password="p")
+            min_version=1, max_version=1, client_name="\ud800", user="u")
     elif case == "close":
         conn, frame = open_pair()[0], Close(reason="\udc80")
     else:
         conn, frame = ProtocolConnection(Role.CLIENT), Hello(
-            min_version=1, max_version=2**64, client_name="c", user="u", password="p")
+            min_version=1, max_version=2**64, client_name="c", user="u", mechanism="SCRAM-SHA-256", auth="n,,n=u,r=abc")
     before = conn.state
     with pytest.raises(Exception):  # ideally LocalProtocolError
         conn.send(frame)
@@ -1102,7 +1154,7 @@ def test_failed_send_leaves_state_unchanged(case: str) -> None:
 def test_handshake_refusal_error_then_close() -> None:
     client = ProtocolConnection(Role.CLIENT)
     server = ProtocolConnection(Role.SERVER)
-    server.receive_data(client.hello(client_name="c", user="u", password="p", heartbeat=1.0))
+    server.receive_data(client.hello(client_name="c", user="u", auth="n,,n=u,r=abc", heartbeat=1.0))
     assert isinstance(server.next_event(), Hello)
     code = int(ErrorCode.UNSUPPORTED_PROTOCOL_VERSION)
     client.receive_data(server.send(Error(rid=0, code=code, message="no")) + server.send(Close(code=code)))

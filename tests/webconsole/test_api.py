@@ -104,7 +104,9 @@ async def test_read_endpoints(http: tuple[aiohttp.ClientSession, str], node: Nod
     status, text = await call(s, "GET", f"{base}/metrics")
     assert status == 200
     for metric in ("tandem_connections", "tandem_messages_published_total", "tandem_partition_depth",
-                   "tandem_store_commit_seconds_bucket", "tandem_publish_confirms_total"):
+                   "tandem_store_commit_seconds_bucket", "tandem_publish_confirms_total",
+                   "tandem_auth_failures_total", "tandem_logins_throttled_total", "tandem_limit_refusals_total",
+                   "tandem_login_throttle_addresses"):
         assert metric in text, metric
 
 
