@@ -37,6 +37,7 @@ from typing import Any
 from broker.config import ConfigError, NodeConfig, parse_peer
 from broker.peers import PeerManager
 from broker.queues import Queue
+from broker.secret import group_secret
 from broker.replication.codec import (
     CATALOGUE,
     Key,
@@ -76,6 +77,8 @@ class WitnessConfig:
     data_dir: Path = Path(".tandem/witness")
     keepalive_interval: float = 0.25
     non_response_timeout: float = 1.0
+    #: the group secret the data nodes hold (cluster_secret_file): the witness proves it on each link
+    cluster_secret_file: Path | None = None
 
     def __post_init__(self) -> None:
         names = [parse_peer(p)[0] for p in self.peers]
@@ -90,7 +93,8 @@ class WitnessConfig:
         """The settings the peer links read (a node's, with priority 0: it is never active)."""
         return NodeConfig(name=self.name, host=self.host, port=0, peer_port=self.peer_port, peers=self.peers,
                           data_dir=self.data_dir, priority=0, keepalive_interval=self.keepalive_interval,
-                          non_response_timeout=self.non_response_timeout)
+                          non_response_timeout=self.non_response_timeout,
+                          cluster_secret_file=self.cluster_secret_file)
 
 
 @dataclass
@@ -227,6 +231,7 @@ class Witness:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        secret = await asyncio.to_thread(group_secret, self.config)  # a witness is a member: it needs one
         path = self.config.data_dir / "witness.db"
         try:
             self._store = await asyncio.to_thread(WitnessStore, path)
@@ -236,7 +241,7 @@ class Witness:
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"data dir {self.config.data_dir}: cannot open the witness's store {path}: "
                               f"{exc}") from None
-        self.peers = PeerManager(self)
+        self.peers = PeerManager(self, secret=secret)
         await self.peers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self.peers.run(), name="tandem-witness-peers"),

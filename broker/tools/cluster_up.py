@@ -48,7 +48,9 @@ def add_parser(sub: Any) -> None:
                                       "client URL listing every node. A node that exits or is killed is "
                                       "started again after --restart-delay seconds while the others keep "
                                       "serving; Ctrl-C stops them all. All nodes share one admin password: "
-                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password. "
+                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password; and "
+                                      "one group secret, DATA_DIR/cluster.secret (made on the first run, kept "
+                                      "for the next: peer authentication, docs/security.md). "
                                       "Two-node setups (docs/shared-mode.md): --mode shared --database URL (every "
                                       "node on the one database; the lock holder is ACTIVE for every partition, "
                                       "the others PASSIVE), --arbiter lockfile (a replicated pair, the holder of "
@@ -220,6 +222,7 @@ def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
           flush=True)
     pw = Path(args.data_dir) / "admin-password"
     print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
+    print(f"  secret     : {cluster.secret_file} (the group secret the peer links prove)", flush=True)
     print("  status     : tandem status --url tandem://admin:PASSWORD@" + hosts.split(",")[0], flush=True)
     print("  a node that dies is started again; stop them all with Ctrl-C", flush=True)
 
