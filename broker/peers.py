@@ -139,6 +139,7 @@ class _Link:
     def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  proto: ProtocolConnection) -> None:
         self.name, self.reader, self.writer, self.proto = name, reader, writer, proto
+        self.challenged = False  # the acceptor sent its PeerChallenge: a proof is due
 
     def send(self, frame: Frame) -> None:
         if not self.writer.is_closing():
@@ -352,6 +353,8 @@ class PeerManager:
                     return  # connected and went without a word (a port probe): nothing claimed, nothing refused
                 raise _Intruder(Refusal.NO_PROOF, "the connection closed before the handshake completed") from None
             except TandemError as exc:  # a frame out of turn, or bytes that are no frame
+                if link.challenged:
+                    raise _Intruder(Refusal.NO_PROOF, f"{exc.message}: no proof of the group secret") from None
                 raise _Intruder(Refusal.GARBAGE, exc.message) from None
             if hello is None:
                 return
@@ -414,6 +417,7 @@ class PeerManager:
             raise _Intruder(Refusal.NO_PROOF, "its PeerHello has no nonce: it does not prove the group secret")
         mine = new_nonce()
         link.send(PeerChallenge(node=self.me.name, nonce=mine))
+        link.challenged = True
         frame = await self._next_frame(link)
         if not isinstance(frame, PeerProof):
             raise _Intruder(Refusal.NO_PROOF, f"sent {type(frame).__name__} instead of its proof")

@@ -53,14 +53,14 @@ def load_secret(path: Path) -> bytes:
     Logs a warning when other users may read it."""
     try:
         st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"cluster_secret_file {path}: not a regular file")
         text = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"cluster_secret_file {path}: no such file (make one with `tandem secret new {path}`)") \
             from None
     except OSError as exc:
         raise ConfigError(f"cluster_secret_file {path}: cannot read it: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"cluster_secret_file {path}: not a regular file")
     try:
         key = parse_secret(text)
     except ValueError as exc:
