@@ -268,11 +268,9 @@ class PeerManager:
                 try:
                     async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                         welcome = await self._handshake_out(link, name, remote)
-                except TimeoutError:
-                    raise _Intruder(Refusal.TIMEOUT, f"no complete handshake within {HANDSHAKE_TIMEOUT:g} s") \
-                        from None
                 except TandemError as exc:  # a frame out of turn, or bytes that are no frame
                     raise _Intruder(Refusal.GARBAGE, exc.message) from None
+                # (a timeout here is a member that does not answer, a paused one say: not an intruder)
                 if welcome is not None:
                     who = NodeIdentity(name=welcome.node, store_stamp=welcome.store_stamp,
                                        priority=welcome.priority, votes=welcome.votes)
