@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 from collections import deque
 from dataclasses import dataclass
@@ -114,6 +115,9 @@ PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in on
 HANDSHAKE_MAX_FRAME = 64 * 1024
 #: intruder events a node keeps (the oldest go first)
 MAX_INTRUDER_EVENTS = 100
+#: seconds between two log lines about refusals alike (same source host, name and reason);
+#: each is still counted and kept among the events
+INTRUDER_LOG_EVERY = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,8 @@ class PeerManager:
         #: refused links (newest last) and how many per reason since start
         self.intruders: deque[IntruderEvent] = deque(maxlen=MAX_INTRUDER_EVENTS)
         self.intruder_counts: dict[str, int] = {r.value: 0 for r in Refusal}
+        #: (source host, claimed name, reason) -> (when last logged, refusals since not logged)
+        self._intruder_logged: dict[tuple[str, str, Refusal], tuple[float, int]] = {}
         self.addresses = cfg.peer_addresses()
         witness = cfg.witness_address()
         if witness is not None:
@@ -260,7 +266,6 @@ class PeerManager:
                 await clock.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            backoff = self.node.config.keepalive_interval
             proto = ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
             remote = f"{host}:{port}"
@@ -276,6 +281,7 @@ class PeerManager:
                                        priority=welcome.priority, votes=welcome.votes)
                     proto.max_frame_size = PEER_MAX_FRAME
                     if self._admit(link, who, welcome.client_address):
+                        backoff = self.node.config.keepalive_interval  # a link made: quick to redial
                         if self.arbiter is not None:
                             self.arbiter.heard(name, welcome)
                         await self._serve(link)
@@ -286,6 +292,7 @@ class PeerManager:
             finally:
                 self._drop(link)
             await clock.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)  # refused, or the link ended: less and less often
 
     async def _handshake_out(self, link: _Link, name: str, remote: str) -> PeerWelcome | None:
         """The dialer's side of the handshake: the acceptor's PeerWelcome once it has proved it is
@@ -442,9 +449,20 @@ class PeerManager:
 
     def _intruder(self, link: _Link, remote: str, claimed: str, exc: _Intruder) -> None:
         """Refuse a link that failed authentication: log it, count it, keep it among the events."""
-        who = claimed or "?"
-        log.warning("intruder: peer link %s %s claiming to be %s refused (%s): %s",
-                    "to" if link.proto.role is Role.CLIENT else "from", remote, who, exc.reason.value, exc.why)
+        who = _shown(claimed)
+        now = self.node.clock.monotonic()
+        if len(self._intruder_logged) > 1000:  # bounded, whatever the names intruders make up
+            self._intruder_logged.clear()
+        key = (remote.rpartition(":")[0], who, exc.reason)
+        last, quiet = self._intruder_logged.get(key, (-INTRUDER_LOG_EVERY, 0))
+        if now - last >= INTRUDER_LOG_EVERY:
+            more = f" ({quiet} more like it in the last {now - last:.0f} s, not logged)" if quiet else ""
+            log.warning("intruder: peer link %s %s claiming to be %s refused (%s): %s%s",
+                        "to" if link.proto.role is Role.CLIENT else "from", remote, who, exc.reason.value, exc.why,
+                        more)
+            self._intruder_logged[key] = (now, 0)
+        else:
+            self._intruder_logged[key] = (last, quiet + 1)
         self.intruder_counts[exc.reason.value] += 1
         self.intruders.append(IntruderEvent(self.node.clock.time(), "intruder", remote,
                                             f"{self.me.name}: link claiming to be {who} refused "
@@ -566,6 +584,17 @@ class PeerManager:
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
             if admitted:
                 self.report(self.membership.link_lost(link.name))
+
+
+_PRINTABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def _shown(claimed: str) -> str:
+    """A name an intruder claimed, fit for a log line: as it is when it could be a node's name,
+    else quoted and cut short (no control characters, no 60 KiB names)."""
+    if not claimed:
+        return "?"
+    return claimed if _PRINTABLE_NAME.match(claimed) else repr(claimed[:40])
 
 
 def _remote(writer: asyncio.StreamWriter) -> tuple[str, str]:

@@ -5,8 +5,9 @@ database (the lock holder active, the others passive), and ``--arbiter lockfile`
 ``--arbiter witness`` makes a replicated pair (``--nodes 2``) arbitrated by a lock file or by
 a witness process started beside the nodes (:class:`~broker.tools.pair.HaSetup`).
 
-It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`), waits for a quorum,
-prints where everything is, then watches the node processes.  A node that exits or is
+It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`: every node and the witness
+prove the group secret in ``DATA_DIR/cluster.secret``, made on the first run and kept), waits
+for a quorum, prints where everything is, then watches the node processes.  A node that exits or is
 killed (the witness too) is named once, with how it ended; the others keep serving, and it
 is started again after ``--restart-delay`` seconds (doubled, up to :data:`RESTART_CAP`, while it keeps
 dying within :data:`STEADY` seconds of its start).  Each node's pid is in

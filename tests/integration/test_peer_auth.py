@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
 import secrets
@@ -177,13 +178,17 @@ async def all_up(cl: LocalCluster, names: tuple[str, ...] | None = None) -> bool
     return True
 
 
-async def metrics(cl: LocalCluster, name: str) -> dict[str, float]:
-    """The node's tandem_intruders_total samples, by reason."""
+async def console_get(cl: LocalCluster, name: str, path: str) -> str:
     auth = {"Authorization": "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()}
     async with aiohttp.ClientSession() as http:
-        async with http.get(cl.console_url(name) + "metrics", headers=auth) as r:
-            assert r.status == 200
-            text = await r.text()
+        async with http.get(cl.console_url(name) + path, headers=auth) as r:
+            assert r.status == 200, (name, path, r.status)
+            return await r.text()
+
+
+async def metrics(cl: LocalCluster, name: str) -> dict[str, float]:
+    """The node's tandem_intruders_total samples, by reason."""
+    text = await console_get(cl, name, "metrics")
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -238,6 +243,10 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
                 # no handshake at all
                 attempts.append((target, name, await intrude(variant.connect, "127.0.0.1", port, damage(name),
                                                              read_first=False)))
+            # a name that is no member's, made to forge a log line
+            forged = "evil\n2026-01-01 00:00:00,000 WARNING tandem.ha all is well" + "x" * 1000
+            attempts.append((target, "evil", await intrude(variant.connect, "127.0.0.1", port,
+                                                           [hello(forged), *damage("evil")])))
         for target, name, got in attempts:
             kinds = [type(f).__name__ for f in got.frames]
             assert not any(isinstance(f, (PeerWelcome, ForwardOk)) for f in got.frames), (target, name, kinds)
@@ -263,9 +272,21 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
             assert any("(garbage)" in e for e in events), events
             counts = await metrics(cl, n)
             assert counts["no_proof"] >= 2 and counts["bad_proof"] >= 2 and counts["garbage"] >= 2, counts
+            assert counts["not_member"] >= 1, counts
             log = cl.nodes[n].log_text()
             assert re.search(r"WARNING .*intruder: peer link from 127\.0\.0\.1:\d+ claiming to be node\d", log)
+            assert "claiming to be 'evil\\n2026-01-01" in log and "\n2026-01-01 00:00:00,000 WARNING" not in log
+            assert "x" * 100 not in log
         assert "Traceback" not in "".join(p.log_text() for p in cl.nodes.values())
+        # the console shows them among the group's events, and so does `tandem status`
+        events = json.loads(await console_get(cl, "node1", "api/v1/events"))
+        assert {e["node"] for e in events if e["kind"] == "intruder"} == set(cl.nodes), events
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker.cli", "status", "--url", cl.url_of("node2"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        assert re.search(r"intruder 127\.0\.0\.1:\d+: node2: link claiming to be node\d refused", out.decode())
         # still a healthy group: every member Up, and it serves
         assert await all_up(cl)
         async with await client.connect_link(cl.url) as conn:
