@@ -25,18 +25,15 @@ outlive ``stop``).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import re
-import socket
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError, NodeConfig
+from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
 from broker.secret import peer_mtls
 from broker.queues import Queue
 from client.clock import Clock
@@ -113,23 +110,6 @@ HANDSHAKE_TIMEOUT = 5.0
 PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame
 #: the largest frame read before a link is authenticated (a handshake frame is a few hundred bytes)
 HANDSHAKE_MAX_FRAME = 64 * 1024
-#: intruder events a node keeps (the oldest go first)
-MAX_INTRUDER_EVENTS = 100
-#: seconds between two log lines about refusals alike (same source host, name and reason);
-#: each is still counted and kept among the events
-INTRUDER_LOG_EVERY = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class IntruderEvent:
-    """A refused peer link, as ``tandem status`` and the console show it (like an HA event)."""
-
-    at: float  # clock.time()
-    kind: str  # "intruder"
-    partition: str  # where it came from: "host:port" (the field name HA events share)
-    text: str
-
-
 class _Intruder(Exception):
     """The handshake failed: who the peer claimed to be does not hold."""
 
@@ -164,11 +144,8 @@ class PeerManager:
         self.mtls = peer_mtls(cfg)
         #: permitted_nodes, each NAME@HOST also as NAME@ADDRESS for each address HOST resolves to (start)
         self.permitted_nodes: tuple[str, ...] = cfg.permitted_nodes
-        #: refused links (newest last) and how many per reason since start
-        self.intruders: deque[IntruderEvent] = deque(maxlen=MAX_INTRUDER_EVENTS)
-        self.intruder_counts: dict[str, int] = {r.value: 0 for r in Refusal}
-        #: (source host, claimed name, reason) -> (when last logged, refusals since not logged)
-        self._intruder_logged: dict[tuple[str, str, Refusal], tuple[float, int]] = {}
+        #: refused links: the recent ones (``events``) and how many per reason since start
+        self.refused = IntruderLog(node.clock, cfg.name)
         self.addresses = cfg.peer_addresses()
         witness = cfg.witness_address()
         if witness is not None:
@@ -190,13 +167,27 @@ class PeerManager:
         self.arbiter: PeerArbiter | None = None
         self.epoch = 0
 
+    @property
+    def intruders(self) -> Collection[IntruderEvent]:
+        """The recent refused links, oldest first (``tandem status``, the console)."""
+        return self.refused.events
+
+    @property
+    def intruder_counts(self) -> Mapping[str, int]:
+        """Refused links per reason since start (``tandem_intruders_total``)."""
+        return self.refused.counts
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.node.config
         if cfg.peer_port is None:
             raise ConfigError("a replication group member needs a peer_port")
-        self.permitted_nodes = await _resolve_permitted(cfg.permitted_nodes)
+        self.permitted_nodes = await resolve_permitted(cfg.permitted_nodes)
+        strangers = sorted({spec.partition("@")[0] for spec in cfg.permitted_nodes} - set(self.addresses))
+        if strangers:
+            log.warning("permitted_nodes: %s not among this node's peers (%s): never admitted",
+                        ", ".join(strangers), ", ".join(sorted(self.addresses)) or "none")
         self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
@@ -346,7 +337,7 @@ class PeerManager:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
         link = _Link("", reader, writer, proto)
-        host, remote = _remote(writer)
+        host, remote = remote_of(writer)
         try:
             try:
                 async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
@@ -449,24 +440,8 @@ class PeerManager:
 
     def _intruder(self, link: _Link, remote: str, claimed: str, exc: _Intruder) -> None:
         """Refuse a link that failed authentication: log it, count it, keep it among the events."""
-        who = _shown(claimed)
-        now = self.node.clock.monotonic()
-        if len(self._intruder_logged) > 1000:  # bounded, whatever the names intruders make up
-            self._intruder_logged.clear()
-        key = (remote.rpartition(":")[0], who, exc.reason)
-        last, quiet = self._intruder_logged.get(key, (-INTRUDER_LOG_EVERY, 0))
-        if now - last >= INTRUDER_LOG_EVERY:
-            more = f" ({quiet} more like it in the last {now - last:.0f} s, not logged)" if quiet else ""
-            log.warning("intruder: peer link %s %s claiming to be %s refused (%s): %s%s",
-                        "to" if link.proto.role is Role.CLIENT else "from", remote, who, exc.reason.value, exc.why,
-                        more)
-            self._intruder_logged[key] = (now, 0)
-        else:
-            self._intruder_logged[key] = (last, quiet + 1)
-        self.intruder_counts[exc.reason.value] += 1
-        self.intruders.append(IntruderEvent(self.node.clock.time(), "intruder", remote,
-                                            f"{self.me.name}: link claiming to be {who} refused "
-                                            f"({exc.reason.value}): {exc.why}"))
+        self.refused.record("to" if link.proto.role is Role.CLIENT else "from", remote, claimed, exc.reason,
+                            exc.why)
         for frame in (Error(rid=0, code=int(ErrorCode.PROTOCOL_ERROR), message="peer authentication failed"),
                       Close(code=int(ErrorCode.PROTOCOL_ERROR), reason="peer authentication failed")):
             try:
@@ -584,50 +559,3 @@ class PeerManager:
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
             if admitted:
                 self.report(self.membership.link_lost(link.name))
-
-
-_PRINTABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-def _shown(claimed: str) -> str:
-    """A name an intruder claimed, fit for a log line: as it is when it could be a node's name,
-    else quoted and cut short (no control characters, no 60 KiB names)."""
-    if not claimed:
-        return "?"
-    return claimed if _PRINTABLE_NAME.match(claimed) else repr(claimed[:40])
-
-
-def _remote(writer: asyncio.StreamWriter) -> tuple[str, str]:
-    """(host, "host:port") of the other end of an accepted connection (an IPv4-mapped IPv6
-    address as its IPv4 form)."""
-    peer = writer.get_extra_info("peername")
-    if not isinstance(peer, tuple) or len(peer) < 2:
-        return "?", "?"
-    host = str(peer[0])
-    if host.startswith("::ffff:"):
-        host = host[7:]
-    return host, f"{host}:{peer[1]}"
-
-
-async def _resolve_permitted(specs: tuple[str, ...]) -> tuple[str, ...]:
-    """``specs`` and, for each NAME@HOST whose HOST is a host name, NAME@ADDRESS for each of
-    its addresses (links are matched by their source address)."""
-    out = list(specs)
-    loop = asyncio.get_running_loop()
-    for spec in specs:
-        name, at, host = spec.partition("@")
-        if not at:
-            continue
-        try:
-            ipaddress.ip_address(host)
-            continue
-        except ValueError:
-            pass
-        try:
-            infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            log.warning("permitted_nodes: %s: cannot resolve %s (%s); only links from that literal address match",
-                        spec, host, exc)
-            continue
-        out += sorted({f"{name}@{info[4][0]}" for info in infos})
-    return tuple(out)

@@ -25,7 +25,7 @@ from client.protocol.codec import (
     decode_payload,
     encode,
 )
-from client.protocol.frames import Close, Error, Frame, Hello, PeerHello, PeerWelcome, Welcome
+from client.protocol.frames import Close, Frame, Hello, PeerHello, PeerWelcome, Welcome
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
