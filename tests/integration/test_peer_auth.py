@@ -229,6 +229,7 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
         before = await statuses(cl)
         assert await depth(cl) == MESSAGES
 
+        logged = {n: len(p.log_text()) for n, p in cl.nodes.items()}
         attempts: list[tuple[str, str, Attempt]] = []
         for target in cl.nodes:
             port = cl.peer_ports[target]
@@ -263,6 +264,9 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
             assert after[n].priority == before[n].priority
             terms = {(p.queue, p.partition): p.term for p in before[n].partitions}
             assert {(p.queue, p.partition): p.term for p in after[n].partitions} == terms, n
+        for n, p in cl.nodes.items():  # no live link was dropped or replaced: no member went Down
+            during = p.log_text()[logged[n]:]
+            assert "-> Down" not in during and "Partial" not in during, during
         # each node says so: an event per refused link, the metric, a WARNING line in its log
         for n in cl.nodes:
             events = intruder_events(after[n])
