@@ -29,7 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import client
 from broker.forward import DeleteFwd, OptionFwd, PurgeFwd
 from broker.replication.codec import CATALOGUE, encode_message, encode_replicate
+from broker.secret import new_secret
 from broker.tools.cluster import LocalCluster, free_ports
+from broker.tools.pair import HaSetup
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
 from client.protocol.codec import FrameBuffer, decode_payload, encode
@@ -420,3 +422,42 @@ def test_secret_new_writes_a_private_secret_and_keeps_an_existing_one(tmp_path: 
     assert helped.returncode == 0
     for words in ("0600", "--cluster-secret-file", "--force", "never crosses the network"):
         assert words in helped.stdout.replace("\n", " "), words
+
+
+@pytest.mark.asyncio
+async def test_a_witness_with_the_wrong_secret_is_refused_and_the_right_one_admitted(tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.secret"
+    new_secret(wrong)
+    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST,
+                      ha=HaSetup(arbiter="witness"))
+    w = cl.witness
+    assert w is not None
+    right = list(w.extra_args)
+    w.extra_args = [*right, "--cluster-secret-file", str(wrong)]
+    try:
+        await cl.start()
+        await cl.wait_ready()  # the two data nodes are a majority of three
+
+        def refused() -> bool:  # the data nodes dial the witness: it refuses their proofs
+            log = w.log_text()
+            return all(re.search(rf"intruder: peer link from \S+ claiming to be {n} refused \(bad_proof\)", log)
+                       is not None for n in cl.nodes)
+
+        await wait_until(refused, what="the witness to refuse both data nodes")
+        for n in cl.nodes:
+            st = await cl.status(n)
+            assert {r.name: r.state for r in st.remotes}["w1"] != "Up"
+            assert "peer w1 at" in cl.nodes[n].log_text()
+
+        await w.stop()
+        w.extra_args = right
+        await w.start()
+        async def witness_up() -> bool:
+            for n in cl.nodes:
+                if {r.name: r.state for r in (await cl.status(n)).remotes}.get("w1") != "Up":
+                    return False
+            return True
+
+        await wait_until(witness_up, what="the witness admitted by both data nodes")
+    finally:
+        await cl.stop()
