@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     ssub = s.add_subparsers(dest="secret_command", required=True, metavar="ACTION")
     new = ssub.add_parser("new", help="write a fresh random group secret to a file (mode 0600)",
                           description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog="example:\n  tandem secret new /etc/tandem/cluster.secret\n"
+                          epilog="examples:\n  tandem secret new /etc/tandem/cluster.secret\n"
                                  "  tandem broker start --config node1.toml --cluster-secret-file "
                                  "/etc/tandem/cluster.secret")
     new.add_argument("path", metavar="PATH", help="the file to write (its directory must exist)")
