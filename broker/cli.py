@@ -10,6 +10,7 @@
     tandem bench          throughput and latency, side by side with RabbitMQ and NATS
     tandem witness start  run a two-node group's witness (a data-less third vote)
     tandem certs dev      a throwaway CA and node certificates for TLS on one machine
+    tandem secret new     make a group secret file (peer authentication)
 
 Every client command takes ``--url tandem://user:password@host:port`` (or
 ``TANDEM_URL``; ``tandems://...?ca=CA.pem`` for a node that speaks TLS) and ``--json``.  Errors print one line and exit non-zero;
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import certs, cluster_up, commands, status, witness_cli
+from broker.tools import certs, cluster_up, commands, secret_cli, status, witness_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -76,7 +77,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
-                "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins"):
+                "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
+                "cluster_secret_file", "permitted_nodes"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -196,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "holds the partition's writes for a moment, like a failover, without losing any")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
+    sec = start.add_argument_group("peer authentication (docs/security.md)")
+    sec.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="PATH",
+                     help="the group secret (`tandem secret new PATH` makes one; the same file on every member "
+                          "and the witness): each peer link proves it before anything else is accepted. A group "
+                          "member needs it, unless its peer links use mutual TLS")
+    sec.add_argument("--permitted-node", dest="permitted_nodes", action="append", metavar="NAME[@HOST]",
+                     help="a member allowed on the peer port, from anywhere (NAME) or only from HOST's address "
+                          "(NAME@HOST); repeat for each. Default: every --peer, from anywhere")
     pair = start.add_argument_group("two-node groups and shared mode (docs/shared-mode.md)")
     pair.add_argument("--arbiter", choices=("majority", "lockfile", "witness"),
                       help="who decides which of two nodes is active: majority (the votes; default), "
@@ -244,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_bench_parser(sub)
     witness_cli.add_parser(sub)
     certs.add_parser(sub)
+    secret_cli.add_parser(sub)
     for name, command_parser in sub.choices.items():
         _log_args(command_parser, argparse.SUPPRESS)
         if name == "cluster":

@@ -35,6 +35,7 @@ from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.lockfile import LockFileDriver
 from broker.peers import PeerManager
+from broker.secret import group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.queues import Msg, Queue, revoke_deliveries
@@ -103,6 +104,7 @@ class Node:
         self.publisher = Publisher(self)
         self.forwarded = ForwardHandlers(self)
         self.peers: PeerManager | None = None
+        self._peer_secret: bytes | None = None  # the group secret (broker.secret), read at start
         self.replication: Replication | None = None
         #: the HA arbiter's driver (shared mode, LockFile), for status, console and metrics
         self.ha: HaReport | None = None
@@ -170,6 +172,8 @@ class Node:
         cfg = self.config
         assert self._loop is not None  # set by start(), which is the only caller
         await asyncio.to_thread(tls.check, cfg)  # a bad certificate or key stops the start, named
+        if cfg.peer_port is not None:  # before anything is made: a member without a secret does not start
+            self._peer_secret = await asyncio.to_thread(group_secret, cfg)
         await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
         if self._shared_store is not None:
@@ -192,7 +196,7 @@ class Node:
             log.warning("created user admin: password %s", how)
         server = await self._bind_clients()
         if cfg.peer_port is not None:
-            self.peers = PeerManager(self)
+            self.peers = PeerManager(self, secret=self._peer_secret)
             self.replication = Replication(self, recovered.logs)
             self._commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
@@ -240,7 +244,7 @@ class Node:
         self.ha = self.shared
         server = await self._bind_clients()
         if cfg.peer_port is not None:
-            self.peers = PeerManager(self)
+            self.peers = PeerManager(self, secret=self._peer_secret)
             await self.peers.start()
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
         await server.start_serving()

@@ -8,6 +8,15 @@ carrying the node's identity), then carries keep-alives (``Heartbeat``) every
 ``non_response_timeout`` is ``Down``.  A peer with our location code or store
 stamp, or without a common protocol version, is refused with a clear log line.
 
+Before anything else a link is authenticated (docs/security.md, "Peer authentication"):
+the dialer must be a member this node may admit (``permitted_nodes``), and both ends
+prove they hold the group secret (``PeerChallenge`` / ``PeerProof``, :mod:`ha.peerauth`),
+or, with mutual TLS and no secret, the peer's certificate must name it
+(:meth:`PeerManager.certificate_refusal`).  Until then no frame but the handshake's is
+read, frames are small, and the member's state and live link are left alone.  A link
+that fails is an *intruder*: logged (``intruder: ...``), counted per reason and kept
+among the node's recent events.
+
 Timeouts are the node clock's (``clock.timeout``, never ``wait_for``: on Python 3.11
 ``wait_for`` can swallow a cancellation that races with its result, and a dialer would
 outlive ``stop``).
@@ -17,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError, NodeConfig
+from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
+from broker.secret import peer_mtls
 from broker.queues import Queue
 from broker.tls import peer_dial_tls, peer_server_context
 from client.clock import Clock
@@ -34,7 +46,9 @@ from client.protocol.frames import (
     ForwardOk,
     Frame,
     Heartbeat,
+    PeerChallenge,
     PeerHello,
+    PeerProof,
     PeerWelcome,
     Replicate,
     expect,
@@ -49,6 +63,7 @@ from ha.membership import (
     RemoteState,
     RemoteStateChanged,
 )
+from ha.peerauth import Refusal, Side, certificate_names, new_nonce, nonce_ok, permitted, proof, verify
 
 
 class Receiving(Protocol):
@@ -94,6 +109,14 @@ log = logging.getLogger("tandem.ha")
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
 HANDSHAKE_TIMEOUT = 5.0
 PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame
+#: the largest frame read before a link is authenticated (a handshake frame is a few hundred bytes)
+HANDSHAKE_MAX_FRAME = 64 * 1024
+class _Intruder(Exception):
+    """The handshake failed: who the peer claimed to be does not hold."""
+
+    def __init__(self, reason: Refusal, why: str) -> None:
+        super().__init__(why)
+        self.reason, self.why = reason, why
 FORWARD_TIMEOUT = 30.0
 
 
@@ -101,6 +124,7 @@ class _Link:
     def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  proto: ProtocolConnection) -> None:
         self.name, self.reader, self.writer, self.proto = name, reader, writer, proto
+        self.challenged = False  # the acceptor sent its PeerChallenge: a proof is due
 
     def send(self, frame: Frame) -> None:
         if not self.writer.is_closing():
@@ -111,9 +135,18 @@ class _Link:
 
 
 class PeerManager:
-    def __init__(self, node: PeerHost) -> None:
+    """``secret``: the group secret every link proves (:func:`broker.secret.group_secret`);
+    None: the links are authenticated by mutual TLS, or this node is in no group."""
+
+    def __init__(self, node: PeerHost, *, secret: bytes | None) -> None:
         cfg = node.config
         self.node = node
+        self.secret = secret
+        self.mtls = peer_mtls(cfg)
+        #: permitted_nodes, each NAME@HOST also as NAME@ADDRESS for each address HOST resolves to (start)
+        self.permitted_nodes: tuple[str, ...] = cfg.permitted_nodes
+        #: refused links: the recent ones (``events``) and how many per reason since start
+        self.refused = IntruderLog(node.clock, cfg.name)
         self.addresses = cfg.peer_addresses()
         witness = cfg.witness_address()
         if witness is not None:
@@ -135,18 +168,35 @@ class PeerManager:
         self.arbiter: PeerArbiter | None = None
         self.epoch = 0
 
+    @property
+    def intruders(self) -> Collection[IntruderEvent]:
+        """The recent refused links, oldest first (``tandem status``, the console)."""
+        return self.refused.events
+
+    @property
+    def intruder_counts(self) -> Mapping[str, int]:
+        """Refused links per reason since start (``tandem_intruders_total``)."""
+        return self.refused.counts
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.node.config
         if cfg.peer_port is None:
             raise ConfigError("a replication group member needs a peer_port")
+        self.permitted_nodes = await resolve_permitted(cfg.permitted_nodes)
+        strangers = sorted({spec.partition("@")[0] for spec in cfg.permitted_nodes} - set(self.addresses))
+        if strangers:
+            log.warning("permitted_nodes: %s not among this node's peers (%s): never admitted",
+                        ", ".join(strangers), ", ".join(sorted(self.addresses)) or "none")
         self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port,
                                                   ssl=peer_server_context(cfg))
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
-        log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s",
-                 cfg.name, sock[0], sock[1], ",".join(self.addresses) or "-", cfg.quorum_policy)
+        auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"
+        log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s authentication=%s "
+                 "permitted_nodes=%s", cfg.name, sock[0], sock[1], ",".join(self.addresses) or "-",
+                 cfg.quorum_policy, auth, ",".join(cfg.permitted_nodes) or "(the peers)")
 
     async def run(self) -> None:
         """Dial the peers this node dials, and keep every link alive; runs until cancelled."""
@@ -209,69 +259,198 @@ class PeerManager:
                 await clock.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            backoff = self.node.config.keepalive_interval
-            proto = ProtocolConnection(Role.CLIENT, max_frame_size=PEER_MAX_FRAME)
+            proto = ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
+            remote = f"{host}:{port}"
             try:
-                link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
-                                    store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
-                                    client_address=self._client_address(), epoch=self.epoch))
-                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
-                    frame = await self._next_frame(link)
-                if isinstance(frame, Error):
-                    log.warning("peer %s refused this node: %s", name, frame.message)
-                elif isinstance(frame, PeerWelcome):
-                    who = NodeIdentity(name=frame.node, store_stamp=frame.store_stamp, priority=frame.priority,
-                                       votes=frame.votes)
-                    if frame.node != name:
-                        log.warning("peer at %s:%d says it is %s, not %s: dropped", host, port, frame.node, name)
-                    elif self._admit(link, who, frame.client_address):
+                try:
+                    async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
+                        welcome = await self._handshake_out(link, name, remote)
+                except TandemError as exc:  # a frame out of turn, or bytes that are no frame
+                    raise _Intruder(Refusal.GARBAGE, exc.message) from None
+                # (a timeout here is a member that does not answer, a paused one say: not an intruder)
+                if welcome is not None:
+                    who = NodeIdentity(name=welcome.node, store_stamp=welcome.store_stamp,
+                                       priority=welcome.priority, votes=welcome.votes)
+                    proto.max_frame_size = PEER_MAX_FRAME
+                    if self._admit(link, who, welcome.client_address):
+                        backoff = self.node.config.keepalive_interval  # a link made: quick to redial
                         if self.arbiter is not None:
-                            self.arbiter.heard(name, frame)
+                            self.arbiter.heard(name, welcome)
                         await self._serve(link)
+            except _Intruder as exc:
+                self._intruder(link, remote, name, exc)
             except (TandemError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("peer link to %s failed: %r", name, exc)
             finally:
                 self._drop(link)
             await clock.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)  # refused, or the link ended: less and less often
+
+    async def _handshake_out(self, link: _Link, name: str, remote: str) -> PeerWelcome | None:
+        """The dialer's side of the handshake: the acceptor's PeerWelcome once it has proved it is
+        ``name`` (None: it refused this node, logged); _Intruder when it did not prove it."""
+        secret = self.secret
+        mine = new_nonce() if secret is not None else b""
+        link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
+                            store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
+                            client_address=self._client_address(), epoch=self.epoch, nonce=mine))
+        frame = await self._next_frame(link)
+        if isinstance(frame, Error):
+            log.warning("peer %s at %s refused this node: %s", name, remote, frame.message)
+            return None
+        if secret is None:
+            if isinstance(frame, PeerChallenge):
+                log.warning("peer %s at %s asks for the group secret and this node has none (cluster_secret_file): "
+                            "link dropped", name, remote)
+                return None
+            welcome = expect(frame, PeerWelcome)
+            if welcome.node != name:
+                raise _Intruder(Refusal.WRONG_NAME, f"the node at {remote} says it is {welcome.node}, not {name}")
+            why = self.certificate_refusal(link, name)
+            if why is not None:
+                raise _Intruder(Refusal.BAD_PROOF, why)
+            return welcome
+        if not isinstance(frame, PeerChallenge):
+            raise _Intruder(Refusal.NO_PROOF, f"answered {type(frame).__name__} without a challenge: it does not "
+                                              f"prove the group secret")
+        if frame.node != name:
+            raise _Intruder(Refusal.WRONG_NAME, f"the node at {remote} says it is {frame.node}, not {name}")
+        if not nonce_ok(frame.nonce):
+            raise _Intruder(Refusal.GARBAGE, f"a challenge nonce of {len(frame.nonce)} bytes")
+        theirs = frame.nonce
+        link.send(PeerProof(proof=proof(secret, Side.DIALER, dialer_nonce=mine, acceptor_nonce=theirs,
+                                        prover=self.me.name, prover_stamp=self.me.store_stamp, verifier=name)))
+        frame = await self._next_frame(link)
+        if isinstance(frame, Error):
+            log.warning("peer %s at %s refused this node: %s", name, remote, frame.message)
+            return None
+        if not isinstance(frame, PeerProof):
+            raise _Intruder(Refusal.NO_PROOF, f"sent {type(frame).__name__} instead of its proof")
+        their_proof = frame.proof
+        welcome = expect(await self._next_frame(link), PeerWelcome)
+        if welcome.node != name:
+            raise _Intruder(Refusal.WRONG_NAME, f"the node at {remote} says it is {welcome.node}, not {name}")
+        if not verify(secret, Side.ACCEPTOR, their_proof, dialer_nonce=mine, acceptor_nonce=theirs, prover=name,
+                      prover_stamp=welcome.store_stamp, verifier=self.me.name):
+            raise _Intruder(Refusal.BAD_PROOF, "its proof does not match: it holds another group secret, or none")
+        return welcome
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        proto = ProtocolConnection(Role.SERVER, max_frame_size=PEER_MAX_FRAME)
-        link = _Link("?", reader, writer, proto)
+        proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
+        link = _Link("", reader, writer, proto)
+        host, remote = remote_of(writer)
         try:
-            async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
-                frame = await self._next_frame(link)
-            if not isinstance(frame, PeerHello):
-                self._refuse(link, f"expected PeerHello, got {type(frame).__name__}")
-                return
-            link.name = frame.node
-            if frame.node == self.me.name:
-                self._refuse(link, f"duplicate location: a node named {frame.node!r} (location code "
-                                   f"{self.me.location_code:#x}) is this node")
-                return
-            if frame.node not in self.addresses:
-                self._refuse(link, f"node {frame.node!r} is not a member of this group")
-                return
-            who = NodeIdentity(name=frame.node, store_stamp=frame.store_stamp, priority=frame.priority,
-                               votes=frame.votes)
             try:
-                version = choose_version(frame.min_version, frame.max_version)
+                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
+                    hello, mine = await self._handshake_in(link, host)
+            except TimeoutError:
+                raise _Intruder(Refusal.TIMEOUT, f"no complete handshake within {HANDSHAKE_TIMEOUT:g} s") from None
+            except ConnectionResetError:
+                if not link.name:
+                    return  # connected and went without a word (a port probe): nothing claimed, nothing refused
+                raise _Intruder(Refusal.NO_PROOF, "the connection closed before the handshake completed") from None
+            except TandemError as exc:  # a frame out of turn, or bytes that are no frame
+                if link.challenged:
+                    raise _Intruder(Refusal.NO_PROOF, f"{exc.message}: no proof of the group secret") from None
+                raise _Intruder(Refusal.GARBAGE, exc.message) from None
+            if hello is None:
+                return
+            who = NodeIdentity(name=hello.node, store_stamp=hello.store_stamp, priority=hello.priority,
+                               votes=hello.votes)
+            try:
+                version = choose_version(hello.min_version, hello.max_version)
             except UnsupportedProtocolError as exc:
                 self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 self._refuse(link, exc.message)
                 return
-            if not self._admit(link, who, frame.client_address):
+            if not self._admit(link, who, hello.client_address):
                 return
+            if self.secret is not None:
+                link.send(PeerProof(proof=proof(self.secret, Side.ACCEPTOR, dialer_nonce=hello.nonce,
+                                                acceptor_nonce=mine, prover=self.me.name,
+                                                prover_stamp=self.me.store_stamp, verifier=hello.node)))
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
                                   client_address=self._client_address(), epoch=self.epoch))
+            proto.max_frame_size = PEER_MAX_FRAME
             if self.arbiter is not None:
-                self.arbiter.heard(frame.node, frame)
+                self.arbiter.heard(hello.node, hello)
             await self._serve(link)
+        except _Intruder as exc:
+            self._intruder(link, remote, link.name, exc)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
-            log.debug("peer link from %s failed: %r", link.name, exc)
+            log.debug("peer link from %s failed: %r", link.name or remote, exc)
         finally:
             self._drop(link)
+
+    async def _handshake_in(self, link: _Link, host: str) -> tuple[PeerHello | None, bytes]:
+        """The acceptor's side of the handshake: the dialer's PeerHello once it has proved it is the
+        member it names, and this node's nonce (None: refused as a misconfigured member, logged);
+        _Intruder when it is not a member this node admits or did not prove it."""
+        frame = await self._next_frame(link)
+        if not isinstance(frame, PeerHello):
+            raise _Intruder(Refusal.GARBAGE, f"expected PeerHello, got {type(frame).__name__}")
+        hello = frame
+        link.name = hello.node
+        if hello.node == self.me.name:
+            self._refuse(link, f"duplicate location: a node named {hello.node!r} (location code "
+                               f"{self.me.location_code:#x}) is this node")
+            return None, b""
+        if hello.node not in self.addresses:
+            raise _Intruder(Refusal.NOT_MEMBER, "not a member of this group")
+        if not permitted(hello.node, host, self.permitted_nodes, tuple(self.addresses)):
+            raise _Intruder(Refusal.NOT_PERMITTED, f"not permitted from {host} (permitted_nodes: "
+                                                   f"{', '.join(self.node.config.permitted_nodes)})")
+        secret = self.secret
+        if secret is None:
+            if not self.mtls:
+                self._refuse(link, f"{self.me.name} has no group secret and no mutual TLS: it admits no peer")
+                return None, b""
+            why = self.certificate_refusal(link, hello.node)
+            if why is not None:
+                raise _Intruder(Refusal.BAD_PROOF, why)
+            return hello, b""
+        if not nonce_ok(hello.nonce):
+            raise _Intruder(Refusal.NO_PROOF, "its PeerHello has no nonce: it does not prove the group secret")
+        mine = new_nonce()
+        link.send(PeerChallenge(node=self.me.name, nonce=mine))
+        link.challenged = True
+        frame = await self._next_frame(link)
+        if not isinstance(frame, PeerProof):
+            raise _Intruder(Refusal.NO_PROOF, f"sent {type(frame).__name__} instead of its proof")
+        if not verify(secret, Side.DIALER, frame.proof, dialer_nonce=hello.nonce, acceptor_nonce=mine,
+                      prover=hello.node, prover_stamp=hello.store_stamp, verifier=self.me.name):
+            raise _Intruder(Refusal.BAD_PROOF, "its proof does not match: it holds another group secret, or none")
+        return hello, mine
+
+    def certificate_refusal(self, link: _Link, name: str) -> str | None:
+        """Mutual TLS without a group secret: why the peer's certificate does not authenticate it
+        as node ``name`` (None: it does).  The TLS layer (broker/tls.py) verifies the chain to
+        ``tls_ca``; this checks the certificate is the named node's (its subjectAltName DNS
+        names, else its commonName, hold ``name``).  A link without TLS is refused."""
+        ssl_object = link.writer.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return "the link is not TLS, and this node authenticates peers by their certificates"
+        cert = ssl_object.getpeercert()
+        if not cert:
+            return "it presented no certificate"
+        names = certificate_names(cert)
+        if name not in names:
+            return f"its certificate names {', '.join(sorted(names)) or 'nothing'}, not {name}"
+        return None
+
+    def _intruder(self, link: _Link, remote: str, claimed: str, exc: _Intruder) -> None:
+        """Refuse a link that failed authentication: log it, count it, keep it among the events."""
+        self.refused.record("to" if link.proto.role is Role.CLIENT else "from", remote, claimed, exc.reason,
+                            exc.why)
+        for frame in (Error(rid=0, code=int(ErrorCode.PROTOCOL_ERROR), message="peer authentication failed"),
+                      Close(code=int(ErrorCode.PROTOCOL_ERROR), reason="peer authentication failed")):
+            try:
+                link.send(frame)
+            except TandemError:
+                pass  # the protocol forbids this frame on this side now (a dialer sends no Error)
+        link.close()
 
     def _client_address(self) -> str:
         return self.node.client_address
@@ -374,9 +553,11 @@ class PeerManager:
 
     def _drop(self, link: _Link) -> None:
         link.close()
-        if self.links.get(link.name) is link:
+        admitted = self.links.get(link.name) is link  # one never admitted (or replaced) changes no member's state
+        if admitted:
             del self.links[link.name]
         for _rid, (via, fut) in list(self._forwards.items()):
             if via is link and not fut.done():
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
-            self.report(self.membership.link_lost(link.name))
+            if admitted:
+                self.report(self.membership.link_lost(link.name))

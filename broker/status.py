@@ -114,8 +114,17 @@ class PeersState(Protocol):
     @property
     def membership(self) -> Membership: ...
 
+    @property
+    def intruders(self) -> Collection[HaEventView]: ...  # refused peer links (broker.peers.IntruderEvent)
+
+    @property
+    def intruder_counts(self) -> Mapping[str, int]: ...  # refused peer links per reason, since start
+
 
 class HaEventView(Protocol):
+    @property
+    def at(self) -> float: ...  # clock.time()
+
     @property
     def kind(self) -> str: ...
 
@@ -204,14 +213,15 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                                       ident.store_stamp if ident else "",
                                       peers.client_addresses.get(name, "")))
     partitions: list[PartitionInfo] = []
-    events: list[str] = []
     discarded, dp, dmsgs = 0, False, 0
     rep = node.replication
+    happened: list[HaEventView] = list(peers.intruders) if peers is not None else []
     if rep is not None:
         partitions = rep.partition_infos()
-        events = [f"{e.kind} {e.partition}: {e.text}" for e in rep.events]
+        happened += rep.events
         discarded, dp = rep.discarded_total, rep.designated_primary is not None
         dmsgs = rep.discarded_messages
+    events = [f"{e.kind} {e.partition}: {e.text}" for e in sorted(happened, key=lambda e: e.at)]
     console = node.console
     ha = node.ha
     mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"

@@ -38,6 +38,7 @@ from broker.config import ConfigError, NodeConfig, parse_peer
 from broker import tls
 from broker.peers import PeerManager
 from broker.queues import Queue
+from broker.secret import group_secret
 from broker.replication.codec import (
     CATALOGUE,
     Key,
@@ -82,6 +83,8 @@ class WitnessConfig:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     peer_tls: str = "auto"
+    #: the group secret the data nodes hold (cluster_secret_file): the witness proves it on each link
+    cluster_secret_file: Path | None = None
 
     def __post_init__(self) -> None:
         names = [parse_peer(p)[0] for p in self.peers]
@@ -97,7 +100,8 @@ class WitnessConfig:
         return NodeConfig(name=self.name, host=self.host, port=0, peer_port=self.peer_port, peers=self.peers,
                           data_dir=self.data_dir, priority=0, keepalive_interval=self.keepalive_interval,
                           non_response_timeout=self.non_response_timeout, tls_cert=self.tls_cert,
-                          tls_key=self.tls_key, tls_ca=self.tls_ca, peer_tls=self.peer_tls)
+                          tls_key=self.tls_key, tls_ca=self.tls_ca, peer_tls=self.peer_tls,
+                          cluster_secret_file=self.cluster_secret_file)
 
 
 @dataclass
@@ -234,6 +238,7 @@ class Witness:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        secret = await asyncio.to_thread(group_secret, self.config)  # a witness is a member: it needs one
         path = self.config.data_dir / "witness.db"
         await asyncio.to_thread(tls.check, self.config)  # a bad certificate or key stops the start, named
         try:
@@ -244,7 +249,7 @@ class Witness:
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"data dir {self.config.data_dir}: cannot open the witness's store {path}: "
                               f"{exc}") from None
-        self.peers = PeerManager(self)
+        self.peers = PeerManager(self, secret=secret)
         await self.peers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self.peers.run(), name="tandem-witness-peers"),

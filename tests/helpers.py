@@ -8,7 +8,9 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+from broker.secret import ensure_secret
 from client.clock import SYSTEM_CLOCK
 from ha.messages import Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
@@ -76,3 +78,8 @@ def free_base_port(nodes: int = 3) -> int:
             for s in socks:
                 s.close()
     raise AssertionError("no free block of ports")
+
+
+def group_secret_file(directory: Path) -> Path:
+    """A group secret file in ``directory`` (made once, then reused), for nodes started by hand."""
+    return ensure_secret(directory / "cluster.secret")

@@ -4,7 +4,7 @@ Read from the node's own state at scrape time (a custom collector on a registry
 of the node's own), except two things only the moment can tell: commit latency,
 observed by the store's writer thread into a histogram, and the counters the
 node keeps as it goes (confirms, elections, HA-1014, the HA arbiter's renewals,
-fencing refusals and state changes).  Per node and per partition the node is
+fencing refusals and state changes, peer links refused as intruders).  Per node and per partition the node is
 active for; scrape every node for the group.
 
 Under shared mode or the LockFile arbiter (``node.ha``), ``tandem_ha_state`` has
@@ -72,6 +72,12 @@ class NodeCollector(Collector):
                            [("node", name)], seglog.deleted_segments)
         if node.ha is not None:
             yield from _ha_metrics(node, node.ha)
+        if node.peers is not None:
+            intruders = CounterMetricFamily("tandem_intruders", "peer links refused as intruders (failed "
+                                            "authentication, not permitted), by reason", labels=["node", "reason"])
+            for reason, count in sorted(node.peers.intruder_counts.items()):
+                intruders.add_metric([name, reason], count)
+            yield intruders
         rep = node.replication
         if rep is None:
             return

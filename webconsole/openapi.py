@@ -122,7 +122,7 @@ def document() -> dict[str, Any]:
             "summary": "every partition as its active reports it: state, active, replicas and lag, term, commit",
             "parameters": [{"name": "queue", "in": "query", "required": False, "schema": {"type": "string"}}],
             "responses": _resp("partitions", {"type": "array", "items": _OBJ})}},
-        "/api/v1/events": {"get": {"summary": "recent HA events of the group (HA-1014, elections, overrides)",
+        "/api/v1/events": {"get": {"summary": "recent HA events of the group (HA-1014, elections, overrides, intruders refused on a peer port)",
                                    "responses": _resp("events", {"type": "array", "items": _OBJ})}},
         "/api/v1/events/stream": {"get": {
             "summary": "Server-Sent Events: `ha` for each new event, `overview` every second",

@@ -4,7 +4,8 @@ Node *i* (1-based) is named ``node<i>``, keeps its store in ``<data_dir>/node<i>
 and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
 ``+2`` for HTTP (the management console).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
-else a random one written to ``<data_dir>/admin-password``).
+else a random one written to ``<data_dir>/admin-password``) and the same group secret
+(``<data_dir>/cluster.secret``, made on the first run and kept: peer authentication).
 
 ``ha`` (:class:`~broker.tools.pair.HaSetup`) makes it a shared-mode group (every node on the
 one database) or a pair under the LockFile arbiter (``<data_dir>/tandem.lock`` unless a path
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import client
 from broker.tools.certs import make_dev_certs
+from broker.secret import ensure_secret
 from broker.tools.faults import FaultProxy
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
@@ -34,6 +36,10 @@ from broker.tools.witness_process import WitnessProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError, UnavailableError
 from client.protocol.frames import StatusOk
+
+
+#: the group secret's file in a local group's data dir
+SECRET_FILE = "cluster.secret"
 
 
 def free_ports(n: int) -> list[int]:
@@ -125,6 +131,8 @@ class LocalCluster:
         self.data_dir = Path(data_dir)
         self.host = host
         self.password = password or os.environ.get("TANDEM_ADMIN_PASSWORD") or self._password_file()
+        #: the group secret every node and the witness prove on their peer links
+        self.secret_file = ensure_secret(self.data_dir / SECRET_FILE)
         names = [f"node{i}" for i in range(1, nodes + 1)]
         if base_port:
             ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
@@ -150,8 +158,9 @@ class LocalCluster:
         if ha.witness:
             self.witness = WitnessProcess(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
                                              peers=[f"{n}={host}:{self.peer_ports[n]}" for n in names], host=host,
-                                             extra_args=_failure_detection(self._extra) + self._tls_args(WITNESS_NAME),
-                                             clock=clock)
+                                             extra_args=["--cluster-secret-file", str(self.secret_file),
+                                                         *_failure_detection(self._extra),
+                                                         *self._tls_args(WITNESS_NAME)], clock=clock)
         self._arrange()
 
     def _tls_args(self, name: str) -> list[str]:
@@ -173,8 +182,10 @@ class LocalCluster:
         for n, p in self.nodes.items():
             peers = [a for o in names if o != n for a in
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
-            p.extra_args = ["--peer-port", str(self.peer_ports[n]), "--http-port", str(self.http_ports[n]),
-                            *peers, *ha, *self._tls_args(n), *self._extra, *self._node_args.get(n, [])]
+            # the secret first: a later --cluster-secret-file among the extra args wins (tests give one node another)
+            p.extra_args = ["--cluster-secret-file", str(self.secret_file), "--peer-port", str(self.peer_ports[n]),
+                            "--http-port", str(self.http_ports[n]), *peers, *ha, *self._tls_args(n), *self._extra,
+                            *self._node_args.get(n, [])]
 
     @property
     def processes(self) -> dict[str, NodeProcess | WitnessProcess]:

@@ -5,8 +5,9 @@ database (the lock holder active, the others passive), and ``--arbiter lockfile`
 ``--arbiter witness`` makes a replicated pair (``--nodes 2``) arbitrated by a lock file or by
 a witness process started beside the nodes (:class:`~broker.tools.pair.HaSetup`).
 
-It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`), waits for a quorum,
-prints where everything is, then watches the node processes.  A node that exits or is
+It starts the nodes (:class:`~broker.tools.cluster.LocalCluster`: every node and the witness
+prove the group secret in ``DATA_DIR/cluster.secret``, made on the first run and kept), waits
+for a quorum, prints where everything is, then watches the node processes.  A node that exits or is
 killed (the witness too) is named once, with how it ended; the others keep serving, and it
 is started again after ``--restart-delay`` seconds (doubled, up to :data:`RESTART_CAP`, while it keeps
 dying within :data:`STEADY` seconds of its start).  Each node's pid is in
@@ -48,7 +49,9 @@ def add_parser(sub: Any) -> None:
                                       "client URL listing every node. A node that exits or is killed is "
                                       "started again after --restart-delay seconds while the others keep "
                                       "serving; Ctrl-C stops them all. All nodes share one admin password: "
-                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password. "
+                                      "TANDEM_ADMIN_PASSWORD, else a random one in DATA_DIR/admin-password; and "
+                                      "one group secret, DATA_DIR/cluster.secret (made on the first run, kept "
+                                      "for the next: peer authentication, docs/security.md). "
                                       "Two-node setups (docs/shared-mode.md): --mode shared --database URL (every "
                                       "node on the one database; the lock holder is ACTIVE for every partition, "
                                       "the others PASSIVE), --arbiter lockfile (a replicated pair, the holder of "
@@ -224,6 +227,7 @@ def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
           flush=True)
     pw = Path(args.data_dir) / "admin-password"
     print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
+    print(f"  secret     : {cluster.secret_file} (the group secret the peer links prove)", flush=True)
     query = f"/?ca={cluster.certs_dir / 'ca.crt'}" if cluster.tls else ""
     print(f"  status     : tandem status --url '{scheme}://admin:PASSWORD@{hosts.split(',')[0].split('/')[0]}{query}'",
           flush=True)

@@ -20,7 +20,8 @@ elected when the other is gone (a majority of three), and never both: nothing co
 lost and a partition never has two actives. The witness keeps only terms, votes and the
 positions of log entries (never their data) in DATA_DIR/witness.db, fsynced before it
 answers; it is never active and serves no clients. Run it on a third machine: a small one
-will do.
+will do. It proves the group secret on every peer link, as the data nodes do: give it a copy
+of their cluster_secret_file (--cluster-secret-file).
 
 What the group survives: the loss of either data node, or of the witness, one at a time.
 Losing the active after the other data node was already down leaves the group unavailable
@@ -47,6 +48,9 @@ def add_parser(sub: Any) -> None:
                        help="seconds between keep-alives on peer links (default 0.25; as the data nodes')")
     start.add_argument("--non-response-timeout", dest="non_response_timeout", type=float, default=1.0,
                        help="seconds of silence before a peer is Down (default 1.0; as the data nodes')")
+    start.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="PATH",
+                       help="the group secret the data nodes hold (a copy of their cluster_secret_file; "
+                            "`tandem secret new PATH` makes one): the witness proves it on every peer link")
     start.add_argument("--tls-cert", dest="tls_cert", metavar="PEM",
                        help="the witness's certificate (with --tls-key and --tls-ca): TLS on its peer links, "
                             "as the data nodes' --tls-cert")
@@ -75,7 +79,8 @@ def _start(args: argparse.Namespace) -> Any:
                         keepalive_interval=args.keepalive_interval, non_response_timeout=args.non_response_timeout,
                         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
                         tls_key=Path(args.tls_key) if args.tls_key else None,
-                        tls_ca=Path(args.tls_ca) if args.tls_ca else None, peer_tls=args.peer_tls)
+                        tls_ca=Path(args.tls_ca) if args.tls_ca else None, peer_tls=args.peer_tls,
+                        cluster_secret_file=Path(args.cluster_secret_file) if args.cluster_secret_file else None)
     return _serve(cfg)
 
 

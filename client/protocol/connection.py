@@ -115,6 +115,14 @@ TRANSITIONS: dict[tuple[Role, State, str, str], State] = {
     (Role.CLIENT, State.HELLO_SENT, _RECV, "PeerWelcome"): State.OPEN,
     (Role.SERVER, State.START, _RECV, "PeerHello"): State.HELLO_RECEIVED,
     (Role.SERVER, State.HELLO_RECEIVED, _SEND, "PeerWelcome"): State.OPEN,
+    # peer authentication (ha.peerauth): the challenge and both proofs, all before the welcome;
+    # nothing else is received from a dialer before it (HELLO_RECEIVED accepts no other frame)
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "PeerChallenge"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.HELLO_RECEIVED, _RECV, "PeerProof"): State.HELLO_RECEIVED,
+    (Role.SERVER, State.HELLO_RECEIVED, _SEND, "PeerProof"): State.HELLO_RECEIVED,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "PeerChallenge"): State.HELLO_SENT,
+    (Role.CLIENT, State.HELLO_SENT, _SEND, "PeerProof"): State.HELLO_SENT,
+    (Role.CLIENT, State.HELLO_SENT, _RECV, "PeerProof"): State.HELLO_SENT,
 }
 _BEFORE_OPEN = (State.START, State.HELLO_SENT, State.HELLO_RECEIVED, State.CHALLENGED, State.CHALLENGE_SENT,
                 State.RESPONSE_SENT, State.RESPONSE_RECEIVED)
@@ -136,7 +144,8 @@ TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "Welcome")] = State.CLOSE_SEN
 TRANSITIONS[(Role.CLIENT, State.CLOSE_SENT, _RECV, "AuthChallenge")] = State.CLOSE_SENT
 TRANSITIONS[(Role.SERVER, State.CLOSE_SENT, _RECV, "AuthResponse")] = State.CLOSE_SENT
 
-_HANDSHAKE = {"Hello", "AuthChallenge", "AuthResponse", "Welcome", "PeerHello", "PeerWelcome"}
+_HANDSHAKE = {"Hello", "AuthChallenge", "AuthResponse", "Welcome", "PeerHello", "PeerWelcome", "PeerChallenge",
+              "PeerProof"}
 
 
 class ProtocolConnection:

@@ -67,6 +67,8 @@ class Op(IntEnum):
     REPLICATE = 62
     FORWARD = 63
     FORWARD_OK = 64
+    PEER_CHALLENGE = 65
+    PEER_PROOF = 66
 
 
 class Record:
@@ -575,6 +577,7 @@ class PeerHello(Frame):
     votes: int
     client_address: str = ""  # host:port clients reach this node at
     epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
+    nonce: bytes = b""  # the dialer's challenge-response nonce (ha.peerauth); empty: no group secret
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -587,6 +590,27 @@ class PeerWelcome(Frame):
     votes: int
     client_address: str = ""
     epoch: int = 0  # as PeerHello's
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerChallenge(Frame):
+    """The accepting node's answer to PeerHello when the group has a secret: its name and its
+    nonce.  Nothing but PeerProof is accepted from the dialer until it proves the secret."""
+
+    OP: ClassVar[Op] = Op.PEER_CHALLENGE
+    node: str
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerProof(Frame):
+    """Peer link handshake: HMAC-SHA256 under the group secret over both nonces, the
+    direction, the prover's name and store stamp and the other end's name (ha.peerauth).
+    The dialer sends its proof after PeerChallenge; the acceptor sends its own just before
+    PeerWelcome."""
+
+    OP: ClassVar[Op] = Op.PEER_PROOF
+    proof: bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -621,7 +645,7 @@ _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
-        Replicate, Forward, ForwardOk,
+        Replicate, Forward, ForwardOk, PeerChallenge, PeerProof,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 

@@ -16,7 +16,7 @@ from broker.node import Node
 from client.protocol.frames import StatusOk
 from ha.membership import QuorumState, RemoteState
 from tests.conftest import url_of
-from tests.helpers import wait_until
+from tests.helpers import group_secret_file, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
@@ -30,7 +30,8 @@ def group_configs(tmp_path: Path, names: tuple[str, ...] = NAMES, **extra: objec
     return {
         n: {"name": n, "data_dir": tmp_path / n, "port": 0, "peer_port": ports[n],
             "peers": [f"{o}=127.0.0.1:{ports[o]}" for o in names if o != n],
-            "keepalive_interval": 0.1, "non_response_timeout": 0.6, **extra}
+            "keepalive_interval": 0.1, "non_response_timeout": 0.6,
+            "cluster_secret_file": group_secret_file(tmp_path), **extra}
         for n in names
     }
 

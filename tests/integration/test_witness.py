@@ -41,7 +41,8 @@ async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None
     cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, "--arbiter", "witness", "--witness", f"w1=127.0.0.1:{wport}"])
     w = WitnessProcess(tmp_path / "w1", name="w1", peer_port=wport,
-                       peers=[f"{n}=127.0.0.1:{p}" for n, p in cl.peer_ports.items()], extra_args=FAST)
+                       peers=[f"{n}=127.0.0.1:{p}" for n, p in cl.peer_ports.items()],
+                       extra_args=["--cluster-secret-file", str(cl.secret_file), *FAST])
     try:
         if link is not None:
             link.target = ("127.0.0.1", cl.peer_ports["node2"])

@@ -55,7 +55,9 @@ from client.protocol.frames import (
     Error,
     Heartbeat,
     Hello,
+    PeerChallenge,
     PeerHello,
+    PeerProof,
     PeerWelcome,
     Ok,
     Publish,
@@ -72,7 +74,7 @@ MEDIUM = settings(max_examples=80, deadline=None, suppress_health_check=[HealthC
 SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ALL_FRAME_CLASSES = list(FRAME_TYPES.values())
-HANDSHAKE = (Hello, AuthChallenge, AuthResponse, Welcome, PeerHello, PeerWelcome)
+HANDSHAKE = (Hello, AuthChallenge, AuthResponse, Welcome, PeerHello, PeerWelcome, PeerChallenge, PeerProof)
 # Frames any side may receive while OPEN without ending the connection.
 BODY_CLASSES = [c for c in ALL_FRAME_CLASSES if c not in (*HANDSHAKE, Close)]
 # Frames that are requests/replies: refused on the wire before the handshake.

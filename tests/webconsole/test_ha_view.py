@@ -23,7 +23,7 @@ from broker.config import NodeConfig
 from broker.node import Node
 from broker.status import HaReport
 from tests.conftest import PASSWORD
-from tests.helpers import free_base_port, wait_until
+from tests.helpers import free_base_port, group_secret_file, wait_until
 from webconsole.app import Console, serve_console
 from webconsole.openapi import document
 
@@ -70,7 +70,8 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     nodes = [Node(NodeConfig(name=f"node{i + 1}", data_dir=tmp_path / f"node{i + 1}", port=base + 10 * i,
                              peer_port=base + 10 * i + 1, peers=(f"node{2 - i}=127.0.0.1:{base + 10 * (1 - i) + 1}",),
                              arbiter="lockfile", lockfile=str(tmp_path / "tandem.lock"), http_port=0,
-                             keepalive_interval=0.1, non_response_timeout=0.5), console=Console) for i in range(2)]
+                             keepalive_interval=0.1, non_response_timeout=0.5,
+                             cluster_secret_file=group_secret_file(tmp_path)), console=Console) for i in range(2)]
     try:
         for n in nodes:
             await n.start()
