@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Collection, Mapping
 from typing import Protocol
 
@@ -36,7 +37,7 @@ from broker.config import ConfigError, NodeConfig
 from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
 from broker.secret import peer_mtls
 from broker.queues import Queue
-from broker.tls import peer_dial_tls, peer_server_context
+from broker.tls import peer_dial_tls, peer_server_context, TlsServer
 from client.clock import Clock
 from broker.forward import ForwardRequest
 from client.protocol.frames import (
@@ -161,7 +162,7 @@ class PeerManager:
         self._next_rid = 1
         self._forwards: dict[int, tuple[_Link, asyncio.Future[bytes]]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsServer | None = None
         self.address: tuple[str, int] | None = None
         self._up = asyncio.Event()
         #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
@@ -189,8 +190,12 @@ class PeerManager:
         if strangers:
             log.warning("permitted_nodes: %s not among this node's peers (%s): never admitted",
                         ", ".join(strangers), ", ".join(sorted(self.addresses)) or "none")
-        self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port,
-                                                  ssl=peer_server_context(cfg))
+        ctx = peer_server_context(cfg)
+        if ctx is None:
+            self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
+        else:  # mutual TLS; a failed TLS handshake is an intruder too
+            self._server = await TlsServer(self._accept, self._tls_refused, ctx, handshake_timeout=HANDSHAKE_TIMEOUT,
+                                           tasks=self._handlers).start(cfg.host, cfg.peer_port)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"
@@ -251,11 +256,16 @@ class PeerManager:
         host, port = self.addresses[name]
         clock = self.node.clock
         backoff = self.node.config.keepalive_interval
+        tls_failure = ""
         while True:
             try:
                 async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
                     reader, writer = await asyncio.open_connection(host, port, **peer_dial_tls(self.node.config, host))
-            except (OSError, asyncio.TimeoutError):
+            except (OSError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError) and str(exc) != tls_failure:
+                    tls_failure = str(exc)  # logged once until it changes: the dialer retries every 2 s
+                    log.warning("peer link to %s at %s:%d: TLS handshake failed: %s", name, host, port,
+                                exc.reason or exc)
                 await clock.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -383,6 +393,10 @@ class PeerManager:
             log.debug("peer link from %s failed: %r", link.name or remote, exc)
         finally:
             self._drop(link)
+
+    def _tls_refused(self, remote: str, why: str) -> None:
+        """A link to the peer port whose TLS handshake failed: an intruder that claimed no name."""
+        self.refused.record("from", remote, "", Refusal.TLS, why)
 
     async def _handshake_in(self, link: _Link, host: str) -> tuple[PeerHello | None, bytes]:
         """The acceptor's side of the handshake: the dialer's PeerHello once it has proved it is the

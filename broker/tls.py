@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import ssl
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.config import ConfigError, NodeConfig
@@ -161,3 +163,77 @@ def peer_cert_names(writer: asyncio.StreamWriter) -> frozenset[str]:
         if kind == "DNS":
             names.add(value)
     return frozenset(names)
+
+
+class TlsServer:
+    """A listening port whose connections are served over TLS, like
+    ``asyncio.start_server(accept, host, port, ssl=ctx)`` except that a TLS handshake that fails
+    (no certificate, one the CA did not sign, bytes that are not TLS, too slow) is reported as
+    ``refused("host:port", why)``: asyncio itself only logs it at DEBUG level, and the peer
+    port counts such links as intruders.  A connection closed before it finished a handshake
+    without a TLS error (a port probe) is not reported.  Each accepted connection runs in a task
+    kept in ``tasks`` (the caller cancels them when it stops)."""
+
+    def __init__(self, accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+                 refused: Callable[[str, str], None], ctx: ssl.SSLContext, *, handshake_timeout: float,
+                 tasks: set[asyncio.Task[None]]) -> None:
+        self._accept, self._refused, self._ctx = accept, refused, ctx
+        self._timeout, self._tasks = handshake_timeout, tasks
+        self.sockets: list[socket.socket] = []
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> TlsServer:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        sock = socket.create_server(addr[:2], family=family, backlog=128)
+        sock.setblocking(False)
+        self.sockets = [sock]
+        self._loop_task = loop.create_task(self._serve(sock), name="tandem-tls-listen")
+        return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except OSError as exc:
+                if sock.fileno() == -1:
+                    return  # closed
+                log.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)  # (EMFILE and the like: do not spin)
+                continue
+            task = loop.create_task(self._one(conn, f"{peer[0]}:{peer[1]}"), name="tandem-tls-accept")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, conn: socket.socket, remote: str) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**16, loop=loop)
+        proto = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport, _ = await loop.connect_accepted_socket(lambda: proto, conn, ssl=self._ctx,
+                                                              ssl_handshake_timeout=self._timeout)
+        except ssl.SSLError as exc:
+            conn.close()
+            self._refused(remote, f"TLS handshake failed: {exc.reason or exc}")
+            return
+        except (ConnectionAbortedError, TimeoutError):  # the handshake timeout
+            conn.close()
+            self._refused(remote, f"no TLS handshake within {self._timeout:g} s")
+            return
+        except OSError:
+            conn.close()
+            return  # it went away before a handshake: a port probe
+        writer = asyncio.StreamWriter(transport, proto, reader, loop)
+        await self._accept(reader, writer)
+
+    def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for s in self.sockets:
+            s.close()
+
+    async def wait_closed(self) -> None:
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)

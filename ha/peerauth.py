@@ -52,6 +52,7 @@ class Refusal(Enum):
     WRONG_NAME = "wrong_name"  # the node dialled answered with another name
     GARBAGE = "garbage"  # bytes that are not a peer handshake
     TIMEOUT = "timeout"  # no complete handshake within the handshake timeout
+    TLS = "tls"  # the TLS handshake failed: no certificate, one the group's CA did not sign, or not TLS
 
 
 def new_nonce() -> bytes:

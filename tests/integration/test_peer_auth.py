@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import ssl
 import stat
 import subprocess
 import sys
@@ -70,9 +71,22 @@ class Variant:
     id: str
     node_args: Callable[[Path], list[str]] = field(default=lambda _tmp: [])
     connect: Callable[[str, int], Awaitable[Streams]] = plain_connect
+    #: TLS on every link (LocalCluster(tls=True)): the intruder speaks TLS, trusting the group's
+    #: CA but holding no certificate it signed, so the TLS handshake refuses it first
+    tls: bool = False
 
 
-VARIANTS = [Variant("group-secret")]
+VARIANTS = [Variant("group-secret"), Variant("tls", tls=True)]
+
+
+def tls_connect(ca: Path) -> Callable[[str, int], Awaitable[Streams]]:
+    """Connect over TLS, checking the node against ``ca``, presenting no certificate."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+
+    async def connect(host: str, port: int) -> Streams:
+        return await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
+
+    return connect
 
 
 # -- the intruder --------------------------------------------------------------------------------
@@ -90,8 +104,12 @@ async def intrude(connect: Callable[[str, int], Awaitable[Streams]], host: str, 
                   frames: list[Frame], *, read_first: bool = True) -> Attempt:
     """Connect to a peer port, send ``frames`` (after reading the node's first answer when
     ``read_first``), and read what comes back until the node closes the connection."""
-    reader, writer = await connect(host, port)
     got = Attempt()
+    try:
+        reader, writer = await connect(host, port)
+    except OSError:  # (ssl.SSLError among them) refused by the TLS handshake
+        got.closed = True
+        return got
     buf = FrameBuffer(64 * 1024 * 1024)
 
     async def read_frame() -> Frame | None:
@@ -154,9 +172,9 @@ def damage(name: str) -> list[Frame]:
 
 @asynccontextmanager
 async def group(tmp_path: Path, *, extra: list[str] | None = None,
-                node_args: dict[str, list[str]] | None = None) -> AsyncIterator[LocalCluster]:
+                node_args: dict[str, list[str]] | None = None, tls: bool = False) -> AsyncIterator[LocalCluster]:
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *(extra or [])],
-                      node_args=node_args)
+                      node_args=node_args, tls=tls)
     try:
         await cl.start()
         yield cl
@@ -182,8 +200,9 @@ async def all_up(cl: LocalCluster, names: tuple[str, ...] | None = None) -> bool
 
 async def console_get(cl: LocalCluster, name: str, path: str) -> str:
     auth = {"Authorization": "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()}
+    tls = ssl.create_default_context(cafile=str(cl.certs_dir / "ca.crt")) if cl.tls else None
     async with aiohttp.ClientSession() as http:
-        async with http.get(cl.console_url(name) + path, headers=auth) as r:
+        async with http.get(cl.console_url(name) + path, headers=auth, ssl=tls) as r:
             assert r.status == 200, (name, path, r.status)
             return await r.text()
 
@@ -212,6 +231,10 @@ async def depth(cl: LocalCluster) -> int:
     return total
 
 
+async def knows_queue(cl: LocalCluster) -> bool:
+    return await depth(cl) != -1
+
+
 def intruder_events(st: StatusOk) -> list[str]:
     return [e for e in st.events if e.startswith("intruder ")]
 
@@ -222,12 +245,14 @@ def intruder_events(st: StatusOk) -> list[str]:
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.id)
 @pytest.mark.asyncio
 async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, variant: Variant) -> None:
-    async with group(tmp_path, extra=variant.node_args(tmp_path)) as cl:
+    async with group(tmp_path, extra=variant.node_args(tmp_path), tls=variant.tls) as cl:
+        connect = tls_connect(cl.certs_dir / "ca.crt") if variant.tls else variant.connect
         await cl.wait_ready()
         async with await client.connect_link(cl.url) as conn:
             await conn.declare_queue(QUEUE, partitions=3)
             await conn.producer(QUEUE).send_many([f"m{i}".encode() for i in range(MESSAGES)])
         await wait_until(lambda: all_up(cl), what="every member Up")
+        await wait_until(lambda: knows_queue(cl), what="every member has applied the declare")
         before = await statuses(cl)
         assert await depth(cl) == MESSAGES
 
@@ -237,18 +262,18 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
             port = cl.peer_ports[target]
             for name in [n for n in cl.nodes if n != target]:
                 # the handshake's first step, then straight to the damage
-                attempts.append((target, name, await intrude(variant.connect, "127.0.0.1", port,
+                attempts.append((target, name, await intrude(connect, "127.0.0.1", port,
                                                              [hello(name), *damage(name)])))
                 # a made-up proof, then the damage
                 attempts.append((target, name, await intrude(
-                    variant.connect, "127.0.0.1", port,
+                    connect, "127.0.0.1", port,
                     [hello(name), PeerProof(proof=secrets.token_bytes(32)), *damage(name)])))
-                # no handshake at all
+                # no handshake at all (and, against TLS, not even TLS)
                 attempts.append((target, name, await intrude(variant.connect, "127.0.0.1", port, damage(name),
                                                              read_first=False)))
             # a name that is no member's, made to forge a log line
             forged = "evil\n2026-01-01 00:00:00,000 WARNING tandem.ha all is well" + "x" * 1000
-            attempts.append((target, "evil", await intrude(variant.connect, "127.0.0.1", port,
+            attempts.append((target, "evil", await intrude(connect, "127.0.0.1", port,
                                                            [hello(forged), *damage("evil")])))
         for target, name, got in attempts:
             kinds = [type(f).__name__ for f in got.frames]
@@ -273,6 +298,12 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
         for n in cl.nodes:
             events = intruder_events(after[n])
             assert len(events) >= 3 * (len(cl.nodes) - 1), (n, after[n].events)
+            if variant.tls:  # refused by the TLS handshake, before any frame is read
+                assert all("refused (tls)" in e for e in events), events
+                assert (await metrics(cl, n))["tls"] >= 3 * (len(cl.nodes) - 1) + 1
+                assert re.search(r"WARNING .*intruder: peer link from 127\.0\.0\.1:\d+ claiming to be \? refused "
+                                 r"\(tls\): TLS handshake failed", cl.nodes[n].log_text())
+                continue
             assert any("claiming to be" in e and "(no_proof)" in e for e in events), events
             assert any("(bad_proof)" in e for e in events), events
             assert any("(garbage)" in e for e in events), events
@@ -292,7 +323,8 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate()
         assert proc.returncode == 0, err
-        assert re.search(r"intruder 127\.0\.0\.1:\d+: node2: link claiming to be node\d refused", out.decode())
+        claimed = r"\?" if variant.tls else r"node\d"
+        assert re.search(rf"intruder 127\.0\.0\.1:\d+: node2: link claiming to be {claimed} refused", out.decode())
         # still a healthy group: every member Up, and it serves
         assert await all_up(cl)
         async with await client.connect_link(cl.url) as conn:
