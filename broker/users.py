@@ -1,7 +1,8 @@
 """Users: salted scrypt password hashes, roles, and the first admin.
 
-Roles: ``admin`` may do everything; ``monitor`` may only look (list queues,
-stream reads) and is refused anything that changes state.
+Roles (:mod:`broker.acl`): ``admin`` may do everything; ``monitor`` may only look (list
+queues, stream reads) and is refused anything that changes state; ``user`` may do what its
+grants allow.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from storage.base import PutUser, UserRecord
 
 log = logging.getLogger("tandem.broker")
 
-ROLES = ("admin", "monitor")
+ROLES = ("admin", "monitor", "user")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _PARAMS = "scrypt:n=16384,r=8,p=1"
 
