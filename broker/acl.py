@@ -42,7 +42,7 @@ ROLE_RIGHTS: dict[str, frozenset[str]] = {
     "user": frozenset(),
 }
 MAX_PATTERN = 255
-_PATTERN_CHARS = re.compile(r"[A-Za-z0-9._\-:/@*?]+")
+_PATTERN_CHARS = re.compile(r"[A-Za-z0-9_.:\-*?]+")  # a queue name's characters and the wildcards
 
 
 class Principal(Protocol):
@@ -60,8 +60,8 @@ def validate_pattern(pattern: str) -> str:
     if not pattern or len(pattern) > MAX_PATTERN:
         raise InvalidArgumentError(f"queue pattern must be 1..{MAX_PATTERN} characters")
     if not _PATTERN_CHARS.fullmatch(pattern):
-        raise InvalidArgumentError(f"queue pattern {pattern!r}: use queue-name characters (letters, digits, "
-                                   "'.', '_', '-', ':', '/', '@') and the wildcards '*' and '?'")
+        raise InvalidArgumentError(f"queue pattern {pattern!r}: use a queue name's characters (A-Z a-z 0-9 "
+                                   "_ . : -) and the wildcards '*' and '?'")
     return pattern
 
 
