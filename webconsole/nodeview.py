@@ -16,6 +16,8 @@ from aiohttp import web
 
 from broker.forward import ForwardRequest
 from broker.status import PeersState, ReplicationState, StatusSource
+from broker.acl import AclTable
+from broker.security import Security
 from broker.users import UserRegistry
 from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
@@ -72,6 +74,12 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def users(self) -> UserRegistry: ...
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    @property
+    def security(self) -> Security: ...
 
     @property
     def peers(self) -> PeersView | None:
