@@ -199,8 +199,10 @@ async def logout(request: web.Request) -> web.Response:
 
 
 async def session_info(request: web.Request) -> web.Response:
-    """GET /api/v1/session: who is logged in, their role, the CSRF token of a browser session."""
+    """GET /api/v1/session: who is logged in, their role, whether they may change things (the
+    admin permission), the CSRF token of a browser session."""
     sess = request[SESSION]
-    return web.json_response({"user": request[USER], "role": request[ROLE],
+    admin = request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE]))
+    return web.json_response({"user": request[USER], "role": request[ROLE], "admin": admin,
                               "csrf": sess.csrf if sess is not None else None,
                               "node": request.app[NODE].config.name})
