@@ -1,6 +1,7 @@
 """Users, roles and per-queue grants against real node processes: a 3-node group (every
 member, after a kill -9 of the catalogue's active and of the queue's active, after a
-restart of the whole group), a single node, and the CLI.
+restart of the whole group), a single node, a shared-mode pair through a takeover, and the
+CLI.
 
 The acceptance: a user with ``consume`` on ``orders.*`` consumes ``orders.eu`` and is
 refused publishing there and anything on ``payments``, on every node and after a failover;
@@ -24,6 +25,7 @@ from client.protocol.frames import (Declare, Delete, Frame, Get, Publish, Publis
                                     Subscribe, SubscribeOk)
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
+from tests.integration.test_shared_mode import database, pair, the_active  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -280,3 +282,19 @@ async def _cli_lists_grant(url: str) -> bool:
     rc, out, _err = await run_cli("acl", "list", "--json", "--url", url)
     return rc == 0 and {"user": "bob", "pattern": "orders.*", "permissions": ["consume", "browse"]} in json.loads(out)
 
+
+
+async def test_shared_mode_keeps_grants_in_the_database_through_a_takeover(pair: LocalCluster) -> None:
+    """Shared mode: a change is a write to the group's database; the node that takes over
+    loads the users and grants from it."""
+    cl = pair
+    active = await the_active(cl)
+    async with await login(cl.url_of(active)) as admin:
+        await admin.declare_queue("orders.eu")
+        await admin.declare_queue("payments")
+        await admin.create_user("bob", BOB_PW)
+        await admin.grant("bob", "orders.*", ["consume"])
+    await check_bob(url_as("bob", BOB_PW, cl.nodes[active]))
+    await cl.nodes[active].kill()
+    other = await the_active(cl, not_=active)
+    await check_bob(url_as("bob", BOB_PW, cl.nodes[other]))

@@ -151,13 +151,6 @@ def test_every_op_code_encodes_to_the_pinned_bytes(code: str, op: WriteOp, wire:
     data, _applied = encode_ops([op])
     assert data.hex() == wire
     assert msgpack.unpackb(data, raw=False)[0][0] == code
-    if key_free(op):
-        assert decode_ops((0, 0), data) == [op]
-
-
-def key_free(op: WriteOp) -> bool:
-    """The catalogue's ops (they carry no partition: decode them at the catalogue's key)."""
-    return isinstance(op, (PutQueue, DropQueue, PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin))
     (back,) = decode_ops((1, 0), bytes.fromhex(wire))
     assert _plain(back) == op
 
