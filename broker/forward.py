@@ -2,8 +2,8 @@
 
 A client may send any request to any member.  One that needs a partition's active (a
 publish, a stream read, a partition's depth or purge) or the queue catalogue's active (a
-declare, a delete, a change of the users or their grants) is forwarded there over the peer link as a ``Forward`` frame, answered
-by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
+declare, a delete, a change of the users or their grants) is forwarded there over the peer
+link as a ``Forward`` frame, answered by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
 its status and counters this way.
 
 A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack

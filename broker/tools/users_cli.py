@@ -172,5 +172,6 @@ async def _acl(args: argparse.Namespace) -> int:
         else:
             await conn.revoke(args.user, args.pattern, perms)
     if args.json:
-        print(json.dumps({"user": args.user, "pattern": args.pattern, ("granted" if cmd == "grant" else "revoked"): perms}))
+        done = "granted" if cmd == "grant" else "revoked"
+        print(json.dumps({"user": args.user, "pattern": args.pattern, done: perms}))
     return 0

@@ -10,11 +10,13 @@ a user created on node1 logs in on node3."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 import client
 from broker.tools.cluster import LocalCluster
@@ -23,9 +25,9 @@ from client.connection import Connection
 from client.errors import AccessRefusedError, AuthError, TandemError
 from client.protocol.frames import (Declare, Delete, Frame, Get, Publish, PublishMessage, Purge, Read, SetOption,
                                     Subscribe, SubscribeOk)
-from tests.conftest import PASSWORD, running_group
+from tests.conftest import FAST, PASSWORD, running_group
 from tests.helpers import wait_until
-from tests.integration.test_shared_mode import database, pair, the_active  # noqa: F401  (fixtures)
+from tests.integration.test_shared_mode import LEASE, the_active
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -125,9 +127,9 @@ async def test_grants_hold_on_every_member_through_failover_and_restart(tmp_path
             await admin1.create_user("watch", "watch-password", "monitor")
         # created on node1, logs in on node3 (and everywhere)
         for proc in cl.nodes.values():
-            await wait_until(lambda proc=proc: logs_in(url_as("bob", BOB_PW, proc)), timeout=15,
+            await wait_until(functools.partial(logs_in, url_as("bob", BOB_PW, proc)), timeout=15,
                              what=f"bob logs in on {proc.name}")
-            await wait_until(lambda proc=proc: _has_grant(url_as("bob", BOB_PW, proc)), timeout=15,
+            await wait_until(functools.partial(_has_grant, url_as("bob", BOB_PW, proc)), timeout=15,
                              what=f"bob's grant on {proc.name}")
             await check_bob(url_as("bob", BOB_PW, proc))
         bob_group = cl.url.replace(f"admin:{PASSWORD}@", f"bob:{BOB_PW}@")
@@ -142,14 +144,15 @@ async def test_grants_hold_on_every_member_through_failover_and_restart(tmp_path
         # failover: kill -9 the catalogue's active, then the node holding orders.eu/0
         victim = await catalogue_active(cl)
         await cl.nodes[victim].kill()
-        await wait_until(lambda: _catalogue_moved(cl, victim), timeout=30, what=f"a catalogue active other than {victim}")
+        await wait_until(lambda: _catalogue_moved(cl, victim), timeout=30,
+                         what=f"a catalogue active other than {victim}")
         survivors = [n for n in cl.nodes if n != victim]
         async with await login(cl.url_of(survivors[0])) as admin2:  # a change under the new catalogue active
             await admin2.create_user("carol", "carol-password", "user")
             await admin2.grant("carol", "payments", ["produce", "consume"])
         for name in survivors:
             await check_bob(url_as("bob", BOB_PW, cl.nodes[name]))
-            await wait_until(lambda name=name: logs_in(url_as("carol", "carol-password", cl.nodes[name])),
+            await wait_until(functools.partial(logs_in, url_as("carol", "carol-password", cl.nodes[name])),
                              timeout=15, what=f"carol logs in on {name}")
         await cl.nodes[victim].start()
         await cl.wait_ready()
@@ -178,7 +181,7 @@ async def test_grants_hold_on_every_member_through_failover_and_restart(tmp_path
                 ("admin", "admin"), ("bob", "user"), ("carol", "user"), ("watch", "monitor")]
             await admin3.delete_user("carol")
         for proc in cl.nodes.values():
-            await wait_until(lambda proc=proc: _refused_login(url_as("carol", "carol-password", proc)), timeout=15,
+            await wait_until(functools.partial(_refused_login, url_as("carol", "carol-password", proc)), timeout=15,
                              what=f"carol gone on {proc.name}")
         # the group's first admin was seeded once, by the first catalogue active, and applied everywhere
         seeded = [p.log_text().count("the group's first admin") for p in cl.nodes.values()]
@@ -284,10 +287,28 @@ async def _cli_lists_grant(url: str) -> bool:
 
 
 
-async def test_shared_mode_keeps_grants_in_the_database_through_a_takeover(pair: LocalCluster) -> None:
+@pytest.fixture(params=["postgresql", "sqlite"])
+def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'group.db'}"
+
+
+@pytest_asyncio.fixture
+async def shared_pair(tmp_path: Path, shared_db: str) -> AsyncIterator[LocalCluster]:
+    cl = LocalCluster(tmp_path / "pair", nodes=2, base_port=0, password=PASSWORD,
+                      extra_args=[*FAST, "--mode", "shared", "--database", shared_db, "--lease", LEASE])
+    await cl.start()
+    try:
+        yield cl
+    finally:
+        await cl.stop()
+
+
+async def test_shared_mode_keeps_grants_in_the_database_through_a_takeover(shared_pair: LocalCluster) -> None:
     """Shared mode: a change is a write to the group's database; the node that takes over
     loads the users and grants from it."""
-    cl = pair
+    cl = shared_pair
     active = await the_active(cl)
     async with await login(cl.url_of(active)) as admin:
         await admin.declare_queue("orders.eu")
