@@ -8,7 +8,7 @@ from typing import Any
 from broker.acl import AclTable, validate_grant
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry
-from storage.base import DropUser, GrantAcl, PutMeta, PutUser, RevokeAcl, SeedAdmin, UserRecord
+from storage.base import DropUser, GrantAcl, PutMeta, PutUser, RevokeAcl, SeedAdmin, UserRecord, WriteOp
 
 
 def user(name: str, role: str = "user", salt: bytes = b"s") -> UserRecord:
@@ -29,7 +29,7 @@ class Member:
 
 def security() -> tuple[Security, Member]:
     m = Member()
-    return Security(m), m  # type: ignore[arg-type]  (only the state above is used)
+    return Security(m), m  # type: ignore[arg-type]  # only the state above is used
 
 
 def test_committed_changes_are_applied_and_stored_as_they_are() -> None:
@@ -58,13 +58,15 @@ def test_the_first_admin_is_seeded_once() -> None:
 
 def test_a_snapshot_replaces_the_users_and_grants() -> None:
     src, sm = security()
-    for op in (PutUser(user("admin", "admin")), PutUser(user("bob")), GrantAcl(validate_grant("bob", "o.*", "consume")),
-               SeedAdmin(user("admin", "admin"), "node1")):
+    first: list[WriteOp] = [PutUser(user("admin", "admin")), PutUser(user("bob")),
+                            GrantAcl(validate_grant("bob", "o.*", "consume")), SeedAdmin(user("admin", "admin"), "node1")]
+    for op in first:
         src.apply(op)
     snap: dict[str, Any] = src.snapshot()
     dst, dm = security()
-    for op in (PutUser(user("carol")), GrantAcl(validate_grant("carol", "*", "browse")),
-               GrantAcl(validate_grant("bob", "x", "produce"))):
+    theirs: list[WriteOp] = [PutUser(user("carol")), GrantAcl(validate_grant("carol", "*", "browse")),
+                             GrantAcl(validate_grant("bob", "x", "produce"))]
+    for op in theirs:
         dst.apply(op)
     ops = dst.install(snap)
     assert dm.users.names() == ["admin", "bob"] and dm.dropped == ["carol"]
