@@ -14,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from client.errors import AccessRefusedError, AuthError, InvalidArgumentError
+from client.errors import AuthError, InvalidArgumentError
 from storage.base import PutUser, UserRecord
 
 log = logging.getLogger("tandem.broker")
@@ -89,11 +89,6 @@ class UserRegistry:
             raise AuthError(f"authentication failed for user {name!r}: wrong user name or password")
         self._verified[name] = self._mac(password)
         return user
-
-
-def require_admin(user: UserRecord, what: str) -> None:
-    if user.role != "admin":
-        raise AccessRefusedError(f"user {user.name!r} (role {user.role}) may not {what}")
 
 
 def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:
