@@ -2,8 +2,8 @@
 
 A client may send any request to any member.  One that needs a partition's active (a
 publish, a stream read, a partition's depth or purge) or the queue catalogue's active (a
-declare, a delete) is forwarded there over the peer link as a ``Forward`` frame, answered
-by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
+declare, a delete, a change of the users or their grants) is forwarded there over the peer
+link as a ``Forward`` frame, answered by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
 its status and counters this way.
 
 A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack
@@ -46,6 +46,10 @@ class ForwardKind(IntEnum):
     READ = 9
     DEPTH = 10
     PURGE = 11
+    USER_PUT = 12
+    USER_DROP = 13
+    ACL_GRANT = 14
+    ACL_REVOKE = 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +151,51 @@ class PurgeFwd(ForwardRequest):
     partition: int
 
 
+@dataclass(frozen=True, slots=True)
+class UserPutFwd(ForwardRequest):
+    """Create or change a user, on the catalogue's active.  ``user``: the record as a msgpack
+    map (``storage.base.user_fields``: the password is hashed where it was given, never sent);
+    ``mode``: ``create`` (refused if the user exists), ``password`` (refused if it does not;
+    the role stays) or ``put``.  Reply: the catalogue's commit index once it is committed."""
+    KIND = ForwardKind.USER_PUT
+    hops: int
+    user: bytes
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserDropFwd(ForwardRequest):
+    """Delete a user and its grants, on the catalogue's active.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.USER_DROP
+    hops: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AclGrantFwd(ForwardRequest):
+    """Grant ``permissions`` (comma-separated) on ``pattern`` to ``user``, on the catalogue's
+    active.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.ACL_GRANT
+    hops: int
+    user: str
+    pattern: str
+    permissions: str
+
+
+@dataclass(frozen=True, slots=True)
+class AclRevokeFwd(ForwardRequest):
+    """Revoke them, on the catalogue's active.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.ACL_REVOKE
+    hops: int
+    user: str
+    pattern: str
+    permissions: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
-                              QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd)
+                              QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
+                              AclGrantFwd, AclRevokeFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from broker import status
 from broker.catalogue import Catalogue
+from broker.security import Security
 from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardKind, ForwardRequest, OptionFwd,
                             PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
@@ -23,6 +24,7 @@ from client.protocol.frames import Declare, Publish, ReadOk, StreamMessage, expe
 class ForwardedHost(status.StatusSource, Protocol):
     publisher: Publisher
     catalogue: Catalogue
+    security: Security
 
     def catalogue_commit(self) -> int: ...
 
@@ -48,6 +50,10 @@ class ForwardHandlers:
             ForwardKind.READ: self._read,
             ForwardKind.DEPTH: self._depth,
             ForwardKind.PURGE: self._purge,
+            ForwardKind.USER_PUT: self._security,
+            ForwardKind.USER_DROP: self._security,
+            ForwardKind.ACL_GRANT: self._security,
+            ForwardKind.ACL_REVOKE: self._security,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -70,6 +76,9 @@ class ForwardHandlers:
     async def _delete(self, req: DeleteFwd) -> bytes:
         await self.node.catalogue.delete(req.queue, req.if_empty, max(1, req.hops))
         return b""
+
+    async def _security(self, req: ForwardRequest) -> bytes:
+        return await self.node.security.forwarded(req)
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

@@ -45,12 +45,16 @@ from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport
 from broker.streams import read_stream
 from broker.auth import ClientGuard
+from broker.acl import AclTable
+from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, UnavailableError
+from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
+    UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, WriteOp
+from storage.base import AclRecord, DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, \
+    WriteOp
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
@@ -86,6 +90,8 @@ class Node:
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
+        self.acls = AclTable()
+        self.security = Security(self)
         self.sessions: set[Session] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
@@ -271,6 +277,7 @@ class Node:
         self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([])
+        self.acls = AclTable()
         self._restore(recovered)
         if not len(self.users):
             op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
@@ -284,9 +291,18 @@ class Node:
             self.delivery.schedule(q)
         self.map_changed()
 
-    def passive_users(self, users: list[UserRecord]) -> None:
+    def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
+        """Shared mode, a passive: the group's users and grants as the database holds them."""
         if not self._engine_open:
             self.users = UserRegistry(users)
+            if acls is not None:
+                self.acls = AclTable(acls)
+
+    def user_dropped(self, name: str) -> None:
+        """A user was deleted: its sessions end."""
+        for s in list(self.sessions):
+            if s.user is not None and s.user.name == name:
+                s.shutdown(AccessRefusedError(f"user {name!r} was deleted"))
 
     async def deactivate_shared(self, error: NotActiveError) -> None:
         """Stop serving (the lock is lost or this node stops): close every session with
@@ -318,6 +334,8 @@ class Node:
             q.load_partition(pidx, st, messages=not group)
         for u in rec.users:
             self.users.put(u)
+        self.acls = AclTable(rec.acls)
+        self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -522,6 +540,15 @@ class Node:
     def catalogue_drop(self, queue_id: int) -> None:
         self.catalogue.apply_drop(queue_id)
 
+    def security_apply(self, op: WriteOp) -> list[WriteOp]:
+        return self.security.apply(op)
+
+    def security_snapshot(self) -> dict[str, Any]:
+        return self.security.snapshot()
+
+    def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
+        return self.security.install(data)
+
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node is now the partition's active: its messages come from the store."""
         q = self.queue_by_id(key[0])
@@ -600,6 +627,7 @@ class Node:
 
     def map_changed(self) -> None:
         """A partition got or lost an active: tell the watching sessions, once per loop turn."""
+        self.security.maybe_seed()
         if self._map_push_scheduled or not self.map_watchers:
             return
         self._map_push_scheduled = True

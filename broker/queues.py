@@ -139,6 +139,9 @@ class Consumer:
         return self.prefetch - self.unacked
 
 
+MAX_INT64 = 2**63 - 1
+
+
 def validate_declare(frame: Declare) -> None:
     """Raise InvalidArgumentError naming the first bad field of a declare."""
     if not QUEUE_NAME.match(frame.queue):
@@ -151,10 +154,11 @@ def validate_declare(frame: Declare) -> None:
         raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(MAPPERS)}")
     if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
         raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
-    if frame.max_deliveries < 0:
-        raise InvalidArgumentError("max_deliveries: must be >= 0 (0 = unlimited)")
-    if frame.max_length < 0:
-        raise InvalidArgumentError("max_length: must be >= 0 (0 = unlimited)")
+    # (the stores keep them as signed 64-bit integers)
+    if not 0 <= frame.max_deliveries <= MAX_INT64:
+        raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
+    if not 0 <= frame.max_length <= MAX_INT64:
+        raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
     dlq = frame.dead_letter_queue
     if dlq is not None:
         if not QUEUE_NAME.match(dlq):

@@ -29,11 +29,14 @@ from broker import delivery as _delivery
 from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
 from broker.users import UserRegistry
+from broker.acl import AclTable
+from broker.security import Security
+from broker.users import UserRegistry, make_user
 from client.clock import Clock
 from storage.writer import Callback
 from broker.queues import Consumer, Msg, Queue
-from broker.users import require_admin
 from client.errors import (
+    AccessRefusedError,
     ConsumerNotFoundError,
     ErrorCode,
     HeartbeatTimeoutError,
@@ -48,6 +51,16 @@ from client.errors import (
 )
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, choose_version
 from client.protocol.frames import (
+    AclGrant,
+    AclInfo,
+    AclList,
+    AclRevoke,
+    Acls,
+    UserDelete,
+    UserInfo,
+    UserList,
+    UserPut,
+    Users,
     PartitionMap,
     QueueInfo,
     StreamMessage,
@@ -87,7 +100,7 @@ from client.protocol.frames import (
     Welcome,
     expect,
 )
-from storage.base import UserRecord, WriteOp
+from storage.base import AclRecord, UserRecord, WriteOp
 
 
 class SessionHost(StatusSource, Protocol):
@@ -95,6 +108,8 @@ class SessionHost(StatusSource, Protocol):
     clock: Clock
     users: UserRegistry
     guard: ClientGuard
+    acls: AclTable
+    security: Security
     confirms: int
     publisher: Publisher
 
@@ -403,32 +418,44 @@ class Session:
                           auth=server_final))
         log.info("session %s: open user=%s version=%d", self.client_name, user.name, self._version)
 
-    def _admin(self, what: str) -> None:
-        """A state-changing request: the user must be an admin and the node must have quorum."""
+    def _authenticated(self) -> UserRecord:
         if self.user is None:  # the protocol state machine admits no request before Hello
             raise ProtocolError("request before the handshake")
-        require_admin(self.user, what)
-        self.node.require_quorum(what)
+        return self.user
+
+    def _may(self, permission: str, queue: str, what: str | None = None) -> None:
+        """The user must hold ``permission`` on ``queue`` (broker.acl); a request that changes
+        state (``what``) also needs the node's quorum."""
+        self.node.acls.check(self._authenticated(), permission, queue)
+        if what is not None:
+            self.node.require_quorum(what)
+
+    def _group_admin(self, what: str) -> UserRecord:
+        """A group operation: the user needs the ``admin`` permission (role admin or granted)."""
+        user = self._authenticated()
+        self.node.acls.check_group(user, what)
+        return user
 
     async def _declare(self, f: Declare) -> None:
-        self._admin("declare queues")
+        self._may("configure", f.queue, "declare queues")
         info, created = await self.node.declare(f)
         self.send(DeclareOk(rid=f.rid, queue=info, created=created))
 
     async def _delete(self, f: Delete) -> None:
-        self._admin("delete queues")
+        self._may("configure", f.queue, "delete queues")
         await self.node.delete(f.queue, f.if_empty)
         self.send(Ok(rid=f.rid))
 
     async def _purge(self, f: Purge) -> None:
-        self._admin("purge queues")
+        self._may("configure", f.queue, "purge queues")
         self.send(PurgeOk(rid=f.rid, purged=await self.node.purge(f.queue)))
 
     async def _list(self, f: ListQueues) -> None:
-        self.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.queues.values()]))
+        user, acls = self._authenticated(), self.node.acls
+        self.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.queues.values() if acls.may_see(user, q.name)]))
 
     async def _publish(self, f: Publish) -> None:
-        self._admin("publish")
+        self._may("produce", f.queue, "publish")
         result = self.node.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
                                                             dense=f.partition is not None))
         result.add_done_callback(functools.partial(self._published, f.rid))
@@ -446,12 +473,16 @@ class Session:
             self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
 
     async def _metadata(self, f: Metadata) -> None:
-        # read-only, like a stream read: any user (a monitor's Spark job), any node (a minority
-        # node answers with what it knows)
+        # read-only, like a stream read: any permission on the queue (a producer routes with it,
+        # a monitor's Spark job reads with it), any node (a minority node answers with what it knows)
+        user = self._authenticated()
+        if not self.node.acls.may_see(user, f.queue):
+            raise AccessRefusedError(f"access refused: user {user.name!r} (role {user.role}) has no permission "
+                                     f"on queue {f.queue!r}")
         self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self)))
 
     async def _subscribe(self, f: Subscribe) -> None:
-        self._admin("consume")
+        self._may("consume", f.queue, "consume")
         c = self.node.delivery.add_consumer(self, f.queue, f.prefetch)
         self.consumers[c.id] = c
         self.send(SubscribeOk(rid=f.rid, consumer=c.id))
@@ -486,7 +517,7 @@ class Session:
             self.send_in_order(frame)
 
     async def _get(self, f: Get) -> None:
-        self._admin("get")
+        self._may("consume", f.queue, "get")
         q = self.node.queue(f.queue)
         msgs = q.take(1, self.node.config.max_frame_size)
         if not msgs:
@@ -552,22 +583,68 @@ class Session:
         self.send(status_of(self.node, f.rid))
 
     async def _set_quorum_override(self, f: SetQuorumOverride) -> None:
-        if self.user is None:
-            raise ProtocolError("request before the handshake")
-        require_admin(self.user, "set quorum_override")  # allowed without quorum: that is its point
+        self._group_admin("set quorum_override")  # allowed without quorum: that is its point
         self.node.set_quorum_override(f.nodes, by=self.client_name)
         self.send(status_of(self.node, f.rid))
 
     async def _set_option(self, f: SetOption) -> None:
-        if self.user is None:
-            raise ProtocolError("request before the handshake")
-        require_admin(self.user, f"set {f.name}")  # allowed without quorum, like the override
+        self._group_admin(f"set {f.name}")  # allowed without quorum, like the override
         self.node.set_option(f.name, f.value, by=self.client_name)
         self.send(status_of(self.node, f.rid))
 
     async def _read(self, f: Read) -> None:
+        self._may("browse", f.queue)
         msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
         self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
+
+    # -- users and grants (the group's: broker.security) ------------------------------------------
+
+    async def _user_put(self, f: UserPut) -> None:
+        self._group_admin("manage users")
+        role = f.role
+        if f.mode == "password":
+            have = self.node.users.get(f.name)
+            role = have.role if have is not None else "user"  # the catalogue's active keeps the role it has
+        user = await asyncio.to_thread(make_user, f.name, f.password, role)  # scrypt: off the loop
+        await self.node.security.put_user(user, f.mode)
+        log.warning("session %s: user %s %s", self.client_name, f.name,
+                    "password changed" if f.mode == "password" else f"stored (role {role})")
+        self.send(Ok(rid=f.rid))
+
+    async def _user_delete(self, f: UserDelete) -> None:
+        user = self._group_admin("manage users")
+        if f.name == user.name:
+            raise InvalidArgumentError("you cannot delete the user you are logged in as")
+        await self.node.security.drop_user(f.name)
+        log.warning("session %s: user %s deleted", self.client_name, f.name)
+        self.send(Ok(rid=f.rid))
+
+    async def _user_list(self, f: UserList) -> None:
+        self._group_admin("list users")
+        users = self.node.users
+        self.send(Users(rid=f.rid, users=[UserInfo(n, u.role) for n in users.names()
+                                          if (u := users.get(n)) is not None]))
+
+    async def _acl_grant(self, f: AclGrant) -> None:
+        self._group_admin("grant permissions")
+        await self.node.security.grant(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
+        log.warning("session %s: granted %s on %s to %s", self.client_name, ",".join(f.permissions), f.pattern,
+                    f.user)
+        self.send(Ok(rid=f.rid))
+
+    async def _acl_revoke(self, f: AclRevoke) -> None:
+        self._group_admin("revoke permissions")
+        await self.node.security.revoke(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
+        log.warning("session %s: revoked %s on %s from %s", self.client_name, ",".join(f.permissions), f.pattern,
+                    f.user)
+        self.send(Ok(rid=f.rid))
+
+    async def _acl_list(self, f: AclList) -> None:
+        user = self._authenticated()
+        if f.user != user.name:  # a user may see its own grants; everyone's take the admin permission
+            self._group_admin("list the grants of other users")
+        records = self.node.acls.records(f.user)
+        self.send(Acls(rid=f.rid, acls=[AclInfo(a.user, a.pattern, list(a.permissions)) for a in records]))
 
 
 def _tune_socket(writer: asyncio.StreamWriter) -> None:
@@ -590,4 +667,6 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
     SetOption: Session._set_option, Metadata: Session._metadata,
+    UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
+    AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
 }

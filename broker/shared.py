@@ -37,7 +37,7 @@ from broker.commit import Key
 from client.clock import Clock
 from client.errors import NotActiveError, StorageError
 from ha.shared import SharedArbiter, SharedChanged, SharedState
-from storage.base import UserRecord, WriteOp
+from storage.base import AclRecord, UserRecord, WriteOp
 from storage.shared import FencedError, Lease, LeaseHolder
 from storage.writer import Callback, GroupCommitWriter
 
@@ -63,8 +63,8 @@ class SharedHost(Protocol):
 
     def map_changed(self) -> None: ...
 
-    def passive_users(self, users: list[UserRecord]) -> None:
-        """The group's users, read by a passive node (it answers status requests)."""
+    def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
+        """The group's users and grants, read by a passive node (it answers status requests)."""
         ...
 
 
@@ -245,9 +245,10 @@ class SharedMode:
                 now = self.clock.monotonic()
                 if now >= self._users_read_at + USERS_EVERY:
                     users = await asyncio.to_thread(self.lease_store.users)
+                    acls = await asyncio.to_thread(self.lease_store.acls)
                     if users:  # none yet: the first active is still creating them; look again next time
                         self._users_read_at = now
-                    self.node.passive_users(users)
+                    self.node.passive_users(users, acls)
                 return
         except (StorageError, OSError) as exc:
             log.warning("shared mode: trying the lock failed: %s", exc)

@@ -1,7 +1,8 @@
 """Users: SCRAM-SHA-256 credentials, roles, and the first admin.
 
-Roles: ``admin`` may do everything; ``monitor`` may only look (list queues,
-stream reads) and is refused anything that changes state.
+Roles (:mod:`broker.acl`): ``admin`` may do everything; ``monitor`` may only look (list
+queues, stream reads) and is refused anything that changes state; ``user`` may do what its
+grants allow.
 
 A user's record keeps what SCRAM needs and nothing that lets anyone log in
 (:mod:`client.scram`): ``salt``, ``hash`` = StoredKey (32 bytes) + ServerKey (32
@@ -21,12 +22,12 @@ import secrets
 from pathlib import Path
 
 from client import scram
-from client.errors import AccessRefusedError, AuthError, InvalidArgumentError
+from client.errors import AuthError, InvalidArgumentError
 from storage.base import PutUser, UserRecord
 
 log = logging.getLogger("tandem.broker")
 
-ROLES = ("admin", "monitor")
+ROLES = ("admin", "monitor", "user")
 _SCRAM_PREFIX = "scram-sha-256:i="
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 
@@ -142,11 +143,6 @@ class UserRegistry:
             raise AuthError(f"authentication failed for user {name!r}: wrong user name or password")
         self._verified[name] = self._mac(password)
         return user
-
-
-def require_admin(user: UserRecord, what: str) -> None:
-    if user.role != "admin":
-        raise AccessRefusedError(f"user {user.name!r} (role {user.role}) may not {what}")
 
 
 def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:

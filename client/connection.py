@@ -43,6 +43,16 @@ from client.producer import Producer
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
 from client.protocol.frames import (
     expect,
+    AclGrant,
+    AclInfo,
+    AclList,
+    AclRevoke,
+    Acls,
+    UserDelete,
+    UserInfo,
+    UserList,
+    UserPut,
+    Users,
     Ack,
     AuthChallenge,
     Cancel,
@@ -449,6 +459,35 @@ class Connection:
         """Two-node group: let this node go on alone when its peer is gone (or stop that)."""
         return expect(await self.request(lambda rid: SetOption(rid=rid, name="designated_primary", value=int(on))),
                       StatusOk)
+
+    # -- users and grants (the group's; the admin permission) -------------------------------------
+
+    async def create_user(self, name: str, password: str, role: str = "user") -> None:
+        """A new user of the group: ``role`` admin, monitor or user (refused if it exists)."""
+        await self.request(lambda rid: UserPut(rid=rid, name=name, password=password, role=role, mode="create"))
+
+    async def change_password(self, name: str, password: str) -> None:
+        """A new password for an existing user (its role stays)."""
+        await self.request(lambda rid: UserPut(rid=rid, name=name, password=password, mode="password"))
+
+    async def delete_user(self, name: str) -> None:
+        """Delete a user and its grants; its sessions end."""
+        await self.request(lambda rid: UserDelete(rid=rid, name=name))
+
+    async def list_users(self) -> list[UserInfo]:
+        return expect(await self.request(lambda rid: UserList(rid=rid)), Users).users
+
+    async def grant(self, user: str, pattern: str, permissions: list[str]) -> None:
+        """Grant ``permissions`` (produce, consume, browse, configure, admin) on the queues
+        matching ``pattern`` (``orders.*``, ``*``) to ``user``."""
+        await self.request(lambda rid: AclGrant(rid=rid, user=user, pattern=pattern, permissions=list(permissions)))
+
+    async def revoke(self, user: str, pattern: str, permissions: list[str]) -> None:
+        await self.request(lambda rid: AclRevoke(rid=rid, user=user, pattern=pattern, permissions=list(permissions)))
+
+    async def list_acls(self, user: str | None = None) -> list[AclInfo]:
+        """The grants of ``user`` (None: of every user)."""
+        return expect(await self.request(lambda rid: AclList(rid=rid, user=user)), Acls).acls
 
     async def get(self, queue: str, *, auto_ack: bool = False) -> Message | None:
         """One message, or None when the queue has none ready."""

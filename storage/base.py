@@ -2,7 +2,7 @@
 
 A store keeps, per node: queue definitions, each partition's log of messages
 (by offset) and which of them are settled, delivery counts, the last sequence
-of every idempotent producer per partition, and users.  The broker keeps the live
+of every idempotent producer per partition, users and their per-queue grants (ACLs).  The broker keeps the live
 state in memory and tells the store what changed as a list of *write ops*; the
 store applies each list atomically (group commit, see
 :mod:`storage.writer`).  On start, :meth:`Store.load` returns everything that
@@ -14,7 +14,7 @@ Engines implement :class:`Engine`; every engine runs the conformance suite in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -85,6 +85,34 @@ class UserRecord:
     hash: bytes
     role: str
     params: str  # hash scheme and parameters: "scram-sha-256:i=100000" (hash = StoredKey + ServerKey; broker.users)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclRecord:
+    """Permissions (``produce``, ``consume``, ...; see :mod:`broker.acl`) granted to ``user``
+    on the queues whose names match ``pattern`` (a glob: ``orders.*``, ``*``)."""
+
+    user: str
+    pattern: str
+    permissions: tuple[str, ...]
+
+
+def user_fields(user: UserRecord) -> dict[str, Any]:
+    """A user record as a msgpack map, field by field (replication, forwarded requests):
+    a field added to :class:`UserRecord` travels without a format change."""
+    return {f.name: getattr(user, f.name) for f in fields(UserRecord)}
+
+
+def user_from_fields(data: Any) -> UserRecord:
+    """The record :func:`user_fields` made; InvalidArgumentError if it is not one (keys this
+    build does not know are left out)."""
+    if not isinstance(data, dict):
+        raise InvalidArgumentError("a user record must be a map")
+    known = {f.name for f in fields(UserRecord)}
+    try:
+        return UserRecord(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise InvalidArgumentError(f"not a user record: {exc}") from None
 
 
 # -- write ops ---------------------------------------------------------------------
@@ -204,7 +232,41 @@ class PutUser:
 
 @dataclass(frozen=True, slots=True)
 class DropUser:
+    """Drop the user and every grant it has."""
+
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrantAcl:
+    """Add ``acl.permissions`` to what ``acl.user`` holds on ``acl.pattern`` (kept ones stay)."""
+
+    acl: AclRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeAcl:
+    """Take ``acl.permissions`` from what ``acl.user`` holds on ``acl.pattern``."""
+
+    acl: AclRecord
+
+
+@dataclass(frozen=True, slots=True)
+class PutMeta:
+    """Store one node-level setting (``Recovered.meta``) with the other ops."""
+
+    key: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeedAdmin:
+    """Replicated mode, catalogue log only: the group's first admin (see broker.security).
+    Each member turns it into :class:`PutUser` + :class:`PutMeta` (or nothing); stores
+    never see it."""
+
+    user: UserRecord
+    origin: str
 
 
 # -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
@@ -279,7 +341,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | LogAppend | LogTruncate | LogCompact
+    | PutHardState | PutApplied | ResetPartition
 )
 
 
@@ -321,6 +384,7 @@ class Recovered:
     queues: list[QueueMeta] = field(default_factory=list)
     partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
     users: list[UserRecord] = field(default_factory=list)
+    acls: list[AclRecord] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
     logs: dict[tuple[int, int], LogState] = field(default_factory=dict)
 

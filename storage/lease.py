@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from client.errors import StorageError
-from storage.base import UserRecord
+from storage.base import AclRecord, UserRecord
 from storage.shared import LeaseHolder
 
 log = logging.getLogger("tandem.storage")
@@ -64,6 +64,7 @@ class SqlLease:
                            "WHERE id = 1 AND (epoch < :epoch OR (epoch = :epoch AND holder = :node))")
         self._holder = text(f"SELECT holder, epoch, address, until - {now} FROM {TABLE} WHERE id = 1")
         self._users = text("SELECT name, salt, hash, role, params FROM users")
+        self._acls = text("SELECT username, pattern, permission FROM acls ORDER BY username, pattern, permission")
 
     def _run(self, what: str, fn: Callable[[Connection], Any]) -> Any:
         try:
@@ -115,6 +116,17 @@ class SqlLease:
             log.debug("users not read: %s", exc)
             return []
         return [UserRecord(name=r[0], salt=bytes(r[1]), hash=bytes(r[2]), role=r[3], params=r[4]) for r in rows]
+
+    def acls(self) -> list[AclRecord]:
+        try:
+            rows = self._run("acls", lambda c: c.execute(self._acls).all())
+        except StorageError as exc:  # as users()
+            log.debug("acls not read: %s", exc)
+            return []
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for user, pattern, permission in rows:
+            grouped.setdefault((user, pattern), []).append(permission)
+        return [AclRecord(user=u, pattern=p, permissions=tuple(perms)) for (u, p), perms in grouped.items()]
 
     def close(self) -> None:
         self._engine.dispose()

@@ -17,6 +17,10 @@ from storage.base import (
     Capabilities,
     DropQueue,
     DropUser,
+    GrantAcl,
+    RevokeAcl,
+    PutMeta,
+    AclRecord,
     LogAppend,
     LogCompact,
     LogState,
@@ -59,6 +63,7 @@ class MemoryDisk:
     queues: dict[int, QueueMeta] = field(default_factory=dict)
     parts: dict[Key, _Part] = field(default_factory=dict)
     users: dict[str, UserRecord] = field(default_factory=dict)
+    acls: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (user, pattern) -> permissions
     logs: dict[Key, LogState] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -75,7 +80,9 @@ class MemoryEngine:
         with d.lock:
             d.meta.setdefault("schema_version", "memory")
             rec = Recovered(meta=dict(d.meta), queues=sorted(d.queues.values(), key=lambda q: q.id),
-                            users=sorted(d.users.values(), key=lambda u: u.name))
+                            users=sorted(d.users.values(), key=lambda u: u.name),
+                            acls=[AclRecord(user=u, pattern=p, permissions=tuple(sorted(perms)))
+                                  for (u, p), perms in sorted(d.acls.items()) if perms])
             for key in d.parts:
                 rec.partitions[key] = self._state(key)
             rec.logs = copy.deepcopy(d.logs)
@@ -198,6 +205,17 @@ class MemoryEngine:
             d.users[op.user.name] = op.user
         elif isinstance(op, DropUser):
             d.users.pop(op.name, None)
+            for k in [k for k in d.acls if k[0] == op.name]:
+                del d.acls[k]
+        elif isinstance(op, GrantAcl):
+            d.acls.setdefault((op.acl.user, op.acl.pattern), set()).update(op.acl.permissions)
+        elif isinstance(op, RevokeAcl):
+            held = d.acls.get((op.acl.user, op.acl.pattern), set())
+            held.difference_update(op.acl.permissions)
+            if not held:
+                d.acls.pop((op.acl.user, op.acl.pattern), None)
+        elif isinstance(op, PutMeta):
+            d.meta[op.key] = op.value
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from client.errors import StorageError
-from storage.base import Engine, UserRecord
+from storage.base import AclRecord, Engine, UserRecord
 
 
 class FencedError(StorageError):
@@ -68,6 +68,10 @@ class Lease(Protocol):
     def users(self) -> list[UserRecord]:
         """The group's users as the database holds them (a passive node checks the
         credentials of status requests with them); [] before the store is created."""
+        ...
+
+    def acls(self) -> list[AclRecord]:
+        """The group's grants as the database holds them; [] before the store is created."""
         ...
 
     def close(self) -> None:

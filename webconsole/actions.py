@@ -1,6 +1,7 @@
-"""The operations (admin role only): node settings (priority, quorum override,
-designated primary), declare, delete and purge a queue, create and delete users
-and change their passwords.  Each is logged with the operator who asked."""
+"""The operations (the admin permission: role admin, or granted): node settings (priority, quorum override,
+designated primary), declare, delete and purge a queue, create and delete users,
+change their passwords, grant and revoke their permissions (users and grants are the
+group's: :mod:`broker.security`).  Each is logged with the operator who asked."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any
 from aiohttp import web
 
 from broker.queues import validate_declare
+from broker.acl import PERMISSIONS, validate_grant
 from broker.users import make_user
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare
-from storage.base import DropUser, PutUser
+from storage.base import AclRecord
 from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
 from webconsole.errors import ApiError, bad, json_body
 from webconsole.group import GROUP
@@ -114,7 +116,7 @@ async def purge_queue(request: web.Request) -> web.Response:
     return web.json_response({"queue": name, "purged": purged})
 
 
-# -- users --------------------------------------------------------------------------------------------
+# -- users (the group's: broker.security) -----------------------------------------------------------
 
 
 async def create_user(request: web.Request) -> web.Response:
@@ -129,15 +131,14 @@ async def create_user(request: web.Request) -> web.Response:
     if not isinstance(password, str):
         raise bad("password", "required, at least 8 characters")
     if not isinstance(role, str):
-        raise bad("role", "admin or monitor")
+        raise bad("role", "admin, monitor or user")
     if node.users.get(name) is not None:
         raise ApiError(409, "exists", f"user {name!r} exists (POST /api/v1/users/{name}/password changes it)")
     try:
         user = await asyncio.to_thread(make_user, name, password, role)  # PBKDF2: off the loop
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    await node.write([PutUser(user)], sync=True)
-    node.users.put(user)
+    await node.security.put_user(user, "create")
     log.warning("console: %s created user %s (%s)", who(request), name, role)
     return web.json_response({"name": name, "role": role}, status=201)
 
@@ -149,8 +150,7 @@ async def delete_user(request: web.Request) -> web.Response:
         raise ApiError(404, "not_found", f"no user {name!r}")
     if name == request[USER]:
         raise ApiError(409, "conflict", "you cannot delete the user you are logged in as")
-    await node.write([DropUser(name)], sync=True)
-    node.users.drop(name)
+    await node.security.drop_user(name)
     request.app[SESSIONS].end_user(name)
     log.warning("console: %s deleted user %s", who(request), name)
     return web.json_response({"deleted": name})
@@ -171,8 +171,52 @@ async def change_password(request: web.Request) -> web.Response:
         user = await asyncio.to_thread(make_user, name, password, old.role)
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    await node.write([PutUser(user)], sync=True)
-    node.users.put(user)
+    await node.security.put_user(user, "password")
     request.app[SESSIONS].end_user(name, keep=request.cookies.get(SESSION_COOKIE))
     log.warning("console: %s changed the password of %s", who(request), name)
     return web.json_response({"name": name, "changed": True})
+
+
+# -- grants -------------------------------------------------------------------------------------------
+
+
+def _grant_body(body: dict[str, Any]) -> AclRecord:
+    unknown = set(body) - {"user", "pattern", "permissions"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    user, pattern, perms = body.get("user"), body.get("pattern"), body.get("permissions")
+    if not isinstance(user, str) or not user:
+        raise bad("user", "required: the user's name")
+    if not isinstance(pattern, str) or not pattern:
+        raise bad("pattern", "required: a queue name pattern such as orders.* or *")
+    if not isinstance(perms, list) or not perms or not all(isinstance(p, str) for p in perms):
+        raise bad("permissions", f"a non-empty list of {', '.join(PERMISSIONS)}")
+    try:
+        return validate_grant(user, pattern, perms)
+    except InvalidArgumentError as exc:
+        raise ApiError(400, "bad_request", exc.message) from None
+
+
+async def grant(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    acl = _grant_body(await json_body(request))
+    if node.users.get(acl.user) is None:
+        raise ApiError(404, "not_found", f"no user {acl.user!r}")
+    await node.security.grant(acl)
+    log.warning("console: %s granted %s on %s to %s", who(request), ",".join(acl.permissions), acl.pattern, acl.user)
+    return web.json_response(acl_json(acl))
+
+
+async def revoke(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    acl = _grant_body(await json_body(request))
+    if node.users.get(acl.user) is None:
+        raise ApiError(404, "not_found", f"no user {acl.user!r}")
+    await node.security.revoke(acl)
+    log.warning("console: %s revoked %s on %s from %s", who(request), ",".join(acl.permissions), acl.pattern,
+                acl.user)
+    return web.json_response(acl_json(acl))
+
+
+def acl_json(acl: AclRecord) -> dict[str, Any]:
+    return {"user": acl.user, "pattern": acl.pattern, "permissions": list(acl.permissions)}

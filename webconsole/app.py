@@ -66,6 +66,9 @@ def make_app(node: NodeView) -> web.Application:
     r.add_post(f"{API}/users", actions.create_user)
     r.add_delete(f"{API}/users/{{name}}", actions.delete_user)
     r.add_post(f"{API}/users/{{name}}/password", actions.change_password)
+    r.add_get(f"{API}/acls", views.acls)
+    r.add_post(f"{API}/acls", actions.grant)
+    r.add_post(f"{API}/acls/revoke", actions.revoke)
     return app
 
 

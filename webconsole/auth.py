@@ -96,6 +96,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             raise ApiError(401, "unauthenticated", "log in (session cookie) or use HTTP Basic credentials")
         raise web.HTTPFound("/login")
     request[USER], request[ROLE], request[VIA], request[SESSION] = who
+    admin = request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE]))
+    if not admin and request[ROLE] != "monitor" and path not in ("/logout", "/api/v1/session"):
+        # a plain user sees the queues its grants name (a client's queue list), not the group's
+        raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) may not use the console: "
+                                         "it takes role admin or monitor, or the admin permission")
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         # A browser may replay cached Basic credentials on a cross-site form post: changes
         # must come from this origin (browsers say so) and carry JSON (a form cannot
@@ -110,9 +115,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         sess = request[SESSION]
         if sess is not None and not secrets.compare_digest(request.headers.get("X-CSRF-Token", ""), sess.csrf):
             raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token header (GET /api/v1/session gives it)")
-        if request[ROLE] != "admin" and path != "/logout":
+        if not admin and path != "/logout":
             raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) may only look")
     return await handler(request)
+
+
+class _Principal:
+    """Who asks, as broker.acl checks it."""
+
+    __slots__ = ("name", "role")
+
+    def __init__(self, name: str, role: str) -> None:
+        self.name, self.role = name, role
 
 
 async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | None] | None:
@@ -196,8 +210,10 @@ async def logout(request: web.Request) -> web.Response:
 
 
 async def session_info(request: web.Request) -> web.Response:
-    """GET /api/v1/session: who is logged in, their role, the CSRF token of a browser session."""
+    """GET /api/v1/session: who is logged in, their role, whether they may change things (the
+    admin permission), the CSRF token of a browser session."""
     sess = request[SESSION]
-    return web.json_response({"user": request[USER], "role": request[ROLE],
+    admin = request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE]))
+    return web.json_response({"user": request[USER], "role": request[ROLE], "admin": admin,
                               "csrf": sess.csrf if sess is not None else None,
                               "node": request.app[NODE].config.name})

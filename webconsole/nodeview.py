@@ -17,6 +17,8 @@ from aiohttp import web
 from broker.forward import ForwardRequest
 from broker.status import PeersState, ReplicationState, StatusSource
 from broker.auth import ClientGuard
+from broker.acl import AclTable
+from broker.security import Security
 from broker.users import UserRegistry
 from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
@@ -77,6 +79,12 @@ class NodeView(StatusSource, Protocol):
     @property
     def guard(self) -> ClientGuard:
         """The limits of the client port, and the failed-login throttle the console shares."""
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    @property
+    def security(self) -> Security: ...
 
     @property
     def peers(self) -> PeersView | None:

@@ -59,8 +59,22 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["members", "quorum_state", "mode", "arbiter", "lock_holder", "epoch"]},
 }
 
+_PERMISSIONS = {"type": "array", "minItems": 1, "items": {
+    "type": "string", "enum": ["produce", "consume", "browse", "configure", "admin", "all"]},
+    "description": "produce (publish), consume (subscribe, get), browse (read a stream, look without "
+                   "consuming), configure (declare, delete, purge), admin (users, grants, quorum override, "
+                   "options; on the pattern * only), all"}
+_PATTERN = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9_.:*?-]+$",
+            "description": "a queue name glob: * any characters, ? one (orders.*, *)"}
+_USER = {"type": "object", "properties": {"name": _t("string"), "role": _t("string")}, "required": ["name", "role"]}
+_ACL = {"type": "object", "properties": {"user": _t("string"), "pattern": _t("string"), "permissions": _STRINGS},
+        "required": ["user", "pattern", "permissions"]}
+_GRANT = _body({"user": {"type": "string", "minLength": 1}, "pattern": _PATTERN, "permissions": _PERMISSIONS},
+               ["user", "pattern", "permissions"])
+
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
-_CHANGE = {400: "bad input (the field is named)", 403: "a monitor user, or a missing CSRF token"}
+_CHANGE = {400: "bad input (the field is named)", 403: "a user without the admin permission, or a missing CSRF "
+                                                       "token"}
 
 
 def document() -> dict[str, Any]:
@@ -131,21 +145,36 @@ def document() -> dict[str, Any]:
                           "401": {"description": "not logged in",
                                   "content": {"application/json": {"schema": _ERROR}}}}}},
         "/api/v1/users": {
-            "get": {"summary": "users of this node", "responses": _resp("users", {"type": "array", "items": _OBJ})},
-            "post": {"summary": "create a user on this node",
+            "get": {"summary": "the group's users and their roles",
+                    "responses": _resp("users", {"type": "array", "items": _USER})},
+            "post": {"summary": "create a user of the group (visible on every member once committed)",
                      "requestBody": _body({"name": {"type": "string", "minLength": 1},
                                            "password": {"type": "string", "minLength": 8},
-                                           "role": {"type": "string", "enum": ["admin", "monitor"]}},
+                                           "role": {"type": "string", "enum": ["admin", "monitor", "user"],
+                                                    "description": "admin: everything; monitor: looks at "
+                                                    "everything; user: what its grants allow (default monitor)"}},
                                           ["name", "password"]),
                      "responses": {**_resp("-", extra={**_CHANGE, 409: "exists"}),
                                    "201": {"description": "created",
-                                           "content": {"application/json": {"schema": _OBJ}}}}}},
-        "/api/v1/users/{name}": {"delete": {"summary": "delete a user", "parameters": _NAME,
+                                           "content": {"application/json": {"schema": _USER}}}}}},
+        "/api/v1/users/{name}": {"delete": {"summary": "delete a user and its grants (its sessions end)",
+                                            "parameters": _NAME,
                                             "responses": _resp("deleted", extra={**_CHANGE, 404: "no such user"})}},
         "/api/v1/users/{name}/password": {"post": {
-            "summary": "change a user's password", "parameters": _NAME,
+            "summary": "change a user's password (its role and grants stay)", "parameters": _NAME,
             "requestBody": _body({"password": {"type": "string", "minLength": 8}}, ["password"]),
             "responses": _resp("changed", extra={**_CHANGE, 404: "no such user"})}},
+        "/api/v1/acls": {
+            "get": {"summary": "the group's grants: permissions of a user on the queues matching a pattern",
+                    "parameters": [{"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+                                    "description": "only this user's grants"}],
+                    "responses": _resp("grants", {"type": "array", "items": _ACL})},
+            "post": {"summary": "grant permissions (added to what the user holds on the pattern)",
+                     "requestBody": _GRANT,
+                     "responses": _resp("granted", _ACL, extra={**_CHANGE, 404: "no such user"})}},
+        "/api/v1/acls/revoke": {"post": {
+            "summary": "revoke permissions (only those named; the others stay)", "requestBody": _GRANT,
+            "responses": _resp("revoked", _ACL, extra={**_CHANGE, 404: "no such user"})}},
         "/metrics": {"get": {"summary": "Prometheus metrics of this node",
                              "responses": {"200": {"description": "text exposition format",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}},

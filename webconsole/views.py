@@ -99,3 +99,10 @@ async def events(request: web.Request) -> web.Response:
 async def users(request: web.Request) -> web.Response:
     reg = request.app[NODE].users
     return web.json_response([{"name": n, "role": u.role} for n in reg.names() if (u := reg.get(n)) is not None])
+
+
+async def acls(request: web.Request) -> web.Response:
+    """The group's grants (``?user=`` one user's)."""
+    user = request.query.get("user") or None
+    return web.json_response([{"user": a.user, "pattern": a.pattern, "permissions": list(a.permissions)}
+                              for a in request.app[NODE].acls.records(user)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgpack
 
@@ -30,6 +31,8 @@ HOLD_APPLY_BYTES = 8 * 1024 * 1024
 
 #: applies committed catalogue ops here; returns the ops to store
 CatalogueApply = Callable[[list[WriteOp]], list[WriteOp]]
+#: installs the users and grants of a catalogue snapshot here; returns the ops to store
+SecurityInstall = Callable[[dict[str, Any]], list[WriteOp]]
 
 
 def apply_entries(plog: PartLog, entries: list[Entry], callbacks: list[list[Callback]],
@@ -56,16 +59,20 @@ def apply_entries(plog: PartLog, entries: list[Entry], callbacks: list[list[Call
     return ops
 
 
-def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogue: CatalogueApply) -> list[WriteOp]:
+def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogue: CatalogueApply,
+                security: SecurityInstall) -> list[WriteOp]:
     """The store writes of installing snapshot ``m`` (``queue_ids``: the queues known here)."""
     log.info("partition %s: installing a snapshot from %s at index %d", plog.name, m.leader, m.index)
     plog.applied = (m.index, m.last_term, m.last_origin)
     plog.applied_bytes = 0  # the log before it is gone
     if plog.key == CATALOGUE:
-        metas = decode_catalogue_snapshot(m.data)
+        metas, users = decode_catalogue_snapshot(m.data)
         ops: list[WriteOp] = [PutQueue(meta) for meta in metas if meta.id not in queue_ids]
         ops.extend(DropQueue(qid) for qid in queue_ids - {meta.id for meta in metas})
-        return catalogue(ops)
+        out = catalogue(ops)
+        if users is not None:
+            out.extend(security(users))
+        return out
     return snapshot_ops(plog.key, m.data)
 
 

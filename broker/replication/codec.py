@@ -46,9 +46,16 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "R" DROP_PRODUCERS      producer_ids array of str
     "Q" PUT_QUEUE           queue QueueMeta (catalogue only)
     "X" DROP_QUEUE          queue_id int (catalogue only)
+    "U" PUT_USER            user UserFields (catalogue only)
+    "V" DROP_USER           name str (catalogue only; its grants go with it)
+    "G" GRANT_ACL           user str, pattern str, permissions array of str (catalogue only)
+    "K" REVOKE_ACL          user str, pattern str, permissions array of str (catalogue only)
+    "B" SEED_ADMIN          user UserFields, origin str (catalogue only: the group's first admin)
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int]
+    UserFields: map str -> value, one key per field of storage.base.UserRecord
+                (name str, salt bin, hash bin, role str, params str, ...)
 
 Snapshot (``INSTALL_SNAPSHOT`` data)::
 
@@ -56,7 +63,11 @@ Snapshot (``INSTALL_SNAPSHOT`` data)::
                  messages array of [offset int, key nil|str, headers bin, body bin,
                                     producer_id nil|str, seq nil|int, ts float,
                                     delivery_count int]]
-    catalogue:  array of QueueMeta (every queue the catalogue declares)
+    catalogue:  map {"queues": array of QueueMeta (every queue the catalogue declares),
+                     "users": array of UserFields, "acls": array of
+                     [user str, pattern str, permissions array of str],
+                     "seeded": bool (the group's first admin is applied)}
+                (a build without users in the log sent the array of QueueMeta alone)
 """
 
 from __future__ import annotations
@@ -88,7 +99,15 @@ from storage.base import (
     PartitionState,
     PutProducer,
     PutQueue,
+    PutUser,
     QueueMeta,
+    AclRecord,
+    DropUser,
+    GrantAcl,
+    RevokeAcl,
+    SeedAdmin,
+    user_fields,
+    user_from_fields,
     ResetPartition,
     SetDeliveryCount,
     Settle,
@@ -124,6 +143,11 @@ class OpCode(StrEnum):
     DROP_PRODUCERS = "R"
     PUT_QUEUE = "Q"
     DROP_QUEUE = "X"
+    PUT_USER = "U"
+    DROP_USER = "V"
+    GRANT_ACL = "G"
+    REVOKE_ACL = "K"
+    SEED_ADMIN = "B"
 
 
 class UnknownMessageKind(ValueError):
@@ -250,6 +274,16 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.PUT_QUEUE, _meta_out(op.queue)])
         elif isinstance(op, DropQueue):
             out.append([OpCode.DROP_QUEUE, op.queue_id])
+        elif isinstance(op, PutUser):
+            out.append([OpCode.PUT_USER, user_fields(op.user)])
+        elif isinstance(op, DropUser):
+            out.append([OpCode.DROP_USER, op.name])
+        elif isinstance(op, GrantAcl):
+            out.append([OpCode.GRANT_ACL, op.acl.user, op.acl.pattern, list(op.acl.permissions)])
+        elif isinstance(op, RevokeAcl):
+            out.append([OpCode.REVOKE_ACL, op.acl.user, op.acl.pattern, list(op.acl.permissions)])
+        elif isinstance(op, SeedAdmin):
+            out.append([OpCode.SEED_ADMIN, user_fields(op.user), op.origin])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -265,6 +299,11 @@ _OP_DECODERS: dict[OpCode, Callable[[int, int, list[Any]], WriteOp]] = {
     OpCode.DROP_PRODUCERS: lambda qid, p, a: DropProducers(qid, p, list(a[1])),
     OpCode.PUT_QUEUE: lambda _qid, _p, a: PutQueue(_meta_in(a[1])),
     OpCode.DROP_QUEUE: lambda _qid, _p, a: DropQueue(a[1]),
+    OpCode.PUT_USER: lambda _qid, _p, a: PutUser(user_from_fields(a[1])),
+    OpCode.DROP_USER: lambda _qid, _p, a: DropUser(a[1]),
+    OpCode.GRANT_ACL: lambda _qid, _p, a: GrantAcl(AclRecord(user=a[1], pattern=a[2], permissions=tuple(a[3]))),
+    OpCode.REVOKE_ACL: lambda _qid, _p, a: RevokeAcl(AclRecord(user=a[1], pattern=a[2], permissions=tuple(a[3]))),
+    OpCode.SEED_ADMIN: lambda _qid, _p, a: SeedAdmin(user_from_fields(a[1]), a[2]),
 }
 
 
@@ -309,10 +348,16 @@ def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
     return ops
 
 
-def encode_catalogue_snapshot(metas: Iterable[QueueMeta]) -> bytes:
-    """The catalogue's snapshot: every queue it declares."""
-    return msgpack.packb([_meta_out(m) for m in metas], use_bin_type=True)
+def encode_catalogue_snapshot(metas: Iterable[QueueMeta], security: dict[str, Any]) -> bytes:
+    """The catalogue's snapshot: every queue it declares, and the users and grants
+    (``security``: "users", "acls", "seeded" as above)."""
+    return msgpack.packb({"queues": [_meta_out(m) for m in metas], **security}, use_bin_type=True)
 
 
-def decode_catalogue_snapshot(data: bytes) -> list[QueueMeta]:
-    return [_meta_in(a) for a in msgpack.unpackb(data, raw=False)]
+def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, Any] | None]:
+    """The queues, and the users and grants (None from a build that sent queues alone)."""
+    snap = msgpack.unpackb(data, raw=False)
+    if isinstance(snap, list):
+        return [_meta_in(a) for a in snap], None
+    security = {k: v for k, v in snap.items() if k != "queues"}
+    return [_meta_in(a) for a in snap["queues"]], security

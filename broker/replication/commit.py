@@ -27,7 +27,8 @@ from broker.replication.partlog import PartLog
 from client.clock import Cancellable
 from client.errors import NotActiveError, TandemError
 from ha.messages import Ready
-from storage.base import Append, DropQueue, PackedRun, PutQueue, WriteOp
+from storage.base import Append, DropQueue, DropUser, GrantAcl, PackedRun, PutQueue, PutUser, RevokeAcl, SeedAdmin, \
+    WriteOp
 
 log = logging.getLogger("tandem.ha")
 
@@ -226,7 +227,8 @@ class Proposals:
             else:
                 plog.waiters[entry.index] = (ops, cbs)
                 plog.proposed_term = entry.term
-                if any(isinstance(op, (Append, PutQueue, DropQueue)) for op in ops):
+                if any(isinstance(op, (Append, PutQueue, DropQueue, PutUser, DropUser, GrantAcl, RevokeAcl,
+                                       SeedAdmin)) for op in ops):
                     plog.must_sync.add(entry.index)
             self._guarded(plog, lambda: ready)
 

@@ -41,6 +41,11 @@ from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
     DropQueue,
+    DropUser,
+    GrantAcl,
+    PutUser,
+    RevokeAcl,
+    SeedAdmin,
     DurabilityPolicy,
     LogAppend,
     LogCompact,
@@ -56,6 +61,9 @@ from storage.base import (
 )
 
 log = logging.getLogger("tandem.ha")
+
+#: catalogue ops that change the users or their grants (the node applies them)
+SECURITY_OPS = (PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin)
 
 MAX_EVENTS = 200
 # A replica whose replies have been held this many non_response_timeouts by its log writes
@@ -398,7 +406,8 @@ class Replication:
             ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
         if ready.snapshot is not None:
             m = ready.snapshot
-            ops.extend(install_ops(plog, m, {q.meta.id for q in self.host.queues.values()}, self._apply_catalogue))
+            ops.extend(install_ops(plog, m, {q.meta.id for q in self.host.queues.values()}, self._apply_catalogue,
+                                   self.host.security_install))
             ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
             sync = True
@@ -496,6 +505,8 @@ class Replication:
                     plog = self.logs.pop(key)
                     self.proposals.fail_waiters(plog, UnavailableError("the queue was deleted"))
                 out.append(op)
+            elif isinstance(op, SECURITY_OPS):
+                out.extend(self.host.security_apply(op))
         self.roles.notify()
         return out
 

@@ -8,7 +8,7 @@ it structurally (mypy checks it where the node constructs :class:`Replication`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker.config import NodeConfig
 from client.clock import Clock
@@ -86,6 +86,15 @@ class ReplicationHost(Protocol):
 
     def catalogue_drop(self, queue_id: int) -> None:
         """A committed delete."""
+
+    def security_apply(self, op: WriteOp) -> list[WriteOp]:
+        """A committed change of the users or their grants; the ops to store."""
+
+    def security_snapshot(self) -> dict[str, Any]:
+        """The users and grants, for the catalogue's snapshot (codec: "users", "acls", "seeded")."""
+
+    def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
+        """Replace the users and grants with a snapshot's; the ops to store."""
 
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node now serves the partition: its state, loaded from the store."""

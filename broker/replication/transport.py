@@ -59,7 +59,7 @@ class Transport:
     async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         host = self._host
         if key == CATALOGUE:
-            data = encode_catalogue_snapshot(q.meta for q in host.queues.values())
+            data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
             pos = self._logs[key].applied
         else:
             plog = self._logs.get(key)

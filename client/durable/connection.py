@@ -12,7 +12,7 @@ from client.durable.consumer import DurableConsumer
 from client.durable.links import DurableLinks
 from client.durable.producer import DurableProducer
 from client.errors import ConnectionClosedError, TandemError
-from client.protocol.frames import QueueInfo, StatusOk, StreamMessage
+from client.protocol.frames import AclInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
 
 
 class DurableConnection(DurableLinks):
@@ -45,6 +45,28 @@ class DurableConnection(DurableLinks):
 
     async def set_designated_primary(self, on: bool) -> StatusOk:
         return await self._call(lambda c: c.set_designated_primary(on))
+
+    async def create_user(self, name: str, password: str, role: str = "user") -> None:
+        """Not retried once sent: a retry could not tell "created just now" from "exists"."""
+        await self._call(lambda c: c.create_user(name, password, role), retry=False)
+
+    async def change_password(self, name: str, password: str) -> None:
+        await self._call(lambda c: c.change_password(name, password))
+
+    async def delete_user(self, name: str) -> None:
+        await self._call(lambda c: c.delete_user(name), retry=False)
+
+    async def list_users(self) -> list[UserInfo]:
+        return await self._call(lambda c: c.list_users())
+
+    async def grant(self, user: str, pattern: str, permissions: list[str]) -> None:
+        await self._call(lambda c: c.grant(user, pattern, permissions))
+
+    async def revoke(self, user: str, pattern: str, permissions: list[str]) -> None:
+        await self._call(lambda c: c.revoke(user, pattern, permissions))
+
+    async def list_acls(self, user: str | None = None) -> list[AclInfo]:
+        return await self._call(lambda c: c.list_acls(user))
 
     async def read(self, queue: str, partition: int, offset: int = 0,
                    max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:

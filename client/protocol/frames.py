@@ -69,6 +69,15 @@ class Op(IntEnum):
     FORWARD_OK = 64
     PEER_CHALLENGE = 65
     PEER_PROOF = 66
+    # users and grants (the group's; see docs/security.md)
+    USER_PUT = 70
+    USER_DELETE = 71
+    USER_LIST = 72
+    USERS = 73
+    ACL_GRANT = 74
+    ACL_REVOKE = 75
+    ACL_LIST = 76
+    ACLS = 77
 
 
 class Record:
@@ -641,11 +650,102 @@ class ForwardOk(Frame):
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class UserInfo(Record):
+    name: str
+    role: str  # admin, monitor, user
+
+
+@dataclass(frozen=True, slots=True)
+class AclInfo(Record):
+    user: str
+    pattern: str  # a queue name glob: orders.*, *
+    permissions: list[str]  # produce, consume, browse, configure, admin
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserPut(Frame):
+    """Create a user (``mode`` "create": refused if it exists), change its password
+    (``mode`` "password": the role stays; refused if it does not exist) or store it as given
+    (``mode`` "put").  Needs the ``admin`` permission; answered with Ok."""
+
+    OP: ClassVar[Op] = Op.USER_PUT
+    rid: int
+    name: str
+    password: str
+    role: str = "user"
+    mode: str = "create"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserDelete(Frame):
+    """Delete a user and its grants (its sessions end).  Answered with Ok."""
+
+    OP: ClassVar[Op] = Op.USER_DELETE
+    rid: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserList(Frame):
+    """The group's users.  Answered with Users."""
+
+    OP: ClassVar[Op] = Op.USER_LIST
+    rid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Users(Frame):
+    OP: ClassVar[Op] = Op.USERS
+    rid: int
+    users: list[UserInfo]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclGrant(Frame):
+    """Grant ``permissions`` on the queues matching ``pattern`` to ``user`` (added to what it
+    holds there).  Answered with Ok."""
+
+    OP: ClassVar[Op] = Op.ACL_GRANT
+    rid: int
+    user: str
+    pattern: str
+    permissions: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclRevoke(Frame):
+    """Take ``permissions`` on ``pattern`` from ``user``.  Answered with Ok."""
+
+    OP: ClassVar[Op] = Op.ACL_REVOKE
+    rid: int
+    user: str
+    pattern: str
+    permissions: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclList(Frame):
+    """The grants (of ``user``; of every user when None).  Answered with Acls."""
+
+    OP: ClassVar[Op] = Op.ACL_LIST
+    rid: int
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acls(Frame):
+    OP: ClassVar[Op] = Op.ACLS
+    rid: int
+    acls: list[AclInfo]
+
+
 _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
-        Replicate, Forward, ForwardOk, PeerChallenge, PeerProof,
+        Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
+        AclRevoke, AclList, Acls,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 

@@ -45,6 +45,9 @@ DDL = [
     """CREATE TABLE IF NOT EXISTS users (
         name TEXT PRIMARY KEY, salt BYTEA NOT NULL, hash BYTEA NOT NULL, role TEXT NOT NULL,
         params TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS acls (
+        username TEXT NOT NULL, pattern TEXT NOT NULL, permission TEXT NOT NULL,
+        PRIMARY KEY (username, pattern, permission))""",
     """CREATE TABLE IF NOT EXISTS ha_state (
         queue_id BIGINT NOT NULL, partition INTEGER NOT NULL, term BIGINT NOT NULL DEFAULT 0,
         voted_for TEXT, commit_idx BIGINT NOT NULL DEFAULT 0,
@@ -64,7 +67,8 @@ def create_schema(conn: Connection) -> None:
     schema lock (a node finding everything there only reads)."""
     with conn.begin():
         present = conn.exec_driver_sql(
-            f"SELECT to_regclass('{TABLE}') IS NOT NULL AND to_regclass('ha_state') IS NOT NULL").scalar()
+            f"SELECT to_regclass('{TABLE}') IS NOT NULL AND to_regclass('ha_state') IS NOT NULL "
+            "AND to_regclass('acls') IS NOT NULL").scalar()
         if not present:
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             for ddl in DDL:

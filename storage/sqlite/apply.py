@@ -23,6 +23,9 @@ from storage.base import (
     DropProducers,
     DropQueue,
     DropUser,
+    GrantAcl,
+    PutMeta,
+    RevokeAcl,
     LogCompact,
     MarkDelivered,
     MessageRecord,
@@ -128,6 +131,9 @@ class OpApplier:
     QUEUE_ID_HWM = ("INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
                     "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)")
     PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)"
+    PUT_ACL = ("INSERT INTO acls (username, pattern, permission) VALUES (?, ?, ?) "
+               "ON CONFLICT (username, pattern, permission) DO NOTHING")
+    PUT_META = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
     def __init__(self) -> None:
         self.index: dict[Key, ChunkIndex] = {}
@@ -327,5 +333,15 @@ class OpApplier:
             )
         elif isinstance(op, DropUser):
             conn.exec_driver_sql("DELETE FROM users WHERE name = ?", (op.name,))
+            conn.exec_driver_sql("DELETE FROM acls WHERE username = ?", (op.name,))
+        elif isinstance(op, GrantAcl):
+            a = op.acl
+            conn.exec_driver_sql(self.PUT_ACL, [(a.user, a.pattern, p) for p in a.permissions])
+        elif isinstance(op, RevokeAcl):
+            a = op.acl
+            conn.exec_driver_sql("DELETE FROM acls WHERE username = ? AND pattern = ? AND permission = ?",
+                                 [(a.user, a.pattern, p) for p in a.permissions])
+        elif isinstance(op, PutMeta):
+            conn.exec_driver_sql(self.PUT_META, (op.key, op.value))
         else:
             raise StorageError(f"unknown write op {type(op).__name__}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterable
+from typing import Any
 from pathlib import Path
 
 from sqlalchemy import Connection
@@ -18,6 +20,7 @@ from storage.base import (
     QueueMeta,
     Recovered,
     UserRecord,
+    AclRecord,
     unpack_run,
 )
 from storage.segments import SegmentLog
@@ -81,6 +84,8 @@ def load(conn: Connection, path: Path, applier: OpApplier) -> Recovered:
         "SELECT name, salt, hash, role, params FROM users ORDER BY name"
     ):
         rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
+    rec.acls = acl_records(conn.exec_driver_sql(
+        "SELECT username, pattern, permission FROM acls ORDER BY username, pattern, permission"))
     for row in conn.exec_driver_sql(
         "SELECT queue_id, partition, term, voted_for, commit_idx, snap_index, snap_term, snap_origin, "
         "applied_index, applied_term, applied_origin FROM ha_state"
@@ -88,6 +93,14 @@ def load(conn: Connection, path: Path, applier: OpApplier) -> Recovered:
         rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
                                               (row[8], row[9], row[10]))
     return rec
+
+
+def acl_records(rows: Iterable[Any]) -> list[AclRecord]:
+    """Rows of the ``acls`` table (one per permission), one record per (user, pattern)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for user, pattern, permission in rows:
+        grouped.setdefault((user, pattern), []).append(permission)
+    return [AclRecord(user=u, pattern=p, permissions=tuple(perms)) for (u, p), perms in grouped.items()]
 
 
 def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path) -> None:

@@ -11,6 +11,7 @@ Schema (version 3, in ``meta.schema_version``)::
     counts(queue_id, partition, "offset", dc)                       PK (queue_id, partition, offset)
     producers(queue_id, partition, producer_id, last_seq)           PK (queue_id, partition, producer_id)
     users(name TEXT PK, salt BLOB, hash BLOB, role, params)
+    acls(username, pattern, permission)                             PK (username, pattern, permission)
     ha_state(queue_id, partition, term, voted_for, commit_idx,      PK (queue_id, partition)
              snap_index, snap_term, snap_origin,
              applied_index, applied_term, applied_origin)
@@ -20,6 +21,9 @@ Chunk payload: a msgpack array with one item per message, offsets
 ``start .. start+count-1`` in order; each item is the array
 ``[key: str|nil, headers: bin (msgpack map str->str), body: bin,
 producer_id: str|nil, seq: uint|nil, ts: float]`` (``storage.base.pack_run``).
+
+``acls`` (one row per permission granted) is created on open when missing, so a store
+of version 3 written without it gains it as it is: the version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
 they change with the store's own rows and commit with them.  The replication log itself
@@ -69,6 +73,9 @@ DDL = [
     """CREATE TABLE IF NOT EXISTS users (
         name TEXT PRIMARY KEY, salt BLOB NOT NULL, hash BLOB NOT NULL, role TEXT NOT NULL,
         params TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS acls (
+        username TEXT NOT NULL, pattern TEXT NOT NULL, permission TEXT NOT NULL,
+        PRIMARY KEY (username, pattern, permission))""",
     """CREATE TABLE IF NOT EXISTS ha_log (
         queue_id INTEGER NOT NULL, partition INTEGER NOT NULL, idx INTEGER NOT NULL, term INTEGER NOT NULL,
         origin TEXT NOT NULL, weak INTEGER NOT NULL, data BLOB NOT NULL,

@@ -17,6 +17,10 @@ from storage.base import (
     Append,
     DropQueue,
     DropUser,
+    AclRecord,
+    GrantAcl,
+    PutMeta,
+    RevokeAcl,
     Engine,
     LogAppend,
     LogRecord,
@@ -158,6 +162,30 @@ def test_structural_ops(make_engine: Callable[[], Engine]) -> None:
     e2.close()
     rec = make_engine().open()
     assert rec.queues == [] and rec.partitions == {}
+
+
+def test_grants_add_and_revoke_per_permission_and_go_with_their_user(make_engine: Callable[[], Engine]) -> None:
+    e = make_engine()
+    e.open()
+    bob = UserRecord(name="bob", salt=b"s", hash=b"h", role="user", params="x")
+    amy = UserRecord(name="amy", salt=b"s", hash=b"h", role="user", params="x")
+    e.apply([PutUser(bob), PutUser(amy),
+             GrantAcl(AclRecord(user="bob", pattern="orders.*", permissions=("produce", "consume"))),
+             GrantAcl(AclRecord(user="bob", pattern="orders.*", permissions=("consume", "browse"))),
+             GrantAcl(AclRecord(user="amy", pattern="*", permissions=("browse",)))], sync=True)
+    e.apply([RevokeAcl(AclRecord(user="bob", pattern="orders.*", permissions=("produce", "configure"))),
+             PutMeta("users", "group")], sync=True)
+    e.close()
+    rec = make_engine().open()
+    assert {(a.user, a.pattern, tuple(sorted(a.permissions))) for a in rec.acls} == {
+        ("bob", "orders.*", ("browse", "consume")), ("amy", "*", ("browse",))}
+    assert rec.meta["users"] == "group"
+    e2 = make_engine()
+    e2.open()
+    e2.apply([DropUser("bob")], sync=True)
+    e2.close()
+    rec = make_engine().open()
+    assert [(a.user, a.pattern) for a in rec.acls] == [("amy", "*")] and [u.name for u in rec.users] == ["amy"]
 
 
 def test_failed_batch_is_atomic(make_engine: Callable[[], Engine]) -> None:

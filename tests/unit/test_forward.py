@@ -8,15 +8,17 @@ import dataclasses
 import msgpack
 import pytest
 
-from broker.forward import (REQUESTS, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardKind, OptionFwd,
-                            PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd, StatusFwd,
-                            decode_request)
+from broker.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
+                            ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
+                            StatusFwd, UserDropFwd, UserPutFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
     PublishFwd(1, 2, b"\x81\xa2op\x01"), DeclareFwd(2, b"frame"), DeleteFwd(1, "orders", True), CatalogueFwd(),
     StatusFwd(), PartitionStatsFwd("orders", 3), QueueStatsFwd(), OptionFwd("priority", 2, "admin"),
     ReadFwd(1, "orders", 0, 100, 500), DepthFwd("orders", 1), PurgeFwd("orders", 0),
+    UserPutFwd(0, b"\x80", "create"), UserDropFwd(1, "bob"), AclGrantFwd(0, "bob", "orders.*", "consume"),
+    AclRevokeFwd(2, "bob", "*", "produce,browse"),
 ]
 
 

@@ -40,9 +40,17 @@ from ha.messages import (
     VoteReply,
 )
 from storage.base import (
+    AclRecord,
     Append,
     DropProducers,
     DropQueue,
+    DropUser,
+    GrantAcl,
+    RevokeAcl,
+    SeedAdmin,
+    PutUser,
+    UserRecord,
+    user_fields,
     MarkDelivered,
     PackedRun,
     PartitionState,
@@ -106,6 +114,9 @@ M3 = StoredMessage(9, None, b"\x80", b"b3", None, None, 3.0)
 META = QueueMeta(id=4, name="orders", partitions=2, mapper="hash", ring_size=0, max_deliveries=5,
                  dead_letter_queue="dlq", max_length=100)
 
+USER = UserRecord(name="bob", salt=b"\x01", hash=b"\x02", role="user", params="scrypt")
+ACL = AclRecord(user="bob", pattern="orders.*", permissions=("consume",))
+
 PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("C", Append(1, 0, [M1, M2], 7),  # consecutive offsets: one packed chunk
      "9195a143070502c42e9296a16bc40180c404626f6479a2703107cb3ff800000000000096c0c40180c4026232c0c0cb4000000000000000"),
@@ -118,6 +129,13 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("R", DropProducers(1, 0, ["p1", "p2"]), "9192a15292a27031a27032"),
     ("Q", PutQueue(META), "9192a1519804a66f726465727302a4686173680005a3646c7164"),
     ("X", DropQueue(4), "9192a15804"),
+    ("U", PutUser(USER), "9192a15585a46e616d65a3626f62a473616c74c40101a468617368c40102a4726f6c65a475736572a6706172616d73"
+                         "a6736372797074"),
+    ("V", DropUser("bob"), "9192a156a3626f62"),
+    ("G", GrantAcl(ACL), "9194a147a3626f62a86f72646572732e2a91a7636f6e73756d65"),
+    ("K", RevokeAcl(ACL), "9194a14ba3626f62a86f72646572732e2a91a7636f6e73756d65"),
+    ("B", SeedAdmin(USER, "node1"), "9193a14285a46e616d65a3626f62a473616c74c40101a468617368c40102a4726f6c65a475736572"
+                                    "a6706172616d73a6736372797074a56e6f646531"),
 ]
 
 
@@ -165,9 +183,17 @@ def test_a_partition_snapshot_encodes_to_the_pinned_bytes() -> None:
 
 
 def test_a_catalogue_snapshot_encodes_to_the_pinned_bytes() -> None:
-    wire = "919804a66f726465727302a4686173680005a3646c7164"
-    assert encode_catalogue_snapshot([META]).hex() == wire
-    assert decode_catalogue_snapshot(bytes.fromhex(wire)) == [META]
+    security = {"users": [user_fields(USER)], "acls": [["bob", "orders.*", ["consume"]]], "seeded": True}
+    wire = ("84a6717565756573919804a66f726465727302a4686173680005a3646c7164a575736572739185a46e616d65a3626f62a473616c"
+            "74c40101a468617368c40102a4726f6c65a475736572a6706172616d73a6736372797074a461636c739193a3626f62a86f726465"
+            "72732e2a91a7636f6e73756d65a6736565646564c3")
+    assert encode_catalogue_snapshot([META], security).hex() == wire
+    assert decode_catalogue_snapshot(bytes.fromhex(wire)) == ([META], security)
+
+
+def test_a_catalogue_snapshot_of_queues_alone_still_decodes() -> None:
+    """What a build without users in the catalogue sends: the array of queues."""
+    assert decode_catalogue_snapshot(bytes.fromhex("919804a66f726465727302a4686173680005a3646c7164")) == ([META], None)
 
 
 def test_a_replicate_payload_encodes_to_the_pinned_bytes() -> None:

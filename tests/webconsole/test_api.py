@@ -189,6 +189,45 @@ async def test_users_roles_and_csrf(http: tuple[aiohttp.ClientSession, str]) -> 
     assert (await call(s, "DELETE", f"{u}/admin"))[0] == 409  # not the user you are
 
 
+@pytest.mark.asyncio
+async def test_grants_list_grant_revoke_and_who_may_use_the_console(http: tuple[aiohttp.ClientSession, str],
+                                                                   node: Node) -> None:
+    s, base = http
+    a = f"{base}/api/v1/acls"
+    assert (await call(s, "POST", f"{base}/api/v1/users", json={"name": "bob", "password": "bob-password",
+                                                                "role": "user"}))[0] == 201
+    status, body = await call(s, "POST", a, json={"user": "bob", "pattern": "orders.*", "permissions": ["consume"]})
+    assert status == 200 and body == {"user": "bob", "pattern": "orders.*", "permissions": ["consume"]}
+    assert (await call(s, "POST", a, json={"user": "bob", "pattern": "*", "permissions": ["browse", "produce"]}))[0] \
+        == 200
+    status, rows = await call(s, "GET", f"{a}?user=bob")
+    assert status == 200 and rows == [{"user": "bob", "pattern": "*", "permissions": ["produce", "browse"]},
+                                      {"user": "bob", "pattern": "orders.*", "permissions": ["consume"]}]
+    assert node.acls.allows(node.users.get("bob"), "consume", "orders.eu")  # type: ignore[arg-type]
+    assert (await call(s, "POST", f"{a}/revoke", json={"user": "bob", "pattern": "*", "permissions": ["produce"]}))[0] \
+        == 200
+    assert (await call(s, "GET", a))[1] == [{"user": "bob", "pattern": "*", "permissions": ["browse"]},
+                                           {"user": "bob", "pattern": "orders.*", "permissions": ["consume"]}]
+    for bad_body, field in (({"user": "bob", "pattern": "*", "permissions": ["write"]}, "write"),
+                            ({"user": "bob", "pattern": "orders eu", "permissions": ["consume"]}, "pattern"),
+                            ({"user": "bob", "pattern": "orders.*", "permissions": ["admin"]}, "group permission"),
+                            ({"user": "bob", "pattern": "*", "permissions": []}, "permissions"),
+                            ({"user": "bob", "pattern": "*", "permissions": ["browse"], "x": 1}, "x")):
+        status, err = await call(s, "POST", a, json=bad_body)
+        assert status == 400 and field in err["message"], (bad_body, err)
+    assert (await call(s, "POST", a, json={"user": "nobody", "pattern": "*", "permissions": ["browse"]}))[0] == 404
+    # a plain user does not use the console (it would show the whole group); the admin permission opens it
+    bob = basic("bob", "bob-password")
+    status, err = await call(s, "GET", f"{base}/api/v1/queues", auth=bob)
+    assert status == 403 and "'bob'" in err["message"]
+    assert (await call(s, "GET", f"{base}/api/v1/session", auth=bob))[0] == 200
+    assert (await call(s, "POST", a, json={"user": "bob", "pattern": "*", "permissions": ["admin"]}))[0] == 200
+    assert (await call(s, "POST", f"{base}/api/v1/queues", auth=bob, json={"name": "made-by-bob"}))[0] == 201
+    # deleting the user deletes its grants
+    assert (await call(s, "DELETE", f"{base}/api/v1/users/bob"))[0] == 200
+    assert (await call(s, "GET", a))[1] == []
+
+
 @pytest.mark.integration
 def test_fuzzing_the_api_finds_no_server_error(tmp_path: Path) -> None:
     """schemathesis generates requests from the OpenAPI document (good and bad input)

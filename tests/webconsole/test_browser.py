@@ -1,7 +1,7 @@
 """The console in real headless Chromium (Debian's chromium, driven by Playwright) against
 a running three-node group: log in, see the nodes, watch a killed node go down and its
-partitions move without reloading, create and purge a queue, and a monitor user who sees
-no operations."""
+partitions move without reloading, create and purge a queue, create a user and grant and
+revoke its permissions, and a monitor user who sees no operations."""
 
 from __future__ import annotations
 
@@ -104,6 +104,30 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             points = int(await chart.get_attribute("data-points") or 0)
             await expect(chart).not_to_have_attribute("data-points", str(points), timeout=10000)
 
+            # users and grants: a user and its grant made in the page, for the whole group
+            await page.fill("#new-user-name", "bob")
+            await page.fill("#new-user-password", "bob-password")
+            await page.select_option("#new-user-role", "user")
+            await page.click("#create-user button")
+            await expect(page.locator("#result")).to_have_text("created user bob (user)", timeout=10000)
+            await expect(page.locator('#users tr[data-user="bob"]')).to_be_visible()
+            await page.select_option("#grant-user", "bob")
+            await page.fill("#grant-pattern", "orders.*")
+            await page.check('#grant-permissions input[value="consume"]')
+            await page.click("#grant button")
+            grant_row = page.locator('#acls tr[data-user="bob"][data-pattern="orders.*"]')
+            await expect(grant_row.locator("td.permissions")).to_have_text("consume", timeout=10000)
+            other = next(n for n in cl.nodes if n not in ("node1", victim))
+
+            async def other_has_it() -> bool:  # (a follower applies a commit on the active's next message)
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"{cl.console_url(other)}api/v1/acls?user=bob", headers=auth) as r:
+                        return await r.json() == [{"user": "bob", "pattern": "orders.*", "permissions": ["consume"]}]
+
+            await wait_until(other_has_it, timeout=15, what=f"bob's grant on {other}")
+            await grant_row.locator("button").click()
+            await expect(grant_row).to_have_count(0, timeout=10000)
+
             # a monitor user sees no operations, and the API refuses it changes
             mon = await browser.new_page()
             await mon.goto(f"{base}login")
@@ -112,6 +136,7 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             await mon.click("#login")
             await expect(mon.locator("#nodes [data-node]")).to_have_count(3, timeout=15000)
             await expect(mon.locator("#create-queue")).to_be_hidden()
+            await expect(mon.locator("#access")).to_be_hidden()
             await expect(mon.locator("button.purge")).to_have_count(2)  # in the page...
             assert await mon.locator("button.purge").first.is_hidden()  # ...never shown
             status = await mon.evaluate("""async () => (await fetch('/api/v1/queues/ui-made/purge',

@@ -1,5 +1,6 @@
 // The Tandem console: one page kept live by the node's event stream (Server-Sent Events).
-// Changes go to the admin API with the session's CSRF token; monitor users see no forms.
+// Changes go to the admin API with the session's CSRF token; users without the admin
+// permission (monitors) see no forms.
 "use strict";
 let session = null;
 let lastOverview = null;
@@ -186,7 +187,59 @@ async function del(name) {
   catch (e) { say(e.message, true); }
 }
 
+// Users and grants: read when the page opens and after each change (they change rarely).
+async function loadAccess() {
+  if (!session.admin) return;
+  const [users, acls] = await Promise.all([api("GET", "/api/v1/users"), api("GET", "/api/v1/acls")]);
+  document.querySelector("#users tbody").replaceChildren(...users.map((u) => el("tr", {"data-user": u.name},
+    el("td", {}, u.name), el("td", {}, u.role),
+    el("td", {}, u.name === session.user ? "" : el("button", {class: "link", onclick: () => delUser(u.name)},
+                                                  "delete")))));
+  const sel = document.getElementById("grant-user");
+  const keep = sel.value;
+  sel.replaceChildren(...users.map((u) => el("option", {value: u.name}, u.name)));
+  if (keep) sel.value = keep;
+  document.querySelector("#acls tbody").replaceChildren(...acls.map((a) => el("tr",
+    {"data-user": a.user, "data-pattern": a.pattern},
+    el("td", {}, a.user), el("td", {}, a.pattern), el("td", {class: "permissions"}, a.permissions.join(", ")),
+    el("td", {}, el("button", {class: "link", onclick: () => revoke(a)}, "revoke")))));
+}
+
+async function delUser(name) {
+  if (!confirm(`Delete user ${name} and its grants? Its connections close.`)) return;
+  try { await api("DELETE", `/api/v1/users/${encodeURIComponent(name)}`); say(`deleted user ${name}`); }
+  catch (e) { say(e.message, true); }
+  await loadAccess();
+}
+
+async function revoke(a) {
+  if (!confirm(`Revoke ${a.permissions.join(", ")} on ${a.pattern} from ${a.user}?`)) return;
+  try { await api("POST", "/api/v1/acls/revoke", a); say(`revoked ${a.permissions.join(", ")} on ${a.pattern} from ${a.user}`); }
+  catch (e) { say(e.message, true); }
+  await loadAccess();
+}
+
 function wire() {
+  document.getElementById("create-user").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const name = document.getElementById("new-user-name").value.trim();
+    const password = document.getElementById("new-user-password").value;
+    const role = document.getElementById("new-user-role").value;
+    try { await api("POST", "/api/v1/users", {name, password, role}); say(`created user ${name} (${role})`);
+          document.getElementById("new-user-password").value = ""; }
+    catch (e) { say(e.message, true); }
+    await loadAccess();
+  };
+  document.getElementById("grant").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const user = document.getElementById("grant-user").value;
+    const pattern = document.getElementById("grant-pattern").value.trim();
+    const permissions = [...document.querySelectorAll("#grant-permissions input:checked")].map((c) => c.value);
+    try { await api("POST", "/api/v1/acls", {user, pattern, permissions});
+          say(`granted ${permissions.join(", ")} on ${pattern} to ${user}`); }
+    catch (e) { say(e.message, true); }
+    await loadAccess();
+  };
   document.getElementById("logout").onclick = async () => { await api("POST", "/logout"); location = "/login"; };
   document.getElementById("partition-filter").oninput = () => lastOverview && renderPartitions(lastOverview.partitions);
   document.getElementById("create-queue").onsubmit = async (ev) => {
@@ -221,8 +274,9 @@ function wire() {
 async function main() {
   session = await api("GET", "/api/v1/session");
   document.getElementById("whoami").textContent = `${session.user} (${session.role}) on ${session.node}`;
-  if (session.role !== "admin") document.body.classList.add("monitor");
+  if (!session.admin) document.body.classList.add("monitor");
   wire();
+  await loadAccess();
   render(await api("GET", "/api/v1/overview"));
   (await api("GET", "/api/v1/events")).forEach(addEvent);
   const stream = new EventSource("/api/v1/events/stream");

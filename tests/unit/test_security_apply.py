@@ -1,0 +1,80 @@
+"""broker.security: what a member does with a committed change of the users and grants, and
+with the catalogue snapshot that replaces them (what goes to its store, what it keeps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.acl import AclTable, validate_grant
+from broker.security import SEEDED_KEY, Security
+from broker.users import UserRegistry
+from storage.base import DropUser, GrantAcl, PutMeta, PutUser, RevokeAcl, SeedAdmin, UserRecord, WriteOp
+
+
+def user(name: str, role: str = "user", salt: bytes = b"s") -> UserRecord:
+    return UserRecord(name=name, salt=salt, hash=b"h", role=role, params="p")
+
+
+class Member:
+    """The state a member keeps (Security reads and writes these; nothing else is used here)."""
+
+    def __init__(self) -> None:
+        self.users = UserRegistry([])
+        self.acls = AclTable()
+        self.dropped: list[str] = []
+
+    def user_dropped(self, name: str) -> None:
+        self.dropped.append(name)
+
+
+def security() -> tuple[Security, Member]:
+    m = Member()
+    return Security(m), m  # type: ignore[arg-type]  # only the state above is used
+
+
+def test_committed_changes_are_applied_and_stored_as_they_are() -> None:
+    sec, m = security()
+    grant = validate_grant("bob", "orders.*", "consume,browse")
+    for op in (PutUser(user("bob")), GrantAcl(grant)):
+        assert sec.apply(op) == [op]
+    assert m.users.get("bob") == user("bob") and m.acls.records() == [grant]
+    revoke = RevokeAcl(validate_grant("bob", "orders.*", "browse"))
+    assert sec.apply(revoke) == [revoke]
+    assert m.acls.records()[0].permissions == ("consume",)
+    assert sec.apply(DropUser("bob")) == [DropUser("bob")]
+    assert m.users.get("bob") is None and m.acls.records() == [] and m.dropped == ["bob"]
+
+
+def test_the_first_admin_is_seeded_once() -> None:
+    sec, m = security()
+    m.users.put(user("admin", "admin", salt=b"mine"))
+    group_admin = user("admin", "admin", salt=b"node1's")
+    assert sec.apply(SeedAdmin(group_admin, "node1")) == [PutUser(group_admin), PutMeta(SEEDED_KEY, "group")]
+    assert m.users.get("admin") == group_admin and sec.seeded
+    later = user("admin", "admin", salt=b"node2's")
+    assert sec.apply(SeedAdmin(later, "node2")) == []  # a later active's seed changes nothing
+    assert m.users.get("admin") == group_admin
+
+
+def test_a_snapshot_replaces_the_users_and_grants() -> None:
+    src, sm = security()
+    first: list[WriteOp] = [PutUser(user("admin", "admin")), PutUser(user("bob")),
+                            GrantAcl(validate_grant("bob", "o.*", "consume")), SeedAdmin(user("admin", "admin"), "node1")]
+    for op in first:
+        src.apply(op)
+    snap: dict[str, Any] = src.snapshot()
+    dst, dm = security()
+    theirs: list[WriteOp] = [PutUser(user("carol")), GrantAcl(validate_grant("carol", "*", "browse")),
+                             GrantAcl(validate_grant("bob", "x", "produce"))]
+    for op in theirs:
+        dst.apply(op)
+    ops = dst.install(snap)
+    assert dm.users.names() == ["admin", "bob"] and dm.dropped == ["carol"]
+    assert dm.acls.records() == sm.acls.records() and dst.seeded
+    assert PutMeta(SEEDED_KEY, "group") in ops and DropUser("carol") in ops
+    # what the store gets leaves it as the member is now: replay the ops on an empty member
+    again, am = security()
+    for op in ops:
+        if not isinstance(op, PutMeta):
+            again.apply(op)
+    assert am.users.names() == ["admin", "bob"] and am.acls.records() == sm.acls.records()
