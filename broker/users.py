@@ -66,7 +66,8 @@ def credentials(user: UserRecord) -> scram.Credentials | None:
 def legacy_refusal(name: str) -> AuthError:
     return AuthError(
         f"user {name!r} has a password stored in the scrypt format, which SCRAM-SHA-256 cannot check: "
-        f"an admin sets it again through the console's admin API (POST /api/v1/users/{name}/password), "
+        f"an admin sets it again (`tandem users passwd {name}`, or the console's admin API: "
+        f"POST /api/v1/users/{name}/password), "
         f"then this user can log in; the console's own login still takes the old password")
 
 
