@@ -7,7 +7,8 @@ by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every me
 its status and counters this way.
 
 A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack
-array of the request's fields, in the order its dataclass declares them.  Each request type
+array of the request's fields, in the order its dataclass declares them (ints never
+negative, no ext types).  Each request type
 below is one kind; its ``Reply`` is what ``ForwardOk.payload`` holds, decoded by
 :func:`decode_reply`.  A payload that does not fit its kind is refused with
 ``InvalidArgumentError`` (the peer gets an error frame; the link and the node carry on).
@@ -156,11 +157,9 @@ R = TypeVar("R", bound=ForwardRequest)
 
 
 def _check(value: Any, tp: Any) -> bool:
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
+    if tp is int:  # counts, partitions, offsets, option values: never negative (as in client frames)
+        return type(value) is int and value >= 0
+    return type(value) is tp
 
 
 _FIELD_TYPES: dict[ForwardKind, list[tuple[str, Any]]] = {
@@ -184,7 +183,8 @@ def decode_request(kind: int, payload: bytes) -> ForwardRequest:
         raise InvalidArgumentError(f"forwarded {k.name}: expected {len(fields)} fields")
     for (name, tp), v in zip(fields, values):
         if not _check(v, tp):
-            raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {tp.__name__}")
+            what = "a non-negative int" if tp is int else tp.__name__
+            raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {what}")
     return REQUESTS[k](*values)
 
 

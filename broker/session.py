@@ -196,6 +196,8 @@ class Session:
     @staticmethod
     def refuse(writer: asyncio.StreamWriter, err: TandemError) -> None:
         """Turn a connection away before its handshake, saying why."""
+        if writer.is_closing():
+            return
         proto = ProtocolConnection(Role.SERVER)
         writer.write(proto.send(Error(rid=0, code=int(err.code), message=err.message,
                                       active_hint=getattr(err, "active_hint", None))))
@@ -225,11 +227,13 @@ class Session:
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
             return
+        self._closing = True
+        if self.writer.is_closing():
+            return  # the client is gone already (uvloop raises on a write to a closed transport)
         try:
             self.writer.write(self.proto.send(Close(code=code, reason=reason)))
         except LocalProtocolError:
             pass  # a Close went out already: nothing more may follow
-        self._closing = True
         self.writer.close()
 
     def shutdown(self, exc: TandemError) -> None:

@@ -1,0 +1,145 @@
+"""What the fuzzer found, one test each: the input that broke something, against the real thing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import client
+from broker.replication.codec import (
+    MalformedReplicationError,
+    UnknownMessageKind,
+    decode_catalogue_snapshot,
+    decode_message,
+    decode_ops,
+    decode_replicate,
+    snapshot_ops,
+)
+from broker.tools.process import NodeProcess
+from client.protocol import encode
+from client.protocol.frames import Declare, Hello
+from tests.fuzz.live import LOG_PROBLEM
+from tests.helpers import wait_until
+
+PASSWORD = "found-password"
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_client_gone_while_its_request_is_handled_leaves_no_traceback(tmp_path: Path) -> None:
+    """A client sends a request the node awaits (a declare's commit) and a fatal frame behind
+    it, then resets the connection: the node closed the session by writing ``Close`` on the
+    closed transport, and uvloop raised (an unhandled exception in client_connected_cb)."""
+    proc = NodeProcess(tmp_path / "n", password=PASSWORD)
+    await proc.start()
+    try:
+        assert proc.address is not None
+        n = 20
+        for i in range(n):
+            reader, writer = await asyncio.open_connection(*proc.address)
+            writer.write(encode(Hello(min_version=1, max_version=1, client_name="gone", user="admin",
+                                      password=PASSWORD, heartbeat=10.0)))
+            assert await reader.read(65536)  # Welcome
+            writer.write(encode(Declare(rid=1, queue=f"q{i}")) + struct.pack(">I", 0))  # then: length 0, fatal
+            await writer.drain()
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # RST, while the node awaits the declare
+        await wait_until(lambda: proc.log_text().count("empty frame (length 0)") >= n, timeout=30,
+                         what="the node to read every fatal frame")
+        async with await client.connect(proc.url) as conn:
+            await conn.declare_queue("after")
+        bad = [line for line in proc.log_text().splitlines() if LOG_PROBLEM.search(line)]
+        assert not bad, "\n".join(bad[:20])
+    finally:
+        await proc.stop()
+
+
+# -- replication payloads: refused with MalformedReplicationError, nothing else ----------------------
+
+MALFORMED_REPLICATE = [
+    b"\xc1",  # not msgpack
+    msgpack.packb({"a": 1}),  # not an array
+    msgpack.packb([7]),  # an item that is not [queue_id, partition, message]
+    msgpack.packb([[1, 0]]),
+    msgpack.packb([[-1, 0, [6, 1, "n"]]]),  # a negative queue id
+    msgpack.packb([["q", 0, [6, 1, "n"]]]),
+]
+
+
+@pytest.mark.parametrize("payload", MALFORMED_REPLICATE, ids=range(len(MALFORMED_REPLICATE)))
+def test_a_malformed_replicate_payload_is_refused(payload: bytes) -> None:
+    with pytest.raises(MalformedReplicationError):
+        decode_replicate(payload)
+
+
+MALFORMED_MESSAGES = [
+    7,  # not an array
+    [],
+    ["2", 1],  # a kind that is not an int
+    [0, 1, "n"],  # RequestVote with fields missing (IndexError before)
+    [0, "1", "n", 1, 1, 1],  # a term that is a str (a TypeError in the core before: the node stopped)
+    [2, 1, "n", 0, 0, "", [[1, 1, "data-as-str", "n", False]], 0],  # entry data not bin
+    [2, 1, "n", 0, 0, "", 5, 0],  # entries not an array
+    [2, 1, "n", 0, 0, "", [[1]], 0],  # an entry too short
+    [3, 1, "n", 1, -4],  # a negative match index
+    [4, 1, "n", 1, 1, "n", "state-as-str"],
+]
+
+
+@pytest.mark.parametrize("raw", MALFORMED_MESSAGES, ids=range(len(MALFORMED_MESSAGES)))
+def test_a_malformed_replication_message_is_refused(raw: object) -> None:
+    with pytest.raises(MalformedReplicationError) as exc:
+        decode_message(raw)
+    assert not isinstance(exc.value, UnknownMessageKind)
+
+
+MALFORMED_OPS = [
+    msgpack.packb(5),
+    msgpack.packb([5]),  # an op that is not an array
+    msgpack.packb([[]]),
+    msgpack.packb([[["C"]]]),  # a code that is not a str (unhashable: a TypeError before)
+    msgpack.packb([["C", 1, 2]]),  # too short
+    msgpack.packb([["A", 1, 7]]),  # messages not an array
+    msgpack.packb([["A", 1, [[1, None, b"", b""]]]]),  # a message too short
+    msgpack.packb([["S", [1, "x"]]]),
+    msgpack.packb([["D", [[1]]]]),
+    msgpack.packb([["Q", [1, "q"]]]),
+    msgpack.packb([["X", "q"]]),
+    b"\x91\xa1\xff",  # not UTF-8
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED_OPS, ids=range(len(MALFORMED_OPS)))
+def test_a_malformed_log_entry_is_refused(data: bytes) -> None:
+    with pytest.raises(MalformedReplicationError):
+        decode_ops((1, 0), data)
+
+
+@pytest.mark.parametrize("data", [
+    msgpack.packb([1, 2, 3]),  # too short (a ValueError from unpacking before)
+    msgpack.packb([1, 0, [], []]),  # producers not a map
+    msgpack.packb([1, 0, {"p": "x"}, []]),
+    msgpack.packb([1, 0, {}, [[1, None, b"", b"", None, None, 1.0]]]),  # a message without its delivery count
+    msgpack.packb([1, 0, {}, 7]),
+], ids=range(5))
+def test_a_malformed_snapshot_is_refused(data: bytes) -> None:
+    with pytest.raises(MalformedReplicationError):
+        snapshot_ops((1, 0), data)
+
+
+def test_a_malformed_catalogue_snapshot_is_refused() -> None:
+    for data in (msgpack.packb(3), msgpack.packb([[1, "q"]]), msgpack.packb([[1, "q", 1, "m", 1, 1, 5, 0]])):
+        with pytest.raises(MalformedReplicationError):
+            decode_catalogue_snapshot(data)
+
+
+def test_the_log_pattern_catches_what_it_must() -> None:
+    assert LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   asyncio Unhandled exception in client_connected_cb")
+    assert LOG_PROBLEM.search("Traceback (most recent call last):")
+    assert not LOG_PROBLEM.search("2026-01-01 00:00:00,000 WARNING tandem.broker session x: bad frame")
