@@ -97,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="targets fuzzed at once (default 2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--target", action="append", choices=sorted(TARGETS), help="only these targets (repeatable)")
-    ap.add_argument("--live-connections", type=int, default=400,
-                    help="connections the live phase opens (default 400; 0: no live phase)")
-    ap.add_argument("--live-frames", type=int, default=50,
-                    help="mutated frames per live connection (default 50)")
+    ap.add_argument("--live-connections", type=int, default=1000,
+                    help="connections the live phase opens (default 1000; 0: no live phase)")
+    ap.add_argument("--live-frames", type=int, default=100,
+                    help="mutated frames per live connection (default 100)")
     ap.add_argument("--out", type=Path, help="where corpora, logs and findings go (default: a temporary directory)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
     args = ap.parse_args(argv)
@@ -122,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fuzz: live phase, {args.live_connections} connections to a two-node group", flush=True)
         live = asyncio.run(run_live(out / "live", connections=args.live_connections,
                                     frames_per_connection=args.live_frames, seed=args.seed))
+        for line in live["error_events"][:20]:
+            print(f"live: the node reported (not an exception): {line}", flush=True)
         for problem in live["problems"]:
             print(f"LIVE {problem}", flush=True)
         print(f"live: {live['frames']:,} frames over {live['connections']} connections, "
-              f"{live['crashes']} node crashes, {live['log_errors']} tracebacks/ERROR lines in the logs, "
+              f"{live['crashes']} node crashes, {live['log_errors']} exceptions in the logs (tracebacks, "
+              f"unhandled, CRITICAL, internal error), "
               f"still serving: {'yes' if live['serving'] else 'NO'}, {live['seconds']:.1f} s", flush=True)
         summary["live"] = live
         failed = failed or bool(live["problems"])

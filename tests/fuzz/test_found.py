@@ -142,4 +142,6 @@ def test_a_malformed_catalogue_snapshot_is_refused() -> None:
 def test_the_log_pattern_catches_what_it_must() -> None:
     assert LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   asyncio Unhandled exception in client_connected_cb")
     assert LOG_PROBLEM.search("Traceback (most recent call last):")
+    assert LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   tandem.broker session x: internal error on Publish")
     assert not LOG_PROBLEM.search("2026-01-01 00:00:00,000 WARNING tandem.broker session x: bad frame")
+    assert not LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   tandem.ha HA-1014 partition 3/1 on node1: ...")

@@ -74,7 +74,15 @@ def main() -> None:
     ap.add_argument("--rss-limit-mb", type=int, default=2048)
     args = ap.parse_args()
     target = TARGETS[args.target]
+    if os.environ.get("TANDEM_FUZZ_PLANT"):  # tests/fuzz/test_fuzz.py: a planted bug the harness must report
+        planted = target
+
+        def target(data: bytes) -> None:
+            if len(data) % 5 == 3:
+                raise ZeroDivisionError("planted")
+            planted(data)
     args.artifacts.mkdir(parents=True, exist_ok=True)
+    args.corpus.mkdir(parents=True, exist_ok=True)
     stats = Stats(args.target, args.stats, args.artifacts, args.runs)
 
     def one(data: bytes) -> None:
