@@ -51,6 +51,7 @@ from ha.messages import (
     AppendReply,
     Entry,
     InstallSnapshot,
+    Message,
     RequestVote,
     TimeoutNow,
     VoteReply,
@@ -67,6 +68,7 @@ from storage.base import (
     SetDeliveryCount,
     Settle,
     StoredMessage,
+    WriteOp,
 )
 
 QUEUE = "fuzz"
@@ -87,7 +89,7 @@ def _sample(tp: Any) -> Any:
 
 def _build(cls: type) -> Any:
     hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    return cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
 
 
 def sample_frame(cls: type[Frame]) -> Frame:
@@ -158,7 +160,7 @@ def log_entries() -> list[bytes]:
     meta = QueueMeta(id=3, name=QUEUE, partitions=2, mapper="consistent_hash", ring_size=64, max_deliveries=0,
                      dead_letter_queue=None, max_length=0)
     gap = [msgs[0], StoredMessage(9, "k", msgs[0].headers_blob, b"b", None, None, 3.0)]
-    ops = [Append(3, 0, msgs, 7), Append(3, 0, gap, 10), Settle(3, 0, [5, 6]), MarkDelivered(3, 0, 6),
+    ops: list[WriteOp] = [Append(3, 0, msgs, 7), Append(3, 0, gap, 10), Settle(3, 0, [5, 6]), MarkDelivered(3, 0, 6),
            SetDeliveryCount(3, 0, [(5, 2)]), PutProducer(3, 0, "p", 4), DropProducers(3, 0, ["p"]),
            PutQueue(meta), DropQueue(3)]
     return [encode_ops([op])[0] for op in ops] + [encode_ops(ops)[0]]
@@ -176,7 +178,7 @@ def snapshots() -> list[bytes]:
 def replicate_payloads() -> list[bytes]:
     """``Replicate`` payloads: one per message kind, and one with every kind."""
     entries = tuple(Entry(2, i + 1, data, "node1", False) for i, data in enumerate(log_entries()))
-    messages = [
+    messages: list[Message] = [
         RequestVote(3, "node1", 10, 2, 2),
         VoteReply(3, "node2", True),
         AppendEntries(2, "node1", 0, 0, "", entries + (Entry(2, 11, None, "node1", True),), 4),

@@ -35,7 +35,7 @@ import msgpack
 import client
 from broker.tools.cluster import LocalCluster
 from client.protocol import encode
-from client.protocol.frames import Forward, Hello, Op, PeerHello, Replicate
+from client.protocol.frames import Hello, Op, PeerHello
 from tests.fuzz.corpus import client_requests, peer_frames
 
 KINDS = ("client-garbage", "client-login", "client-bad-login", "peer-garbage", "peer-hello")
