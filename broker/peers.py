@@ -20,7 +20,7 @@ import logging
 from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
-from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
+from client.protocol import HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError, NodeConfig
 from broker.queues import Queue
@@ -92,7 +92,7 @@ log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
 HANDSHAKE_TIMEOUT = 5.0
-PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame
+PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame (once admitted)
 FORWARD_TIMEOUT = 30.0
 
 
@@ -208,7 +208,7 @@ class PeerManager:
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = self.node.config.keepalive_interval
-            proto = ProtocolConnection(Role.CLIENT, max_frame_size=PEER_MAX_FRAME)
+            proto = ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
             try:
                 link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
@@ -234,7 +234,7 @@ class PeerManager:
             await clock.sleep(backoff)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        proto = ProtocolConnection(Role.SERVER, max_frame_size=PEER_MAX_FRAME)
+        proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
         link = _Link("?", reader, writer, proto)
         try:
             async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
@@ -283,6 +283,7 @@ class PeerManager:
         old = self.links.get(who.name)
         if old is not None and old is not link:
             old.close()
+        link.proto.max_frame_size = PEER_MAX_FRAME  # a member's: snapshots travel in one frame
         self.links[who.name] = link
         if client_address:
             self.client_addresses[who.name] = client_address

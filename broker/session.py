@@ -46,7 +46,8 @@ from client.errors import (
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
-from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, choose_version
+from client.protocol import (HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role,
+                             choose_version)
 from client.protocol.frames import (
     PartitionMap,
     QueueInfo,
@@ -133,7 +134,8 @@ class Session:
         self.node = node
         self.reader = reader
         self.writer = writer
-        self.proto = ProtocolConnection(Role.SERVER, max_frame_size=node.config.max_frame_size)
+        # max_frame_size once the client has logged in (_hello)
+        self.proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.client_name = self.peer

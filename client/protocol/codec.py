@@ -44,6 +44,10 @@ from client.protocol.frames import FRAME_TYPES, Frame, Op, Record
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+#: the largest frame a node takes before the other side has completed its handshake (a
+#: ``Hello`` or a peer's proof is a few hundred bytes): a connection without credentials
+#: never makes the node hold more than this
+HANDSHAKE_MAX_FRAME = 64 * 1024
 
 
 class FrameError(RemoteProtocolError):
@@ -130,7 +134,9 @@ def _inline_check(tp: Any, var: str, slow: str, name: str) -> list[str]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (UnionType, typing.Union) and len(args) == 2 and NoneType in args:
         inner = args[0] if args[1] is NoneType else args[1]
-        if inner in (str, bytes, int, float, bool):
+        if inner is int:  # never negative, as a required int
+            return [f"if {var} is not None and (type({var}) is not int or {var} < 0): {call}"]
+        if inner in (str, bytes, float, bool):
             return [f"if {var} is not None and type({var}) is not {inner.__name__}: {call}"]
     if typing.get_origin(tp) is dict:
         return [f"if type({var}) is not dict or {var}: {call}"]

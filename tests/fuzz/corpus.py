@@ -216,6 +216,7 @@ def streams() -> dict[str, list[bytes]]:
         "peer-stream": [b"\x00" + encode(peer_hello()) + p for p in peer] + [b"\x01" + p for p in peer],
         "forward": [bytes([int(r.KIND)]) + r.pack() for r in forward_requests()],
         "replicate": replicate_payloads(),
+        "replica": [bytes([mode]) + p for p in replicate_payloads() for mode in (0, 1, 2, 3)],
         "log-entry": log_entries(),
         "snapshot": [b"\x00" + snapshots()[0], b"\x01" + snapshots()[1]],
     }

@@ -10,6 +10,8 @@ the rest reaches the OPEN state), bits 1..7 the size of the chunks the rest is f
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Callable
 
 from broker.forward import DeclareFwd, PublishFwd, decode_reply, decode_request
@@ -30,6 +32,7 @@ from client.protocol.frames import (
     Declare,
     Forward,
     Frame,
+    Record,
     Hello,
     PeerHello,
     PeerWelcome,
@@ -38,7 +41,8 @@ from client.protocol.frames import (
     Welcome,
     expect,
 )
-from ha.messages import AppendEntries, InstallSnapshot
+from ha.messages import AppendEntries, Entry, Envelope, InstallSnapshot, VoteReply
+from ha.replica import Replica, ReplicaConfig
 from tests.fuzz.corpus import hello, peer_hello, welcome
 
 Target = Callable[[bytes], None]
@@ -63,7 +67,25 @@ def _feed(conn: ProtocolConnection, data: bytes, chunk: int, on_frame: Callable[
             if isinstance(event, ConnectionEnded):
                 return
             assert isinstance(event, Frame)
+            _check_invariants(event, type(event).__name__)
             on_frame(event)
+
+
+def _check_invariants(value: object, path: str = "frame") -> None:
+    """What the codec promises of every decoded frame (client/protocol/codec.py): integers
+    are never negative.  A frame that breaks it is a finding (AssertionError)."""
+    if type(value) is int:
+        if value < 0:
+            raise AssertionError(f"{path}: the decoder let a negative integer through ({value})")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_invariants(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_invariants(v, f"{path}.{k}")
+    elif isinstance(value, (Frame, Record)):
+        for f in dataclasses.fields(value):  # type: ignore[arg-type]
+            _check_invariants(getattr(value, f.name), f"{path}.{f.name}")
 
 
 def _mode(data: bytes) -> tuple[bool, int, bytes]:
@@ -123,8 +145,9 @@ def peer_stream(data: bytes) -> None:
 
 def _forward(kind: int, payload: bytes) -> None:
     req = decode_request(kind, payload)
+    _check_invariants([getattr(req, f.name) for f in dataclasses.fields(req)], type(req).__name__)
     if isinstance(req, PublishFwd):
-        expect(decode_payload(req.frame), Publish)
+        _check_invariants(expect(decode_payload(req.frame), Publish), "PublishFwd.frame")
     elif isinstance(req, DeclareFwd):
         validate_declare(expect(decode_payload(req.frame), Declare))
 
@@ -159,6 +182,45 @@ def replicate(payload: bytes) -> None:
                 snapshot_ops((qid, p), msg.data)
 
 
+def _core(leader: bool) -> Replica:
+    """Node "a" of a three-voter partition (a, b, c) holding three entries: active, or a
+    follower of "b"."""
+    cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
+    if not leader:
+        entries = [Entry(1, i, b"x", "b") for i in (1, 2, 3)]
+        return Replica(cfg, rng=random.Random(0), term=1, log=entries, commit=2)
+    r = Replica(cfg, rng=random.Random(0))
+    r.tick(5.0)
+    ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
+    r.persisted(ready.append[-1])
+    for _ in range(2):
+        _ready, e = r.propose(b"x")
+        if e is not None:
+            r.persisted(e)
+    return r
+
+
+def replica(data: bytes) -> None:
+    """A ``Replicate`` payload's messages stepped into a partition's replication core (active
+    or follower, per the first byte's bit 0; from member "b" or "c", per bit 1), the driver's
+    part played (appends persisted, time moving on): what a member's messages do to a node."""
+    if not data:
+        return
+    r = _core(bool(data[0] & 1))
+    src = "c" if data[0] & 2 else "b"
+    now = 6.0
+    for _qid, _p, raw in decode_replicate(data[1:]):
+        try:
+            msg = decode_message(raw)
+        except UnknownMessageKind:
+            continue
+        ready = r.step(Envelope(src, "a", msg))
+        if ready.append:
+            r.persisted(ready.append[-1])
+        now += 0.3
+        r.tick(now)
+
+
 def log_entry(data: bytes) -> None:
     """A log entry payload (what a committed entry applies)."""
     decode_ops(KEY, data)
@@ -180,6 +242,7 @@ TARGETS: dict[str, Target] = {
     "peer-stream": peer_stream,
     "forward": forward,
     "replicate": replicate,
+    "replica": replica,
     "log-entry": log_entry,
     "snapshot": snapshot,
 }

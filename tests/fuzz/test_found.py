@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 import client
+from broker.node import Node
 from broker.replication.codec import (
     MalformedReplicationError,
     UnknownMessageKind,
@@ -20,9 +21,12 @@ from broker.replication.codec import (
     decode_replicate,
     snapshot_ops,
 )
+from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
-from client.protocol import encode
+from client.errors import ErrorCode
+from client.protocol import FrameError, decode_payload, encode
 from client.protocol.frames import Declare, Hello
+from tests.broker.test_bad_input import RawClient
 from tests.fuzz.live import LOG_PROBLEM
 from tests.helpers import wait_until
 
@@ -145,3 +149,69 @@ def test_the_log_pattern_catches_what_it_must() -> None:
     assert LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   tandem.broker session x: internal error on Publish")
     assert not LOG_PROBLEM.search("2026-01-01 00:00:00,000 WARNING tandem.broker session x: bad frame")
     assert not LOG_PROBLEM.search("2026-01-01 00:00:00,000 ERROR   tandem.ha HA-1014 partition 3/1 on node1: ...")
+
+
+async def _swallows(port: int, declared: int, send: int) -> bool:
+    """Whether the node at ``port`` reads ``send`` bytes of a frame declared ``declared`` bytes
+    long, sent before any handshake (False: it closed the connection first)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    chunk = b"\0" * (1 << 20)
+    try:
+        writer.write(struct.pack(">I", declared))
+        for _ in range(send >> 20):
+            writer.write(chunk)
+            await writer.drain()
+        return True
+    except ConnectionError:
+        return False
+    finally:
+        writer.transport.abort()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_before_a_handshake_no_port_buffers_a_large_frame(tmp_path: Path) -> None:
+    """A peer port took frames of up to 512 MB (a snapshot's size) from anyone before the
+    handshake, and a client port 8 MB: an attacker with no credentials had each connection
+    hold that much memory.  Before the handshake a frame is at most 64 KB; over it, the
+    connection is closed at its length prefix."""
+    cluster = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD)
+    try:
+        await cluster.start()
+        node = cluster.nodes["node1"]
+        assert node.address is not None
+        assert not await _swallows(cluster.peer_ports["node1"], 400 << 20, 64 << 20)
+        assert not await _swallows(node.address[1], 8 << 20, 64 << 20)
+        await cluster.wait_ready()
+        async with await client.connect(cluster.url) as conn:
+            await conn.declare_queue("after")  # both nodes still serve, their peer link up
+    finally:
+        await cluster.stop()
+
+
+def test_a_negative_seq_in_a_publish_is_an_invalid_field() -> None:
+    """Optional integers inside records (a message's ``seq``) were checked for their type
+    only: a negative seq reached the producer bookkeeping, whose KeyError answered the client
+    with INTERNAL_ERROR and a traceback in the node's log.  (Found with the fuzzer's check
+    that no decoded integer is negative.)"""
+    payload = msgpack.packb({"op": 20, "rid": 4, "queue": "q", "producer_id": "p",
+                             "messages": [["k", {}, b"x", -1]]}, use_bin_type=True)
+    with pytest.raises(FrameError) as exc:
+        decode_payload(payload)
+    assert exc.value.code == ErrorCode.INVALID_FIELD and exc.value.rid == 4 and "seq" in exc.value.message
+    ok = msgpack.packb({"op": 20, "rid": 5, "queue": "q", "messages": [["k", {}, b"x", None], ["k", {}, b"y", 3]]},
+                       use_bin_type=True)
+    assert [m.seq for m in decode_payload(ok).messages] == [None, 3]  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_a_node_answers_a_negative_seq_with_invalid_field(node: Node) -> None:
+    raw = await RawClient.open(node)
+    raw.send_map({"op": 10, "rid": 1, "queue": "q"})
+    assert type(await raw.frame()).__name__ == "DeclareOk"
+    raw.send_map({"op": 20, "rid": 2, "queue": "q", "producer_id": "p", "messages": [["k", {}, b"x", -1]]})
+    err = await raw.error()
+    assert (err.code, err.rid) == (ErrorCode.INVALID_FIELD, 2)
+    raw.send_map({"op": 20, "rid": 3, "queue": "q", "producer_id": "p", "messages": [["k", {}, b"x", 0]]})
+    assert type(await raw.frame()).__name__ == "PublishOk"
+    raw.close()
