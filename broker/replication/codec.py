@@ -6,8 +6,8 @@ may be nil.  Nodes of different builds talk to each other, so no field moves and
 code changes meaning; a new message kind or op code is added at the end, and a
 receiver drops a kind it does not know (:class:`UnknownMessageKind`).  Every decoder
 checks what it reads against the layouts below (an array of at least the listed items,
-each of the listed type; *int* items are never negative in a message, or in an op where
-they name a position) and refuses anything else with :class:`MalformedReplicationError`,
+each of the listed type; *int* items fit a signed 64-bit integer, and are never negative in
+a message, or in an op where they name a position) and refuses anything else with :class:`MalformedReplicationError`,
 whoever sent the bytes.
 
 ``Replicate`` frame payload (one per peer per turn of the event loop)::
@@ -72,6 +72,7 @@ from typing import Any
 import msgpack
 
 from client.errors import MalformedFrameError
+from client.protocol.codec import MAX_INT
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -165,14 +166,14 @@ def _array(v: Any, n: int, what: str) -> list[Any]:
 
 
 def _uint(v: Any, what: str) -> int:
-    if type(v) is not int or v < 0:
-        raise MalformedReplicationError(f"{what}: expected a non-negative int, got {v!r:.40}")
+    if type(v) is not int or not 0 <= v <= MAX_INT:
+        raise MalformedReplicationError(f"{what}: expected an int in 0 .. 2**63-1, got {v!r:.40}")
     return v
 
 
 def _int(v: Any, what: str) -> int:
-    if type(v) is not int:
-        raise MalformedReplicationError(f"{what}: expected an int, got {type(v).__name__}")
+    if type(v) is not int or not -MAX_INT - 1 <= v <= MAX_INT:
+        raise MalformedReplicationError(f"{what}: expected a signed 64-bit int, got {v!r:.40}")
     return v
 
 

@@ -27,7 +27,7 @@ from broker.replication.codec import (
 )
 from client.errors import TandemError
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, State, encode
-from client.protocol.codec import decode_payload
+from client.protocol.codec import MAX_INT, decode_payload
 from client.protocol.frames import (
     Declare,
     Forward,
@@ -73,10 +73,10 @@ def _feed(conn: ProtocolConnection, data: bytes, chunk: int, on_frame: Callable[
 
 def _check_invariants(value: object, path: str = "frame") -> None:
     """What the codec promises of every decoded frame (client/protocol/codec.py): integers
-    are never negative.  A frame that breaks it is a finding (AssertionError)."""
+    are 0 .. MAX_INT.  A frame that breaks it is a finding (AssertionError)."""
     if type(value) is int:
-        if value < 0:
-            raise AssertionError(f"{path}: the decoder let a negative integer through ({value})")
+        if not 0 <= value <= MAX_INT:
+            raise AssertionError(f"{path}: the decoder let an integer out of 0 .. 2**63-1 through ({value})")
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_invariants(v, f"{path}[{i}]")

@@ -215,3 +215,23 @@ async def test_a_node_answers_a_negative_seq_with_invalid_field(node: Node) -> N
     raw.send_map({"op": 20, "rid": 3, "queue": "q", "producer_id": "p", "messages": [["k", {}, b"x", 0]]})
     assert type(await raw.frame()).__name__ == "PublishOk"
     raw.close()
+
+
+@pytest.mark.asyncio
+async def test_a_node_refuses_integers_over_64_bits_signed(node: Node) -> None:
+    """A stream read from offset 2**64-1 reached SQLite, which cannot hold it (OverflowError:
+    INTERNAL_ERROR and a traceback); a seq of 2**63 would have reached the store's producer
+    table the same way.  Every integer of a frame is 0 .. 2**63-1 now.  (Found by the live
+    phase.)"""
+    raw = await RawClient.open(node)
+    raw.send_map({"op": 10, "rid": 1, "queue": "q"})
+    assert type(await raw.frame()).__name__ == "DeclareOk"
+    raw.send_map({"op": 45, "rid": 2, "queue": "q", "partition": 0, "offset": 2**64 - 1})
+    err = await raw.error()
+    assert (err.code, err.rid) == (ErrorCode.INVALID_FIELD, 2) and "offset" in err.message
+    raw.send_map({"op": 20, "rid": 3, "queue": "q", "producer_id": "p", "messages": [["k", {}, b"x", 2**63]]})
+    err = await raw.error()
+    assert (err.code, err.rid) == (ErrorCode.INVALID_FIELD, 3)
+    raw.send_map({"op": 45, "rid": 4, "queue": "q", "partition": 0, "offset": 2**63 - 1})
+    assert type(await raw.frame()).__name__ == "ReadOk"
+    raw.close()
