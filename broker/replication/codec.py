@@ -462,5 +462,15 @@ def encode_catalogue_snapshot(metas: Iterable[QueueMeta]) -> bytes:
     return msgpack.packb([_meta_out(m) for m in metas], use_bin_type=True)
 
 
+def check_snapshot(key: Key, data: bytes) -> None:
+    """MalformedReplicationError unless ``data`` is a snapshot of ``key``'s kind.  Run on a
+    snapshot as it arrives: once the core has taken it, the partition's log is gone, and a
+    snapshot that then failed to install would leave the node no choice but to stop."""
+    if key == CATALOGUE:
+        decode_catalogue_snapshot(data)
+    else:
+        snapshot_ops(key, data)
+
+
 def decode_catalogue_snapshot(data: bytes) -> list[QueueMeta]:
     return [_meta_in(a) for a in _list(_unpack(data, "catalogue snapshot"), "catalogue snapshot")]

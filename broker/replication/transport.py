@@ -17,6 +17,7 @@ from broker.replication.codec import (
     Key,
     MalformedReplicationError,
     UnknownMessageKind,
+    check_snapshot,
     decode_message,
     decode_replicate,
     encode_catalogue_snapshot,
@@ -105,6 +106,8 @@ class Transport:
                 continue
             try:
                 msg = decode_message(raw)
+                if isinstance(msg, InstallSnapshot) and msg.data is not None:
+                    check_snapshot((qid, p), msg.data)  # (decoded twice: snapshots are rare)
             except UnknownMessageKind as exc:
                 # a newer build's: said once per peer and kind
                 if (src, repr(exc.kind)) not in self._unknown_kinds:  # (repr: a kind may be a list)

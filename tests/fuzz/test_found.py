@@ -26,6 +26,7 @@ from broker.tools.process import NodeProcess
 from client.errors import ErrorCode
 from client.protocol import FrameError, decode_payload, encode
 from client.protocol.frames import Declare, Hello
+from ha.messages import InstallSnapshot
 from tests.broker.test_bad_input import RawClient
 from tests.fuzz.live import LOG_PROBLEM
 from tests.helpers import wait_until
@@ -235,3 +236,24 @@ async def test_a_node_refuses_integers_over_64_bits_signed(node: Node) -> None:
     raw.send_map({"op": 45, "rid": 4, "queue": "q", "partition": 0, "offset": 2**63 - 1})
     assert type(await raw.frame()).__name__ == "ReadOk"
     raw.close()
+
+
+def test_a_malformed_snapshot_is_refused_as_it_arrives() -> None:
+    """An InstallSnapshot whose data was not a snapshot went into the replication core, which
+    dropped the partition's log for it; installing it then failed and the node stopped (live
+    phase, a peer link that was not authenticated).  The transport checks a snapshot's data
+    before the core sees it, and drops the message with a warning."""
+    from broker.replication.codec import CATALOGUE, check_snapshot
+    from broker.replication.transport import Transport
+
+    bad = msgpack.packb([[0, 0, [4, 3, "node2", 9, 2, "node2", b"\xc1 not a snapshot"]],
+                         [1, 0, [4, 3, "node2", 9, 2, "node2", msgpack.packb([1, 2, 3])]]])
+    for key in (CATALOGUE, (1, 0)):
+        with pytest.raises(MalformedReplicationError):
+            check_snapshot(key, b"\x92\x01")
+    logs = {CATALOGUE: object(), (1, 0): object()}
+    transport = Transport(None, logs, release_held=lambda _p: None, spawn=lambda _c: None)  # type: ignore[arg-type]
+    assert list(transport.receive("node2", bad)) == []
+    good = msgpack.packb([[0, 0, [4, 3, "node2", 9, 2, "node2", msgpack.packb([])]]])
+    ((_plog, msg),) = list(transport.receive("node2", good))
+    assert isinstance(msg, InstallSnapshot) and msg.data == msgpack.packb([])
