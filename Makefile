@@ -2,6 +2,7 @@
 #   make run   creates .venv, installs Tandem into it, starts a local group of three nodes
 #   make test  installs what the tests need (dev dependencies; chromium, a Java runtime and strace
 #              with apt-get when root: scripts/ensure-system-packages.sh) and runs the whole suite
+#   make fuzz  the nightly hostile-input run: 1,000,000 fuzzed frames, then a live group under attack
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,7 +11,7 @@ PORT   ?= 7780
 SYNC   ?= SYNC
 NODES  ?= 3
 
-.PHONY: run run-single test install dev bench typecheck clean pipeline-demo
+.PHONY: run run-single test install dev bench typecheck clean pipeline-demo fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,10 @@ test: dev
 
 pipeline-demo: dev
 	$(BIN)/python examples/pipeline_demo.py
+
+FRAMES ?= 1000000
+fuzz: dev
+	$(BIN)/python -m tests.fuzz --frames $(FRAMES)
 
 typecheck: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole

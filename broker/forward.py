@@ -7,7 +7,8 @@ link as a ``Forward`` frame, answered by ``ForwardOk`` or ``Error`` with the sam
 its status and counters this way.
 
 A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack
-array of the request's fields, in the order its dataclass declares them.  Each request type
+array of the request's fields, in the order its dataclass declares them (ints 0 .. 2**63-1,
+as in client frames; no ext types).  Each request type
 below is one kind; its ``Reply`` is what ``ForwardOk.payload`` holds, decoded by
 :func:`decode_reply`.  A payload that does not fit its kind is refused with
 ``InvalidArgumentError`` (the peer gets an error frame; the link and the node carry on).
@@ -30,6 +31,7 @@ from broker.commit import CommitPath
 from broker.config import NodeConfig
 from broker.queues import Queue
 from client.errors import InvalidArgumentError
+from client.protocol.codec import MAX_INT
 
 MAX_HOPS = 3
 
@@ -202,11 +204,9 @@ R = TypeVar("R", bound=ForwardRequest)
 
 
 def _check(value: Any, tp: Any) -> bool:
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
+    if tp is int:  # counts, partitions, offsets, option values: 0 .. 2**63-1, as in client frames
+        return type(value) is int and 0 <= value <= MAX_INT
+    return type(value) is tp
 
 
 _FIELD_TYPES: dict[ForwardKind, list[tuple[str, Any]]] = {
@@ -230,7 +230,8 @@ def decode_request(kind: int, payload: bytes) -> ForwardRequest:
         raise InvalidArgumentError(f"forwarded {k.name}: expected {len(fields)} fields")
     for (name, tp), v in zip(fields, values):
         if not _check(v, tp):
-            raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {tp.__name__}")
+            what = "an int in 0 .. 2**63-1" if tp is int else tp.__name__
+            raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {what}")
     return REQUESTS[k](*values)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
-from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
+from client.protocol import HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.config import ConfigError, NodeConfig
 from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
@@ -109,16 +109,16 @@ log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
 HANDSHAKE_TIMEOUT = 5.0
-PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame
-#: the largest frame read before a link is authenticated (a handshake frame is a few hundred bytes)
-HANDSHAKE_MAX_FRAME = 64 * 1024
+PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame (once admitted)
+FORWARD_TIMEOUT = 30.0
+
+
 class _Intruder(Exception):
     """The handshake failed: who the peer claimed to be does not hold."""
 
     def __init__(self, reason: Refusal, why: str) -> None:
         super().__init__(why)
         self.reason, self.why = reason, why
-FORWARD_TIMEOUT = 30.0
 
 
 class _Link:
@@ -478,6 +478,7 @@ class PeerManager:
         old = self.links.get(who.name)
         if old is not None and old is not link:
             old.close()
+        link.proto.max_frame_size = PEER_MAX_FRAME  # a member's: snapshots travel in one frame
         self.links[who.name] = link
         if client_address:
             self.client_addresses[who.name] = client_address

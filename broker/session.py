@@ -49,7 +49,8 @@ from client.errors import (
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
-from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role, choose_version
+from client.protocol import (HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role,
+                             choose_version)
 from client.protocol.frames import (
     AclGrant,
     AclInfo,
@@ -152,7 +153,8 @@ class Session:
         self.node = node
         self.reader = reader
         self.writer = writer
-        self.proto = ProtocolConnection(Role.SERVER, max_frame_size=node.config.max_frame_size)
+        # max_frame_size once the client has logged in (_hello)
+        self.proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)  # the host, for the login throttle
@@ -220,6 +222,8 @@ class Session:
     @staticmethod
     def refuse(writer: asyncio.StreamWriter, err: TandemError) -> None:
         """Turn a connection away before its handshake, saying why."""
+        if writer.is_closing():
+            return
         proto = ProtocolConnection(Role.SERVER)
         writer.write(proto.send(Error(rid=0, code=int(err.code), message=err.message,
                                       active_hint=getattr(err, "active_hint", None))))
@@ -249,11 +253,13 @@ class Session:
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
             return
+        self._closing = True
+        if self.writer.is_closing():
+            return  # the client is gone already (uvloop raises on a write to a closed transport)
         try:
             self.writer.write(self.proto.send(Close(code=code, reason=reason)))
         except LocalProtocolError:
             pass  # a Close went out already: nothing more may follow
-        self._closing = True
         self.writer.close()
 
     def shutdown(self, exc: TandemError) -> None:

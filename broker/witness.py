@@ -42,6 +42,7 @@ from broker.secret import group_secret
 from broker.replication.codec import (
     CATALOGUE,
     Key,
+    MalformedReplicationError,
     UnknownMessageKind,
     decode_message,
     decode_replicate,
@@ -335,8 +336,8 @@ class Witness:
         msgs: list[tuple[Key, Any]] = []
         try:
             items = decode_replicate(payload)
-        except (ValueError, TypeError, IndexError) as exc:
-            log.warning("bad replication frame from %s dropped: %r", src, exc)
+        except MalformedReplicationError as exc:
+            log.warning("bad replication frame from %s dropped: %s", src, exc.message)
             return msgs
         for qid, p, raw in items:
             try:
@@ -346,8 +347,8 @@ class Witness:
                     self._unknown_kinds.add((src, repr(exc.kind)))
                     log.warning("%s sends replication messages of kind %r, which this build does not know: "
                                 "dropped, and not logged again", src, exc.kind)
-            except (ValueError, TypeError, IndexError) as exc:
-                log.warning("bad replication message from %s for %d/%d dropped: %r", src, qid, p, exc)
+            except MalformedReplicationError as exc:
+                log.warning("bad replication message from %s for %d/%d dropped: %s", src, qid, p, exc.message)
         return msgs
 
     def _carry_out(self, key: Key, r: Replica, ready: Ready, ops: list[tuple[Any, ...]],

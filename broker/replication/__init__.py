@@ -30,6 +30,7 @@ from broker.replication.apply import HOLD_APPLY, one_applied_position
 from broker.replication.codec import (
     CATALOGUE,
     Key,
+    MalformedReplicationError,
     MessageKind,
     OpCode,
     UnknownMessageKind,
@@ -56,6 +57,7 @@ __all__ = [
     "STAGE_BYTES",
     "HaEvent",
     "Key",
+    "MalformedReplicationError",
     "MessageKind",
     "OpCode",
     "PartLog",

@@ -7,9 +7,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import msgpack
-
-from broker.replication.codec import CATALOGUE, Key, decode_catalogue_snapshot, decode_ops, snapshot_ops
+from broker.replication.codec import (CATALOGUE, Key, MalformedReplicationError, decode_catalogue_snapshot, decode_ops,
+                                      snapshot_ops)
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog
 from client.clock import Cancellable
@@ -101,7 +100,7 @@ def messages_in(key: Key, payloads: tuple[bytes | None, ...]) -> int:
             continue
         try:
             n += sum(len(op.messages) for op in decode_ops(key, data) if isinstance(op, Append))
-        except (ValueError, TypeError, msgpack.UnpackException):
+        except MalformedReplicationError:
             log.warning("HA-1014 on %s: a discarded entry could not be decoded to count its messages", key)
     return n
 

@@ -4,7 +4,11 @@ Everything is msgpack (``use_bin_type=True``; decoded with ``raw=False``).  Arra
 are positional; a field marked *bin* is a msgpack bin, *str* a msgpack str, *nil|x*
 may be nil.  Nodes of different builds talk to each other, so no field moves and no
 code changes meaning; a new message kind or op code is added at the end, and a
-receiver drops a kind it does not know (:class:`UnknownMessageKind`).
+receiver drops a kind it does not know (:class:`UnknownMessageKind`).  Every decoder
+checks what it reads against the layouts below (an array of at least the listed items,
+each of the listed type; *int* items fit a signed 64-bit integer, and are never negative in
+a message, or in an op where they name a position) and refuses anything else with :class:`MalformedReplicationError`,
+whoever sent the bytes.
 
 ``Replicate`` frame payload (one per peer per turn of the event loop)::
 
@@ -78,6 +82,8 @@ from typing import Any
 
 import msgpack
 
+from client.errors import InvalidArgumentError, MalformedFrameError
+from client.protocol.codec import MAX_INT
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -106,6 +112,7 @@ from storage.base import (
     GrantAcl,
     RevokeAcl,
     SeedAdmin,
+    UserRecord,
     user_fields,
     user_from_fields,
     ResetPartition,
@@ -150,12 +157,83 @@ class OpCode(StrEnum):
     SEED_ADMIN = "B"
 
 
-class UnknownMessageKind(ValueError):
+class MalformedReplicationError(MalformedFrameError, ValueError):
+    """Replication bytes that do not fit the layouts above: a ``Replicate`` payload, a
+    message, a log entry payload or a snapshot.  (A ValueError too, for callers that
+    treat every undecodable value alike.)"""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class UnknownMessageKind(MalformedReplicationError):
     """A replication message of a kind this build does not know (a newer build's)."""
 
     def __init__(self, kind: Any) -> None:
         super().__init__(f"unknown replication message kind {kind!r}")
         self.kind = kind
+
+
+def _unpack(data: Any, what: str) -> Any:
+    if type(data) is not bytes:
+        raise MalformedReplicationError(f"{what}: expected bin, got {type(data).__name__}")
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several types (ValueError, ExtraData, UnicodeDecodeError, ...)
+        raise MalformedReplicationError(f"{what} is not msgpack: {exc}") from None
+
+
+def _array(v: Any, n: int, what: str) -> list[Any]:
+    """``v`` if it is an array of at least ``n`` items (a newer build may append some)."""
+    if type(v) is not list or len(v) < n:
+        raise MalformedReplicationError(f"{what}: expected an array of {n} items")
+    return v
+
+
+def _uint(v: Any, what: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_INT:
+        raise MalformedReplicationError(f"{what}: expected an int in 0 .. 2**63-1, got {v!r:.40}")
+    return v
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int or not -MAX_INT - 1 <= v <= MAX_INT:
+        raise MalformedReplicationError(f"{what}: expected a signed 64-bit int, got {v!r:.40}")
+    return v
+
+
+def _str(v: Any, what: str) -> str:
+    if type(v) is not str:
+        raise MalformedReplicationError(f"{what}: expected a str, got {type(v).__name__}")
+    return v
+
+
+def _opt_str(v: Any, what: str) -> str | None:
+    return None if v is None else _str(v, what)
+
+
+def _bool(v: Any, what: str) -> bool:
+    if type(v) is not bool:
+        raise MalformedReplicationError(f"{what}: expected a bool, got {type(v).__name__}")
+    return v
+
+
+def _bin(v: Any, what: str) -> bytes:
+    if type(v) is not bytes:
+        raise MalformedReplicationError(f"{what}: expected bin, got {type(v).__name__}")
+    return v
+
+
+def _opt_bin(v: Any, what: str) -> bytes | None:
+    return None if v is None else _bin(v, what)
+
+
+def _float(v: Any, what: str) -> float:
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v)
+    raise MalformedReplicationError(f"{what}: expected a float, got {type(v).__name__}")
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -165,8 +243,16 @@ def _entry_out(e: Entry) -> list[Any]:
     return [e.term, e.index, e.data, e.origin, e.weak]
 
 
-def _entry_in(a: list[Any]) -> Entry:
-    return Entry(a[0], a[1], a[2], a[3], a[4])
+def _entry_in(a: Any) -> Entry:
+    a = _array(a, 5, "log entry")
+    return Entry(_uint(a[0], "entry term"), _uint(a[1], "entry index"), _opt_bin(a[2], "entry data"),
+                 _str(a[3], "entry origin"), _bool(a[4], "entry weak"))
+
+
+def _entries_in(v: Any) -> tuple[Entry, ...]:
+    if type(v) is not list:
+        raise MalformedReplicationError("AppendEntries: entries are not an array")
+    return tuple(_entry_in(e) for e in v)
 
 
 _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
@@ -182,14 +268,27 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
 }
 
 _DECODERS: dict[MessageKind, Callable[[list[Any]], Message]] = {
-    MessageKind.REQUEST_VOTE: lambda a: RequestVote(a[1], a[2], a[3], a[4], a[5]),
-    MessageKind.VOTE_REPLY: lambda a: VoteReply(a[1], a[2], a[3]),
-    MessageKind.APPEND_ENTRIES: lambda a: AppendEntries(a[1], a[2], a[3], a[4], a[5],
-                                                        tuple(_entry_in(e) for e in a[6]), a[7]),
-    MessageKind.APPEND_REPLY: lambda a: AppendReply(a[1], a[2], a[3], a[4]),
-    MessageKind.INSTALL_SNAPSHOT: lambda a: InstallSnapshot(a[1], a[2], a[3], a[4], a[5], a[6]),
-    MessageKind.TIMEOUT_NOW: lambda a: TimeoutNow(a[1], a[2], a[3]),
-    MessageKind.ALIVE: lambda a: Alive(a[1], a[2]),
+    MessageKind.REQUEST_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),
+                                                    _uint(a[3], "last_index"), _uint(a[4], "last_term"),
+                                                    _uint(a[5], "priority")),
+    MessageKind.VOTE_REPLY: lambda a: VoteReply(_uint(a[1], "term"), _str(a[2], "voter"), _bool(a[3], "granted")),
+    MessageKind.APPEND_ENTRIES: lambda a: AppendEntries(_uint(a[1], "term"), _str(a[2], "leader"),
+                                                        _uint(a[3], "prev_index"), _uint(a[4], "prev_term"),
+                                                        _str(a[5], "prev_origin"), _entries_in(a[6]),
+                                                        _uint(a[7], "commit")),
+    MessageKind.APPEND_REPLY: lambda a: AppendReply(_uint(a[1], "term"), _str(a[2], "replica"),
+                                                    _bool(a[3], "success"), _uint(a[4], "match_index")),
+    MessageKind.INSTALL_SNAPSHOT: lambda a: InstallSnapshot(_uint(a[1], "term"), _str(a[2], "leader"),
+                                                            _uint(a[3], "index"), _uint(a[4], "last_term"),
+                                                            _str(a[5], "last_origin"), _opt_bin(a[6], "data")),
+    MessageKind.TIMEOUT_NOW: lambda a: TimeoutNow(_uint(a[1], "term"), _str(a[2], "leader"), _uint(a[3], "rank")),
+    MessageKind.ALIVE: lambda a: Alive(_uint(a[1], "term"), _str(a[2], "replica")),
+}
+
+#: items per message kind, the kind included
+_LENGTHS: dict[MessageKind, int] = {
+    MessageKind.REQUEST_VOTE: 6, MessageKind.VOTE_REPLY: 4, MessageKind.APPEND_ENTRIES: 8,
+    MessageKind.APPEND_REPLY: 5, MessageKind.INSTALL_SNAPSHOT: 7, MessageKind.TIMEOUT_NOW: 4, MessageKind.ALIVE: 3,
 }
 
 
@@ -201,12 +300,17 @@ def encode_message(m: Message) -> list[Any]:
     return encode(m)
 
 
-def decode_message(a: list[Any]) -> Message:
-    """The message of a ``Replicate`` item; UnknownMessageKind for a kind this build lacks."""
+def decode_message(a: Any) -> Message:
+    """The message of a ``Replicate`` item; UnknownMessageKind for a kind this build lacks,
+    MalformedReplicationError for one that does not fit its layout."""
+    a = _array(a, 1, "replication message")
+    if type(a[0]) is not int:
+        raise MalformedReplicationError(f"replication message: kind is a {type(a[0]).__name__}, not an int")
     try:
         kind = MessageKind(a[0])
     except ValueError:
         raise UnknownMessageKind(a[0]) from None
+    _array(a, _LENGTHS[kind], kind.name)
     return _DECODERS[kind](a)
 
 
@@ -216,8 +320,17 @@ def encode_replicate(items: list[list[Any]]) -> bytes:
 
 
 def decode_replicate(payload: bytes) -> list[tuple[int, int, Any]]:
-    """The items of a ``Replicate`` payload, messages still undecoded (decode_message)."""
-    return [(qid, p, raw) for qid, p, raw in msgpack.unpackb(payload, raw=False)]
+    """The items of a ``Replicate`` payload, messages still undecoded (decode_message);
+    MalformedReplicationError if the payload is not an array of such items."""
+    items = _unpack(payload, "Replicate payload")
+    if type(items) is not list:
+        raise MalformedReplicationError("Replicate payload: expected an array")
+    out = []
+    for item in items:
+        if type(item) is not list or len(item) != 3:
+            raise MalformedReplicationError("Replicate payload: an item is not [queue_id, partition, message]")
+        out.append((_uint(item[0], "queue_id"), _uint(item[1], "partition"), item[2]))
+    return out
 
 
 # -- log entry payloads ------------------------------------------------------------------------------
@@ -227,9 +340,32 @@ def _meta_out(q: QueueMeta) -> list[Any]:
     return [q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries, q.dead_letter_queue, q.max_length]
 
 
-def _meta_in(a: list[Any]) -> QueueMeta:
-    return QueueMeta(id=a[0], name=a[1], partitions=a[2], mapper=a[3], ring_size=a[4], max_deliveries=a[5],
-                     dead_letter_queue=a[6], max_length=a[7])
+def _meta_in(a: Any) -> QueueMeta:
+    a = _array(a, 8, "QueueMeta")
+    return QueueMeta(id=_uint(a[0], "queue id"), name=_str(a[1], "queue name"),
+                     partitions=_uint(a[2], "partitions"), mapper=_str(a[3], "mapper"),
+                     ring_size=_uint(a[4], "ring_size"), max_deliveries=_uint(a[5], "max_deliveries"),
+                     dead_letter_queue=_opt_str(a[6], "dead_letter_queue"), max_length=_uint(a[7], "max_length"))
+
+
+def _message_in(m: Any, n: int = 7) -> StoredMessage:
+    """A message of an ``APPEND`` op (7 items) or of a snapshot (8: its delivery count too)."""
+    m = _array(m, n, "message")
+    seq = m[5]
+    return StoredMessage(_uint(m[0], "offset"), _opt_str(m[1], "key"), _bin(m[2], "headers"), _bin(m[3], "body"),
+                         _opt_str(m[4], "producer_id"), None if seq is None else _int(seq, "seq"),
+                         _float(m[6], "ts"), _uint(m[7], "delivery count") if n > 7 else 0)
+
+
+def _list(v: Any, what: str) -> list[Any]:
+    if type(v) is not list:
+        raise MalformedReplicationError(f"{what}: expected an array")
+    return v
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    v = _array(v, 2, "delivery count")
+    return _uint(v[0], "offset"), _uint(v[1], "delivery count")
 
 
 def _contiguous(messages: Sequence[MessageRecord]) -> bool:
@@ -289,34 +425,42 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
     return msgpack.packb(out, use_bin_type=True), applied
 
 
-_OP_DECODERS: dict[OpCode, Callable[[int, int, list[Any]], WriteOp]] = {
-    OpCode.PACKED_APPEND: lambda qid, p, a: Append(qid, p, PackedRun(a[2], a[3], a[4]), a[1]),
-    OpCode.APPEND: lambda qid, p, a: Append(qid, p, [StoredMessage(*m) for m in a[2]], a[1]),
-    OpCode.SETTLE: lambda qid, p, a: Settle(qid, p, a[1]),
-    OpCode.MARK_DELIVERED: lambda qid, p, a: MarkDelivered(qid, p, a[1]),
-    OpCode.DELIVERY_COUNTS: lambda qid, p, a: SetDeliveryCount(qid, p, [(o, dc) for o, dc in a[1]]),
-    OpCode.PUT_PRODUCER: lambda qid, p, a: PutProducer(qid, p, a[1], a[2]),
-    OpCode.DROP_PRODUCERS: lambda qid, p, a: DropProducers(qid, p, list(a[1])),
-    OpCode.PUT_QUEUE: lambda _qid, _p, a: PutQueue(_meta_in(a[1])),
-    OpCode.DROP_QUEUE: lambda _qid, _p, a: DropQueue(a[1]),
-    OpCode.PUT_USER: lambda _qid, _p, a: PutUser(user_from_fields(a[1])),
-    OpCode.DROP_USER: lambda _qid, _p, a: DropUser(a[1]),
-    OpCode.GRANT_ACL: lambda _qid, _p, a: GrantAcl(AclRecord(user=a[1], pattern=a[2], permissions=tuple(a[3]))),
-    OpCode.REVOKE_ACL: lambda _qid, _p, a: RevokeAcl(AclRecord(user=a[1], pattern=a[2], permissions=tuple(a[3]))),
-    OpCode.SEED_ADMIN: lambda _qid, _p, a: SeedAdmin(user_from_fields(a[1]), a[2]),
+_OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]] = {
+    # code -> (items, the code included; the decoder)
+    OpCode.PACKED_APPEND: (5, lambda qid, p, a: Append(qid, p, PackedRun(_uint(a[2], "start"), _uint(a[3], "count"),
+                                                                         _bin(a[4], "chunk")),
+                                                       _uint(a[1], "next_offset"))),
+    OpCode.APPEND: (3, lambda qid, p, a: Append(qid, p, [_message_in(m) for m in _list(a[2], "messages")],
+                                                _uint(a[1], "next_offset"))),
+    OpCode.SETTLE: (2, lambda qid, p, a: Settle(qid, p, [_uint(o, "offset") for o in _list(a[1], "offsets")])),
+    OpCode.MARK_DELIVERED: (2, lambda qid, p, a: MarkDelivered(qid, p, _uint(a[1], "upto"))),
+    OpCode.DELIVERY_COUNTS: (2, lambda qid, p, a: SetDeliveryCount(qid, p, [_pair(i) for i in _list(a[1], "items")])),
+    OpCode.PUT_PRODUCER: (3, lambda qid, p, a: PutProducer(qid, p, _str(a[1], "producer_id"), _int(a[2], "last_seq"))),
+    OpCode.DROP_PRODUCERS: (2, lambda qid, p, a: DropProducers(qid, p, [_str(x, "producer_id")
+                                                                       for x in _list(a[1], "producer_ids")])),
+    OpCode.PUT_QUEUE: (2, lambda _qid, _p, a: PutQueue(_meta_in(a[1]))),
+    OpCode.DROP_QUEUE: (2, lambda _qid, _p, a: DropQueue(_uint(a[1], "queue_id"))),
+    OpCode.PUT_USER: (2, lambda _qid, _p, a: PutUser(_user_in(a[1]))),
+    OpCode.DROP_USER: (2, lambda _qid, _p, a: DropUser(_str(a[1], "user name"))),
+    OpCode.GRANT_ACL: (4, lambda _qid, _p, a: GrantAcl(_acl_in(a[1:4]))),
+    OpCode.REVOKE_ACL: (4, lambda _qid, _p, a: RevokeAcl(_acl_in(a[1:4]))),
+    OpCode.SEED_ADMIN: (3, lambda _qid, _p, a: SeedAdmin(_user_in(a[1]), _str(a[2], "origin"))),
 }
 
 
 def decode_ops(key: Key, data: bytes) -> list[WriteOp]:
-    """The ops of a log entry payload of partition ``key``."""
+    """The ops of a log entry payload of partition ``key``; MalformedReplicationError if it
+    does not fit the layout."""
     qid, p = key
     ops: list[WriteOp] = []
-    for item in msgpack.unpackb(data, raw=False):
+    for item in _list(_unpack(data, "log entry"), "log entry"):
+        item = _array(item, 1, "log op")
         try:
             code = OpCode(item[0])
-        except ValueError:
-            raise ValueError(f"unknown log op {item[0]!r}") from None
-        ops.append(_OP_DECODERS[code](qid, p, item))
+        except (ValueError, TypeError):
+            raise MalformedReplicationError(f"unknown log op {item[0]!r:.40}") from None
+        n, decode = _OP_DECODERS[code]
+        ops.append(decode(qid, p, _array(item, n, f"log op {code.value}")))
     return ops
 
 
@@ -333,15 +477,20 @@ def encode_snapshot(st: PartitionState) -> bytes:
 def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
     """What installing a partition's snapshot writes: the partition replaced by its state."""
     qid, p = key
-    nxt, delivered, producers, msgs = msgpack.unpackb(data, raw=False)
-    stored = [StoredMessage(*m[:7]) for m in msgs]
+    snap = _array(_unpack(data, "snapshot"), 4, "snapshot")
+    nxt, delivered = _uint(snap[0], "next_offset"), _uint(snap[1], "delivered_upto")
+    producers, msgs = snap[2], _list(snap[3], "snapshot messages")
+    if type(producers) is not dict or any(type(k) is not str or type(v) is not int for k, v in producers.items()):
+        raise MalformedReplicationError("snapshot: producers are not a map of str to int")
+    full = [_message_in(m, 8) for m in msgs]
+    stored = [StoredMessage(m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts) for m in full]
     ops: list[WriteOp] = [ResetPartition(qid, p)]
     if stored or nxt:
         ops.append(Append(qid, p, stored, nxt))
     if delivered:
         ops.append(MarkDelivered(qid, p, delivered))
     # the stored count excludes the one the delivered mark adds back on load
-    counts = [(m[0], m[7] - (1 if m[0] < delivered else 0)) for m in msgs]
+    counts = [(m.offset, m.dc - (1 if m.offset < delivered else 0)) for m in full]
     if any(dc for _o, dc in counts):
         ops.append(SetDeliveryCount(qid, p, [(o, dc) for o, dc in counts if dc]))
     ops.extend(PutProducer(qid, p, pid, seq) for pid, seq in producers.items())
@@ -354,10 +503,49 @@ def encode_catalogue_snapshot(metas: Iterable[QueueMeta], security: dict[str, An
     return msgpack.packb({"queues": [_meta_out(m) for m in metas], **security}, use_bin_type=True)
 
 
+def check_snapshot(key: Key, data: bytes) -> None:
+    """MalformedReplicationError unless ``data`` is a snapshot of ``key``'s kind.  Run on a
+    snapshot as it arrives: once the core has taken it, the partition's log is gone, and a
+    snapshot that then failed to install would leave the node no choice but to stop."""
+    if key == CATALOGUE:
+        decode_catalogue_snapshot(data)
+    else:
+        snapshot_ops(key, data)
+
+
 def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, Any] | None]:
-    """The queues, and the users and grants (None from a build that sent queues alone)."""
-    snap = msgpack.unpackb(data, raw=False)
-    if isinstance(snap, list):
+    """The queues, and the users, grants and seed mark (None from a build that sent queues
+    alone), each checked: MalformedReplicationError if anything does not fit."""
+    snap = _unpack(data, "catalogue snapshot")
+    if type(snap) is list:
         return [_meta_in(a) for a in snap], None
-    security = {k: v for k, v in snap.items() if k != "queues"}
-    return [_meta_in(a) for a in snap["queues"]], security
+    if type(snap) is not dict:
+        raise MalformedReplicationError("catalogue snapshot: expected a map or an array")
+    metas = [_meta_in(a) for a in _list(snap.get("queues"), "catalogue snapshot queues")]
+    users = [user_fields(_user_in(u)) for u in _list(snap.get("users", []), "catalogue snapshot users")]
+    acls = [_acl_in(a) for a in _list(snap.get("acls", []), "catalogue snapshot grants")]
+    seeded = snap.get("seeded", False)
+    if type(seeded) is not bool:
+        raise MalformedReplicationError("catalogue snapshot: seeded is not a bool")
+    return metas, {"users": users, "acls": [[a.user, a.pattern, list(a.permissions)] for a in acls],
+                   "seeded": seeded}
+
+
+def _user_in(v: Any) -> UserRecord:
+    """A user record as :func:`storage.base.user_fields` made it, its fields' types checked."""
+    if type(v) is not dict:
+        raise MalformedReplicationError("user record: expected a map")
+    try:
+        user = user_from_fields(v)
+    except InvalidArgumentError as exc:
+        raise MalformedReplicationError(f"user record: {exc.message}") from None
+    _str(user.name, "user name"), _bin(user.salt, "user salt"), _bin(user.hash, "user hash")
+    _str(user.role, "user role"), _str(user.params, "user params")
+    return user
+
+
+def _acl_in(v: Any) -> AclRecord:
+    """[user, pattern, [permission, ...]]."""
+    v = _array(v, 3, "grant")
+    return AclRecord(user=_str(v[0], "grant user"), pattern=_str(v[1], "grant pattern"),
+                     permissions=tuple(_str(x, "permission") for x in _list(v[2], "grant permissions")))

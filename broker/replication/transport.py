@@ -15,7 +15,9 @@ from typing import Any
 from broker.replication.codec import (
     CATALOGUE,
     Key,
+    MalformedReplicationError,
     UnknownMessageKind,
+    check_snapshot,
     decode_message,
     decode_replicate,
     encode_catalogue_snapshot,
@@ -91,13 +93,21 @@ class Transport:
     def receive(self, src: str, payload: bytes) -> Iterator[tuple[PartLog, Message]]:
         """The messages of a Replicate frame from peer ``src``, each with its log (looked up
         as the caller gets to it).  Messages of partitions unknown here are skipped (a queue
-        whose catalogue entry is on its way), as are those that do not decode."""
-        for qid, p, raw in decode_replicate(payload):
+        whose catalogue entry is on its way), as are those that do not decode (and a payload
+        that does not, whole)."""
+        try:
+            items = decode_replicate(payload)
+        except MalformedReplicationError as exc:
+            log.warning("bad replication frame from %s dropped: %s", src, exc.message)
+            return
+        for qid, p, raw in items:
             plog = self._logs.get((qid, p))
             if plog is None:
                 continue
             try:
                 msg = decode_message(raw)
+                if isinstance(msg, InstallSnapshot) and msg.data is not None:
+                    check_snapshot((qid, p), msg.data)  # (decoded twice: snapshots are rare)
             except UnknownMessageKind as exc:
                 # a newer build's: said once per peer and kind
                 if (src, repr(exc.kind)) not in self._unknown_kinds:  # (repr: a kind may be a list)
@@ -105,7 +115,7 @@ class Transport:
                     log.warning("%s sends replication messages of kind %r, which this build does not know "
                                 "(a newer build's?): dropped, and not logged again", src, exc.kind)
                 continue
-            except (ValueError, TypeError, IndexError) as exc:
-                log.warning("bad replication message from %s for %d/%d dropped: %r", src, qid, p, exc)
+            except MalformedReplicationError as exc:
+                log.warning("bad replication message from %s for %d/%d dropped: %s", src, qid, p, exc.message)
                 continue
             yield plog, msg

@@ -12,7 +12,8 @@ items follow the record's declared field order (trailing defaulted items may
 be omitted).  Unknown extra map keys are ignored (whatever they hold), so a
 newer peer may add optional fields without a version bump.  msgpack ext
 types are refused in every field the frame declares.  Integers are never
-negative.
+negative and never above ``MAX_INT`` (2**63 - 1: what the stores keep in a signed 64-bit
+column).
 
 A frame whose declared length exceeds ``max_frame_size`` is fatal: the stream
 cannot be resynchronised, so the connection must close.  Any other defect
@@ -42,8 +43,13 @@ from client.errors import (
 from client.protocol.frames import FRAME_TYPES, Frame, Op, Record
 
 HEADER = struct.Struct(">I")
+MAX_INT = (1 << 63) - 1
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+#: the largest frame a node takes before the other side has completed its handshake (a
+#: ``Hello`` or a peer's proof is a few hundred bytes): a connection without credentials
+#: never makes the node hold more than this
+HANDSHAKE_MAX_FRAME = 64 * 1024
 
 
 class FrameError(RemoteProtocolError):
@@ -71,8 +77,8 @@ def _scalar(tp: type) -> Checker:
         def check_int(v: Any, path: str) -> Any:
             if type(v) is not int:
                 raise _fail(path, name, v)
-            if v < 0:
-                raise InvalidFieldError(f"field {path!r}: must not be negative, got {v}")
+            if not 0 <= v <= MAX_INT:
+                raise InvalidFieldError(f"field {path!r}: must be 0 .. 2**63-1, got {v}")
             return v
         return check_int
     if tp is float:
@@ -103,8 +109,8 @@ def _list_of(inner: Checker, simple: type | None) -> Checker:
             for item in v:
                 if type(item) is not simple:
                     raise _fail(path + "[]", simple.__name__, item)
-            if simple is int and v and min(v) < 0:
-                raise InvalidFieldError(f"field {path!r}: must not hold negative numbers")
+            if simple is int and v and (min(v) < 0 or max(v) > MAX_INT):
+                raise InvalidFieldError(f"field {path!r}: must hold numbers 0 .. 2**63-1")
             return v
         return [inner(item, path + "[]") for item in v]
     return check
@@ -124,13 +130,15 @@ def _inline_check(tp: Any, var: str, slow: str, name: str) -> list[str]:
     ``slow`` (which converts or raises with a precise message)."""
     call = f"{var} = {slow}({var}, path + '.{name}')"
     if tp is int:
-        return [f"if type({var}) is not int or {var} < 0: {call}"]
+        return [f"if type({var}) is not int or not 0 <= {var} <= {MAX_INT}: {call}"]
     if tp in (str, bytes, bool, float):
         return [f"if type({var}) is not {tp.__name__}: {call}"]
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (UnionType, typing.Union) and len(args) == 2 and NoneType in args:
         inner = args[0] if args[1] is NoneType else args[1]
-        if inner in (str, bytes, int, float, bool):
+        if inner is int:  # in range, as a required int
+            return [f"if {var} is not None and (type({var}) is not int or not 0 <= {var} <= {MAX_INT}): {call}"]
+        if inner in (str, bytes, float, bool):
             return [f"if {var} is not None and type({var}) is not {inner.__name__}: {call}"]
     if typing.get_origin(tp) is dict:
         return [f"if type({var}) is not dict or {var}: {call}"]

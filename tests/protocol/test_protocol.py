@@ -68,6 +68,7 @@ from client.protocol.frames import (
 
 U64 = 2**64 - 1
 I64_MIN = -(2**63)
+MAX_INT = 2**63 - 1  # the largest integer a frame field holds (client.protocol.codec.MAX_INT)
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MEDIUM = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,7 +107,7 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         hints = _hints(tp)
         return st.builds(tp, *[strategy_for(hints[f.name]) for f in dataclasses.fields(tp)])
     if tp is int:
-        return st.integers(0, U64)
+        return st.integers(0, MAX_INT)
     if tp is float:
         return st.floats(allow_nan=False)
     if tp is str:

@@ -38,7 +38,11 @@ def test_round_trip(req: object) -> None:
     (int(ForwardKind.DELETE), msgpack.packb({"queue": "q"}), "expected 3 fields"),
     (int(ForwardKind.DELETE), msgpack.packb([1, "q"]), "expected 3 fields"),
     (int(ForwardKind.DELETE), msgpack.packb([1, "q", 1]), "field if_empty is not bool"),
-    (int(ForwardKind.DEPTH), msgpack.packb(["q", True]), "field partition is not int"),
+    (int(ForwardKind.DEPTH), msgpack.packb(["q", True]), "field partition is not an int in 0 .. 2\\*\\*63-1"),
+    # ints are 0 .. 2**63-1: a negative or oversized partition or offset never reaches a handler
+    (int(ForwardKind.DEPTH), msgpack.packb(["q", -1]), "field partition is not an int in 0 .. 2\\*\\*63-1"),
+    (int(ForwardKind.READ), msgpack.packb([0, "q", 0, -5, 10]), "field offset is not an int in 0"),
+    (int(ForwardKind.READ), msgpack.packb([0, "q", 0, 2**64 - 1, 10]), "field offset is not an int in 0"),
     (int(ForwardKind.PUBLISH), msgpack.packb([1, 0, "not bytes"]), "field frame is not bytes"),
     (int(ForwardKind.STATUS), msgpack.packb([1]), "expected 0 fields"),
 ])
