@@ -153,7 +153,7 @@ class Session:
         self.node = node
         self.reader = reader
         self.writer = writer
-        # max_frame_size once the client has logged in (_hello)
+        # max_frame_size once the client has logged in (_auth_response)
         self.proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
