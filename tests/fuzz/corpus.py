@@ -26,6 +26,7 @@ from broker.replication.codec import (
 )
 from client.protocol import FRAME_TYPES, Frame, Record, encode
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
+from client.scram import MECHANISM, ScramClient
 from client.protocol.frames import (
     Ack,
     Close,
@@ -56,8 +57,17 @@ from ha.messages import (
     TimeoutNow,
     VoteReply,
 )
+from broker.users import make_user
 from storage.base import (
+    AclRecord,
     Append,
+    DropUser,
+    GrantAcl,
+    PutUser,
+    RevokeAcl,
+    SeedAdmin,
+    UserRecord,
+    user_fields,
     DropProducers,
     DropQueue,
     MarkDelivered,
@@ -100,7 +110,7 @@ def sample_frame(cls: type[Frame]) -> Frame:
 
 def hello() -> Hello:
     return Hello(min_version=MIN_VERSION, max_version=MAX_VERSION, client_name="fuzz", user="admin",
-                 password="fuzz-password", heartbeat=10.0)
+                 mechanism=MECHANISM, auth=ScramClient("admin", "fuzz-password").first, heartbeat=10.0)
 
 
 def welcome() -> Welcome:
@@ -162,8 +172,14 @@ def log_entries() -> list[bytes]:
     gap = [msgs[0], StoredMessage(9, "k", msgs[0].headers_blob, b"b", None, None, 3.0)]
     ops: list[WriteOp] = [Append(3, 0, msgs, 7), Append(3, 0, gap, 10), Settle(3, 0, [5, 6]), MarkDelivered(3, 0, 6),
            SetDeliveryCount(3, 0, [(5, 2)]), PutProducer(3, 0, "p", 4), DropProducers(3, 0, ["p"]),
-           PutQueue(meta), DropQueue(3)]
+           PutQueue(meta), DropQueue(3), PutUser(_user()), DropUser("bob"),
+           GrantAcl(AclRecord(user="bob", pattern="fuzz.*", permissions=("consume", "browse"))),
+           RevokeAcl(AclRecord(user="bob", pattern="fuzz.*", permissions=("browse",))), SeedAdmin(_user(), "node1")]
     return [encode_ops([op])[0] for op in ops] + [encode_ops(ops)[0]]
+
+
+def _user() -> UserRecord:
+    return make_user("bob", "fuzz-password", "user")
 
 
 def snapshots() -> list[bytes]:
@@ -172,7 +188,8 @@ def snapshots() -> list[bytes]:
     msgs = _messages()
     msgs[0].dc = 2
     return [encode_snapshot(PartitionState(next_offset=7, delivered_upto=6, messages=msgs, producers={"p": 1})),
-            encode_catalogue_snapshot([meta])]
+            encode_catalogue_snapshot([meta], {"users": [user_fields(_user())], "acls": [["bob", "fuzz.*", ["consume"]]],
+                                               "seeded": True})]
 
 
 def replicate_payloads() -> list[bytes]:

@@ -35,7 +35,9 @@ import msgpack
 import client
 from broker.tools.cluster import LocalCluster
 from client.protocol import encode
-from client.protocol.frames import Hello, Op, PeerHello
+from client.protocol.codec import FrameBuffer, decode_payload
+from client.protocol.frames import AuthChallenge, AuthResponse, Hello, Op, PeerHello
+from client.scram import MECHANISM, ScramClient
 from tests.fuzz.corpus import client_requests, peer_frames
 
 KINDS = ("client-garbage", "client-login", "client-bad-login", "peer-garbage", "peer-hello")
@@ -128,6 +130,33 @@ def mutate_frame(frame_bytes: bytes, rng: random.Random) -> bytes:
     return struct.pack(">I", rng.choice([0, len(payload) + 7, 2**31, 2**32 - 1])) + payload
 
 
+async def login(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, password: str) -> Any:
+    """The SCRAM-SHA-256 exchange as a client makes it (no password on the wire); a wrong
+    password ends it with the node's Error.  The node's last answer (Welcome, or Error)."""
+    sc = ScramClient("admin", password)
+    writer.write(encode(Hello(min_version=1, max_version=1, client_name="fuzz", user="admin",
+                              mechanism=MECHANISM, auth=sc.first, heartbeat=10.0)))
+    buf = FrameBuffer(1 << 20)
+
+    async def frame() -> Any:
+        while True:
+            payload = buf.next_payload()
+            if payload is not None:
+                return decode_payload(payload)
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionResetError("closed during the login")
+            buf.feed(data)
+
+    async with asyncio.timeout(10):
+        challenge = await frame()
+        if isinstance(challenge, AuthChallenge):
+            sc.challenge(challenge.data)
+            writer.write(encode(AuthResponse(data=sc.final(sc.salt_password()))))
+            return await frame()  # Welcome, or Error for a wrong password
+        return challenge
+
+
 async def _drain(reader: asyncio.StreamReader) -> None:
     try:
         while await reader.read(65536):
@@ -145,15 +174,16 @@ async def _attack(kind: str, client_port: int, peer_port: int, password: str, me
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         return 0
-    drain = asyncio.create_task(_drain(reader))
     sent = 0
+    if kind == "client-login" or kind == "client-bad-login":
+        try:
+            await login(reader, writer, password if kind == "client-login" else "wrong-password")
+            sent += 2
+        except (ConnectionError, OSError, TimeoutError):
+            pass  # refused and closed (a wrong password): the mutated frames find the door shut
+    drain = asyncio.create_task(_drain(reader))
     try:
-        if kind == "client-login" or kind == "client-bad-login":
-            writer.write(encode(Hello(min_version=1, max_version=1, client_name="fuzz", user="admin",
-                                      password=password if kind == "client-login" else "wrong-password",
-                                      heartbeat=10.0)))
-            sent += 1
-        elif kind == "peer-hello":
+        if kind == "peer-hello":
             writer.write(encode(PeerHello(min_version=1, max_version=1, node=member, store_stamp="fuzz-stamp",
                                           priority=0, votes=1)))
             sent += 1

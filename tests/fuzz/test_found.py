@@ -25,10 +25,10 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
 from client.errors import ErrorCode
 from client.protocol import FrameError, decode_payload, encode
-from client.protocol.frames import Declare, Hello
+from client.protocol.frames import Declare, Welcome
 from ha.messages import InstallSnapshot
 from tests.broker.test_bad_input import RawClient
-from tests.fuzz.live import LOG_PROBLEM
+from tests.fuzz.live import LOG_PROBLEM, login
 from tests.helpers import wait_until
 
 PASSWORD = "found-password"
@@ -47,9 +47,7 @@ async def test_a_client_gone_while_its_request_is_handled_leaves_no_traceback(tm
         n = 20
         for i in range(n):
             reader, writer = await asyncio.open_connection(*proc.address)
-            writer.write(encode(Hello(min_version=1, max_version=1, client_name="gone", user="admin",
-                                      password=PASSWORD, heartbeat=10.0)))
-            assert await reader.read(65536)  # Welcome
+            assert isinstance(await login(reader, writer, PASSWORD), Welcome)
             writer.write(encode(Declare(rid=1, queue=f"q{i}")) + struct.pack(">I", 0))  # then: length 0, fatal
             await writer.drain()
             sock = writer.get_extra_info("socket")
