@@ -142,6 +142,9 @@ class SessionHost(StatusSource, Protocol):
 
 log = logging.getLogger("tandem.broker")
 
+#: seconds a login may wait for this member to catch up with the group's users
+LOGIN_CATCH_UP = 1.0
+
 READ_CHUNK = 256 * 1024
 #: the first bytes of a TLS ClientHello (a handshake record, version 3.x)
 TLS_HANDSHAKE = b"\x16\x03"
@@ -394,9 +397,24 @@ class Session:
         refusal = self.node.refusal()
         if refusal is not None and not frame.observe:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
+        await self._catch_up_users()
         self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
         self.send(self._auth.hello(frame))
         self._hello_frame = frame
+
+    async def _catch_up_users(self) -> None:
+        """In a group, apply the users and grants the catalogue's active holds before looking the
+        user up: one created or given a new password through another member a moment ago logs
+        in here too.  Bounded (a catalogue active that does not answer costs a login
+        LOGIN_CATCH_UP at most), and paid by every login alike, so how long a login takes says
+        nothing about which users exist.  An address the failed-login throttle holds back is
+        refused first: guessing costs the group nothing."""
+        self.node.guard.check_throttle(self.address)
+        try:
+            async with self.node.clock.timeout(LOGIN_CATCH_UP):
+                await self.node.catch_up_catalogue()
+        except TimeoutError:
+            pass  # the catalogue's active is slow or gone: the users this member has
 
     async def _auth_response(self, frame: AuthResponse) -> None:
         """The client's proof: Welcome (with the node's own proof) or AuthError."""
