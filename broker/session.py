@@ -397,7 +397,8 @@ class Session:
         refusal = self.node.refusal()
         if refusal is not None and not frame.observe:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
-        await self._catch_up_users()
+        if refusal is None:  # (a node that serves nothing has no catalogue to catch up with)
+            await self._catch_up_users()
         self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
         self.send(self._auth.hello(frame))
         self._hello_frame = frame
@@ -413,8 +414,8 @@ class Session:
         try:
             async with self.node.clock.timeout(LOGIN_CATCH_UP):
                 await self.node.catch_up_catalogue()
-        except TimeoutError:
-            pass  # the catalogue's active is slow or gone: the users this member has
+        except (TimeoutError, TandemError):
+            pass  # the catalogue's active is slow, gone or changing: the users this member has
 
     async def _auth_response(self, frame: AuthResponse) -> None:
         """The client's proof: Welcome (with the node's own proof) or AuthError."""
