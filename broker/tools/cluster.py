@@ -116,7 +116,7 @@ class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False) -> None:
+                 proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False, secret: bool = True) -> None:
         self.clock = clock
         self.tls = tls
         self.certs_dir = Path(os.path.abspath(data_dir)) / "certs"  # absolute: the URL's ca works anywhere
@@ -131,8 +131,9 @@ class LocalCluster:
         self.data_dir = Path(data_dir)
         self.host = host
         self.password = password or os.environ.get("TANDEM_ADMIN_PASSWORD") or self._password_file()
-        #: the group secret every node and the witness prove on their peer links
-        self.secret_file = ensure_secret(self.data_dir / SECRET_FILE)
+        #: the group secret every node and the witness prove on their peer links (``secret=False``
+        #: with ``tls=True``: none, the members' certificates authenticate them)
+        self.secret_file = ensure_secret(self.data_dir / SECRET_FILE) if secret else None
         names = [f"node{i}" for i in range(1, nodes + 1)]
         if base_port:
             ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
@@ -158,10 +159,12 @@ class LocalCluster:
         if ha.witness:
             self.witness = WitnessProcess(self.data_dir / WITNESS_NAME, name=WITNESS_NAME, peer_port=witness_port,
                                              peers=[f"{n}={host}:{self.peer_ports[n]}" for n in names], host=host,
-                                             extra_args=["--cluster-secret-file", str(self.secret_file),
-                                                         *_failure_detection(self._extra),
+                                             extra_args=[*self._secret_args(), *_failure_detection(self._extra),
                                                          *self._tls_args(WITNESS_NAME)], clock=clock)
         self._arrange()
+
+    def _secret_args(self) -> list[str]:
+        return [] if self.secret_file is None else ["--cluster-secret-file", str(self.secret_file)]
 
     def _tls_args(self, name: str) -> list[str]:
         if not self.tls:
@@ -183,7 +186,7 @@ class LocalCluster:
             peers = [a for o in names if o != n for a in
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
             # the secret first: a later --cluster-secret-file among the extra args wins (tests give one node another)
-            p.extra_args = ["--cluster-secret-file", str(self.secret_file), "--peer-port", str(self.peer_ports[n]),
+            p.extra_args = [*self._secret_args(), "--peer-port", str(self.peer_ports[n]),
                             "--http-port", str(self.http_ports[n]), *peers, *ha, *self._tls_args(n), *self._extra,
                             *self._node_args.get(n, [])]
 

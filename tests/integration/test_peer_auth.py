@@ -366,6 +366,43 @@ async def test_a_member_with_the_wrong_secret_is_refused_and_the_right_one_admit
 
 
 @pytest.mark.asyncio
+async def test_mutual_tls_alone_admits_members_by_their_certificates(tmp_path: Path) -> None:
+    """No group secret: a member's certificate (signed by tls_ca) must name it.  node3 presents
+    node1's certificate (a good one, of another member): the members refuse it, the other two
+    serve."""
+    certs = tmp_path / "certs"  # LocalCluster makes the group's CA and certificates here
+    impostor = {"node3": ["--tls-cert", str(certs / "node1.crt"), "--tls-key", str(certs / "node1.key")]}
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, node_args=impostor,
+                      tls=True, secret=False)
+    try:
+        await cl.start()
+        await cl.wait_ready()  # node1 and node2 are a quorum
+        assert "authentication=mutual TLS" in cl.nodes["node1"].log_text()
+        await wait_until(lambda: all_up(cl, ("node1", "node2")), what="node1 and node2 linked")
+
+        async def refused_on(name: str) -> bool:
+            return any("claiming to be node3" in e and "certificate names" in e
+                       for e in intruder_events(await cl.status(name)))
+
+        await wait_until(lambda: refused_on("node1"), what="node1 to refuse node3's certificate")
+        for n in ("node1", "node2"):
+            st = await cl.status(n)
+            assert {r.name: r.state for r in st.remotes}["node3"] != "Up", st.remotes
+        async with await client.connect(cl.url) as conn:  # the two serve
+            await conn.declare_queue(QUEUE)
+            await conn.producer(QUEUE).send(b"over TLS")
+
+        # node3 with its own certificate: admitted
+        p = cl.nodes["node3"]
+        await p.stop()
+        p.extra_args = p.extra_args[:-4]
+        await p.start()
+        await wait_until(lambda: all_up(cl), what="node3 admitted by its own certificate")
+    finally:
+        await cl.stop()
+
+
+@pytest.mark.asyncio
 async def test_permitted_nodes_refuses_a_member_from_elsewhere(tmp_path: Path) -> None:
     # node3 admits node2 from anywhere and node1 only from an address it does not come from
     args = {"node3": ["--permitted-node", "node1@192.0.2.1", "--permitted-node", "node2"]}
