@@ -88,9 +88,10 @@ async def link(url: str) -> AsyncIterator[client.Connection]:
 
 
 @contextlib.asynccontextmanager
-async def running_group(tmp_path: Path, *extra_args: str) -> AsyncIterator[LocalCluster]:
-    """Three node processes in a replication group, quick to notice a dead member; stopped after."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *extra_args])
+async def running_group(tmp_path: Path, *extra_args: str, tls: bool = False) -> AsyncIterator[LocalCluster]:
+    """Three node processes in a replication group, quick to notice a dead member; stopped after.
+    ``tls``: TLS on every link (LocalCluster's throwaway CA)."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *extra_args], tls=tls)
     await cl.start()
     try:
         await cl.wait_ready()

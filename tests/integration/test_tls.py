@@ -30,7 +30,7 @@ from broker.tools.process import NodeProcess
 from client import blocking
 from client.errors import ConnectionClosedError
 from client.tls import TlsError
-from tests.conftest import FAST, PASSWORD
+from tests.conftest import FAST, PASSWORD, running_group
 from tests.helpers import free_base_port, wait_until
 from tests.integration.test_cli import tandem
 
@@ -39,13 +39,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(
 
 @pytest_asyncio.fixture
 async def tls_trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, tls=True)
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path, tls=True) as cl:
         yield cl
-    finally:
-        await cl.stop()
 
 
 def _plain(url: str) -> str:
@@ -244,8 +239,12 @@ async def test_a_witnessed_pair_with_tls(tmp_path: Path) -> None:
     try:
         await cl.wait_ready()
         assert cl.witness is not None and "--tls-cert" in cl.witness.extra_args
-        st = await cl.status("node1")
-        assert sorted((r.name, r.state) for r in st.remotes) == [("node2", "Up"), ("w1", "Up")], st.remotes
+
+        async def both_up() -> bool:  # (a quorum is two of the three: node2's link may come a moment later)
+            st = await cl.status("node1")
+            return sorted((r.name, r.state) for r in st.remotes) == [("node2", "Up"), ("w1", "Up")]
+
+        await wait_until(both_up, what="node1 linked to node2 and the witness over TLS")
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("pair", partitions=1)
             await conn.producer("pair").send(b"witnessed")

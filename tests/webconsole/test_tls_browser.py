@@ -15,7 +15,7 @@ import pytest_asyncio
 
 import client
 from broker.tools.cluster import LocalCluster
-from tests.conftest import FAST, PASSWORD
+from tests.conftest import PASSWORD, running_group
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -24,13 +24,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 @pytest_asyncio.fixture
 async def tls_trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, tls=True)
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path, tls=True) as cl:
         yield cl
-    finally:
-        await cl.stop()
 
 
 async def test_console_over_https_in_a_browser(tls_trio: LocalCluster) -> None:
