@@ -132,15 +132,17 @@ async def _users(args: argparse.Namespace, password: str) -> int:
             return 0
         if cmd == "add":
             await conn.create_user(args.name, password, args.role)
-            done = {"user": args.name, "created": True, "role": args.role}
+            done: dict[str, object] = {"user": args.name, "created": True, "role": args.role}
+            said = f"user {args.name} created (role {args.role}); it logs in on every member"
         elif cmd == "passwd":
             await conn.change_password(args.name, password)
             done = {"user": args.name, "password_changed": True}
+            said = f"password of user {args.name} changed"
         else:
             await conn.delete_user(args.name)
             done = {"user": args.name, "deleted": True}
-    if args.json:
-        print(json.dumps(done))
+            said = f"user {args.name} deleted, with its grants"
+    print(json.dumps(done) if args.json else said)
     return 0
 
 
@@ -171,7 +173,9 @@ async def _acl(args: argparse.Namespace) -> int:
             await conn.grant(args.user, args.pattern, perms)
         else:
             await conn.revoke(args.user, args.pattern, perms)
+    done = "granted" if cmd == "grant" else "revoked"
     if args.json:
-        done = "granted" if cmd == "grant" else "revoked"
         print(json.dumps({"user": args.user, "pattern": args.pattern, done: perms}))
+    else:
+        print(f"{done} {','.join(perms)} on {args.pattern!r} {'to' if cmd == 'grant' else 'from'} {args.user}")
     return 0

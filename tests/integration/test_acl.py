@@ -253,9 +253,9 @@ async def test_the_cli_manages_users_and_grants_on_any_member(tmp_path: Path) ->
         url1, url3 = cl.url_of("node1"), cl.url_of("node3")
         rc, out, err = await run_cli("users", "add", "bob", "--role", "user", "--password-stdin", "--url", url1,
                                      stdin=BOB_PW + "\n")
-        assert (rc, out, err) == (0, "", "")
-        rc, _out, err = await run_cli("acl", "grant", "bob", "orders.*", "consume,browse", "--url", url3)
-        assert (rc, err) == (0, "")
+        assert (rc, out, err) == (0, "user bob created (role user); it logs in on every member\n", "")
+        rc, out, err = await run_cli("acl", "grant", "bob", "orders.*", "consume,browse", "--url", url3)
+        assert (rc, out, err) == (0, "granted consume,browse on 'orders.*' to bob\n", "")
         rc, out, _err = await run_cli("acl", "list", "bob", "--json", "--url", url1)
         assert rc == 0
         await wait_until(lambda: _cli_lists_grant(url1), timeout=15, what="the grant on node1")
