@@ -60,6 +60,11 @@ from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.frames import (
     expect,
     Ack,
+    AclGrant,
+    AclInfo,
+    AclList,
+    AclRevoke,
+    Acls,
     AuthChallenge,
     Cancel,
     Close,
@@ -91,6 +96,11 @@ from client.protocol.frames import (
     StreamMessage,
     Subscribe,
     SubscribeOk,
+    UserDelete,
+    UserInfo,
+    UserList,
+    UserPut,
+    Users,
     Welcome,
 )
 from client.scram import ScramClient
@@ -421,6 +431,36 @@ class BlockingConnection:
         reply = self._call(lambda rid: ListQueues(rid=rid))
         reply = expect(reply, Queues)
         return reply.queues
+
+    # -- users and grants (the group's; see docs/security.md) ---------------------------------
+
+    def create_user(self, name: str, password: str, role: str = "user") -> None:
+        """A new user of the group: ``role`` admin, monitor or user (refused if it exists; not
+        sent again after a lost node: a retry could not tell "created just now" from "taken")."""
+        self._call(lambda rid: UserPut(rid=rid, name=name, password=password, role=role, mode="create"),
+                   retry=False)
+
+    def change_password(self, name: str, password: str) -> None:
+        self._call(lambda rid: UserPut(rid=rid, name=name, password=password, mode="password"))
+
+    def delete_user(self, name: str) -> None:
+        """Delete a user and its grants (not sent again after a lost node)."""
+        self._call(lambda rid: UserDelete(rid=rid, name=name), retry=False)
+
+    def list_users(self) -> list[UserInfo]:
+        return expect(self._call(lambda rid: UserList(rid=rid)), Users).users
+
+    def grant(self, user: str, pattern: str, permissions: list[str]) -> None:
+        """Grant ``permissions`` (produce, consume, browse, configure, admin) on the queues
+        matching ``pattern`` (``orders.*``, ``*``) to ``user``."""
+        self._call(lambda rid: AclGrant(rid=rid, user=user, pattern=pattern, permissions=list(permissions)))
+
+    def revoke(self, user: str, pattern: str, permissions: list[str]) -> None:
+        self._call(lambda rid: AclRevoke(rid=rid, user=user, pattern=pattern, permissions=list(permissions)))
+
+    def list_acls(self, user: str | None = None) -> list[AclInfo]:
+        """The grants of ``user`` (None: of every user)."""
+        return expect(self._call(lambda rid: AclList(rid=rid, user=user)), Acls).acls
 
     def get(self, queue: str, *, auto_ack: bool = False) -> BlockingMessage | None:
         reply = self._call(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack), retry=False)

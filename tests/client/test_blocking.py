@@ -11,7 +11,7 @@ import pytest
 
 from broker.tools.process import NodeProcess
 from client import blocking
-from client.errors import AuthError, QueueNotFoundError, StaleDeliveryError
+from client.errors import AccessRefusedError, AuthError, InvalidArgumentError, QueueNotFoundError, StaleDeliveryError
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +137,28 @@ def test_blocking_sends_buffer_while_no_node_answers_and_drain_in_order(
         assert got == [f"m{i}" for i in range(30)] + ["after"]  # once each, in order
         (info,) = conn.list_queues()
         assert info.ready == 0 and info.unacked == 0
+
+
+def test_blocking_users_and_grants(url: str) -> None:
+    """The blocking client manages users and grants as the async one does; the grant holds."""
+    with blocking.connect(url) as admin:
+        admin.declare_queue("orders.eu")
+        admin.declare_queue("payments")
+        admin.create_user("bob", "bob-password-1")
+        admin.grant("bob", "orders.*", ["produce", "consume"])
+        assert ("bob", "user") in [(u.name, u.role) for u in admin.list_users()]
+        assert [(a.pattern, sorted(a.permissions)) for a in admin.list_acls("bob")] == \
+            [("orders.*", ["consume", "produce"])]
+        with pytest.raises(InvalidArgumentError, match="'bob' exists"):
+            admin.create_user("bob", "another-password")
+    bob_url = "tandem://bob:bob-password-1@" + url.split("@", 1)[1]
+    with blocking.connect(bob_url, durable=False) as bob:
+        bob.producer("orders.eu").send(b"order")
+        with pytest.raises(AccessRefusedError, match="'produce'.*'payments'"):
+            bob.producer("payments").send(b"payment")
+    with blocking.connect(url) as admin:
+        admin.revoke("bob", "orders.*", ["produce"])
+        admin.change_password("bob", "bob-password-2")
+        assert [sorted(a.permissions) for a in admin.list_acls("bob")] == [["consume"]]
+        admin.delete_user("bob")
+        assert "bob" not in [u.name for u in admin.list_users()]
