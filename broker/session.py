@@ -397,19 +397,20 @@ class Session:
         refusal = self.node.refusal()
         if refusal is not None and not frame.observe:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
-        if refusal is None:  # (a node that serves nothing has no catalogue to catch up with)
-            await self._catch_up_users()
+        if refusal is None and self.node.users.get(frame.user) is None:
+            await self._catch_up_users()  # (a node that serves nothing has no catalogue to catch up with)
         self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
         self.send(self._auth.hello(frame))
         self._hello_frame = frame
 
     async def _catch_up_users(self) -> None:
-        """In a group, apply the users and grants the catalogue's active holds before looking the
-        user up: one created or given a new password through another member a moment ago logs
-        in here too.  Bounded (a catalogue active that does not answer costs a login
-        LOGIN_CATCH_UP at most), and paid by every login alike, so how long a login takes says
-        nothing about which users exist.  An address the failed-login throttle holds back is
-        refused first: guessing costs the group nothing."""
+        """In a group, a user this member does not know: apply the users and grants the
+        catalogue's active holds before looking it up, so one created through another member a
+        moment ago logs in here too.  Bounded: a catalogue active that does not answer (a cut
+        link) costs such a login LOGIN_CATCH_UP at most, and logins of known users nothing.  An
+        address the failed-login throttle holds back is refused first, so guessing names costs
+        the group little (docs/security.md: the extra round trip tells a patient guesser that a
+        name is unknown)."""
         self.node.guard.check_throttle(self.address)
         try:
             async with self.node.clock.timeout(LOGIN_CATCH_UP):
