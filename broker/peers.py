@@ -195,7 +195,7 @@ class PeerManager:
             self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
         else:  # mutual TLS; a failed TLS handshake is an intruder too
             self._server = await TlsServer(self._accept, self._tls_refused, ctx, handshake_timeout=HANDSHAKE_TIMEOUT,
-                                           tasks=self._handlers).start(cfg.host, cfg.peer_port)
+                                           tasks=self._handlers, clock=self.node.clock).start(cfg.host, cfg.peer_port)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"

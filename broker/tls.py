@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.config import ConfigError, NodeConfig
+from client.clock import Clock
 
 log = logging.getLogger("tandem.broker")
 
@@ -176,8 +177,8 @@ class TlsServer:
 
     def __init__(self, accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
                  refused: Callable[[str, str], None], ctx: ssl.SSLContext, *, handshake_timeout: float,
-                 tasks: set[asyncio.Task[None]]) -> None:
-        self._accept, self._refused, self._ctx = accept, refused, ctx
+                 tasks: set[asyncio.Task[None]], clock: Clock) -> None:
+        self._accept, self._refused, self._ctx, self._clock = accept, refused, ctx, clock
         self._timeout, self._tasks = handshake_timeout, tasks
         self.sockets: list[socket.socket] = []
         self._loop_task: asyncio.Task[None] | None = None
@@ -201,7 +202,7 @@ class TlsServer:
                 if sock.fileno() == -1:
                     return  # closed
                 log.warning("accepting a connection failed: %s", exc)
-                await asyncio.sleep(0.1)  # (EMFILE and the like: do not spin)
+                await self._clock.sleep(0.1)  # (EMFILE and the like: do not spin)
                 continue
             task = loop.create_task(self._one(conn, f"{peer[0]}:{peer[1]}"), name="tandem-tls-accept")
             self._tasks.add(task)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 import client
 from broker.tools.cluster import LocalCluster
@@ -25,9 +24,9 @@ from client.connection import Connection
 from client.errors import AccessRefusedError, AuthError, TandemError
 from client.protocol.frames import (Declare, Delete, Frame, Get, Publish, PublishMessage, Purge, Read, SetOption,
                                     Subscribe, SubscribeOk)
-from tests.conftest import FAST, PASSWORD, running_group
+from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
-from tests.integration.test_shared_mode import LEASE, the_active
+from tests.integration.test_shared_mode import database, pair, the_active  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -287,28 +286,10 @@ async def _cli_lists_grant(url: str) -> bool:
 
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return str(request.getfixturevalue("pg_url"))
-    return f"sqlite:///{tmp_path / 'group.db'}"
-
-
-@pytest_asyncio.fixture
-async def shared_pair(tmp_path: Path, shared_db: str) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path / "pair", nodes=2, base_port=0, password=PASSWORD,
-                      extra_args=[*FAST, "--mode", "shared", "--database", shared_db, "--lease", LEASE])
-    await cl.start()
-    try:
-        yield cl
-    finally:
-        await cl.stop()
-
-
-async def test_shared_mode_keeps_grants_in_the_database_through_a_takeover(shared_pair: LocalCluster) -> None:
+async def test_shared_mode_keeps_grants_in_the_database_through_a_takeover(pair: LocalCluster) -> None:
     """Shared mode: a change is a write to the group's database; the node that takes over
     loads the users and grants from it."""
-    cl = shared_pair
+    cl = pair
     active = await the_active(cl)
     async with await login(cl.url_of(active)) as admin:
         await admin.declare_queue("orders.eu")
