@@ -4,6 +4,9 @@
 #   chromium                 the console's browser tests (tests/webconsole/test_browser.py)
 #   openjdk-17-jre-headless  a Java runtime for PySpark (tests/spark/)
 #   strace                   the slow-disk test and drill (stalls fsyncs: broker/tools/faults.py)
+#   iptables                 the drills' network partitions inside network namespaces (--net netns)
+#   fuse3                    the power-loss drills' file system (fusermount3, libfuse3 for mfusepy)
+#   faketime                 the clock drills' skewed wall clocks (libfaketime)
 # As root it installs them with apt-get (Debian); otherwise it names them in one line and fails.
 set -euo pipefail
 
@@ -14,6 +17,9 @@ need() {  # need COMMAND PACKAGE
 need chromium chromium
 need java openjdk-17-jre-headless
 need strace strace
+need iptables iptables
+need fusermount3 fuse3
+need faketime faketime
 
 [ "${#missing[@]}" -eq 0 ] && exit 0
 

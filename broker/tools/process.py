@@ -48,6 +48,11 @@ class NodeProcess:
                  extra_args: list[str] | None = None, ca: Path | None = None,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
+        #: a command the node runs under (``ip netns exec NS``, say: the drill's faults); it must
+        #: exec the node, so that :attr:`pid` is the node's own
+        self.wrap: list[str] = []
+        #: variables added to the node's environment (a fault's: libfaketime's, say)
+        self.env: dict[str, str] = {}
         #: the CA a TLS node's certificate is signed by (the ``ca`` of :attr:`url`)
         self.ca = ca
         self.tls = False  # whether the node said tandems:// (set when it starts)
@@ -82,10 +87,10 @@ class NodeProcess:
     async def start(self, timeout: float = 60.0) -> NodeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command, env = node_command()
-        env.update({"TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1"})
+        env.update({"TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1", **self.env})
         port = self.port if self.address is None else self.address[1]  # a restart keeps its port
         self.proc = await asyncio.create_subprocess_exec(
-            *command, "broker", "start", "--name", self.name,
+            *self.wrap, *command, "broker", "start", "--name", self.name,
             "--data-dir", str(self.data_dir), "--host", self.host, "--port", str(port),
             "--sync", self.sync, *self.extra_args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
