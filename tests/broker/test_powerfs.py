@@ -1,0 +1,159 @@
+"""powerfs: a rollback leaves exactly what was fsynced; strict mode forgets unsynced directory
+entries; the error mode fails writes and fsyncs with EIO; SQLite in WAL mode works on it; no
+mount outlives the wrapper."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from broker.tools.powerfs import PowerFS, PowerFSError, mounted
+from broker.tools.powerfs_mount import fuse_missing
+
+pytestmark = [pytest.mark.asyncio,
+              pytest.mark.skipif(fuse_missing() is not None, reason=f"powerfs cannot run here: {fuse_missing()}")]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_rollback_restores_the_synced_content(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        f = tmp_path / "m" / "data"
+        fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"A" * 10000)
+            os.fsync(fd)
+            os.pwrite(fd, b"B" * 3000, 2000)  # overwrites synced bytes
+            os.pwrite(fd, b"C" * 500, 9800)  # over the synced end, and past it
+            os.fdatasync(fd)
+            os.pwrite(fd, b"D" * 100, 0)
+            os.pwrite(fd, b"E" * 5000, 12000)  # a hole, then bytes past the end
+            os.ftruncate(fd, 5000)
+        finally:
+            os.close(fd)
+        synced = b"A" * 2000 + b"B" * 3000 + b"A" * 4800 + b"C" * 500
+        out = fs.rollback()
+        assert f.read_bytes() == synced
+        assert out["files"] == 1 and out["bytes"] > 0
+        st = fs.stats()
+        assert st["syncs"] == 2 and st["bytes_rolled_back"] == out["bytes"]
+        assert (tmp_path / "b" / "data").read_bytes() == synced  # the backing file itself
+
+
+async def test_an_unsynced_new_file_keeps_its_entry_unless_strict(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        (tmp_path / "m" / "new").write_bytes(b"x" * 100)
+        fs.rollback()
+        assert (tmp_path / "m" / "new").read_bytes() == b""  # its name stays, its bytes go
+
+
+async def test_strict_mode_forgets_directory_entries_since_the_directory_fsync(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m", strict=True) as fs:
+        m = tmp_path / "m"
+        (m / "kept").write_bytes(b"k")
+        (m / "gone").write_bytes(b"g")
+        (m / "sub").mkdir()
+        _fsync_dir(m)
+        fd = os.open(m / "kept", os.O_RDWR)
+        os.fsync(fd)
+        os.close(fd)
+        (m / "unsynced").write_bytes(b"u" * 10)  # never in a synced directory
+        (m / "gone").unlink()  # the unlink not synced: it comes back
+        os.rename(m / "kept", m / "sub" / "moved")  # neither directory synced: undone
+        out = fs.rollback()
+        assert sorted(os.listdir(m)) == ["gone", "kept", "sub"]
+        assert (m / "kept").read_bytes() == b"k"
+        assert os.listdir(m / "sub") == []
+        assert out["entries"] >= 3
+        (m / "synced").write_bytes(b"s")
+        _fsync_dir(m)
+        fs.rollback()
+        assert (m / "synced").exists() and (m / "synced").read_bytes() == b""  # its bytes never synced
+
+
+async def test_error_mode_fails_writes_and_fsyncs_with_eio(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        fd = os.open(tmp_path / "m" / "f", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"before")
+            fs.fail_io("write")
+            with pytest.raises(OSError) as e:
+                os.write(fd, b"during")
+            assert e.value.errno == errno.EIO
+            os.fsync(fd)  # only writes fail
+            fs.fail_io("fsync")
+            with pytest.raises(OSError) as e:
+                os.fsync(fd)
+            assert e.value.errno == errno.EIO
+            fs.fail_io("off")
+            os.write(fd, b"after")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert (tmp_path / "m" / "f").read_bytes() == b"beforeafter"
+        assert fs.stats()["failed_ios"] == 2
+        with pytest.raises(PowerFSError, match="unknown command"):
+            fs.command("fail-io sometimes")
+
+
+async def test_sqlite_in_wal_mode_works_and_keeps_its_synced_commits(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m", strict=True) as fs:
+        path = str(tmp_path / "m" / "t.db")
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            assert db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("CREATE TABLE t (x INTEGER)")
+            for i in range(200):
+                db.execute("INSERT INTO t VALUES (?)", (i,))
+            db.execute("PRAGMA synchronous=OFF")  # from here on nothing is fsynced
+            for i in range(200, 300):
+                db.execute("INSERT INTO t VALUES (?)", (i,))
+            assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 300
+            assert os.path.exists(path + "-shm")
+        finally:
+            db.close()  # (closing checkpoints: a real crash would not; the rollback undoes it)
+        fs.rollback()
+        db = sqlite3.connect(path)
+        try:
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            assert db.execute("SELECT count(*) FROM t").fetchone()[0] >= 200
+        finally:
+            db.close()
+
+
+async def test_no_mount_is_left_behind(tmp_path: Path) -> None:
+    fs = PowerFS(tmp_path / "b", tmp_path / "m")
+    with pytest.raises(RuntimeError):
+        async with fs:
+            held = open(tmp_path / "m" / "open-file", "w")  # busy: the unmount must be lazy
+            raise RuntimeError("the caller fails")
+    with contextlib.suppress(OSError):  # its file system is gone (ENOTCONN): nothing to flush
+        held.close()
+    assert not mounted(tmp_path / "m")
+    # the process dies under it: still unmounted
+    fs = PowerFS(tmp_path / "b", tmp_path / "m")
+    await fs.mount()
+    try:
+        assert fs.proc is not None
+        fs.proc.kill()
+        await fs.proc.wait()
+    finally:
+        await fs.unmount()
+    assert not mounted(tmp_path / "m")
+    # a second mount on the same point is refused, and the first one still goes
+    async with PowerFS(tmp_path / "b", tmp_path / "m"):
+        with pytest.raises(PowerFSError, match="already mounted"):
+            await PowerFS(tmp_path / "b2", tmp_path / "m").mount()
+    assert not mounted(tmp_path / "m")
