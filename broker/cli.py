@@ -117,7 +117,16 @@ async def _serve(config: NodeConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    signalled = asyncio.ensure_future(stop.wait())
+    stopped = asyncio.ensure_future(node.stopped.wait())
+    await asyncio.wait([signalled, stopped], return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    stopped.cancel()
+    if not stop.is_set():
+        # the node stopped itself (a fatal error, logged above): the process goes too, with a
+        # failure status, so that a supervisor restarts it rather than keep a node serving nothing
+        logging.getLogger("tandem.broker").critical("node %s stopped on a fatal error: exiting", config.name)
+        return 1
     logging.getLogger("tandem.broker").info("signal received: shutting down")
     await node.stop()
     return 0

@@ -14,6 +14,8 @@ from typing import Any
 from broker.config import DurabilityPolicy
 from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
+from broker.tools.drill.diskfaults import missing
+from broker.tools.drill.nemesis import NEMESES
 from broker.tools.drill.run import drill
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
@@ -35,7 +37,13 @@ def add_parser(sub: Any) -> None:
                     "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
                     "them again), rolling-restart (stop and start each node in turn, waiting for catch-up), "
                     "slow-disk (the fsyncs of every node but that one stall for as long, through strace: "
-                    "no partition may change its active). Two-node setups (kill-active and pause-active): "
+                    "no partition may change its active). Disk faults (root; every node's data dir on powerfs, "
+                    "a FUSE file system that can forget what was not fsynced, or on a small tmpfs): power-loss "
+                    "(kill -9 the node active for most partitions, roll its disk back to its last fsync, start it "
+                    "again), power-loss-all (every node at once, restarted in a seeded random order with 0-5 s "
+                    "gaps, printed as the run's fault line), disk-full (the target's tmpfs filled to ENOSPC for "
+                    "the hold: confirms may fail, none may be lost, the node must not die), disk-error (every "
+                    "write and fsync of a priority-0 replica fails with EIO for the hold). Two-node setups (kill-active and pause-active): "
                     "--mode shared --database URL (the node whose status says ha_state ACTIVE is the target; "
                     "each run on a fresh database beside URL, dropped after), --arbiter lockfile (the lock "
                     "holder is the target; the lock file in the run's directory) and --arbiter witness (a "
@@ -50,7 +58,8 @@ def add_parser(sub: Any) -> None:
                "  tandem drill pause-active --arbiter lockfile --runs 20\n"
                "  tandem drill kill-active --arbiter witness --runs 20",
         formatter_class=ExamplesFormatter)
-    d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
+    scenarios = (*SCENARIOS, *NEMESES)
+    d.add_argument("scenario", choices=scenarios, metavar="SCENARIO", help=" | ".join(scenarios))
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
     d.add_argument("--url", help="drill a running group instead (with --inject and --heal: the drill cannot "
@@ -63,7 +72,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--hold", type=float, help="seconds between inject and heal: with --url (default 5), and "
                                               "for a spawned group's pause-active and partition-active (default "
                                               "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
-                                              "shared mode and under the LockFile arbiter)")
+                                              "shared mode and under the LockFile arbiter), and for the fault "
+                                              "families (power-loss, disk-full, ...: the same default)")
     d.add_argument("--nodes", type=int, help="group size (default 3; 2 with --mode shared or --arbiter)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
@@ -138,9 +148,15 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
-    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active"):
+    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active") \
+            and args.scenario not in NEMESES:
         raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active and "
                                    "partition-active have, and a running group's --inject/--heal)")
+    if args.scenario in NEMESES and args.url:
+        raise InvalidArgumentError(f"{args.scenario} runs on a group the drill starts (it sets up the nodes' disks or "
+                                   "network itself): drop --url")
+    if args.scenario in NEMESES and (why := missing(NEMESES[args.scenario].needs)) is not None:
+        raise InvalidArgumentError(f"{args.scenario} cannot run here: {why}")
     if args.scenario == "slow-disk":
         if args.url:
             raise InvalidArgumentError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs "

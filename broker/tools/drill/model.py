@@ -91,6 +91,10 @@ class RunResult:
     after: str = ""
     kept: str = ""  # a failed run's directory, its node logs left there
     ha_events: list[str] = field(default_factory=list)
+    #: a fault family's schedule: what it injected and healed, one line each (replayable)
+    schedule: list[str] = field(default_factory=list)
+    #: the ranges Tandem reported lost (the SDK's messages_lost events): "producer/partition:first+count"
+    lost_ranges: list[str] = field(default_factory=list)
     error: str = ""
 
     @property

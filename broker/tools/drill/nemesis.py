@@ -31,6 +31,8 @@ class FaultContext:
     queue: str = QUEUE
     #: one line per fault injected and healed, in order (the schedule a run prints and replays)
     schedule: list[str] = field(default_factory=list)
+    #: what the fault showed wrong beyond the messages (a node that died of it): fails the run
+    failures: list[str] = field(default_factory=list)
 
     async def actives(self) -> dict[int, str]:
         """partition -> the node active for it, as the live nodes report."""
@@ -54,6 +56,11 @@ class Nemesis:
     #: namespace), "powerfs" (each data dir on the power-loss file system), "faketime"
     #: (libfaketime and a time namespace per node), "root"
     needs: ClassVar[frozenset[str]] = frozenset()
+
+    async def prepare(self, ctx: FaultContext) -> None:
+        """Set up what :attr:`needs` says on the group before its nodes start (mounts under
+        their data dirs, say); :meth:`close` undoes it."""
+        return None
 
     async def inject(self, ctx: FaultContext) -> str:
         """Start the fault; a one-line description of what was done."""

@@ -28,6 +28,8 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
                           "max": max(took) if took else None}
     out["moved"] = sum(1 for r in results if r.after and r.target and r.after != r.target)
     out["ha_events"] = sorted({e for r in results for e in r.ha_events})
+    out["schedule"] = [f"run {r.run}: {line}" for r in results for line in r.schedule]
+    out["lost_ranges"] = [f"run {r.run}: {line}" for r in results for line in r.lost_ranges]
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
     out["kept"] = [f"run {r.run}: {r.kept}" for r in results if r.kept]
     out["passed"] = bool(results) and all(r.passed for r in results)
@@ -48,6 +50,8 @@ def report_text(rep: dict[str, Any]) -> str:
              f"  another node served once the fault was over in {rep['moved']} of {rep['runs']} run(s)"]
     if rep["ha_events"]:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
+    for line in rep.get("schedule", []):
+        lines.append("  fault: " + line)
     for e in rep["errors"]:
         lines.append("  error: " + e)
     for k in rep.get("kept", []):

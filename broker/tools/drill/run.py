@@ -18,7 +18,9 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster, active_terms
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
 from broker.tools.drill.load import Load
+from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fault families)
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
+from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
 from broker.tools.pair import REPLICATED, HaSetup
@@ -33,10 +35,17 @@ TAKEOVER_WAIT = 30.0
 
 
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
-                  load: Load) -> None:
+                  load: Load, fault: tuple[Nemesis, FaultContext] | None = None) -> None:
     s = cfg.scenario
     hold = cfg.pause
-    if s in ("kill-active", "kill-replica"):
+    if fault is not None:  # a registered family: inject, hold, heal
+        nemesis, ctx = fault
+        load.mark_fault()
+        ctx.schedule.append(await nemesis.inject(ctx))
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        await nemesis.heal(ctx)
+        load.mark_settled()
+    elif s in ("kill-active", "kill-replica"):
         load.mark_fault()
         await cl.nodes[target].kill()
         load.after = await all_active(cl, cfg.partitions, deadline, clock)
@@ -129,27 +138,34 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
                   res: RunResult) -> RunResult:
     """One run's group in ``tmp``: start it, load it, inject the fault, judge into ``res``."""
     node_args: dict[str, list[str]] = {}
-    if cfg.scenario == "kill-replica":
+    if cfg.scenario in ("kill-replica", "disk-error"):
         node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
     cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
                       proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls)
     load: Load | None = None
+    fault: tuple[Nemesis, FaultContext] | None = None
+    if cfg.scenario in NEMESES:
+        fault = NEMESES[cfg.scenario](), FaultContext(cl, cfg, clock, random.Random(rng.random()))
     try:
+        if fault is not None:
+            await fault[0].prepare(fault[1])
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
         async with await client.connect(cl.url, client_name="drill-setup") as conn:
             await conn.declare_queue(QUEUE, partitions=cfg.partitions)
         actives = await all_active(cl, cfg.partitions, deadline, clock)
-        res.target = f"node{cfg.nodes}" if cfg.scenario == "kill-replica" else \
-            "all" if cfg.scenario in ("restart-all", "rolling-restart") else target_of(actives)
+        res.target = f"node{cfg.nodes}" if cfg.scenario in ("kill-replica", "disk-error") else \
+            "all" if cfg.scenario in ("restart-all", "rolling-restart", "power-loss-all") else target_of(actives)
         before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
         load = Load(cl, cfg, run, rng, clock)
         log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
         run_load = load
-        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
+        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load, fault), deadline)
         _verdict(res, load)
+        if fault is not None and fault[1].failures:
+            res.error = "; ".join(fault[1].failures)
         took = load.takeover({p for p, n in actives.items() if n == res.target})
         res.takeover_ms = round(took * 1000, 1) if took is not None else None
         res.after = target_of(load.after) if load.after else ""
@@ -168,7 +184,11 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
     finally:
         if load is not None:
             await load.close()
+            res.lost_ranges = [f"{p}/{part}:{first}+{count}" for p, part, first, count in load.lost_ranges]
         await cl.stop()
+        if fault is not None:
+            await fault[0].close(fault[1])
+            res.schedule = fault[1].schedule
     return res
 
 
@@ -229,8 +249,11 @@ def _verdict(res: RunResult, load: Load) -> None:
 
 async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
-    if cfg.scenario not in SCENARIOS:
-        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    if cfg.scenario not in SCENARIOS and cfg.scenario not in NEMESES:
+        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join([*SCENARIOS, *NEMESES])})")
+    if cfg.url is not None and cfg.scenario in NEMESES:
+        raise UnavailableError(f"{cfg.scenario} runs on a group the drill starts (it sets up the nodes' disks or "
+                               "network itself): drop --url")
     if cfg.url is not None and cfg.scenario == "slow-disk":
         raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
                                "and checks that no active moved): drop --url")

@@ -1,0 +1,222 @@
+"""The disk fault families: power loss (one node, every node), a full disk, a failing disk.
+
+``power-loss``, ``power-loss-all`` and ``disk-error`` need every node's data dir on powerfs
+(:mod:`broker.tools.powerfs`): :func:`prepare_disks` mounts one per node, over
+``<run dir>/<node>.backing``, before the nodes start; :meth:`DiskNemesis.close` unmounts them
+after they stop.  ``disk-full`` puts every node's data dir on a small tmpfs of its own
+(:data:`TMPFS_MB`) instead.  All of them need root.
+
+* ``power-loss``: kill -9 the node active for most partitions, roll its disk back to what it
+  had fsynced; after the hold start it again on that disk.
+* ``power-loss-all``: kill -9 every node at once, roll every disk back; after the hold start
+  them again in an order and with gaps (0-5 s) drawn from the run's seeded random source, both
+  printed in the schedule line, so a run can be replayed.
+* ``disk-full``: fill the target's tmpfs with a filler file until ENOSPC, hold, delete it.
+  A write refused must fail the confirm, never lose a confirmed message; the node must not
+  die, and must serve again once there is room.
+* ``disk-error``: every write and fsync of the group's replica (the last node, priority 0,
+  active for nothing) fails with EIO for the hold: it must not ack what it did not write, and
+  the actives keep serving with the other replica.
+
+A node that will not start on its rolled-back disk fails the run with its own words (the
+tail of its log): it must refuse, never serve less than it confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+from pathlib import Path
+from typing import ClassVar
+
+from broker.tools.drill.nemesis import FaultContext, Nemesis, register
+from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
+from client.errors import UnavailableError
+
+#: each node's tmpfs under disk-full (MiB)
+TMPFS_MB = 128
+#: the filler's name in a full node's data dir
+FILLER = "disk-full.filler"
+#: the longest gap between two restarts of power-loss-all (seconds)
+MAX_GAP = 5.0
+
+
+def missing(needs: frozenset[str]) -> str | None:
+    """Why a family with ``needs`` cannot run here, or None."""
+    if "powerfs" in needs:
+        return fuse_missing()
+    if "root" in needs and os.geteuid() != 0:
+        return "not root (it mounts file systems for the nodes' data dirs)"
+    return None
+
+
+class DiskNemesis(Nemesis):
+    """What the disk families share: their mounts, made before the nodes start."""
+
+    needs: ClassVar[frozenset[str]] = frozenset({"powerfs", "root"})
+    #: powerfs forgets directory entries not fsynced too (``--strict``)
+    strict: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.disks: dict[str, PowerFS] = {}
+        self.tmpfs: list[Path] = []
+
+    async def prepare(self, ctx: FaultContext) -> None:
+        """Every node's data dir on a powerfs mount (or a tmpfs), before the group starts."""
+        why = missing(self.needs)
+        if why is not None:
+            raise UnavailableError(f"{self.name} cannot run here: {why}")
+        for name, proc in ctx.cluster.nodes.items():
+            data = Path(proc.data_dir)
+            if "powerfs" in self.needs:
+                fs = PowerFS(data.with_name(f"{name}.backing"), data, strict=self.strict, clock=ctx.clock)
+                self.disks[name] = fs
+                await fs.mount()
+            else:
+                data.mkdir(parents=True, exist_ok=True)
+                self.tmpfs.append(data)
+                await _run("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(data))
+
+    async def close(self, ctx: FaultContext) -> None:
+        for fs in self.disks.values():
+            await fs.unmount()
+        for d in self.tmpfs:
+            await asyncio.to_thread(unmount, d)
+        self.tmpfs.clear()
+
+    async def _power_loss(self, ctx: FaultContext, names: list[str]) -> str:
+        """kill -9 ``names`` at once, then roll their disks back; what was rolled back."""
+        await asyncio.gather(*(ctx.cluster.nodes[n].kill() for n in names))
+        parts = []
+        for n in names:
+            out = await asyncio.to_thread(self.disks[n].rollback)
+            parts.append(f"{n} {out['bytes']} B in {out['files']} file(s)"
+                         + (f", {out['entries']} dir entries" if self.strict else ""))
+        return "rolled back " + "; ".join(parts)
+
+
+@register
+class PowerLoss(DiskNemesis):
+    name = "power-loss"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        return f"power-loss {self.node}: kill -9, {await self._power_loss(ctx, [self.node])}"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        await ctx.cluster.nodes[self.node].start()
+
+
+@register
+class PowerLossAll(DiskNemesis):
+    name = "power-loss-all"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[tuple[str, float]] = []
+
+    async def inject(self, ctx: FaultContext) -> str:
+        names = list(ctx.cluster.nodes)
+        lost = await self._power_loss(ctx, names)
+        self.order = [(n, round(ctx.rng.uniform(0.0, MAX_GAP), 1)) for n in ctx.rng.sample(names, len(names))]
+        start = ", ".join(f"+{gap}s {n}" for n, gap in self.order)
+        return f"power-loss-all: kill -9 every node, {lost}; restart order {start}"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        starts = []
+        for n, gap in self.order:
+            await ctx.clock.sleep(gap)  # the replayable schedule's own gap, not a wait for a state
+            # started in the background: a node may wait for a quorum before it says its URL
+            starts.append(asyncio.create_task(ctx.cluster.nodes[n].start()))
+        await asyncio.gather(*starts)
+
+
+@register
+class DiskFull(DiskNemesis):
+    name = "disk-full"
+    needs = frozenset({"root"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+        self.filler: Path | None = None
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        self.filler = Path(ctx.cluster.nodes[self.node].data_dir) / FILLER
+        size = await asyncio.to_thread(_fill, self.filler)
+        return f"disk-full {self.node}: its {TMPFS_MB} MiB tmpfs filled to ENOSPC ({size // 1024} KiB of filler)"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        if self.filler is not None:
+            self.filler.unlink(missing_ok=True)
+        await _revive(ctx, self.node, "its disk was full")
+
+
+@register
+class DiskError(DiskNemesis):
+    name = "disk-error"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = list(ctx.cluster.nodes)[-1]  # priority 0: a replica of every partition
+        await asyncio.to_thread(self.disks[self.node].fail_io, "all")
+        return f"disk-error {self.node}: every write and fsync fails with EIO"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        await asyncio.to_thread(self.disks[self.node].fail_io, "off")
+        st = await asyncio.to_thread(self.disks[self.node].stats)
+        ctx.schedule.append(f"disk-error {self.node}: {st['failed_ios']} write(s)/fsync(s) failed")
+        # a node may stop on a disk that fails (fail-stop): it must come back on a healthy one
+        await _revive(ctx, self.node, "its disk failed", fatal=False)
+
+
+async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True) -> None:
+    """If ``node``'s process died of the fault, start it again (the run goes on and checks every
+    message) and say so in the schedule; with ``fatal`` that fails the run too."""
+    p = ctx.cluster.nodes[node]
+    proc = p.proc
+    if proc is not None and proc.returncode is None:
+        return
+    await p.wait()  # (its output all in the log)
+    why = [line for line in p.log_text().splitlines() if " CRITICAL " in line and "exiting" not in line][-1:]
+    line = f"{node} exited (status {proc.returncode if proc else None}) while {what}" + \
+        (f": {why[0].split(' CRITICAL ', 1)[1]}" if why else "")
+    ctx.schedule.append(line + "; started again")
+    if fatal:
+        ctx.failures.append(line)
+    await p.start()
+
+
+def _fill(path: Path) -> int:
+    """Write ``path`` until the file system has no room left; its size."""
+    size = 0
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 12):
+            block = b"\0" * chunk
+            while True:
+                try:
+                    size += f.write(block) or 0
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+    return size
+
+
+async def _run(*cmd: str) -> None:
+    r = await asyncio.to_thread(subprocess.run, list(cmd), capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise UnavailableError(f"{' '.join(cmd)}: {r.stderr.strip() or f'status {r.returncode}'}")
+
+
+__all__ = ["DiskError", "DiskFull", "DiskNemesis", "PowerLoss", "PowerLossAll", "missing", "mounted"]
