@@ -1,0 +1,78 @@
+"""The disk fault drills in short form (broker/tools/drill/diskfaults.py): every node's data dir
+on powerfs (or a tmpfs), the fault injected under load, every message checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.tools.drill import DrillConfig, drill
+from broker.tools.drill.diskfaults import missing
+from broker.tools.drill.nemesis import NEMESES
+
+_why = missing(frozenset({"powerfs", "root"}))
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asyncio,
+              pytest.mark.skipif(_why is not None, reason=f"the disk drills cannot run here: {_why}")]
+
+
+async def _run(tmp_path: Path, scenario: str, messages: int = 400, **kw: Any) -> dict[str, Any]:
+    cfg = DrillConfig(scenario, producers=1, consumers=1, messages=messages, partitions=4, seed=7,
+                      data_dir=tmp_path, timeout=150, **kw)
+    rep = await drill(cfg, repeat=1)
+    print(f"{scenario}: lost {rep['lost']} (reported {rep['reported_lost']}, unreported {rep['unreported_lost']}), "
+          f"schedule {rep['schedule']}, errors {rep['errors']}")
+    assert rep["schedule"], "the fault left no line in the schedule"
+    return rep
+
+
+def _clean(rep: dict[str, Any]) -> None:
+    assert rep["sent"] == rep["confirmed"] + rep["failed_sends"]
+    assert (rep["duplicated"], rep["unexpected"], rep["unreported_lost"]) == (0, 0, 0), rep
+
+
+async def test_the_disk_families_are_registered() -> None:
+    assert {"power-loss", "power-loss-all", "disk-full", "disk-error"} <= set(NEMESES)
+
+
+async def test_power_loss_of_the_active_loses_nothing(tmp_path: Path) -> None:
+    rep = await _run(tmp_path, "power-loss")
+    _clean(rep)
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+    assert "rolled back" in rep["schedule"][0]
+
+
+async def test_power_loss_of_every_node_loses_nothing_unreported(tmp_path: Path) -> None:
+    """Replicas on WRITE_NO_SYNC (the default) keep an unsynced tail: with every node's
+    power gone at once a confirmed message may be lost; it must then be reported."""
+    rep = await _run(tmp_path, "power-loss-all")
+    _clean(rep)
+    assert rep["errors"] == [], rep
+    assert "restart order" in rep["schedule"][0]
+
+
+async def test_power_loss_of_every_node_with_synced_replicas_loses_nothing(tmp_path: Path) -> None:
+    rep = await _run(tmp_path, "power-loss-all", remote_sync="SYNC")
+    _clean(rep)
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+
+
+async def test_disk_full_fails_confirms_and_loses_nothing(tmp_path: Path) -> None:
+    # (enough messages that sends are still in flight while the disk is full)
+    rep = await _run(tmp_path, "disk-full", messages=3000)
+    _clean(rep)
+    assert rep["lost"] == 0, rep
+    if rep["errors"]:
+        # the node stops (fail-stop) on a replication log write refused with ENOSPC instead of
+        # refusing writes and serving again once there is room: reported, not yet fixed
+        assert all("exited (status 1) while its disk was full" in e for e in rep["errors"]), rep["errors"]
+        pytest.xfail(f"the node died of a full disk: {rep['errors'][0]}")
+    assert rep["passed"], rep
+
+
+async def test_disk_error_on_a_replica_loses_nothing(tmp_path: Path) -> None:
+    rep = await _run(tmp_path, "disk-error", messages=3000)
+    _clean(rep)
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+    assert rep["failover_ms"]["max"] < 5000, "the actives did not go on with the other replica"
