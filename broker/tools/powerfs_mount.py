@@ -73,6 +73,7 @@ class PowerFS:
         self.log_path = Path(log_path) if log_path else self.backing.with_name(self.backing.name + ".powerfs.log")
         self.control = f"tandem-powerfs-{os.getpid()}-{secrets.token_hex(6)}"
         self.proc: asyncio.subprocess.Process | None = None
+        self._ours = False  # whether a mount at mount_point may be this object's (never unmount another's)
 
     async def __aenter__(self) -> PowerFS:
         await self.mount()
@@ -86,6 +87,7 @@ class PowerFS:
         self.mount_point.mkdir(parents=True, exist_ok=True)
         if mounted(self.mount_point):
             raise PowerFSError(f"powerfs: something is already mounted at {self.mount_point}")
+        self._ours = True
         command, env = node_command()
         command = [*command[:-1], "broker.tools.powerfs"]  # python -P -m broker.tools.powerfs
         args = [str(self.backing), str(self.mount_point), "--control", self.control,
@@ -151,6 +153,8 @@ class PowerFS:
         """Unmount (lazily if busy) and wait for the process; kill -9 it after ``timeout`` (after
         a lazy unmount it would serve the files still open until they close). Idempotent;
         leaves no mount behind."""
+        if not self._ours:
+            return
         await asyncio.to_thread(unmount, self.mount_point)
         proc, self.proc = self.proc, None
         if proc is not None and proc.returncode is None:
@@ -161,3 +165,4 @@ class PowerFS:
                 proc.kill()
                 await proc.wait()
         await asyncio.to_thread(unmount, self.mount_point)  # a mount its killed process left
+        self._ours = False

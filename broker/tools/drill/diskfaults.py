@@ -71,13 +71,17 @@ class DiskNemesis(Nemesis):
         for name, proc in ctx.cluster.nodes.items():
             data = Path(proc.data_dir)
             if "powerfs" in self.needs:
-                fs = PowerFS(data.with_name(f"{name}.backing"), data, strict=self.strict, clock=ctx.clock)
-                self.disks[name] = fs
-                await fs.mount()
+                self.disks[name] = PowerFS(data.with_name(f"{name}.backing"), data, strict=self.strict,
+                                           clock=ctx.clock)
             else:
                 data.mkdir(parents=True, exist_ok=True)
                 self.tmpfs.append(data)
                 await _run("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(data))
+        # (all at once: each is a process of its own; close() unmounts every one, mounted or not)
+        failed = [r for r in await asyncio.gather(*(fs.mount() for fs in self.disks.values()),
+                                                   return_exceptions=True) if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
     async def close(self, ctx: FaultContext) -> None:
         for fs in self.disks.values():
