@@ -32,6 +32,12 @@ Scenarios (the *target* is the node active for the most partitions):
   its term (a slow disk is not a dead node); confirms wait for the stall, so
   ``failover_ms`` is about the stall's length.  Spawned groups only.
 
+The disk fault families (:mod:`broker.tools.drill.diskfaults`, root; every node's data dir
+on powerfs, :mod:`broker.tools.powerfs`, or on a tmpfs of its own): ``power-loss`` (kill -9 the
+target, roll its disk back to its last fsync, start it again), ``power-loss-all`` (every node,
+restarted in a seeded random order), ``disk-full`` (the target's disk full for the hold) and
+``disk-error`` (EIO on a priority-0 replica's writes and fsyncs for the hold).
+
 Two-node setups and shared mode (``DrillConfig.ha``, flags ``--mode shared --database URL``,
 ``--arbiter lockfile|witness``; kill-active and pause-active): the target is the one node whose
 status says ``ha_state`` ACTIVE (shared mode), the lock holder (LockFile arbiter), or the node

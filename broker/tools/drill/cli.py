@@ -56,7 +56,8 @@ def add_parser(sub: Any) -> None:
                "  tandem drill kill-active --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --runs 20\n"
                "  tandem drill pause-active --arbiter lockfile --runs 20\n"
-               "  tandem drill kill-active --arbiter witness --runs 20",
+               "  tandem drill kill-active --arbiter witness --runs 20\n"
+               "  sudo tandem drill power-loss-all --remote-sync SYNC --runs 10",
         formatter_class=ExamplesFormatter)
     scenarios = (*SCENARIOS, *NEMESES)
     d.add_argument("scenario", choices=scenarios, metavar="SCENARIO", help=" | ".join(scenarios))
