@@ -115,6 +115,7 @@ def _fs_classes() -> Any:
             self.undo: dict[int, Undo] = {}  # backing inode -> its journal
             self.dirs: dict[int, dict[str, int]] = {}  # strict: dir inode -> its entries at its last fsync
             self.handles: dict[int, tuple[int, int, bool]] = {}  # fh -> (fd, inode, O_SYNC)
+            self.stale: set[int] = set()  # handles opened before the last rollback: no more writes
             self.next_fh = 1
             self.fail: frozenset[str] = frozenset()
             self.trashed = 0
@@ -191,12 +192,15 @@ def _fs_classes() -> Any:
                 return self._handle(fd, flags)
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-            return os.pread(self.handles[fh][0], size, offset)
+            got = self.handles.get(fh)
+            if got is None:
+                raise FuseOSError(errno.EBADF)
+            return os.pread(got[0], size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
             with self.mu:
                 got = self.handles.get(fh)
-                if got is None:
+                if got is None or fh in self.stale:
                     raise FuseOSError(errno.EBADF)  # a handle from before a rollback
                 fd, ino, sync = got
                 self._fail("write")
@@ -224,7 +228,7 @@ def _fs_classes() -> Any:
             with self.mu:
                 self._fail("fsync")
                 got = self.handles.get(fh)
-                if got is None:
+                if got is None or fh in self.stale:
                     raise FuseOSError(errno.EBADF)
                 self.undo.pop(got[1], None)
                 self.stats["syncs"] += 1
@@ -236,6 +240,7 @@ def _fs_classes() -> Any:
         def release(self, path: str, fh: int) -> int:
             with self.mu:
                 got = self.handles.pop(fh, None)
+                self.stale.discard(fh)
             if got is not None:
                 os.close(got[0])
             return 0
@@ -336,7 +341,7 @@ def _fs_classes() -> Any:
 
         def rollback(self) -> dict[str, int]:
             with self.mu:
-                self.handles.clear()  # (their descriptors stay open until released)
+                self.stale = set(self.handles)  # (their descriptors close when released)
                 entries = self._rollback_dirs() if self.strict else 0
                 index = self._index()
                 changed = files = 0

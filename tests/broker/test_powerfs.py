@@ -157,3 +157,20 @@ async def test_no_mount_is_left_behind(tmp_path: Path) -> None:
         with pytest.raises(PowerFSError, match="already mounted"):
             await PowerFS(tmp_path / "b2", tmp_path / "m").mount()
     assert not mounted(tmp_path / "m")
+
+
+async def test_a_file_open_across_a_rollback_writes_no_more(tmp_path: Path) -> None:
+    """What a dead node left open must not write after its power loss."""
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        fd = os.open(tmp_path / "m" / "f", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"synced")
+            os.fsync(fd)
+            fs.rollback()
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"late", 0)
+            assert e.value.errno == errno.EBADF
+            assert os.pread(fd, 100, 0) == b"synced"  # reading is harmless
+        finally:
+            os.close(fd)
+        assert (tmp_path / "m" / "f").read_bytes() == b"synced"
