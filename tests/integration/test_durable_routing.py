@@ -70,6 +70,10 @@ async def test_a_producer_whose_first_node_loses_quorum_sends_every_partition_el
                 for r in range(3):
                     await send_round(p, f"cut{r}")
                 assert conn.node != "node1"  # requests that are about no partition moved too
+                # and so does a connection opened while the cut lasts
+                async with await client.connect(cl.url, send_timeout=120) as late:
+                    assert late.node == "node1"
+                    await send_round(late.producer("routed"), "late")
             finally:
                 for px in cl.proxies["node1"]:
                     px.heal()
