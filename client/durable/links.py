@@ -5,6 +5,8 @@ The primary link carries requests that are not about one partition (declare, sta
 the partition map).  When it breaks, a keeper task dials the nodes it knows (the
 group's members first, then the URL's hosts) with jittered exponential backoff on the
 connection's clock, and says so in a :class:`~client.durable.events.ConnectionEvent`.
+A primary whose node answers the partition map without quorum gives way to a node that
+has it (:mod:`client.durable.routing`).
 Producers and consumers ask for a link to a given node (a partition's active, a member)
 with :meth:`DurableLinks.link_now` / :meth:`DurableLinks.link`.
 """
@@ -492,8 +494,9 @@ class DurableLinks:
                 except TimeoutError:
                     break
                 for t in tasks:  # in the order asked: the known members first
-                    if t in done and t.result() is not None:
-                        got.append(t.result())  # type: ignore[arg-type]
+                    answer = t.result() if t in done else None
+                    if answer is not None:
+                        got.append(answer)
         finally:
             for t in pending:  # a hanging node: its answer (or link) comes later or never
                 t.add_done_callback(_consume)
