@@ -121,6 +121,9 @@ class SessionHost(StatusSource, Protocol):
 
     def require_quorum(self, what: str) -> None: ...
 
+    @property
+    def has_quorum(self) -> bool: ...
+
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now (a shared-mode passive), or None."""
         ...
@@ -505,7 +508,7 @@ class Session:
         if not self.node.acls.may_see(user, f.queue):
             raise AccessRefusedError(f"access refused: user {user.name!r} (role {user.role}) has no permission "
                                      f"on queue {f.queue!r}")
-        self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self)))
+        self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self), quorum=self.node.has_quorum))
 
     async def _subscribe(self, f: Subscribe) -> None:
         self._may("consume", f.queue, "consume")

@@ -441,7 +441,12 @@ class Connection:
 
     async def partition_map(self, queue: str) -> PartitionMap:
         """Where ``queue``'s partitions are active; the node sends MapChanged from now on."""
-        return expect(await self.request(lambda rid: Metadata(rid=rid, queue=queue)), MetadataOk).map
+        return (await self.metadata(queue)).map
+
+    async def metadata(self, queue: str) -> MetadataOk:
+        """The partition map of ``queue`` and whether the answering node has quorum (its
+        actives are to be trusted); the node sends MapChanged from now on."""
+        return expect(await self.request(lambda rid: Metadata(rid=rid, queue=queue)), MetadataOk)
 
     async def status(self) -> StatusOk:
         """The node's view of itself and its replication group."""

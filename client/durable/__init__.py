@@ -10,6 +10,7 @@
 The package, from the bottom up:
 
 * :mod:`~client.durable.events` — what the application hears: ``ConnectionEvent``, ``SendResult``.
+* :mod:`~client.durable.routing` — which partition map to route by when a node has no quorum (sans-IO).
 * :mod:`~client.durable.links` — one link per node, the primary link and its failover.
 * :mod:`~client.durable.pipeline` — one partition's send pipeline, a sans-IO state table.
 * :mod:`~client.durable.draining` — the producer's local buffer (sends while no node answers).

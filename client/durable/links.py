@@ -5,6 +5,8 @@ The primary link carries requests that are not about one partition (declare, sta
 the partition map).  When it breaks, a keeper task dials the nodes it knows (the
 group's members first, then the URL's hosts) with jittered exponential backoff on the
 connection's clock, and says so in a :class:`~client.durable.events.ConnectionEvent`.
+A primary whose node answers the partition map without quorum gives way to a node that
+has it (:mod:`client.durable.routing`).
 Producers and consumers ask for a link to a given node (a partition's active, a member)
 with :meth:`DurableLinks.link_now` / :meth:`DurableLinks.link`.
 """
@@ -17,11 +19,13 @@ import logging
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from client.clock import SYSTEM_CLOCK, Backoff, Clock
 from client.connection import Connection, _params_dict
+from client.durable import routing
 from client.durable.events import ConnectionEvent
+from client.durable.routing import MapAnswer
 from client.errors import (
     ConnectionClosedError,
     InvalidArgumentError,
@@ -40,6 +44,8 @@ T = TypeVar("T")
 DEFAULT_SEND_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_BUFFER_MAX_BYTES = 64 * 1024 * 1024
+#: how long a partition-map request waits for the other nodes when the primary's has no quorum
+MAP_FANOUT_TIMEOUT = 0.5
 
 
 class Stops(Protocol):
@@ -419,24 +425,98 @@ class DurableLinks:
         return self._primary.node if self._primary is not None else None
 
     async def partition_map(self, queue: str, *, timeout: float | None = None) -> PartitionMap:
-        """The queue's partition map, fetched again after any MapChanged or link failure."""
+        """The queue's partition map, fetched again after any MapChanged or link failure.
+
+        When the primary's node answers without quorum, the other nodes are asked too
+        (:mod:`client.durable.routing`): the map is what the nodes with quorum say, and the
+        primary link moves to one of them."""
         epoch = self.map_epoch
         cached = self._maps.get(queue)
         if cached is not None and cached[0] == epoch:
             return cached[1]
-        m = await self._call(lambda c: c.partition_map(queue), timeout=timeout)
+
+        async def ask(c: Connection) -> MapAnswer:
+            ok = await c.metadata(queue)
+            return MapAnswer(c.node or "", ok.map, ok.quorum)
+
+        first = await self._call(ask, timeout=timeout)
+        self._learn_addresses(first.map)
+        answers = [first]
+        if routing.ask_others(first):
+            answers += await self._ask_others(queue, first.node, answers)
+            serving = routing.serving_node(answers, first.node)
+            link = self.links.get(serving)
+            if serving != first.node and link is not None and not link.is_closed and not self._closed:
+                log.info("durable connection: %s has no quorum; requests go to %s", first.node, serving)
+                self._set_primary(link)
+        m = routing.merge(answers)
+        self._learn_addresses(m)
+        self._maps[queue] = (epoch, m)
+        return m
+
+    def _learn_addresses(self, m: PartitionMap) -> None:
         for name, addr in m.addresses.items():
             host, _, port = addr.rpartition(":")
             if host and port.isdigit():
                 self.addresses[name] = (host, int(port))
-        self._maps[queue] = (epoch, m)
-        return m
+
+    async def _ask_others(self, queue: str, exclude: str, answers: list[MapAnswer]) -> list[MapAnswer]:
+        """The partition maps of the other nodes (known members, then URL hosts of unknown
+        name) that answer within :data:`MAP_FANOUT_TIMEOUT`, until those with quorum name an
+        active for every partition.  A link opened for it is kept."""
+        known = set(self.addresses.values())
+        targets: list[tuple[str, tuple[str, int]]] = [(n, a) for n, a in self.addresses.items() if n != exclude]
+        targets += [("", a) for a in self.params.hosts if a not in known]
+
+        async def one(name: str, addr: tuple[str, int]) -> MapAnswer | None:
+            try:
+                link = await self._map_link(name, addr)
+                if link is None or link.node == exclude:
+                    return None
+                ok = await link.metadata(queue)
+                return MapAnswer(link.node or "", ok.map, ok.quorum)
+            except (TandemError, OSError) as exc:
+                log.debug("durable connection: no partition map from %s: %s", name or addr, exc)
+                return None
+
+        tasks = [asyncio.ensure_future(one(n, a)) for n, a in targets]
+        got: list[MapAnswer] = []
+        deadline = self.clock.monotonic() + MAP_FANOUT_TIMEOUT
+        pending = set(tasks)
+        try:
+            while pending and not routing.settled([*answers, *got]):
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    async with self.clock.timeout(remaining):
+                        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                except TimeoutError:
+                    break
+                for t in tasks:  # in the order asked: the known members first
+                    answer = t.result() if t in done else None
+                    if answer is not None:
+                        got.append(answer)
+        finally:
+            for t in pending:  # a hanging node: its answer (or link) comes later or never
+                t.add_done_callback(_consume)
+        return got
+
+    async def _map_link(self, name: str, addr: tuple[str, int]) -> Connection | None:
+        """An open link to node ``name`` (or, with no name, to ``addr``), dialing it if need be."""
+        if name:
+            link = self.link_now(name)  # starts a dial unless one runs or one failed just now
+            if link is not None:
+                return link
+            opening = self._opening.get(name)
+            return None if opening is None else await asyncio.shield(opening)
+        return await self._dial(*addr)
 
     @property
     def is_closed(self) -> bool:
         return self._closed
 
 
-def _consume(task: asyncio.Future[Connection | None]) -> None:
+def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a dial that failed after another won is no news

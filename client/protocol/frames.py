@@ -363,9 +363,14 @@ class Metadata(Frame):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetadataOk(Frame):
+    """``quorum``: the answering node has node quorum.  False: its partitions are
+    Unavailable there and its actives are not to be trusted over a node with quorum
+    (a client asks another node)."""
+
     OP: ClassVar[Op] = Op.METADATA_OK
     rid: int
     map: PartitionMap
+    quorum: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
