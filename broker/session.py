@@ -28,7 +28,6 @@ from broker.status import StatusSource, status_of
 from broker import delivery as _delivery
 from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
-from broker.users import UserRegistry
 from broker.acl import AclTable
 from broker.security import Security
 from broker.users import UserRegistry, make_user
