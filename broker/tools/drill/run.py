@@ -16,9 +16,11 @@ import client
 from broker.replication import ALIVE_GIVE_UP
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster, active_terms
+from broker.tools.drill.families import GroupSetup, hold_fault, load_families, prepare_group
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
+from broker.tools.drill.nemesis import NEMESES, FaultContext
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
 from broker.tools.pair import REPLICATED, HaSetup
@@ -66,6 +68,11 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
             await stall_disk([p.pid for p in procs if p is not None], stall, clock=clock)
         except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
             raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
+    elif s in NEMESES:  # a fault family (broker/tools/drill/nemesis.py), held for cfg.pause
+        load.mark_fault()
+        what = await hold_fault(NEMESES[s](), FaultContext(cl, cfg, clock, random.Random(cfg.seed)))
+        log.warning("drill: %s: %s", s, what)
+        load.mark_settled()
     elif s == "restart-all":
         await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
         await cl.start()
@@ -135,7 +142,10 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
                       proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls)
     load: Load | None = None
+    setups: list[GroupSetup] = []
     try:
+        if cfg.scenario in NEMESES:
+            await prepare_group(NEMESES[cfg.scenario].needs, cl, rng, setups.append)
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
@@ -169,6 +179,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         if load is not None:
             await load.close()
         await cl.stop()
+        for setup in reversed(setups):
+            await setup.close()
     return res
 
 
@@ -229,8 +241,9 @@ def _verdict(res: RunResult, load: Load) -> None:
 
 async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
-    if cfg.scenario not in SCENARIOS:
-        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(SCENARIOS)})")
+    known = [*SCENARIOS, *sorted(load_families())]
+    if cfg.scenario not in known:
+        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(known)})")
     if cfg.url is not None and cfg.scenario == "slow-disk":
         raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
                                "and checks that no active moved): drop --url")
