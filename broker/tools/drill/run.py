@@ -14,7 +14,7 @@ from typing import Any
 
 import client
 from broker.replication import ALIVE_GIVE_UP
-from broker.tools.checker import classify
+from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster, active_terms
 from broker.tools.drill.families import GroupSetup, hold_fault, load_families, prepare_group
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
@@ -227,13 +227,13 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
 
 
 def _verdict(res: RunResult, load: Load) -> None:
-    v = classify(load.sent, load.confirmed, load.consumed)
+    v = classify(load.sent, load.confirmed, load.consumed, reordered(load.received, load.origin))
     res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None
     if v.lost:
         res.unreported_lost = load.unreported(set(load.confirmed) - {b for b, _ in load.consumed})
     res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
     res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
-    res.unconfirmed_delivered = v.unconfirmed_delivered
+    res.unconfirmed_delivered, res.reordered = v.recovered, v.reordered
     res.failed_sends = load.failed
     res.reported_lost = load.reported_lost
     res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
