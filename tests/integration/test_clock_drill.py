@@ -15,7 +15,6 @@ import pytest
 from broker.tools.cluster import LocalCluster
 from broker.tools.drill import DrillConfig, drill
 from broker.tools.drill.clockfaults import FaketimeSetup, control_file, set_offset
-from broker.tools.drill.families import GroupSetup, prepare_group
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
@@ -30,12 +29,10 @@ async def test_each_node_runs_on_its_own_clocks(tmp_path: Path) -> None:
     namespace with its monotonic offset; its wall clock follows its control file; the holders
     are gone once the setup is closed."""
     cl = LocalCluster(tmp_path, nodes=2, base_port=0)
-    setups: list[GroupSetup] = []
+    setup = FaketimeSetup(cl, random.Random(5))
     try:
-        await prepare_group({"faketime"}, cl, random.Random(5), setups.append)
+        await setup.prepare()
         await cl.start()
-        (setup,) = setups
-        assert isinstance(setup, FaketimeSetup)
         for name, node in cl.nodes.items():
             holder = setup.holders[name].pid
             assert os.readlink(f"/proc/{node.pid}/ns/time") == os.readlink(f"/proc/{holder}/ns/time")
@@ -53,10 +50,10 @@ async def test_each_node_runs_on_its_own_clocks(tmp_path: Path) -> None:
             return abs(ahead - 7200) < 120
         await wait_until(two_hours_ahead, timeout=30, what="node1's wall clock two hours ahead")
     finally:
+        holders = list(setup.holders.values())
         await cl.stop()
-        for s in setups:
-            await s.close()
-    assert all(not Path(f"/proc/{p.pid}").exists() or p.returncode is not None for p in setup.holders.values())
+        await setup.close()
+    assert all(p.returncode is not None for p in holders)  # killed and reaped
     assert not setup.holders and not control_file(cl.nodes["node1"]).exists()
 
 

@@ -45,7 +45,15 @@ def add_parser(sub: Any) -> None:
                     "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
                     "until the other node serves (then SIGCONT: the woken node must write nothing). "
                     "Reported per run: the longest wait for a confirm, and the time from the fault to the "
-                    "first confirm on the new active.",
+                    "first confirm on the new active. Fault families run once under load the same way "
+                    "(tandem drill FAMILY, held for --hold): kill, pause, clock (root: every node's wall clock "
+                    "skewed by libfaketime, seconds to hours either way, some jumping while it holds; its "
+                    "monotonic clock offset in a time namespace of its own), and the network and disk families "
+                    "where installed. jepsen: one group, producers at about --rate messages/s for --time seconds, "
+                    "the --faults families injected and healed one at a time on a schedule made from --seed "
+                    "(printed on stderr as it runs), then drain and check; the results JSON goes to --out and "
+                    "the last line says 'lost N of M confirmed, unexpected U, duplicated D' (also counted: "
+                    "reordered, first deliveries out of their producer's order in a partition).",
         epilog="examples:\n"
                "  tandem drill kill-active --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --runs 20\n"
@@ -84,7 +92,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--consumers", type=int, default=2, help="default 2")
     d.add_argument("--messages", type=int, default=3000, help="messages per run, all producers (default 3000)")
     d.add_argument("--runs", "--repeat", dest="repeat", type=int, default=1, help="runs (default 1)")
-    d.add_argument("--seed", type=int, default=1, help="makes the schedule (keys, interleaving) reproducible")
+    d.add_argument("--seed", type=int, default=1,
+                   help="makes the schedule (keys, interleaving; jepsen: its faults) reproducible")
     d.add_argument("--local-sync", dest="local_sync", default="SYNC", help="the actives' policy (default SYNC)")
     d.add_argument("--remote-sync", dest="remote_sync", default="WRITE_NO_SYNC",
                    help="the replicas' policy (default WRITE_NO_SYNC)")

@@ -15,10 +15,11 @@ Nothing that keeps data safe may depend on the nodes' clocks agreeing.  A node h
   it and then execs the node (so the node's pid is the one the drill started).  A monotonic
   clock never jumps, so this offset stays for the whole run.
 
-The group setup (need ``faketime``, :class:`FaketimeSetup`) does both before the nodes start
-(every node's wall clock true); the family (:class:`ClockSkew`) skews every wall clock by its
-own amount, from a second to hours, ahead or behind, jumps some of them forward or back while
-the fault lasts, and heals by setting them all true again.  Needs root (``unshare --time``).
+The family (:class:`ClockSkew`) sets both up before the nodes start (its ``prepare``, need
+``faketime``: :class:`FaketimeSetup`; every wall clock true), skews every wall clock by its own
+amount, from a second to hours, ahead or behind, jumps some of them forward or back while the
+fault lasts, heals by setting them all true again, and removes the holders on ``close``.  Needs
+root (``unshare --time``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import signal
 from pathlib import Path
 from typing import Any, ClassVar
 
-from broker.tools.drill.families import GroupSetup, register_setup
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from client.errors import UnavailableError
 
@@ -80,14 +80,11 @@ def _uptime() -> float:
         return 0.0
 
 
-@register_setup
-class FaketimeSetup(GroupSetup):
-    """A control file and a time namespace per node (see the module's docstring)."""
-
-    need: ClassVar[str] = "faketime"
+class FaketimeSetup:
+    """A control file and a time namespace per node of ``cluster`` (see the module's docstring)."""
 
     def __init__(self, cluster: Any, rng: Any) -> None:
-        super().__init__(cluster, rng)
+        self.cluster, self.rng = cluster, rng
         self.holders: dict[str, asyncio.subprocess.Process] = {}
         #: node -> its monotonic clock's offset, seconds
         self.monotonic: dict[str, float] = {}
@@ -139,6 +136,8 @@ class FaketimeSetup(GroupSetup):
         raise UnavailableError(f"the time namespace holder of {name} did not start")
 
     async def close(self) -> None:
+        """Kill the holders (a node already in a namespace keeps it; a node started after this
+        could not enter it) and remove the control files."""
         for proc in self.holders.values():
             if proc.returncode is None:
                 proc.send_signal(signal.SIGKILL)
@@ -159,8 +158,14 @@ class ClockSkew(Nemesis):
     needs: ClassVar[frozenset[str]] = frozenset({"faketime", "root"})
 
     def __init__(self) -> None:
+        self.setup: FaketimeSetup | None = None
         self.nodes: list[Any] = []
         self.jumps: asyncio.Task[None] | None = None
+
+    async def prepare(self, ctx: FaultContext) -> None:
+        """Every node on clocks of its own (before the nodes start)."""
+        self.setup = FaketimeSetup(ctx.cluster, ctx.rng)
+        await self.setup.prepare()
 
     @staticmethod
     def _skew(rng: Any) -> float:
@@ -197,9 +202,7 @@ class ClockSkew(Nemesis):
             set_offset(node, off)
 
     async def heal(self, ctx: FaultContext) -> None:
-        await self.close(ctx)
-
-    async def close(self, ctx: FaultContext) -> None:
+        """Every wall clock true again (within libfaketime's re-read, a second)."""
         if self.jumps is not None:
             self.jumps.cancel()
             await asyncio.gather(self.jumps, return_exceptions=True)
@@ -208,3 +211,9 @@ class ClockSkew(Nemesis):
             if control_file(node).exists():
                 set_offset(node, 0.0)
         self.nodes = []
+
+    async def close(self, ctx: FaultContext) -> None:
+        await self.heal(ctx)
+        if self.setup is not None:
+            await self.setup.close()
+            self.setup = None

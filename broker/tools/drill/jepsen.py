@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import logging
 import random
@@ -37,11 +38,11 @@ from typing import Any
 import client
 from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster
-from broker.tools.drill.families import GroupSetup, families, needs_of, prepare_group
+from broker.tools.drill.families import check_needs, families, needs_of, prepare
 from broker.tools.drill.groups import all_active, ha_events
 from broker.tools.drill.load import Load, takeover_time
 from broker.tools.drill.model import QUEUE, DrillConfig
-from broker.tools.drill.nemesis import NEMESES, FaultContext
+from broker.tools.drill.nemesis import FaultContext, Nemesis
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, TandemError
 
@@ -112,8 +113,9 @@ class _Runner:
     def _at(self) -> float:
         return round(self.clock.monotonic() - self.t0, 2)
 
-    async def faults(self, cl: LocalCluster, load: Load, end: float, deadline: float) -> None:
-        """The schedule, fault by fault, while there is time for the next one."""
+    async def faults(self, cl: LocalCluster, fams: dict[str, Nemesis], end: float, deadline: float) -> None:
+        """The schedule, fault by fault, while there is time for the next one (each family one
+        instance, prepared before the group started, closed after it stopped)."""
         clock, cfg = self.clock, self.cfg
         for f in self.schedule:
             if clock.monotonic() + f.gap + f.hold > end:
@@ -121,13 +123,15 @@ class _Runner:
             await clock.sleep(f.gap)  # the schedule's quiet: not a wait for a state
             entry: dict[str, Any] = {**dataclasses.asdict(f), "injected_s": self._at()}
             self.timeline.append(entry)
-            nem = NEMESES[f.family]()
+            nem = fams[f.family]
             ctx = FaultContext(cl, dataclasses.replace(cfg, hold=f.hold), clock, random.Random(f.seed))
             injected = clock.monotonic()
+            healing = False
             try:
                 entry["what"] = await nem.inject(ctx)
                 self.say(f"[{entry['injected_s']:7.1f} s] {f.line()}: {entry['what']}")
                 await clock.sleep(f.hold)  # the fault lasts this long: not a wait for a state
+                healing = True
                 await nem.heal(ctx)
                 entry["healed_s"] = self._at()
                 healed = clock.monotonic()
@@ -141,9 +145,9 @@ class _Runner:
             except (TandemError, OSError, TimeoutError) as exc:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 self.say(f"[{self._at():7.1f} s] #{f.index} {f.family}: {entry['error']}")
+                if not healing:
+                    await nem.heal(ctx)  # the group is to serve for the drain
                 raise
-            finally:
-                await nem.close(ctx)
 
     async def run(self, tmp: str) -> dict[str, Any]:
         cfg, clock = self.cfg, self.clock
@@ -157,14 +161,23 @@ class _Runner:
                  f"{self.rate:.0f} msg/s, {len(self.schedule)} fault(s) planned")
         for f in self.schedule:
             self.say(f"  planned {f.line()}")
+        needs = needs_of(fams)
+        check_needs(needs)
+        net: dict[str, Any] = {}
+        if "netns" in needs and "net" in inspect.signature(LocalCluster).parameters:
+            net["net"] = "netns"  # each node in a network namespace of its own, made by the group
         cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync, extra_args=cfg.node_args(),
-                          clock=clock, tls=cfg.tls)
-        setups: list[GroupSetup] = []
+                          clock=clock, tls=cfg.tls, **net)
+        rng = random.Random(cfg.seed)
+        setup_ctx = FaultContext(cl, cfg, clock, random.Random(rng.random()))
+        nems = {f.name: f() for f in fams}
+        prepared: list[Nemesis] = []
         load: Load | None = None
         tasks: list[asyncio.Future[Any]] = []
-        rng = random.Random(cfg.seed)
         try:
-            await prepare_group(needs_of(fams), cl, rng, setups.append)
+            for nem in nems.values():
+                prepared.append(nem)
+                await prepare(nem, setup_ctx)
             await cl.start()
             await cl.wait_ready()
             async with await client.connect(cl.url, client_name="drill-setup") as conn:
@@ -179,7 +192,7 @@ class _Runner:
                 *(load.produce(i, None, rate=per, until=end) for i in range(cfg.producers))))
             tasks.append(producers)
             try:
-                await self.faults(cl, load, end, deadline)
+                await self.faults(cl, nems, end, deadline)
             except (TandemError, OSError, TimeoutError) as exc:
                 rep["error"] = f"{type(exc).__name__}: {exc}"
             self.say(f"[{self._at():7.1f} s] faults done; the producers stop at {self.duration:.0f} s, then the drain")
@@ -197,8 +210,8 @@ class _Runner:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await cl.stop()
-            for setup in reversed(setups):
-                await setup.close()
+            for nem in reversed(prepared):
+                await nem.close(setup_ctx)
         self._judge(rep, load)
         return rep
 

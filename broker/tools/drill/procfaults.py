@@ -25,15 +25,11 @@ class Kill(Nemesis):
         return f"kill -9 {self.target}"
 
     async def heal(self, ctx: FaultContext) -> None:
-        await self.close(ctx)
-
-    async def close(self, ctx: FaultContext) -> None:
-        if self.target is None:
-            return
-        node = ctx.cluster.nodes[self.target]
-        if node.proc is None or node.proc.returncode is not None:
-            await node.start()
-        self.target = None
+        if self.target is not None:
+            node = ctx.cluster.nodes[self.target]
+            if node.proc is None or node.proc.returncode is not None:
+                await node.start()
+            self.target = None
 
 
 @register

@@ -16,11 +16,11 @@ import client
 from broker.replication import ALIVE_GIVE_UP
 from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster, active_terms
-from broker.tools.drill.families import GroupSetup, hold_fault, load_families, prepare_group
+from broker.tools.drill.families import check_needs, load_families, prepare
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
-from broker.tools.drill.nemesis import NEMESES, FaultContext
+from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
 from broker.tools.pair import REPLICATED, HaSetup
@@ -35,10 +35,18 @@ TAKEOVER_WAIT = 30.0
 
 
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
-                  load: Load) -> None:
+                  load: Load, fault: tuple[Nemesis, FaultContext] | None = None) -> None:
     s = cfg.scenario
     hold = cfg.pause
-    if s in ("kill-active", "kill-replica"):
+    if fault is not None:  # a fault family (broker/tools/drill/nemesis.py): inject, hold, heal
+        nemesis, ctx = fault
+        load.mark_fault()
+        ctx.schedule.append(await nemesis.inject(ctx))
+        log.warning("drill: %s: %s", s, ctx.schedule[-1])
+        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+        await nemesis.heal(ctx)
+        load.mark_settled()
+    elif s in ("kill-active", "kill-replica"):
         load.mark_fault()
         await cl.nodes[target].kill()
         load.after = await all_active(cl, cfg.partitions, deadline, clock)
@@ -68,11 +76,6 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
             await stall_disk([p.pid for p in procs if p is not None], stall, clock=clock)
         except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
             raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
-    elif s in NEMESES:  # a fault family (broker/tools/drill/nemesis.py), held for cfg.pause
-        load.mark_fault()
-        what = await hold_fault(NEMESES[s](), FaultContext(cl, cfg, clock, random.Random(cfg.seed)))
-        log.warning("drill: %s: %s", s, what)
-        load.mark_settled()
     elif s == "restart-all":
         await asyncio.gather(*(p.kill() for p in cl.nodes.values()))
         await cl.start()
@@ -142,10 +145,13 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
                       proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls)
     load: Load | None = None
-    setups: list[GroupSetup] = []
+    fault: tuple[Nemesis, FaultContext] | None = None
+    if cfg.scenario in NEMESES:
+        fault = NEMESES[cfg.scenario](), FaultContext(cl, cfg, clock, random.Random(rng.random()))
     try:
-        if cfg.scenario in NEMESES:
-            await prepare_group(NEMESES[cfg.scenario].needs, cl, rng, setups.append)
+        if fault is not None:
+            check_needs(fault[0].needs)
+            await prepare(*fault)
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
@@ -158,7 +164,7 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         load = Load(cl, cfg, run, rng, clock)
         log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
         run_load = load
-        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
+        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load, fault), deadline)
         _verdict(res, load)
         took = load.takeover({p for p, n in actives.items() if n == res.target})
         res.takeover_ms = round(took * 1000, 1) if took is not None else None
@@ -179,8 +185,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         if load is not None:
             await load.close()
         await cl.stop()
-        for setup in reversed(setups):
-            await setup.close()
+        if fault is not None:
+            await fault[0].close(fault[1])
     return res
 
 
