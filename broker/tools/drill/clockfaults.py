@@ -132,7 +132,7 @@ class FaketimeSetup:
                     return
             except OSError:
                 pass
-            await asyncio.sleep(0.05)
+            await self.cluster.clock.sleep(0.05)
         raise UnavailableError(f"the time namespace holder of {name} did not start")
 
     async def close(self) -> None:
