@@ -35,7 +35,8 @@ VIA = web.RequestKey("via", str)  # cookie or basic
 
 
 class Session:
-    """A browser's login: its user and role, its CSRF token, when it expires."""
+    """A browser's login: its user and role, its CSRF token, when it expires (on the node's
+    monotonic clock)."""
 
     __slots__ = ("user", "role", "csrf", "expires")
 
@@ -60,7 +61,7 @@ class Sessions:
     def open(self, user: UserRecord) -> tuple[str, Session]:
         """A new session for ``user`` (and the expired ones forgotten): its token and itself."""
         token = secrets.token_urlsafe(32)
-        now = self._clock.time()
+        now = self._clock.monotonic()  # not the wall clock: a clock step must not end or stretch logins
         self._by_token = {k: s for k, s in self._by_token.items() if s.expires > now}
         sess = self._by_token[token] = Session(user.name, user.role, now + SESSION_TTL)
         return token, sess
@@ -68,7 +69,7 @@ class Sessions:
     def valid(self, token: str) -> Session | None:
         """The session of ``token`` if it has not expired (an expired one is forgotten)."""
         sess = self._by_token.get(token)
-        if sess is not None and sess.expires > self._clock.time():
+        if sess is not None and sess.expires > self._clock.monotonic():
             return sess
         self._by_token.pop(token, None)
         return None

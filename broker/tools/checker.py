@@ -6,14 +6,17 @@
   different message ids: what idempotent producers forbid);
 * ``redelivered``: the same message id consumed again (allowed after a failover, counted);
 * ``unexpected``: consumed, never sent;
-* ``unconfirmed_delivered``: consumed though its send was not confirmed (allowed: the
-  confirm was lost, the message was not).
+* ``recovered``: consumed though its send was not confirmed (no confirm came: the send failed
+  or timed out, its outcome unknown; allowed: the confirm was lost, the message was not);
+* ``reordered`` (:func:`reordered`): first deliveries that came to a consumer out of their
+  producer's send order within a partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,18 +28,26 @@ class Verdict:
     duplicated: int
     redelivered: int
     unexpected: int
-    unconfirmed_delivered: int
+    recovered: int
+    reordered: int = 0
+
+    @property
+    def unconfirmed_delivered(self) -> int:
+        """:attr:`recovered` by its older name (the drill's reports)."""
+        return self.recovered
 
     @property
     def passed(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
+        return self.lost == 0 and self.duplicated == 0 and self.unexpected == 0 and self.reordered == 0
 
     def as_dict(self) -> dict[str, int | bool]:
         return {**asdict(self), "passed": self.passed}
 
 
-def classify(sent: Iterable[bytes], confirmed: Iterable[bytes], consumed: Iterable[tuple[bytes, str]]) -> Verdict:
-    """``consumed``: (payload, message id) in the order received.  Payloads are unique per send."""
+def classify(sent: Iterable[bytes], confirmed: Iterable[bytes], consumed: Iterable[tuple[bytes, str]],
+             reordered: int = 0) -> Verdict:
+    """``consumed``: (payload, message id) in the order received.  Payloads are unique per send.
+    ``reordered``: what :func:`reordered` counted (0: not checked)."""
     sent_set, confirmed_set = set(sent), set(confirmed)
     ids_of: dict[bytes, set[str]] = {}
     deliveries = 0
@@ -51,5 +62,46 @@ def classify(sent: Iterable[bytes], confirmed: Iterable[bytes], consumed: Iterab
         duplicated=sum(1 for b, ids in ids_of.items() if len(ids) > 1 and b in sent_set),
         redelivered=deliveries - sum(len(ids) for ids in ids_of.values()),
         unexpected=len(seen - sent_set),
-        unconfirmed_delivered=len((seen & sent_set) - confirmed_set),
+        recovered=len((seen & sent_set) - confirmed_set),
+        reordered=reordered,
     )
+
+
+class Delivery(NamedTuple):
+    """One message as a consumer received it."""
+
+    body: bytes
+    consumer: int
+    partition: int
+    redelivered: bool  # the broker's flag: delivered before (and not acked)
+
+
+def reordered(deliveries: Iterable[Delivery], origin: Mapping[bytes, tuple[str, int]]) -> int:
+    """Per-producer order within a partition: how many first deliveries broke it.
+
+    ``deliveries``: every delivery in the order received (each consumer's in the order it
+    received them); ``origin``: payload -> (producer, its place in that producer's send order).
+
+    A *first delivery* is a delivery of a payload no consumer received before and that the
+    broker did not flag ``redelivered``.  Redeliveries are exempt: after a failover (or a
+    consumer's link failing) the messages delivered and not acked come again, to whichever
+    consumer, behind newer ones; that is at-least-once delivery, not disorder.  The rule: for
+    every (producer, partition, consumer), the first deliveries come in the producer's send
+    order.  A first delivery whose send came before that of one the same consumer already got
+    from the same producer and partition is one violation.  Payloads nobody sent (``unexpected``)
+    are left out."""
+    seen: set[bytes] = set()
+    last: dict[tuple[str, int, int], int] = {}
+    bad = 0
+    for d in deliveries:
+        first = d.body not in seen and not d.redelivered
+        seen.add(d.body)
+        if not first or d.body not in origin:
+            continue
+        producer, order = origin[d.body]
+        key = (producer, d.partition, d.consumer)
+        if order < last.get(key, -1):
+            bad += 1
+        else:
+            last[key] = order
+    return bad

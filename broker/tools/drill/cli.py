@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import DurabilityPolicy
+from broker.tools.drill.families import families, load_families
+from broker.tools.drill.jepsen import default_out, jepsen, verdict_line
 from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
 from broker.tools.drill.diskfaults import missing
-from broker.tools.drill.nemesis import NEMESES
 from broker.tools.drill.run import drill
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
@@ -52,16 +53,35 @@ def add_parser(sub: Any) -> None:
                     "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
                     "until the other node serves (then SIGCONT: the woken node must write nothing). "
                     "Reported per run: the longest wait for a confirm, and the time from the fault to the "
-                    "first confirm on the new active.",
+                    "first confirm on the new active. Fault families run once under load the same way "
+                    "(tandem drill FAMILY, held for --hold): kill, pause, clock (root: every node's wall clock "
+                    "skewed by libfaketime, seconds to hours either way, some jumping while it holds; its "
+                    "monotonic clock offset in a time namespace of its own), and the network and disk families "
+                    "where installed. jepsen: one group, producers at about --rate messages/s for --time seconds, "
+                    "the --faults families injected and healed one at a time on a schedule made from --seed "
+                    "(printed on stderr as it runs), then drain and check; the results JSON goes to --out and "
+                    "the last line says 'lost N of M confirmed, unexpected U, duplicated D' (also counted: "
+                    "reordered, first deliveries out of their producer's order in a partition).",
         epilog="examples:\n"
                "  tandem drill kill-active --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --runs 20\n"
                "  tandem drill pause-active --arbiter lockfile --runs 20\n"
                "  tandem drill kill-active --arbiter witness --runs 20\n"
-               "  sudo tandem drill power-loss-all --remote-sync SYNC --runs 10",
+               "  tandem drill power-loss-all --runs 10\n"
+               "  tandem drill clock --runs 5\n"
+               "  tandem drill jepsen --faults partition,one-way,bridge,flap,loss,clock,kill,pause,disk-full,"
+               "power-loss,power-loss-all --time 300 --rate 500 --seed 7",
         formatter_class=ExamplesFormatter)
-    scenarios = (*SCENARIOS, *NEMESES)
-    d.add_argument("scenario", choices=scenarios, metavar="SCENARIO", help=" | ".join(scenarios))
+    scenarios = [*SCENARIOS, *sorted(load_families()), "jepsen"]
+    d.add_argument("scenario", choices=scenarios, metavar="SCENARIO",
+                   help=" | ".join(scenarios) + ": a scenario above, a fault family run once under load (held for "
+                        "--hold), or jepsen: the families of --faults on a seeded random schedule (docs/drills.md)")
+    d.add_argument("--faults", help="jepsen: the fault families, comma-separated (e.g. kill,pause,clock)")
+    d.add_argument("--time", type=float, default=300.0,
+                   help="jepsen: seconds of load and faults before the drain (default 300)")
+    d.add_argument("--rate", type=float, default=500.0,
+                   help="jepsen: messages a second over all producers, about (default 500)")
+    d.add_argument("--out", help="jepsen: the results JSON (default: jepsen-seed<SEED>-<UTC time>.json here)")
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
     d.add_argument("--url", help="drill a running group instead (with --inject and --heal: the drill cannot "
@@ -82,7 +102,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--consumers", type=int, default=2, help="default 2")
     d.add_argument("--messages", type=int, default=3000, help="messages per run, all producers (default 3000)")
     d.add_argument("--runs", "--repeat", dest="repeat", type=int, default=1, help="runs (default 1)")
-    d.add_argument("--seed", type=int, default=1, help="makes the schedule (keys, interleaving) reproducible")
+    d.add_argument("--seed", type=int, default=1,
+                   help="makes the schedule (keys, interleaving; jepsen: its faults) reproducible")
     d.add_argument("--local-sync", dest="local_sync", default="SYNC", help="the actives' policy (default SYNC)")
     d.add_argument("--remote-sync", dest="remote_sync", default="WRITE_NO_SYNC",
                    help="the replicas' policy (default WRITE_NO_SYNC)")
@@ -150,14 +171,20 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
-    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active") \
-            and args.scenario not in NEMESES:
-        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active and "
-                                   "partition-active have, and a running group's --inject/--heal)")
-    if args.scenario in NEMESES and args.url:
-        raise InvalidArgumentError(f"{args.scenario} runs on a group the drill starts (it sets up the nodes' disks or "
-                                   "network itself): drop --url")
-    if args.scenario in NEMESES and (why := missing(NEMESES[args.scenario].needs)) is not None:
+    if args.scenario == "jepsen":
+        return _jepsen(args)
+    if args.faults or args.out:
+        raise InvalidArgumentError("--faults and --out go with the jepsen drill")
+    held = ("pause-active", "partition-active", *load_families())
+    if args.hold is not None and not args.url and args.scenario not in held:
+        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active, "
+                                   "partition-active and the fault families have, and a running group's "
+                                   "--inject/--heal)")
+    fams = load_families()
+    if args.scenario in fams and args.url:
+        raise InvalidArgumentError(f"{args.scenario} runs on a group the drill starts (it sets up the nodes' disks, "
+                                   "network or clocks itself): drop --url")
+    if args.scenario in fams and (why := missing(fams[args.scenario].needs)) is not None:
         raise InvalidArgumentError(f"{args.scenario} cannot run here: {why}")
     if args.scenario == "slow-disk":
         if args.url:
@@ -181,3 +208,37 @@ def _drill(args: argparse.Namespace) -> int:
     rep = asyncio.run(drill(cfg, args.repeat, progress=progress))
     print(json.dumps(rep) if args.json else report_text(rep))
     return 0 if rep["passed"] else 1
+
+
+def _jepsen(args: argparse.Namespace) -> int:
+    """``tandem drill jepsen``: the schedule on stderr as it runs, the verdict line on stdout
+    (the results JSON with --json too), exit status 0 only when it passed."""
+    if args.url or args.inject or args.heal:
+        raise InvalidArgumentError("jepsen starts a group of its own: drop --url, --inject and --heal")
+    if args.repeat != 1:
+        raise InvalidArgumentError("jepsen makes one long run: drop --runs (--time sets its length)")
+    if args.hold is not None:
+        raise InvalidArgumentError("--hold: jepsen's faults hold for what its schedule says (1 to 10 s each)")
+    if not args.faults:
+        raise InvalidArgumentError("jepsen needs --faults FAMILY,... (known: "
+                                   f"{', '.join(sorted(load_families()))})")
+    names = [n.strip() for n in args.faults.split(",") if n.strip()]
+    families(names)
+    if args.time <= 0 or args.rate <= 0:
+        raise InvalidArgumentError("--time and --rate must be > 0")
+    cfg = DrillConfig("jepsen", nodes=args.nodes, partitions=args.partitions, producers=args.producers,
+                      consumers=args.consumers, messages=max(3, int(args.time * args.rate)), seed=args.seed,
+                      local_sync=DurabilityPolicy.parse(args.local_sync).value,
+                      remote_sync=DurabilityPolicy.parse(args.remote_sync).value,
+                      non_response_timeout=args.non_response_timeout, timeout=args.timeout, tls=args.tls)
+    out = Path(args.out) if args.out else default_out(args.seed)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    rep = asyncio.run(jepsen(cfg, names, args.time, args.rate, say=say, out=out))
+    say(f"jepsen: results in {out}")
+    if args.json:
+        print(json.dumps(rep))
+    print(verdict_line(rep))
+    return 0 if rep.get("passed") else 1

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import client
+from broker.tools.checker import Delivery
 from broker.tools.drill.groups import empty_everywhere
 from broker.tools.drill.model import QUEUE, DrillConfig
 from client.clock import Clock
@@ -29,6 +30,10 @@ class Load:
         self.sent: list[bytes] = []
         self.confirmed: list[bytes] = []
         self.consumed: list[tuple[bytes, str]] = []
+        #: every delivery as received: the consumer, the partition, the broker's redelivered flag
+        self.received: list[Delivery] = []
+        #: sent body -> (producer, its place in that producer's send order)
+        self.origin: dict[bytes, tuple[str, int]] = {}
         self.waits: list[float] = []
         self.confirm_times: list[tuple[float, int]] = []  # (when, partition) of every confirm
         self.fault_at: float | None = None  # when the fault was injected
@@ -77,7 +82,10 @@ class Load:
         self.conns.append(conn)
         return conn
 
-    async def produce(self, index: int, count: int) -> None:
+    async def produce(self, index: int, count: int | None, *, rate: float | None = None,
+                      until: float | None = None) -> None:
+        """``count`` messages, or (None) until ``until`` on the clock; at most ``rate`` a second
+        if given (never more than the window in flight)."""
         conn = await self._connect(f"drill-producer-{index}")
         p = conn.producer(self.queue, max_in_flight=8)
         cfg, clock = self.cfg, self.clock
@@ -99,10 +107,18 @@ class Load:
             if len(self.confirmed) >= cfg.messages // 3:
                 self.third.set()
 
-        for i in range(count):
+        start = clock.monotonic()
+        i = 0
+        while count is None or i < count:
+            if rate:
+                await clock.sleep(max(0.0, start + i / rate - clock.monotonic()))  # pacing: not a wait for a state
+            if until is not None and clock.monotonic() >= until:
+                break
             await sem.acquire()
             body = f"{self.run_no}:{index}:{i}".encode()
             self.sent.append(body)
+            self.origin[body] = (f"p{index}", i)
+            i += 1
             fut = p.send_nowait(body, key=f"k{rng.randrange(cfg.keys)}")
             pending.add(fut)
             fut.add_done_callback(functools.partial(done, body, clock.monotonic()))
@@ -119,6 +135,7 @@ class Load:
                 if m is None:
                     continue
                 self.consumed.append((m.body, m.id))
+                self.received.append(Delivery(m.body, index, m.partition, m.redelivered))
                 try:
                     m.ack()
                 except StaleDeliveryError:

@@ -79,6 +79,7 @@ class RunResult:
     redelivered: int = 0
     unexpected: int = 0
     unconfirmed_delivered: int = 0
+    reordered: int = 0  # first deliveries out of their producer's order in a partition (checker.reordered)
     failed_sends: int = 0
     reported_lost: int = 0
     unreported_lost: int = 0  # lost messages no messages_lost event covers
@@ -99,10 +100,10 @@ class RunResult:
 
     @property
     def passed(self) -> bool:
-        """Nothing duplicated or unexpected, and nothing lost; under weak policies a loss is
+        """Nothing duplicated, unexpected or reordered, and nothing lost; under weak policies a loss is
         allowed only where Tandem reported it (the lost messages' sequences lie in the
         ranges of the SDK's ConfirmedMessagesLost events)."""
-        if self.error or self.duplicated or self.unexpected:
+        if self.error or self.duplicated or self.unexpected or self.reordered:
             return False
         return self.lost == 0 or (self.weak and self.unreported_lost == 0)
 

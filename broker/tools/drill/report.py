@@ -19,7 +19,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
         else {"local_sync": "the group's own", "remote_sync": "the group's own"},
     }
     for k in ("sent", "confirmed", "ok", "lost", "duplicated", "redelivered", "unexpected",
-              "unconfirmed_delivered", "failed_sends", "reported_lost", "unreported_lost"):
+              "unconfirmed_delivered", "reordered", "failed_sends", "reported_lost", "unreported_lost"):
         out[k] = sum(getattr(r, k) for r in results)
     out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
                           "max": max(waits) if waits else None}
@@ -41,7 +41,7 @@ def report_text(rep: dict[str, Any]) -> str:
              f"remote_sync={rep['policies']['remote_sync']}, seed {rep['seed']}",
              f"  sent {rep['sent']}, confirmed {rep['confirmed']}, ok {rep['ok']}, lost {rep['lost']} "
              f"(reported by Tandem: {rep['reported_lost']}), duplicated {rep['duplicated']}, "
-             f"unexpected {rep['unexpected']}",
+             f"unexpected {rep['unexpected']}, reordered {rep['reordered']}",
              f"  redelivered {rep['redelivered']}, unconfirmed but delivered {rep['unconfirmed_delivered']}, "
              f"sends that raised {rep['failed_sends']}",
              f"  longest wait for a confirm: p50 {rep['failover_ms']['p50']} ms, max {rep['failover_ms']['max']} ms",

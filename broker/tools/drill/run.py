@@ -14,8 +14,9 @@ from typing import Any
 
 import client
 from broker.replication import ALIVE_GIVE_UP
-from broker.tools.checker import classify
+from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster, active_terms
+from broker.tools.drill.families import check_needs, load_families, prepare
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
 from broker.tools.drill.load import Load
 from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fault families)
@@ -38,10 +39,11 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
                   load: Load, fault: tuple[Nemesis, FaultContext] | None = None) -> None:
     s = cfg.scenario
     hold = cfg.pause
-    if fault is not None:  # a registered family: inject, hold, heal
+    if fault is not None:  # a fault family (broker/tools/drill/nemesis.py): inject, hold, heal
         nemesis, ctx = fault
         load.mark_fault()
         ctx.schedule.append(await nemesis.inject(ctx))
+        log.warning("drill: %s: %s", s, ctx.schedule[-1])
         await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
         await nemesis.heal(ctx)
         load.mark_settled()
@@ -149,7 +151,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         fault = NEMESES[cfg.scenario](), FaultContext(cl, cfg, clock, random.Random(rng.random()))
     try:
         if fault is not None:
-            await fault[0].prepare(fault[1])
+            check_needs(fault[0].needs)
+            await prepare(*fault)
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
@@ -235,13 +238,13 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
 
 
 def _verdict(res: RunResult, load: Load) -> None:
-    v = classify(load.sent, load.confirmed, load.consumed)
+    v = classify(load.sent, load.confirmed, load.consumed, reordered(load.received, load.origin))
     res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None
     if v.lost:
         res.unreported_lost = load.unreported(set(load.confirmed) - {b for b, _ in load.consumed})
     res.sent, res.confirmed, res.ok, res.lost = v.sent, v.confirmed, v.ok, v.lost
     res.duplicated, res.redelivered, res.unexpected = v.duplicated, v.redelivered, v.unexpected
-    res.unconfirmed_delivered = v.unconfirmed_delivered
+    res.unconfirmed_delivered, res.reordered = v.recovered, v.reordered
     res.failed_sends = load.failed
     res.reported_lost = load.reported_lost
     res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
@@ -249,11 +252,12 @@ def _verdict(res: RunResult, load: Load) -> None:
 
 async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
-    if cfg.scenario not in SCENARIOS and cfg.scenario not in NEMESES:
-        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join([*SCENARIOS, *NEMESES])})")
+    known = [*SCENARIOS, *sorted(load_families())]
+    if cfg.scenario not in known:
+        raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(known)})")
     if cfg.url is not None and cfg.scenario in NEMESES:
-        raise UnavailableError(f"{cfg.scenario} runs on a group the drill starts (it sets up the nodes' disks or "
-                               "network itself): drop --url")
+        raise UnavailableError(f"{cfg.scenario} runs on a group the drill starts (it sets up the nodes' disks, "
+                               "network or clocks itself): drop --url")
     if cfg.url is not None and cfg.scenario == "slow-disk":
         raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
                                "and checks that no active moved): drop --url")
