@@ -14,7 +14,8 @@ from typing import Any
 from broker.config import DurabilityPolicy
 from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
-from broker.tools.drill.run import drill
+from broker.tools.drill.nemesis import NEMESES
+from broker.tools.drill.run import check_family, drill
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from client.errors import InvalidArgumentError
@@ -42,15 +43,29 @@ def add_parser(sub: Any) -> None:
                     "witness process beside the pair; the node active for most partitions is the target); "
                     "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
                     "until the other node serves (then SIGCONT: the woken node must write nothing). "
+                    "Network faults (each node in a network namespace of its own, --net netns, their default; "
+                    "root; links cut by iptables DROP rules by peer address, the drill's clients never cut; "
+                    "held 5 s, flap 8 s, or --hold): isolate-active (the node active for most partitions cut off "
+                    "from its peers), partition (a random minority cut off from the majority), bridge (two halves "
+                    "that cannot see each other, one node seeing both), one-way (that node hears its peers but is "
+                    "not heard), one-way-reverse (it is heard but does not hear), flap (a random node isolated "
+                    "for 1-2 s, then the next, for the hold), loss (every node drops --loss of its peers' "
+                    "packets). "
                     "Reported per run: the longest wait for a confirm, and the time from the fault to the "
-                    "first confirm on the new active.",
+                    "first confirm on the new active; after a network fault also the time from the heal until "
+                    "every node reports every peer Up, and how many partitions whose active was on a node the "
+                    "fault never cut changed their active or term after the heal (deposed; isolate-active and "
+                    "partition fail on any).",
         epilog="examples:\n"
                "  tandem drill kill-active --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --runs 20\n"
                "  tandem drill pause-active --arbiter lockfile --runs 20\n"
-               "  tandem drill kill-active --arbiter witness --runs 20",
+               "  tandem drill kill-active --arbiter witness --runs 20\n"
+               "  sudo tandem drill isolate-active --runs 10 --json\n"
+               "  sudo tandem drill loss --loss 0.3 --hold 10",
         formatter_class=ExamplesFormatter)
-    d.add_argument("scenario", choices=SCENARIOS, metavar="SCENARIO", help=" | ".join(SCENARIOS))
+    scenarios = (*SCENARIOS, *NEMESES)
+    d.add_argument("scenario", choices=scenarios, metavar="SCENARIO", help=" | ".join(scenarios))
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
     d.add_argument("--url", help="drill a running group instead (with --inject and --heal: the drill cannot "
@@ -64,6 +79,13 @@ def add_parser(sub: Any) -> None:
                                               "for a spawned group's pause-active and partition-active (default "
                                               "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
                                               "shared mode and under the LockFile arbiter)")
+    d.add_argument("--net", choices=("proxy", "netns"),
+                   help="the spawned group's network: proxy (the nodes on this machine's loopback; partition-active "
+                        "cuts them through fault-injecting proxies; the default) or netns (each node in a network "
+                        "namespace of its own, on a bridge: root; the default and only choice for the network "
+                        "faults)")
+    d.add_argument("--loss", type=float, default=0.2,
+                   help="loss: the share of its peers' packets each node drops (default 0.2)")
     d.add_argument("--nodes", type=int, help="group size (default 3; 2 with --mode shared or --arbiter)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
@@ -138,9 +160,11 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
-    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active"):
-        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active and "
-                                   "partition-active have, and a running group's --inject/--heal)")
+    if args.hold is not None and not args.url and args.scenario not in ("pause-active", "partition-active") \
+            and args.scenario not in NEMESES:
+        raise InvalidArgumentError(f"--hold: {args.scenario} has no fault that lasts (pause-active, "
+                                   "partition-active and the network faults have, and a running group's "
+                                   "--inject/--heal)")
     if args.scenario == "slow-disk":
         if args.url:
             raise InvalidArgumentError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs "
@@ -155,7 +179,9 @@ def _drill(args: argparse.Namespace) -> int:
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
-                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls)
+                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls,
+                      net=args.net, loss=args.loss)
+    check_family(cfg)
 
     def progress(r: RunResult) -> None:
         print(progress_line(r), file=sys.stderr)
