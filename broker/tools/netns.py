@@ -64,7 +64,11 @@ def require_root(what: str = "--net netns") -> None:
 def _run(args: list[str], *, stdin: str | None = None, missing_ok: bool = False) -> str:
     """Run a command; its stdout.  A failure raises one line naming the command and its error,
     except that with ``missing_ok`` a "no such device / namespace / rule" one is ignored."""
-    out = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
+    try:
+        out = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise UnavailableError(f"--net netns needs {args[0]}, which is not installed (Debian: apt-get install "
+                               f"{'iproute2' if args[0] == 'ip' else 'iptables'})") from None
     if out.returncode != 0:
         err = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit status {out.returncode}"
         if missing_ok and re.search(r"not exist|No such|Cannot find|does a matching rule exist|"

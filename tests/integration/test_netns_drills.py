@@ -22,11 +22,9 @@ from broker.tools.netns import REGISTRY, NetnsGroup, clean_stale, leftovers
 from broker.tools.process import NodeStartError
 from client.errors import UnavailableError
 
-pytestmark = [
-    pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("netns"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, veth pairs, a bridge and iptables rules "
-                                                 "need root"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("netns")]
+root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, veth pairs, a bridge and iptables rules "
+                                                    "need root")
 
 FAMILIES = ["isolate-active", "partition", "bridge", "one-way", "one-way-reverse", "flap", "loss"]
 
@@ -50,11 +48,34 @@ def test_every_network_family_is_registered() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_network_fault_needs_root_and_netns(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnavailableError, match="not --net proxy"):
+        await drill(DrillConfig("partition", net="proxy"))
+    with pytest.raises(UnavailableError, match="isolate-active is its network-namespace counterpart"):
+        await drill(DrillConfig("partition-active", net="netns"))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UnavailableError, match="^--net netns needs root: "):
+        await drill(DrillConfig("isolate-active"))
+
+
+def test_drill_cli_names_the_network_faults_and_refuses_them_on_proxies() -> None:
+    out = subprocess.run([sys.executable, "-m", "broker.cli", "drill", "loss", "--net", "proxy"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "tandem: error: loss cuts links inside the nodes' network namespaces: --net netns (its default), "
+        "not --net proxy"], out.stderr
+    helped = subprocess.run([sys.executable, "-m", "broker.cli", "drill", "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert all(f in helped.stdout for f in FAMILIES) and "--net" in helped.stdout
+
+
+@root
+@pytest.mark.asyncio
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_network_fault_loses_and_duplicates_nothing(family: str, tmp_path: Path) -> None:
     n = 1500  # enough that sends are still in flight when the fault starts
     cfg = DrillConfig(family, producers=1, consumers=1, messages=n, partitions=4, seed=7, data_dir=tmp_path,
-                      hold=4.0 if family == "flap" else 2.5, timeout=150)
+                      non_response_timeout=0.5, hold=3.0 if family == "flap" else 2.0, timeout=150)
     try:
         rep = await drill(cfg, repeat=1)
     finally:
@@ -68,6 +89,7 @@ async def test_network_fault_loses_and_duplicates_nothing(family: str, tmp_path:
     assert rep["heal_up_ms"]["max"] is not None, rep  # every peer seen Up again after the heal
 
 
+@root
 def test_setup_and_teardown_leave_nothing(tmp_path: Path) -> None:
     net = NetnsGroup(["node1", "node2"])
     try:
@@ -89,6 +111,7 @@ def test_setup_and_teardown_leave_nothing(tmp_path: Path) -> None:
     net.teardown()  # idempotent
 
 
+@root
 def test_a_setup_that_fails_midway_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     import broker.tools.netns as netns
 
@@ -107,6 +130,7 @@ def test_a_setup_that_fails_midway_leaves_nothing(monkeypatch: pytest.MonkeyPatc
     assert net.id not in leftovers() and not net.up
 
 
+@root
 @pytest.mark.asyncio
 async def test_a_group_whose_nodes_fail_to_start_leaves_nothing(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, nodes=2, base_port=0, net="netns", extra_args=["--no-such-flag"])
@@ -116,6 +140,7 @@ async def test_a_group_whose_nodes_fail_to_start_leaves_nothing(tmp_path: Path) 
     assert cl.netns.id not in leftovers()
 
 
+@root
 def test_leftovers_of_a_crashed_run_are_removed_by_the_next_setup(tmp_path: Path) -> None:
     """A process that set up a group and died without a teardown, a process still running in
     one of its namespaces: the next setup removes them, the process too."""

@@ -32,6 +32,13 @@ Scenarios (the *target* is the node active for the most partitions):
   its term (a slow disk is not a dead node); confirms wait for the stall, so
   ``failover_ms`` is about the stall's length.  Spawned groups only.
 
+Network faults (:mod:`broker.tools.drill.netfaults`, root): ``isolate-active``, ``partition``,
+``bridge``, ``one-way``, ``one-way-reverse``, ``flap`` and ``loss`` run the group with each node
+in a network namespace of its own (``--net netns``, :mod:`broker.tools.netns`) and cut links with
+iptables rules there, never the clients'.  They also report the time from the heal until every
+node sees every peer Up (``heal_up_ms``) and the healthy actives deposed after the heal
+(``deposed``; :mod:`broker.tools.drill.healing`), which fails ``isolate-active`` and ``partition``.
+
 Two-node setups and shared mode (``DrillConfig.ha``, flags ``--mode shared --database URL``,
 ``--arbiter lockfile|witness``; kill-active and pause-active): the target is the one node whose
 status says ``ha_state`` ACTIVE (shared mode), the lock holder (LockFile arbiter), or the node
