@@ -78,7 +78,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--hold", type=float, help="seconds between inject and heal: with --url (default 5), and "
                                               "for a spawned group's pause-active and partition-active (default "
                                               "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
-                                              "shared mode and under the LockFile arbiter)")
+                                              "shared mode and under the LockFile arbiter), and the network faults' (default 5 s, flap 8 s)")
     d.add_argument("--net", choices=("proxy", "netns"),
                    help="the spawned group's network: proxy (the nodes on this machine's loopback; partition-active "
                         "cuts them through fault-injecting proxies; the default) or netns (each node in a network "
