@@ -75,7 +75,7 @@ def test_drill_cli_names_the_network_faults_and_refuses_them_on_proxies() -> Non
 async def test_network_fault_loses_and_duplicates_nothing(family: str, tmp_path: Path) -> None:
     n = 1500  # enough that sends are still in flight when the fault starts
     cfg = DrillConfig(family, producers=1, consumers=1, messages=n, partitions=4, seed=7, data_dir=tmp_path,
-                      non_response_timeout=0.5, hold=3.0 if family == "flap" else 2.0, timeout=150)
+                      non_response_timeout=0.5, hold=3.0 if family == "flap" else 2.0, timeout=90)
     try:
         rep = await drill(cfg, repeat=1)
     finally:
