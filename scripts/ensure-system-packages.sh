@@ -5,6 +5,7 @@
 #   openjdk-17-jre-headless  a Java runtime for PySpark (tests/spark/)
 #   strace                   the slow-disk test and drill (stalls fsyncs: broker/tools/faults.py)
 #   iptables                 the drills' network partitions inside network namespaces (--net netns)
+#   iproute2                 those namespaces, their veth pairs and bridge (ip)
 #   fuse3                    the power-loss drills' file system (fusermount3, libfuse3 for mfusepy)
 #   faketime                 the clock drills' skewed wall clocks (libfaketime)
 # As root it installs them with apt-get (Debian); otherwise it names them in one line and fails.
@@ -18,6 +19,7 @@ need chromium chromium
 need java openjdk-17-jre-headless
 need strace strace
 need iptables iptables
+need ip iproute2
 need fusermount3 fuse3
 need faketime faketime
 

@@ -12,6 +12,11 @@ one database) or a pair under the LockFile arbiter (``<data_dir>/tandem.lock`` u
 is given) or a witness: then a witness process ``w1`` runs beside the nodes, its peer port
 the one a third node's would be (``base_port + 10*N + 1``), its data in ``<data_dir>/w1``.
 
+``net="netns"``: each node in a network namespace of its own (:class:`~broker.tools.netns.NetnsGroup`,
+root only), made by :meth:`LocalCluster.start` and removed by :meth:`LocalCluster.stop`: a node
+binds and is reached (by peers and clients alike) at its namespace's address, clients stay in
+this namespace and reach the nodes through the group's bridge; :attr:`LocalCluster.netns` cuts links.
+
 ``tls``: TLS on every link.  A throwaway CA and a certificate per node (and witness) are made
 in ``<data_dir>/certs`` (:mod:`broker.tools.certs`, once), every process gets ``--tls-cert``,
 ``--tls-key`` and ``--tls-ca``, and :attr:`LocalCluster.url` is ``tandems://...?ca=<data_dir>/certs/ca.crt``.
@@ -30,6 +35,7 @@ import client
 from broker.tools.certs import make_dev_certs
 from broker.secret import ensure_secret
 from broker.tools.faults import FaultProxy
+from broker.tools.netns import NetnsGroup
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives
 from broker.tools.process import NodeProcess
 from broker.tools.witness_process import WitnessProcess
@@ -116,7 +122,8 @@ class LocalCluster:
     def __init__(self, data_dir: Path, *, nodes: int = 3, base_port: int = 7780, host: str = "127.0.0.1",
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False, secret: bool = True) -> None:
+                 proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False, secret: bool = True,
+                 net: str = "local") -> None:
         self.clock = clock
         self.tls = tls
         self.certs_dir = Path(os.path.abspath(data_dir)) / "certs"  # absolute: the URL's ca works anywhere
@@ -135,6 +142,15 @@ class LocalCluster:
         #: with ``tls=True``: none, the members' certificates authenticate them)
         self.secret_file = ensure_secret(self.data_dir / SECRET_FILE) if secret else None
         names = [f"node{i}" for i in range(1, nodes + 1)]
+        if net not in ("local", "netns"):
+            raise UnavailableError(f"net {net!r}: local or netns")
+        if net == "netns" and (proxied or ha.witness or ha.shared):
+            raise UnavailableError("--net netns: a replicated group without proxies, a witness or a shared database "
+                                   "(those are reached on this namespace's loopback)")
+        #: the nodes' network namespaces (``net="netns"``)
+        self.netns = NetnsGroup(names) if net == "netns" else None
+        #: node -> the address it binds and is reached at
+        self.hosts = dict(self.netns.addresses) if self.netns is not None else {n: host for n in names}
         if base_port:
             ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
                      for i, n in enumerate(names)}
@@ -152,8 +168,10 @@ class LocalCluster:
         self._node_args = dict(node_args or {})
         for n in names:
             self.nodes[n] = NodeProcess(self.data_dir / n, name=n, port=ports[n][0], sync=sync,
-                                        password=self.password, host=host, clock=clock,
+                                        password=self.password, host=self.hosts[n], clock=clock,
                                         ca=self.certs_dir / "ca.crt" if tls else None)
+            if self.netns is not None:
+                self.nodes[n].wrap = [*self.nodes[n].wrap, *self.netns.wrap(n)]
         #: the pair's witness (``ha.arbiter == "witness"``), started before the nodes
         self.witness: WitnessProcess | None = None
         if ha.witness:
@@ -177,14 +195,14 @@ class LocalCluster:
         names = [*self.nodes, *([self.witness.name] if self.witness is not None else [])]
         if all((self.certs_dir / f"{n}.key").exists() for n in names):
             return
-        make_dev_certs(self.certs_dir, names, [self.host])
+        make_dev_certs(self.certs_dir, names, sorted({self.host, *self.hosts.values()}))
 
     def _arrange(self) -> None:
         names = list(self.nodes)
         ha = self.ha.node_args(self.data_dir, self.witness.spec if self.witness is not None else None)
         for n, p in self.nodes.items():
             peers = [a for o in names if o != n for a in
-                     ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.host}:{self.peer_ports[o]}')}")]
+                     ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.hosts[o]}:{self.peer_ports[o]}')}")]
             # the secret first: a later --cluster-secret-file among the extra args wins (tests give one node another)
             p.extra_args = [*self._secret_args(), "--peer-port", str(self.peer_ports[n]),
                             "--http-port", str(self.http_ports[n]), *peers, *ha, *self._tls_args(n), *self._extra,
@@ -230,7 +248,7 @@ class LocalCluster:
 
     def console_url(self, name: str) -> str:
         """Node ``name``'s management console (every node serves the whole group's view)."""
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_ports[name]}/"
+        return f"{'https' if self.tls else 'http'}://{self.hosts[name]}:{self.http_ports[name]}/"
 
     def url_of(self, name: str) -> str:
         """Node ``name`` itself (not through its proxy)."""
@@ -266,6 +284,8 @@ class LocalCluster:
 
     async def start(self, timeout: float = 60.0) -> None:
         try:
+            if self.netns is not None and not self.netns.up:
+                await asyncio.to_thread(self.netns.setup)
             if self.tls:
                 await asyncio.to_thread(self._make_certs)
             if self.proxied and not self.proxies:
@@ -312,10 +332,14 @@ class LocalCluster:
         return serving_actives(self.ha, await self._statuses(), queue, partitions)
 
     async def stop(self) -> None:
-        await asyncio.gather(*(p.stop() for p in self.nodes.values()), return_exceptions=True)
-        if self.witness is not None:
-            await self.witness.stop()
-        proxies = {id(px): px for pxs in self.proxies.values() for px in pxs}
-        await asyncio.gather(*(px.stop() for px in proxies.values()), return_exceptions=True)
-        self.proxies.clear()
-        self._client_proxies.clear()
+        try:
+            await asyncio.gather(*(p.stop() for p in self.nodes.values()), return_exceptions=True)
+            if self.witness is not None:
+                await self.witness.stop()
+            proxies = {id(px): px for pxs in self.proxies.values() for px in pxs}
+            await asyncio.gather(*(px.stop() for px in proxies.values()), return_exceptions=True)
+            self.proxies.clear()
+            self._client_proxies.clear()
+        finally:
+            if self.netns is not None:
+                await asyncio.to_thread(self.netns.teardown)

@@ -37,6 +37,12 @@ on powerfs, :mod:`broker.tools.powerfs`, or on a tmpfs of its own): ``power-loss
 target, roll its disk back to its last fsync, start it again), ``power-loss-all`` (every node,
 restarted in a seeded random order), ``disk-full`` (the target's disk full for the hold) and
 ``disk-error`` (EIO on a priority-0 replica's writes and fsyncs for the hold).
+Network faults (:mod:`broker.tools.drill.netfaults`, root): ``isolate-active``, ``partition``,
+``bridge``, ``one-way``, ``one-way-reverse``, ``flap`` and ``loss`` run the group with each node
+in a network namespace of its own (``--net netns``, :mod:`broker.tools.netns`) and cut links with
+iptables rules there, never the clients'.  They also report the time from the heal until every
+node sees every peer Up (``heal_up_ms``) and the healthy actives deposed after the heal
+(``deposed``; :mod:`broker.tools.drill.healing`), which fails ``isolate-active`` and ``partition``.
 
 Two-node setups and shared mode (``DrillConfig.ha``, flags ``--mode shared --database URL``,
 ``--arbiter lockfile|witness``; kill-active and pause-active): the target is the one node whose

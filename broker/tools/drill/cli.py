@@ -17,7 +17,7 @@ from broker.tools.drill.jepsen import default_out, jepsen, verdict_line
 from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
 from broker.tools.drill.diskfaults import missing
-from broker.tools.drill.run import drill
+from broker.tools.drill.run import check_family, drill
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from client.errors import InvalidArgumentError
@@ -52,8 +52,19 @@ def add_parser(sub: Any) -> None:
                     "witness process beside the pair; the node active for most partitions is the target); "
                     "--nodes defaults to 2 for them, and pause-active holds for at least 2 x the lease + 1 s and "
                     "until the other node serves (then SIGCONT: the woken node must write nothing). "
+                    "Network faults (each node in a network namespace of its own, --net netns, their default; "
+                    "root; links cut by iptables DROP rules by peer address, the drill's clients never cut; "
+                    "held 5 s, flap 8 s, or --hold): isolate-active (the node active for most partitions cut off "
+                    "from its peers), partition (a random minority cut off from the majority), bridge (two halves "
+                    "that cannot see each other, one node seeing both), one-way (that node hears its peers but is "
+                    "not heard), one-way-reverse (it is heard but does not hear), flap (a random node isolated "
+                    "for 1-2 s, then the next, for the hold), loss (every node drops --loss of its peers' "
+                    "packets). "
                     "Reported per run: the longest wait for a confirm, and the time from the fault to the "
-                    "first confirm on the new active. Fault families run once under load the same way "
+                    "first confirm on the new active; after a network fault also the time from the heal until "
+                    "every node reports every peer Up, and how many partitions whose active was on a node the "
+                    "fault never cut changed their active or term after the heal (deposed; isolate-active and "
+                    "partition fail on any). Fault families run once under load the same way "
                     "(tandem drill FAMILY, held for --hold): kill, pause, clock (root: every node's wall clock "
                     "skewed by libfaketime, seconds to hours either way, some jumping while it holds; its "
                     "monotonic clock offset in a time namespace of its own), and the network and disk families "
@@ -68,6 +79,8 @@ def add_parser(sub: Any) -> None:
                "  tandem drill pause-active --arbiter lockfile --runs 20\n"
                "  tandem drill kill-active --arbiter witness --runs 20\n"
                "  tandem drill power-loss-all --runs 10\n"
+               "  tandem drill isolate-active --runs 10 --json\n"
+               "  tandem drill loss --loss 0.3 --hold 10\n"
                "  tandem drill clock --runs 5\n"
                "  tandem drill jepsen --faults partition,one-way,bridge,flap,loss,clock,kill,pause,disk-full,"
                "power-loss,power-loss-all --time 300 --rate 500 --seed 7",
@@ -94,8 +107,15 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--hold", type=float, help="seconds between inject and heal: with --url (default 5), and "
                                               "for a spawned group's pause-active and partition-active (default "
                                               "2 x non_response_timeout + 1 s, at least 2 x the lease + 1 s in "
-                                              "shared mode and under the LockFile arbiter), and for the fault "
-                                              "families (power-loss, disk-full, ...: the same default)")
+                                              "shared mode and under the LockFile arbiter), and for the fault families (the "
+                                              "network faults 5 s, flap 8 s; the others as pause-active)")
+    d.add_argument("--net", choices=("proxy", "netns"),
+                   help="the spawned group's network: proxy (the nodes on this machine's loopback; partition-active "
+                        "cuts them through fault-injecting proxies; the default) or netns (each node in a network "
+                        "namespace of its own, on a bridge: root; the default and only choice for the network "
+                        "faults)")
+    d.add_argument("--loss", type=float, default=0.2,
+                   help="loss: the share of its peers' packets each node drops (default 0.2)")
     d.add_argument("--nodes", type=int, help="group size (default 3; 2 with --mode shared or --arbiter)")
     d.add_argument("--partitions", type=int, default=6, help="partitions of the drill queue (default 6)")
     d.add_argument("--producers", type=int, default=2, help="default 2")
@@ -200,7 +220,9 @@ def _drill(args: argparse.Namespace) -> int:
     cfg = DrillConfig(args.scenario, nodes=args.nodes, partitions=args.partitions, producers=args.producers,
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
-                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls)
+                      url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls,
+                      net=args.net, loss=args.loss)
+    check_family(cfg)
 
     def progress(r: RunResult) -> None:
         print(progress_line(r), file=sys.stderr)

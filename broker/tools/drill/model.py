@@ -39,6 +39,12 @@ class DrillConfig:
     ha: HaSetup = REPLICATED
     #: TLS on every link of a spawned group (clients on tandems://, mutual TLS between nodes)
     tls: bool = False
+    #: a spawned group's network: "proxy" (this machine's loopback; partition-active cuts through
+    #: fault-injecting proxies), "netns" (each node in a network namespace); None: netns for
+    #: the families that need it, proxy otherwise
+    net: str | None = None
+    #: the loss family's share of packets dropped
+    loss: float = 0.2
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]
@@ -91,6 +97,13 @@ class RunResult:
     #: the node serving most partitions once the fault was over (the target again: no takeover)
     after: str = ""
     kept: str = ""  # a failed run's directory, its node logs left there
+    #: a fault family's run: what it injected (its schedule, one line per step)
+    fault: str = ""
+    #: from the heal until every node reported every peer Up (None: not measured)
+    heal_up_ms: float | None = None
+    #: partitions whose active at the heal was on a node the fault never cut and whose active
+    #: or term changed after it (a failback to the partition's placed node is not counted)
+    deposed: int = 0
     ha_events: list[str] = field(default_factory=list)
     #: a fault family's schedule: what it injected and healed, one line each (replayable)
     schedule: list[str] = field(default_factory=list)

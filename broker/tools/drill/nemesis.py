@@ -56,6 +56,14 @@ class Nemesis:
     #: namespace), "powerfs" (each data dir on the power-loss file system), "faketime"
     #: (libfaketime and a time namespace per node), "root"
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: seconds between inject and heal unless ``--hold`` says (None: :attr:`DrillConfig.pause`)
+    hold: ClassVar[float | None] = None
+    #: an active on a node this fault never cut that loses its role (or term) after the heal
+    #: fails the run (``deposed`` is recorded for every family)
+    keeps_actives: ClassVar[bool] = False
+    #: the nodes the last :meth:`inject` cut off from some peer (set by it): the actives
+    #: elsewhere are the healthy ones
+    cut: frozenset[str] = frozenset()
 
     async def prepare(self, ctx: FaultContext) -> None:
         """Set up what :attr:`needs` says on the group before its nodes start (mounts under

@@ -9,11 +9,13 @@ from typing import Any
 from broker.tools.drill.model import DrillConfig, RunResult
 
 
-def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
+def summarize(cfg: DrillConfig, results: list[RunResult], net: str | None = None) -> dict[str, Any]:
+    """The totals over the runs (``net``: the spawned group's network, proxy or netns)."""
     waits = [r.failover_ms for r in results if not r.error]
     out: dict[str, Any] = {
         "scenario": cfg.scenario, "runs": len(results), "seed": cfg.seed,
-        "group": "existing" if cfg.url else f"spawned, {cfg.ha.label(cfg.nodes)}{', TLS' if cfg.tls else ''}",
+        "group": "existing" if cfg.url else f"spawned, {cfg.ha.label(cfg.nodes)}{', TLS' if cfg.tls else ''}"
+                                              f"{', each node in a network namespace' if net == 'netns' else ''}",
         "mode": None if cfg.url else cfg.ha.mode, "arbiter": None if cfg.url else cfg.ha.arbiter,
         "policies": {"local_sync": cfg.local_sync, "remote_sync": cfg.remote_sync} if cfg.url is None
         else {"local_sync": "the group's own", "remote_sync": "the group's own"},
@@ -26,6 +28,11 @@ def summarize(cfg: DrillConfig, results: list[RunResult]) -> dict[str, Any]:
     took = [r.takeover_ms for r in results if not r.error and r.takeover_ms is not None]
     out["takeover_ms"] = {"p50": round(statistics.median(took), 1) if took else None,
                           "max": max(took) if took else None}
+    healed = [r.heal_up_ms for r in results if r.heal_up_ms is not None]  # (a deposition's error: still measured)
+    out["heal_up_ms"] = {"p50": round(statistics.median(healed), 1) if healed else None,
+                         "max": max(healed) if healed else None}
+    out["deposed"] = sum(r.deposed for r in results)
+    out["net"] = None if cfg.url else net
     out["moved"] = sum(1 for r in results if r.after and r.target and r.after != r.target)
     out["ha_events"] = sorted({e for r in results for e in r.ha_events})
     out["schedule"] = [f"run {r.run}: {line}" for r in results for line in r.schedule]
@@ -48,6 +55,9 @@ def report_text(rep: dict[str, Any]) -> str:
              f"  fault to the first confirm on the new active: p50 {rep['takeover_ms']['p50']} ms, "
              f"max {rep['takeover_ms']['max']} ms",
              f"  another node served once the fault was over in {rep['moved']} of {rep['runs']} run(s)"]
+    if rep.get("heal_up_ms", {}).get("max") is not None or rep.get("deposed"):
+        lines.append(f"  heal to every peer Up: p50 {rep['heal_up_ms']['p50']} ms, max {rep['heal_up_ms']['max']} ms; "
+                     f"healthy actives deposed after the heal: {rep['deposed']}")
     if rep["ha_events"]:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
     for line in rep.get("schedule", []):
@@ -63,4 +73,5 @@ def report_text(rep: dict[str, Any]) -> str:
 def progress_line(r: RunResult) -> str:
     return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
                        "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms, "takeover_ms": r.takeover_ms, "after": r.after,
+                       **({"fault": r.fault, "heal_up_ms": r.heal_up_ms, "deposed": r.deposed} if r.fault else {}),
                        "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

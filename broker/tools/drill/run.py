@@ -12,18 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import broker.tools.drill.netfaults  # noqa: F401  (registers the network fault families)
 import client
 from broker.replication import ALIVE_GIVE_UP
 from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster, active_terms
 from broker.tools.drill.families import check_needs, load_families, prepare
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
+from broker.tools.drill.healing import WATCH_FACTOR, HealWatch
 from broker.tools.drill.load import Load
 from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fault families)
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
 from broker.tools.faults import stall_disk
+from broker.tools.netns import require_root
 from broker.tools.pair import REPLICATED, HaSetup
 from broker.tools.scratch_db import fresh_database
 from client.clock import SYSTEM_CLOCK, Clock
@@ -36,18 +39,10 @@ TAKEOVER_WAIT = 30.0
 
 
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
-                  load: Load, fault: tuple[Nemesis, FaultContext] | None = None) -> None:
+                  load: Load) -> None:
     s = cfg.scenario
     hold = cfg.pause
-    if fault is not None:  # a fault family (broker/tools/drill/nemesis.py): inject, hold, heal
-        nemesis, ctx = fault
-        load.mark_fault()
-        ctx.schedule.append(await nemesis.inject(ctx))
-        log.warning("drill: %s: %s", s, ctx.schedule[-1])
-        await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
-        await nemesis.heal(ctx)
-        load.mark_settled()
-    elif s in ("kill-active", "kill-replica"):
+    if s in ("kill-active", "kill-replica"):
         load.mark_fault()
         await cl.nodes[target].kill()
         load.after = await all_active(cl, cfg.partitions, deadline, clock)
@@ -92,6 +87,31 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
     found = await all_active(cl, cfg.partitions, deadline, clock)
     if not load.after:
         load.after = found
+
+
+async def _nemesis_fault(cl: LocalCluster, cfg: DrillConfig, nem: Nemesis, ctx: FaultContext, deadline: float,
+                         load: Load, res: RunResult) -> HealWatch:
+    """A fault family's fault: inject, hold (``--hold``, else the family's, else
+    :attr:`DrillConfig.pause`), heal; then until every node sees every peer Up (``heal_up_ms``)
+    and every partition has an active."""
+    clock = ctx.clock
+    load.mark_fault()
+    ctx.schedule.append(await nem.inject(ctx))
+    log.info("drill run %d: %s", res.run, ctx.schedule[-1])
+    res.target = ",".join(sorted(nem.cut)) or res.target
+    hold = cfg.hold if cfg.hold is not None else nem.hold if nem.hold is not None else cfg.pause
+    await clock.sleep(hold)  # the fault itself lasts this long: not a wait for a state
+    watch = await HealWatch.before_heal(cl, QUEUE, nem.cut)
+    await nem.heal(ctx)
+    watch.healed_at = clock.monotonic()
+    ctx.schedule.append(f"heal after {hold:g} s")
+    res.target = ",".join(sorted(nem.cut)) or "none"
+    load.mark_settled()
+    await watch.wait_up(cl, deadline, clock)
+    res.heal_up_ms = watch.heal_up_ms
+    await cl.wait_ready()
+    load.after = await all_active(cl, cfg.partitions, deadline, clock)
+    return watch
 
 
 async def _taken_over(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
@@ -142,17 +162,18 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
     node_args: dict[str, list[str]] = {}
     if cfg.scenario in ("kill-replica", "disk-error"):
         node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
+    nem = NEMESES[cfg.scenario]() if cfg.scenario in NEMESES else None
     cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
-                      proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls)
+                      proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls,
+                      net="netns" if net_of(cfg) == "netns" else "local")
     load: Load | None = None
-    fault: tuple[Nemesis, FaultContext] | None = None
-    if cfg.scenario in NEMESES:
-        fault = NEMESES[cfg.scenario](), FaultContext(cl, cfg, clock, random.Random(rng.random()))
+    ctx = FaultContext(cl, cfg, clock, random.Random(rng.random())) if nem is not None else None
+    watch: HealWatch | None = None
     try:
-        if fault is not None:
-            check_needs(fault[0].needs)
-            await prepare(*fault)
+        if nem is not None and ctx is not None:
+            check_needs(nem.needs)
+            await prepare(nem, ctx)
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
@@ -165,14 +186,32 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         load = Load(cl, cfg, run, rng, clock)
         log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
         run_load = load
-        await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load, fault), deadline)
+        if nem is not None and ctx is not None:
+            fam, fctx = nem, ctx
+
+            async def fault() -> None:
+                nonlocal watch
+                watch = await _nemesis_fault(cl, cfg, fam, fctx, deadline, run_load, res)
+
+            await load.go(fault, deadline)
+        else:
+            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
         _verdict(res, load)
-        if fault is not None and fault[1].failures:
-            res.error = "; ".join(fault[1].failures)
-        took = load.takeover({p for p, n in actives.items() if n == res.target})
+        if ctx is not None and ctx.failures:
+            res.error = "; ".join(ctx.failures)
+        cut = nem.cut if nem is not None else {res.target}
+        took = load.takeover({p for p, n in actives.items() if n in cut})
         res.takeover_ms = round(took * 1000, 1) if took is not None else None
         res.after = target_of(load.after) if load.after else ""
         res.ha_events = await ha_events(cl)
+        if nem is not None and watch is not None:
+            res.fault = "; ".join(ctx.schedule) if ctx is not None else ""
+            await watch.watch(cl, (watch.up_at or clock.monotonic()) + WATCH_FACTOR * cfg.nrt, clock)
+            deposed = watch.deposed(await cl._statuses())
+            res.deposed = len(deposed)
+            if deposed and nem.keeps_actives:
+                res.error = (f"{len(deposed)} healthy active(s) deposed after the heal (a cut-off node's return "
+                             f"must not depose them): " + "; ".join(f"partition {p}: {d}" for p, d in deposed.items()))
         if cfg.scenario == "slow-disk":
             await all_active(cl, cfg.partitions, deadline, clock)
             after = active_terms(await cl._statuses(), QUEUE)
@@ -188,10 +227,12 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         if load is not None:
             await load.close()
             res.lost_ranges = [f"{p}/{part}:{first}+{count}" for p, part, first, count in load.lost_ranges]
-        await cl.stop()
-        if fault is not None:
-            await fault[0].close(fault[1])
-            res.schedule = fault[1].schedule
+        try:
+            await cl.stop()
+        finally:  # (after the nodes: a family's mounts go once nothing uses them)
+            if nem is not None and ctx is not None:
+                await nem.close(ctx)
+                res.schedule = ctx.schedule
     return res
 
 
@@ -250,14 +291,47 @@ def _verdict(res: RunResult, load: Load) -> None:
     res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
 
 
+def net_of(cfg: DrillConfig) -> str:
+    """The spawned group's network: ``cfg.net``, else netns for a family that needs it, else proxy."""
+    if cfg.net is not None:
+        return cfg.net
+    nem = NEMESES.get(cfg.scenario)
+    return "netns" if nem is not None and "netns" in nem.needs else "proxy"
+
+
+def check_family(cfg: DrillConfig) -> None:
+    """What a fault family (or ``--net netns``) needs, checked before anything starts."""
+    nem = NEMESES.get(cfg.scenario)
+    net = net_of(cfg)
+    if net not in ("proxy", "netns"):
+        raise UnavailableError(f"--net {net}: proxy or netns")
+    if nem is not None and cfg.url is not None:
+        raise UnavailableError(f"{cfg.scenario} runs on a group the drill starts (it injects the fault itself): "
+                               "drop --url")
+    if nem is not None and "netns" in nem.needs and net != "netns":
+        raise UnavailableError(f"{cfg.scenario} cuts links inside the nodes' network namespaces: --net netns "
+                               f"(its default), not --net {net}")
+    if net == "netns":
+        if cfg.url is not None:
+            raise UnavailableError("--net netns sets up the group the drill starts: drop --url")
+        if cfg.scenario == "partition-active":
+            raise UnavailableError("partition-active cuts through proxies on this machine's loopback (--net proxy); "
+                                   "isolate-active is its network-namespace counterpart")
+        if cfg.ha.shared or cfg.ha.witness:
+            raise UnavailableError("--net netns: a replicated group of nodes (not shared mode, not a witness)")
+        require_root("--net netns")
+    if nem is not None and "root" in nem.needs:
+        require_root(cfg.scenario)
+    if not 0.0 < cfg.loss < 1.0:
+        raise UnavailableError(f"--loss {cfg.loss}: a share between 0 and 1 (0.2: 20 %)")
+
+
 async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOCK,
                 progress: Callable[[RunResult], None] | None = None) -> dict[str, Any]:
     known = [*SCENARIOS, *sorted(load_families())]
     if cfg.scenario not in known:
         raise UnavailableError(f"unknown scenario {cfg.scenario!r} (choose {', '.join(known)})")
-    if cfg.url is not None and cfg.scenario in NEMESES:
-        raise UnavailableError(f"{cfg.scenario} runs on a group the drill starts (it sets up the nodes' disks, "
-                               "network or clocks itself): drop --url")
+    check_family(cfg)
     if cfg.url is not None and cfg.scenario == "slow-disk":
         raise UnavailableError("slow-disk runs on a group the drill starts (it stalls the nodes' fsyncs itself "
                                "and checks that no active moved): drop --url")
@@ -272,6 +346,6 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
         results.append(r)
         if progress is not None:
             progress(r)
-    return summarize(cfg, results)
+    return summarize(cfg, results, None if cfg.url is not None else net_of(cfg))
 
 
