@@ -99,8 +99,8 @@ class Replica:
         self._votes: set[str] = set()
         #: a pre-vote under way (for term + 1): who said yes, this node included; None: none
         self._pre_votes: set[str] | None = None
-        #: the next stand skips the pre-vote: the arbiter chose this node (stand_now), or it
-        #: fenced another active with a term of its own
+        #: the next stand skips the pre-vote: the arbiter chose this node (stand_now), it fenced
+        #: another active with a term of its own, or it refused a real candidate and stands against it
         self._sanctioned = False
         self._tracker = PeerTracker()  # the active's view of the other members, in its term
         self._failback = Failback()  # the active's hand-over to the placement's choice
@@ -437,6 +437,10 @@ class Replica:
             if deposed is not None and witness.tells_deposed(self.cfg, self.id, deposed, m.candidate):
                 self._send(deposed, AppendReply(self.term, self.id, False, 0))
         self._stand_on(answer)
+        if answer in (Ballot.REFUSE_AND_STAND, Ballot.STAND_EARLY):
+            # An election is under way already (the candidate raised its term): this node stands
+            # against it without a pre-vote, as it would have before pre-votes existed
+            self._sanctioned = True
         self._send(m.candidate, VoteReply(self.term, self.id, answer is Ballot.GRANT))
 
     def _on_vote_reply(self, m: VoteReply) -> None:
