@@ -8,6 +8,14 @@ carrying the node's identity), then carries keep-alives (``Heartbeat``) every
 ``non_response_timeout`` is ``Down``.  A peer with our location code or store
 stamp, or without a common protocol version, is refused with a clear log line.
 
+A link to a peer gone ``Down`` is dropped on both sides (logged once per ``Down``), and
+the dialer dials again: frames queued on a link whose packets were lost would wait
+for TCP's backed-off retransmissions, long after the path is back.  A dial gives up
+after :func:`connect_timeout` (a packet filter that drops packets leaves a connect
+hanging in SYN retransmissions) and is retried every ``keepalive_interval`` while the
+peer is a member gone ``Down``, so a healed node sees its peers ``Up`` within about a
+second, however long the cut.
+
 Before anything else a link is authenticated (docs/security.md, "Peer authentication"):
 the dialer must be a member this node may admit (``permitted_nodes``), and both ends
 prove they hold the group secret (``PeerChallenge`` / ``PeerProof``, :mod:`ha.peerauth`),
@@ -109,6 +117,13 @@ log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
 HANDSHAKE_TIMEOUT = 5.0
+REDIAL_MAX = 2.0  # the longest wait between dials of a peer not known to be Down (never seen yet, refusing)
+
+
+def connect_timeout(keepalive_interval: float) -> float:
+    """How long a dial waits for the TCP connection (the TLS handshake has HANDSHAKE_TIMEOUT
+    of its own): two keep-alive intervals, at least half a second."""
+    return min(HANDSHAKE_TIMEOUT, max(0.5, 2 * keepalive_interval))
 PEER_MAX_FRAME = 512 * 1024 * 1024  # snapshots of large partitions travel in one frame (once admitted)
 FORWARD_TIMEOUT = 30.0
 
@@ -133,6 +148,10 @@ class _Link:
 
     def close(self) -> None:
         self.writer.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping what is still queued (a dead link would never take it)."""
+        self.writer.transport.abort()
 
 
 class PeerManager:
@@ -247,10 +266,48 @@ class PeerManager:
             beat = self.arbiter.heartbeat() if self.arbiter is not None else Heartbeat()
             for link in list(self.links.values()):
                 link.send(beat)
-            self.report(self.membership.tick(clock.monotonic()))
+            changes = self.membership.tick(clock.monotonic())
+            self.report(changes)
+            for c in changes:
+                if isinstance(c, RemoteStateChanged) and c.new is RemoteState.DOWN:
+                    self._drop_silent(c.node, c.reason)
             await clock.sleep(interval)
 
+    def _drop_silent(self, name: str, reason: str) -> None:
+        """Peer ``name`` went Down without its link closing: drop the link, so that the dialer
+        dials again (a fresh connection, not one whose queued frames wait for TCP's backed-off
+        retransmissions once the path is back)."""
+        link = self.links.get(name)
+        if link is None:
+            return
+        log.info("peer link to %s dropped: %s; %s", name, reason,
+                 "dialling it again" if self.me.name < name else "it dials again")
+        link.abort()  # its task sees the end and drops it (_drop)
+
     # -- links --------------------------------------------------------------------------------------
+
+    def _redial_max(self, name: str) -> float:
+        """The longest wait between dials of ``name``: a keep-alive interval while it is a member
+        gone Down (it is expected back, and a healed link must come back at once), else REDIAL_MAX."""
+        if self.membership.state(name) is RemoteState.DOWN:
+            return self.node.config.keepalive_interval
+        return REDIAL_MAX
+
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to a peer's port, TLS on it if peer links use TLS; the TCP connect gives up
+        after connect_timeout, the TLS handshake after HANDSHAKE_TIMEOUT."""
+        clock = self.node.clock
+        tls = peer_dial_tls(self.node.config, host)
+        async with clock.timeout(connect_timeout(self.node.config.keepalive_interval)):
+            reader, writer = await asyncio.open_connection(host, port)
+        if tls:
+            try:
+                async with clock.timeout(HANDSHAKE_TIMEOUT):
+                    await writer.start_tls(tls["ssl"], server_hostname=tls["server_hostname"])
+            except BaseException:
+                writer.transport.abort()
+                raise
+        return reader, writer
 
     async def _dial_forever(self, name: str) -> None:
         host, port = self.addresses[name]
@@ -259,15 +316,14 @@ class PeerManager:
         tls_failure = ""
         while True:
             try:
-                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
-                    reader, writer = await asyncio.open_connection(host, port, **peer_dial_tls(self.node.config, host))
+                reader, writer = await self._connect(host, port)
             except (OSError, asyncio.TimeoutError) as exc:
                 if isinstance(exc, ssl.SSLError) and str(exc) != tls_failure:
                     tls_failure = str(exc)  # logged once until it changes: the dialer retries every 2 s
                     log.warning("peer link to %s at %s:%d: TLS handshake failed: %s", name, host, port,
                                 exc.reason or exc)
                 await clock.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, self._redial_max(name))
                 continue
             proto = ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
@@ -295,7 +351,7 @@ class PeerManager:
             finally:
                 self._drop(link)
             await clock.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)  # refused, or the link ended: less and less often
+            backoff = min(backoff * 2, self._redial_max(name))  # refused, or the link ended: less and less often
 
     async def _handshake_out(self, link: _Link, name: str, remote: str) -> PeerWelcome | None:
         """The dialer's side of the handshake: the acceptor's PeerWelcome once it has proved it is
@@ -477,7 +533,7 @@ class PeerManager:
             return False
         old = self.links.get(who.name)
         if old is not None and old is not link:
-            old.close()
+            old.abort()  # the peer dialled again: the old link is dead to it
         link.proto.max_frame_size = PEER_MAX_FRAME  # a member's: snapshots travel in one frame
         self.links[who.name] = link
         if client_address:

@@ -1,11 +1,12 @@
 """The rules of elections, pure: how long a replica waits for word from an active before
 it stands, and how a voter answers a candidate's :class:`~ha.messages.RequestVote`
-(Raft's vote rule with priorities; the replica acts on the :class:`Ballot`)."""
+(Raft's vote rule with priorities; the replica acts on the :class:`Ballot`), real or a
+pre-vote (:func:`pre_ballot`)."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from ha.messages import RequestVote
@@ -92,3 +93,18 @@ def ballot(v: Voter, m: RequestVote) -> Ballot:
     if theirs < v.recency and v.may_stand_early:
         return Ballot.STAND_EARLY
     return Ballot.REFUSE
+
+
+def pre_ballot(v: Voter, m: RequestVote, *, active_heard: bool) -> Ballot:
+    """The voter's answer to a pre-vote (``m.pre``, Raft's thesis 9.6): would it vote for the
+    candidate in ``m.term``?  As it would answer that vote (:func:`ballot`, priorities
+    included; in a term after its own it has voted for no one yet), except that it refuses
+    while it hears from an active (``active_heard``: a message from one within the election
+    timeout, or it is active itself).  So a candidate that cannot hear the active (cut off,
+    or back from a cut) raises no term and cannot depose an active the others still hear;
+    where the active is gone, a quorum answers yes and the real election follows at once."""
+    if active_heard or m.term < v.term:
+        return Ballot.REFUSE
+    if m.term > v.term:
+        v = replace(v, term=m.term, voted_for=None)
+    return ballot(v, m)

@@ -32,18 +32,27 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class RequestVote:
+    """A candidate's bid for votes in ``term``.  ``pre``: a pre-vote (Raft's, thesis 9.6):
+    would the voter vote for it in ``term``?  Asked before the candidate raises its own
+    term; the voter answers without taking up ``term`` or casting a vote."""
+
     term: int
     candidate: str
     last_index: int
     last_term: int
     priority: int
+    pre: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class VoteReply:
+    """``pre``: the answer to a pre-vote; granted, it carries the term asked about, refused,
+    the voter's own."""
+
     term: int
     voter: str
     granted: bool
+    pre: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,12 @@ Raft's safety rules with Qpid's preferences (docs/replication.md):
 * a vote goes only to a candidate whose log is at least as recent (last term,
   then last index); a voter whose log is as recent and whose ``priority`` is
   higher refuses and stands itself; priority 0 never stands;
+* pre-vote (Raft's thesis 9.6): a replica whose election timer runs out first asks the
+  voters whether they would vote for it in the next term, and raises its term and
+  stands for real only once a quorum said yes; a voter says no while it hears from an
+  active.  A replica cut off from the others (or one way) keeps its term, and does not
+  depose the active when it is back.  A hand-over (failback's :class:`TimeoutNow`) and
+  the arbiter's :meth:`Replica.stand_now` skip it: they are sanctioned;
 * a candidate needs a majority of voters, or ``quorum_override`` votes, or in a
   two-voter group only its own if it is the ``designated_primary``;
 * the active commits an entry of its own term once that many voters (itself
@@ -61,7 +67,7 @@ from ha.messages import (
 from ha.progress import NEVER, PeerTracker
 from ha.replica_config import ReplicaConfig
 from ha.roles import Role, RoleEvent, next_role
-from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at
+from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at, pre_ballot
 
 __all__ = ["Replica", "ReplicaConfig", "Role", "RoleEvent"]
 
@@ -91,6 +97,11 @@ class Replica:
         self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
         self.leader: str | None = None
         self._votes: set[str] = set()
+        #: a pre-vote under way (for term + 1): who said yes, this node included; None: none
+        self._pre_votes: set[str] | None = None
+        #: the next stand skips the pre-vote: the arbiter chose this node (stand_now), it fenced
+        #: another active with a term of its own, or it refused a real candidate and stands against it
+        self._sanctioned = False
         self._tracker = PeerTracker()  # the active's view of the other members, in its term
         self._failback = Failback()  # the active's hand-over to the placement's choice
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
@@ -223,6 +234,7 @@ class Replica:
                        and self._now - self._failback.timeout_now_at < 2 * self.cfg.election_timeout)
             self.term = term
             self.voted_for = None
+            self._pre_votes = None
             self._hard_state_changed()
             if self.role is not Role.FOLLOWER or leader is None:
                 self._become(RoleEvent.HIGHER_TERM, f"saw term {term}")
@@ -251,7 +263,7 @@ class Replica:
                 elif fb.handing_to is None and self.cfg.failback_after:
                     self._maybe_hand_back(now)
         elif self.role is not Role.LEARNER and now >= self._election_at:
-            self._campaign()
+            self._stand()
         return self._take_ready()
 
     def propose(self, data: Any) -> tuple[Ready, Entry | None]:
@@ -300,13 +312,15 @@ class Replica:
             self._become(RoleEvent.DEPOSED, reason)
             self.leader = None
             self._election_at = self._now + self._timeout()
+        self._sanctioned = False
         return self._take_ready()
 
     def stand_now(self) -> None:
         """The group's arbiter made this node the one to be active: stand at the next tick
-        rather than after an election timeout."""
+        rather than after an election timeout, and without a pre-vote (the arbiter decided)."""
         if self.role in (Role.FOLLOWER, Role.CANDIDATE):
             self._election_at = self._now
+            self._sanctioned = True
 
     def step(self, env: Envelope) -> Ready:
         """A message from another replica, handed to its handler (``_HANDLERS``)."""
@@ -318,13 +332,39 @@ class Replica:
 
     # -- elections ------------------------------------------------------------------------------
 
-    def _campaign(self, reason: str = "no word from an active") -> None:
-        first_bid = self.role is not Role.CANDIDATE
-        if self.role is Role.CANDIDATE:
+    def _may_stand(self) -> bool:
+        return self.cfg.priority(self.id) > 0 and self.id in self.cfg.voters and not self.recovering
+
+    def _stand(self) -> None:
+        """The election timer ran out: ask the voters for pre-votes (the real bid follows
+        once a quorum would vote for this node: _on_vote_reply), or, sanctioned by the
+        arbiter (stand_now), or where this node's own vote elects, stand at once."""
+        if self.role is Role.CANDIDATE or self._pre_votes is not None:
             # Our last bid failed: stop pressing our priority for a while (see _on_vote).
             self._deferring_until = self._now + 4 * self.cfg.election_timeout
+        self._pre_votes = None
+        if self._sanctioned:
+            self._sanctioned = False
+            self._campaign()
+            return
+        self._election_at = self._now + self._timeout()  # the pre-vote's answers are due by then
+        if not self._may_stand():
+            return
+        if self.cfg.quorum() <= 1:
+            self._campaign()
+            return
+        self._pre_votes = {self.id}
+        last_term, last_index = self._log.recency()
+        for v in self.cfg.voters:
+            if v != self.id:
+                self._send(v, RequestVote(self.term + 1, self.id, last_index, last_term, self.cfg.rank(self.id),
+                                          pre=True))
+
+    def _campaign(self, reason: str = "no word from an active") -> None:
+        first_bid = self.role is not Role.CANDIDATE
+        self._pre_votes = None
         self._election_at = self._now + self._timeout()
-        if self.cfg.priority(self.id) == 0 or self.id not in self.cfg.voters or self.recovering:
+        if not self._may_stand():
             return
         self._become(RoleEvent.ELECTION_TIMEOUT, reason)
         if first_bid:
@@ -346,7 +386,41 @@ class Replica:
             if v != self.id:
                 self._send(v, RequestVote(self.term, self.id, last_index, last_term, self.cfg.rank(self.id)))
 
+    def _voter(self) -> Voter:
+        """This node as a voter (:func:`ha.elections.ballot`)."""
+        et, now = self.cfg.election_timeout, self._now
+        return Voter(
+            term=self.term, voted_for=self.voted_for, may_vote=self.id in self.cfg.voters and not self.recovering,
+            recency=self._log.recency(), rank=self.cfg.rank(self.id), deferring=now < self._deferring_until,
+            follower=self.role is Role.FOLLOWER,
+            may_stand_early=(self.cfg.priority(self.id) > 0 and now >= self._stand_early_after
+                             and now - self._active_seen >= et - self.cfg.heartbeat_interval))
+
+    def _stand_on(self, answer: Ballot) -> None:
+        """What refusing a candidate makes this node do (:class:`~ha.elections.Ballot`)."""
+        et, now = self.cfg.election_timeout, self._now
+        if answer is Ballot.REFUSE_AND_STAND:
+            self._election_at = now
+            self._deferring_until = now + 2 * et
+        elif answer is Ballot.STAND_EARLY:
+            self._election_at = min(self._election_at, now + et * 0.05 * self.rng.random())
+            self._stand_early_after = now + 2 * et
+
+    def _on_pre_vote(self, m: RequestVote) -> None:
+        """Would this node vote for ``m.candidate`` in ``m.term``?  Nothing is cast and no term
+        taken up (:func:`ha.elections.pre_ballot`); a refusal carries this node's term, which
+        the candidate takes up if it is behind."""
+        active_heard = self.role is Role.LEADER or (
+            self.leader not in (None, m.candidate) and self._now - self._active_seen < self.cfg.election_timeout)
+        answer = pre_ballot(self._voter(), m, active_heard=active_heard)
+        self._stand_on(answer)
+        granted = answer is Ballot.GRANT
+        self._send(m.candidate, VoteReply(m.term if granted else self.term, self.id, granted, pre=True))
+
     def _on_vote(self, m: RequestVote) -> None:
+        if m.pre:
+            self._on_pre_vote(m)
+            return
         if witness.ignores_term(self.cfg, self.id, m, term=self.term, recency=self._log.recency(),
                                 active_heard=(self.leader is not None and
                                               self._now - self._active_seen < self.cfg.election_timeout)):
@@ -355,28 +429,31 @@ class Replica:
         deposed = self.leader if m.term > self.term else None
         if m.term > self.term:
             self._observe_term(m.term)
-        et, now = self.cfg.election_timeout, self._now
-        answer = ballot(Voter(
-            term=self.term, voted_for=self.voted_for, may_vote=self.id in self.cfg.voters and not self.recovering,
-            recency=self._log.recency(), rank=self.cfg.rank(self.id), deferring=now < self._deferring_until,
-            follower=self.role is Role.FOLLOWER,
-            may_stand_early=(self.cfg.priority(self.id) > 0 and now >= self._stand_early_after
-                             and now - self._active_seen >= et - self.cfg.heartbeat_interval)), m)
+        answer = ballot(self._voter(), m)
         if answer is Ballot.GRANT:
             self.voted_for = m.candidate
             self._hard_state_changed()
-            self._election_at = now + self._timeout()
+            self._election_at = self._now + self._timeout()
             if deposed is not None and witness.tells_deposed(self.cfg, self.id, deposed, m.candidate):
                 self._send(deposed, AppendReply(self.term, self.id, False, 0))
-        elif answer is Ballot.REFUSE_AND_STAND:
-            self._election_at = now
-            self._deferring_until = now + 2 * et
-        elif answer is Ballot.STAND_EARLY:
-            self._election_at = min(self._election_at, now + et * 0.05 * self.rng.random())
-            self._stand_early_after = now + 2 * et
+        self._stand_on(answer)
+        if answer in (Ballot.REFUSE_AND_STAND, Ballot.STAND_EARLY):
+            # An election is under way already (the candidate raised its term): this node stands
+            # against it without a pre-vote, as it would have before pre-votes existed
+            self._sanctioned = True
         self._send(m.candidate, VoteReply(self.term, self.id, answer is Ballot.GRANT))
 
     def _on_vote_reply(self, m: VoteReply) -> None:
+        if m.pre:
+            if not m.granted:
+                if m.term > self.term:
+                    self._observe_term(m.term)  # a term this node missed: taken up, nobody deposed
+                return
+            if self._pre_votes is not None and m.term == self.term + 1 and self.role is not Role.LEADER:
+                self._pre_votes.add(m.voter)
+                if len(self._pre_votes) >= self.cfg.quorum():
+                    self._campaign()
+            return
         if m.term > self.term:
             self._observe_term(m.term)
             return
@@ -503,6 +580,7 @@ class Replica:
                 self._become(RoleEvent.RIVAL_ACTIVE, f"{leader} was also active in term {term}: standing again")
                 self.leader = None
                 self._election_at = self._now  # its log is the more recent: the next tick stands
+                self._sanctioned = True  # (its term is raised already: no pre-vote)
                 return False
             self._become(RoleEvent.RIVAL_ACTIVE, f"{leader} is also active in term {term}")
         if self.role is Role.CANDIDATE:
@@ -510,6 +588,8 @@ class Replica:
         self.leader = leader
         self._active_seen = self._now
         self._election_at = self._now + self._timeout()
+        self._pre_votes = None
+        self._sanctioned = False
         return True
 
     def _on_append(self, m: AppendEntries) -> None:
@@ -581,6 +661,7 @@ class Replica:
         self.leader = None
         self._hard_state_changed()
         self._election_at = self._now
+        self._sanctioned = True  # (its term is raised already: no pre-vote)
         self._send(m.leader, AppendReply(self.term, self.id, False, 0))
 
     def _truncate(self, index: int) -> None:

@@ -47,6 +47,7 @@ def active_replica(entries: int = 0, size: int = 0) -> Replica:
     cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # its pre-vote, then its vote
     ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     if r.role is not Role.LEADER:
         raise AssertionError(f"node a did not become active: {r.role}")

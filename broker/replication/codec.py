@@ -27,6 +27,10 @@ whoever sent the bytes.
                             last_origin str, data bin (a snapshot, below)
     5 TIMEOUT_NOW           term int, leader str, rank int
     6 ALIVE                 term int, replica str
+    7 PRE_VOTE              as REQUEST_VOTE: would the voter vote for the candidate in
+                            term (it raises its own term only with a quorum of yeses)
+    8 PRE_VOTE_REPLY        as VOTE_REPLY: the answer to a PRE_VOTE (granted: term is
+                            the one asked about; refused: the voter's own)
 
     Entry:  [term int, index int, data nil|bin (a log entry payload; nil: an
             active's no-op), origin str, weak bool]
@@ -136,6 +140,8 @@ class MessageKind(IntEnum):
     INSTALL_SNAPSHOT = 4
     TIMEOUT_NOW = 5
     ALIVE = 6
+    PRE_VOTE = 7
+    PRE_VOTE_REPLY = 8
 
 
 class OpCode(StrEnum):
@@ -256,8 +262,10 @@ def _entries_in(v: Any) -> tuple[Entry, ...]:
 
 
 _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
-    RequestVote: lambda m: [MessageKind.REQUEST_VOTE, m.term, m.candidate, m.last_index, m.last_term, m.priority],
-    VoteReply: lambda m: [MessageKind.VOTE_REPLY, m.term, m.voter, m.granted],
+    RequestVote: lambda m: [MessageKind.PRE_VOTE if m.pre else MessageKind.REQUEST_VOTE, m.term, m.candidate,
+                            m.last_index, m.last_term, m.priority],
+    VoteReply: lambda m: [MessageKind.PRE_VOTE_REPLY if m.pre else MessageKind.VOTE_REPLY, m.term, m.voter,
+                          m.granted],
     AppendEntries: lambda m: [MessageKind.APPEND_ENTRIES, m.term, m.leader, m.prev_index, m.prev_term,
                               m.prev_origin, [_entry_out(e) for e in m.entries], m.commit],
     AppendReply: lambda m: [MessageKind.APPEND_REPLY, m.term, m.replica, m.success, m.match_index],
@@ -283,12 +291,18 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message]] = {
                                                             _str(a[5], "last_origin"), _opt_bin(a[6], "data")),
     MessageKind.TIMEOUT_NOW: lambda a: TimeoutNow(_uint(a[1], "term"), _str(a[2], "leader"), _uint(a[3], "rank")),
     MessageKind.ALIVE: lambda a: Alive(_uint(a[1], "term"), _str(a[2], "replica")),
+    MessageKind.PRE_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),
+                                                _uint(a[3], "last_index"), _uint(a[4], "last_term"),
+                                                _uint(a[5], "priority"), pre=True),
+    MessageKind.PRE_VOTE_REPLY: lambda a: VoteReply(_uint(a[1], "term"), _str(a[2], "voter"),
+                                                    _bool(a[3], "granted"), pre=True),
 }
 
 #: items per message kind, the kind included
 _LENGTHS: dict[MessageKind, int] = {
     MessageKind.REQUEST_VOTE: 6, MessageKind.VOTE_REPLY: 4, MessageKind.APPEND_ENTRIES: 8,
     MessageKind.APPEND_REPLY: 5, MessageKind.INSTALL_SNAPSHOT: 7, MessageKind.TIMEOUT_NOW: 4, MessageKind.ALIVE: 3,
+    MessageKind.PRE_VOTE: 6, MessageKind.PRE_VOTE_REPLY: 4,
 }
 
 

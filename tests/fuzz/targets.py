@@ -212,6 +212,7 @@ def _core(leader: bool) -> Replica:
         return Replica(cfg, rng=random.Random(0), term=1, log=entries, commit=2)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # its pre-vote, then its vote
     ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     r.persisted(ready.append[-1])
     for _ in range(2):

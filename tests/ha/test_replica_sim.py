@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ha.messages import Alive, AppendReply, Entry, Envelope, VoteReply
+from ha.messages import Alive, AppendReply, Entry, Envelope, RequestVote, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
 from tests.ha.sim import Cluster
 
@@ -462,6 +462,7 @@ def test_a_write_is_confirmed_only_once_the_active_has_it_on_disk_too() -> None:
     cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # pre-vote
     ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     assert r.role is Role.LEADER and ready.append
     noop = ready.append[-1]
@@ -484,6 +485,7 @@ def test_alive_keeps_an_active_whose_replicas_disks_stall_and_never_commits() ->
     cfg = ReplicaConfig(node="a", voters=("a", "b", "c"), election_timeout=1.0, heartbeat_interval=0.2)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # pre-vote
     ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     noop = ready.append[-1]
     r.persisted(noop)
@@ -501,6 +503,7 @@ def test_alive_keeps_an_active_whose_replicas_disks_stall_and_never_commits() ->
     assert r.role is Role.FOLLOWER
     r2 = Replica(cfg, rng=random.Random(0))
     r2.tick(5.0)
+    r2.step(Envelope("b", "a", VoteReply(r2.term + 1, "b", True, pre=True)))  # pre-vote
     r2.step(Envelope("b", "a", VoteReply(r2.term, "b", True)))
     r2.step(Envelope("c", "a", Alive(r2.term + 1, "c")))
     assert r2.role is Role.FOLLOWER and r2.term == 2
@@ -513,6 +516,7 @@ def test_alive_is_word_for_the_check_of_quorum_only() -> None:
                         heartbeat_interval=0.2)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # pre-vote
     r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     assert r.role is Role.LEADER and r.term == 1
     t = 5.0
@@ -524,6 +528,7 @@ def test_alive_is_word_for_the_check_of_quorum_only() -> None:
     assert r.role is Role.FOLLOWER and r.term == 1  # stepped down: heard from 1 of 3 voters
     r3 = Replica(cfg, rng=random.Random(0))
     r3.tick(5.0)
+    r3.step(Envelope("b", "a", VoteReply(r3.term + 1, "b", True, pre=True)))  # pre-vote
     r3.step(Envelope("b", "a", VoteReply(r3.term, "b", True)))
     r3.step(Envelope("b", "a", Alive(r3.term, "b")))
     assert r3._tracker.acked == {} and r3._tracker.live_since == {} and r3.progress() == {"b": 0, "c": 0, "l": 0}
@@ -539,7 +544,6 @@ def test_a_split_vote_is_retried_well_within_an_election_timeout() -> None:
     again made failovers of ~2.7 s in drills), and it wins."""
     import random
 
-    from ha.messages import Envelope
     from ha.replica import Replica, ReplicaConfig, Role
 
     for seed in range(20):
@@ -548,20 +552,21 @@ def test_a_split_vote_is_retried_well_within_an_election_timeout() -> None:
         rs = {n: Replica(cfg[n], rng=random.Random(seed * 2 + i)) for i, n in enumerate("bc")}
         now = 5.0
         inbox = [m for n in "bc" for m in rs[n].tick(now).messages]
-        assert all(r.role is Role.CANDIDATE and r.term == 1 for r in rs.values())
-        for env in inbox:  # each refuses the other: it voted for itself
+        assert all(r.role is Role.FOLLOWER and r.term == 0 for r in rs.values())  # asking for pre-votes
+        while inbox:  # each grants the other's pre-vote; then refuses its vote: it voted for itself
+            env = inbox.pop(0)
             if env.dst in rs:
-                for reply in rs[env.dst].step(env).messages:
-                    rs[reply.dst].step(reply)
-        assert all(r.role is Role.CANDIDATE for r in rs.values()), f"seed {seed}: no split"
+                inbox.extend(rs[env.dst].step(env).messages)
+        assert all(r.role is Role.CANDIDATE and r.term == 1 for r in rs.values()), f"seed {seed}: no split"
         leader = None
         while leader is None and now < 5.0 + 0.5:
             now += 0.01
-            inbox = [m for n in "bc" for m in rs[n].tick(now).messages]
-            while inbox:
-                env = inbox.pop(0)
-                if env.dst in rs:
-                    inbox.extend(rs[env.dst].step(env).messages)
+            for n in "bc":  # a tick's messages arrive before the next node's tick (they take < 10 ms)
+                inbox = list(rs[n].tick(now).messages)
+                while inbox:
+                    env = inbox.pop(0)
+                    if env.dst in rs:
+                        inbox.extend(rs[env.dst].step(env).messages)
             leader = next((n for n, r in rs.items() if r.role is Role.LEADER), None)
         assert leader is not None, f"seed {seed}: still no active half an election timeout after the split"
 
@@ -582,7 +587,7 @@ def test_a_more_recent_replica_stands_as_soon_as_a_less_recent_one_asks_for_its_
         if rs["b"]._election_at > now + 0.3:
             late += 1  # b's own timer would have kept the partition without an active for longer
         inbox = list(rs["c"].tick(now).messages)
-        assert rs["c"].role is Role.CANDIDATE
+        assert inbox and all(isinstance(e.msg, RequestVote) and e.msg.pre for e in inbox)  # a pre-vote first
         start = now
         while rs["b"].role is not Role.LEADER and now < start + 0.2:
             while inbox:
@@ -604,7 +609,12 @@ def test_wake_at_is_when_tick_next_acts() -> None:
         at = r.wake_at
         assert 1.0 <= at <= 1.5 + 1e-9
         assert not r.tick(at - 1e-6).messages and r.role is Role.FOLLOWER
-        assert len(r.tick(at).messages) == 2 and r.role is Role.CANDIDATE
+        pre = r.tick(at).messages
+        assert len(pre) == 2 and r.role is Role.FOLLOWER and r.term == 1  # a pre-vote for term 2
+        assert all(isinstance(e.msg, RequestVote) and e.msg.pre and e.msg.term == 2 for e in pre)
+        assert r.wake_at >= at + 1.0  # the pre-vote's answers are due within an election timeout
+        bid = r.step(Envelope("a", "b", VoteReply(2, "a", True, pre=True))).messages
+        assert len(bid) == 2 and r.role is Role.CANDIDATE and r.term == 2
         retry = r.wake_at  # a first bid that fails is retried sooner
         assert at + 0.2 - 1e-9 <= retry <= at + 0.5 + 1e-9
         for voter in "ac":

@@ -143,7 +143,8 @@ def test_a_data_node_answering_again_is_waited_for_once_it_has_caught_up() -> No
 def test_a_witness_reply_does_not_commit_while_the_other_data_node_is_in_sync() -> None:
     cfg = ReplicaConfig(node="a", voters=VOTERS, witnesses=("w",), election_timeout=1.0, heartbeat_interval=0.2)
     a = Replica(cfg, rng=random.Random(0))
-    a.tick(2.0)  # stands
+    a.tick(2.0)  # stands: asks for pre-votes
+    a.step(Envelope("b", "a", VoteReply(1, "b", True, pre=True)))  # then for votes
     a.step(Envelope("b", "a", VoteReply(1, "b", True)))
     assert a.role is Role.LEADER
     noop = a.log[-1]

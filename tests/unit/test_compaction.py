@@ -49,6 +49,7 @@ def test_a_catching_up_replica_gets_appends_of_bounded_size() -> None:
                         max_append_bytes=120)
     r = Replica(cfg, rng=random.Random(0))
     r.tick(5.0)
+    r.step(Envelope("b", "a", VoteReply(r.term + 1, "b", True, pre=True)))  # its pre-vote, then its vote
     ready = r.step(Envelope("b", "a", VoteReply(r.term, "b", True)))
     r.persisted(ready.append[-1])
     for _ in range(6):

@@ -72,6 +72,8 @@ MESSAGES: list[Message] = [
     InstallSnapshot(3, "node1", 10, 2, "node1", b"state"),
     TimeoutNow(3, "node1", 4),
     Alive(3, "node3"),
+    RequestVote(3, "node1", 10, 2, 1, pre=True),
+    VoteReply(3, "node2", False, pre=True),
 ]
 
 
@@ -98,6 +100,8 @@ PINNED_MESSAGES: list[tuple[Message, str]] = [
     (AppendReply(3, "node2", True, 10), "950303a56e6f646532c30a"),
     (InstallSnapshot(3, "node1", 10, 2, "node1", b"state"), "970403a56e6f6465310a02a56e6f646531c4057374617465"),
     (TimeoutNow(3, "node1", 4), "940503a56e6f64653104"),
+    (RequestVote(3, "node1", 10, 2, 1, pre=True), "960703a56e6f6465310a0201"),
+    (VoteReply(3, "node2", True, pre=True), "940803a56e6f646532c3"),
     (Alive(3, "node3"), "930603a56e6f646533"),
 ]
 
@@ -208,5 +212,6 @@ def test_a_replicate_payload_encodes_to_the_pinned_bytes() -> None:
 def test_the_kinds_and_codes_are_the_wire_values() -> None:
     assert [(k.name, int(k)) for k in MessageKind] == [
         ("REQUEST_VOTE", 0), ("VOTE_REPLY", 1), ("APPEND_ENTRIES", 2), ("APPEND_REPLY", 3),
-        ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6)]
+        ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6), ("PRE_VOTE", 7),
+        ("PRE_VOTE_REPLY", 8)]
     assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]
