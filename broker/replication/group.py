@@ -97,7 +97,9 @@ def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> s
         text += "; the nodes that had acknowledged them lost them (unsynced writes lost to a crash?) and " \
                 "elected an active without them"
     if ev.count > ev.committed:
-        text += f"; the other {ev.count - ev.committed} were never confirmed by this node"
+        text += (f"; the other {ev.count - ev.committed} were not known here as committed (its log records "
+                 f"what it knew committed with each append: the last entries before a crash may have been "
+                 f"confirmed all the same)")
     return text
 
 

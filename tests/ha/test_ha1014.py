@@ -46,7 +46,7 @@ def test_entries_it_had_confirmed_and_the_new_active_lacks_are_confirmed_and_los
     text = discarded_text(ev, 10, 8)
     assert "8 of them (8 messages) had been confirmed (confirmed and lost)" in text
     assert "override" not in text and "never committed" not in text
-    assert "the other 2 were never confirmed by this node" in text
+    assert "the other 2 were not known here as committed" in text
 
 
 def test_entries_it_never_counted_as_committed_are_not_called_confirmed() -> None:
