@@ -113,16 +113,20 @@ def _roll_back(node_dir: Path, seg: Path, size: int, copy: Path) -> None:
     shutil.copyfile(copy, node_dir / "tandem.db")
 
 
-async def test_the_old_active_back_last_after_a_power_cut_reports_its_confirmed_tail_as_confirmed_and_lost(
-        tmp_path: Path) -> None:
-    """The whole group's power cut with unsynced replicas (WRITE_NO_SYNC): the replicas come
-    back first with their logs and stores cut back to before the messages, and elect one of
-    themselves; the old active, back last, discards the messages it had confirmed.  HA-1014
-    counts them as confirmed and lost, names no override, and the count matches what the
-    consumers find missing (up to the last entry, which the log's commit watermark may not
-    cover).  With SYNC replicas (the default) there is nothing to cut: they fsync what they ack."""
+@pytest.mark.parametrize("remote_sync", ["SYNC", "WRITE_NO_SYNC"])
+async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_sync_replicas_and_reports_it_without(
+        tmp_path: Path, remote_sync: str) -> None:
+    """The whole group's power cut, the nodes back one after the other, the old active last.
+    Each replica comes back with its store as it was before the messages (its applies were
+    not fsynced) and, under WRITE_NO_SYNC, its log cut back as far too (it fsyncs its log only
+    with a new term or vote); under SYNC its log keeps every entry it acknowledged.  The two
+    replicas elect one of themselves.  With SYNC replicas (the default) nothing confirmed is
+    lost.  With WRITE_NO_SYNC the old active discards the messages it had confirmed, and
+    HA-1014 counts them as confirmed and lost, names no override, and the count matches what
+    the consumers find missing (up to the last entry, which the log's commit watermark may not
+    cover)."""
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--remote-sync", "WRITE_NO_SYNC", "--failback-after", "0"])
+                      extra_args=[*FAST, "--remote-sync", remote_sync, "--failback-after", "0"])
     await cl.start()
     try:
         await cl.wait_ready()
@@ -143,11 +147,27 @@ async def test_the_old_active_back_last_after_a_power_cut_reports_its_confirmed_
         for n in cl.nodes:
             await cl.nodes[n].kill()
         for n in replicas:
-            _roll_back(cl.nodes[n].data_dir, *points[n])
+            seg, size, copy = points[n]
+            _roll_back(cl.nodes[n].data_dir, seg, size if remote_sync != "SYNC" else seg.stat().st_size, copy)
             await cl.nodes[n].start()
         await wait_until(lambda: _one_active(cl), timeout=30, what="an active among the replicas")
         assert (await cl.actives("q"))[0] in replicas
         await cl.nodes[old].start()
+
+        if remote_sync == "SYNC":
+            active = (await cl.actives("q"))[0]
+
+            async def caught_up() -> bool:  # the old active has rejoined and has the new active's log
+                mine = [p for p in (await cl.status(old)).partitions if p.queue == "q"]
+                theirs = [p for p in (await cl.status(active)).partitions if p.queue == "q"]
+                return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
+
+            await wait_until(caught_up, timeout=30, what=f"{old} to follow {active}")
+            consumed = await drain(cl.url_of(replicas[0]), "q")
+            v = classify(bodies, confirmed, consumed)
+            assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+            assert not any(e.startswith("HA-1014") for e in (await cl.status(old)).events)
+            return
 
         async def reported() -> list[str]:
             return [e for e in (await cl.status(old)).events if e.startswith("HA-1014")]
