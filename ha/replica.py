@@ -605,13 +605,14 @@ class Replica:
     def _replaced_by_snapshot(self, m: InstallSnapshot, replaced: list[Entry], dropped: list[Entry]) -> None:
         """A snapshot that does not match this log replaced it: ``replaced`` are the entries
         up to the snapshot's index, ``dropped`` those after it.  The snapshot says only
-        its last entry's (term, origin): an entry of that term is in it (one active per
-        term writes that term's entries, and a later log holding its last one holds all
-        before), an entry of a later term is not, and one of an earlier term may or may
-        not be.  Entries this node had committed (confirmed, if it was their active) are
+        its last entry's (term, origin): an entry of that term and origin is in it (that
+        active wrote its term's entries in order, and a log holding its last one holds all
+        before), an entry of a later term is not, and any other may or may not be.  Entries this node had committed (confirmed, if it was their active) are
         reported, those it cannot tell as lost at most (HA-1014)."""
         commit = self.commit
-        lost = [e for e in replaced if e.term > m.last_term or (e.term < m.last_term and e.index <= commit)]
+        # (an entry of its last term by another origin: two actives in one term, under an override)
+        lost = [e for e in replaced if e.term > m.last_term or (e.index <= commit and (
+            e.term < m.last_term or e.origin != m.last_origin))]
         lost += dropped
         if not lost:
             return

@@ -94,8 +94,8 @@ def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> s
     if ev.weak:
         text += f"; {ev.weak} of those were written by an active under a weak override"
     else:
-        text += "; the nodes that had acknowledged them lost them (unsynced writes lost to a crash?) and " \
-                "elected an active without them"
+        text += (f"; {'where lost, ' if ev.upto else ''}the nodes that had acknowledged them lost them "
+                 f"(unsynced writes lost to a crash?) and elected an active without them")
     if ev.count > ev.committed:
         text += (f"; the other {ev.count - ev.committed} were not known here as committed (its log records "
                  f"what it knew committed with each append: the last entries before a crash may have been "

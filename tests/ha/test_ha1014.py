@@ -100,3 +100,11 @@ def test_a_snapshot_over_entries_it_never_committed_reports_only_those_after_its
     ready = r.step(Envelope("b", "a", InstallSnapshot(3, "b", 25, 3, "b", b"state")))
     [ev] = discarded(ready.events)
     assert not ev.upto and (ev.first_index, ev.count, ev.committed) == (26, 5, 0)
+
+
+def test_a_snapshot_of_the_same_term_by_another_active_may_not_hold_them() -> None:
+    # two actives in term 3 (an override on each side of a cut): b's snapshot does not vouch for a's
+    r = old_active(log_of(2, 1, 10) + log_of(3, 11, 20, weak=True), commit=20)
+    ready = r.step(Envelope("b", "a", InstallSnapshot(4, "b", 60, 3, "b", b"state")))
+    [ev] = discarded(ready.events)
+    assert ev.upto and (ev.first_index, ev.count, ev.committed, ev.weak) == (1, 20, 20, 10)
