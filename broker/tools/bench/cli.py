@@ -135,6 +135,12 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                                    "add --spawn (a running group, --url, is measured as it is)")
     if not 1 <= args.nodes <= 9:
         raise InvalidArgumentError(f"--nodes {args.nodes}: a spawned group has 1 to 9 nodes")
+    if (args.remote_sync or args.compare_remote_sync) and (not args.spawn or args.nodes < 2 or pair):
+        raise InvalidArgumentError("--remote-sync and --compare-remote-sync set the replicas' policy of a "
+                                   "replicated group the bench starts: give them with --spawn --nodes N")
+    for policy in (args.remote_sync, args.compare_remote_sync):
+        if policy:
+            DurabilityPolicy.parse(policy)  # (a bad name stops here, with the choices)
     args.ha = ha_setup(args, args.nodes)
     if args.tls and (not args.spawn or args.compare_replicated or args.failover):
         raise InvalidArgumentError("--tls compares a spawned group with and without TLS: give it with --spawn "
