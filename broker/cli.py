@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
                        help="seconds of silence before a peer is Down (default 1.0)")
     group.add_argument("--remote-sync", dest="remote_sync",
-                       help="how replicas write what the active ships: SYNC, WRITE_NO_SYNC (default), NO_SYNC")
+                       help="how replicas write what the active ships: SYNC (default), WRITE_NO_SYNC, NO_SYNC")
     group.add_argument("--replicas", type=int, help="copies of each partition besides its active (default 2)")
     group.add_argument("--sync-replicas", dest="sync_replicas", type=int,
                        help="how many of the replicas vote and count for commits (default 2; others async)")

@@ -22,7 +22,7 @@ Example ``tandem.toml``::
     quorum_policy = "majority"  # majority | percentage:P | min_votes:N | disabled
     keepalive_interval = 0.25   # seconds
     non_response_timeout = 1.0  # seconds without a frame -> the peer is Down
-    remote_sync = "WRITE_NO_SYNC"  # how replicas write what the active ships them
+    remote_sync = "SYNC"        # how replicas write what the active ships them (one fdatasync per batch)
     replicas = 2                # copies of each partition besides its active
     sync_replicas = 2           # how many of those vote (the rest are async learners)
     designated_primary = false  # two-node group: this node may go on alone
@@ -92,7 +92,10 @@ class NodeConfig:
     quorum_policy: str = "majority"
     keepalive_interval: float = 0.25
     non_response_timeout: float = 1.0
-    remote_sync: DurabilityPolicy = DurabilityPolicy.WRITE_NO_SYNC
+    #: replicas fsync what they ack (group commit: one fdatasync per batch the writer takes),
+    #: so a confirmed entry is on the disks of a majority and a power cut of every node loses
+    #: nothing confirmed, whichever node comes back first (docs/drills.md)
+    remote_sync: DurabilityPolicy = DurabilityPolicy.SYNC
     replicas: int = 2
     sync_replicas: int = 2
     designated_primary: bool = False

@@ -42,7 +42,7 @@ from broker.queues import Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
-from broker.status import HaReport
+from broker.status import HaReport, NodeEvent
 from broker.streams import read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
@@ -53,7 +53,7 @@ from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveErr
     UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import AclRecord, DropProducers, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, \
+from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, \
     WriteOp
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
@@ -96,6 +96,8 @@ class Node:
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
         self.store_stamp = ""
+        #: what this node has to say of itself in ``tandem status`` events (an unclean stop)
+        self.node_events: list[NodeEvent] = []
         #: shared mode: the group's database, opened by this node only while it holds the lock
         self._shared_store: SharedStore | None = open_shared(config.database) \
             if config.mode == "shared" and config.database else None
@@ -186,6 +188,8 @@ class Node:
             await self._start_shared(self._shared_store)
             return
         recovered = await asyncio.to_thread(self.engine.open)
+        if recovered.unclean_stop:
+            self._unclean_stop()
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._writer.commit_observers = self.commit_observers
         self._commit = LocalCommitPath(self._writer, cfg.name, sync=cfg.sync.value == "SYNC")
@@ -318,6 +322,24 @@ class Node:
         self.catalogue = Catalogue(self)  # (the users stay: a passive answers status requests)
         await self._close_store()
         self.map_changed()
+
+    def _unclean_stop(self) -> None:
+        """The store was not closed when it was last open.  Under a policy that confirms
+        before an fsync, what was confirmed since the last one is gone if the machine went
+        down (power, OS crash); a process that was only killed left it with the OS.  Said
+        once at start (log, and ``tandem status`` events); a clean stop says nothing."""
+        cfg = self.config
+        weak = sorted({p.value for p in ((cfg.sync, cfg.remote_sync) if cfg.peer_port is not None else (cfg.sync,))
+                       if p is not DurabilityPolicy.SYNC})
+        if not weak:
+            return
+        group = " (the group's other nodes hold what they confirmed: HA-1014 reports what this node " \
+                "discards on rejoin)" if cfg.peer_port is not None else ""
+        text = (f"{cfg.name} did not stop cleanly (killed, or the machine went down) and writes under "
+                f"{' and '.join(weak)} without an fsync: if the machine went down (power cut, OS crash), "
+                f"writes confirmed since the last fsync may be lost; how many is not known here{group}")
+        log.warning("store: %s", text)
+        self.node_events.append(NodeEvent(self.clock.time(), "unclean-stop", "-", text))
 
     def _restore(self, rec: Recovered, *, group: bool = False) -> None:
         """Queues, partitions and users from the store.  In a group a partition's messages

@@ -16,6 +16,7 @@ The helpers read the node through :class:`NodeState`, the few things they need.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
@@ -174,8 +175,21 @@ class HaReport(Protocol):
     def changes(self) -> int: ...  # state changes since start
 
 
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """An event of the node itself (not of a partition): an unclean stop found at start."""
+
+    at: float
+    kind: str
+    partition: str
+    text: str
+
+
 class StatusSource(NodeState, Protocol):
     """What :func:`status_of` reads on a node."""
+
+    @property
+    def node_events(self) -> Collection[HaEventView]: ...
 
     @property
     def store_stamp(self) -> str: ...
@@ -216,6 +230,7 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     discarded, dp, dmsgs = 0, False, 0
     rep = node.replication
     happened: list[HaEventView] = list(peers.intruders) if peers is not None else []
+    happened += node.node_events
     if rep is not None:
         partitions = rep.partition_infos()
         happened += rep.events

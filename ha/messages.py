@@ -147,15 +147,27 @@ class RoleChanged:
 
 @dataclass(frozen=True, slots=True)
 class EntriesDiscarded:
-    """HA-1014: entries this replica had, never committed by the group, truncated on rejoin."""
+    """HA-1014: entries this replica had and the group's active does not, discarded on
+    rejoin (truncated, or replaced by a snapshot).
+
+    ``committed`` of them (the first ones: ``payloads[:committed]``) this node had counted
+    as committed: confirmed to their clients, and lost.  That happens when the active was
+    elected under a weak override (``weak`` of them were written by such an active), or
+    when a majority lost unsynced writes (every node's power cut under a weak
+    ``remote_sync``) and elected one of itself.  With ``upto`` the entries were replaced by
+    a snapshot that does not say which of them it holds: ``committed`` is then at most what
+    was lost (those of a term after the snapshot's are lost for certain: ``certain``)."""
 
     node: str
     term: int
     first_index: int
     count: int
-    committed: int = 0  # of those, entries it had confirmed while active under a weak override
+    committed: int = 0
     code: str = "HA-1014"
     payloads: tuple[bytes | None, ...] = ()  # the discarded entries' data (the driver counts messages)
+    weak: int = 0
+    upto: bool = False
+    certain: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -631,15 +631,13 @@ class Replica:
             self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
             return  # we already have (and applied) all of it
         # Matching, what follows the snapshot's position stays: it matches too.  Otherwise
-        # the entries after it cannot be the active's (log matching): they are discarded.
-        # (Uncommitted entries before it that differ are replaced too, uncounted: this
-        # replica cannot tell them from the active's.)
+        # the entries after it cannot be the active's (log matching): they are discarded,
+        # and so are the entries before it that differ (_replaced_by_snapshot).
         first = self.snap_index + 1
+        replaced = [] if matches else self._log.slice(first, min(m.index, self.last_index))
         dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches)
         if not matches:
-            lost_committed = max(0, self.commit - m.index)
-            if dropped:
-                self._discarded(dropped, lost_committed)
+            self._replaced_by_snapshot(m, replaced, dropped)
             self._ready.truncate_from = first
             self._ready.append = []
             self._persisted = m.index
@@ -665,12 +663,14 @@ class Replica:
         self._send(m.leader, AppendReply(self.term, self.id, False, 0))
 
     def _truncate(self, index: int) -> None:
-        """Drop entries from ``index`` on: the group never committed them (HA-1014).
+        """Drop entries from ``index`` on: the active's log has others there (HA-1014).
 
-        Entries this node counted as committed can only be among them if it was
-        active under a weak override (``quorum_override``, ``designated_primary``)
-        while cut off: those confirmed writes are lost, reported in
-        ``committed``, and the driver must roll back what it applied.
+        Entries this node counted as committed are among them when it was active under
+        a weak override (``quorum_override``, ``designated_primary``) while cut off, or
+        when the nodes that acknowledged them lost them (unsynced writes, every node's
+        power cut) and elected one of themselves before this node was back: those
+        confirmed writes are lost, reported in ``committed``, and the driver must roll
+        back what it applied.
         """
         dropped = self._log.truncate(index)
         lost_committed = max(0, self.commit - index + 1)
@@ -683,9 +683,33 @@ class Replica:
         self._ready.append = [e for e in self._ready.append if e.index < index]
         self._discarded(dropped, lost_committed)
 
-    def _discarded(self, dropped: list[Entry], lost_committed: int) -> None:
+    def _replaced_by_snapshot(self, m: InstallSnapshot, replaced: list[Entry], dropped: list[Entry]) -> None:
+        """A snapshot that does not match this log replaced it: ``replaced`` are the entries
+        up to the snapshot's index, ``dropped`` those after it.  The snapshot says only
+        its last entry's (term, origin): an entry of that term and origin is in it (that
+        active wrote its term's entries in order, and a log holding its last one holds all
+        before), an entry of a later term is not, and any other may or may not be.  Entries this node had committed (confirmed, if it was their active) are
+        reported, those it cannot tell as lost at most (HA-1014)."""
+        commit = self.commit
+        # (an entry of its last term by another origin: two actives in one term, under an override)
+        lost = [e for e in replaced if e.term > m.last_term or (e.index <= commit and (
+            e.term < m.last_term or e.origin != m.last_origin))]
+        lost += dropped
+        if not lost:
+            return
+        committed = [e for e in lost if e.index <= commit]
+        certain = sum(1 for e in committed if e.term > m.last_term or e.index > m.index)
+        self._discarded(lost, len(committed), upto=certain < len(committed), certain=certain)
+
+    def _discarded(self, dropped: list[Entry], lost_committed: int, *, upto: bool = False,
+                   certain: int | None = None) -> None:
+        """Report HA-1014: ``dropped`` in index order, the first ``lost_committed`` of them
+        counted as committed here."""
+        weak = sum(1 for e in dropped[:lost_committed] if e.weak)
         self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
-                                                   lost_committed, payloads=tuple(e.data for e in dropped)))
+                                                   lost_committed, payloads=tuple(e.data for e in dropped),
+                                                   weak=weak, upto=upto,
+                                                   certain=lost_committed if certain is None else certain))
 
     def _on_append_reply(self, m: AppendReply) -> None:
         if m.term > self.term:

@@ -288,6 +288,9 @@ class LogAppend:
     queue_id: int
     partition: int
     entries: list[LogRecord]
+    #: the writer's commit index as it writes them (0: not said): entries up to it are
+    #: committed, so a node that restarts knows what it had confirmed (HA-1014 counts it)
+    commit: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +390,9 @@ class Recovered:
     acls: list[AclRecord] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
     logs: dict[tuple[int, int], LogState] = field(default_factory=dict)
+    #: the store was not closed when it was last open (the process was killed, or the
+    #: machine went down): what was written without an fsync may be gone
+    unclean_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,6 +178,7 @@ class MemoryEngine:
                 del d.logs[key]
         elif isinstance(op, LogAppend):
             st = self._log(op)
+            st.commit = max(st.commit, op.commit)
             for e in op.entries:
                 if st.entries and e.index <= st.entries[-1].index:  # replaces (rare): keep it simple
                     st.entries = [x for x in st.entries if x.index != e.index]
@@ -188,6 +189,7 @@ class MemoryEngine:
         elif isinstance(op, LogTruncate):
             st = self._log(op)
             st.entries = [e for e in st.entries if e.index < op.from_index]
+            st.commit = min(st.commit, op.from_index - 1)
         elif isinstance(op, LogCompact):
             st = self._log(op)
             st.entries = [e for e in st.entries if e.index > op.upto]

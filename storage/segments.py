@@ -10,8 +10,10 @@ is what an append-only file is for.
 Layout: ``<dir>/<seq>.seg``, ``seq`` rising.  Each record is ``<u32 length><u32 crc32>``
 then ``length`` bytes of msgpack:
 
-* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...]]``: entries (a
-  later record of the same index replaces the earlier one);
+* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit]``: entries
+  (a later record of the same index replaces the earlier one); ``commit``, left out when
+  0, is the writer's commit index then: a watermark of what it knew committed (a build
+  that does not know it reads the record without it);
 * ``["T", queue_id, partition, from_index]``: entries from ``from_index`` on are gone;
 * ``["X", queue_id]``: the queue was deleted, with every entry of its partitions before it.
 
@@ -68,6 +70,27 @@ class _Segment:
     tops: dict[Key, int] = field(default_factory=dict)
 
 
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory: the names made or removed in it survive a crash."""
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def make_dir(path: Path) -> None:
+    """``mkdir -p`` whose new directories survive a crash (each parent fsynced)."""
+    if path.is_dir():
+        return
+    make_dir(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    fsync_dir(path.parent)
+
+
 def _record(item: list[Any]) -> bytes:
     payload = msgpack.packb(item, use_bin_type=True)
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
@@ -87,12 +110,15 @@ class SegmentLog:
         self._doomed: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._deleter: threading.Thread | None = None
         self.deleted_segments = 0
+        #: per partition, the highest commit watermark replayed (``A`` records), capped by
+        #: later truncations
+        self.commits: dict[Key, int] = {}
 
     # -- open: replay --------------------------------------------------------------------
 
     def open(self) -> dict[Key, list[LogRecord]]:
         """Scan the segments; every partition's entries, in index order."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         seqs = sorted(int(p.stem) for p in self.dir.glob(f"*{_SUFFIX}") if p.stem.isdigit())
         entries: dict[Key, dict[int, LogRecord]] = {}
         for n, seq in enumerate(seqs):
@@ -150,6 +176,8 @@ class SegmentLog:
             top = max(it[0] for it in items)
             if top > seg.tops.get(key, 0):
                 seg.tops[key] = top
+            if entries is not None and len(rec) > 4 and rec[4] > self.commits.get(key, 0):
+                self.commits[key] = rec[4]
         elif kind == "T":
             key = (rec[1], rec[2])
             start = rec[3]
@@ -157,6 +185,8 @@ class SegmentLog:
                 mine = entries[key]
                 for i in [i for i in mine if i >= start]:
                     del mine[i]
+            if entries is not None and self.commits.get(key, 0) >= start:
+                self.commits[key] = start - 1
             for s in (*self._segments, seg):
                 if s.tops.get(key, 0) >= start:
                     s.tops[key] = start - 1
@@ -171,6 +201,8 @@ class SegmentLog:
             if entries is not None:
                 for key in [k for k in entries if k[0] == qid]:
                     del entries[key]
+                for key in [k for k in self.commits if k[0] == qid]:
+                    del self.commits[key]
         else:
             raise StorageError(f"replication log record of unknown kind {kind!r}")
 
@@ -224,11 +256,7 @@ class SegmentLog:
     def _start_segment(self, seq: int) -> _Segment:
         seg = _Segment(seq, self._path(seq))
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # the new name survives a crash with what is written in it
-        finally:
-            os.close(dfd)
+        fsync_dir(self.dir)  # the new name survives a crash with what is written in it
         self._segments.append(seg)
         return seg
 

@@ -107,6 +107,11 @@ class NodeCollector(Collector):
                        [("node", name)], rep.discarded_total)
         yield _counter("tandem_ha1014_discarded_messages", "HA-1014: messages in the discarded entries",
                        [("node", name)], rep.discarded_messages)
+        yield _counter("tandem_ha1014_confirmed_lost_entries", "HA-1014: of the discarded entries, those this "
+                       "node had counted as committed (confirmed and lost; at most, where a snapshot replaced "
+                       "them)", [("node", name)], rep.confirmed_lost)
+        yield _counter("tandem_ha1014_confirmed_lost_messages", "HA-1014: messages in the confirmed entries "
+                       "lost", [("node", name)], rep.confirmed_lost_messages)
         peers = node.peers
         disabled = peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
         yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],

@@ -79,6 +79,30 @@ class HaEvent:
     text: str
 
 
+def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> str:
+    """What HA-1014 says of ``ev``: how many entries (and messages) went, how many of them
+    had been confirmed (lost), and an override only where one wrote them."""
+    text = f"{ev.count} entries ({messages} messages) from index {ev.first_index} discarded in term {ev.term}: "
+    if not ev.committed:
+        return text + "none of them was confirmed by this node (it never counted them as committed)"
+    if ev.upto:
+        text += (f"up to {ev.committed} of them ({lost_messages} messages) had been confirmed (confirmed and "
+                 f"lost; {ev.certain} for certain: a snapshot replaced them and does not say which of the others "
+                 f"it holds)")
+    else:
+        text += f"{ev.committed} of them ({lost_messages} messages) had been confirmed (confirmed and lost)"
+    if ev.weak:
+        text += f"; {ev.weak} of those were written by an active under a weak override"
+    else:
+        text += (f"; {'where lost, ' if ev.upto else ''}the nodes that had acknowledged them lost them "
+                 f"(unsynced writes lost to a crash?) and elected an active without them")
+    if ev.count > ev.committed:
+        text += (f"; the other {ev.count - ev.committed} were not known here as committed (its log records "
+                 f"what it knew committed with each append: the last entries before a crash may have been "
+                 f"confirmed all the same)")
+    return text
+
+
 class Replication:
     """This node's replication logs (one per partition it holds, and the catalogue) and
     the parts around them: ``proposals`` (commit.py), ``roles`` (who serves what,
@@ -106,6 +130,10 @@ class Replication:
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
         self.discarded_total = 0
         self.discarded_messages = 0  # messages in those entries
+        #: of those, entries (and their messages) this node had counted as committed: confirmed
+        #: writes lost (at most that many where a snapshot replaced them, see EntriesDiscarded)
+        self.confirmed_lost = 0
+        self.confirmed_lost_messages = 0
         self.elections = 0  # times this node became active for a partition (metrics)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
@@ -413,7 +441,7 @@ class Replication:
             sync = True
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
-                                                  for e in ready.append]))
+                                                  for e in ready.append], commit=plog.replica.commit))
             if leader:
                 now = self.host.clock.monotonic()
                 stamps = plog.appended_at
@@ -536,14 +564,14 @@ class Replication:
             self.roles.notify()
             return
         self.discarded_total += ev.count
-        messages = messages_in(plog.key, ev.payloads)
+        lost_messages = messages_in(plog.key, ev.payloads[:ev.committed])
+        messages = lost_messages + messages_in(plog.key, ev.payloads[ev.committed:])
         self.discarded_messages += messages
-        log.error("HA-1014 partition %s on %s: %d entries (%d messages) from index %d discarded in term %d "
-                  "(never committed by the group)%s", plog.name, self.me, ev.count, messages, ev.first_index,
-                  ev.term, f"; {ev.committed} of them had been confirmed under a weak override" if ev.committed
-                  else "")
-        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {ev.count} entries ({messages} "
-                                   f"messages) discarded from index {ev.first_index}, {ev.committed} confirmed"))
+        self.confirmed_lost += ev.committed
+        self.confirmed_lost_messages += lost_messages
+        text = discarded_text(ev, messages, lost_messages)
+        log.error("HA-1014 partition %s on %s: %s", plog.name, self.me, text)
+        self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {text}"))
 
     def _resync(self, plog: PartLog) -> None:
         """Entries this node had applied were discarded (it confirmed them under a weak

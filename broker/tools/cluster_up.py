@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
     up.add_argument("--data-dir", dest="data_dir", default=".tandem", help="default .tandem")
     up.add_argument("--sync", default="SYNC", help="the actives' durability policy (default SYNC)")
-    up.add_argument("--remote-sync", dest="remote_sync", help="the replicas' policy (default WRITE_NO_SYNC)")
+    up.add_argument("--remote-sync", dest="remote_sync", help="the replicas' policy (default SYNC)")
     up.add_argument("--restart-delay", dest="restart_delay", type=float, default=RESTART_DELAY,
                     metavar="SECONDS", help=f"start a node that died again after this long (default "
                                             f"{RESTART_DELAY:g}; doubled while it keeps dying; 0: leave it down)")

@@ -30,7 +30,7 @@ from storage.base import (
     StoredMessage,
     WriteOp,
 )
-from storage.segments import SEGMENT_BYTES, SegmentLog
+from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
 from storage.sqlite.reads import read_messages, read_partition, read_stored_end
@@ -47,6 +47,9 @@ class SqliteEngine:
     #: the checkpoint on close: TRUNCATE empties the WAL (it waits for other connections,
     #: so an engine sharing the file with other processes copies what it can: PASSIVE)
     _final_checkpoint = "TRUNCATE"
+    #: a file ``<db>-open`` says the store is open: found on open, the last stop was not a
+    #: clean close (Recovered.unclean_stop)
+    _open_mark = True
 
     def __init__(self, path: str | os.PathLike[str], *, log_segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = Path(path)
@@ -71,6 +74,7 @@ class SqliteEngine:
         self._pending_snaps: dict[Key, int] = {}
         self._check_segments = False
         self._segments_seen = 0
+        self._marked = False  # this open wrote (or found) the open mark: a clean close removes it
 
     @property
     def wal_restarts(self) -> int:
@@ -103,7 +107,8 @@ class SqliteEngine:
     # -- lifecycle ----------------------------------------------------------------------
 
     def open(self) -> Recovered:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path.parent)
+        new = not self.path.exists()
         self._engine = create_engine(f"sqlite:///{self.path}", poolclass=NullPool)
         event.listen(self._engine, "connect", self._on_connect)
         event.listen(self._engine, "begin", self._on_begin)
@@ -115,10 +120,29 @@ class SqliteEngine:
             replay_log(self.log, self._raw(self._writer), recovered, self.path)
             self._pending_snaps = {key: st.snapshot[0] for key, st in recovered.logs.items()}
             self._make_durable()
+            if new:
+                fsync_dir(self.path.parent)  # the database's and the WAL's names
+            if self._open_mark:
+                recovered.unclean_stop = self._mark_open()
             self._checkpointer.start(self._engine)
             return recovered
         except SQLAlchemyError as exc:
             raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
+
+    @property
+    def _mark(self) -> Path:
+        return self.path.with_name(self.path.name + "-open")
+
+    def _mark_open(self) -> bool:
+        """Say on disk that the store is open; whether it already said so (not closed)."""
+        mark = self._mark
+        found = mark.exists()
+        if not found:
+            fd = os.open(mark, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.close(fd)
+            fsync_dir(mark.parent)
+        self._marked = True
+        return found
 
     def _create_schema(self, conn: Connection) -> None:
         create_schema(conn, self.path)
@@ -145,6 +169,12 @@ class SqliteEngine:
         self.log.close()
         if self._engine is not None:
             self._engine.dispose()
+            if self._marked and self._broken is None:
+                try:
+                    self._mark.unlink()
+                    fsync_dir(self._mark.parent)
+                except FileNotFoundError:
+                    pass
 
     @staticmethod
     def _raw(conn: Connection) -> sqlite3.Connection:
@@ -179,8 +209,11 @@ class SqliteEngine:
         for op in ops:
             kind = type(op)
             if kind is LogAppend:
-                records.append(["A", op.queue_id, op.partition,  # type: ignore[union-attr]
-                                [[e.index, e.term, e.origin, e.weak, e.data] for e in op.entries]])  # type: ignore[union-attr]
+                rec = ["A", op.queue_id, op.partition,  # type: ignore[union-attr]
+                       [[e.index, e.term, e.origin, e.weak, e.data] for e in op.entries]]  # type: ignore[union-attr]
+                if op.commit:  # type: ignore[union-attr]
+                    rec.append(op.commit)  # type: ignore[union-attr]
+                records.append(rec)
             elif kind is LogTruncate:
                 records.append(["T", op.queue_id, op.partition, op.from_index])  # type: ignore[union-attr]
                 self._check_segments = True  # (it may free the oldest segment)

@@ -125,6 +125,9 @@ def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, pa
     for key, entries in replayed.items():
         st = rec.logs.setdefault(key, LogState())
         st.entries = usable(key, st, entries)
+        # What it knew committed: the hard state's commit is written with a term or vote only
+        # (and the applied position lags), the log's watermark with every append.
+        st.commit = max(st.commit, min(segments.commits.get(key, 0), st.entries[-1].index if st.entries else 0))
         if st.entries and st.entries[-1].term > st.term:
             # The entries of a new term reached the log, its hard state did not (a crash
             # between the two writes of one batch; nothing was answered for it): the

@@ -71,6 +71,7 @@ class SharedSqliteEngine(SqliteEngine):
 
     capabilities = Capabilities(shared=True, fsync=True, replication_log=False)
     _final_checkpoint = "PASSIVE"  # other processes use the file: do not wait for them
+    _open_mark = False  # (nor does one process's stop say anything of the others')
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)

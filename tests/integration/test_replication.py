@@ -804,7 +804,7 @@ async def _stall_partition_0s_replicas(tmp_path: Path, seconds: float) -> tuple[
             return len(set((await actives(cl, "orders", 3)).values())) == 3
 
         # The stall reaches partition 0's replies through the replicas' own fsyncs, which
-        # they make as actives of the other partitions (as replicas they write WRITE_NO_SYNC).
+        # they make as actives of the other partitions and as its replicas (SYNC, the default).
         await wait_until(spread, timeout=60, what="the partitions' actives on three nodes")
         active = (await actives(cl, "orders", 3))[0]
         replicas = [n for n in cl.nodes if n != active]

@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker.config import NodeConfig
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -24,6 +25,7 @@ from broker.tools.process import NodeProcess
 from broker.tools.scratch_db import fresh_database
 from client.errors import InvalidArgumentError, TandemError
 from client.url import parse_url
+from storage.base import DurabilityPolicy
 
 PEERS = ("rabbitmq", "nats")
 SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node
@@ -51,7 +53,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
     p.add_argument("--sync", default="SYNC", help="durability policy of the spawned node(s) (default SYNC)")
     p.add_argument("--nodes", type=int, default=1,
-                   help="with --spawn: a replication group of this many nodes (replicas write WRITE_NO_SYNC)")
+                   help="with --spawn: a replication group of this many nodes")
+    p.add_argument("--remote-sync", dest="remote_sync", default=None,
+                   help="with --spawn --nodes N: the replicas' durability policy (default: the node's default)")
+    p.add_argument("--compare-remote-sync", dest="compare_remote_sync", default=None, metavar="POLICY",
+                   help="with --spawn --nodes N: then run the same workload on a fresh group whose replicas "
+                        "write POLICY, in the same run (e.g. WRITE_NO_SYNC against SYNC)")
     p.add_argument("--rabbitmq-nodes", dest="rabbitmq_nodes", type=int, default=1,
                    help="how many nodes the RabbitMQ at --rabbitmq-url has (reported with the figures)")
     p.add_argument("--nats-replicas", dest="nats_replicas", type=int, default=1,
@@ -128,6 +135,12 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                                    "add --spawn (a running group, --url, is measured as it is)")
     if not 1 <= args.nodes <= 9:
         raise InvalidArgumentError(f"--nodes {args.nodes}: a spawned group has 1 to 9 nodes")
+    if (args.remote_sync or args.compare_remote_sync) and (not args.spawn or args.nodes < 2 or pair):
+        raise InvalidArgumentError("--remote-sync and --compare-remote-sync set the replicas' policy of a "
+                                   "replicated group the bench starts: give them with --spawn --nodes N")
+    for policy in (args.remote_sync, args.compare_remote_sync):
+        if policy:
+            DurabilityPolicy.parse(policy)  # (a bad name stops here, with the choices)
     args.ha = ha_setup(args, args.nodes)
     if args.tls and (not args.spawn or args.compare_replicated or args.failover):
         raise InvalidArgumentError("--tls compares a spawned group with and without TLS: give it with --spawn "
@@ -173,6 +186,8 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
             runs.append(await _spawned(args, w, args.nodes, args.ha, tls=True))
         if args.compare_replicated is not None:
             runs.append(await _spawned(args, w, args.compare_replicated, HaSetup()))
+        if args.compare_remote_sync is not None:
+            runs.append(await _spawned(args, w, args.nodes, args.ha, remote_sync=args.compare_remote_sync))
     else:
         runs.append(await run_system(TandemDriver(args.url, "as configured on the node"), w))
     for peer in dict.fromkeys(args.peer):
@@ -202,28 +217,32 @@ def _tls_cost(plain: RunResult, tls: RunResult) -> dict[str, float | None]:
 
 
 async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *,
-                   tls: bool = False) -> RunResult:
+                   tls: bool = False, remote_sync: str | None = None) -> RunResult:
     """Start a fresh group (one node, a replicated group, a shared-mode group on a database of
     its own, an arbitrated pair; with ``tls``, TLS on every link), run the workload on it, stop it."""
-    mode = ha.label(nodes) + (", TLS" if tls else "")
+    remote = DurabilityPolicy.parse(remote_sync or args.remote_sync or NodeConfig().remote_sync.value).value
+    mode = ha.label(nodes) + (", TLS" if tls else "") + (f", replicas {remote}" if nodes > 1 and not ha.shared
+                                                          else "")
     if ha.shared:
         try:
             async with fresh_database(str(ha.database), "bench") as url:
-                return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url), tls=tls, mode=mode)
+                return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url), tls=tls, mode=mode,
+                                         remote=remote)
         except (TandemError, OSError) as exc:  # the database could not be made
             return RunResult(system="tandem", messages=w.messages, mode=mode,
                              error=f"{type(exc).__name__}: {exc}")
-    return await _spawned_on(args, w, nodes, ha, tls=tls, mode=mode)
+    return await _spawned_on(args, w, nodes, ha, tls=tls, mode=mode, remote=remote)
 
 
 async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *, tls: bool,
-                      mode: str) -> RunResult:
+                      mode: str, remote: str) -> RunResult:
     node = None
     cluster = None
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         try:
             if nodes > 1:
-                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha, tls=tls)
+                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha, tls=tls,
+                                       extra_args=["--remote-sync", remote])
                 await cluster.start()
                 await cluster.wait_ready()
                 url = cluster.url
@@ -232,7 +251,7 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                                  f"({'PostgreSQL' if str(ha.database).startswith('postgresql') else 'SQLite'}), " \
                                  "others passive"
                 else:
-                    durability = f"{nodes}-node group: active {args.sync.upper()}, replicas WRITE_NO_SYNC, " \
+                    durability = f"{nodes}-node group: active {args.sync.upper()}, replicas {remote}, " \
                                  "quorum commit"
             else:
                 tls_args: list[str] = []

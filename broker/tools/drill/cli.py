@@ -125,8 +125,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--seed", type=int, default=1,
                    help="makes the schedule (keys, interleaving; jepsen: its faults) reproducible")
     d.add_argument("--local-sync", dest="local_sync", default="SYNC", help="the actives' policy (default SYNC)")
-    d.add_argument("--remote-sync", dest="remote_sync", default="WRITE_NO_SYNC",
-                   help="the replicas' policy (default WRITE_NO_SYNC)")
+    d.add_argument("--remote-sync", dest="remote_sync", default="SYNC",
+                   help="the replicas' policy (default SYNC)")
     d.add_argument("--non-response-timeout", dest="non_response_timeout", type=float,
                    help="the nodes' failure detection (default: the node default, 1 s)")
     d.add_argument("--timeout", type=float, default=180.0, help="seconds per run (default 180)")

@@ -24,7 +24,7 @@ class DrillConfig:
     keys: int = 64
     seed: int = 1
     local_sync: str = "SYNC"
-    remote_sync: str = "WRITE_NO_SYNC"
+    remote_sync: str = "SYNC"
     non_response_timeout: float | None = None  # None: the node default
     timeout: float = 180.0  # per run
     data_dir: Path | None = None
