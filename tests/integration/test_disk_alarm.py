@@ -16,13 +16,15 @@ import pytest
 import pytest_asyncio
 
 import client
+from broker.tools.cluster import LocalCluster
 from broker.tools.powerfs_mount import mounted
 from broker.tools.process import NodeProcess, node_command
 from client.errors import UnavailableError
+from tests.conftest import FAST
 from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(120),
-              pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the node's data dir (root)")]
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(120)]
+root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the node's data dir (root)")
 
 DISK_MB = 32
 LIMIT = "16M"
@@ -66,6 +68,7 @@ async def _refused(url: str, queue: str) -> str | None:
     return None
 
 
+@root
 async def test_the_alarm_refuses_publishes_below_the_limit_and_clears_when_space_is_freed(
         tmp_path: Path, disk: Path) -> None:
     node = NodeProcess(disk / "node1", log_path=tmp_path / "node1.log", extra_args=["--disk-free-limit", LIMIT])
@@ -121,6 +124,7 @@ async def test_the_alarm_refuses_publishes_below_the_limit_and_clears_when_space
         await node.stop()
 
 
+@root
 async def test_a_node_on_a_full_disk_refuses_to_start_in_one_line_and_starts_once_there_is_room(
         tmp_path: Path, disk: Path) -> None:
     node = NodeProcess(disk / "node1", log_path=tmp_path / "node1.log", extra_args=["--disk-free-limit", "8M"])
@@ -149,3 +153,40 @@ async def test_a_node_on_a_full_disk_refuses_to_start_in_one_line_and_starts_onc
         await node.stop()
 
 
+
+
+async def test_in_a_group_a_node_in_alarm_refuses_only_its_own_writes(tmp_path: Path) -> None:
+    """node3 (priority 0: active for nothing, a replica of every partition) has a limit above
+    any disk's free space, so its alarm is raised from its start: it still forwards publishes
+    and declares to the actives and replicates what they store; its status says why it would
+    refuse."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST,
+                      node_args={"node3": ["--priority", "0", "--disk-free-limit", "1000000G"]})
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect_link(cl.url_of("node3")) as conn:
+            await conn.declare_queue("jobs", partitions=4)  # forwarded to the catalogue's active
+            assert await conn.producer("jobs").send_many([f"m{i}".encode() for i in range(20)])
+            st = await conn.status()
+            assert any(e.startswith("disk-alarm node3: disk free space ") and "below disk_free_limit 1000000.0 GiB"
+                       in e for e in st.events), st.events
+        async with await client.connect(cl.url) as conn:  # every message stored, on the actives
+            got: set[bytes] = set()
+            consumer = conn.consumer("jobs")
+
+            async def take() -> None:
+                async for m in consumer:
+                    got.add(m.body)
+                    await m.ack()
+
+            taking = asyncio.ensure_future(take())
+            try:
+                await wait_until(lambda: len(got) == 20, timeout=30, what="the 20 messages consumed")
+            finally:
+                taking.cancel()
+                await asyncio.gather(taking, return_exceptions=True)
+        assert "disk alarm raised: node node3" in cl.nodes["node3"].log_text()
+        assert "disk alarm raised" not in cl.nodes["node1"].log_text()
+    finally:
+        await cl.stop()
