@@ -171,9 +171,9 @@ async def test_in_a_group_a_node_in_alarm_refuses_only_its_own_writes(tmp_path: 
             st = await conn.status()
             assert any(e.startswith("disk-alarm node3: disk free space ") and "below disk_free_limit 1000000.0 GiB"
                        in e for e in st.events), st.events
-        async with await client.connect(cl.url) as conn:  # every message stored, on the actives
+        async with await client.connect(cl.url) as durable:  # every message stored, on the actives
             got: set[bytes] = set()
-            consumer = conn.consumer("jobs")
+            consumer = durable.consumer("jobs")
 
             async def take() -> None:
                 async for m in consumer:
