@@ -119,7 +119,7 @@ class Publisher:
         if req.dense and not req.messages:  # a producer asks where its sequence stands
             result.set_result(PublishResult(0, 0, last))
             return
-        self.node.check_disk("publishing")  # (what the batch would store here, after every check that writes nothing)
+        self.node.check_disk("publishing")  # (after every check that writes nothing)
         batch = self._assign(q, req, pidxs)
         if not batch.by_part:
             result.set_result(PublishResult(0, batch.duplicates, self._last_seq(q, req)))
