@@ -37,6 +37,10 @@ class CatalogueHost(Forwarding, Protocol):
 
     def catalogue_applied(self) -> int: ...
 
+    def check_disk(self, what: str) -> None:
+        """Raise UnavailableError while this node's disk alarm is raised."""
+        ...
+
 
 def settings(meta: QueueMeta) -> dict[str, object]:
     return {
@@ -127,6 +131,7 @@ class Catalogue:
             meta, existing = self._declared(frame)
             if existing is not None:
                 return existing.info(), False
+            node.check_disk("declaring queues")
             self.next_id += 1
             if not commit.replicated:
                 q = self.add(meta)

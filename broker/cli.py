@@ -78,7 +78,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
-                "cluster_secret_file", "permitted_nodes"):
+                "cluster_secret_file", "permitted_nodes", "disk_free_limit"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--producer-expiry", dest="producer_expiry", type=float,
                        help="seconds a producer may stay idle before its sequences are forgotten "
                             "(default 86400: a resend later than that is stored again)")
+    start.add_argument("--disk-free-limit", dest="disk_free_limit", metavar="BYTES",
+                       help="the disk alarm: while the data dir's file system has less free space than this "
+                            "(a number of bytes, or with a K, M or G suffix) the node refuses publishes and "
+                            "declares with UNAVAILABLE until space is freed (default 64M; 0: no alarm)")
     start.add_argument("--advertise", help="HOST:PORT clients are told to reach this node at, when not "
                                            "where it listens (NAT, proxies; default: where it listens)")
     group = start.add_argument_group("replication group (leave out for a single node)")

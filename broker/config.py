@@ -13,6 +13,7 @@ Example ``tandem.toml``::
     max_message_size = 5242880  # bytes
     max_frame_size = 8388608    # bytes
     heartbeat = 10.0            # seconds
+    disk_free_limit = "64M"     # below this much free space in data_dir the node refuses publishes
 
     # replication group (leave out for a single node)
     peer_port = 7781            # node <-> node links
@@ -148,6 +149,9 @@ class NodeConfig:
     max_prefetch: int = 10000
     #: failed logins from one client address before each further attempt is delayed
     max_failed_logins: int = 5
+    #: bytes: while the file system of ``data_dir`` has less free space than this, the node
+    #: refuses publishes and declares (the disk alarm, broker/diskalarm.py); 0: no alarm
+    disk_free_limit: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -195,6 +199,8 @@ class NodeConfig:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
+        if not isinstance(self.disk_free_limit, int) or self.disk_free_limit < 0:
+            raise ConfigError(f"disk_free_limit {self.disk_free_limit!r}: must be >= 0 bytes (0: no disk alarm)")
         if self.advertise is not None:
             host, _, port = self.advertise.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -305,6 +311,20 @@ def parse_peer(spec: str) -> tuple[str, tuple[str, int]]:
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int, key: str = "size") -> int:
+    """Bytes from ``text``: a number, optionally with a K, M, G or T suffix (powers of 1024;
+    ``64M``, ``64MB`` and ``64MiB`` are the same)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ConfigError(f"{key} {text!r}: expected bytes, e.g. 67108864, 512K, 64M or 1G")
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+
+
 def _coerce(key: str, value: Any) -> Any:
     if key == "data_dir":
         return Path(value)
@@ -320,6 +340,8 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError("permitted_nodes: expected a list of \"NAME\" or \"NAME@HOST\" strings")
         return tuple(value)
+    if key == "disk_free_limit":
+        return parse_size(value, key)
     if key == "designated_primary":
         if not isinstance(value, bool):
             raise ConfigError(f"designated_primary: expected true or false, got {value!r}")

@@ -31,6 +31,7 @@ from broker.catalogue import Catalogue
 from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
 from broker.config import NodeConfig, redact_url
 from broker.delivery import Delivery
+from broker.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error, start_error
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.lockfile import LockFileDriver
@@ -126,6 +127,10 @@ class Node:
         self._console_factory = console
         self.console: Console | None = None
         self._expiry_task: asyncio.Task[None] | None = None
+        #: the disk alarm (broker/diskalarm.py): None in shared mode (the data is in the
+        #: group's database) and with disk_free_limit = 0
+        self.disk_alarm: DiskAlarm | None = None
+        self._disk_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
         #: called on the writer thread with each commit's duration and sync flag (metrics); every
         #: writer the node opens shares this list (shared mode opens one per activation)
@@ -165,9 +170,19 @@ class Node:
         try:
             await self._start()
         except BaseException as exc:
-            log.error("node start failed name=%s error=%s", cfg.name, exc)
-            await self._stop_peers()
-            await self._close_store()
+            full = await asyncio.to_thread(start_error, cfg.name, cfg.data_dir, exc) \
+                if isinstance(exc, Exception) and cfg.mode != "shared" else None
+            log.error("node start failed name=%s error=%s", cfg.name, full.message if full is not None else exc)
+            await self._stop_disk_alarm()
+            try:
+                await self._stop_peers()
+                await self._close_store()
+            except Exception as close_exc:
+                if full is None:
+                    raise
+                log.debug("closing after a start on a full disk: %s", close_exc)
+            if full is not None:
+                raise full from None
             raise
         total = sum(q.depth for q in self.queues.values())
         log.info(
@@ -187,6 +202,12 @@ class Node:
         if self._shared_store is not None:
             await self._start_shared(self._shared_store)
             return
+        free = await asyncio.to_thread(free_bytes, self.data_path)
+        if free < FULL_BELOW:  # nothing could be written: refuse to start, in one line
+            raise full_disk_error(cfg.name, self.data_path, free)
+        if cfg.disk_free_limit > 0:  # raised at once on a nearly full disk
+            self.disk_alarm = DiskAlarm(cfg.name, self.data_path, cfg.disk_free_limit, clock=self.clock)
+            self.disk_alarm.update(free)
         recovered = await asyncio.to_thread(self.engine.open)
         if recovered.unclean_stop:
             self._unclean_stop()
@@ -219,8 +240,21 @@ class Node:
             if self._lockfile is not None:
                 self._lockfile_task = asyncio.create_task(self._lockfile.run(), name="tandem-lockfile")
         await server.start_serving()
+        if self.disk_alarm is not None:
+            self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()
+
+    async def _stop_disk_alarm(self) -> None:
+        if self._disk_task is not None:
+            self._disk_task.cancel()
+            await asyncio.gather(self._disk_task, return_exceptions=True)
+            self._disk_task = None
+
+    def check_disk(self, what: str) -> None:
+        """Refuse ``what`` (a write to this node's own store) while the disk alarm is raised."""
+        if self.disk_alarm is not None:
+            self.disk_alarm.refuse(what)
 
     async def _bind_clients(self) -> asyncio.Server:
         """Bind the client port now (peers learn the address in the handshake); serving
@@ -381,6 +415,7 @@ class Node:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
             await asyncio.gather(self._expiry_task, return_exceptions=True)
+        await self._stop_disk_alarm()
         if self._server is not None:
             self._server.close()
         for s in list(self.sessions):

@@ -8,7 +8,8 @@ client gets), settled in the commit's own callback so the confirm goes out at on
    client addressed).  A batch touching a partition this node does not serve goes to each
    partition's active instead (:meth:`Publisher._publish_elsewhere`).
 2. **admit**: size limit, ``max_length``, producer sequences (a dense batch must continue its
-   producer's sequence; a resend of what is still being stored is refused: retry).
+   producer's sequence; a resend of what is still being stored is refused: retry), the disk
+   alarm (:mod:`broker.diskalarm`: nothing is stored on a nearly full disk: retry).
 3. **assign**: drop what the partition holds already (idempotent producers), give the rest
    offsets, build the broker's :class:`~broker.queues.Msg` per partition.
 4. **to ops**: ``Append`` per partition, ``PutProducer`` per producer, ``MarkDelivered``
@@ -92,6 +93,10 @@ class PublishHost(Forwarding, Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
+    def check_disk(self, what: str) -> None:
+        """Raise UnavailableError while this node's disk alarm is raised."""
+        ...
+
 
 class Publisher:
     def __init__(self, node: PublishHost) -> None:
@@ -114,6 +119,7 @@ class Publisher:
         if req.dense and not req.messages:  # a producer asks where its sequence stands
             result.set_result(PublishResult(0, 0, last))
             return
+        self.node.check_disk("publishing")  # (after every check that writes nothing)
         batch = self._assign(q, req, pidxs)
         if not batch.by_part:
             result.set_result(PublishResult(0, batch.duplicates, self._last_seq(q, req)))

@@ -185,11 +185,33 @@ class NodeEvent:
     text: str
 
 
+class DiskAlarmView(Protocol):
+    """The node's disk alarm (broker/diskalarm.py) as the status and the metrics show it."""
+
+    @property
+    def events(self) -> Collection[HaEventView]: ...  # raised and cleared
+
+    @property
+    def raised(self) -> bool: ...
+
+    @property
+    def free(self) -> int | None: ...  # bytes free at the last check
+
+    @property
+    def limit(self) -> int: ...  # disk_free_limit
+
+    @property
+    def refusals(self) -> int: ...  # requests refused while raised
+
+
 class StatusSource(NodeState, Protocol):
     """What :func:`status_of` reads on a node."""
 
     @property
     def node_events(self) -> Collection[HaEventView]: ...
+
+    @property
+    def disk_alarm(self) -> DiskAlarmView | None: ...
 
     @property
     def store_stamp(self) -> str: ...
@@ -231,6 +253,8 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     rep = node.replication
     happened: list[HaEventView] = list(peers.intruders) if peers is not None else []
     happened += node.node_events
+    if node.disk_alarm is not None:
+        happened += node.disk_alarm.events
     if rep is not None:
         partitions = rep.partition_infos()
         happened += rep.events

@@ -4,7 +4,7 @@ Read from the node's own state at scrape time (a custom collector on a registry
 of the node's own), except two things only the moment can tell: commit latency,
 observed by the store's writer thread into a histogram, and the counters the
 node keeps as it goes (confirms, elections, HA-1014, the HA arbiter's renewals,
-fencing refusals and state changes, peer links refused as intruders).  Per node and per partition the node is
+fencing refusals and state changes, peer links refused as intruders, the disk alarm's refusals).  Per node and per partition the node is
 active for; scrape every node for the group.
 
 Under shared mode or the LockFile arbiter (``node.ha``), ``tandem_ha_state`` has
@@ -44,6 +44,7 @@ class NodeCollector(Collector):
         yield _counter("tandem_publish_confirms", "messages confirmed to publishers (duplicates included)",
                        [("node", name)], node.confirms)
         yield from _limit_metrics(node)
+        yield from _disk_metrics(node)
         qs = sorted(node.queues.items())
         for metric, help_, attr in (("tandem_messages_published", "messages stored as active", "published"),
                                     ("tandem_messages_delivered", "deliveries made", "delivered"),
@@ -116,6 +117,21 @@ class NodeCollector(Collector):
         disabled = peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
         yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],
                      0 if disabled else 1)
+
+
+def _disk_metrics(node: NodeView) -> Iterator[Any]:
+    """The disk alarm (broker/diskalarm.py): none in shared mode or with disk_free_limit 0."""
+    alarm, name = node.disk_alarm, node.config.name
+    if alarm is None:
+        return
+    yield _gauge("tandem_disk_alarm", "1 while the free space of the data dir is below disk_free_limit "
+                 "(publishes and declares refused)", [("node", name)], 1 if alarm.raised else 0)
+    if alarm.free is not None:
+        yield _gauge("tandem_disk_free_bytes", "free space of the data dir's file system at the last check",
+                     [("node", name)], alarm.free)
+    yield _gauge("tandem_disk_free_limit_bytes", "disk_free_limit", [("node", name)], alarm.limit)
+    yield _counter("tandem_disk_alarm_refusals", "publishes and declares refused by the disk alarm",
+                   [("node", name)], alarm.refusals)
 
 
 def _limit_metrics(node: NodeView) -> Iterator[Any]:

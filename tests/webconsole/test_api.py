@@ -106,7 +106,8 @@ async def test_read_endpoints(http: tuple[aiohttp.ClientSession, str], node: Nod
     for metric in ("tandem_connections", "tandem_messages_published_total", "tandem_partition_depth",
                    "tandem_store_commit_seconds_bucket", "tandem_publish_confirms_total",
                    "tandem_auth_failures_total", "tandem_logins_throttled_total", "tandem_limit_refusals_total",
-                   "tandem_login_throttle_addresses"):
+                   "tandem_login_throttle_addresses", "tandem_disk_alarm", "tandem_disk_free_bytes",
+                   "tandem_disk_free_limit_bytes", "tandem_disk_alarm_refusals_total"):
         assert metric in text, metric
 
 

@@ -12,8 +12,12 @@ after they stop.  ``disk-full`` puts every node's data dir on a small tmpfs of i
   them again in an order and with gaps (0-5 s) drawn from the run's seeded random source, both
   printed in the schedule line, so a run can be replayed.
 * ``disk-full``: fill the target's tmpfs with a filler file until ENOSPC, hold, delete it.
-  A write refused must fail the confirm, never lose a confirmed message; the node must not
-  die, and must serve again once there is room.
+  A write refused must fail the confirm, never lose a confirmed message.  The node either
+  keeps serving (its disk alarm refuses its publishes, ``disk_free_limit``) and clears its
+  alarm once there is room, or stops with status 1 and one CRITICAL line naming ENOSPC (a
+  log write that failed: docs/replication.md, "a full disk"); then the heal starts it again
+  once the space is freed, as a supervisor would, and it must serve again.  The schedule
+  says which of the two happened.
 * ``disk-error``: every write and fsync of the group's replica (the last node, priority 0,
   active for nothing) fails with EIO for the hold: it must not ack what it did not write, and
   the actives keep serving with the other replica.
@@ -33,7 +37,7 @@ from typing import ClassVar
 
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
-from client.errors import UnavailableError
+from client.errors import TandemError, UnavailableError
 
 #: each node's tmpfs under disk-full (MiB)
 TMPFS_MB = 128
@@ -158,9 +162,17 @@ class DiskFull(DiskNemesis):
         return f"disk-full {self.node}: its {TMPFS_MB} MiB tmpfs filled to ENOSPC ({size // 1024} KiB of filler)"
 
     async def heal(self, ctx: FaultContext) -> None:
+        p = ctx.cluster.nodes[self.node]
         if self.filler is not None:
             self.filler.unlink(missing_ok=True)
-        await _revive(ctx, self.node, "its disk was full")
+        if p.proc is not None and p.proc.returncode is None:
+            cleared = await _alarm_cleared(ctx, self.node)
+            if cleared is not None:
+                ctx.schedule.append(f"disk-full {self.node}: kept serving while its disk was full ({cleared})")
+                return
+        # it stopped (or is stopping) on a write the full disk refused: the ENOSPC line, then
+        # started again now that there is room
+        await _stopped_on_enospc(ctx, self.node)
 
 
 @register
@@ -198,6 +210,54 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
     ctx.schedule.append(line + "; started again")
     if fatal:
         ctx.failures.append(line)
+    await p.start()
+
+
+#: what a CRITICAL line of a node stopped by a full disk names (the OS's ENOSPC, SQLite's SQLITE_FULL)
+ENOSPC_WORDS = ("No space left on device", "database or disk is full")
+#: seconds a node that kept serving has to clear its disk alarm once the space is freed
+CLEAR_WAIT = 10.0
+
+
+async def _alarm_cleared(ctx: FaultContext, node: str) -> str | None:
+    """Until ``node``'s disk alarm is clear (polled with a deadline): what its events said,
+    for the schedule; None if the process exited meanwhile."""
+    p = ctx.cluster.nodes[node]
+    give_up = ctx.clock.monotonic() + CLEAR_WAIT
+    last = ""
+    while p.proc is not None and p.proc.returncode is None:
+        try:
+            events = [e for e in (await ctx.cluster.status(node)).events if e.startswith(f"disk-alarm {node}: ")]
+        except (TandemError, OSError):
+            events = None  # (busy or stopping: looked at again)
+        if events is not None:
+            if not events:
+                return "its disk alarm was never raised"
+            last = events[-1]
+            if ": cleared: " in last:
+                raised = sum(1 for e in events if ": cleared: " not in e)
+                return f"disk alarm raised {raised} time(s), its publishes refused; cleared once the space was freed"
+        if ctx.clock.monotonic() > give_up:
+            ctx.failures.append(f"{node} kept serving but its disk alarm was not cleared {CLEAR_WAIT:g} s after the "
+                                f"space was freed (last event: {last or 'none'})")
+            return "its disk alarm did not clear"
+        await ctx.clock.sleep(0.05)  # polling a real process, bounded by CLEAR_WAIT
+    return None
+
+
+async def _stopped_on_enospc(ctx: FaultContext, node: str) -> None:
+    """``node`` exited while its disk was full: with status 1 and the ENOSPC line, else the run
+    fails; started again either way (the space is freed), and said in the schedule."""
+    p = ctx.cluster.nodes[node]
+    code = await p.wait()  # (its output all in the log)
+    lines = [line.split(" CRITICAL ", 1)[1] for line in p.log_text().splitlines()
+             if " CRITICAL " in line and "exiting" not in line]
+    why = lines[-1] if lines else "no CRITICAL line"
+    ctx.schedule.append(f"disk-full {node}: stopped (status {code}) while its disk was full: {why}; "
+                        "started again once the space was freed")
+    if code != 1 or not lines or not any(w in why for w in ENOSPC_WORDS):
+        ctx.failures.append(f"{node} exited (status {code}) while its disk was full, not on the ENOSPC line "
+                            f"(status 1, a CRITICAL line naming ENOSPC): {why}")
     await p.start()
 
 
