@@ -51,7 +51,7 @@ from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
-    UnavailableError
+    TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
 from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, \
@@ -428,7 +428,10 @@ class Node:
             # the acks still waiting for a partition's next entry: out while the links are up
             await self.replication.flush_lazy(timeout=self.config.non_response_timeout)
         await self._stop_peers()
-        await self._close_store()
+        try:
+            await self._close_store()
+        except (OSError, TandemError) as exc:  # a failing disk: the node stops all the same
+            log.error("closing the store failed: %s", exc)
         log.info("node stop complete name=%s", self.config.name)
         self.stopped.set()
 

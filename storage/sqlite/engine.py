@@ -175,6 +175,8 @@ class SqliteEngine:
                     fsync_dir(self._mark.parent)
                 except FileNotFoundError:
                     pass
+                except OSError as exc:  # a failing disk: the next start may call this stop unclean
+                    log.warning("the store's open mark %s could not be removed: %s", self._mark, exc)
 
     @staticmethod
     def _raw(conn: Connection) -> sqlite3.Connection:

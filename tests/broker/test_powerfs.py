@@ -174,3 +174,20 @@ async def test_a_file_open_across_a_rollback_writes_no_more(tmp_path: Path) -> N
         finally:
             os.close(fd)
         assert (tmp_path / "m" / "f").read_bytes() == b"synced"
+
+
+async def test_a_store_closes_on_a_disk_that_fails(tmp_path: Path) -> None:
+    """A node stopping because its disk fails must still stop: closing its store on a disk
+    whose every write and fsync fails with EIO raises nothing (its open mark may stay: the
+    next start then calls the stop unclean)."""
+    from storage.base import PutQueue, QueueMeta
+    from storage.sqlite import SqliteEngine
+
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        e = SqliteEngine(tmp_path / "m" / "tandem.db")
+        e.open()
+        e.apply([PutQueue(QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=0,
+                                    max_deliveries=0, dead_letter_queue=None, max_length=0))], sync=True)
+        fs.fail_io("all")
+        e.close()
+        fs.fail_io("off")
