@@ -1,10 +1,11 @@
 """The disk fault families: power loss (one node, every node), a full disk, a failing disk.
 
-``power-loss``, ``power-loss-all`` and ``disk-error`` need every node's data dir on powerfs
-(:mod:`broker.tools.powerfs`): :func:`prepare_disks` mounts one per node, over
-``<run dir>/<node>.backing``, before the nodes start; :meth:`DiskNemesis.close` unmounts them
-after they stop.  ``disk-full`` puts every node's data dir on a small tmpfs of its own
-(:data:`TMPFS_MB`) instead.  All of them need root.
+Every disk family puts each node's data dir on the same layout (:class:`_Disks`, one per
+group, shared by the disk families of a ``jepsen`` run): a small tmpfs of the node's own
+(:data:`TMPFS_MB`, at ``<run dir>/<node>.disk``) holds the backing directory of a powerfs mount
+(:mod:`broker.tools.powerfs`) at the data dir, so one disk can be rolled back, fail with EIO
+and fill up.  Mounted before the nodes start, unmounted after they stop (by the last family
+of the run to close).  All of them need root and FUSE.
 
 * ``power-loss``: kill -9 the node active for most partitions, roll its disk back to what it
   had fsynced; after the hold start it again on that disk.
@@ -56,6 +57,41 @@ def missing(needs: frozenset[str]) -> str | None:
     return None
 
 
+class _Disks:
+    """The nodes' disks of one group: per node a tmpfs holding a powerfs mount's backing
+    directory, the powerfs mount at the node's data dir."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.fs: dict[str, PowerFS] = {}
+        self.tmpfs: list[Path] = []
+
+    async def mount(self, ctx: FaultContext, strict: bool) -> None:
+        for name, proc in ctx.cluster.nodes.items():
+            data = Path(proc.data_dir)
+            disk = data.with_name(f"{name}.disk")
+            disk.mkdir(parents=True, exist_ok=True)
+            self.tmpfs.append(disk)
+            await _run("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(disk))
+            self.fs[name] = PowerFS(disk / "backing", data, strict=strict, clock=ctx.clock)
+        # (all at once: each is a process of its own; unmount() unmounts every one, mounted or not)
+        failed = [r for r in await asyncio.gather(*(fs.mount() for fs in self.fs.values()),
+                                                   return_exceptions=True) if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def unmount(self) -> None:
+        for fs in self.fs.values():
+            await fs.unmount()
+        for d in self.tmpfs:
+            await asyncio.to_thread(unmount, d)
+        self.tmpfs.clear()
+
+
+#: id(cluster) -> its disks, while a disk family of its run is prepared
+_GROUP_DISKS: dict[int, _Disks] = {}
+
+
 class DiskNemesis(Nemesis):
     """What the disk families share: their mounts, made before the nodes start."""
 
@@ -65,34 +101,34 @@ class DiskNemesis(Nemesis):
 
     def __init__(self) -> None:
         self.disks: dict[str, PowerFS] = {}
-        self.tmpfs: list[Path] = []
+        self._group: _Disks | None = None
 
     async def prepare(self, ctx: FaultContext) -> None:
-        """Every node's data dir on a powerfs mount (or a tmpfs), before the group starts."""
+        """Every node's data dir on its disk (:class:`_Disks`), before the group starts; the
+        disks are shared with the other disk families of the run."""
         why = missing(self.needs)
         if why is not None:
             raise UnavailableError(f"{self.name} cannot run here: {why}")
-        for name, proc in ctx.cluster.nodes.items():
-            data = Path(proc.data_dir)
-            if "powerfs" in self.needs:
-                self.disks[name] = PowerFS(data.with_name(f"{name}.backing"), data, strict=self.strict,
-                                           clock=ctx.clock)
-            else:
-                data.mkdir(parents=True, exist_ok=True)
-                self.tmpfs.append(data)
-                await _run("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(data))
-        # (all at once: each is a process of its own; close() unmounts every one, mounted or not)
-        failed = [r for r in await asyncio.gather(*(fs.mount() for fs in self.disks.values()),
-                                                   return_exceptions=True) if isinstance(r, BaseException)]
-        if failed:
-            raise failed[0]
+        key = id(ctx.cluster)
+        group = _GROUP_DISKS.get(key)
+        if group is None:
+            group = _GROUP_DISKS[key] = _Disks()
+            group.users = 1
+            self._group = group
+            await group.mount(ctx, self.strict)
+        else:
+            group.users += 1
+            self._group = group
+        self.disks = group.fs
 
     async def close(self, ctx: FaultContext) -> None:
-        for fs in self.disks.values():
-            await fs.unmount()
-        for d in self.tmpfs:
-            await asyncio.to_thread(unmount, d)
-        self.tmpfs.clear()
+        group, self._group = self._group, None
+        if group is None:
+            return
+        group.users -= 1
+        if group.users <= 0:
+            _GROUP_DISKS.pop(id(ctx.cluster), None)
+            await group.unmount()
 
     async def _power_loss(self, ctx: FaultContext, names: list[str]) -> str:
         """kill -9 ``names`` at once, then roll their disks back; what was rolled back."""
@@ -148,7 +184,6 @@ class PowerLossAll(DiskNemesis):
 @register
 class DiskFull(DiskNemesis):
     name = "disk-full"
-    needs = frozenset({"root"})
 
     def __init__(self) -> None:
         super().__init__()
