@@ -342,7 +342,10 @@ class Connection:
                 self._shutdown(HeartbeatTimeoutError(f"no frame from node {self.node} for {3 * self.heartbeat:.1f}s"))
                 return
             if now - self._last_send >= self.heartbeat:
-                self.send_frame(Heartbeat())
+                try:
+                    self.send_frame(Heartbeat())
+                except TandemError:  # closed while this task slept: the read loop has said why
+                    return
 
     def _dispatch(self, frame: Frame) -> None:
         if isinstance(frame, Deliver):
