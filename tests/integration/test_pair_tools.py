@@ -315,10 +315,10 @@ async def test_bench_shared_pair_against_a_replicated_group_in_one_run(tmp_path:
     out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0, err.decode()[-3000:]
     report = json.loads(out)
-    assert [r["mode"] for r in report["runs"]] == ["shared, 2 nodes, sqlite", "replicated, 3 nodes"]
+    assert [r["mode"] for r in report["runs"]] == ["shared, 2 nodes, sqlite", "replicated, 3 nodes, replicas SYNC"]
     for r in report["runs"]:
         assert r["error"] is None, r
         assert (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
         assert r["confirmed"] == r["consumed"] == 1500
-    assert set(report["ratios"]) == {"tandem (replicated, 3 nodes)"}
+    assert set(report["ratios"]) == {"tandem (replicated, 3 nodes, replicas SYNC)"}
     assert not list(tmp_path.glob("bench-*"))  # the run's database file is gone

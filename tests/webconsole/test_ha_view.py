@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,19 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
             await n.stop()  # (and its console)
 
 
+async def nodes_when(pair: Pair, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """node1's /api/v1/nodes by name, once ``ready`` holds of it (polled with a deadline)."""
+    found: dict[str, Any] = {}
+
+    async def check() -> bool:
+        found.clear()
+        found.update({n["name"]: n for n in await pair.get(0, "/api/v1/nodes")})
+        return ready(found)
+
+    await wait_until(check, timeout=20, what="node2's report over the peer link")
+    return found
+
+
 def set_ha(pair: Pair, *reports: HaReport | None) -> None:
     for n, r in zip(pair.nodes, reports):
         n.ha = r
@@ -118,7 +131,8 @@ async def test_each_members_ha_state_epoch_and_the_lock_holder_in_the_rest_api(p
     conforms(group, "Group")
     assert (group["mode"], group["arbiter"], group["lock_holder"], group["epoch"]) == (
         "replicated", "lockfile", "node1", 4)
-    nodes = {n["name"]: n for n in await pair.get(0, "/api/v1/nodes")}
+    # node2's report comes over the peer link: on a busy machine the link may be being dialled again
+    nodes = await nodes_when(pair, lambda ns: ns["node2"]["ha_state"] is not None)
     for n in nodes.values():
         conforms(n, "Node")
     assert (nodes["node1"]["ha_state"], nodes["node1"]["epoch"], nodes["node1"]["lock_holder"]) == (
@@ -137,7 +151,7 @@ async def test_each_members_ha_state_epoch_and_the_lock_holder_in_the_rest_api(p
     # the link is cut, node1 goes STANDALONE with the lock, node2 WAITING and, later, the lock
     # holder at a higher epoch: the group shows the holder as the latest epoch reports it
     set_ha(pair, Report("STANDALONE", 4, "node1"), Report("WAITING", 4, None))
-    nodes = {n["name"]: n for n in await pair.get(0, "/api/v1/nodes")}
+    nodes = await nodes_when(pair, lambda ns: ns["node2"]["ha_state"] == "WAITING")
     assert nodes["node2"]["lock_holder"] is None and nodes["node2"]["ha_state"] == "WAITING"
     set_ha(pair, Report("WAITING", 4, "node1"), Report("STANDALONE", 5, "node2"))
     group = await pair.get(0, "/api/v1/group")
