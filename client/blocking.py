@@ -137,7 +137,7 @@ def connect(url: str, *, client_name: str = "tandem-python-blocking", timeout: f
             continue
         conn = BlockingConnection(sock, timeout=timeout)
         try:
-            conn._handshake(client_name, params.user, params.password)
+            conn._handshake(client_name, params.user, params.password, params.connect_timeout)
         except TandemError as exc:
             conn._sock.close()
             if not exc.retriable:
@@ -345,7 +345,8 @@ class BlockingConnection:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.proto = ProtocolConnection(Role.CLIENT)
                 self._closed = False
-                self._handshake(self._client_name, self._params.user, self._params.password)
+                self._handshake(self._client_name, self._params.user, self._params.password,
+                                self._params.connect_timeout)
                 break
             except (TandemError, OSError) as exc:
                 if sock is not None:
@@ -361,10 +362,35 @@ class BlockingConnection:
         for c in self._consumers:
             c._resubscribe()
 
-    def _handshake(self, client_name: str, user: str, password: str) -> None:
-        """Hello, the SCRAM-SHA-256 exchange (no password on the wire), Welcome."""
+    def _handshake(self, client_name: str, user: str, password: str, timeout: float) -> None:
+        """Hello, the SCRAM-SHA-256 exchange (no password on the wire), Welcome; a node that does
+        not answer within ``timeout`` (the URL's ``connect_timeout``) is given up on."""
+        self._sock.settimeout(timeout)
+        try:
+            self._handshake_steps(client_name, user, password)
+        except TimeoutError_:
+            raise ConnectionClosedError(f"node {self._peer()} did not answer the handshake within {timeout}s") \
+                from None
+        finally:
+            self._sock.settimeout(self._timeout)
+
+    def _peer(self) -> str:
+        try:
+            host, port = self._sock.getpeername()[:2]
+        except OSError:
+            return "(gone)"
+        return f"at {host}:{port}"
+
+    def _send_bytes(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            self._closed = True
+            raise ConnectionClosedError(f"connection lost: {exc}") from exc
+
+    def _handshake_steps(self, client_name: str, user: str, password: str) -> None:
         sc = ScramClient(user, password)
-        self._sock.sendall(self.proto.hello(client_name=client_name, user=user, auth=sc.first, heartbeat=0))
+        self._send_bytes(self.proto.hello(client_name=client_name, user=user, auth=sc.first, heartbeat=0))
         try:
             frame = self._handshake_frame()
         except ConnectionClosedError:
@@ -374,7 +400,7 @@ class BlockingConnection:
             raise
         if isinstance(frame, AuthChallenge):
             sc.challenge(frame.data)
-            self._sock.sendall(self.proto.auth_response(sc.final(sc.salt_password())))
+            self._send_bytes(self.proto.auth_response(sc.final(sc.salt_password())))
             frame = self._handshake_frame()
         if isinstance(frame, Error):
             raise for_code(frame.code, frame.message)
