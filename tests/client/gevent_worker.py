@@ -161,7 +161,8 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
     if not every_consumer_waiting.wait(timeout=60):
         errors.append("the consumers did not all subscribe")
     idle_ticks = ticker.ticks
-    gevent.sleep(0)
+    gevent.sleep(cfg.get("idle_window", 0.5))  # every consumer blocked in its iteration: the ticker runs on
+    idle_ticks = ticker.ticks - idle_ticks
     prods = [gevent.spawn(producer, i) for i in range(n_prod)]
     gevent.joinall(prods, timeout=cfg.get("deadline", 120))
     for g in prods:
@@ -176,12 +177,14 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
         if g.ready() and not g.successful():
             errors.append(f"consumer: {type(g.exception).__name__}: {g.exception}")
     gevent.killall([*cons, reader], timeout=5)
+    sockets = sorted({f"{type(conn._sock).__module__}.{type(conn._sock).__name__}" for conn in conns})
     for conn in conns:
         conn.close()
     ticker.g.kill()
     return {"confirmed": confirmed, "consumed": consumed, "errors": errors, "stale": stale[0],
             "ack_lost": ack_lost[0], "nodes_before": nodes_before, "nodes_after": nodes_after,
-            "ticks": ticker.ticks, "ticks_before_publishing": idle_ticks}
+            "ticks": ticker.ticks, "idle_ticks": idle_ticks,
+            "sockets": sockets}
 
 
 def cooperative(cfg: dict[str, Any]) -> dict[str, Any]:
