@@ -13,7 +13,15 @@
 
 No threads and no event loop: every call writes its frame and reads frames
 until its reply arrives, buffering deliveries for the consumers meanwhile.  So
-it works in plain scripts and under gevent's monkey-patched sockets (locust).
+it works in plain scripts and under gevent (locust): after ``gevent.monkey.patch_all()``
+(before this module is imported) its sockets, TLS, name resolution and backoff sleeps
+(``time.sleep``) are gevent's, so a greenlet blocked in a call, a consumer's iteration, a
+re-dial or a socket timeout lets the others run.  Tested (tests/client/test_gevent.py):
+50 greenlets with a connection each in one process, consumers blocked in iteration while
+producers publish, the producers' node killed -9 mid-run in a 3-node group (plaintext and
+``tandems://``) with every confirmed message consumed; re-dial, handshake and read timeouts
+during which another greenlet keeps running.  Not cooperative: ``buffer_path``'s SQLite
+writes (short, local).
 
 It is durable too: when its node goes away (a broken link, a refusal, a node
 without quorum) a call re-dials the URL's nodes in turn with jittered backoff,
@@ -23,8 +31,10 @@ Messages delivered on the old link come again, marked redelivered; settling one
 of the old ones raises StaleDeliveryError.  It talks to one node at a time: in a
 group, its consumers get the partitions active on that node (use the async
 client's consumer for the whole queue).
-Heartbeats are off by default (``heartbeat=0`` in the handshake): a blocking
-client may sit idle between calls; the broker relies on TCP keepalive.
+Heartbeats are off (``heartbeat=0`` in the handshake): a blocking client may sit idle
+between calls; the broker relies on TCP keepalive.  The handshake gives a node that does
+not answer up after the URL's ``connect_timeout`` (default 10 s); later reads wait as long as
+``timeout`` says (None: for ever).
 A connection is not thread-safe: use one per thread or greenlet.
 """
 
@@ -619,7 +629,7 @@ class BlockingConsumer:
         self._subscribe()
 
     def next(self) -> BlockingMessage:
-        """Block until the next message arrives (socket timeout -> ConnectionClosedError;
+        """Block until the next message arrives (the connection's ``timeout`` -> TimeoutError_;
         ConsumerCancelledError when the broker ends the consumer).  A lost node is ridden
         through like any call: the consumer resubscribes elsewhere."""
         conn = self.conn

@@ -39,7 +39,7 @@ import gevent.server  # noqa: E402
 import gevent.socket  # noqa: E402
 
 from client import blocking  # noqa: E402
-from client.errors import ConnectionClosedError, StaleDeliveryError, TandemError, TimeoutError_  # noqa: E402
+from client.errors import ConnectionClosedError, StaleDeliveryError, TandemError  # noqa: E402
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -204,7 +204,11 @@ def cooperative(cfg: dict[str, Any]) -> dict[str, Any]:
 
     # a node that accepts and never answers: the handshake gives up after connect_timeout
     held: list[Any] = []
-    silent = gevent.server.StreamServer(("127.0.0.1", 0), lambda s, _a: (held.append(s), gevent.sleep(3600)))
+    def hold(sock: Any, _address: Any) -> None:  # accept, then say nothing
+        held.append(sock)
+        gevent.sleep(3600)
+
+    silent = gevent.server.StreamServer(("127.0.0.1", 0), hold)
     silent.start()
     out["silent"] = ticker.during(lambda: blocking.connect(
         f"tandem://admin:pw@127.0.0.1:{silent.server_port}/?connect_timeout=1"))
