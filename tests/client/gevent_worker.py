@@ -88,14 +88,13 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
     stale = [0]
     ack_lost = [0]
     nodes_before: dict[str, str] = {}
-    nodes_after: dict[str, str] = {}
     producers_done = gevent.event.Event()
     all_consumed = gevent.event.Event()
     kill_asked = gevent.event.Event()
     killed = gevent.event.Event()
     consumers_ready = [0]
     every_consumer_waiting = gevent.event.Event()
-    conns: list[blocking.BlockingConnection] = []
+    conns: dict[str, blocking.BlockingConnection] = {}
     ticker = Ticker()
 
     def check_done() -> None:
@@ -105,7 +104,7 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
     def consumer(i: int) -> None:
         url = cfg["consumer_urls"][i % len(cfg["consumer_urls"])]
         conn = blocking.connect(url, client_name=f"gevent-c{i}", send_timeout=cfg.get("send_timeout", 60))
-        conns.append(conn)
+        conns[f"c{i}"] = conn
         nodes_before[f"c{i}"] = conn.node
         c = conn.consumer(queue, prefetch=cfg.get("prefetch", 16))
         consumers_ready[0] += 1
@@ -121,13 +120,12 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
                 stale[0] += 1  # came on a link that failed since: it comes again
             except ConnectionClosedError:
                 ack_lost[0] += 1  # the link died under the ack: it comes again, marked redelivered
-            nodes_after[f"c{i}"] = conn.node
             check_done()
 
     def producer(i: int) -> None:
         conn = blocking.connect(cfg["producer_url"], client_name=f"gevent-p{i}",
                                 send_timeout=cfg.get("send_timeout", 60))
-        conns.append(conn)
+        conns[f"p{i}"] = conn
         nodes_before[f"p{i}"] = conn.node
         p = conn.producer(queue)
         n = sent_after = 0
@@ -148,7 +146,6 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
             if n > 50 * per:
                 errors.append(f"producer {i}: never told the node was killed")
                 return
-        nodes_after[f"p{i}"] = conn.node
 
     def stdin_reader() -> None:
         f = gevent.fileobject.FileObjectPosix(sys.stdin.fileno(), "rb", close=False)
@@ -177,8 +174,9 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
         if g.ready() and not g.successful():
             errors.append(f"consumer: {type(g.exception).__name__}: {g.exception}")
     gevent.killall([*cons, reader], timeout=5)
-    sockets = sorted({f"{type(conn._sock).__module__}.{type(conn._sock).__name__}" for conn in conns})
-    for conn in conns:
+    sockets = sorted({f"{type(conn._sock).__module__}.{type(conn._sock).__name__}" for conn in conns.values()})
+    nodes_after = {g: conn.node for g, conn in conns.items()}
+    for conn in conns.values():
         conn.close()
     ticker.g.kill()
     return {"confirmed": confirmed, "consumed": consumed, "errors": errors, "stale": stale[0],
@@ -190,7 +188,32 @@ def load(cfg: dict[str, Any]) -> dict[str, Any]:
 def cooperative(cfg: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ticker = Ticker()
+    if cfg.get("redial", True):
+        redial_and_silent(cfg, ticker, out)
+    url = cfg["url"]
+    if cfg.get("dns", True):  # localhost through gevent's resolver
+        url = url.replace("127.0.0.1", "localhost")
+    with blocking.connect(url, timeout=cfg.get("read_timeout", 1.0)) as conn:
+        out["socket_class"] = f"{type(conn._sock).__module__}.{type(conn._sock).__name__}"
+        conn.declare_queue("coop")
+        c = conn.consumer("coop", prefetch=4)
+        # a consumer's socket timeout on an empty queue: the hub runs the ticker meanwhile
+        out["read_timeout"] = ticker.during(c.next)
+        # and the link works after it (the node serves the queue, or in a group another one)
+        out["after_timeout"] = [q.name for q in conn.list_queues()]
+        if cfg.get("round_trip", True):  # a publish on another connection reaches the consumer
+            with blocking.connect(url) as other:
+                other.producer("coop").send(b"after the timeout")
+            m = c.next()
+            m.ack()
+            out["round_trip"] = m.body.decode()
+    ticker.g.kill()
+    out["patched"] = {name: monkey.is_module_patched(name) for name in ("socket", "ssl", "time", "select",
+                                                                        "threading", "selectors")}
+    return out
 
+
+def redial_and_silent(cfg: dict[str, Any], ticker: Ticker, out: dict[str, Any]) -> None:
     # re-dial against a dead port: the backoff sleeps must let the ticker run
     dead = gevent.socket.socket()
     dead.bind(("127.0.0.1", 0))
@@ -204,6 +227,7 @@ def cooperative(cfg: dict[str, Any]) -> dict[str, Any]:
 
     # a node that accepts and never answers: the handshake gives up after connect_timeout
     held: list[Any] = []
+
     def hold(sock: Any, _address: Any) -> None:  # accept, then say nothing
         held.append(sock)
         gevent.sleep(3600)
@@ -215,27 +239,6 @@ def cooperative(cfg: dict[str, Any]) -> dict[str, Any]:
     silent.stop(timeout=0)
     for s in held:
         s.close()
-
-    url = cfg["url"]
-    # DNS: localhost through gevent's resolver
-    host_url = url.replace("127.0.0.1", "localhost")
-    with blocking.connect(host_url, timeout=cfg.get("read_timeout", 1.0)) as conn:
-        out["socket_class"] = f"{type(conn._sock).__module__}.{type(conn._sock).__name__}"
-        conn.declare_queue("coop")
-        c = conn.consumer("coop", prefetch=4)
-        # a consumer's socket timeout on an empty queue: the hub runs the ticker meanwhile
-        out["read_timeout"] = ticker.during(c.next)
-        # and the connection works after it: a publish from another greenlet reaches it
-        with blocking.connect(host_url) as other:
-            other.producer("coop").send(b"after the timeout")
-        m = c.next()
-        m.ack()
-        out["after_timeout"] = m.body.decode()
-    ticker.g.kill()
-    out["patched"] = {name: monkey.is_module_patched(name) for name in ("socket", "ssl", "time", "select",
-                                                                        "threading", "selectors")}
-    out["asyncio_loaded"] = "asyncio" in sys.modules
-    return out
 
 
 def main() -> None:
