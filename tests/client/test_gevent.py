@@ -42,7 +42,8 @@ async def run_worker(cfg: dict[str, Any], on_kill: Any = None, timeout: float = 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-P", str(WORKER), json.dumps(cfg), cwd=str(ROOT), env=env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        limit=64 * 1024 * 1024)  # the result is one JSON line
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     result: dict[str, Any] | None = None
     try:
