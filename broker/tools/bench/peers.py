@@ -45,9 +45,10 @@ def _is_local(host: str) -> bool:
     return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a.split("%")[0] in mine for a in addrs)
 
 
-def local_listeners(url: str, default_port: int, ports: list[int] | None = None) -> ServerProcs:
-    """The processes on this machine listening on ``url``'s port (and on ``ports``, for the
-    other members of a cluster), found by their listening sockets, or why there are none."""
+def local_listeners(url: str, default_port: int, server: str, ports: list[int] | None = None) -> ServerProcs:
+    """The ``server`` processes (by executable name) on this machine listening on ``url``'s
+    port (and on ``ports``, for the other members of a cluster), found by their listening
+    sockets, or why there are none (another process on the port, a proxy say, is not counted)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or default_port
     if not _is_local(host):
@@ -63,6 +64,10 @@ def local_listeners(url: str, default_port: int, ports: list[int] | None = None)
                                   f"{', '.join(map(str, missing))}")
     pids = sorted(set(by_port.values()))
     names = {pid: psutil.Process(pid).name() for pid in pids}
+    others = [f"{names[pid]} (pid {pid})" for pid in pids if names[pid] != server]
+    if others:
+        return ServerProcs(reason=f"the process listening on the server's port is {', '.join(others)}, "
+                                  f"not {server}")
     what = ", ".join(f"{names[pid]} pid {pid} (listens on :"
                      f"{','.join(str(p) for p, q in sorted(by_port.items()) if q == pid)})" for pid in pids)
     return ServerProcs(pids=tuple(pids), what=what)
@@ -97,7 +102,7 @@ class RabbitMQDriver:
         if self.cluster_nodes > 1:
             return ServerProcs(reason=f"a {self.cluster_nodes}-node RabbitMQ cluster: only the node at the URL "
                                       "could be found, not its peers")
-        return local_listeners(self.url, 5672)
+        return local_listeners(self.url, 5672, "beam.smp")
 
     async def _connect(self) -> AbstractConnection:
         conn = await aio_pika.connect(self.url)
@@ -217,7 +222,7 @@ class NatsDriver:
             ports.append(p.port or 4222)
         if self.replicas > 1 and not ports:
             return ServerProcs(reason="the server at the URL advertises no cluster members")
-        return local_listeners(self.url, 4222, ports)
+        return local_listeners(self.url, 4222, "nats-server", ports)
 
     async def _connect(self) -> NatsClient:
         nc = await nats.connect(self.url)
