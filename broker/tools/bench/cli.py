@@ -42,7 +42,9 @@ def add_bench_parser(sub: Any) -> None:
                     "database beside URL, dropped after; --arbiter lockfile|witness a replicated pair); "
                     "--compare-replicated N then runs the same workload on a spawned N-node replicated group; "
                     "--peer runs the same workload against the local RabbitMQ (quorum queue) and "
-                    "NATS JetStream (file storage, R1) in the same run and prints the ratios.",
+                    "NATS JetStream (file storage, R1) in the same run and prints the ratios. Each system's "
+                    "server CPU per message is read from /proc: the spawned nodes, and the beam.smp or "
+                    "nats-server processes listening on the peers' URLs on this machine (else n/a, with why).",
         epilog="examples:\n"
                "  tandem bench --spawn --nodes 2 --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --compare-replicated 3\n"
