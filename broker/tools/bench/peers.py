@@ -52,7 +52,7 @@ def local_listeners(url: str, default_port: int, server: str, ports: list[int] |
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or default_port
     if not _is_local(host):
-        return ServerProcs(reason=f"the server at {host} is not on this machine")
+        return ServerProcs(reason=f"{host} is not an address of this machine (or does not resolve)")
     wanted = sorted({port, *(ports or [])})
     by_port: dict[int, int] = {}
     for c in psutil.net_connections("tcp"):
