@@ -33,7 +33,53 @@ async def test_bench_spawn_with_peers_reports_json() -> None:
     # CPU per message: the client's for every system, the node's where the bench started it
     tandem, *peers = report["runs"]
     assert tandem["cpu_us_per_msg"]["client"] > 0 and tandem["cpu_us_per_msg"]["servers"] > 0
-    assert all(set(r["cpu_us_per_msg"]) == {"client"} and r["cpu_us_per_msg"]["client"] > 0 for r in peers)
+    assert all(r["cpu_us_per_msg"]["client"] > 0 for r in peers)
+    # the servers' CPU per message, per phase: the spawned node's, and the peers' local servers'
+    assert tandem["server_cpu_us_per_msg"]["throughput"] > 0
+    assert set(tandem["server_cpu_us_per_msg"]) == {"throughput", "latency"}
+    assert tandem["server_cpu"]["reason"] is None and "1 spawned tandem node" in tandem["server_cpu"]["processes"]
+    for r, server in zip(peers, ("beam.smp", "nats-server")):
+        assert r["server_cpu_us_per_msg"]["throughput"] > 0, r["server_cpu"]
+        assert server in r["server_cpu"]["processes"]
+
+
+async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int) -> None:
+    """Relay one connection to 127.0.0.1:``port`` (a proxy in front of the peer)."""
+    up_r, up_w = await asyncio.open_connection("127.0.0.1", port)
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except ConnectionError:
+            pass
+        finally:
+            w.close()
+
+    await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+
+
+async def test_bench_peer_behind_a_proxy_has_no_server_cpu_figure() -> None:
+    """The process listening on the peer's URL is not a nats-server (a proxy, here this test):
+    no server figure, and the reason says what listens there."""
+    server = await asyncio.start_server(lambda r, w: _forward(r, w, 4222), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker.cli", "bench", "--spawn", "--peer", "nats",
+            "--nats-url", f"nats://127.0.0.1:{port}",
+            "--messages", "500", "--latency-rate", "0", "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+        out, err = await asyncio.wait_for(proc.communicate(), 240)
+    finally:
+        server.close()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    tandem, nats_run = json.loads(out)["runs"]
+    assert tandem["server_cpu_us_per_msg"]["throughput"] >= 0  # (500 messages: maybe under a clock tick)
+    assert nats_run["error"] is None, nats_run
+    assert nats_run["server_cpu_us_per_msg"] is None
+    assert "not nats-server" in nats_run["server_cpu"]["reason"], nats_run["server_cpu"]
 
 
 async def test_bench_needs_a_target() -> None:
@@ -61,3 +107,5 @@ async def test_bench_of_a_spawned_group_measures_the_default_queue() -> None:
     assert (run["lost"], run["duplicated"], run["unexpected"]) == (0, 0, 0), run
     assert run["confirmed"] == run["consumed"] == 2000
     assert run["cpu_us_per_msg"]["servers"] > 0
+    assert run["server_cpu_us_per_msg"]["throughput"] > 0
+    assert "3 spawned tandem node(s)" in run["server_cpu"]["processes"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from broker.config import NodeConfig
 from broker.tools.bench.failover import measure_failover
-from broker.tools.bench.harness import TandemDriver, run_system
+from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
 from broker.tools.certs import make_dev_certs
 from broker.tools.cluster import LocalCluster
@@ -42,7 +42,9 @@ def add_bench_parser(sub: Any) -> None:
                     "database beside URL, dropped after; --arbiter lockfile|witness a replicated pair); "
                     "--compare-replicated N then runs the same workload on a spawned N-node replicated group; "
                     "--peer runs the same workload against the local RabbitMQ (quorum queue) and "
-                    "NATS JetStream (file storage, R1) in the same run and prints the ratios.",
+                    "NATS JetStream (file storage, R1) in the same run and prints the ratios. Each system's "
+                    "server CPU per message is read from /proc: the spawned nodes, and the beam.smp or "
+                    "nats-server processes listening on the peers' URLs on this machine (else n/a, with why).",
         epilog="examples:\n"
                "  tandem bench --spawn --nodes 2 --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --compare-replicated 3\n"
@@ -189,13 +191,15 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
         if args.compare_remote_sync is not None:
             runs.append(await _spawned(args, w, args.nodes, args.ha, remote_sync=args.compare_remote_sync))
     else:
-        runs.append(await run_system(TandemDriver(args.url, "as configured on the node"), w))
+        runs.append(await run_system(TandemDriver(args.url, "as configured on the node"), w,
+                                     servers=lambda: ServerProcs(reason="a running node (--url): its processes "
+                                                                        "are not the bench's; use --spawn")))
     for peer in dict.fromkeys(args.peer):
         from broker.tools.bench import peers  # aio-pika and nats-py: the optional "bench" extra
 
         drv = (peers.RabbitMQDriver(args.rabbitmq_url, args.rabbitmq_nodes) if peer == "rabbitmq"
                else peers.NatsDriver(args.nats_url, args.nats_replicas))
-        runs.append(await run_system(drv, w))
+        runs.append(await run_system(drv, w, servers=drv.server_processes))
     report = _report(runs, w)
     if args.tls:
         report["tls_cost"] = _tls_cost(runs[0], runs[1])
@@ -262,12 +266,13 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 node = await NodeProcess(Path(tmp) / "node1", sync=args.sync, extra_args=tls_args, ca=ca).start()
                 url, durability = node.url, args.sync.upper()
 
-            def server_pids() -> list[int]:
-                if cluster is not None:
-                    return [n.pid for n in cluster.processes.values()]
-                return [node.pid] if node is not None else []
+            def servers() -> ServerProcs:
+                pids = [n.pid for n in cluster.processes.values()] if cluster is not None else \
+                    [node.pid] if node is not None else []
+                return ServerProcs(pids=tuple(pids), what=f"{len(pids)} spawned tandem node(s), pid(s) "
+                                                          f"{', '.join(map(str, pids))}")
 
-            return await run_system(TandemDriver(url, durability), w, server_pids=server_pids, mode=mode)
+            return await run_system(TandemDriver(url, durability), w, servers=servers, mode=mode)
         finally:
             if node is not None:
                 await node.stop()
@@ -320,10 +325,16 @@ def _print_human(report: dict[str, Any]) -> None:
             print(f"  ! {r['system']}: {r['error']}")
     for r in report["runs"]:
         cpu = r.get("cpu_us_per_msg") or {}
-        if cpu:
-            parts = [f"{k} {v:,.1f}" for k, v in cpu.items()]
-            name = f"{r['system']} ({r['mode']})" if r.get("mode") else r["system"]
-            print(f"CPU per message (us, throughput phase), {name}: {', '.join(parts)}")
+        name = f"{r['system']} ({r['mode']})" if r.get("mode") else r["system"]
+        if "client" in cpu:
+            print(f"client CPU per message (us, throughput phase), {name}: {cpu['client']:,.1f}")
+        srv, info = r.get("server_cpu_us_per_msg"), r.get("server_cpu") or {}
+        if srv:
+            phases = ", ".join(f"{k} {v:,.1f}" for k, v in srv.items())
+            print(f"server CPU per message published and consumed (us), {name}: {phases}  "
+                  f"[{info.get('processes')}]")
+        elif info:
+            print(f"server CPU per message (us), {name}: n/a ({info.get('reason')})")
     first = report["runs"][0] if report["runs"] else {}
     ours = f"tandem ({first['mode']})" if len(report["runs"]) > 1 and first.get("mode") and \
         any(r["system"] == "tandem" for r in report["runs"][1:]) else "tandem"

@@ -11,6 +11,12 @@ acked, say, whose broker then delivers them again) is counted in the other:
 2. *latency*: one publisher paced at ``latency_rate`` msg/s, consumers on;
    ``confirm_ms`` are the percentiles of publish-to-confirm times.
 
+Server CPU: when the system's server processes are known (the nodes the bench spawned, or
+a peer's server found on this machine, see :class:`ServerProcs`), their user + system CPU
+time is read before and after each phase and divided by the phase's messages (each one
+published once and consumed once): ``server_cpu_us_per_msg``. Otherwise the figure is
+``None`` and ``server_cpu["reason"]`` says why.
+
 The checker then counts lost (confirmed, never consumed), duplicated and
 unexpected messages: the run fails if any is non-zero.
 """
@@ -22,6 +28,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import client
 from broker.tools.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
@@ -92,33 +99,60 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_now(server_pids: Callable[[], list[int]] | None) -> tuple[float, float | None]:
+@dataclass(frozen=True, slots=True)
+class ServerProcs:
+    """A system's server processes on this machine, or why they are not measured."""
+
+    pids: tuple[int, ...] = ()
+    what: str = ""  # which processes, for the report ("nats-server pid 2955 (listens on :4222)")
+    reason: str | None = None  # set when ``pids`` is empty: why there is no server figure
+
+
+def _cpu_now(servers: ServerProcs | None) -> tuple[float, float | None]:
     t = os.times()
-    servers: float | None = None
-    if server_pids is not None:
+    total: float | None = None
+    if servers is not None and servers.pids:
         try:
-            servers = sum(process_cpu_seconds(pid) for pid in server_pids())
+            total = sum(process_cpu_seconds(pid) for pid in servers.pids)
         except (OSError, ValueError, IndexError):
-            servers = None  # not Linux, or a node is gone: no server figure
-    return t.user + t.system, servers
+            total = None  # not Linux, or a process is gone: no server figure
+    return t.user + t.system, total
+
+
+def _server_us(cpu0: tuple[float, float | None], cpu1: tuple[float, float | None], n: int) -> float | None:
+    if not n or cpu0[1] is None or cpu1[1] is None:
+        return None
+    return round((cpu1[1] - cpu0[1]) / n * 1e6, 1)
 
 
 async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK,
-                     server_pids: Callable[[], list[int]] | None = None, mode: str = "") -> RunResult:
-    """``server_pids``: the system's processes, when the bench started them (their CPU
-    time per message is reported); ``mode``: how it runs, for the report."""
+                     servers: Callable[[], ServerProcs] | None = None, mode: str = "") -> RunResult:
+    """``servers``: finds the system's server processes (called after the first setup, so
+    a driver may learn them from its connection); ``mode``: how it runs, for the report."""
     res = RunResult(system=drv.name, messages=w.messages, durability=drv.durability, mode=mode)
     t_start = clock.monotonic()
+    procs = ServerProcs(reason="not measured")
     try:
         await drv.setup(w)
-        cpu0 = _cpu_now(server_pids)
+        if servers is not None:
+            try:
+                procs = servers()
+            except Exception as exc:  # finding them must never cost the run
+                procs = ServerProcs(reason=f"could not look for the server processes: {exc!r}")
+        res.server_cpu = {"processes": procs.what or None, "reason": procs.reason,
+                          "per": "message published and consumed in the phase"}
+        cpu0 = _cpu_now(procs)
         t_pub, t_cons, checker, pubs = await _phase(drv, w, 0, w.messages, w.producers, 0.0, clock,
                                                     sequential=w.sequential)
-        cpu1 = _cpu_now(server_pids)
+        cpu1 = _cpu_now(procs)
         if w.messages:
             res.cpu_us_per_msg["client"] = round((cpu1[0] - cpu0[0]) / w.messages * 1e6, 1)
-            if cpu0[1] is not None and cpu1[1] is not None:
-                res.cpu_us_per_msg["servers"] = round((cpu1[1] - cpu0[1]) / w.messages * 1e6, 1)
+            us = _server_us(cpu0, cpu1, w.messages)
+            if us is not None:
+                res.cpu_us_per_msg["servers"] = us
+                res.server_cpu_us_per_msg = {"throughput": us}
+            elif procs.pids:
+                res.server_cpu["reason"] = "a server process ended during the phase"
         res.confirmed = sum(p.confirmed for p in pubs)
         res.consumed = checker.unique
         res.publish_per_s = round(w.messages / t_pub, 1) if t_pub else 0.0
@@ -132,7 +166,11 @@ async def run_system(drv: Driver, w: Workload, *, clock: Clock = SYSTEM_CLOCK,
             res.error = f"{sum(p.failed for p in pubs)} publish(es) failed: {errors[0]!r}"
         if w.latency_rate > 0 and w.latency_messages > 0:
             await drv.setup(w)
+            cpu0 = _cpu_now(procs)
             _tp, _tc, lchk, lpubs = await _phase(drv, w, w.messages, w.latency_messages, 1, w.latency_rate, clock)
+            us = _server_us(cpu0, _cpu_now(procs), w.latency_messages)
+            if us is not None and res.server_cpu_us_per_msg is not None:
+                res.server_cpu_us_per_msg["latency"] = us
             res.confirm_ms = _ms(lpubs[0].latencies)
             lconf = lpubs[0].confirmed
             res.lost += lchk.lost(lconf)

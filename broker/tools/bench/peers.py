@@ -9,17 +9,22 @@ connection still open.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiormq
 import nats
+import psutil
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
+from broker.tools.bench.harness import ServerProcs
 from broker.tools.bench.workload import Checker, Publisher, Workload
 
 _AMQP_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError)
@@ -28,6 +33,44 @@ _log = logging.getLogger(__name__)
 
 def _run_name() -> str:
     return f"tandem-bench-{uuid.uuid4().hex[:12]}"
+
+
+def _is_local(host: str) -> bool:
+    """True when ``host`` is an address of this machine (loopback or one of its interfaces)."""
+    try:
+        addrs = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    mine = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a.split("%")[0] in mine for a in addrs)
+
+
+def local_listeners(url: str, default_port: int, server: str, ports: list[int] | None = None) -> ServerProcs:
+    """The ``server`` processes (by executable name) on this machine listening on ``url``'s
+    port (and on ``ports``, for the other members of a cluster), found by their listening
+    sockets, or why there are none (another process on the port, a proxy say, is not counted)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
+    if not _is_local(host):
+        return ServerProcs(reason=f"{host} is not an address of this machine (or does not resolve)")
+    wanted = sorted({port, *(ports or [])})
+    by_port: dict[int, int] = {}
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted and c.pid is not None:
+            by_port.setdefault(c.laddr.port, c.pid)
+    missing = [p for p in wanted if p not in by_port]
+    if missing:
+        return ServerProcs(reason=f"no process of this machine (that this user may see) listens on port(s) "
+                                  f"{', '.join(map(str, missing))}")
+    pids = sorted(set(by_port.values()))
+    names = {pid: psutil.Process(pid).name() for pid in pids}
+    others = [f"{names[pid]} (pid {pid})" for pid in pids if names[pid] != server]
+    if others:
+        return ServerProcs(reason=f"the process listening on the server's port is {', '.join(others)}, "
+                                  f"not {server}")
+    what = ", ".join(f"{names[pid]} pid {pid} (listens on :"
+                     f"{','.join(str(p) for p, q in sorted(by_port.items()) if q == pid)})" for pid in pids)
+    return ServerProcs(pids=tuple(pids), what=what)
 
 
 async def _sentinel_when_done(done: asyncio.Event, inbox: asyncio.Queue[Any]) -> None:
@@ -45,11 +88,21 @@ class RabbitMQDriver:
     def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/", cluster_nodes: int = 1) -> None:
         if cluster_nodes > 1:
             self.durability = f"quorum queue on a {cluster_nodes}-node cluster (fsync before confirm)"
+        self.cluster_nodes = cluster_nodes
         self.url = url
         self.queue_name = ""
         self._queues: list[str] = []
         self._admin: AbstractChannel | None = None
         self._conns: list[AbstractConnection] = []
+
+    def server_processes(self) -> ServerProcs:
+        """The RabbitMQ node (the Erlang VM, beam.smp) listening on the URL's port; its
+        helpers (epmd, erl_child_setup) are not counted. Not measured for a cluster (its
+        other nodes are not found)."""
+        if self.cluster_nodes > 1:
+            return ServerProcs(reason=f"a {self.cluster_nodes}-node RabbitMQ cluster: only the node at the URL "
+                                      "could be found, not its peers")
+        return local_listeners(self.url, 5672, "beam.smp")
 
     async def _connect(self) -> AbstractConnection:
         conn = await aio_pika.connect(self.url)
@@ -153,6 +206,23 @@ class NatsDriver:
         self._streams: list[str] = []
         self._admin: NatsClient | None = None
         self._conns: list[NatsClient] = []
+
+    def server_processes(self) -> ServerProcs:
+        """The nats-server processes of the cluster at the URL: the one listening on the URL's
+        client port and those listening on the client ports the cluster advertises to its
+        clients (``connect_urls`` of the server's INFO; none for a lone server). A nats-server
+        of this machine that is not in that cluster (e.g. the one on :4222 beside a cluster on
+        :4301..) is not counted."""
+        info: dict[str, Any] = getattr(self._admin, "_server_info", None) or {}
+        ports = []
+        for u in info.get("connect_urls") or []:
+            p = urlsplit(f"nats://{u}")
+            if p.hostname is None or not _is_local(p.hostname):
+                return ServerProcs(reason=f"a member of the NATS cluster ({u}) is not on this machine")
+            ports.append(p.port or 4222)
+        if self.replicas > 1 and not ports:
+            return ServerProcs(reason="the server at the URL advertises no cluster members")
+        return local_listeners(self.url, 4222, "nats-server", ports)
 
     async def _connect(self) -> NatsClient:
         nc = await nats.connect(self.url)

@@ -107,6 +107,12 @@ class RunResult:
     #: benchmark process ("client": every producer and consumer, all systems alike) and, when
     #: the bench started the nodes itself (``--spawn``), of the node processes ("servers")
     cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
+    #: the servers' CPU time (user + system, summed over the system's server processes) per
+    #: message published and consumed, in microseconds, per phase ("throughput", "latency");
+    #: ``None`` when the processes are not on this machine or not found (``server_cpu`` says why)
+    server_cpu_us_per_msg: dict[str, float] | None = None
+    #: which processes were counted ("processes"), or why none ("reason")
+    server_cpu: dict[str, str | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
