@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import client
-from broker.tools.bench.workload import Publisher, body_for, id_of
+from broker.tools.bench.workload import Publisher, id_of
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
