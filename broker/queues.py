@@ -343,7 +343,7 @@ class Queue:
         share = self.budget.share()
         room = min(REFILL_BYTES, share // 2) if share else REFILL_BYTES
         avg = part.cold_bytes // max(1, part.cold_count) + MSG_MEMORY
-        limit = max(16, min(MAX_REFILL_MESSAGES, room // max(1, avg)))
+        limit = max(1, min(MAX_REFILL_MESSAGES, room // max(1, avg)))
         return part.epoch, part.cold_start, limit
 
     def end_refill(self, part: Partition, epoch: int, stored: list[StoredMessage], limit: int,
