@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,12 +111,11 @@ async def _publish(url: str, queue: str, ids: range, size: int, producers: int, 
     conns = [await client.connect(url, client_name="tandem-bench-backlog") for _ in range(producers)]
     try:
         pubs = [Publisher(conn.producer(queue).send_nowait, window=window) for conn in conns]
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0 = time.perf_counter()
         n = len(ids)
         step = -(-n // producers)
         await asyncio.gather(*(p.run(ids[k * step:(k + 1) * step], size) for k, p in enumerate(pubs)))
-        took = loop.time() - t0
+        took = time.perf_counter() - t0
         errors = [p.first_error for p in pubs if p.first_error is not None]
         if errors:
             raise errors[0]
@@ -156,10 +156,9 @@ async def _drain(url: str, queue: str, expected: int, messages: int, prefetch: i
                  idle: float = 30.0) -> tuple[Drained, float]:
     """Consume and ack ``expected`` messages; (what was seen, seconds)."""
     seen = Drained(messages)
-    loop = asyncio.get_running_loop()
     async with await client.connect(url, client_name="tandem-bench-backlog") as conn:
         c = await conn.group_consumer(queue, prefetch=prefetch).start()
-        t0 = loop.time()
+        t0 = time.perf_counter()
         try:
             while seen.count < expected:
                 m = await c.next(idle)
@@ -167,7 +166,7 @@ async def _drain(url: str, queue: str, expected: int, messages: int, prefetch: i
                     break
                 seen.record(m.body, m.partition, m.offset, m.delivery_count > 1)
                 m.ack()
-            took = loop.time() - t0
+            took = time.perf_counter() - t0
         finally:
             await c.cancel()
     return seen, took
@@ -305,7 +304,7 @@ def backlog_command(args: Any) -> Coroutine[Any, Any, int]:
     if not args.spawn:
         raise InvalidArgumentError("--backlog needs --spawn (it starts the node(s) with --max-memory)")
     try:
-        total, mem, limit = (parse_size(args.backlog.upper().replace("GB", "G").replace("MB", "M"), "--backlog"),
+        total, mem, limit = (parse_size(args.backlog, "--backlog"),
                              parse_size(args.max_memory, "--max-memory"), parse_size(args.rss_limit, "--rss-limit"))
     except ConfigError as exc:
         raise InvalidArgumentError(str(exc)) from None
