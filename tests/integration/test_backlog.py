@@ -13,7 +13,9 @@ import pytest_asyncio
 import client
 from broker.tools.bench.backlog import run_backlog
 from broker.tools.bench.workload import body_for, id_of
+from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
@@ -100,3 +102,45 @@ async def test_requeue_and_purge_with_a_cold_region(node: NodeProcess) -> None:
                 m.ack()
             assert got == list(range(9000, 9010))
             assert await c.next(0.2) is None  # nothing purged comes back
+
+
+async def test_a_cold_backlog_moves_with_its_partition(tmp_path: Path) -> None:
+    """The active of a partition with a cold region stops: the next active loads the
+    partition within its budget and delivers the whole backlog, once, in order."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=["--max-memory", "2M"])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("q", partitions=1)
+            found: dict[int, str] = {}
+
+            async def has_active() -> bool:
+                nonlocal found
+                found = await cl.actives("q")
+                return len(found) == 1
+
+            await wait_until(has_active, what="an active for q/0")
+            await _publish(conn, range(12_000))  # 12 MiB against a share of 2 MiB
+        old = found[0]
+        await cl.nodes[old].stop()
+        await wait_until(lambda: has_active_elsewhere(cl, old), what="another active for q/0")
+        other = next(n for n in cl.nodes if n != old)
+        async with await client.connect(cl.url_of(other)) as conn:
+            seen: list[int] = []
+            offsets: list[int] = []
+            async with conn.consumer("q", prefetch=1000) as c:
+                while len(seen) < 12_000:
+                    m = await c.next(30)
+                    assert m is not None, f"consumed {len(seen)} of 12000"
+                    seen.append(id_of(m.body))
+                    offsets.append(m.offset)
+                    m.ack()
+            assert sorted(seen) == list(range(12_000)) and offsets == sorted(offsets)
+    finally:
+        await cl.stop()
+
+
+async def has_active_elsewhere(cl: LocalCluster, old: str) -> bool:
+    now = await cl.actives("q")  # (the live nodes' view)
+    return now.get(0) not in (None, old)
