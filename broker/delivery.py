@@ -106,17 +106,18 @@ class Delivery:
     async def _refill(self, q: Queue, part: Partition) -> None:
         """Read the next batch of a partition's cold region from the store into memory."""
         epoch, offset, limit = q.begin_refill(part)
+        wait = COLD_RETRY
         try:
             stored_end, stored = await self.node.read_cold(q, part.index, offset, limit)
         except (TandemError, OSError) as exc:
-            log.warning("reading the backlog of %s/%d failed (%s): retrying", q.name, part.index, exc)
-            stored_end, stored = 0, []
+            log.warning("reading the backlog of %s/%d failed (%s): retrying in 1 s", q.name, part.index, exc)
+            stored_end, stored, wait = 0, [], 1.0
         if q.deleted:
             return
         if not q.end_refill(part, epoch, stored, limit, stored_end) and epoch == part.epoch:
             # the store has not written them yet (its writes follow the commit): again soon
             part.reading = True
-            await asyncio.sleep(COLD_RETRY)
+            await asyncio.sleep(wait)
             if epoch == part.epoch:
                 part.reading = False
         self.schedule(q)
