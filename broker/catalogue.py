@@ -18,11 +18,11 @@ from broker.commit import CATALOGUE
 from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
     decode_reply
 from broker import queues
-from broker.queues import Holder, Queue, validate_declare
+from broker.queues import Holder, MemoryBudget, Queue, validate_declare
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
 from client.protocol.frames import Declare, QueueInfo
-from storage.base import DropQueue, PutQueue, QueueMeta, Settle
+from storage.base import DropQueue, PutQueue, QueueMeta, Settle, WriteOp
 
 log = logging.getLogger("tandem.broker")
 
@@ -55,6 +55,8 @@ class Catalogue:
         self.node = node
         self.queues: dict[str, Queue] = {}
         self.next_id = 1
+        #: bytes of ready messages held in memory, bounded by ``max_memory`` (broker.queues)
+        self.budget = MemoryBudget(node.config.max_memory)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -71,7 +73,7 @@ class Catalogue:
         return None
 
     def add(self, meta: QueueMeta) -> Queue:
-        q = self.queues[meta.name] = Queue(meta)
+        q = self.queues[meta.name] = Queue(meta, self.budget)
         self.next_id = max(self.next_id, meta.id + 1)
         return q
 
@@ -84,7 +86,7 @@ class Catalogue:
         existing = self.queues.get(meta.name)
         if existing is not None:
             return existing.meta.id == meta.id
-        self.queues[meta.name] = Queue(meta)
+        self.queues[meta.name] = Queue(meta, self.budget)
         log.info("queue declared name=%s id=%d partitions=%d (catalogue)", meta.name, meta.id, meta.partitions)
         return True
 
@@ -97,6 +99,7 @@ class Catalogue:
     def _drop(self, q: Queue) -> None:
         q.deleted = True
         del self.queues[q.name]
+        q.release()
         for c in list(q.consumers):
             c.session.cancelled_by_broker(c, f"queue {q.name!r} was deleted")
 
@@ -138,7 +141,8 @@ class Catalogue:
                 try:
                     await self._commit(PutQueue(meta))
                 except TandemError:
-                    self.queues.pop(meta.name, None)
+                    if self.queues.pop(meta.name, None) is not None:
+                        q.release()
                     raise
                 log.info("queue declared name=%s partitions=%d mapper=%s", meta.name, meta.partitions, meta.mapper)
                 return q.info(), True
@@ -244,20 +248,31 @@ class Catalogue:
 
     async def purge_partition(self, q: Queue, pidx: int) -> int:
         part = q.partitions[pidx]
-        msgs = list(part.ready)
-        if not msgs:
+        msgs = q.take_hot(part)
+        cold = q.take_cold(part)
+        count = len(msgs) + cold[2]
+        if not count:
             return 0
-        part.ready.clear()
-        q.ready_count -= len(msgs)
+        offsets = [m.offset for m in msgs]
+        ops: list[WriteOp] = [Settle(q.meta.id, pidx, offsets)] if offsets else []
+        # the cold region's offsets, in slices (some may be settled already: settling again is a no-op)
+        ops += [Settle(q.meta.id, pidx, list(range(s, min(s + SETTLE_SLICE, cold[1]))))
+                for s in range(cold[0], cold[1], SETTLE_SLICE)] if cold[2] else []
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.node.commit.propose([Settle(q.meta.id, pidx, [m.offset for m in msgs])], _resolver(fut), durable=True)
+        self.node.commit.propose(ops, _resolver(fut), durable=True)
         try:
             await fut
         except TandemError:
             if not q.deleted and self.node.commit.serving((q.meta.id, pidx)):
-                q.requeue(msgs)
+                if msgs:
+                    q.requeue(msgs)
+                q.restore_cold(part, cold)
             raise
-        return len(msgs)
+        return count
+
+
+#: offsets per Settle op when a purge settles a cold region
+SETTLE_SLICE = 65536
 
 
 def _resolver(fut: asyncio.Future[None]) -> Callable[[BaseException | None], None]:

@@ -78,7 +78,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
-                "cluster_secret_file", "permitted_nodes", "disk_free_limit"):
+                "cluster_secret_file", "permitted_nodes", "disk_free_limit", "max_memory"):
         v = getattr(args, key)
         if v is not None:
             values[key] = v
@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the disk alarm: while the data dir's file system has less free space than this "
                             "(a number of bytes, or with a K, M or G suffix) the node refuses publishes and "
                             "declares with UNAVAILABLE until space is freed (default 64M; 0: no alarm)")
+    start.add_argument("--max-memory", dest="max_memory", metavar="BYTES",
+                       help="bytes of ready messages the node holds in memory (a number, or with a K, M or G "
+                            "suffix), split over its partitions; the rest of a backlog stays in the store and "
+                            "is read back as consumers take it (default 256M; 0: no bound)")
     start.add_argument("--advertise", help="HOST:PORT clients are told to reach this node at, when not "
                                            "where it listens (NAT, proxies; default: where it listens)")
     group = start.add_argument_group("replication group (leave out for a single node)")

@@ -14,6 +14,7 @@ Example ``tandem.toml``::
     max_frame_size = 8388608    # bytes
     heartbeat = 10.0            # seconds
     disk_free_limit = "64M"     # below this much free space in data_dir the node refuses publishes
+    max_memory = "256M"         # bytes of ready messages held in memory; the rest is read from the store
 
     # replication group (leave out for a single node)
     peer_port = 7781            # node <-> node links
@@ -152,6 +153,10 @@ class NodeConfig:
     #: bytes: while the file system of ``data_dir`` has less free space than this, the node
     #: refuses publishes and declares (the disk alarm, broker/diskalarm.py); 0: no alarm
     disk_free_limit: int = 64 * 1024 * 1024
+    #: bytes of ready messages (bodies, headers, and an estimate of each one's object) the
+    #: node holds in memory, split evenly over its partitions; past a partition's share its
+    #: messages stay in the store and are read back when delivered (broker.queues); 0: no bound
+    max_memory: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -199,6 +204,8 @@ class NodeConfig:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
+        if not isinstance(self.max_memory, int) or not (self.max_memory == 0 or self.max_memory >= 1024 * 1024):
+            raise ConfigError(f"max_memory {self.max_memory!r}: must be at least 1M bytes (0: no bound)")
         if not isinstance(self.disk_free_limit, int) or self.disk_free_limit < 0:
             raise ConfigError(f"disk_free_limit {self.disk_free_limit!r}: must be >= 0 bytes (0: no disk alarm)")
         if self.advertise is not None:
@@ -340,7 +347,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError("permitted_nodes: expected a list of \"NAME\" or \"NAME@HOST\" strings")
         return tuple(value)
-    if key == "disk_free_limit":
+    if key in ("disk_free_limit", "max_memory"):
         return parse_size(value, key)
     if key == "designated_primary":
         if not isinstance(value, bool):

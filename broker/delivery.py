@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from broker.auth import ClientGuard
 from broker.commit import CommitPath
 from broker.config import NodeConfig
-from broker.queues import Consumer, Msg, Queue, Recipient, encode_headers
-from client.errors import InvalidArgumentError
-from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, WriteOp
+from broker.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
+from client.errors import InvalidArgumentError, TandemError
+from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
 from storage.writer import Callback
 
 class DeliveryHost(Protocol):
@@ -45,10 +45,19 @@ class DeliveryHost(Protocol):
 
     def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
 
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
+        """The store's log end of the partition, then up to ``limit`` unsettled messages from
+        ``offset`` on (on a reader thread)."""
+        ...
+
 
 log = logging.getLogger("tandem.broker")
 
 MAX_DELIVER_BATCH = 1024
+#: seconds before a cold region is read again when the store did not have it yet
+COLD_RETRY = 0.05
 Held = tuple[Consumer, Msg]
 
 
@@ -84,10 +93,37 @@ class Delivery:
                 self.dispatch_queue(q)
 
     def dispatch_queue(self, q: Queue) -> None:
-        """Hand ready messages to consumers with credit, fairly, in frame-sized batches."""
-        budget = self.node.config.max_frame_size - 4096
+        """Hand ready messages to consumers with credit, fairly, in frame-sized batches;
+        read cold regions back as their partitions' hot heads run low."""
         if not self.node.has_quorum:
             return  # no quorum: partitions Unavailable here; dispatch resumes when it returns
+        self._hand_out(q)
+        if q.cold_count and q.consumers:
+            for part in q.partitions:
+                if q.wants_refill(part):
+                    self.node.spawn(self._refill(q, part))
+
+    async def _refill(self, q: Queue, part: Partition) -> None:
+        """Read the next batch of a partition's cold region from the store into memory."""
+        epoch, offset, limit = q.begin_refill(part)
+        wait = COLD_RETRY
+        try:
+            stored_end, stored = await self.node.read_cold(q, part.index, offset, limit)
+        except (TandemError, OSError) as exc:
+            log.warning("reading the backlog of %s/%d failed (%s): retrying in 1 s", q.name, part.index, exc)
+            stored_end, stored, wait = 0, [], 1.0
+        if q.deleted:
+            return
+        if not q.end_refill(part, epoch, stored, limit, stored_end) and epoch == part.epoch:
+            # the store has not written them yet (its writes follow the commit): again soon
+            part.reading = True
+            await asyncio.sleep(wait)
+            if epoch == part.epoch:
+                part.reading = False
+        self.schedule(q)
+
+    def _hand_out(self, q: Queue) -> None:
+        budget = self.node.config.max_frame_size - 4096
         while q.ready_count and q.consumers:
             eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
             if not eligible:

@@ -39,7 +39,7 @@ from broker.peers import PeerManager
 from broker.secret import group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
-from broker.queues import Msg, Queue, revoke_deliveries
+from broker.queues import MemoryBudget, Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
@@ -54,7 +54,7 @@ from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveErr
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, UserRecord, \
+from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, StoredMessage, UserRecord, \
     WriteOp
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
@@ -144,6 +144,11 @@ class Node:
         return self.catalogue.queues
 
     @property
+    def memory(self) -> MemoryBudget:
+        """Ready messages held in memory against ``max_memory`` (broker.queues)."""
+        return self.catalogue.budget
+
+    @property
     def holders(self) -> Collection[Session]:
         return self.sessions
 
@@ -208,6 +213,7 @@ class Node:
         if cfg.disk_free_limit > 0:  # raised at once on a nearly full disk
             self.disk_alarm = DiskAlarm(cfg.name, self.data_path, cfg.disk_free_limit, clock=self.clock)
             self.disk_alarm.update(free)
+        self.engine.load_budget = cfg.max_memory
         recovered = await asyncio.to_thread(self.engine.open)
         if recovered.unclean_stop:
             self._unclean_stop()
@@ -308,6 +314,7 @@ class Node:
         started = self.clock.monotonic()
         engine = self._shared_store.engine()
         engine.fence(epoch)
+        engine.load_budget = cfg.max_memory
         recovered = await asyncio.to_thread(engine.open)
         self.engine, self._engine_open = engine, True
         self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
@@ -608,6 +615,21 @@ class Node:
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         return self.security.install(data)
+
+    def load_budget(self) -> int:
+        """Bytes of messages a partition loads when this node becomes its active (its share
+        of ``max_memory``; 0: all)."""
+        return self.catalogue.budget.share()
+
+    async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
+        engine = self.engine
+
+        def read() -> tuple[int, list[StoredMessage]]:
+            # the end first: what it says is in the store stays there while the read runs
+            end = engine.stored_end(q.meta.id, pidx)
+            return end, engine.read(q.meta.id, pidx, offset, limit)
+
+        return await asyncio.to_thread(read)
 
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node is now the partition's active: its messages come from the store."""

@@ -61,7 +61,7 @@ def local_pstats(node: NodeState, q: Queue, pidx: int) -> dict[str, Any]:
     """ready, unacked, depth and next offset of a partition this node serves."""
     part = q.partitions[pidx]
     depth = partition_depth(node, q, pidx)
-    ready = len(part.ready)
+    ready = len(part.ready) + part.cold_count
     return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
             "next_offset": part.next_offset}
 

@@ -352,11 +352,39 @@ WriteOp = (
 # -- recovered state ------------------------------------------------------------------
 
 
+#: bytes a ready message costs a node in memory beyond its body and headers (its object, an
+#: estimate): the memory budget (``max_memory``) counts it, so tiny messages are bounded too
+MSG_MEMORY = 200
+#: the least a partition's share of ``max_memory`` may be
+MIN_SHARE = 256 * 1024
+
+
+def memory_share(limit: int, partitions: int) -> int:
+    """Each partition's share of a node's ``max_memory`` (bytes; 0: no bound)."""
+    if limit <= 0:
+        return 0
+    return max(MIN_SHARE, limit // max(1, partitions))
+
+
+def message_cost(m: MessageRecord) -> int:
+    """What a ready message counts against the memory budget."""
+    return len(m.body) + len(m.headers_blob) + MSG_MEMORY
+
+
 @dataclass(slots=True)
 class PartitionState:
+    """A partition as loaded.  ``messages`` are its first unsettled messages; with a memory
+    budget the rest (beyond the budget's share) are not loaded but counted: the *cold
+    region* [cold_start, cold_end) holds ``cold_count`` unsettled messages of ``cold_bytes``
+    (bodies and headers, about) that the broker reads back when it delivers them."""
+
     next_offset: int = 0
     delivered_upto: int = 0
     messages: list[StoredMessage] = field(default_factory=list)
+    cold_start: int = 0
+    cold_end: int = 0
+    cold_count: int = 0
+    cold_bytes: int = 0
     producers: dict[str, int] = field(default_factory=dict)
     #: replicated mode: (index, term, origin) of the last log entry this state includes
     applied: tuple[int, int, str] = (0, 0, "")
@@ -417,6 +445,9 @@ class Engine(Protocol):
     writer thread (:mod:`storage.writer`) or a reader thread, never the loop."""
 
     capabilities: Capabilities
+    #: bytes of messages :meth:`open` loads, node-wide (0: all), split over the partitions by
+    #: :func:`memory_share`; the rest of each partition is a cold region (PartitionState)
+    load_budget: int
 
     def open(self) -> Recovered:
         """Create or open the store and return what it holds."""
@@ -429,15 +460,18 @@ class Engine(Protocol):
         ``sync``); the writer passes False when only log ops asked for ``sync``."""
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
-        """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``."""
+        """Up to ``limit`` unsettled messages of a partition with offset >= ``offset``; each
+        ``dc`` is its recorded delivery count (without the delivered mark's one)."""
 
     def stored_end(self, queue_id: int, partition: int) -> int:
         """The partition's log end as committed in the store (0 if it has none): every
         offset below it is in the store or settled.  (In a group the log may be committed
         ahead of the store, whose writes follow lazily.)"""
 
-    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
-        """Everything committed of one partition, as :meth:`open` returns it (reader thread)."""
+    def load_partition(self, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
+        """Everything committed of one partition, as :meth:`open` returns it (reader thread).
+        ``budget`` (bytes, 0: none): load messages up to it, count the rest as a cold region
+        (an engine may load them all; the broker then keeps what fits)."""
 
     def set_meta(self, key: str, value: str) -> None:
         """Store one node-level setting (e.g. ``store_stamp``) durably."""

@@ -75,6 +75,16 @@ class IntervalSet:
     def contains(self, offset: int) -> bool:
         return self.covers(offset, offset + 1)
 
+    def count_in(self, start: int, end: int) -> int:
+        """How many offsets of [start, end) are in the set."""
+        n = 0
+        i = max(0, bisect.bisect_right(self._ends, start))
+        starts, ends = self._starts, self._ends
+        while i < len(starts) and starts[i] < end:
+            n += max(0, min(end, ends[i]) - max(start, starts[i]))
+            i += 1
+        return n
+
     def drop_below(self, low: int) -> None:
         """Forget everything below ``low``."""
         i = bisect.bisect_right(self._ends, low)

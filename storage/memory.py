@@ -70,6 +70,7 @@ class MemoryDisk:
 
 class MemoryEngine:
     capabilities = Capabilities(shared=False, fsync=False)
+    load_budget = 0  # Engine.load_budget
 
     def __init__(self, disk: MemoryDisk | None = None) -> None:
         self.disk = disk if disk is not None else MemoryDisk()
@@ -99,7 +100,7 @@ class MemoryEngine:
         return PartitionState(next_offset=p.next_offset, delivered_upto=p.delivered_upto, messages=msgs,
                               producers=dict(p.producers))
 
-    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+    def load_partition(self, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
         with self.disk.lock:
             st = self._state((queue_id, partition))
             lg = self.disk.logs.get((queue_id, partition))

@@ -45,6 +45,15 @@ class NodeCollector(Collector):
                        [("node", name)], node.confirms)
         yield from _limit_metrics(node)
         yield from _disk_metrics(node)
+        mem = node.memory
+        yield _gauge("tandem_memory_limit_bytes", "max_memory: bytes of ready messages the node may hold in "
+                     "memory (0: no bound)", [("node", name)], mem.limit)
+        yield _gauge("tandem_memory_held_bytes", "bytes of ready messages held in memory (bodies, headers and "
+                     "an estimate of each message's object)", [("node", name)], mem.held)
+        yield _gauge("tandem_messages_cold", "ready messages kept in the store only (past max_memory), read "
+                     "back as they are delivered", [("node", name)], mem.cold)
+        yield _gauge("tandem_cold_bytes", "bytes of the cold messages' bodies and headers, about",
+                     [("node", name)], mem.cold_bytes)
         qs = sorted(node.queues.items())
         for metric, help_, attr in (("tandem_messages_published", "messages stored as active", "published"),
                                     ("tandem_messages_delivered", "deliveries made", "delivered"),
@@ -61,7 +70,8 @@ class NodeCollector(Collector):
             for p in range(q.meta.partitions):
                 if node.serves(q, p):
                     depth.add_metric([name, qname, str(p)], partition_depth(node, q, p))
-                    ready.add_metric([name, qname, str(p)], len(q.partitions[p].ready))
+                    part = q.partitions[p]
+                    ready.add_metric([name, qname, str(p)], len(part.ready) + part.cold_count)
         yield depth
         yield ready
         seglog = getattr(node.engine, "log", None)

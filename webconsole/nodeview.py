@@ -14,6 +14,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from broker.queues import MemoryBudget
 from broker.forward import ForwardRequest
 from broker.status import PeersState, ReplicationState, StatusSource
 from broker.auth import ClientGuard
@@ -109,6 +110,10 @@ class NodeView(StatusSource, Protocol):
     @property
     def engine(self) -> object:
         """The store (the metrics read its replication log's files, when it has one)."""
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """Bytes of ready messages held in memory against ``max_memory``, messages cold."""
 
     @property
     def commit_observers(self) -> list[Callable[[float, bool], None]]:

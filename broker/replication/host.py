@@ -96,6 +96,10 @@ class ReplicationHost(Protocol):
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         """Replace the users and grants with a snapshot's; the ops to store."""
 
+    def load_budget(self) -> int:
+        """Bytes of messages a partition loads when this node becomes its active (0: all)."""
+        ...
+
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node now serves the partition: its state, loaded from the store."""
 

@@ -125,13 +125,13 @@ class Serving:
         term = r.term
 
         async def load() -> None:
-            st = await asyncio.to_thread(self._host.engine.load_partition, *plog.key)
+            st = await asyncio.to_thread(self._host.engine.load_partition, *plog.key, self._host.load_budget())
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
             self._host.partition_loaded(plog.key, st)
             plog.serving = True
             log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term,
-                        len(st.messages))
+                        len(st.messages) + st.cold_count)
             self.track_active(plog)
             self.notify()
 

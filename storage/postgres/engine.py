@@ -133,6 +133,7 @@ class PostgresEngine:
     connection, pooled reader connections."""
 
     capabilities = Capabilities(shared=True, fsync=True, replication_log=False)
+    load_budget = 0  # Engine.load_budget
 
     def __init__(self, url: URL, *, idle_timeout: float = 2.0) -> None:
         self.url = url
@@ -163,7 +164,7 @@ class PostgresEngine:
                 create_schema(conn)
                 # one snapshot; rows fetched as they are read (a server-side cursor), not all first
                 conn.execution_options(isolation_level="REPEATABLE READ", stream_results=True, max_row_buffer=256)
-                rec = load(cast(Connection, PgConnection(conn)), self.where, self._applier)  # type: ignore[arg-type]
+                rec = load(cast(Connection, PgConnection(conn)), self.where, self._applier, self.load_budget)  # type: ignore[arg-type]
                 conn.rollback()
             self._stale = False
             return rec
@@ -281,9 +282,9 @@ class PostgresEngine:
         except SQLAlchemyError as exc:
             raise self._error("read failed", exc) from exc
 
-    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+    def load_partition(self, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
         with self._reading() as conn:
-            return read_partition(conn, queue_id, partition)
+            return read_partition(conn, queue_id, partition, budget)
 
     def stored_end(self, queue_id: int, partition: int) -> int:
         with self._reading() as conn:

@@ -44,6 +44,7 @@ class SqliteEngine:
     """SQLite in WAL mode, one file per node (``<data_dir>/tandem.db``)."""
 
     capabilities = Capabilities(shared=False, fsync=True)
+    load_budget = 0  # Engine.load_budget
     #: the checkpoint on close: TRUNCATE empties the WAL (it waits for other connections,
     #: so an engine sharing the file with other processes copies what it can: PASSIVE)
     _final_checkpoint = "TRUNCATE"
@@ -115,7 +116,7 @@ class SqliteEngine:
         try:
             self._writer = self._engine.connect()
             self._create_schema(self._writer)
-            recovered = load(self._writer, self.path, self._applier)
+            recovered = load(self._writer, self.path, self._applier, self.load_budget)
             self._writer.rollback()  # end the read transaction autobegun by load
             replay_log(self.log, self._raw(self._writer), recovered, self.path)
             self._pending_snaps = {key: st.snapshot[0] for key, st in recovered.logs.items()}
@@ -349,9 +350,9 @@ class SqliteEngine:
                 if not self._reads_in_flight:
                     self._reads.notify_all()
 
-    def load_partition(self, queue_id: int, partition: int) -> PartitionState:
+    def load_partition(self, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
         with self._reading() as conn:
-            return read_partition(conn, queue_id, partition)
+            return read_partition(conn, queue_id, partition, budget)
 
     def stored_end(self, queue_id: int, partition: int) -> int:
         with self._reading() as conn:

@@ -7,11 +7,83 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from client.errors import StorageError
-from storage.base import PartitionState, StoredMessage, unpack_run
+from collections.abc import Iterable
+
+from storage.base import PartitionState, StoredMessage, message_cost, unpack_run
 from storage.intervals import IntervalSet
 
 
-def read_partition(conn: Connection, queue_id: int, partition: int) -> PartitionState:
+def run_length(payload: bytes) -> int:
+    """How many messages a packed run holds, from its msgpack array header alone."""
+    b = payload[0]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F
+    if b == 0xDC:
+        return int.from_bytes(payload[1:3], "big")
+    if b == 0xDD:
+        return int.from_bytes(payload[1:5], "big")
+    return len(unpack_run(0, payload))
+
+
+class PartitionFiller:
+    """Fills a PartitionState from its chunks in offset order: unsettled messages while
+    they fit ``share`` bytes (0: all), then only a count of the rest (the cold region),
+    without decoding their chunks."""
+
+    __slots__ = ("st", "settled", "dcs", "share", "held")
+
+    def __init__(self, st: PartitionState, settled: IntervalSet, dcs: dict[int, int], share: int) -> None:
+        self.st, self.settled, self.dcs, self.share = st, settled, dcs, share
+        self.held = 0
+
+    def add(self, start: int, payload: bytes) -> None:
+        st, settled = self.st, self.settled
+        if st.cold_count:
+            n = run_length(payload)
+            live = n - settled.count_in(start, start + n)
+            if live:
+                st.cold_count += live
+                st.cold_bytes += len(payload) * live // n
+            self._end(start + n)
+            return
+        share, dcs = self.share, self.dcs
+        msgs = unpack_run(start, payload)
+        for i, m in enumerate(msgs):
+            if settled.contains(m.offset):
+                continue
+            if share:
+                cost = message_cost(m)
+                if self.held + cost > share and st.messages:
+                    rest = [r for r in msgs[i:] if not settled.contains(r.offset)]
+                    st.cold_start = m.offset
+                    st.cold_count = len(rest)
+                    st.cold_bytes = sum(len(r.body) + len(r.headers_blob) for r in rest)
+                    break
+                self.held += cost
+            m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
+            st.messages.append(m)
+        self._end(start + len(msgs))
+
+    def _end(self, end: int) -> None:
+        st = self.st
+        if end > st.next_offset:
+            st.next_offset = end
+        if st.cold_count:
+            st.cold_end = st.next_offset
+
+    def finish(self) -> None:
+        self._end(self.st.next_offset)
+
+
+def fill(st: PartitionState, chunks: Iterable[tuple[int, bytes]], settled: IntervalSet, dcs: dict[int, int],
+         share: int) -> None:
+    filler = PartitionFiller(st, settled, dcs, share)
+    for start, payload in chunks:
+        filler.add(start, payload)
+    filler.finish()
+
+
+def read_partition(conn: Connection, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
     st = PartitionState()
     key = (queue_id, partition)
     try:
@@ -25,14 +97,9 @@ def read_partition(conn: Connection, queue_id: int, partition: int) -> Partition
                 'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ?', key).all())
             dcs: dict[int, int] = dict(conn.exec_driver_sql(
                 'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
-            for start, payload in conn.exec_driver_sql(
-                    "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key):
-                for m in unpack_run(start, payload):
-                    if not settled.contains(m.offset):
-                        m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
-                        st.messages.append(m)
-            if st.messages and st.messages[-1].offset >= st.next_offset:
-                st.next_offset = st.messages[-1].offset + 1
+            fill(st, conn.exec_driver_sql(
+                "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key),
+                settled, dcs, budget)
             st.producers = dict(conn.exec_driver_sql(
                 "SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = ?", key).all())
             pos = conn.exec_driver_sql("SELECT applied_index, applied_term, applied_origin FROM ha_state "
@@ -72,7 +139,18 @@ def read_messages(conn: Connection, queue_id: int, partition: int, offset: int, 
                     if m.offset >= offset and not settled.contains(m.offset):
                         out.append(m)
                         if len(out) >= limit:
-                            return out
+                            break
+                if len(out) >= limit:
+                    break
+            rows.close()
+            if out:
+                by_offset = {m.offset: m for m in out}
+                for off, dc in conn.exec_driver_sql(
+                        'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? '
+                        'AND "offset" <= ?', (queue_id, partition, out[0].offset, out[-1].offset)):
+                    hit = by_offset.get(off)
+                    if hit is not None:
+                        hit.dc = dc
     except SQLAlchemyError as exc:
         raise StorageError(f"read failed: {exc}", orig=exc) from exc
     return out

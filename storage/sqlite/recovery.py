@@ -21,17 +21,20 @@ from storage.base import (
     Recovered,
     UserRecord,
     AclRecord,
-    unpack_run,
+    memory_share,
 )
 from storage.segments import SegmentLog
 from storage.sqlite.apply import OpApplier
+from storage.sqlite.reads import PartitionFiller
 from storage.sqlite.schema import SCHEMA_VERSION, Key
 
 log = logging.getLogger("tandem.storage")
 
 
-def load(conn: Connection, path: Path, applier: OpApplier) -> Recovered:
-    """Everything the tables hold; (re)loads the writer's index on the way."""
+def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> Recovered:
+    """Everything the tables hold; (re)loads the writer's index on the way.  With a
+    ``budget`` (bytes, node-wide) each partition loads its share of messages, the rest is
+    counted as a cold region (PartitionState)."""
     rec = Recovered()
     rec.meta = {k: v for k, v in conn.exec_driver_sql("SELECT key, value FROM meta")}
     version = rec.meta.get("schema_version")
@@ -62,20 +65,19 @@ def load(conn: Connection, path: Path, applier: OpApplier) -> Recovered:
     counts: dict[Key, dict[int, int]] = {}
     for qid, p, off, dc in conn.exec_driver_sql('SELECT queue_id, partition, "offset", dc FROM counts'):
         counts.setdefault((qid, p), {})[off] = dc
+    share = memory_share(budget, sum(q.partitions for q in rec.queues))
+    fillers: dict[Key, PartitionFiller] = {}
     for qid, p, start, payload in conn.exec_driver_sql(
         "SELECT queue_id, partition, start, payload FROM chunks ORDER BY queue_id, partition, start"
     ):
         key = (qid, p)
-        st = state(key)
-        settled = applier.index[key].settled
-        dcs = counts.get(key, {})
-        for m in unpack_run(start, payload):
-            if settled.contains(m.offset):
-                continue
-            m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
-            st.messages.append(m)
-        if st.messages and st.messages[-1].offset >= st.next_offset:
-            st.next_offset = st.messages[-1].offset + 1
+        filler = fillers.get(key)
+        if filler is None:
+            filler = fillers[key] = PartitionFiller(state(key), applier.index[key].settled, counts.get(key, {}),
+                                                    share)
+        filler.add(start, payload)
+    for filler in fillers.values():
+        filler.finish()
     for qid, p, pid, last in conn.exec_driver_sql(
         "SELECT queue_id, partition, producer_id, last_seq FROM producers"
     ):

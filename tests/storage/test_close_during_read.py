@@ -21,10 +21,10 @@ def test_close_waits_for_a_read_in_flight(tmp_path: Path, monkeypatch: pytest.Mo
     reading, release = threading.Event(), threading.Event()
     real = engine_mod.read_partition
 
-    def slow_read(conn: Connection, queue_id: int, partition: int) -> PartitionState:
+    def slow_read(conn: Connection, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
         reading.set()
         assert release.wait(10)
-        return real(conn, queue_id, partition)
+        return real(conn, queue_id, partition, budget)
 
     monkeypatch.setattr(engine_mod, "read_partition", slow_read)
     results: list[PartitionState] = []

@@ -107,8 +107,12 @@ async def test_read_endpoints(http: tuple[aiohttp.ClientSession, str], node: Nod
                    "tandem_store_commit_seconds_bucket", "tandem_publish_confirms_total",
                    "tandem_auth_failures_total", "tandem_logins_throttled_total", "tandem_limit_refusals_total",
                    "tandem_login_throttle_addresses", "tandem_disk_alarm", "tandem_disk_free_bytes",
-                   "tandem_disk_free_limit_bytes", "tandem_disk_alarm_refusals_total"):
+                   "tandem_disk_free_limit_bytes", "tandem_disk_alarm_refusals_total", "tandem_memory_limit_bytes",
+                   "tandem_messages_cold", "tandem_cold_bytes"):
         assert metric in text, metric
+    # the three messages are held in memory, each counted with its object's estimate
+    (held,) = [line for line in text.splitlines() if line.startswith("tandem_memory_held_bytes{")]
+    assert float(held.rsplit(" ", 1)[1]) == 3 * (1 + 1 + 200)
 
 
 @pytest.mark.asyncio

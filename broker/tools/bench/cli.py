@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import NodeConfig
+from broker.tools.bench.backlog import add_backlog_args, backlog_command
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -97,6 +98,7 @@ def add_bench_parser(sub: Any) -> None:
                         "one with TLS on every link (tandems://, mutual TLS between nodes), and give TLS's cost "
                         "(a running node is measured over TLS when its --url is tandems://)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_backlog_args(p)
     add_ha_args(p)
     p.set_defaults(func=bench)
 
@@ -131,6 +133,8 @@ def _workload(args: argparse.Namespace) -> Workload:
 def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
+    if args.backlog:
+        return backlog_command(args)
     pair = args.mode != "replicated" or args.arbiter != "majority"
     if not args.spawn and (pair or args.database or args.lock or args.lockfile or args.compare_replicated):
         raise InvalidArgumentError("--mode, --arbiter and --compare-replicated set up groups the bench starts: "
