@@ -236,7 +236,7 @@ def plot(path: Path, data: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     s = data["series"]
-    t = [x / 60 for x in s["t_s"]]
+    t = [(x + s["interval_s"] / 2) / 60 for x in s["t_s"]]  # each interval at its middle
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
     ax1.plot(t, s["published_per_s"], label="published (confirmed)")
     ax1.plot(t, s["consumed_per_s"], label="consumed")
@@ -258,7 +258,9 @@ def plot(path: Path, data: dict[str, Any]) -> None:
         ax.legend(loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
     v = data["verdict"]
-    fig.suptitle(f"tandem soak: {data['config']['rate']:g} msg/s for {data['config']['run_time_s'] / 60:.0f} min, "
+    rt = data["config"]["run_time_s"]
+    fig.suptitle(f"tandem soak: {data['config']['rate']:g} msg/s for "
+                 f"{f'{rt / 60:.0f} min' if rt >= 120 else f'{rt:.0f} s'}, "
                  f"{len(data['kills'])} kill(s) (red); lost {v['lost']}, duplicated {v['duplicated']}; "
                  f"{'PASSED' if data['judgement']['passed'] else 'FAILED'}")
     fig.tight_layout()
