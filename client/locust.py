@@ -44,8 +44,10 @@ except ImportError:  # pragma: no cover - the optional extra
 
 from client import blocking
 from client.clock import SYSTEM_CLOCK
-from client.errors import InvalidArgumentError, TandemError, TimeoutError_
+from client.errors import InvalidArgumentError, QueueExistsError, TandemError, TimeoutError_
 from client.stamp import HEADER_SIZE, new_producer, read_stamp, stamp
+from client.mapper import make_mapper
+from client.protocol.frames import QueueInfo
 from client.url import format_url, parse_url
 
 #: the class attributes the ``--tandem-*`` options override (option name -> attribute, type)
@@ -76,7 +78,8 @@ class TandemUser(User):
     abstract = True
 
     queue = "locust"
-    #: partitions when declared (the queue is declared on start if it does not exist)
+    #: partitions if the queue is declared here (a user declares it if it does not exist; one
+    #: that exists with other settings is used as it is)
     partitions = 1
     body_size = 256
     batch_size = 1
@@ -91,6 +94,11 @@ class TandemUser(User):
     rebalance_every = 5.0
     #: seconds a publish may take across failovers before it fails
     send_timeout = 60.0
+    #: the key of every message this user sends: "" (default) a key of its own (its messages
+    #: keep to one partition, in order, and a resend after a failover goes to the same
+    #: partition, where it is stored once); None: no key (the node spreads them round-robin
+    #: over the partitions, and a resend may land in another one: see docs/load.md)
+    key: str | None = ""
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
@@ -109,6 +117,8 @@ class TandemUser(User):
             raise InvalidArgumentError("no Tandem URL: give --host tandem://user:password@host:port")
         self.conn: blocking.BlockingConnection | None = None
         self.producer_tag = new_producer()
+        #: the key this user's messages carry (:attr:`key`), None: none
+        self.message_key = self.producer_tag.hex() if self.key == "" else self.key
         self.sent = 0  # messages this user stamped so far (the next one's n)
         self._producer: blocking.BlockingProducer | None = None
         self._consumer: blocking.BlockingConsumer | None = None
@@ -156,24 +166,32 @@ class TandemUser(User):
         self._producer = None
         self._consumer = None
         if first is None:
-            info = conn.declare_queue(self.queue, partitions=self.partitions)
-            self._partition = self.index % max(1, info.partitions)
-            where = self._active_address()
-            if where is not None and where != self._address_of(conn.node):
+            try:
+                info = conn.declare_queue(self.queue, partitions=self.partitions)
+            except QueueExistsError:  # declared otherwise by someone else: use it as it is
+                info = conn.partition_map(self.queue).queue
+            self._partition = self._my_partition(info)
+            where = self._elsewhere()
+            if where is not None:
                 return self._connect(where)
         return conn
 
-    def _active_address(self) -> str | None:
-        """host:port of the node active for this user's partition, None while none is."""
+    def _my_partition(self, info: QueueInfo) -> int:
+        """A producer's: the partition its key maps to (where all its messages go); a
+        consumer's (or a keyless producer's): the queue's partitions in turn, one per user."""
+        if not self._consuming and self.message_key is not None and info.mapper == "consistent_hash":
+            return make_mapper(info.mapper, info.partitions, info.ring_size).partition(self.message_key)
+        return self.index % max(1, info.partitions)
+
+    def _elsewhere(self) -> str | None:
+        """host:port of the node active for this user's partition when that is not the node
+        this user is connected to; None when it is (or while the partition has no active)."""
         assert self.conn is not None
         pm = self.conn.partition_map(self.queue)
         if self._partition >= len(pm.actives) or not pm.actives[self._partition]:
             return None
-        return pm.addresses.get(pm.actives[self._partition])
-
-    def _address_of(self, node: str) -> str | None:
-        assert self.conn is not None
-        return self.conn.partition_map(self.queue).addresses.get(node)
+        active = pm.actives[self._partition]
+        return pm.addresses.get(active) if active != self.conn.node else None
 
     def _connect_or_fire(self) -> blocking.BlockingConnection | None:
         """:meth:`_connect`, or None after a ``connect`` failure event."""
@@ -222,9 +240,9 @@ class TandemUser(User):
         started = SYSTEM_CLOCK.monotonic()
         try:
             if count == 1:
-                self._producer.send(bodies[0])
+                self._producer.send(bodies[0], key=self.message_key)
             else:
-                self._producer.send_many(bodies)
+                self._producer.send_many(bodies, key=self.message_key)
         except (TandemError, OSError) as exc:
             self.failed(first, count, exc)
             self._fire("publish", started, 0, exc)
@@ -246,8 +264,8 @@ class TandemUser(User):
         elif self.rebalance_every > 0 and now >= self._next_look:
             self._next_look = now + self.rebalance_every
             try:
-                where = self._active_address()
-                if where is not None and where != self._address_of(self.conn.node):
+                where = self._elsewhere()
+                if where is not None:
                     self._connect(where)
             except TimeoutError_:
                 pass  # the node is slow to answer: look again next time

@@ -257,7 +257,12 @@ class Soak:
         cfg = self.cfg
         ledger = Ledger.load(self.ledger_dir)
         verdict = self.tally.verdict(ledger)
-        judgement = judge(self.t0, cfg.run_time_s, ledger, self.tally, self.rss, verdict)
+        restarts: dict[str, list[float]] = {}
+        for k in self.kills:
+            if k["restarted_at_s"] is not None:
+                restarts.setdefault(k["node"], []).append(self.t0 + k["restarted_at_s"])
+        judgement = judge(self.t0, cfg.run_time_s, ledger, self.tally, self.rss, verdict, restarts=restarts,
+                          settle=min(60.0, cfg.kill_every_s / 2))
         return {"config": {**asdict(cfg), "rate": cfg.rate}, "verdict": verdict.as_dict(),
                 "publish_errors": ledger.errors, "drained": self.drained, "locust_exit": self.locust_exit,
                 "kills": self.kills, "judgement": judgement,

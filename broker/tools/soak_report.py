@@ -192,12 +192,15 @@ def _round(v: float | None) -> float | None:
 
 
 def judge(t0: float, run_time: float, ledger: Ledger, tally: Tally, rss: list[tuple[float, str, int]],
-          verdict: Verdict, tolerance: float = 0.10) -> dict[str, Any]:
+          verdict: Verdict, tolerance: float = 0.10, restarts: dict[str, list[float]] | None = None,
+          settle: float = 0.0) -> dict[str, Any]:
     """Flat and exact: the means of the last window against the first after a warm-up (the
     warm-up a twelfth of the run, each window a sixth: 5 and 10 minutes of an hour).
     Throughput (published and consumed) within ``tolerance`` either way; each node's RSS grown
     by no more than ``tolerance`` (less is no leak: a node killed and started again comes back
-    small); nothing lost, duplicated or unexpected."""
+    small), leaving out a node's samples for ``settle`` seconds after each of its ``restarts``
+    (it rebuilds its working set); nothing lost, duplicated or unexpected."""
+    restarts = restarts or {}
     warm, win = run_time / 12, run_time / 6
     first = (t0 + warm, t0 + warm + win)
     last = (t0 + run_time - win, t0 + run_time)
@@ -214,7 +217,8 @@ def judge(t0: float, run_time: float, ledger: Ledger, tally: Tally, rss: list[tu
                         "flat": bool(a) and abs(b / a - 1) <= tolerance}
     for node in sorted({name for _t, name, _r in rss}):
         def mean(w: tuple[float, float]) -> float | None:
-            v = [r for t, name, r in rss if name == node and w[0] <= t < w[1]]
+            v = [r for t, name, r in rss if name == node and w[0] <= t < w[1]
+                 and not any(0 <= t - at < settle for at in restarts.get(node, ()))]
             return sum(v) / len(v) / 2**20 if v else None
 
         a_, b_ = mean(first), mean(last)
@@ -222,7 +226,7 @@ def judge(t0: float, run_time: float, ledger: Ledger, tally: Tally, rss: list[tu
                                      "change": round(b_ / a_ - 1, 3) if a_ and b_ else None,
                                      "flat": a_ is not None and b_ is not None and b_ <= a_ * (1 + tolerance)}
     exact = verdict.lost == 0 and verdict.duplicated == 0 and verdict.unexpected == 0
-    return {"windows_s": {"warm_up": round(warm, 1), "first": [round(warm, 1), round(warm + win, 1)],
+    return {"rss_settle_s": round(settle, 1), "windows_s": {"warm_up": round(warm, 1), "first": [round(warm, 1), round(warm + win, 1)],
                           "last": [round(run_time - win, 1), round(run_time, 1)]},
             "tolerance": tolerance, "checks": checks, "exact": exact,
             "passed": exact and all(c["flat"] for c in checks.values())}
