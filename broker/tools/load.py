@@ -95,6 +95,8 @@ def load(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         return soak.run(args)
     if bool(args.url) == bool(args.spawn):
         raise InvalidArgumentError("give exactly one of --url (a running node or group) or --spawn (start one)")
+    if args.kill_every:
+        raise InvalidArgumentError("--kill-every is for --profile soak")
     nodes = args.nodes or 1
     if not 1 <= nodes <= 9:
         raise InvalidArgumentError(f"--nodes {nodes}: a spawned group has 1 to 9 nodes")
