@@ -2,6 +2,7 @@
 #   make run   creates .venv, installs Tandem into it, starts a local group of three nodes
 #   make test  installs what the tests need (dev dependencies; chromium, a Java runtime and strace
 #              with apt-get when root: scripts/ensure-system-packages.sh) and runs the whole suite
+#   make load  a 60 s locust run against 3 fresh nodes; make soak: the hour-long soak
 #   make fuzz  the nightly hostile-input run: 1,000,000 fuzzed frames, then a live group under attack
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +12,7 @@ PORT   ?= 7780
 SYNC   ?= SYNC
 NODES  ?= 3
 
-.PHONY: run run-single test install dev bench typecheck clean pipeline-demo fuzz
+.PHONY: run run-single test install dev bench load soak typecheck clean pipeline-demo fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,12 @@ typecheck: dev
 bench: dev
 	$(BIN)/tandem bench --spawn --peer rabbitmq --peer nats
 	$(BIN)/tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats
+
+load: dev
+	$(BIN)/tandem load --spawn --nodes 3 --users 50 --run-time 60s --processes 2
+
+soak: dev
+	$(BIN)/tandem load --profile soak
 
 clean:
 	rm -rf $(VENV) .tandem .tandem-single .pytest_cache

@@ -8,6 +8,7 @@
     tandem status         a node's view of its replication group
     tandem drill          inject a fault under load and check every message
     tandem bench          throughput and latency, side by side with RabbitMQ and NATS
+    tandem load           a locust load test, or the soak (an hour of load with a kill every 10 min)
     tandem witness start  run a two-node group's witness (a data-less third vote)
     tandem certs dev      a throwaway CA and node certificates for TLS on one machine
     tandem secret new     make a group secret file (peer authentication)
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import certs, cluster_up, commands, secret_cli, status, users_cli, witness_cli
+from broker.tools import certs, cluster_up, commands, load, secret_cli, status, users_cli, witness_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -270,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)
+    load.add_parser(sub)
     witness_cli.add_parser(sub)
     certs.add_parser(sub)
     secret_cli.add_parser(sub)
