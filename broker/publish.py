@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -146,7 +147,12 @@ class Publisher:
                 raise InvalidArgumentError(f"queue {req.queue!r} has no partition {req.partition}")
             return [req.partition] * len(req.messages)
         mapper = q.mapper.partition
-        return [mapper(m.key) for m in req.messages]
+        if req.producer_id is None:
+            return [mapper(m.key) for m in req.messages]
+        # a message that spreads goes where its (producer id, seq) says: a resend after a
+        # failover, on whichever node, meets the first send in the same partition (client/mapper.py)
+        base = zlib.crc32(req.producer_id.encode())
+        return [mapper(m.key, None if m.seq is None else base + m.seq) for m in req.messages]
 
     def _served_here(self, q: Queue, req: PublishRequest, pidxs: list[int]) -> bool:
         commit = self.node.commit

@@ -8,6 +8,12 @@
   ``1/partitions`` of the keys.  Messages without a key go round-robin.
 * ``round_robin``: partitions in turn, regardless of key.
 
+A message that spreads (no key, or the ``round_robin`` mapper) and carries an *anchor* (the
+node gives ``crc32(producer id) + seq`` for a message from an idempotent producer) goes to
+partition ``anchor % partitions`` instead of the next in turn: consecutive sequences still take
+the partitions in turn, and a resend of the same (producer id, seq) to any node lands in the
+partition the first send went to, where it is recognised as a repeat (stored once).
+
 Hashes are CRC-32 (zlib): stable across processes and versions, unlike ``hash()``.
 """
 
@@ -23,7 +29,7 @@ MAPPERS = ("consistent_hash", "round_robin")
 
 
 class DataMapper(Protocol):
-    def partition(self, key: str | None) -> int: ...
+    def partition(self, key: str | None, anchor: int | None = None) -> int: ...
 
 
 class RoundRobinMapper:
@@ -31,7 +37,9 @@ class RoundRobinMapper:
         self.partitions = partitions
         self._next = 0
 
-    def partition(self, key: str | None) -> int:
+    def partition(self, key: str | None, anchor: int | None = None) -> int:
+        if anchor is not None:
+            return anchor % self.partitions
         p = self._next
         self._next = (p + 1) % self.partitions
         return p
@@ -54,9 +62,9 @@ class ConsistentHashMapper:
         self.partitions = partitions
         self._cache: dict[str, int] = {}
 
-    def partition(self, key: str | None) -> int:
+    def partition(self, key: str | None, anchor: int | None = None) -> int:
         if key is None:
-            return self._keyless.partition(None)
+            return self._keyless.partition(None, anchor)
         p = self._cache.get(key)
         if p is None:
             i = bisect.bisect_right(self._hashes, zlib.crc32(key.encode()))

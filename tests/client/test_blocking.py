@@ -11,6 +11,7 @@ import pytest
 
 from broker.tools.process import NodeProcess
 from client import blocking
+from client.protocol.frames import PublishMessage
 from client.errors import AccessRefusedError, AuthError, InvalidArgumentError, QueueNotFoundError, StaleDeliveryError
 
 pytestmark = pytest.mark.integration
@@ -109,6 +110,29 @@ def test_a_producer_id_used_again_is_not_taken_for_resends(url: str) -> None:
         conn.producer("q", producer_id="app-1").send_many([b"c", b"d"])
         (info,) = conn.list_queues()
         assert info.ready == 4
+
+
+def test_a_keyless_batch_sent_again_lands_where_it_did_and_is_stored_once(url: str) -> None:
+    """A resend after a failover meets a node whose round-robin turn differs from the first
+    node's: the node places a producer's keyless messages by (producer id, seq), so each
+    repeat lands in the partition that has it and is taken as a repeat."""
+    batch = [PublishMessage(None, {}, f"m{i}".encode(), i) for i in range(3)]
+    with blocking.connect(url) as conn:
+        conn.declare_queue("q", partitions=3)
+        assert conn.publish("q", batch, producer_id="p").duplicates == 0
+        conn.producer("q").send(b"other")  # moves the queue's round-robin turn on
+        conn.publish("q", [PublishMessage(None, {}, b"x", None)], producer_id=None)
+        again = conn.publish("q", batch, producer_id="p")
+        assert again.duplicates == 3
+        (info,) = conn.list_queues()
+        assert info.ready == 5
+        parts: dict[bytes, int] = {}
+        c = conn.consumer("q", prefetch=10)
+        for _ in range(5):
+            m = c.next()
+            parts[m.body] = m.partition
+            m.ack()
+        assert sorted(parts[f"m{i}".encode()] for i in range(3)) == [0, 1, 2]
 
 
 def test_blocking_sends_buffer_while_no_node_answers_and_drain_in_order(

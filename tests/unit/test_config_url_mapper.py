@@ -103,3 +103,16 @@ def test_password_hashing() -> None:
         make_user("bob", "short", "admin")
     with pytest.raises(InvalidArgumentError):
         make_user("bob", "long enough", "superuser")
+
+
+def test_an_anchored_message_goes_where_its_anchor_says_whatever_the_turn() -> None:
+    """A spread message with an anchor (the node gives crc32(producer id) + seq) ignores the
+    mapper's turn: a resend lands where the first send did, and consecutive anchors still
+    take the partitions in turn."""
+    for name in ("consistent_hash", "round_robin"):
+        a, b = make_mapper(name, 4, 64), make_mapper(name, 4, 64)
+        b.partition(None)  # b's turn is one ahead of a's
+        assert [a.partition(None, 100 + s) for s in range(8)] == [b.partition(None, 100 + s) for s in range(8)]
+        assert sorted(a.partition(None, 7 + s) for s in range(4)) == [0, 1, 2, 3]
+    keyed = make_mapper("consistent_hash", 4, 64)
+    assert keyed.partition("k", 1) == keyed.partition("k", 2) == keyed.partition("k")
