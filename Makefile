@@ -58,8 +58,9 @@ bench: dev
 load: dev
 	$(BIN)/tandem load --spawn --nodes 3 --users 50 --run-time 60s --processes 2
 
+SOAK_TIME ?= 1h
 soak: dev
-	$(BIN)/tandem load --profile soak
+	$(BIN)/tandem load --profile soak --run-time $(SOAK_TIME)
 
 clean:
 	rm -rf $(VENV) .tandem .tandem-single .pytest_cache
