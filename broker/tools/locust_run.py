@@ -42,10 +42,12 @@ class LocustRun:
     extra: list[str]
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-P", "-m", "locust", "-f", str(self.locustfile), "--headless",
+        # absolute paths: locust runs in ``out`` (its own files land there)
+        out = self.out.resolve()
+        cmd = [sys.executable, "-P", "-m", "locust", "-f", str(self.locustfile.resolve()), "--headless",
                "--users", str(self.users), "--spawn-rate", str(self.spawn_rate or self.users),
                "--run-time", f"{self.run_time:.0f}s", "--stop-timeout", "5",
-               "--csv", str(self.out / "locust"), "--html", str(self.out / "report.html"), "--only-summary",
+               "--csv", str(out / "locust"), "--html", str(out / "report.html"), "--only-summary",
                "--exit-code-on-error", "1"]
         if self.processes > 1:
             cmd += ["--processes", str(self.processes)]

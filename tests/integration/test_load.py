@@ -23,10 +23,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
                                 reason="the load extra: pip install 'tandem-broker[load]'")
 
 
-async def _tandem(*args: str, timeout: float) -> tuple[int, str, str]:
+async def _tandem(*args: str, timeout: float, cwd: Path | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=dict(os.environ))
+        env=dict(os.environ), cwd=cwd)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     finally:
@@ -40,9 +40,9 @@ async def _tandem(*args: str, timeout: float) -> tuple[int, str, str]:
 @pytest.mark.asyncio
 @pytest.mark.integration
 async def test_load_smoke_on_a_spawned_node(tmp_path: Path) -> None:
-    out = tmp_path / "report"
-    code, stdout, err = await _tandem("load", "--spawn", "--users", "4", "--run-time", "4s", "--out", str(out),
-                                      timeout=180)
+    out = tmp_path / "report"  # given relative, as `make load` does
+    code, stdout, err = await _tandem("load", "--spawn", "--users", "4", "--run-time", "4s", "--out", "report",
+                                      timeout=180, cwd=tmp_path)
     with open(out / "locust_stats.csv", newline="") as f:
         rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
     total = rows[("", "Aggregated")]
