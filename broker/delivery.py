@@ -19,6 +19,7 @@ from broker.auth import ClientGuard
 from broker.commit import CommitPath
 from broker.config import NodeConfig
 from broker.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
+from client.clock import Clock
 from client.errors import InvalidArgumentError, TandemError
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
 from storage.writer import Callback
@@ -46,6 +47,9 @@ class DeliveryHost(Protocol):
     def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    @property
+    def clock(self) -> Clock: ...
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
         """The store's log end of the partition, then up to ``limit`` unsettled messages from
@@ -117,7 +121,7 @@ class Delivery:
         if not q.end_refill(part, epoch, stored, limit, stored_end) and epoch == part.epoch:
             # the store has not written them yet (its writes follow the commit): again soon
             part.reading = True
-            await asyncio.sleep(wait)
+            await self.node.clock.sleep(wait)
             if epoch == part.epoch:
                 part.reading = False
         self.schedule(q)
