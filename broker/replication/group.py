@@ -443,11 +443,7 @@ class Replication:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
                                                   for e in ready.append], commit=plog.replica.commit))
             if leader:
-                now = self.host.clock.monotonic()
-                stamps = plog.appended_at
-                if stamps and stamps[-1][0] >= ready.append[0].index:
-                    stamps.clear()  # a new term rewrote the log's tail
-                stamps.extend((e.index, now) for e in ready.append)
+                plog.appended_at.appended(ready.append[0].index, self.host.clock.monotonic())
             # The active fsyncs (SYNC) entries that carry publishes; settlements and delivery
             # marks are written without: losing one in an OS crash means a redelivery, as on
             # a single node.  (Replicas follow remote_sync for all.)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +18,42 @@ from ha.replica import Replica, ReplicaConfig
 from storage.base import LogState, WriteOp
 
 MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
+
+
+STAMP_EVERY = 0.05  # seconds between two samples of AppendTimes
+STAMPS = 4096  # samples kept: at least STAMPS x STAMP_EVERY (~3.4 minutes) of appends
+
+
+class AppendTimes:
+    """When the active appended its log's entries, as (first index, monotonic time) samples
+    at most one per STAMP_EVERY seconds, the last STAMPS of them: a few hundred kilobytes
+    per partition whatever the rate.  An entry between two samples is dated by the earlier
+    one, so a lag read from it is at most STAMP_EVERY too long, never too short."""
+
+    __slots__ = ("_samples",)
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[int, float]] = deque(maxlen=STAMPS)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def appended(self, first: int, now: float) -> None:
+        """Entries from index ``first`` on were appended at ``now``."""
+        samples = self._samples
+        if samples and samples[-1][0] >= first:
+            samples.clear()  # a new term rewrote the log's tail
+        if not samples or now - samples[-1][1] >= STAMP_EVERY:
+            samples.append((first, now))
+
+    def written_at(self, index: int) -> float | None:
+        """When entry ``index`` was appended (or a little earlier; the oldest sample if the
+        entry is older than every sample), None if nothing is recorded."""
+        samples = self._samples
+        if not samples:
+            return None
+        i = bisect.bisect_right(samples, (index, float("inf"))) - 1
+        return samples[max(i, 0)][1]
 
 
 @dataclass(eq=False)
@@ -59,9 +96,8 @@ class PartLog:
     alive_at: float = -1e18  # when this replica last sent the active an Alive (keep-alive)
     replied_at: float = -1e18  # when this replica's messages last went out (keep-alive)
     write_seq: int = 0
-    #: (index, monotonic time) of entries this node appended as the active, oldest first
-    #: (replication lag in seconds: how long ago the first entry a replica lacks was written)
-    appended_at: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=100_000))
+    #: when this node, as the active, appended its entries (replication lag in seconds)
+    appended_at: AppendTimes = field(default_factory=lambda: AppendTimes())
 
     @property
     def name(self) -> str:

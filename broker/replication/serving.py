@@ -10,7 +10,6 @@ deliveries.  Only the active holds messages in memory.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -230,10 +229,5 @@ class Serving:
 
 def lag_seconds(plog: PartLog, match: int, now: float) -> float:
     """How long ago the active wrote the first entry the replica lacks (0 if unknown)."""
-    stamps = plog.appended_at
-    if not stamps:
-        return 0.0
-    i = bisect.bisect_right(stamps, (match + 1, float("inf"))) - 1
-    if i < 0:
-        i = 0  # older than what is remembered: at least this old
-    return round(max(0.0, now - stamps[i][1]), 3)
+    at = plog.appended_at.written_at(match + 1)
+    return 0.0 if at is None else round(max(0.0, now - at), 3)
