@@ -32,6 +32,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.tools import certs, cluster_up, commands, load, secret_cli, status, users_cli, witness_cli
 from broker.tools.bench import cli as bench_cli
@@ -92,6 +93,7 @@ async def _serve(config: NodeConfig) -> int:
 
     from webconsole.app import Console
 
+    heap.limit_arenas()  # before the node's threads (broker/heap.py)
     node = Node(config, console=Console)
     await node.start()
     if os.environ.get("TANDEM_GC_FREEZE", "1") != "0":
@@ -120,9 +122,11 @@ async def _serve(config: NodeConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     signalled = asyncio.ensure_future(stop.wait())
     stopped = asyncio.ensure_future(node.stopped.wait())
+    trimming = asyncio.ensure_future(_trim_heap(node))
     await asyncio.wait([signalled, stopped], return_when=asyncio.FIRST_COMPLETED)
     signalled.cancel()
     stopped.cancel()
+    trimming.cancel()
     if not stop.is_set():
         # the node stopped itself (a fatal error, logged above): the process goes too, with a
         # failure status, so that a supervisor restarts it rather than keep a node serving nothing
@@ -131,6 +135,14 @@ async def _serve(config: NodeConfig) -> int:
     logging.getLogger("tandem.broker").info("signal received: shutting down")
     await node.stop()
     return 0
+
+
+async def _trim_heap(node: Any) -> None:
+    """Once a minute hand the process's free heap memory back to the system, off the event
+    loop (broker/heap.py)."""
+    while True:
+        await node.clock.sleep(heap.TRIM_EVERY)
+        await asyncio.to_thread(heap.trim)
 
 
 # -- parser ------------------------------------------------------------------------------------
