@@ -18,6 +18,7 @@ from broker.commit import CATALOGUE
 from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
     decode_reply
 from broker import queues
+from broker.mapper import DEFAULT_MAPPER
 from broker.queues import Holder, MemoryBudget, Queue, validate_declare
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
@@ -108,12 +109,14 @@ class Catalogue:
     def _declared(self, frame: Declare) -> tuple[QueueMeta, Queue | None]:
         """The queue a declare asks for, and the existing one of that name (same settings,
         or QueueExistsError naming what differs)."""
+        existing = self.queues.get(frame.queue)
+        # a declare that names no mapper: the default for a new queue, the queue's own otherwise
+        mapper = frame.mapper or (existing.meta.mapper if existing is not None else DEFAULT_MAPPER)
         meta = QueueMeta(
-            id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=frame.mapper,
+            id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=mapper,
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
             dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
         )
-        existing = self.queues.get(frame.queue)
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
             diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]

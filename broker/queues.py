@@ -195,7 +195,7 @@ def validate_declare(frame: Declare) -> None:
         )
     if not 1 <= frame.partitions <= MAX_PARTITIONS:
         raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
-    if frame.mapper not in MAPPERS:
+    if frame.mapper and frame.mapper not in MAPPERS:
         raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(MAPPERS)}")
     if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
         raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")

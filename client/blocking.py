@@ -444,11 +444,11 @@ class BlockingConnection:
 
     # -- API (mirrors the async client) --------------------------------------------------------
 
-    def declare_queue(self, name: str, *, partitions: int = 1, mapper: str = "consistent_hash",
+    def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                       ring_size: int = 1024, max_deliveries: int = 0, dead_letter_queue: str | None = None,
                       max_length: int = 0) -> QueueInfo:
         reply = self._call(lambda rid: Declare(
-            rid=rid, queue=name, partitions=partitions, mapper=mapper, ring_size=ring_size,
+            rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
         reply = expect(reply, DeclareOk)
         return reply.queue

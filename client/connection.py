@@ -418,12 +418,13 @@ class Connection:
 
     # -- queues ------------------------------------------------------------------------------------
 
-    async def declare_queue(self, name: str, *, partitions: int = 1, mapper: str = "consistent_hash",
+    async def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                             ring_size: int = 1024, max_deliveries: int = 0,
                             dead_letter_queue: str | None = None, max_length: int = 0) -> QueueInfo:
-        """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError)."""
+        """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError).
+        ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has."""
         reply = await self.request(lambda rid: Declare(
-            rid=rid, queue=name, partitions=partitions, mapper=mapper, ring_size=ring_size,
+            rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
         reply = expect(reply, DeclareOk)
         return reply.queue

@@ -179,7 +179,7 @@ class TandemUser(User):
     def _my_partition(self, info: QueueInfo) -> int:
         """A producer's: the partition its key maps to (where all its messages go); a
         consumer's (or a keyless producer's): the queue's partitions in turn, one per user."""
-        if not self._consuming and self.message_key is not None and info.mapper == "consistent_hash":
+        if not self._consuming and self.message_key is not None and info.mapper != "round_robin":
             return make_mapper(info.mapper, info.partitions, info.ring_size).partition(self.message_key)
         return self.index % max(1, info.partitions)
 

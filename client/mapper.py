@@ -1,5 +1,10 @@
 """Data mappers: message -> partition.
 
+* ``jump_hash`` (the default for new queues): the key's 64-bit BLAKE2b hash, then jump
+  consistent hashing (Lamping and Veach, "A Fast, Minimal Memory, Consistent Hash
+  Algorithm", 2014) to a partition.  Keys spread as evenly as a uniform random choice
+  would, and going from N to N+1 partitions moves exactly the keys that land in the new
+  partition (about 1/(N+1) of them) and no others.  ``ring_size`` plays no part.
 * ``consistent_hash``: a hash ring of ``ring_size`` points, spread evenly over
   the partitions (each partition owns ``ring_size / partitions`` points placed
   by hashing ``(partition, i)``).  A message's key hashes to a ring position;
@@ -14,18 +19,28 @@ partition ``anchor % partitions`` instead of the next in turn: consecutive seque
 the partitions in turn, and a resend of the same (producer id, seq) to any node lands in the
 partition the first send went to, where it is recognised as a repeat (stored once).
 
-Hashes are CRC-32 (zlib): stable across processes and versions, unlike ``hash()``.
+A queue keeps the mapper it was declared with (its name is in the queue's metadata), so
+no key moves under a running queue when the default changes; a declare that names no mapper
+gets the default for a new queue and matches an existing queue's mapper, whatever it is.
+
+Hashes are BLAKE2b (``jump_hash``) and CRC-32 (``consistent_hash``): stable across processes
+and versions, unlike ``hash()``.  CRC-32 spreads similar short keys poorly (``k0``..``k63``
+over 3 partitions with a ring of 1,024: 0 / 20 / 44), which is why it is no longer the default.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import zlib
 from typing import Protocol
 
 from client.errors import InvalidArgumentError
 
-MAPPERS = ("consistent_hash", "round_robin")
+MAPPERS = ("jump_hash", "consistent_hash", "round_robin")
+DEFAULT_MAPPER = "jump_hash"  # a new queue's, when its declare names none
+
+_MASK64 = (1 << 64) - 1
 
 
 class DataMapper(Protocol):
@@ -74,7 +89,41 @@ class ConsistentHashMapper:
         return p
 
 
+def key_hash(key: str) -> int:
+    """A key's 64-bit hash (BLAKE2b; the same in every process and version)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def jump(h: int, buckets: int) -> int:
+    """Jump consistent hash of the 64-bit ``h`` to ``0..buckets-1`` (Lamping and Veach)."""
+    b, j = -1, 0
+    while j < buckets:
+        b = j
+        h = (h * 2862933555777941757 + 1) & _MASK64
+        j = int((b + 1) * (float(1 << 31) / float((h >> 33) + 1)))
+    return b
+
+
+class JumpHashMapper:
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self._keyless = RoundRobinMapper(partitions)
+        self._cache: dict[str, int] = {}
+
+    def partition(self, key: str | None, anchor: int | None = None) -> int:
+        if key is None:
+            return self._keyless.partition(None, anchor)
+        p = self._cache.get(key)
+        if p is None:
+            p = jump(key_hash(key), self.partitions)
+            if len(self._cache) < 65536:
+                self._cache[key] = p
+        return p
+
+
 def make_mapper(name: str, partitions: int, ring_size: int) -> DataMapper:
+    if name == "jump_hash":
+        return JumpHashMapper(partitions)
     if name == "consistent_hash":
         return ConsistentHashMapper(partitions, ring_size)
     if name == "round_robin":

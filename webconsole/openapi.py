@@ -115,7 +115,7 @@ def document() -> dict[str, Any]:
             "post": {"summary": "declare a queue (idempotent for the same settings)",
                      "requestBody": _body({
                          "name": {"type": "string", "minLength": 1}, "partitions": {"type": "integer"},
-                         "mapper": {"type": "string", "enum": ["consistent_hash", "round_robin"]},
+                         "mapper": {"type": "string", "enum": ["jump_hash", "consistent_hash", "round_robin"]},
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
                          "dead_letter_queue": {"type": "string", "nullable": True},
                          "max_length": {"type": "integer"}}, ["name"]),

@@ -256,7 +256,7 @@ class Declare(Frame):
     rid: int
     queue: str
     partitions: int = 1
-    mapper: str = "consistent_hash"
+    mapper: str = ""  # "": the default (a new queue) or the queue's own (an existing one)
     ring_size: int = 1024
     max_deliveries: int = 0
     dead_letter_queue: str | None = None

@@ -8,6 +8,7 @@ import pytest
 
 import client
 from broker.node import Node
+from client.mapper import make_mapper
 from client.errors import (
     AuthError,
     InvalidArgumentError,
@@ -42,6 +43,24 @@ async def test_declare_is_idempotent_and_conflicts_are_named(conn: client.Durabl
     assert q1.name == q2.name == "orders" and q2.partitions == 4
     with pytest.raises(QueueExistsError, match="partitions: have 4, asked 2"):
         await conn.declare_queue("orders", partitions=2)
+
+
+async def test_a_queue_keeps_the_mapper_it_was_declared_with(conn: client.DurableConnection) -> None:
+    """A declare that names no mapper gets jump_hash for a new queue and matches an existing
+    queue's own mapper; naming another one is a conflict (no key moves under a queue)."""
+    assert (await conn.declare_queue("new-default", partitions=3)).mapper == "jump_hash"
+    old = await conn.declare_queue("older", partitions=3, mapper="consistent_hash")
+    assert old.mapper == "consistent_hash"
+    assert (await conn.declare_queue("older", partitions=3)).mapper == "consistent_hash"
+    with pytest.raises(QueueExistsError, match="mapper: have 'consistent_hash', asked 'jump_hash'"):
+        await conn.declare_queue("older", partitions=3, mapper="jump_hash")
+    # each keyed message is in the partition the mapper names, and k0..k11 reach all three
+    await conn.producer("new-default").send_many([(f"m{i}".encode(), f"k{i}") for i in range(12)])
+    async with conn.consumer("new-default", prefetch=20) as c:
+        msgs = await drain(c, 12)
+    mapper = make_mapper("jump_hash", 3, 1024)
+    assert {m.body: m.partition for m in msgs} == {f"m{i}".encode(): mapper.partition(f"k{i}") for i in range(12)}
+    assert {m.partition for m in msgs} == {0, 1, 2}
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -808,7 +808,7 @@ async def _stall_partition_0s_replicas(tmp_path: Path, seconds: float) -> tuple[
         await wait_until(spread, timeout=60, what="the partitions' actives on three nodes")
         active = (await actives(cl, "orders", 3))[0]
         replicas = [n for n in cl.nodes if n != active]
-        mapper = make_mapper("consistent_hash", 3, 1024)  # declare_queue's defaults
+        mapper = make_mapper("jump_hash", 3, 1024)  # declare_queue's default
         before = term_of_0(await cl.status(active))
         bodies: list[bytes] = []
         confirmed: list[bytes] = []
