@@ -11,6 +11,7 @@ import pytest
 
 from broker.tools.process import NodeProcess
 from client import blocking
+from client.mapper import make_mapper
 from client.protocol.frames import PublishMessage
 from client.errors import AccessRefusedError, AuthError, InvalidArgumentError, QueueNotFoundError, StaleDeliveryError
 
@@ -56,7 +57,7 @@ def test_blocking_round_trip(url: str) -> None:
         m = conn.get("q", auto_ack=True)
         assert m is not None and m.redelivered and m.delivery_count == 2
         conn.producer("q").send(b"five", key="k")
-        msgs, nxt, end = conn.read("q", 0)
+        msgs, nxt, end = conn.read("q", make_mapper("jump_hash", 2, 1024).partition("k"))
         assert [m.body for m in msgs] == [b"five"] and nxt == end == msgs[0].offset + 1
         assert conn.get("q", auto_ack=True) is not None
         (info,) = conn.list_queues()
