@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from broker.auth import ClientGuard
 from broker.commit import CommitPath
 from broker.config import NodeConfig
+from broker.mapper import dead_letter_partition
 from broker.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
 from client.clock import Clock
 from client.errors import InvalidArgumentError, TandemError
@@ -230,7 +231,8 @@ class Delivery:
                 continue
             dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
             headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
-            if dlq is not None and commit.replicated and not commit.serving((dlq.meta.id, dlq.mapper.partition(m.key))):
+            if dlq is not None and commit.replicated and not commit.serving(
+                    (dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))):
                 # the dead-letter partition is active elsewhere: settle here once it is stored there
                 self.node.dead_letter_remote(src, m, dlq, headers)
                 continue
@@ -241,7 +243,7 @@ class Delivery:
                     log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s",
                                 src.meta.dead_letter_queue, why, src.name, m.id, reason)
                 continue
-            pidx = dlq.mapper.partition(m.key)
+            pidx = dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key)
             part = dlq.partitions[pidx]
             new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body, None, None, m.ts)
             part.next_offset += 1

@@ -39,6 +39,7 @@ from broker.peers import PeerManager
 from broker.secret import group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
+from broker.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.queues import MemoryBudget, Msg, Queue, revoke_deliveries
 from broker.replication import Replication
 from broker.session import Session
@@ -172,6 +173,9 @@ class Node:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         log.info("node start started name=%s data_dir=%s sync=%s", cfg.name, cfg.data_dir, cfg.sync.value)
+        found = await asyncio.to_thread(mapper_names)  # scans the import path once, off the loop
+        if len(found) > len(MAPPERS):
+            log.info("custom data mappers: %s", ", ".join(found[len(MAPPERS):]))
         try:
             await self._start()
         except BaseException as exc:
@@ -670,7 +674,7 @@ class Node:
         """Dead-letter ``m`` into a partition active on another member; settle it here once
         stored there, put it back if that fails."""
         req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
-                             partition=dlq.mapper.partition(m.key))
+                             partition=dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))
 
         def done(fut: Outcome[PublishResult]) -> None:
             err = fut.exception()

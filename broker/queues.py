@@ -27,7 +27,7 @@ from typing import Protocol
 
 import msgpack
 
-from broker.mapper import MAPPERS, DataMapper, make_mapper
+from broker.mapper import MAPPERS, DataMapper, make_mapper, mapper_names, queue_mapper
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, QueueInfo
 from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage, memory_share
@@ -195,10 +195,13 @@ def validate_declare(frame: Declare) -> None:
         )
     if not 1 <= frame.partitions <= MAX_PARTITIONS:
         raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
-    if frame.mapper and frame.mapper not in MAPPERS:
-        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(MAPPERS)}")
+    if frame.mapper and frame.mapper not in mapper_names():
+        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(mapper_names())} (a custom mapper "
+                                   f"is an installed package's 'tandem.mappers' entry point)")
     if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
         raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
+    if frame.mapper and frame.mapper not in MAPPERS:
+        make_mapper(frame.mapper, frame.partitions, frame.ring_size)  # a custom one must load: its error if not
     # (the stores keep them as signed 64-bit integers)
     if not 0 <= frame.max_deliveries <= MAX_INT64:
         raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
@@ -227,7 +230,7 @@ class Queue:
         self.budget.partitions += meta.partitions
         self.cold_count = 0  # ready messages in the partitions' cold regions
         self.partitions = [Partition(i) for i in range(meta.partitions)]
-        self.mapper: DataMapper = make_mapper(meta.mapper, meta.partitions, meta.ring_size)
+        self.mapper: DataMapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
         self.consumers: list[Consumer] = []
         self.ready_count = 0
         self.unacked_count = 0

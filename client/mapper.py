@@ -12,6 +12,13 @@
   the same partition, and changing the partition count moves only about
   ``1/partitions`` of the keys.  Messages without a key go round-robin.
 * ``round_robin``: partitions in turn, regardless of key.
+* a custom mapper: an installed package's entry point in the group ``tandem.mappers``; its name
+  is the mapper's name and it loads to a factory ``(partitions, ring_size) -> object`` whose
+  ``partition(key: str) -> int`` places keyed messages (keyless ones spread as with the
+  built-in mappers).  What it answers is checked: an exception or a partition out of range is
+  an ``InvalidArgumentError`` naming the mapper and the key, never a crash.  It must be
+  installed on every node and every client that publishes to its queues (a client maps
+  messages itself); a queue whose mapper is missing refuses keyed publishes with that error.
 
 A message that spreads (no key, or the ``round_robin`` mapper) and carries an *anchor* (the
 node gives ``crc32(producer id) + seq`` for a message from an idempotent producer) goes to
@@ -25,20 +32,23 @@ gets the default for a new queue and matches an existing queue's mapper, whateve
 
 Hashes are BLAKE2b (``jump_hash``) and CRC-32 (``consistent_hash``): stable across processes
 and versions, unlike ``hash()``.  CRC-32 spreads similar short keys poorly (``k0``..``k63``
-over 3 partitions with a ring of 1,024: 0 / 20 / 44), which is why it is no longer the default.
+over 3 partitions with a ring of 1,024: 0 / 20 / 44), which is why it is not the default.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
+import importlib.metadata
 import zlib
-from typing import Protocol
+from typing import Any, Protocol
 
 from client.errors import InvalidArgumentError
 
 MAPPERS = ("jump_hash", "consistent_hash", "round_robin")
 DEFAULT_MAPPER = "jump_hash"  # a new queue's, when its declare names none
+ENTRY_POINTS = "tandem.mappers"  # custom mappers: entry points of installed packages
 
 _MASK64 = (1 << 64) - 1
 
@@ -121,6 +131,71 @@ class JumpHashMapper:
         return p
 
 
+@functools.cache
+def custom_mappers() -> dict[str, importlib.metadata.EntryPoint]:
+    """Installed custom mappers by name (a built-in name is never overridden), read once per
+    process (it scans the import path): a package installed later counts after a restart."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS) if ep.name not in MAPPERS}
+
+
+def mapper_names() -> tuple[str, ...]:
+    """Every mapper a declare may name here: the built-in ones, then the installed ones."""
+    return MAPPERS + tuple(sorted(custom_mappers()))
+
+
+class CustomMapper:
+    """A mapper from an entry point: keyed messages go where it says (checked), keyless
+    ones spread as with the built-in mappers."""
+
+    def __init__(self, name: str, impl: Any, partitions: int) -> None:
+        self.name = name
+        self.partitions = partitions
+        self._impl = impl
+        self._keyless = RoundRobinMapper(partitions)
+
+    def partition(self, key: str | None, anchor: int | None = None) -> int:
+        if key is None:
+            return self._keyless.partition(None, anchor)
+        try:
+            p = self._impl.partition(key)
+        except Exception as exc:  # a plug-in's error, whatever its type: the caller's, not ours
+            raise InvalidArgumentError(f"data mapper {self.name!r} failed on key {key!r}: {exc!r}") from None
+        if type(p) is not int or not 0 <= p < self.partitions:
+            raise InvalidArgumentError(f"data mapper {self.name!r} put key {key!r} in partition {p!r} "
+                                       f"(the queue has 0..{self.partitions - 1})")
+        return p
+
+
+class MissingMapper:
+    """A queue's mapper that is not installed here: keyless messages spread as usual, keyed
+    ones are refused with the reason."""
+
+    def __init__(self, name: str, partitions: int, reason: str) -> None:
+        self.name = name
+        self.partitions = partitions
+        self.reason = reason
+        self._keyless = RoundRobinMapper(partitions)
+
+    def partition(self, key: str | None, anchor: int | None = None) -> int:
+        if key is None:
+            return self._keyless.partition(None, anchor)
+        raise InvalidArgumentError(self.reason)
+
+
+def _custom(name: str, partitions: int, ring_size: int) -> DataMapper:
+    ep = custom_mappers().get(name)
+    if ep is None:
+        raise InvalidArgumentError(f"unknown data mapper {name!r} (choose {', '.join(mapper_names())}; a custom "
+                                   f"mapper is an installed package's {ENTRY_POINTS!r} entry point)")
+    try:
+        impl = ep.load()(partitions, ring_size)
+    except Exception as exc:  # importing or building a plug-in can raise anything
+        raise InvalidArgumentError(f"data mapper {name!r} ({ep.value}) could not be loaded: {exc!r}") from None
+    if not callable(getattr(impl, "partition", None)):
+        raise InvalidArgumentError(f"data mapper {name!r} ({ep.value}) gave an object without partition(key)")
+    return CustomMapper(name, impl, partitions)
+
+
 def make_mapper(name: str, partitions: int, ring_size: int) -> DataMapper:
     if name == "jump_hash":
         return JumpHashMapper(partitions)
@@ -128,4 +203,4 @@ def make_mapper(name: str, partitions: int, ring_size: int) -> DataMapper:
         return ConsistentHashMapper(partitions, ring_size)
     if name == "round_robin":
         return RoundRobinMapper(partitions)
-    raise InvalidArgumentError(f"unknown data mapper {name!r} (choose {', '.join(MAPPERS)})")
+    return _custom(name, partitions, ring_size)

@@ -115,7 +115,9 @@ def document() -> dict[str, Any]:
             "post": {"summary": "declare a queue (idempotent for the same settings)",
                      "requestBody": _body({
                          "name": {"type": "string", "minLength": 1}, "partitions": {"type": "integer"},
-                         "mapper": {"type": "string", "enum": ["jump_hash", "consistent_hash", "round_robin"]},
+                         "mapper": {"type": "string", "description": "jump_hash (the default for a new queue), "
+                                    "consistent_hash, round_robin, or an installed custom mapper "
+                                    "(entry point group tandem.mappers)"},
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
                          "dead_letter_queue": {"type": "string", "nullable": True},
                          "max_length": {"type": "integer"}}, ["name"]),

@@ -60,8 +60,9 @@ def add_parsers(sub: Any) -> None:
     queues_p.add_argument("action", nargs="?", default="list", choices=["list", "declare", "delete", "purge"])
     queues_p.add_argument("name", nargs="?")
     queues_p.add_argument("--partitions", type=int, default=1)
-    queues_p.add_argument("--mapper", default=None, choices=MAPPERS,
-                          help="data mapper of a new queue (default jump_hash; an existing queue keeps its own)")
+    queues_p.add_argument("--mapper", default=None, metavar="NAME",
+                          help=f"data mapper of a new queue: {', '.join(MAPPERS)} or an installed custom one "
+                               "(default jump_hash; an existing queue keeps its own)")
     queues_p.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
     queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue")
     queues_p.add_argument("--max-length", dest="max_length", type=int, default=0)
