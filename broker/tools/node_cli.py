@@ -67,12 +67,13 @@ def actives_on(st: StatusOk, name: str) -> list[str]:
 async def _drain(args: argparse.Namespace) -> int:
     clock = SYSTEM_CLOCK
     async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
-        st = await conn.drain_node(args.name, True)
+        held = actives_on(await conn.status(), args.name)  # (before: the first may move within milliseconds)
         started = clock.monotonic()
-        held = actives_on(st, args.name)
+        st = await conn.drain_node(args.name, True)
         if not args.wait:
-            _report(args, st, {"node": args.name, "drained": True, "actives": len(held)},
-                    f"node {args.name} drained; it is active for {len(held)} partition(s) (as {st.node} sees "
+            left = actives_on(st, args.name)
+            _report(args, st, {"node": args.name, "drained": True, "actives": len(left)},
+                    f"node {args.name} drained; it is active for {len(left)} partition(s) (as {st.node} sees "
                     f"them), which move once another member is caught up")
             return 0
         left = held
