@@ -6,12 +6,14 @@ checker, and the drained flag survives a restart of the drained node.  And the r
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import random
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 import client
@@ -155,3 +157,23 @@ async def test_drain_refusals_are_one_line_and_change_nothing(tmp_path: Path) ->
         assert st.drained == ["node2", "node3"]
         rc, out, _err = await tandem("status", "--url", cl.url_of("node1"))
         assert "Up, drained" in out
+
+        # the console's API: the same operation, the same refusals, and the nodes it shows drained
+        base = cl.console_url("node1") + "api/v1/nodes"
+        admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+        async with aiohttp.ClientSession(headers=admin) as s:
+            async with s.get(base) as r:
+                assert {n["name"]: n["drained"] for n in await r.json()} == {
+                    "node1": False, "node2": True, "node3": True}
+            async with s.post(f"{base}/node9/drain") as r:
+                assert r.status == 404
+            async with s.post(f"{base}/node2/drain") as r:
+                assert r.status == 400 and (await r.json())["message"] == "node node2 is already drained"
+            async with s.post(f"{base}/node3/undrain") as r:
+                assert r.status == 200 and await r.json() == {"node": "node3", "drained": False}
+        assert (await cl.status("node1")).drained == ["node2"]  # (applied where it was asked before the answer)
+
+        async def applied_everywhere() -> bool:
+            return [(await cl.status(m)).drained for m in cl.nodes] == [["node2"]] * len(cl.nodes)
+
+        await wait_until(applied_everywhere, timeout=10, what="the undrain applied on every member")
