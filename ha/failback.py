@@ -40,6 +40,9 @@ class Failback:
     handed: dict[str, float] = field(default_factory=dict)  # when it last asked each node to take over
     handovers: dict[str, list[float]] = field(default_factory=dict)  # when it did, within FAILBACK_MEMORY
     declined: dict[str, int] = field(default_factory=dict)  # hand-overs each node did not take (a drain asks again)
+    #: when the placement's choice last changed here (a drain or undrain): failback counts from
+    #: then too, so the node has applied the change (and ranks as it says) when it is asked
+    preferred_at: float = NEVER
 
     def start(self, cfg: ReplicaConfig, me: str, now: float, peers: PeerTracker, last_index: int,
               weak: bool) -> str | None:
@@ -61,13 +64,18 @@ class Failback:
     def _failback_to(self, cfg: ReplicaConfig, me: str, now: float, peers: PeerTracker,
                      last_index: int) -> str | None:
         """The placement's choice (the first node not drained), back and answering without a
-        gap for ``failback_after`` (longer for a node that keeps leaving), not yet asked since
-        it came back, answering now, and nearly caught up."""
+        gap for ``failback_after`` (longer for a node that keeps leaving) and the choice here
+        for as long (an undrain reaches each member a moment apart: asked at once, the node
+        could still rank as drained and decline), not yet asked since then, answering now, and
+        nearly caught up."""
         to = cfg.preferred
         if not cfg.failback_after or to is None or to == me or to not in cfg.voters or to in cfg.drained:
             return None
         since = peers.live_since.get(to)
-        if since is None or now - since < cfg.failback_after:
+        if since is None:
+            return None
+        since = max(since, self.preferred_at)
+        if now - since < cfg.failback_after:
             return None
         # A node that keeps leaving waits twice as long each time it was handed over in the
         # last ten minutes (at most 64 times): a flaky node does not drag the partition along.

@@ -300,6 +300,8 @@ class Replica:
         """New priorities, ``quorum_override`` or ``designated_primary``: effective at once."""
         if config.node != self.id or config.voters != self.cfg.voters or config.learners != self.cfg.learners:
             raise ValueError("reconfigure changes settings, not members")
+        if config.preferred != self.cfg.preferred:
+            self._failback.preferred_at = self._now  # (failback waits from here: see Failback._failback_to)
         self.cfg = config
         if self.role is Role.LEADER:
             self._advance_commit()

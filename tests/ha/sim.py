@@ -90,12 +90,12 @@ class Cluster:
         order = self.voters[self.voters.index(self.preferred):] + self.voters[:self.voters.index(self.preferred)]
         return next((n for n in order if n not in self.drained and n not in self.witnesses), self.preferred)
 
-    def set_drained(self, drained: frozenset[str]) -> None:
+    def set_drained(self, drained: frozenset[str], only: tuple[str, ...] | None = None) -> None:
         """The group's drained set changes (a committed catalogue entry): every live node is
-        reconfigured at once, as the driver does."""
+        reconfigured at once, as the driver does (``only``: just these, the others later)."""
         self.drained = drained
         for n, r in self.nodes.items():
-            if r is not None:
+            if r is not None and (only is None or n in only):
                 self.handle(n, r.reconfigure(self.config(n)))
 
     def start(self, n: str) -> None:

@@ -82,6 +82,23 @@ def test_a_drained_active_hands_its_partition_over_and_undrained_gets_it_back(se
     assert c.discarded == 0
 
 
+def test_an_undrained_node_that_learns_of_it_last_is_handed_its_partition_back() -> None:
+    """The undrain reaches the active first and the node a moment later: asked at once, the
+    node would still rank as drained and decline (once per return); the active waits
+    ``failback_after`` from the change, and the partition comes back."""
+    for seed in range(10):
+        c = Cluster(seed, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=1.0)
+        assert _elect(c) == "a", f"seed {seed}"
+        c.set_drained(frozenset({"a"}))
+        _run(c, 3.0)
+        assert c.leader() == "b", f"seed {seed}"
+        c.set_drained(frozenset(), only=("b", "c"))
+        _run(c, 0.3)
+        c.set_drained(frozenset(), only=("a",))
+        _run(c, 5.0, until="a")
+        assert c.leader() == "a", f"seed {seed}: the partition stayed on {c.leader()}"
+
+
 def test_a_drained_node_is_not_elected_while_a_node_that_is_not_can_be() -> None:
     """The active (not drained) dies: of the two left, the one not drained wins, unless
     the drained one alone had the active's last entries (the vote rule comes first); then
