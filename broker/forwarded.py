@@ -14,8 +14,8 @@ from broker import status
 from broker.catalogue import Catalogue
 from broker.drain import Drains
 from broker.security import Security
-from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest, OptionFwd,
-                            PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
+from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
+                            OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode

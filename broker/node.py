@@ -55,8 +55,8 @@ from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveErr
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, SetDrained, StoredMessage, \
-    UserRecord, WriteOp
+from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
+                          SetDrained, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter

@@ -91,10 +91,10 @@ class Failback:
     def _drain_to(self, cfg: ReplicaConfig, me: str, now: float, peers: PeerTracker, last_index: int) -> str | None:
         """This active's node is drained: the first data voter that is not, answering now and
         nearly caught up; while the placement's choice (``cfg.preferred``) answers, only it
-        (elections prefer it: it would refuse another's bid and stand).  A node that did not take over
-        (a priority of 0, which only it knows) is asked again after DRAIN_ASK_AGAIN election
-        timeouts, twice as long after each refusal (at most 64 times), so a drain holds the
-        partition's writes rarely while no node will take it."""
+        (elections prefer it: it would refuse another's bid and stand).  A node that did not
+        take over (a priority of 0, which only it knows) is asked again after DRAIN_ASK_AGAIN
+        election timeouts, twice as long after each refusal (at most 64 times), so a drain
+        holds the partition's writes rarely while no node will take it."""
         order = ([cfg.preferred] if cfg.preferred is not None else []) + list(cfg.voters)
         for to in dict.fromkeys(order):
             if to == me or to in cfg.drained or to in cfg.witnesses or to not in cfg.voters:

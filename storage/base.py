@@ -354,8 +354,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | LogAppend | LogTruncate | LogCompact
-    | PutHardState | PutApplied | ResetPartition
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | LogAppend | LogTruncate
+    | LogCompact    | PutHardState | PutApplied | ResetPartition
 )
 
 
