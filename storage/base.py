@@ -355,7 +355,7 @@ class ResetPartition:
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
     | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | LogAppend | LogTruncate
-    | LogCompact    | PutHardState | PutApplied | ResetPartition
+    | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 
 
