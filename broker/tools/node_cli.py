@@ -13,7 +13,7 @@ import client
 from broker.tools.options import url_args
 from client.clock import SYSTEM_CLOCK
 from client.errors import InvalidArgumentError
-from client.protocol.frames import StatusOk
+from client.protocol.frames import PartitionInfo, StatusOk
 
 Command = Coroutine[Any, Any, int]
 
@@ -61,7 +61,11 @@ def undrain(args: argparse.Namespace) -> Command:
 def actives_on(st: StatusOk, name: str) -> list[str]:
     """The partitions ``st``'s node sees active on ``name`` ("queue/partition", the
     catalogue as "(catalogue)")."""
-    return [f"{p.queue}/{p.partition}" if p.queue else "(catalogue)" for p in st.partitions if p.active == name]
+    return [_label(p) for p in st.partitions if p.active == name]
+
+
+def _label(p: PartitionInfo) -> str:
+    return f"{p.queue}/{p.partition}" if p.queue else "(catalogue)"
 
 
 async def _drain(args: argparse.Namespace) -> int:
@@ -82,8 +86,8 @@ async def _drain(args: argparse.Namespace) -> int:
                 while True:
                     st = await conn.status()
                     left = actives_on(st, args.name)
-                    if not left and all(p.active for p in st.partitions):
-                        break
+                    if not left and not [p for p in st.partitions if not p.active and _label(p) in held]:
+                        break  # (and each partition it held has a new active)
                     await clock.sleep(POLL)
         except TimeoutError:
             print(f"tandem: error: node {args.name} is drained but still active for {len(left)} partition(s) after "
