@@ -2,7 +2,7 @@
 
 A client may send any request to any member.  One that needs a partition's active (a
 publish, a stream read, a partition's depth or purge) or the queue catalogue's active (a
-declare, a delete, a change of the users or their grants) is forwarded there over the peer
+declare, a delete, a change of the users or their grants, a drain) is forwarded there over the peer
 link as a ``Forward`` frame, answered by ``ForwardOk`` or ``Error`` with the same rid.  The console also asks every member for
 its status and counters this way.
 
@@ -52,6 +52,7 @@ class ForwardKind(IntEnum):
     USER_DROP = 13
     ACL_GRANT = 14
     ACL_REVOKE = 15
+    DRAIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +195,21 @@ class AclRevokeFwd(ForwardRequest):
     permissions: str
 
 
+@dataclass(frozen=True, slots=True)
+class DrainFwd(ForwardRequest):
+    """Drain member ``node`` (``drained`` 1) or undrain it (0), on the catalogue's active;
+    ``by``: the operator who asked.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.DRAIN
+    hops: int
+    node: str
+    drained: int
+    by: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
-                              AclGrantFwd, AclRevokeFwd)
+                              AclGrantFwd, AclRevokeFwd, DrainFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

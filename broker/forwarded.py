@@ -12,9 +12,10 @@ from typing import Any, Protocol
 
 from broker import status
 from broker.catalogue import Catalogue
+from broker.drain import Drains
 from broker.security import Security
-from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, ForwardKind, ForwardRequest, OptionFwd,
-                            PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
+from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
+                            OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -25,6 +26,7 @@ class ForwardedHost(status.StatusSource, Protocol):
     publisher: Publisher
     catalogue: Catalogue
     security: Security
+    drains: Drains
 
     def catalogue_commit(self) -> int: ...
 
@@ -54,6 +56,7 @@ class ForwardHandlers:
             ForwardKind.USER_DROP: self._security,
             ForwardKind.ACL_GRANT: self._security,
             ForwardKind.ACL_REVOKE: self._security,
+            ForwardKind.DRAIN: self._drain,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -79,6 +82,9 @@ class ForwardHandlers:
 
     async def _security(self, req: ForwardRequest) -> bytes:
         return await self.node.security.forwarded(req)
+
+    async def _drain(self, req: DrainFwd) -> bytes:
+        return await self.node.drains.forwarded(req)
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

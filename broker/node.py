@@ -48,6 +48,7 @@ from broker.status import HaReport, NodeEvent
 from broker.streams import read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
+from broker.drain import Drains
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -55,8 +56,8 @@ from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveErr
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered, Settle, StoredMessage, UserRecord, \
-    WriteOp
+from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
+                          SetDrained, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
@@ -94,6 +95,7 @@ class Node:
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
         self.security = Security(self)
+        self.drains = Drains(self)  # the group's members drained for maintenance
         self.sessions: set[Session] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
@@ -403,6 +405,7 @@ class Node:
             self.users.put(u)
         self.acls = AclTable(rec.acls)
         self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
+        self.drains.load(rec.meta)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -615,10 +618,34 @@ class Node:
         return self.security.apply(op)
 
     def security_snapshot(self) -> dict[str, Any]:
-        return self.security.snapshot()
+        return {**self.security.snapshot(), "drained": self.drains.snapshot()}
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
-        return self.security.install(data)
+        ops = self.security.install(data)
+        if "drained" in data:
+            ops.extend(self.drains.install(data["drained"]))
+        return ops
+
+    def drain_apply(self, op: SetDrained) -> list[WriteOp]:
+        return self.drains.apply(op)
+
+    @property
+    def drained(self) -> frozenset[str]:
+        return self.drains.drained
+
+    def group_members(self) -> tuple[str, ...]:
+        return tuple(self.replication.members) if self.replication is not None else ()
+
+    def drain_refusal(self) -> str | None:
+        if self.replication is None:
+            return "node drain: this node is not in a replication group (a single node, or shared mode)"
+        if self.config.arbiter == "lockfile":
+            return 'node drain: not with arbiter = "lockfile" (the lock, not the placement, decides the active)'
+        return None
+
+    def drained_changed(self) -> None:
+        if self.replication is not None:
+            self.replication.reconfigure()
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active (its share

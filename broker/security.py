@@ -47,9 +47,8 @@ SECURITY_OPS = (PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin)
 PUT_MODES = ("create", "password", "put")
 
 
-class SecurityHost(Forwarding, Protocol):
-    users: UserRegistry
-    acls: AclTable
+class CatalogueHost(Forwarding, Protocol):
+    """A node that changes the group's state through the catalogue (:func:`catalogue_change`)."""
 
     def refusal(self) -> NotActiveError | None: ...
 
@@ -58,6 +57,11 @@ class SecurityHost(Forwarding, Protocol):
     def catalogue_applied(self) -> int: ...
 
     async def applied(self, what: str, done: Callable[[], bool]) -> None: ...
+
+
+class SecurityHost(CatalogueHost, Protocol):
+    users: UserRegistry
+    acls: AclTable
 
     def spawn(self, coro: Any) -> None: ...
 
@@ -211,39 +215,10 @@ class Security:
             raise InvalidArgumentError(f"no user {name!r}")
 
     async def _change(self, what: str, check: Callable[[], WriteOp], fwd: ForwardRequest, hops: int) -> int:
-        """Check and commit a change where the group's state is decided (this node, or the
-        catalogue's active), and return once it is applied here.  Returns the catalogue's
-        commit index with it (replicated mode; 0 otherwise)."""
-        node = self.node
-        refusal = node.refusal()
-        if refusal is not None:
-            raise refusal
-        commit = node.commit
-        if not commit.replicated:
-            op = check()
-            await self._commit(op)
-            self.apply(op)
-            return 0
-        who = await commit.wait_active(CATALOGUE, node.election_wait)
-        if who != node.config.name:
-            if hops >= MAX_HOPS:
-                raise UnavailableError(f"{what}: forwarded too many times while the group elects: retry")
-            upto = int(decode_reply(await node.forward(who, fwd)))
-        else:
-            await self._commit(check())
-            upto = node.catalogue_commit()
-        await node.applied(what, lambda: node.catalogue_applied() >= upto)
-        return upto
+        return await catalogue_change(self.node, what, check, fwd, hops, local=self.apply)
 
     async def _commit(self, op: WriteOp) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(err: BaseException | None) -> None:
-            if not fut.done():
-                fut.set_exception(err) if err is not None else fut.set_result(None)
-
-        self.node.commit.propose_catalogue(op, done)
-        await fut
+        await commit_catalogue(self.node, op)
 
     # -- forwarded here (this node is the catalogue's active) ---------------------------------------
 
@@ -263,3 +238,42 @@ class Security:
         else:
             raise InvalidArgumentError(f"{type(req).__name__} is not a change of the users")
         return pack_reply(self.node.catalogue_commit())
+
+
+async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], WriteOp], fwd: ForwardRequest,
+                           hops: int, *, local: Callable[[WriteOp], object]) -> int:
+    """Check and commit a change of the group's state where that state is decided (this
+    node, or the catalogue's active, which ``fwd`` goes to), and return once it is applied
+    here.  Returns the catalogue's commit index with it (replicated mode; 0 otherwise, where
+    ``local`` applies the change after its commit)."""
+    refusal = node.refusal()
+    if refusal is not None:
+        raise refusal
+    commit = node.commit
+    if not commit.replicated:
+        op = check()
+        await commit_catalogue(node, op)
+        local(op)
+        return 0
+    who = await commit.wait_active(CATALOGUE, node.election_wait)
+    if who != node.config.name:
+        if hops >= MAX_HOPS:
+            raise UnavailableError(f"{what}: forwarded too many times while the group elects: retry")
+        upto = int(decode_reply(await node.forward(who, fwd)))
+    else:
+        await commit_catalogue(node, check())
+        upto = node.catalogue_commit()
+    await node.applied(what, lambda: node.catalogue_applied() >= upto)
+    return upto
+
+
+async def commit_catalogue(node: CatalogueHost, op: WriteOp) -> None:
+    """Propose ``op`` to the catalogue (this node is its active); return once committed."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(err: BaseException | None) -> None:
+        if not fut.done():
+            fut.set_exception(err) if err is not None else fut.set_result(None)
+
+    node.commit.propose_catalogue(op, done)
+    await fut

@@ -29,6 +29,7 @@ from broker import delivery as _delivery
 from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
 from broker.acl import AclTable
+from broker.drain import Drains
 from broker.security import Security
 from broker.users import UserRegistry, make_user
 from client.clock import Clock
@@ -93,6 +94,7 @@ from client.protocol.frames import (
     ReadOk,
     Reject,
     SetOption,
+    DrainNode,
     SetQuorumOverride,
     Status,
     Subscribe,
@@ -110,6 +112,7 @@ class SessionHost(StatusSource, Protocol):
     guard: ClientGuard
     acls: AclTable
     security: Security
+    drains: Drains
     confirms: int
     publisher: Publisher
 
@@ -620,6 +623,12 @@ class Session:
         self.node.set_option(f.name, f.value, by=self.client_name)
         self.send(status_of(self.node, f.rid))
 
+    async def _drain_node(self, f: DrainNode) -> None:
+        verb = "drain" if f.drained else "undrain"
+        user = self._group_admin(f"{verb} a node")
+        await self.node.drains.set(f.node, f.drained, f"{user.name} ({self.client_name})")
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         self._may("browse", f.queue)
         msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
@@ -694,7 +703,7 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
-    SetOption: Session._set_option, Metadata: Session._metadata,
+    SetOption: Session._set_option, DrainNode: Session._drain_node, Metadata: Session._metadata,
     UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
     AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
 }

@@ -231,6 +231,9 @@ class StatusSource(NodeState, Protocol):
     @property
     def ha(self) -> HaReport | None: ...
 
+    @property
+    def drained(self) -> frozenset[str]: ...  # the group's members drained for maintenance (broker.drain)
+
 
 def status_of(node: StatusSource, rid: int) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``."""
@@ -270,4 +273,4 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
-                    lock_holder=(ha.lock_holder or "") if ha is not None else "")
+                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained))

@@ -80,6 +80,7 @@ from client.protocol.frames import (
     ReadOk,
     Reject,
     SetOption,
+    DrainNode,
     SetQuorumOverride,
     Status,
     StatusOk,
@@ -463,6 +464,12 @@ class Connection:
     async def set_priority(self, priority: int) -> StatusOk:
         """Operator change of this node's election priority (0 never active .. 3 highest)."""
         return expect(await self.request(lambda rid: SetOption(rid=rid, name="priority", value=priority)), StatusOk)
+
+    async def drain_node(self, node: str, drained: bool = True) -> StatusOk:
+        """Operator: drain group member ``node`` for maintenance (its actives move to other
+        members), or undrain it (``drained`` false).  Returns once the change is applied on
+        the node this connection is to; the actives move afterwards."""
+        return expect(await self.request(lambda rid: DrainNode(rid=rid, node=node, drained=drained)), StatusOk)
 
     async def set_designated_primary(self, on: bool) -> StatusOk:
         """Two-node group: let this node go on alone when its peer is gone (or stop that)."""

@@ -179,6 +179,7 @@ class HandingOver:
     node: str
     term: int
     to: str
+    drained: bool = False  # the active's node is drained (tandem node drain), not a failback
 
 
 Event = RoleChanged | EntriesDiscarded | HandingOver

@@ -35,6 +35,11 @@ class NodeList:
     def learners(self) -> tuple[str, ...]:
         return tuple(n for n, k in zip(self.nodes, self.kinds) if k is ReplicaKind.ASYNC)
 
+    def preferred(self, drained: frozenset[str] = frozenset()) -> str:
+        """The node failback hands the partition to: the first voter of the list that is not
+        drained (``tandem node drain``); the first node if every voter is drained."""
+        return next((n for n in self.voters if n not in drained), self.nodes[0])
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DistributionPolicy:

@@ -259,8 +259,8 @@ class Replica:
             if self.role is Role.LEADER:
                 fb = self._failback
                 if fb.handing_to is not None and now >= fb.handing_until:
-                    fb.handing_to = None  # it did not take over: carry on taking writes
-                elif fb.handing_to is None and self.cfg.failback_after:
+                    fb.gave_up()  # it did not take over: carry on taking writes
+                elif fb.handing_to is None and (self.cfg.failback_after or self.id in self.cfg.drained):
                     self._maybe_hand_back(now)
         elif self.role is not Role.LEARNER and now >= self._election_at:
             self._stand()
@@ -300,6 +300,8 @@ class Replica:
         """New priorities, ``quorum_override`` or ``designated_primary``: effective at once."""
         if config.node != self.id or config.voters != self.cfg.voters or config.learners != self.cfg.learners:
             raise ValueError("reconfigure changes settings, not members")
+        if config.preferred != self.cfg.preferred:
+            self._failback.preferred_at = self._now  # (failback waits from here: see Failback._failback_to)
         self.cfg = config
         if self.role is Role.LEADER:
             self._advance_commit()
@@ -471,7 +473,7 @@ class Replica:
         then told to stand."""
         to = self._failback.start(self.cfg, self.id, now, self._tracker, self.last_index, self._weak_active())
         if to is not None:
-            self._ready.events.append(HandingOver(self.id, self.term, to))
+            self._ready.events.append(HandingOver(self.id, self.term, to, drained=self.id in self.cfg.drained))
             self._hand_over_if_caught_up()
 
     def _hand_over_if_caught_up(self) -> None:

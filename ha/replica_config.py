@@ -36,6 +36,10 @@ class ReplicaConfig:
     #: an active counts a witness toward a commit only while no other data voter is in
     #: sync (see :meth:`ha.replica.Replica.witness_counts`)
     witnesses: tuple[str, ...] = ()
+    #: members drained for maintenance (``tandem node drain``, the group's state): below
+    #: every other node that can stand in elections, and an active among them hands its
+    #: partition to a node that is not (:mod:`ha.failback`)
+    drained: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.node not in self.voters and self.node not in self.learners:
@@ -64,8 +68,12 @@ class ReplicaConfig:
         return 0 if node in self.witnesses else self.priorities.get(node, 1)
 
     def rank(self, node: str) -> int:
-        """Priority, then placement preference: what elections prefer (0 never stands)."""
+        """Priority, then placement preference: what elections prefer (0 never stands).  A
+        drained node ranks 1, below every node of priority 1 or more that is not: it still
+        stands where no such node with the data can (availability over the drain)."""
         p = self.priority(node)
+        if p and node in self.drained:
+            return 1
         return 2 * p + (1 if p and node == self.preferred else 0)
 
     def quorum(self) -> int:

@@ -269,6 +269,16 @@ class SeedAdmin:
     origin: str
 
 
+@dataclass(frozen=True, slots=True)
+class SetDrained:
+    """Replicated mode, catalogue log only: member ``node`` drained for maintenance, or
+    not (``tandem node drain``, see broker.drain).  Each member turns it into a
+    :class:`PutMeta`; stores never see it."""
+
+    node: str
+    drained: bool
+
+
 # -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
 #
 # Key (0, 0) is the group's metadata log (queue definitions); queue ids start at 1.
@@ -344,8 +354,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | LogAppend | LogTruncate | LogCompact
-    | PutHardState | PutApplied | ResetPartition
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | LogAppend | LogTruncate
+    | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 
 

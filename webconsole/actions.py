@@ -1,5 +1,5 @@
 """The operations (the admin permission: role admin, or granted): node settings (priority, quorum override,
-designated primary), declare, delete and purge a queue, create and delete users,
+designated primary), draining a node, declare, delete and purge a queue, create and delete users,
 change their passwords, grant and revoke their permissions (users and grants are the
 group's: :mod:`broker.security`).  Each is logged with the operator who asked."""
 
@@ -48,6 +48,26 @@ async def set_priority(request: web.Request) -> web.Response:
         raise bad("priority", "an integer 0 (never active) .. 3 (highest)")
     await request.app[GROUP].apply_on(name, "priority", prio, who(request))
     return web.json_response({"node": name, "priority": prio})
+
+
+async def drain_node(request: web.Request) -> web.Response:
+    """Drain a member for maintenance: its actives move to other members (broker.drain)."""
+    return await _drain(request, True)
+
+
+async def undrain_node(request: web.Request) -> web.Response:
+    return await _drain(request, False)
+
+
+async def _drain(request: web.Request, drained: bool) -> web.Response:
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    members = node.group_members()
+    if members and name not in members:
+        raise ApiError(404, "not_found", f"no node {name!r} in this group")
+    await node.drains.set(name, drained, f"{who(request)} (console)")
+    log.warning("console: %s %s node %s", who(request), "drained" if drained else "undrained", name)
+    return web.json_response({"node": name, "drained": drained})
 
 
 async def set_quorum_override(request: web.Request) -> web.Response:

@@ -51,6 +51,8 @@ def make_app(node: NodeView) -> web.Application:
     r.add_get(f"{API}/nodes", views.nodes)
     r.add_get(f"{API}/nodes/{{name}}", views.node_detail)
     r.add_post(f"{API}/nodes/{{name}}/priority", actions.set_priority)
+    r.add_post(f"{API}/nodes/{{name}}/drain", actions.drain_node)
+    r.add_post(f"{API}/nodes/{{name}}/undrain", actions.undrain_node)
     r.add_get(f"{API}/group", views.group_state)
     r.add_post(f"{API}/group/quorum-override", actions.set_quorum_override)
     r.add_post(f"{API}/group/designated-primary", actions.set_designated_primary)

@@ -120,6 +120,7 @@ class Group:
                 "peer_address": r.address if r else None,
                 "client_address": r.client_address if r else self.node.client_address,
                 "designated_primary": st.designated_primary if st else None,
+                "drained": name in mine.drained,
                 "console": (st.console or None) if st else None,
                 "ha_1014_discarded": st.discarded if st else None,
                 **ha_json(st),

@@ -19,6 +19,7 @@ from broker.forward import ForwardRequest
 from broker.status import PeersState, ReplicationState, StatusSource
 from broker.auth import ClientGuard
 from broker.acl import AclTable
+from broker.drain import Drains
 from broker.security import Security
 from broker.users import UserRegistry
 from client.clock import Clock
@@ -92,6 +93,11 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def security(self) -> Security: ...
+
+    @property
+    def drains(self) -> Drains: ...  # the group's drained members (tandem node drain)
+
+    def group_members(self) -> tuple[str, ...]: ...
 
     @property
     def peers(self) -> PeersView | None:

@@ -46,8 +46,10 @@ _SCHEMAS: dict[str, Any] = {
         "epoch": _t("integer", True, description="the activation (shared) or lock (lockfile) epoch it last "
                     "served or saw; null under majority elections"),
         "lock_holder": _t("string", True, description="the lock or lease holder it knows (null: none, unknown, "
-                          "or majority elections)")},
-        "required": ["name", "state", "self", "actives", "ha_state", "epoch", "lock_holder"]},
+                          "or majority elections)"),
+        "drained": _t("boolean", description="drained for maintenance (tandem node drain): active for nothing "
+                      "while another member can be, still a replica and a voter")},
+        "required": ["name", "state", "self", "actives", "ha_state", "epoch", "lock_holder", "drained"]},
     "Group": {"type": "object", "description": "the group's quorum and how it decides its active", "properties": {
         "members": _STRINGS, "quorum_policy": _t("string"), "quorum_state": _t("string"),
         "quorum_override": _t("integer", True), "designated_primary": _STRINGS,
@@ -98,6 +100,20 @@ def document() -> dict[str, Any]:
             "parameters": _NAME,
             "requestBody": _body({"priority": {"type": "integer", "minimum": 0, "maximum": 3}}, ["priority"]),
             "responses": _resp("set", extra={**_CHANGE, 404: "no such node"})}},
+        "/api/v1/nodes/{name}/drain": {"post": {
+            "summary": "drain a member for maintenance: the group's state; each partition active on it moves to "
+                       "another member once that one is caught up (it stays a replica and a voter)",
+            "parameters": _NAME,
+            "responses": _resp("drained", {"type": "object", "properties": {
+                "node": _t("string"), "drained": _t("boolean")}},
+                extra={**_CHANGE, 400: "already drained, the last member not drained, or not a replication group",
+                       404: "no such node"})}},
+        "/api/v1/nodes/{name}/undrain": {"post": {
+            "summary": "undrain a member: failback hands back the partitions it is placed first for",
+            "parameters": _NAME,
+            "responses": _resp("undrained", {"type": "object", "properties": {
+                "node": _t("string"), "drained": _t("boolean")}},
+                extra={**_CHANGE, 400: "not drained, or not a replication group", 404: "no such node"})}},
         "/api/v1/group": {"get": {"summary": "members, quorum policy and state, overrides; mode, arbiter, lock holder",
                                   "responses": _resp("the group", _GROUP)}},
         "/api/v1/group/quorum-override": {"post": {

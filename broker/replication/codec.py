@@ -59,6 +59,7 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "G" GRANT_ACL           user str, pattern str, permissions array of str (catalogue only)
     "K" REVOKE_ACL          user str, pattern str, permissions array of str (catalogue only)
     "B" SEED_ADMIN          user UserFields, origin str (catalogue only: the group's first admin)
+    "N" SET_DRAINED         node str, drained bool (catalogue only: tandem node drain / undrain)
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int]
@@ -74,8 +75,10 @@ Snapshot (``INSTALL_SNAPSHOT`` data)::
     catalogue:  map {"queues": array of QueueMeta (every queue the catalogue declares),
                      "users": array of UserFields, "acls": array of
                      [user str, pattern str, permissions array of str],
-                     "seeded": bool (the group's first admin is applied)}
-                (a build without users in the log sent the array of QueueMeta alone)
+                     "seeded": bool (the group's first admin is applied),
+                     "drained": array of str (the members drained for maintenance)}
+                (a build without users in the log sent the array of QueueMeta alone;
+                one without the drain sends no "drained": the set stays as it is)
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ from storage.base import (
     GrantAcl,
     RevokeAcl,
     SeedAdmin,
+    SetDrained,
     UserRecord,
     user_fields,
     user_from_fields,
@@ -161,6 +165,7 @@ class OpCode(StrEnum):
     GRANT_ACL = "G"
     REVOKE_ACL = "K"
     SEED_ADMIN = "B"
+    SET_DRAINED = "N"
 
 
 class MalformedReplicationError(MalformedFrameError, ValueError):
@@ -434,6 +439,8 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.REVOKE_ACL, op.acl.user, op.acl.pattern, list(op.acl.permissions)])
         elif isinstance(op, SeedAdmin):
             out.append([OpCode.SEED_ADMIN, user_fields(op.user), op.origin])
+        elif isinstance(op, SetDrained):
+            out.append([OpCode.SET_DRAINED, op.node, op.drained])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -459,6 +466,7 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.GRANT_ACL: (4, lambda _qid, _p, a: GrantAcl(_acl_in(a[1:4]))),
     OpCode.REVOKE_ACL: (4, lambda _qid, _p, a: RevokeAcl(_acl_in(a[1:4]))),
     OpCode.SEED_ADMIN: (3, lambda _qid, _p, a: SeedAdmin(_user_in(a[1]), _str(a[2], "origin"))),
+    OpCode.SET_DRAINED: (3, lambda _qid, _p, a: SetDrained(_str(a[1], "node"), _bool(a[2], "drained"))),
 }
 
 
@@ -513,7 +521,7 @@ def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
 
 def encode_catalogue_snapshot(metas: Iterable[QueueMeta], security: dict[str, Any]) -> bytes:
     """The catalogue's snapshot: every queue it declares, and the users and grants
-    (``security``: "users", "acls", "seeded" as above)."""
+    (``security``: "users", "acls", "seeded", "drained" as above)."""
     return msgpack.packb({"queues": [_meta_out(m) for m in metas], **security}, use_bin_type=True)
 
 
@@ -541,8 +549,10 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
     seeded = snap.get("seeded", False)
     if type(seeded) is not bool:
         raise MalformedReplicationError("catalogue snapshot: seeded is not a bool")
-    return metas, {"users": users, "acls": [[a.user, a.pattern, list(a.permissions)] for a in acls],
-                   "seeded": seeded}
+    out = {"users": users, "acls": [[a.user, a.pattern, list(a.permissions)] for a in acls], "seeded": seeded}
+    if "drained" in snap:  # (absent from a build without the drain: the drained set stays as it is)
+        out["drained"] = [_str(n, "drained node") for n in _list(snap["drained"], "catalogue snapshot drained")]
+    return metas, out
 
 
 def _user_in(v: Any) -> UserRecord:

@@ -46,6 +46,7 @@ from storage.base import (
     PutUser,
     RevokeAcl,
     SeedAdmin,
+    SetDrained,
     DurabilityPolicy,
     LogAppend,
     LogCompact,
@@ -74,7 +75,7 @@ ALIVE_GIVE_UP = 10
 @dataclass(frozen=True, slots=True)
 class HaEvent:
     at: float
-    kind: str  # role, failback, HA-1014
+    kind: str  # role, failback, drain, HA-1014
     partition: str
     text: str
 
@@ -243,7 +244,7 @@ class Replication:
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
         return replica_config(self.host.config, nodes, priority=self.priority,
                               designated_primary=self.designated_primary, quorum_override=self.quorum_override,
-                              lock=self.lock_role)
+                              lock=self.lock_role, drained=self.host.drained)
 
     def _open(self, key: Key, nodes: NodeList) -> None:
         st = self._stored.pop(key, None) or LogState()
@@ -255,7 +256,8 @@ class Replication:
             plog.replica.stand_now()  # the LockFile holder: a new queue's partitions at once
 
     def reconfigure(self) -> None:
-        """Priority, quorum_override or designated_primary changed: every log, at once."""
+        """Priority, quorum_override, designated_primary or the drained members changed:
+        every log, at once."""
         for plog in list(self.logs.values()):
             self._guarded(plog, lambda: plog.replica.reconfigure(self._replica_config(plog.nodes)))
 
@@ -531,12 +533,21 @@ class Replication:
                 out.append(op)
             elif isinstance(op, SECURITY_OPS):
                 out.extend(self.host.security_apply(op))
+            elif isinstance(op, SetDrained):
+                out.extend(self.host.drain_apply(op))
         self.roles.notify()
         return out
 
     def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver) -> None:
         """Log it, record it, act on a role change."""
         now = self.host.clock.time()
+        if isinstance(ev, HandingOver) and ev.drained:
+            log.warning("partition %s on %s: drain: this node is drained, handing the partition to %s (term %d; "
+                        "writes wait until it has taken over, or given up after an election timeout)", plog.name,
+                        self.me, ev.to, ev.term)
+            self.events.append(HaEvent(now, "drain", plog.name, f"{self.me}: drained, handing over to {ev.to} "
+                                                                 f"in term {ev.term}"))
+            return
         if isinstance(ev, HandingOver):
             log.warning("partition %s on %s: failback: handing it to %s, its placement's choice, back and "
                         "answering (term %d; writes wait until it has taken over, or given up after an "

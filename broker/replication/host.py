@@ -14,7 +14,7 @@ from broker.config import NodeConfig
 from client.clock import Clock
 from client.protocol.frames import Replicate
 from ha.membership import Membership
-from storage.base import Engine, PartitionState, QueueMeta, WriteOp
+from storage.base import Engine, PartitionState, QueueMeta, SetDrained, WriteOp
 
 Callback = Callable[[BaseException | None], None]
 
@@ -91,10 +91,18 @@ class ReplicationHost(Protocol):
         """A committed change of the users or their grants; the ops to store."""
 
     def security_snapshot(self) -> dict[str, Any]:
-        """The users and grants, for the catalogue's snapshot (codec: "users", "acls", "seeded")."""
+        """The users, grants and drained members, for the catalogue's snapshot (codec: "users",
+        "acls", "seeded", "drained")."""
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
-        """Replace the users and grants with a snapshot's; the ops to store."""
+        """Replace the users, grants and drained members with a snapshot's; the ops to store."""
+
+    def drain_apply(self, op: SetDrained) -> list[WriteOp]:
+        """A committed drain or undrain (broker.drain); the ops to store."""
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """The group's members drained for maintenance (broker.drain)."""
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active (0: all)."""

@@ -105,9 +105,12 @@ class PartLog:
 
 
 def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designated_primary: str | None,
-                   quorum_override: int | None, lock: tuple[bool, bool] | None = None) -> ReplicaConfig:
+                   quorum_override: int | None, lock: tuple[bool, bool] | None = None,
+                   drained: frozenset[str] = frozenset()) -> ReplicaConfig:
     """The core's configuration for a log placed on ``nodes``: a designated primary counts
-    only in a two-voter log, and a quorum override never exceeds the voters.
+    only in a two-voter log, and a quorum override never exceeds the voters.  ``drained``:
+    the group's drained members (``tandem node drain``), never the preferred node while a
+    voter is not drained.
 
     ``lock``: the LockFile arbiter's say, (holds the lock, commits alone).  The holder is
     elected on its own vote (the lock decides, not a majority) and commits with its peer,
@@ -132,8 +135,9 @@ def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designate
     return ReplicaConfig(node=cfg.name, voters=voters, learners=nodes.learners,
                          priorities={cfg.name: priority}, election_timeout=cfg.non_response_timeout,
                          heartbeat_interval=cfg.keepalive_interval, quorum_override=override,
-                         designated_primary=dp, preferred=nodes.nodes[0], failback_after=cfg.failback_after,
-                         max_append=256, max_append_bytes=MAX_APPEND_BYTES, witnesses=witnesses)
+                         designated_primary=dp, preferred=nodes.preferred(drained),
+                         failback_after=cfg.failback_after, max_append=256, max_append_bytes=MAX_APPEND_BYTES,
+                         witnesses=witnesses, drained=drained & set(voters))
 
 
 def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, rng: random.Random,

@@ -62,8 +62,9 @@ async def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_json(st)))
         return 0
+    drained = ", drained" if st.node in st.drained else ""
     print(f"node {st.node} (version {st.version}, priority {st.priority}, votes {st.votes}, "
-          f"store {st.store_stamp})")
+          f"store {st.store_stamp}{drained})")
     override = f", override {st.quorum_override}" if st.quorum_override is not None else ""
     print(f"quorum: {st.quorum_state} (policy {st.quorum_policy}{override})")
     if st.ha_state:
@@ -73,7 +74,8 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"ha: {st.mode} mode, arbiter {st.arbiter}")
     if st.remotes:
         rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES")]
-        rows += [(r.name + (" (witness)" if r.store_stamp.startswith("witness-") else ""), r.state, r.address,
+        rows += [(r.name + (" (witness)" if r.store_stamp.startswith("witness-") else ""),
+                  r.state + (", drained" if r.name in st.drained else ""), r.address,
                   str(r.priority), str(r.votes)) for r in st.remotes]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
@@ -122,7 +124,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "ha_1014_discarded": st.discarded,
         "ha_1014_discarded_messages": st.discarded_messages,
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
-        "lock_holder": st.lock_holder or None,
+        "lock_holder": st.lock_holder or None, "drained": list(st.drained),
     }
 
 

@@ -43,6 +43,9 @@ class DurableConnection(DurableLinks):
     async def set_priority(self, priority: int) -> StatusOk:
         return await self._call(lambda c: c.set_priority(priority))
 
+    async def drain_node(self, node: str, drained: bool = True) -> StatusOk:
+        return await self._call(lambda c: c.drain_node(node, drained))
+
     async def set_designated_primary(self, on: bool) -> StatusOk:
         return await self._call(lambda c: c.set_designated_primary(on))
 

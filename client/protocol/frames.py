@@ -61,6 +61,7 @@ class Op(IntEnum):
     STATUS_OK = 51
     SET_QUORUM_OVERRIDE = 52
     SET_OPTION = 53
+    DRAIN_NODE = 54
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -555,6 +556,7 @@ class StatusOk(Frame):
     ha_state: str = ""  # shared mode and the LockFile arbiter: this node's HA state ("" otherwise)
     epoch: int = 0  # the activation (shared) or lock (lockfile) epoch this node last served or saw
     lock_holder: str = ""  # the node holding the lock or lease as this node knows it ("" none/unknown)
+    drained: list[str] = field(default_factory=list)  # the group's members drained for maintenance
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -576,6 +578,18 @@ class SetOption(Frame):
     rid: int
     name: str
     value: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainNode(Frame):
+    """Operator: drain group member ``node`` for maintenance (``drained`` true: its
+    partitions' actives move to other members) or undrain it (false).  Group state, applied
+    by every member; the admin permission.  Answered with StatusOk once applied here."""
+
+    OP: ClassVar[Op] = Op.DRAIN_NODE
+    rid: int
+    node: str
+    drained: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -748,7 +762,7 @@ class Acls(Frame):
 _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
-        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, PeerHello, PeerWelcome,
+        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,
 ]

@@ -66,6 +66,7 @@ from storage.base import (
     PutUser,
     RevokeAcl,
     SeedAdmin,
+    SetDrained,
     UserRecord,
     user_fields,
     DropProducers,
@@ -174,7 +175,8 @@ def log_entries() -> list[bytes]:
            SetDeliveryCount(3, 0, [(5, 2)]), PutProducer(3, 0, "p", 4), DropProducers(3, 0, ["p"]),
            PutQueue(meta), DropQueue(3), PutUser(_user()), DropUser("bob"),
            GrantAcl(AclRecord(user="bob", pattern="fuzz.*", permissions=("consume", "browse"))),
-           RevokeAcl(AclRecord(user="bob", pattern="fuzz.*", permissions=("browse",))), SeedAdmin(_user(), "node1")]
+           RevokeAcl(AclRecord(user="bob", pattern="fuzz.*", permissions=("browse",))), SeedAdmin(_user(), "node1"),
+           SetDrained("node2", True)]
     return [encode_ops([op])[0] for op in ops] + [encode_ops(ops)[0]]
 
 

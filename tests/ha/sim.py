@@ -44,7 +44,7 @@ class Cluster:
                  priorities: dict[str, int] | None = None, loss: float = 0.05, max_delay: float = 0.05,
                  quorum_override: int | None = None, designated_primary: str | None = None,
                  compaction: float = 0.0, preferred: str | None = None, failback_after: float = 0.0,
-                 alive: float = 0.0, witnesses: tuple[str, ...] = ()) -> None:
+                 alive: float = 0.0, witnesses: tuple[str, ...] = (), drained: frozenset[str] = frozenset()) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -58,6 +58,7 @@ class Cluster:
         self.failback_after = failback_after
         self.alive = alive  # chance per follower and step of an Alive to its active
         self.witnesses = witnesses  # voters without data (ReplicaConfig.witnesses)
+        self.drained = drained  # members drained for maintenance (ReplicaConfig.drained)
         self.stable = {n: Stable() for n in voters + learners}
         self.nodes: dict[str, Replica | None] = {}
         self.net: list[tuple[float, int, Envelope]] = []
@@ -78,8 +79,24 @@ class Cluster:
         return ReplicaConfig(node=n, voters=self.voters, learners=self.learners, priorities=self.priorities,
                              election_timeout=1.0, heartbeat_interval=0.2, max_append=8,
                              quorum_override=self.quorum_override, designated_primary=self.designated_primary,
-                             preferred=self.preferred, failback_after=self.failback_after,
-                             witnesses=self.witnesses)
+                             preferred=self._preferred(), failback_after=self.failback_after,
+                             witnesses=self.witnesses, drained=self.drained)
+
+    def _preferred(self) -> str | None:
+        """The placement's first node, or, drained, the first voter after it that is not
+        (as broker.replication.partlog.replica_config chooses)."""
+        if self.preferred is None or self.preferred not in self.drained:
+            return self.preferred
+        order = self.voters[self.voters.index(self.preferred):] + self.voters[:self.voters.index(self.preferred)]
+        return next((n for n in order if n not in self.drained and n not in self.witnesses), self.preferred)
+
+    def set_drained(self, drained: frozenset[str], only: tuple[str, ...] | None = None) -> None:
+        """The group's drained set changes (a committed catalogue entry): every live node is
+        reconfigured at once, as the driver does (``only``: just these, the others later)."""
+        self.drained = drained
+        for n, r in self.nodes.items():
+            if r is not None and (only is None or n in only):
+                self.handle(n, r.reconfigure(self.config(n)))
 
     def start(self, n: str) -> None:
         st = self.stable[n]

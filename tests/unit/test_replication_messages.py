@@ -48,6 +48,7 @@ from storage.base import (
     GrantAcl,
     RevokeAcl,
     SeedAdmin,
+    SetDrained,
     PutUser,
     UserRecord,
     user_fields,
@@ -140,6 +141,7 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("K", RevokeAcl(ACL), "9194a14ba3626f62a86f72646572732e2a91a7636f6e73756d65"),
     ("B", SeedAdmin(USER, "node1"), "9193a14285a46e616d65a3626f62a473616c74c40101a468617368c40102a4726f6c65a475736572"
                                     "a6706172616d73a6736372797074a56e6f646531"),
+    ("N", SetDrained("node3", True), "9193a14ea56e6f646533c3"),
 ]
 
 
@@ -193,6 +195,16 @@ def test_a_catalogue_snapshot_encodes_to_the_pinned_bytes() -> None:
             "72732e2a91a7636f6e73756d65a6736565646564c3")
     assert encode_catalogue_snapshot([META], security).hex() == wire
     assert decode_catalogue_snapshot(bytes.fromhex(wire)) == ([META], security)
+
+
+def test_a_catalogue_snapshot_carries_the_drained_members() -> None:
+    """Decoded as sent; a snapshot without them (a build without the drain) has no key."""
+    security = {"users": [], "acls": [], "seeded": True, "drained": ["node2"]}
+    data = encode_catalogue_snapshot([META], security)
+    assert decode_catalogue_snapshot(data) == ([META], security)
+    assert "drained" not in decode_catalogue_snapshot(encode_catalogue_snapshot([META], {"seeded": True}))[1]
+    with pytest.raises(ValueError, match="drained node"):
+        decode_catalogue_snapshot(encode_catalogue_snapshot([META], {"drained": [3]}))
 
 
 def test_a_catalogue_snapshot_of_queues_alone_still_decodes() -> None:

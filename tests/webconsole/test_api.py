@@ -157,6 +157,8 @@ async def test_operator_settings(http: tuple[aiohttp.ClientSession, str], node: 
     status, err = await call(s, "POST", f"{base}/api/v1/group/quorum-override", json={"nodes": 1})
     assert status == 400 and "group" in err["message"]  # a single node has no group to override
     assert (await call(s, "POST", f"{base}/api/v1/group/designated-primary", json={"on": "yes"}))[0] == 400
+    status, err = await call(s, "POST", f"{base}/api/v1/nodes/node1/drain")
+    assert status == 400 and "replication group" in err["message"]  # a single node has none to drain
 
 
 @pytest.mark.asyncio

@@ -39,11 +39,12 @@ function renderNodes(nodes, group) {
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
     el("div", {}, "state ", el("span", {class: "state"}, n.state)),
     el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}`),
+    ...(n.drained ? [el("div", {class: "drained"}, "drained: active for nothing while another member can be")] : []),
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
     el("div", {}, `client ${n.client_address || "?"}`),
     ...haLines(n),
     el("div", {class: "actives"}, activesText(n, group)))));
-  for (const id of ["override-node", "priority-node"]) {
+  for (const id of ["override-node", "priority-node", "drain-node"]) {
     const sel = document.getElementById(id);
     const keep = sel.value;
     sel.replaceChildren(...nodes.map((n) => el("option", {value: n.name}, n.name)));
@@ -260,6 +261,15 @@ function wire() {
                                 : `Let ${node} keep quorum with ${nodes} node(s) up? Writes may be lost on healing.`)) return;
     try { await api("POST", "/api/v1/group/quorum-override", {node, nodes}); say(`quorum_override on ${node}: ${nodes ?? "cleared"}`); }
     catch (e) { say(e.message, true); }
+  };
+  document.getElementById("drain").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const node = document.getElementById("drain-node").value;
+    const verb = ev.submitter && ev.submitter.value === "undrain" ? "undrain" : "drain";
+    if (!confirm(verb === "drain" ? `Drain ${node}? Its actives move to other members.`
+                                  : `Undrain ${node}? Failback hands its partitions back.`)) return;
+    try { await api("POST", `/api/v1/nodes/${encodeURIComponent(node)}/${verb}`);
+          say(`${node}: ${verb === "drain" ? "drained" : "undrained"}`); } catch (e) { say(e.message, true); }
   };
   document.getElementById("set-priority").onsubmit = async (ev) => {
     ev.preventDefault();
