@@ -73,6 +73,12 @@ async def test_requeue_and_purge_with_a_cold_region(node: NodeProcess) -> None:
             c = await other.consumer("q", prefetch=300).start()
             held = [await c.next(10) for _ in range(300)]
             assert [m.offset for m in held if m is not None] == list(range(300))
+
+        async def requeued() -> bool:  # the node handles the close on its own time
+            (q,) = await conn.list_queues()
+            return q.unacked == 0 and q.ready == 5000
+
+        await wait_until(requeued, what="the dead session's 300 messages ready again")
         seen: list[int] = []
         offsets: list[int] = []
         redelivered = 0
