@@ -12,6 +12,7 @@
     tandem witness start  run a two-node group's witness (a data-less third vote)
     tandem certs dev      a throwaway CA and node certificates for TLS on one machine
     tandem secret new     make a group secret file (peer authentication)
+    tandem node drain     move every active off a member for maintenance (undrain: back)
 
 Every client command takes ``--url tandem://user:password@host:port`` (or
 ``TANDEM_URL``; ``tandems://...?ca=CA.pem`` for a node that speaks TLS) and ``--json``.  Errors print one line and exit non-zero;
