@@ -156,6 +156,9 @@ class CustomMapper:
     def partition(self, key: str | None, anchor: int | None = None) -> int:
         if key is None:
             return self._keyless.partition(None, anchor)
+        return self._keyed(key)
+
+    def _keyed(self, key: str) -> int:
         try:
             p = self._impl.partition(key)
         except Exception as exc:  # a plug-in's error, whatever its type: the caller's, not ours
@@ -166,19 +169,15 @@ class CustomMapper:
         return p
 
 
-class MissingMapper:
+class MissingMapper(CustomMapper):
     """A queue's mapper that is not installed here: keyless messages spread as usual, keyed
     ones are refused with the reason."""
 
     def __init__(self, name: str, partitions: int, reason: str) -> None:
-        self.name = name
-        self.partitions = partitions
+        super().__init__(name, None, partitions)
         self.reason = reason
-        self._keyless = RoundRobinMapper(partitions)
 
-    def partition(self, key: str | None, anchor: int | None = None) -> int:
-        if key is None:
-            return self._keyless.partition(None, anchor)
+    def _keyed(self, key: str) -> int:
         raise InvalidArgumentError(self.reason)
 
 
