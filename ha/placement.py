@@ -5,7 +5,10 @@ rest are replicas, each ``sync`` (a voter) or ``async`` (a learner).
 
 * ``dynamic``: actives spread evenly over the group's nodes (never a node of
   priority 0, which cannot be elected), replicas after them in rotating order;
-  recomputed when a node joins or leaves.
+  recomputed when a node joins or leaves.  With ``zones`` (node -> zone label, Kafka's
+  racks, NATS's ``unique_tag``) each replica is taken from a zone the list holds the
+  fewest copies in so far: a partition's copies are in as many distinct zones as there
+  are, so losing a whole zone costs each partition at most its share of copies there.
 * ``static``: explicit partition -> node list from configuration, validated.
 """
 
@@ -48,6 +51,8 @@ class DistributionPolicy:
     sync_replicas: int = 2  # how many of them are sync (the rest async)
     static: tuple[tuple[str, ...], ...] = ()  # static: node list per partition (sync unless async_nodes)
     async_nodes: frozenset[str] = frozenset()
+    #: dynamic: (node, zone) for every node; empty: no zones (every node a zone of its own)
+    zones: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static"):
@@ -70,16 +75,39 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
     electable = [n for n in nodes if priorities.get(n, 1) > 0]
     if not electable:
         raise ValueError("every node has priority 0: no partition could ever have an active")
+    zone_of = dict(policy.zones)
+    if zone_of and set(zone_of) != set(nodes):
+        missing, unknown = sorted(set(nodes) - set(zone_of)), sorted(set(zone_of) - set(nodes))
+        raise ValueError("zones must name every node once" + (f"; no zone for {', '.join(missing)}" if missing else "")
+                         + (f"; not a node: {', '.join(unknown)}" if unknown else ""))
     copies = min(policy.replicas, len(nodes) - 1)
     out = []
     for p in range(partitions):
         active = electable[p % len(electable)]
         start = nodes.index(active)
-        rest = [nodes[(start + k) % len(nodes)] for k in range(1, len(nodes))][:copies]
+        rotation = [nodes[(start + k) % len(nodes)] for k in range(1, len(nodes))]
+        rest = _spread(active, rotation, copies, zone_of) if zone_of else rotation[:copies]
         kinds = [ReplicaKind.SYNC] + [ReplicaKind.SYNC if i < policy.sync_replicas else ReplicaKind.ASYNC
                                       for i in range(len(rest))]
         out.append(NodeList(tuple([active] + rest), tuple(kinds)))
     return out
+
+
+def _spread(active: str, rotation: list[str], copies: int, zone_of: dict[str, str]) -> list[str]:
+    """``copies`` replicas for a partition whose active is ``active``: each time the first node
+    of ``rotation`` (the nodes after the active, in turn) among those in the zones the list
+    holds the fewest copies in so far."""
+    held = {z: 0 for z in zone_of.values()}
+    held[zone_of[active]] += 1
+    left = list(rotation)
+    rest: list[str] = []
+    for _ in range(copies):
+        fewest = min(held[zone_of[n]] for n in left)
+        pick = next(n for n in left if held[zone_of[n]] == fewest)
+        left.remove(pick)
+        held[zone_of[pick]] += 1
+        rest.append(pick)
+    return rest
 
 
 def _static(policy: DistributionPolicy, partitions: int, nodes: list[str],
