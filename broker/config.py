@@ -27,6 +27,7 @@ Example ``tandem.toml``::
     remote_sync = "SYNC"        # how replicas write what the active ships them (one fdatasync per batch)
     replicas = 2                # copies of each partition besides its active
     sync_replicas = 2           # how many of those vote (the rest are async learners)
+    zones = ["node1=a", "node2=b", "node3=c"]  # every member's zone (the same on each): copies spread over zones
     designated_primary = false  # two-node group: this node may go on alone
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
@@ -100,6 +101,9 @@ class NodeConfig:
     remote_sync: DurabilityPolicy = DurabilityPolicy.SYNC
     replicas: int = 2
     sync_replicas: int = 2
+    #: "name=zone" for every member (this node included), the same on each: a partition's
+    #: copies go to as many distinct zones as there are (ha.placement); empty: no zones
+    zones: tuple[str, ...] = ()
     designated_primary: bool = False
     #: bytes a segment file of the replication log grows to (storage/segments.py): space is
     #: reclaimed a whole segment at a time
@@ -192,6 +196,7 @@ class NodeConfig:
             raise ConfigError("sync_replicas: must be 0..replicas")
         if self.designated_primary and len(self.peers) != 1:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
+        self._check_zones()
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
         if not 1024 * 1024 <= self.log_segment_size <= 4 * 1024 * 1024 * 1024:
@@ -232,6 +237,39 @@ class NodeConfig:
             raise ConfigError("max_prefetch: must be 1 .. 65535")
         if self.max_failed_logins < 1:
             raise ConfigError("max_failed_logins: must be >= 1")
+
+    def _check_zones(self) -> None:
+        if not self.zones:
+            return
+        if not self.peers or self.mode != "replicated":
+            raise ConfigError("zones: only in a replicated group (with peers)")
+        zone_of = self.zone_map()
+        members = {self.name, *self.peer_addresses()}
+        missing, unknown = sorted(members - set(zone_of)), sorted(set(zone_of) - members)
+        if missing or unknown:
+            raise ConfigError("zones: name every member once, this node included"
+                              + (f"; no zone for {', '.join(missing)}" if missing else "")
+                              + (f"; not a member: {', '.join(unknown)}" if unknown else ""))
+
+    def zone_map(self) -> dict[str, str]:
+        """Member -> zone label ({} without zones)."""
+        out: dict[str, str] = {}
+        for spec in self.zones:
+            name, sep, zone = spec.partition("=")
+            if not sep or not _NAME.match(name) or not _NAME.match(zone):
+                raise ConfigError(f"zones: {spec!r} is not name=zone (letters, digits, '_', '.', '-')")
+            if name in out:
+                raise ConfigError(f"zones: {name} is named twice")
+            out[name] = zone
+        return out
+
+    def placement_settings(self) -> str:
+        """What every member must agree on for partitions to be placed alike on each (the
+        members, replicas, sync_replicas, zones), as the peer handshake carries it:
+        "members=a,b,c replicas=2 sync_replicas=2 zones=a:x,b:y,c:z"."""
+        zones = ",".join(f"{n}:{z}" for n, z in sorted(self.zone_map().items()))
+        return (f"members={','.join(sorted([self.name, *self.peer_addresses()]))} replicas={self.replicas} "
+                f"sync_replicas={self.sync_replicas} zones={zones}")
 
     @property
     def peer_tls_on(self) -> bool:
@@ -355,11 +393,12 @@ def _coerce(key: str, value: Any) -> Any:
         return value
     if key in ("sync", "remote_sync"):
         return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))
-    if key == "peers":
+    if key in ("peers", "zones"):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("peers: expected a list of \"name=host:port\" strings")
+            form = "name=host:port" if key == "peers" else "name=zone"
+            raise ConfigError(f"{key}: expected a list of \"{form}\" strings")
         return tuple(value)
     if key in ("advertise", "lockfile", "witness", "database"):
         if value is not None and not isinstance(value, str):

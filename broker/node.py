@@ -29,13 +29,13 @@ from typing import Any, Protocol
 from broker import sequences, tls
 from broker.catalogue import Catalogue
 from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
-from broker.config import NodeConfig, redact_url
+from broker.config import ConfigError, NodeConfig, redact_url
 from broker.delivery import Delivery
 from broker.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error, start_error
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.lockfile import LockFileDriver
-from broker.peers import PeerManager
+from broker.peers import PeerManager, placement_diff
 from broker.secret import group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
@@ -63,6 +63,9 @@ from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
 log = logging.getLogger("tandem.broker")
+
+#: ``Recovered.meta`` key: the placement settings the store's queues were placed under
+PLACEMENT_KEY = "placement"
 
 EngineFactory = Callable[[NodeConfig], Engine]
 
@@ -232,6 +235,8 @@ class Node:
             await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.store_stamp)
         else:
             self.store_stamp = recovered.meta["store_stamp"]
+        if cfg.peer_port is not None:
+            await self._check_placement(recovered.meta.get(PLACEMENT_KEY))
         if not len(self.users):
             op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
             await self.write([op], sync=True)
@@ -256,6 +261,21 @@ class Node:
             self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
         self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()
+
+    async def _check_placement(self, was: str | None) -> None:
+        """The placement settings (members, replicas, zones) a store's queues were placed under
+        are the ones it starts with: other ones would move partitions to nodes that hold no
+        copy of them (and a majority of such nodes could elect one that has nothing).  Stored
+        at the first start in a group, and again while the store holds no queue."""
+        now = self.config.placement_settings()
+        if was == now:
+            return
+        if was is not None and self.queues:
+            raise ConfigError(
+                f"node {self.config.name} cannot start: its store's {len(self.queues)} queue(s) were placed under "
+                f"other group settings ({placement_diff(now, was, 'now', 'then')}); partitions do not move "
+                f"while the group runs, so start it with its former peers, replicas, sync_replicas and zones")
+        await asyncio.to_thread(self.engine.set_meta, PLACEMENT_KEY, now)
 
     async def _stop_disk_alarm(self) -> None:
         if self._disk_task is not None:

@@ -115,7 +115,27 @@ class PeerHost(Protocol):
 
 log = logging.getLogger("tandem.ha")
 
-REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
+REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL,
+           RemoteState.MISMATCHED_SETTINGS}
+
+
+def placement_diff(mine: str, theirs: str, mine_is: str, theirs_is: str) -> str:
+    """Where two placement settings (``NodeConfig.placement_settings``) differ, a clause a
+    setting: "replicas 1 on node3, 2 on node1; ..." (``mine_is`` "on node3", ``theirs_is`` "on node1")."""
+    here = dict(kv.partition("=")[::2] for kv in mine.split(" "))
+    there = dict(kv.partition("=")[::2] for kv in theirs.split(" "))
+    return "; ".join(f"{k} {here.get(k) or '(none)'} {mine_is}, {there.get(k) or '(none)'} {theirs_is}"
+                     for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k))
+
+
+def placement_mismatch(mine: str, theirs: str, me: str, peer: str) -> str:
+    """How ``peer``'s placement settings differ from this node's ("" when they agree, or when
+    the peer did not say)."""
+    if not theirs or theirs == mine:
+        return ""
+    return ("placement settings differ, so the two would place partitions on different nodes: "
+            + placement_diff(mine, theirs, f"on {me}", f"on {peer}")
+            + " (give every member the same peers, replicas, sync_replicas and zones)")
 HANDSHAKE_TIMEOUT = 5.0
 REDIAL_MAX = 2.0  # the longest wait between dials of a peer not known to be Down (never seen yet, refusing)
 
@@ -172,6 +192,7 @@ class PeerManager:
         if witness is not None:
             self.addresses[witness[0]] = witness[1]  # a member: its vote counts in the node quorum
         self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
+        self.placement = cfg.placement_settings()
         self.membership = Membership(me=self.me, peers=tuple(self.addresses),
                                      non_response_timeout=cfg.non_response_timeout,
                                      policy=QuorumPolicy.parse(cfg.quorum_policy),
@@ -339,7 +360,7 @@ class PeerManager:
                     who = NodeIdentity(name=welcome.node, store_stamp=welcome.store_stamp,
                                        priority=welcome.priority, votes=welcome.votes)
                     proto.max_frame_size = PEER_MAX_FRAME
-                    if self._admit(link, who, welcome.client_address):
+                    if self._admit(link, who, welcome.client_address, welcome.placement):
                         backoff = self.node.config.keepalive_interval  # a link made: quick to redial
                         if self.arbiter is not None:
                             self.arbiter.heard(name, welcome)
@@ -360,10 +381,11 @@ class PeerManager:
         mine = new_nonce() if secret is not None else b""
         link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                             store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
-                            client_address=self._client_address(), epoch=self.epoch, nonce=mine))
+                            client_address=self._client_address(), epoch=self.epoch, nonce=mine,
+                            placement=self.placement))
         frame = await self._next_frame(link)
         if isinstance(frame, Error):
-            log.warning("peer %s at %s refused this node: %s", name, remote, frame.message)
+            self._refused_by(name, remote, frame.message)
             return None
         if secret is None:
             if isinstance(frame, PeerChallenge):
@@ -389,7 +411,7 @@ class PeerManager:
                                         prover=self.me.name, prover_stamp=self.me.store_stamp, verifier=name)))
         frame = await self._next_frame(link)
         if isinstance(frame, Error):
-            log.warning("peer %s at %s refused this node: %s", name, remote, frame.message)
+            self._refused_by(name, remote, frame.message)
             return None
         if not isinstance(frame, PeerProof):
             raise _Intruder(Refusal.NO_PROOF, f"sent {type(frame).__name__} instead of its proof")
@@ -401,6 +423,13 @@ class PeerManager:
                       prover_stamp=welcome.store_stamp, verifier=self.me.name):
             raise _Intruder(Refusal.BAD_PROOF, "its proof does not match: it holds another group secret, or none")
         return welcome
+
+    def _refused_by(self, name: str, remote: str, why: str) -> None:
+        """Member ``name`` refused this node's link; for settings that differ it is refused here too."""
+        log.warning("peer %s at %s refused this node: %s", name, remote, why)
+        if why.startswith(f"refused as {RemoteState.MISMATCHED_SETTINGS.value}: "):
+            who = NodeIdentity(name=name, store_stamp="")
+            self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=why.split(": ", 1)[1]))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         proto = ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME)
@@ -430,7 +459,7 @@ class PeerManager:
                 self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 self._refuse(link, exc.message)
                 return
-            if not self._admit(link, who, hello.client_address):
+            if not self._admit(link, who, hello.client_address, hello.placement):
                 return
             if self.secret is not None:
                 link.send(PeerProof(proof=proof(self.secret, Side.ACCEPTOR, dialer_nonce=hello.nonce,
@@ -438,7 +467,8 @@ class PeerManager:
                                                 prover_stamp=self.me.store_stamp, verifier=hello.node)))
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
-                                  client_address=self._client_address(), epoch=self.epoch))
+                                  client_address=self._client_address(), epoch=self.epoch,
+                                  placement=self.placement))
             proto.max_frame_size = PEER_MAX_FRAME
             if self.arbiter is not None:
                 self.arbiter.heard(hello.node, hello)
@@ -525,11 +555,13 @@ class PeerManager:
     def _client_address(self) -> str:
         return self.node.client_address
 
-    def _admit(self, link: _Link, who: NodeIdentity, client_address: str = "") -> bool:
-        self.report(self.membership.handshake(who, self.node.clock.monotonic()))
+    def _admit(self, link: _Link, who: NodeIdentity, client_address: str = "", placement: str = "") -> bool:
+        mismatch = placement_mismatch(self.placement, placement, self.me.name, who.name)
+        self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=mismatch))
         state = self.membership.state(who.name)
         if state in REFUSED:
-            self._refuse(link, f"refused as {state.value}: check that {who.name} has its own name and data dir")
+            self._refuse(link, f"refused as {state.value}: " + (mismatch or f"check that {who.name} has its own "
+                                                                            f"name and data dir"))
             return False
         old = self.links.get(who.name)
         if old is not None and old is not link:

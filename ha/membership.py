@@ -30,6 +30,9 @@ class RemoteState(Enum):
     DUPLICATE_LOCATION = "DuplicateLocation"
     DUPLICATE_TIMESTAMP = "DuplicateTimestamp"
     UNSUPPORTED_PROTOCOL = "UnsupportedProtocol"
+    #: its placement settings (members, replicas, zones) differ from this node's: the two would
+    #: disagree on which nodes hold each partition, so they do not link
+    MISMATCHED_SETTINGS = "MismatchedSettings"
 
 
 class QuorumState(Enum):
@@ -38,7 +41,8 @@ class QuorumState(Enum):
     DISABLED = "Disabled"
 
 
-_REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL}
+_REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL,
+            RemoteState.MISMATCHED_SETTINGS}
 
 # (state, event) -> state
 TRANSITIONS: dict[tuple[RemoteState, str], RemoteState] = {}
@@ -46,6 +50,7 @@ for _s in RemoteState:
     TRANSITIONS[(_s, "duplicate_location")] = RemoteState.DUPLICATE_LOCATION
     TRANSITIONS[(_s, "duplicate_timestamp")] = RemoteState.DUPLICATE_TIMESTAMP
     TRANSITIONS[(_s, "unsupported_protocol")] = RemoteState.UNSUPPORTED_PROTOCOL
+    TRANSITIONS[(_s, "mismatched_settings")] = RemoteState.MISMATCHED_SETTINGS
 for _s in (RemoteState.UNDISCOVERED, RemoteState.DOWN, RemoteState.DISCOVERED, *_REFUSED):
     TRANSITIONS[(_s, "handshake")] = RemoteState.DISCOVERED
 TRANSITIONS[(RemoteState.UP, "handshake")] = RemoteState.UP
@@ -174,14 +179,18 @@ class Membership:
 
     # -- inputs -----------------------------------------------------------------------------------
 
-    def handshake(self, who: NodeIdentity, now: float, *, protocol_ok: bool = True) -> list[Change]:
-        """A peer link opened and the peer said who it is."""
+    def handshake(self, who: NodeIdentity, now: float, *, protocol_ok: bool = True,
+                  mismatch: str = "") -> list[Change]:
+        """A peer link opened and the peer said who it is; ``mismatch``: how its placement
+        settings differ from this node's ("" they agree)."""
         changes: list[Change] = []
         r = self._remotes.get(who.name)
         if r is None:
             return changes  # not a member of this group: the driver refuses the link
         if not protocol_ok:
             self._move(who.name, "unsupported_protocol", "no common protocol version", changes)
+        elif mismatch:
+            self._move(who.name, "mismatched_settings", mismatch, changes)
         elif who.location_code == self.me.location_code or any(
                 o.identity is not None and o.identity.location_code == who.location_code and n != who.name
                 for n, o in self._remotes.items()):

@@ -489,7 +489,8 @@ class RemoteNode(Record):
     """What a node knows of another member of its group."""
 
     name: str
-    state: str  # Undiscovered, Discovered, Up, Down, DuplicateLocation, DuplicateTimestamp, UnsupportedProtocol
+    state: str  # Undiscovered, Discovered, Up, Down, DuplicateLocation, DuplicateTimestamp, UnsupportedProtocol,
+    #        MismatchedSettings
     address: str
     priority: int
     votes: int
@@ -557,6 +558,7 @@ class StatusOk(Frame):
     epoch: int = 0  # the activation (shared) or lock (lockfile) epoch this node last served or saw
     lock_holder: str = ""  # the node holding the lock or lease as this node knows it ("" none/unknown)
     drained: list[str] = field(default_factory=list)  # the group's members drained for maintenance
+    zones: list[str] = field(default_factory=list)  # "name=zone" of every member (the node's zones setting)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -606,6 +608,9 @@ class PeerHello(Frame):
     client_address: str = ""  # host:port clients reach this node at
     epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
     nonce: bytes = b""  # the dialer's challenge-response nonce (ha.peerauth); empty: no group secret
+    #: the settings every member must share for partitions to be placed alike (members, replicas,
+    #: sync_replicas, zones; broker.peers.placement_settings); "": not said (a witness)
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -618,6 +623,7 @@ class PeerWelcome(Frame):
     votes: int
     client_address: str = ""
     epoch: int = 0  # as PeerHello's
+    placement: str = ""  # as PeerHello's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

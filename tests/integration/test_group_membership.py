@@ -123,6 +123,56 @@ async def test_a_copied_data_dir_is_refused_as_duplicate_timestamp(tmp_path: Pat
             await n.stop()
 
 
+async def test_a_member_with_other_placement_settings_is_refused_by_name(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """n3 says replicas = 1 and zones where n1 and n2 say 2 and none: it would place every
+    partition on other nodes than they do, so neither links with it, each naming the difference;
+    n1 and n2 link with each other."""
+    cfgs = group_configs(tmp_path)
+    cfgs["n3"] = {**cfgs["n3"], "replicas": 1, "sync_replicas": 1, "zones": ["n1=a", "n2=b", "n3=c"]}
+    nodes = {n: Node(build_config(c)) for n, c in cfgs.items()}
+    for node in nodes.values():
+        await node.start()
+    try:
+        await wait_until(lambda: state(nodes["n1"], "n3") is RemoteState.MISMATCHED_SETTINGS
+                         and state(nodes["n2"], "n3") is RemoteState.MISMATCHED_SETTINGS
+                         and state(nodes["n3"], "n1") is RemoteState.MISMATCHED_SETTINGS,
+                         what="n3 refused for its settings")
+        await wait_until(lambda: state(nodes["n1"], "n2") is RemoteState.UP, what="n1 and n2 linked")
+        assert "n3" not in nodes["n1"].peers.links  # type: ignore[union-attr]
+        assert quorum(nodes["n1"]) is QuorumState.PARTIAL and quorum(nodes["n3"]) is QuorumState.DISABLED
+        assert "replicas 1 on n3, 2 on n1" in caplog.text and "zones n1:a,n2:b,n3:c on n3, (none) on n1" in caplog.text
+    finally:
+        for node in nodes.values():
+            await node.stop()
+
+
+async def test_a_store_whose_queues_were_placed_under_other_settings_does_not_start(tmp_path: Path) -> None:
+    """The store keeps the placement settings it was placed under: with a queue in it a node
+    refuses to start with other ones (its partitions would move to nodes without a copy),
+    naming the difference; with its former settings it starts."""
+    cfgs = group_configs(tmp_path)
+    nodes = {n: Node(build_config(c)) for n, c in cfgs.items()}
+    for node in nodes.values():
+        await node.start()
+    try:
+        async with await client.connect(url_of(nodes["n1"])) as conn:
+            await conn.declare_queue("placed", partitions=3)
+        await wait_until(lambda: all("placed" in n.queues for n in nodes.values()), what="the queue everywhere")
+    finally:
+        for node in nodes.values():
+            await node.stop()
+    from broker.config import ConfigError
+
+    changed = Node(build_config({**cfgs["n1"], "zones": ["n1=a", "n2=b", "n3=a"]}))
+    with pytest.raises(ConfigError, match=r"cannot start: its store's 1 queue\(s\) were placed under other group "
+                                          r"settings \(zones n1:a,n2:b,n3:a now, \(none\) then\)"):
+        await changed.start()
+    again = Node(build_config(cfgs["n1"]))
+    await again.start()
+    await again.stop()
+
+
 async def test_group_settings_are_validated(tmp_path: Path) -> None:
     from broker.config import ConfigError
 
@@ -134,6 +184,20 @@ async def test_group_settings_are_validated(tmp_path: Path) -> None:
         build_config({"peer_port": 7781, "quorum_policy": "most"})
     with pytest.raises(ConfigError, match="priority"):
         build_config({"priority": 5})
+    group = {"name": "n1", "peer_port": 7781, "peers": ["n2=127.0.0.1:7782", "n3=127.0.0.1:7783"]}
+    assert build_config({**group, "zones": "n1=a,n2=b,n3=a"}).zone_map() == {"n1": "a", "n2": "b", "n3": "a"}
+    with pytest.raises(ConfigError, match="no zone for n3"):
+        build_config({**group, "zones": ["n1=a", "n2=b"]})
+    with pytest.raises(ConfigError, match="not a member: n4"):
+        build_config({**group, "zones": ["n1=a", "n2=b", "n3=c", "n4=c"]})
+    with pytest.raises(ConfigError, match="'n2' is not name=zone"):
+        build_config({**group, "zones": ["n1=a", "n2", "n3=c"]})
+    with pytest.raises(ConfigError, match="n1 is named twice"):
+        build_config({**group, "zones": ["n1=a", "n1=b", "n2=b", "n3=c"]})
+    with pytest.raises(ConfigError, match="only in a replicated group"):
+        build_config({"zones": ["n1=a"]})
+    with pytest.raises(ConfigError, match="expected a list"):
+        build_config({**group, "zones": 3})
 
 
 async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict[str, Node]) -> None:
