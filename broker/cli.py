@@ -77,7 +77,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
-                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "designated_primary",
+                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--replicas", type=int, help="copies of each partition besides its active (default 2)")
     group.add_argument("--sync-replicas", dest="sync_replicas", type=int,
                        help="how many of the replicas vote and count for commits (default 2; others async)")
+    group.add_argument("--zone", dest="zones", action="append", metavar="NAME=ZONE",
+                       help="a member's zone (rack, availability zone), for every member and this node, the same "
+                            "on each (repeat for each): a partition's copies go to distinct zones, so losing a "
+                            "whole zone leaves every partition a majority (default: no zones)")
     group.add_argument("--log-segment-size", dest="log_segment_size", type=int, metavar="BYTES",
                        help="size a file of the replication log grows to before the next is started; "
                             "space is reclaimed a whole file at a time (default 64 MiB)")

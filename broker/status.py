@@ -273,4 +273,5 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
-                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained))
+                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
+                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())])

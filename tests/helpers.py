@@ -4,8 +4,10 @@ that is active."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -84,3 +86,13 @@ def free_base_port(nodes: int = 3) -> int:
 def group_secret_file(directory: Path) -> Path:
     """A group secret file in ``directory`` (made once, then reused), for nodes started by hand."""
     return ensure_secret(directory / "cluster.secret")
+
+
+async def tandem(*args: str) -> tuple[int, str, str]:
+    """The CLI as a user runs it: its exit status, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "broker.cli", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -99,6 +99,7 @@ class Group:
         mine = statuses[0][1]
         assert mine is not None  # this node's own status is always there
         remote_of = {r.name: r for r in mine.remotes}
+        zone_of = dict(z.partition("=")[::2] for z in mine.zones)
         actives: dict[str, list[str]] = {}
         for p in partitions_json(statuses):
             if p["active"]:
@@ -121,6 +122,7 @@ class Group:
                 "client_address": r.client_address if r else self.node.client_address,
                 "designated_primary": st.designated_primary if st else None,
                 "drained": name in mine.drained,
+                "zone": zone_of.get(name),
                 "console": (st.console or None) if st else None,
                 "ha_1014_discarded": st.discarded if st else None,
                 **ha_json(st),

@@ -48,7 +48,9 @@ _SCHEMAS: dict[str, Any] = {
         "lock_holder": _t("string", True, description="the lock or lease holder it knows (null: none, unknown, "
                           "or majority elections)"),
         "drained": _t("boolean", description="drained for maintenance (tandem node drain): active for nothing "
-                      "while another member can be, still a replica and a voter")},
+                      "while another member can be, still a replica and a voter"),
+        "zone": _t("string", True, description="its zone (the zones setting): a partition's copies are in "
+                   "distinct zones; null without zones")},
         "required": ["name", "state", "self", "actives", "ha_state", "epoch", "lock_holder", "drained"]},
     "Group": {"type": "object", "description": "the group's quorum and how it decides its active", "properties": {
         "members": _STRINGS, "quorum_policy": _t("string"), "quorum_state": _t("string"),

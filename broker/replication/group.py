@@ -114,7 +114,8 @@ class Replication:
         cfg = host.config
         self.me = cfg.name
         self.members = sorted([cfg.name, *cfg.peer_addresses()])
-        self.policy = DistributionPolicy(replicas=cfg.replicas, sync_replicas=cfg.sync_replicas)
+        self.policy = DistributionPolicy(replicas=cfg.replicas, sync_replicas=cfg.sync_replicas,
+                                         zones=tuple(sorted(cfg.zone_map().items())))
         self.priority = cfg.priority
         self.quorum_override: int | None = None
         self.designated_primary: str | None = cfg.name if cfg.designated_primary else None

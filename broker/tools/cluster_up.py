@@ -65,7 +65,8 @@ def add_parser(sub: Any) -> None:
                                  "sqlite:///$PWD/.tandem/shared.db\n"
                                  "  tandem cluster up --nodes 2 --arbiter lockfile --lockfile "
                                  "/mnt/gateway/tandem.lock\n"
-                                 "  tandem cluster up --nodes 2 --arbiter witness",
+                                 "  tandem cluster up --nodes 2 --arbiter witness\n"
+                                 "  tandem cluster up --nodes 5 --zones a,b,c",
                           formatter_class=ExamplesFormatter)
     up.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
     up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
@@ -78,6 +79,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--tls", action="store_true",
                     help="TLS on every link: a throwaway CA and node certificates in DATA_DIR/certs (tandem certs "
                          "dev), client URL tandems://...?ca=DATA_DIR/certs/ca.crt, the console on https://")
+    up.add_argument("--zones", metavar="A,B,C",
+                    help="zone labels dealt to the nodes in turn (node1 a, node2 b, node3 c, node4 a, ...): each "
+                         "partition's copies go to distinct zones (default: no zones)")
     add_ha_args(up)
     up.set_defaults(func=cluster_up)
 
@@ -88,7 +92,23 @@ def cluster_up(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if not 1 <= args.nodes <= 9:
         raise InvalidArgumentError(f"--nodes {args.nodes}: a local group has 1 to 9 nodes")
     args.ha = ha_setup(args, args.nodes)
+    if args.zones is not None and args.ha.shared:
+        raise InvalidArgumentError("--zones: not with --mode shared (one database holds every message; there are "
+                                   "no copies to spread)")
+    args.zone_args = zone_args(args.zones, args.nodes)
     return _run(args)
+
+
+def zone_args(zones: str | None, nodes: int) -> list[str]:
+    """``--zone nodeI=Z`` for each node, the labels of ``zones`` ("a,b,c") dealt in turn."""
+    if zones is None:
+        return []
+    labels = [z.strip() for z in zones.split(",")]
+    if not all(labels) or len(set(labels)) != len(labels):
+        raise InvalidArgumentError(f"--zones {zones!r}: distinct labels separated by commas, e.g. a,b,c")
+    if nodes < 2:
+        raise InvalidArgumentError("--zones: only for a group (--nodes 2 or more)")
+    return [a for i in range(1, nodes + 1) for a in ("--zone", f"node{i}={labels[(i - 1) % len(labels)]}")]
 
 
 def how_it_ended(code: int) -> str:
@@ -157,6 +177,7 @@ class Supervisor:
 
 async def _run(args: argparse.Namespace) -> int:
     extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
+    extra += args.zone_args
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
                            extra_args=extra, ha=args.ha, tls=args.tls)
     sup = Supervisor(cluster, restart_delay=args.restart_delay)

@@ -63,7 +63,9 @@ async def _status(args: argparse.Namespace) -> int:
         print(json.dumps(status_json(st)))
         return 0
     drained = ", drained" if st.node in st.drained else ""
-    print(f"node {st.node} (version {st.version}, priority {st.priority}, votes {st.votes}, "
+    zone_of = dict(z.partition("=")[::2] for z in st.zones)
+    zone = f", zone {zone_of[st.node]}" if st.node in zone_of else ""
+    print(f"node {st.node} (version {st.version}, priority {st.priority}, votes {st.votes}{zone}, "
           f"store {st.store_stamp}{drained})")
     override = f", override {st.quorum_override}" if st.quorum_override is not None else ""
     print(f"quorum: {st.quorum_state} (policy {st.quorum_policy}{override})")
@@ -73,10 +75,11 @@ async def _status(args: argparse.Namespace) -> int:
     elif st.arbiter != "majority":
         print(f"ha: {st.mode} mode, arbiter {st.arbiter}")
     if st.remotes:
-        rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES")]
+        rows = [("NODE", "STATE", "ADDRESS", "PRIORITY", "VOTES", *(("ZONE",) if zone_of else ()))]
         rows += [(r.name + (" (witness)" if r.store_stamp.startswith("witness-") else ""),
                   r.state + (", drained" if r.name in st.drained else ""), r.address,
-                  str(r.priority), str(r.votes)) for r in st.remotes]
+                  str(r.priority), str(r.votes), *((zone_of.get(r.name, "-"),) if zone_of else ()))
+                 for r in st.remotes]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -125,6 +128,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "ha_1014_discarded_messages": st.discarded_messages,
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
+        "zones": dict(z.partition("=")[::2] for z in st.zones),
     }
 
 

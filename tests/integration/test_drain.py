@@ -5,12 +5,9 @@ checker, and the drained flag survives a restart of the drained node.  And the r
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import os
 import random
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -24,19 +21,9 @@ from broker.tools.drill.model import QUEUE, DrillConfig
 from client.clock import SYSTEM_CLOCK
 from client.errors import AccessRefusedError
 from tests.conftest import running_group
-from tests.helpers import wait_until
+from tests.helpers import tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-async def tandem(*args: str) -> tuple[int, str, str]:
-    """The CLI as a user runs it: its exit status, stdout, stderr."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "broker.cli", *args,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=dict(os.environ))
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def actives(cl: LocalCluster, queue: str, partitions: int) -> dict[int, str]:

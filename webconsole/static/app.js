@@ -38,7 +38,7 @@ function renderNodes(nodes, group) {
   box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
     el("div", {}, "state ", el("span", {class: "state"}, n.state)),
-    el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}`),
+    el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}` + (n.zone ? `, zone ${n.zone}` : "")),
     ...(n.drained ? [el("div", {class: "drained"}, "drained: active for nothing while another member can be")] : []),
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
     el("div", {}, `client ${n.client_address || "?"}`),
