@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ha.members import Members
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
@@ -90,6 +92,9 @@ class InstallSnapshot:
     last_term: int = 0
     last_origin: str = ""
     data: Any = None
+    #: the partition's members as of ``index`` (:mod:`ha.members`); the driver fills it in
+    #: with :meth:`ha.replica.Replica.members_at` (None: the receiver keeps its own)
+    members: Members | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,3 +209,6 @@ class Ready:
     messages: list[Envelope] = field(default_factory=list)
     committed: list[Entry] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    #: the partition's members changed (an entry of :mod:`ha.members` appended or truncated,
+    #: or a snapshot's): whom the driver links and sends to
+    members: Members | None = None

@@ -47,6 +47,7 @@ from typing import Any
 from ha import witness
 from ha.failback import Failback
 from ha.log import EntryLog
+from ha.members import Members, decode, encode, is_change
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -69,7 +70,11 @@ from ha.replica_config import ReplicaConfig
 from ha.roles import Role, RoleEvent, next_role
 from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at, pre_ballot
 
-__all__ = ["Replica", "ReplicaConfig", "Role", "RoleEvent"]
+__all__ = ["MembershipRefused", "Replica", "ReplicaConfig", "Role", "RoleEvent"]
+
+
+class MembershipRefused(ValueError):
+    """:meth:`Replica.change_members` cannot propose that change now; the message says why."""
 
 
 class Replica:
@@ -94,7 +99,13 @@ class Replica:
         #: rebuilt empty after losing state (HA-1014 of confirmed entries): neither votes nor
         #: stands until an active has brought it up to that active's commit index
         self.recovering = recovering
-        self.role = Role.LEARNER if config.node in config.learners else Role.FOLLOWER
+        #: the members as of the snapshot (the driver's, kept with its state); the log's last
+        #: membership change, if any, overrides them (ha.members)
+        self._base = Members(config.voters, config.learners)
+        self._members_index = 0  # the index of the change in effect (0: the base's)
+        self._ready = Ready()
+        self._refresh_members()
+        self.role = Role.FOLLOWER if self.id in self.cfg.voters else Role.LEARNER
         self.leader: str | None = None
         self._votes: set[str] = set()
         #: a pre-vote under way (for term + 1): who said yes, this node included; None: none
@@ -112,7 +123,7 @@ class Replica:
         self._heard_from: dict[str, float] = {}  # member -> when its last message arrived (any term)
         self._now = now
         fresh = term == 0 and not self.log and self.snap_index == 0 and not recovering
-        self._election_at = first_election_at(config, now, self._timeout(), fresh, self.rng)
+        self._election_at = first_election_at(self.cfg, now, self._timeout(), fresh, self.rng)
         self._heartbeat_at = now
         self._ready = Ready()
 
@@ -121,6 +132,28 @@ class Replica:
         """Failback under way: this active takes no writes until it has handed over or given
         up (the driver keeps what clients send meanwhile, rather than fail it)."""
         return self.role is Role.LEADER and self._failback.handing_to is not None
+
+    @property
+    def members(self) -> Members:
+        """The partition's members as this replica uses them now: the last membership change
+        in its log (committed or not), else the snapshot's (:mod:`ha.members`)."""
+        return Members(self.cfg.voters, self.cfg.learners)
+
+    @property
+    def snapshot_members(self) -> Members:
+        """The members as of the snapshot: what the driver keeps with its state (a restart
+        passes them back as the config's voters and learners)."""
+        return self._base
+
+    def members_at(self, index: int) -> Members:
+        """The members as of ``index`` (>= the snapshot's): what a snapshot of the state up to
+        there carries (the driver fills in :attr:`InstallSnapshot.members` with it)."""
+        for e in reversed(self._log.slice(self.snap_index + 1, index)):
+            if is_change(e.data):
+                m = decode(e.data)
+                assert m is not None
+                return m
+        return self._base
 
     @property
     def wake_at(self) -> float:
@@ -278,6 +311,76 @@ class Replica:
             self._send_append(p)
         return self._take_ready(), entry
 
+    def change_members(self, new: Members) -> tuple[Ready, Entry]:
+        """On the active: append the membership change to ``new`` (:mod:`ha.members`), in
+        effect here at once and on each replica once it has the entry.  MembershipRefused
+        unless it is safe now: the voters differ by one node at most, the previous change is
+        committed, this active has committed an entry of its term, it stays a voter itself
+        (hand the partition over first), and a node that becomes a voter is caught up."""
+        if self.role is not Role.LEADER or self._failback.handing_to is not None:
+            raise MembershipRefused(f"{self.id} is not the partition's active")
+        old = self.members
+        if new == old:
+            raise MembershipRefused("the members are already those")
+        if self._members_index > self.commit:
+            raise MembershipRefused(f"the previous membership change (entry {self._members_index}) is not "
+                                    f"committed yet")
+        if self._log.term_at(self.commit) != self.term:
+            raise MembershipRefused("this active has not committed an entry of its own term yet")
+        if len(set(old.voters) ^ set(new.voters)) > 1:
+            raise MembershipRefused(f"the voters change by one node at a time ({', '.join(old.voters)} -> "
+                                    f"{', '.join(new.voters)})")
+        if self.id not in new.voters:
+            raise MembershipRefused(f"{self.id} is the active: hand the partition to another voter before it leaves")
+        for v in set(new.voters) - set(old.voters):
+            if self._tracker.match.get(v, 0) < self.commit:
+                raise MembershipRefused(f"{v} is not caught up ({self._tracker.match.get(v, 0)} of {self.commit}): "
+                                        f"add it as a learner first")
+        entry = self._new_entry(encode(new))
+        self._log.entries.append(entry)
+        self._ready.append.append(entry)
+        self._set_members(new, entry.index)
+        for p in self._peers():
+            self._send_append(p)
+        return self._take_ready(), entry
+
+    def _refresh_members(self) -> None:
+        """The log changed where a membership change is (appended, truncated, replaced by a
+        snapshot): the last change in it, else the base, is in effect."""
+        for e in reversed(self._log.entries):
+            if is_change(e.data):
+                m = decode(e.data)
+                assert m is not None
+                self._set_members(m, e.index)
+                return
+        self._set_members(self._base, 0)
+
+    def _set_members(self, m: Members, index: int) -> None:
+        self._members_index = index
+        old = self.members
+        if m == old:
+            return
+        self.cfg = self.cfg.with_members(m)
+        self._ready.members = m
+        if not hasattr(self, "role"):
+            return  # (construction: the role follows from the members)
+        if self.role is Role.LEARNER and self.id in m.voters:
+            self._become(RoleEvent.PROMOTED, "made a voter")
+            self._election_at = self._now + self._timeout()
+        elif self.role in (Role.FOLLOWER, Role.CANDIDATE) and self.id not in m.voters:
+            self._become(RoleEvent.DEMOTED, "made a learner" if self.id in m.learners else "no longer a member")
+            self._pre_votes = None
+            self._votes = set()
+        elif self.role is Role.LEADER:
+            t = self._tracker
+            for p in self._peers():
+                if p not in t.next:  # a new member: sent from the change on (a mismatch moves it back)
+                    t.next[p], t.match[p], t.heard[p] = index, 0, self._now
+            for p in set(old.voters + old.learners) - set(m.voters + m.learners):
+                for d in (t.next, t.match, t.heard, t.acked, t.live_since, t.snapshot_sent):
+                    d.pop(p, None)
+            self._advance_commit()
+
     def persisted(self, entry: Entry) -> Ready:
         """The driver's log write up to ``entry`` is durable.  The active counts itself
         toward a commit only for entries it has on disk."""
@@ -294,12 +397,18 @@ class Replica:
         upto = min(upto, self.applied)
         if upto <= self.snap_index:
             return
+        if self._members_index:  # (none in the log: the base stays)
+            self._base = self.members if self._members_index <= upto else self.members_at(upto)
         self._log.compact(upto)
+        if self._members_index <= upto:
+            self._members_index = 0
 
     def reconfigure(self, config: ReplicaConfig) -> Ready:
-        """New priorities, ``quorum_override`` or ``designated_primary``: effective at once."""
-        if config.node != self.id or config.voters != self.cfg.voters or config.learners != self.cfg.learners:
-            raise ValueError("reconfigure changes settings, not members")
+        """New priorities, ``quorum_override`` or ``designated_primary``: effective at once.
+        Its voters and learners are not taken: the members are the log's (:meth:`change_members`)."""
+        if config.node != self.id:
+            raise ValueError("reconfigure changes settings, not the node")
+        config = config.with_members(self.members)
         if config.preferred != self.cfg.preferred:
             self._failback.preferred_at = self._now  # (failback waits from here: see Failback._failback_to)
         self.cfg = config
@@ -550,7 +659,7 @@ class Replica:
         if nxt <= self.snap_index:
             if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
                 self._send(p, InstallSnapshot(self.term, self.id, self.snap_index, self.snap_term,
-                                              self.snap_origin, b""))
+                                              self.snap_origin, b"", self._base))
             nxt = self.snap_index + 1
         else:
             batch = self._log.slice(nxt, min(self._send_limit(p), nxt + 4 * self.cfg.max_append - 1))
@@ -607,6 +716,7 @@ class Replica:
             hint = min(self.last_index, m.prev_index - 1)
             self._send(m.leader, AppendReply(self.term, self.id, False, max(0, hint)))
             return
+        changed = False
         for e in m.entries:
             if e.index <= self.last_index:
                 mine = self.entry(e.index)
@@ -618,6 +728,9 @@ class Replica:
                 self._truncate(e.index)
             self._log.entries.append(e)
             self._ready.append.append(e)
+            changed = changed or is_change(e.data)
+        if changed:
+            self._refresh_members()
         match = m.prev_index + len(m.entries)
         if self.recovering and match >= m.commit:
             self.recovering = False  # it has all the active had committed
@@ -638,6 +751,9 @@ class Replica:
         first = self.snap_index + 1
         replaced = [] if matches else self._log.slice(first, min(m.index, self.last_index))
         dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches)
+        if m.members is not None:
+            self._base = m.members
+        self._refresh_members()
         if not matches:
             self._replaced_by_snapshot(m, replaced, dropped)
             self._ready.truncate_from = first
@@ -683,6 +799,8 @@ class Replica:
         self._ready.truncate_from = index if self._ready.truncate_from is None else min(
             index, self._ready.truncate_from)
         self._ready.append = [e for e in self._ready.append if e.index < index]
+        if self._members_index >= index:
+            self._refresh_members()  # the change in effect was among them: the one before it is
         self._discarded(dropped, lost_committed)
 
     def _replaced_by_snapshot(self, m: InstallSnapshot, replaced: list[Entry], dropped: list[Entry]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ha.members import Members
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,8 +44,8 @@ class ReplicaConfig:
     drained: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.node not in self.voters and self.node not in self.learners:
-            raise ValueError(f"node {self.node!r} is neither a voter nor a learner")
+        if not self.voters:
+            raise ValueError("a partition needs at least one voter")
         if set(self.voters) & set(self.learners):
             raise ValueError("a node cannot be both voter and learner")
         if self.quorum_override is not None and not 1 <= self.quorum_override <= len(self.voters):
@@ -62,6 +64,16 @@ class ReplicaConfig:
             raise ValueError("failback_after >= 0")
         if self.max_append < 1 or not 0 < self.heartbeat_interval < self.election_timeout:
             raise ValueError("max_append >= 1 and 0 < heartbeat_interval < election_timeout")
+
+    def with_members(self, m: Members) -> ReplicaConfig:
+        """These settings for the members ``m`` (a membership change, :mod:`ha.members`): what
+        names a node no longer a voter is dropped, and counts are capped at the voters."""
+        n = len(m.voters)
+        return replace(self, voters=m.voters, learners=m.learners,
+                       quorum_override=None if self.quorum_override is None else min(self.quorum_override, n),
+                       commit_quorum=None if self.commit_quorum is None else min(self.commit_quorum, n),
+                       designated_primary=self.designated_primary if self.designated_primary in m.voters else None,
+                       witnesses=tuple(w for w in self.witnesses if w in m.voters))
 
     def priority(self, node: str) -> int:
         """0 for a witness, whatever the settings say: it holds no data, so it never stands."""

@@ -26,6 +26,8 @@ class RoleEvent(Enum):
     LOST_QUORUM = "lost_quorum"  # the active heard from too few voters within the election timeout
     RIVAL_ACTIVE = "rival_active"  # another active in this term (only under a weak override)
     DEPOSED = "deposed"  # the group's arbiter (a LockFile) no longer lets this node be active
+    DEMOTED = "demoted"  # a membership change made this node a learner, or took it out (ha.members)
+    PROMOTED = "promoted"  # a membership change made this learner a voter
 
 
 F, C, A, L = Role.FOLLOWER, Role.CANDIDATE, Role.LEADER, Role.LEARNER
@@ -34,10 +36,10 @@ E = RoleEvent
 #: role -> {event -> next role}.  An event missing from a role's row is a bug in the
 #: caller (``next_role`` raises).  A learner never stands and never becomes active.
 TRANSITIONS: dict[Role, dict[RoleEvent, Role]] = {
-    F: {E.ELECTION_TIMEOUT: C, E.HIGHER_TERM: F},
-    C: {E.ELECTION_TIMEOUT: C, E.WON: A, E.HIGHER_TERM: F, E.ACTIVE_SEEN: F, E.DEPOSED: F},
+    F: {E.ELECTION_TIMEOUT: C, E.HIGHER_TERM: F, E.DEMOTED: L},
+    C: {E.ELECTION_TIMEOUT: C, E.WON: A, E.HIGHER_TERM: F, E.ACTIVE_SEEN: F, E.DEPOSED: F, E.DEMOTED: L},
     A: {E.HIGHER_TERM: F, E.LOST_QUORUM: F, E.RIVAL_ACTIVE: F, E.DEPOSED: F},
-    L: {E.HIGHER_TERM: L},
+    L: {E.HIGHER_TERM: L, E.PROMOTED: F},
 }
 
 

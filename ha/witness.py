@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ha.members import is_change
 from ha.messages import Entry, RequestVote
 from ha.progress import NEVER, PeerTracker
 from ha.replica_config import ReplicaConfig
@@ -51,8 +52,9 @@ def counts(cfg: ReplicaConfig, me: str, now: float, heard_from: Mapping[str, flo
 
 
 def positions(entries: list[Entry]) -> tuple[Entry, ...]:
-    """What a witness is sent of ``entries``: their positions, without data."""
-    return tuple(Entry(e.term, e.index, None, e.origin, e.weak) for e in entries)
+    """What a witness is sent of ``entries``: their positions, without data (but a membership
+    change's: it is a voter, and must know the voters)."""
+    return tuple(Entry(e.term, e.index, e.data if is_change(e.data) else None, e.origin, e.weak) for e in entries)
 
 
 def ignores_term(cfg: ReplicaConfig, me: str, m: RequestVote, *, term: int, active_heard: bool,

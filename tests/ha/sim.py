@@ -17,6 +17,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from ha.members import Members
 from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready
 from ha.replica import Replica, ReplicaConfig, Role
 
@@ -30,6 +31,8 @@ class Stable:
     snap: tuple[int, int, str] = (0, 0, "")
     #: the applied state: every committed entry as (index, term, origin, data), no-ops included
     state: list[tuple[int, int, str, object]] = field(default_factory=list)
+    #: the members as of the snapshot (Replica.snapshot_members), kept with the state; None: the cluster's first
+    members: Members | None = None
 
     def last(self) -> int:
         return self.log[-1].index if self.log else self.snap[0]
@@ -76,7 +79,9 @@ class Cluster:
             self.start(n)
 
     def config(self, n: str) -> ReplicaConfig:
-        return ReplicaConfig(node=n, voters=self.voters, learners=self.learners, priorities=self.priorities,
+        m = self.stable[n].members if n in self.stable else None
+        voters, learners = (m.voters, m.learners) if m is not None else (self.voters, self.learners)
+        return ReplicaConfig(node=n, voters=voters, learners=learners, priorities=self.priorities,
                              election_timeout=1.0, heartbeat_interval=0.2, max_append=8,
                              quorum_override=self.quorum_override, designated_primary=self.designated_primary,
                              preferred=self._preferred(), failback_after=self.failback_after,
@@ -104,6 +109,12 @@ class Cluster:
                                 term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit,
                                 snapshot=st.snap, applied=None if n in self.witnesses else len(st.state))
 
+    def add_node(self, n: str, members: Members) -> None:
+        """A node new to the partition, with an empty store and ``members`` (the change that
+        adds it) as what it starts from: the active brings it the log, or a snapshot."""
+        self.stable[n] = Stable(members=members)
+        self.start(n)
+
     def crash(self, n: str) -> None:
         self.nodes[n] = None
 
@@ -120,6 +131,8 @@ class Cluster:
         if ready.snapshot is not None:
             m = ready.snapshot
             st.snap = (m.index, m.last_term, m.last_origin)
+            if m.members is not None:
+                st.members = m.members
             st.log = [e for e in st.log if e.index > m.index]
             if n in self.witnesses:
                 if m.data != b"":
@@ -144,8 +157,10 @@ class Cluster:
         for env in ready.messages:
             if isinstance(env.msg, InstallSnapshot) and env.msg.data is None:
                 i, t, o, _d = st.state[-1] if st.state else (0, 0, "", None)
+                me = self.nodes[n]
                 env = Envelope(env.src, env.dst, InstallSnapshot(env.msg.term, env.msg.leader, i, t, o,
-                                                                 tuple(st.state)))
+                                                                 tuple(st.state),
+                                                                 me.members_at(i) if me is not None else None))
             self.post(env)
         r = self.nodes[n]
         if r is not None and r.role is Role.LEADER:
@@ -184,6 +199,7 @@ class Cluster:
         upto = r.applied - self.rng.randint(0, 3)
         r.compact(upto)
         st.snap = (r.snap_index, r.snap_term, r.snap_origin)
+        st.members = r.snapshot_members
         st.log = [e for e in st.log if e.index > r.snap_index]
 
     def write(self) -> None:

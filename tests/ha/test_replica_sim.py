@@ -329,7 +329,7 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
 
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
-        ReplicaConfig(node="x", voters=("a", "b"))
+        ReplicaConfig(node="x", voters=())
     with pytest.raises(ValueError):
         ReplicaConfig(node="a", voters=("a", "b"), quorum_override=3)
     with pytest.raises(ValueError):
