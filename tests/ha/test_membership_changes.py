@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from ha.members import Members, decode, encode
-from ha.replica import MembershipRefused, Role
-from tests.ha.sim import Cluster
+from ha.messages import Ready
+from ha.replica import MembershipRefused, Replica, Role
+from tests.ha.sim import Cluster, SafetyViolation
 
 ABC = ("a", "b", "c")
 
@@ -122,6 +123,47 @@ def test_the_active_refuses_what_is_not_safe() -> None:
         follower.change_members(Members(ABC))
 
 
+def _unsafe_change(r: Replica, new: Members) -> Ready:
+    """What change_members would do without its checks."""
+    e = r._new_entry(encode(new))
+    r._log.entries.append(e)
+    r._ready.append.append(e)
+    r._set_members(new, e.index)
+    for p in r._peers():
+        r._send_append(p)
+    return r._take_ready()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_voters_changed_at_once_lose_confirmed_entries_so_the_active_refuses(seed: int) -> None:
+    """The rule the simulation's checks hold the core to: an active that swapped two voters
+    at once ({a, b, c} -> {a, d, e}), cut off from the two old ones, commits with d alone
+    while those two elect one of themselves without its entries.  The checks catch it;
+    change_members refuses it."""
+    c = Cluster(seed, ABC, loss=0.0)
+    c.add_node("d", Members(ABC, ("d", "e")))
+    c.add_node("e", Members(ABC, ("d", "e")))
+    change(c, Members(ABC, ("d", "e")))
+    caught_up(c, "d")
+    caught_up(c, "e")
+    lead = active(c)
+    r = c.nodes[lead]
+    assert r is not None
+    old = [n for n in ABC if n != lead]
+    swapped = Members((lead, "d", "e"), tuple(old))
+    with pytest.raises(MembershipRefused, match="one node at a time"):
+        r.change_members(swapped)
+    for o in old:
+        for x in (lead, "d", "e"):
+            c.cut.add(frozenset((o, x)))
+    c.handle(lead, _unsafe_change(r, swapped))
+    with pytest.raises(SafetyViolation, match="lacks confirmed entry"):
+        for i in range(1000):
+            c.step()
+            if i % 5 == 0:
+                c.write()
+
+
 def test_a_change_that_is_truncated_is_undone() -> None:
     """The active appends a change and is cut off before anyone has it; the others elect
     another active, which writes on; back, the old active's change is truncated and it uses
@@ -146,7 +188,8 @@ def test_a_change_that_is_truncated_is_undone() -> None:
     c.cut.clear()
     settle(c, 3, writes=0.2)
     old = c.nodes[lead]
-    assert old is not None and old.members == Members(ABC), old.members
+    assert old is not None
+    assert old.members == Members(ABC), old.members
     assert old.last_index < entry.index or old.entry(entry.index).data != entry.data
 
 
@@ -165,7 +208,8 @@ def test_a_replica_that_missed_a_change_gets_it_in_a_snapshot(seed: int) -> None
     c.start(late)
     settle(c, 4, writes=0.2)
     back = c.nodes[late]
-    assert back is not None and back.members == Members(ABC, ("d",)), back.members
+    assert back is not None
+    assert back.members == Members(ABC, ("d",)), back.members
     assert c.snapshots > 0
 
 
