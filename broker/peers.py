@@ -41,6 +41,7 @@ from typing import Protocol
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
 from client.protocol import HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
+from broker.foreign import ForeignActives, flatten
 from broker.config import ConfigError, NodeConfig
 from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
 from broker.secret import peer_mtls
@@ -78,6 +79,12 @@ from ha.peerauth import Refusal, Side, certificate_names, new_nonce, nonce_ok, p
 class Receiving(Protocol):
     def receive(self, src: str, payload: bytes) -> None: ...
 
+    def served(self) -> list[tuple[tuple[int, int], int]]:
+        """(key, term) of every queue partition this node serves (broker.foreign)."""
+
+    def holds(self, key: tuple[int, int]) -> bool:
+        """Whether this node has a copy (a log) of partition ``key``."""
+
 
 class PeerArbiter(Protocol):
     """The LockFile arbiter's driver (broker.lockfile), as the peer links feed it."""
@@ -113,6 +120,9 @@ class PeerHost(Protocol):
 
     async def handle_forward(self, kind: int, payload: bytes) -> bytes: ...
 
+    def map_changed(self) -> None:
+        """A partition got or lost an active, as far as this node knows: tell the sessions."""
+
 log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL,
@@ -130,8 +140,8 @@ def placement_diff(mine: str, theirs: str, mine_is: str, theirs_is: str) -> str:
 
 def placement_mismatch(mine: str, theirs: str, me: str, peer: str) -> str:
     """How ``peer``'s placement settings differ from this node's ("" when they agree, or when
-    the peer did not say)."""
-    if not theirs or theirs == mine:
+    either side places nothing: a witness)."""
+    if not mine or not theirs or theirs == mine:
         return ""
     return ("placement settings differ, so the two would place partitions on different nodes: "
             + placement_diff(mine, theirs, f"on {me}", f"on {peer}")
@@ -178,7 +188,7 @@ class PeerManager:
     """``secret``: the group secret every link proves (:func:`broker.secret.group_secret`);
     None: the links are authenticated by mutual TLS, or this node is in no group."""
 
-    def __init__(self, node: PeerHost, *, secret: bytes | None) -> None:
+    def __init__(self, node: PeerHost, *, secret: bytes | None, places: bool = True) -> None:
         cfg = node.config
         self.node = node
         self.secret = secret
@@ -192,7 +202,11 @@ class PeerManager:
         if witness is not None:
             self.addresses[witness[0]] = witness[1]  # a member: its vote counts in the node quorum
         self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
-        self.placement = cfg.placement_settings()
+        #: what this node tells its peers it places partitions by ("": a witness, which holds none)
+        self.placement = cfg.placement_settings() if places else ""
+        #: who is active for the partitions this node holds no copy of (more members than copies)
+        self.foreign = ForeignActives()
+        self.gossip = cfg.arbiter == "majority" and len(cfg.peer_addresses()) > cfg.replicas
         self.membership = Membership(me=self.me, peers=tuple(self.addresses),
                                      non_response_timeout=cfg.non_response_timeout,
                                      policy=QuorumPolicy.parse(cfg.quorum_policy),
@@ -284,7 +298,8 @@ class PeerManager:
         clock = self.node.clock
         interval = self.node.config.keepalive_interval
         while True:
-            beat = self.arbiter.heartbeat() if self.arbiter is not None else Heartbeat()
+            beat = self.arbiter.heartbeat() if self.arbiter is not None else \
+                Heartbeat(actives=self._served()) if self.gossip else Heartbeat()
             for link in list(self.links.values()):
                 link.send(beat)
             changes = self.membership.tick(clock.monotonic())
@@ -293,6 +308,30 @@ class PeerManager:
                 if isinstance(c, RemoteStateChanged) and c.new is RemoteState.DOWN:
                     self._drop_silent(c.node, c.reason)
             await clock.sleep(interval)
+
+    def _served(self) -> list[int]:
+        """The partitions this node serves, for its keep-alives (broker.foreign)."""
+        rep = self.node.replication
+        return flatten(rep.served()) if rep is not None else []
+
+    def foreign_active(self, key: tuple[int, int]) -> str | None:
+        """The member serving ``key`` (a partition this node holds no copy of), if it said so and
+        its link is up."""
+        said = self.foreign.active(key)
+        return said[0] if said is not None and said[0] in self.links else None
+
+    def foreign_term(self, key: tuple[int, int]) -> int:
+        said = self.foreign.active(key)
+        return said[1] if said is not None else 0
+
+    def _heard_actives(self, name: str, actives: list[int]) -> None:
+        rep = self.node.replication
+        if rep is not None and self.foreign.heard(name, actives, rep.holds):
+            self.node.map_changed()
+
+    def _forget_actives(self, name: str) -> None:
+        if self.foreign.forget(name):
+            self.node.map_changed()
 
     def _drop_silent(self, name: str, reason: str) -> None:
         """Peer ``name`` went Down without its link closing: drop the link, so that the dialer
@@ -592,6 +631,9 @@ class PeerManager:
             if isinstance(frame, Replicate):
                 if rep is not None:
                     rep.receive(link.name, frame.payload)
+            elif isinstance(frame, Heartbeat):
+                if self.gossip:
+                    self._heard_actives(link.name, frame.actives)
             elif isinstance(frame, Forward):
                 task = asyncio.get_running_loop().create_task(self._answer(link, frame))
                 self._handlers.add(task)
@@ -662,5 +704,6 @@ class PeerManager:
         for _rid, (via, fut) in list(self._forwards.items()):
             if via is link and not fut.done():
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
-            if admitted:
-                self.report(self.membership.link_lost(link.name))
+        if admitted:
+            self.report(self.membership.link_lost(link.name))
+            self._forget_actives(link.name)

@@ -151,6 +151,8 @@ class ReplicationState(Protocol):
 
     def partition_infos(self) -> list[PartitionInfo]: ...
 
+    def foreign_infos(self) -> list[PartitionInfo]: ...
+
 
 class HaReport(Protocol):
     """A node's HA arbiter as the status, the console and the metrics show it: the LockFile
@@ -258,8 +260,10 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     happened += node.node_events
     if node.disk_alarm is not None:
         happened += node.disk_alarm.events
+    foreign: list[PartitionInfo] = []
     if rep is not None:
         partitions = rep.partition_infos()
+        foreign = rep.foreign_infos()
         happened += rep.events
         discarded, dp = rep.discarded_total, rep.designated_primary is not None
         dmsgs = rep.discarded_messages
@@ -274,4 +278,4 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
                     lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
-                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())])
+                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())], foreign=foreign)

@@ -233,6 +233,15 @@ class Witness:
     def delivery(self) -> _NoDelivery:
         return self._delivery
 
+    def served(self) -> list[tuple[tuple[int, int], int]]:
+        return []  # it serves nothing
+
+    def holds(self, key: tuple[int, int]) -> bool:
+        return False
+
+    def map_changed(self) -> None:
+        pass  # no client sessions
+
     async def handle_forward(self, kind: int, payload: bytes) -> bytes:
         raise UnavailableError(f"{self.config.name} is a witness: it serves no requests")
 
@@ -250,7 +259,7 @@ class Witness:
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"data dir {self.config.data_dir}: cannot open the witness's store {path}: "
                               f"{exc}") from None
-        self.peers = PeerManager(self, secret=secret)
+        self.peers = PeerManager(self, secret=secret, places=False)
         await self.peers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self.peers.run(), name="tandem-witness-peers"),

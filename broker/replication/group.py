@@ -224,6 +224,15 @@ class Replication:
     def partition_infos(self) -> list[PartitionInfo]:
         return self.roles.partition_infos()
 
+    def foreign_infos(self) -> list[PartitionInfo]:
+        return self.roles.foreign_infos()
+
+    def served(self) -> list[tuple[Key, int]]:
+        return self.roles.served()
+
+    def holds(self, key: Key) -> bool:
+        return key in self.logs
+
     def add_partition_notifier(self, cb: PartitionNotifier) -> None:
         self.roles.add_partition_notifier(cb)
 

@@ -54,6 +54,13 @@ class PeerGroup(Protocol):
     def epoch(self) -> int:
         """The LockFile epoch this node's frames carry (0 without the LockFile arbiter)."""
 
+    def foreign_active(self, key: tuple[int, int]) -> str | None:
+        """The member serving ``key``, a partition this node holds no copy of, as its keep-alives
+        say (broker.foreign); None if unknown or not linked."""
+
+    def foreign_term(self, key: tuple[int, int]) -> int:
+        """The term that member serves ``key`` in (0: unknown)."""
+
 
 class ReplicationHost(Protocol):
     """The node, as far as replication uses it."""

@@ -154,7 +154,10 @@ class Serving:
     def active_of(self, key: Key) -> str | None:
         """The node serving ``key`` as far as this node knows (None without node quorum)."""
         plog = self._logs.get(key)
-        if plog is None or self.disabled():
+        if plog is None:
+            peers = self._host.peers
+            return peers.foreign_active(key) if peers is not None and not self.disabled() else None
+        if self.disabled():
             return None
         r = plog.replica
         if r.role is Role.LEADER:
@@ -189,6 +192,9 @@ class Serving:
             q = self._host.queue_by_id(key[0])
             peers = self._host.peers
             if q is not None and peers is not None and key[1] < q.meta.partitions:
+                active = self.active_of(key)
+                if active is not None:
+                    return active
                 holders = place(self._policy, q.meta.partitions, self._members)[key[1]].nodes
                 for n in holders:
                     if n in peers.links:
@@ -223,7 +229,34 @@ class Serving:
                 lag = max(0, r.last_index - match) if progress else 0
                 replicas.append(ReplicaInfo(n, kind.value, match, lag, lag_seconds(plog, match, now) if lag else 0.0))
             out.append(PartitionInfo("" if key == CATALOGUE else names.get(key[0], f"#{key[0]}"), key[1], state,
-                                     r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas))
+                                     r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas,
+                                     plog.lifecycle.status.value if plog.lifecycle is not None
+                                     and plog.lifecycle.status is not None else ""))
+        return out
+
+    def served(self) -> list[tuple[Key, int]]:
+        """(key, term) of every queue partition this node serves (broker.foreign)."""
+        return [(key, plog.replica.term) for key, plog in self._logs.items()
+                if key != CATALOGUE and plog.serving and plog.replica.role is Role.LEADER]
+
+    def foreign_infos(self) -> list[PartitionInfo]:
+        """The partitions this node holds no copy of, as it knows them (broker.foreign): its
+        active if a member said it serves it (RemoteEnabled), else none (RemoteDefined); the
+        replicas listed are the nodes placement puts it on."""
+        peers = self._host.peers
+        out = []
+        for q in sorted(self._host.queues.values(), key=lambda q: q.meta.id):
+            lists = None
+            for p in range(q.meta.partitions):
+                key = (q.meta.id, p)
+                if key in self._logs:
+                    continue
+                lists = lists or place(self._policy, q.meta.partitions, self._members)
+                active = self.active_of(key) or ""
+                term = peers.foreign_term(key) if peers is not None and active else 0
+                holders = [ReplicaInfo(n, k.value, 0, 0) for n, k in zip(lists[p].nodes, lists[p].kinds)]
+                out.append(PartitionInfo(q.name, p, "Active" if active else "Unavailable", "", active, term, 0, 0, 0,
+                                         holders, "RemoteEnabled" if active else "RemoteDefined"))
         return out
 
 

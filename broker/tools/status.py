@@ -94,6 +94,12 @@ async def _status(args: argparse.Namespace) -> int:
             prow.append((p.queue or "(catalogue)", str(p.partition), p.state, p.active or "-", p.role, str(p.term),
                          str(p.commit), reps))
         _table(prow)
+    if st.foreign:
+        print(f"partitions held elsewhere (as {st.node} knows them):")
+        frow: list[tuple[str, ...]] = [("QUEUE", "PART", "STATUS", "ACTIVE", "TERM", "HELD BY")]
+        frow += [(p.queue, str(p.partition), p.status, p.active or "-", str(p.term) if p.term else "-",
+                  ", ".join(r.node for r in p.replicas)) for p in st.foreign]
+        _table(frow)
     if st.designated_primary:
         print("designated primary: this node goes on alone when its peer is gone")
     print(f"HA-1014 discarded entries: {st.discarded} ({st.discarded_messages} messages)")
@@ -128,7 +134,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "ha_1014_discarded_messages": st.discarded_messages,
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
-        "zones": dict(z.partition("=")[::2] for z in st.zones),
+        "zones": dict(z.partition("=")[::2] for z in st.zones), "foreign": _record(st.foreign),
     }
 
 

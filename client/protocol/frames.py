@@ -240,6 +240,9 @@ class Heartbeat(Frame):
     epoch: int = 0  # the latest lock epoch the sender has seen (0: none, or no LockFile)
     ha_state: str = ""  # the sender's HA state (ha.lockfile.HaState), "" without one
     ha_previous: str = ""  # its state before the change this frame reports ("" if none)
+    #: the partitions the sender serves, [queue id, partition, term, ...], in a group with more
+    #: members than copies (broker.foreign); empty elsewhere
+    actives: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -523,6 +526,9 @@ class PartitionInfo(Record):
     applied: int
     last_index: int
     replicas: list[ReplicaInfo]
+    #: where its definition stands here (ha.partition): LocalEnabled (a copy here), or, for a
+    #: partition held elsewhere, RemoteEnabled (its active known) or RemoteDefined
+    status: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -559,6 +565,9 @@ class StatusOk(Frame):
     lock_holder: str = ""  # the node holding the lock or lease as this node knows it ("" none/unknown)
     drained: list[str] = field(default_factory=list)  # the group's members drained for maintenance
     zones: list[str] = field(default_factory=list)  # "name=zone" of every member (the node's zones setting)
+    #: the partitions this node holds no copy of, as it knows them (broker.foreign): status
+    #: RemoteEnabled (an active is known) or RemoteDefined, replicas are the nodes holding it
+    foreign: list[PartitionInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,9 @@
 --zones a,b,c`` deals them node1 a, node2 b, node3 c, node4 a, node5 b), every partition's three
 copies in three zones; then both nodes of zone a killed at once (kill -9) under load from
 durable producers and consumers: every partition keeps an active, and the checker finds
-nothing lost, duplicated or unexpected."""
+nothing lost, duplicated or unexpected.  Each node holds three partitions of five and knows
+the other two as foreign ones: their active (RemoteEnabled), in ``tandem status`` and in the
+partition maps it gives clients, before the kill and after it."""
 
 from __future__ import annotations
 
@@ -47,6 +49,23 @@ async def copies_by_partition(cl: LocalCluster) -> dict[int, list[str]]:
     return found
 
 
+async def foreign_views_agree(cl: LocalCluster, placed: dict[int, list[str]], actives: dict[int, str]) -> bool:
+    """Every live node lists the partitions it holds no copy of as RemoteEnabled with their
+    active, and names every active in its partition map."""
+    for name, p in cl.nodes.items():
+        if p.proc is None or p.proc.returncode is not None:
+            continue
+        st = await cl.status(name)
+        want = {(QUEUE, i, "RemoteEnabled", actives[i], tuple(placed[i])) for i in placed if name not in placed[i]}
+        have = {(f.queue, f.partition, f.status, f.active, tuple(r.node for r in f.replicas)) for f in st.foreign}
+        if have != want:
+            return False
+        async with await client.connect_link(cl.url_of(name), observe=True) as link:
+            if (await link.partition_map(QUEUE)).actives != [actives[i] for i in range(PARTITIONS)]:
+                return False
+    return True
+
+
 async def test_copies_spread_over_zones_and_a_lost_zone_loses_nothing(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, nodes=5, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, *zone_args("a,b,c", 5)])
@@ -66,6 +85,8 @@ async def test_copies_spread_over_zones_and_a_lost_zone_loses_nothing(tmp_path: 
         for p, nodes in placed.items():
             assert len(nodes) == 3 and sorted(ZONE[n] for n in nodes) == ["a", "b", "c"], (p, nodes)
         assert {nodes[0] for nodes in placed.values()} == set(ZONE)  # an active on every node
+        await wait_until(lambda: foreign_views_agree(cl, placed, {p: n[0] for p, n in placed.items()}),
+                         what="every node knowing the actives of the partitions it does not hold")
 
         cfg = DrillConfig(scenario="zone", partitions=PARTITIONS, producers=2, consumers=2, messages=8000,
                           window=64)
@@ -79,6 +100,8 @@ async def test_copies_spread_over_zones_and_a_lost_zone_loses_nothing(tmp_path: 
         await load.go(lose_zone_a, clock.monotonic() + 240)
         after = await cl.actives(QUEUE)
         assert sorted(after) == list(range(PARTITIONS)) and not set(after.values()) & set(zone_a), after
+        await wait_until(lambda: foreign_views_agree(cl, placed, after),
+                         what="the survivors knowing the new actives of the partitions they do not hold")
         v = classify(load.sent, load.confirmed, load.consumed)
         print(f"zone a ({', '.join(zone_a)}) killed: {len(load.confirmed)} confirmed, {load.failed} sends failed, "
               f"longest confirm wait {max(load.waits) * 1000:.0f} ms; checker {v.as_dict()}")
