@@ -53,8 +53,14 @@ def is_change(data: Any) -> bool:
 
 
 def decode(data: Any) -> Members | None:
-    """The members an entry's data makes (None: not a membership change)."""
+    """The members an entry's data makes (None: not a membership change, or a malformed one,
+    which the driver's decoding then refuses like any malformed entry)."""
     if not is_change(data):
         return None
-    voters, learners = json.loads(data[1:])
-    return Members(tuple(voters), tuple(learners))
+    try:
+        voters, learners = json.loads(data[1:])
+        if not all(type(n) is str for n in (*voters, *learners)):
+            return None
+        return Members(tuple(voters), tuple(learners))
+    except (ValueError, TypeError):
+        return None

@@ -149,9 +149,8 @@ class Replica:
         """The members as of ``index`` (>= the snapshot's): what a snapshot of the state up to
         there carries (the driver fills in :attr:`InstallSnapshot.members` with it)."""
         for e in reversed(self._log.slice(self.snap_index + 1, index)):
-            if is_change(e.data):
-                m = decode(e.data)
-                assert m is not None
+            m = decode(e.data)
+            if m is not None:
                 return m
         return self._base
 
@@ -348,9 +347,8 @@ class Replica:
         """The log changed where a membership change is (appended, truncated, replaced by a
         snapshot): the last change in it, else the base, is in effect."""
         for e in reversed(self._log.entries):
-            if is_change(e.data):
-                m = decode(e.data)
-                assert m is not None
+            m = decode(e.data)
+            if m is not None:
                 self._set_members(m, e.index)
                 return
         self._set_members(self._base, 0)

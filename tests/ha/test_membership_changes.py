@@ -61,6 +61,8 @@ def test_the_entry_encodes_the_members_and_nothing_else_looks_like_one() -> None
     m = Members(("a", "b", "d"), ("c",))
     assert decode(encode(m)) == m
     assert decode(b"\x93\x01\x02\x03") is None and decode(None) is None and decode(b"\xc1") is None
+    for bad in (b"\xc1[", b"\xc1[1, 2]", b"\xc1[[1], []]", b"\xc1[[], []]", b"\xc1[[\"a\"], [\"a\"]]", b"\xc1{}"):
+        assert decode(bad) is None, bad
     with pytest.raises(ValueError):
         Members(("a",), ("a",))
     with pytest.raises(ValueError):
