@@ -67,6 +67,7 @@ from typing import Any
 
 from client.errors import InvalidArgumentError
 from ha.membership import QuorumPolicy
+from ha.placement import DistributionPolicy
 from storage.base import DurabilityPolicy
 
 DEFAULT_PORT = 7780
@@ -271,6 +272,10 @@ class NodeConfig:
         return (f"members={','.join(sorted([self.name, *self.peer_addresses()]))} replicas={self.replicas} "
                 f"sync_replicas={self.sync_replicas} zones={zones}")
 
+    def placement(self) -> tuple[list[str], DistributionPolicy]:
+        """The members (sorted) and the policy this node places partitions by."""
+        return placement_of(self.placement_settings())
+
     @property
     def peer_tls_on(self) -> bool:
         """Whether peer links speak TLS: on when certificates are set, unless peer_tls = "off"."""
@@ -333,6 +338,15 @@ class NodeConfig:
         """(name, (host, port)) of the group's witness under ``arbiter = "witness"``, else None:
         a member of the peer links and a voter of every log, never a data replica."""
         return parse_peer(self.witness) if self.arbiter == "witness" and self.witness else None
+
+
+def placement_of(settings: str) -> tuple[list[str], DistributionPolicy]:
+    """(members, policy) from ``NodeConfig.placement_settings``'s text (as a store keeps it)."""
+    kv = dict(part.partition("=")[::2] for part in settings.split(" "))
+    zones = tuple(tuple(z.split(":", 1)) for z in kv.get("zones", "").split(",") if z)
+    return (sorted(m for m in kv.get("members", "").split(",") if m),
+            DistributionPolicy(replicas=int(kv.get("replicas", "2")), sync_replicas=int(kv.get("sync_replicas", "2")),
+                               zones=zones))  # type: ignore[arg-type]
 
 
 def redact_url(url: str) -> str:

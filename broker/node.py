@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from broker import sequences, tls
 from broker.catalogue import Catalogue
 from broker.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
-from broker.config import ConfigError, NodeConfig, redact_url
+from broker.config import ConfigError, NodeConfig, placement_of, redact_url
 from broker.delivery import Delivery
 from broker.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error, start_error
 from broker.forward import ForwardRequest
@@ -55,6 +55,7 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
+from ha.placement import place, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
                           SetDrained, Settle, StoredMessage, UserRecord, WriteOp)
@@ -271,11 +272,37 @@ class Node:
         if was == now:
             return
         if was is not None and self.queues:
-            raise ConfigError(
-                f"node {self.config.name} cannot start: its store's {len(self.queues)} queue(s) were placed under "
-                f"other group settings ({placement_diff(now, was, 'now', 'then')}); partitions do not move "
-                f"while the group runs, so start it with its former peers, replicas, sync_replicas and zones")
+            unsafe = self._unsafe_moves(was)
+            diff = placement_diff(now, was, "now", "then")
+            if unsafe:
+                raise ConfigError(
+                    f"node {self.config.name} cannot start: its store's queues were placed under other group "
+                    f"settings ({diff}), and under these {len(unsafe)} partition(s) would be on voters a majority "
+                    f"of which may lack confirmed messages, e.g. {'; '.join(unsafe[:3])}; partitions are not "
+                    f"copied when settings change, so start it with its former peers, replicas, sync_replicas and "
+                    f"zones, or give a group of another shape a data directory of its own "
+                    f"(tandem cluster up --data-dir)")
+            log.warning("placement settings changed since the last start (%s): every partition's new voters "
+                        "include enough of its former ones", diff)
         await asyncio.to_thread(self.engine.set_meta, PLACEMENT_KEY, now)
+
+    def _unsafe_moves(self, was: str) -> list[str]:
+        """The partitions whose node list under the settings ``was`` may not be replaced by the
+        one under this node's (:func:`ha.placement.unsafe_to_replace`), as "queue/p: old -> new"."""
+        old_members, old_policy = placement_of(was)
+        new_members, new_policy = self.config.placement()
+        out = []
+        for q in sorted(self.queues.values(), key=lambda q: q.meta.id):
+            try:
+                before = place(old_policy, q.meta.partitions, old_members)
+            except ValueError:
+                before = []  # (settings this build cannot place by: every list counts as new)
+            after = place(new_policy, q.meta.partitions, new_members)
+            for p, new in enumerate(after):
+                old = before[p] if before else None
+                if old is None or unsafe_to_replace(old, new):
+                    out.append(f"{q.name}/{p}: {','.join(old.nodes) if old else '?'} -> {','.join(new.nodes)}")
+        return out
 
     async def _stop_disk_alarm(self) -> None:
         if self._disk_task is not None:

@@ -128,3 +128,18 @@ def _static(policy: DistributionPolicy, partitions: int, nodes: list[str],
         kinds = tuple(ReplicaKind.ASYNC if n in policy.async_nodes else ReplicaKind.SYNC for n in lst)
         out.append(NodeList(tuple(lst), kinds))
     return out
+
+
+def unsafe_to_replace(old: NodeList, new: NodeList) -> bool:
+    """Whether a partition placed on ``old`` may not simply be opened on ``new`` instead (the
+    group restarted with other members or settings, no copy moved).  An entry committed on a
+    majority of the old voters may be missing on the rest of them, and is missing on every
+    new voter that was not one: if those could make up a majority of the new voters, they
+    could elect a node without it, and it would be lost."""
+    old_voters, new_voters = set(old.voters), set(new.voters)
+    if new_voters == old_voters:
+        return False
+    n = len(old_voters)
+    kept = len(new_voters & old_voters)
+    lacking = len(new_voters - old_voters) + min(kept, n - (n // 2 + 1))
+    return lacking >= len(new_voters) // 2 + 1

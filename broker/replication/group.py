@@ -37,7 +37,7 @@ from broker.replication.transport import Transport
 from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
-from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place
+from ha.placement import NodeList, ReplicaKind, place
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
     DropQueue,
@@ -113,9 +113,7 @@ class Replication:
         self.host = host
         cfg = host.config
         self.me = cfg.name
-        self.members = sorted([cfg.name, *cfg.peer_addresses()])
-        self.policy = DistributionPolicy(replicas=cfg.replicas, sync_replicas=cfg.sync_replicas,
-                                         zones=tuple(sorted(cfg.zone_map().items())))
+        self.members, self.policy = cfg.placement()
         self.priority = cfg.priority
         self.quorum_override: int | None = None
         self.designated_primary: str | None = cfg.name if cfg.designated_primary else None

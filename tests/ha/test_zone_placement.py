@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from ha.placement import DistributionPolicy, place
+from ha.placement import DistributionPolicy, NodeList, ReplicaKind, place, unsafe_to_replace
 
 
 def zoned(nodes: list[str], zones: str, **kw: object) -> DistributionPolicy:
@@ -61,3 +61,17 @@ def test_zones_must_name_every_node() -> None:
         place(DistributionPolicy(zones=(("a", "x"), ("b", "y"))), 1, ["a", "b", "c"])
     with pytest.raises(ValueError, match="not a node: z"):
         place(DistributionPolicy(zones=(("a", "x"), ("b", "y"), ("c", "x"), ("z", "y"))), 1, ["a", "b", "c"])
+
+
+def nl(*nodes: str) -> NodeList:
+    return NodeList(nodes, (ReplicaKind.SYNC,) * len(nodes))
+
+
+def test_which_placements_may_replace_another_without_moving_a_copy() -> None:
+    assert not unsafe_to_replace(nl("a", "b", "c"), nl("c", "a", "b"))  # another order: the same voters
+    assert not unsafe_to_replace(nl("a", "b", "c"), nl("a", "b"))  # 3 -> 2: both of them must vote
+    assert not unsafe_to_replace(nl("a", "b", "c"), nl("a", "b", "c", "d"))  # d and one lagging: 2 of 4
+    assert unsafe_to_replace(nl("a", "b", "c"), nl("d", "e", "a"))  # d and e elect d, empty
+    assert unsafe_to_replace(nl("a", "b", "c"), nl("a", "b", "d"))  # d and a lagging b
+    assert unsafe_to_replace(nl("a", "b", "c", "d", "e"), nl("a", "b", "c"))  # a, b may both lack it
+    assert not unsafe_to_replace(nl("a", "b", "c", "d", "e"), nl("a", "b", "c", "d"))  # 3 of 4 hold one
