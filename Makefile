@@ -39,7 +39,7 @@ test: dev
 	@scripts/ensure-system-packages.sh
 	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 pipeline-demo: dev
 	$(BIN)/python examples/pipeline_demo.py
