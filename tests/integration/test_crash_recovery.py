@@ -32,7 +32,9 @@ async def _publish_until_killed(url: str, proc: NodeProcess, kill_after: int) ->
     ``kill_after`` are confirmed, with sends still in flight; (sent, confirmed)."""
     sent: set[int] = set()
     confirmed: set[int] = set()
-    conn = await client.connect(url)
+    # the sends in flight at the kill fail once send_timeout is over (the node stays down):
+    # a short one, so the test does not wait the default minute for them
+    conn = await client.connect(url, send_timeout=3.0)
     await conn.declare_queue("q", partitions=4)
     p = conn.producer("q", max_batch=100)
     window = asyncio.Semaphore(2000)
