@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
                                  "  tandem cluster up --nodes 2 --arbiter lockfile --lockfile "
                                  "/mnt/gateway/tandem.lock\n"
                                  "  tandem cluster up --nodes 2 --arbiter witness\n"
-                                 "  tandem cluster up --nodes 5 --zones a,b,c",
+                                 "  tandem cluster up --nodes 5 --zones a,b,c --data-dir .tandem-zones",
                           formatter_class=ExamplesFormatter)
     up.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
     up.add_argument("--base-port", dest="base_port", type=int, default=7780, help="default 7780")
