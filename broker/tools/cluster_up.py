@@ -177,7 +177,7 @@ class Supervisor:
 
 async def _run(args: argparse.Namespace) -> int:
     extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
-    extra += args.zone_args
+    extra += getattr(args, "zone_args", [])
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
                            extra_args=extra, ha=args.ha, tls=args.tls)
     sup = Supervisor(cluster, restart_delay=args.restart_delay)
@@ -235,9 +235,11 @@ def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
         print(f"  database   : {redact_url(str(ha.database))}  lock {ha.lock or 'database'}", flush=True)
     if ha.arbiter == "lockfile":
         print(f"  lock file  : {ha.lockfile_path(cluster.data_dir)}", flush=True)
+    zone_of = dict(a.split("=", 1) for a in getattr(args, "zone_args", [])[1::2])
     for name, p in cluster.nodes.items():
+        zone = f"  zone {zone_of[name]}" if name in zone_of else ""
         print(f"  {name:6} client {p.host}:{p.address[1] if p.address else p.port}  peer "
-              f"{cluster.peer_ports[name]}  pid {p.pid}  log {p.log_path}", flush=True)
+              f"{cluster.peer_ports[name]}{zone}  pid {p.pid}  log {p.log_path}", flush=True)
     if cluster.witness is not None:
         w = cluster.witness
         print(f"  {w.name:6} witness, peer {w.peer_port}  pid {w.pid}  log {w.log_path}", flush=True)
