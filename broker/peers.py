@@ -704,7 +704,6 @@ class PeerManager:
         for _rid, (via, fut) in list(self._forwards.items()):
             if via is link and not fut.done():
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
-            if admitted:
-                self.report(self.membership.link_lost(link.name))
         if admitted:
+            self.report(self.membership.link_lost(link.name))
             self._forget_actives(link.name)

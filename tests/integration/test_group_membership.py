@@ -16,6 +16,7 @@ from broker.config import build_config
 from broker.node import Node
 from client.protocol.frames import StatusOk
 from ha.membership import QuorumState, RemoteState
+from ha.replica import Role
 from tests.conftest import url_of
 from tests.helpers import group_secret_file, wait_until
 
@@ -223,6 +224,12 @@ async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict
         await trio["n2"].stop()
         await trio["n3"].stop()
         await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
+        rep = trio["n1"].replication
+        assert rep is not None
+        # its link closed, n2's loss counts at once; n1 stays the partition's active until it has
+        # heard from no voter for an election timeout (check-quorum), and then revokes the delivery
+        await wait_until(lambda: all(p.replica.role is not Role.LEADER for p in rep.logs.values()),
+                         what="n1 no longer active for anything")
         with pytest.raises(UnavailableError, match="no quorum .* cannot publish"):
             await conn.producer("q").send(b"during")
         with pytest.raises(UnavailableError):
