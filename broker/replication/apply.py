@@ -12,6 +12,7 @@ from broker.replication.codec import (CATALOGUE, Key, MalformedReplicationError,
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog
 from client.clock import Cancellable
+from ha.members import is_change
 from ha.messages import Entry, InstallSnapshot
 from storage.base import Append, DropQueue, PutApplied, PutQueue, WriteOp
 
@@ -42,7 +43,7 @@ def apply_entries(plog: PartLog, entries: list[Entry], callbacks: list[list[Call
     key = plog.key
     for e in entries:
         waiting = plog.waiters.pop(e.index, None)
-        if e.data is not None:
+        if e.data is not None and not is_change(e.data):  # (a membership change is the core's)
             if waiting is not None and waiting[0] is not None:
                 entry_ops = waiting[0]
             else:
@@ -96,7 +97,7 @@ def messages_in(key: Key, payloads: tuple[bytes | None, ...]) -> int:
     """How many published messages these log entries carried."""
     n = 0
     for data in payloads:
-        if data is None or key == CATALOGUE:
+        if data is None or key == CATALOGUE or is_change(data):
             continue
         try:
             n += sum(len(op.messages) for op in decode_ops(key, data) if isinstance(op, Append))

@@ -91,6 +91,7 @@ import msgpack
 
 from client.errors import InvalidArgumentError, MalformedFrameError
 from client.protocol.codec import MAX_INT
+from ha.members import Members
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -260,6 +261,20 @@ def _entry_in(a: Any) -> Entry:
                  _str(a[3], "entry origin"), _bool(a[4], "entry weak"))
 
 
+def _members_in(v: Any) -> Members | None:
+    """A snapshot's members (ha.members): [[voter, ...], [learner, ...]], or nil."""
+    if v is None:
+        return None
+    a = _array(v, 2, "snapshot members")
+    voters, learners = a[0], a[1]
+    if type(voters) is not list or type(learners) is not list:
+        raise MalformedReplicationError("snapshot members: expected two arrays of names")
+    try:
+        return Members(tuple(_str(n, "member") for n in voters), tuple(_str(n, "member") for n in learners))
+    except ValueError as exc:
+        raise MalformedReplicationError(f"snapshot members: {exc}") from None
+
+
 def _entries_in(v: Any) -> tuple[Entry, ...]:
     if type(v) is not list:
         raise MalformedReplicationError("AppendEntries: entries are not an array")
@@ -275,7 +290,8 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
                               m.prev_origin, [_entry_out(e) for e in m.entries], m.commit],
     AppendReply: lambda m: [MessageKind.APPEND_REPLY, m.term, m.replica, m.success, m.match_index],
     InstallSnapshot: lambda m: [MessageKind.INSTALL_SNAPSHOT, m.term, m.leader, m.index, m.last_term,
-                                m.last_origin, m.data],
+                                m.last_origin, m.data,
+                                *(() if m.members is None else ([list(m.members.voters), list(m.members.learners)],))],
     TimeoutNow: lambda m: [MessageKind.TIMEOUT_NOW, m.term, m.leader, m.rank],
     Alive: lambda m: [MessageKind.ALIVE, m.term, m.replica],
 }
@@ -293,7 +309,8 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message]] = {
                                                     _bool(a[3], "success"), _uint(a[4], "match_index")),
     MessageKind.INSTALL_SNAPSHOT: lambda a: InstallSnapshot(_uint(a[1], "term"), _str(a[2], "leader"),
                                                             _uint(a[3], "index"), _uint(a[4], "last_term"),
-                                                            _str(a[5], "last_origin"), _opt_bin(a[6], "data")),
+                                                            _str(a[5], "last_origin"), _opt_bin(a[6], "data"),
+                                                            _members_in(a[7]) if len(a) > 7 else None),
     MessageKind.TIMEOUT_NOW: lambda a: TimeoutNow(_uint(a[1], "term"), _str(a[2], "leader"), _uint(a[3], "rank")),
     MessageKind.ALIVE: lambda a: Alive(_uint(a[1], "term"), _str(a[2], "replica")),
     MessageKind.PRE_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),

@@ -74,7 +74,10 @@ class Transport:
             data = encode_snapshot(st)
             pos = st.applied
         log.info("partition %d/%d: sending a snapshot at index %d to %s", key[0], key[1], pos[0], dst)
-        full = InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data)
+        held = self._logs.get(key)
+        r = held.replica if held is not None else None
+        members = r.members_at(pos[0]) if r is not None and pos[0] >= r.snap_index else None
+        full = InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members)
         self._out.setdefault(dst, []).append([key[0], key[1], encode_message(full)])
         self.flush()
 

@@ -8,10 +8,13 @@ the ``Replicate`` payload must encode to (and decode from) the bytes below."""
 
 from __future__ import annotations
 
+import random
+
 import msgpack
 import pytest
 
 from broker.replication import (
+    MalformedReplicationError,
     MessageKind,
     OpCode,
     UnknownMessageKind,
@@ -28,6 +31,12 @@ from broker.replication.codec import (
     encode_catalogue_snapshot,
     encode_replicate,
 )
+from broker.replication.apply import apply_entries, messages_in
+from broker.replication.partlog import open_log
+from ha.members import Members
+from ha.members import encode as encode_members
+from ha.placement import NodeList, ReplicaKind
+from ha.replica_config import ReplicaConfig
 from ha.messages import (
     Alive,
     AppendEntries,
@@ -40,6 +49,8 @@ from ha.messages import (
     VoteReply,
 )
 from storage.base import (
+    LogState,
+    PutApplied,
     AclRecord,
     Append,
     DropProducers,
@@ -71,6 +82,7 @@ MESSAGES: list[Message] = [
     AppendEntries(3, "node1", 9, 2, "node1", (Entry(3, 10, b"ops", "node1", False),), 8),
     AppendReply(3, "node2", True, 10),
     InstallSnapshot(3, "node1", 10, 2, "node1", b"state"),
+    InstallSnapshot(3, "node1", 10, 2, "node1", b"state", Members(("node1", "node2", "node4"), ("node3",))),
     TimeoutNow(3, "node1", 4),
     Alive(3, "node3"),
     RequestVote(3, "node1", 10, 2, 1, pre=True),
@@ -82,6 +94,24 @@ MESSAGES: list[Message] = [
 def test_every_kind_round_trips_through_msgpack(m: Message) -> None:
     wire = msgpack.packb(encode_message(m), use_bin_type=True)
     assert decode_message(msgpack.unpackb(wire, raw=False)) == m
+
+
+def test_a_snapshots_members_are_checked() -> None:
+    base = msgpack.unpackb(msgpack.packb(encode_message(InstallSnapshot(3, "node1", 10, 2, "node1", b"state")),
+                                         use_bin_type=True), raw=False)
+    assert decode_message([*base, None]).members is None  # nil: the receiver keeps its own
+    for bad in ([["node1"]], [["node1"], "node2"], [[1], []], [[], []], [["node1"], ["node1"]]):
+        with pytest.raises(MalformedReplicationError, match="snapshot members"):
+            decode_message([*base, bad])
+
+
+def test_membership_entries_are_not_applied_or_counted_as_messages() -> None:
+    change = encode_members(Members(("node1", "node2", "node3"), ("node4",)))
+    assert messages_in((1, 0), (change, None)) == 0
+    plog = open_log((1, 0), NodeList(("node1", "node2", "node3"), (ReplicaKind.SYNC,) * 3), LogState(),
+                    ReplicaConfig(node="node1", voters=("node1", "node2", "node3")), rng=random.Random(0), now=0.0)
+    ops = apply_entries(plog, [Entry(2, 5, change, "node1", False)], [], lambda ops: ops)
+    assert ops == [PutApplied(1, 0, 5, 2, "node1")]
 
 
 def test_an_unknown_kind_is_refused() -> None:
