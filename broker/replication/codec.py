@@ -24,7 +24,9 @@ whoever sent the bytes.
                             prev_origin str, entries array of Entry, commit int
     3 APPEND_REPLY          term int, replica str, success bool, match_index int
     4 INSTALL_SNAPSHOT      term int, leader str, index int, last_term int,
-                            last_origin str, data bin (a snapshot, below)
+                            last_origin str, data bin (a snapshot, below),
+                            [members: [[voter str, ...], [learner str, ...]] | nil]
+                            (the partition's members as of index, ha.members)
     5 TIMEOUT_NOW           term int, leader str, rank int
     6 ALIVE                 term int, replica str
     7 PRE_VOTE              as REQUEST_VOTE: would the voter vote for the candidate in
