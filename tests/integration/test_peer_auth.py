@@ -253,8 +253,12 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
             await conn.producer(QUEUE).send_many([f"m{i}".encode() for i in range(MESSAGES)])
         await wait_until(lambda: all_up(cl), what="every member Up")
         await wait_until(lambda: knows_queue(cl), what="every member has applied the declare")
+
+        async def settled() -> bool:  # every partition served by an active that has loaded it
+            return await depth(cl) == MESSAGES
+
+        await wait_until(settled, what=f"the {MESSAGES} messages counted by the partitions' actives")
         before = await statuses(cl)
-        assert await depth(cl) == MESSAGES
 
         logged = {n: len(p.log_text()) for n, p in cl.nodes.items()}
         attempts: list[tuple[str, str, Attempt]] = []
