@@ -102,9 +102,8 @@ class Replica:
         #: the members as of the snapshot (the driver's, kept with its state); the log's last
         #: membership change, if any, overrides them (ha.members)
         self._base = Members(config.voters, config.learners)
-        self._members_index = 0  # the index of the change in effect (0: the base's)
-        self._ready = Ready()
-        self._refresh_members()
+        members, self._members_index = self._last_change()  # (index 0: the base's)
+        self.cfg = config.with_members(members)
         self.role = Role.FOLLOWER if self.id in self.cfg.voters else Role.LEARNER
         self.leader: str | None = None
         self._votes: set[str] = set()
@@ -335,6 +334,10 @@ class Replica:
             if self._tracker.match.get(v, 0) < self.commit:
                 raise MembershipRefused(f"{v} is not caught up ({self._tracker.match.get(v, 0)} of {self.commit}): "
                                         f"add it as a learner first")
+        return self._append_change(new)
+
+    def _append_change(self, new: Members) -> tuple[Ready, Entry]:
+        """Append the change to ``new`` and send it (change_members has checked it is safe)."""
         entry = self._new_entry(encode(new))
         self._log.entries.append(entry)
         self._ready.append.append(entry)
@@ -343,15 +346,19 @@ class Replica:
             self._send_append(p)
         return self._take_ready(), entry
 
-    def _refresh_members(self) -> None:
-        """The log changed where a membership change is (appended, truncated, replaced by a
-        snapshot): the last change in it, else the base, is in effect."""
+    def _last_change(self) -> tuple[Members, int]:
+        """The members in effect and the index of their change: the log's last one, else the
+        base (index 0)."""
         for e in reversed(self._log.entries):
             m = decode(e.data)
             if m is not None:
-                self._set_members(m, e.index)
-                return
-        self._set_members(self._base, 0)
+                return m, e.index
+        return self._base, 0
+
+    def _refresh_members(self) -> None:
+        """The log changed where a membership change is (appended, truncated, replaced by a
+        snapshot): the last change in it, else the base, is in effect."""
+        self._set_members(*self._last_change())
 
     def _set_members(self, m: Members, index: int) -> None:
         self._members_index = index
@@ -360,8 +367,6 @@ class Replica:
             return
         self.cfg = self.cfg.with_members(m)
         self._ready.members = m
-        if not hasattr(self, "role"):
-            return  # (construction: the role follows from the members)
         if self.role is Role.LEARNER and self.id in m.voters:
             self._become(RoleEvent.PROMOTED, "made a voter")
             self._election_at = self._now + self._timeout()
