@@ -35,7 +35,8 @@ from typing import Any
 
 from broker import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import certs, cluster_up, commands, load, node_cli, secret_cli, status, users_cli, witness_cli
+from broker.tools import (certs, cluster_up, commands, load, node_cli, partition_cli, secret_cli, status, users_cli,
+                          witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parsers(sub)
     users_cli.add_parsers(sub)
     node_cli.add_parser(sub)
+    partition_cli.add_parser(sub)
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)

@@ -53,6 +53,7 @@ class ForwardKind(IntEnum):
     ACL_GRANT = 14
     ACL_REVOKE = 15
     DRAIN = 16
+    MOVE = 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +207,24 @@ class DrainFwd(ForwardRequest):
     by: str
 
 
+@dataclass(frozen=True, slots=True)
+class MoveFwd(ForwardRequest):
+    """Place partition ``partition`` of queue ``queue_id`` on ``nodes`` (comma-separated, in
+    priority order), on the catalogue's active: ``moving`` 1 starts a move there, 0 says the
+    partition's active has finished it; ``by``: who asked.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.MOVE
+    hops: int
+    queue_id: int
+    partition: int
+    nodes: str
+    moving: int
+    by: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
-                              AclGrantFwd, AclRevokeFwd, DrainFwd)
+                              AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -13,9 +13,10 @@ from typing import Any, Protocol
 from broker import status
 from broker.catalogue import Catalogue
 from broker.drain import Drains
+from broker.moves import Moves
 from broker.security import Security
 from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
-                            OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
+                            MoveFwd, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -27,6 +28,7 @@ class ForwardedHost(status.StatusSource, Protocol):
     catalogue: Catalogue
     security: Security
     drains: Drains
+    moves: Moves
 
     def catalogue_commit(self) -> int: ...
 
@@ -57,6 +59,7 @@ class ForwardHandlers:
             ForwardKind.ACL_GRANT: self._security,
             ForwardKind.ACL_REVOKE: self._security,
             ForwardKind.DRAIN: self._drain,
+            ForwardKind.MOVE: self._move,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -85,6 +88,9 @@ class ForwardHandlers:
 
     async def _drain(self, req: DrainFwd) -> bytes:
         return await self.node.drains.forwarded(req)
+
+    async def _move(self, req: MoveFwd) -> bytes:
+        return await self.node.moves.forwarded(req)
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

@@ -42,6 +42,7 @@ from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.queues import MemoryBudget, Msg, Queue, revoke_deliveries
 from broker.replication import Replication
+from broker.replication.codec import placement_out
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
@@ -49,6 +50,7 @@ from broker.streams import read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.moves import Moves
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -58,7 +60,7 @@ from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMes
 from ha.placement import place, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
-                          SetDrained, Settle, StoredMessage, UserRecord, WriteOp)
+                          SetDrained, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
@@ -100,6 +102,7 @@ class Node:
         self.acls = AclTable()
         self.security = Security(self)
         self.drains = Drains(self)  # the group's members drained for maintenance
+        self.moves = Moves(self)  # partitions placed off the policy (tandem partition move)
         self.sessions: set[Session] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
@@ -246,7 +249,7 @@ class Node:
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
-            self.replication = Replication(self, recovered.logs)
+            self.replication = Replication(self, recovered.logs, recovered.meta)
             self._commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
                 self._lockfile = LockFileDriver(cfg, self.clock, self.replication, self.peers)
@@ -453,6 +456,7 @@ class Node:
         self.acls = AclTable(rec.acls)
         self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
         self.drains.load(rec.meta)
+        self.moves.load(rec.meta)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -665,13 +669,59 @@ class Node:
         return self.security.apply(op)
 
     def security_snapshot(self) -> dict[str, Any]:
-        return {**self.security.snapshot(), "drained": self.drains.snapshot()}
+        return {**self.security.snapshot(), "drained": self.drains.snapshot(),
+                "placed": [placement_out(op) for op in self.moves.snapshot()]}
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         ops = self.security.install(data)
         if "drained" in data:
             ops.extend(self.drains.install(data["drained"]))
+        if "placed" in data:
+            ops.extend(self.moves.install(data["placed"]))
         return ops
+
+    def moves_under_way(self) -> list[str]:
+        out = []
+        for key in sorted(self.moves.moving):
+            q = self.catalogue.by_id(key[0])
+            if q is not None:
+                out.append(f"{q.name}/{key[1]} {','.join(self.moves.placed[key])}")
+        return out
+
+    def move_apply(self, op: SetPlacement) -> list[WriteOp]:
+        return self.moves.apply(op)
+
+    def placed(self, key: tuple[int, int]) -> tuple[str, ...] | None:
+        return self.moves.placed.get(key)
+
+    @property
+    def moving(self) -> Collection[tuple[int, int]]:
+        return self.moves.moving
+
+    async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
+        await self.moves.finished(key, nodes)
+
+    def move_refusal(self) -> str | None:
+        refusal = self.drain_refusal()
+        return refusal.replace("node drain", "partition move") if refusal else None
+
+    def queue_meta(self, name: str) -> QueueMeta | None:
+        q = self.catalogue.queues.get(name)
+        return q.meta if q is not None else None
+
+    def queue_meta_of(self, queue_id: int) -> QueueMeta | None:
+        q = self.catalogue.by_id(queue_id)
+        return q.meta if q is not None else None
+
+    def nodes_of(self, key: tuple[int, int]) -> tuple[str, ...]:
+        q = self.catalogue.by_id(key[0])
+        if self.replication is None or q is None:
+            return ()
+        return self.replication.placed(key, q.meta.partitions).nodes
+
+    def placement_changed(self, key: tuple[int, int]) -> None:
+        if self.replication is not None:
+            self.replication.placement_changed(key)
 
     def drain_apply(self, op: SetDrained) -> list[WriteOp]:
         return self.drains.apply(op)

@@ -30,6 +30,7 @@ from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.moves import Moves
 from broker.security import Security
 from broker.users import UserRegistry, make_user
 from client.clock import Clock
@@ -95,6 +96,7 @@ from client.protocol.frames import (
     Reject,
     SetOption,
     DrainNode,
+    MovePartition,
     SetQuorumOverride,
     Status,
     Subscribe,
@@ -113,6 +115,7 @@ class SessionHost(StatusSource, Protocol):
     acls: AclTable
     security: Security
     drains: Drains
+    moves: Moves
     confirms: int
     publisher: Publisher
 
@@ -629,6 +632,11 @@ class Session:
         await self.node.drains.set(f.node, f.drained, f"{user.name} ({self.client_name})")
         self.send(status_of(self.node, f.rid))
 
+    async def _move_partition(self, f: MovePartition) -> None:
+        user = self._group_admin("move a partition")
+        await self.node.moves.move(f.queue, f.partition, tuple(f.nodes), f"{user.name} ({self.client_name})")
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         self._may("browse", f.queue)
         msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
@@ -703,7 +711,8 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
-    SetOption: Session._set_option, DrainNode: Session._drain_node, Metadata: Session._metadata,
+    SetOption: Session._set_option, DrainNode: Session._drain_node,
+    MovePartition: Session._move_partition, Metadata: Session._metadata,
     UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
     AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
 }

@@ -236,6 +236,10 @@ class StatusSource(NodeState, Protocol):
     @property
     def drained(self) -> frozenset[str]: ...  # the group's members drained for maintenance (broker.drain)
 
+    def moves_under_way(self) -> list[str]:
+        """The moves under way (broker.moves): "queue/partition node,node,..."."""
+        ...
+
 
 def status_of(node: StatusSource, rid: int) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``."""
@@ -278,4 +282,5 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
                     lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
-                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())], foreign=foreign)
+                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())], foreign=foreign,
+                    moving=node.moves_under_way())

@@ -81,6 +81,7 @@ from client.protocol.frames import (
     Reject,
     SetOption,
     DrainNode,
+    MovePartition,
     SetQuorumOverride,
     Status,
     StatusOk,
@@ -470,6 +471,13 @@ class Connection:
         members), or undrain it (``drained`` false).  Returns once the change is applied on
         the node this connection is to; the actives move afterwards."""
         return expect(await self.request(lambda rid: DrainNode(rid=rid, node=node, drained=drained)), StatusOk)
+
+    async def move_partition(self, queue: str, partition: int, nodes: list[str]) -> StatusOk:
+        """Operator: place ``queue``'s partition ``partition`` on ``nodes`` (priority order): its
+        copies move there while producers and consumers run.  Returns once the move is
+        applied on this node; the status's partition state says when it is done."""
+        return expect(await self.request(lambda rid: MovePartition(rid=rid, queue=queue, partition=partition,
+                                                                   nodes=list(nodes))), StatusOk)
 
     async def set_designated_primary(self, on: bool) -> StatusOk:
         """Two-node group: let this node go on alone when its peer is gone (or stop that)."""

@@ -44,6 +44,10 @@ STATE_TRANSITIONS: dict[tuple[PartitionState, str], PartitionState] = {
     (S.MIGRATING, "done"): S.ACTIVE,
     (S.ACTIVE, "replicate"): S.REPLICATING,
     (S.REPLICATING, "done"): S.ACTIVE,
+    (S.MIGRATING, "replicate"): S.REPLICATING,  # a move: a new copy behind again (a new active's view)
+    (S.REPLICATING, "migrate"): S.MIGRATING,  # the new copies caught up, the members change
+    (S.MIGRATING, "active_elected"): S.ACTIVE,  # a failover mid-move: the new active says where it is
+    (S.REPLICATING, "active_elected"): S.ACTIVE,
     (S.ACTIVE, "update"): S.UPDATING,
     (S.UPDATING, "done"): S.ACTIVE,
     (S.UNAVAILABLE, "done"): S.UNAVAILABLE,  # work that finishes while unavailable changes nothing

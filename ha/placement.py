@@ -93,6 +93,13 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
     return out
 
 
+def listed(policy: DistributionPolicy, nodes: tuple[str, ...]) -> NodeList:
+    """An explicit node list (``tandem partition move``) with the kinds ``place`` gives by
+    position: the first node and the next ``sync_replicas`` sync, the rest async."""
+    kinds = tuple(ReplicaKind.SYNC if i <= policy.sync_replicas else ReplicaKind.ASYNC for i in range(len(nodes)))
+    return NodeList(nodes, kinds)
+
+
 def _spread(active: str, rotation: list[str], copies: int, zone_of: dict[str, str]) -> list[str]:
     """``copies`` replicas for a partition whose active is ``active``: each time the first node
     of ``rotation`` (the nodes after the active, in turn) among those in the zones the list

@@ -139,6 +139,11 @@ class Replica:
         return Members(self.cfg.voters, self.cfg.learners)
 
     @property
+    def members_committed(self) -> bool:
+        """The members in effect are committed (their change is, or they are the snapshot's)."""
+        return self._members_index <= self.commit
+
+    @property
     def snapshot_members(self) -> Members:
         """The members as of the snapshot: what the driver keeps with its state (a restart
         passes them back as the config's voters and learners)."""

@@ -279,6 +279,20 @@ class SetDrained:
     drained: bool
 
 
+@dataclass(frozen=True, slots=True)
+class SetPlacement:
+    """Replicated mode, catalogue log only: partition ``partition`` of queue ``queue_id``
+    is placed on ``nodes`` (in priority order) instead of where the distribution policy
+    puts it (``tandem partition move``, see broker.moves).  ``moving``: its active is
+    moving the copies there; False once it has.  Each member turns it into a
+    :class:`PutMeta`; stores never see it."""
+
+    queue_id: int
+    partition: int
+    nodes: tuple[str, ...]
+    moving: bool
+
+
 # -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
 #
 # Key (0, 0) is the group's metadata log (queue definitions); queue ids start at 1.
@@ -354,8 +368,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | LogAppend | LogTruncate
-    | LogCompact | PutHardState | PutApplied | ResetPartition
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | LogAppend
+    | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 
 

@@ -1,5 +1,5 @@
 """The operations (the admin permission: role admin, or granted): node settings (priority, quorum override,
-designated primary), draining a node, declare, delete and purge a queue, create and delete users,
+designated primary), draining a node, moving a partition, declare, delete and purge a queue, create and delete users,
 change their passwords, grant and revoke their permissions (users and grants are the
 group's: :mod:`broker.security`).  Each is logged with the operator who asked."""
 
@@ -134,6 +134,28 @@ async def purge_queue(request: web.Request) -> web.Response:
     purged = await request.app[NODE].purge(name)
     log.warning("console: %s purged queue %s (%d messages)", who(request), name, purged)
     return web.json_response({"queue": name, "purged": purged})
+
+
+async def move_partition(request: web.Request) -> web.Response:
+    """Place a partition on other members (broker.moves): its copies move while it runs."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    try:
+        partition = int(request.match_info["partition"])
+    except ValueError:
+        raise ApiError(404, "not_found", f"no partition {request.match_info['partition']!r}") from None
+    if node.queue_meta(name) is None:
+        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    body = await json_body(request)
+    unknown = set(body) - {"to"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    to = body.get("to")
+    if not isinstance(to, list) or not to or not all(isinstance(n, str) and n for n in to):
+        raise bad("to", "the new node list: a non-empty array of member names, in priority order")
+    await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)")
+    log.warning("console: %s moved partition %s/%d to %s", who(request), name, partition, ",".join(to))
+    return web.json_response({"queue": name, "partition": partition, "nodes": to, "moving": True})
 
 
 # -- users (the group's: broker.security) -----------------------------------------------------------

@@ -61,6 +61,7 @@ def make_app(node: NodeView) -> web.Application:
     r.add_get(f"{API}/queues/{{name}}", views.queue_detail)
     r.add_delete(f"{API}/queues/{{name}}", actions.delete_queue)
     r.add_post(f"{API}/queues/{{name}}/purge", actions.purge_queue)
+    r.add_post(f"{API}/queues/{{name}}/partitions/{{partition}}/move", actions.move_partition)
     r.add_get(f"{API}/partitions", views.partitions)
     r.add_get(f"{API}/events", views.events)
     r.add_get(f"{API}/events/stream", stream.event_stream)

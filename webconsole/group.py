@@ -233,7 +233,8 @@ def group_json(statuses: Statuses) -> dict[str, Any]:
             "designated_primary": [n for n, st in statuses if st is not None and st.designated_primary],
             "mode": mine.mode, "arbiter": mine.arbiter,
             "lock_holder": (latest.lock_holder or None) if latest is not None else None,
-            "epoch": latest.epoch if latest is not None else None}
+            "epoch": latest.epoch if latest is not None else None,
+            "moving": list(mine.moving)}
 
 
 def partitions_json(statuses: Statuses) -> list[dict[str, Any]]:

@@ -20,12 +20,13 @@ from broker.status import PeersState, ReplicationState, StatusSource
 from broker.auth import ClientGuard
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.moves import Moves
 from broker.security import Security
 from broker.users import UserRegistry
 from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
 from ha.membership import Membership
-from storage.base import WriteOp
+from storage.base import QueueMeta, WriteOp
 
 #: a partition: (queue id, partition index)
 Key = tuple[int, int]
@@ -96,6 +97,11 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def drains(self) -> Drains: ...  # the group's drained members (tandem node drain)
+
+    @property
+    def moves(self) -> Moves: ...  # the group's placements (tandem partition move)
+
+    def queue_meta(self, name: str) -> QueueMeta | None: ...
 
     def group_members(self) -> tuple[str, ...]: ...
 

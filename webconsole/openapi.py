@@ -59,7 +59,9 @@ _SCHEMAS: dict[str, Any] = {
         "arbiter": _t("string", enum=["majority", "lockfile", "witness"]),
         "lock_holder": _t("string", True, description="the lock or lease holder, as the member that saw the "
                           "latest epoch reports it (null: none, or majority elections)"),
-        "epoch": _t("integer", True, description="that latest epoch (null under majority elections)")},
+        "epoch": _t("integer", True, description="that latest epoch (null under majority elections)"),
+        "moving": {"type": "array", "items": _t("string"), "description": "the partition moves under way "
+                   "(tandem partition move): \"queue/partition node,node,...\", the new node list"}},
         "required": ["members", "quorum_state", "mode", "arbiter", "lock_holder", "epoch"]},
 }
 
@@ -152,6 +154,19 @@ def document() -> dict[str, Any]:
         "/api/v1/queues/{name}/purge": {"post": {
             "summary": "drop a queue's ready messages", "parameters": _NAME,
             "responses": _resp("purged", extra={**_CHANGE, 404: "no such queue"})}},
+        "/api/v1/queues/{name}/partitions/{partition}/move": {"post": {
+            "summary": "place a partition on other members, in priority order (tandem partition move): its copies "
+                       "move while it runs; its state shows Replicating, then Migrating, then Active, and the group "
+                       "lists it under moving until done",
+            "parameters": _NAME + [{"name": "partition", "in": "path", "required": True,
+                                    "schema": {"type": "integer", "minimum": 0}}],
+            "requestBody": _body({"to": {"type": "array", "items": {"type": "string"}, "minItems": 1}}, ["to"]),
+            "responses": _resp("the move is under way", {"type": "object", "properties": {
+                "queue": _t("string"), "partition": _t("integer"), "nodes": {"type": "array", "items": _t("string")},
+                "moving": _t("boolean")}},
+                extra={**_CHANGE, 400: "an unknown member, a node twice, a partition already moving or already "
+                                       "there, or not a replication group",
+                       404: "no such queue or partition"})}},
         "/api/v1/partitions": {"get": {
             "summary": "every partition as its active reports it: state, active, replicas and lag, term, commit",
             "parameters": [{"name": "queue", "in": "query", "required": False, "schema": {"type": "string"}}],

@@ -62,6 +62,8 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "K" REVOKE_ACL          user str, pattern str, permissions array of str (catalogue only)
     "B" SEED_ADMIN          user UserFields, origin str (catalogue only: the group's first admin)
     "N" SET_DRAINED         node str, drained bool (catalogue only: tandem node drain / undrain)
+    "L" SET_PLACEMENT       queue_id int, partition int, nodes array of str, moving bool
+                            (catalogue only: tandem partition move)
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int]
@@ -78,9 +80,13 @@ Snapshot (``INSTALL_SNAPSHOT`` data)::
                      "users": array of UserFields, "acls": array of
                      [user str, pattern str, permissions array of str],
                      "seeded": bool (the group's first admin is applied),
-                     "drained": array of str (the members drained for maintenance)}
+                     "drained": array of str (the members drained for maintenance),
+                     "placed": array of [queue_id int, partition int, nodes array of
+                               str, moving bool] (the partitions moved off the policy's
+                               placement)}
                 (a build without users in the log sent the array of QueueMeta alone;
-                one without the drain sends no "drained": the set stays as it is)
+                one without the drain sends no "drained": the set stays as it is; one
+                without moves no "placed")
 """
 
 from __future__ import annotations
@@ -123,6 +129,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetPlacement,
     UserRecord,
     user_fields,
     user_from_fields,
@@ -169,6 +176,7 @@ class OpCode(StrEnum):
     REVOKE_ACL = "K"
     SEED_ADMIN = "B"
     SET_DRAINED = "N"
+    SET_PLACEMENT = "L"
 
 
 class MalformedReplicationError(MalformedFrameError, ValueError):
@@ -460,6 +468,8 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.SEED_ADMIN, user_fields(op.user), op.origin])
         elif isinstance(op, SetDrained):
             out.append([OpCode.SET_DRAINED, op.node, op.drained])
+        elif isinstance(op, SetPlacement):
+            out.append([OpCode.SET_PLACEMENT, op.queue_id, op.partition, list(op.nodes), op.moving])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -486,6 +496,7 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.REVOKE_ACL: (4, lambda _qid, _p, a: RevokeAcl(_acl_in(a[1:4]))),
     OpCode.SEED_ADMIN: (3, lambda _qid, _p, a: SeedAdmin(_user_in(a[1]), _str(a[2], "origin"))),
     OpCode.SET_DRAINED: (3, lambda _qid, _p, a: SetDrained(_str(a[1], "node"), _bool(a[2], "drained"))),
+    OpCode.SET_PLACEMENT: (5, lambda _qid, _p, a: _placement_in(a[1:5])),
 }
 
 
@@ -571,7 +582,22 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
     out = {"users": users, "acls": [[a.user, a.pattern, list(a.permissions)] for a in acls], "seeded": seeded}
     if "drained" in snap:  # (absent from a build without the drain: the drained set stays as it is)
         out["drained"] = [_str(n, "drained node") for n in _list(snap["drained"], "catalogue snapshot drained")]
+    if "placed" in snap:
+        out["placed"] = [_placement_in(_array(a, 4, "placement")) for a in _list(snap["placed"], "placements")]
     return metas, out
+
+
+def placement_out(op: SetPlacement) -> list[Any]:
+    """A placement as the catalogue's snapshot carries it."""
+    return [op.queue_id, op.partition, list(op.nodes), op.moving]
+
+
+def _placement_in(a: list[Any]) -> SetPlacement:
+    """[queue_id, partition, [node, ...], moving]: a partition's placement, checked."""
+    nodes = tuple(_str(n, "placement node") for n in _list(a[2], "placement nodes"))
+    if not nodes or len(set(nodes)) != len(nodes):
+        raise MalformedReplicationError("placement: nodes must be distinct and at least one")
+    return SetPlacement(_uint(a[0], "queue_id"), _uint(a[1], "partition"), nodes, _bool(a[3], "moving"))
 
 
 def _user_in(v: Any) -> UserRecord:

@@ -18,6 +18,8 @@ serves what (serving.py), peer messages (transport.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import random
 from collections import deque
@@ -36,9 +38,12 @@ from broker.replication.serving import PartitionNotifier, Serving
 from broker.replication.transport import Transport
 from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
+from ha.members import Members
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
-from ha.placement import NodeList, ReplicaKind, place
-from ha.replica import Replica, ReplicaConfig, Role
+from ha.moves import arrived, copying, leaving, next_members
+from ha.partition import PartitionState as LifecycleState
+from ha.placement import NodeList, ReplicaKind, listed, place
+from ha.replica import MembershipRefused, Replica, ReplicaConfig, Role
 from storage.base import (
     DropQueue,
     DropUser,
@@ -47,6 +52,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetPlacement,
     DurabilityPolicy,
     LogAppend,
     LogCompact,
@@ -55,6 +61,7 @@ from storage.base import (
     LogTruncate,
     PutApplied,
     PutHardState,
+    PutMeta,
     PutQueue,
     QueueMeta,
     ResetPartition,
@@ -65,6 +72,10 @@ log = logging.getLogger("tandem.ha")
 
 #: catalogue ops that change the users or their grants (the node applies them)
 SECURITY_OPS = (PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin)
+
+#: ``Recovered.meta`` key of a partition log's members as of its snapshot:
+#: "members.<qid>.<p>" -> JSON [voters, learners] (ha.members; the log's changes after it are in the log)
+MEMBERS_KEY = "members."
 
 MAX_EVENTS = 200
 # A replica whose replies have been held this many non_response_timeouts by its log writes
@@ -104,12 +115,34 @@ def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> s
     return text
 
 
+def stored_members(meta: dict[str, str]) -> dict[Key, Members]:
+    """The members as of each partition log's snapshot, as the store recovered them."""
+    out: dict[Key, Members] = {}
+    for k, v in meta.items():
+        if k.startswith(MEMBERS_KEY):
+            try:
+                qid, p = (int(x) for x in k[len(MEMBERS_KEY):].split("."))
+                voters, learners = json.loads(v)
+                out[(qid, p)] = Members(tuple(voters), tuple(learners))
+            except (ValueError, TypeError):
+                log.error("store: ignoring malformed partition members %s=%r", k, v)
+    return out
+
+
+def members_meta(key: Key, m: Members) -> PutMeta:
+    return PutMeta(f"{MEMBERS_KEY}{key[0]}.{key[1]}", json.dumps([list(m.voters), list(m.learners)]))
+
+
+def _shown(m: Members) -> str:
+    return ",".join(m.voters) + (f" (learners {','.join(m.learners)})" if m.learners else "")
+
+
 class Replication:
     """This node's replication logs (one per partition it holds, and the catalogue) and
     the parts around them: ``proposals`` (commit.py), ``roles`` (who serves what,
     serving.py), ``held`` (store writes held back, apply.py), ``transport``."""
 
-    def __init__(self, host: ReplicationHost, logs: dict[Key, LogState]) -> None:
+    def __init__(self, host: ReplicationHost, logs: dict[Key, LogState], meta: dict[str, str] | None = None) -> None:
         self.host = host
         cfg = host.config
         self.me = cfg.name
@@ -125,6 +158,9 @@ class Replication:
         self.gate_refusals = 0  # proposals and confirms the gate refused
         self.logs: dict[Key, PartLog] = {}
         self._stored = logs
+        #: each partition log's members as of its snapshot, as stored (MEMBERS_KEY)
+        self._bases = stored_members(meta or {})
+        self._finishing: set[Key] = set()  # moves whose end this node (their active) is reporting
         self._rng = random.Random()
         self._stopping = False
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
@@ -138,7 +174,7 @@ class Replication:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
         self.proposals = Proposals(host, self.logs, guarded=self._guarded, broken=lambda: self._broken)
-        self.roles = Serving(host, self.logs, policy=self.policy, members=self.members, spawn=self._spawn,
+        self.roles = Serving(host, self.logs, placed=self.placed, spawn=self._spawn,
                              fail_waiters=self.proposals.fail_waiters)
         self.held = HeldWrites(host, self.logs, stored=self.roles.stored_upto, fatal=self._fatal)
         self.transport = Transport(host, self.logs, release_held=self.held.release, spawn=self._spawn)
@@ -245,18 +281,58 @@ class Replication:
             self._open_queue(q.meta)
 
     def _open_queue(self, meta: QueueMeta) -> None:
-        for p, nodes in enumerate(place(self.policy, meta.partitions, self.members)):
-            if self.me in nodes.nodes and (meta.id, p) not in self.logs:
-                self._open((meta.id, p), nodes)
+        initial = place(self.policy, meta.partitions, self.members)
+        for p in range(meta.partitions):
+            key = (meta.id, p)
+            nodes = self.placed(key, meta.partitions, initial)
+            if key in self.logs or (self.me not in nodes.nodes and key not in self._stored):
+                continue
+            # (a copy stored here is opened even where a move is taking it off this node: it
+            # is a member until the move removes it)
+            self._open(key, nodes, initial[p])
+            if self.me not in nodes.nodes and key not in self.host.moving:
+                self._drop(self.logs[key])  # a move took it off this node while it was down
+
+    def placed(self, key: Key, partitions: int, initial: list[NodeList] | None = None) -> NodeList:
+        """Where partition ``key`` is placed: a move's list (broker.moves), else the policy's."""
+        moved = self.host.placed(key)
+        if moved is not None:
+            return listed(self.policy, moved)
+        return (initial or place(self.policy, partitions, self.members))[key[1]]
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
         return replica_config(self.host.config, nodes, priority=self.priority,
                               designated_primary=self.designated_primary, quorum_override=self.quorum_override,
                               lock=self.lock_role, drained=self.host.drained)
 
-    def _open(self, key: Key, nodes: NodeList) -> None:
+    def _config_of(self, plog: PartLog) -> ReplicaConfig:
+        """A log's configuration: while it moves (broker.moves), the voters other than the new
+        list's first rank as drained (:func:`ha.moves.leaving`), so an active elsewhere hands
+        the partition to it and elections prefer it."""
+        cfg = self._replica_config(plog.nodes)
+        if plog.key in self.host.moving and cfg.preferred is not None:
+            out = leaving(plog.replica.members, cfg.preferred) - set(cfg.witnesses)
+            if out - cfg.drained:
+                cfg = dataclasses.replace(cfg, drained=cfg.drained | out)
+        return cfg
+
+    def _open(self, key: Key, nodes: NodeList, initial: NodeList | None = None) -> None:
+        """Open a log placed on ``nodes``; ``initial``: where the policy placed it when its
+        queue was declared (its members until a change or a stored snapshot says otherwise)."""
         st = self._stored.pop(key, None) or LogState()
-        plog = open_log(key, nodes, st, self._replica_config(nodes), rng=random.Random(self._rng.random()),
+        config = self._replica_config(nodes)
+        if key != CATALOGUE:
+            base = self._bases.get(key)
+            if base is None:
+                first = self._replica_config(initial or nodes)
+                # a node the move added and that has nothing yet: a learner until the active
+                # makes it a voter (it must not vote or stand with an empty log meanwhile)
+                base = Members(first.voters, first.learners) if self.me in first.voters + first.learners else \
+                    Members(first.voters, first.learners + (self.me,))
+                self._bases[key] = base
+                self.host.writer.submit([members_meta(key, base)], sync=False)
+            config = config.with_members(base)
+        plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
                         now=self.host.clock.monotonic())
         self.roles.start_lifecycle(plog)
         self.logs[key] = plog
@@ -267,7 +343,96 @@ class Replication:
         """Priority, quorum_override, designated_primary or the drained members changed:
         every log, at once."""
         for plog in list(self.logs.values()):
-            self._guarded(plog, lambda: plog.replica.reconfigure(self._replica_config(plog.nodes)))
+            self._guarded(plog, lambda: plog.replica.reconfigure(self._config_of(plog)))
+
+    # -- moves (broker.moves) -------------------------------------------------------------------
+
+    def placement_changed(self, key: Key) -> None:
+        """A move of partition ``key`` started or ended (a committed catalogue entry): open
+        the log here if the new list names this node, drop it if the move has ended without
+        it, else take the new list (its first node is the one to hand over to)."""
+        q = self.host.queue_by_id(key[0])
+        if q is None or key[1] >= q.meta.partitions:
+            return
+        nodes = self.placed(key, q.meta.partitions)
+        plog = self.logs.get(key)
+        if plog is None:
+            if self.me in nodes.nodes and key in self.host.moving:
+                self._open(key, nodes, place(self.policy, q.meta.partitions, self.members)[key[1]])
+            return
+        plog.nodes = nodes
+        lc = plog.lifecycle
+        if key not in self.host.moving:
+            if lc is not None and lc.state in (LifecycleState.MIGRATING, LifecycleState.REPLICATING):
+                lc.on("done", f"moved to {', '.join(nodes.nodes)}")
+            if self.me not in nodes.nodes:
+                self._drop(plog)
+                return
+        self._guarded(plog, lambda: plog.replica.reconfigure(self._config_of(plog)))
+
+    def _drop(self, plog: PartLog) -> None:
+        """The partition moved off this node: forget its log and its data here."""
+        key, r = plog.key, plog.replica
+        log.warning("partition %s moved off %s: dropping its copy here", plog.name, self.me)
+        self.roles.stop(plog, f"partition {plog.name} moved off {self.me}")
+        self.proposals.fail_waiters(plog, UnavailableError(f"partition {plog.name} moved off {self.me}"))
+        self.held.release(plog)
+        del self.logs[key]
+        self._bases[key] = r.members  # (without this node: should it come back, it does as a learner)
+        self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
+                                 LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
+                                 PutHardState(key[0], key[1], r.term, None, 0), members_meta(key, r.members)],
+                                sync=True)
+        self.roles.notify()
+
+    def _reconcile(self) -> None:
+        """Each moving partition: its ranking follows the members; on its active, the next
+        membership change toward the new list, its state, and the move's end once there."""
+        for key in list(self.host.moving):
+            plog = self.logs.get(key)
+            if plog is None:
+                continue
+            r = plog.replica
+            cfg = self._config_of(plog)
+            if cfg.drained != r.cfg.drained:
+                self._guarded(plog, lambda: r.reconfigure(cfg))
+            if r.role is not Role.LEADER or not plog.serving:
+                continue
+            target = Members(cfg.voters, cfg.learners)
+            current, progress = r.members, r.progress()
+            self._move_state(plog, "replicate" if copying(current, target, progress, r.commit) else "migrate")
+            if arrived(current, target):
+                if r.members_committed and cfg.preferred == self.me and key not in self._finishing:
+                    self._finishing.add(key)
+                    self._spawn(self._finish(key, plog.nodes.nodes))
+                continue
+            nxt = next_members(current, target, self.me, progress, r.commit)
+            if nxt is None:
+                continue
+            try:
+                ready, entry = r.change_members(nxt)
+            except MembershipRefused:
+                continue  # (the previous change is not committed yet, ...): next round
+            log.warning("partition %s: move to %s: members %s -> %s (entry %d)", plog.name,
+                        ",".join(plog.nodes.nodes), _shown(current), _shown(nxt), entry.index)
+            self.events.append(HaEvent(self.host.clock.time(), "move", plog.name,
+                                       f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
+            self._guarded(plog, lambda: ready)
+
+    def _move_state(self, plog: PartLog, event: str) -> None:
+        lc = plog.lifecycle
+        busy = LifecycleState.REPLICATING if event == "replicate" else LifecycleState.MIGRATING
+        if lc is not None and lc.state is not busy and lc.state in (
+                LifecycleState.ACTIVE, LifecycleState.MIGRATING, LifecycleState.REPLICATING):
+            lc.on(event, f"moving to {', '.join(plog.nodes.nodes)}")
+
+    async def _finish(self, key: Key, nodes: tuple[str, ...]) -> None:
+        try:
+            await self.host.move_finished(key, nodes)
+        except Exception as exc:  # (an election, a lost link: the next round tries again)
+            log.info("partition %d/%d: reporting the end of its move failed (%s): trying again", key[0], key[1], exc)
+        finally:
+            self._finishing.discard(key)
 
     async def run(self) -> None:
         interval = min(0.05, self.host.config.keepalive_interval / 2)
@@ -287,6 +452,8 @@ class Replication:
                     at = r.wake_at
                     if now < at < wake:  # (a log whose tick failed must not make this loop spin)
                         wake = at
+            if self.host.moving:
+                self._reconcile()
             if now >= pins_at:
                 pins_at = now + UNPIN_EVERY
                 self._unpin_segments()
@@ -375,6 +542,7 @@ class Replication:
             if upto > r.snap_index:
                 r.compact(upto)
                 apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+                apply_ops.extend(self._base_ops(plog))
         last = ready.append[-1] if ready.append else None
         # Messages of a replica wait for the write (they promise what is on disk); the
         # active's appends go at once (it counts itself only once persisted), except
@@ -448,6 +616,7 @@ class Replication:
                                    self.host.security_install))
             ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
+            ops.extend(self._base_ops(plog))
             sync = True
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
@@ -473,6 +642,15 @@ class Replication:
                 promise = True
                 sync = True
         return ops, sync, promise
+
+    def _base_ops(self, plog: PartLog) -> list[WriteOp]:
+        """The store write of the log's members as of its snapshot, if they changed (a
+        compaction or a snapshot went past a membership change)."""
+        key, base = plog.key, plog.replica.snapshot_members
+        if key == CATALOGUE or self._bases.get(key) == base:
+            return []
+        self._bases[key] = base
+        return [members_meta(key, base)]
 
     def _keep_alive(self, plog: PartLog, now: float) -> None:
         """A replica's replies wait for its log write, and that write can wait for long: behind
@@ -543,6 +721,8 @@ class Replication:
                 out.extend(self.host.security_apply(op))
             elif isinstance(op, SetDrained):
                 out.extend(self.host.drain_apply(op))
+            elif isinstance(op, SetPlacement):
+                out.extend(self.host.move_apply(op))
         self.roles.notify()
         return out
 
@@ -598,10 +778,13 @@ class Replication:
         log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
         self.roles.stop(plog, f"partition {plog.name} is being rebuilt on {self.me}")
         self.proposals.fail_waiters(plog, UnavailableError(f"partition {plog.name} is being rebuilt on {self.me}"))
+        if key != CATALOGUE:
+            self._bases[key] = r.members
         self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
                                  LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
-                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0)], sync=True)
-        replica = Replica(self._replica_config(plog.nodes), rng=random.Random(self._rng.random()),
+                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0), members_meta(key, r.members)],
+                                sync=True)
+        replica = Replica(self._config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
                           now=self.host.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
         new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
         self.roles.start_lifecycle(new)

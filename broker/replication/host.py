@@ -7,14 +7,14 @@ it structurally (mypy checks it where the node constructs :class:`Replication`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from broker.config import NodeConfig
 from client.clock import Clock
 from client.protocol.frames import Replicate
 from ha.membership import Membership
-from storage.base import Engine, PartitionState, QueueMeta, SetDrained, WriteOp
+from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetPlacement, WriteOp
 
 Callback = Callable[[BaseException | None], None]
 
@@ -110,6 +110,19 @@ class ReplicationHost(Protocol):
     @property
     def drained(self) -> frozenset[str]:
         """The group's members drained for maintenance (broker.drain)."""
+
+    def move_apply(self, op: SetPlacement) -> list[WriteOp]:
+        """A committed placement (broker.moves); the ops to store."""
+
+    def placed(self, key: tuple[int, int]) -> tuple[str, ...] | None:
+        """The node list a move placed partition ``key`` on (None: the policy's)."""
+
+    @property
+    def moving(self) -> Collection[tuple[int, int]]:
+        """The partitions whose move is under way."""
+
+    async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
+        """This node, the partition's active, has its log's members on ``nodes``: end the move."""
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active (0: all)."""

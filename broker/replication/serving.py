@@ -22,7 +22,7 @@ from client.protocol.frames import PartitionInfo, ReplicaInfo
 from ha.membership import QuorumState
 from ha.partition import PartitionChanged, PartitionLifecycle
 from ha.partition import PartitionState as LifecycleState
-from ha.placement import DistributionPolicy, place
+from ha.placement import NodeList
 from ha.replica import Role
 
 log = logging.getLogger("tandem.ha")
@@ -41,14 +41,13 @@ class Serving:
     ``spawn`` runs a coroutine as a task replication owns; ``fail_waiters`` fails what a
     log's proposals wait for."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *, policy: DistributionPolicy,
-                 members: list[str], spawn: Callable[[Coroutine[Any, Any, None]], None],
+    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
+                 placed: Callable[[Key, int], NodeList], spawn: Callable[[Coroutine[Any, Any, None]], None],
                  fail_waiters: Callable[[PartLog, TandemError], None]) -> None:
         self._host = host
         self._logs = logs
         self.me = host.config.name
-        self._policy = policy
-        self._members = members
+        self._placed = placed  # (key, the queue's partitions) -> where the partition is placed
         self._spawn = spawn
         self._fail_waiters = fail_waiters
         self.changed = asyncio.Event()
@@ -195,7 +194,7 @@ class Serving:
                 active = self.active_of(key)
                 if active is not None:
                     return active
-                holders = place(self._policy, q.meta.partitions, self._members)[key[1]].nodes
+                holders = self._placed(key, q.meta.partitions).nodes
                 for n in holders:
                     if n in peers.links:
                         return n
@@ -246,15 +245,14 @@ class Serving:
         peers = self._host.peers
         out = []
         for q in sorted(self._host.queues.values(), key=lambda q: q.meta.id):
-            lists = None
             for p in range(q.meta.partitions):
                 key = (q.meta.id, p)
                 if key in self._logs:
                     continue
-                lists = lists or place(self._policy, q.meta.partitions, self._members)
+                placed = self._placed(key, q.meta.partitions)
                 active = self.active_of(key) or ""
                 term = peers.foreign_term(key) if peers is not None and active else 0
-                holders = [ReplicaInfo(n, k.value, 0, 0) for n, k in zip(lists[p].nodes, lists[p].kinds)]
+                holders = [ReplicaInfo(n, k.value, 0, 0) for n, k in zip(placed.nodes, placed.kinds)]
                 out.append(PartitionInfo(q.name, p, "Active" if active else "Unavailable", "", active, term, 0, 0, 0,
                                          holders, "RemoteEnabled" if active else "RemoteDefined"))
         return out

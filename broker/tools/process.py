@@ -134,8 +134,9 @@ class NodeProcess:
         return code
 
     async def kill(self) -> None:
-        """kill -9: no flush, no goodbye."""
+        """kill -9: no flush, no goodbye (a paused node too: it is gone, not frozen)."""
         await self._signal(signal.SIGKILL)
+        self.paused = False
 
     def pause(self) -> None:
         """SIGSTOP: the process freezes, its sockets stay open (a hung node)."""

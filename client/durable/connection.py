@@ -46,6 +46,9 @@ class DurableConnection(DurableLinks):
     async def drain_node(self, node: str, drained: bool = True) -> StatusOk:
         return await self._call(lambda c: c.drain_node(node, drained))
 
+    async def move_partition(self, queue: str, partition: int, nodes: list[str]) -> StatusOk:
+        return await self._call(lambda c: c.move_partition(queue, partition, nodes))
+
     async def set_designated_primary(self, on: bool) -> StatusOk:
         return await self._call(lambda c: c.set_designated_primary(on))
 

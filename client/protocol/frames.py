@@ -62,6 +62,7 @@ class Op(IntEnum):
     SET_QUORUM_OVERRIDE = 52
     SET_OPTION = 53
     DRAIN_NODE = 54
+    MOVE_PARTITION = 55
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -568,6 +569,8 @@ class StatusOk(Frame):
     #: the partitions this node holds no copy of, as it knows them (broker.foreign): status
     #: RemoteEnabled (an active is known) or RemoteDefined, replicas are the nodes holding it
     foreign: list[PartitionInfo] = field(default_factory=list)
+    #: the moves under way (tandem partition move): "queue/partition node,node,..." (the new list)
+    moving: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -589,6 +592,20 @@ class SetOption(Frame):
     rid: int
     name: str
     value: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MovePartition(Frame):
+    """Operator: place partition ``partition`` of ``queue`` on ``nodes`` (priority order,
+    group members): its copies move there while it runs.  Group state, applied by every
+    member; the admin permission.  Answered with StatusOk once the move is applied here
+    (the copies move after: its status shows Replicating, then Migrating, then Active)."""
+
+    OP: ClassVar[Op] = Op.MOVE_PARTITION
+    rid: int
+    queue: str
+    partition: int
+    nodes: list[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -777,7 +794,8 @@ class Acls(Frame):
 _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
-        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, PeerHello, PeerWelcome,
+        Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
+        PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,
 ]

@@ -60,6 +60,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetPlacement,
     PutUser,
     UserRecord,
     user_fields,
@@ -172,6 +173,7 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("B", SeedAdmin(USER, "node1"), "9193a14285a46e616d65a3626f62a473616c74c40101a468617368c40102a4726f6c65a475736572"
                                     "a6706172616d73a6736372797074a56e6f646531"),
     ("N", SetDrained("node3", True), "9193a14ea56e6f646533c3"),
+    ("L", SetPlacement(4, 1, ("node3", "node1"), True), "9195a14c040192a56e6f646533a56e6f646531c3"),
 ]
 
 

@@ -1,0 +1,212 @@
+"""``tandem partition move`` with real node processes: a three-node group keeping two copies
+of each partition (``--replicas 1``), under load from durable producers and consumers (the
+drill's, broker.tools.drill.load); a partition is moved onto the node that held no copy and
+off its active, while the checker accounts for every message.  And the refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import client
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster
+from broker.tools.drill.load import Load
+from broker.tools.drill.model import QUEUE, DrillConfig
+from client.clock import SYSTEM_CLOCK
+from tests.conftest import FAST, PASSWORD, running_group
+from tests.helpers import tandem, wait_until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+async def holders(cl: LocalCluster, queue: str, partition: int) -> dict[str, str]:
+    """node -> its role, for every node that holds a copy of the partition."""
+    out = {}
+    for name in cl.nodes:
+        st = await cl.status(name)
+        for p in st.partitions:
+            if p.queue == queue and p.partition == partition:
+                out[name] = p.role
+    return out
+
+
+async def test_move_under_load_copies_to_the_new_node_hands_over_and_loses_nothing(tmp_path: Path) -> None:
+    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1") as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=3)
+        await wait_until(lambda: _all_active(cl, 3), timeout=30, what="an active for each partition")
+        before = await holders(cl, QUEUE, 0)
+        assert len(before) == 2, before
+        active = next(n for n, role in before.items() if role == "active")
+        newcomer = next(n for n in cl.nodes if n not in before)
+        target = [newcomer, active]  # onto the node without a copy, which becomes the active
+        cfg = DrillConfig(scenario="move", partitions=3, producers=2, consumers=2, messages=12000, window=64)
+        clock = SYSTEM_CLOCK
+        load = Load(cl, cfg, 1, random.Random(11), clock)
+        window: list[float] = []
+        result: list[tuple[int, str, str]] = []
+
+        async def move_it() -> None:
+            window.append(clock.monotonic())
+            result.append(await tandem("partition", "move", QUEUE, "0", "--to", ",".join(target), "--wait",
+                                       "--timeout", "120", "--json", "--url", cl.url_of(active)))
+            window.append(clock.monotonic())
+
+        await load.go(move_it, clock.monotonic() + 240)
+        rc, out, err = result[0]
+        assert rc == 0, err
+        doc = json.loads(out)
+        assert doc["done"] is True and doc["nodes"] == target, doc
+        after = await holders(cl, QUEUE, 0)
+        assert set(after) == set(target), after
+        assert (await cl.actives(QUEUE))[0] == newcomer
+        v = classify(load.sent, load.confirmed, load.consumed)
+        start, end = window
+        during = [w for w, (t, _p) in zip(load.waits, load.confirm_times) if start <= t - w <= end]
+        longest = max(during, default=0.0)
+        print(f"move of {QUEUE}/0 {sorted(before)} -> {target}: {doc['seconds']:.2f} s; {len(during)} sends "
+              f"during it, longest confirm wait {longest * 1000:.0f} ms (whole run {max(load.waits) * 1000:.0f} ms); "
+              f"checker {v.as_dict()}")
+        assert load.failed == 0, f"{load.failed} sends failed"
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert len(load.confirmed) == cfg.messages
+        for name in cl.nodes:
+            assert (await cl.status(name)).moving == [], name
+
+
+async def test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy(tmp_path: Path) -> None:
+    """Four nodes, three copies of each partition.  The new node is frozen (SIGSTOP) so the
+    move is caught mid-copy; the partition's active is killed and restarted, then the new
+    node is killed and restarted: the move goes on under the new active and ends with every
+    copy in place, nothing lost."""
+    cl = LocalCluster(tmp_path, nodes=4, base_port=0, password=PASSWORD, extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=4)
+        await wait_until(lambda: _all_active(cl, 4), timeout=30, what="an active for each partition")
+        before = await holders(cl, QUEUE, 0)
+        active = next(n for n, role in before.items() if role == "active")
+        newcomer = next(n for n in cl.nodes if n not in before)
+        target = [newcomer] + [n for n in before if n != active]
+        keep = target[1]
+        cfg = DrillConfig(scenario="move", nodes=4, partitions=4, producers=2, consumers=2, messages=9000, window=64)
+        clock = SYSTEM_CLOCK
+        load = Load(cl, cfg, 1, random.Random(12), clock)
+
+        async def state_on(name: str) -> str:
+            st = await cl.status(name)
+            return next((p.state for p in st.partitions if p.queue == QUEUE and p.partition == 0), "")
+
+        async def faults() -> None:
+            cl.nodes[newcomer].pause()
+            rc, out, err = await tandem("partition", "move", QUEUE, "0", "--to", ",".join(target),
+                                        "--url", cl.url_of(keep))
+            assert rc == 0 and "is moving to" in out, err
+            await wait_until(lambda: _state_is(state_on, active, "Replicating"), timeout=30,
+                             what=f"{QUEUE}/0 Replicating on {active}")
+            await cl.nodes[active].kill()
+            await cl.nodes[active].start()
+
+            async def moving_elsewhere() -> bool:
+                for n in target[1:]:
+                    if any(p.queue == QUEUE and p.partition == 0 and p.role == "active" and p.state == "Replicating"
+                           for p in (await cl.status(n)).partitions):
+                        return True
+                return False
+
+            await wait_until(moving_elsewhere, timeout=60, what="the move going on under another active")
+            await cl.nodes[newcomer].kill()
+            await cl.nodes[newcomer].start()
+
+            async def done() -> bool:
+                for n in cl.nodes:
+                    if (await cl.status(n)).moving:
+                        return False
+                return True
+
+            await wait_until(done, timeout=120, what="the move to end")
+
+        await load.go(faults, clock.monotonic() + 240)
+        assert set(await holders(cl, QUEUE, 0)) == set(target)
+        assert (await cl.actives(QUEUE)).get(0) == newcomer, [
+            p for p in (await cl.status(newcomer)).partitions if p.queue == QUEUE and p.partition == 0]
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"move {sorted(before)} -> {target} with kill -9 of {active} and {newcomer} mid-copy: "
+              f"checker {v.as_dict()}")
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert len(load.confirmed) == cfg.messages
+    finally:
+        await cl.stop()
+
+
+async def _state_is(state_on: Callable[[str], Awaitable[str]], name: str, want: str) -> bool:
+    return await state_on(name) == want
+
+
+async def _all_active(cl: LocalCluster, n: int) -> bool:
+    return len(await cl.actives(QUEUE)) == n
+
+
+async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(tmp_path: Path) -> None:
+    async with running_group(tmp_path) as cl:
+        url = cl.url_of("node1")
+        async with await client.connect(url) as conn:
+            await conn.declare_queue("orders", partitions=2)
+        await wait_until(lambda: _actives_of(cl, "orders", 2), timeout=30, what="actives for orders")
+        cases = [
+            (["nope", "0", "--to", "node1"], "partition move: no queue 'nope'"),
+            (["orders", "2", "--to", "node1"], "partition move: queue orders has partitions 0..1, not 2"),
+            (["orders", "0", "--to", "node1,node9"], "partition move: no member node9 (members: node1, node2, node3)"),
+            (["orders", "0", "--to", "node1,node1"], "partition move: a node appears twice in node1,node1"),
+            (["orders", "0", "--to", "node1,node2,node3"], "partition orders/0 is already on node1,node2,node3"),
+            (["orders", "0", "--to", "node1,,node2"], "--to 'node1,,node2': comma-separated node names"),
+            (["orders", "-1", "--to", "node1"], "P -1: a partition number >= 0"),
+        ]
+        for argv, want in cases:
+            rc, _out, err = await tandem("partition", "move", *argv, "--url", url)
+            assert rc == 2 and err.strip().splitlines() == [f"tandem: error: {want}"], (argv, err)
+        assert (await cl.status("node1")).moving == []
+
+        # the console's API: the same operation and refusals; the move takes node1 off partition 1
+        base = cl.console_url("node2") + "api/v1/queues"
+        admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+        async with aiohttp.ClientSession(headers=admin) as s:
+            async with s.post(f"{base}/nope/partitions/0/move", json={"to": ["node1"]}) as r:
+                assert r.status == 404
+            async with s.post(f"{base}/orders/partitions/1/move", json={"to": "node1"}) as r:
+                assert r.status == 400 and (await r.json())["message"].startswith("to: "), await r.text()
+            async with s.post(f"{base}/orders/partitions/1/move", json={"to": ["node3", "node2"]}) as r:
+                assert r.status == 200, await r.text()
+                assert await r.json() == {"queue": "orders", "partition": 1, "nodes": ["node3", "node2"],
+                                          "moving": True}
+
+        async def moved() -> bool:
+            for n in cl.nodes:
+                if (await cl.status(n)).moving:
+                    return False
+            return set(await holders(cl, "orders", 1)) == {"node3", "node2"}
+
+        await wait_until(moved, timeout=60, what="orders/1 on node3 and node2 only")
+        assert (await cl.actives("orders")).get(1) == "node3"
+        # node1 keeps no copy across a restart, and the others keep the placement
+        await cl.nodes["node1"].stop()
+        await cl.nodes["node1"].start()
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            await conn.producer("orders").send_many([(f"m{i}".encode(), f"k{i}") for i in range(40)])
+        assert set(await holders(cl, "orders", 1)) == {"node3", "node2"}
+        st = await cl.status("node1")
+        assert [p for p in st.foreign if p.queue == "orders" and p.partition == 1], st.foreign
+
+
+async def _actives_of(cl: LocalCluster, queue: str, n: int) -> bool:
+    return len(await cl.actives(queue)) == n
