@@ -80,7 +80,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
-                "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
+                "objects_locked_per_transaction", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
                 "cluster_secret_file", "permitted_nodes", "disk_free_limit", "max_memory"):
         v = getattr(args, key)
@@ -232,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="failback: a partition's placed active that is back, caught up and answering for "
                             "this long takes the partition over again (default 5; 0: never). The hand-over "
                             "holds the partition's writes for a moment, like a failover, without losing any")
+    group.add_argument("--objects-locked-per-transaction", dest="objects_locked_per_transaction", type=int,
+                       metavar="N", help="a partition's snapshot goes to a new or lagging replica in parts of at "
+                                         "most N messages (and 4 MiB), each read in a transaction of its own, so "
+                                         "the active does not stop for a large partition (default 1000)")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
     sec = start.add_argument_group("peer authentication (docs/security.md)")

@@ -32,6 +32,7 @@ Example ``tandem.toml``::
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
+    objects_locked_per_transaction = 1000  # messages per part of a snapshot sent to a replica (new or behind)
 
     # two-node groups (docs/shared-mode.md): who may be active when there is no third node
     arbiter = "majority"        # majority | lockfile | witness
@@ -116,6 +117,10 @@ class NodeConfig:
     #: answering for this many seconds, is handed the partition again (0: never;
     #: docs/replication.md, "failback")
     failback_after: float = 5.0
+    #: a partition's snapshot goes to a replica (a new copy, tandem partition move; one too
+    #: far behind) in parts of at most this many messages (and 4 MiB), each read from the
+    #: store in a transaction of its own: the active never stops for a large partition
+    objects_locked_per_transaction: int = 1000
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -204,6 +209,9 @@ class NodeConfig:
             raise ConfigError("log_segment_size: must be 1 MiB .. 4 GiB")
         if not 0 <= self.ack_linger <= 60:
             raise ConfigError("ack_linger: must be 0 .. 60 seconds")
+        if not isinstance(self.objects_locked_per_transaction, int) or \
+                not 1 <= self.objects_locked_per_transaction <= 1_000_000:
+            raise ConfigError("objects_locked_per_transaction: must be 1 .. 1000000 messages")
         if not 0 <= self.failback_after <= 24 * 3600:
             raise ConfigError("failback_after: must be 0 (never) .. 86400 seconds")
         if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:

@@ -24,7 +24,7 @@ So the copies move while producers and consumers run; the partition's state is
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from broker.forward import MoveFwd, pack_reply
@@ -78,8 +78,8 @@ class Moves:
         self.placed: dict[Key, tuple[str, ...]] = {}
         self.moving: set[Key] = set()
 
-    def load(self, meta: Mapping[str, str]) -> None:
-        """The placements as the store recovered them."""
+    def load(self, meta: Mapping[str, str], queue_ids: Collection[int]) -> None:
+        """The placements of the queues ``queue_ids`` as the store recovered them."""
         for k, v in meta.items():
             if not k.startswith(PLACED_KEY):
                 continue
@@ -89,6 +89,8 @@ class Moves:
             except ValueError:
                 log.error("store: ignoring a malformed placement %s=%r", k, v)
                 continue
+            if qid not in queue_ids:
+                continue  # (a deleted queue's)
             self.placed[(qid, p)] = tuple(nodes.split(","))
             if state == "moving":
                 self.moving.add((qid, p))
@@ -106,6 +108,12 @@ class Moves:
                         "moving to" if op.moving else "now placed on", ", ".join(op.nodes))
             self.node.placement_changed(key)
         return [PutMeta(f"{PLACED_KEY}{key[0]}.{key[1]}", _meta_value(op))]
+
+    def forget(self, queue_id: int) -> None:
+        """Queue ``queue_id`` was deleted: its placements go with it."""
+        for key in [k for k in self.placed if k[0] == queue_id]:
+            del self.placed[key]
+            self.moving.discard(key)
 
     def snapshot(self) -> list[SetPlacement]:
         """The placements, for the catalogue's snapshot."""

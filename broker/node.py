@@ -456,7 +456,7 @@ class Node:
         self.acls = AclTable(rec.acls)
         self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
         self.drains.load(rec.meta)
-        self.moves.load(rec.meta)
+        self.moves.load(rec.meta, {m.id for m in rec.queues})
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -664,6 +664,7 @@ class Node:
 
     def catalogue_drop(self, queue_id: int) -> None:
         self.catalogue.apply_drop(queue_id)
+        self.moves.forget(queue_id)
 
     def security_apply(self, op: WriteOp) -> list[WriteOp]:
         return self.security.apply(op)

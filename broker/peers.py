@@ -179,6 +179,11 @@ class _Link:
     def close(self) -> None:
         self.writer.close()
 
+    async def drain(self) -> None:
+        """Until what is queued to send is down to the transport's low-water mark
+        (ConnectionError once the link is gone)."""
+        await self.writer.drain()
+
     def abort(self) -> None:
         """Close at once, dropping what is still queued (a dead link would never take it)."""
         self.writer.transport.abort()

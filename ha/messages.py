@@ -122,6 +122,20 @@ Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapsho
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """Part ``seq`` (from 0) of a snapshot the active streams to a replica, its messages
+    (``data``: the driver's encoding) before the :class:`InstallSnapshot` that ends the
+    stream, for the snapshot of the state as of ``index``.  The drivers carry it (each
+    part is written as it arrives); the core never sees one."""
+
+    term: int
+    leader: str
+    index: int
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Envelope:
     src: str
     dst: str

@@ -33,6 +33,10 @@ whoever sent the bytes.
                             term (it raises its own term only with a quorum of yeses)
     8 PRE_VOTE_REPLY        as VOTE_REPLY: the answer to a PRE_VOTE (granted: term is
                             the one asked about; refused: the voter's own)
+    9 SNAPSHOT_CHUNK        term int, leader str, index int, seq int, data bin (an array of
+                            snapshot messages, below): part seq of a streamed snapshot
+                            as of index, ended by an INSTALL_SNAPSHOT whose data is the
+                            streamed form (drivers only: the core never sees a part)
 
     Entry:  [term int, index int, data nil|bin (a log entry payload; nil: an
             active's no-op), origin str, weak bool]
@@ -76,6 +80,9 @@ Snapshot (``INSTALL_SNAPSHOT`` data)::
                  messages array of [offset int, key nil|str, headers bin, body bin,
                                     producer_id nil|str, seq nil|int, ts float,
                                     delivery_count int]]
+                streamed: [next_offset int, delivered_upto int, producers, [], parts int]:
+                the messages came before, in ``parts`` SNAPSHOT_CHUNKs (each message as
+                above, its delivery count as stored: without the delivered mark's one)
     catalogue:  map {"queues": array of QueueMeta (every queue the catalogue declares),
                      "users": array of UserFields, "acls": array of
                      [user str, pattern str, permissions array of str],
@@ -108,6 +115,7 @@ from ha.messages import (
     InstallSnapshot,
     Message,
     RequestVote,
+    SnapshotChunk,
     TimeoutNow,
     VoteReply,
 )
@@ -156,6 +164,7 @@ class MessageKind(IntEnum):
     ALIVE = 6
     PRE_VOTE = 7
     PRE_VOTE_REPLY = 8
+    SNAPSHOT_CHUNK = 9
 
 
 class OpCode(StrEnum):
@@ -304,9 +313,10 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
                                 *(() if m.members is None else ([list(m.members.voters), list(m.members.learners)],))],
     TimeoutNow: lambda m: [MessageKind.TIMEOUT_NOW, m.term, m.leader, m.rank],
     Alive: lambda m: [MessageKind.ALIVE, m.term, m.replica],
+    SnapshotChunk: lambda m: [MessageKind.SNAPSHOT_CHUNK, m.term, m.leader, m.index, m.seq, m.data],
 }
 
-_DECODERS: dict[MessageKind, Callable[[list[Any]], Message]] = {
+_DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk]] = {
     MessageKind.REQUEST_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),
                                                     _uint(a[3], "last_index"), _uint(a[4], "last_term"),
                                                     _uint(a[5], "priority")),
@@ -328,17 +338,19 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message]] = {
                                                 _uint(a[5], "priority"), pre=True),
     MessageKind.PRE_VOTE_REPLY: lambda a: VoteReply(_uint(a[1], "term"), _str(a[2], "voter"),
                                                     _bool(a[3], "granted"), pre=True),
+    MessageKind.SNAPSHOT_CHUNK: lambda a: SnapshotChunk(_uint(a[1], "term"), _str(a[2], "leader"),
+                                                        _uint(a[3], "index"), _uint(a[4], "seq"), _bin(a[5], "data")),
 }
 
 #: items per message kind, the kind included
 _LENGTHS: dict[MessageKind, int] = {
     MessageKind.REQUEST_VOTE: 6, MessageKind.VOTE_REPLY: 4, MessageKind.APPEND_ENTRIES: 8,
     MessageKind.APPEND_REPLY: 5, MessageKind.INSTALL_SNAPSHOT: 7, MessageKind.TIMEOUT_NOW: 4, MessageKind.ALIVE: 3,
-    MessageKind.PRE_VOTE: 6, MessageKind.PRE_VOTE_REPLY: 4,
+    MessageKind.PRE_VOTE: 6, MessageKind.PRE_VOTE_REPLY: 4, MessageKind.SNAPSHOT_CHUNK: 6,
 }
 
 
-def encode_message(m: Message) -> list[Any]:
+def encode_message(m: Message | SnapshotChunk) -> list[Any]:
     """``m`` as the array a ``Replicate`` item carries (packed with the whole payload)."""
     encode = _ENCODERS.get(type(m))
     if encode is None:
@@ -346,7 +358,7 @@ def encode_message(m: Message) -> list[Any]:
     return encode(m)
 
 
-def decode_message(a: Any) -> Message:
+def decode_message(a: Any) -> Message | SnapshotChunk:
     """The message of a ``Replicate`` item; UnknownMessageKind for a kind this build lacks,
     MalformedReplicationError for one that does not fit its layout."""
     a = _array(a, 1, "replication message")
@@ -527,16 +539,24 @@ def encode_snapshot(st: PartitionState) -> bytes:
 
 
 def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
-    """What installing a partition's snapshot writes: the partition replaced by its state."""
+    """What installing a partition's snapshot writes: the partition replaced by its state
+    (streamed: its messages are written already, part by part, :func:`chunk_ops`)."""
     qid, p = key
     snap = _array(_unpack(data, "snapshot"), 4, "snapshot")
     nxt, delivered = _uint(snap[0], "next_offset"), _uint(snap[1], "delivered_upto")
     producers, msgs = snap[2], _list(snap[3], "snapshot messages")
     if type(producers) is not dict or any(type(k) is not str or type(v) is not int for k, v in producers.items()):
         raise MalformedReplicationError("snapshot: producers are not a map of str to int")
+    if len(snap) > 4:
+        streamed_parts(data)  # (checks the form)
+        ops: list[WriteOp] = [Append(qid, p, [], nxt)]
+        if delivered:
+            ops.append(MarkDelivered(qid, p, delivered))
+        ops.extend(PutProducer(qid, p, pid, seq) for pid, seq in producers.items())
+        return ops
     full = [_message_in(m, 8) for m in msgs]
     stored = [StoredMessage(m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts) for m in full]
-    ops: list[WriteOp] = [ResetPartition(qid, p)]
+    ops = [ResetPartition(qid, p)]
     if stored or nxt:
         ops.append(Append(qid, p, stored, nxt))
     if delivered:
@@ -546,6 +566,43 @@ def snapshot_ops(key: Key, data: bytes) -> list[WriteOp]:
     if any(dc for _o, dc in counts):
         ops.append(SetDeliveryCount(qid, p, [(o, dc) for o, dc in counts if dc]))
     ops.extend(PutProducer(qid, p, pid, seq) for pid, seq in producers.items())
+    return ops
+
+
+def encode_streamed(st: PartitionState, parts: int) -> bytes:
+    """The snapshot that ends a stream of ``parts`` SNAPSHOT_CHUNKs: the partition's state
+    without its messages."""
+    return msgpack.packb([st.next_offset, st.delivered_upto, st.producers, [], parts], use_bin_type=True)
+
+
+def streamed_parts(data: bytes) -> int:
+    """How many parts came before a snapshot (0: not streamed, it holds its messages)."""
+    snap = _list(_unpack(data, "snapshot"), "snapshot")
+    if len(snap) <= 4:
+        return 0
+    if len(snap) != 5 or snap[3] != []:
+        raise MalformedReplicationError("streamed snapshot: [next_offset, delivered_upto, producers, [], parts]")
+    return _uint(snap[4], "parts")
+
+
+def encode_chunk(messages: Sequence[StoredMessage]) -> bytes:
+    """A SNAPSHOT_CHUNK's data: messages as the store has them (delivery counts as stored)."""
+    return msgpack.packb([[m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts, m.dc]
+                          for m in messages], use_bin_type=True)
+
+
+def chunk_ops(key: Key, data: bytes) -> list[WriteOp]:
+    """What writing a SNAPSHOT_CHUNK's messages takes (MalformedReplicationError if it does
+    not fit the layout)."""
+    qid, p = key
+    full = [_message_in(m, 8) for m in _list(_unpack(data, "snapshot part"), "snapshot part")]
+    if not full:
+        return []
+    stored = [StoredMessage(m.offset, m.key, m.headers_blob, m.body, m.producer_id, m.seq, m.ts) for m in full]
+    ops: list[WriteOp] = [Append(qid, p, stored, max(m.offset for m in full) + 1)]
+    counts = [(m.offset, m.dc) for m in full if m.dc]
+    if counts:
+        ops.append(SetDeliveryCount(qid, p, counts))
     return ops
 
 

@@ -26,11 +26,14 @@ def entry_bytes(r: Replica, first: int, last: int) -> int:
     return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
 
 
-def compact_upto(r: Replica) -> tuple[int, int]:
+def compact_upto(r: Replica, streamed: int | None = None) -> tuple[int, int]:
     """Where to compact, and the bytes of applied entries kept: the last KEEP_ENTRIES
     applied entries, or fewer if they hold more than KEEP_BYTES; on the active also
-    every entry a replica that answers still lacks, up to HOLD_BYTES."""
+    every entry a replica that answers still lacks, or that a snapshot streamed to a replica
+    is followed by (``streamed``: its index), up to HOLD_BYTES."""
     need = r.live_match()  # entries after it are still wanted
+    if streamed is not None:
+        need = streamed if need is None else min(need, streamed)
     i, kept = r.applied, 0
     floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
     while i > r.snap_index:

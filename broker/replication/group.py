@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
-from broker.replication.codec import CATALOGUE, Key
+from broker.replication.codec import CATALOGUE, Key, streamed_parts
 from broker.replication.commit import Proposals
 from broker.replication.compaction import COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto
 from broker.replication.host import Callback, ReplicationHost
@@ -76,6 +76,10 @@ SECURITY_OPS = (PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin)
 #: ``Recovered.meta`` key of a partition log's members as of its snapshot:
 #: "members.<qid>.<p>" -> JSON [voters, learners] (ha.members; the log's changes after it are in the log)
 MEMBERS_KEY = "members."
+
+#: ``Recovered.meta`` key of a partition taking a streamed snapshot: "streaming.<qid>.<p>" -> "1"
+#: while its parts are written (a restart then starts the partition over), "0" once installed
+STREAMING_KEY = "streaming."
 
 MAX_EVENTS = 200
 # A replica whose replies have been held this many non_response_timeouts by its log writes
@@ -133,6 +137,10 @@ def members_meta(key: Key, m: Members) -> PutMeta:
     return PutMeta(f"{MEMBERS_KEY}{key[0]}.{key[1]}", json.dumps([list(m.voters), list(m.learners)]))
 
 
+def _streaming_key(key: Key) -> str:
+    return f"{STREAMING_KEY}{key[0]}.{key[1]}"
+
+
 def _shown(m: Members) -> str:
     return ",".join(m.voters) + (f" (learners {','.join(m.learners)})" if m.learners else "")
 
@@ -160,6 +168,8 @@ class Replication:
         self._stored = logs
         #: each partition log's members as of its snapshot, as stored (MEMBERS_KEY)
         self._bases = stored_members(meta or {})
+        #: partitions whose streamed snapshot a stop interrupted: started over when opened
+        self._half_streamed = {k for k, v in (meta or {}).items() if k.startswith(STREAMING_KEY) and v == "1"}
         self._finishing: set[Key] = set()  # moves whose end this node (their active) is reporting
         self._rng = random.Random()
         self._stopping = False
@@ -177,7 +187,8 @@ class Replication:
         self.roles = Serving(host, self.logs, placed=self.placed, spawn=self._spawn,
                              fail_waiters=self.proposals.fail_waiters)
         self.held = HeldWrites(host, self.logs, stored=self.roles.stored_upto, fatal=self._fatal)
-        self.transport = Transport(host, self.logs, release_held=self.held.release, spawn=self._spawn)
+        self.transport = Transport(host, self.logs, release_held=self.held.release, spawn=self._spawn,
+                                   restart=self._restart)
 
     # -- the node's view: proposals, who is active ----------------------------------------------
 
@@ -321,6 +332,14 @@ class Replication:
         queue was declared (its members until a change or a stored snapshot says otherwise)."""
         st = self._stored.pop(key, None) or LogState()
         config = self._replica_config(nodes)
+        if _streaming_key(key) in self._half_streamed:
+            # a streamed snapshot was being written when this node stopped: what it holds of the
+            # partition is part of one (the stream's start emptied the log and the applied position)
+            log.warning("partition %d/%d: a streamed snapshot was cut short by a stop: starting the partition "
+                        "over (the active sends it again)", key[0], key[1])
+            self.host.writer.submit([ResetPartition(*key), PutMeta(_streaming_key(key), "0")], sync=True)
+            self._half_streamed.discard(_streaming_key(key))
+            st = LogState(term=st.term, voted_for=st.voted_for)
         if key != CATALOGUE:
             base = self._bases.get(key)
             if base is None:
@@ -535,7 +554,7 @@ class Replication:
                 self.roles.notify()
         applied_size = plog.applied_bytes - applied_size  # (before compaction recounts it)
         if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
-            upto, plog.applied_bytes = compact_upto(r)
+            upto, plog.applied_bytes = compact_upto(r, self.transport.streamed_at(key, r.progress()))
             # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
             # while a slow replica holds more than COMPACT_BYTES back)
             plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
@@ -617,6 +636,8 @@ class Replication:
             ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.extend(self._base_ops(plog))
+            if key != CATALOGUE and streamed_parts(m.data):
+                ops.append(PutMeta(_streaming_key(key), "0"))  # (the stream's parts, written before, are whole)
             sync = True
         if ready.append:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
@@ -771,21 +792,34 @@ class Replication:
     def _resync(self, plog: PartLog) -> None:
         """Entries this node had applied were discarded (it confirmed them under a weak
         override): its store is wrong for this partition.  Start the partition over
-        empty, after everything already submitted; the active sends it all again (or a
-        snapshot).  Until then it neither votes nor stands (``recovering``)."""
+        empty; the active sends it all again (or a snapshot)."""
+        log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
+        self._start_over(plog, f"partition {plog.name} is being rebuilt on {self.me}")
+
+    def _restart(self, plog: PartLog, why: str) -> PartLog:
+        """A snapshot is streamed here (transport.py): the partition starts over empty, with
+        the store's mark that a stream is under way."""
+        log.info("partition %s on %s: %s: starting it over", plog.name, self.me, why)
+        return self._start_over(plog, f"partition {plog.name} is being rebuilt on {self.me} ({why})",
+                                [PutMeta(_streaming_key(plog.key), "1")])
+
+    def _start_over(self, plog: PartLog, why: str, extra: list[WriteOp] | None = None) -> PartLog:
+        """Start partition ``plog`` over empty, after everything already submitted (held
+        writes first): store and core.  Until an active has brought it up to that active's
+        commit index it neither votes nor stands (``recovering``)."""
         key = plog.key
         r = plog.replica
-        log.error("partition %s on %s: rebuilding from the active after HA-1014", plog.name, self.me)
-        self.roles.stop(plog, f"partition {plog.name} is being rebuilt on {self.me}")
-        self.proposals.fail_waiters(plog, UnavailableError(f"partition {plog.name} is being rebuilt on {self.me}"))
-        if key != CATALOGUE:
-            self._bases[key] = r.members
+        self.roles.stop(plog, why)
+        self.proposals.fail_waiters(plog, UnavailableError(why))
+        self.held.release(plog)
+        self._bases[key] = r.members
         self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
                                  LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
-                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0), members_meta(key, r.members)],
-                                sync=True)
+                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0), members_meta(key, r.members),
+                                 *(extra or [])], sync=True)
         replica = Replica(self._config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
                           now=self.host.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
         new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
         self.roles.start_lifecycle(new)
         self.logs[key] = new
+        return new

@@ -39,6 +39,10 @@ class QueueView(Protocol):
 class PeerLink(Protocol):
     def send(self, frame: Replicate) -> None: ...
 
+    async def drain(self) -> None:
+        """Until what is queued to send is down to the low-water mark (ConnectionError once
+        the link is gone): a streamed snapshot sends its next part then."""
+
 
 class PeerGroup(Protocol):
     """The node's peer links (broker.peers.PeerManager): who is connected, and the

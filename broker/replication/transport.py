@@ -3,6 +3,22 @@
 One ``Replicate`` frame per peer per turn of the event loop carries the messages of any
 number of partitions (codec.py documents its bytes).  A snapshot leaves the core
 without its data; it is read from the store here, as up to date as the log allows.
+
+A partition's snapshot is streamed: its messages go in parts (``SnapshotChunk``) of at
+most ``objects_locked_per_transaction`` messages and CHUNK_BYTES, each read from the
+store in a transaction of its own and sent once the link has taken the one before, then
+the state without messages (the streamed form) ends it as the core's ``InstallSnapshot``.
+So however large the partition, the active never holds it in memory nor stops for it.
+The parts are read while the partition goes on: a message settled after the snapshot's
+position is missing from a later part, and the entries after that position, which the
+replica applies next, settle it again (a no-op), as ZooKeeper's fuzzy snapshots do;
+messages appended after it are left out (offsets from the snapshot's next offset on).
+
+The replica writes each part as it arrives.  At the first it starts the partition over
+empty (store and core, as after HA-1014; a mark in the store says a stream is under way,
+so a restart midway starts over too) and neither votes nor stands until it is caught up;
+a part out of order, or from another active or term, drops the stream, and the active's
+next snapshot starts a new one.
 """
 
 from __future__ import annotations
@@ -10,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from broker.replication.codec import (
@@ -18,19 +35,40 @@ from broker.replication.codec import (
     MalformedReplicationError,
     UnknownMessageKind,
     check_snapshot,
+    chunk_ops,
     decode_message,
     decode_replicate,
     encode_catalogue_snapshot,
+    encode_chunk,
     encode_message,
     encode_replicate,
     encode_snapshot,
+    encode_streamed,
+    streamed_parts,
 )
 from broker.replication.host import ReplicationHost
 from broker.replication.partlog import PartLog
 from client.protocol.frames import Replicate
-from ha.messages import Envelope, InstallSnapshot, Message
+from ha.messages import Envelope, InstallSnapshot, Message, SnapshotChunk
+from ha.replica import Role
+from storage.base import PartitionState
 
 log = logging.getLogger("tandem.ha")
+
+CHUNK_BYTES = 4 * 1024 * 1024  # message bodies (about) in one part of a streamed snapshot
+#: the active keeps the entries after a streamed snapshot until the replica has them, or for at
+#: most this many non-response timeouts after the stream (a replica that went away meanwhile)
+PIN_TIMEOUTS = 10
+
+
+@dataclass(slots=True)
+class _Incoming:
+    """A stream a replica is taking: from whom, in which term, as of which index, the next part."""
+
+    src: str
+    term: int
+    index: int
+    next: int
 
 
 class Transport:
@@ -39,11 +77,20 @@ class Transport:
 
     def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
                  release_held: Callable[[PartLog], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None]], None],
+                 restart: Callable[[PartLog, str], PartLog]) -> None:
         self._host = host
         self._logs = logs
         self._release_held = release_held
         self._spawn = spawn
+        self._restart = restart  # start a partition over empty (returns its new log)
+        self._streaming: set[tuple[Key, str]] = set()  # (partition, replica) snapshots being sent
+        self._streamed: dict[tuple[Key, str], float] = {}  # (partition, replica) -> when its last one ended
+        self._incoming: dict[Key, _Incoming] = {}  # snapshots being received
+        self._skipped: dict[Key, tuple[str, int, int]] = {}  # streams a replica had no need of
+        #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended):
+        #: the entries after it are what the replica needs next, kept from compaction
+        self._pins: dict[tuple[Key, str], tuple[int, float]] = {}
         self._out: dict[str, list[list[Any]]] = {}  # peer -> Replicate items
         self._flush_scheduled = False
         self._unknown_kinds: set[tuple[str, str]] = set()  # (peer, repr of message kind) already logged
@@ -60,26 +107,154 @@ class Transport:
 
     async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         host = self._host
-        if key == CATALOGUE:
-            data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
-            pos = self._logs[key].applied
-        else:
-            plog = self._logs.get(key)
-            if plog is not None:
-                # a snapshot of the store as up to date as the log allows: what is held, and
-                # what was released but not yet committed, first
-                self._release_held(plog)
-                await host.write([], sync=False)
-            st = await asyncio.to_thread(host.engine.load_partition, *key)
-            data = encode_snapshot(st)
-            pos = st.applied
-        log.info("partition %d/%d: sending a snapshot at index %d to %s", key[0], key[1], pos[0], dst)
+        if key != CATALOGUE:
+            # The core asks again while one is on its way, and may before the replica's answer
+            # to the last one is back: not again within an election timeout of its end.
+            quiet = host.clock.monotonic() - self._streamed.get((key, dst), -1e18) < host.config.non_response_timeout
+            if (key, dst) not in self._streaming and not quiet:
+                self._streaming.add((key, dst))
+                try:
+                    await self._stream_snapshot(key, dst, m)
+                finally:
+                    self._streaming.discard((key, dst))
+                    self._streamed[(key, dst)] = host.clock.monotonic()
+                    if (key, dst) in self._pins:
+                        self._pins[(key, dst)] = (self._pins[(key, dst)][0], host.clock.monotonic())
+            return
+        data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
+        pos = self._logs[key].applied
+        log.info("catalogue: sending a snapshot at index %d to %s", pos[0], dst)
+        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
+            InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, self._members_at(key, pos[0])))])
+        self.flush()
+
+    def streamed_at(self, key: Key, progress: Mapping[str, int]) -> int | None:
+        """The lowest index of a snapshot streamed (or being streamed) to a replica of
+        ``key`` that does not have it yet (``progress``: the replicas' match indexes): the
+        entries after it are kept from compaction (PIN_TIMEOUTS)."""
+        now = self._host.clock.monotonic()
+        wait = PIN_TIMEOUTS * self._host.config.non_response_timeout
+        out = None
+        for pin, (index, since) in list(self._pins.items()):
+            if pin[0] != key:
+                continue
+            if progress.get(pin[1], 0) >= index or ((key, pin[1]) not in self._streaming and now - since > wait):
+                del self._pins[pin]
+            elif out is None or index < out:
+                out = index
+        return out
+
+    def _members_at(self, key: Key, index: int) -> Any:
         held = self._logs.get(key)
         r = held.replica if held is not None else None
-        members = r.members_at(pos[0]) if r is not None and pos[0] >= r.snap_index else None
-        full = InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members)
-        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(full)])
+        return r.members_at(index) if r is not None and index >= r.snap_index else None
+
+    async def _stream_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
+        """Stream partition ``key``'s snapshot to ``dst``, part by part (see the module)."""
+        host = self._host
+        plog = self._logs.get(key)
+        if plog is not None:
+            # a snapshot of the store as up to date as the log allows: what is held, and
+            # what was released but not yet committed, first
+            self._release_held(plog)
+            await host.write([], sync=False)
+        head = await asyncio.to_thread(host.engine.load_partition, key[0], key[1], 1)
+        pos, end = head.applied, head.next_offset
+        per_part = host.config.objects_locked_per_transaction
+        self._pins[(key, dst)] = (pos[0], host.clock.monotonic())
+        log.info("partition %d/%d: streaming a snapshot at index %d to %s (parts of up to %d messages)", key[0],
+                 key[1], pos[0], dst, per_part)
+        offset, parts, sent, limit = 0, 0, 0, per_part
+
+        def still_sending() -> bool:
+            now = self._logs.get(key)
+            return now is not None and now.replica.role is Role.LEADER and now.replica.term == m.term
+
+        while offset < end:
+            msgs = await asyncio.to_thread(host.engine.read, key[0], key[1], offset, limit)
+            msgs = [x for x in msgs if x.offset < end]
+            if not msgs:
+                break
+            size, n = 0, 0
+            for x in msgs:  # a part of at most CHUNK_BYTES (and one message at least)
+                size += len(x.body) + len(x.headers_blob)
+                n += 1
+                if size >= CHUNK_BYTES:
+                    break
+            part = msgs[:n]
+            limit = max(1, min(per_part, n + 1 if n < len(msgs) else per_part))
+            offset = part[-1].offset + 1
+            link = host.peers.links.get(dst) if host.peers is not None else None
+            if link is None or not still_sending():
+                log.info("partition %d/%d: snapshot to %s stopped after %d part(s) (the link or the role went)",
+                         key[0], key[1], dst, parts)
+                return
+            self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
+                SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part)))])
+            self.flush()
+            parts += 1
+            sent += len(part)
+            try:
+                await link.drain()  # the next part once the link has taken this one
+            except ConnectionError:
+                return
+        if not still_sending():
+            return
+        # (no message at all: the whole form, which starts the replica's partition over)
+        data = encode_streamed(head, parts) if parts else encode_snapshot(
+            PartitionState(next_offset=head.next_offset, delivered_upto=head.delivered_upto, producers=head.producers))
+        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
+            InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, self._members_at(key, pos[0])))])
         self.flush()
+        log.info("partition %d/%d: snapshot at index %d streamed to %s: %d message(s) in %d part(s)", key[0], key[1],
+                 pos[0], dst, sent, parts)
+
+    def _part(self, plog: PartLog, src: str, m: SnapshotChunk) -> None:
+        """Part ``m.seq`` of a snapshot streamed here: written as it arrives (see the module)."""
+        key, r = plog.key, plog.replica
+        inc = self._incoming.get(key)
+        if m.seq == 0:
+            if m.term < r.term or (m.term == r.term and r.leader not in (None, m.leader)):
+                return  # (a deposed active's)
+            if r.commit >= m.index:
+                # it has all of it committed (it took the last one, whose answer crossed this)
+                self._incoming.pop(key, None)
+                self._skipped[key] = (src, m.term, m.index)
+                return
+            plog = self._restart(plog, f"taking a snapshot streamed from {m.leader}")
+            self._incoming[key] = _Incoming(src, m.term, m.index, 1)
+        elif inc is None or (inc.src, inc.term, inc.index, inc.next) != (src, m.term, m.index, m.seq):
+            if self._skipped.get(key) == (src, m.term, m.index):
+                return
+            if inc is not None:
+                del self._incoming[key]
+                log.warning("partition %s: snapshot part %d from %s out of order: the stream is dropped (the "
+                            "active starts another)", plog.name, m.seq, src)
+            return
+        else:
+            inc.next += 1
+        try:
+            ops = chunk_ops(key, m.data)
+        except MalformedReplicationError as exc:
+            self._incoming.pop(key, None)
+            log.warning("bad snapshot part from %s for %s dropped, and its stream: %s", src, plog.name, exc.message)
+            return
+        if ops:
+            self._host.writer.submit(ops, sync=False)
+
+    def _stream_ends(self, plog: PartLog, src: str, m: InstallSnapshot) -> bool:
+        """Whether the core may take snapshot ``m``: whole, or ending the stream it takes."""
+        parts = streamed_parts(m.data)
+        if not parts:
+            return True
+        inc = self._incoming.pop(plog.key, None)
+        if inc is not None and (inc.src, inc.term, inc.index, inc.next) == (src, m.term, m.index, parts):
+            return True
+        if self._skipped.pop(plog.key, None) == (src, m.term, m.index):
+            return False
+        log.warning("partition %s: the end of a snapshot stream from %s without its %d part(s): dropped (the "
+                    "active starts another)", plog.name, src, parts)
+        return False
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -109,8 +284,13 @@ class Transport:
                 continue
             try:
                 msg = decode_message(raw)
+                if isinstance(msg, SnapshotChunk):
+                    self._part(plog, src, msg)
+                    continue
                 if isinstance(msg, InstallSnapshot) and msg.data is not None:
                     check_snapshot((qid, p), msg.data)  # (decoded twice: snapshots are rare)
+                    if (qid, p) != CATALOGUE and not self._stream_ends(plog, src, msg):
+                        continue
             except UnknownMessageKind as exc:
                 # a newer build's: said once per peer and kind
                 if (src, repr(exc.kind)) not in self._unknown_kinds:  # (repr: a kind may be a list)

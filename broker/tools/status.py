@@ -100,6 +100,9 @@ async def _status(args: argparse.Namespace) -> int:
         frow += [(p.queue, str(p.partition), p.status, p.active or "-", str(p.term) if p.term else "-",
                   ", ".join(r.node for r in p.replicas)) for p in st.foreign]
         _table(frow)
+    if st.moving:
+        print("partitions moving (tandem partition move): " + "; ".join(
+            f"{m.split(' ', 1)[0]} to {m.split(' ', 1)[1]}" for m in st.moving))
     if st.designated_primary:
         print("designated primary: this node goes on alone when its peer is gone")
     print(f"HA-1014 discarded entries: {st.discarded} ({st.discarded_messages} messages)")
@@ -135,6 +138,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
         "zones": dict(z.partition("=")[::2] for z in st.zones), "foreign": _record(st.foreign),
+        "moving": {m.split(" ", 1)[0]: m.split(" ", 1)[1].split(",") for m in st.moving},
     }
 
 

@@ -210,3 +210,46 @@ async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(
 
 async def _actives_of(cl: LocalCluster, queue: str, n: int) -> bool:
     return len(await cl.actives(queue)) == n
+
+
+async def test_a_snapshot_stream_cut_by_kill_9_of_the_new_copy_starts_over_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """The new copy gets the partition as a streamed snapshot (parts of 5 messages here); it
+    is frozen after its first part and killed: restarted, it starts the partition over (the
+    store's mark) and takes a new stream.  Every message is there once, on the new node."""
+    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1",
+                             "--objects-locked-per-transaction", "5") as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("big", partitions=1)
+            bodies = [f"{i:06d}".encode() + b"x" * 20000 for i in range(1500)]
+            await conn.producer("big").send_many(bodies)
+        before = await holders(cl, "big", 0)
+        newcomer = next(n for n in cl.nodes if n not in before)
+        active = next(n for n, role in before.items() if role == "active")
+        rc, _out, err = await tandem("partition", "move", "big", "0", "--to", f"{newcomer},{active}",
+                                     "--url", cl.url_of(active))
+        assert rc == 0, err
+        node = cl.nodes[newcomer]
+        await wait_until(lambda: "taking a snapshot streamed" in node.log_text(), timeout=30,
+                         what=f"a snapshot streamed to {newcomer}")
+        node.pause()
+        await node.kill()
+        await node.start()
+
+        async def moved() -> bool:
+            for n in cl.nodes:
+                if (await cl.status(n)).moving:
+                    return False
+            return True
+
+        await wait_until(moved, timeout=120, what="the move to end")
+        assert "cut short by a stop: starting the partition over" in node.log_text()
+        assert (await cl.actives("big")).get(0) == newcomer
+        got: list[bytes] = []
+        async with await client.connect(cl.url_of(newcomer)) as conn:
+            c = await conn.consumer("big", prefetch=200).start()
+            while len(got) < len(bodies) and (m := await c.next(5.0)) is not None:
+                got.append(m.body)
+                m.ack()
+            assert await c.next(0.5) is None
+        assert sorted(got) == sorted(bodies) and len(set(got)) == len(bodies)

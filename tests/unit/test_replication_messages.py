@@ -26,6 +26,10 @@ from broker.replication import (
     snapshot_ops,
 )
 from broker.replication.codec import (
+    chunk_ops,
+    encode_chunk,
+    encode_streamed,
+    streamed_parts,
     decode_catalogue_snapshot,
     decode_replicate,
     encode_catalogue_snapshot,
@@ -45,6 +49,7 @@ from ha.messages import (
     InstallSnapshot,
     Message,
     RequestVote,
+    SnapshotChunk,
     TimeoutNow,
     VoteReply,
 )
@@ -135,7 +140,27 @@ PINNED_MESSAGES: list[tuple[Message, str]] = [
     (RequestVote(3, "node1", 10, 2, 1, pre=True), "960703a56e6f6465310a0201"),
     (VoteReply(3, "node2", True, pre=True), "940803a56e6f646532c3"),
     (Alive(3, "node3"), "930603a56e6f646533"),
+    (SnapshotChunk(3, "node1", 10, 2, b"part"), "960903a56e6f6465310a02c40470617274"),
 ]
+
+
+def test_a_streamed_snapshot_writes_its_parts_then_the_state_without_resetting_them() -> None:
+    """Parts carry messages with their stored delivery counts; the InstallSnapshot that ends
+    the stream (the streamed form) sets the next offset, the delivered mark and the producers
+    and leaves the messages the parts wrote (no ResetPartition)."""
+    m1 = StoredMessage(3, "k", b"", b"one", "p1", 4, 1.5, 2)
+    m2 = StoredMessage(7, None, b"", b"two", None, None, 2.5, 0)
+    ops = chunk_ops((1, 0), encode_chunk([m1, m2]))
+    assert ops == [Append(1, 0, [StoredMessage(3, "k", b"", b"one", "p1", 4, 1.5),
+                                 StoredMessage(7, None, b"", b"two", None, None, 2.5)], 8),
+                   SetDeliveryCount(1, 0, [(3, 2)])]
+    data = encode_streamed(PartitionState(next_offset=9, delivered_upto=4, producers={"p1": 4}), 3)
+    assert streamed_parts(data) == 3
+    assert snapshot_ops((1, 0), data) == [Append(1, 0, [], 9), MarkDelivered(1, 0, 4), PutProducer(1, 0, "p1", 4)]
+    whole = encode_snapshot(PartitionState(next_offset=9))
+    assert streamed_parts(whole) == 0 and snapshot_ops((1, 0), whole)[0] == ResetPartition(1, 0)
+    with pytest.raises(MalformedReplicationError):
+        streamed_parts(msgpack.packb([9, 4, {}, [[1]], 3]))
 
 
 @pytest.mark.parametrize(("m", "wire"), PINNED_MESSAGES, ids=lambda v: type(v).__name__)
@@ -257,5 +282,5 @@ def test_the_kinds_and_codes_are_the_wire_values() -> None:
     assert [(k.name, int(k)) for k in MessageKind] == [
         ("REQUEST_VOTE", 0), ("VOTE_REPLY", 1), ("APPEND_ENTRIES", 2), ("APPEND_REPLY", 3),
         ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6), ("PRE_VOTE", 7),
-        ("PRE_VOTE_REPLY", 8)]
+        ("PRE_VOTE_REPLY", 8), ("SNAPSHOT_CHUNK", 9)]
     assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]
