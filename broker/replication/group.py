@@ -296,7 +296,8 @@ class Replication:
         for p in range(meta.partitions):
             key = (meta.id, p)
             nodes = self.placed(key, meta.partitions, initial)
-            if key in self.logs or (self.me not in nodes.nodes and key not in self._stored):
+            moved = self.host.placed(key) is not None
+            if key in self.logs or (self.me not in nodes.nodes and not (moved and key in self._stored)):
                 continue
             # (a copy stored here is opened even where a move is taking it off this node: it
             # is a member until the move removes it)
@@ -332,27 +333,35 @@ class Replication:
         queue was declared (its members until a change or a stored snapshot says otherwise)."""
         st = self._stored.pop(key, None) or LogState()
         config = self._replica_config(nodes)
-        if _streaming_key(key) in self._half_streamed:
+        recovering = _streaming_key(key) in self._half_streamed
+        if recovering:
             # a streamed snapshot was being written when this node stopped: what it holds of the
-            # partition is part of one (the stream's start emptied the log and the applied position)
+            # partition is part of one (the stream's start emptied the log and the applied
+            # position); it starts over, and neither votes nor stands until caught up (what it
+            # acknowledged before the stream is gone)
             log.warning("partition %d/%d: a streamed snapshot was cut short by a stop: starting the partition "
                         "over (the active sends it again)", key[0], key[1])
             self.host.writer.submit([ResetPartition(*key), PutMeta(_streaming_key(key), "0")], sync=True)
             self._half_streamed.discard(_streaming_key(key))
             st = LogState(term=st.term, voted_for=st.voted_for)
         if key != CATALOGUE:
-            base = self._bases.get(key)
+            # A moved partition's members are its log's (as of its snapshot, then its changes);
+            # one never moved has the policy's, from the settings (a restart with other
+            # settings places it anew, as far as _check_placement allows)
+            stored = self._bases.get(key)
+            base = stored if self.host.placed(key) is not None else None
             if base is None:
                 first = self._replica_config(initial or nodes)
                 # a node the move added and that has nothing yet: a learner until the active
                 # makes it a voter (it must not vote or stand with an empty log meanwhile)
                 base = Members(first.voters, first.learners) if self.me in first.voters + first.learners else \
                     Members(first.voters, first.learners + (self.me,))
+            if base != stored:
                 self._bases[key] = base
                 self.host.writer.submit([members_meta(key, base)], sync=False)
             config = config.with_members(base)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
-                        now=self.host.clock.monotonic())
+                        now=self.host.clock.monotonic(), recovering=recovering)
         self.roles.start_lifecycle(plog)
         self.logs[key] = plog
         if self.lock_role is not None and self.lock_role[0]:
@@ -376,7 +385,7 @@ class Replication:
         nodes = self.placed(key, q.meta.partitions)
         plog = self.logs.get(key)
         if plog is None:
-            if self.me in nodes.nodes and key in self.host.moving:
+            if self.me in nodes.nodes:
                 self._open(key, nodes, place(self.policy, q.meta.partitions, self.members)[key[1]])
             return
         plog.nodes = nodes
@@ -486,7 +495,7 @@ class Replication:
         if self._broken or self._stopping:
             return
         try:
-            unpin_segments(self.host, self.logs, self.held.hold)
+            unpin_segments(self.host, self.logs, self.held.hold, self.transport.streamed_at)
         except Exception as exc:
             log.exception("compacting the partitions that keep the oldest log segment failed")
             self._fatal(f"log compaction failed: {exc!r}")

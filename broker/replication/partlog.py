@@ -141,12 +141,14 @@ def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designate
 
 
 def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, rng: random.Random,
-             now: float) -> PartLog:
-    """A log as the store recovered it (``st``: hard state, entries, snapshot, applied)."""
+             now: float, recovering: bool = False) -> PartLog:
+    """A log as the store recovered it (``st``: hard state, entries, snapshot, applied);
+    ``recovering``: started over empty, it neither votes nor stands until caught up."""
     entries = [Entry(r.term, r.index, r.data or None, r.origin, r.weak) for r in st.entries
                if r.index > st.snapshot[0]]
     replica = Replica(config, rng=rng, now=now, term=st.term, voted_for=st.voted_for, log=entries,
-                      commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0])
+                      commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0],
+                      recovering=recovering)
     return PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
                    durable_applied=st.applied[0],
                    applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))

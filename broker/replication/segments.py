@@ -25,10 +25,12 @@ UNPIN_EVERY = 1.0  # how often (seconds)
 
 
 def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
-                   hold: Callable[[PartLog, list[WriteOp], int], None]) -> None:
+                   hold: Callable[[PartLog, list[WriteOp], int], None],
+                   streamed: Callable[[Key, Mapping[str, int]], int | None] = lambda _k, _p: None) -> None:
     """Compact the partitions that keep the oldest segment past it; drop the logs of
     partitions not held here.  ``hold`` queues a compaction behind the store writes it
-    depends on, in order (apply.HeldWrites)."""
+    depends on, in order (apply.HeldWrites); ``streamed(key, progress)``: the index of a
+    snapshot streamed to a replica that does not have it yet (its entries after are kept)."""
     pins = getattr(host.engine, "log_pins", None)
     if pins is None:
         return
@@ -40,7 +42,9 @@ def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
         r = plog.replica
         if r.snap_index >= top or r.applied < top:
             continue  # compacted already (not yet durably), or not applied that far yet
-        need = r.live_match()
+        need, sent = r.live_match(), streamed(key, r.progress())
+        if sent is not None:
+            need = sent if need is None else min(need, sent)
         if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
             continue  # a replica that answers still lacks them: it catches up first (as compact_upto)
         r.compact(top)

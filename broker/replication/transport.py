@@ -56,9 +56,11 @@ from storage.base import PartitionState
 log = logging.getLogger("tandem.ha")
 
 CHUNK_BYTES = 4 * 1024 * 1024  # message bodies (about) in one part of a streamed snapshot
-#: the active keeps the entries after a streamed snapshot until the replica has them, or for at
-#: most this many non-response timeouts after the stream (a replica that went away meanwhile)
+#: after a stream, the active waits for the replica's answer (it keeps the entries after the
+#: snapshot, and sends it no other) until the replica has it, or for at most this many
+#: non-response timeouts plus the time to write the parts at WRITE_RATE (a replica gone meanwhile)
 PIN_TIMEOUTS = 10
+WRITE_RATE = 16 * 1024 * 1024  # bytes a second a replica is assumed to write parts at, at least
 
 
 @dataclass(slots=True)
@@ -85,12 +87,11 @@ class Transport:
         self._spawn = spawn
         self._restart = restart  # start a partition over empty (returns its new log)
         self._streaming: set[tuple[Key, str]] = set()  # (partition, replica) snapshots being sent
-        self._streamed: dict[tuple[Key, str], float] = {}  # (partition, replica) -> when its last one ended
         self._incoming: dict[Key, _Incoming] = {}  # snapshots being received
         self._skipped: dict[Key, tuple[str, int, int]] = {}  # streams a replica had no need of
-        #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended):
-        #: the entries after it are what the replica needs next, kept from compaction
-        self._pins: dict[tuple[Key, str], tuple[int, float]] = {}
+        #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended,
+        #: bytes sent): the entries after it are what the replica needs next, kept from compaction
+        self._pins: dict[tuple[Key, str], tuple[int, float, int]] = {}
         self._out: dict[str, list[list[Any]]] = {}  # peer -> Replicate items
         self._flush_scheduled = False
         self._unknown_kinds: set[tuple[str, str]] = set()  # (peer, repr of message kind) already logged
@@ -108,18 +109,17 @@ class Transport:
     async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         host = self._host
         if key != CATALOGUE:
-            # The core asks again while one is on its way, and may before the replica's answer
-            # to the last one is back: not again within an election timeout of its end.
-            quiet = host.clock.monotonic() - self._streamed.get((key, dst), -1e18) < host.config.non_response_timeout
-            if (key, dst) not in self._streaming and not quiet:
+            # The core asks again while one is on its way, and before the replica's answer to
+            # the last one is back (it answers once it has written every part): not again
+            # while that answer may still come (_answer_due).
+            plog = self._logs.get(key)
+            progress = plog.replica.progress() if plog is not None else {}
+            if (key, dst) not in self._streaming and not self._answer_due(key, dst, progress):
                 self._streaming.add((key, dst))
                 try:
                     await self._stream_snapshot(key, dst, m)
                 finally:
                     self._streaming.discard((key, dst))
-                    self._streamed[(key, dst)] = host.clock.monotonic()
-                    if (key, dst) in self._pins:
-                        self._pins[(key, dst)] = (self._pins[(key, dst)][0], host.clock.monotonic())
             return
         data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
         pos = self._logs[key].applied
@@ -130,19 +130,29 @@ class Transport:
 
     def streamed_at(self, key: Key, progress: Mapping[str, int]) -> int | None:
         """The lowest index of a snapshot streamed (or being streamed) to a replica of
-        ``key`` that does not have it yet (``progress``: the replicas' match indexes): the
-        entries after it are kept from compaction (PIN_TIMEOUTS)."""
-        now = self._host.clock.monotonic()
-        wait = PIN_TIMEOUTS * self._host.config.non_response_timeout
+        ``key`` whose answer may still come (``progress``: the replicas' match indexes): the
+        entries after it are kept from compaction."""
         out = None
-        for pin, (index, since) in list(self._pins.items()):
-            if pin[0] != key:
-                continue
-            if progress.get(pin[1], 0) >= index or ((key, pin[1]) not in self._streaming and now - since > wait):
-                del self._pins[pin]
-            elif out is None or index < out:
+        for pin, (index, _at, _sent) in list(self._pins.items()):
+            if pin[0] == key and self._answer_due(key, pin[1], progress) and (out is None or index < out):
                 out = index
         return out
+
+    def _answer_due(self, key: Key, dst: str, progress: Mapping[str, int]) -> bool:
+        """A snapshot streamed to ``dst`` is on its way or written there: its answer may still
+        come.  Not once ``dst`` has its index, nor PIN_TIMEOUTS non-response timeouts after
+        its last part plus a second per WRITE_RATE bytes of parts (the replica answers once
+        it has written them all)."""
+        pin = self._pins.get((key, dst))
+        if pin is None:
+            return False
+        index, at, sent = pin
+        wait = PIN_TIMEOUTS * self._host.config.non_response_timeout + sent / WRITE_RATE
+        if progress.get(dst, 0) >= index or ((key, dst) not in self._streaming
+                                             and self._host.clock.monotonic() - at > wait):
+            del self._pins[(key, dst)]
+            return False
+        return True
 
     def _members_at(self, key: Key, index: int) -> Any:
         held = self._logs.get(key)
@@ -161,7 +171,7 @@ class Transport:
         head = await asyncio.to_thread(host.engine.load_partition, key[0], key[1], 1)
         pos, end = head.applied, head.next_offset
         per_part = host.config.objects_locked_per_transaction
-        self._pins[(key, dst)] = (pos[0], host.clock.monotonic())
+        self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), 0)
         log.info("partition %d/%d: streaming a snapshot at index %d to %s (parts of up to %d messages)", key[0],
                  key[1], pos[0], dst, per_part)
         offset, parts, sent, limit = 0, 0, 0, per_part
@@ -194,6 +204,7 @@ class Transport:
             self.flush()
             parts += 1
             sent += len(part)
+            self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), self._pins[(key, dst)][2] + size)
             try:
                 await link.drain()  # the next part once the link has taken this one
             except ConnectionError:
@@ -285,7 +296,8 @@ class Transport:
             try:
                 msg = decode_message(raw)
                 if isinstance(msg, SnapshotChunk):
-                    self._part(plog, src, msg)
+                    if (qid, p) != CATALOGUE:  # (the catalogue's snapshot goes whole)
+                        self._part(plog, src, msg)
                     continue
                 if isinstance(msg, InstallSnapshot) and msg.data is not None:
                     check_snapshot((qid, p), msg.data)  # (decoded twice: snapshots are rare)

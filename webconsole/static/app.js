@@ -271,6 +271,16 @@ function wire() {
     try { await api("POST", `/api/v1/nodes/${encodeURIComponent(node)}/${verb}`);
           say(`${node}: ${verb === "drain" ? "drained" : "undrained"}`); } catch (e) { say(e.message, true); }
   };
+  document.getElementById("move-partition").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const queue = document.getElementById("move-queue").value.trim();
+    const partition = Number(document.getElementById("move-partition-no").value);
+    const to = document.getElementById("move-to").value.split(",").map((n) => n.trim()).filter((n) => n);
+    if (!confirm(`Move ${queue}/${partition} to ${to.join(", ")}? Its copies move while it runs.`)) return;
+    try { await api("POST", `/api/v1/queues/${encodeURIComponent(queue)}/partitions/${partition}/move`, {to});
+          say(`${queue}/${partition}: moving to ${to.join(", ")} (state Replicating, then Migrating, then Active)`); }
+    catch (e) { say(e.message, true); }
+  };
   document.getElementById("set-priority").onsubmit = async (ev) => {
     ev.preventDefault();
     const node = document.getElementById("priority-node").value;
