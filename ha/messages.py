@@ -136,6 +136,18 @@ class SnapshotChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotAck:
+    """From the replica taking a streamed snapshot: part ``seq`` of the one as of ``index`` is
+    written.  The active keeps at most a few parts ahead of it (the replica's writes, not
+    its memory, set the pace).  Drivers only, like :class:`SnapshotChunk`."""
+
+    term: int
+    replica: str
+    index: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Envelope:
     src: str
     dst: str

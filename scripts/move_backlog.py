@@ -68,6 +68,8 @@ async def one_run(size: int, body: int, keep: str | None = None) -> dict:
                     "active_after": now_active, "move_seconds": moved["seconds"],
                     "move_wall_seconds": round(m1 - m0, 2),
                     "longest_confirm_wait_during_move_ms": round(prober.longest(m0, m1) * 1000),
+                    "longest_sent_at_s": round(max(((w, t) for t, w in prober.waits if m0 <= t <= m1),
+                                                   default=(0.0, m0))[1] - m0, 2),
                     "first_delivery_after_move_s": round(deliver_after, 2),
                     "probe_sends": len(prober.waits) + prober.failed, "probe_failed": prober.failed}
         finally:

@@ -37,6 +37,8 @@ whoever sent the bytes.
                             snapshot messages, below): part seq of a streamed snapshot
                             as of index, ended by an INSTALL_SNAPSHOT whose data is the
                             streamed form (drivers only: the core never sees a part)
+    10 SNAPSHOT_ACK         term int, replica str, index int, seq int: part seq of the
+                            snapshot as of index is written (drivers only)
 
     Entry:  [term int, index int, data nil|bin (a log entry payload; nil: an
             active's no-op), origin str, weak bool]
@@ -115,6 +117,7 @@ from ha.messages import (
     InstallSnapshot,
     Message,
     RequestVote,
+    SnapshotAck,
     SnapshotChunk,
     TimeoutNow,
     VoteReply,
@@ -165,6 +168,7 @@ class MessageKind(IntEnum):
     PRE_VOTE = 7
     PRE_VOTE_REPLY = 8
     SNAPSHOT_CHUNK = 9
+    SNAPSHOT_ACK = 10
 
 
 class OpCode(StrEnum):
@@ -314,9 +318,10 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
     TimeoutNow: lambda m: [MessageKind.TIMEOUT_NOW, m.term, m.leader, m.rank],
     Alive: lambda m: [MessageKind.ALIVE, m.term, m.replica],
     SnapshotChunk: lambda m: [MessageKind.SNAPSHOT_CHUNK, m.term, m.leader, m.index, m.seq, m.data],
+    SnapshotAck: lambda m: [MessageKind.SNAPSHOT_ACK, m.term, m.replica, m.index, m.seq],
 }
 
-_DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk]] = {
+_DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk | SnapshotAck]] = {
     MessageKind.REQUEST_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),
                                                     _uint(a[3], "last_index"), _uint(a[4], "last_term"),
                                                     _uint(a[5], "priority")),
@@ -340,6 +345,8 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk]] = {
                                                     _bool(a[3], "granted"), pre=True),
     MessageKind.SNAPSHOT_CHUNK: lambda a: SnapshotChunk(_uint(a[1], "term"), _str(a[2], "leader"),
                                                         _uint(a[3], "index"), _uint(a[4], "seq"), _bin(a[5], "data")),
+    MessageKind.SNAPSHOT_ACK: lambda a: SnapshotAck(_uint(a[1], "term"), _str(a[2], "replica"), _uint(a[3], "index"),
+                                                    _uint(a[4], "seq")),
 }
 
 #: items per message kind, the kind included
@@ -347,10 +354,11 @@ _LENGTHS: dict[MessageKind, int] = {
     MessageKind.REQUEST_VOTE: 6, MessageKind.VOTE_REPLY: 4, MessageKind.APPEND_ENTRIES: 8,
     MessageKind.APPEND_REPLY: 5, MessageKind.INSTALL_SNAPSHOT: 7, MessageKind.TIMEOUT_NOW: 4, MessageKind.ALIVE: 3,
     MessageKind.PRE_VOTE: 6, MessageKind.PRE_VOTE_REPLY: 4, MessageKind.SNAPSHOT_CHUNK: 6,
+    MessageKind.SNAPSHOT_ACK: 5,
 }
 
 
-def encode_message(m: Message | SnapshotChunk) -> list[Any]:
+def encode_message(m: Message | SnapshotChunk | SnapshotAck) -> list[Any]:
     """``m`` as the array a ``Replicate`` item carries (packed with the whole payload)."""
     encode = _ENCODERS.get(type(m))
     if encode is None:
@@ -358,7 +366,7 @@ def encode_message(m: Message | SnapshotChunk) -> list[Any]:
     return encode(m)
 
 
-def decode_message(a: Any) -> Message | SnapshotChunk:
+def decode_message(a: Any) -> Message | SnapshotChunk | SnapshotAck:
     """The message of a ``Replicate`` item; UnknownMessageKind for a kind this build lacks,
     MalformedReplicationError for one that does not fit its layout."""
     a = _array(a, 1, "replication message")

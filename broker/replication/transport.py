@@ -49,7 +49,7 @@ from broker.replication.codec import (
 from broker.replication.host import ReplicationHost
 from broker.replication.partlog import PartLog
 from client.protocol.frames import Replicate
-from ha.messages import Envelope, InstallSnapshot, Message, SnapshotChunk
+from ha.messages import Envelope, InstallSnapshot, Message, SnapshotAck, SnapshotChunk
 from ha.replica import Role
 from storage.base import PartitionState
 
@@ -61,6 +61,7 @@ CHUNK_BYTES = 4 * 1024 * 1024  # message bodies (about) in one part of a streame
 #: non-response timeouts plus the time to write the parts at WRITE_RATE (a replica gone meanwhile)
 PIN_TIMEOUTS = 10
 WRITE_RATE = 16 * 1024 * 1024  # bytes a second a replica is assumed to write parts at, at least
+AHEAD = 4  # parts the active sends beyond the last one the replica has written
 
 
 @dataclass(slots=True)
@@ -92,6 +93,10 @@ class Transport:
         #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended,
         #: bytes sent): the entries after it are what the replica needs next, kept from compaction
         self._pins: dict[tuple[Key, str], tuple[int, float, int]] = {}
+        #: (partition, replica) -> (snapshot index, the last part it has written), and the event
+        #: a stream waits on for the next
+        self._acks: dict[tuple[Key, str], tuple[int, int]] = {}
+        self._acked: dict[tuple[Key, str], asyncio.Event] = {}
         self._out: dict[str, list[list[Any]]] = {}  # peer -> Replicate items
         self._flush_scheduled = False
         self._unknown_kinds: set[tuple[str, str]] = set()  # (peer, repr of message kind) already logged
@@ -127,6 +132,31 @@ class Transport:
         self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
             InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, self._members_at(key, pos[0])))])
         self.flush()
+
+    async def _written(self, key: Key, dst: str, index: int, seq: int) -> bool:
+        """Until ``dst`` has written part ``seq`` of the snapshot as of ``index`` (True), or has
+        not for PIN_TIMEOUTS non-response timeouts (False)."""
+        if seq < 0:
+            return True
+        clock = self._host.clock
+        try:
+            async with clock.timeout(PIN_TIMEOUTS * self._host.config.non_response_timeout):
+                while self._acks.get((key, dst), (-1, -1)) < (index, seq):
+                    ev = self._acked.setdefault((key, dst), asyncio.Event())
+                    ev.clear()
+                    await ev.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _ack(self, key: Key, m: SnapshotAck) -> None:
+        """A replica wrote part ``m.seq``: the stream to it may go on."""
+        pair = (key, m.replica)
+        if (m.index, m.seq) > self._acks.get(pair, (-1, -1)):
+            self._acks[pair] = (m.index, m.seq)
+        ev = self._acked.get(pair)
+        if ev is not None:
+            ev.set()
 
     def streamed_at(self, key: Key, progress: Mapping[str, int]) -> int | None:
         """The lowest index of a snapshot streamed (or being streamed) to a replica of
@@ -172,6 +202,7 @@ class Transport:
         pos, end = head.applied, head.next_offset
         per_part = host.config.objects_locked_per_transaction
         self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), 0)
+        self._acks.pop((key, dst), None)
         log.info("partition %d/%d: streaming a snapshot at index %d to %s (parts of up to %d messages)", key[0],
                  key[1], pos[0], dst, per_part)
         offset, parts, sent, limit = 0, 0, 0, per_part
@@ -208,6 +239,10 @@ class Transport:
             try:
                 await link.drain()  # the next part once the link has taken this one
             except ConnectionError:
+                return
+            if not await self._written(key, dst, pos[0], parts - 1 - AHEAD):
+                log.info("partition %d/%d: snapshot to %s stopped after %d part(s): the replica has not written "
+                         "them", key[0], key[1], dst, parts)
                 return
         if not still_sending():
             return
@@ -250,8 +285,20 @@ class Transport:
             self._incoming.pop(key, None)
             log.warning("bad snapshot part from %s for %s dropped, and its stream: %s", src, plog.name, exc.message)
             return
-        if ops:
-            self._host.writer.submit(ops, sync=False)
+        me = self._host.config.name
+        ack = [key[0], key[1], encode_message(SnapshotAck(m.term, me, m.index, m.seq))]
+
+        def written(err: BaseException | None) -> None:
+            if err is None:  # (a failed write stops the node)
+                self._out.setdefault(src, []).append(ack)
+                self._schedule_flush()
+
+        self._host.writer.submit(ops, sync=False, callback=written)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def _stream_ends(self, plog: PartLog, src: str, m: InstallSnapshot) -> bool:
         """Whether the core may take snapshot ``m``: whole, or ending the stream it takes."""
@@ -298,6 +345,10 @@ class Transport:
                 if isinstance(msg, SnapshotChunk):
                     if (qid, p) != CATALOGUE:  # (the catalogue's snapshot goes whole)
                         self._part(plog, src, msg)
+                    continue
+                if isinstance(msg, SnapshotAck):
+                    if msg.replica == src:
+                        self._ack((qid, p), msg)
                     continue
                 if isinstance(msg, InstallSnapshot) and msg.data is not None:
                     check_snapshot((qid, p), msg.data)  # (decoded twice: snapshots are rare)

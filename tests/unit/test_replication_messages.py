@@ -49,6 +49,7 @@ from ha.messages import (
     InstallSnapshot,
     Message,
     RequestVote,
+    SnapshotAck,
     SnapshotChunk,
     TimeoutNow,
     VoteReply,
@@ -141,6 +142,7 @@ PINNED_MESSAGES: list[tuple[Message, str]] = [
     (VoteReply(3, "node2", True, pre=True), "940803a56e6f646532c3"),
     (Alive(3, "node3"), "930603a56e6f646533"),
     (SnapshotChunk(3, "node1", 10, 2, b"part"), "960903a56e6f6465310a02c40470617274"),
+    (SnapshotAck(3, "node4", 10, 2), "950a03a56e6f6465340a02"),
 ]
 
 
@@ -282,5 +284,5 @@ def test_the_kinds_and_codes_are_the_wire_values() -> None:
     assert [(k.name, int(k)) for k in MessageKind] == [
         ("REQUEST_VOTE", 0), ("VOTE_REPLY", 1), ("APPEND_ENTRIES", 2), ("APPEND_REPLY", 3),
         ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6), ("PRE_VOTE", 7),
-        ("PRE_VOTE_REPLY", 8), ("SNAPSHOT_CHUNK", 9)]
+        ("PRE_VOTE_REPLY", 8), ("SNAPSHOT_CHUNK", 9), ("SNAPSHOT_ACK", 10)]
     assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]

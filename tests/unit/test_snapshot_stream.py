@@ -40,8 +40,14 @@ class Writer:
 
 
 @dataclass
+class Config:
+    name: str = "node4"
+
+
+@dataclass
 class Host:
     writer: Writer = field(default_factory=Writer)
+    config: Config = field(default_factory=Config)
 
 
 def transport(commit: int = 0) -> tuple[Transport, dict[Any, Log], Host, list[str]]:
