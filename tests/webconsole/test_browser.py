@@ -104,6 +104,23 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             points = int(await chart.get_attribute("data-points") or 0)
             await expect(chart).not_to_have_attribute("data-points", str(points), timeout=10000)
 
+            # move a partition off the dead node from the page: the move ends without it
+            survivor = next(n for n in cl.nodes if n not in ("node1", victim))
+            await page.fill("#move-queue", "orders")
+            await page.fill("#move-partition-no", "1")
+            await page.fill("#move-to", f"node1,{survivor}")
+            await page.click("#move-partition button")
+            await expect(page.locator("#result")).to_have_text(
+                f"orders/1: moving to node1, {survivor} (state Replicating, then Migrating, then Active)", timeout=10000)
+
+            async def moved() -> bool:
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"{base}api/v1/group", headers=auth) as r:
+                        return (await r.json())["moving"] == []
+
+            await wait_until(moved, timeout=30, what="orders/1 moved off the dead node")
+            assert (await cl.actives("orders")).get(1) == "node1"
+
             # users and grants: a user and its grant made in the page, for the whole group
             await page.fill("#new-user-name", "bob")
             await page.fill("#new-user-password", "bob-password")
