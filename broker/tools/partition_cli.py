@@ -37,8 +37,8 @@ def add_parser(sub: Any) -> None:
                     "examples:\n"
                     "  tandem partition move orders 0 --to node3,node1,node2\n"
                     "  tandem partition move orders 2 --to node2,node3 --wait --timeout 300\n")
-    mv.add_argument("queue", metavar="QUEUE")
-    mv.add_argument("partition", metavar="P", type=int)
+    mv.add_argument("queue", metavar="QUEUE", help="the queue")
+    mv.add_argument("partition", metavar="P", type=int, help="the partition's number (0 .. partitions - 1)")
     mv.add_argument("--to", required=True, metavar="NODES",
                     help="comma-separated group members, the partition's new node list in priority order")
     mv.add_argument("--wait", action="store_true", help="return once the move is done (every copy in place)")
