@@ -58,7 +58,13 @@ class MoveHost(CatalogueHost, Protocol):
         ...
 
     def nodes_of(self, key: Key) -> tuple[str, ...]:
-        """Where partition ``key`` is placed now (a placement, else the policy's list)."""
+        """Where partition ``key`` is placed now (a placement, else the policy's list), as
+        ``name:sync`` / ``name:async`` entries."""
+        ...
+
+    def spec_of(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        """A move's list as ``name:sync`` / ``name:async`` entries (kinds by position where
+        it gives none)."""
         ...
 
     def placement_changed(self, key: Key) -> None:
@@ -143,19 +149,28 @@ class Moves:
             raise InvalidArgumentError(f"partition move: queue {queue} has partitions 0..{meta.partitions - 1}, "
                                        f"not {partition}")
         members = self.node.group_members()
-        unknown = [n for n in nodes if n not in members]
+        names = [n.partition(":")[0] for n in nodes]
+        unknown = [n for n in names if n not in members]
         if not nodes or unknown:
             raise InvalidArgumentError(f"partition move: {'no nodes given' if not nodes else 'no member ' + ', '.join(unknown)}"
                                        f" (members: {', '.join(members)})")
-        if len(set(nodes)) != len(nodes):
+        if len(set(names)) != len(names):
             raise InvalidArgumentError(f"partition move: a node appears twice in {','.join(nodes)}")
+        kinds = [n.partition(":")[2] for n in nodes]
+        bad = next((n for n, k in zip(nodes, kinds) if k not in ("", "sync", "async")), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"partition move: {bad!r}: a node's kind is sync or async (name:sync, "
+                                       f"name:async)")
+        if kinds[0] == "async":
+            raise InvalidArgumentError(f"partition move: the first node, {names[0]}, is the active: it cannot "
+                                       f"be async")
         key = (meta.id, partition)
 
         def check() -> WriteOp:
             if key in self.moving:
                 raise InvalidArgumentError(f"partition {queue}/{partition} is already moving to "
                                            f"{','.join(self.placed[key])}: wait until it is there")
-            if self.node.nodes_of(key) == nodes:
+            if self.node.nodes_of(key) == self.node.spec_of(nodes):
                 raise InvalidArgumentError(f"partition {queue}/{partition} is already on {','.join(nodes)}")
             return SetPlacement(meta.id, partition, nodes, True)
 

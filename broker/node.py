@@ -57,7 +57,7 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
-from ha.placement import place, unsafe_to_replace
+from ha.placement import listed, place, spec_of, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
                           SetDrained, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
@@ -718,7 +718,12 @@ class Node:
         q = self.catalogue.by_id(key[0])
         if self.replication is None or q is None:
             return ()
-        return self.replication.placed(key, q.meta.partitions).nodes
+        return spec_of(self.replication.placed(key, q.meta.partitions))
+
+    def spec_of(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        if self.replication is None:
+            return nodes
+        return spec_of(listed(self.replication.policy, nodes))
 
     def placement_changed(self, key: tuple[int, int]) -> None:
         if self.replication is not None:

@@ -94,10 +94,21 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
 
 
 def listed(policy: DistributionPolicy, nodes: tuple[str, ...]) -> NodeList:
-    """An explicit node list (``tandem partition move``) with the kinds ``place`` gives by
-    position: the first node and the next ``sync_replicas`` sync, the rest async."""
-    kinds = tuple(ReplicaKind.SYNC if i <= policy.sync_replicas else ReplicaKind.ASYNC for i in range(len(nodes)))
-    return NodeList(nodes, kinds)
+    """An explicit node list (``tandem partition move``): each entry a node name, or
+    ``name:sync`` / ``name:async`` for its kind; without one, the kind ``place`` gives by
+    position (the first node and the next ``sync_replicas`` sync, the rest async)."""
+    names, kinds = [], []
+    for i, spec in enumerate(nodes):
+        name, _, kind = spec.partition(":")
+        names.append(name)
+        kinds.append(ReplicaKind(kind) if kind else
+                     ReplicaKind.SYNC if i <= policy.sync_replicas else ReplicaKind.ASYNC)
+    return NodeList(tuple(names), tuple(kinds))
+
+
+def spec_of(nodes: NodeList) -> tuple[str, ...]:
+    """``nodes`` as explicit entries, ``name:sync`` / ``name:async`` each."""
+    return tuple(f"{n}:{k.value}" for n, k in zip(nodes.nodes, nodes.kinds))
 
 
 def _spread(active: str, rotation: list[str], copies: int, zone_of: dict[str, str]) -> list[str]:

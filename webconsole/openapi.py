@@ -160,7 +160,10 @@ def document() -> dict[str, Any]:
                        "lists it under moving until done",
             "parameters": _NAME + [{"name": "partition", "in": "path", "required": True,
                                     "schema": {"type": "integer", "minimum": 0}}],
-            "requestBody": _body({"to": {"type": "array", "items": {"type": "string"}, "minItems": 1}}, ["to"]),
+            "requestBody": _body({"to": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                         "description": "member names in priority order; name:sync or "
+                                                        "name:async sets a node's kind (default: by position)"}},
+                                 ["to"]),
             "responses": _resp("the move is under way", {"type": "object", "properties": {
                 "queue": _t("string"), "partition": _t("integer"), "nodes": {"type": "array", "items": _t("string")},
                 "moving": _t("boolean")}},

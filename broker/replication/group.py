@@ -171,6 +171,7 @@ class Replication:
         #: partitions whose streamed snapshot a stop interrupted: started over when opened
         self._half_streamed = {k for k, v in (meta or {}).items() if k.startswith(STREAMING_KEY) and v == "1"}
         self._finishing: set[Key] = set()  # moves whose end this node (their active) is reporting
+        self._retry_at: dict[Key, float] = {}  # when to report a move's end again after a failure
         self._rng = random.Random()
         self._stopping = False
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
@@ -430,9 +431,11 @@ class Replication:
             current, progress = r.members, r.progress()
             self._move_state(plog, "replicate" if copying(current, target, progress, r.commit) else "migrate")
             if arrived(current, target):
-                if r.members_committed and cfg.preferred == self.me and key not in self._finishing:
+                placed = self.host.placed(key)
+                if (r.members_committed and cfg.preferred == self.me and placed is not None
+                        and key not in self._finishing and self.host.clock.monotonic() >= self._retry_at.get(key, 0)):
                     self._finishing.add(key)
-                    self._spawn(self._finish(key, plog.nodes.nodes))
+                    self._spawn(self._finish(key, placed))
                 continue
             nxt = next_members(current, target, self.me, progress, r.commit)
             if nxt is None:
@@ -457,8 +460,10 @@ class Replication:
     async def _finish(self, key: Key, nodes: tuple[str, ...]) -> None:
         try:
             await self.host.move_finished(key, nodes)
-        except Exception as exc:  # (an election, a lost link: the next round tries again)
+            self._retry_at.pop(key, None)
+        except Exception as exc:  # (an election, a lost link: tried again a second later)
             log.info("partition %d/%d: reporting the end of its move failed (%s): trying again", key[0], key[1], exc)
+            self._retry_at[key] = self.host.clock.monotonic() + 1.0
         finally:
             self._finishing.discard(key)
 

@@ -28,7 +28,8 @@ def add_parser(sub: Any) -> None:
         "move", help="place partition P of QUEUE on other nodes, while producers and consumers run",
         formatter_class=ExamplesFormatter,
         description="Place partition P of QUEUE on the members NODES, in priority order (the first is its "
-                    "active, the next sync_replicas are sync replicas, the rest async): the group's state, on "
+                    "active, the next sync_replicas are sync replicas, the rest async; name:sync or name:async "
+                    "says it for a node): the group's state, on "
                     "every member and across restarts. The partition's active copies the log to each new node, "
                     "makes it a voter once it has caught up, hands the partition to the first node if that is "
                     "not itself, then removes the nodes the list leaves out, one at a time; those drop their "
@@ -36,11 +37,13 @@ def add_parser(sub: Any) -> None:
                     "behind, then Migrating, then Active. Needs the admin permission.\n\n"
                     "examples:\n"
                     "  tandem partition move orders 0 --to node3,node1,node2\n"
-                    "  tandem partition move orders 2 --to node2,node3 --wait --timeout 300\n")
+                    "  tandem partition move orders 2 --to node2,node3 --wait --timeout 300\n"
+                    "  tandem partition move orders 1 --to node1,node2,node4:async\n")
     mv.add_argument("queue", metavar="QUEUE", help="the queue")
     mv.add_argument("partition", metavar="P", type=int, help="the partition's number (0 .. partitions - 1)")
     mv.add_argument("--to", required=True, metavar="NODES",
-                    help="comma-separated group members, the partition's new node list in priority order")
+                    help="comma-separated group members, the partition's new node list in priority order; "
+                         "name:sync or name:async sets a node's kind (default: by position)")
     mv.add_argument("--wait", action="store_true", help="return once the move is done (every copy in place)")
     mv.add_argument("--timeout", type=float, default=300.0, metavar="S",
                     help="with --wait: give up (exit status 1) after S seconds (default 300; the move goes on)")

@@ -7,6 +7,7 @@ import random
 
 from ha.members import Members
 from ha.moves import arrived, copying, leaving, next_members
+from ha.placement import DistributionPolicy, NodeList, ReplicaKind, listed, spec_of
 
 
 def walk(current: Members, target: Members, me: str) -> list[Members]:
@@ -64,3 +65,11 @@ def test_any_move_between_random_lists_is_reached_by_safe_steps() -> None:
         ca, cb = rng.randint(1, len(a)), rng.randint(1, len(b))
         current, target = Members(tuple(a[:ca]), tuple(a[ca:])), Members(tuple(b[:cb]), tuple(b[cb:]))
         walk(current, target, a[0])
+
+
+def test_a_list_gives_each_node_its_kind_or_the_one_its_position_gives() -> None:
+    policy = DistributionPolicy(replicas=2, sync_replicas=1)
+    S, A = ReplicaKind.SYNC, ReplicaKind.ASYNC
+    assert listed(policy, ("n3", "n1", "n2")) == NodeList(("n3", "n1", "n2"), (S, S, A))
+    assert listed(policy, ("n3", "n1:async", "n2:sync")) == NodeList(("n3", "n1", "n2"), (S, A, S))
+    assert spec_of(listed(policy, ("n3", "n1"))) == ("n3:sync", "n1:sync")

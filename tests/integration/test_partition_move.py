@@ -170,6 +170,12 @@ async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(
             (["orders", "0", "--to", "node1,node2,node3"], "partition orders/0 is already on node1,node2,node3"),
             (["orders", "0", "--to", "node1,,node2"], "--to 'node1,,node2': comma-separated node names"),
             (["orders", "-1", "--to", "node1"], "P -1: a partition number >= 0"),
+            (["orders", "0", "--to", "node1,node2:fast"],
+             "partition move: 'node2:fast': a node's kind is sync or async (name:sync, name:async)"),
+            (["orders", "0", "--to", "node2:async,node1"],
+             "partition move: the first node, node2, is the active: it cannot be async"),
+            (["orders", "0", "--to", "node1,node2:sync,node3:sync"],
+             "partition orders/0 is already on node1,node2:sync,node3:sync"),
         ]
         for argv, want in cases:
             rc, _out, err = await tandem("partition", "move", *argv, "--url", url)
@@ -206,6 +212,20 @@ async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(
         assert set(await holders(cl, "orders", 1)) == {"node3", "node2"}
         st = await cl.status("node1")
         assert [p for p in st.foreign if p.queue == "orders" and p.partition == 1], st.foreign
+
+        # a node made async: a learner of the partition's log, shown as such by its active
+        rc, out, err = await tandem("partition", "move", "orders", "0", "--to", "node1,node2,node3:async", "--wait",
+                                    "--timeout", "60", "--json", "--url", cl.url_of("node2"))
+        assert rc == 0 and json.loads(out)["done"] is True, err
+
+        async def kinds() -> dict[str, str]:
+            for n in cl.nodes:
+                for p in (await cl.status(n)).partitions:
+                    if p.queue == "orders" and p.partition == 0 and p.role == "active":
+                        return {r.node: r.kind for r in p.replicas}
+            return {}
+
+        assert await kinds() == {"node2": "sync", "node3": "async"}
 
 
 async def _actives_of(cl: LocalCluster, queue: str, n: int) -> bool:
