@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -250,8 +251,21 @@ async def test_a_snapshot_stream_cut_by_kill_9_of_the_new_copy_starts_over_and_l
                                      "--url", cl.url_of(active))
         assert rc == 0, err
         node = cl.nodes[newcomer]
-        await wait_until(lambda: "taking a snapshot streamed" in node.log_text(), timeout=30,
-                         what=f"a snapshot streamed to {newcomer}")
+
+        def parts_written() -> bool:
+            """The stream's mark and some of its messages are in the new node's store."""
+            db = sqlite3.connect(f"file:{node.data_dir / 'tandem.db'}?mode=ro", uri=True)
+            try:
+                # (big is the group's first queue: id 1)
+                mark = db.execute("SELECT value FROM meta WHERE key = 'streaming.1.0'").fetchone()
+                chunks = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+                return mark == ("1",) and chunks > 0
+            except sqlite3.OperationalError:  # (not created yet)
+                return False
+            finally:
+                db.close()
+
+        await wait_until(parts_written, timeout=30, what=f"a snapshot's first parts written on {newcomer}")
         node.pause()
         await node.kill()
         await node.start()
