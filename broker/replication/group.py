@@ -172,6 +172,7 @@ class Replication:
         self._half_streamed = {k for k, v in (meta or {}).items() if k.startswith(STREAMING_KEY) and v == "1"}
         self._finishing: set[Key] = set()  # moves whose end this node (their active) is reporting
         self._retry_at: dict[Key, float] = {}  # when to report a move's end again after a failure
+        self._lists: dict[int, list[NodeList]] = {}  # partitions -> the policy's node lists
         self._rng = random.Random()
         self._stopping = False
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
@@ -293,7 +294,7 @@ class Replication:
             self._open_queue(q.meta)
 
     def _open_queue(self, meta: QueueMeta) -> None:
-        initial = place(self.policy, meta.partitions, self.members)
+        initial = self._policy_lists(meta.partitions)
         for p in range(meta.partitions):
             key = (meta.id, p)
             nodes = self.placed(key, meta.partitions, initial)
@@ -311,7 +312,15 @@ class Replication:
         moved = self.host.placed(key)
         if moved is not None:
             return listed(self.policy, moved)
-        return (initial or place(self.policy, partitions, self.members))[key[1]]
+        return (initial or self._policy_lists(partitions))[key[1]]
+
+    def _policy_lists(self, partitions: int) -> list[NodeList]:
+        """The policy's node lists for a queue of ``partitions`` (the members and the policy
+        are the settings': fixed while the node runs)."""
+        lists = self._lists.get(partitions)
+        if lists is None:
+            lists = self._lists[partitions] = place(self.policy, partitions, self.members)
+        return lists
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
         return replica_config(self.host.config, nodes, priority=self.priority,
@@ -387,7 +396,7 @@ class Replication:
         plog = self.logs.get(key)
         if plog is None:
             if self.me in nodes.nodes:
-                self._open(key, nodes, place(self.policy, q.meta.partitions, self.members)[key[1]])
+                self._open(key, nodes, self._policy_lists(q.meta.partitions)[key[1]])
             return
         plog.nodes = nodes
         lc = plog.lifecycle
