@@ -152,8 +152,8 @@ class Moves:
         names = [n.partition(":")[0] for n in nodes]
         unknown = [n for n in names if n not in members]
         if not nodes or unknown:
-            raise InvalidArgumentError(f"partition move: {'no nodes given' if not nodes else 'no member ' + ', '.join(unknown)}"
-                                       f" (members: {', '.join(members)})")
+            what = "no nodes given" if not nodes else "no member " + ", ".join(unknown)
+            raise InvalidArgumentError(f"partition move: {what} (members: {', '.join(members)})")
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"partition move: a node appears twice in {','.join(nodes)}")
         kinds = [n.partition(":")[2] for n in nodes]

@@ -104,24 +104,31 @@ async def first_delivery(url: str) -> float:
         return took
 
 
+async def fill(cl: LocalCluster, size: int, body: int) -> tuple[int, float, str]:
+    """A one-partition queue filled with ``size`` bytes of ``body``-byte messages (confirmed),
+    its replicas caught up: (bytes sent, seconds the fill took, the partition's active)."""
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue(QUEUE, partitions=1)
+        p = conn.producer(QUEUE)
+        payload = b"x" * body
+        t0 = clock.monotonic()
+        sent = 0
+        while sent < size:
+            await p.send_many([payload] * 256)
+            sent += 256 * body
+        took = clock.monotonic() - t0
+    active = (await cl.actives(QUEUE, 1))[0]
+    await wait_for(lambda: caught_up(cl, active), "the replicas to have the backlog")
+    return sent, took, active
+
+
 async def one_run(size: int, body: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="tandem-drain-backlog-") as tmp:
         cl = LocalCluster(Path(tmp), nodes=3, base_port=0)
         await cl.start()
         try:
             await cl.wait_ready()
-            async with await client.connect(cl.url) as conn:
-                await conn.declare_queue(QUEUE, partitions=1)
-                p = conn.producer(QUEUE)
-                payload = b"x" * body
-                t0 = clock.monotonic()
-                sent = 0
-                while sent < size:
-                    await p.send_many([payload] * 256)
-                    sent += 256 * body
-                fill = clock.monotonic() - t0
-            active = (await cl.actives(QUEUE, 1))[0]
-            await wait_for(lambda: caught_up(cl, active), "the replicas to have the backlog")
+            sent, took, active = await fill(cl, size, body)
             other = next(n for n in cl.nodes if n != active)
             prober = Prober(cl.url)
             probing = asyncio.ensure_future(prober.run())
@@ -144,7 +151,7 @@ async def one_run(size: int, body: int) -> dict:
             prober.stop()
             await probing
             deliver_after_failback = await first_delivery(cl.url_of(active))
-            return {"backlog_bytes": sent, "fill_seconds": round(fill, 1), "drained": active, "to": moved_to,
+            return {"backlog_bytes": sent, "fill_seconds": round(took, 1), "drained": active, "to": moved_to,
                     "drain_seconds": drained["seconds"], "drain_wall_seconds": round(d1 - d0, 2),
                     "longest_confirm_wait_during_drain_ms": round(prober.longest(d0, d1) * 1000),
                     "first_delivery_after_drain_s": round(deliver_after_drain, 2),

@@ -21,11 +21,10 @@ import json
 import tempfile
 from pathlib import Path
 
-import client
 from broker.config import parse_size
 from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
-from drain_backlog import QUEUE, Prober, caught_up, cli, first_delivery, wait_for  # (scripts/, beside this one)
+from drain_backlog import QUEUE, Prober, cli, fill, first_delivery  # (scripts/, beside this one)
 
 clock = SYSTEM_CLOCK
 
@@ -36,18 +35,7 @@ async def one_run(size: int, body: int, keep: str | None = None) -> dict:
         await cl.start()
         try:
             await cl.wait_ready()
-            async with await client.connect(cl.url) as conn:
-                await conn.declare_queue(QUEUE, partitions=1)
-                p = conn.producer(QUEUE)
-                payload = b"x" * body
-                t0 = clock.monotonic()
-                sent = 0
-                while sent < size:
-                    await p.send_many([payload] * 256)
-                    sent += 256 * body
-                fill = clock.monotonic() - t0
-            active = (await cl.actives(QUEUE, 1))[0]
-            await wait_for(lambda: caught_up(cl, active), "the replicas to have the backlog")
+            sent, took, active = await fill(cl, size, body)
             st = await cl.status(active)
             holders = [active] + [r.node for p in st.partitions if p.queue == QUEUE for r in p.replicas]
             newcomer = next(n for n in cl.nodes if n not in holders)
@@ -64,7 +52,7 @@ async def one_run(size: int, body: int, keep: str | None = None) -> dict:
             await probing
             now_active = (await cl.actives(QUEUE, 1))[0]
             deliver_after = await first_delivery(cl.url_of(now_active))
-            return {"backlog_bytes": sent, "fill_seconds": round(fill, 1), "from": holders, "to": target,
+            return {"backlog_bytes": sent, "fill_seconds": round(took, 1), "from": holders, "to": target,
                     "active_after": now_active, "move_seconds": moved["seconds"],
                     "move_wall_seconds": round(m1 - m0, 2),
                     "longest_confirm_wait_during_move_ms": round(prober.longest(m0, m1) * 1000),

@@ -26,14 +26,21 @@ def entry_bytes(r: Replica, first: int, last: int) -> int:
     return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
 
 
+def still_needed(r: Replica, streamed: int | None) -> int | None:
+    """On the active: the entries after this index are still wanted, by a replica that answers
+    and lacks them, or by one a snapshot as of ``streamed`` went to (None: by none)."""
+    need = r.live_match()
+    if streamed is None:
+        return need
+    return streamed if need is None else min(need, streamed)
+
+
 def compact_upto(r: Replica, streamed: int | None = None) -> tuple[int, int]:
     """Where to compact, and the bytes of applied entries kept: the last KEEP_ENTRIES
     applied entries, or fewer if they hold more than KEEP_BYTES; on the active also
     every entry a replica that answers still lacks, or that a snapshot streamed to a replica
     is followed by (``streamed``: its index), up to HOLD_BYTES."""
-    need = r.live_match()  # entries after it are still wanted
-    if streamed is not None:
-        need = streamed if need is None else min(need, streamed)
+    need = still_needed(r, streamed)  # entries after it are still wanted
     i, kept = r.applied, 0
     floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
     while i > r.snap_index:

@@ -137,6 +137,14 @@ def members_meta(key: Key, m: Members) -> PutMeta:
     return PutMeta(f"{MEMBERS_KEY}{key[0]}.{key[1]}", json.dumps([list(m.voters), list(m.learners)]))
 
 
+def _emptied(key: Key, term: int, voted_for: str | None, members: Members) -> list[WriteOp]:
+    """The store writes that leave partition ``key`` empty here: no messages, no log, applied
+    nothing, its term kept, its members (as of its empty snapshot) ``members``."""
+    return [ResetPartition(*key), LogTruncate(key[0], key[1], 0), LogCompact(key[0], key[1], 0, 0, ""),
+            PutApplied(key[0], key[1], 0, 0, ""), PutHardState(key[0], key[1], term, voted_for, 0),
+            members_meta(key, members)]
+
+
 def _streaming_key(key: Key) -> str:
     return f"{STREAMING_KEY}{key[0]}.{key[1]}"
 
@@ -417,10 +425,7 @@ class Replication:
         self.held.release(plog)
         del self.logs[key]
         self._bases[key] = r.members  # (without this node: should it come back, it does as a learner)
-        self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
-                                 LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
-                                 PutHardState(key[0], key[1], r.term, None, 0), members_meta(key, r.members)],
-                                sync=True)
+        self.host.writer.submit(_emptied(key, r.term, None, r.members), sync=True)
         self.roles.notify()
 
     def _reconcile(self) -> None:
@@ -836,10 +841,7 @@ class Replication:
         self.proposals.fail_waiters(plog, UnavailableError(why))
         self.held.release(plog)
         self._bases[key] = r.members
-        self.host.writer.submit([ResetPartition(*key), LogTruncate(key[0], key[1], 0),
-                                 LogCompact(key[0], key[1], 0, 0, ""), PutApplied(key[0], key[1], 0, 0, ""),
-                                 PutHardState(key[0], key[1], r.term, r.voted_for, 0), members_meta(key, r.members),
-                                 *(extra or [])], sync=True)
+        self.host.writer.submit(_emptied(key, r.term, r.voted_for, r.members) + (extra or []), sync=True)
         replica = Replica(self._config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
                           now=self.host.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
         new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))

@@ -106,10 +106,8 @@ class Transport:
         if isinstance(msg, InstallSnapshot) and msg.data is None:
             self._spawn(self._send_snapshot(key, env.dst, msg))
             return
-        self._out.setdefault(env.dst, []).append([key[0], key[1], encode_message(msg)])
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        self._put(env.dst, key, msg)
+        self._schedule_flush()
 
     async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         host = self._host
@@ -129,9 +127,13 @@ class Transport:
         data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
         pos = self._logs[key].applied
         log.info("catalogue: sending a snapshot at index %d to %s", pos[0], dst)
-        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
-            InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, self._members_at(key, pos[0])))])
+        members = self._members_at(key, pos[0])
+        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members))
         self.flush()
+
+    def _put(self, dst: str, key: Key, msg: Message | SnapshotChunk | SnapshotAck) -> None:
+        """Queue ``msg`` of ``key`` for ``dst``'s next Replicate frame."""
+        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(msg)])
 
     async def _written(self, key: Key, dst: str, index: int, seq: int) -> bool:
         """Until ``dst`` has written part ``seq`` of the snapshot as of ``index`` (True), or has
@@ -223,22 +225,23 @@ class Transport:
                 if size >= CHUNK_BYTES:
                     break
             part = msgs[:n]
-            limit = max(1, min(per_part, n + 1 if n < len(msgs) else per_part))
+            limit = min(per_part, n + 1) if n < len(msgs) else per_part  # (about a part's worth next)
             offset = part[-1].offset + 1
             link = host.peers.links.get(dst) if host.peers is not None else None
             if link is None or not still_sending():
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s) (the link or the role went)",
                          key[0], key[1], dst, parts)
                 return
-            self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
-                SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part)))])
+            self._put(dst, key, SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part)))
             self.flush()
             parts += 1
             sent += len(part)
             self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), self._pins[(key, dst)][2] + size)
             try:
                 await link.drain()  # the next part once the link has taken this one
-            except ConnectionError:
+            except ConnectionError as exc:
+                log.info("partition %d/%d: snapshot to %s stopped after %d part(s): the link went (%s)", key[0],
+                         key[1], dst, parts, exc)
                 return
             if not await self._written(key, dst, pos[0], parts - 1 - AHEAD):
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s): the replica has not written "
@@ -249,8 +252,8 @@ class Transport:
         # (no message at all: the whole form, which starts the replica's partition over)
         data = encode_streamed(head, parts) if parts else encode_snapshot(
             PartitionState(next_offset=head.next_offset, delivered_upto=head.delivered_upto, producers=head.producers))
-        self._out.setdefault(dst, []).append([key[0], key[1], encode_message(
-            InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, self._members_at(key, pos[0])))])
+        members = self._members_at(key, pos[0])
+        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members))
         self.flush()
         log.info("partition %d/%d: snapshot at index %d streamed to %s: %d message(s) in %d part(s)", key[0], key[1],
                  pos[0], dst, sent, parts)
@@ -285,12 +288,11 @@ class Transport:
             self._incoming.pop(key, None)
             log.warning("bad snapshot part from %s for %s dropped, and its stream: %s", src, plog.name, exc.message)
             return
-        me = self._host.config.name
-        ack = [key[0], key[1], encode_message(SnapshotAck(m.term, me, m.index, m.seq))]
+        ack = SnapshotAck(m.term, self._host.config.name, m.index, m.seq)
 
         def written(err: BaseException | None) -> None:
             if err is None:  # (a failed write stops the node)
-                self._out.setdefault(src, []).append(ack)
+                self._put(src, key, ack)
                 self._schedule_flush()
 
         self._host.writer.submit(ops, sync=False, callback=written)

@@ -128,13 +128,7 @@ async def test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy
             await cl.nodes[newcomer].kill()
             await cl.nodes[newcomer].start()
 
-            async def done() -> bool:
-                for n in cl.nodes:
-                    if (await cl.status(n)).moving:
-                        return False
-                return True
-
-            await wait_until(done, timeout=120, what="the move to end")
+            await wait_until(lambda: no_moves(cl), timeout=120, what="the move to end")
 
         await load.go(faults, clock.monotonic() + 240)
         assert set(await holders(cl, QUEUE, 0)) == set(target)
@@ -147,6 +141,14 @@ async def test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy
         assert len(load.confirmed) == cfg.messages
     finally:
         await cl.stop()
+
+
+async def no_moves(cl: LocalCluster) -> bool:
+    """No member lists a move under way."""
+    for n in cl.nodes:
+        if (await cl.status(n)).moving:
+            return False
+    return True
 
 
 async def _state_is(state_on: Callable[[str], Awaitable[str]], name: str, want: str) -> bool:
@@ -197,10 +199,7 @@ async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(
                                           "moving": True}
 
         async def moved() -> bool:
-            for n in cl.nodes:
-                if (await cl.status(n)).moving:
-                    return False
-            return set(await holders(cl, "orders", 1)) == {"node3", "node2"}
+            return await no_moves(cl) and set(await holders(cl, "orders", 1)) == {"node3", "node2"}
 
         await wait_until(moved, timeout=60, what="orders/1 on node3 and node2 only")
         assert (await cl.actives("orders")).get(1) == "node3"
@@ -270,13 +269,7 @@ async def test_a_snapshot_stream_cut_by_kill_9_of_the_new_copy_starts_over_and_l
         await node.kill()
         await node.start()
 
-        async def moved() -> bool:
-            for n in cl.nodes:
-                if (await cl.status(n)).moving:
-                    return False
-            return True
-
-        await wait_until(moved, timeout=120, what="the move to end")
+        await wait_until(lambda: no_moves(cl), timeout=120, what="the move to end")
         assert "cut short by a stop: starting the partition over" in node.log_text()
         assert (await cl.actives("big")).get(0) == newcomer
         got: list[bytes] = []
