@@ -35,8 +35,8 @@ from typing import Any
 
 from broker import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import (certs, cluster_up, commands, load, node_cli, partition_cli, secret_cli, status, users_cli,
-                          witness_cli)
+from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, secret_cli, status,
+                          users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -79,6 +79,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
+                "join",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
@@ -238,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "the active does not stop for a large partition (default 1000)")
     group.add_argument("--designated-primary", dest="designated_primary", action="store_const", const=True,
                        help="two-node group: this node goes on alone when its peer is gone")
+    group.add_argument("--join", dest="join", action="store_const", const=True,
+                       help="a new member of a running group (after `tandem group add NAME=HOST:PEER_PORT` on it): "
+                            "on its first start it takes the group's state from the members --peer names")
     sec = start.add_argument_group("peer authentication (docs/security.md)")
     sec.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="PATH",
                      help="the group secret (`tandem secret new PATH` makes one; the same file on every member "
@@ -292,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     users_cli.add_parsers(sub)
     node_cli.add_parser(sub)
     partition_cli.add_parser(sub)
+    group_cli.add_parser(sub)
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)

@@ -29,6 +29,7 @@ Example ``tandem.toml``::
     sync_replicas = 2           # how many of those vote (the rest are async learners)
     zones = ["node1=a", "node2=b", "node3=c"]  # every member's zone (the same on each): copies spread over zones
     designated_primary = false  # two-node group: this node may go on alone
+    join = false                # a new member of a running group (tandem group add): takes the group's state
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
@@ -107,6 +108,10 @@ class NodeConfig:
     #: copies go to as many distinct zones as there are (ha.placement); empty: no zones
     zones: tuple[str, ...] = ()
     designated_primary: bool = False
+    #: this node joins a running group (``tandem group add``, broker.members): on its first
+    #: start it holds nothing and votes in nothing until the group's state reaches it;
+    #: ``peers`` names the members it finds the group by (any of them will do)
+    join: bool = False
     #: bytes a segment file of the replication log grows to (storage/segments.py): space is
     #: reclaimed a whole segment at a time
     log_segment_size: int = 64 * 1024 * 1024
@@ -203,6 +208,9 @@ class NodeConfig:
         if self.designated_primary and len(self.peers) != 1:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         self._check_zones()
+        if self.join and (not self.peers or self.mode != "replicated" or self.arbiter != "majority"):
+            raise ConfigError("join: only for a new member of a replicated group under majority elections (with "
+                              "peers: the members it finds the group by)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
         if not 1024 * 1024 <= self.log_segment_size <= 4 * 1024 * 1024 * 1024:
@@ -275,9 +283,11 @@ class NodeConfig:
     def placement_settings(self) -> str:
         """What every member must agree on for partitions to be placed alike on each (the
         members, replicas, sync_replicas, zones), as the peer handshake carries it:
-        "members=a,b,c replicas=2 sync_replicas=2 zones=a:x,b:y,c:z"."""
-        zones = ",".join(f"{n}:{z}" for n, z in sorted(self.zone_map().items()))
-        return (f"members={','.join(sorted([self.name, *self.peer_addresses()]))} replicas={self.replicas} "
+        "members=a,b,c replicas=2 sync_replicas=2 zones=a:x,b:y,c:z".  A node that ``join``s
+        is not among the members: the group's state, once it has it, says where it is."""
+        members = sorted([*([] if self.join else [self.name]), *self.peer_addresses()])
+        zones = ",".join(f"{n}:{z}" for n, z in sorted(self.zone_map().items()) if n in members)
+        return (f"members={','.join(members)} replicas={self.replicas} "
                 f"sync_replicas={self.sync_replicas} zones={zones}")
 
     def placement(self) -> tuple[list[str], DistributionPolicy]:
@@ -409,9 +419,9 @@ def _coerce(key: str, value: Any) -> Any:
         return tuple(value)
     if key in ("disk_free_limit", "max_memory"):
         return parse_size(value, key)
-    if key == "designated_primary":
+    if key in ("designated_primary", "join"):
         if not isinstance(value, bool):
-            raise ConfigError(f"designated_primary: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
         return value
     if key in ("sync", "remote_sync"):
         return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))

@@ -54,6 +54,7 @@ class ForwardKind(IntEnum):
     ACL_REVOKE = 15
     DRAIN = 16
     MOVE = 17
+    GROUP = 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,8 @@ class DrainFwd(ForwardRequest):
 class MoveFwd(ForwardRequest):
     """Place partition ``partition`` of queue ``queue_id`` on ``nodes`` (comma-separated, in
     priority order), on the catalogue's active: ``moving`` 1 starts a move there, 0 says the
-    partition's active has finished it; ``by``: who asked.  Reply: as UserPutFwd's."""
+    partition's active has finished it, 2 sends a move under way there instead (a group
+    change's re-spread); ``by``: who asked.  Reply: as UserPutFwd's."""
     KIND = ForwardKind.MOVE
     hops: int
     queue_id: int
@@ -221,10 +223,24 @@ class MoveFwd(ForwardRequest):
     by: str
 
 
+@dataclass(frozen=True, slots=True)
+class GroupFwd(ForwardRequest):
+    """A change of the group's members, on the catalogue's active: ``action`` "add" (member
+    ``node`` at peer ``address``, in ``zone`` or ""), "remove" (``node``) or "settle" (the
+    change under way is done); ``by``: who asked.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.GROUP
+    hops: int
+    action: str
+    node: str
+    address: str
+    zone: str
+    by: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
-                              AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd)
+                              AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

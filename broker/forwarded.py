@@ -13,10 +13,12 @@ from typing import Any, Protocol
 from broker import status
 from broker.catalogue import Catalogue
 from broker.drain import Drains
+from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.security import Security
 from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
-                            MoveFwd, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request, pack_reply)
+                            GroupFwd, MoveFwd, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request,
+                            pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -29,6 +31,7 @@ class ForwardedHost(status.StatusSource, Protocol):
     security: Security
     drains: Drains
     moves: Moves
+    group: GroupMembers
 
     def catalogue_commit(self) -> int: ...
 
@@ -60,6 +63,7 @@ class ForwardHandlers:
             ForwardKind.ACL_REVOKE: self._security,
             ForwardKind.DRAIN: self._drain,
             ForwardKind.MOVE: self._move,
+            ForwardKind.GROUP: self._group,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -91,6 +95,9 @@ class ForwardHandlers:
 
     async def _move(self, req: MoveFwd) -> bytes:
         return await self.node.moves.forwarded(req)
+
+    async def _group(self, req: GroupFwd) -> bytes:
+        return await self.node.group.forwarded(req)
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

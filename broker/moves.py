@@ -191,6 +191,20 @@ class Moves:
                                MoveFwd(hops + 1, key[0], key[1], ",".join(nodes), 0, "the partition's active"),
                                hops, local=lambda _op: None)
 
+    async def retarget(self, key: Key, nodes: tuple[str, ...], hops: int = 0) -> None:
+        """A partition whose move is under way goes to ``nodes`` instead (a group change took
+        a node of its list out, broker.members): its active changes the members toward the new
+        list from where they are (a copy not made yet is dropped)."""
+
+        def check() -> WriteOp:
+            if key not in self.moving:
+                raise InvalidArgumentError(f"partition {key[0]}/{key[1]} is not moving")
+            return SetPlacement(key[0], key[1], nodes, True)
+
+        await catalogue_change(self.node, f"re-target the move of partition {key[0]}/{key[1]}", check,
+                               MoveFwd(hops + 1, key[0], key[1], ",".join(nodes), 2, "the group's re-spread"),
+                               hops, local=lambda _op: None)
+
     async def forwarded(self, req: MoveFwd) -> bytes:
         """A member forwarded a move here (this node is the catalogue's active)."""
         nodes = tuple(req.nodes.split(","))
@@ -201,6 +215,8 @@ class Moves:
             await self.move(q.name, req.partition, nodes, req.by, max(1, req.hops))
         elif req.moving == 0:
             await self.finished((req.queue_id, req.partition), nodes, max(1, req.hops))
+        elif req.moving == 2:
+            await self.retarget((req.queue_id, req.partition), nodes, max(1, req.hops))
         else:
-            raise InvalidArgumentError(f"forwarded move: moving is {req.moving}, not 0 or 1")
+            raise InvalidArgumentError(f"forwarded move: moving is {req.moving}, not 0, 1 or 2")
         return pack_reply(self.node.catalogue_commit())

@@ -19,11 +19,12 @@ The console and the operator tools are built on top, at the entry point (``broke
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
 from pathlib import Path
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Protocol
 
 from broker import sequences, tls
@@ -42,7 +43,7 @@ from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.queues import MemoryBudget, Msg, Queue, revoke_deliveries
 from broker.replication import Replication
-from broker.replication.codec import placement_out
+from broker.replication.codec import group_out, placement_out
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
@@ -50,6 +51,7 @@ from broker.streams import read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
@@ -57,10 +59,11 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
-from ha.placement import listed, place, spec_of, unsafe_to_replace
+from ha.members import Members
+from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
-                          SetDrained, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
+                          SetDrained, SetGroup, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
@@ -103,6 +106,10 @@ class Node:
         self.security = Security(self)
         self.drains = Drains(self)  # the group's members drained for maintenance
         self.moves = Moves(self)  # partitions placed off the policy (tandem partition move)
+        founding, _policy = config.placement()
+        #: the group's members (tandem group add / remove); the settings' until the first change
+        self.group = GroupMembers(self, tuple(founding),
+                                  {n: z for n, z in config.zone_map().items() if n in founding})
         self.sessions: set[Session] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
@@ -249,6 +256,8 @@ class Node:
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
+            if self.group.changed():
+                self.peers.set_members(self._member_addresses(), self.placement_text())
             self.replication = Replication(self, recovered.logs, recovered.meta)
             self._commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
@@ -272,8 +281,8 @@ class Node:
         copy of them (and a majority of such nodes could elect one that has nothing).  Stored
         at the first start in a group, and again while the store holds no queue."""
         now = self.config.placement_settings()
-        if was == now:
-            return
+        if was == now or self.group.changed():
+            return  # (once the members changed while the group ran, the group's list is the one)
         if was is not None and self.queues:
             unsafe = self._unsafe_moves(was)
             diff = placement_diff(now, was, "now", "then")
@@ -457,6 +466,7 @@ class Node:
         self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
         self.drains.load(rec.meta)
         self.moves.load(rec.meta, {m.id for m in rec.queues})
+        self.group.load(rec.meta)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -599,6 +609,9 @@ class Node:
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now: a shared-mode node without the lock (or still
         loading the queues) names the active; None when it serves."""
+        if self.replication is not None and self.config.name not in self.group.members:
+            return NotActiveError(f"node {self.config.name} is no longer a member of its group (tandem group "
+                                  f"remove): connect to another member")
         if self.shared is None or (self._engine_open and self.shared.serving()):
             return None
         return self.shared.not_active()
@@ -670,11 +683,15 @@ class Node:
         return self.security.apply(op)
 
     def security_snapshot(self) -> dict[str, Any]:
+        group = self.group.snapshot()
         return {**self.security.snapshot(), "drained": self.drains.snapshot(),
-                "placed": [placement_out(op) for op in self.moves.snapshot()]}
+                "placed": [placement_out(op) for op in self.moves.snapshot()],
+                **({"group": group_out(group)} if group is not None else {})}
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         ops = self.security.install(data)
+        if "group" in data:  # (before the placements: their nodes are members)
+            ops.extend(self.group.install(data["group"]))
         if "drained" in data:
             ops.extend(self.drains.install(data["drained"]))
         if "placed" in data:
@@ -734,10 +751,140 @@ class Node:
 
     @property
     def drained(self) -> frozenset[str]:
-        return self.drains.drained
+        return self.drains.drained | self.group.leaving  # (a leaving member's actives move off it too)
 
     def group_members(self) -> tuple[str, ...]:
         return tuple(self.replication.members) if self.replication is not None else ()
+
+    # -- the group's members (broker.members) ----------------------------------------------------
+
+    def placement(self) -> tuple[list[str], DistributionPolicy]:
+        """The members partitions are placed on, and the policy (with the members' zones)."""
+        members, policy = self.config.placement()
+        if not self.group.changed():
+            return members, policy
+        placing = list(self.group.placing)
+        zones = tuple((n, z) for n, z in sorted(self.group.zones.items()) if n in placing)
+        return placing, dataclasses.replace(policy, zones=zones)
+
+    def placement_text(self) -> str:
+        """What the peer handshake says this node places partitions by: the settings', or,
+        once the members changed while the group ran, the parts that are still settings
+        (members and zones are the group's state then, the same on every member that has it)."""
+        if not self.group.changed():
+            return self.config.placement_settings()
+        return f"group=changed replicas={self.config.replicas} sync_replicas={self.config.sync_replicas}"
+
+    def _member_addresses(self) -> dict[str, tuple[str, int]]:
+        """Every other member's peer address (the witness, under that arbiter, included)."""
+        founding = self.config.peer_addresses()
+        added = self.group.addresses
+        out = {}
+        for n in self.group.members:
+            if n == self.config.name:
+                continue
+            addr = added.get(n) or founding.get(n)
+            if addr is None:
+                log.error("group member %s: its peer address is in neither this node's peers nor the group's "
+                          "state: not linking to it", n)
+                continue
+            out[n] = addr
+        witness = self.config.witness_address()
+        if witness is not None:
+            out[witness[0]] = witness[1]
+        return out
+
+    def group_apply(self, op: SetGroup) -> list[WriteOp]:
+        out: list[WriteOp] = []
+        for qid, p, nodes in op.pins:
+            if (qid, p) not in self.moves.placed:
+                out.extend(self.moves.apply(SetPlacement(qid, p, nodes, False)))
+        out.extend(self.group.apply(op))
+        return out
+
+    def members_changed(self) -> None:
+        out = self.config.name not in self.group.members
+        if out:
+            log.warning("this node, %s, is no longer a member of the group: it links to none of them; stop it "
+                        "(its copies are on the other members now)", self.config.name)
+        if self.peers is not None:
+            self.peers.set_members({} if out else self._member_addresses(), self.placement_text())
+        refusal = self.refusal()
+        if out and refusal is not None:
+            for session in list(self.sessions):
+                if not session.observer:
+                    session.shutdown(refusal)  # durable clients go on at another member
+        if self.replication is not None:
+            self.replication.set_members(*self.placement())
+
+    def group_refusal(self) -> str | None:
+        if self.replication is None:
+            return "group: this node is not in a replication group (a single node, or shared mode)"
+        if self.config.arbiter != "majority":
+            return f'group: not with arbiter = "{self.config.arbiter}" (a two-node group\'s members are fixed)'
+        return None
+
+    def founding_address(self, name: str) -> str | None:
+        addr = self.config.peer_addresses().get(name)
+        return f"{addr[0]}:{addr[1]}" if addr is not None else None
+
+    def unplaced(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        out = []
+        for q in sorted(self.catalogue.queues.values(), key=lambda q: q.meta.id):
+            for p in range(q.meta.partitions):
+                if (q.meta.id, p) not in self.moves.placed:
+                    out.append((q.meta.id, p, self.nodes_of((q.meta.id, p))))
+        return out
+
+    def feasible(self, members: tuple[str, ...], zones: Mapping[str, str]) -> str | None:
+        _members, policy = self.placement()
+        try:
+            place(dataclasses.replace(policy, zones=tuple(sorted(zones.items()))), 1, list(members))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def policy_targets(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        """Where the policy places every partition over the members (not leaving), as
+        ``name:sync`` / ``name:async`` lists: what a re-spread moves them to."""
+        if self.replication is None:
+            return {}
+        members, policy = self.placement()
+        out = {}
+        for q in self.catalogue.queues.values():
+            for p, nodes in enumerate(place(policy, q.meta.partitions, members)):
+                out[(q.meta.id, p)] = spec_of(nodes)
+        return out
+
+    def catalogue_target(self) -> Members | None:
+        """The catalogue log's members once the group's list changed: the members not
+        leaving vote, the leaving ones learn (None: the settings' members, as opened)."""
+        if not self.group.changed():
+            return None
+        return Members(self.group.placing, tuple(sorted(self.group.leaving)))
+
+    def group_view(self) -> tuple[list[str], dict[str, str], str]:
+        g = self.group
+        change = ""
+        if g.respread:
+            what = f"{', '.join(sorted(g.leaving))} leaving" if g.leaving else "a member added"
+            change = f"{what}: partitions re-spreading over {', '.join(g.placing)}"
+        return list(g.members), g.zones, change
+
+    @property
+    def respreading(self) -> bool:
+        return self.group.respread
+
+    async def respread_step(self, settled: bool) -> None:
+        await self.group.step(settled)
+
+    async def retarget(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
+        await self.moves.retarget(key, nodes)
+
+    async def start_move(self, key: tuple[int, int], nodes: tuple[str, ...], by: str) -> None:
+        q = self.catalogue.by_id(key[0])
+        if q is not None:
+            await self.moves.move(q.name, key[1], nodes, by)
 
     def drain_refusal(self) -> str | None:
         if self.replication is None:

@@ -143,10 +143,23 @@ def placement_mismatch(mine: str, theirs: str, me: str, peer: str) -> str:
     either side places nothing: a witness)."""
     if not mine or not theirs or theirs == mine:
         return ""
+    if "group=" in mine or "group=" in theirs:
+        # the members changed while the group ran (broker.members): members and zones are the
+        # group's state, which a member behind learns over this very link; the rest must agree
+        here = dict(kv.partition("=")[::2] for kv in mine.split(" "))
+        there = dict(kv.partition("=")[::2] for kv in theirs.split(" "))
+        keep = ("replicas", "sync_replicas")
+        mine = " ".join(f"{k}={here.get(k, '')}" for k in keep)
+        theirs = " ".join(f"{k}={there.get(k, '')}" for k in keep)
+        if mine == theirs:
+            return ""
     return ("placement settings differ, so the two would place partitions on different nodes: "
             + placement_diff(mine, theirs, f"on {me}", f"on {peer}")
             + " (give every member the same peers, replicas, sync_replicas and zones)")
 HANDSHAKE_TIMEOUT = 5.0
+#: seconds a link to a removed member stays open (tandem group remove): long enough for the
+#: catalogue's active to tell it that it is no longer a member (broker.replication.group)
+FAREWELL_LINGER = 12.0
 REDIAL_MAX = 2.0  # the longest wait between dials of a peer not known to be Down (never seen yet, refusing)
 
 
@@ -224,6 +237,8 @@ class PeerManager:
         self._server: asyncio.Server | TlsServer | None = None
         self.address: tuple[str, int] | None = None
         self._up = asyncio.Event()
+        self._dialers: dict[str, asyncio.Task[None]] = {}  # peer -> the task that keeps a link to it
+        self._running = False
         #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
         self.arbiter: PeerArbiter | None = None
         self.epoch = 0
@@ -264,11 +279,54 @@ class PeerManager:
 
     async def run(self) -> None:
         """Dial the peers this node dials, and keep every link alive; runs until cancelled."""
-        async with asyncio.TaskGroup() as tg:
+        self._running = True
+        try:
             for name in sorted(self.addresses):
-                if self.me.name < name:
-                    tg.create_task(self._dial_forever(name), name=f"tandem-peer-dial-{name}")
-            tg.create_task(self._keepalive(), name="tandem-peer-keepalive")
+                self._dial(name)
+            await self._keepalive()
+        finally:
+            self._running = False
+            for t in self._dialers.values():
+                t.cancel()
+            await asyncio.gather(*self._dialers.values(), return_exceptions=True)
+            self._dialers.clear()
+
+    def _farewell(self, name: str, link: _Link) -> None:
+        if name not in self.addresses and self.links.get(name) is link:
+            log.warning("peer link to %s closed: it is no longer a member", name)
+            link.abort()
+
+    def _dial(self, name: str) -> None:
+        """Keep a link to ``name`` if this node is the one that dials it (the lower name dials)."""
+        if self.me.name < name and name not in self._dialers:
+            self._dialers[name] = asyncio.create_task(self._dial_forever(name), name=f"tandem-peer-dial-{name}")
+
+    def set_members(self, addresses: Mapping[str, tuple[str, int]], placement: str) -> None:
+        """The group's members changed (``tandem group add`` / ``remove``, :mod:`broker.members`):
+        ``addresses`` every other member's peer address.  A new member is dialled (or admitted
+        when it dials), a removed one's link closes, and the quorum counts the new list."""
+        self.placement = placement
+        gone = [n for n in self.addresses if n not in addresses]
+        for name, addr in addresses.items():
+            if self.addresses.get(name) != addr:
+                self.addresses[name] = addr
+                dialer = self._dialers.pop(name, None)
+                if dialer is not None:
+                    dialer.cancel()  # (a new address: dialled anew)
+        for name in gone:
+            del self.addresses[name]
+            dialer = self._dialers.pop(name, None)
+            if dialer is not None:
+                dialer.cancel()
+            link = self.links.get(name)
+            if link is not None:
+                # (kept a while: the catalogue's active tells it of its removal over this link)
+                asyncio.get_running_loop().call_later(FAREWELL_LINGER, self._farewell, name, link)
+        self.gossip = self.node.config.arbiter == "majority" and len(self.addresses) > self.node.config.replicas
+        self.report(self.membership.set_peers(tuple(self.addresses)))
+        if self._running:
+            for name in sorted(self.addresses):
+                self._dial(name)
 
     async def stop(self) -> None:
         for t in list(self._handlers):

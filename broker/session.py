@@ -30,6 +30,7 @@ from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.security import Security
 from broker.users import UserRegistry, make_user
@@ -95,6 +96,7 @@ from client.protocol.frames import (
     ReadOk,
     Reject,
     SetOption,
+    ChangeGroup,
     DrainNode,
     MovePartition,
     SetQuorumOverride,
@@ -116,6 +118,7 @@ class SessionHost(StatusSource, Protocol):
     security: Security
     drains: Drains
     moves: Moves
+    group: GroupMembers
     confirms: int
     publisher: Publisher
 
@@ -637,6 +640,17 @@ class Session:
         await self.node.moves.move(f.queue, f.partition, tuple(f.nodes), f"{user.name} ({self.client_name})")
         self.send(status_of(self.node, f.rid))
 
+    async def _change_group(self, f: ChangeGroup) -> None:
+        user = self._group_admin(f"{f.action} a member")
+        by = f"{user.name} ({self.client_name})"
+        if f.action == "add":
+            await self.node.group.add(f.node, f.address, f.zone, by)
+        elif f.action == "remove":
+            await self.node.group.remove(f.node, by)
+        else:
+            raise InvalidArgumentError(f"group change: action {f.action!r} is not add or remove")
+        self.send(status_of(self.node, f.rid))
+
     async def _read(self, f: Read) -> None:
         self._may("browse", f.queue)
         msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
@@ -712,7 +726,7 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
     SetOption: Session._set_option, DrainNode: Session._drain_node,
-    MovePartition: Session._move_partition, Metadata: Session._metadata,
+    MovePartition: Session._move_partition, ChangeGroup: Session._change_group, Metadata: Session._metadata,
     UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
     AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
 }

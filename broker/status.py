@@ -240,6 +240,10 @@ class StatusSource(NodeState, Protocol):
         """The moves under way (broker.moves): "queue/partition node,node,..."."""
         ...
 
+    def group_view(self) -> tuple[list[str], dict[str, str], str]:
+        """The group's members, their zones, and the change under way ("" none)."""
+        ...
+
 
 def status_of(node: StatusSource, rid: int) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``."""
@@ -275,6 +279,7 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     console = node.console
     ha = node.ha
     mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
+    members, zones, change = node.group_view()
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
                     priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
@@ -282,5 +287,6 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
                     lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
-                    zones=[f"{n}={z}" for n, z in sorted(cfg.zone_map().items())], foreign=foreign,
-                    moving=node.moves_under_way())
+                    zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
+                    moving=node.moves_under_way(), members=members if peers is not None else [],
+                    group_change=change)

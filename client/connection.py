@@ -80,6 +80,7 @@ from client.protocol.frames import (
     ReadOk,
     Reject,
     SetOption,
+    ChangeGroup,
     DrainNode,
     MovePartition,
     SetQuorumOverride,
@@ -478,6 +479,18 @@ class Connection:
         applied on this node; the status's partition state says when it is done."""
         return expect(await self.request(lambda rid: MovePartition(rid=rid, queue=queue, partition=partition,
                                                                    nodes=list(nodes))), StatusOk)
+
+    async def add_member(self, node: str, address: str, zone: str = "") -> StatusOk:
+        """Operator: add ``node`` (its peer port at ``address``, host:port) to the group; the
+        partitions re-spread over the members afterwards (``StatusOk.group_change`` says
+        while).  ``zone``: the new member's, in a group with zones."""
+        return expect(await self.request(lambda rid: ChangeGroup(rid=rid, action="add", node=node, address=address,
+                                                                 zone=zone)), StatusOk)
+
+    async def remove_member(self, node: str) -> StatusOk:
+        """Operator: take ``node`` out of the group: its partitions move to the other members,
+        then it leaves the list (``StatusOk.group_change`` says while)."""
+        return expect(await self.request(lambda rid: ChangeGroup(rid=rid, action="remove", node=node)), StatusOk)
 
     async def set_designated_primary(self, on: bool) -> StatusOk:
         """Two-node group: let this node go on alone when its peer is gone (or stop that)."""

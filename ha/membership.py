@@ -241,6 +241,22 @@ class Membership:
         self.quorum_override = value
         return self._with_quorum([])
 
+    def set_peers(self, peers: tuple[str, ...]) -> list[Change]:
+        """The group's members changed (``tandem group add`` / ``remove``): a new one is
+        ``Undiscovered`` until its handshake, a removed one is forgotten; the quorum is counted
+        over the new list at once."""
+        peers = tuple(p for p in peers if p != self.me.name)
+        for p in peers:
+            self._remotes.setdefault(p, _Remote())
+        for p in [p for p in self._remotes if p not in peers]:
+            del self._remotes[p]
+        self.peers = peers
+        if self.quorum_override is not None and self.quorum_override > 1 + len(self._remotes):
+            self.quorum_override = 1 + len(self._remotes)
+        if self.designated_primary and len(self._remotes) != 1:
+            self.designated_primary = False
+        return self._with_quorum([])
+
     def set_designated_primary(self, on: bool) -> list[Change]:
         if on and len(self._remotes) != 1:
             raise ValueError(f"designated_primary: only in a two-node group (this one has {1 + len(self._remotes)})")

@@ -293,6 +293,26 @@ class SetPlacement:
     moving: bool
 
 
+@dataclass(frozen=True, slots=True)
+class SetGroup:
+    """Replicated mode, catalogue log only: the group's members (``tandem group add`` /
+    ``remove``, see broker.members).  ``members``: every member's name, sorted (those
+    ``leaving`` included until their copies are elsewhere); ``addresses``: "name=host:port"
+    of the members added while the group ran (the others' are in the settings);
+    ``zones``: "name=zone" of every member, in a group with zones; ``respread``: the
+    partitions are moving to where the distribution policy places them over the members
+    not leaving; ``pins``: (queue id, partition, nodes) of the partitions the policy
+    placed until now, placed there explicitly so the new members do not move them
+    by themselves.  Each member turns it into :class:`PutMeta`; stores never see it."""
+
+    members: tuple[str, ...]
+    addresses: tuple[str, ...]
+    zones: tuple[str, ...]
+    leaving: tuple[str, ...]
+    respread: bool
+    pins: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+
+
 # -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
 #
 # Key (0, 0) is the group's metadata log (queue definitions); queue ids start at 1.
@@ -368,7 +388,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | LogAppend
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
+    | LogAppend
     | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )
 

@@ -20,7 +20,7 @@ from storage.base import AclRecord
 from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
 from webconsole.errors import ApiError, bad, json_body
 from webconsole.group import GROUP
-from webconsole.nodeview import NODE
+from webconsole.nodeview import NODE, NodeView
 
 log = logging.getLogger("tandem.console")
 
@@ -156,6 +156,41 @@ async def move_partition(request: web.Request) -> web.Response:
     await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)")
     log.warning("console: %s moved partition %s/%d to %s", who(request), name, partition, ",".join(to))
     return web.json_response({"queue": name, "partition": partition, "nodes": to, "moving": True})
+
+
+async def add_member(request: web.Request) -> web.Response:
+    """Add a member to the running group (broker.members): the partitions re-spread over it."""
+    node = request.app[NODE]
+    body = await json_body(request)
+    unknown = set(body) - {"name", "address", "zone"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    name, address, zone = body.get("name"), body.get("address"), body.get("zone", "")
+    if not isinstance(name, str) or not name:
+        raise bad("name", "the new member's name")
+    if not isinstance(address, str) or not address:
+        raise bad("address", "its peer address, host:port")
+    if not isinstance(zone, str):
+        raise bad("zone", "its zone (a group with zones), or leave it out")
+    await node.group.add(name, address, zone, f"{who(request)} (console)")
+    log.warning("console: %s added member %s at %s", who(request), name, address)
+    return web.json_response(_group_doc(node, name))
+
+
+async def remove_member(request: web.Request) -> web.Response:
+    """Remove a member (broker.members): its partitions move to the others, then it leaves."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    if name not in node.group.members:
+        raise ApiError(404, "not_found", f"no member {name!r} in this group")
+    await node.group.remove(name, f"{who(request)} (console)")
+    log.warning("console: %s removed member %s", who(request), name)
+    return web.json_response(_group_doc(node, name))
+
+
+def _group_doc(node: NodeView, name: str) -> dict[str, Any]:
+    members, _zones, change = node.group_view()
+    return {"node": name, "members": members, "group_change": change or None}
 
 
 # -- users (the group's: broker.security) -----------------------------------------------------------

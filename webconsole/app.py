@@ -62,6 +62,8 @@ def make_app(node: NodeView) -> web.Application:
     r.add_delete(f"{API}/queues/{{name}}", actions.delete_queue)
     r.add_post(f"{API}/queues/{{name}}/purge", actions.purge_queue)
     r.add_post(f"{API}/queues/{{name}}/partitions/{{partition}}/move", actions.move_partition)
+    r.add_post(f"{API}/group/members", actions.add_member)
+    r.add_delete(f"{API}/group/members/{{name}}", actions.remove_member)
     r.add_get(f"{API}/partitions", views.partitions)
     r.add_get(f"{API}/events", views.events)
     r.add_get(f"{API}/events/stream", stream.event_stream)

@@ -20,6 +20,7 @@ from broker.status import PeersState, ReplicationState, StatusSource
 from broker.auth import ClientGuard
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.security import Security
 from broker.users import UserRegistry
@@ -100,6 +101,11 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def moves(self) -> Moves: ...  # the group's placements (tandem partition move)
+
+    @property
+    def group(self) -> GroupMembers: ...  # the group's members (tandem group add / remove)
+
+    def group_view(self) -> tuple[list[str], dict[str, str], str]: ...
 
     def queue_meta(self, name: str) -> QueueMeta | None: ...
 

@@ -61,7 +61,9 @@ _SCHEMAS: dict[str, Any] = {
                           "latest epoch reports it (null: none, or majority elections)"),
         "epoch": _t("integer", True, description="that latest epoch (null under majority elections)"),
         "moving": {"type": "array", "items": _t("string"), "description": "the partition moves under way "
-                   "(tandem partition move): \"queue/partition node,node,...\", the new node list"}},
+                   "(tandem partition move): \"queue/partition node,node,...\", the new node list"},
+        "group_change": _t("string", True, description="the change of members under way (tandem group add / "
+                           "remove), partitions re-spreading; null: none")},
         "required": ["members", "quorum_state", "mode", "arbiter", "lock_holder", "epoch"]},
 }
 
@@ -78,6 +80,8 @@ _ACL = {"type": "object", "properties": {"user": _t("string"), "pattern": _t("st
 _GRANT = _body({"user": {"type": "string", "minLength": 1}, "pattern": _PATTERN, "permissions": _PERMISSIONS},
                ["user", "pattern", "permissions"])
 
+_MEMBERS_CHANGED = {"type": "object", "properties": {
+    "node": _t("string"), "members": _STRINGS, "group_change": _t("string", True)}}
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
 _CHANGE = {400: "bad input (the field is named)", 403: "a user without the admin permission, or a missing CSRF "
                                                        "token"}
@@ -170,6 +174,24 @@ def document() -> dict[str, Any]:
                 extra={**_CHANGE, 400: "an unknown member, a node twice, a partition already moving or already "
                                        "there, or not a replication group",
                        404: "no such queue or partition"})}},
+        "/api/v1/group/members": {"post": {
+            "summary": "add a member to the running group (tandem group add): the group's state; the members link "
+                       "to it at its peer address and the partitions re-spread over the members (group_change "
+                       "says while)",
+            "requestBody": _body({"name": {"type": "string", "minLength": 1}, "address": {
+                "type": "string", "description": "its peer address, host:port"}, "zone": {
+                "type": "string", "description": "its zone, in a group whose members have zones"}},
+                ["name", "address"]),
+            "responses": _resp("added", _MEMBERS_CHANGED, extra={
+                **_CHANGE, 400: "a member already, an address in use, a change under way, a zone missing (or "
+                                "given without zones), or not a replication group under majority elections"})}},
+        "/api/v1/group/members/{name}": {"delete": {
+            "summary": "remove a member (tandem group remove): its partitions move to the other members, then it "
+                       "leaves the list and the others stop linking to it",
+            "parameters": _NAME,
+            "responses": _resp("leaving", _MEMBERS_CHANGED, extra={
+                **_CHANGE, 400: "a change under way, fewer than two members left, or not a replication group",
+                404: "no such member"})}},
         "/api/v1/partitions": {"get": {
             "summary": "every partition as its active reports it: state, active, replicas and lag, term, commit",
             "parameters": [{"name": "queue", "in": "query", "required": False, "schema": {"type": "string"}}],

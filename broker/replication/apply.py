@@ -67,11 +67,11 @@ def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogu
     plog.applied_bytes = 0  # the log before it is gone
     if plog.key == CATALOGUE:
         metas, users = decode_catalogue_snapshot(m.data)
+        # the group's members and placements first: the queues open where they place them
+        out = security(users) if users is not None else []
         ops: list[WriteOp] = [PutQueue(meta) for meta in metas if meta.id not in queue_ids]
         ops.extend(DropQueue(qid) for qid in queue_ids - {meta.id for meta in metas})
-        out = catalogue(ops)
-        if users is not None:
-            out.extend(security(users))
+        out.extend(catalogue(ops))
         return out
     return snapshot_ops(plog.key, m.data)
 

@@ -70,6 +70,10 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "N" SET_DRAINED         node str, drained bool (catalogue only: tandem node drain / undrain)
     "L" SET_PLACEMENT       queue_id int, partition int, nodes array of str, moving bool
                             (catalogue only: tandem partition move)
+    "W" SET_GROUP           members array of str, addresses array of str, zones array of str,
+                            leaving array of str, respread bool, pins array of
+                            [queue_id int, partition int, nodes array of str]
+                            (catalogue only: tandem group add / remove)
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int]
@@ -140,6 +144,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetGroup,
     SetPlacement,
     UserRecord,
     user_fields,
@@ -190,6 +195,7 @@ class OpCode(StrEnum):
     SEED_ADMIN = "B"
     SET_DRAINED = "N"
     SET_PLACEMENT = "L"
+    SET_GROUP = "W"
 
 
 class MalformedReplicationError(MalformedFrameError, ValueError):
@@ -490,6 +496,8 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.SET_DRAINED, op.node, op.drained])
         elif isinstance(op, SetPlacement):
             out.append([OpCode.SET_PLACEMENT, op.queue_id, op.partition, list(op.nodes), op.moving])
+        elif isinstance(op, SetGroup):
+            out.append([OpCode.SET_GROUP, *group_out(op)])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -517,6 +525,7 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.SEED_ADMIN: (3, lambda _qid, _p, a: SeedAdmin(_user_in(a[1]), _str(a[2], "origin"))),
     OpCode.SET_DRAINED: (3, lambda _qid, _p, a: SetDrained(_str(a[1], "node"), _bool(a[2], "drained"))),
     OpCode.SET_PLACEMENT: (5, lambda _qid, _p, a: _placement_in(a[1:5])),
+    OpCode.SET_GROUP: (7, lambda _qid, _p, a: _group_in(a[1:7])),
 }
 
 
@@ -649,6 +658,8 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
         out["drained"] = [_str(n, "drained node") for n in _list(snap["drained"], "catalogue snapshot drained")]
     if "placed" in snap:
         out["placed"] = [_placement_in(_array(a, 4, "placement")) for a in _list(snap["placed"], "placements")]
+    if "group" in snap:
+        out["group"] = _group_in(_array(snap["group"], 6, "group"))
     return metas, out
 
 
@@ -663,6 +674,29 @@ def _placement_in(a: list[Any]) -> SetPlacement:
     if not nodes or len(set(nodes)) != len(nodes):
         raise MalformedReplicationError("placement: nodes must be distinct and at least one")
     return SetPlacement(_uint(a[0], "queue_id"), _uint(a[1], "partition"), nodes, _bool(a[3], "moving"))
+
+
+def group_out(op: SetGroup) -> list[Any]:
+    """The group's members as a log entry and the catalogue's snapshot carry them."""
+    return [list(op.members), list(op.addresses), list(op.zones), list(op.leaving), op.respread,
+            [[q, p, list(nodes)] for q, p, nodes in op.pins]]
+
+
+def _group_in(a: list[Any]) -> SetGroup:
+    """[members, addresses, zones, leaving, respread, pins]: the group's members, checked."""
+    members = tuple(_str(n, "group member") for n in _list(a[0], "group members"))
+    if not members or len(set(members)) != len(members):
+        raise MalformedReplicationError("group: members must be distinct and at least one")
+    leaving = tuple(_str(n, "leaving member") for n in _list(a[3], "group leaving"))
+    if not set(leaving) <= set(members):
+        raise MalformedReplicationError("group: a leaving node is not a member")
+    pins = []
+    for pin in _list(a[5], "group pins"):
+        q, p, nodes = _array(pin, 3, "group pin")
+        pins.append(_placement_in([q, p, nodes, False]))
+    return SetGroup(members, tuple(_str(x, "member address") for x in _list(a[1], "group addresses")),
+                    tuple(_str(x, "member zone") for x in _list(a[2], "group zones")), leaving,
+                    _bool(a[4], "respread"), tuple((x.queue_id, x.partition, x.nodes) for x in pins))
 
 
 def _user_in(v: Any) -> UserRecord:

@@ -42,7 +42,7 @@ from ha.members import Members
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
 from ha.moves import arrived, copying, leaving, next_members
 from ha.partition import PartitionState as LifecycleState
-from ha.placement import NodeList, ReplicaKind, listed, place
+from ha.placement import DistributionPolicy, NodeList, ReplicaKind, listed, place
 from ha.replica import MembershipRefused, Replica, ReplicaConfig, Role
 from storage.base import (
     DropQueue,
@@ -52,6 +52,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetGroup,
     SetPlacement,
     DurabilityPolicy,
     LogAppend,
@@ -82,6 +83,13 @@ MEMBERS_KEY = "members."
 STREAMING_KEY = "streaming."
 
 MAX_EVENTS = 200
+
+#: seconds between rounds of a re-spread (broker.members): each round starts the moves it can
+RESPREAD_EVERY = 0.5
+
+#: seconds the catalogue's active waits for a removed member to learn of its removal before it
+#: stops feeding it (one that is down is let go after this)
+FAREWELL_WAIT = 10.0
 # A replica whose replies have been held this many non_response_timeouts by its log writes
 # stops sending the active Alive (Replication._keep_alive): its disk or writer is stuck.
 ALIVE_GIVE_UP = 10
@@ -162,7 +170,7 @@ class Replication:
         self.host = host
         cfg = host.config
         self.me = cfg.name
-        self.members, self.policy = cfg.placement()
+        self.members, self.policy = host.placement()
         self.priority = cfg.priority
         self.quorum_override: int | None = None
         self.designated_primary: str | None = cfg.name if cfg.designated_primary else None
@@ -181,6 +189,11 @@ class Replication:
         self._finishing: set[Key] = set()  # moves whose end this node (their active) is reporting
         self._retry_at: dict[Key, float] = {}  # when to report a move's end again after a failure
         self._lists: dict[int, list[NodeList]] = {}  # partitions -> the policy's node lists
+        self._respreading = False  # a round of a re-spread (broker.members) is running here
+        self._respread_at = 0.0  # when the next round may start
+        #: a removed member -> when it has had time to learn of its removal (caught up, then keep-alives)
+        self._farewell_at: dict[str, float] = {}
+        self._farewell_by: dict[str, float] = {}  # a removed member -> when it is let go even if it has not
         self._rng = random.Random()
         self._stopping = False
         self.events: deque[HaEvent] = deque(maxlen=MAX_EVENTS)
@@ -362,7 +375,16 @@ class Replication:
             self.host.writer.submit([ResetPartition(*key), PutMeta(_streaming_key(key), "0")], sync=True)
             self._half_streamed.discard(_streaming_key(key))
             st = LogState(term=st.term, voted_for=st.voted_for)
-        if key != CATALOGUE:
+        if key == CATALOGUE:
+            # The catalogue's members are the settings' until a change of the group's members
+            # (broker.members) changes its log's: then the log's, as of its snapshot.  A node
+            # that joins a running group is a learner of it until the group makes it a voter.
+            base = self._bases.get(key)
+            if base is None and self.me not in config.voters:
+                base = Members(config.voters, (self.me,))
+            if base is not None:
+                config = config.with_members(base)
+        else:
             # A moved partition's members are its log's (as of its snapshot, then its changes);
             # one never moved has the policy's, from the settings (a restart with other
             # settings places it anew, as far as _check_placement allows)
@@ -384,6 +406,19 @@ class Replication:
         self.logs[key] = plog
         if self.lock_role is not None and self.lock_role[0]:
             plog.replica.stand_now()  # the LockFile holder: a new queue's partitions at once
+
+    def set_members(self, members: list[str], policy: DistributionPolicy) -> None:
+        """The group's members changed (broker.members): new queues are placed over them, the
+        partitions the policy places here now open (those that existed are pinned where they
+        were: only moves take them elsewhere), and every log is reconfigured."""
+        self.members, self.policy = members, policy
+        self._lists.clear()
+        cat = self.logs.get(CATALOGUE)
+        if cat is not None and members:
+            cat.nodes = NodeList(tuple(members), (ReplicaKind.SYNC,) * len(members))
+        for q in list(self.host.queues.values()):
+            self._open_queue(q.meta)
+        self.reconfigure()
 
     def reconfigure(self) -> None:
         """Priority, quorum_override, designated_primary or the drained members changed:
@@ -464,6 +499,64 @@ class Replication:
                                        f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
             self._guarded(plog, lambda: ready)
 
+    def _reconcile_catalogue(self, target: Members, now: float) -> None:
+        """On the catalogue's active: its log's members toward the group's (one change at a
+        time, :func:`ha.moves.next_members`), and while partitions re-spread, the next round
+        of the re-spread (at most one at a time, every :data:`RESPREAD_EVERY` seconds)."""
+        plog = self.logs.get(CATALOGUE)
+        if plog is None:
+            return
+        r = plog.replica
+        cfg = self._config_of(plog)
+        if cfg.drained != r.cfg.drained:
+            self._guarded(plog, lambda: r.reconfigure(cfg))
+        if r.role is not Role.LEADER or not plog.serving:
+            return
+        current, progress = r.members, r.progress()
+        settled = arrived(current, target)
+        if not settled:
+            nxt = next_members(current, target, self.me, progress, r.commit)
+            gone = [n for n in current.learners if n not in nxt] if nxt is not None else []
+            if gone and not self._farewell_said(gone, progress, r.commit, now):
+                nxt = None  # a removed member learns of its removal first (then it stops linking to the group)
+            if nxt is not None:
+                try:
+                    ready, entry = r.change_members(nxt)
+                except MembershipRefused:
+                    pass  # (the previous change is not committed yet, ...): next round
+                else:
+                    log.warning("catalogue: group members %s -> %s (entry %d)", _shown(current), _shown(nxt),
+                                entry.index)
+                    self.events.append(HaEvent(self.host.clock.time(), "members", "catalogue",
+                                               f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
+                    self._guarded(plog, lambda: ready)
+        if self.host.respreading and not self._respreading and now >= self._respread_at:
+            self._respreading = True
+            self._respread_at = now + RESPREAD_EVERY
+            self._spawn(self._respread(settled and r.members_committed))
+
+    def _farewell_said(self, gone: list[str], progress: dict[str, int], commit: int, now: float) -> bool:
+        """Whether the members about to stop learning the catalogue have had time to learn that
+        they are no longer members: their logs hold every committed entry and a few keep-alives
+        (which carry the commit index) have gone out since; or they are not answering and
+        :data:`FAREWELL_WAIT` has passed."""
+        if now >= min(self._farewell_by.setdefault(n, now + FAREWELL_WAIT) for n in gone):
+            return True
+        if any(progress.get(n, 0) < commit for n in gone):
+            for n in gone:
+                self._farewell_at.pop(n, None)
+            return False
+        return now >= max(self._farewell_at.setdefault(n, now + 4 * self.host.config.keepalive_interval)
+                          for n in gone)
+
+    async def _respread(self, settled: bool) -> None:
+        try:
+            await self.host.respread_step(settled)
+        except Exception as exc:  # (an election, a refused move: the next round tries again)
+            log.info("group change: a round of the re-spread failed (%s): trying again", exc)
+        finally:
+            self._respreading = False
+
     def _move_state(self, plog: PartLog, event: str) -> None:
         lc = plog.lifecycle
         busy = LifecycleState.REPLICATING if event == "replicate" else LifecycleState.MIGRATING
@@ -501,6 +594,9 @@ class Replication:
                         wake = at
             if self.host.moving:
                 self._reconcile()
+            target = self.host.catalogue_target()
+            if target is not None:
+                self._reconcile_catalogue(target, now)
             if now >= pins_at:
                 pins_at = now + UNPIN_EVERY
                 self._unpin_segments()
@@ -696,7 +792,7 @@ class Replication:
         """The store write of the log's members as of its snapshot, if they changed (a
         compaction or a snapshot went past a membership change)."""
         key, base = plog.key, plog.replica.snapshot_members
-        if key == CATALOGUE or self._bases.get(key) == base:
+        if self._bases.get(key) == base:
             return []
         self._bases[key] = base
         return [members_meta(key, base)]
@@ -772,6 +868,8 @@ class Replication:
                 out.extend(self.host.drain_apply(op))
             elif isinstance(op, SetPlacement):
                 out.extend(self.host.move_apply(op))
+            elif isinstance(op, SetGroup):
+                out.extend(self.host.group_apply(op))
         self.roles.notify()
         return out
 

@@ -13,8 +13,10 @@ from typing import Any, Protocol
 from broker.config import NodeConfig
 from client.clock import Clock
 from client.protocol.frames import Replicate
+from ha.members import Members
 from ha.membership import Membership
-from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetPlacement, WriteOp
+from ha.placement import DistributionPolicy
+from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetGroup, SetPlacement, WriteOp
 
 Callback = Callable[[BaseException | None], None]
 
@@ -127,6 +129,26 @@ class ReplicationHost(Protocol):
 
     async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
         """This node, the partition's active, has its log's members on ``nodes``: end the move."""
+
+    def placement(self) -> tuple[list[str], DistributionPolicy]:
+        """The members partitions are placed on (sorted) and the distribution policy."""
+        ...
+
+    def group_apply(self, op: SetGroup) -> list[WriteOp]:
+        """A committed change of the group's members (broker.members); the ops to store."""
+        ...
+
+    def catalogue_target(self) -> Members | None:
+        """The members the catalogue's log is to have (None: as opened, the settings')."""
+
+    @property
+    def respreading(self) -> bool:
+        """A change of the group's members is under way: partitions re-spread."""
+        ...
+
+    async def respread_step(self, settled: bool) -> None:
+        """The catalogue's active: one round of the re-spread (``settled``: the catalogue's
+        log has its members): more moves, or the change's end."""
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active (0: all)."""

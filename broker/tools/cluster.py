@@ -181,6 +181,24 @@ class LocalCluster:
                                                          *self._tls_args(WITNESS_NAME)], clock=clock)
         self._arrange()
 
+    def new_member(self, name: str) -> str:
+        """A node ``name`` that joins this running group (``--join``, its peers the members):
+        added to :attr:`nodes`, not started.  Returns its ``NAME=HOST:PEER_PORT`` for
+        ``tandem group add``."""
+        if name in self.nodes:
+            raise UnavailableError(f"{name} is in the group already")
+        client_port, peer_port, http_port = free_ports(3)
+        self.hosts[name] = self.host
+        self.peer_ports[name], self.http_ports[name] = peer_port, http_port
+        first = next(iter(self.nodes.values()))
+        p = NodeProcess(self.data_dir / name, name=name, port=client_port, sync=first.sync, password=self.password,
+                        host=self.host, clock=self.clock, ca=self.certs_dir / "ca.crt" if self.tls else None)
+        peers = [a for o in self.nodes for a in ("--peer", f"{o}={self.hosts[o]}:{self.peer_ports[o]}")]
+        p.extra_args = [*self._secret_args(), "--peer-port", str(peer_port), "--http-port", str(http_port), *peers,
+                        "--join", *self._extra]
+        self.nodes[name] = p
+        return f"{name}={self.host}:{peer_port}"
+
     def _secret_args(self) -> list[str]:
         return [] if self.secret_file is None else ["--cluster-secret-file", str(self.secret_file)]
 

@@ -100,6 +100,8 @@ async def _status(args: argparse.Namespace) -> int:
         frow += [(p.queue, str(p.partition), p.status, p.active or "-", str(p.term) if p.term else "-",
                   ", ".join(r.node for r in p.replicas)) for p in st.foreign]
         _table(frow)
+    if st.group_change:
+        print(f"group change under way: {st.group_change}")
     if st.moving:
         print("partitions moving (tandem partition move): " + "; ".join(
             f"{m.split(' ', 1)[0]} to {m.split(' ', 1)[1]}" for m in st.moving))
@@ -139,6 +141,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
         "zones": dict(z.partition("=")[::2] for z in st.zones), "foreign": _record(st.foreign),
         "moving": {m.split(" ", 1)[0]: m.split(" ", 1)[1].split(",") for m in st.moving},
+        "members": list(st.members), "group_change": st.group_change or None,
     }
 
 

@@ -63,6 +63,7 @@ class Op(IntEnum):
     SET_OPTION = 53
     DRAIN_NODE = 54
     MOVE_PARTITION = 55
+    CHANGE_GROUP = 56
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -571,6 +572,10 @@ class StatusOk(Frame):
     foreign: list[PartitionInfo] = field(default_factory=list)
     #: the moves under way (tandem partition move): "queue/partition node,node,..." (the new list)
     moving: list[str] = field(default_factory=list)
+    #: every member of the group, this node included (tandem group add / remove change it)
+    members: list[str] = field(default_factory=list)
+    #: the group change under way ("" none): "node4 joining" or "node1 leaving", partitions re-spreading
+    group_change: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -606,6 +611,22 @@ class MovePartition(Frame):
     queue: str
     partition: int
     nodes: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangeGroup(Frame):
+    """Operator: ``action`` "add" puts ``node`` (its peer port at ``address``, host:port; in
+    ``zone`` where the group has zones) among the group's members, "remove" takes it out;
+    either way the partitions re-spread over the members.  Group state, applied by every
+    member; the admin permission.  Answered with StatusOk once the change is applied here
+    (its ``group_change`` says while partitions re-spread)."""
+
+    OP: ClassVar[Op] = Op.CHANGE_GROUP
+    rid: int
+    action: str
+    node: str
+    address: str = ""
+    zone: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -795,6 +816,7 @@ _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
+        ChangeGroup,
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,

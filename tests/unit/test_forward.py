@@ -10,7 +10,7 @@ import pytest
 
 from broker.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
-                            DrainFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, decode_request)
+                            DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -19,7 +19,7 @@ EXAMPLES = [
     ReadFwd(1, "orders", 0, 100, 500), DepthFwd("orders", 1), PurgeFwd("orders", 0),
     UserPutFwd(0, b"\x80", "create"), UserDropFwd(1, "bob"), AclGrantFwd(0, "bob", "orders.*", "consume"),
     AclRevokeFwd(2, "bob", "*", "produce,browse"), DrainFwd(1, "node3", 1, "admin"),
-    MoveFwd(1, 4, 0, "node3,node1", 1, "admin"),
+    MoveFwd(1, 4, 0, "node3,node1", 1, "admin"), GroupFwd(1, "add", "node4", "10.0.0.4:7781", "", "admin"),
 ]
 
 

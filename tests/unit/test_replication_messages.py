@@ -66,6 +66,7 @@ from storage.base import (
     RevokeAcl,
     SeedAdmin,
     SetDrained,
+    SetGroup,
     SetPlacement,
     PutUser,
     UserRecord,
@@ -201,6 +202,9 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
                                     "a6706172616d73a6736372797074a56e6f646531"),
     ("N", SetDrained("node3", True), "9193a14ea56e6f646533c3"),
     ("L", SetPlacement(4, 1, ("node3", "node1"), True), "9195a14c040192a56e6f646533a56e6f646531c3"),
+    ("W", SetGroup(("node1", "node4"), ("node4=10.0.0.4:7781",), (), ("node1",), True, ((1, 0, ("node1:sync",)),)),
+     "9197a15792a56e6f646531a56e6f64653491b36e6f6465343d31302e302e302e343a373738319091a56e6f646531c3919301009"
+     "1aa6e6f6465313a73796e63"),
 ]
 
 

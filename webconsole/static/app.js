@@ -34,6 +34,9 @@ function say(text, bad) {
 }
 
 function renderNodes(nodes, group) {
+  const change = document.getElementById("group-change");
+  change.hidden = !group.group_change;
+  change.textContent = group.group_change ? `group change under way: ${group.group_change}` : "";
   const box = document.getElementById("nodes");
   box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
@@ -280,6 +283,21 @@ function wire() {
     try { await api("POST", `/api/v1/queues/${encodeURIComponent(queue)}/partitions/${partition}/move`, {to});
           say(`${queue}/${partition}: moving to ${to.join(", ")} (state Replicating, then Migrating, then Active)`); }
     catch (e) { say(e.message, true); }
+  };
+  document.getElementById("group-member").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const name = document.getElementById("member-name").value.trim();
+    const address = document.getElementById("member-address").value.trim();
+    const zone = document.getElementById("member-zone").value.trim();
+    if (ev.submitter && ev.submitter.value === "remove") {
+      if (!confirm(`Remove ${name} from the group? Its partitions move to the other members, then it leaves.`)) return;
+      try { await api("DELETE", `/api/v1/group/members/${encodeURIComponent(name)}`);
+            say(`${name} leaving: partitions re-spreading`); } catch (e) { say(e.message, true); }
+      return;
+    }
+    if (!confirm(`Add ${name} at ${address}? The partitions re-spread over the members.`)) return;
+    try { await api("POST", "/api/v1/group/members", {name, address, ...(zone ? {zone} : {})});
+          say(`${name} added: partitions re-spreading`); } catch (e) { say(e.message, true); }
   };
   document.getElementById("set-priority").onsubmit = async (ev) => {
     ev.preventDefault();
