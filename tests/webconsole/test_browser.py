@@ -121,6 +121,17 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             await wait_until(moved, timeout=30, what="orders/1 moved off the dead node")
             assert (await cl.actives("orders")).get(1) == "node1"
 
+            # the member form: its requests reach the API and a refusal comes back in one line
+            await page.fill("#member-name", "node2")
+            await page.fill("#member-address", "127.0.0.1:1")
+            await page.click("#group-member button[value=add]")
+            await expect(page.locator("#result")).to_have_text("group add: node2 is a member already",
+                                                               timeout=10000)
+            await page.fill("#member-name", "node9")
+            await page.click("#group-member button[value=remove]")
+            await expect(page.locator("#result")).to_have_text("no member 'node9' in this group", timeout=10000)
+            await expect(page.locator("#group-change")).to_be_hidden()
+
             # users and grants: a user and its grant made in the page, for the whole group
             await page.fill("#new-user-name", "bob")
             await page.fill("#new-user-password", "bob-password")
