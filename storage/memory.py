@@ -27,6 +27,7 @@ from storage.base import (
     LogTruncate,
     MarkDelivered,
     PartitionState,
+    message_cost,
     PutApplied,
     PutHardState,
     DropProducers,
@@ -106,6 +107,8 @@ class MemoryEngine:
             lg = self.disk.logs.get((queue_id, partition))
             if lg is not None:
                 st.applied = lg.applied
+            if budget:
+                _cool(st, budget)
             return st
 
     def _log(self, op: LogAppend | LogTruncate | LogCompact | PutHardState | PutApplied) -> LogState:
@@ -238,3 +241,18 @@ class MemoryEngine:
     def set_meta(self, key: str, value: str) -> None:
         with self.disk.lock:
             self.disk.meta[key] = value
+
+
+def _cool(st: PartitionState, budget: int) -> None:
+    """Keep the head of ``st``'s messages that fits ``budget`` bytes (at least one); the rest
+    becomes its cold region, as the SQLite engine's load leaves it."""
+    held = 0
+    for i, m in enumerate(st.messages):
+        cost = message_cost(m)
+        if held + cost > budget and i:
+            rest = st.messages[i:]
+            st.cold_start, st.cold_end, st.cold_count = m.offset, st.next_offset, len(rest)
+            st.cold_bytes = sum(len(r.body) + len(r.headers_blob) for r in rest)
+            del st.messages[i:]
+            return
+        held += cost

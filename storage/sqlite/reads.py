@@ -39,12 +39,7 @@ class PartitionFiller:
     def add(self, start: int, payload: bytes) -> None:
         st, settled = self.st, self.settled
         if st.cold_count:
-            n = run_length(payload)
-            live = n - settled.count_in(start, start + n)
-            if live:
-                st.cold_count += live
-                st.cold_bytes += len(payload) * live // n
-            self._end(start + n)
+            self.add_cold(start, run_length(payload), len(payload))
             return
         share, dcs = self.share, self.dcs
         msgs = unpack_run(start, payload)
@@ -63,6 +58,15 @@ class PartitionFiller:
             m.dc = dcs.get(m.offset, 0) + (1 if m.offset < st.delivered_upto else 0)
             st.messages.append(m)
         self._end(start + len(msgs))
+
+    def add_cold(self, start: int, n: int, size: int) -> None:
+        """A chunk past the budget, by its message count and size alone (its payload unread)."""
+        st = self.st
+        live = n - self.settled.count_in(start, start + n)
+        if live:
+            st.cold_count += live
+            st.cold_bytes += size * live // n
+        self._end(start + n)
 
     def _end(self, end: int) -> None:
         st = self.st
@@ -97,9 +101,21 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
                 'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ?', key).all())
             dcs: dict[int, int] = dict(conn.exec_driver_sql(
                 'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
-            fill(st, conn.exec_driver_sql(
-                "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key),
-                settled, dcs, budget)
+            filler = PartitionFiller(st, settled, dcs, budget)
+            rows = conn.exec_driver_sql(
+                "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key)
+            for start, payload in rows:
+                filler.add(start, payload)
+                if st.cold_count:
+                    rows.close()
+                    # past the budget only counts matter: the chunks' counts and sizes, their
+                    # payloads unread (a large backlog is counted in milliseconds)
+                    for cold in conn.exec_driver_sql(
+                            "SELECT start, count, length(payload) FROM chunks WHERE queue_id = ? AND partition = ? "
+                            "AND start > ? ORDER BY start", (*key, start)):
+                        filler.add_cold(*cold)
+                    break
+            filler.finish()
             st.producers = dict(conn.exec_driver_sql(
                 "SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = ?", key).all())
             pos = conn.exec_driver_sql("SELECT applied_index, applied_term, applied_origin FROM ha_state "

@@ -37,6 +37,7 @@ from storage.base import (
     StoredMessage,
     UserRecord,
     WriteOp,
+    message_cost,
 )
 from storage.memory import MemoryDisk, MemoryEngine
 from storage.postgres import PostgresEngine, PostgresShared
@@ -545,6 +546,23 @@ def test_a_chunk_settled_in_the_batch_that_appends_it_leaves_nothing_behind(
     assert st.messages == [] and st.next_offset == 6 and e.read(1, 0, 0, 10) == []
     e.apply([Append(1, 0, [msg(6)], 7)], sync=True)
     assert [m.offset for m in e.load_partition(1, 0).messages] == [6]
+    e.close()
+
+
+def test_a_budgeted_load_decodes_the_head_and_counts_the_rest(make_engine: Callable[[], Engine]) -> None:
+    """What a new active loads (a budget of bytes): the head decoded, then a cold region whose
+    count leaves out the settled offsets of every chunk past it, equal to what an unbounded
+    load finds."""
+    e = make_engine()
+    e.open()
+    body = b"x" * 1000
+    e.apply([PutQueue(Q), *(Append(1, 0, [msg(o, body) for o in range(s, s + 5)], s + 5) for s in range(0, 30, 5)),
+             Settle(1, 0, [1, 7, 12, 13, 29])], sync=True)
+    full = e.load_partition(1, 0)
+    head = e.load_partition(1, 0, budget=3 * message_cost(msg(0, body)))
+    assert [m.offset for m in head.messages] == [0, 2, 3]
+    assert (head.cold_start, head.cold_end, head.cold_count) == (4, 30, len(full.messages) - 3) == (4, 30, 22)
+    assert head.cold_bytes > 0 and head.next_offset == full.next_offset == 30
     e.close()
 
 
