@@ -181,10 +181,10 @@ class LocalCluster:
                                                          *self._tls_args(WITNESS_NAME)], clock=clock)
         self._arrange()
 
-    def new_member(self, name: str) -> str:
-        """A node ``name`` that joins this running group (``--join``, its peers the members):
-        added to :attr:`nodes`, not started.  Returns its ``NAME=HOST:PEER_PORT`` for
-        ``tandem group add``."""
+    def new_member(self, name: str, zone: str = "") -> str:
+        """A node ``name`` that joins this running group (``--join``, its peers the members;
+        in ``zone``, in a group with zones): added to :attr:`nodes`, not started.  Returns its
+        ``NAME=HOST:PEER_PORT`` for ``tandem group add``."""
         if name in self.nodes:
             raise UnavailableError(f"{name} is in the group already")
         client_port, peer_port, http_port = free_ports(3)
@@ -195,7 +195,7 @@ class LocalCluster:
                         host=self.host, clock=self.clock, ca=self.certs_dir / "ca.crt" if self.tls else None)
         peers = [a for o in self.nodes for a in ("--peer", f"{o}={self.hosts[o]}:{self.peer_ports[o]}")]
         p.extra_args = [*self._secret_args(), "--peer-port", str(peer_port), "--http-port", str(http_port), *peers,
-                        "--join", *self._extra]
+                        "--join", *self._extra, *(("--zone", f"{name}={zone}") if zone else ())]
         self.nodes[name] = p
         return f"{name}={self.host}:{peer_port}"
 

@@ -17,6 +17,7 @@ import pytest
 import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
+from broker.tools.cluster_up import zone_args
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, DrillConfig
 from client.clock import SYSTEM_CLOCK
@@ -175,6 +176,26 @@ async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path
         assert all(len(nodes) == 2 and "node9" not in nodes for nodes in held.values()), held
         async with await client.connect(cl.url) as conn:
             await conn.producer(QUEUE).send_many([(f"m{i}".encode(), f"k{i}") for i in range(60)])
+
+
+async def test_a_member_added_in_a_zone_keeps_every_partitions_copies_in_distinct_zones(tmp_path: Path) -> None:
+    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1", *zone_args("a,b,c", 3)) as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=PARTITIONS)
+        await wait_until(lambda: _all_active(cl), timeout=30, what="an active for each partition")
+        rc, _out, err = await tandem("group", "add", "node5=127.0.0.1:1", "--url", cl.url_of("node1"))
+        assert rc == 2 and "this group places copies by zone: give node5's (--zone)" in err, err
+        spec = cl.new_member("node4", zone="a")
+        rc, out, err = await tandem("group", "add", spec, "--zone", "a", "--json", "--url", cl.url_of("node1"))
+        assert rc == 0, err
+        await cl.nodes["node4"].start(60)
+        await wait_until(lambda: _all_settled(cl, 4), timeout=120, what="node4 added, partitions re-spread")
+        zone = {"node1": "a", "node2": "b", "node3": "c", "node4": "a"}
+        held = await placement(cl, "node1")
+        assert all(len({zone[n] for n in nodes}) == len(nodes) == 2 for nodes in held.values()), held
+        assert any("node4" in nodes for nodes in held.values()), held
+        st = await cl.status("node3")
+        assert dict(z.split("=") for z in st.zones) == zone, st.zones
 
 
 async def _all_active(cl: LocalCluster) -> bool:
