@@ -292,9 +292,17 @@ class PeerManager:
             self._dialers.clear()
 
     def _farewell(self, name: str, link: _Link) -> None:
-        if name not in self.addresses and self.links.get(name) is link:
+        if name in self.addresses:
+            return  # (a member again)
+        self._stop_dialing(name)
+        if self.links.get(name) is link:
             log.warning("peer link to %s closed: it is no longer a member", name)
             link.abort()
+
+    def _stop_dialing(self, name: str) -> None:
+        dialer = self._dialers.pop(name, None)
+        if dialer is not None:
+            dialer.cancel()
 
     def _dial(self, name: str) -> None:
         """Keep a link to ``name`` if this node is the one that dials it (the lower name dials)."""
@@ -315,13 +323,13 @@ class PeerManager:
                     dialer.cancel()  # (a new address: dialled anew)
         for name in gone:
             del self.addresses[name]
-            dialer = self._dialers.pop(name, None)
-            if dialer is not None:
-                dialer.cancel()
             link = self.links.get(name)
             if link is not None:
-                # (kept a while: the catalogue's active tells it of its removal over this link)
+                # (kept a while, dialled or accepted: the catalogue's active tells it of its
+                # removal over this link)
                 asyncio.get_running_loop().call_later(FAREWELL_LINGER, self._farewell, name, link)
+            else:
+                self._stop_dialing(name)
         self.gossip = self.node.config.arbiter == "majority" and len(self.addresses) > self.node.config.replicas
         self.report(self.membership.set_peers(tuple(self.addresses)))
         if self._running:
@@ -473,6 +481,8 @@ class PeerManager:
                 log.debug("peer link to %s failed: %r", name, exc)
             finally:
                 self._drop(link)
+            if name not in self.addresses:
+                return  # no longer a member (tandem group remove): not dialled again
             await clock.sleep(backoff)
             backoff = min(backoff * 2, self._redial_max(name))  # refused, or the link ended: less and less often
 
@@ -658,6 +668,9 @@ class PeerManager:
         return self.node.client_address
 
     def _admit(self, link: _Link, who: NodeIdentity, client_address: str = "", placement: str = "") -> bool:
+        if who.name not in self.addresses:  # (removed from the group while the link was made)
+            self._refuse(link, f"{who.name} is not a member of this group")
+            return False
         mismatch = placement_mismatch(self.placement, placement, self.me.name, who.name)
         self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=mismatch))
         state = self.membership.state(who.name)

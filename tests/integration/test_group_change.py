@@ -196,6 +196,17 @@ async def test_a_member_added_in_a_zone_keeps_every_partitions_copies_in_distinc
         assert any("node4" in nodes for nodes in held.values()), held
         st = await cl.status("node3")
         assert dict(z.split("=") for z in st.zones) == zone, st.zones
+        # node4 taken out again: the others dial it (the lower name dials), and it still learns
+        # of its removal before they let go of it
+        rc, _out, err = await tandem("group", "remove", "node4", "--wait", "--timeout", "120",
+                                     "--url", cl.url_of("node1"))
+        assert rc == 0, err
+
+        async def told() -> bool:
+            st4 = await cl.status("node4")
+            return st4.members == ["node1", "node2", "node3"] and st4.remotes == []
+
+        await wait_until(told, timeout=30, what="node4 told it is no longer a member")
 
 
 async def _all_active(cl: LocalCluster) -> bool:
