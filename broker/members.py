@@ -50,6 +50,7 @@ GROUP_KEY = "group"
 MAX_MOVES = 2
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_HOST = re.compile(r"^\[?[A-Za-z0-9_.:-]{1,253}\]?$")  # a host name, IPv4 or [IPv6] address
 
 Key = tuple[int, int]
 
@@ -102,7 +103,7 @@ class MembersHost(CatalogueHost, Protocol):
 def parse_address(text: str) -> tuple[str, int]:
     """``host:port`` -> (host, port); InvalidArgumentError otherwise."""
     host, colon, port = text.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or not _HOST.match(host):
         raise InvalidArgumentError(f"group add: {text!r} is not host:port (the new member's peer address)")
     return host.strip("[]"), int(port)
 

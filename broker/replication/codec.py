@@ -690,13 +690,21 @@ def _group_in(a: list[Any]) -> SetGroup:
     leaving = tuple(_str(n, "leaving member") for n in _list(a[3], "group leaving"))
     if not set(leaving) <= set(members):
         raise MalformedReplicationError("group: a leaving node is not a member")
+    addresses = tuple(_str(x, "member address") for x in _list(a[1], "group addresses"))
+    for spec in addresses:
+        name, _, addr = spec.partition("=")
+        host, colon, port = addr.rpartition(":")
+        if name not in members or not host or not colon or not port.isdigit() or not 0 < int(port) < 65536:
+            raise MalformedReplicationError(f"group: address {spec!r} is not member=host:port")
+    zones = tuple(_str(x, "member zone") for x in _list(a[2], "group zones"))
+    if any(z.partition("=")[0] not in members or not z.partition("=")[2] for z in zones):
+        raise MalformedReplicationError("group: a zone is not member=zone")
     pins = []
     for pin in _list(a[5], "group pins"):
         q, p, nodes = _array(pin, 3, "group pin")
         pins.append(_placement_in([q, p, nodes, False]))
-    return SetGroup(members, tuple(_str(x, "member address") for x in _list(a[1], "group addresses")),
-                    tuple(_str(x, "member zone") for x in _list(a[2], "group zones")), leaving,
-                    _bool(a[4], "respread"), tuple((x.queue_id, x.partition, x.nodes) for x in pins))
+    return SetGroup(members, addresses, zones, leaving, _bool(a[4], "respread"),
+                    tuple((x.queue_id, x.partition, x.nodes) for x in pins))
 
 
 def _user_in(v: Any) -> UserRecord:

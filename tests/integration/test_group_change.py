@@ -131,6 +131,7 @@ async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path
             (["add", "node2=127.0.0.1:1"], "group add: node2 is a member already"),
             (["add", "node9"], "group add: 'node9' is not NAME=HOST:PEER_PORT"),
             (["add", "node9=nohost"], "group add: 'nohost' is not host:port (the new member's peer address)"),
+            (["add", "node9=my host:1"], "group add: 'my host:1' is not host:port (the new member's peer address)"),
             (["add", "no de=127.0.0.1:1"], "group add: 'no de' is not a node name (letters, digits, '_', '.', '-')"),
             (["add", "node9=127.0.0.1:1", "--zone", "a"],
              "group add: this group has no zones (--zone only where every member has one)"),

@@ -290,3 +290,20 @@ def test_the_kinds_and_codes_are_the_wire_values() -> None:
         ("INSTALL_SNAPSHOT", 4), ("TIMEOUT_NOW", 5), ("ALIVE", 6), ("PRE_VOTE", 7),
         ("PRE_VOTE_REPLY", 8), ("SNAPSHOT_CHUNK", 9), ("SNAPSHOT_ACK", 10)]
     assert [str(c) for c in OpCode] == [code for code, _op, _wire in PINNED_OPS]
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ([["n1", "n2"], ["n4=10.0.0.4:7781"], [], [], True, []], "address 'n4=10.0.0.4:7781'"),  # not a member
+    ([["n1", "n2"], ["n2=10.0.0.2"], [], [], True, []], "address 'n2=10.0.0.2'"),  # no port
+    ([["n1", "n2"], ["n2=10.0.0.2:99999"], [], [], True, []], "address"),
+    ([["n1", "n2"], [], ["n3=a"], [], True, []], "zone"),
+    ([["n1", "n2"], [], ["n1="], [], True, []], "zone"),
+    ([["n1", "n2"], [], [], ["n3"], True, []], "leaving node"),
+    ([["n1", "n1"], [], [], [], True, []], "distinct"),
+    ([["n1", "n2"], [], [], [], True, [[1, 0, []]]], "placement"),
+])
+def test_a_group_entry_that_does_not_fit_is_refused(fields: list[object], why: str) -> None:
+    """A SetGroup from a peer is checked before anything acts on it: addresses and zones of
+    members, leaving nodes among them, pins with nodes."""
+    with pytest.raises(MalformedReplicationError, match=why):
+        decode_ops((0, 0), msgpack.packb([["W", *fields]]))
