@@ -487,17 +487,9 @@ class Replication:
                     self._spawn(self._finish(key, placed))
                 continue
             nxt = next_members(current, target, self.me, progress, r.commit)
-            if nxt is None:
-                continue
-            try:
-                ready, entry = r.change_members(nxt)
-            except MembershipRefused:
-                continue  # (the previous change is not committed yet, ...): next round
-            log.warning("partition %s: move to %s: members %s -> %s (entry %d)", plog.name,
-                        ",".join(plog.nodes.nodes), _shown(current), _shown(nxt), entry.index)
-            self.events.append(HaEvent(self.host.clock.time(), "move", plog.name,
-                                       f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
-            self._guarded(plog, lambda: ready)
+            if nxt is not None:
+                self._change_members(plog, nxt, "move", f"partition {plog.name}: move to "
+                                                        f"{','.join(plog.nodes.nodes)}: members")
 
     def _reconcile_catalogue(self, target: Members, now: float) -> None:
         """On the catalogue's active: its log's members toward the group's (one change at a
@@ -520,20 +512,25 @@ class Replication:
             if gone and not self._farewell_said(gone, progress, r.commit, now):
                 nxt = None  # a removed member learns of its removal first (then it stops linking to the group)
             if nxt is not None:
-                try:
-                    ready, entry = r.change_members(nxt)
-                except MembershipRefused:
-                    pass  # (the previous change is not committed yet, ...): next round
-                else:
-                    log.warning("catalogue: group members %s -> %s (entry %d)", _shown(current), _shown(nxt),
-                                entry.index)
-                    self.events.append(HaEvent(self.host.clock.time(), "members", "catalogue",
-                                               f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
-                    self._guarded(plog, lambda: ready)
+                self._change_members(plog, nxt, "members", "catalogue: group members")
         if self.host.respreading and not self._respreading and now >= self._respread_at:
             self._respreading = True
             self._respread_at = now + RESPREAD_EVERY
             self._spawn(self._respread(settled and r.members_committed))
+
+    def _change_members(self, plog: PartLog, nxt: Members, kind: str, what: str) -> None:
+        """Propose the next membership change of ``plog`` (its active): logged as ``what``,
+        recorded as a ``kind`` event; a change the core refuses now (the previous one not
+        committed yet, ...) is tried again next round."""
+        current = plog.replica.members
+        try:
+            ready, entry = plog.replica.change_members(nxt)
+        except MembershipRefused:
+            return
+        log.warning("%s %s -> %s (entry %d)", what, _shown(current), _shown(nxt), entry.index)
+        self.events.append(HaEvent(self.host.clock.time(), kind, plog.name,
+                                   f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
+        self._guarded(plog, lambda: ready)
 
     def _farewell_said(self, gone: list[str], progress: dict[str, int], commit: int, now: float) -> bool:
         """Whether the members about to stop learning the catalogue have had time to learn that
