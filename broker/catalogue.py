@@ -19,6 +19,7 @@ from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, Delet
     decode_reply
 from broker import queues
 from broker.mapper import DEFAULT_MAPPER
+from broker.moves import parse_static
 from broker.queues import Holder, MemoryBudget, Queue, validate_declare
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
@@ -37,6 +38,16 @@ class CatalogueHost(Forwarding, Protocol):
         ...
 
     def catalogue_applied(self) -> int: ...
+
+    def static_lists(self, queue_id: int) -> tuple[tuple[str, ...], ...] | None:
+        """The node lists of a queue declared with them (``static`` distribution), as
+        ``name:sync`` / ``name:async`` entries; None for a ``dynamic`` queue."""
+        ...
+
+    def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...]) -> list[WriteOp]:
+        """The ops that place a new queue's partitions on ``lists``, checked against the
+        group's members (InvalidArgumentError naming what is wrong)."""
+        ...
 
     def check_disk(self, what: str) -> None:
         """Raise UnavailableError while this node's disk alarm is raised."""
@@ -86,7 +97,13 @@ class Catalogue:
         self.next_id = max(self.next_id, meta.id + 1)
         existing = self.queues.get(meta.name)
         if existing is not None:
-            return existing.meta.id == meta.id
+            if existing.meta.id != meta.id:
+                return False
+            if existing.meta != meta:  # more partitions or another mapper (broker.remap)
+                existing.alter(meta)
+                log.warning("queue %s now has %d partitions, mapper %s (catalogue)", meta.name, meta.partitions,
+                            meta.mapper)
+            return True
         self.queues[meta.name] = Queue(meta, self.budget)
         log.info("queue declared name=%s id=%d partitions=%d (catalogue)", meta.name, meta.id, meta.partitions)
         return True
@@ -120,6 +137,15 @@ class Catalogue:
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
             diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
+            if frame.placement:
+                # (a placement's kinds may be left out: compare the lists' nodes in order)
+                static = self.node.static_lists(existing.meta.id)
+                asked = parse_static(frame.placement, frame.partitions)
+                names = [[n.partition(":")[0] for n in nodes] for nodes in static or ()]
+                if names != [[n.partition(":")[0] for n in nodes] for nodes in asked]:
+                    have_text = ";".join(",".join(nodes) for nodes in static) if static else "dynamic"
+                    diff.append(f"placement: have {have_text}, asked {frame.placement} (tandem partition move "
+                                f"changes a partition's nodes)")
             if diff:
                 raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
         return meta, existing
@@ -138,6 +164,13 @@ class Catalogue:
             if existing is not None:
                 return existing.info(), False
             node.check_disk("declaring queues")
+            placing: list[WriteOp] = []
+            if frame.placement:
+                if not commit.replicated:
+                    raise InvalidArgumentError("placement: explicit node lists need a replication group (this node "
+                                               "runs alone, or in shared mode, where one node serves every "
+                                               "partition)")
+                placing = node.static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
             if not commit.replicated:
                 q = self.add(meta)
@@ -149,7 +182,7 @@ class Catalogue:
                     raise
                 log.info("queue declared name=%s partitions=%d mapper=%s", meta.name, meta.partitions, meta.mapper)
                 return q.info(), True
-            await self._commit(PutQueue(meta))
+            await self._commit(PutQueue(meta), *placing)  # (one entry: applied together everywhere)
             had = self.queues.get(frame.queue)
             created = had is not None and had.meta.id == meta.id
             if had is not None and not created and settings(had.meta) != settings(meta):
@@ -178,9 +211,9 @@ class Catalogue:
             await self._commit(DropQueue(q.meta.id))
         await node.applied(f"queue {name!r}", lambda: name not in self.queues)
 
-    async def _commit(self, op: DropQueue | PutQueue) -> None:
+    async def _commit(self, op: DropQueue | PutQueue, *placing: WriteOp) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.node.commit.propose_catalogue(op, _resolver(fut))
+        self.node.commit.propose_catalogue([op, *placing], _resolver(fut))
         await fut
 
     async def catch_up(self) -> bool:
@@ -189,19 +222,24 @@ class Catalogue:
         this one yet (its entry commits with a majority that need not include this member), so
         a client that declares and then consumes here would be told the queue is missing.
         True if this member applied catalogue changes meanwhile: a lookup that failed is worth
-        one more try.  False if it had nothing to catch up (or cannot tell: no active, or it
-        does not answer), so "not found" stands."""
+        one more try.  False if it had nothing to catch up, so "not found" stands.
+        UnavailableError if it cannot tell: no active within the election wait, or the active
+        cannot be asked (a link cut, or not yet back after this member was paused).  A member
+        that has missed changes must not call a queue missing: a durable consumer would end for
+        good on a queue that exists."""
         node = self.node
         if not node.commit.replicated:
             return False
         before = node.catalogue_applied()
-        who = node.commit.active_of(CATALOGUE)
-        if who is None or who == node.config.name:
-            return False  # the active applies what it commits at once
         try:
+            who = await node.commit.wait_active(CATALOGUE, node.election_wait)
+            if who == node.config.name:
+                return False  # the active applies what it commits at once
             upto = int(decode_reply(await node.forward(who, CatalogueFwd())))
-        except (TandemError, ValueError, TypeError):
-            return False
+        except (TandemError, ValueError, TypeError) as exc:
+            reason = exc.message if isinstance(exc, TandemError) else repr(exc)
+            raise UnavailableError(f"{node.config.name} cannot tell whether the queue exists: it could not "
+                                   f"ask the catalogue's active ({reason}); retry") from None
         await node.applied("the group's queue catalogue", lambda: node.catalogue_applied() >= upto)
         return node.catalogue_applied() > before
 
@@ -251,6 +289,7 @@ class Catalogue:
 
     async def purge_partition(self, q: Queue, pidx: int) -> int:
         part = q.partitions[pidx]
+        generation = part.generation  # (loaded anew meanwhile: the store's copies are there)
         msgs = q.take_hot(part)
         cold = q.take_cold(part)
         count = len(msgs) + cold[2]
@@ -266,7 +305,7 @@ class Catalogue:
         try:
             await fut
         except TandemError:
-            if not q.deleted and self.node.commit.serving((q.meta.id, pidx)):
+            if not q.deleted and self.node.commit.serving((q.meta.id, pidx)) and part.generation == generation:
                 if msgs:
                     q.requeue(msgs)
                 q.restore_cold(part, cold)

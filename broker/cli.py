@@ -13,6 +13,9 @@
     tandem certs dev      a throwaway CA and node certificates for TLS on one machine
     tandem secret new     make a group secret file (peer authentication)
     tandem node drain     move every active off a member for maintenance (undrain: back)
+    tandem partition      move a partition, add partitions to a queue, re-map its messages (update)
+    tandem group          add a member to a running group, or remove one
+    tandem restore        merge back what a split brain's heal discarded (HA-1014, the quarantine)
 
 Every client command takes ``--url tandem://user:password@host:port`` (or
 ``TANDEM_URL``; ``tandems://...?ca=CA.pem`` for a node that speaks TLS) and ``--json``.  Errors print one line and exit non-zero;
@@ -35,8 +38,8 @@ from typing import Any
 
 from broker import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
-from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, secret_cli, status,
-                          users_cli, witness_cli)
+from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, restore_cli,
+                          secret_cli, status, users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -79,7 +82,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
-                "join",
+                "join", "seeds",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
@@ -205,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--peer-port", dest="peer_port", type=int, help="port for node <-> node links")
     group.add_argument("--peer", dest="peers", action="append", metavar="NAME=HOST:PORT",
                        help="another member of the group (repeat for each)")
+    group.add_argument("--seed", dest="seeds", action="append", metavar="HOST:PORT",
+                       help="the peer port of any member, its name not needed (repeat for more): a --join node "
+                            "finds the group by it, and any member asks it for the address of a member it has "
+                            "none for. Members also pass their addresses on to each other")
     group.add_argument("--priority", type=int, help="0 never active, 1 normal (default), 2 high, 3 highest")
     group.add_argument("--votes", type=int, help="votes this node carries in quorum (default 1)")
     group.add_argument("--quorum-policy", dest="quorum_policy",
@@ -241,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="two-node group: this node goes on alone when its peer is gone")
     group.add_argument("--join", dest="join", action="store_const", const=True,
                        help="a new member of a running group (after `tandem group add NAME=HOST:PEER_PORT` on it): "
-                            "on its first start it takes the group's state from the members --peer names")
+                            "on its first start it takes the group's state from the members --peer names, or "
+                            "those it finds by --seed")
     sec = start.add_argument_group("peer authentication (docs/security.md)")
     sec.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="PATH",
                      help="the group secret (`tandem secret new PATH` makes one; the same file on every member "
@@ -297,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_cli.add_parser(sub)
     partition_cli.add_parser(sub)
     group_cli.add_parser(sub)
+    restore_cli.add_parser(sub)
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)

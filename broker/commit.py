@@ -61,8 +61,8 @@ class CommitPath(Protocol):
         next write (at most ``ack_linger``)."""
         ...
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
-        """Commit a change of the queue catalogue (declare, delete)."""
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
+        """Commit a change of the queue catalogue (declare, delete): ``ops`` as one entry."""
         ...
 
 
@@ -93,8 +93,8 @@ class LocalCommitPath:
         else:
             self.writer.submit(ops, sync=False, callback=callback, retry=True, lazy=lazy)
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
-        self.writer.submit([op], sync=True, callback=callback)
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
+        self.writer.submit(ops, sync=True, callback=callback)
 
 
 class ReplicatedLog(Protocol):
@@ -110,7 +110,7 @@ class ReplicatedLog(Protocol):
 
     def propose(self, ops: list[WriteOp], callback: Callback | None, *, lazy: bool = False) -> None: ...
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None: ...
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None: ...
 
 
 class ReplicatedCommitPath:

@@ -30,6 +30,7 @@ Example ``tandem.toml``::
     zones = ["node1=a", "node2=b", "node3=c"]  # every member's zone (the same on each): copies spread over zones
     designated_primary = false  # two-node group: this node may go on alone
     join = false                # a new member of a running group (tandem group add): takes the group's state
+    seeds = ["10.0.0.1:7781"]   # members' peer ports, no names: join by them; asked for addresses a member lacks
     log_segment_size = 67108864 # bytes a file of the replication log grows to before the next
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
@@ -74,6 +75,7 @@ from storage.base import DurabilityPolicy
 
 DEFAULT_PORT = 7780
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_HOST = re.compile(r"^\[?[A-Za-z0-9_.:-]{1,253}\]?$")  # a host name, IPv4 or [IPv6] address
 
 
 class ConfigError(InvalidArgumentError):
@@ -112,6 +114,10 @@ class NodeConfig:
     #: start it holds nothing and votes in nothing until the group's state reaches it;
     #: ``peers`` names the members it finds the group by (any of them will do)
     join: bool = False
+    #: "host:port" of members' peer ports, no names needed (broker.discovery): a node that
+    #: ``join``s finds the group by them, and any member asks them for the address of a
+    #: member it has none for
+    seeds: tuple[str, ...] = ()
     #: bytes a segment file of the replication log grows to (storage/segments.py): space is
     #: reclaimed a whole segment at a time
     log_segment_size: int = 64 * 1024 * 1024
@@ -208,9 +214,14 @@ class NodeConfig:
         if self.designated_primary and len(self.peers) != 1:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         self._check_zones()
-        if self.join and (not self.peers or self.mode != "replicated" or self.arbiter != "majority"):
+        for spec in self.seeds:
+            parse_seed(spec)
+        if self.seeds and (self.peer_port is None or self.mode != "replicated" or self.arbiter != "majority"):
+            raise ConfigError("seeds: only for a member of a replicated group under majority elections (with a "
+                              "peer_port)")
+        if self.join and (not (self.peers or self.seeds) or self.mode != "replicated" or self.arbiter != "majority"):
             raise ConfigError("join: only for a new member of a replicated group under majority elections (with "
-                              "peers: the members it finds the group by)")
+                              "peers or seeds: the members it finds the group by)")
         if not 0.01 <= self.keepalive_interval < self.non_response_timeout:
             raise ConfigError("keepalive_interval: must be >= 0.01 s and below non_response_timeout")
         if not 1024 * 1024 <= self.log_segment_size <= 4 * 1024 * 1024 * 1024:
@@ -376,6 +387,14 @@ def redact_url(url: str) -> str:
     return f"{head}://{cred.split(':', 1)[0]}:***@{host}"
 
 
+def parse_seed(spec: str) -> tuple[str, int]:
+    """``host:port`` (a member's peer port) -> (host, port)."""
+    host, colon, port = spec.rpartition(":")
+    if not colon or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"seeds: {spec!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
 def parse_peer(spec: str) -> tuple[str, tuple[str, int]]:
     """``name=host:port`` -> (name, (host, port))."""
     name, sep, addr = spec.partition("=")
@@ -425,11 +444,11 @@ def _coerce(key: str, value: Any) -> Any:
         return value
     if key in ("sync", "remote_sync"):
         return value if isinstance(value, DurabilityPolicy) else DurabilityPolicy.parse(str(value))
-    if key in ("peers", "zones"):
+    if key in ("peers", "zones", "seeds"):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            form = "name=host:port" if key == "peers" else "name=zone"
+            form = {"peers": "name=host:port", "zones": "name=zone", "seeds": "host:port"}[key]
             raise ConfigError(f"{key}: expected a list of \"{form}\" strings")
         return tuple(value)
     if key in ("advertise", "lockfile", "witness", "database"):

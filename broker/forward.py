@@ -55,6 +55,10 @@ class ForwardKind(IntEnum):
     DRAIN = 16
     MOVE = 17
     GROUP = 18
+    REMAP = 19
+    AUDIT = 20
+    MEMBERS = 21
+    RESTORE = 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,10 +241,55 @@ class GroupFwd(ForwardRequest):
     by: str
 
 
+@dataclass(frozen=True, slots=True)
+class RemapFwd(ForwardRequest):
+    """A change of a queue's partitioning, on the catalogue's active: ``action`` "add"
+    (``count`` partitions more, ``placement`` their node lists or ""), "update" (re-map its
+    messages, with ``mapper`` installed first unless ""), or "done" (``partition`` is
+    re-mapped, said by its active); ``by``: who asked.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.REMAP
+    hops: int
+    action: str
+    queue_id: int
+    count: int
+    mapper: str
+    placement: str
+    partition: int
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFwd(ForwardRequest):
+    """How the member sees queue ``queue`` (before an update: every member must agree).
+    Reply: the text of :meth:`broker.remap.Remaps.view`."""
+    KIND = ForwardKind.AUDIT
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class MembersFwd(ForwardRequest):
+    """The member addresses the peer knows (broker.discovery's gossip).  Reply: a list of
+    "name=host:port"."""
+    KIND = ForwardKind.MEMBERS
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFwd(ForwardRequest):
+    """Restore what the quarantine's partitions served here hold (broker.restore), taking
+    only what the discarding node ``origin``, ``queue`` and ``partition`` (a number) name
+    ("": any).  Reply: the report, a map of counts per queue."""
+    KIND = ForwardKind.RESTORE
+    hops: int
+    origin: str
+    queue: str
+    partition: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
-                              AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd)
+                              AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
+                              MembersFwd, RestoreFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

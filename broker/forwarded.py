@@ -15,10 +15,12 @@ from broker.catalogue import Catalogue
 from broker.drain import Drains
 from broker.members import GroupMembers
 from broker.moves import Moves
+from broker.remap import Remaps
+from broker.restore import Restores
 from broker.security import Security
 from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
-                            GroupFwd, MoveFwd, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, ReadFwd, decode_request,
-                            pack_reply)
+                            GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
+                            ReadFwd, RestoreFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -31,9 +33,15 @@ class ForwardedHost(status.StatusSource, Protocol):
     security: Security
     drains: Drains
     moves: Moves
+    remaps: Remaps
+    restores: Restores
     group: GroupMembers
 
     def catalogue_commit(self) -> int: ...
+
+    def member_book(self) -> list[str]:
+        """"name=host:port" of every member whose peer address this node knows (broker.discovery)."""
+        ...
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
@@ -64,6 +72,10 @@ class ForwardHandlers:
             ForwardKind.DRAIN: self._drain,
             ForwardKind.MOVE: self._move,
             ForwardKind.GROUP: self._group,
+            ForwardKind.REMAP: self._remap,
+            ForwardKind.AUDIT: self._audit,
+            ForwardKind.MEMBERS: self._members,
+            ForwardKind.RESTORE: self._restore,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -98,6 +110,18 @@ class ForwardHandlers:
 
     async def _group(self, req: GroupFwd) -> bytes:
         return await self.node.group.forwarded(req)
+
+    async def _remap(self, req: RemapFwd) -> bytes:
+        return await self.node.remaps.forwarded(req)
+
+    async def _audit(self, req: AuditFwd) -> bytes:
+        return pack_reply(self.node.remaps.view(req.queue))
+
+    async def _restore(self, req: RestoreFwd) -> bytes:
+        return await self.node.restores.forwarded(req)
+
+    async def _members(self, _req: Any) -> bytes:
+        return pack_reply(self.node.member_book())
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

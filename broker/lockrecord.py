@@ -104,6 +104,7 @@ class LockFile:
         self._probe_path = self.path.with_name(f"{self.path.name}.probe-{node}")
         self._tmp_path = self.path.with_name(f"{self.path.name}.epoch.tmp-{node}")
         self._renewed = (0, 0)  # (epoch, last renewal number) this node wrote
+        self._dir_made = False  # (see _make_dir)
         self._mtime = 0.0  # of the record at the last read (the gateway's clock)
         # a real flock, kept on one pathname (no soft marker that kill -9 would leave behind)
         self._flock = filelock.FileLock(str(self.path), timeout=flock_timeout, thread_local=False,
@@ -182,9 +183,17 @@ class LockFile:
 
     # -- files ---------------------------------------------------------------------------------
 
+    def _make_dir(self) -> None:
+        """The lock file's directory, made once (a first start).  Never again: a gateway share
+        that goes away (unmounted) must be "not reachable", not a local directory made in its
+        place, where this node would take a lock no other node sees."""
+        if not self._dir_made:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._dir_made = True
+
     def _locked(self, what: str) -> _Release:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dir()
         except OSError as exc:
             raise LockFileError(f"{what}: the lock file's directory {self.path.parent} is not reachable: {exc}",
                                 exc) from exc
@@ -246,7 +255,7 @@ class LockFile:
         data = json.dumps({"v": RECORD_VERSION, "holder": rec.holder, "epoch": rec.epoch,
                            "renewal": rec.renewal, "alone": rec.alone}).encode()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dir()
             fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.write(fd, data)

@@ -36,23 +36,27 @@ from broker.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error,
 from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.lockfile import LockFileDriver
-from broker.peers import PeerManager, placement_diff
+from broker.peers import PeerManager, host_port, placement_diff
 from broker.secret import group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.mapper import MAPPERS, dead_letter_partition, mapper_names
-from broker.queues import MemoryBudget, Msg, Queue, revoke_deliveries
+from broker.queues import MemoryBudget, Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
 from broker.replication import Replication
-from broker.replication.codec import group_out, placement_out
+from broker.replication.codec import group_out, placement_out, updating_out
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
 from broker.streams import read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
+from broker.discovery import Discovery
 from broker.drain import Drains
 from broker.members import GroupMembers
-from broker.moves import Moves
+from broker.moves import Moves, check_nodes, without_leaving
+from broker.quarantine import QUEUE as QUARANTINE, Quarantine
+from broker.remap import Remaps
+from broker.restore import MAX_EVENTS as RESTORE_EVENTS, Restores
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -63,7 +67,7 @@ from ha.members import Members
 from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
-                          SetDrained, SetGroup, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
+                          SetDrained, SetGroup, SetPlacement, SetUpdating, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore, open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
@@ -110,11 +114,16 @@ class Node:
         self.security = Security(self)
         self.drains = Drains(self)  # the group's members drained for maintenance
         self.moves = Moves(self)  # partitions placed off the policy (tandem partition move)
+        self.remaps = Remaps(self)  # queues re-mapping their messages (tandem partition update)
+        self.quarantine = Quarantine(self)  # what HA-1014 discards, kept (tandem restore)
+        self.restores = Restores(self)  # merging it back, run in the group (admin API, console)
         founding, _policy = config.placement()
         #: the group's members (tandem group add / remove); the settings' until the first change
         self.group = GroupMembers(self, tuple(founding),
                                   {n: z for n, z in config.zone_map().items() if n in founding})
         self.sessions: set[Session] = set()
+        #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
+        self.local_holders: set[Recipient] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
         self._map_push_scheduled = False
         self.store_stamp = ""
@@ -141,6 +150,11 @@ class Node:
         self._lockfile: LockFileDriver | None = None  # arbiter = "lockfile"
         self._lockfile_task: asyncio.Task[None] | None = None
         self._peer_task: asyncio.Task[None] | None = None
+        #: seeds and the gossip of member addresses (replicated mode)
+        self.discovery: Discovery | None = None
+        self._discovery_task: asyncio.Task[None] | None = None
+        #: peer addresses found by discovery for members that had none here
+        self.learned: dict[str, tuple[str, int]] = {}
         self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()
@@ -170,8 +184,8 @@ class Node:
         return self.catalogue.budget
 
     @property
-    def holders(self) -> Collection[Session]:
-        return self.sessions
+    def holders(self) -> Collection[Recipient]:
+        return [*self.sessions, *self.local_holders] if self.local_holders else self.sessions
 
     @property
     def has_quorum(self) -> bool:
@@ -219,6 +233,10 @@ class Node:
             cfg.name, "tandems" if cfg.tls_cert is not None else "tandem", self.address[0], self.address[1],
             self.data_path, cfg.sync.value, len(self.queues), total,
         )
+        if self.replication is not None:
+            self.quarantine.drain()  # (what a stop kept from reaching the quarantine queue)
+        else:
+            self.remaps.start()  # (every partition is served here from the start)
 
     async def _start(self) -> None:
         cfg = self.config
@@ -250,6 +268,8 @@ class Node:
             await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.store_stamp)
         else:
             self.store_stamp = recovered.meta["store_stamp"]
+        if cfg.peer_port is not None and self._joining() and not cfg.peers:
+            cfg = await self._find_group()
         if cfg.peer_port is not None:
             await self._check_placement(recovered.meta.get(PLACEMENT_KEY))
         if not len(self.users):
@@ -260,6 +280,8 @@ class Node:
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
+            self.discovery = Discovery(self, self.peers)
+            self.peers.on_addresses = self.discovery.heard
             if self.group.changed():
                 self.peers.set_members(self._member_addresses(), self.placement_text())
             self.replication = Replication(self, recovered.logs, recovered.meta)
@@ -270,6 +292,7 @@ class Node:
             self.replication.start()
             await self.peers.start()
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
+            self._discovery_task = asyncio.create_task(self.discovery.run(), name="tandem-discovery")
             self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
             if self._lockfile is not None:
                 self._lockfile_task = asyncio.create_task(self._lockfile.run(), name="tandem-lockfile")
@@ -405,6 +428,9 @@ class Node:
             self.delivery.schedule(q)
         self.map_changed()
 
+    def shared_active(self) -> None:
+        self.remaps.start()  # (an update the previous lock holder had under way goes on here)
+
     def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
         """Shared mode, a passive: the group's users and grants as the database holds them."""
         if not self._engine_open:
@@ -470,6 +496,11 @@ class Node:
         self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
         self.drains.load(rec.meta)
         self.moves.load(rec.meta, {m.id for m in rec.queues})
+        self.remaps.load(rec.meta, {m.id for m in rec.queues})
+        for qid, parts in self.remaps.pending.items():
+            q = cat.by_id(qid)
+            if q is not None:
+                q.paused = parts
         self.group.load(rec.meta)
 
     async def stop(self) -> None:
@@ -530,6 +561,13 @@ class Node:
             self._replication_task = None
         if self.replication is not None:
             self.replication.stop()
+        if self._discovery_task is not None:
+            self._discovery_task.cancel()
+            try:
+                await self._discovery_task
+            except asyncio.CancelledError:
+                pass  # we cancelled it
+            self._discovery_task = None
         if self._peer_task is not None:
             self._peer_task.cancel()
             try:
@@ -677,11 +715,19 @@ class Node:
         return self.catalogue.by_id(queue_id)
 
     def catalogue_put(self, meta: QueueMeta) -> bool:
-        return self.catalogue.apply_put(meta)
+        had = self.catalogue.queues.get(meta.name)
+        was = had.meta if had is not None else None
+        applied = self.catalogue.apply_put(meta)
+        if applied and was != meta:
+            self.updating_changed(meta.id)  # (a queue a snapshot brings may be being updated)
+            if was is not None:
+                self.map_changed()  # (clients learn the new partitions and mapper)
+        return applied
 
     def catalogue_drop(self, queue_id: int) -> None:
         self.catalogue.apply_drop(queue_id)
         self.moves.forget(queue_id)
+        self.remaps.forget(queue_id)
 
     def security_apply(self, op: WriteOp) -> list[WriteOp]:
         return self.security.apply(op)
@@ -690,6 +736,7 @@ class Node:
         group = self.group.snapshot()
         return {**self.security.snapshot(), "drained": self.drains.snapshot(),
                 "placed": [placement_out(op) for op in self.moves.snapshot()],
+                "updating": [updating_out(op) for op in self.remaps.snapshot()],
                 **({"group": group_out(group)} if group is not None else {})}
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
@@ -700,14 +747,21 @@ class Node:
             ops.extend(self.drains.install(data["drained"]))
         if "placed" in data:
             ops.extend(self.moves.install(data["placed"]))
+        if "updating" in data:
+            ops.extend(self.remaps.install(data["updating"]))
         return ops
+
+    def updates_under_way(self) -> list[str]:
+        return self.remaps.under_way({q.meta.id: q.name for q in self.catalogue.queues.values()})
 
     def moves_under_way(self) -> list[str]:
         out = []
-        for key in sorted(self.moves.moving):
+        m = self.moves
+        for key in sorted(m.moving | set(m.forcing)):
             q = self.catalogue.by_id(key[0])
             if q is not None:
-                out.append(f"{q.name}/{key[1]} {','.join(self.moves.placed[key])}")
+                forcing = f" (forced replication: {m.forcing[key]})" if key in m.forcing else ""
+                out.append(f"{q.name}/{key[1]} {','.join(m.placed.get(key) or self.nodes_of(key))}{forcing}")
         return out
 
     def move_apply(self, op: SetPlacement) -> list[WriteOp]:
@@ -719,6 +773,10 @@ class Node:
     @property
     def moving(self) -> Collection[tuple[int, int]]:
         return self.moves.moving
+
+    @property
+    def static(self) -> Collection[tuple[int, int]]:
+        return self.moves.static
 
     async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
         await self.moves.finished(key, nodes)
@@ -749,6 +807,35 @@ class Node:
     def placement_changed(self, key: tuple[int, int]) -> None:
         if self.replication is not None:
             self.replication.placement_changed(key)
+
+    def static_lists(self, queue_id: int) -> tuple[tuple[str, ...], ...] | None:
+        q = self.catalogue.by_id(queue_id)
+        if q is None or (queue_id, 0) not in self.moves.static:
+            return None
+        return tuple(self.nodes_of((queue_id, p)) for p in range(q.meta.partitions))
+
+    def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...],
+                         first: int = 0) -> list[WriteOp]:
+        refusal = self.drain_refusal()
+        if refusal:
+            raise InvalidArgumentError(refusal.replace("node drain", "placement"))
+        members, policy = self.placement()
+        out: list[WriteOp] = []
+        for p, nodes in enumerate(lists, first):
+            check_nodes(f"placement: partition {p}", nodes, members)
+            placed = listed(policy, nodes)
+            if all(self._priority_of(n) == 0 for n in placed.voters):
+                raise InvalidArgumentError(f"placement: partition {p}: every voter of {','.join(nodes)} has priority "
+                                           f"0 (never active): it could never have an active")
+            out.append(SetPlacement(meta.id, p, spec_of(placed), False, True))
+        return out
+
+    def _priority_of(self, name: str) -> int | None:
+        """A member's priority as its handshake gave it (None: not known here now)."""
+        if name == self.config.name:
+            return self.priority
+        ident = self.peers.membership.identity(name) if self.peers is not None else None
+        return ident.priority if ident is not None else None
 
     def drain_apply(self, op: SetDrained) -> list[WriteOp]:
         return self.drains.apply(op)
@@ -787,16 +874,63 @@ class Node:
         for n in self.group.members:
             if n == self.config.name:
                 continue
-            addr = added.get(n) or founding.get(n)
+            addr = added.get(n) or founding.get(n) or self.learned.get(n)
             if addr is None:
-                log.error("group member %s: its peer address is in neither this node's peers nor the group's "
-                          "state: not linking to it", n)
+                log.warning("group member %s: its peer address is in neither this node's peers nor the group's "
+                            "state: not linking to it until a member or a seed gives it (broker.discovery)", n)
                 continue
             out[n] = addr
         witness = self.config.witness_address()
         if witness is not None:
             out[witness[0]] = witness[1]
         return out
+
+    # -- discovery (broker.discovery) -------------------------------------------------------------
+
+    def _joining(self) -> bool:
+        """A node that joins and has not got the group's state yet."""
+        return self.config.join and not self.group.changed()
+
+    async def _find_group(self) -> NodeConfig:
+        """A node that joins by seeds alone: ask them until one answers, then start as if the
+        members it named were this node's ``peers``."""
+        seeker = PeerManager(self, secret=self._peer_secret)
+        found = await Discovery(self, seeker).find_group()
+        self.learned.update(found)
+        self.config = cfg = dataclasses.replace(
+            self.config, peers=tuple(f"{n}={host_port(h, p)}" for n, (h, p) in sorted(found.items())))
+        founding, _policy = cfg.placement()
+        self.group = GroupMembers(self, tuple(founding), {n: z for n, z in cfg.zone_map().items() if n in founding})
+        log.warning("joining the group its seeds belong to: members %s", ", ".join(sorted(found)))
+        return cfg
+
+    def missing_addresses(self) -> list[str]:
+        peers = self.peers
+        if peers is None:
+            return []
+        if self._joining():
+            return [] if peers.addresses else ["*"]
+        return [n for n in self.group.members if n != self.config.name and n not in peers.addresses]
+
+    def learn_addresses(self, found: dict[str, tuple[str, int]]) -> None:
+        peers = self.peers
+        if peers is None:
+            return
+        joining = self._joining()
+        new = {n: a for n, a in found.items()
+               if n != self.config.name and n not in peers.addresses and n not in self.learned
+               and (joining or n in self.group.members)}
+        if not new:
+            return
+        self.learned.update(new)
+        log.info("member addresses found: %s", ", ".join(f"{n}={h}:{p}" for n, (h, p) in sorted(new.items())))
+        if joining:  # (the members it finds the group by, as peers would name them)
+            peers.set_members({**peers.addresses, **new}, self.placement_text())
+        else:
+            self.members_changed()
+
+    def member_book(self) -> list[str]:
+        return self.peers.book() if self.peers is not None else []
 
     def group_apply(self, op: SetGroup) -> list[WriteOp]:
         out: list[WriteOp] = []
@@ -857,7 +991,9 @@ class Node:
         out = {}
         for q in self.catalogue.queues.values():
             for p, nodes in enumerate(place(policy, q.meta.partitions, members)):
-                out[(q.meta.id, p)] = spec_of(nodes)
+                key = (q.meta.id, p)
+                out[key] = spec_of(nodes) if key not in self.moves.static else \
+                    without_leaving(self.nodes_of(key), members, self.group.zones)
         return out
 
     def catalogue_target(self) -> Members | None:
@@ -926,6 +1062,80 @@ class Node:
             return
         q.load_partition(key[1], st)
         self.delivery.schedule(q)
+        # (once it serves, right after this: a partition of a queue being updated is swept)
+        asyncio.get_running_loop().call_soon(self.remaps.served, key)
+
+    # -- the quarantine (broker.quarantine) ---------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        return self.data_path
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def queue_name(self, queue_id: int) -> str | None:
+        q = self.catalogue.by_id(queue_id)
+        return q.name if q is not None else None
+
+    def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
+                        confirmed: int) -> int:
+        return self.quarantine.keep(key, term, first_index, entries, confirmed)
+
+    async def quarantine_actives(self) -> list[str]:
+        """The members serving a partition of the quarantine queue (broker.restore)."""
+        if QUARANTINE not in self.queues:
+            await self.catch_up_catalogue()  # (discarded on another member a moment ago?)
+        q = self.queues.get(QUARANTINE)
+        if q is None:
+            return []
+        return sorted({await self.commit.wait_active((q.meta.id, p), self.election_wait)
+                       for p in range(q.meta.partitions)})
+
+    def restore_event(self, text: str) -> None:
+        """A restore run here, in ``tandem status`` events (the last RESTORE_EVENTS)."""
+        self.node_events.append(NodeEvent(self.clock.time(), "restore", "-", text))
+        runs = [e for e in self.node_events if e.kind == "restore"]
+        if len(runs) > RESTORE_EVENTS:
+            self.node_events.remove(runs[0])
+
+    # -- re-partitioning (broker.remap) ----------------------------------------------------------
+
+    def remap_refusal(self) -> str | None:
+        return None
+
+    def update_apply(self, op: SetUpdating) -> list[WriteOp]:
+        return self.remaps.apply(op)
+
+    def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
+        return self.publisher.publish(req)
+
+    async def commit_ops(self, key: tuple[int, int], ops: list[WriteOp]) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_exception(err) if err is not None else fut.set_result(None)
+
+        self.commit.propose(ops, done, durable=True)
+        await fut
+
+    def take_back(self, q: Queue, pidx: int) -> int:
+        msgs = take_back_deliveries(self.holders, q, pidx)
+        if msgs:
+            q.requeue(msgs)
+        return len(msgs)
+
+    def partition_event(self, key: tuple[int, int], event: str, why: str) -> None:
+        if self.replication is not None:
+            self.replication.partition_event(key, event, why)
+
+    def updating_changed(self, queue_id: int) -> None:
+        q = self.queue_by_id(queue_id)
+        if q is not None:
+            q.paused = self.remaps.paused(queue_id)
+            self.delivery.schedule(q)
 
     def partition_unloaded(self, key: tuple[int, int]) -> None:
         """No longer the active: its messages and its deliveries are the new active's.  A
@@ -934,7 +1144,7 @@ class Node:
         if q is None or key[1] >= len(q.partitions):
             return
         q.clear_partition(key[1])
-        revoked = revoke_deliveries(self.sessions, q, key[1])
+        revoked = revoke_deliveries(self.holders, q, key[1])
         if revoked:
             log.warning("partition %d/%d: %d unacked deliveries revoked (the new active redelivers them)",
                         key[0], key[1], revoked)
@@ -951,7 +1161,7 @@ class Node:
     def serves(self, q: Queue, pidx: int) -> bool:
         """Whether this node holds the partition's messages (always, on a single node)."""
         if self.shared is not None:
-            return self.shared.serving()
+            return self.shared.serving() and self.catalogue.by_id(q.meta.id) is q  # (not one of an earlier term)
         return self.replication is None or self.replication.serving((q.meta.id, pidx))
 
     def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None:
@@ -959,6 +1169,7 @@ class Node:
         stored there, put it back if that fails."""
         req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
                              partition=dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))
+        generation = src.partitions[m.partition].generation  # (loaded anew since: the store's copy is there)
 
         def done(fut: Outcome[PublishResult]) -> None:
             err = fut.exception()
@@ -968,7 +1179,8 @@ class Node:
                 self.write_later([Settle(src.meta.id, m.partition, [m.offset])], lazy=False)
                 return
             log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, dlq.name, err)
-            if not src.deleted and self.serves(src, m.partition):
+            if not src.deleted and self.serves(src, m.partition) \
+                    and src.partitions[m.partition].generation == generation:
                 src.requeue([m])
                 self.delivery.schedule(src)
 

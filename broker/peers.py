@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from client.errors import ErrorCode, TandemError, UnavailableError, UnsupportedProtocolError, for_code
@@ -242,6 +242,9 @@ class PeerManager:
         #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
         self.arbiter: PeerArbiter | None = None
         self.epoch = 0
+        #: told the member addresses a peer's PeerWelcome carried: (its name, "name=host:port"s)
+        self.on_addresses: Callable[[str, list[str]], None] | None = None
+        self.seed_refusal = ""  # what the last seed asked said when it refused this node
 
     @property
     def intruders(self) -> Collection[IntruderEvent]:
@@ -467,6 +470,8 @@ class PeerManager:
                     raise _Intruder(Refusal.GARBAGE, exc.message) from None
                 # (a timeout here is a member that does not answer, a paused one say: not an intruder)
                 if welcome is not None:
+                    if welcome.members and self.on_addresses is not None:
+                        self.on_addresses(name, welcome.members)
                     who = NodeIdentity(name=welcome.node, store_stamp=welcome.store_stamp,
                                        priority=welcome.priority, votes=welcome.votes)
                     proto.max_frame_size = PEER_MAX_FRAME
@@ -486,25 +491,32 @@ class PeerManager:
             await clock.sleep(backoff)
             backoff = min(backoff * 2, self._redial_max(name))  # refused, or the link ended: less and less often
 
-    async def _handshake_out(self, link: _Link, name: str, remote: str) -> PeerWelcome | None:
+    async def _handshake_out(self, link: _Link, name: str | None, remote: str, *,
+                             discover: bool = False) -> PeerWelcome | None:
         """The dialer's side of the handshake: the acceptor's PeerWelcome once it has proved it is
-        ``name`` (None: it refused this node, logged); _Intruder when it did not prove it."""
+        ``name`` (None: it refused this node, logged); _Intruder when it did not prove it.
+        ``name`` None: a seed, whichever member it proves to be; ``discover``: for its member
+        addresses only, no link (broker.discovery)."""
         secret = self.secret
         mine = new_nonce() if secret is not None else b""
         link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                             store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
                             client_address=self._client_address(), epoch=self.epoch, nonce=mine,
-                            placement=self.placement))
+                            placement=self.placement, discover=discover))
         frame = await self._next_frame(link)
         if isinstance(frame, Error):
+            if name is None:  # (a seed: broker.discovery says why, once)
+                self.seed_refusal = frame.message
+                return None
             self._refused_by(name, remote, frame.message)
             return None
         if secret is None:
             if isinstance(frame, PeerChallenge):
                 log.warning("peer %s at %s asks for the group secret and this node has none (cluster_secret_file): "
-                            "link dropped", name, remote)
+                            "link dropped", name or "seed", remote)
                 return None
             welcome = expect(frame, PeerWelcome)
+            name = name or welcome.node
             if welcome.node != name:
                 raise _Intruder(Refusal.WRONG_NAME, f"the node at {remote} says it is {welcome.node}, not {name}")
             why = self.certificate_refusal(link, name)
@@ -514,6 +526,7 @@ class PeerManager:
         if not isinstance(frame, PeerChallenge):
             raise _Intruder(Refusal.NO_PROOF, f"answered {type(frame).__name__} without a challenge: it does not "
                                               f"prove the group secret")
+        name = name or frame.node  # (a seed: it proves below that it is the member it names)
         if frame.node != name:
             raise _Intruder(Refusal.WRONG_NAME, f"the node at {remote} says it is {frame.node}, not {name}")
         if not nonce_ok(frame.nonce):
@@ -523,6 +536,9 @@ class PeerManager:
                                         prover=self.me.name, prover_stamp=self.me.store_stamp, verifier=name)))
         frame = await self._next_frame(link)
         if isinstance(frame, Error):
+            if discover:
+                self.seed_refusal = frame.message
+                return None
             self._refused_by(name, remote, frame.message)
             return None
         if not isinstance(frame, PeerProof):
@@ -535,6 +551,42 @@ class PeerManager:
                       prover_stamp=welcome.store_stamp, verifier=self.me.name):
             raise _Intruder(Refusal.BAD_PROOF, "its proof does not match: it holds another group secret, or none")
         return welcome
+
+    def book(self, but: str = "") -> list[str]:
+        """"name=host:port" of every other member whose peer address this node knows (the witness
+        too), but ``but``'s."""
+        return [f"{n}={host_port(h, p)}" for n, (h, p) in sorted(self.addresses.items()) if n != but]
+
+    async def discover_at(self, host: str, port: int) -> tuple[str, list[str]] | str:
+        """Ask the member at a seed, ``host:port``, for the members' addresses: (its name, its
+        PeerWelcome's "name=host:port"s), once it has proved the group secret (or its
+        certificate); else why not, in words."""
+        remote = host_port(host, port)
+        try:
+            reader, writer = await self._connect(host, port)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"no answer ({exc.strerror or type(exc).__name__})" if isinstance(exc, OSError) \
+                else "no answer (timed out)"
+        link = _Link("", reader, writer, ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME))
+        self.seed_refusal = ""
+        try:
+            try:
+                async with self.node.clock.timeout(HANDSHAKE_TIMEOUT):
+                    welcome = await self._handshake_out(link, None, remote, discover=True)
+            except TandemError as exc:
+                raise _Intruder(Refusal.GARBAGE, exc.message) from None
+            if welcome is None:
+                return f"refused this node: {self.seed_refusal}" if self.seed_refusal else "refused this node"
+            if welcome.node == self.me.name:
+                return "it is this node"
+            return welcome.node, welcome.members
+        except _Intruder as exc:
+            self._intruder(link, remote, "", exc)
+            return f"failed authentication ({exc.why})"
+        except (TandemError, OSError, asyncio.TimeoutError) as exc:
+            return f"the link failed ({exc!r})"
+        finally:
+            link.abort()
 
     def _refused_by(self, name: str, remote: str, why: str) -> None:
         """Member ``name`` refused this node's link; for settings that differ it is refused here too."""
@@ -571,7 +623,7 @@ class PeerManager:
                 self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 self._refuse(link, exc.message)
                 return
-            if not self._admit(link, who, hello.client_address, hello.placement):
+            if not hello.discover and not self._admit(link, who, hello.client_address, hello.placement):
                 return
             if self.secret is not None:
                 link.send(PeerProof(proof=proof(self.secret, Side.ACCEPTOR, dialer_nonce=hello.nonce,
@@ -580,12 +632,20 @@ class PeerManager:
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
                                   client_address=self._client_address(), epoch=self.epoch,
-                                  placement=self.placement))
+                                  placement=self.placement, members=self.book(but=hello.node)))
+            if hello.discover:  # (a member that found this node by a seed: the addresses were all it wanted)
+                log.info("peer %s asked for the members' addresses (seed)", hello.node)
+                link.send(Close(code=0, reason="member addresses sent"))
+                await link.drain()
+                return
             proto.max_frame_size = PEER_MAX_FRAME
             if self.arbiter is not None:
                 self.arbiter.heard(hello.node, hello)
             await self._serve(link)
         except _Intruder as exc:
+            if link.name and link.name not in self.addresses and exc.reason is not Refusal.NOT_MEMBER:
+                # a name that is no member's, and no proof: counted as such (it learns only that it failed)
+                exc = _Intruder(Refusal.NOT_MEMBER, f"not a member of this group ({exc.why})")
             self._intruder(link, remote, link.name, exc)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
             log.debug("peer link from %s failed: %r", link.name or remote, exc)
@@ -609,20 +669,25 @@ class PeerManager:
             self._refuse(link, f"duplicate location: a node named {hello.node!r} (location code "
                                f"{self.me.location_code:#x}) is this node")
             return None, b""
-        if hello.node not in self.addresses:
-            raise _Intruder(Refusal.NOT_MEMBER, "not a member of this group")
-        if not permitted(hello.node, host, self.permitted_nodes, tuple(self.addresses)):
+        member = hello.node in self.addresses
+        if member and not permitted(hello.node, host, self.permitted_nodes, tuple(self.addresses)):
             raise _Intruder(Refusal.NOT_PERMITTED, f"not permitted from {host} (permitted_nodes: "
                                                    f"{', '.join(self.node.config.permitted_nodes)})")
         secret = self.secret
+        if secret is None and not self.mtls:
+            self._refuse(link, f"{self.me.name} has no group secret and no mutual TLS: it admits no peer")
+            return None, b""
+        mine = await self._proof(link, hello, secret)  # (first: a stranger learns nothing of the members)
+        return self._member(link, hello), mine
+
+    async def _proof(self, link: _Link, hello: PeerHello, secret: bytes | None) -> bytes:
+        """The dialer proves it is the node it names: the group secret's challenge (this node's
+        nonce returned), or, without a secret, its certificate.  _Intruder if it does not."""
         if secret is None:
-            if not self.mtls:
-                self._refuse(link, f"{self.me.name} has no group secret and no mutual TLS: it admits no peer")
-                return None, b""
             why = self.certificate_refusal(link, hello.node)
             if why is not None:
                 raise _Intruder(Refusal.BAD_PROOF, why)
-            return hello, b""
+            return b""
         if not nonce_ok(hello.nonce):
             raise _Intruder(Refusal.NO_PROOF, "its PeerHello has no nonce: it does not prove the group secret")
         mine = new_nonce()
@@ -634,7 +699,17 @@ class PeerManager:
         if not verify(secret, Side.DIALER, frame.proof, dialer_nonce=hello.nonce, acceptor_nonce=mine,
                       prover=hello.node, prover_stamp=hello.store_stamp, verifier=self.me.name):
             raise _Intruder(Refusal.BAD_PROOF, "its proof does not match: it holds another group secret, or none")
-        return hello, mine
+        return mine
+
+    def _member(self, link: _Link, hello: PeerHello) -> PeerHello | None:
+        """``hello`` if its node, which proved itself, is a member; else it is told why, in
+        plain words (it holds the group's secret or certificate: a member removed from the
+        group, most likely, that was down when it was told), and None."""
+        if hello.node in self.addresses:
+            return hello
+        self._refuse(link, f"{hello.node} is not a member of this group (removed with tandem group remove, or never "
+                           f"added): it links to no member; stop it, or add it again with tandem group add")
+        return None
 
     def certificate_refusal(self, link: _Link, name: str) -> str | None:
         """Mutual TLS without a group secret: why the peer's certificate does not authenticate it
@@ -783,3 +858,8 @@ class PeerManager:
         if admitted:
             self.report(self.membership.link_lost(link.name))
             self._forget_actives(link.name)
+
+
+def host_port(host: str, port: int) -> str:
+    """"host:port", an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

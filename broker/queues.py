@@ -52,6 +52,8 @@ MESSAGE_OVERHEAD = 128
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
 MAX_PARTITIONS = 1024
 MAX_RING_SIZE = 1 << 20
+#: characters of a declare's explicit node lists (``static`` distribution)
+MAX_PLACEMENT = 256 * 1024
 
 
 EMPTY_HEADERS = msgpack.packb({})
@@ -87,7 +89,13 @@ class Msg:
 
     @property
     def id(self) -> str:
-        return f"{self.partition}-{self.offset}"
+        """'<partition>-<offset>' where it was first stored (a re-mapped message keeps its own,
+        broker.remap)."""
+        return self.headers.get(ID_HEADER) or f"{self.partition}-{self.offset}"
+
+
+#: the header that keeps a re-mapped message's id (broker.remap): where it was first stored
+ID_HEADER = "x-tandem-id"
 
 
 class MemoryBudget:
@@ -115,7 +123,7 @@ def held_cost(m: Msg) -> int:
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
                  "committed_producers", "gaps", "producer_used", "held", "cold_start", "cold_end",
-                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch")
+                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
@@ -132,6 +140,10 @@ class Partition:
         self.cold_mark = 0
         self.reading = False  # a read of the cold region is under way
         self.epoch = 0  # moves when the cold region is dropped: a read under way is stale
+        #: moves whenever the partition's messages are forgotten or loaded again (another node
+        #: serves it, or this one again): what a task took from memory before is not this
+        #: memory's to give back
+        self.generation = 0
         self.next_offset = next_offset  # offset the next appended message gets
         self.committed_end = next_offset  # end of what the store has committed
         # The committed delivered mark: offsets below it count as delivered once more
@@ -207,6 +219,8 @@ def validate_declare(frame: Declare) -> None:
         raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
     if not 0 <= frame.max_length <= MAX_INT64:
         raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
+    if len(frame.placement) > MAX_PLACEMENT:
+        raise InvalidArgumentError(f"placement: at most {MAX_PLACEMENT} characters")
     dlq = frame.dead_letter_queue
     if dlq is not None:
         if not QUEUE_NAME.match(dlq):
@@ -241,10 +255,21 @@ class Queue:
         self._next_partition = 0
         self._next_consumer = 0
         self.deleted = False
+        #: partitions whose messages are being re-mapped (broker.remap): they deliver nothing
+        self.paused: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
         return self.meta.name
+
+    def alter(self, meta: QueueMeta) -> None:
+        """The queue got more partitions or another data mapper (broker.remap): the new
+        partitions start empty, and the mapper places what is published from now on."""
+        added = meta.partitions - len(self.partitions)
+        self.partitions.extend(Partition(i) for i in range(len(self.partitions), meta.partitions))
+        self.budget.partitions += max(0, added)
+        self.meta = meta
+        self.mapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
 
     def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
         """The partition as the store has it (at start, or when this node becomes its active):
@@ -265,6 +290,7 @@ class Queue:
     def clear_partition(self, pidx: int) -> None:
         """Forget the partition's ready messages and producers (another node serves it now)."""
         part = self.partitions[pidx]
+        part.generation += 1
         self.ready_count -= len(part.ready)
         part.ready.clear()
         self.budget.held -= part.held
@@ -332,6 +358,19 @@ class Queue:
     def take_cold(self, part: Partition) -> tuple[int, int, int, int]:
         """Drop the cold region (a purge settles it): (start, end, count, bytes)."""
         return self._drop_cold(part)
+
+    def forget_cold(self, part: Partition, msgs: list[Msg]) -> None:
+        """``msgs`` of the cold region are settled (re-mapped elsewhere, broker.remap)."""
+        n = min(len(msgs), part.cold_count)
+        nbytes = sum(len(m.body) + len(m.headers_blob) for m in msgs)
+        part.cold_count -= n
+        part.cold_bytes = max(0, part.cold_bytes - nbytes)
+        self.cold_count -= n
+        self.ready_count -= n
+        self.budget.cold -= n
+        self.budget.cold_bytes -= min(nbytes, self.budget.cold_bytes)
+        if not part.cold_count:
+            part.cold_start = part.cold_end = part.cold_bytes = 0
 
     def wants_refill(self, part: Partition) -> bool:
         if not part.cold_count or part.reading:
@@ -449,10 +488,11 @@ class Queue:
         share = max(1, n // count) if count > 1 else n
         size = 0
         freed = 0
+        paused = self.paused
         while len(out) < n and empty_seen < count:
             part = parts[i]
             ready = part.ready
-            if ready:
+            if ready and i not in paused:
                 empty_seen = 0
                 took = 0
                 for _ in range(min(share, n - len(out), len(ready))):
@@ -535,15 +575,22 @@ def msg_from_store(partition: int, m: StoredMessage) -> Msg:
                m.producer_id, m.seq, m.ts, m.dc)
 
 
-def revoke_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> int:
-    """Drop the unsettled deliveries of a partition this node no longer serves (the new active
-    delivers them again); how many."""
-    revoked = 0
+def take_back_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> list[Msg]:
+    """Take back the unsettled deliveries of a partition this node still serves (its
+    messages are about to be re-mapped, broker.remap): the messages, for the caller to make
+    ready again.  A consumer's later ack of one gets an unknown-tag error."""
+    out: list[Msg] = []
     for h in holders:
         gone = [t for t, (c, m) in h.deliveries.items() if c.queue is q and m.partition == pidx]
         for t in gone:
-            c, _m = h.deliveries.pop(t)
+            c, m = h.deliveries.pop(t)
             c.unacked -= 1
             q.unacked_count -= 1
-        revoked += len(gone)
-    return revoked
+            out.append(m)
+    return out
+
+
+def revoke_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> int:
+    """Drop the unsettled deliveries of a partition this node no longer serves (the new active
+    delivers them again); how many."""
+    return len(take_back_deliveries(holders, q, pidx))

@@ -240,8 +240,8 @@ class Security:
         return pack_reply(self.node.catalogue_commit())
 
 
-async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], WriteOp], fwd: ForwardRequest,
-                           hops: int, *, local: Callable[[WriteOp], object]) -> int:
+async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], WriteOp | list[WriteOp]],
+                           fwd: ForwardRequest, hops: int, *, local: Callable[[WriteOp], object]) -> int:
     """Check and commit a change of the group's state where that state is decided (this
     node, or the catalogue's active, which ``fwd`` goes to), and return once it is applied
     here.  Returns the catalogue's commit index with it (replicated mode; 0 otherwise, where
@@ -251,9 +251,11 @@ async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], W
         raise refusal
     commit = node.commit
     if not commit.replicated:
-        op = check()
-        await commit_catalogue(node, op)
-        local(op)
+        made = check()
+        ops = made if isinstance(made, list) else [made]
+        await commit_catalogue(node, ops)
+        for op in ops:
+            local(op)
         return 0
     who = await commit.wait_active(CATALOGUE, node.election_wait)
     if who != node.config.name:
@@ -267,13 +269,14 @@ async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], W
     return upto
 
 
-async def commit_catalogue(node: CatalogueHost, op: WriteOp) -> None:
-    """Propose ``op`` to the catalogue (this node is its active); return once committed."""
+async def commit_catalogue(node: CatalogueHost, op: WriteOp | list[WriteOp]) -> None:
+    """Propose ``op`` (or ops, one entry) to the catalogue (this node is its active); return
+    once committed."""
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def done(err: BaseException | None) -> None:
         if not fut.done():
             fut.set_exception(err) if err is not None else fut.set_result(None)
 
-    node.commit.propose_catalogue(op, done)
+    node.commit.propose_catalogue(op if isinstance(op, list) else [op], done)
     await fut

@@ -32,10 +32,12 @@ from broker.acl import AclTable
 from broker.drain import Drains
 from broker.members import GroupMembers
 from broker.moves import Moves
+from broker.remap import Remaps
 from broker.security import Security
 from broker.users import UserRegistry, make_user
 from client.clock import Clock
 from storage.writer import Callback
+from broker.quarantine import refuse_client_write
 from broker.queues import Consumer, Msg, Queue
 from client.errors import (
     AccessRefusedError,
@@ -47,6 +49,7 @@ from client.errors import (
     NotActiveError,
     ProtocolError,
     QueueNotFoundError,
+    StorageError,
     TandemError,
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
@@ -97,6 +100,7 @@ from client.protocol.frames import (
     Reject,
     SetOption,
     ChangeGroup,
+    ChangePartitions,
     DrainNode,
     MovePartition,
     SetQuorumOverride,
@@ -118,6 +122,7 @@ class SessionHost(StatusSource, Protocol):
     security: Security
     drains: Drains
     moves: Moves
+    remaps: Remaps
     group: GroupMembers
     confirms: int
     publisher: Publisher
@@ -209,20 +214,26 @@ class Session:
         self.last_send = self.node.clock.monotonic()
 
     def send_error(self, rid: int, exc: TandemError) -> None:
-        self.send(Error(rid=rid, code=int(exc.code), message=exc.message,
-                        active_hint=getattr(exc, "active_hint", None),
-                        next_seq=getattr(exc, "next_seq", None)))
+        self.send(_error(rid, exc))
 
-    def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None]) -> None:
-        """Send ``frame`` once ``ops`` are committed, keeping the order of everything sent."""
+    def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None],
+                   on_fail: Callable[[BaseException], Frame | None]) -> None:
+        """Send ``frame`` once ``ops`` are committed, keeping the order of everything sent.
+        If they fail (in a group: the partition is no longer served here), ``on_fail(err)``
+        says what goes in its place (None: nothing)."""
         slot: list[Any] = [frame, False]
         self._outbox.append(slot)
 
-        def committed(_err: BaseException | None) -> None:  # retried until it succeeds
-            on_commit()
+        def committed(err: BaseException | None) -> None:
+            if err is None:
+                on_commit()
+            else:
+                slot[0] = on_fail(err)
             slot[1] = True
             while self._outbox and self._outbox[0][1]:
-                self.send(self._outbox.popleft()[0])
+                out = self._outbox.popleft()[0]
+                if out is not None:
+                    self.send(out)
 
         self.node.write_later(ops, committed, lazy=False)
 
@@ -475,6 +486,7 @@ class Session:
 
     async def _declare(self, f: Declare) -> None:
         self._may("configure", f.queue, "declare queues")
+        refuse_client_write(f.queue, "declare")
         info, created = await self.node.declare(f)
         self.send(DeclareOk(rid=f.rid, queue=info, created=created))
 
@@ -493,6 +505,7 @@ class Session:
 
     async def _publish(self, f: Publish) -> None:
         self._may("produce", f.queue, "publish")
+        refuse_client_write(f.queue, "publish")
         result = self.node.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
                                                             dense=f.partition is not None))
         result.add_done_callback(functools.partial(self._published, f.rid))
@@ -541,17 +554,25 @@ class Session:
         tag = self._next_tag
         self._next_tag = tag + 1
         self.deliveries[tag] = (c, m)
-        return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts,
-                        f"{m.partition}-{m.offset}")
+        return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts, m.id)
 
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
         marks, marked = self.node.delivery.record_deliveries(c.queue, msgs)
         c.unacked += len(msgs)
         frame = Deliver(consumer=c.id, messages=[self._delivery(c, m) for m in msgs])
         if marks:
-            self.send_after(marks, frame, marked)
+            tags = [d.tag for d in frame.messages]
+            self.send_after(marks, frame, marked, lambda _err: self._undeliver(tags))
         else:
             self.send_in_order(frame)
+
+    def _undeliver(self, tags: list[int]) -> None:
+        """The delivered mark of these deliveries did not commit: they never leave.  A
+        message a consumer saw must come again counted, so none is shown before its mark
+        is in the log; ready again here, or the new active's if the partition moved."""
+        held = [self.deliveries.pop(t) for t in tags if t in self.deliveries]
+        if held:
+            self.node.delivery.requeue(held, counted=False)
 
     async def _get(self, f: Get) -> None:
         self._may("consume", f.queue, "get")
@@ -567,7 +588,11 @@ class Session:
         if f.auto_ack:
             self.node.delivery.ack([self.deliveries.pop(d.tag)])
         if marks:
-            self.send_after(marks, GetOk(rid=f.rid, message=d), marked)
+            def failed(err: BaseException) -> Frame:
+                self._undeliver([d.tag])
+                return _error(f.rid, err if isinstance(err, TandemError) else StorageError(f"get: {err}"))
+
+            self.send_after(marks, GetOk(rid=f.rid, message=d), marked, failed)
         else:
             self.send_in_order(GetOk(rid=f.rid, message=d))
 
@@ -637,7 +662,19 @@ class Session:
 
     async def _move_partition(self, f: MovePartition) -> None:
         user = self._group_admin("move a partition")
-        await self.node.moves.move(f.queue, f.partition, tuple(f.nodes), f"{user.name} ({self.client_name})")
+        await self.node.moves.move(f.queue, f.partition, tuple(f.nodes), f"{user.name} ({self.client_name})",
+                                   force=f.force_replication)
+        self.send(status_of(self.node, f.rid))
+
+    async def _change_partitions(self, f: ChangePartitions) -> None:
+        user = self._group_admin(f"{f.action} partitions")
+        by = f"{user.name} ({self.client_name})"
+        if f.action == "add":
+            await self.node.remaps.add(f.queue, f.count, f.placement, by)
+        elif f.action == "update":
+            await self.node.remaps.update(f.queue, f.mapper, by)
+        else:
+            raise InvalidArgumentError(f"partition change: action {f.action!r} is not add or update")
         self.send(status_of(self.node, f.rid))
 
     async def _change_group(self, f: ChangeGroup) -> None:
@@ -706,6 +743,12 @@ class Session:
         self.send(Acls(rid=f.rid, acls=[AclInfo(a.user, a.pattern, list(a.permissions)) for a in records]))
 
 
+def _error(rid: int, exc: TandemError) -> Error:
+    """The Error frame that answers request ``rid`` with ``exc``."""
+    return Error(rid=rid, code=int(exc.code), message=exc.message, active_hint=getattr(exc, "active_hint", None),
+                 next_seq=getattr(exc, "next_seq", None))
+
+
 def _tune_socket(writer: asyncio.StreamWriter) -> None:
     """No Nagle delay; TCP keepalive that notices a dead peer within about a minute
     (clients with heartbeats off, like the blocking SDK, rely on it)."""
@@ -726,7 +769,8 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Reject: Session._reject, Read: Session._read, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
     SetOption: Session._set_option, DrainNode: Session._drain_node,
-    MovePartition: Session._move_partition, ChangeGroup: Session._change_group, Metadata: Session._metadata,
+    MovePartition: Session._move_partition, ChangeGroup: Session._change_group,
+    ChangePartitions: Session._change_partitions, Metadata: Session._metadata,
     UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
     AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
 }

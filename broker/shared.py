@@ -61,6 +61,10 @@ class SharedHost(Protocol):
         """Stop serving: close the sessions with ``error``, drop the queues, close the store."""
         ...
 
+    def shared_active(self) -> None:
+        """ACTIVE now: what waits for this node to serve (an update's sweeps) starts."""
+        ...
+
     def map_changed(self) -> None: ...
 
     def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
@@ -267,6 +271,7 @@ class SharedMode:
                 return
         if self.arbiter.state is SharedState.ACTIVATING:
             self._report(self.arbiter.activated())
+            self.node.shared_active()
         else:
             await self._stand_down_if_serving()
 
@@ -372,9 +377,9 @@ class SharedCommitPath:
         else:
             self.writer.submit(ops, sync=False, callback=self._wrap(callback), retry=True, lazy=lazy)
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
         if not self.mode.serving():
             callback(self.mode.not_active())
             return
-        self.writer.submit([op], sync=True, callback=self._wrap(callback))
+        self.writer.submit(ops, sync=True, callback=self._wrap(callback))
 

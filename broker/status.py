@@ -236,6 +236,10 @@ class StatusSource(NodeState, Protocol):
     @property
     def drained(self) -> frozenset[str]: ...  # the group's members drained for maintenance (broker.drain)
 
+    def updates_under_way(self) -> list[str]:
+        """"queue p,p,..." of every update under way (tandem partition update)."""
+        ...
+
     def moves_under_way(self) -> list[str]:
         """The moves under way (broker.moves): "queue/partition node,node,..."."""
         ...
@@ -289,4 +293,5 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
                     zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
                     moving=node.moves_under_way(), members=members if peers is not None else [],
-                    group_change=change)
+                    group_change=change,
+                    updating=node.updates_under_way())

@@ -10,7 +10,7 @@ import asyncio
 from typing import Protocol
 
 from broker.forward import MAX_HOPS, Forwarding, ReadFwd
-from broker.queues import MESSAGE_OVERHEAD, decode_headers
+from broker.queues import ID_HEADER, MESSAGE_OVERHEAD, decode_headers
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnavailableError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import ReadOk, StreamMessage, expect
@@ -62,7 +62,8 @@ async def read_stream(node: StreamHost, queue: str, partition: int, offset: int,
         if msgs and budget < 0:
             full = True  # the frame is full: the reader continues after the last one sent
             break
-        msgs.append(StreamMessage(partition, r.offset, r.key, decode_headers(r.headers_blob), r.body,
-                                  r.ts, f"{partition}-{r.offset}"))
+        headers = decode_headers(r.headers_blob)
+        msgs.append(StreamMessage(partition, r.offset, r.key, headers, r.body, r.ts,
+                                  headers.get(ID_HEADER) or f"{partition}-{r.offset}"))
     nxt = msgs[-1].offset + 1 if msgs and full else max(end, offset)
     return msgs, nxt, end

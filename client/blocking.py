@@ -112,6 +112,8 @@ from client.protocol.frames import (
     UserPut,
     Users,
     Welcome,
+    Placement,
+    placement_text,
 )
 from client.scram import ScramClient
 from client.url import ConnectParams, parse_url
@@ -446,10 +448,11 @@ class BlockingConnection:
 
     def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                       ring_size: int = 1024, max_deliveries: int = 0, dead_letter_queue: str | None = None,
-                      max_length: int = 0) -> QueueInfo:
+                      max_length: int = 0, placement: Placement = None) -> QueueInfo:
         reply = self._call(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
-            max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
+            max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
+            placement=placement_text(placement)))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

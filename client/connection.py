@@ -90,6 +90,9 @@ from client.protocol.frames import (
     Subscribe,
     SubscribeOk,
     Welcome,
+    Placement,
+    placement_text,
+    ChangePartitions,
 )
 from client.scram import ScramClient
 from client.url import ConnectParams, parse_url
@@ -423,12 +426,19 @@ class Connection:
 
     async def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                             ring_size: int = 1024, max_deliveries: int = 0,
-                            dead_letter_queue: str | None = None, max_length: int = 0) -> QueueInfo:
+                            dead_letter_queue: str | None = None, max_length: int = 0,
+                            placement: Placement = None) -> QueueInfo:
         """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError).
-        ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has."""
+        ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has.
+        ``placement``: ``static`` distribution, in a replication group: one node list per
+        partition, in priority order (the first node is the preferred active), each node
+        ``name``, ``name:sync`` or ``name:async`` (``[["node1", "node2", "node3:async"],
+        ["node2", "node3", "node1"]]``, or the same as "node1,node2,node3:async;node2,...");
+        None: the group's ``dynamic`` policy places them."""
         reply = await self.request(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
-            max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length))
+            max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
+            placement=placement_text(placement)))
         reply = expect(reply, DeclareOk)
         return reply.queue
 
@@ -473,12 +483,30 @@ class Connection:
         the node this connection is to; the actives move afterwards."""
         return expect(await self.request(lambda rid: DrainNode(rid=rid, node=node, drained=drained)), StatusOk)
 
-    async def move_partition(self, queue: str, partition: int, nodes: list[str]) -> StatusOk:
+    async def move_partition(self, queue: str, partition: int, nodes: list[str], *,
+                             force_replication: bool = False) -> StatusOk:
         """Operator: place ``queue``'s partition ``partition`` on ``nodes`` (priority order): its
         copies move there while producers and consumers run.  Returns once the move is
-        applied on this node; the status's partition state says when it is done."""
-        return expect(await self.request(lambda rid: MovePartition(rid=rid, queue=queue, partition=partition,
-                                                                   nodes=list(nodes))), StatusOk)
+        applied on this node; the status's partition state says when it is done.
+        ``force_replication``: then copy each replica of the list afresh from the active, one
+        at a time (also where the partition is on ``nodes`` already)."""
+        return expect(await self.request(lambda rid: MovePartition(
+            rid=rid, queue=queue, partition=partition, nodes=list(nodes), force_replication=force_replication)),
+            StatusOk)
+
+    async def add_partitions(self, queue: str, count: int, *, placement: Placement = None) -> StatusOk:
+        """Operator: give ``queue`` ``count`` partitions more (``placement``: their node lists,
+        for a queue declared with lists).  What is sent from now on is mapped over every
+        partition; nothing stored moves until :meth:`update_partitions`."""
+        return expect(await self.request(lambda rid: ChangePartitions(
+            rid=rid, queue=queue, action="add", count=count, placement=placement_text(placement))), StatusOk)
+
+    async def update_partitions(self, queue: str, *, mapper: str = "") -> StatusOk:
+        """Operator: re-map every message of ``queue`` by its data mapper (``mapper``: install
+        that one first).  Returns once the update is under way; ``StatusOk.updating`` lists
+        it until every partition is done."""
+        return expect(await self.request(lambda rid: ChangePartitions(
+            rid=rid, queue=queue, action="update", mapper=mapper)), StatusOk)
 
     async def add_member(self, node: str, address: str, zone: str = "") -> StatusOk:
         """Operator: add ``node`` (its peer port at ``address``, host:port) to the group; the

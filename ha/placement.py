@@ -3,13 +3,15 @@
 A partition's node list is ordered: the first available node is its active, the
 rest are replicas, each ``sync`` (a voter) or ``async`` (a learner).
 
-* ``dynamic``: actives spread evenly over the group's nodes (never a node of
-  priority 0, which cannot be elected), replicas after them in rotating order;
-  recomputed when a node joins or leaves.  With ``zones`` (node -> zone label, Kafka's
-  racks, NATS's ``unique_tag``) each replica is taken from a zone the list holds the
-  fewest copies in so far: a partition's copies are in as many distinct zones as there
-  are, so losing a whole zone costs each partition at most its share of copies there.
-* ``static``: explicit partition -> node list from configuration, validated.
+:func:`place` is the ``dynamic`` distribution: actives spread evenly over the group's
+nodes (never a node of priority 0, which cannot be elected), replicas after them in
+rotating order; recomputed when a node joins or leaves.  With ``zones`` (node -> zone
+label, Kafka's racks, NATS's ``unique_tag``) each replica is taken from a zone the list
+holds the fewest copies in so far: a partition's copies are in as many distinct zones as
+there are, so losing a whole zone costs each partition at most its share of copies there.
+
+A queue declared with explicit node lists (``static`` distribution, broker.moves) has
+them instead, read by :func:`listed`, as a moved partition has its move's.
 """
 
 from __future__ import annotations
@@ -46,17 +48,12 @@ class NodeList:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DistributionPolicy:
-    kind: str = "dynamic"  # or "static"
     replicas: int = 2  # copies besides the active
     sync_replicas: int = 2  # how many of them are sync (the rest async)
-    static: tuple[tuple[str, ...], ...] = ()  # static: node list per partition (sync unless async_nodes)
-    async_nodes: frozenset[str] = frozenset()
-    #: dynamic: (node, zone) for every node; empty: no zones (every node a zone of its own)
+    #: (node, zone) for every node; empty: no zones (every node a zone of its own)
     zones: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("dynamic", "static"):
-            raise ValueError(f"distribution policy {self.kind!r}: dynamic or static")
         if not 0 <= self.sync_replicas <= self.replicas:
             raise ValueError("sync_replicas must be 0..replicas")
 
@@ -66,8 +63,6 @@ def place(policy: DistributionPolicy, partitions: int, nodes: list[str],
     """Node lists for ``partitions`` partitions over ``nodes`` (the group's members, in a
     stable order) under ``policy``."""
     priorities = priorities or {}
-    if policy.kind == "static":
-        return _static(policy, partitions, nodes, priorities)
     if not nodes:
         raise ValueError("no nodes to place partitions on")
     if len(set(nodes)) != len(nodes):
@@ -126,26 +121,6 @@ def _spread(active: str, rotation: list[str], copies: int, zone_of: dict[str, st
         held[zone_of[pick]] += 1
         rest.append(pick)
     return rest
-
-
-def _static(policy: DistributionPolicy, partitions: int, nodes: list[str],
-            priorities: dict[str, int]) -> list[NodeList]:
-    if len(policy.static) != partitions:
-        raise ValueError(f"static policy lists {len(policy.static)} partitions, the queue has {partitions}")
-    out = []
-    for p, lst in enumerate(policy.static):
-        unknown = [n for n in lst if n not in nodes]
-        if unknown:
-            raise ValueError(f"partition {p}: unknown node(s) {', '.join(unknown)}")
-        if len(set(lst)) != len(lst) or not lst:
-            raise ValueError(f"partition {p}: a node list needs distinct nodes")
-        if lst[0] in policy.async_nodes:
-            raise ValueError(f"partition {p}: the first node (the active) cannot be async")
-        if all(priorities.get(n, 1) == 0 for n in lst if n not in policy.async_nodes):
-            raise ValueError(f"partition {p}: every voter has priority 0, it could never have an active")
-        kinds = tuple(ReplicaKind.ASYNC if n in policy.async_nodes else ReplicaKind.SYNC for n in lst)
-        out.append(NodeList(tuple(lst), kinds))
-    return out
 
 
 def unsafe_to_replace(old: NodeList, new: NodeList) -> bool:

@@ -399,9 +399,26 @@ class Replica:
                 self._advance_commit()
         return self._take_ready()
 
+    def compactable(self) -> int:
+        """How far the log may be compacted: what is applied, but not past an entry a weak
+        active wrote (``quorum_override``, ``designated_primary``) that a majority is not
+        known to hold.  Such an entry may yet be discarded when the group heals (HA-1014),
+        and a compacted entry can be neither compared with the active's log nor handed to
+        the quarantine: it stays until a committed entry of a strong active follows it (that
+        active's majority holds the log before it too) or it is discarded."""
+        upto = self.applied
+        if self.cfg.arbitrated:
+            return upto  # (a lock decides the one writer: no heal discards the holder's entries)
+        for e in reversed(self._log.slice(self.snap_index + 1, upto)):
+            if not e.weak:
+                return upto
+            upto = e.index - 1
+        return upto
+
     def compact(self, upto: int) -> None:
         """Forget entries up to ``upto`` (at most what is applied): the driver's state has
-        them.  A replica that needs them later gets a snapshot instead."""
+        them.  A replica that needs them later gets a snapshot instead.  The driver keeps
+        what :meth:`compactable` holds back, up to a bound (broker.replication.compaction)."""
         upto = min(upto, self.applied)
         if upto <= self.snap_index:
             return

@@ -284,13 +284,29 @@ class SetPlacement:
     """Replicated mode, catalogue log only: partition ``partition`` of queue ``queue_id``
     is placed on ``nodes`` (in priority order) instead of where the distribution policy
     puts it (``tandem partition move``, see broker.moves).  ``moving``: its active is
-    moving the copies there; False once it has.  Each member turns it into a
+    moving the copies there; False once it has.  ``static``: the queue was declared with
+    explicit node lists (``static`` distribution): a re-spread of the group's partitions
+    leaves it where it is, but for a member that leaves.  Each member turns it into a
     :class:`PutMeta`; stores never see it."""
 
     queue_id: int
     partition: int
     nodes: tuple[str, ...]
     moving: bool
+    static: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetUpdating:
+    """Catalogue log only: an update of queue ``queue_id`` (``tandem partition update``, see
+    broker.remap) starts with ``pending`` its partitions whose messages are to be re-mapped
+    by its data mapper; or, with ``finished``, those partitions are done (the rest stay
+    pending; none left: the update is done).  Each member turns it into a :class:`PutMeta`;
+    stores never see it."""
+
+    queue_id: int
+    pending: tuple[int, ...]
+    finished: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +405,7 @@ class ResetPartition:
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
     | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
+    | SetUpdating
     | LogAppend
     | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )

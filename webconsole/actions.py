@@ -11,11 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.quarantine import refuse_client_write
 from broker.queues import validate_declare
 from broker.acl import PERMISSIONS, validate_grant
+from broker.restore import Filter
 from broker.users import make_user
 from client.errors import InvalidArgumentError
-from client.protocol.frames import Declare
+from client.protocol.frames import Declare, placement_text
 from storage.base import AclRecord
 from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
 from webconsole.errors import ApiError, bad, json_body
@@ -27,6 +29,19 @@ log = logging.getLogger("tandem.console")
 #: the fields of a declare, and the JSON type each takes
 DECLARE_FIELDS: dict[str, type] = {"partitions": int, "ring_size": int, "max_deliveries": int, "max_length": int,
                                    "mapper": str, "dead_letter_queue": str}
+
+
+def _placement(placement: object) -> str:
+    """A body's ``placement`` (node lists, one per partition) as the frames carry it."""
+    lists = placement.split(";") if isinstance(placement, str) else placement
+    if not isinstance(lists, list) or not all(
+            isinstance(x, str) or (isinstance(x, list) and all(isinstance(n, str) for n in x)) for x in lists):
+        raise bad("placement", "one node list per partition: an array of arrays of node names, or the text "
+                               "form \"node1,node2;node2,node1\"")
+    text = placement_text(lists)
+    if not text:
+        raise bad("placement", "one node list per partition (leave it out for the group's dynamic policy)")
+    return text
 
 
 def _target(body: dict[str, Any], request: web.Request) -> str:
@@ -105,10 +120,14 @@ async def create_queue(request: web.Request) -> web.Response:
             if not isinstance(v, kind) or isinstance(v, bool):
                 raise bad(field, f"expected {kind.__name__}")
             kwargs[field] = v
-    unknown = set(body) - {"name", *DECLARE_FIELDS}
+    placement = body.get("placement")
+    if placement is not None:
+        kwargs["placement"] = _placement(placement)
+    unknown = set(body) - {"name", "placement", *DECLARE_FIELDS}
     if unknown:
         raise bad(sorted(unknown)[0], "unknown field")
     frame = Declare(rid=0, queue=name, **kwargs)
+    refuse_client_write(name, "declare")
     try:
         validate_declare(frame)
     except InvalidArgumentError as exc:
@@ -147,15 +166,76 @@ async def move_partition(request: web.Request) -> web.Response:
     if node.queue_meta(name) is None:
         raise ApiError(404, "not_found", f"queue {name!r} does not exist")
     body = await json_body(request)
-    unknown = set(body) - {"to"}
+    unknown = set(body) - {"to", "force_replication"}
     if unknown:
         raise bad(sorted(unknown)[0], "unknown field")
     to = body.get("to")
     if not isinstance(to, list) or not to or not all(isinstance(n, str) and n for n in to):
         raise bad("to", "the new node list: a non-empty array of member names, in priority order")
-    await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)")
+    force = body.get("force_replication", False)
+    if not isinstance(force, bool):
+        raise bad("force_replication", "true or false")
+    await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)", force=force)
     log.warning("console: %s moved partition %s/%d to %s", who(request), name, partition, ",".join(to))
     return web.json_response({"queue": name, "partition": partition, "nodes": to, "moving": True})
+
+
+async def add_partitions(request: web.Request) -> web.Response:
+    """Give a queue more partitions (broker.remap): nothing stored moves until an update."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    if node.queue_meta(name) is None:
+        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    body = await json_body(request)
+    unknown = set(body) - {"count", "placement"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    count = body.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise bad("count", "how many partitions to add: an integer, 1 or more")
+    placement = body.get("placement")
+    meta = await node.remaps.add(name, count, _placement(placement) if placement is not None else "",
+                                 f"{who(request)} (console)")
+    log.warning("console: %s added %d partition(s) to %s", who(request), count, name)
+    return web.json_response({"queue": name, "added": count, "partitions": meta.partitions})
+
+
+async def update_partitions(request: web.Request) -> web.Response:
+    """Re-map every message of a queue by its mapper (broker.remap)."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    if node.queue_meta(name) is None:
+        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    body = await json_body(request)
+    unknown = set(body) - {"mapper"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    mapper = body.get("mapper", "")
+    if not isinstance(mapper, str):
+        raise bad("mapper", "a data mapper's name")
+    meta = await node.remaps.update(name, mapper, f"{who(request)} (console)")
+    log.warning("console: %s started an update of %s", who(request), name)
+    return web.json_response({"queue": name, "mapper": meta.mapper, "partitions": meta.partitions,
+                              "updating": True})
+
+
+async def restore(request: web.Request) -> web.Response:
+    """Merge what HA-1014 discarded back into the queues (broker.restore: ``tandem restore``
+    run in the group); the counts per queue and the lines the log has."""
+    node = request.app[NODE]
+    body = await json_body(request)
+    unknown = set(body) - {"from", "queue", "partition"}
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
+    for name in ("from", "queue"):
+        if body.get(name) is not None and (not isinstance(body[name], str) or not body[name]):
+            raise bad(name, "a node name" if name == "from" else "a queue name")
+    partition = body.get("partition")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
+        raise bad("partition", "a partition number, 0 or more")
+    f = Filter(body.get("from"), body.get("queue"), partition)
+    report = await node.restores.run(f, who(request))
+    return web.json_response({**report.json(), "text": report.lines(f.narrowed)})
 
 
 async def add_member(request: web.Request) -> web.Response:

@@ -234,7 +234,8 @@ def group_json(statuses: Statuses) -> dict[str, Any]:
             "mode": mine.mode, "arbiter": mine.arbiter,
             "lock_holder": (latest.lock_holder or None) if latest is not None else None,
             "epoch": latest.epoch if latest is not None else None,
-            "moving": list(mine.moving), "group_change": mine.group_change or None}
+            "moving": list(mine.moving), "group_change": mine.group_change or None,
+            "updating": list(mine.updating)}
 
 
 def partitions_json(statuses: Statuses) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ from broker.acl import AclTable
 from broker.drain import Drains
 from broker.members import GroupMembers
 from broker.moves import Moves
+from broker.remap import Remaps
+from broker.restore import Restores
 from broker.security import Security
 from broker.users import UserRegistry
 from client.clock import Clock
@@ -101,6 +103,12 @@ class NodeView(StatusSource, Protocol):
 
     @property
     def moves(self) -> Moves: ...  # the group's placements (tandem partition move)
+
+    @property
+    def remaps(self) -> Remaps: ...  # partitions added, messages re-mapped (tandem partition add / update)
+
+    @property
+    def restores(self) -> Restores: ...  # the quarantine merged back (tandem restore)
 
     @property
     def group(self) -> GroupMembers: ...  # the group's members (tandem group add / remove)

@@ -22,7 +22,8 @@ def _resp(desc: str, schema: dict[str, Any] | None = None, extra: dict[int, str]
 
 def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "properties": props, "required": required, "additionalProperties": False}}}}
+        "type": "object", "properties": props, **({"required": required} if required else {}),
+        "additionalProperties": False}}}}
 
 
 def _t(kind: str, nullable: bool = False, **kw: Any) -> dict[str, Any]:
@@ -30,6 +31,8 @@ def _t(kind: str, nullable: bool = False, **kw: Any) -> dict[str, Any]:
 
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+#: message counts per queue
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
 _HA_STATE = _t("string", True, description="this member's HA state: shared mode's PASSIVE, ACTIVATING, ACTIVE, "
                "DEAD, or the LockFile arbiter's WAITING, STANDALONE, ACTIVE_SYNC, ACTIVE, PASSIVE_SYNC, PASSIVE, "
                "DEAD; null under majority elections or when the member does not answer")
@@ -144,7 +147,15 @@ def document() -> dict[str, Any]:
                                     "(entry point group tandem.mappers)"},
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
                          "dead_letter_queue": {"type": "string", "nullable": True},
-                         "max_length": {"type": "integer"}}, ["name"]),
+                         "max_length": {"type": "integer"},
+                         "placement": {"description": "static distribution, in a replication group: one node list "
+                                       "per partition in priority order, each node NAME, NAME:sync or NAME:async "
+                                       "(absent: the group's dynamic policy places the partitions)",
+                                       "oneOf": [{"type": "string", "example": "node1,node2,node3:async;node2,node3,"
+                                                  "node1"},
+                                                 {"type": "array", "items": {"type": "array",
+                                                                             "items": {"type": "string"}}}]}},
+                        ["name"]),
                      "responses": {**_resp("exists already with these settings", extra={
                          **_CHANGE, 409: "exists with other settings"}),
                          "201": {"description": "created", "content": {"application/json": {"schema": _OBJ}}}}}},
@@ -166,7 +177,10 @@ def document() -> dict[str, Any]:
                                     "schema": {"type": "integer", "minimum": 0}}],
             "requestBody": _body({"to": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                                          "description": "member names in priority order; name:sync or "
-                                                        "name:async sets a node's kind (default: by position)"}},
+                                                        "name:async sets a node's kind (default: by position)"},
+                                  "force_replication": {"type": "boolean", "description": "then copy every replica "
+                                                        "of the list afresh from the active, one at a time (also "
+                                                        "where the partition is on that list already)"}},
                                  ["to"]),
             "responses": _resp("the move is under way", {"type": "object", "properties": {
                 "queue": _t("string"), "partition": _t("integer"), "nodes": {"type": "array", "items": _t("string")},
@@ -174,6 +188,50 @@ def document() -> dict[str, Any]:
                 extra={**_CHANGE, 400: "an unknown member, a node twice, a partition already moving or already "
                                        "there, or not a replication group",
                        404: "no such queue or partition"})}},
+        "/api/v1/queues/{name}/partitions": {"post": {
+            "summary": "give a queue more partitions (tandem partition add): clients map what they send from then on "
+                       "over every partition; nothing stored moves until an update",
+            "parameters": _NAME,
+            "requestBody": _body({"count": {"type": "integer", "minimum": 1},
+                                  "placement": {"description": "the new partitions' node lists, for a queue "
+                                                "declared with lists",
+                                                "oneOf": [{"type": "string"},
+                                                          {"type": "array", "items": {"type": "array",
+                                                                                      "items": {"type": "string"}}}]}},
+                                 ["count"]),
+            "responses": _resp("added", {"type": "object", "properties": {
+                "queue": _t("string"), "added": _t("integer"), "partitions": _t("integer")}},
+                extra={**_CHANGE, 400: "too many partitions, an update under way, a static queue without lists, "
+                                       "or shared mode",
+                       404: "no such queue"})}},
+        "/api/v1/queues/{name}/update": {"post": {
+            "summary": "re-map every message of a queue by its data mapper (tandem partition update), after an "
+                       "audit that every member sees the queue alike; the group lists it under updating until "
+                       "every partition is done",
+            "parameters": _NAME,
+            "requestBody": _body({"mapper": {"type": "string", "description": "install this data mapper first"}},
+                                 []),
+            "responses": _resp("under way", {"type": "object", "properties": {
+                "queue": _t("string"), "mapper": _t("string"), "partitions": _t("integer"),
+                "updating": _t("boolean")}},
+                extra={**_CHANGE, 400: "an update under way, a mapper that does not load or places by turn, members "
+                                       "that disagree, or shared mode",
+                       404: "no such queue"})}},
+        "/api/v1/restore": {"post": {
+            "summary": "merge what HA-1014 discarded after a split brain (the queue tandem.quarantine) back into its "
+                       "queues, as tandem restore does: each message is published to its queue again with the id of "
+                       "where it lands (its old one in x-tandem-restored-id) and taken out of the quarantine; run "
+                       "again, nothing is stored twice. Logged, and in the node's events",
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "properties": {
+                    "from": _t("string", minLength=1, description="only what this node discarded"),
+                    "queue": _t("string", minLength=1, description="only messages of this queue"),
+                    "partition": _t("integer", minimum=0, description="only messages of this partition")}}}}},
+            "responses": _resp("done: counts per queue", {"type": "object", "properties": {
+                "restored": _COUNTS, "already": _COUNTS, "conflicts": _COUNTS, "left": _COUNTS,
+                "more": _t("boolean", description="the run stopped after 20 s: call again for the rest"),
+                "text": {"type": "array", "items": _t("string")}}},
+                extra={**_CHANGE, 503: "a partition of the quarantine has no active, or its member does not answer"})}},
         "/api/v1/group/members": {"post": {
             "summary": "add a member to the running group (tandem group add): the group's state; the members link "
                        "to it at its peer address and the partitions re-spread over the members (group_change "

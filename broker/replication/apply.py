@@ -69,7 +69,9 @@ def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogu
         metas, users = decode_catalogue_snapshot(m.data)
         # the group's members and placements first: the queues open where they place them
         out = security(users) if users is not None else []
-        ops: list[WriteOp] = [PutQueue(meta) for meta in metas if meta.id not in queue_ids]
+        # (every queue: one known here may have got partitions or another mapper since, broker.remap;
+        # one unchanged is a no-op)
+        ops: list[WriteOp] = [PutQueue(meta) for meta in metas]
         ops.extend(DropQueue(qid) for qid in queue_ids - {meta.id for meta in metas})
         out.extend(catalogue(ops))
         return out

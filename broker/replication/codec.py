@@ -95,8 +95,11 @@ Snapshot (``INSTALL_SNAPSHOT`` data)::
                      "seeded": bool (the group's first admin is applied),
                      "drained": array of str (the members drained for maintenance),
                      "placed": array of [queue_id int, partition int, nodes array of
-                               str, moving bool] (the partitions moved off the policy's
-                               placement)}
+                               str, moving bool(, static bool)] (the partitions moved off the
+                               policy's placement, and those of static queues),
+                     "group": the member list (as a SET_GROUP op's items), once changed,
+                     "updating": array of [queue_id int, partitions array of int] (the
+                                 updates under way: the partitions still to re-map)}
                 (a build without users in the log sent the array of QueueMeta alone;
                 one without the drain sends no "drained": the set stays as it is; one
                 without moves no "placed")
@@ -146,6 +149,7 @@ from storage.base import (
     SetDrained,
     SetGroup,
     SetPlacement,
+    SetUpdating,
     UserRecord,
     user_fields,
     user_from_fields,
@@ -196,6 +200,7 @@ class OpCode(StrEnum):
     SET_DRAINED = "N"
     SET_PLACEMENT = "L"
     SET_GROUP = "W"
+    SET_UPDATING = "Y"
 
 
 class MalformedReplicationError(MalformedFrameError, ValueError):
@@ -495,9 +500,11 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
         elif isinstance(op, SetDrained):
             out.append([OpCode.SET_DRAINED, op.node, op.drained])
         elif isinstance(op, SetPlacement):
-            out.append([OpCode.SET_PLACEMENT, op.queue_id, op.partition, list(op.nodes), op.moving])
+            out.append([OpCode.SET_PLACEMENT, *placement_out(op)])
         elif isinstance(op, SetGroup):
             out.append([OpCode.SET_GROUP, *group_out(op)])
+        elif isinstance(op, SetUpdating):
+            out.append([OpCode.SET_UPDATING, *updating_out(op)])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -524,8 +531,9 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.REVOKE_ACL: (4, lambda _qid, _p, a: RevokeAcl(_acl_in(a[1:4]))),
     OpCode.SEED_ADMIN: (3, lambda _qid, _p, a: SeedAdmin(_user_in(a[1]), _str(a[2], "origin"))),
     OpCode.SET_DRAINED: (3, lambda _qid, _p, a: SetDrained(_str(a[1], "node"), _bool(a[2], "drained"))),
-    OpCode.SET_PLACEMENT: (5, lambda _qid, _p, a: _placement_in(a[1:5])),
+    OpCode.SET_PLACEMENT: (5, lambda _qid, _p, a: _placement_in(a[1:])),
     OpCode.SET_GROUP: (7, lambda _qid, _p, a: _group_in(a[1:7])),
+    OpCode.SET_UPDATING: (4, lambda _qid, _p, a: _updating_in(a[1:4])),
 }
 
 
@@ -660,20 +668,41 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
         out["placed"] = [_placement_in(_array(a, 4, "placement")) for a in _list(snap["placed"], "placements")]
     if "group" in snap:
         out["group"] = _group_in(_array(snap["group"], 6, "group"))
+    if "updating" in snap:
+        out["updating"] = [_updating_in(_array(a, 3, "update")) for a in _list(snap["updating"], "updates")]
     return metas, out
 
 
 def placement_out(op: SetPlacement) -> list[Any]:
-    """A placement as the catalogue's snapshot carries it."""
-    return [op.queue_id, op.partition, list(op.nodes), op.moving]
+    """A placement as a log entry and the catalogue's snapshot carry it (``static`` only
+    when set: the four items of a placement that is not)."""
+    out = [op.queue_id, op.partition, list(op.nodes), op.moving]
+    return out + [True] if op.static else out
 
 
 def _placement_in(a: list[Any]) -> SetPlacement:
-    """[queue_id, partition, [node, ...], moving]: a partition's placement, checked."""
+    """[queue_id, partition, [node, ...], moving(, static)]: a partition's placement, checked."""
     nodes = tuple(_str(n, "placement node") for n in _list(a[2], "placement nodes"))
-    if not nodes or len(set(nodes)) != len(nodes):
+    names = {n.partition(":")[0] for n in nodes}
+    if not nodes or len(names) != len(nodes) or "" in names:
         raise MalformedReplicationError("placement: nodes must be distinct and at least one")
-    return SetPlacement(_uint(a[0], "queue_id"), _uint(a[1], "partition"), nodes, _bool(a[3], "moving"))
+    return SetPlacement(_uint(a[0], "queue_id"), _uint(a[1], "partition"), nodes, _bool(a[3], "moving"),
+                        _bool(a[4], "static") if len(a) > 4 else False)
+
+
+def updating_out(op: SetUpdating) -> list[Any]:
+    """A queue's update under way as a log entry and the catalogue's snapshot carry it."""
+    return [op.queue_id, list(op.pending), list(op.finished)]
+
+
+def _updating_in(a: list[Any]) -> SetUpdating:
+    """[queue_id, [partition, ...], [finished partition, ...]]: an update's start (the
+    partitions to re-map) or partitions done, checked."""
+    pending = tuple(_uint(p, "update partition") for p in _list(a[1], "update partitions"))
+    finished = tuple(_uint(p, "update partition") for p in _list(a[2], "updated partitions"))
+    if len(set(pending)) != len(pending) or len(set(finished)) != len(finished):
+        raise MalformedReplicationError("update: a partition is named twice")
+    return SetUpdating(_uint(a[0], "queue_id"), pending, finished)
 
 
 def group_out(op: SetGroup) -> list[Any]:

@@ -103,12 +103,12 @@ class Proposals:
                 continue
             self.stage(plog, kops, one, lazy=lazy)
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
         plog = self._logs[CATALOGUE]
         if not plog.serving:
             callback(NotActiveError(f"the catalogue is not active on {self.me}"))
             return
-        self.stage(plog, [op], callback)
+        self.stage(plog, ops, callback)
 
     def stage(self, plog: PartLog, ops: list[WriteOp], callback: Callback, *, lazy: bool = False) -> None:
         """Ops become one entry per log per turn of the event loop.  Lazy ops wait for the

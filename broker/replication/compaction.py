@@ -20,10 +20,27 @@ COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted r
 # (beyond it, that replica gets a snapshot)
 HOLD_BYTES = 256 * 1024 * 1024
 
+#: entries a weak active wrote that no majority is known to hold are kept in the log up to
+#: this much (Replica.compactable): on a heal against another active they are discarded
+#: (HA-1014) and their messages go to the quarantine; past it they are compacted, and a
+#: heal can neither compare them nor keep them (the log says so when it happens)
+WEAK_HOLD_BYTES = 256 * 1024 * 1024
+
 
 def entry_bytes(r: Replica, first: int, last: int) -> int:
     """Bytes of the entries ``first..last`` in the core's log."""
     return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
+
+
+def weak_cap(r: Replica) -> tuple[int, bool]:
+    """(how far the log may be compacted, whether that passes entries of a weak active no
+    majority is known to hold: more than WEAK_HOLD_BYTES of them)."""
+    keep = r.compactable()
+    if keep >= r.applied:
+        return r.applied, False
+    if entry_bytes(r, keep + 1, r.applied) <= WEAK_HOLD_BYTES:
+        return keep, False
+    return r.applied, True
 
 
 def still_needed(r: Replica, streamed: int | None) -> int | None:
@@ -41,6 +58,7 @@ def compact_upto(r: Replica, streamed: int | None = None) -> tuple[int, int]:
     every entry a replica that answers still lacks, or that a snapshot streamed to a replica
     is followed by (``streamed``: its index), up to HOLD_BYTES."""
     need = still_needed(r, streamed)  # entries after it are still wanted
+    top, _past = weak_cap(r)
     i, kept = r.applied, 0
     floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
     while i > r.snap_index:
@@ -49,5 +67,8 @@ def compact_upto(r: Replica, streamed: int | None = None) -> tuple[int, int]:
                 or (need is not None and i > need and kept + size <= HOLD_BYTES)):
             break
         kept += size
+        i -= 1
+    while i > top:  # (entries a weak active wrote stay: weak_cap)
+        kept += len(r.entry(i).data or b"")
         i -= 1
     return i, kept

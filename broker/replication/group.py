@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
-from broker.replication.codec import CATALOGUE, Key, streamed_parts
+from broker.replication.codec import CATALOGUE, Key, MalformedReplicationError, decode_ops, streamed_parts
 from broker.replication.commit import Proposals
-from broker.replication.compaction import COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto
+from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, WEAK_HOLD_BYTES, compact_upto,
+                                          weak_cap)
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog, open_log, replica_config
 from broker.replication.segments import UNPIN_EVERY, unpin_segments
@@ -38,7 +39,7 @@ from broker.replication.serving import PartitionNotifier, Serving
 from broker.replication.transport import Transport
 from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
-from ha.members import Members
+from ha.members import Members, is_change
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
 from ha.moves import arrived, copying, leaving, next_members
 from ha.partition import PartitionState as LifecycleState
@@ -54,6 +55,7 @@ from storage.base import (
     SetDrained,
     SetGroup,
     SetPlacement,
+    SetUpdating,
     DurabilityPolicy,
     LogAppend,
     LogCompact,
@@ -225,10 +227,10 @@ class Replication:
             return
         self.proposals.propose(ops, callback, lazy=lazy)
 
-    def propose_catalogue(self, op: WriteOp, callback: Callback) -> None:
+    def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
         if self._gate_closed(callback):
             return
-        self.proposals.propose_catalogue(op, callback)
+        self.proposals.propose_catalogue(ops, callback)
 
     def _gate_closed(self, callback: Callback | None) -> bool:
         """The LockFile arbiter does not let this node write now: refuse, naming the holder."""
@@ -324,7 +326,7 @@ class Replication:
                 continue
             # (a copy stored here is opened even where a move is taking it off this node: it
             # is a member until the move removes it)
-            self._open(key, nodes, initial[p])
+            self._open(key, nodes, self._initial(key, meta.partitions, initial))
             if self.me not in nodes.nodes and key not in self.host.moving:
                 self._drop(self.logs[key])  # a move took it off this node while it was down
 
@@ -334,6 +336,14 @@ class Replication:
         if moved is not None:
             return listed(self.policy, moved)
         return (initial or self._policy_lists(partitions))[key[1]]
+
+    def _initial(self, key: Key, partitions: int, lists: list[NodeList] | None = None) -> NodeList:
+        """The node list partition ``key`` was opened on when its queue was declared, as far
+        as a node that has no members stored for it can tell: a ``static`` queue's own list
+        (it has not moved since, or a move would have stored them); else the policy's."""
+        if key in self.host.static and key not in self.host.moving:
+            return self.placed(key, partitions)
+        return (lists or self._policy_lists(partitions))[key[1]]
 
     def _policy_lists(self, partitions: int) -> list[NodeList]:
         """The policy's node lists for a queue of ``partitions`` (the members and the policy
@@ -439,7 +449,7 @@ class Replication:
         plog = self.logs.get(key)
         if plog is None:
             if self.me in nodes.nodes:
-                self._open(key, nodes, self._policy_lists(q.meta.partitions)[key[1]])
+                self._open(key, nodes, self._initial(key, q.meta.partitions))
             return
         plog.nodes = nodes
         lc = plog.lifecycle
@@ -450,6 +460,14 @@ class Replication:
                 self._drop(plog)
                 return
         self._guarded(plog, lambda: plog.replica.reconfigure(self._config_of(plog)))
+
+    def partition_event(self, key: Key, event: str, why: str) -> None:
+        """The partition's state machine (ha.partition) takes ``event`` (an update's "update"
+        and "done"), where this node holds it and the event applies."""
+        plog = self.logs.get(key)
+        lc = plog.lifecycle if plog is not None else None
+        if lc is not None and lc.state is (LifecycleState.ACTIVE if event == "update" else LifecycleState.UPDATING):
+            lc.on(event, why)
 
     def _drop(self, plog: PartLog) -> None:
         """The partition moved off this node: forget its log and its data here."""
@@ -679,6 +697,12 @@ class Replication:
             # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
             # while a slow replica holds more than COMPACT_BYTES back)
             plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
+            if weak_cap(r)[1] and not plog.weak_compacted:
+                plog.weak_compacted = True
+                log.error("partition %s on %s: more than %d MiB written under a weak override (quorum_override or "
+                          "designated_primary) that no majority holds: compacting them; should the group heal "
+                          "against another active, they can be neither compared with its log nor kept in the "
+                          "quarantine", plog.name, self.me, WEAK_HOLD_BYTES >> 20)
             if upto > r.snap_index:
                 r.compact(upto)
                 apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
@@ -848,11 +872,16 @@ class Replication:
         """Apply committed catalogue ops here; the ops to store (a declare that lost a race
         for its name is a no-op everywhere)."""
         out: list[WriteOp] = []
+        declared = {op.queue.id for op in ops if isinstance(op, PutQueue)}
         for op in ops:
             if isinstance(op, PutQueue):
                 if self.host.catalogue_put(op.queue):
-                    self._open_queue(op.queue)
                     out.append(op)
+                    # a queue declared with explicit node lists: its entry places its partitions
+                    for sp in ops:
+                        if isinstance(sp, SetPlacement) and sp.queue_id == op.queue.id:
+                            out.extend(self.host.move_apply(sp))
+                    self._open_queue(op.queue)
             elif isinstance(op, DropQueue):
                 self.host.catalogue_drop(op.queue_id)
                 for key in [k for k in self.logs if k[0] == op.queue_id]:
@@ -863,10 +892,12 @@ class Replication:
                 out.extend(self.host.security_apply(op))
             elif isinstance(op, SetDrained):
                 out.extend(self.host.drain_apply(op))
-            elif isinstance(op, SetPlacement):
+            elif isinstance(op, SetPlacement) and op.queue_id not in declared:
                 out.extend(self.host.move_apply(op))
             elif isinstance(op, SetGroup):
                 out.extend(self.host.group_apply(op))
+            elif isinstance(op, SetUpdating):
+                out.extend(self.host.update_apply(op))
         self.roles.notify()
         return out
 
@@ -909,6 +940,15 @@ class Replication:
         self.confirmed_lost += ev.committed
         self.confirmed_lost_messages += lost_messages
         text = discarded_text(ev, messages, lost_messages)
+        if plog.key != CATALOGUE and messages:
+            entries = []
+            for data in ev.payloads:
+                try:
+                    entries.append(decode_ops(plog.key, data) if data is not None and not is_change(data) else [])
+                except MalformedReplicationError:
+                    entries.append([])  # (counted as undecodable already, messages_in)
+            kept = self.host.quarantine_keep(plog.key, ev.term, ev.first_index, entries, ev.committed)
+            text += f"; {kept} message(s) kept in the quarantine queue (tandem restore)"
         log.error("HA-1014 partition %s on %s: %s", plog.name, self.me, text)
         self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {text}"))
 

@@ -16,7 +16,7 @@ from client.protocol.frames import Replicate
 from ha.members import Members
 from ha.membership import Membership
 from ha.placement import DistributionPolicy
-from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetGroup, SetPlacement, WriteOp
+from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetGroup, SetPlacement, SetUpdating, WriteOp
 
 Callback = Callable[[BaseException | None], None]
 
@@ -127,11 +127,25 @@ class ReplicationHost(Protocol):
     def moving(self) -> Collection[tuple[int, int]]:
         """The partitions whose move is under way."""
 
+    @property
+    def static(self) -> Collection[tuple[int, int]]:
+        """The partitions of queues declared with explicit node lists (``static``)."""
+
     async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
         """This node, the partition's active, has its log's members on ``nodes``: end the move."""
 
     def placement(self) -> tuple[list[str], DistributionPolicy]:
         """The members partitions are placed on (sorted) and the distribution policy."""
+        ...
+
+    def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
+                        confirmed: int) -> int:
+        """HA-1014 discarded these entries' ops (the first ``confirmed`` of them confirmed
+        here): keep their messages for the quarantine queue (broker.quarantine); how many."""
+        ...
+
+    def update_apply(self, op: SetUpdating) -> list[WriteOp]:
+        """A committed start, step or end of a queue's update (broker.remap); the ops to store."""
         ...
 
     def group_apply(self, op: SetGroup) -> list[WriteOp]:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from broker.replication.codec import CATALOGUE, Key
-from broker.replication.compaction import HOLD_BYTES, entry_bytes, still_needed
+from broker.replication.compaction import HOLD_BYTES, entry_bytes, still_needed, weak_cap
 from broker.replication.host import ReplicationHost
 from broker.replication.partlog import PartLog
 from storage.base import LogCompact, LogTruncate, PutApplied, ResetPartition, WriteOp
@@ -40,8 +40,8 @@ def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
             _drop_foreign_log(host, logs, key)
             continue
         r = plog.replica
-        if r.snap_index >= top or r.applied < top:
-            continue  # compacted already (not yet durably), or not applied that far yet
+        if r.snap_index >= top or r.applied < top or weak_cap(r)[0] < top:
+            continue  # compacted already (not yet durably), not applied that far yet, or a weak active's
         need = still_needed(r, streamed(key, r.progress()))
         if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
             continue  # a replica that answers still lacks them: it catches up first (as compact_upto)

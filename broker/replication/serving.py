@@ -126,10 +126,10 @@ class Serving:
             st = await asyncio.to_thread(self._host.engine.load_partition, *plog.key, self._host.load_budget())
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
+            messages = len(st.messages) + st.cold_count  # (before the queue takes them over)
             self._host.partition_loaded(plog.key, st)
             plog.serving = True
-            log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term,
-                        len(st.messages) + st.cold_count)
+            log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term, messages)
             self.track_active(plog)
             self.notify()
 
@@ -230,7 +230,7 @@ class Serving:
             out.append(PartitionInfo("" if key == CATALOGUE else names.get(key[0], f"#{key[0]}"), key[1], state,
                                      r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas,
                                      plog.lifecycle.status.value if plog.lifecycle is not None
-                                     and plog.lifecycle.status is not None else ""))
+                                     and plog.lifecycle.status is not None else "", key in self._host.static))
         return out
 
     def served(self) -> list[tuple[Key, int]]:
@@ -254,7 +254,8 @@ class Serving:
                 term = peers.foreign_term(key) if peers is not None and active else 0
                 holders = [ReplicaInfo(n, k.value, 0, 0) for n, k in zip(placed.nodes, placed.kinds)]
                 out.append(PartitionInfo(q.name, p, "Active" if active else "Unavailable", "", active, term, 0, 0, 0,
-                                         holders, "RemoteEnabled" if active else "RemoteDefined"))
+                                         holders, "RemoteEnabled" if active else "RemoteDefined",
+                                         key in self._host.static))
         return out
 
 

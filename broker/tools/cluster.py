@@ -181,9 +181,10 @@ class LocalCluster:
                                                          *self._tls_args(WITNESS_NAME)], clock=clock)
         self._arrange()
 
-    def new_member(self, name: str, zone: str = "") -> str:
-        """A node ``name`` that joins this running group (``--join``, its peers the members;
-        in ``zone``, in a group with zones): added to :attr:`nodes`, not started.  Returns its
+    def new_member(self, name: str, zone: str = "", seeds: list[str] | None = None) -> str:
+        """A node ``name`` that joins this running group (``--join``, its peers the members, or
+        with ``seeds`` those members' peer ports only, by name: ``--seed HOST:PORT`` each; in
+        ``zone``, in a group with zones): added to :attr:`nodes`, not started.  Returns its
         ``NAME=HOST:PEER_PORT`` for ``tandem group add``."""
         if name in self.nodes:
             raise UnavailableError(f"{name} is in the group already")
@@ -193,9 +194,13 @@ class LocalCluster:
         first = next(iter(self.nodes.values()))
         p = NodeProcess(self.data_dir / name, name=name, port=client_port, sync=first.sync, password=self.password,
                         host=self.host, clock=self.clock, ca=self.certs_dir / "ca.crt" if self.tls else None)
-        peers = [a for o in self.nodes for a in ("--peer", f"{o}={self.hosts[o]}:{self.peer_ports[o]}")]
+        peers = [a for o in self.nodes for a in ("--peer", f"{o}={self.hosts[o]}:{self.peer_ports[o]}")] \
+            if seeds is None else [a for o in seeds for a in ("--seed", f"{self.hosts[o]}:{self.peer_ports[o]}")]
+        if self.tls and not (self.certs_dir / f"{name}.key").exists():
+            raise UnavailableError(f"{name} has no certificate in {self.certs_dir}: make the group's certificates "
+                                   f"with its name among them before the group starts (broker.tools.certs)")
         p.extra_args = [*self._secret_args(), "--peer-port", str(peer_port), "--http-port", str(http_port), *peers,
-                        "--join", *self._extra, *(("--zone", f"{name}={zone}") if zone else ())]
+                        "--join", *self._tls_args(name), *self._extra, *(("--zone", f"{name}={zone}") if zone else ())]
         self.nodes[name] = p
         return f"{name}={self.host}:{peer_port}"
 

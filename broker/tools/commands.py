@@ -66,6 +66,13 @@ def add_parsers(sub: Any) -> None:
     queues_p.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
     queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue")
     queues_p.add_argument("--max-length", dest="max_length", type=int, default=0)
+    queues_p.add_argument("--placement", default=None, metavar="LISTS",
+                          help="static distribution of a new queue, in a replication group: one node list per "
+                               "partition, in priority order (the first node is the preferred active), lists "
+                               "separated by ';', nodes by ',', each NAME, NAME:sync or NAME:async "
+                               "(\"node1,node2,node3:async;node2,node3,node1\"); a re-spread of the group "
+                               "leaves these partitions where they are (default: the group's dynamic policy "
+                               "places them)")
     url_args(queues_p)
     queues_p.set_defaults(func=queues)
 
@@ -175,9 +182,9 @@ async def _change(args: argparse.Namespace) -> int:
             info = await conn.declare_queue(
                 args.name, partitions=args.partitions, mapper=args.mapper,
                 max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
-                max_length=args.max_length)
+                max_length=args.max_length, placement=args.placement)
             print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
-                  f"({info.partitions} partitions, {info.mapper})")
+                  f"({info.partitions} partitions, {info.mapper}{', static placement' if args.placement else ''})")
         elif args.action == "delete":
             await conn.delete_queue(args.name)
             print(json.dumps({"deleted": args.name}) if args.json else f"queue {args.name} deleted")

@@ -87,12 +87,14 @@ async def _status(args: argparse.Namespace) -> int:
         print("(single node: no replication group configured)")
     if st.partitions:
         print(f"partitions (as {st.node} sees them):")
+        static = any(p.static for p in st.partitions)  # (the column only where a queue has explicit lists)
         prow: list[tuple[str, ...]] = [("QUEUE", "PART", "STATE", "ACTIVE", "ROLE HERE", "TERM", "COMMIT",
-                                        "REPLICAS (lag)")]
+                                        "REPLICAS (lag)", *(("PLACEMENT",) if static else ()))]
         for p in st.partitions:
             reps = ", ".join(f"{r.node}:{r.kind}" + (f"({r.lag})" if p.role == "active" else "") for r in p.replicas)
             prow.append((p.queue or "(catalogue)", str(p.partition), p.state, p.active or "-", p.role, str(p.term),
-                         str(p.commit), reps))
+                         str(p.commit), reps, *((("static" if p.static else "dynamic" if p.queue else "-"),)
+                                                if static else ())))
         _table(prow)
     if st.foreign:
         print(f"partitions held elsewhere (as {st.node} knows them):")
@@ -105,6 +107,9 @@ async def _status(args: argparse.Namespace) -> int:
     if st.moving:
         print("partitions moving (tandem partition move): " + "; ".join(
             f"{m.split(' ', 1)[0]} to {m.split(' ', 1)[1]}" for m in st.moving))
+    if st.updating:
+        print("queues being updated (tandem partition update): " + "; ".join(
+            f"{u.split(' ', 1)[0]}, partitions {u.split(' ', 1)[1]} left" for u in st.updating))
     if st.designated_primary:
         print("designated primary: this node goes on alone when its peer is gone")
     print(f"HA-1014 discarded entries: {st.discarded} ({st.discarded_messages} messages)")
@@ -140,8 +145,11 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
         "zones": dict(z.partition("=")[::2] for z in st.zones), "foreign": _record(st.foreign),
-        "moving": {m.split(" ", 1)[0]: m.split(" ", 1)[1].split(",") for m in st.moving},
+        "moving": {m.split(" ", 2)[0]: m.split(" ", 2)[1].split(",") for m in st.moving},
+        "forced_replication": {m.split(" ", 2)[0]: m.split(" ", 2)[2][len("(forced replication: "):-1]
+                               for m in st.moving if " (forced replication: " in m},
         "members": list(st.members), "group_change": st.group_change or None,
+        "updating": {u.split(" ", 1)[0]: [int(p) for p in u.split(" ", 1)[1].split(",")] for u in st.updating},
     }
 
 

@@ -97,7 +97,7 @@ class DurableLinks:
         self._rng = random.Random()
         self._last_primary: str | None = None  # the node of the latest primary link
         self._rotated_at = -1e9
-        self._last_dial_error: BaseException | None = None
+        self._last_dial_error = ""  # why the last dial failed ("host:port: reason")
         self._unreachable: set[tuple[str, int]] = set()
         #: where refusing nodes said the active is (NotActive's hint, e.g. a shared-mode
         #: passive naming the lock holder): tried first
@@ -147,7 +147,9 @@ class DurableLinks:
         else:
             hosts = ", ".join(f"{h}:{p}" for h, p in self.params.hosts)
             if self.buffer_path is None:
-                raise ConnectionClosedError(f"cannot connect to {hosts}: {self._last_dial_error}")
+                why = self._last_dial_error
+                raise ConnectionClosedError(f"cannot connect to {hosts}: "
+                                            f"{why.partition(': ')[2] if len(self.params.hosts) == 1 else why}")
             log.warning("durable connection: no node of %s is reachable; buffering sends to %s",
                         hosts, self.buffer_path)
         self._keeper = asyncio.create_task(self._keep_primary(), name="tandem-durable-primary")
@@ -204,7 +206,10 @@ class DurableLinks:
             del self._hints[4:]
 
     def _dial_failed(self, host: str, port: int, exc: BaseException) -> None:
-        self._last_dial_error = exc
+        # (a link's own error already names the address it dialled: "cannot connect to h:p: why")
+        why = str(exc)
+        self._last_dial_error = why.removeprefix("cannot connect to ") if why.startswith("cannot connect to ") \
+            else f"{host}:{port}: {why}"
         if (host, port) in self._hints:  # a hint that does not answer is stale
             self._hints.remove((host, port))
         if (host, port) not in self._unreachable:  # said once, until it answers again

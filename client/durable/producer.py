@@ -88,6 +88,7 @@ class DurableProducer(BufferDrain):
         self._map: PartitionMap | None = None
         self._map_epoch = -1
         self._mapper: DataMapper | None = None
+        self._mapper_name = ""
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._drained = asyncio.Event()
@@ -284,12 +285,20 @@ class DurableProducer(BufferDrain):
         epoch = conn.map_epoch
         m = await conn.partition_map(self.queue, timeout=1.0)
         info = m.queue
-        if self._parts and len(self._parts) != info.partitions:
-            raise InvalidArgumentError(f"queue {self.queue!r} changed its partition count under a producer")
-        if self._mapper is None:
+        if self._parts and len(self._parts) > info.partitions:
+            raise InvalidArgumentError(f"queue {self.queue!r} has fewer partitions than this producer knew")
+        mapper = self._mapper
+        if mapper is None or len(self._parts) != info.partitions or self._mapper_name != info.mapper:
+            # a new queue, or one that got partitions or another mapper (tandem partition add /
+            # update): what is sent from now on goes where the queue's mapper says; what is
+            # assigned to a partition already stays there
             self._mapper = make_mapper(info.mapper, info.partitions, info.ring_size)
-            self._parts = [PartitionPipeline(i, conn._rng, probe_first=self._continues)
-                           for i in range(info.partitions)]
+            self._mapper_name = info.mapper
+            self._parts += [PartitionPipeline(i, conn._rng, probe_first=self._continues)
+                            for i in range(len(self._parts), info.partitions)]
+            if mapper is not None:
+                log.info("producer %s: queue %s now has %d partitions (mapper %s)", self.producer_id, self.queue,
+                         info.partitions, info.mapper)
         self._map = m
         self._map_epoch = epoch
         for part in self._parts:

@@ -14,6 +14,7 @@ outstanding requests); the reply carries the same ``rid``.  ``rid == 0`` means
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar, TypeVar
@@ -64,6 +65,7 @@ class Op(IntEnum):
     DRAIN_NODE = 54
     MOVE_PARTITION = 55
     CHANGE_GROUP = 56
+    CHANGE_PARTITIONS = 57
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61
@@ -267,6 +269,21 @@ class Declare(Frame):
     max_deliveries: int = 0
     dead_letter_queue: str | None = None
     max_length: int = 0
+    #: ``static`` distribution: one node list per partition, separated by ";" (nodes by ",",
+    #: each ``name``, ``name:sync`` or ``name:async``); "": ``dynamic``, the group's policy
+    placement: str = ""
+
+
+#: a declare's explicit node lists: one sequence of nodes per partition, or their text form
+Placement = Sequence[Sequence[str]] | str | None
+
+
+def placement_text(placement: Placement) -> str:
+    """``Declare.placement`` for a client's ``placement`` argument: lists joined by ";",
+    nodes by "," (a str as it is; None: "")."""
+    if placement is None or isinstance(placement, str):
+        return placement or ""
+    return ";".join(",".join(nodes) if not isinstance(nodes, str) else nodes for nodes in placement)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -531,6 +548,8 @@ class PartitionInfo(Record):
     #: where its definition stands here (ha.partition): LocalEnabled (a copy here), or, for a
     #: partition held elsewhere, RemoteEnabled (its active known) or RemoteDefined
     status: str = ""
+    #: its queue was declared with explicit node lists (``static`` distribution)
+    static: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -576,6 +595,8 @@ class StatusOk(Frame):
     members: list[str] = field(default_factory=list)
     #: the group change under way ("" none): "node4 joining" or "node1 leaving", partitions re-spreading
     group_change: str = ""
+    #: the updates under way (tandem partition update): "queue p,p,..." (the partitions still to re-map)
+    updating: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -611,6 +632,26 @@ class MovePartition(Frame):
     queue: str
     partition: int
     nodes: list[str]
+    #: once there, copy every replica of the list afresh from the active, one at a time (also
+    #: on the list it is on already); ``moving`` in StatusOk names it until done
+    force_replication: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangePartitions(Frame):
+    """Operator: ``action`` "add" gives ``queue`` ``count`` partitions more (``placement``:
+    their node lists, as a declare's, for a queue declared with lists); "update" re-maps
+    every message of it by its data mapper (``mapper``: installed first; "" keeps its own).
+    Group state, applied by every member; the admin permission.  Answered with StatusOk once
+    the change is applied here (``updating`` lists the updates under way)."""
+
+    OP: ClassVar[Op] = Op.CHANGE_PARTITIONS
+    rid: int
+    queue: str
+    action: str
+    count: int = 0
+    mapper: str = ""
+    placement: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -658,6 +699,9 @@ class PeerHello(Frame):
     #: the settings every member must share for partitions to be placed alike (members, replicas,
     #: sync_replicas, zones; broker.peers.placement_settings); "": not said (a witness)
     placement: str = ""
+    #: the dialer wants the member addresses of the PeerWelcome, not a link: the acceptor
+    #: closes once it has sent it (broker.discovery)
+    discover: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -671,6 +715,9 @@ class PeerWelcome(Frame):
     client_address: str = ""
     epoch: int = 0  # as PeerHello's
     placement: str = ""  # as PeerHello's
+    #: "name=host:port" of the other members whose peer address the acceptor knows (the dialer
+    #: proved the group secret first; broker.discovery)
+    members: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -816,7 +863,7 @@ _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
-        ChangeGroup,
+        ChangeGroup, ChangePartitions,
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,

@@ -116,18 +116,6 @@ def test_dynamic_placement_never_makes_priority_zero_active_and_shrinks() -> Non
         place(DistributionPolicy(), 1, ["a"], {"a": 0})
 
 
-def test_static_placement_is_validated() -> None:
-    pol = DistributionPolicy(kind="static", static=(("a", "b"), ("b", "c")), async_nodes=frozenset({"c"}))
-    lists = place(pol, 2, ["a", "b", "c"])
-    assert lists[1].kinds == (ReplicaKind.SYNC, ReplicaKind.ASYNC)
-    with pytest.raises(ValueError, match="unknown"):
-        place(DistributionPolicy(kind="static", static=(("a", "z"),)), 1, ["a", "b"])
-    with pytest.raises(ValueError, match="lists 1 partitions"):
-        place(DistributionPolicy(kind="static", static=(("a",),)), 2, ["a"])
-    with pytest.raises(ValueError, match="cannot be async"):
-        place(DistributionPolicy(kind="static", static=(("c", "a"),), async_nodes=frozenset({"c"})), 1, ["a", "c"])
-
-
 def test_refused_peers_still_count_towards_the_quorum_total() -> None:
     m = group()
     m.handshake(ident("b"), now=0.0, protocol_ok=False)
@@ -140,8 +128,6 @@ def test_placement_and_replica_config_refuse_nonsense() -> None:
 
     with pytest.raises(ValueError, match="distinct"):
         place(DistributionPolicy(), 1, ["a", "a"])
-    with pytest.raises(ValueError, match="priority 0"):
-        place(DistributionPolicy(kind="static", static=(("a", "b"),)), 1, ["a", "b"], {"a": 0, "b": 0})
     for bad in [dict(designated_primary="z"), dict(priorities={"a": 7}), dict(max_append=0),
                 dict(heartbeat_interval=2.0)]:
         with pytest.raises(ValueError):

@@ -178,6 +178,15 @@ async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path
         async with await client.connect(cl.url) as conn:
             await conn.producer(QUEUE).send_many([(f"m{i}".encode(), f"k{i}") for i in range(60)])
 
+        # a node with the group's secret that is no member (removed while it was down, say): the
+        # members tell it so in plain words, and count no intruder (it proved the secret)
+        cl.new_member("node0")  # (the lower name dials)
+        await cl.nodes["node0"].start(60)
+        told = "node0 is not a member of this group (removed with tandem group remove, or never added)"
+        await wait_until(lambda: told in cl.nodes["node0"].log_text(), timeout=30, what="node0 told why")
+        assert "node0" not in (await cl.status("node1")).members
+        assert "intruder" not in cl.nodes["node1"].log_text(), "a member refused node0 as an intruder"
+
 
 async def test_a_member_added_in_a_zone_keeps_every_partitions_copies_in_distinct_zones(tmp_path: Path) -> None:
     async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1", *zone_args("a,b,c", 3)) as cl:

@@ -280,3 +280,49 @@ async def test_a_snapshot_stream_cut_by_kill_9_of_the_new_copy_starts_over_and_l
                 m.ack()
             assert await c.next(0.5) is None
         assert sorted(got) == sorted(bodies) and len(set(got)) == len(bodies)
+
+
+async def test_forced_replication_copies_every_replica_afresh_under_load(tmp_path: Path) -> None:
+    """Three nodes, three copies.  ``--force-replication`` on the list the partition is on:
+    each replica in turn drops its copy and gets a new one from the active, while the drill's
+    producers and consumers run; the checker accounts for every message."""
+    async with running_group(tmp_path) as cl:
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=2)
+        await wait_until(lambda: _all_active(cl, 2), timeout=30, what="an active for each partition")
+        active = (await cl.actives(QUEUE))[0]
+        nodes = [active] + sorted(n for n in cl.nodes if n != active)
+        cfg = DrillConfig(scenario="force", partitions=2, producers=2, consumers=2, messages=6000, window=64)
+        clock = SYSTEM_CLOCK
+        load = Load(cl, cfg, 1, random.Random(5), clock)
+        result: list[tuple[int, str, str]] = []
+
+        async def force_it() -> None:
+            result.append(await tandem("partition", "move", QUEUE, "0", "--to", ",".join(nodes), "--force-replication",
+                                       "--wait", "--timeout", "120", "--url", cl.url_of(nodes[1])))
+
+        await load.go(force_it, clock.monotonic() + 240)
+        rc, out, err = result[0]
+        assert rc == 0 and out.startswith(f"partition {QUEUE}/0 moved to {','.join(nodes)} in ") \
+            and out.strip().endswith(", every replica copied afresh"), (out, err)
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"forced replication of {QUEUE}/0 on {nodes}: checker {v.as_dict()}, longest confirm wait "
+              f"{max(load.waits) * 1000:.0f} ms")
+        assert load.failed == 0, f"{load.failed} sends failed"
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        # each replica dropped its copy once and holds one again; the active never did
+        for name in nodes[1:]:
+            assert cl.nodes[name].log_text().count(f"moved off {name}: dropping its copy here") == 1, name
+        assert "dropping its copy" not in cl.nodes[active].log_text()
+        assert set(await holders(cl, QUEUE, 0)) == set(nodes)
+        st = await cl.status(nodes[1])
+        assert st.moving == [], st.moving
+        rc, _out, err = await tandem("partition", "move", QUEUE, "0", "--to", "node1,node9", "--force-replication",
+                                     "--url", cl.url)
+        assert rc == 2 and "partition move: no member node9" in err, err
+        base = cl.console_url("node2") + f"api/v1/queues/{QUEUE}/partitions/1/move"
+        admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+        async with aiohttp.ClientSession(headers=admin) as s:
+            async with s.post(base, json={"to": nodes, "force_replication": "yes"}) as r:
+                assert r.status == 400 and (await r.json())["message"].startswith("force_replication: "), \
+                    await r.text()

@@ -190,17 +190,43 @@ async def _node3_behind_proxies(cl: LocalCluster) -> list[FaultProxy]:
     return proxies
 
 
+async def q_then_node3_cut(cl: LocalCluster, proxies: list[FaultProxy]) -> None:
+    """Once the group is ready: queue ``q`` (3 partitions, each with an active), then node3 cut
+    off from node1 and node2 (``proxies``: :func:`_node3_behind_proxies`)."""
+    await cl.wait_ready()
+    async with await client.connect(cl.url_of("node1")) as conn:
+        await conn.declare_queue("q", partitions=3)
+    await actives(cl, "q", 3)
+    for p in proxies:
+        p.cut()
+
+
+async def override_and_write(iso: client.Connection, queue: str, body: bytes,
+                             key: str | None = None) -> client.Producer:
+    """Set ``quorum_override 1`` on the isolated node ``iso`` and send ``body`` (its own key
+    unless ``key``) there until it is confirmed (the override takes effect within a moment);
+    the producer."""
+    await iso.set_quorum_override(1)
+    alone = iso.producer(queue)
+
+    async def took_it() -> bool:
+        try:
+            async with asyncio.timeout(3):
+                await alone.send(body, key=key or body.decode())
+            return True
+        except (TandemError, TimeoutError):
+            return False
+
+    await wait_until(took_it, timeout=30, what="the isolated node to take a write under the override")
+    return alone
+
+
 async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_1014_on_heal(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url_of("node1")) as conn:
-            await conn.declare_queue("q", partitions=3)
-        await actives(cl, "q", 3)
-        for p in proxies:
-            p.cut()
+        await q_then_node3_cut(cl, proxies)
         async with await client.connect_link(cl.url_of("node3")) as iso:  # node3's own answers
             await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
             with pytest.raises(UnavailableError):
@@ -212,18 +238,7 @@ async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_101
             await produce(cl.url_of("node1"), "q", majority, confirmed, failed)
             assert sorted(confirmed) == sorted(majority)
             # the operator forces the isolated node to take writes alone: weak, reported on heal
-            await iso.set_quorum_override(1)
-            solo = iso.producer("q")
-
-            async def took_one() -> bool:
-                try:
-                    async with asyncio.timeout(3):
-                        await solo.send(b"solo", key="s")
-                    return True
-                except (TandemError, TimeoutError):
-                    return False
-
-            await wait_until(took_one, timeout=30, what="node3 to take a write under the override")
+            await override_and_write(iso, "q", b"solo")
             await iso.set_quorum_override(None)
         for p in proxies:
             p.heal()
@@ -530,6 +545,57 @@ async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagg
             assert await lagging.get("lag-get") is None  # found, and empty
             with pytest.raises(QueueNotFoundError):
                 await lagging.partition_map("never-declared")
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
+
+
+async def test_a_member_that_missed_a_declare_and_cannot_ask_says_unavailable_not_missing(tmp_path: Path) -> None:
+    """node3 is cut off while node1 and node2 declare a queue and fill it.  node3 cannot ask
+    the catalogue's active how far the catalogue goes, so it cannot tell whether the queue
+    exists: it answers UNAVAILABLE (retry), never "does not exist", which would end a group
+    consumer for good on a queue that exists.  Once healed, node3 finds the queue."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+
+        async def node1_and_node2_linked() -> bool:
+            st = await cl.status("node1")
+            return any(r.name == "node2" and r.state == "Up" for r in st.remotes)
+
+        await wait_until(node1_and_node2_linked, timeout=30, what="node1 to see node2 Up")
+        for p in proxies:
+            p.cut()
+        async with await client.connect_link(cl.url_of("node1")) as conn:
+            await conn.declare_queue("missed", partitions=3)  # committed by node1 and node2
+        bodies = [f"missed-{i}".encode() for i in range(60)]
+        confirmed: list[bytes] = []
+        failed: list[bytes] = []
+        await produce(cl.url_of("node1"), "missed", bodies, confirmed, failed)
+        assert sorted(confirmed) == sorted(bodies)
+        async with await client.connect_link(cl.url_of("node3")) as iso:
+            with pytest.raises(UnavailableError):
+                await iso.partition_map("missed")
+            with pytest.raises(UnavailableError):
+                await iso.consumer("missed").start()
+        # a group consumer of every member: node3's subscription is retried, the rest deliver
+        consumed = await drain(cl.url, "missed")
+        v = classify(bodies, confirmed, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        for p in proxies:
+            p.heal()
+
+        async def found_on_node3() -> bool:
+            try:
+                async with await client.connect_link(cl.url_of("node3")) as again:
+                    return (await again.partition_map("missed")).queue.partitions == 3
+            except UnavailableError:
+                return False
+
+        await wait_until(found_on_node3, timeout=30, what="node3 to find the queue after the heal")
     finally:
         await cl.stop()
         for p in proxies:

@@ -19,8 +19,9 @@ import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from client.errors import NotActiveError, TandemError
+from client.mapper import JumpHashMapper
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import tandem, wait_until
 from tests.integration.test_replication import drain, produce
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
@@ -127,6 +128,49 @@ async def test_kill_9_of_the_active_under_load_loses_nothing(pair: LocalCluster)
     print(f"kill -9 {active}: {v.as_dict()} longest confirm wait {longest:.2f}s")
     assert len(confirmed) >= 1400, f"producers did not continue after the failover: {v}"
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+
+
+async def test_an_update_cut_by_kill_9_of_the_active_goes_on_on_the_new_one(pair: LocalCluster) -> None:
+    """Re-partitioning in shared mode: 2 partitions become 4 (``tandem partition add``), then
+    ``tandem partition update``; the active is killed (kill -9) as soon as the update starts.
+    The passive takes the lock, sweeps what is still pending and ends the update; every
+    message is there once, where the mapper places it, with the id it was first stored under."""
+    cl = pair
+    n = 40_000
+    active = await the_active(cl)
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("held", partitions=2)
+        await conn.producer("held").send_many([(f"h{i}".encode(), f"key{i}") for i in range(n)])
+    rc, _out, err = await tandem("partition", "add", "held", "2", "--url", cl.url_of(active))
+    assert rc == 0, err
+    mark = len(cl.nodes[active].log_text())
+    rc, _out, err = await tandem("partition", "update", "held", "--url", cl.url_of(active))
+    assert rc == 0, err
+    await wait_until(lambda: "update started" in cl.nodes[active].log_text()[mark:], timeout=30,
+                     what="the update under way")
+    await cl.nodes[active].kill()
+    cut = "update done" not in cl.nodes[active].log_text()[mark:]
+    survivor = await the_active(cl, not_=active)
+
+    async def done() -> bool:
+        return not (await cl.status(survivor)).updating
+
+    await wait_until(done, timeout=120, what=f"the update done on {survivor}")
+    swept = [line for line in cl.nodes[survivor].log_text().splitlines() if "partition held/" in line
+             and ": update: " in line]
+    print(f"{active} killed {'during' if cut else 'after'} the update; {survivor}: " + "; ".join(swept))
+    assert cut and swept, "the new active had nothing left to sweep: the kill did not cut the update"
+    mapper = JumpHashMapper(4)
+    got: dict[bytes, str] = {}
+    async with await client.connect(cl.url_of(survivor)) as conn:
+        async with conn.group_consumer("held", prefetch=1000) as consumer:
+            while (m := await consumer.next(3)) is not None:
+                assert m.body not in got, f"{m.body!r} twice"
+                assert m.partition == mapper.partition(m.key), (m.body, m.partition)
+                got[m.body] = m.id
+                m.ack()
+    assert len(got) == n and len(set(got.values())) == n
+    assert all(i.split("-")[0] in ("0", "1") for i in got.values())
 
 
 async def test_unacked_deliveries_go_back_to_ready_with_their_counts_on_takeover(pair: LocalCluster) -> None:

@@ -3,6 +3,7 @@ by count and size, but not past what a replica that answers still lacks, up to a
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -74,3 +75,51 @@ def test_held_store_writes_keep_the_newest_applied_position() -> None:
     assert ops == [Append(1, 0, [], 5), Settle(1, 0, [0, 1]), LogCompact(1, 0, 3, 1, "a"),
                    LogCompact(1, 0, 6, 1, "a"), PutApplied(1, 0, 7, 1, "a")]
     assert one_applied_position(compaction_only) == compaction_only
+
+
+def _weak_active(strong: int, weak: int, size: int) -> Replica:
+    """Node a: ``strong`` entries every voter has, then, its peers silent past the election
+    timeout and ``quorum_override 1`` set, ``weak`` entries it commits alone."""
+    r = active_replica(strong, size)
+    for n in "bc":
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, r.last_index)))
+    r.reconfigure(dataclasses.replace(r.cfg, quorum_override=1))
+    r.tick(9.0)  # (b and c silent past the election timeout)
+    for _ in range(weak):
+        _ready, e = r.propose(b"w" * size)
+        assert e is not None and e.weak
+        r.persisted(e)
+    assert r.applied == r.last_index == 1 + strong + weak  # (committed alone)
+    return r
+
+
+def test_what_a_weak_active_wrote_alone_is_not_compacted(small: None) -> None:
+    """Entries written under a weak override may be discarded when the group heals (HA-1014),
+    and only entries still in the log can be compared with the active's and handed to the
+    quarantine: compaction stops before the first of them."""
+    r = _weak_active(20, 10, 50)
+    assert r.compactable() == 21
+    assert compact_upto(r) == (21, 10 * 50)
+    assert compaction.weak_cap(r) == (21, False)
+
+
+def test_past_weak_hold_bytes_a_weak_actives_entries_are_compacted_and_said(small: None,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compaction, "WEAK_HOLD_BYTES", 300)
+    r = _weak_active(20, 10, 50)
+    assert compaction.weak_cap(r) == (31, True)  # (the caller logs it, once)
+    assert compact_upto(r) == (29, 2 * 50)
+
+
+def test_a_strong_entry_after_weak_ones_makes_them_compactable() -> None:
+    """A committed entry of an active with a majority follows them: that majority holds the
+    log before it too, so no heal can discard them."""
+    r = _weak_active(5, 3, 10)
+    for n in "bc":  # (back: its writes are strong again)
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, r.last_index)))
+    r.reconfigure(dataclasses.replace(r.cfg, quorum_override=None))
+    _ready, e = r.propose(b"s")
+    assert e is not None and not e.weak
+    r.persisted(e)
+    r.step(Envelope("b", "a", AppendReply(r.term, "b", True, e.index)))
+    assert r.applied == e.index and r.compactable() == e.index

@@ -116,3 +116,17 @@ def test_a_record_whose_holder_confirmed_alone_is_never_taken_by_the_other(tmp_p
     assert not b.try_take(None).taken
     again = a.try_take(None)  # a, back, takes it again
     assert again.taken and again.record.epoch == 2 and not again.record.alone
+
+
+def test_a_gateway_directory_that_goes_away_is_unreachable_not_made_again(tmp_path: Path) -> None:
+    """The lock file's directory is made at the first use only: a share that is unmounted later
+    must not be replaced by a local directory, where the node would take a lock the other
+    node never sees."""
+    a, _b = pair(tmp_path)
+    assert a.try_take(None).taken
+    for f in (tmp_path / "gw").iterdir():
+        f.unlink()
+    (tmp_path / "gw").rmdir()  # (the share is gone)
+    with pytest.raises(LockFileError, match="not reachable|No such file"):
+        a.renew(1, alone=False)
+    assert not (tmp_path / "gw").exists()

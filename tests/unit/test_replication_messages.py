@@ -55,6 +55,7 @@ from ha.messages import (
     VoteReply,
 )
 from storage.base import (
+    SetUpdating,
     LogState,
     PutApplied,
     AclRecord,
@@ -205,6 +206,7 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("W", SetGroup(("node1", "node4"), ("node4=10.0.0.4:7781",), (), ("node1",), True, ((1, 0, ("node1:sync",)),)),
      "9197a15792a56e6f646531a56e6f64653491b36e6f6465343d31302e302e302e343a373738319091a56e6f646531c3919301009"
      "1aa6e6f6465313a73796e63"),
+    ("Y", SetUpdating(4, (0, 1, 2)), "9194a159049300010290"),
 ]
 
 
@@ -307,3 +309,25 @@ def test_a_group_entry_that_does_not_fit_is_refused(fields: list[object], why: s
     members, leaving nodes among them, pins with nodes."""
     with pytest.raises(MalformedReplicationError, match=why):
         decode_ops((0, 0), msgpack.packb([["W", *fields]]))
+
+
+def test_a_static_placement_carries_its_mark_and_an_unmarked_one_keeps_four_items() -> None:
+    op = SetPlacement(4, 1, ("node3:sync", "node1:async"), False, True)
+    data, _applied = encode_ops([op])
+    assert data.hex() == "9196a14c040192aa6e6f6465333a73796e63ab6e6f6465313a6173796e63c2c3"
+    assert decode_ops((0, 0), data) == [op]
+    assert len(msgpack.unpackb(encode_ops([SetPlacement(4, 1, ("node3",), False)])[0])[0]) == 5
+
+
+@pytest.mark.parametrize("nodes", [["n1:sync", "n1:async"], [":sync"], []])
+def test_a_placement_that_names_a_node_twice_or_none_is_refused(nodes: list[str]) -> None:
+    with pytest.raises(MalformedReplicationError, match="placement: nodes must be distinct"):
+        decode_ops((0, 0), msgpack.packb([["L", 4, 1, nodes, False, True]]))
+
+
+def test_a_partition_done_with_an_update_is_its_own_op() -> None:
+    op = SetUpdating(4, (), (1,))
+    data, _applied = encode_ops([op])
+    assert data.hex() == "9194a15904909101" and decode_ops((0, 0), data) == [op]
+    with pytest.raises(MalformedReplicationError, match="update: a partition is named twice"):
+        decode_ops((0, 0), msgpack.packb([["Y", 4, [1, 1], []]]))

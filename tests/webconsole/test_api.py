@@ -14,9 +14,16 @@ import pytest
 import pytest_asyncio
 
 import client
+import msgpack
 from broker.config import NodeConfig
 from broker.node import Node
+from broker.publish import PublishRequest
+from broker.quarantine import QUEUE as QUARANTINE
+from client.errors import AccessRefusedError
+from client.protocol.frames import PublishMessage
+from storage.base import Append, StoredMessage
 from tests.conftest import PASSWORD, url_of
+from tests.helpers import wait_until
 from webconsole.app import Console, serve_console
 
 
@@ -159,6 +166,55 @@ async def test_operator_settings(http: tuple[aiohttp.ClientSession, str], node: 
     assert (await call(s, "POST", f"{base}/api/v1/group/designated-primary", json={"on": "yes"}))[0] == 400
     status, err = await call(s, "POST", f"{base}/api/v1/nodes/node1/drain")
     assert status == 400 and "replication group" in err["message"]  # a single node has none to drain
+
+
+@pytest.mark.asyncio
+async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple[aiohttp.ClientSession, str],
+                                                                      node: Node) -> None:
+    """``POST /api/v1/restore`` on one node (the procedure is the group's: tests/integration/
+    test_restore.py): nothing to do without a quarantine; a quarantined message goes back to
+    its queue with its old id apart, one that is not a quarantined message stays, and a
+    second run finds nothing."""
+    s, base = http
+    url = f"{base}/api/v1/restore"
+    status, out = await call(s, "POST", url)
+    assert status == 200 and out["restored"] == {} and out["text"] == [
+        "nothing to restore: tandem.quarantine holds no message that matches"], out
+    for body, field in (({"partition": "1"}, "partition"), ({"from": ""}, "from"), ({"colour": 1}, "colour")):
+        status, err = await call(s, "POST", url, json=body)
+        assert status == 400 and err["message"].startswith(f"{field}: "), (body, err)
+    async with await client.connect(url_of(node)) as conn:
+        await conn.declare_queue("orders")
+        # only the group writes the quarantine: a client could forge what an admin restores
+        with pytest.raises(AccessRefusedError, match="written by the group only"):
+            await conn.declare_queue(QUARANTINE)
+        status, err = await call(s, "POST", f"{base}/api/v1/queues", json={"name": QUARANTINE})
+        assert status == 403 and "written by the group only" in err["message"], err
+        # what HA-1014 discarded of orders/0 (offset 3, confirmed), kept as the node keeps it
+        orders = node.queues["orders"].meta.id
+        kept = StoredMessage(3, "k1", msgpack.packb({"app": "kept"}), b"lost", "p1", 4, 0.0)
+        assert node.quarantine.keep((orders, 0), 4, 10, [[Append(orders, 0, [kept], 4)]], 1) == 1
+
+        async def quarantined() -> bool:
+            return QUARANTINE in node.queues and node.queues[QUARANTINE].depth == 1
+
+        await wait_until(quarantined, timeout=30, what="the quarantine filled")
+        await node.publish(PublishRequest(QUARANTINE, None, [PublishMessage("k2", {}, b"stray", None)]))
+        with pytest.raises(AccessRefusedError, match="written by the group only"):
+            await conn.producer(QUARANTINE).send(b"forged", key="k1")
+        status, out = await call(s, "POST", url, json={"from": node.name})
+        assert status == 200, out
+        assert {k: v for k, v in out.items() if k != "text"} == {
+            "restored": {"orders": 1}, "already": {}, "conflicts": {}, "left": {"": 1}}, out
+        assert out["text"] == ["1 message(s) restored to orders",
+                               "1 message(s) without quarantine headers left in tandem.quarantine"], out
+        msgs, _next, _end = await conn.read("orders", 0, 0, 10)
+        assert [(m.body, m.key, m.headers) for m in msgs] == [(b"lost", "k1", {"app": "kept",
+                                                                               "x-tandem-restored-id": "0-3"})]
+        status, out = await call(s, "POST", url, json={"queue": "orders"})
+        assert status == 200 and out["restored"] == {} and out["left"] == {"": 1}, out
+        assert [m.body for m in (await conn.read(QUARANTINE, 0, 0, 10))[0]][-1] == b"stray"  # (still there)
+    assert any("restore by admin" in e.text for e in node.node_events), node.node_events
 
 
 @pytest.mark.asyncio

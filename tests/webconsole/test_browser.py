@@ -121,6 +121,16 @@ async def test_console_in_a_browser(trio: LocalCluster) -> None:
             await wait_until(moved, timeout=30, what="orders/1 moved off the dead node")
             assert (await cl.actives("orders")).get(1) == "node1"
 
+            # the partitions form: a partition added; an update refused while a member is down (the audit)
+            await page.fill("#repart-queue", "ui-made")
+            await page.fill("#repart-count", "1")
+            await page.click("#repartition button[value=add]")
+            await expect(page.locator("#result")).to_have_text(
+                "ui-made now has 3 partitions (Update re-maps what it holds)", timeout=10000)
+            await page.click("#repartition button[value=update]")
+            await expect(page.locator("#result")).to_contain_text(
+                f"partition update: {victim} did not answer the audit", timeout=20000)
+
             # the member form: its requests reach the API and a refusal comes back in one line
             await page.fill("#member-name", "node2")
             await page.fill("#member-address", "127.0.0.1:1")

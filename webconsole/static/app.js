@@ -37,6 +37,13 @@ function renderNodes(nodes, group) {
   const change = document.getElementById("group-change");
   change.hidden = !group.group_change;
   change.textContent = group.group_change ? `group change under way: ${group.group_change}` : "";
+  const updating = document.getElementById("updating");
+  const ups = group.updating || [];
+  updating.hidden = !ups.length;
+  updating.textContent = ups.length ? "queues being updated (re-mapping): " + ups.map((u) => {
+    const [q, parts] = u.split(" ");
+    return `${q}, partitions ${parts} left`;
+  }).join("; ") : "";
   const box = document.getElementById("nodes");
   box.replaceChildren(...nodes.map((n) => el("div", {class: `card ${n.state}`, "data-node": n.name},
     el("h3", {}, n.name + (n.self ? " (this node)" : "")),
@@ -154,7 +161,8 @@ function renderPartitions(parts) {
   const rows = parts.filter((p) => !f || [p.queue || "(catalogue)", p.active, p.state]
     .some((x) => String(x).toLowerCase().includes(f)));
   document.querySelector("#partitions tbody").replaceChildren(...rows.map((p) => el("tr", {},
-    el("td", {}, p.queue || "(catalogue)"), el("td", {}, p.partition), el("td", {class: p.state}, p.state),
+    el("td", {}, (p.queue || "(catalogue)") + (p.static ? " (static)" : "")), el("td", {}, p.partition),
+    el("td", {class: p.state}, p.state),
     el("td", {class: "active"}, p.active || "-"), el("td", {}, p.term), el("td", {}, p.commit),
     el("td", {}, p.replicas.map((r) => `${r.node}:${r.kind}(${r.lag}${r.lag ? `, ${r.lag_seconds}s` : ""})`)
       .join(", ")))));
@@ -250,8 +258,10 @@ function wire() {
     ev.preventDefault();
     const name = document.getElementById("new-queue-name").value.trim();
     const partitions = parseInt(document.getElementById("new-queue-partitions").value, 10);
-    if (!confirm(`Create queue ${name} with ${partitions} partition(s)?`)) return;
-    try { const r = await api("POST", "/api/v1/queues", {name, partitions});
+    const placement = document.getElementById("new-queue-placement").value.trim();
+    if (!confirm(`Create queue ${name} with ${partitions} partition(s)` +
+                 (placement ? ` placed on ${placement}?` : "?"))) return;
+    try { const r = await api("POST", "/api/v1/queues", placement ? {name, partitions, placement} : {name, partitions});
           say(r.created ? `created ${name}` : `${name} exists already with these settings`); }
     catch (e) { say(e.message, true); }
   };
@@ -279,9 +289,31 @@ function wire() {
     const queue = document.getElementById("move-queue").value.trim();
     const partition = Number(document.getElementById("move-partition-no").value);
     const to = document.getElementById("move-to").value.split(",").map((n) => n.trim()).filter((n) => n);
-    if (!confirm(`Move ${queue}/${partition} to ${to.join(", ")}? Its copies move while it runs.`)) return;
-    try { await api("POST", `/api/v1/queues/${encodeURIComponent(queue)}/partitions/${partition}/move`, {to});
-          say(`${queue}/${partition}: moving to ${to.join(", ")} (state Replicating, then Migrating, then Active)`); }
+    const force = document.getElementById("move-force").checked;
+    if (!confirm(`Move ${queue}/${partition} to ${to.join(", ")}? Its copies move while it runs.` +
+                 (force ? " Then every replica is copied afresh, one at a time." : ""))) return;
+    try { await api("POST", `/api/v1/queues/${encodeURIComponent(queue)}/partitions/${partition}/move`,
+                    force ? {to, force_replication: true} : {to});
+          say(`${queue}/${partition}: moving to ${to.join(", ")} (state Replicating, then Migrating, then Active)` +
+              (force ? "; then re-copying each replica" : "")); }
+    catch (e) { say(e.message, true); }
+  };
+  document.getElementById("repartition").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const queue = document.getElementById("repart-queue").value.trim();
+    const path = `/api/v1/queues/${encodeURIComponent(queue)}`;
+    if (ev.submitter && ev.submitter.value === "update") {
+      const mapper = document.getElementById("repart-mapper").value.trim();
+      if (!confirm(`Re-map every message of ${queue}${mapper ? ` with mapper ${mapper}` : ""}? Each partition ` +
+                   "stops delivering while its messages are re-mapped.")) return;
+      try { await api("POST", `${path}/update`, mapper ? {mapper} : {});
+            say(`${queue}: update under way (partitions Updating, then Active)`); } catch (e) { say(e.message, true); }
+      return;
+    }
+    const count = Number(document.getElementById("repart-count").value);
+    if (!confirm(`Add ${count} partition(s) to ${queue}?`)) return;
+    try { const r = await api("POST", `${path}/partitions`, {count});
+          say(`${queue} now has ${r.partitions} partitions (Update re-maps what it holds)`); }
     catch (e) { say(e.message, true); }
   };
   document.getElementById("group-member").onsubmit = async (ev) => {
@@ -298,6 +330,20 @@ function wire() {
     if (!confirm(`Add ${name} at ${address}? The partitions re-spread over the members.`)) return;
     try { await api("POST", "/api/v1/group/members", {name, address, ...(zone ? {zone} : {})});
           say(`${name} added: partitions re-spreading`); } catch (e) { say(e.message, true); }
+  };
+  document.getElementById("restore").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const body = {};
+    const origin = document.getElementById("restore-from").value.trim();
+    const queue = document.getElementById("restore-queue").value.trim();
+    const partition = document.getElementById("restore-partition").value.trim();
+    if (origin) body.from = origin;
+    if (queue) body.queue = queue;
+    if (partition !== "") body.partition = Number(partition);
+    if (!confirm("Publish the quarantined messages" + (queue ? ` of ${queue}` : "") + " to their queues again? " +
+                 "Consumers get them as new messages.")) return;
+    try { const r = await api("POST", "/api/v1/restore", body); say(r.text.join(" · ")); }
+    catch (e) { say(e.message, true); }
   };
   document.getElementById("set-priority").onsubmit = async (ev) => {
     ev.preventDefault();

@@ -136,6 +136,8 @@ class Load:
                     continue
                 self.consumed.append((m.body, m.id))
                 self.received.append(Delivery(m.body, index, m.partition, m.redelivered))
+                if self.cfg.consume_pause:
+                    await self.clock.sleep(self.cfg.consume_pause)  # (a slow consumer: a backlog builds)
                 try:
                     m.ack()
                 except StaleDeliveryError:

@@ -22,6 +22,8 @@ class DrillConfig:
     messages: int = 3000  # per run, over all producers
     window: int = 64  # sends in flight per producer
     keys: int = 64
+    #: seconds each consumer holds a message before it acks (0: none): a backlog builds
+    consume_pause: float = 0.0
     seed: int = 1
     local_sync: str = "SYNC"
     remote_sync: str = "SYNC"

@@ -1,0 +1,427 @@
+"""Restore after a split brain: merge what HA-1014 discarded (:mod:`broker.quarantine` keeps
+it in the queue ``tandem.quarantine``) back into the queues it came from.
+
+The group as it is now is the source: each quarantined message is an instance its queue
+lacks (Instance Added) and is published to it again; acknowledgements made on the side that
+lost were not kept (State Conflict: the source's state wins, those messages are delivered
+again).  Its id, the partition and offset the losing side stored it at, may name another
+message in the source, which wrote its own there (Key Conflict: the source keeps the id), or
+one it writes there later: so a restored message always gets the id of where it lands now,
+its old one in :data:`RESTORED_ID` for consumers that saw it before the heal; the conflicts
+are counted.  A message goes back under the producer id
+``restore.<node>.<term>.<queue>.<partition>`` with its offset there as sequence number, so a
+restore cut short and run again stores nothing twice.  Each is acknowledged in the quarantine
+once its queue has it.
+
+Two ways in, one procedure: ``tandem restore`` (broker/tools/restore_cli.py) is a client of
+the group; :class:`Restores` runs it in the group itself for the admin API and the console
+(``POST /api/v1/restore``).  The node asked finds the active of the quarantine's partitions
+and has each run it there (:class:`~broker.forward.RestoreFwd`): an in-process consumer of the
+partitions it serves (:class:`_Taker`), which delivery, failover and revocation treat like a
+client session's.  Every run is logged and kept in the node's events with who asked and what
+it did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.config import NodeConfig
+from broker.delivery import Delivery
+from broker.forward import RestoreFwd, decode_reply, pack_reply
+from broker.outcome import Outcome
+from broker.publish import PublishRequest, PublishResult
+from broker.quarantine import HEADERS, QUEUE
+from broker.remap import BATCH, BATCH_BYTES
+from broker.queues import ID_HEADER, Consumer, Msg, Queue, Recipient
+from client.clock import Clock
+from client.errors import InvalidArgumentError, PartitionNotFoundError, QueueNotFoundError
+from client.protocol.frames import PublishMessage, StreamMessage
+from storage.base import WriteOp
+from storage.writer import Callback
+
+log = logging.getLogger("tandem.broker")
+
+#: the id a restored message had on the side that lost ("<partition>-<offset>")
+RESTORED_ID = "x-tandem-restored-id"
+
+#: seconds without a quarantined message before a restore is done
+WAIT = 2.0
+
+#: seconds a run in the group goes on before it leaves the rest for the next (a forwarded
+#: request is answered within 30 s)
+BUDGET = 20.0
+
+#: key conflicts a run logs one by one (the rest are counted)
+LOGGED = 20
+
+#: node events kept of restores (``tandem status``, the console's events)
+MAX_EVENTS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which quarantined messages a restore takes (None: any)."""
+
+    origin: str | None = None  # the node that discarded them
+    queue: str | None = None
+    partition: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partition is not None and self.partition < 0:
+            raise InvalidArgumentError(f"partition {self.partition}: a partition number >= 0")
+
+    @property
+    def narrowed(self) -> bool:
+        return self.origin is not None or self.queue is not None or self.partition is not None
+
+    def wants(self, h: Mapping[str, str]) -> bool:
+        return ((self.origin is None or h.get("x-quarantine-node") == self.origin)
+                and (self.queue is None or h.get("x-quarantine-queue") == self.queue)
+                and (self.partition is None or h.get("x-quarantine-partition") == str(self.partition)))
+
+    def forward(self, hops: int) -> RestoreFwd:
+        return RestoreFwd(hops, self.origin or "", self.queue or "",
+                          "" if self.partition is None else str(self.partition))
+
+    @classmethod
+    def of(cls, req: RestoreFwd) -> Filter:
+        if req.partition and not req.partition.isdigit():
+            raise InvalidArgumentError(f"forwarded RESTORE: partition {req.partition!r} is not a number")
+        return cls(req.origin or None, req.queue or None, int(req.partition) if req.partition else None)
+
+
+def republished(h: Mapping[str, str], key: str | None, body: bytes) -> tuple[str, str, PublishMessage]:
+    """(queue, producer id, message) that puts a quarantined message back: its own headers
+    without the quarantine's and without its old id, which goes in :data:`RESTORED_ID`."""
+    queue, node, term = h["x-quarantine-queue"], h["x-quarantine-node"], h["x-quarantine-term"]
+    partition, offset = h["x-quarantine-partition"], int(h["x-quarantine-offset"])
+    headers = {k: v for k, v in h.items() if k not in HEADERS and k != ID_HEADER}
+    headers[RESTORED_ID] = h["x-quarantine-id"]
+    return queue, f"restore.{node}.{term}.{queue}.{partition}", PublishMessage(key, headers, body, offset)
+
+
+def where(h: Mapping[str, str]) -> tuple[str, int]:
+    """(queue, partition) the losing side stored a quarantined message at."""
+    return h["x-quarantine-queue"], int(h["x-quarantine-partition"])
+
+
+async def taken(h: Mapping[str, str], ends: dict[tuple[str, int], int],
+                end_of: Callable[[str, int], Awaitable[int]]) -> bool:
+    """Whether the source holds another message where the losing side stored this one (a key
+    conflict: its old id names that message now).  ``ends``: the source's end offset of each
+    (queue, partition) asked so far (``end_of`` asks it)."""
+    at = where(h)
+    if at not in ends:
+        try:
+            ends[at] = await end_of(*at)
+        except PartitionNotFoundError:
+            ends[at] = 0  # (the queue was declared anew with fewer partitions: nothing there)
+    return int(h["x-quarantine-offset"]) < ends[at]
+
+
+@dataclass
+class Report:
+    """What a restore did, per queue."""
+
+    restored: Counter[str] = field(default_factory=Counter)
+    #: in their queue already (a restore cut short had published them)
+    already: Counter[str] = field(default_factory=Counter)
+    #: restored messages whose old id names another message of the queue now (key conflicts)
+    conflicts: Counter[str] = field(default_factory=Counter)
+    #: left in the quarantine: their queue is gone, or the filter did not take them
+    left: Counter[str] = field(default_factory=Counter)
+    #: a run in the group stopped after BUDGET s: the quarantine may hold more to restore
+    more: bool = False
+    #: key conflicts logged one by one so far (the first LOGGED of a run)
+    logged: int = field(default=0, compare=False)
+
+    def add(self, other: Report) -> None:
+        for mine, theirs in zip(self.counters(), other.counters()):
+            mine.update(theirs)
+        self.more |= other.more
+
+    def counters(self) -> tuple[Counter[str], Counter[str], Counter[str], Counter[str]]:
+        return self.restored, self.already, self.conflicts, self.left
+
+    def json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"restored": dict(+self.restored), "already": dict(+self.already),
+                               "conflicts": dict(+self.conflicts), "left": dict(+self.left)}
+        if self.more:
+            out["more"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any) -> Report:
+        if not isinstance(value, dict):
+            raise InvalidArgumentError("a restore report is a map")
+        out = cls()
+        for name, counter in zip(("restored", "already", "conflicts", "left"), out.counters()):
+            part = value.get(name, {})
+            if not isinstance(part, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0
+                                                     for k, v in part.items()):
+                raise InvalidArgumentError(f"a restore report's {name} maps queue names to counts")
+            counter.update(part)
+        more = value.get("more", False)
+        if type(more) is not bool:
+            raise InvalidArgumentError("a restore report's more is true or false")
+        out.more = more
+        return out
+
+    def lines(self, narrowed: bool) -> list[str]:
+        """What happened, a line per queue (``narrowed``: a filter chose the messages)."""
+        out = []
+        for q, n in sorted(self.restored.items()):
+            if not n:
+                continue
+            already, conflicts = self.already[q], self.conflicts[q]
+            out.append(f"{n} message(s) restored to {q}" + (f" ({already} were there already)" if already else "")
+                       + (f"; {conflicts} of their ids name other messages there now (key conflict: the queue "
+                          f"keeps them), so each restored message has the id of where it landed, its old one in "
+                          f"{RESTORED_ID}" if conflicts else ""))
+        for q, n in sorted(self.already.items()):
+            if n and not self.restored[q]:
+                out.append(f"{n} message(s) of {q} were there already (a restore cut short)")
+        for q, n in sorted(self.left.items()):
+            if n and not q:
+                out.append(f"{n} message(s) without quarantine headers left in {QUEUE}")
+            elif n:
+                out.append(f"{n} message(s) of {q} left in {QUEUE}" + ("" if narrowed else " (their queue is gone)"))
+        if self.more:
+            out.append(f"stopped after {BUDGET:.0f} s: {QUEUE} may hold more; run it again")
+        if not out:
+            out.append(f"nothing to restore: {QUEUE} holds no message that matches")
+        return out
+
+
+Held = tuple[Consumer, Msg]
+
+
+class RestoreHost(Protocol):
+    clock: Clock
+    config: NodeConfig
+    delivery: Delivery
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queues(self) -> dict[str, Queue]: ...
+
+    @property
+    def local_holders(self) -> set[Recipient]:
+        """Deliveries held in the node itself (a restore's consumer), revoked like a session's."""
+        ...
+
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
+
+    def publish(self, req: PublishRequest) -> Outcome[PublishResult]: ...
+
+    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
+                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
+
+    async def quarantine_actives(self) -> Collection[str]:
+        """The members serving a partition of the quarantine queue (none if it does not exist)."""
+        ...
+
+    async def forward(self, who: str, request: RestoreFwd) -> bytes: ...
+
+    def restore_event(self, text: str) -> None: ...
+
+
+class _Taker:
+    """An in-process consumer of the quarantine (a :class:`~broker.queues.Recipient`):
+    deliveries are marked, counted and revoked on failover as a client session's are; each
+    is handed to :meth:`Restores.here` once its mark is committed."""
+
+    def __init__(self, node: RestoreHost, name: str) -> None:
+        self.node = node
+        self.client_name = name
+        self.consumers: dict[int, Consumer] = {}
+        self.deliveries: dict[int, Held] = {}
+        self._next_tag = 1
+        self._ready: deque[int] = deque()
+        self._changed = asyncio.Event()
+        self.cancelled = ""
+
+    @property
+    def writable(self) -> bool:
+        return True
+
+    def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
+        marks, marked = self.node.delivery.record_deliveries(c.queue, msgs)
+        c.unacked += len(msgs)
+        tags = list(range(self._next_tag, self._next_tag + len(msgs)))
+        self._next_tag += len(msgs)
+        self.deliveries.update(zip(tags, ((c, m) for m in msgs)))
+
+        def committed(err: BaseException | None) -> None:
+            if err is None:
+                marked()
+                self._ready.extend(tags)
+            else:  # (the partition moved: its new active has them)
+                gone = [self.deliveries.pop(t) for t in tags if t in self.deliveries]
+                self.node.delivery.requeue(gone, counted=False)
+            self._changed.set()
+
+        if marks:
+            self.node.write_later(marks, committed, lazy=False)
+        else:
+            committed(None)
+
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
+        self.consumers.pop(c.id, None)
+        self.node.delivery.remove_consumer(c)
+        self.cancelled = reason
+        self._changed.set()
+
+    async def next(self, wait: float) -> tuple[int, Msg] | None:
+        """The next delivery (its tag and message), None after ``wait`` s without one."""
+        while True:
+            while self._ready:
+                tag = self._ready.popleft()
+                held = self.deliveries.get(tag)
+                if held is not None:  # (else revoked: the partition's new active has it)
+                    return tag, held[1]
+            if self.cancelled:
+                return None
+            self._changed.clear()
+            try:
+                async with self.node.clock.timeout(wait):
+                    await self._changed.wait()
+            except TimeoutError:
+                return None
+
+    def ready(self, n: int, size: int) -> list[tuple[int, Msg]]:
+        """Up to ``n`` more deliveries that are here already (no wait), of at most ``size``
+        bytes."""
+        out: list[tuple[int, Msg]] = []
+        while self._ready and len(out) < n:
+            held = self.deliveries.get(self._ready[0])
+            if held is not None:
+                size -= len(held[1].body) + len(held[1].headers_blob)
+                if size < 0:
+                    break
+                out.append((self._ready[0], held[1]))
+            self._ready.popleft()
+        return out
+
+    def settle(self, tag: int) -> None:
+        held = self.deliveries.pop(tag, None)
+        if held is not None:
+            self.node.delivery.ack([held])
+
+    def release(self) -> None:
+        """Its consumers go; what it still holds is ready again, uncounted (never taken)."""
+        for c in list(self.consumers.values()):
+            self.node.delivery.remove_consumer(c)
+        self.consumers.clear()
+        held = list(self.deliveries.values())
+        self.deliveries.clear()
+        if held:
+            self.node.delivery.requeue(held, counted=False)
+
+
+class Restores:
+    def __init__(self, node: RestoreHost) -> None:
+        self.node = node
+
+    async def run(self, f: Filter, by: str) -> Report:
+        """Restore what ``f`` takes, on every member serving a partition of the quarantine;
+        the sum of what they did."""
+        node = self.node
+        whos = sorted(await node.quarantine_actives())
+        report = Report()
+        for part in await asyncio.gather(*(self._on(who, f) for who in whos)):
+            report.add(part)
+        text = "; ".join(report.lines(f.narrowed))
+        log.warning("restore by %s%s: %s", by, _shown(f), text)
+        node.restore_event(f"restore by {by}{_shown(f)}: {text}")
+        return report
+
+    async def _on(self, who: str, f: Filter) -> Report:
+        if who == self.node.name:
+            return await self.here(f)
+        return Report.from_json(decode_reply(await self.node.forward(who, f.forward(1))))
+
+    async def forwarded(self, req: RestoreFwd) -> bytes:
+        return pack_reply((await self.here(Filter.of(req))).json())
+
+    async def here(self, f: Filter) -> Report:
+        """Restore what ``f`` takes of the quarantine's partitions this node serves, for at
+        most BUDGET s (then ``more``: what is left waits for the next run)."""
+        node = self.node
+        report = Report()
+        if QUEUE not in node.queues:
+            return report
+        taker = _Taker(node, "restore")
+        node.local_holders.add(taker)
+        try:
+            c = node.delivery.add_consumer(taker, QUEUE, node.config.max_prefetch)
+            taker.consumers[c.id] = c
+            skipped: list[Msg] = []
+            ends: dict[tuple[str, int], int] = {}
+            deadline = node.clock.monotonic() + BUDGET
+            while (got := await taker.next(WAIT)) is not None:
+                if node.clock.monotonic() >= deadline:
+                    report.more = True
+                    break
+                first = got[1]
+                more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
+                await self._batch(f, [got, *more], taker, report, skipped, ends)
+            for m in skipped:
+                report.left[m.headers.get("x-quarantine-queue", "")] += 1
+        finally:
+            taker.release()  # (what it skipped or left is ready again)
+            node.local_holders.discard(taker)
+        return report
+
+    async def _batch(self, f: Filter, batch: list[tuple[int, Msg]], taker: _Taker, report: Report,
+                     skipped: list[Msg], ends: dict[tuple[str, int], int]) -> None:
+        """Put back what ``f`` takes of ``batch``: a publish per producer id (the queue and
+        partition it was discarded from), each message settled in the quarantine once its
+        queue has it."""
+        groups: dict[tuple[str, str], list[tuple[int, PublishMessage, bool]]] = {}
+        for tag, m in batch:
+            h = m.headers
+            if not f.wants(h):
+                skipped.append(m)
+                continue
+            try:
+                queue, pid, msg = republished(h, m.key, m.body)
+                conflict = await taken(h, ends, self._end)
+            except (QueueNotFoundError, KeyError, ValueError):
+                # its queue is gone, or it is no quarantined message (headers missing or bad)
+                report.left[h.get("x-quarantine-queue", "")] += 1
+                continue
+            groups.setdefault((queue, pid), []).append((tag, msg, conflict))
+        for (queue, pid), items in groups.items():
+            try:
+                r = await self.node.publish(PublishRequest(queue, pid, [msg for _tag, msg, _c in items]))
+            except QueueNotFoundError:  # (deleted a moment ago)
+                report.left[queue] += len(items)
+                continue
+            report.restored[queue] += r.stored
+            report.already[queue] += r.duplicates  # (a run cut short had published them)
+            report.conflicts[queue] += sum(conflict for _tag, _msg, conflict in items)
+            for tag, msg, conflict in items:
+                taker.settle(tag)
+                if conflict and report.logged < LOGGED:
+                    report.logged += 1
+                    log.info("restore: key conflict in %s: id %s names another message there now; restored with the "
+                             "id of where it landed, %s=%s", queue, msg.headers[RESTORED_ID], RESTORED_ID,
+                             msg.headers[RESTORED_ID])
+
+    async def _end(self, queue: str, partition: int) -> int:
+        return (await self.node.read_stream(queue, partition, 0, 1))[2]
+
+
+def _shown(f: Filter) -> str:
+    parts = [f"{k} {v}" for k, v in (("from", f.origin), ("queue", f.queue), ("partition", f.partition))
+             if v is not None]
+    return f" ({', '.join(parts)})" if parts else ""

@@ -1,0 +1,111 @@
+"""``tandem restore``: merge what HA-1014 discarded after a split brain back into the queues,
+as a client of the group (the procedure, and its run in the group itself for the admin API
+and the console: :mod:`broker.restore`)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from collections.abc import Coroutine
+from typing import Any
+
+import client
+from broker.quarantine import QUEUE
+from broker.restore import WAIT, Filter, Report, republished, taken
+from broker.tools.options import ExamplesFormatter, url_args
+from client.durable.consumer import DurableMessage as Message
+from client.errors import InvalidArgumentError, QueueNotFoundError
+from client.protocol.frames import Publish, PublishOk, expect
+
+Command = Coroutine[Any, Any, int]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "restore", help="merge the messages a split brain's heal discarded (HA-1014) back into their queues",
+        formatter_class=ExamplesFormatter,
+        description="After a split brain (quorum overrides or designated primaries on both sides), the side "
+                    "that loses discards the writes the other side does not have (HA-1014). Their messages "
+                    "are kept in the queue tandem.quarantine, with headers naming their queue, partition, "
+                    "offset, producer, the node that discarded them and why. This publishes them again to their "
+                    "queues, as they are now (the surviving side is the source: each is an instance added to "
+                    "it; acknowledgements made on the losing side are not kept, so those messages are "
+                    "delivered again), and takes them out of the quarantine. Messages whose queue is gone stay "
+                    "there. A restored message gets the id of where it lands (its old one, which may name another "
+                    "message of the queue now, in the header x-tandem-restored-id). Run it again to finish one "
+                    "that was cut short: nothing is stored twice. Needs the produce and browse permissions on "
+                    "the queues and consume on tandem.quarantine. The console (Operations, restore) and the "
+                    "admin API (POST /api/v1/restore) run the same merge in the group.\n\n"
+                    "examples:\n"
+                    "  tandem consume tandem.quarantine --no-ack        (look first)\n"
+                    "  tandem restore\n"
+                    "  tandem restore --from node3 --queue orders --partition 2\n")
+    p.add_argument("--from", dest="origin", default=None, metavar="NODE",
+                   help="only what NODE discarded (the losing side's node)")
+    p.add_argument("--queue", default=None, metavar="QUEUE", help="only messages of QUEUE")
+    p.add_argument("--partition", type=int, default=None, metavar="P", help="only messages of partition P")
+    url_args(p)
+    p.set_defaults(func=restore)
+
+
+def restore(args: argparse.Namespace) -> Command:
+    if args.partition is not None and args.partition < 0:
+        raise InvalidArgumentError(f"--partition {args.partition}: a partition number >= 0")
+    return _restore(args, Filter(args.origin, args.queue, args.partition))
+
+
+async def _restore(args: argparse.Namespace, f: Filter) -> int:
+    report = Report()
+    ends: dict[tuple[str, int], int] = {}  # (queue, partition) -> the source's end offset there
+    async with await client.connect(args.url, client_name="tandem-restore") as conn, \
+            await client.connect_link(args.url, client_name="tandem-restore") as link:
+        if QUEUE in {q.name for q in await conn.list_queues()}:
+            skipped: list[Message] = []
+            seen: set[str] = set()
+            async with conn.group_consumer(QUEUE, prefetch=10000) as consumer:
+                while (m := await consumer.next(WAIT)) is not None:
+                    if m.id in seen:  # (one skipped before, back again: every message has been looked at)
+                        m.nack()
+                        break
+                    seen.add(m.id)
+                    queue = m.headers.get("x-quarantine-queue", "")
+                    if not f.wants(m.headers):
+                        skipped.append(m)
+                        continue
+                    try:
+                        conflict = await taken(m.headers, ends, functools.partial(_end, link))
+                        dup = await _republish(link, m)
+                    except (QueueNotFoundError, KeyError, ValueError):  # (its queue is gone, or bad headers)
+                        report.left[queue] += 1
+                        skipped.append(m)
+                        continue
+                    (report.already if dup else report.restored)[queue] += 1
+                    report.conflicts[queue] += conflict
+                    m.ack()
+                for s in skipped:
+                    if not f.wants(s.headers):
+                        report.left[s.headers.get("x-quarantine-queue", "")] += 1
+                    s.nack()  # (back in the quarantine)
+        elif not args.json:
+            print("nothing to restore: the quarantine is empty (no HA-1014 discarded a message)")
+            return 0
+    if args.json:
+        print(json.dumps(report.json()))
+    else:
+        print("\n".join(report.lines(f.narrowed)))
+    return 0
+
+
+async def _end(link: client.Connection, queue: str, partition: int) -> int:
+    """The source's end offset of the partition."""
+    return (await link.read(queue, partition, 0, 1))[2]
+
+
+async def _republish(link: client.Connection, m: Message) -> bool:
+    """Publish ``m`` to its queue again, its old id in x-tandem-restored-id; True if the
+    queue had it already."""
+    queue, pid, msg = republished(m.headers, m.key, m.body)
+    reply = expect(await link.request(lambda rid: Publish(rid=rid, queue=queue, producer_id=pid, messages=[msg])),
+                   PublishOk)
+    return reply.duplicates > 0

@@ -1,0 +1,188 @@
+"""A split brain healed, with real node processes: node3 is cut off from node1 and node2 (fault
+proxies on both its peer links), the majority side goes on, and node3, forced to take writes
+alone (``quorum_override 1``), confirms some too.  On the heal node3's writes are discarded
+(HA-1014); their messages are kept in the quarantine queue, exactly those; ``tandem restore``
+merges them back into their queue, and the queue then holds every message confirmed on either
+side, once.  A second restore finds nothing to do.  The same through the console's admin API."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import client
+from broker.quarantine import QUEUE as QUARANTINE
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster
+from broker.tools.faults import FaultProxy
+from client.errors import TandemError
+from client.protocol.frames import StreamMessage
+from tests.conftest import FAST
+from tests.helpers import tandem, wait_until
+from tests.integration.test_replication import (_disabled, _node3_behind_proxies, actives, drain,
+                                               override_and_write, produce, q_then_node3_cut)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@dataclass
+class SplitBrain:
+    majority: list[bytes]
+    solo: list[bytes]
+    confirmed: list[bytes]
+    held: list[StreamMessage]  # what the quarantine holds
+    taken: int  # how many of them have an old id that names another message of q now
+
+
+async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy], pad: int = 0) -> SplitBrain:
+    """The split brain of the module's docstring, healed: the quarantine holds node3's writes
+    (each ``pad`` bytes longer: past 24 MiB in all, node3 would compact its log unless it
+    kept what it wrote under the override, broker.replication.compaction.weak_cap)."""
+    await q_then_node3_cut(cl, proxies)
+    majority = [f"maj-{i}".encode() for i in range(60)]
+    solo = [f"solo-{i}-".encode() + b"." * pad for i in range(20)]
+    confirmed: list[bytes] = []
+    failed: list[bytes] = []
+    async with await client.connect_link(cl.url_of("node3")) as iso:
+        await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
+        await produce(cl.url_of("node1"), "q", majority, confirmed, failed)
+        assert sorted(confirmed) == sorted(majority)
+        alone = await override_and_write(iso, "q", solo[0], key="solo-0")
+        for i, b in enumerate(solo[1:], 1):
+            await alone.send(b, key=f"solo-{i}")
+        confirmed += solo
+        await iso.set_quorum_override(None)
+    for p in proxies:
+        p.heal()
+
+    async def reported() -> bool:
+        st = await cl.status("node3")
+        return any("HA-1014" in e and "kept in the quarantine queue" in e for e in st.events)
+
+    await wait_until(reported, timeout=30, what="HA-1014 on node3, its messages kept")
+    await actives(cl, "q", 3)
+
+    # the quarantine holds exactly what was discarded, with where it came from
+    async def quarantined() -> list[StreamMessage]:
+        async with await client.connect_link(cl.url) as link:
+            try:
+                return await _read_all(link, QUARANTINE, 0)
+            except TandemError:
+                return []
+
+    async def filled() -> bool:
+        return len(await quarantined()) >= len(solo)
+
+    await wait_until(filled, timeout=30, what="the quarantine filled")
+    held = await quarantined()
+    assert sorted(m.body for m in held) == sorted(solo), [(m.offset, m.body[:10]) for m in held]
+    assert {m.headers["x-quarantine-node"] for m in held} == {"node3"}
+    assert {m.headers["x-quarantine-queue"] for m in held} == {"q"}
+    assert all(m.headers["x-quarantine-confirmed"] == "true" for m in held)
+    assert not list((cl.nodes["node3"].data_dir / "quarantine").glob("*.msgpack"))  # (published, unspooled)
+
+    # where node3 stored them, the majority side stored its own messages (a key conflict: the
+    # old ids name those now) wherever its partition reached that far
+    async with await client.connect_link(cl.url) as link:
+        ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
+    taken = sum(int(m.headers["x-quarantine-offset"]) < ends[int(m.headers["x-quarantine-partition"])]
+                for m in held)
+    assert taken, ends  # (the majority wrote 60 to node3's 20 from the same offsets on)
+    return SplitBrain(majority, solo, confirmed, held, taken)
+
+
+async def _read_all(link: client.Connection, queue: str, partition: int) -> list[StreamMessage]:
+    """Every message of the partition, a frame's worth at a time."""
+    out: list[StreamMessage] = []
+    offset = 0
+    while True:
+        msgs, offset, end = await link.read(queue, partition, offset, 1000)
+        out += msgs
+        if offset >= end:
+            return out
+
+
+async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
+    """After the restore: q holds every message confirmed on either side once, each with an id
+    of its own, the restored ones with their old id in x-tandem-restored-id."""
+    old = {f"{m.headers['x-quarantine-partition']}-{m.headers['x-quarantine-offset']}" for m in sb.held}
+    async with await client.connect_link(cl.url) as link:
+        restored = [m for p in range(3) for m in await _read_all(link, "q", p) if m.body.startswith(b"solo-")]
+    assert {m.headers["x-tandem-restored-id"] for m in restored} == old
+    assert all("x-tandem-id" not in m.headers for m in restored)
+    consumed = await drain(cl.url_of("node1"), "q")
+    v = classify(sb.majority + sb.solo, sb.confirmed, consumed)
+    assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+    assert sorted(b for b, _ in consumed) == sorted(sb.majority + sb.solo)
+    # every message has an id of its own: the restored ones where they landed, never one of
+    # the majority's (a consumer that de-duplicates by id loses none of them)
+    ids = {b: i for b, i in consumed}
+    assert len(set(ids.values())) == len(sb.majority) + len(sb.solo), ids
+
+
+async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        sb = await _healed_split_brain(cl, proxies)
+        rc, out, err = await tandem("restore", "--json", "--url", cl.url)
+        assert rc == 0, err
+        assert json.loads(out) == {"restored": {"q": len(sb.solo)}, "already": {}, "conflicts": {"q": sb.taken},
+                                   "left": {}}, out
+        await _merged(cl, sb)
+        rc, out, err = await tandem("restore", "--url", cl.url)
+        assert rc == 0 and out.strip() == f"nothing to restore: {QUARANTINE} holds no message that matches", (out,
+                                                                                                               err)
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
+
+
+async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: Path) -> None:
+    """The same merge through the admin API (``POST /api/v1/restore``), asked of a member that
+    does not serve the quarantine: the member that does runs it, the one asked reports, logs
+    and keeps it in its events."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        sb = await _healed_split_brain(cl, proxies, pad=3 * 1024 * 1024)  # (60 MiB: see _healed_split_brain)
+        st = await cl.status("node1")
+        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        asked = next(n for n in ("node1", "node2", "node3") if n != serving)
+        url = cl.console_url(asked) + "api/v1/restore"
+        admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+        async with aiohttp.ClientSession(headers=admin) as s:
+            for body, field in (({"partition": -1}, "partition"), ({"queue": 7}, "queue"), ({"to": "x"}, "to")):
+                async with s.post(url, json=body) as r:
+                    assert r.status == 400 and (await r.json())["message"].startswith(f"{field}: "), await r.text()
+            async with s.post(url, json={"queue": "other"}) as r:  # the filter takes none: all stay
+                assert r.status == 200, await r.text()
+                assert await r.json() == {"restored": {}, "already": {}, "conflicts": {}, "left": {"q": len(sb.solo)},
+                                          "text": [f"{len(sb.solo)} message(s) of q left in {QUARANTINE}"]}
+            async with s.post(url, json={"from": "node3"}) as r:
+                assert r.status == 200, await r.text()
+                report = await r.json()
+            assert {k: v for k, v in report.items() if k != "text"} == {
+                "restored": {"q": len(sb.solo)}, "already": {}, "conflicts": {"q": sb.taken}, "left": {}}, report
+            assert report["text"][0].startswith(f"{len(sb.solo)} message(s) restored to q; {sb.taken} of their ids"), \
+                report
+            events = (await cl.status(asked)).events
+            assert any("restore by admin" in e and "(from node3)" in e and "restored to q" in e for e in events), events
+            await _merged(cl, sb)
+            async with s.post(url) as r:  # (no body: everything)
+                assert r.status == 200 and (await r.json())["text"] == [
+                    f"nothing to restore: {QUARANTINE} holds no message that matches"]
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
+
+

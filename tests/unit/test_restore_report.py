@@ -1,0 +1,68 @@
+"""The pieces of a restore that are plain data (broker.restore): which quarantined messages a
+filter takes, the message that puts one back, and the report summed over members, checked
+when it comes from another member."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.forward import RestoreFwd
+from broker.restore import RESTORED_ID, Filter, Report, republished
+from client.errors import InvalidArgumentError
+
+H = {"x-quarantine-queue": "orders", "x-quarantine-partition": "2", "x-quarantine-offset": "17",
+     "x-quarantine-id": "2-17", "x-quarantine-producer": "p1", "x-quarantine-seq": "4",
+     "x-quarantine-node": "node3", "x-quarantine-term": "5", "x-quarantine-confirmed": "true",
+     "x-quarantine-reason": "HA-1014", "x-tandem-id": "2-17", "app": "kept"}
+
+
+def test_a_filter_takes_what_every_given_field_names() -> None:
+    assert Filter().wants(H) and not Filter().narrowed
+    assert Filter("node3", "orders", 2).wants(H) and Filter("node3", "orders", 2).narrowed
+    assert not Filter(origin="node1").wants(H)
+    assert not Filter(queue="other").wants(H)
+    assert not Filter(partition=0).wants(H)
+    with pytest.raises(InvalidArgumentError, match="partition -1"):
+        Filter(partition=-1)
+
+
+def test_a_filter_crosses_to_another_member_and_back() -> None:
+    for f in (Filter(), Filter("node3", None, 0), Filter(None, "orders", 12)):
+        assert Filter.of(f.forward(1)) == f
+    with pytest.raises(InvalidArgumentError, match="not a number"):
+        Filter.of(RestoreFwd(1, "", "", "-3"))
+
+
+def test_the_message_put_back_has_its_own_headers_and_its_old_id_apart() -> None:
+    queue, pid, msg = republished(H, "k", b"body")
+    assert (queue, pid) == ("orders", "restore.node3.5.orders.2")
+    assert (msg.key, msg.body, msg.seq) == ("k", b"body", 17)  # (a restore run again stores it once)
+    assert msg.headers == {"app": "kept", RESTORED_ID: "2-17"}
+
+
+def test_reports_sum_and_print_one_line_per_queue() -> None:
+    a, b = Report(), Report()
+    a.restored["q"] += 3
+    a.conflicts["q"] += 1
+    b.restored["q"] += 2
+    b.already["q"] += 1
+    b.left["gone"] += 4
+    a.add(b)
+    assert a.json() == {"restored": {"q": 5}, "already": {"q": 1}, "conflicts": {"q": 1}, "left": {"gone": 4}}
+    assert Report.from_json(a.json()) == a
+    lines = a.lines(narrowed=False)
+    assert lines[0].startswith("5 message(s) restored to q (1 were there already); 1 of their ids name")
+    assert lines[1] == "4 message(s) of gone left in tandem.quarantine (their queue is gone)"
+    assert Report().lines(narrowed=True) == ["nothing to restore: tandem.quarantine holds no message that matches"]
+    assert "more" not in a.json()
+    cut = Report(more=True)
+    a.add(cut)
+    assert a.json()["more"] is True and Report.from_json(a.json()).more
+    assert a.lines(narrowed=False)[-1] == "stopped after 20 s: tandem.quarantine may hold more; run it again"
+
+
+@pytest.mark.parametrize("value", [[], {"restored": []}, {"left": {"q": -1}}, {"already": {"q": "3"}},
+                                   {"conflicts": {1: 2}}, {"more": "yes"}])
+def test_a_report_from_another_member_that_does_not_fit_is_refused(value: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Report.from_json(value)
