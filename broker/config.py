@@ -35,6 +35,7 @@ Example ``tandem.toml``::
     ack_linger = 0.01           # seconds an ack may wait to ride in its partition's next entry
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
     objects_locked_per_transaction = 1000  # messages per part of a snapshot sent to a replica (new or behind)
+    compensation = "orders"     # a restore's key conflicts go to this hook (entry point tandem.compensation)
 
     # two-node groups (docs/shared-mode.md): who may be active when there is no third node
     arbiter = "majority"        # majority | lockfile | witness
@@ -132,6 +133,10 @@ class NodeConfig:
     #: far behind) in parts of at most this many messages (and 4 MiB), each read from the
     #: store in a transaction of its own: the active never stops for a large partition
     objects_locked_per_transaction: int = 1000
+    #: the compensation hook a restore run by the group (admin API, console) asks about each
+    #: key conflict (broker.compensation; an entry point of tandem.compensation, installed on
+    #: every member); empty: the quarantined message is restored beside the source's
+    compensation: str = ""
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -265,6 +270,12 @@ class NodeConfig:
             raise ConfigError("max_prefetch: must be 1 .. 65535")
         if self.max_failed_logins < 1:
             raise ConfigError("max_failed_logins: must be >= 1")
+        if self.compensation:
+            from broker.compensation import load  # (scans the installed packages: only when named)
+            try:
+                load(self.compensation)
+            except InvalidArgumentError as e:
+                raise ConfigError(f"compensation: {e.message}") from None
 
     def _check_zones(self) -> None:
         if not self.zones:

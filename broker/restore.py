@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker.compensation import Conflict, Hook, Resolution, Version, load, resolve
 from broker.config import NodeConfig
 from broker.delivery import Delivery
 from broker.forward import RestoreFwd, decode_reply, pack_reply
@@ -111,6 +112,42 @@ def where(h: Mapping[str, str]) -> tuple[str, int]:
     return h["x-quarantine-queue"], int(h["x-quarantine-partition"])
 
 
+async def compensated(hook: Hook | None, h: Mapping[str, str], msg: PublishMessage,
+                      read: Callable[[str, int, int], Awaitable[list[StreamMessage]]]) -> tuple[Resolution,
+                                                                                             PublishMessage | None]:
+    """A key conflict put to ``hook`` (:mod:`broker.compensation`): what it decided, and the
+    message to publish instead of ``msg`` (None: none).  ``read`` reads the source's
+    partition from an offset."""
+    if hook is None:
+        return resolve(None, _conflict(h, msg, None)), msg
+    (queue, partition), offset = where(h), int(h["x-quarantine-offset"])
+    found = [m for m in await read(queue, partition, offset) if m.offset == offset]
+    kept = Version(found[0].key, found[0].headers, found[0].body) if found else None
+    res = resolve(hook, _conflict(h, msg, kept))
+    if res.outcome != "merged" or res.version is None:
+        return res, msg if res.outcome == "kept" else None
+    v = res.version
+    headers = {k: x for k, x in v.headers.items() if k not in HEADERS and k != ID_HEADER}
+    headers[RESTORED_ID] = msg.headers[RESTORED_ID]
+    return res, PublishMessage(v.key, headers, v.body, msg.seq)
+
+
+def _conflict(h: Mapping[str, str], msg: PublishMessage, kept: Version | None) -> Conflict:
+    queue, partition = where(h)
+    own = {k: x for k, x in msg.headers.items() if k != RESTORED_ID}
+    return Conflict(queue, partition, int(h["x-quarantine-offset"]), h["x-quarantine-node"],
+                    Version(msg.key, own, msg.body), kept)
+
+
+def conflict_line(queue: str, msg: PublishMessage, res: Resolution) -> str:
+    """The log line of a key conflict and what became of it."""
+    what = {"kept": "restored with the id of where it landed",
+            "merged": "the compensation hook merged it: restored in the version it returned",
+            "dropped": "the compensation hook dropped it: not restored",
+            "failed": f"the compensation hook failed ({res.why}): left in {QUEUE}"}[res.outcome]
+    return f"restore: key conflict in {queue}: id {msg.headers[RESTORED_ID]} names another message there now; {what}"
+
+
 async def taken(h: Mapping[str, str], ends: dict[tuple[str, int], int],
                 end_of: Callable[[str, int], Awaitable[int]]) -> bool:
     """Whether the source holds another message where the losing side stored this one (a key
@@ -125,6 +162,10 @@ async def taken(h: Mapping[str, str], ends: dict[tuple[str, int], int],
     return int(h["x-quarantine-offset"]) < ends[at]
 
 
+#: a :class:`Report`'s counters, by their names in its JSON
+COUNTERS = ("restored", "already", "conflicts", "left", "dropped", "merged", "failed", "held")
+
+
 @dataclass
 class Report:
     """What a restore did, per queue."""
@@ -136,6 +177,16 @@ class Report:
     conflicts: Counter[str] = field(default_factory=Counter)
     #: left in the quarantine: their queue is gone, or the filter did not take them
     left: Counter[str] = field(default_factory=Counter)
+    #: key conflicts the compensation hook settled by dropping the quarantined message
+    dropped: Counter[str] = field(default_factory=Counter)
+    #: ... by a version of its own (restored, and counted in restored and conflicts too)
+    merged: Counter[str] = field(default_factory=Counter)
+    #: ... that it failed on (an error, or an answer it may not give): left in the quarantine
+    failed: Counter[str] = field(default_factory=Counter)
+    #: left in the quarantine behind one the hook failed on: the messages a partition lost go
+    #: back in their order or not at all (a producer id's sequence numbers only go up, so one
+    #: put back after a later one would count as a duplicate)
+    held: Counter[str] = field(default_factory=Counter)
     #: a run in the group stopped after BUDGET s: the quarantine may hold more to restore
     more: bool = False
     #: key conflicts logged one by one so far (the first LOGGED of a run)
@@ -146,12 +197,12 @@ class Report:
             mine.update(theirs)
         self.more |= other.more
 
-    def counters(self) -> tuple[Counter[str], Counter[str], Counter[str], Counter[str]]:
-        return self.restored, self.already, self.conflicts, self.left
+    def counters(self) -> tuple[Counter[str], ...]:
+        return (self.restored, self.already, self.conflicts, self.left, self.dropped, self.merged, self.failed,
+                self.held)
 
     def json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"restored": dict(+self.restored), "already": dict(+self.already),
-                               "conflicts": dict(+self.conflicts), "left": dict(+self.left)}
+        out: dict[str, Any] = {name: dict(+c) for name, c in zip(COUNTERS, self.counters())}
         if self.more:
             out["more"] = True
         return out
@@ -161,7 +212,7 @@ class Report:
         if not isinstance(value, dict):
             raise InvalidArgumentError("a restore report is a map")
         out = cls()
-        for name, counter in zip(("restored", "already", "conflicts", "left"), out.counters()):
+        for name, counter in zip(COUNTERS, out.counters()):
             part = value.get(name, {})
             if not isinstance(part, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0
                                                      for k, v in part.items()):
@@ -184,6 +235,21 @@ class Report:
                        + (f"; {conflicts} of their ids name other messages there now (key conflict: the queue "
                           f"keeps them), so each restored message has the id of where it landed, its old one in "
                           f"{RESTORED_ID}" if conflicts else ""))
+        for q, n in sorted(self.merged.items()):
+            if n:
+                out.append(f"{n} message(s) of {q} restored in the version the compensation hook made of both")
+        for q, n in sorted(self.dropped.items()):
+            if n:
+                out.append(f"{n} message(s) of {q} dropped by the compensation hook (not restored: the queue's own "
+                           f"message stands)")
+        for q, n in sorted(self.failed.items()):
+            if n:
+                out.append(f"{n} message(s) of {q} left in {QUEUE}: the compensation hook failed on them (see the "
+                           f"log)")
+        for q, n in sorted(self.held.items()):
+            if n:
+                out.append(f"{n} message(s) of {q} left in {QUEUE} behind those: a partition's messages go back in "
+                           f"their order; run it again once the hook is mended")
         for q, n in sorted(self.already.items()):
             if n and not self.restored[q]:
                 out.append(f"{n} message(s) of {q} were there already (a restore cut short)")
@@ -330,6 +396,8 @@ class _Taker:
 class Restores:
     def __init__(self, node: RestoreHost) -> None:
         self.node = node
+        #: asked about each key conflict (the node's --compensation; checked when it started)
+        self.hook = load(node.config.compensation) if node.config.compensation else None
 
     async def run(self, f: Filter, by: str) -> Report:
         """Restore what ``f`` takes, on every member serving a partition of the quarantine;
@@ -366,6 +434,7 @@ class Restores:
             taker.consumers[c.id] = c
             skipped: list[Msg] = []
             ends: dict[tuple[str, int], int] = {}
+            blocked: set[str] = set()  # producer ids with a message the hook failed on (Report.held)
             deadline = node.clock.monotonic() + BUDGET
             while (got := await taker.next(WAIT)) is not None:
                 if node.clock.monotonic() >= deadline:
@@ -373,7 +442,7 @@ class Restores:
                     break
                 first = got[1]
                 more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
-                await self._batch(f, [got, *more], taker, report, skipped, ends)
+                await self._batch(f, [got, *more], taker, report, skipped, ends, blocked)
             for m in skipped:
                 report.left[m.headers.get("x-quarantine-queue", "")] += 1
         finally:
@@ -382,7 +451,7 @@ class Restores:
         return report
 
     async def _batch(self, f: Filter, batch: list[tuple[int, Msg]], taker: _Taker, report: Report,
-                     skipped: list[Msg], ends: dict[tuple[str, int], int]) -> None:
+                     skipped: list[Msg], ends: dict[tuple[str, int], int], blocked: set[str]) -> None:
         """Put back what ``f`` takes of ``batch``: a publish per producer id (the queue and
         partition it was discarded from), each message settled in the quarantine once its
         queue has it."""
@@ -394,7 +463,23 @@ class Restores:
                 continue
             try:
                 queue, pid, msg = republished(h, m.key, m.body)
+                if pid in blocked:  # (not settled: back in the quarantine when the run ends)
+                    report.held[queue] += 1
+                    continue
                 conflict = await taken(h, ends, self._end)
+                if conflict:
+                    res, put = await compensated(self.hook, h, msg, self._read)
+                    self._log_conflict(report, queue, msg, res)
+                    if put is None:
+                        if res.outcome == "dropped":
+                            report.dropped[queue] += 1
+                            taker.settle(tag)
+                        else:  # (failed: not settled, and the rest of its partition's wait behind it)
+                            report.failed[queue] += 1
+                            blocked.add(pid)
+                        continue
+                    report.merged[queue] += res.outcome == "merged"
+                    msg = put
             except (QueueNotFoundError, KeyError, ValueError):
                 # its queue is gone, or it is no quarantined message (headers missing or bad)
                 report.left[h.get("x-quarantine-queue", "")] += 1
@@ -409,13 +494,20 @@ class Restores:
             report.restored[queue] += r.stored
             report.already[queue] += r.duplicates  # (a run cut short had published them)
             report.conflicts[queue] += sum(conflict for _tag, _msg, conflict in items)
-            for tag, msg, conflict in items:
+            for tag, _msg, _conflict in items:
                 taker.settle(tag)
-                if conflict and report.logged < LOGGED:
-                    report.logged += 1
-                    log.info("restore: key conflict in %s: id %s names another message there now; restored with the "
-                             "id of where it landed, %s=%s", queue, msg.headers[RESTORED_ID], RESTORED_ID,
-                             msg.headers[RESTORED_ID])
+
+    @staticmethod
+    def _log_conflict(report: Report, queue: str, msg: PublishMessage, res: Resolution) -> None:
+        """The first LOGGED key conflicts of a run, one by one (a hook's failures always)."""
+        if res.outcome == "failed":
+            log.warning("%s", conflict_line(queue, msg, res))
+        elif report.logged < LOGGED:
+            report.logged += 1
+            log.info("%s", conflict_line(queue, msg, res))
+
+    async def _read(self, queue: str, partition: int, offset: int) -> list[StreamMessage]:
+        return (await self.node.read_stream(queue, partition, offset, 1))[0]
 
     async def _end(self, queue: str, partition: int) -> int:
         return (await self.node.read_stream(queue, partition, 0, 1))[2]

@@ -221,7 +221,8 @@ def document() -> dict[str, Any]:
             "summary": "merge what HA-1014 discarded after a split brain (the queue tandem.quarantine) back into its "
                        "queues, as tandem restore does: each message is published to its queue again with the id of "
                        "where it lands (its old one in x-tandem-restored-id) and taken out of the quarantine; run "
-                       "again, nothing is stored twice. Logged, and in the node's events",
+                       "again, nothing is stored twice. A key conflict goes to the node's compensation hook, if it "
+                       "was started with one. Logged, and in the node's events",
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "additionalProperties": False, "properties": {
                     "from": _t("string", minLength=1, description="only what this node discarded"),
@@ -229,6 +230,12 @@ def document() -> dict[str, Any]:
                     "partition": _t("integer", minimum=0, description="only messages of this partition")}}}}},
             "responses": _resp("done: counts per queue", {"type": "object", "properties": {
                 "restored": _COUNTS, "already": _COUNTS, "conflicts": _COUNTS, "left": _COUNTS,
+                "dropped": {**_COUNTS, "description": "key conflicts the compensation hook (the node's "
+                            "--compensation) dropped: not restored"},
+                "merged": {**_COUNTS, "description": "key conflicts restored in the version the hook made"},
+                "failed": {**_COUNTS, "description": "key conflicts the hook failed on: left in the quarantine"},
+                "held": {**_COUNTS, "description": "left in the quarantine behind one the hook failed on (a "
+                         "partition's messages go back in order)"},
                 "more": _t("boolean", description="the run stopped after 20 s: call again for the rest"),
                 "text": {"type": "array", "items": _t("string")}}},
                 extra={**_CHANGE, 503: "a partition of the quarantine has no active, or its member does not answer"})}},

@@ -7,18 +7,22 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
 import client
+from broker.compensation import Hook, load
 from broker.quarantine import QUEUE
-from broker.restore import WAIT, Filter, Report, republished, taken
+from broker.restore import LOGGED, WAIT, Filter, Report, compensated, conflict_line, republished, taken
 from broker.tools.options import ExamplesFormatter, url_args
 from client.durable.consumer import DurableMessage as Message
 from client.errors import InvalidArgumentError, QueueNotFoundError
-from client.protocol.frames import Publish, PublishOk, expect
+from client.protocol.frames import Publish, PublishMessage, PublishOk, StreamMessage, expect
 
 Command = Coroutine[Any, Any, int]
+
+log = logging.getLogger("tandem.restore")
 
 
 def add_parser(sub: Any) -> None:
@@ -37,14 +41,21 @@ def add_parser(sub: Any) -> None:
                     "that was cut short: nothing is stored twice. Needs the produce and browse permissions on "
                     "the queues and consume on tandem.quarantine. The console (Operations, restore) and the "
                     "admin API (POST /api/v1/restore) run the same merge in the group.\n\n"
+                    "A compensation hook (--compensation NAME: an installed entry point of tandem.compensation) "
+                    "sees both versions of each key conflict, the quarantined message and the queue's own, and "
+                    "decides: restore it (the default), drop it, or restore a version it makes of both "
+                    "(docs/operations.md). Each conflict and what became of it is logged (-v shows them).\n\n"
                     "examples:\n"
                     "  tandem consume tandem.quarantine --no-ack        (look first)\n"
                     "  tandem restore\n"
-                    "  tandem restore --from node3 --queue orders --partition 2\n")
+                    "  tandem restore --from node3 --queue orders --partition 2\n"
+                    "  tandem restore --compensation orders -v\n")
     p.add_argument("--from", dest="origin", default=None, metavar="NODE",
                    help="only what NODE discarded (the losing side's node)")
     p.add_argument("--queue", default=None, metavar="QUEUE", help="only messages of QUEUE")
     p.add_argument("--partition", type=int, default=None, metavar="P", help="only messages of partition P")
+    p.add_argument("--compensation", default=None, metavar="NAME",
+                   help="ask this hook (an entry point of tandem.compensation) about each key conflict")
     url_args(p)
     p.set_defaults(func=restore)
 
@@ -52,10 +63,11 @@ def add_parser(sub: Any) -> None:
 def restore(args: argparse.Namespace) -> Command:
     if args.partition is not None and args.partition < 0:
         raise InvalidArgumentError(f"--partition {args.partition}: a partition number >= 0")
-    return _restore(args, Filter(args.origin, args.queue, args.partition))
+    hook = load(args.compensation) if args.compensation else None
+    return _restore(args, Filter(args.origin, args.queue, args.partition), hook)
 
 
-async def _restore(args: argparse.Namespace, f: Filter) -> int:
+async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> int:
     report = Report()
     ends: dict[tuple[str, int], int] = {}  # (queue, partition) -> the source's end offset there
     async with await client.connect(args.url, client_name="tandem-restore") as conn, \
@@ -63,6 +75,7 @@ async def _restore(args: argparse.Namespace, f: Filter) -> int:
         if QUEUE in {q.name for q in await conn.list_queues()}:
             skipped: list[Message] = []
             seen: set[str] = set()
+            blocked: set[str] = set()  # producer ids with a message the hook failed on (Report.held)
             async with conn.group_consumer(QUEUE, prefetch=10000) as consumer:
                 while (m := await consumer.next(WAIT)) is not None:
                     if m.id in seen:  # (one skipped before, back again: every message has been looked at)
@@ -74,8 +87,31 @@ async def _restore(args: argparse.Namespace, f: Filter) -> int:
                         skipped.append(m)
                         continue
                     try:
+                        queue, pid, msg = republished(m.headers, m.key, m.body)
+                        if pid in blocked:
+                            report.held[queue] += 1
+                            skipped.append(m)
+                            continue
                         conflict = await taken(m.headers, ends, functools.partial(_end, link))
-                        dup = await _republish(link, m)
+                        if conflict:
+                            res, put = await compensated(hook, m.headers, msg, functools.partial(_read, link))
+                            if res.outcome == "failed":
+                                log.warning("%s", conflict_line(queue, msg, res))
+                            elif report.logged < LOGGED:
+                                report.logged += 1
+                                log.info("%s", conflict_line(queue, msg, res))
+                            if put is None:
+                                if res.outcome == "dropped":
+                                    report.dropped[queue] += 1
+                                    m.ack()
+                                else:
+                                    report.failed[queue] += 1
+                                    blocked.add(pid)
+                                    skipped.append(m)
+                                continue
+                            report.merged[queue] += res.outcome == "merged"
+                            msg = put
+                        dup = await _republish(link, queue, pid, msg)
                     except (QueueNotFoundError, KeyError, ValueError):  # (its queue is gone, or bad headers)
                         report.left[queue] += 1
                         skipped.append(m)
@@ -102,10 +138,12 @@ async def _end(link: client.Connection, queue: str, partition: int) -> int:
     return (await link.read(queue, partition, 0, 1))[2]
 
 
-async def _republish(link: client.Connection, m: Message) -> bool:
-    """Publish ``m`` to its queue again, its old id in x-tandem-restored-id; True if the
-    queue had it already."""
-    queue, pid, msg = republished(m.headers, m.key, m.body)
+async def _read(link: client.Connection, queue: str, partition: int, offset: int) -> list[StreamMessage]:
+    return (await link.read(queue, partition, offset, 1))[0]
+
+
+async def _republish(link: client.Connection, queue: str, pid: str, msg: PublishMessage) -> bool:
+    """Publish ``msg`` to ``queue`` under producer ``pid``; True if the queue had it already."""
     reply = expect(await link.request(lambda rid: Publish(rid=rid, queue=queue, producer_id=pid, messages=[msg])),
                    PublishOk)
     return reply.duplicates > 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import textwrap
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,10 @@ from tests.integration.test_replication import (_disabled, _node3_behind_proxies
                                                override_and_write, produce, q_then_node3_cut)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
+
+#: a restore's report that counts nothing
+NONE: dict[str, dict[str, int]] = {"restored": {}, "already": {}, "conflicts": {}, "left": {}, "dropped": {},
+                                   "merged": {}, "failed": {}, "held": {}}
 
 
 @dataclass
@@ -133,8 +139,7 @@ async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) 
         sb = await _healed_split_brain(cl, proxies)
         rc, out, err = await tandem("restore", "--json", "--url", cl.url)
         assert rc == 0, err
-        assert json.loads(out) == {"restored": {"q": len(sb.solo)}, "already": {}, "conflicts": {"q": sb.taken},
-                                   "left": {}}, out
+        assert json.loads(out) == {**NONE, "restored": {"q": len(sb.solo)}, "conflicts": {"q": sb.taken}}, out
         await _merged(cl, sb)
         rc, out, err = await tandem("restore", "--url", cl.url)
         assert rc == 0 and out.strip() == f"nothing to restore: {QUARANTINE} holds no message that matches", (out,
@@ -165,13 +170,13 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
                     assert r.status == 400 and (await r.json())["message"].startswith(f"{field}: "), await r.text()
             async with s.post(url, json={"queue": "other"}) as r:  # the filter takes none: all stay
                 assert r.status == 200, await r.text()
-                assert await r.json() == {"restored": {}, "already": {}, "conflicts": {}, "left": {"q": len(sb.solo)},
+                assert await r.json() == {**NONE, "left": {"q": len(sb.solo)},
                                           "text": [f"{len(sb.solo)} message(s) of q left in {QUARANTINE}"]}
             async with s.post(url, json={"from": "node3"}) as r:
                 assert r.status == 200, await r.text()
                 report = await r.json()
             assert {k: v for k, v in report.items() if k != "text"} == {
-                "restored": {"q": len(sb.solo)}, "already": {}, "conflicts": {"q": sb.taken}, "left": {}}, report
+                **NONE, "restored": {"q": len(sb.solo)}, "conflicts": {"q": sb.taken}}, report
             assert report["text"][0].startswith(f"{len(sb.solo)} message(s) restored to q; {sb.taken} of their ids"), \
                 report
             events = (await cl.status(asked)).events
@@ -186,3 +191,122 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
             await p.stop()
 
 
+
+
+HOOKS = textwrap.dedent('''
+    from broker.compensation import DROP, Version
+
+    def strict(c):
+        """solo-I: I % 3 == 0 dropped, 1 merged with the queue's own message, 2 a failure"""
+        i = int(c.discarded.body.split(b"-")[1])
+        if i % 3 == 0:
+            return DROP
+        if i % 3 == 1:
+            return Version(c.discarded.key, dict(c.discarded.headers), c.discarded.body + b"|" + c.kept.body)
+        raise RuntimeError(f"strict: no rule for {c.discarded.body[:8]!r}")
+
+    def lenient(c):
+        return None
+''')
+
+
+def make_hooks(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "tandem_restore_hooks.py").write_text(HOOKS)
+    info = root / "tandem_restore_hooks-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tandem-restore-hooks\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[tandem.compensation]\nstrict = tandem_restore_hooks:strict\n"
+                                           "lenient = tandem_restore_hooks:lenient\n")
+    return root
+
+
+async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook sees both versions of each key conflict: ``tandem restore --compensation strict``
+    drops some, merges some with the queue's own message and fails on others, which stay in
+    the quarantine with the rest of their partition's; the group's run (the nodes'
+    ``--compensation lenient``) restores those.  In the end the queue holds the majority's
+    messages, the solo ones not in conflict, the merged versions and the ones the first run
+    left: each once, and nothing the hook dropped.
+    A node told to use a hook that is not installed does not start."""
+    monkeypatch.setenv("PYTHONPATH", str(make_hooks(tmp_path / "hooks")))  # (the nodes' and the CLI's)
+    rc, _out, err = await tandem("broker", "start", "--data-dir", str(tmp_path / "nope"), "--port", "0",
+                                 "--compensation", "nope")
+    assert rc != 0 and "compensation: compensation hook 'nope' is not installed" in err, err
+    assert "Traceback" not in err, err
+    cl = LocalCluster(tmp_path / "group", nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--compensation", "lenient"])
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        sb = await _healed_split_brain(cl, proxies)
+        async with await client.connect_link(cl.url) as link:
+            ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
+            kept_at = {(p, m.offset): m.body for p in range(3) for m in await _read_all(link, "q", p)}
+        # what the hook does, partition by partition in offset order: a failure holds back the
+        # rest of its partition (they go back in order, or a later sequence number would make
+        # an earlier one look like a duplicate)
+        first: Counter[str] = Counter()
+        merged: set[bytes] = set()
+        kept: list[bytes] = []  # put back as they were (no conflict)
+        dropped: list[bytes] = []
+        remaining: list[StreamMessage] = []  # left in the quarantine for the second run
+        by_part: dict[int, list[StreamMessage]] = {}
+        for m in sb.held:
+            by_part.setdefault(int(m.headers["x-quarantine-partition"]), []).append(m)
+        for p, msgs in by_part.items():
+            blocked = False
+            for m in sorted(msgs, key=lambda m: int(m.headers["x-quarantine-offset"])):
+                offset = int(m.headers["x-quarantine-offset"])
+                rule = int(m.body.split(b"-")[1]) % 3
+                if blocked:
+                    first["held"] += 1
+                    remaining.append(m)
+                elif offset >= ends[p]:
+                    first["restored"] += 1
+                    kept.append(m.body)
+                elif rule == 0:
+                    first["dropped"] += 1
+                    dropped.append(m.body)
+                elif rule == 1:
+                    first.update(["restored", "conflicts", "merged"])
+                    merged.add(m.body + b"|" + kept_at[(p, offset)])
+                else:
+                    first["failed"] += 1
+                    remaining.append(m)
+                    blocked = True
+        assert first["dropped"] and first["merged"] and first["failed"], first  # (each answer is exercised)
+
+        rc, out, err = await tandem("restore", "--json", "--compensation", "strict", "--url", cl.url)
+        assert rc == 0, err
+        assert json.loads(out) == {**NONE, **{k: {"q": n} for k, n in first.items()}}, (out, first)
+        assert err.count("the compensation hook failed (RuntimeError: strict: no rule for") == first["failed"], err
+
+        # the group's own run: the nodes' hook keeps what the first one failed on
+        st = await cl.status("node1")
+        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+        async with aiohttp.ClientSession(headers=admin) as s:
+            async with s.post(cl.console_url(serving) + "api/v1/restore") as r:
+                assert r.status == 200, await r.text()
+                report = await r.json()
+        conflicting = sum(int(m.headers["x-quarantine-offset"]) < ends[int(m.headers["x-quarantine-partition"])]
+                          for m in remaining)
+        assert {k: v for k, v in report.items() if k != "text"} == {
+            **NONE, "restored": {"q": len(remaining)}, **({"conflicts": {"q": conflicting}} if conflicting else {})
+        }, report
+
+        assert all(b.split(b"|")[1].startswith(b"maj-") for b in merged), merged  # (the hook saw the source's)
+        expected = sb.majority + kept + sorted(merged) + [m.body for m in remaining]
+        consumed = await drain(cl.url_of("node1"), "q")
+        v = classify(expected, expected, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert not {b for b, _ in consumed} & set(dropped)  # (dropped: never restored)
+        async with await client.connect(cl.url) as conn:  # the quarantine is empty: nothing left over
+            async with conn.consumer(QUARANTINE, prefetch=10) as c:
+                assert await c.next(1.0) is None
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()

@@ -48,7 +48,8 @@ def test_reports_sum_and_print_one_line_per_queue() -> None:
     b.already["q"] += 1
     b.left["gone"] += 4
     a.add(b)
-    assert a.json() == {"restored": {"q": 5}, "already": {"q": 1}, "conflicts": {"q": 1}, "left": {"gone": 4}}
+    assert a.json() == {"restored": {"q": 5}, "already": {"q": 1}, "conflicts": {"q": 1}, "left": {"gone": 4},
+                        "dropped": {}, "merged": {}, "failed": {}, "held": {}}
     assert Report.from_json(a.json()) == a
     lines = a.lines(narrowed=False)
     assert lines[0].startswith("5 message(s) restored to q (1 were there already); 1 of their ids name")
@@ -62,7 +63,8 @@ def test_reports_sum_and_print_one_line_per_queue() -> None:
 
 
 @pytest.mark.parametrize("value", [[], {"restored": []}, {"left": {"q": -1}}, {"already": {"q": "3"}},
-                                   {"conflicts": {1: 2}}, {"more": "yes"}])
+                                   {"conflicts": {1: 2}}, {"more": "yes"}, {"dropped": {"q": True}},
+                                   {"failed": []}])
 def test_a_report_from_another_member_that_does_not_fit_is_refused(value: object) -> None:
     with pytest.raises(InvalidArgumentError):
         Report.from_json(value)
