@@ -39,7 +39,7 @@ from broker.publish import PublishRequest, PublishResult
 from broker.queues import ID_HEADER, MAX_PARTITIONS, Msg, Queue, msg_from_store
 from broker.security import CatalogueHost, catalogue_change, commit_catalogue
 from client.clock import Clock
-from client.errors import InvalidArgumentError, NotActiveError, TandemError
+from client.errors import InvalidArgumentError, NotActiveError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import PublishMessage
 from storage.base import PutMeta, PutQueue, QueueMeta, SetUpdating, Settle, WriteOp
@@ -280,8 +280,10 @@ class Remaps:
             try:
                 theirs = str(decode_reply(await self.node.forward(member, AuditFwd(meta.name))))
             except TandemError as exc:
-                raise InvalidArgumentError(f"partition update: {member} did not answer the audit ({exc.message}): "
-                                           f"every member must agree on the queue's partitions first") from None
+                # (unreachable for now, a lost link say: UNAVAILABLE, which a client asks again)
+                kind = UnavailableError if isinstance(exc, UnavailableError) else InvalidArgumentError
+                raise kind(f"partition update: {member} did not answer the audit ({exc.message}): every member must "
+                           f"agree on the queue's partitions first") from None
             if theirs != mine:
                 differ.append(f"{member} has {theirs}")
         if differ:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -12,12 +13,17 @@ from typing import Any
 import client
 from broker.tools.options import ExamplesFormatter, url_args
 from client.clock import SYSTEM_CLOCK
-from client.errors import InvalidArgumentError
+from client.errors import InvalidArgumentError, UnavailableError
 from client.protocol.frames import StatusOk
 
 Command = Coroutine[Any, Any, int]
 
+log = logging.getLogger("tandem.cli")
+
 POLL = 0.1  # seconds between two looks at the move (--wait)
+#: seconds a command looks for the outcome of a request whose answer was lost (UNAVAILABLE: the
+#: member asked lost its link to the member doing the change, which may have made it or not)
+SETTLE = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -159,11 +165,22 @@ def add_partitions(args: argparse.Namespace) -> Command:
     return _add(args)
 
 
+async def _partitions(conn: client.Connection, queue: str) -> int | None:
+    return next((q.partitions for q in await conn.list_queues() if q.name == queue), None)
+
+
 async def _add(args: argparse.Namespace) -> int:
     async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
-        await conn.add_partitions(args.queue, args.count, placement=args.placement or None)
-        info = next((q for q in await conn.list_queues() if q.name == args.queue), None)
-    total = info.partitions if info is not None else None
+        before = await _partitions(conn, args.queue)
+        try:
+            await conn.add_partitions(args.queue, args.count, placement=args.placement or None)
+        except UnavailableError as e:
+            # Not asked again: had the change been made after all, a second one would add as many
+            # again.  Its outcome shows in the queue's partition count within moments, or never.
+            if before is None or not await _settled(lambda: _count_is(conn, args.queue, before + args.count)):
+                raise UnavailableError(f"{e.message}: the partitions may or may not have been added (tandem "
+                                       f"queues shows the count; ask again if it is still {before})") from None
+        total = await _partitions(conn, args.queue)
     print(json.dumps({"queue": args.queue, "added": args.count, "partitions": total}) if args.json else
           f"queue {args.queue} now has {total} partitions (tandem partition update {args.queue} re-maps what it "
           f"holds)")
@@ -180,11 +197,48 @@ def updating(st: StatusOk, queue: str) -> bool:
     return any(u.split(" ", 1)[0] == queue for u in st.updating)
 
 
+async def _count_is(conn: client.Connection, queue: str, total: int) -> bool:
+    return await _partitions(conn, queue) == total
+
+
+async def _settled(made: Callable[[], Coroutine[Any, Any, bool]]) -> bool:
+    """Whether ``made`` says so within SETTLE seconds."""
+    try:
+        async with SYSTEM_CLOCK.timeout(SETTLE):
+            while not await made():
+                await SYSTEM_CLOCK.sleep(POLL)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _start_update(conn: client.Connection, queue: str, mapper: str) -> StatusOk:
+    """Start the update; asked again (it may be) while the answer is lost, for up to SETTLE
+    seconds: an update under way is the outcome wanted, whoever started it."""
+    deadline = SYSTEM_CLOCK.monotonic() + SETTLE
+    lost: UnavailableError | None = None
+    while True:
+        try:
+            return await conn.update_partitions(queue, mapper=mapper)
+        except UnavailableError as e:
+            lost = e
+            log.info("partition update %s: %s: looking whether it started, else asking again", queue, e.message)
+        except InvalidArgumentError as e:
+            if lost is None or "is being updated" not in e.message:
+                raise
+        st = await conn.status()
+        if updating(st, queue):
+            return st  # (the lost request made it)
+        if SYSTEM_CLOCK.monotonic() >= deadline:
+            raise lost
+        await SYSTEM_CLOCK.sleep(POLL * 5)
+
+
 async def _update(args: argparse.Namespace) -> int:
     clock = SYSTEM_CLOCK
     async with await client.connect_link(args.url, client_name="tandem-cli") as conn:
         started = clock.monotonic()
-        st = await conn.update_partitions(args.queue, mapper=args.mapper)
+        st = await _start_update(conn, args.queue, args.mapper)
         if args.wait:
             got = await _until(conn, st, lambda s: not updating(s, args.queue), args.timeout)
             if got is None:

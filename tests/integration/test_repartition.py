@@ -6,8 +6,10 @@ its id."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,13 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, DrillConfig
+from broker.tools.faults import FaultProxy
 from client.clock import SYSTEM_CLOCK
 from client.mapper import JumpHashMapper
 from client.protocol.frames import Publish, PublishMessage, PublishOk, expect
-from tests.conftest import running_group
+from tests.conftest import FAST, running_group
 from tests.helpers import tandem, wait_until
+from tests.integration.test_replication import drain
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -259,3 +263,67 @@ async def test_a_single_node_adds_partitions_and_updates_too(link: client.Connec
             m.ack()
         assert await c.next(0.3) is None
     assert set(got.values()) == {0, 1, 2, 3}
+
+
+async def test_an_update_whose_answer_is_lost_is_asked_again_once_the_links_are_back(tmp_path: Path) -> None:
+    """node2's peer links stall (fault proxies hold every byte: the connections hang, they do not
+    close) and node2 sees its peers Down; ``tandem partition update`` asked of node2 is answered
+    UNAVAILABLE (the audit cannot reach the other members), so the command looks whether the
+    update started and asks again; once the links are back, the update goes through and the
+    command ends well.  Every message is then where the mapper places it, once."""
+    n = 600
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node2"])).start(),  # (node1 dials node2,
+               await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start()]  # node2 dials node3)
+    cl.route("node1", "node2", proxies[0].address)
+    cl.route("node2", "node3", proxies[1].address)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("lost", partitions=2)
+            await conn.producer("lost").send_many([(f"l{i}".encode(), f"key{i}") for i in range(n)])
+        rc, _out, err = await tandem("partition", "add", "lost", "1", "--url", cl.url)
+        assert rc == 0, err
+        for px in proxies:
+            px.delay = 3600.0
+
+        async def node2_alone() -> bool:
+            st = await cl.status("node2")
+            return all(r.state == "Down" for r in st.remotes)
+
+        await wait_until(node2_alone, timeout=30, what="node2 seeing its peers Down")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker.cli", "-v", "partition", "update", "lost", "--wait",
+            "--url", cl.url_of("node2"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        assert proc.stderr is not None
+        try:
+            seen: list[str] = []
+            async with SYSTEM_CLOCK.timeout(30):
+                while not any("looking whether it started, else asking again" in line for line in seen):
+                    line = (await proc.stderr.readline()).decode()
+                    assert line, f"the command ended without asking again: {seen}"
+                    seen.append(line)
+            assert "did not answer the audit" in seen[-1], seen
+            for px in proxies:  # the stalled connections go; new ones pass
+                px.delay = 0.0
+                px.cut()
+                px.heal()
+            out, rest = await asyncio.wait_for(proc.communicate(), 120)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, "".join(seen) + rest.decode()
+        assert out.decode().startswith("queue lost updated in "), out
+        mapper = JumpHashMapper(3)
+        async with await client.connect_link(cl.url) as link:
+            for p in range(3):
+                msgs = (await link.read("lost", p, 0, 1000))[0]
+                assert msgs and all(m.key is not None and mapper.partition(m.key) == p for m in msgs), p
+        drained = await drain(cl.url, "lost")
+        assert sorted(b for b, _ in drained) == sorted(f"l{i}".encode() for i in range(n))
+    finally:
+        await cl.stop()
+        for px in proxies:
+            await px.stop()
