@@ -84,7 +84,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
                 "join", "seeds",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
-                "objects_locked_per_transaction", "compensation", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
+                "objects_locked_per_transaction", "compensation", "weak_hold_bytes", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
                 "cluster_secret_file", "permitted_nodes", "disk_free_limit", "max_memory"):
         v = getattr(args, key)
@@ -244,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="N", help="a partition's snapshot goes to a new or lagging replica in parts of at "
                                          "most N messages (and 4 MiB), each read in a transaction of its own, so "
                                          "the active does not stop for a large partition (default 1000)")
+    group.add_argument("--weak-hold-bytes", dest="weak_hold_bytes", metavar="BYTES",
+                       help="per partition, what an active under a weak override (quorum override, designated "
+                            "primary) wrote and no majority holds stays in its log up to this much (a number, or "
+                            "with a K, M or G suffix), so that a heal can compare it and quarantine what it "
+                            "discards; past it, it is compacted and a heal loses it, reported (default 256M)")
     group.add_argument("--compensation", metavar="NAME",
                        help="a restore run by the group (admin API, console) asks this hook, an installed entry "
                             "point of tandem.compensation, what to do with each key conflict (docs/operations.md; "

@@ -36,6 +36,7 @@ Example ``tandem.toml``::
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
     objects_locked_per_transaction = 1000  # messages per part of a snapshot sent to a replica (new or behind)
     compensation = "orders"     # a restore's key conflicts go to this hook (entry point tandem.compensation)
+    weak_hold_bytes = "256M"    # per partition: what a weak override's active wrote stays in its log up to this
 
     # two-node groups (docs/shared-mode.md): who may be active when there is no third node
     arbiter = "majority"        # majority | lockfile | witness
@@ -137,6 +138,11 @@ class NodeConfig:
     #: key conflict (broker.compensation; an entry point of tandem.compensation, installed on
     #: every member); empty: the quarantined message is restored beside the source's
     compensation: str = ""
+    #: bytes of entries a weak active (quorum_override, designated_primary) wrote that no
+    #: majority is known to hold, kept in a partition's log (and memory) so that a heal can
+    #: compare them and quarantine what it discards (broker.replication.compaction.weak_cap);
+    #: past it they are compacted, and a heal against another active loses them, reported
+    weak_hold_bytes: int = 256 * 1024 * 1024
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy
     advertise: str | None = None
@@ -270,6 +276,8 @@ class NodeConfig:
             raise ConfigError("max_prefetch: must be 1 .. 65535")
         if self.max_failed_logins < 1:
             raise ConfigError("max_failed_logins: must be >= 1")
+        if not isinstance(self.weak_hold_bytes, int) or self.weak_hold_bytes < 0:
+            raise ConfigError(f"weak_hold_bytes {self.weak_hold_bytes!r}: must be >= 0 bytes")
         if self.compensation:
             from broker.compensation import load  # (scans the installed packages: only when named)
             try:
@@ -447,7 +455,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError("permitted_nodes: expected a list of \"NAME\" or \"NAME@HOST\" strings")
         return tuple(value)
-    if key in ("disk_free_limit", "max_memory"):
+    if key in ("disk_free_limit", "max_memory", "weak_hold_bytes"):
         return parse_size(value, key)
     if key in ("designated_primary", "join"):
         if not isinstance(value, bool):

@@ -13,10 +13,16 @@ from ha.messages import Entry
 class EntryLog:
     """``entries[i]`` has index ``snap_index + i + 1``."""
 
-    __slots__ = ("entries", "snap_index", "snap_term", "snap_origin")
+    __slots__ = ("entries", "snap_index", "snap_term", "snap_origin", "snap_weak", "snap_recency")
 
     def __init__(self, snapshot: tuple[int, int, str], entries: list[Entry]) -> None:
         self.snap_index, self.snap_term, self.snap_origin = snapshot
+        #: the snapshot ends in an entry a weak active wrote (compacted past the driver's bound
+        #: of such entries, unless a strong one follows in the log), and the position of its
+        #: last entry written under a real quorum, what elections compare (:meth:`recency`); a
+        #: snapshot loaded from the store counts as strong (the store keeps no such mark)
+        self.snap_weak = False
+        self.snap_recency = (self.snap_term, self.snap_index)
         self.entries = list(entries)
         if self.entries and self.entries[0].index != self.snap_index + 1:
             raise ValueError(f"log starts at {self.entries[0].index}, snapshot ends at {self.snap_index}")
@@ -65,11 +71,15 @@ class EntryLog:
         for e in reversed(self.entries):
             if not e.weak:
                 return e.term, e.index
-        return self.snap_term, self.snap_index  # compacted entries were committed
+        return self.snap_recency  # (compacted: as of the snapshot)
 
     def compact(self, upto: int) -> None:
         """Forget the entries up to ``upto`` (in the log): they become the snapshot."""
         last = self.entry(upto)
+        strong = next((e for e in reversed(self.entries[:upto - self.snap_index]) if not e.weak), None)
+        if strong is not None:
+            self.snap_recency = (strong.term, strong.index)
+        self.snap_weak = last.weak
         del self.entries[:upto - self.snap_index]
         self.snap_index, self.snap_term, self.snap_origin = upto, last.term, last.origin
 
@@ -79,7 +89,7 @@ class EntryLog:
         del self.entries[index - self.snap_index - 1:]
         return dropped
 
-    def install(self, index: int, term: int, origin: str, *, keep: bool) -> list[Entry]:
+    def install(self, index: int, term: int, origin: str, *, keep: bool, weak: bool = False) -> list[Entry]:
         """A snapshot at (index, term, origin) replaces the log up to ``index``; with
         ``keep`` the entries after it stay (they match the sender's), otherwise every entry
         goes.  The dropped entries after ``index``."""
@@ -90,4 +100,5 @@ class EntryLog:
             dropped = self.entries[max(0, index - self.snap_index):]
             self.entries = []
         self.snap_index, self.snap_term, self.snap_origin = index, term, origin
+        self.snap_weak, self.snap_recency = weak, ((term, index) if not weak else self.snap_recency)
         return dropped

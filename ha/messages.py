@@ -95,6 +95,10 @@ class InstallSnapshot:
     #: the partition's members as of ``index`` (:mod:`ha.members`); the driver fills it in
     #: with :meth:`ha.replica.Replica.members_at` (None: the receiver keeps its own)
     members: Members | None = None
+    #: the state ends in entries a weak active wrote that no majority is known to hold: a
+    #: replica whose log a majority wrote refuses it (Replica._on_snapshot), as it refuses
+    #: such entries
+    weak: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,9 @@ class SnapshotChunk:
     index: int
     seq: int
     data: bytes
+    #: the snapshot is weak (InstallSnapshot.weak): a replica whose log a majority wrote
+    #: refuses the stream at its first part, before it would start the partition over
+    weak: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +194,13 @@ class EntriesDiscarded:
     when a majority lost unsynced writes (every node's power cut under a weak
     ``remote_sync``) and elected one of itself.  With ``upto`` the entries were replaced by
     a snapshot that does not say which of them it holds: ``committed`` is then at most what
-    was lost (those of a term after the snapshot's are lost for certain: ``certain``)."""
+    was lost (those of a term after the snapshot's are lost for certain: ``certain``).
+
+    With ``compacted`` the active's log differs from what this node had compacted already
+    (entries a weak active wrote past what the driver keeps of them): the first entry
+    counted is this node's snapshot's last (its payload unknown, None), and an unknown number
+    before it went too, neither counted nor kept.  The driver rebuilds the partition from
+    the active."""
 
     node: str
     term: int
@@ -199,6 +212,7 @@ class EntriesDiscarded:
     weak: int = 0
     upto: bool = False
     certain: int = 0
+    compacted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

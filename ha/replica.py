@@ -415,6 +415,15 @@ class Replica:
             upto = e.index - 1
         return upto
 
+    def _state_weak(self) -> bool:
+        """Whether the applied state ends in entries a weak active wrote that no majority is
+        known to hold (what a snapshot of it carries: InstallSnapshot.weak)."""
+        if self.cfg.arbitrated:
+            return False
+        if self.applied > self.snap_index:
+            return self.entry(self.applied).weak
+        return self._log.snap_weak
+
     def compact(self, upto: int) -> None:
         """Forget entries up to ``upto`` (at most what is applied): the driver's state has
         them.  A replica that needs them later gets a snapshot instead.  The driver keeps
@@ -654,7 +663,7 @@ class Replica:
             # The entries it needs are compacted: a snapshot (at most one per election
             # timeout in flight), and meanwhile a keep-alive it cannot match.
             if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
-                self._send(p, InstallSnapshot(self.term, self.id))
+                self._send(p, InstallSnapshot(self.term, self.id, weak=self._state_weak()))
             nxt = self.snap_index + 1
             entries: tuple[Entry, ...] = ()
         else:
@@ -733,7 +742,22 @@ class Replica:
         if not self._follow(m.term, m.leader, (m.prev_term, m.prev_index)):
             return
         if m.prev_index < self.snap_index:
-            # It resends what we have compacted (committed, so identical): skip those.
+            # It resends what we have compacted: committed, so identical, unless a weak active
+            # wrote it here and the driver had to compact it (broker.replication.compaction).
+            # What reaches the snapshot's last entry is compared with it; an entry of a later
+            # term than that cannot be in it.  Short of it, only the entries sent are promised.
+            covered = m.prev_index + len(m.entries)
+            if covered < self.snap_index:
+                if any(e.term > self.snap_term for e in m.entries):
+                    self._diverged_below_snapshot()
+                    return
+                self._send(m.leader, AppendReply(self.term, self.id, True, covered))
+                return
+            at = m.entries[self.snap_index - m.prev_index - 1]
+            if (at.term, at.origin) != (self.snap_term, self.snap_origin) or any(
+                    e.term > self.snap_term for e in m.entries[:self.snap_index - m.prev_index]):
+                self._diverged_below_snapshot()
+                return
             skip = self.snap_index - m.prev_index
             m = AppendEntries(m.term, m.leader, self.snap_index, self.snap_term, self.snap_origin,
                               m.entries[skip:], m.commit)
@@ -748,7 +772,7 @@ class Replica:
                 if mine.term == e.term and mine.origin == e.origin:
                     continue
                 if e.weak and not mine.weak and not self.cfg.arbitrated:
-                    self._fence_weak_active(m)
+                    self._fence_weak_active(m.term, m.leader)
                     return
                 self._truncate(e.index)
             self._log.entries.append(e)
@@ -766,6 +790,11 @@ class Replica:
     def _on_snapshot(self, m: InstallSnapshot) -> None:
         if not self._follow(m.term, m.leader, (m.last_term, m.index)):
             return
+        if m.weak and self.refuses_weak_snapshot() and not self._log.has(m.index, m.last_term, m.last_origin):
+            # As with its entries (_on_append): an active elected under a weak override,
+            # that compacted what it wrote alone, would replace what a majority wrote
+            self._fence_weak_active(m.term, m.leader)
+            return
         matches = self._log.has(m.index, m.last_term, m.last_origin) or m.index < self.snap_index
         if matches and m.index <= self.commit:
             self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
@@ -775,7 +804,7 @@ class Replica:
         # and so are the entries before it that differ (_replaced_by_snapshot).
         first = self.snap_index + 1
         replaced = [] if matches else self._log.slice(first, min(m.index, self.last_index))
-        dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches)
+        dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches, weak=m.weak)
         if m.members is not None:
             self._base = m.members
         self._refresh_members()
@@ -794,16 +823,38 @@ class Replica:
         self._hard_state_changed()
         self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
 
-    def _fence_weak_active(self, m: AppendEntries) -> None:
+    def _diverged_below_snapshot(self) -> None:
+        """The active's log differs from what this node has compacted (HA-1014): report its
+        snapshot's last entry and every entry after it as discarded, confirmed, and that more
+        before them went uncounted (``compacted``).  Nothing is answered: the driver starts the
+        partition over empty, and the active brings it everything again."""
+        after = self._log.slice(self.snap_index + 1, self.last_index)
+        payloads = (None, *(e.data for e in after))
+        committed = 1 + sum(1 for e in after if e.index <= self.commit)
+        self._ready.events.append(EntriesDiscarded(self.id, self.term, self.snap_index, len(payloads), committed,
+                                                   payloads=payloads, certain=committed, compacted=True,
+                                                   weak=sum(1 for e in after if e.weak and e.index <= self.commit)))
+
+    def refuses_weak_snapshot(self) -> bool:
+        """Whether a snapshot of a weak active's state (InstallSnapshot.weak) would replace
+        committed entries a strong active wrote here (a majority has them): refused, and its
+        sender deposed (the driver asks before it starts a partition over for a stream)."""
+        if self.cfg.arbitrated:
+            return False
+        if any(not e.weak for e in self._log.slice(self.snap_index + 1, self.commit)):
+            return True
+        return self.snap_index > 0 and not self._log.snap_weak
+
+    def _fence_weak_active(self, term: int, leader: str) -> None:
         """An active elected under a weak override would overwrite entries a majority wrote:
         refuse, and depose it with a higher term; an election among the majority follows."""
-        self.term = m.term + 1
+        self.term = term + 1
         self.voted_for = None
         self.leader = None
         self._hard_state_changed()
         self._election_at = self._now
         self._sanctioned = True  # (its term is raised already: no pre-vote)
-        self._send(m.leader, AppendReply(self.term, self.id, False, 0))
+        self._send(leader, AppendReply(self.term, self.id, False, 0))
 
     def _truncate(self, index: int) -> None:
         """Drop entries from ``index`` on: the active's log has others there (HA-1014).

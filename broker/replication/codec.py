@@ -26,7 +26,10 @@ whoever sent the bytes.
     4 INSTALL_SNAPSHOT      term int, leader str, index int, last_term int,
                             last_origin str, data bin (a snapshot, below),
                             [members: [[voter str, ...], [learner str, ...]] | nil]
-                            (the partition's members as of index, ha.members)
+                            (the partition's members as of index, ha.members),
+                            [weak bool] (the state ends in entries of a weak active no
+                            majority is known to hold: ha.messages.InstallSnapshot.weak;
+                            SNAPSHOT_CHUNK carries it too, after its data)
     5 TIMEOUT_NOW           term int, leader str, rank int
     6 ALIVE                 term int, replica str
     7 PRE_VOTE              as REQUEST_VOTE: would the voter vote for the candidate in
@@ -295,6 +298,14 @@ def _entry_in(a: Any) -> Entry:
                  _str(a[3], "entry origin"), _bool(a[4], "entry weak"))
 
 
+def _snapshot_tail(m: InstallSnapshot) -> list[Any]:
+    """A snapshot's optional fields: its members (nil: none), then whether it is weak."""
+    members = None if m.members is None else [list(m.members.voters), list(m.members.learners)]
+    if m.weak:
+        return [members, True]
+    return [] if members is None else [members]
+
+
 def _members_in(v: Any) -> Members | None:
     """A snapshot's members (ha.members): [[voter, ...], [learner, ...]], or nil."""
     if v is None:
@@ -324,11 +335,11 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {
                               m.prev_origin, [_entry_out(e) for e in m.entries], m.commit],
     AppendReply: lambda m: [MessageKind.APPEND_REPLY, m.term, m.replica, m.success, m.match_index],
     InstallSnapshot: lambda m: [MessageKind.INSTALL_SNAPSHOT, m.term, m.leader, m.index, m.last_term,
-                                m.last_origin, m.data,
-                                *(() if m.members is None else ([list(m.members.voters), list(m.members.learners)],))],
+                                m.last_origin, m.data, *_snapshot_tail(m)],
     TimeoutNow: lambda m: [MessageKind.TIMEOUT_NOW, m.term, m.leader, m.rank],
     Alive: lambda m: [MessageKind.ALIVE, m.term, m.replica],
-    SnapshotChunk: lambda m: [MessageKind.SNAPSHOT_CHUNK, m.term, m.leader, m.index, m.seq, m.data],
+    SnapshotChunk: lambda m: [MessageKind.SNAPSHOT_CHUNK, m.term, m.leader, m.index, m.seq, m.data,
+                              *((True,) if m.weak else ())],
     SnapshotAck: lambda m: [MessageKind.SNAPSHOT_ACK, m.term, m.replica, m.index, m.seq],
 }
 
@@ -346,7 +357,8 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk | Sna
     MessageKind.INSTALL_SNAPSHOT: lambda a: InstallSnapshot(_uint(a[1], "term"), _str(a[2], "leader"),
                                                             _uint(a[3], "index"), _uint(a[4], "last_term"),
                                                             _str(a[5], "last_origin"), _opt_bin(a[6], "data"),
-                                                            _members_in(a[7]) if len(a) > 7 else None),
+                                                            _members_in(a[7]) if len(a) > 7 else None,
+                                                            _bool(a[8], "weak") if len(a) > 8 else False),
     MessageKind.TIMEOUT_NOW: lambda a: TimeoutNow(_uint(a[1], "term"), _str(a[2], "leader"), _uint(a[3], "rank")),
     MessageKind.ALIVE: lambda a: Alive(_uint(a[1], "term"), _str(a[2], "replica")),
     MessageKind.PRE_VOTE: lambda a: RequestVote(_uint(a[1], "term"), _str(a[2], "candidate"),
@@ -355,7 +367,8 @@ _DECODERS: dict[MessageKind, Callable[[list[Any]], Message | SnapshotChunk | Sna
     MessageKind.PRE_VOTE_REPLY: lambda a: VoteReply(_uint(a[1], "term"), _str(a[2], "voter"),
                                                     _bool(a[3], "granted"), pre=True),
     MessageKind.SNAPSHOT_CHUNK: lambda a: SnapshotChunk(_uint(a[1], "term"), _str(a[2], "leader"),
-                                                        _uint(a[3], "index"), _uint(a[4], "seq"), _bin(a[5], "data")),
+                                                        _uint(a[3], "index"), _uint(a[4], "seq"), _bin(a[5], "data"),
+                                                        _bool(a[6], "weak") if len(a) > 6 else False),
     MessageKind.SNAPSHOT_ACK: lambda a: SnapshotAck(_uint(a[1], "term"), _str(a[2], "replica"), _uint(a[3], "index"),
                                                     _uint(a[4], "seq")),
 }

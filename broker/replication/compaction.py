@@ -21,9 +21,10 @@ COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted r
 HOLD_BYTES = 256 * 1024 * 1024
 
 #: entries a weak active wrote that no majority is known to hold are kept in the log up to
-#: this much (Replica.compactable): on a heal against another active they are discarded
-#: (HA-1014) and their messages go to the quarantine; past it they are compacted, and a
-#: heal can neither compare them nor keep them (the log says so when it happens)
+#: this much by default (NodeConfig.weak_hold_bytes; Replica.compactable): on a heal against
+#: another active they are discarded (HA-1014) and their messages go to the quarantine; past
+#: it they are compacted (the log says so when it happens), and a heal finds the log
+#: different there and reports them lost, not kept (Replica._diverged_below_snapshot)
 WEAK_HOLD_BYTES = 256 * 1024 * 1024
 
 
@@ -32,13 +33,13 @@ def entry_bytes(r: Replica, first: int, last: int) -> int:
     return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
 
 
-def weak_cap(r: Replica) -> tuple[int, bool]:
+def weak_cap(r: Replica, hold: int = WEAK_HOLD_BYTES) -> tuple[int, bool]:
     """(how far the log may be compacted, whether that passes entries of a weak active no
-    majority is known to hold: more than WEAK_HOLD_BYTES of them)."""
+    majority is known to hold: more than ``hold`` bytes of them, the node's weak_hold_bytes)."""
     keep = r.compactable()
     if keep >= r.applied:
         return r.applied, False
-    if entry_bytes(r, keep + 1, r.applied) <= WEAK_HOLD_BYTES:
+    if entry_bytes(r, keep + 1, r.applied) <= hold:
         return keep, False
     return r.applied, True
 
@@ -52,13 +53,13 @@ def still_needed(r: Replica, streamed: int | None) -> int | None:
     return streamed if need is None else min(need, streamed)
 
 
-def compact_upto(r: Replica, streamed: int | None = None) -> tuple[int, int]:
+def compact_upto(r: Replica, streamed: int | None = None, hold: int = WEAK_HOLD_BYTES) -> tuple[int, int]:
     """Where to compact, and the bytes of applied entries kept: the last KEEP_ENTRIES
     applied entries, or fewer if they hold more than KEEP_BYTES; on the active also
     every entry a replica that answers still lacks, or that a snapshot streamed to a replica
     is followed by (``streamed``: its index), up to HOLD_BYTES."""
     need = still_needed(r, streamed)  # entries after it are still wanted
-    top, _past = weak_cap(r)
+    top, _past = weak_cap(r, hold)
     i, kept = r.applied, 0
     floor = max(r.snap_index, r.applied - KEEP_ENTRIES)
     while i > r.snap_index:

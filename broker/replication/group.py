@@ -30,7 +30,7 @@ from typing import Any
 from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
 from broker.replication.codec import CATALOGUE, Key, MalformedReplicationError, decode_ops, streamed_parts
 from broker.replication.commit import Proposals
-from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, WEAK_HOLD_BYTES, compact_upto,
+from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto,
                                           weak_cap)
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog, open_log, replica_config
@@ -117,7 +117,12 @@ def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> s
                  f"it holds)")
     else:
         text += f"{ev.committed} of them ({lost_messages} messages) had been confirmed (confirmed and lost)"
-    if ev.weak:
+    if ev.compacted:
+        text += ("; the first of them was the last entry this node had compacted, and the group's log differs "
+                 "there: more entries before it went too, uncounted and not kept (written under a weak override "
+                 "past what a node keeps of such writes in its log, weak_hold_bytes, or confirmed by a "
+                 "majority that lost them); the partition is rebuilt from the active")
+    elif ev.weak:
         text += f"; {ev.weak} of those were written by an active under a weak override"
     else:
         text += (f"; {'where lost, ' if ev.upto else ''}the nodes that had acknowledged them lost them "
@@ -693,16 +698,17 @@ class Replication:
                 self.roles.notify()
         applied_size = plog.applied_bytes - applied_size  # (before compaction recounts it)
         if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
-            upto, plog.applied_bytes = compact_upto(r, self.transport.streamed_at(key, r.progress()))
+            hold = self.host.config.weak_hold_bytes
+            upto, plog.applied_bytes = compact_upto(r, self.transport.streamed_at(key, r.progress()), hold)
             # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
             # while a slow replica holds more than COMPACT_BYTES back)
             plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
-            if weak_cap(r)[1] and not plog.weak_compacted:
+            if weak_cap(r, hold)[1] and not plog.weak_compacted:
                 plog.weak_compacted = True
-                log.error("partition %s on %s: more than %d MiB written under a weak override (quorum_override or "
-                          "designated_primary) that no majority holds: compacting them; should the group heal "
-                          "against another active, they can be neither compared with its log nor kept in the "
-                          "quarantine", plog.name, self.me, WEAK_HOLD_BYTES >> 20)
+                log.error("partition %s on %s: more than %d bytes (weak_hold_bytes) written under a weak override "
+                          "(quorum_override or designated_primary) that no majority holds: compacting them; should "
+                          "the group heal against another active, they can be neither compared with its log nor "
+                          "kept in the quarantine", plog.name, self.me, hold)
             if upto > r.snap_index:
                 r.compact(upto)
                 apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))

@@ -40,7 +40,7 @@ def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
             _drop_foreign_log(host, logs, key)
             continue
         r = plog.replica
-        if r.snap_index >= top or r.applied < top or weak_cap(r)[0] < top:
+        if r.snap_index >= top or r.applied < top or weak_cap(r, host.config.weak_hold_bytes)[0] < top:
             continue  # compacted already (not yet durably), not applied that far yet, or a weak active's
         need = still_needed(r, streamed(key, r.progress()))
         if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:

@@ -90,6 +90,8 @@ class Transport:
         self._streaming: set[tuple[Key, str]] = set()  # (partition, replica) snapshots being sent
         self._incoming: dict[Key, _Incoming] = {}  # snapshots being received
         self._skipped: dict[Key, tuple[str, int, int]] = {}  # streams a replica had no need of
+        #: weak streams refused at their first part, for the core (InstallSnapshot.weak)
+        self._refused: list[tuple[PartLog, InstallSnapshot]] = []
         #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended,
         #: bytes sent): the entries after it are what the replica needs next, kept from compaction
         self._pins: dict[tuple[Key, str], tuple[int, float, int]] = {}
@@ -128,7 +130,7 @@ class Transport:
         pos = self._logs[key].applied
         log.info("catalogue: sending a snapshot at index %d to %s", pos[0], dst)
         members = self._members_at(key, pos[0])
-        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members))
+        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members, m.weak))
         self.flush()
 
     def _put(self, dst: str, key: Key, msg: Message | SnapshotChunk | SnapshotAck) -> None:
@@ -232,7 +234,7 @@ class Transport:
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s) (the link or the role went)",
                          key[0], key[1], dst, parts)
                 return
-            self._put(dst, key, SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part)))
+            self._put(dst, key, SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part), m.weak))
             self.flush()
             parts += 1
             sent += len(part)
@@ -253,7 +255,7 @@ class Transport:
         data = encode_streamed(head, parts) if parts else encode_snapshot(
             PartitionState(next_offset=head.next_offset, delivered_upto=head.delivered_upto, producers=head.producers))
         members = self._members_at(key, pos[0])
-        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members))
+        self._put(dst, key, InstallSnapshot(m.term, m.leader, pos[0], pos[1], pos[2], data, members, m.weak))
         self.flush()
         log.info("partition %d/%d: snapshot at index %d streamed to %s: %d message(s) in %d part(s)", key[0], key[1],
                  pos[0], dst, sent, parts)
@@ -265,6 +267,13 @@ class Transport:
         if m.seq == 0:
             if m.term < r.term or (m.term == r.term and r.leader not in (None, m.leader)):
                 return  # (a deposed active's)
+            if m.weak and r.refuses_weak_snapshot():
+                # A weak active's state over what a majority wrote: not started over for it;
+                # the core refuses it and deposes that active (the stream's end is dropped)
+                self._incoming.pop(key, None)
+                self._skipped[key] = (src, m.term, m.index)
+                self._refused.append((plog, InstallSnapshot(m.term, m.leader, m.index, weak=True)))
+                return
             if r.commit >= m.index:
                 # it has all of it committed (it took the last one, whose answer crossed this)
                 self._incoming.pop(key, None)
@@ -347,6 +356,8 @@ class Transport:
                 if isinstance(msg, SnapshotChunk):
                     if (qid, p) != CATALOGUE:  # (the catalogue's snapshot goes whole)
                         self._part(plog, src, msg)
+                        while self._refused:  # (a weak stream refused: its core deposes the sender)
+                            yield self._refused.pop()
                     continue
                 if isinstance(msg, SnapshotAck):
                     if msg.replica == src:

@@ -76,6 +76,7 @@ class Cluster:
         self._held: dict[str, tuple[Replica, int, int]] = {}
         self.discarded = 0  # HA-1014 entries
         self.discarded_committed = 0  # of those, confirmed by the node that lost them
+        self.compacted_discards = 0  # HA-1014 reports that reached into a node's compacted log
         self.writes = 0
         #: check the safety rules; off only for scripted runs of a weak override, which
         #: gives them up by design (what it costs is what HA-1014 reports)
@@ -120,11 +121,31 @@ class Cluster:
         self.stable[n] = Stable(members=members)
         self.start(n)
 
+    def start_over(self, n: str, ready: Ready) -> None:
+        """What the driver does when the group's log differs from what ``n`` compacted: it
+        counts the loss and starts the partition over empty (term and vote kept), recovering
+        until an active has brought it up to that active's commit."""
+        st = self.stable[n]
+        for ev in ready.events:
+            if isinstance(ev, EntriesDiscarded):
+                self.discarded += ev.count
+                self.discarded_committed += ev.committed
+                self.compacted_discards += ev.compacted
+        self._held.pop(n, None)
+        core = self.nodes[n]
+        assert core is not None
+        self.stable[n] = Stable(term=st.term, voted_for=st.voted_for, members=core.members)
+        self.nodes[n] = Replica(self.config(n), rng=random.Random(self.rng.random()), now=self.now, term=st.term,
+                                voted_for=st.voted_for, recovering=True)
+
     def crash(self, n: str) -> None:
         self.nodes[n] = None
 
     def handle(self, n: str, ready: Ready) -> None:
         st = self.stable[n]
+        if any(isinstance(ev, EntriesDiscarded) and ev.compacted for ev in ready.events):
+            self.start_over(n, ready)
+            return
         if (ready.truncate_from is not None or ready.snapshot is not None
                 or any(isinstance(ev, EntriesDiscarded) for ev in ready.events)):
             self._held.pop(n, None)
@@ -168,7 +189,8 @@ class Cluster:
                 me = self.nodes[n]
                 env = Envelope(env.src, env.dst, InstallSnapshot(env.msg.term, env.msg.leader, i, t, o,
                                                                  tuple(st.state),
-                                                                 me.members_at(i) if me is not None else None))
+                                                                 me.members_at(i) if me is not None else None,
+                                                                 env.msg.weak))
             self.post(env)
         r = self.nodes[n]
         if r is not None and r.role is Role.LEADER:

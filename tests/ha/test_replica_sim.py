@@ -327,6 +327,118 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
     assert all("solo" not in [e.data for e in r.log] for r in c.nodes.values() if r is not None)
 
 
+def test_an_override_active_that_compacted_what_it_wrote_alone_is_found_out_and_rebuilt() -> None:
+    """As above, but the isolated active compacts its solo entries before the heal (the driver
+    does past WEAK_HOLD_BYTES of them: broker.replication.compaction.weak_cap), so they cannot
+    be compared entry by entry.  The majority's log differs at its snapshot's last entry: it
+    reports HA-1014 reaching into its compacted log, the driver starts it over, and it comes
+    back with the majority's log and state, the majority's confirmed entries all there."""
+    for seed in range(10):
+        c = Cluster(seed, ("a", "b", "c"), loss=0.0)
+        old = _elect(c)
+        assert old is not None
+        for _ in range(3):
+            c.write()
+        for _ in range(100):
+            c.step()
+        others = [n for n in ("a", "b", "c") if n != old]
+        c.cut |= {frozenset((old, o)) for o in others}
+        c.strict = False  # a weak override gives up single-active safety by design
+        r = c.nodes[old]
+        assert r is not None
+        c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))
+        for _ in range(1000):
+            c.step()
+            if r.role is Role.LEADER:
+                break
+        assert r.role is Role.LEADER
+        for _ in range(6):
+            ready, _entry = r.propose("solo")
+            c.handle(old, ready)
+        for _ in range(300):
+            c.step()
+        assert r.applied >= 9 and r.entry(r.applied).data == "solo", seed
+        # the driver compacts past them (more than it keeps of a weak active's writes)
+        r.compact(r.applied)
+        st = c.stable[old]
+        st.snap, st.log = (r.snap_index, r.snap_term, r.snap_origin), [e for e in st.log if e.index > r.snap_index]
+        leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
+        assert leader is not None
+        majority = []
+        for i in range(12):  # past the isolated node's snapshot
+            ready, entry = leader.propose(f"maj{i}")
+            c.handle(leader.id, ready)
+            majority.append(entry)
+            c.step()
+        for _ in range(200):
+            c.step()
+        c.handle(old, r.reconfigure(c.config(old)))
+        heal_and_settle(c, 10)
+        assert c.compacted_discards >= 1, seed
+        assert c.discarded_committed >= 1, seed
+        back = c.nodes[old]
+        assert back is not None and back is not r, seed  # (started over)
+        states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
+        assert len(set(states.values())) == 1, f"seed {seed}: {old} did not come back with the group's state"
+        assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
+        assert not any(s[3] == "solo" for s in states[old]), seed
+
+
+def test_an_override_active_with_a_higher_term_cannot_push_its_compacted_writes_over_the_majoritys() -> None:
+    """The isolated active under the override goes through more elections than the majority
+    (its term ends higher), and compacts its solo entries.  The cut heals with the override
+    still on: it is the active the others hear, in the higher term, and it can only send a
+    snapshot, marked weak: a replica whose log a
+    majority wrote refuses it and deposes it (as it refuses weak entries), the majority
+    elects one of its own (a weak snapshot does not count in an election's recency), and the
+    isolated node finds its compacted log different and starts over."""
+    for seed in range(10):
+        c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
+        old = _elect(c)
+        assert old is not None
+        for _ in range(3):
+            c.write()
+        for _ in range(100):
+            c.step()
+        others = [n for n in ("a", "b", "c") if n != old]
+        c.cut |= {frozenset((old, o)) for o in others}
+        c.strict = False
+        r = c.nodes[old]
+        assert r is not None
+        for _round in range(3):  # off and on again: each time it stands alone in a new term
+            c.handle(old, r.reconfigure(c.config(old)))
+            for _ in range(300):
+                c.step()
+            c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))
+            for _ in range(1000):
+                c.step()
+                if r.role is Role.LEADER:
+                    break
+            assert r.role is Role.LEADER, seed
+        for _ in range(6):
+            ready, _entry = r.propose("solo")
+            c.handle(old, ready)
+        for _ in range(300):
+            c.step()
+        r.compact(r.applied)  # (past the driver's bound of a weak active's entries)
+        st = c.stable[old]
+        st.snap, st.log = (r.snap_index, r.snap_term, r.snap_origin), [e for e in st.log if e.index > r.snap_index]
+        leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
+        assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
+        for i in range(12):
+            ready, _entry = leader.propose(f"maj{i}")
+            c.handle(leader.id, ready)
+            c.step()
+        for _ in range(200):
+            c.step()
+        heal_and_settle(c, 20)  # (the override still on: it is active in its term when the others hear it)
+        assert c.compacted_discards >= 1, seed
+        states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
+        assert len(set(states.values())) == 1, f"seed {100 + seed}: the nodes disagree"
+        assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
+        assert not any(s[3] == "solo" for s in states[others[0]]), seed
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         ReplicaConfig(node="x", voters=())

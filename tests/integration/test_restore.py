@@ -23,6 +23,7 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy
 from client.errors import TandemError
+from client.mapper import JumpHashMapper
 from client.protocol.frames import StreamMessage
 from tests.conftest import FAST
 from tests.helpers import tandem, wait_until
@@ -312,3 +313,52 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
         await cl.stop()
         for p in proxies:
             await p.stop()
+
+
+async def test_what_a_weak_active_compacted_past_its_hold_is_found_different_and_rebuilt(tmp_path: Path) -> None:
+    """node3, cut off and forced alone (``quorum_override 1``), writes 12 messages of 3 MiB to
+    one partition while it may keep only 1 MiB of such writes in its log (``--weak-hold-bytes
+    1M``): it compacts past them, and says so.  On the heal the group's log differs from what
+    node3 compacted: HA-1014 says that entries went uncounted and not kept, and node3 rebuilds
+    the partition from the active.  Made that partition's active, node3 then serves exactly
+    the majority's messages: none of its own (lost, reported), none missing."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--weak-hold-bytes", "1M"])
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        await q_then_node3_cut(cl, proxies)
+        part = JumpHashMapper(3).partition("one")
+        majority = [f"maj-{i}".encode() for i in range(40)]
+        async with await client.connect(cl.url_of("node1")) as conn:
+            p = conn.producer("q")
+            for b in majority:
+                await p.send(b, key="one")
+        async with await client.connect_link(cl.url_of("node3")) as iso:
+            await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
+            alone = await override_and_write(iso, "q", b"solo-0-" + b"." * (3 << 20), key="one")
+            for i in range(1, 12):
+                await alone.send(f"solo-{i}-".encode() + b"." * (3 << 20), key="one")
+            await wait_until(lambda: "(weak_hold_bytes) written under a weak override" in
+                             cl.nodes["node3"].log_text(), timeout=30, what="node3 compacting past its solo writes")
+            await iso.set_quorum_override(None)
+        for px in proxies:
+            px.heal()
+
+        async def reported() -> bool:
+            st = await cl.status("node3")
+            return any("HA-1014" in e and "uncounted and not kept" in e for e in st.events)
+
+        await wait_until(reported, timeout=30, what="HA-1014 on node3 reaching into its compacted log")
+        await actives(cl, "q", 3)
+        rc, out, err = await tandem("partition", "move", "q", str(part), "--to", "node3,node1,node2", "--wait",
+                                    "--timeout", "60", "--url", cl.url_of("node1"))
+        assert rc == 0, (out, err)
+        assert (await cl.actives("q", 3))[part] == "node3"
+        consumed = await drain(cl.url_of("node1"), "q")
+        v = classify(majority, majority, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+    finally:
+        await cl.stop()
+        for px in proxies:
+            await px.stop()

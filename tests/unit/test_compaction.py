@@ -103,12 +103,26 @@ def test_what_a_weak_active_wrote_alone_is_not_compacted(small: None) -> None:
     assert compaction.weak_cap(r) == (21, False)
 
 
-def test_past_weak_hold_bytes_a_weak_actives_entries_are_compacted_and_said(small: None,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compaction, "WEAK_HOLD_BYTES", 300)
+def test_past_weak_hold_bytes_a_weak_actives_entries_are_compacted_and_said(small: None) -> None:
     r = _weak_active(20, 10, 50)
-    assert compaction.weak_cap(r) == (31, True)  # (the caller logs it, once)
-    assert compact_upto(r) == (29, 2 * 50)
+    assert compaction.weak_cap(r, 300) == (31, True)  # (the caller logs it, once)
+    assert compaction.weak_cap(r, 500) == (21, False)  # (the node's weak_hold_bytes: all 10 of 50 bytes kept)
+    assert compact_upto(r, None, 300) == (29, 2 * 50)
+
+
+def test_compacted_past_its_weak_entries_a_log_still_knows_what_a_majority_wrote(small: None) -> None:
+    """Past the bound the weak entries are compacted: elections still compare the last entry a
+    majority wrote (not the snapshot's last, a weak one), and a snapshot of the state says
+    it ends in weak entries (InstallSnapshot.weak), as it does while they are in the log."""
+    r = _weak_active(20, 10, 50)
+    strong = r.entry(21)
+    assert not strong.weak and r.entry(31).weak
+    assert r._log.recency() == (strong.term, 21) and r._state_weak()
+    r.compact(31)
+    assert r.snap_index == 31 and r._log.snap_weak
+    assert r._log.recency() == (strong.term, 21) and r._state_weak()
+    r.compact(31)  # (again: nothing changes)
+    assert r._log.recency() == (strong.term, 21)
 
 
 def test_a_strong_entry_after_weak_ones_makes_them_compactable() -> None:

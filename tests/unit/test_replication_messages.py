@@ -92,6 +92,8 @@ MESSAGES: list[Message] = [
     AppendReply(3, "node2", True, 10),
     InstallSnapshot(3, "node1", 10, 2, "node1", b"state"),
     InstallSnapshot(3, "node1", 10, 2, "node1", b"state", Members(("node1", "node2", "node4"), ("node3",))),
+    InstallSnapshot(3, "node1", 10, 2, "node1", b"state", None, True),
+    InstallSnapshot(3, "node1", 10, 2, "node1", b"state", Members(("node1", "node2"), ()), True),
     TimeoutNow(3, "node1", 4),
     Alive(3, "node3"),
     RequestVote(3, "node1", 10, 2, 1, pre=True),
