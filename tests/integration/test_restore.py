@@ -345,11 +345,16 @@ async def test_what_a_weak_active_compacted_past_its_hold_is_found_different_and
         for px in proxies:
             px.heal()
 
-        async def reported() -> bool:
-            st = await cl.status("node3")
-            return any("HA-1014" in e and "uncounted and not kept" in e for e in st.events)
+        seen: list[str] = []
 
-        await wait_until(reported, timeout=30, what="HA-1014 on node3 reaching into its compacted log")
+        async def reported() -> bool:
+            seen[:] = (await cl.status("node3")).events
+            return any("HA-1014" in e and "uncounted and not kept" in e for e in seen)
+
+        try:
+            await wait_until(reported, timeout=30, what="HA-1014 on node3 reaching into its compacted log")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; node3's events: {seen}") from None
         await actives(cl, "q", 3)
         rc, out, err = await tandem("partition", "move", "q", str(part), "--to", "node3,node1,node2", "--wait",
                                     "--timeout", "60", "--url", cl.url_of("node1"))
