@@ -191,6 +191,31 @@ class Report:
     more: bool = False
     #: key conflicts logged one by one so far (the first LOGGED of a run)
     logged: int = field(default=0, compare=False)
+    #: producer ids with a message the hook failed on in this run: the rest of theirs wait (held)
+    blocked: set[str] = field(default_factory=set, compare=False)
+
+    def holds(self, queue: str, pid: str) -> bool:
+        """Whether a message of ``pid`` waits behind one the hook failed on (counted held)."""
+        if pid in self.blocked:
+            self.held[queue] += 1
+            return True
+        return False
+
+    def resolved(self, queue: str, pid: str, msg: PublishMessage, res: Resolution, logger: logging.Logger) -> None:
+        """Count and log a key conflict's outcome (the first LOGGED of a run one by one, a
+        hook's failures always); after a failure the rest of ``pid``'s messages wait."""
+        if res.outcome == "failed":
+            logger.warning("%s", conflict_line(queue, msg, res))
+            self.failed[queue] += 1
+            self.blocked.add(pid)
+            return
+        if self.logged < LOGGED:
+            self.logged += 1
+            logger.info("%s", conflict_line(queue, msg, res))
+        if res.outcome == "dropped":
+            self.dropped[queue] += 1
+        elif res.outcome == "merged":
+            self.merged[queue] += 1
 
     def add(self, other: Report) -> None:
         for mine, theirs in zip(self.counters(), other.counters()):
@@ -434,7 +459,6 @@ class Restores:
             taker.consumers[c.id] = c
             skipped: list[Msg] = []
             ends: dict[tuple[str, int], int] = {}
-            blocked: set[str] = set()  # producer ids with a message the hook failed on (Report.held)
             deadline = node.clock.monotonic() + BUDGET
             while (got := await taker.next(WAIT)) is not None:
                 if node.clock.monotonic() >= deadline:
@@ -442,7 +466,7 @@ class Restores:
                     break
                 first = got[1]
                 more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
-                await self._batch(f, [got, *more], taker, report, skipped, ends, blocked)
+                await self._batch(f, [got, *more], taker, report, skipped, ends)
             for m in skipped:
                 report.left[m.headers.get("x-quarantine-queue", "")] += 1
         finally:
@@ -451,7 +475,7 @@ class Restores:
         return report
 
     async def _batch(self, f: Filter, batch: list[tuple[int, Msg]], taker: _Taker, report: Report,
-                     skipped: list[Msg], ends: dict[tuple[str, int], int], blocked: set[str]) -> None:
+                     skipped: list[Msg], ends: dict[tuple[str, int], int]) -> None:
         """Put back what ``f`` takes of ``batch``: a publish per producer id (the queue and
         partition it was discarded from), each message settled in the quarantine once its
         queue has it."""
@@ -463,22 +487,16 @@ class Restores:
                 continue
             try:
                 queue, pid, msg = republished(h, m.key, m.body)
-                if pid in blocked:  # (not settled: back in the quarantine when the run ends)
-                    report.held[queue] += 1
+                if report.holds(queue, pid):  # (not settled: back in the quarantine when the run ends)
                     continue
                 conflict = await taken(h, ends, self._end)
                 if conflict:
                     res, put = await compensated(self.hook, h, msg, self._read)
-                    self._log_conflict(report, queue, msg, res)
+                    report.resolved(queue, pid, msg, res, log)
                     if put is None:
                         if res.outcome == "dropped":
-                            report.dropped[queue] += 1
                             taker.settle(tag)
-                        else:  # (failed: not settled, and the rest of its partition's wait behind it)
-                            report.failed[queue] += 1
-                            blocked.add(pid)
-                        continue
-                    report.merged[queue] += res.outcome == "merged"
+                        continue  # (failed: not settled, back in the quarantine when the run ends)
                     msg = put
             except (QueueNotFoundError, KeyError, ValueError):
                 # its queue is gone, or it is no quarantined message (headers missing or bad)
@@ -496,15 +514,6 @@ class Restores:
             report.conflicts[queue] += sum(conflict for _tag, _msg, conflict in items)
             for tag, _msg, _conflict in items:
                 taker.settle(tag)
-
-    @staticmethod
-    def _log_conflict(report: Report, queue: str, msg: PublishMessage, res: Resolution) -> None:
-        """The first LOGGED key conflicts of a run, one by one (a hook's failures always)."""
-        if res.outcome == "failed":
-            log.warning("%s", conflict_line(queue, msg, res))
-        elif report.logged < LOGGED:
-            report.logged += 1
-            log.info("%s", conflict_line(queue, msg, res))
 
     async def _read(self, queue: str, partition: int, offset: int) -> list[StreamMessage]:
         return (await self.node.read_stream(queue, partition, offset, 1))[0]

@@ -746,19 +746,16 @@ class Replica:
             # wrote it here and the driver had to compact it (broker.replication.compaction).
             # What reaches the snapshot's last entry is compared with it; an entry of a later
             # term than that cannot be in it.  Short of it, only the entries sent are promised.
-            covered = m.prev_index + len(m.entries)
-            if covered < self.snap_index:
-                if any(e.term > self.snap_term for e in m.entries):
-                    self._diverged_below_snapshot()
-                    return
-                self._send(m.leader, AppendReply(self.term, self.id, True, covered))
-                return
-            at = m.entries[self.snap_index - m.prev_index - 1]
-            if (at.term, at.origin) != (self.snap_term, self.snap_origin) or any(
-                    e.term > self.snap_term for e in m.entries[:self.snap_index - m.prev_index]):
+            skip = self.snap_index - m.prev_index
+            compacted = m.entries[:skip]  # (the entries sent that this node compacted)
+            if any(e.term > self.snap_term for e in compacted) or (
+                    len(compacted) == skip and (compacted[-1].term, compacted[-1].origin)
+                    != (self.snap_term, self.snap_origin)):
                 self._diverged_below_snapshot()
                 return
-            skip = self.snap_index - m.prev_index
+            if len(compacted) < skip:
+                self._send(m.leader, AppendReply(self.term, self.id, True, m.prev_index + len(compacted)))
+                return
             m = AppendEntries(m.term, m.leader, self.snap_index, self.snap_term, self.snap_origin,
                               m.entries[skip:], m.commit)
         if not self._log.has(m.prev_index, m.prev_term, m.prev_origin):

@@ -163,12 +163,27 @@ async def one_run(size: int, body: int) -> dict:
             await cl.stop()
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G", help="backlog in the partition (default 1G)")
+def keep_logs(tmp: str, keep: str | None) -> None:
+    """Copy a run's node logs from ``tmp`` to ``keep`` (--logs), if given."""
+    if keep:
+        for log in Path(tmp).glob("*.log"):
+            (Path(keep) / log.name).write_bytes(log.read_bytes())
+
+
+def backlog_args(doc: str, size_help: str = "backlog in the partition (default 1G)",
+                 logs: bool = True) -> argparse.ArgumentParser:
+    """The options the backlog scripts share: --size, --body, --runs (and --logs)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--size", default="1G", help=size_help)
     ap.add_argument("--body", default="64K", help="message size (default 64K)")
     ap.add_argument("--runs", type=int, default=1)
-    args = ap.parse_args()
+    if logs:
+        ap.add_argument("--logs", metavar="DIR", help="copy each run's node logs to DIR")
+    return ap
+
+
+async def main() -> None:
+    args = backlog_args(__doc__, logs=False).parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body))}), flush=True)
 

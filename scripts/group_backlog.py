@@ -19,7 +19,6 @@ figures are for docs/operations.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 from broker.config import parse_size
 from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
-from drain_backlog import Prober, cli, fill  # (scripts/, beside this one)
+from drain_backlog import (Prober, backlog_args, cli, fill, keep_logs)  # (scripts/, beside this one)
 
 clock = SYSTEM_CLOCK
 
@@ -66,18 +65,11 @@ async def one_run(size: int, body: int, keep: str | None = None) -> dict:
                     "probe_sends": len(prober.waits) + prober.failed, "probe_failed": prober.failed}
         finally:
             await cl.stop()
-            if keep:
-                for log in Path(tmp).glob("*.log"):
-                    (Path(keep) / log.name).write_bytes(log.read_bytes())
+            keep_logs(tmp, keep)
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G", help="backlog in the partition (default 1G)")
-    ap.add_argument("--body", default="64K", help="message size (default 64K)")
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--logs", metavar="DIR", help="copy each run's node logs to DIR")
-    args = ap.parse_args()
+    args = backlog_args(__doc__).parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body), args.logs)}),
               flush=True)

@@ -16,7 +16,6 @@ queue then holds every key once.  The figures are for docs/operations.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -33,7 +32,7 @@ from broker.tools.faults import FaultProxy
 from broker.tools.totals import queue_totals
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
-from drain_backlog import QUEUE, Prober, cli, wait_for  # (scripts/, beside this one)
+from drain_backlog import (QUEUE, Prober, backlog_args, cli, keep_logs, wait_for)  # (scripts/, beside this one)
 from update_backlog import send_keyed
 
 clock = SYSTEM_CLOCK
@@ -143,9 +142,7 @@ async def one_run(size: int, body: int, via: str, keep: str | None = None) -> di
             await cl.stop()
             for p in proxies:
                 await p.stop()
-            if keep:
-                for log in Path(tmp).glob("*.log"):
-                    (Path(keep) / log.name).write_bytes(log.read_bytes())
+            keep_logs(tmp, keep)
 
 
 async def consume_all(url: str) -> dict:
@@ -165,12 +162,8 @@ async def consume_all(url: str) -> dict:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G", help="what node3 writes alone, then discards (default 1G)")
-    ap.add_argument("--body", default="64K", help="message size (default 64K)")
+    ap = backlog_args(__doc__, "what node3 writes alone, then discards (default 1G)")
     ap.add_argument("--via", choices=("api", "cli"), default="api", help="the admin API (default) or tandem restore")
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--logs", metavar="DIR", help="copy each run's node logs to DIR")
     args = ap.parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body), args.via,

@@ -16,7 +16,6 @@ queue holds every message once afterwards.  The figures are for docs/operations.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -30,7 +29,8 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.totals import queue_totals
 from client.clock import SYSTEM_CLOCK
 from client.mapper import JumpHashMapper
-from drain_backlog import QUEUE, Prober, caught_up, cli, wait_for  # (scripts/, beside this one)
+from drain_backlog import (QUEUE, Prober, backlog_args, caught_up, cli,  # (scripts/, beside this one)
+                           keep_logs, wait_for)
 
 clock = SYSTEM_CLOCK
 
@@ -90,9 +90,7 @@ async def one_run(size: int, body: int, keep: str | None = None) -> dict:
                     "ready_after": q.ready, "expected_ready": n + len(prober.waits), **consumed}
         finally:
             await cl.stop()
-            if keep:
-                for log in Path(tmp).glob("*.log"):
-                    (Path(keep) / log.name).write_bytes(log.read_bytes())
+            keep_logs(tmp, keep)
 
 
 async def consume_all(url: str, expected: int) -> dict:
@@ -119,12 +117,7 @@ async def _two_actives(cl: LocalCluster) -> bool:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="1G", help="backlog in the partition (default 1G)")
-    ap.add_argument("--body", default="64K", help="message size (default 64K)")
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--logs", metavar="DIR", help="copy each run's node logs to DIR")
-    args = ap.parse_args()
+    args = backlog_args(__doc__).parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body), args.logs)}),
               flush=True)

@@ -20,7 +20,7 @@ from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, placement_text
 from storage.base import AclRecord
 from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
-from webconsole.errors import ApiError, bad, json_body
+from webconsole.errors import ApiError, bad, json_body, only
 from webconsole.group import GROUP
 from webconsole.nodeview import NODE, NodeView
 
@@ -123,9 +123,7 @@ async def create_queue(request: web.Request) -> web.Response:
     placement = body.get("placement")
     if placement is not None:
         kwargs["placement"] = _placement(placement)
-    unknown = set(body) - {"name", "placement", *DECLARE_FIELDS}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"name", "placement", *DECLARE_FIELDS})
     frame = Declare(rid=0, queue=name, **kwargs)
     refuse_client_write(name, "declare")
     try:
@@ -155,6 +153,12 @@ async def purge_queue(request: web.Request) -> web.Response:
     return web.json_response({"queue": name, "purged": purged})
 
 
+def _must_exist(node: NodeView, name: str) -> None:
+    """404 unless queue ``name`` exists."""
+    if node.queue_meta(name) is None:
+        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+
+
 async def move_partition(request: web.Request) -> web.Response:
     """Place a partition on other members (broker.moves): its copies move while it runs."""
     node = request.app[NODE]
@@ -163,12 +167,9 @@ async def move_partition(request: web.Request) -> web.Response:
         partition = int(request.match_info["partition"])
     except ValueError:
         raise ApiError(404, "not_found", f"no partition {request.match_info['partition']!r}") from None
-    if node.queue_meta(name) is None:
-        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    _must_exist(node, name)
     body = await json_body(request)
-    unknown = set(body) - {"to", "force_replication"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"to", "force_replication"})
     to = body.get("to")
     if not isinstance(to, list) or not to or not all(isinstance(n, str) and n for n in to):
         raise bad("to", "the new node list: a non-empty array of member names, in priority order")
@@ -184,12 +185,9 @@ async def add_partitions(request: web.Request) -> web.Response:
     """Give a queue more partitions (broker.remap): nothing stored moves until an update."""
     node = request.app[NODE]
     name = request.match_info["name"]
-    if node.queue_meta(name) is None:
-        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    _must_exist(node, name)
     body = await json_body(request)
-    unknown = set(body) - {"count", "placement"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"count", "placement"})
     count = body.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise bad("count", "how many partitions to add: an integer, 1 or more")
@@ -204,12 +202,9 @@ async def update_partitions(request: web.Request) -> web.Response:
     """Re-map every message of a queue by its mapper (broker.remap)."""
     node = request.app[NODE]
     name = request.match_info["name"]
-    if node.queue_meta(name) is None:
-        raise ApiError(404, "not_found", f"queue {name!r} does not exist")
+    _must_exist(node, name)
     body = await json_body(request)
-    unknown = set(body) - {"mapper"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"mapper"})
     mapper = body.get("mapper", "")
     if not isinstance(mapper, str):
         raise bad("mapper", "a data mapper's name")
@@ -224,9 +219,7 @@ async def restore(request: web.Request) -> web.Response:
     run in the group); the counts per queue and the lines the log has."""
     node = request.app[NODE]
     body = await json_body(request)
-    unknown = set(body) - {"from", "queue", "partition"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"from", "queue", "partition"})
     for name in ("from", "queue"):
         if body.get(name) is not None and (not isinstance(body[name], str) or not body[name]):
             raise bad(name, "a node name" if name == "from" else "a queue name")
@@ -242,9 +235,7 @@ async def add_member(request: web.Request) -> web.Response:
     """Add a member to the running group (broker.members): the partitions re-spread over it."""
     node = request.app[NODE]
     body = await json_body(request)
-    unknown = set(body) - {"name", "address", "zone"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"name", "address", "zone"})
     name, address, zone = body.get("name"), body.get("address"), body.get("zone", "")
     if not isinstance(name, str) or not name:
         raise bad("name", "the new member's name")
@@ -279,9 +270,7 @@ def _group_doc(node: NodeView, name: str) -> dict[str, Any]:
 async def create_user(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await json_body(request)
-    unknown = set(body) - {"name", "password", "role"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"name", "password", "role"})
     name, password, role = body.get("name"), body.get("password"), body.get("role", "monitor")
     if not isinstance(name, str) or not name:
         raise bad("name", "required")
@@ -338,9 +327,7 @@ async def change_password(request: web.Request) -> web.Response:
 
 
 def _grant_body(body: dict[str, Any]) -> AclRecord:
-    unknown = set(body) - {"user", "pattern", "permissions"}
-    if unknown:
-        raise bad(sorted(unknown)[0], "unknown field")
+    only(body, {"user", "pattern", "permissions"})
     user, pattern, perms = body.get("user"), body.get("pattern"), body.get("permissions")
     if not isinstance(user, str) or not user:
         raise bad("user", "required: the user's name")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiohttp import web
@@ -83,6 +83,14 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise ApiError(400, "bad_request", "body: not JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_request", "body: expected a JSON object")
+    return body
+
+
+def only(body: dict[str, Any], fields: Collection[str]) -> dict[str, Any]:
+    """``body``, once it holds no field but ``fields``; 400 naming the first other one."""
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown field")
     return body
 
 

@@ -90,8 +90,6 @@ class Transport:
         self._streaming: set[tuple[Key, str]] = set()  # (partition, replica) snapshots being sent
         self._incoming: dict[Key, _Incoming] = {}  # snapshots being received
         self._skipped: dict[Key, tuple[str, int, int]] = {}  # streams a replica had no need of
-        #: weak streams refused at their first part, for the core (InstallSnapshot.weak)
-        self._refused: list[tuple[PartLog, InstallSnapshot]] = []
         #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended,
         #: bytes sent): the entries after it are what the replica needs next, kept from compaction
         self._pins: dict[tuple[Key, str], tuple[int, float, int]] = {}
@@ -260,35 +258,36 @@ class Transport:
         log.info("partition %d/%d: snapshot at index %d streamed to %s: %d message(s) in %d part(s)", key[0], key[1],
                  pos[0], dst, sent, parts)
 
-    def _part(self, plog: PartLog, src: str, m: SnapshotChunk) -> None:
-        """Part ``m.seq`` of a snapshot streamed here: written as it arrives (see the module)."""
+    def _part(self, plog: PartLog, src: str, m: SnapshotChunk) -> InstallSnapshot | None:
+        """Part ``m.seq`` of a snapshot streamed here: written as it arrives (see the module).
+        A weak stream this replica refuses is not written: what its core is to be told instead
+        (InstallSnapshot.weak)."""
         key, r = plog.key, plog.replica
         inc = self._incoming.get(key)
         if m.seq == 0:
             if m.term < r.term or (m.term == r.term and r.leader not in (None, m.leader)):
-                return  # (a deposed active's)
+                return None  # (a deposed active's)
             if m.weak and r.refuses_weak_snapshot():
                 # A weak active's state over what a majority wrote: not started over for it;
                 # the core refuses it and deposes that active (the stream's end is dropped)
                 self._incoming.pop(key, None)
                 self._skipped[key] = (src, m.term, m.index)
-                self._refused.append((plog, InstallSnapshot(m.term, m.leader, m.index, weak=True)))
-                return
+                return InstallSnapshot(m.term, m.leader, m.index, weak=True)
             if r.commit >= m.index:
                 # it has all of it committed (it took the last one, whose answer crossed this)
                 self._incoming.pop(key, None)
                 self._skipped[key] = (src, m.term, m.index)
-                return
+                return None
             plog = self._restart(plog, f"taking a snapshot streamed from {m.leader}")
             self._incoming[key] = _Incoming(src, m.term, m.index, 1)
         elif inc is None or (inc.src, inc.term, inc.index, inc.next) != (src, m.term, m.index, m.seq):
             if self._skipped.get(key) == (src, m.term, m.index):
-                return
+                return None
             if inc is not None:
                 del self._incoming[key]
                 log.warning("partition %s: snapshot part %d from %s out of order: the stream is dropped (the "
                             "active starts another)", plog.name, m.seq, src)
-            return
+            return None
         else:
             inc.next += 1
         try:
@@ -296,7 +295,7 @@ class Transport:
         except MalformedReplicationError as exc:
             self._incoming.pop(key, None)
             log.warning("bad snapshot part from %s for %s dropped, and its stream: %s", src, plog.name, exc.message)
-            return
+            return None
         ack = SnapshotAck(m.term, self._host.config.name, m.index, m.seq)
 
         def written(err: BaseException | None) -> None:
@@ -305,6 +304,7 @@ class Transport:
                 self._schedule_flush()
 
         self._host.writer.submit(ops, sync=False, callback=written)
+        return None
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -355,9 +355,9 @@ class Transport:
                 msg = decode_message(raw)
                 if isinstance(msg, SnapshotChunk):
                     if (qid, p) != CATALOGUE:  # (the catalogue's snapshot goes whole)
-                        self._part(plog, src, msg)
-                        while self._refused:  # (a weak stream refused: its core deposes the sender)
-                            yield self._refused.pop()
+                        refused = self._part(plog, src, msg)
+                        if refused is not None:  # (a weak stream refused: its core deposes the sender)
+                            yield plog, refused
                     continue
                 if isinstance(msg, SnapshotAck):
                     if msg.replica == src:

@@ -14,7 +14,7 @@ from typing import Any
 import client
 from broker.compensation import Hook, load
 from broker.quarantine import QUEUE
-from broker.restore import LOGGED, WAIT, Filter, Report, compensated, conflict_line, republished, taken
+from broker.restore import WAIT, Filter, Report, compensated, republished, taken
 from broker.tools.options import ExamplesFormatter, url_args
 from client.durable.consumer import DurableMessage as Message
 from client.errors import InvalidArgumentError, QueueNotFoundError
@@ -75,7 +75,6 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
         if QUEUE in {q.name for q in await conn.list_queues()}:
             skipped: list[Message] = []
             seen: set[str] = set()
-            blocked: set[str] = set()  # producer ids with a message the hook failed on (Report.held)
             async with conn.group_consumer(QUEUE, prefetch=10000) as consumer:
                 while (m := await consumer.next(WAIT)) is not None:
                     if m.id in seen:  # (one skipped before, back again: every message has been looked at)
@@ -88,28 +87,19 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
                         continue
                     try:
                         queue, pid, msg = republished(m.headers, m.key, m.body)
-                        if pid in blocked:
-                            report.held[queue] += 1
+                        if report.holds(queue, pid):
                             skipped.append(m)
                             continue
                         conflict = await taken(m.headers, ends, functools.partial(_end, link))
                         if conflict:
                             res, put = await compensated(hook, m.headers, msg, functools.partial(_read, link))
-                            if res.outcome == "failed":
-                                log.warning("%s", conflict_line(queue, msg, res))
-                            elif report.logged < LOGGED:
-                                report.logged += 1
-                                log.info("%s", conflict_line(queue, msg, res))
+                            report.resolved(queue, pid, msg, res, log)
                             if put is None:
                                 if res.outcome == "dropped":
-                                    report.dropped[queue] += 1
                                     m.ack()
                                 else:
-                                    report.failed[queue] += 1
-                                    blocked.add(pid)
                                     skipped.append(m)
                                 continue
-                            report.merged[queue] += res.outcome == "merged"
                             msg = put
                         dup = await _republish(link, queue, pid, msg)
                     except (QueueNotFoundError, KeyError, ValueError):  # (its queue is gone, or bad headers)

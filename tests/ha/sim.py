@@ -224,10 +224,13 @@ class Cluster:
                     self.post(Envelope(n, r.leader, Alive(r.term, n)))
         self.check()
 
-    def compact(self, n: str, r: Replica) -> None:
+    def compact(self, n: str, r: Replica, upto: int | None = None) -> None:
+        """Compact ``n``'s log to ``upto`` (default: a little short of what it applied), as the
+        driver does, the stable state with it."""
         self._held.pop(n, None)
         st = self.stable[n]
-        upto = r.applied - self.rng.randint(0, 3)
+        if upto is None:
+            upto = r.applied - self.rng.randint(0, 3)
         r.compact(upto)
         st.snap = (r.snap_index, r.snap_term, r.snap_origin)
         st.members = r.snapshot_members

@@ -292,8 +292,9 @@ def test_quorum_override_restores_service_from_one_of_three() -> None:
     assert len(c.confirmed) == n + 1
 
 
-def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
-    c = Cluster(3, ("a", "b", "c"), loss=0.0)
+def _cut_off(c: Cluster) -> tuple[str, list[str], Replica]:
+    """An active elected and writing, then cut off from the others: (it, the others, its core).
+    Safety is not checked from here on: a weak override gives it up by design."""
     old = _elect(c)
     assert old is not None
     for _ in range(3):
@@ -302,16 +303,27 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
         c.step()
     others = [n for n in ("a", "b", "c") if n != old]
     c.cut |= {frozenset((old, o)) for o in others}
-    c.strict = False  # a weak override gives up single-active safety by design
-    # the operator forces the isolated node to keep going on its own (weak override)
+    c.strict = False
     r = c.nodes[old]
     assert r is not None
-    c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))  # at runtime
+    return old, others, r
+
+
+def _override_alone(c: Cluster, old: str, r: Replica) -> None:
+    """The operator forces the isolated node to go on alone (``quorum_override 1``, at runtime):
+    it elects itself."""
+    c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))
     for _ in range(1000):
         c.step()
-        if c.nodes[old].role is Role.LEADER:  # type: ignore[union-attr]
+        if r.role is Role.LEADER:
             break
-    assert c.nodes[old].role is Role.LEADER  # type: ignore[union-attr]  # it re-elects itself alone
+    assert r.role is Role.LEADER
+
+
+def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
+    c = Cluster(3, ("a", "b", "c"), loss=0.0)
+    old, others, r = _cut_off(c)
+    _override_alone(c, old, r)  # it re-elects itself alone
     for _ in range(4):
         ready, entry = c.nodes[old].propose("solo")  # type: ignore[union-attr]
         c.handle(old, ready)
@@ -335,33 +347,15 @@ def test_an_override_active_that_compacted_what_it_wrote_alone_is_found_out_and_
     back with the majority's log and state, the majority's confirmed entries all there."""
     for seed in range(10):
         c = Cluster(seed, ("a", "b", "c"), loss=0.0)
-        old = _elect(c)
-        assert old is not None
-        for _ in range(3):
-            c.write()
-        for _ in range(100):
-            c.step()
-        others = [n for n in ("a", "b", "c") if n != old]
-        c.cut |= {frozenset((old, o)) for o in others}
-        c.strict = False  # a weak override gives up single-active safety by design
-        r = c.nodes[old]
-        assert r is not None
-        c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))
-        for _ in range(1000):
-            c.step()
-            if r.role is Role.LEADER:
-                break
-        assert r.role is Role.LEADER
+        old, others, r = _cut_off(c)
+        _override_alone(c, old, r)
         for _ in range(6):
             ready, _entry = r.propose("solo")
             c.handle(old, ready)
         for _ in range(300):
             c.step()
         assert r.applied >= 9 and r.entry(r.applied).data == "solo", seed
-        # the driver compacts past them (more than it keeps of a weak active's writes)
-        r.compact(r.applied)
-        st = c.stable[old]
-        st.snap, st.log = (r.snap_index, r.snap_term, r.snap_origin), [e for e in st.log if e.index > r.snap_index]
+        c.compact(old, r, r.applied)  # the driver compacts past them (more than it keeps of a weak active's writes)
         leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
         assert leader is not None
         majority = []
@@ -394,35 +388,18 @@ def test_an_override_active_with_a_higher_term_cannot_push_its_compacted_writes_
     isolated node finds its compacted log different and starts over."""
     for seed in range(10):
         c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
-        old = _elect(c)
-        assert old is not None
-        for _ in range(3):
-            c.write()
-        for _ in range(100):
-            c.step()
-        others = [n for n in ("a", "b", "c") if n != old]
-        c.cut |= {frozenset((old, o)) for o in others}
-        c.strict = False
-        r = c.nodes[old]
-        assert r is not None
+        old, others, r = _cut_off(c)
         for _round in range(3):  # off and on again: each time it stands alone in a new term
             c.handle(old, r.reconfigure(c.config(old)))
             for _ in range(300):
                 c.step()
-            c.handle(old, r.reconfigure(dataclasses.replace(c.config(old), quorum_override=1)))
-            for _ in range(1000):
-                c.step()
-                if r.role is Role.LEADER:
-                    break
-            assert r.role is Role.LEADER, seed
+            _override_alone(c, old, r)
         for _ in range(6):
             ready, _entry = r.propose("solo")
             c.handle(old, ready)
         for _ in range(300):
             c.step()
-        r.compact(r.applied)  # (past the driver's bound of a weak active's entries)
-        st = c.stable[old]
-        st.snap, st.log = (r.snap_index, r.snap_term, r.snap_origin), [e for e in st.log if e.index > r.snap_index]
+        c.compact(old, r, r.applied)  # (past the driver's bound of a weak active's entries)
         leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
         assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
         for i in range(12):
