@@ -333,6 +333,23 @@ class LocalCluster:
                 else "an active"
             raise UnavailableError(f"the group did not elect {what} within {timeout:.0f} s") from None
 
+    async def wait_members(self, timeout: float = 60.0) -> None:
+        """Until every node that runs (not paused) answers and counts a quorum: a node that has
+        just started serves its clients once its peer links are up (before, it answers
+        UNAVAILABLE), where :meth:`wait_ready` waits for some node only."""
+        async def linked() -> bool:
+            running = [n for n, p in self.nodes.items()
+                       if p.proc is not None and p.proc.returncode is None and not p.paused]
+            statuses = await self._statuses()
+            return len(statuses) == len(running) and all(st.quorum_state != "Disabled" for _n, st in statuses)
+
+        try:
+            async with self.clock.timeout(timeout):
+                while not await linked():
+                    await self.clock.sleep(0.1)  # polling real processes for a state; bounded by the deadline
+        except TimeoutError:
+            raise UnavailableError(f"not every member counted a quorum within {timeout:.0f} s") from None
+
     async def _statuses(self) -> list[tuple[str, StatusOk]]:
         """The status of every node that is running (not paused) and answers."""
         out = []

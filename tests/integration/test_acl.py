@@ -155,7 +155,7 @@ async def test_grants_hold_on_every_member_through_failover_and_restart(tmp_path
                              timeout=15, what=f"carol logs in on {name}")
         await cl.nodes[victim].start()
         await cl.wait_ready()
-        await wait_until(lambda: _every_member_has_quorum(cl), timeout=30, what="every member linked to a quorum")
+        await cl.wait_members()
         # the member that was away catches up: carol and her grant are there too
         await wait_until(lambda: logs_in(url_as("carol", "carol-password", cl.nodes[victim])), timeout=30,
                          what=f"carol logs in on {victim} after its restart")
@@ -171,7 +171,7 @@ async def test_grants_hold_on_every_member_through_failover_and_restart(tmp_path
         await asyncio.gather(*(p.stop() for p in cl.nodes.values()))
         await cl.start()
         await cl.wait_ready()
-        await wait_until(lambda: _every_member_has_quorum(cl), timeout=30, what="every member linked to a quorum")
+        await cl.wait_members()
         for proc in cl.nodes.values():
             await check_bob(url_as("bob", BOB_PW, proc))
         got = await consume_all(bob_group, "orders.eu", 30)
@@ -193,13 +193,6 @@ async def _catalogue_moved(cl: LocalCluster, old: str) -> bool:
     """Every live member knows a catalogue active, and it is not ``old``."""
     seen = {p.active for _n, st in await cl._statuses() for p in st.partitions if p.queue == ""}
     return len(seen) == 1 and "" not in seen and old not in seen
-
-
-async def _every_member_has_quorum(cl: LocalCluster) -> bool:
-    """Every member answers and counts a quorum: a member that has just started serves its
-    clients only once its peer links are up (until then it rightly answers UNAVAILABLE)."""
-    statuses = await cl._statuses()
-    return len(statuses) == len(cl.nodes) and all(st.quorum_state != "Disabled" for _n, st in statuses)
 
 
 async def _has_grant(url: str) -> bool:

@@ -165,6 +165,7 @@ async def test_in_a_group_a_node_in_alarm_refuses_only_its_own_writes(tmp_path: 
     await cl.start()
     try:
         await cl.wait_ready()
+        await cl.wait_members()  # (node3 forwards once it is linked)
         async with await client.connect_link(cl.url_of("node3")) as conn:
             await conn.declare_queue("jobs", partitions=4)  # forwarded to the catalogue's active
             assert await conn.producer("jobs").send_many([f"m{i}".encode() for i in range(20)])
