@@ -81,7 +81,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     values: dict[str, Any] = load_toml(Path(args.config)) if args.config else {}
     for key in ("name", "data_dir", "host", "port", "sync", "max_message_size", "max_frame_size", "heartbeat",
                 "peer_port", "peers", "priority", "votes", "quorum_policy", "keepalive_interval",
-                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "designated_primary",
+                "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "availability_zones",
+                "designated_primary",
                 "join", "seeds",
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "compensation", "weak_hold_bytes", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
@@ -226,9 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--sync-replicas", dest="sync_replicas", type=int,
                        help="how many of the replicas vote and count for commits (default 2; others async)")
     group.add_argument("--zone", dest="zones", action="append", metavar="NAME=ZONE",
-                       help="a member's zone (rack, availability zone), for every member and this node, the same "
+                       help="a member's zone (rack, data centre), for every member and this node, the same "
                             "on each (repeat for each): a partition's copies go to distinct zones, so losing a "
                             "whole zone leaves every partition a majority (default: no zones)")
+    group.add_argument("--availability-zone", dest="availability_zones", action="append",
+                       metavar="NAME=MEMBER,MEMBER,...[:POLICY]",
+                       help="members that give each other quorum under POLICY (majority by default; as "
+                            "--quorum-policy), besides the group's (repeat for each; a node may be in several): "
+                            "this node goes Disabled, its HA services off and its partitions handed to other "
+                            "nodes, while any zone it is in lacks quorum (default: none)")
     group.add_argument("--log-segment-size", dest="log_segment_size", type=int, metavar="BYTES",
                        help="size a file of the replication log grows to before the next is started; "
                             "space is reclaimed a whole file at a time (default 64 MiB)")

@@ -28,6 +28,7 @@ Example ``tandem.toml``::
     replicas = 2                # copies of each partition besides its active
     sync_replicas = 2           # how many of those vote (the rest are async learners)
     zones = ["node1=a", "node2=b", "node3=c"]  # every member's zone (the same on each): copies spread over zones
+    availability_zones = ["east=node1,node2:majority"]  # members with a quorum of their own: Disabled in any -> HA off
     designated_primary = false  # two-node group: this node may go on alone
     join = false                # a new member of a running group (tandem group add): takes the group's state
     seeds = ["10.0.0.1:7781"]   # members' peer ports, no names: join by them; asked for addresses a member lacks
@@ -71,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from client.errors import InvalidArgumentError
-from ha.membership import QuorumPolicy
+from ha.membership import AvailabilityZone, QuorumPolicy
 from ha.placement import DistributionPolicy
 from storage.base import DurabilityPolicy
 
@@ -111,6 +112,10 @@ class NodeConfig:
     #: "name=zone" for every member (this node included), the same on each: a partition's
     #: copies go to as many distinct zones as there are (ha.placement); empty: no zones
     zones: tuple[str, ...] = ()
+    #: "NAME=MEMBER,MEMBER,...[:POLICY]": availability zones, sets of members giving each other
+    #: quorum under a policy of their own (ha.membership.AvailabilityZone); this node is
+    #: Disabled, its HA services off, when any zone it is in loses quorum; empty: none
+    availability_zones: tuple[str, ...] = ()
     designated_primary: bool = False
     #: this node joins a running group (``tandem group add``, broker.members): on its first
     #: start it holds nothing and votes in nothing until the group's state reaches it;
@@ -225,6 +230,7 @@ class NodeConfig:
         if self.designated_primary and len(self.peers) != 1:
             raise ConfigError("designated_primary: only in a two-node group (exactly one peer)")
         self._check_zones()
+        self._check_availability_zones()
         for spec in self.seeds:
             parse_seed(spec)
         if self.seeds and (self.peer_port is None or self.mode != "replicated" or self.arbiter != "majority"):
@@ -297,6 +303,28 @@ class NodeConfig:
             raise ConfigError("zones: name every member once, this node included"
                               + (f"; no zone for {', '.join(missing)}" if missing else "")
                               + (f"; not a member: {', '.join(unknown)}" if unknown else ""))
+
+    def _check_availability_zones(self) -> None:
+        if not self.availability_zones:
+            return
+        if not self.peers or self.mode != "replicated" or self.arbiter != "majority":
+            raise ConfigError("availability_zones: only in a replicated group under majority elections (with peers)")
+        members = {self.name, *self.peer_addresses()}
+        names: set[str] = set()
+        for zone in self.zone_list():
+            if zone.name in names:
+                raise ConfigError(f"availability_zones: {zone.name} is named twice")
+            names.add(zone.name)
+            unknown = sorted(set(zone.members) - members)
+            if unknown and not self.join:
+                raise ConfigError(f"availability_zones: {zone.name}: not a member of the group: {', '.join(unknown)}")
+
+    def zone_list(self) -> tuple[AvailabilityZone, ...]:
+        """The availability zones (() without)."""
+        try:
+            return tuple(AvailabilityZone.parse(spec) for spec in self.availability_zones)
+        except ValueError as exc:
+            raise ConfigError(f"availability_zones: {exc}") from None
 
     def zone_map(self) -> dict[str, str]:
         """Member -> zone label ({} without zones)."""
@@ -469,6 +497,12 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             form = {"peers": "name=host:port", "zones": "name=zone", "seeds": "host:port"}[key]
             raise ConfigError(f"{key}: expected a list of \"{form}\" strings")
+        return tuple(value)
+    if key == "availability_zones":
+        if isinstance(value, str):
+            value = [value]  # (a zone's members are separated by commas: one zone)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("availability_zones: expected a list of \"NAME=MEMBER,MEMBER,...[:POLICY]\" strings")
         return tuple(value)
     if key in ("advertise", "lockfile", "witness", "database"):
         if value is not None and not isinstance(value, str):

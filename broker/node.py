@@ -669,6 +669,12 @@ class Node:
             return
         m = self.peers.membership
         if m.quorum_state is QuorumState.DISABLED:
+            zq = next((z for z in m.zone_quorums() if z.zone.name == m.disabled_by), None)
+            if zq is not None:
+                raise UnavailableError(
+                    f"node {self.config.name} has no quorum in availability zone {zq.zone.name} ({zq.up_votes} of "
+                    f"{zq.total_votes} votes up, policy {zq.zone.policy}): its HA services are off, cannot "
+                    f"{what} here")
             up = 1 + len(m.up())
             raise UnavailableError(
                 f"node {self.config.name} has no quorum ({up} of {1 + len(self.peers.addresses)} nodes up, policy "
@@ -1036,6 +1042,9 @@ class Node:
     def drained_changed(self) -> None:
         if self.replication is not None:
             self.replication.reconfigure()
+
+    def ha_disabled_changed(self) -> None:
+        self.drained_changed()
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active: its share of

@@ -123,6 +123,10 @@ class PeerHost(Protocol):
     def map_changed(self) -> None:
         """A partition got or lost an active, as far as this node knows: tell the sessions."""
 
+    def ha_disabled_changed(self) -> None:
+        """An availability zone's quorum took this node's HA services off, or gave them back
+        (``PeerLinks.zone_disabled``): every log takes it at once."""
+
 log = logging.getLogger("tandem.ha")
 
 REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, RemoteState.UNSUPPORTED_PROTOCOL,
@@ -228,7 +232,11 @@ class PeerManager:
         self.membership = Membership(me=self.me, peers=tuple(self.addresses),
                                      non_response_timeout=cfg.non_response_timeout,
                                      policy=QuorumPolicy.parse(cfg.quorum_policy),
-                                     designated_primary=cfg.designated_primary)
+                                     designated_primary=cfg.designated_primary, zones=cfg.zone_list())
+        #: the availability zone whose lost quorum keeps this node's HA services off ("" none)
+        self.zone_disabled = self.membership.disabled_by
+        #: the peers whose HA services are off, as their keep-alives say: peer -> the zone
+        self.ha_off: dict[str, str] = {}
         self.links: dict[str, _Link] = {}
         self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
         self._next_rid = 1
@@ -276,9 +284,11 @@ class PeerManager:
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"
+        zones = " ".join(str(z) for z in self.membership.zones if cfg.name in z.members)
         log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s authentication=%s "
-                 "permitted_nodes=%s", cfg.name, sock[0], sock[1], ",".join(self.addresses) or "-",
-                 cfg.quorum_policy, auth, ",".join(cfg.permitted_nodes) or "(the peers)")
+                 "permitted_nodes=%s%s", cfg.name, sock[0], sock[1], ",".join(self.addresses) or "-",
+                 cfg.quorum_policy, auth, ",".join(cfg.permitted_nodes) or "(the peers)",
+                 f" availability_zones={zones}" if zones else "")
 
     async def run(self) -> None:
         """Dial the peers this node dials, and keep every link alive; runs until cancelled."""
@@ -361,19 +371,36 @@ class PeerManager:
                 log.log(level, "remote node %s: %s -> %s (%s)", c.node, c.old.value, c.new.value, c.reason)
             elif isinstance(c, QuorumStateChanged):
                 level = logging.INFO if c.new is QuorumState.ACTIVE else logging.WARNING
-                log.log(level, "node quorum %s -> %s (votes up %d of %d)%s", c.old.value, c.new.value,
+                where = f"availability zone {c.zone}: " if c.zone else ""
+                log.log(level, "node quorum %s -> %s (%svotes up %d of %d)%s", c.old.value, c.new.value, where,
                         c.up_votes, c.total_votes,
+                        ": HA services off here, partitions handed to other nodes, clients refused" if c.zone else
                         ": partitions Unavailable, clients refused" if c.new is QuorumState.DISABLED else "")
+                if self.zone_disabled != self.membership.disabled_by:
+                    self.zone_disabled = self.membership.disabled_by
+                    self.node.ha_disabled_changed()
                 if c.old is QuorumState.DISABLED:
                     for q in self.node.queues.values():
                         self.node.delivery.schedule(q)  # consumers waited while there was no quorum
+
+    def _peer_ha_off(self, name: str, zone: str) -> None:
+        """Peer ``name`` says an availability zone of its lost quorum ("" it has it again): this
+        node ranks it as drained meanwhile, so failback hands it nothing and gives it back its
+        partitions once it is back (an undrain)."""
+        if zone:
+            self.ha_off[name] = zone
+            log.warning("remote node %s: no quorum in its availability zone %s: its HA services are off", name, zone)
+        else:
+            self.ha_off.pop(name, None)
+            log.info("remote node %s: its availability zones have quorum again", name)
+        self.node.ha_disabled_changed()
 
     async def _keepalive(self) -> None:
         clock = self.node.clock
         interval = self.node.config.keepalive_interval
         while True:
             beat = self.arbiter.heartbeat() if self.arbiter is not None else \
-                Heartbeat(actives=self._served()) if self.gossip else Heartbeat()
+                Heartbeat(actives=self._served() if self.gossip else [], ha_off=self.zone_disabled)
             for link in list(self.links.values()):
                 link.send(beat)
             changes = self.membership.tick(clock.monotonic())
@@ -785,6 +812,8 @@ class PeerManager:
             elif isinstance(frame, Heartbeat):
                 if self.gossip:
                     self._heard_actives(link.name, frame.actives)
+                if frame.ha_off != self.ha_off.get(link.name, ""):
+                    self._peer_ha_off(link.name, frame.ha_off)
             elif isinstance(frame, Forward):
                 task = asyncio.get_running_loop().create_task(self._answer(link, frame))
                 self._handlers.add(task)

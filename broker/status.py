@@ -27,7 +27,7 @@ from broker import queues
 from broker.queues import Holder, Queue
 
 from client.errors import InvalidArgumentError, UnavailableError
-from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk
+from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk, ZoneInfo
 from ha.membership import Membership
 
 
@@ -253,12 +253,15 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``."""
     cfg = node.config
     remotes: list[RemoteNode] = []
+    azones: list[ZoneInfo] = []
     peers = node.peers
     if peers is None:
         quorum, override = "Active", None
     else:
         m = peers.membership
         quorum, override = m.quorum_state.value, m.quorum_override
+        azones = [ZoneInfo(zq.zone.name, zq.state.value, zq.up_votes, zq.total_votes, str(zq.zone.policy),
+                          list(zq.members)) for zq in m.zone_quorums()]
         for name, (host, port) in sorted(peers.addresses.items()):
             ident = m.identity(name)
             remotes.append(RemoteNode(name, m.state(name).value, f"{host}:{port}",
@@ -294,4 +297,4 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
                     moving=node.moves_under_way(), members=members if peers is not None else [],
                     group_change=change,
-                    updating=node.updates_under_way())
+                    updating=node.updates_under_way(), availability_zones=azones)

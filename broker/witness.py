@@ -242,6 +242,9 @@ class Witness:
     def map_changed(self) -> None:
         pass  # no client sessions
 
+    def ha_disabled_changed(self) -> None:
+        pass  # (a witness is in no availability zone: it holds no partition)
+
     async def handle_forward(self, kind: int, payload: bytes) -> bytes:
         raise UnavailableError(f"{self.config.name} is a witness: it serves no requests")
 

@@ -6,6 +6,12 @@ or one of the refusal states), and from that the group's quorum state:
 ``Active`` (every known node up), ``Partial`` (some down, quorum holds),
 ``Disabled`` (no quorum: HA services off, partitions Unavailable here).
 
+Availability zones (StreamBase's) are named sets of members inside the group, each with
+a quorum policy of its own; a node may be in several.  A node counts the group's quorum
+and the quorum of every zone it is in, and is ``Disabled`` when any of them fails: its HA
+services go off though the rest of the group goes on.  An operator's ``quorum_override``
+and a ``designated_primary`` set the zones aside with the group's policy.
+
 The driver (``broker/``) reports handshakes, frames heard and lost links, and
 calls :meth:`Membership.tick`; every call returns the changes it caused, and
 installed notifiers are called with each remote-state change in order (so they
@@ -15,6 +21,7 @@ are serialized per node by construction).  Time is passed in.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -101,6 +108,9 @@ class QuorumPolicy:
             return cls(kind, value)
         raise ValueError(f"quorum policy {text!r}: use majority, percentage:P, min_votes:N or disabled")
 
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}" if self.kind in ("percentage", "min_votes") else self.kind
+
     def holds(self, up_votes: int, total_votes: int) -> bool:
         if self.kind == "disabled":
             return True
@@ -109,6 +119,49 @@ class QuorumPolicy:
         if self.kind == "percentage":
             return up_votes * 100 >= self.value * total_votes
         return up_votes >= self.value
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityZone:
+    """A named set of members that give each other quorum under ``policy``; its spec is
+    ``NAME=MEMBER,MEMBER,...[:POLICY]`` (``east=node1,node2,node3:percentage:60``)."""
+
+    name: str
+    members: tuple[str, ...]
+    policy: QuorumPolicy = QuorumPolicy()
+
+    @classmethod
+    def parse(cls, spec: str) -> AvailabilityZone:
+        name, sep, rest = spec.partition("=")
+        listed, _, policy = rest.partition(":")
+        members = tuple(m.strip() for m in listed.split(","))
+        if not sep or not _NAME.match(name) or not all(_NAME.match(m) for m in members):
+            raise ValueError(f"availability zone {spec!r}: expected NAME=MEMBER,MEMBER,...[:POLICY] (names of "
+                             "letters, digits, '_', '.', '-')")
+        if len(set(members)) != len(members):
+            raise ValueError(f"availability zone {name}: a member is named twice")
+        try:
+            return cls(name, members, QuorumPolicy.parse(policy) if policy else QuorumPolicy())
+        except ValueError as exc:
+            raise ValueError(f"availability zone {name}: {exc}") from None
+
+    def __str__(self) -> str:
+        return f"{self.name}={','.join(self.members)}:{self.policy}"
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneQuorum:
+    """An availability zone's quorum as this node counts it: ``members`` are those of the
+    group now (a member removed from the group leaves its zones)."""
+
+    zone: AvailabilityZone
+    state: QuorumState
+    up_votes: int
+    total_votes: int
+    members: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +178,8 @@ class QuorumStateChanged:
     new: QuorumState
     up_votes: int
     total_votes: int
+    #: the availability zone whose quorum failed ("" the group's, or none failed)
+    zone: str = ""
 
 
 Change = RemoteStateChanged | QuorumStateChanged
@@ -147,6 +202,8 @@ class Membership:
     quorum_override: int | None = None  # minimum nodes up, overriding the policy (temporary)
     #: two-node group: this node keeps quorum alone when its peer is gone
     designated_primary: bool = False
+    #: the availability zones (those this node is not in are kept, and not counted)
+    zones: tuple[AvailabilityZone, ...] = ()
 
     def __post_init__(self) -> None:
         if self.me.votes < 0 or not 0 <= self.me.priority <= 3:
@@ -155,7 +212,9 @@ class Membership:
         if self.quorum_override is not None and not 1 <= self.quorum_override <= 1 + len(self._remotes):
             raise ValueError(f"quorum_override must be 1..{1 + len(self._remotes)}")
         self._notifiers: list[Notifier] = []
-        self.quorum_state = self._compute_quorum()[0]
+        #: the availability zone whose quorum this node lacks ("" none: its state is the group's)
+        self.disabled_by = ""
+        self.quorum_state, _, _, self.disabled_by = self._compute_quorum()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -167,6 +226,23 @@ class Membership:
 
     def up(self) -> list[str]:
         return [n for n, r in self._remotes.items() if r.state is RemoteState.UP]
+
+    def zone_quorums(self) -> list[ZoneQuorum]:
+        """The quorum of each availability zone this node is in, as it counts it now."""
+        out = []
+        for z in self.zones:
+            if self.me.name not in z.members:
+                continue
+            members = tuple(m for m in z.members if m == self.me.name or m in self._remotes)
+            up, total = self._votes(members)
+            if not z.policy.holds(up, total):
+                state = QuorumState.DISABLED
+            elif all(m == self.me.name or self._remotes[m].state is RemoteState.UP for m in members):
+                state = QuorumState.ACTIVE
+            else:
+                state = QuorumState.PARTIAL
+            out.append(ZoneQuorum(z, state, up, total, members))
+        return out
 
     # -- notifiers ------------------------------------------------------------------------------
 
@@ -277,13 +353,19 @@ class Membership:
             for cb in self._notifiers:
                 cb(change)
 
-    def _compute_quorum(self) -> tuple[QuorumState, int, int]:
-        up_votes = self.me.votes + sum(r.identity.votes for r in self._remotes.values()
-                                       if r.state is RemoteState.UP and r.identity is not None)
-        # Every configured member counts towards the total, refused ones too: refusing a peer
-        # (a copied store, an old version during an upgrade) must not shrink the quorum.
-        known = list(self._remotes.values())
-        total = self.me.votes + sum(r.identity.votes if r.identity is not None else 1 for r in known)
+    def _votes(self, members: tuple[str, ...] | None = None) -> tuple[int, int]:
+        """Votes up and in all among ``members`` (None: the whole group).  Every configured
+        member counts towards the total, refused ones too: refusing a peer (a copied store, an
+        old version during an upgrade) must not shrink the quorum."""
+        known = [r for n, r in self._remotes.items() if members is None or n in members]
+        mine = self.me.votes if members is None or self.me.name in members else 0
+        up = mine + sum(r.identity.votes for r in known if r.state is RemoteState.UP and r.identity is not None)
+        return up, mine + sum(r.identity.votes if r.identity is not None else 1 for r in known)
+
+    def _compute_quorum(self) -> tuple[QuorumState, int, int, str]:
+        """The node quorum state, the votes it was counted by and the availability zone that
+        failed it ("" the group's policy, or none)."""
+        up_votes, total = self._votes()
         if self.designated_primary:
             holds = True  # the two-node group's tie-breaker: it goes on alone
         elif self.quorum_override is not None:
@@ -291,14 +373,18 @@ class Membership:
         else:
             holds = self.policy.holds(up_votes, total)
         if not holds:
-            return QuorumState.DISABLED, up_votes, total
-        if all(r.state is RemoteState.UP for r in known):
-            return QuorumState.ACTIVE, up_votes, total
-        return QuorumState.PARTIAL, up_votes, total
+            return QuorumState.DISABLED, up_votes, total, ""
+        if self.quorum_override is None and not self.designated_primary:  # (an override sets the zones aside)
+            for zq in self.zone_quorums():
+                if zq.state is QuorumState.DISABLED:
+                    return QuorumState.DISABLED, zq.up_votes, zq.total_votes, zq.zone.name
+        if all(r.state is RemoteState.UP for r in self._remotes.values()):
+            return QuorumState.ACTIVE, up_votes, total, ""
+        return QuorumState.PARTIAL, up_votes, total, ""
 
     def _with_quorum(self, changes: list[Change]) -> list[Change]:
-        new, up, total = self._compute_quorum()
-        if new is not self.quorum_state:
-            changes.append(QuorumStateChanged(self.quorum_state, new, up, total))
-            self.quorum_state = new
+        new, up, total, zone = self._compute_quorum()
+        if new is not self.quorum_state or zone != self.disabled_by:
+            changes.append(QuorumStateChanged(self.quorum_state, new, up, total, zone))
+            self.quorum_state, self.disabled_by = new, zone
         return changes

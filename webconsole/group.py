@@ -116,6 +116,9 @@ class Group:
                 "priority": st.priority if st else (r.priority if r else None),
                 "votes": st.votes if st else (r.votes if r else None),
                 "quorum_state": st.quorum_state if st else None,
+                "availability_zones": [{"name": z.name, "state": z.state, "up_votes": z.up_votes,
+                                        "total_votes": z.total_votes, "policy": z.policy, "members": list(z.members)}
+                                       for z in st.availability_zones] if st else [],
                 "version": st.version if st else None,
                 "store_stamp": st.store_stamp if st else (r.store_stamp if r else ""),
                 "peer_address": r.address if r else None,

@@ -53,7 +53,14 @@ _SCHEMAS: dict[str, Any] = {
         "drained": _t("boolean", description="drained for maintenance (tandem node drain): active for nothing "
                       "while another member can be, still a replica and a voter"),
         "zone": _t("string", True, description="its zone (the zones setting): a partition's copies are in "
-                   "distinct zones; null without zones")},
+                   "distinct zones; null without zones"),
+        "availability_zones": {"type": "array", "description": "the availability zones it is in, with their "
+                               "quorum as it counts it: Disabled in any of them turns its HA services off",
+                               "items": {"type": "object", "properties": {
+                                   "name": _t("string"), "state": _t("string", description="Active, Partial, "
+                                                                     "Disabled"),
+                                   "up_votes": _t("integer"), "total_votes": _t("integer"),
+                                   "policy": _t("string"), "members": _STRINGS}}}},
         "required": ["name", "state", "self", "actives", "ha_state", "epoch", "lock_holder", "drained"]},
     "Group": {"type": "object", "description": "the group's quorum and how it decides its active", "properties": {
         "members": _STRINGS, "quorum_policy": _t("string"), "quorum_state": _t("string"),

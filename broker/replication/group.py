@@ -359,9 +359,19 @@ class Replication:
         return lists
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
-        return replica_config(self.host.config, nodes, priority=self.priority,
+        priority, drained = self.priority, self.host.drained
+        peers = self.host.peers
+        if peers is not None:
+            # A node one of whose availability zones lost its quorum has its HA services off.
+            # It stands for nothing, and what it is active for goes to another node as from a
+            # drained one (failback's hand-over); it stays a replica and a voter.  Its peers
+            # learn it from its keep-alives, and rank it as drained too.
+            drained = drained | frozenset(peers.ha_off)
+            if peers.membership.disabled_by:
+                priority, drained = 0, drained | {self.me}
+        return replica_config(self.host.config, nodes, priority=priority,
                               designated_primary=self.designated_primary, quorum_override=self.quorum_override,
-                              lock=self.lock_role, drained=self.host.drained)
+                              lock=self.lock_role, drained=drained)
 
     def _config_of(self, plog: PartLog) -> ReplicaConfig:
         """A log's configuration: while it moves (broker.moves), the voters other than the new
@@ -436,8 +446,8 @@ class Replication:
         self.reconfigure()
 
     def reconfigure(self) -> None:
-        """Priority, quorum_override, designated_primary or the drained members changed:
-        every log, at once."""
+        """Priority, quorum_override, designated_primary, the drained members or this node's
+        availability zones' quorum changed: every log, at once."""
         for plog in list(self.logs.values()):
             self._guarded(plog, lambda: plog.replica.reconfigure(self._config_of(plog)))
 

@@ -57,6 +57,10 @@ class PeerGroup(Protocol):
     def membership(self) -> Membership: ...
 
     @property
+    def ha_off(self) -> Mapping[str, str]:
+        """The peers whose availability zones lost quorum (their HA services are off): peer -> zone."""
+
+    @property
     def epoch(self) -> int:
         """The LockFile epoch this node's frames carry (0 without the LockFile arbiter)."""
 

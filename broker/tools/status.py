@@ -69,6 +69,10 @@ async def _status(args: argparse.Namespace) -> int:
           f"store {st.store_stamp}{drained})")
     override = f", override {st.quorum_override}" if st.quorum_override is not None else ""
     print(f"quorum: {st.quorum_state} (policy {st.quorum_policy}{override})")
+    for z in st.availability_zones:
+        off = ": HA services off here" if z.state == "Disabled" else ""
+        print(f"  availability zone {z.name}: {z.state} ({z.up_votes} of {z.total_votes} votes up, policy "
+              f"{z.policy}; {', '.join(z.members)}){off}")
     if st.ha_state:
         holder = f", lock held by {st.lock_holder}" if st.lock_holder else ", lock free"
         print(f"ha: {st.mode} mode, arbiter {st.arbiter}: {st.ha_state} (epoch {st.epoch}{holder})")
@@ -145,6 +149,7 @@ def status_json(st: StatusOk) -> dict[str, Any]:
         "mode": st.mode, "arbiter": st.arbiter, "ha_state": st.ha_state or None, "epoch": st.epoch,
         "lock_holder": st.lock_holder or None, "drained": list(st.drained),
         "zones": dict(z.partition("=")[::2] for z in st.zones), "foreign": _record(st.foreign),
+        "availability_zones": _record(st.availability_zones),
         "moving": {m.split(" ", 2)[0]: m.split(" ", 2)[1].split(",") for m in st.moving},
         "forced_replication": {m.split(" ", 2)[0]: m.split(" ", 2)[2][len("(forced replication: "):-1]
                                for m in st.moving if " (forced replication: " in m},

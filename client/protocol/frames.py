@@ -247,6 +247,9 @@ class Heartbeat(Frame):
     #: the partitions the sender serves, [queue id, partition, term, ...], in a group with more
     #: members than copies (broker.foreign); empty elsewhere
     actives: list[int] = field(default_factory=list)
+    #: the availability zone whose lost quorum keeps the sender's HA services off ("" none):
+    #: its peers rank it as drained while it is (broker.peers)
+    ha_off: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -521,6 +524,18 @@ class RemoteNode(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ZoneInfo(Record):
+    """An availability zone the answering node is in, and its quorum as that node counts it."""
+
+    name: str
+    state: str  # Active, Partial, Disabled (Disabled: the node's HA services are off)
+    up_votes: int
+    total_votes: int
+    policy: str  # majority, percentage:P, min_votes:N, disabled
+    members: list[str]  # those of the group now
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaInfo(Record):
     """One replica of a partition, as the partition's active sees it."""
 
@@ -597,6 +612,8 @@ class StatusOk(Frame):
     group_change: str = ""
     #: the updates under way (tandem partition update): "queue p,p,..." (the partitions still to re-map)
     updating: list[str] = field(default_factory=list)
+    #: the availability zones this node is in (the node is Disabled while any of them is)
+    availability_zones: list[ZoneInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

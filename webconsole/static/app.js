@@ -51,6 +51,9 @@ function renderNodes(nodes, group) {
     el("div", {}, `priority ${n.priority ?? "?"}, votes ${n.votes ?? "?"}` + (n.zone ? `, zone ${n.zone}` : "")),
     ...(n.drained ? [el("div", {class: "drained"}, "drained: active for nothing while another member can be")] : []),
     el("div", {}, `quorum ${n.quorum_state ?? "?"}`),
+    ...(n.availability_zones || []).map((z) => el("div", {class: `zone ${z.state}`},
+      `availability zone ${z.name}: ${z.state} (${z.up_votes} of ${z.total_votes} votes up, ${z.policy})` +
+      (z.state === "Disabled" ? ": HA services off" : ""))),
     el("div", {}, `client ${n.client_address || "?"}`),
     ...haLines(n),
     el("div", {class: "actives"}, activesText(n, group)))));
