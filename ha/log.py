@@ -19,13 +19,23 @@ class EntryLog:
         self.snap_index, self.snap_term, self.snap_origin = snapshot
         #: the snapshot ends in an entry a weak active wrote (compacted past the driver's bound
         #: of such entries, unless a strong one follows in the log), and the position of its
-        #: last entry written under a real quorum, what elections compare (:meth:`recency`); a
-        #: snapshot loaded from the store counts as strong (the store keeps no such mark)
+        #: last entry written under a real quorum, what elections compare (:meth:`recency`); the
+        #: store keeps both with the snapshot (storage.base.LogCompact, :meth:`mark`)
         self.snap_weak = False
         self.snap_recency = (self.snap_term, self.snap_index)
         self.entries = list(entries)
         if self.entries and self.entries[0].index != self.snap_index + 1:
             raise ValueError(f"log starts at {self.entries[0].index}, snapshot ends at {self.snap_index}")
+
+    def mark(self) -> tuple[bool, tuple[int, int]]:
+        """The snapshot's weak mark and recency, as the store keeps them (a strong snapshot's
+        recency is its own position)."""
+        return self.snap_weak, self.snap_recency
+
+    def set_mark(self, weak: bool, recency: tuple[int, int]) -> None:
+        """The mark a store kept (:meth:`mark`; a store without one: strong)."""
+        self.snap_weak = weak
+        self.snap_recency = recency if weak else (self.snap_term, self.snap_index)
 
     @property
     def last_index(self) -> int:

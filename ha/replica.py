@@ -81,9 +81,10 @@ class Replica:
     def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
                  term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None,
                  commit: int = 0, snapshot: tuple[int, int, str] = (0, 0, ""), applied: int | None = None,
-                 recovering: bool = False) -> None:
+                 recovering: bool = False, snap_mark: tuple[bool, tuple[int, int]] = (False, (0, 0))) -> None:
         """``snapshot`` is (index, term, origin) of the last entry compacted away (its effect
-        is in the driver's applied state); ``log`` the entries after it.  ``applied`` is
+        is in the driver's applied state), ``snap_mark`` its weak mark and recency as the
+        store kept them (:meth:`snapshot_mark`); ``log`` the entries after it.  ``applied`` is
         how far the driver's state goes (default: ``commit``); committed entries after it
         come out of the first Ready to be applied again."""
         self.cfg = config
@@ -92,6 +93,7 @@ class Replica:
         self.term = term
         self.voted_for = voted_for
         self._log = EntryLog(snapshot, log or [])
+        self._log.set_mark(*snap_mark)
         # What was confirmed before a restart counts as committed.
         self.commit = max(self.snap_index, min(commit, self.last_index))
         self.applied = self.commit if applied is None else max(self.snap_index, min(applied, self.commit))
@@ -414,6 +416,10 @@ class Replica:
                 return upto
             upto = e.index - 1
         return upto
+
+    def snapshot_mark(self) -> tuple[bool, tuple[int, int]]:
+        """The snapshot's weak mark and recency, for the store to keep with it."""
+        return self._log.mark()
 
     def _state_weak(self) -> bool:
         """Whether the applied state ends in entries a weak active wrote that no majority is

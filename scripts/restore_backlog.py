@@ -1,6 +1,7 @@
 """How long a restore takes when the quarantine holds a large backlog, and what a producer sees.
 
     .venv/bin/python scripts/restore_backlog.py [--size 1G] [--body 64K] [--via api|cli] [--runs 1]
+                                                [--weak-hold-bytes 1536M]
 
 Each run starts a fresh three-node group (``LocalCluster``, default settings, in a temp dir)
 whose node3 is reached through fault proxies, declares a one-partition queue, cuts node3 off,
@@ -11,7 +12,9 @@ them (``--via api``: ``POST /api/v1/restore`` again while it answers ``"more"``;
 cli``: ``tandem restore --json``) while a durable producer sends one message every 10 ms to
 the queue.  It reports the fill, how long the quarantine took to hold every message after the
 heal, the restore's time, the longest confirm wait of a send made during it, and that the
-queue then holds every key once.  The figures are for docs/operations.md.
+queue then holds every key once.  The figures are for docs/operations.md.  node3 keeps what it
+wrote under the override up to ``--weak-hold-bytes`` (the nodes' setting, default 256M): give it
+more than ``--size`` to have every message quarantined.
 """
 
 from __future__ import annotations
@@ -103,9 +106,9 @@ async def restore(cl: LocalCluster, via: str) -> tuple[dict[str, int], int]:
                 return restored, calls
 
 
-async def one_run(size: int, body: int, via: str, keep: str | None = None) -> dict:
+async def one_run(size: int, body: int, via: str, keep: str | None = None, hold: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="tandem-restore-backlog-", dir=keep) as tmp:
-        cl = LocalCluster(Path(tmp), nodes=3, base_port=0)
+        cl = LocalCluster(Path(tmp), nodes=3, base_port=0, extra_args=["--weak-hold-bytes", hold] if hold else [])
         proxies = [await FaultProxy(("127.0.0.1", cl.peer_ports["node3"])).start() for _ in range(2)]
         cl.route("node1", "node3", proxies[0].address)  # (node1 and node2 dial node3: names sort)
         cl.route("node2", "node3", proxies[1].address)
@@ -164,10 +167,13 @@ async def consume_all(url: str) -> dict:
 async def main() -> None:
     ap = backlog_args(__doc__, "what node3 writes alone, then discards (default 1G)")
     ap.add_argument("--via", choices=("api", "cli"), default="api", help="the admin API (default) or tandem restore")
+    ap.add_argument("--weak-hold-bytes", metavar="SIZE",
+                    help="the nodes' weak_hold_bytes (default: theirs, 256M): above --size, node3 keeps every "
+                         "message it wrote alone for the quarantine")
     args = ap.parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body), args.via,
-                                                        args.logs)}), flush=True)
+                                                        args.logs, args.weak_hold_bytes)}), flush=True)
 
 
 if __name__ == "__main__":

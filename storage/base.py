@@ -365,13 +365,18 @@ class LogTruncate:
 @dataclass(frozen=True, slots=True)
 class LogCompact:
     """Delete entries up to ``upto`` (the applied state has them); (upto, term, origin)
-    is the position a restarted replica's log starts after."""
+    is the position a restarted replica's log starts after.  ``weak``: the snapshot ends in
+    entries a weak active wrote that no majority is known to hold, and ``recency`` is
+    (term, index) of its last entry written under a real quorum (what elections compare; a
+    strong snapshot's is its own position)."""
 
     queue_id: int
     partition: int
     upto: int
     term: int
     origin: str
+    weak: bool = False
+    recency: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +467,9 @@ class LogState:
     snapshot: tuple[int, int, str] = (0, 0, "")
     applied: tuple[int, int, str] = (0, 0, "")
     entries: list[LogRecord] = field(default_factory=list)
+    #: the snapshot's weak mark and recency, as ``LogCompact`` stored them
+    snap_weak: bool = False
+    snap_recency: tuple[int, int] = (0, 0)
 
 
 @dataclass(slots=True)

@@ -198,6 +198,7 @@ class MemoryEngine:
             st = self._log(op)
             st.entries = [e for e in st.entries if e.index > op.upto]
             st.snapshot = (op.upto, op.term, op.origin)
+            st.snap_weak, st.snap_recency = op.weak, op.recency
         elif isinstance(op, PutHardState):
             st = self._log(op)
             st.term, st.voted_for, st.commit = op.term, op.voted_for, op.commit

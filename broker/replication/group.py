@@ -33,7 +33,7 @@ from broker.replication.commit import Proposals
 from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto,
                                           weak_cap)
 from broker.replication.host import Callback, ReplicationHost
-from broker.replication.partlog import PartLog, open_log, replica_config
+from broker.replication.partlog import PartLog, compacted, open_log, replica_config
 from broker.replication.segments import UNPIN_EVERY, unpin_segments
 from broker.replication.serving import PartitionNotifier, Serving
 from broker.replication.transport import Transport
@@ -721,7 +721,7 @@ class Replication:
                           "kept in the quarantine", plog.name, self.me, hold)
             if upto > r.snap_index:
                 r.compact(upto)
-                apply_ops.append(LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin))
+                apply_ops.append(compacted(key, r))
                 apply_ops.extend(self._base_ops(plog))
         last = ready.append[-1] if ready.append else None
         # Messages of a replica wait for the write (they promise what is on disk); the
@@ -794,7 +794,8 @@ class Replication:
             m = ready.snapshot
             ops.extend(install_ops(plog, m, {q.meta.id for q in self.host.queues.values()}, self._apply_catalogue,
                                    self.host.security_install))
-            ops.append(LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin))
+            ops.append(compacted(key, plog.replica) if plog.replica.snap_index == m.index else
+                       LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin, m.weak, (0, 0)))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
             ops.extend(self._base_ops(plog))
             if key != CATALOGUE and streamed_parts(m.data):

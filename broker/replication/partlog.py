@@ -15,7 +15,7 @@ from ha.messages import Entry, Envelope
 from ha.partition import PartitionLifecycle
 from ha.placement import NodeList
 from ha.replica import Replica, ReplicaConfig
-from storage.base import LogState, WriteOp
+from storage.base import LogCompact, LogState, WriteOp
 
 MAX_APPEND_BYTES = 32 * 1024 * 1024  # entry data in one AppendEntries (a replica catching up)
 
@@ -141,6 +141,12 @@ def replica_config(cfg: NodeConfig, nodes: NodeList, *, priority: int, designate
                          witnesses=witnesses, drained=drained & set(voters))
 
 
+def compacted(key: Key, r: Replica) -> LogCompact:
+    """The store's record of ``r``'s snapshot: its position and its weak mark."""
+    weak, recency = r.snapshot_mark()
+    return LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin, weak, recency)
+
+
 def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, rng: random.Random,
              now: float, recovering: bool = False) -> PartLog:
     """A log as the store recovered it (``st``: hard state, entries, snapshot, applied);
@@ -149,7 +155,7 @@ def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, 
                if r.index > st.snapshot[0]]
     replica = Replica(config, rng=rng, now=now, term=st.term, voted_for=st.voted_for, log=entries,
                       commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0],
-                      recovering=recovering)
+                      recovering=recovering, snap_mark=(st.snap_weak, st.snap_recency))
     return PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
                    durable_applied=st.applied[0],
                    applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))

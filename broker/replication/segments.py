@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from broker.replication.codec import CATALOGUE, Key
 from broker.replication.compaction import HOLD_BYTES, entry_bytes, still_needed, weak_cap
 from broker.replication.host import ReplicationHost
-from broker.replication.partlog import PartLog
+from broker.replication.partlog import PartLog, compacted
 from storage.base import LogCompact, LogTruncate, PutApplied, ResetPartition, WriteOp
 
 log = logging.getLogger("tandem.ha")
@@ -47,7 +47,7 @@ def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
             continue  # a replica that answers still lacks them: it catches up first (as compact_upto)
         r.compact(top)
         plog.applied_bytes = entry_bytes(r, r.snap_index + 1, r.applied)
-        hold(plog, [LogCompact(key[0], key[1], r.snap_index, r.snap_term, r.snap_origin)], 0)
+        hold(plog, [compacted(key, r)], 0)
 
 
 def _drop_foreign_log(host: ReplicationHost, logs: Mapping[Key, PartLog], key: Key) -> None:

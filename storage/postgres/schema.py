@@ -16,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from storage.lease import TABLE
-from storage.sqlite.schema import SCHEMA_VERSION
+from storage.sqlite.schema import ADDED_COLUMNS, SCHEMA_VERSION
 
 #: pg_advisory_xact_lock key for the schema's creation ("tandem" in ASCII)
 SCHEMA_LOCK = 0x74616E64656D
@@ -55,6 +55,7 @@ DDL = [
         snap_origin TEXT NOT NULL DEFAULT '',
         applied_index BIGINT NOT NULL DEFAULT 0, applied_term BIGINT NOT NULL DEFAULT 0,
         applied_origin TEXT NOT NULL DEFAULT '', PRIMARY KEY (queue_id, partition))""",
+    *(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}" for table, column, decl in ADDED_COLUMNS),
     f"""CREATE TABLE IF NOT EXISTS {TABLE} (
         id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT, epoch BIGINT NOT NULL,
         address TEXT NOT NULL, until DOUBLE PRECISION)""",
@@ -68,7 +69,9 @@ def create_schema(conn: Connection) -> None:
     with conn.begin():
         present = conn.exec_driver_sql(
             f"SELECT to_regclass('{TABLE}') IS NOT NULL AND to_regclass('ha_state') IS NOT NULL "
-            "AND to_regclass('acls') IS NOT NULL").scalar()
+            "AND to_regclass('acls') IS NOT NULL AND EXISTS (SELECT 1 FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'ha_state' AND column_name = %s)",
+            (ADDED_COLUMNS[-1][1],)).scalar()
         if not present:
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             for ddl in DDL:

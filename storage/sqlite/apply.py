@@ -50,9 +50,11 @@ _UPSERT_HARD = (
     "commit_idx = excluded.commit_idx"
 )
 _UPSERT_SNAP = (
-    "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin, snap_weak, snap_recency_term, "
+    "snap_recency_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (queue_id, partition) DO UPDATE SET snap_index = excluded.snap_index, "
-    "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin"
+    "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin, snap_weak = excluded.snap_weak, "
+    "snap_recency_term = excluded.snap_recency_term, snap_recency_index = excluded.snap_recency_index"
 )
 _UPSERT_APPLIED = (
     "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin) VALUES (?, ?, ?, ?, ?) "
@@ -314,7 +316,8 @@ class OpApplier:
                 del self.index[key]
                 self.ends.pop(key, None)
         elif isinstance(op, LogCompact):
-            conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin))
+            conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak),
+                                                *op.recency))
         elif isinstance(op, PutHardState):
             conn.exec_driver_sql(_UPSERT_HARD, (op.queue_id, op.partition, op.term, op.voted_for, op.commit))
         elif isinstance(op, PutApplied):

@@ -90,10 +90,11 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         "SELECT username, pattern, permission FROM acls ORDER BY username, pattern, permission"))
     for row in conn.exec_driver_sql(
         "SELECT queue_id, partition, term, voted_for, commit_idx, snap_index, snap_term, snap_origin, "
-        "applied_index, applied_term, applied_origin FROM ha_state"
+        "applied_index, applied_term, applied_origin, snap_weak, snap_recency_term, snap_recency_index FROM ha_state"
     ):
         rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
-                                              (row[8], row[9], row[10]))
+                                              (row[8], row[9], row[10]), snap_weak=bool(row[11]),
+                                              snap_recency=(row[12], row[13]))
     return rec
 
 

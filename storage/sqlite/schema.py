@@ -14,7 +14,8 @@ Schema (version 3, in ``meta.schema_version``)::
     acls(username, pattern, permission)                             PK (username, pattern, permission)
     ha_state(queue_id, partition, term, voted_for, commit_idx,      PK (queue_id, partition)
              snap_index, snap_term, snap_origin,
-             applied_index, applied_term, applied_origin)
+             applied_index, applied_term, applied_origin,
+             snap_weak, snap_recency_term, snap_recency_index)
     ha_log(queue_id, partition, idx, term, origin, weak, data)      PK (queue_id, partition, idx)
 
 Chunk payload: a msgpack array with one item per message, offsets
@@ -22,8 +23,10 @@ Chunk payload: a msgpack array with one item per message, offsets
 ``[key: str|nil, headers: bin (msgpack map str->str), body: bin,
 producer_id: str|nil, seq: uint|nil, ts: float]`` (``storage.base.pack_run``).
 
-``acls`` (one row per permission granted) is created on open when missing, so a store
-of version 3 written without it gains it as it is: the version stays.
+``acls`` (one row per permission granted) is created on open when missing, and so are
+``ha_state``'s snapshot mark columns (``snap_weak``, ``snap_recency_*``: the snapshot ends in
+entries a weak override's active wrote, ``storage.base.LogCompact``), so a store of version 3
+written without them gains them as it is: the version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
 they change with the store's own rows and commit with them.  The replication log itself
@@ -86,7 +89,16 @@ DDL = [
         snap_index INTEGER NOT NULL DEFAULT 0, snap_term INTEGER NOT NULL DEFAULT 0,
         snap_origin TEXT NOT NULL DEFAULT '',
         applied_index INTEGER NOT NULL DEFAULT 0, applied_term INTEGER NOT NULL DEFAULT 0,
-        applied_origin TEXT NOT NULL DEFAULT '', PRIMARY KEY (queue_id, partition))""",
+        applied_origin TEXT NOT NULL DEFAULT '', snap_weak INTEGER NOT NULL DEFAULT 0,
+        snap_recency_term INTEGER NOT NULL DEFAULT 0, snap_recency_index INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (queue_id, partition))""",
+]
+
+#: columns added to a table after it was first released: (table, column, declaration)
+ADDED_COLUMNS = [
+    ("ha_state", "snap_weak", "INTEGER NOT NULL DEFAULT 0"),
+    ("ha_state", "snap_recency_term", "INTEGER NOT NULL DEFAULT 0"),
+    ("ha_state", "snap_recency_index", "INTEGER NOT NULL DEFAULT 0"),
 ]
 
 
@@ -97,6 +109,10 @@ def create_schema(conn: Connection, path: Path) -> None:
     with conn.begin():
         for ddl in DDL:
             conn.exec_driver_sql(ddl)
+        for table, column, decl in ADDED_COLUMNS:
+            have = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
+            if column not in have:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         conn.exec_driver_sql(
             "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
         )

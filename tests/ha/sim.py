@@ -33,6 +33,8 @@ class Stable:
     state: list[tuple[int, int, str, object]] = field(default_factory=list)
     #: the members as of the snapshot (Replica.snapshot_members), kept with the state; None: the cluster's first
     members: Members | None = None
+    #: the snapshot's weak mark and recency (Replica.snapshot_mark), kept with it as the store does
+    snap_mark: tuple[bool, tuple[int, int]] = (False, (0, 0))
 
     def last(self) -> int:
         return self.log[-1].index if self.log else self.snap[0]
@@ -113,7 +115,8 @@ class Cluster:
         st = self.stable[n]
         self.nodes[n] = Replica(self.config(n), rng=random.Random(self.rng.random()), now=self.now,
                                 term=st.term, voted_for=st.voted_for, log=list(st.log), commit=st.commit,
-                                snapshot=st.snap, applied=None if n in self.witnesses else len(st.state))
+                                snapshot=st.snap, applied=None if n in self.witnesses else len(st.state),
+                                snap_mark=st.snap_mark)
 
     def add_node(self, n: str, members: Members) -> None:
         """A node new to the partition, with an empty store and ``members`` (the change that
@@ -160,6 +163,8 @@ class Cluster:
         if ready.snapshot is not None:
             m = ready.snapshot
             st.snap = (m.index, m.last_term, m.last_origin)
+            core = self.nodes[n]
+            st.snap_mark = core.snapshot_mark() if core is not None else (m.weak, (0, 0))
             if m.members is not None:
                 st.members = m.members
             st.log = [e for e in st.log if e.index > m.index]
@@ -233,6 +238,7 @@ class Cluster:
             upto = r.applied - self.rng.randint(0, 3)
         r.compact(upto)
         st.snap = (r.snap_index, r.snap_term, r.snap_origin)
+        st.snap_mark = r.snapshot_mark()
         st.members = r.snapshot_members
         st.log = [e for e in st.log if e.index > r.snap_index]
 

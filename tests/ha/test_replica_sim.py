@@ -416,6 +416,44 @@ def test_an_override_active_with_a_higher_term_cannot_push_its_compacted_writes_
         assert not any(s[3] == "solo" for s in states[others[0]]), seed
 
 
+def test_restarted_after_compacting_its_writes_alone_a_node_still_cannot_push_them_over_the_majoritys() -> None:
+    """As above, but the isolated node is restarted before the heal (the override, set at
+    runtime, is gone): it comes back from its store, whose snapshot keeps the weak mark, in
+    its higher term.  Its snapshot does not count in an election's recency, so it cannot win
+    over the majority's log: it finds its compacted log different and starts over."""
+    for seed in range(10):
+        c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
+        old, others, r = _cut_off(c)
+        for _round in range(3):
+            c.handle(old, r.reconfigure(c.config(old)))
+            for _ in range(300):
+                c.step()
+            _override_alone(c, old, r)
+        for _ in range(6):
+            ready, _entry = r.propose("solo")
+            c.handle(old, ready)
+        for _ in range(300):
+            c.step()
+        c.compact(old, r, r.applied)
+        leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
+        assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
+        for i in range(12):
+            ready, _entry = leader.propose(f"maj{i}")
+            c.handle(leader.id, ready)
+            c.step()
+        for _ in range(200):
+            c.step()
+        c.crash(old)
+        c.start(old)  # from its stable state, the override gone
+        assert c.stable[old].snap_mark[0], seed
+        heal_and_settle(c, 20)
+        assert c.compacted_discards >= 1, seed
+        states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
+        assert len(set(states.values())) == 1, f"seed {100 + seed}: the nodes disagree"
+        assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
+        assert not any(s[3] == "solo" for s in states[others[0]]), seed
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         ReplicaConfig(node="x", voters=())

@@ -243,3 +243,21 @@ async def test_the_database_going_away_and_coming_back(pg_url: str) -> None:
         await asyncio.to_thread(e.close)
         await asyncio.to_thread(lease.close)
         await proxy.stop()
+
+
+def test_a_database_without_the_snapshot_mark_columns_gains_them(pg_url: str) -> None:
+    """A database made before ha_state kept a snapshot's weak mark: opened, it gains them."""
+    e = PostgresShared(pg_url).engine()
+    e.open()
+    e.close()
+    schema = pg_url.rsplit("%3D", 1)[1]
+    with admin(pg_url.split("?")[0]) as conn:
+        for column in ("snap_weak", "snap_recency_term", "snap_recency_index"):
+            conn.execute(f'ALTER TABLE "{schema}".ha_state DROP COLUMN {column}')
+    again = PostgresShared(pg_url).engine()
+    again.open()
+    again.close()
+    with admin(pg_url.split("?")[0]) as conn:
+        have = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                                           "AND table_name = 'ha_state'", (schema,))}
+    assert {"snap_weak", "snap_recency_term", "snap_recency_index"} <= have

@@ -364,3 +364,28 @@ def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) ->
     log.close()
     got = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB).open()
     assert [(r.index, r.term) for r in got[(1, 0)]] == [(i, 5) for i in range(1, 13)]
+
+
+def test_a_store_without_the_snapshot_mark_columns_gains_them_and_reads_strong(tmp_path: Path) -> None:
+    """A store written before ha_state kept the snapshot's weak mark: opened, it gains the
+    columns (the schema version stays), its snapshots read as strong, and a weak mark written
+    then comes back."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), LogCompact(1, 0, 4, 2, "n1"), PutApplied(1, 0, 4, 2, "n1")], sync=True)
+    e.close()
+    db = sqlite3.connect(tmp_path / "tandem.db")
+    for column in ("snap_weak", "snap_recency_term", "snap_recency_index"):
+        db.execute(f"ALTER TABLE ha_state DROP COLUMN {column}")
+    db.commit()
+    db.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    st = rec.logs[(1, 0)]
+    assert (st.snapshot, st.snap_weak) == ((4, 2, "n1"), False) and rec.meta["schema_version"] == "3"
+    again.apply([LogCompact(1, 0, 6, 3, "n3", True, (2, 4)), PutApplied(1, 0, 6, 3, "n3")], sync=True)
+    again.close()
+    third = SqliteEngine(tmp_path / "tandem.db")
+    st = third.open().logs[(1, 0)]
+    assert (st.snapshot, st.snap_weak, st.snap_recency) == ((6, 3, "n3"), True, (2, 4))
+    third.close()

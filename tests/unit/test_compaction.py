@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 
 import broker.replication.compaction as compaction
 from broker.replication import compact_upto, one_applied_position
+from broker.replication.partlog import compacted
+from storage.base import PutQueue, QueueMeta
+from storage.sqlite.engine import SqliteEngine
 from ha.messages import AppendReply, Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig
 from tests.helpers import active_replica
@@ -137,3 +141,27 @@ def test_a_strong_entry_after_weak_ones_makes_them_compactable() -> None:
     r.persisted(e)
     r.step(Envelope("b", "a", AppendReply(r.term, "b", True, e.index)))
     assert r.applied == e.index and r.compactable() == e.index
+
+
+def test_the_weak_mark_goes_to_the_store_with_the_snapshot_and_comes_back_on_a_restart(small: None,
+                                                                                        tmp_path: Path) -> None:
+    """A node restarted after compacting past its weak entries still knows its snapshot ends
+    in them, and still compares the last entry a majority wrote in elections."""
+    r = _weak_active(20, 10, 50)
+    r.compact(31)
+    op = compacted((1, 0), r)
+    assert (op.upto, op.weak, op.recency) == (31, True, r._log.recency()) and r._log.recency()[1] == 21
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(QueueMeta(id=1, name="q", partitions=1, mapper="jump_hash", ring_size=1024,
+                                         max_deliveries=0, dead_letter_queue=None, max_length=0)), op], sync=True)
+    e.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    st = again.open().logs[(1, 0)]
+    again.close()
+    assert (st.snapshot[0], st.snap_weak, st.snap_recency) == (31, True, r._log.recency())
+    back = Replica(r.cfg, rng=random.Random(1), snapshot=st.snapshot, snap_mark=(st.snap_weak, st.snap_recency))
+    assert back._log.snap_weak and back._log.recency() == r._log.recency() and back._state_weak()
+    # a strong snapshot keeps no mark: its recency is its own position
+    strong = Replica(r.cfg, rng=random.Random(1), snapshot=(9, 2, "a"), snap_mark=(False, (0, 0)))
+    assert not strong._log.snap_weak and strong._log.recency() == (2, 9)
