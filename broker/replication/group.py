@@ -359,17 +359,19 @@ class Replication:
         return lists
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
-        priority, drained = self.priority, self.host.drained
+        drained = self.host.drained
         peers = self.host.peers
         if peers is not None:
             # A node one of whose availability zones lost its quorum has its HA services off.
-            # It stands for nothing, and what it is active for goes to another node as from a
-            # drained one (failback's hand-over); it stays a replica and a voter.  Its peers
-            # learn it from its keep-alives, and rank it as drained too.
+            # It ranks as drained: what it is active for goes to another node by failback's
+            # hand-over, and it stands only where no other node with the data can (a voter
+            # whose log is the most recent: it takes over, brings another up to date and
+            # hands over).  It stays a replica and a voter.  Its peers learn it from its
+            # keep-alives, and rank it as drained too.
             drained = drained | frozenset(peers.ha_off)
             if peers.membership.disabled_by:
-                priority, drained = 0, drained | {self.me}
-        return replica_config(self.host.config, nodes, priority=priority,
+                drained = drained | {self.me}
+        return replica_config(self.host.config, nodes, priority=self.priority,
                               designated_primary=self.designated_primary, quorum_override=self.quorum_override,
                               lock=self.lock_role, drained=drained)
 

@@ -35,6 +35,20 @@ async def zone_state(cl: LocalCluster, node: str) -> dict[str, str]:
     return {z.name: z.state for z in (await cl.status(node)).availability_zones}
 
 
+async def seen_by(cl: LocalCluster) -> str:
+    """What node2 and node3 say of the queue's partitions and their zones, and what their logs
+    say of hand-overs (for a failure's message)."""
+    out = []
+    for n in ("node2", "node3"):
+        st = await cl.status(n)
+        parts = [(p.partition, p.role, p.active, p.term, p.state) for p in st.partitions if p.queue == QUEUE]
+        zones = {z.name: z.state for z in st.availability_zones}
+        lines = [ln for ln in cl.nodes[n].log_text().splitlines()
+                 if any(w in ln for w in ("zone", "hand", "drain", "stand", "elected", "active for"))][-15:]
+        out.append(f"{n}: quorum {st.quorum_state}, zones {zones}, partitions {parts}; log: {lines}")
+    return "\n".join(out)
+
+
 async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_is_lost(tmp_path: Path) -> None:
     async with running_group(tmp_path, *ZONES, "--failback-after", "1") as cl:
         async def zones_hold() -> bool:  # (each node counts its zones once its links are up)
@@ -59,7 +73,10 @@ async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_
         async def kill_node1() -> None:
             window.append(clock.monotonic())
             await cl.nodes["node1"].kill()
-            await wait_until(everything_on_node3, timeout=60, what="node3 active for every partition")
+            try:
+                await wait_until(everything_on_node3, timeout=60, what="node3 active for every partition")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; {await seen_by(cl)}") from None
             window.append(clock.monotonic())
 
         await load.go(kill_node1, clock.monotonic() + 240)
@@ -113,3 +130,43 @@ async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_
         assert await zone_state(cl, "node2") == {"a": "Active", "b": "Active"}
         async with await client.connect(cl.url_of("node2")) as conn:
             await conn.producer(QUEUE).send(b"served again")
+
+
+async def test_a_disabled_node_whose_log_is_the_only_full_one_takes_over_then_hands_over(tmp_path: Path) -> None:
+    """node3 is frozen (SIGSTOP) while node1 and node2 confirm messages under load, so its logs
+    lag; then node1 is killed and node3 resumed at once.  node2, Disabled by zone a, holds the
+    only full log of the partitions node1 was active for: it still stands for them (as a
+    drained node does: availability first), brings node3 up to date and hands them over.
+    node3 ends up active for every partition, and the checker counts every message."""
+    async with running_group(tmp_path, *ZONES, "--failback-after", "1") as cl:
+        await cl.wait_members()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue(QUEUE, partitions=3)
+        await actives(cl, QUEUE, 3)
+        cfg = DrillConfig(scenario="zones-lag", partitions=3, producers=2, consumers=2, messages=9000, window=64)
+        clock = SYSTEM_CLOCK
+        load = Load(cl, cfg, 2, random.Random(12), clock)
+
+        async def everything_on_node3() -> bool:
+            now = await cl.actives(QUEUE)
+            return len(now) == 3 and set(now.values()) == {"node3"}
+
+        async def lag_node3_then_kill_node1() -> None:
+            confirmed = len(load.confirmed)
+            cl.nodes["node3"].pause()
+            await wait_until(lambda: len(load.confirmed) >= confirmed + 500, timeout=60,
+                             what="500 messages confirmed without node3")
+            await cl.nodes["node1"].kill()
+            cl.nodes["node3"].resume()
+            try:
+                await wait_until(everything_on_node3, timeout=60, what="node3 active for every partition")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; {await seen_by(cl)}") from None
+
+        await load.go(lag_node3_then_kill_node1, clock.monotonic() + 240)
+        v = classify(load.sent, load.confirmed, load.consumed)
+        print(f"node3 lagged, node1 killed: checker {v.as_dict()}")
+        assert load.failed == 0, f"{load.failed} sends failed"
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        assert len(load.confirmed) == cfg.messages
+        assert (await cl.status("node2")).quorum_state == "Disabled"
