@@ -320,6 +320,16 @@ def _override_alone(c: Cluster, old: str, r: Replica) -> None:
     assert r.role is Role.LEADER
 
 
+def _write_alone(c: Cluster, old: str, r: Replica) -> None:
+    """The isolated active writes 6 "solo" entries alone (under its override), and the
+    cluster runs on a while."""
+    for _ in range(6):
+        ready, _entry = r.propose("solo")
+        c.handle(old, ready)
+    for _ in range(300):
+        c.step()
+
+
 def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
     c = Cluster(3, ("a", "b", "c"), loss=0.0)
     old, others, r = _cut_off(c)
@@ -349,11 +359,7 @@ def test_an_override_active_that_compacted_what_it_wrote_alone_is_found_out_and_
         c = Cluster(seed, ("a", "b", "c"), loss=0.0)
         old, others, r = _cut_off(c)
         _override_alone(c, old, r)
-        for _ in range(6):
-            ready, _entry = r.propose("solo")
-            c.handle(old, ready)
-        for _ in range(300):
-            c.step()
+        _write_alone(c, old, r)
         assert r.applied >= 9 and r.entry(r.applied).data == "solo", seed
         c.compact(old, r, r.applied)  # the driver compacts past them (more than it keeps of a weak active's writes)
         leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
@@ -378,42 +384,50 @@ def test_an_override_active_that_compacted_what_it_wrote_alone_is_found_out_and_
         assert not any(s[3] == "solo" for s in states[old]), seed
 
 
-def test_an_override_active_with_a_higher_term_cannot_push_its_compacted_writes_over_the_majoritys() -> None:
+def _higher_term_split(seed: int) -> tuple[Cluster, str, list[str]]:
     """The isolated active under the override goes through more elections than the majority
-    (its term ends higher), and compacts its solo entries.  The cut heals with the override
-    still on: it is the active the others hear, in the higher term, and it can only send a
-    snapshot, marked weak: a replica whose log a
-    majority wrote refuses it and deposes it (as it refuses weak entries), the majority
+    (its term ends higher), writes alone and compacts it (past the driver's bound of a weak
+    active's entries); the majority writes 12 entries meanwhile: (cluster, it, the others)."""
+    c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
+    old, others, r = _cut_off(c)
+    for _round in range(3):  # off and on again: each time it stands alone in a new term
+        c.handle(old, r.reconfigure(c.config(old)))
+        for _ in range(300):
+            c.step()
+        _override_alone(c, old, r)
+    _write_alone(c, old, r)
+    c.compact(old, r, r.applied)
+    leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
+    assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
+    for i in range(12):
+        ready, _entry = leader.propose(f"maj{i}")
+        c.handle(leader.id, ready)
+        c.step()
+    for _ in range(200):
+        c.step()
+    return c, old, others
+
+
+def _majority_kept(c: Cluster, old: str, others: list[str], seed: int) -> None:
+    """The isolated node found its compacted log different and came back with the majority's
+    state: every node alike, the majority's 12 entries there, its solo ones nowhere."""
+    assert c.compacted_discards >= 1, seed
+    states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
+    assert len(set(states.values())) == 1, f"seed {100 + seed}: the nodes disagree"
+    assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
+    assert not any(s[3] == "solo" for s in states[others[0]]), seed
+
+
+def test_an_override_active_with_a_higher_term_cannot_push_its_compacted_writes_over_the_majoritys() -> None:
+    """The cut heals with the override still on: the isolated node is the active the others
+    hear, in the higher term, and it can only send a snapshot, marked weak: a replica whose
+    log a majority wrote refuses it and deposes it (as it refuses weak entries), the majority
     elects one of its own (a weak snapshot does not count in an election's recency), and the
     isolated node finds its compacted log different and starts over."""
     for seed in range(10):
-        c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
-        old, others, r = _cut_off(c)
-        for _round in range(3):  # off and on again: each time it stands alone in a new term
-            c.handle(old, r.reconfigure(c.config(old)))
-            for _ in range(300):
-                c.step()
-            _override_alone(c, old, r)
-        for _ in range(6):
-            ready, _entry = r.propose("solo")
-            c.handle(old, ready)
-        for _ in range(300):
-            c.step()
-        c.compact(old, r, r.applied)  # (past the driver's bound of a weak active's entries)
-        leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
-        assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
-        for i in range(12):
-            ready, _entry = leader.propose(f"maj{i}")
-            c.handle(leader.id, ready)
-            c.step()
-        for _ in range(200):
-            c.step()
+        c, old, others = _higher_term_split(seed)
         heal_and_settle(c, 20)  # (the override still on: it is active in its term when the others hear it)
-        assert c.compacted_discards >= 1, seed
-        states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
-        assert len(set(states.values())) == 1, f"seed {100 + seed}: the nodes disagree"
-        assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
-        assert not any(s[3] == "solo" for s in states[others[0]]), seed
+        _majority_kept(c, old, others, seed)
 
 
 def test_restarted_after_compacting_its_writes_alone_a_node_still_cannot_push_them_over_the_majoritys() -> None:
@@ -422,36 +436,12 @@ def test_restarted_after_compacting_its_writes_alone_a_node_still_cannot_push_th
     its higher term.  Its snapshot does not count in an election's recency, so it cannot win
     over the majority's log: it finds its compacted log different and starts over."""
     for seed in range(10):
-        c = Cluster(100 + seed, ("a", "b", "c"), loss=0.0)
-        old, others, r = _cut_off(c)
-        for _round in range(3):
-            c.handle(old, r.reconfigure(c.config(old)))
-            for _ in range(300):
-                c.step()
-            _override_alone(c, old, r)
-        for _ in range(6):
-            ready, _entry = r.propose("solo")
-            c.handle(old, ready)
-        for _ in range(300):
-            c.step()
-        c.compact(old, r, r.applied)
-        leader = next(c.nodes[o] for o in others if c.nodes[o] is not None and c.nodes[o].role is Role.LEADER)
-        assert leader is not None and r.term > leader.term, (seed, r.term, leader.term)
-        for i in range(12):
-            ready, _entry = leader.propose(f"maj{i}")
-            c.handle(leader.id, ready)
-            c.step()
-        for _ in range(200):
-            c.step()
+        c, old, others = _higher_term_split(seed)
         c.crash(old)
         c.start(old)  # from its stable state, the override gone
         assert c.stable[old].snap_mark[0], seed
         heal_and_settle(c, 20)
-        assert c.compacted_discards >= 1, seed
-        states = {n: tuple(c.stable[n].state) for n in ("a", "b", "c")}
-        assert len(set(states.values())) == 1, f"seed {100 + seed}: the nodes disagree"
-        assert all(any(s[3] == f"maj{i}" for s in states[old]) for i in range(12)), seed
-        assert not any(s[3] == "solo" for s in states[others[0]]), seed
+        _majority_kept(c, old, others, seed)
 
 
 def test_config_is_validated() -> None:

@@ -110,7 +110,7 @@ async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_
 
         v = classify(load.sent, load.confirmed, load.consumed)
         start, end = window
-        during = [w for w, (t, _p) in zip(load.waits, load.confirm_times) if start <= t - w <= end]
+        during = load.waits_during(start, end)
         print(f"node1 killed: node2's partition(s) {node2s} handed to node3 in {end - start:.2f} s; "
               f"{len(during)} sends meanwhile, longest confirm wait {max(during, default=0.0) * 1000:.0f} ms; "
               f"checker {v.as_dict()}")

@@ -82,7 +82,7 @@ async def test_drain_under_load_moves_every_active_and_loses_nothing_and_undrain
         # the confirms of sends made while the drain ran (waits and confirm times line up: none failed)
         assert load.failed == 0, f"{load.failed} sends failed"
         start, end = window
-        during = [w for w, (t, _p) in zip(load.waits, load.confirm_times) if start <= t - w <= end]
+        during = load.waits_during(start, end)
         longest = max(during, default=0.0)
         print(f"drain of {target} (active for partition(s) {sorted(mine)}): {doc['moved']} moved in "
               f"{doc['seconds']:.2f} s; {len(during)} sends during it, longest confirm wait {longest * 1000:.0f} ms "

@@ -43,7 +43,7 @@ async def placement(cl: LocalCluster, via: str) -> dict[int, set[str]]:
 
 
 def longest_during(load: Load, start: float, end: float) -> tuple[int, float]:
-    during = [w for w, (t, _p) in zip(load.waits, load.confirm_times) if start <= t - w <= end]
+    during = load.waits_during(start, end)
     return len(during), max(during, default=0.0)
 
 

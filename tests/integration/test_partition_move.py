@@ -76,7 +76,7 @@ async def test_move_under_load_copies_to_the_new_node_hands_over_and_loses_nothi
         assert (await cl.actives(QUEUE))[0] == newcomer
         v = classify(load.sent, load.confirmed, load.consumed)
         start, end = window
-        during = [w for w, (t, _p) in zip(load.waits, load.confirm_times) if start <= t - w <= end]
+        during = load.waits_during(start, end)
         longest = max(during, default=0.0)
         print(f"move of {QUEUE}/0 {sorted(before)} -> {target}: {doc['seconds']:.2f} s; {len(during)} sends "
               f"during it, longest confirm wait {longest * 1000:.0f} ms (whole run {max(load.waits) * 1000:.0f} ms); "

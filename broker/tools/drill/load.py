@@ -63,6 +63,11 @@ class Load:
                 n += 1
         return n
 
+    def waits_during(self, start: float, end: float) -> list[float]:
+        """The confirm waits of the sends made between ``start`` and ``end`` (clock times).
+        Waits and confirm times pair up only while no send failed (callers check ``failed``)."""
+        return [w for w, (t, _p) in zip(self.waits, self.confirm_times) if start <= t - w <= end]
+
     def mark_fault(self) -> None:
         self.fault_at = self.clock.monotonic()
 
