@@ -125,7 +125,7 @@ class PeerHost(Protocol):
 
     def ha_disabled_changed(self) -> None:
         """An availability zone's quorum took this node's HA services off, or gave them back
-        (``PeerLinks.zone_disabled``): every log takes it at once."""
+        (``PeerManager.zone_disabled``): every log takes it at once."""
 
 log = logging.getLogger("tandem.ha")
 
