@@ -334,8 +334,13 @@ async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_o
         cut_at = time.monotonic()
         cut_gateway(tmp_path, holder)
         await wait_states(cl, {"ACTIVE"}, names=[other])
-        sts = await wait_states(cl, {"PASSIVE"}, names=[holder])
-        assert sts[holder].lock_holder == other and sts[other].epoch == sts[holder].epoch == 2
+        await wait_states(cl, {"PASSIVE"}, names=[holder])
+
+        async def follows() -> bool:  # (the old holder names the new one at the next keep-alive it hears)
+            sts = await statuses(cl)
+            return sts[holder].lock_holder == other and sts[other].epoch == sts[holder].epoch == 2
+
+        await wait_until(follows, timeout=30, what=f"{holder} naming {other} the holder, both at epoch 2")
         mark = len(load.confirmed)
         await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what=f"confirms from {other}")
         await load.finish()

@@ -254,10 +254,19 @@ async def test_an_intruder_with_a_members_name_changes_nothing(tmp_path: Path, v
         await wait_until(lambda: all_up(cl), what="every member Up")
         await wait_until(lambda: knows_queue(cl), what="every member has applied the declare")
 
-        async def settled() -> bool:  # every partition served by an active that has loaded it
-            return await depth(cl) == MESSAGES
+        async def settled() -> bool:
+            # every partition served by an active that has loaded it, and every member at its
+            # term (a replica learns it with the active's next entry or keep-alive)
+            if await depth(cl) != MESSAGES:
+                return False
+            terms: dict[tuple[str, int], set[int]] = {}
+            for st in (await statuses(cl)).values():
+                for p in st.partitions:
+                    terms.setdefault((p.queue, p.partition), set()).add(p.term)
+            return all(len(t) == 1 for t in terms.values())
 
-        await wait_until(settled, what=f"the {MESSAGES} messages counted by the partitions' actives")
+        await wait_until(settled, what=f"the {MESSAGES} messages counted by the partitions' actives, "
+                                       "every member at each partition's term")
         before = await statuses(cl)
 
         logged = {n: len(p.log_text()) for n, p in cl.nodes.items()}
