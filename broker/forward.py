@@ -59,6 +59,7 @@ class ForwardKind(IntEnum):
     AUDIT = 20
     MEMBERS = 21
     RESTORE = 22
+    PRODUCED = 23
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,11 +286,24 @@ class RestoreFwd(ForwardRequest):
     partition: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProducedFwd(ForwardRequest):
+    """What a partition's active holds of one producer's messages from ``offset`` on (a
+    restore's look for resends, broker.restore).  Reply: ``[last, covered, seqs]``
+    (broker.streams.Produced)."""
+    KIND = ForwardKind.PRODUCED
+    hops: int
+    queue: str
+    partition: int
+    producer: str
+    offset: int
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
-                              MembersFwd, RestoreFwd)
+                              MembersFwd, RestoreFwd, ProducedFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

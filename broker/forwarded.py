@@ -18,9 +18,10 @@ from broker.moves import Moves
 from broker.remap import Remaps
 from broker.restore import Restores
 from broker.security import Security
+from broker.streams import Produced
 from broker.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
-                            ReadFwd, RestoreFwd, decode_request, pack_reply)
+                            ProducedFwd, ReadFwd, RestoreFwd, decode_request, pack_reply)
 from broker.publish import Publisher, PublishRequest
 from broker.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -45,6 +46,9 @@ class ForwardedHost(status.StatusSource, Protocol):
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int,
+                       *, hops: int = 0) -> Produced: ...
 
 
 Handler = Callable[[Any], Awaitable[bytes]]
@@ -76,6 +80,7 @@ class ForwardHandlers:
             ForwardKind.AUDIT: self._audit,
             ForwardKind.MEMBERS: self._members,
             ForwardKind.RESTORE: self._restore,
+            ForwardKind.PRODUCED: self._produced,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -119,6 +124,10 @@ class ForwardHandlers:
 
     async def _restore(self, req: RestoreFwd) -> bytes:
         return await self.node.restores.forwarded(req)
+
+    async def _produced(self, req: ProducedFwd) -> bytes:
+        return (await self.node.produced(req.queue, req.partition, req.producer, req.offset,
+                                         hops=max(1, req.hops))).pack()
 
     async def _members(self, _req: Any) -> bytes:
         return pack_reply(self.node.member_book())

@@ -47,7 +47,7 @@ from broker.replication.codec import group_out, placement_out, updating_out
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
-from broker.streams import read_stream
+from broker.streams import Produced, produced, read_stream
 from broker.auth import ClientGuard
 from broker.acl import AclTable
 from broker.discovery import Discovery
@@ -1272,6 +1272,10 @@ class Node:
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
         return await read_stream(self, queue, partition, offset, max_messages, hops=hops)
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int,
+                       *, hops: int = 0) -> Produced:
+        return await produced(self, queue, partition, producer, offset, hops=hops)
 
     # -- producers --------------------------------------------------------------------------
 

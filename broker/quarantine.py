@@ -42,7 +42,7 @@ QUEUE = "tandem.quarantine"
 #: headers of a quarantined message: where it was and why it is here
 HEADERS = ("x-quarantine-queue", "x-quarantine-partition", "x-quarantine-offset", "x-quarantine-id",
            "x-quarantine-producer", "x-quarantine-seq", "x-quarantine-node", "x-quarantine-term",
-           "x-quarantine-confirmed", "x-quarantine-reason")
+           "x-quarantine-confirmed", "x-quarantine-reason", "x-quarantine-from")
 
 #: seconds between two tries to publish what is spooled (no quorum, say)
 RETRY = 2.0
@@ -102,6 +102,10 @@ class Quarantine:
             # there twice.  A confirmed one's file is gone: it is kept.
             entries = entries[:confirmed]
         records = []
+        # where the logs part: the source stored its own messages of this partition from here
+        # on (a restore looks there for a producer's resends, broker.restore)
+        since = min((op.messages[0].offset for ops in entries for op in ops
+                     if isinstance(op, Append) and op.messages), default=0)
         for i, ops in enumerate(entries):
             for op in ops:
                 if not isinstance(op, Append):
@@ -112,7 +116,8 @@ class Quarantine:
                         queue, str(key[1]), str(m.offset), headers.get("x-tandem-id") or f"{key[1]}-{m.offset}",
                         m.producer_id or "", "" if m.seq is None else str(m.seq), self.node.name, str(term),
                         "true" if i < confirmed else "false",
-                        f"HA-1014: discarded on {self.node.name} when the group healed (term {term})")))
+                        f"HA-1014: discarded on {self.node.name} when the group healed (term {term})",
+                        str(since))))
                     records.append([m.key, headers, m.body])
         if not records:
             return 0

@@ -8,7 +8,10 @@ again).  Its id, the partition and offset the losing side stored it at, may name
 message in the source, which wrote its own there (Key Conflict: the source keeps the id), or
 one it writes there later: so a restored message always gets the id of where it lands now,
 its old one in :data:`RESTORED_ID` for consumers that saw it before the heal; the conflicts
-are counted.  A message goes back under the producer id
+are counted.  A message its producer sent again to the source (unconfirmed where it was
+first stored, so resent after a failover, under the same producer id and seq) is the same
+message: the source's partition is asked what it stores of that producer since the logs
+parted (:func:`resent`), and a resend found there is not restored.  A message goes back under the producer id
 ``restore.<node>.<term>.<queue>.<partition>`` with its offset there as sequence number, so a
 restore cut short and run again stores nothing twice.  Each is acknowledged in the quarantine
 once its queue has it.
@@ -39,6 +42,7 @@ from broker.outcome import Outcome
 from broker.publish import PublishRequest, PublishResult
 from broker.quarantine import HEADERS, QUEUE
 from broker.remap import BATCH, BATCH_BYTES
+from broker.streams import Produced
 from broker.queues import ID_HEADER, Consumer, Msg, Queue, Recipient
 from client.clock import Clock
 from client.errors import InvalidArgumentError, PartitionNotFoundError, QueueNotFoundError
@@ -162,8 +166,40 @@ async def taken(h: Mapping[str, str], ends: dict[tuple[str, int], int],
     return int(h["x-quarantine-offset"]) < ends[at]
 
 
+#: what a restore found of each producer in the source's partitions: (queue, partition,
+#: producer id, offset) -> Produced
+Seen = dict[tuple[str, int, str, int], Produced]
+
+
+async def resent(h: Mapping[str, str], seen: Seen,
+                 produced: Callable[[str, int, str, int], Awaitable[Produced]]) -> bool | None:
+    """Whether the source holds this quarantined message as its producer's resend: True (it
+    stored the same producer id and sequence number after the logs parted), False (it may,
+    unseen: the producer went on there past this one, and messages stored since the parting
+    were settled and are no longer there to look at), None (it does not, or nothing says).
+
+    A durable producer that got no confirmation sends a message again, after a failover to
+    the other side too; that copy is the same message, not an instance the source lacks."""
+    producer, seq = h.get("x-quarantine-producer", ""), h.get("x-quarantine-seq", "")
+    if not producer or not seq.isdigit():
+        return None
+    queue, partition = where(h)
+    since = h.get("x-quarantine-from", "0")
+    at = (queue, partition, producer, int(since) if since.isdigit() else 0)
+    if at not in seen:
+        try:
+            seen[at] = await produced(*at)
+        except PartitionNotFoundError:  # (the queue was declared anew with fewer partitions)
+            seen[at] = Produced(-1, True, frozenset())
+    got, s = seen[at], int(seq)
+    if s in got.seqs:
+        return True
+    return False if s <= got.last and not got.covered else None
+
+
 #: a :class:`Report`'s counters, by their names in its JSON
-COUNTERS = ("restored", "already", "conflicts", "left", "dropped", "merged", "failed", "held")
+COUNTERS = ("restored", "already", "conflicts", "left", "dropped", "merged", "failed", "held", "resent",
+            "unsure")
 
 
 @dataclass
@@ -187,6 +223,12 @@ class Report:
     #: back in their order or not at all (a producer id's sequence numbers only go up, so one
     #: put back after a later one would count as a duplicate)
     held: Counter[str] = field(default_factory=Counter)
+    #: not restored: their producer sent them again to the source after the split (it had no
+    #: confirmation), and the source holds them (taken out of the quarantine)
+    resent: Counter[str] = field(default_factory=Counter)
+    #: restored, though the source may hold a resend of theirs it has delivered already: their
+    #: producer went on there past them, and it no longer stores all it took since the split
+    unsure: Counter[str] = field(default_factory=Counter)
     #: a run in the group stopped after BUDGET s: the quarantine may hold more to restore
     more: bool = False
     #: key conflicts logged one by one so far (the first LOGGED of a run)
@@ -224,7 +266,7 @@ class Report:
 
     def counters(self) -> tuple[Counter[str], ...]:
         return (self.restored, self.already, self.conflicts, self.left, self.dropped, self.merged, self.failed,
-                self.held)
+                self.held, self.resent, self.unsure)
 
     def json(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: dict(+c) for name, c in zip(COUNTERS, self.counters())}
@@ -260,6 +302,15 @@ class Report:
                        + (f"; {conflicts} of their ids name other messages there now (key conflict: the queue "
                           f"keeps them), so each restored message has the id of where it landed, its old one in "
                           f"{RESTORED_ID}" if conflicts else ""))
+        for q, n in sorted(self.unsure.items()):
+            if n:
+                out.append(f"{n} of the message(s) restored to {q} may be there twice: their producer went on in "
+                           f"{q} past them, and {q} no longer stores all it took since the split, so a resend of "
+                           f"theirs it delivered already cannot be ruled out ({RESTORED_ID} marks the restored copy)")
+        for q, n in sorted(self.resent.items()):
+            if n:
+                out.append(f"{n} message(s) of {q} not restored: their producer sent them again after the split, "
+                           f"unconfirmed, and {q} holds them")
         for q, n in sorted(self.merged.items()):
             if n:
                 out.append(f"{n} message(s) of {q} restored in the version the compensation hook made of both")
@@ -315,6 +366,9 @@ class RestoreHost(Protocol):
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int,
+                       *, hops: int = 0) -> Produced: ...
 
     async def quarantine_actives(self) -> Collection[str]:
         """The members serving a partition of the quarantine queue (none if it does not exist)."""
@@ -459,6 +513,7 @@ class Restores:
             taker.consumers[c.id] = c
             skipped: list[Msg] = []
             ends: dict[tuple[str, int], int] = {}
+            seen: Seen = {}
             deadline = node.clock.monotonic() + BUDGET
             while (got := await taker.next(WAIT)) is not None:
                 if node.clock.monotonic() >= deadline:
@@ -466,7 +521,7 @@ class Restores:
                     break
                 first = got[1]
                 more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
-                await self._batch(f, [got, *more], taker, report, skipped, ends)
+                await self._batch(f, [got, *more], taker, report, skipped, ends, seen)
             for m in skipped:
                 report.left[m.headers.get("x-quarantine-queue", "")] += 1
         finally:
@@ -475,7 +530,7 @@ class Restores:
         return report
 
     async def _batch(self, f: Filter, batch: list[tuple[int, Msg]], taker: _Taker, report: Report,
-                     skipped: list[Msg], ends: dict[tuple[str, int], int]) -> None:
+                     skipped: list[Msg], ends: dict[tuple[str, int], int], seen: Seen) -> None:
         """Put back what ``f`` takes of ``batch``: a publish per producer id (the queue and
         partition it was discarded from), each message settled in the quarantine once its
         queue has it."""
@@ -489,6 +544,13 @@ class Restores:
                 queue, pid, msg = republished(h, m.key, m.body)
                 if report.holds(queue, pid):  # (not settled: back in the quarantine when the run ends)
                     continue
+                there = await resent(h, seen, self._produced)
+                if there is not None:
+                    if there:
+                        report.resent[queue] += 1
+                        taker.settle(tag)
+                        continue
+                    report.unsure[queue] += 1
                 conflict = await taken(h, ends, self._end)
                 if conflict:
                     res, put = await compensated(self.hook, h, msg, self._read)
@@ -517,6 +579,9 @@ class Restores:
 
     async def _read(self, queue: str, partition: int, offset: int) -> list[StreamMessage]:
         return (await self.node.read_stream(queue, partition, offset, 1))[0]
+
+    async def _produced(self, queue: str, partition: int, producer: str, offset: int) -> Produced:
+        return await self.node.produced(queue, partition, producer, offset)
 
     async def _end(self, queue: str, partition: int) -> int:
         return (await self.node.read_stream(queue, partition, 0, 1))[2]

@@ -34,6 +34,7 @@ from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.remap import Remaps
 from broker.security import Security
+from broker.streams import Produced as StreamProduced
 from broker.users import UserRegistry, make_user
 from client.clock import Clock
 from storage.writer import Callback
@@ -95,6 +96,8 @@ from client.protocol.frames import (
     Purge,
     PurgeOk,
     Queues,
+    Produced,
+    ProducedOk,
     Read,
     ReadOk,
     Reject,
@@ -155,6 +158,9 @@ class SessionHost(StatusSource, Protocol):
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int,
+                       *, hops: int = 0) -> StreamProduced: ...
 
 log = logging.getLogger("tandem.broker")
 
@@ -693,6 +699,12 @@ class Session:
         msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
         self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
 
+    async def _produced(self, f: Produced) -> None:
+        self._may("browse", f.queue)
+        got = await self.node.produced(f.queue, f.partition, f.producer, f.offset)
+        self.send(ProducedOk(rid=f.rid, last=None if got.last < 0 else got.last, covered=got.covered,
+                             seqs=sorted(got.seqs)))
+
     # -- users and grants (the group's: broker.security) ------------------------------------------
 
     async def _user_put(self, f: UserPut) -> None:
@@ -766,7 +778,7 @@ _HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
     Declare: Session._declare, Delete: Session._delete, Purge: Session._purge,
     ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
     Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
-    Reject: Session._reject, Read: Session._read, Status: Session._status,
+    Reject: Session._reject, Read: Session._read, Produced: Session._produced, Status: Session._status,
     SetQuorumOverride: Session._set_quorum_override,
     SetOption: Session._set_option, DrainNode: Session._drain_node,
     MovePartition: Session._move_partition, ChangeGroup: Session._change_group,

@@ -76,6 +76,8 @@ from client.protocol.frames import (
     PurgeOk,
     QueueInfo,
     Queues,
+    Produced,
+    ProducedOk,
     Read,
     ReadOk,
     Reject,
@@ -567,6 +569,13 @@ class Connection:
                                                     offset=offset, max_messages=max_messages))
         reply = expect(reply, ReadOk)
         return reply.messages, reply.next_offset, reply.end_offset
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int = 0) -> ProducedOk:
+        """Which of ``producer``'s messages the partition stores from ``offset`` on (its
+        active answers; a restore's look for a producer's resends)."""
+        reply = await self.request(lambda rid: Produced(rid=rid, queue=queue, partition=partition,
+                                                        producer=producer, offset=offset))
+        return expect(reply, ProducedOk)
 
     # -- producers and consumers ---------------------------------------------------------------------
 

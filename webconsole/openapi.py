@@ -243,6 +243,10 @@ def document() -> dict[str, Any]:
                 "failed": {**_COUNTS, "description": "key conflicts the hook failed on: left in the quarantine"},
                 "held": {**_COUNTS, "description": "left in the quarantine behind one the hook failed on (a "
                          "partition's messages go back in order)"},
+                "resent": {**_COUNTS, "description": "not restored: their producer sent them again after the "
+                           "split, unconfirmed, and the queue holds them (taken out of the quarantine)"},
+                "unsure": {**_COUNTS, "description": "restored, though the queue may have delivered a resend of "
+                           "theirs already (their producer went on there past them)"},
                 "more": _t("boolean", description="the run stopped after 20 s: call again for the rest"),
                 "text": {"type": "array", "items": _t("string")}}},
                 extra={**_CHANGE, 503: "a partition of the quarantine has no active, or its member does not answer"})}},

@@ -14,7 +14,8 @@ from typing import Any
 import client
 from broker.compensation import Hook, load
 from broker.quarantine import QUEUE
-from broker.restore import WAIT, Filter, Report, compensated, republished, taken
+from broker.restore import WAIT, Filter, Report, Seen, compensated, republished, resent, taken
+from broker.streams import Produced
 from broker.tools.options import ExamplesFormatter, url_args
 from client.durable.consumer import DurableMessage as Message
 from client.errors import InvalidArgumentError, QueueNotFoundError
@@ -38,7 +39,10 @@ def add_parser(sub: Any) -> None:
                     "delivered again), and takes them out of the quarantine. Messages whose queue is gone stay "
                     "there. A restored message gets the id of where it lands (its old one, which may name another "
                     "message of the queue now, in the header x-tandem-restored-id). Run it again to finish one "
-                    "that was cut short: nothing is stored twice. Needs the produce and browse permissions on "
+                    "that was cut short: nothing is stored twice. A message its producer sent again to the "
+                    "other side (unconfirmed, under the same producer id and sequence number) is not restored "
+                    "where the queue holds that resend (counted as resent). Needs the produce and browse "
+                    "permissions on "
                     "the queues and consume on tandem.quarantine. The console (Operations, restore) and the "
                     "admin API (POST /api/v1/restore) run the same merge in the group.\n\n"
                     "A compensation hook (--compensation NAME: an installed entry point of tandem.compensation) "
@@ -70,6 +74,7 @@ def restore(args: argparse.Namespace) -> Command:
 async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> int:
     report = Report()
     ends: dict[tuple[str, int], int] = {}  # (queue, partition) -> the source's end offset there
+    looked: Seen = {}  # what the source holds of each producer since the logs parted
     async with await client.connect(args.url, client_name="tandem-restore") as conn, \
             await client.connect_link(args.url, client_name="tandem-restore") as link:
         if QUEUE in {q.name for q in await conn.list_queues()}:
@@ -90,6 +95,13 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
                         if report.holds(queue, pid):
                             skipped.append(m)
                             continue
+                        there = await resent(m.headers, looked, functools.partial(_produced, link))
+                        if there is not None:
+                            if there:  # (the queue holds its producer's resend)
+                                report.resent[queue] += 1
+                                m.ack()
+                                continue
+                            report.unsure[queue] += 1
                         conflict = await taken(m.headers, ends, functools.partial(_end, link))
                         if conflict:
                             res, put = await compensated(hook, m.headers, msg, functools.partial(_read, link))
@@ -126,6 +138,11 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
 async def _end(link: client.Connection, queue: str, partition: int) -> int:
     """The source's end offset of the partition."""
     return (await link.read(queue, partition, 0, 1))[2]
+
+
+async def _produced(link: client.Connection, queue: str, partition: int, producer: str, offset: int) -> Produced:
+    got = await link.produced(queue, partition, producer, offset)
+    return Produced(-1 if got.last is None else got.last, got.covered, frozenset(got.seqs))
 
 
 async def _read(link: client.Connection, queue: str, partition: int, offset: int) -> list[StreamMessage]:

@@ -57,6 +57,8 @@ class Op(IntEnum):
     GET_OK = 44
     READ = 45
     READ_OK = 46
+    PRODUCED = 47
+    PRODUCED_OK = 48
     # node status (any user)
     STATUS = 50
     STATUS_OK = 51
@@ -509,6 +511,32 @@ class ReadOk(Frame):
     end_offset: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Produced(Frame):
+    """Which of ``producer``'s messages partition ``partition`` of ``queue`` stores from
+    ``offset`` on (a restore's look for a producer's resends)."""
+
+    OP: ClassVar[Op] = Op.PRODUCED
+    rid: int
+    queue: str
+    partition: int
+    producer: str
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducedOk(Frame):
+    """``last``: the producer's last sequence number the partition committed (nil: none);
+    ``seqs``: its sequence numbers stored from the offset on; ``covered``: every message from
+    the offset on is still stored (settled ones are not), so a seq not in ``seqs`` is not there."""
+
+    OP: ClassVar[Op] = Op.PRODUCED_OK
+    rid: int
+    last: int | None
+    covered: bool
+    seqs: list[int]
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteNode(Record):
     """What a node knows of another member of its group."""
@@ -880,7 +908,7 @@ _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
-        ChangeGroup, ChangePartitions,
+        ChangeGroup, ChangePartitions, Produced, ProducedOk,
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,

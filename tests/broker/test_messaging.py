@@ -20,6 +20,7 @@ from client.errors import (
     QueueNotFoundError,
     UnknownDeliveryTagError,
 )
+from client.protocol.frames import Publish, PublishMessage, PublishOk
 from tests.conftest import url_of
 from tests.helpers import wait_until
 
@@ -305,3 +306,38 @@ async def test_monitor_user_may_look_but_not_change(node: Node, conn: client.Dur
             await mon.producer("q").send(b"x")
         with pytest.raises(AccessRefusedError):
             await mon.purge_queue("q")
+
+
+async def test_produced_says_which_of_a_producers_messages_a_partition_still_stores(link: client.Connection) -> None:
+    """``Produced`` (a restore's look for resends): the producer's seqs stored from an offset
+    on, its last seq, and whether every message from there on is still stored; once they are
+    consumed and settled they are not, and a look no longer vouches for what it did not see."""
+    await link.declare_queue("s", partitions=1)
+
+    async def publish(producer: str, seqs: range) -> None:
+        reply = await link.request(lambda rid: Publish(rid=rid, queue="s", producer_id=producer, messages=[
+            PublishMessage(None, {}, f"{producer}-{s}".encode(), s) for s in seqs]))
+        assert isinstance(reply, PublishOk) and reply.stored == len(seqs), reply
+
+    await publish("P", range(10))
+    await publish("other", range(5))  # offsets 10..14
+    await publish("P", range(10, 12))  # 15, 16
+    got = await link.produced("s", 0, "P")
+    assert (got.last, got.covered, got.seqs) == (11, True, list(range(12)))
+    got = await link.produced("s", 0, "P", offset=8)
+    assert (got.last, got.covered, got.seqs) == (11, True, [8, 9, 10, 11])
+    got = await link.produced("s", 0, "nobody", offset=8)
+    assert (got.last, got.covered, got.seqs) == (None, True, [])
+    with pytest.raises(PartitionNotFoundError):
+        await link.produced("s", 1, "P")
+    with pytest.raises(QueueNotFoundError):
+        await link.produced("nope", 0, "P")
+    async with link.consumer("s", prefetch=100) as c:
+        for m in await drain(c, 17):
+            await m.ack()
+
+    async def settled() -> bool:
+        got = await link.produced("s", 0, "P")
+        return not got.covered and got.last == 11
+
+    await wait_until(settled, what="the settled messages no longer stored, the look not covered")

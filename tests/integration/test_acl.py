@@ -22,8 +22,8 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess, node_command
 from client.connection import Connection
 from client.errors import AccessRefusedError, AuthError, TandemError
-from client.protocol.frames import (Declare, Delete, Frame, Get, Publish, PublishMessage, Purge, Read, SetOption,
-                                    Subscribe, SubscribeOk)
+from client.protocol.frames import (Declare, Delete, Frame, Get, Produced, Publish, PublishMessage, Purge, Read,
+                                    SetOption, Subscribe, SubscribeOk)
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
 from tests.integration.test_shared_mode import database, pair, the_active  # noqa: F401 (fixtures)
@@ -72,6 +72,8 @@ async def check_bob(url: str, *, consumed: bool = True) -> None:
         await refused(conn, lambda rid: Subscribe(rid=rid, queue="payments", prefetch=1), "'consume'", "'payments'")
         await refused(conn, lambda rid: Get(rid=rid, queue="payments"), "'consume'", "'payments'")
         await refused(conn, lambda rid: Read(rid=rid, queue="payments", partition=0), "'browse'", "'payments'")
+        await refused(conn, lambda rid: Produced(rid=rid, queue="payments", partition=0, producer="p"), "'browse'",
+                      "'payments'")
         await refused(conn, lambda rid: Purge(rid=rid, queue="orders.eu"), "'configure'")
         await refused(conn, lambda rid: Declare(rid=rid, queue="orders.new"), "'configure'")
         await refused(conn, lambda rid: Delete(rid=rid, queue="payments"), "'configure'")

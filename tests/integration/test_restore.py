@@ -24,7 +24,7 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy
 from client.errors import TandemError
 from client.mapper import JumpHashMapper
-from client.protocol.frames import StreamMessage
+from client.protocol.frames import Publish, PublishMessage, PublishOk, StreamMessage, expect
 from tests.conftest import FAST
 from tests.helpers import tandem, wait_until
 from tests.integration.test_replication import (_disabled, _node3_behind_proxies, actives, drain,
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(
 
 #: a restore's report that counts nothing
 NONE: dict[str, dict[str, int]] = {"restored": {}, "already": {}, "conflicts": {}, "left": {}, "dropped": {},
-                                   "merged": {}, "failed": {}, "held": {}}
+                                   "merged": {}, "failed": {}, "held": {}, "resent": {}, "unsure": {}}
 
 
 @dataclass
@@ -64,6 +64,25 @@ async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy], pad: 
             await alone.send(b, key=f"solo-{i}")
         confirmed += solo
         await iso.set_quorum_override(None)
+    held = await _healed(cl, proxies, len(solo))
+    assert sorted(m.body for m in held) == sorted(solo), [(m.offset, m.body[:10]) for m in held]
+    assert {m.headers["x-quarantine-node"] for m in held} == {"node3"}
+    assert {m.headers["x-quarantine-queue"] for m in held} == {"q"}
+    assert all(m.headers["x-quarantine-confirmed"] == "true" for m in held)
+
+    # where node3 stored them, the majority side stored its own messages (a key conflict: the
+    # old ids name those now) wherever its partition reached that far
+    async with await client.connect_link(cl.url) as link:
+        ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
+    taken = sum(int(m.headers["x-quarantine-offset"]) < ends[int(m.headers["x-quarantine-partition"])]
+                for m in held)
+    assert taken, ends  # (the majority wrote 60 to node3's 20 from the same offsets on)
+    return SplitBrain(majority, solo, confirmed, held, taken)
+
+
+async def _healed(cl: LocalCluster, proxies: list[FaultProxy], count: int) -> list[StreamMessage]:
+    """The proxies healed: once node3 has discarded its writes (HA-1014) and the quarantine
+    holds ``count`` messages, what it holds."""
     for p in proxies:
         p.heal()
 
@@ -86,23 +105,10 @@ async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy], pad: 
         # (node3 deletes its spool file once the quarantine confirmed what it published: a
         # moment after those messages can be read there)
         spooled = list((cl.nodes["node3"].data_dir / "quarantine").glob("*.msgpack"))
-        return not spooled and len(await quarantined()) >= len(solo)
+        return not spooled and len(await quarantined()) >= count
 
     await wait_until(filled, timeout=30, what="the quarantine filled and node3's spool file gone")
-    held = await quarantined()
-    assert sorted(m.body for m in held) == sorted(solo), [(m.offset, m.body[:10]) for m in held]
-    assert {m.headers["x-quarantine-node"] for m in held} == {"node3"}
-    assert {m.headers["x-quarantine-queue"] for m in held} == {"q"}
-    assert all(m.headers["x-quarantine-confirmed"] == "true" for m in held)
-
-    # where node3 stored them, the majority side stored its own messages (a key conflict: the
-    # old ids name those now) wherever its partition reached that far
-    async with await client.connect_link(cl.url) as link:
-        ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
-    taken = sum(int(m.headers["x-quarantine-offset"]) < ends[int(m.headers["x-quarantine-partition"])]
-                for m in held)
-    assert taken, ends  # (the majority wrote 60 to node3's 20 from the same offsets on)
-    return SplitBrain(majority, solo, confirmed, held, taken)
+    return await quarantined()
 
 
 async def _read_all(link: client.Connection, queue: str, partition: int) -> list[StreamMessage]:
@@ -194,6 +200,63 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
             await p.stop()
 
 
+
+
+async def _publish(url: str, producer: str, msgs: list[tuple[int, bytes]]) -> None:
+    """``msgs`` (seq, body) published under ``producer``, keyed by body, confirmed."""
+    async with await client.connect_link(url) as link:
+        reply = await link.request(lambda rid: Publish(rid=rid, queue="q", producer_id=producer, messages=[
+            PublishMessage(b.decode(), {}, b, seq) for seq, b in msgs]))
+        assert expect(reply, PublishOk).stored == len(msgs), reply
+
+
+@pytest.mark.parametrize("via", ["cli", "api"])
+async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_path: Path, via: str) -> None:
+    """A producer sends ``P`` 0..9 to node3 under its override, which confirms them; it gets
+    no confirmation of 5..9 (its link is cut at the split) and sends them again, with 10..14,
+    to the majority, which stores them (a durable producer resends what is unconfirmed after
+    a failover).  On the heal 0..9 are quarantined.  A restore (``tandem restore``, or the
+    group's through the admin API) finds 5..9 in the queue under the same producer id and
+    seq: only 0..4 go back, 5..9 leave the quarantine as resent, and the queue holds each of
+    the 15 once (without the look, 5..9 are there twice)."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        await q_then_node3_cut(cl, proxies)
+        bodies = [f"twice-{i}".encode() for i in range(15)]
+        async with await client.connect_link(cl.url_of("node3")) as iso:
+            await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
+            await override_and_write(iso, "q", b"probe")
+            await _publish(cl.url_of("node3"), "P", list(enumerate(bodies[:10])))
+            await iso.set_quorum_override(None)
+        await _publish(cl.url_of("node1"), "P", list(enumerate(bodies))[5:])
+        held = await _healed(cl, proxies, 11)
+        assert sorted(m.body for m in held) == sorted([b"probe", *bodies[:10]])
+        if via == "cli":
+            rc, out, err = await tandem("restore", "--json", "--url", cl.url)
+            assert rc == 0, err
+            report = json.loads(out)
+        else:
+            admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
+            async with aiohttp.ClientSession(headers=admin) as s:
+                async with s.post(cl.console_url("node1") + "api/v1/restore") as r:
+                    assert r.status == 200, await r.text()
+                    report = await r.json()
+            assert any(t.startswith("5 message(s) of q not restored: their producer sent them again")
+                       for t in report.pop("text")), report
+        assert {k: v for k, v in report.items() if v} == {
+            "restored": {"q": 6}, "resent": {"q": 5}, "conflicts": report["conflicts"]}, report
+        consumed = await drain(cl.url_of("node1"), "q")
+        everything = [b"probe", *bodies]
+        v = classify(everything, everything, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+        async with await client.connect_link(cl.url) as link:
+            assert not await _read_all(link, QUARANTINE, 0)  # (the resent ones left it too)
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
 
 
 HOOKS = textwrap.dedent('''

@@ -41,6 +41,7 @@ def test_discarded_messages_are_spooled_with_their_origin_and_acks_are_not(tmp_p
     assert h1["a"] == "b" and set(HEADERS) <= set(h1)
     assert [h1[k] for k in HEADERS[:9]] == ["orders", "2", "7", "2-7", "p1", "3", "node3", "6", "true"]
     assert (h2["x-quarantine-seq"], h2["x-quarantine-producer"], h2["x-quarantine-confirmed"]) == ("", "", "false")
+    assert h1["x-quarantine-from"] == h2["x-quarantine-from"] == "7"  # (where the logs parted: the first offset)
     assert len(host.spawned) == 1  # (publishing starts)
     assert not list((tmp_path / "quarantine").glob("*.tmp"))
 

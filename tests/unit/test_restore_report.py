@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.forward import RestoreFwd
-from broker.restore import RESTORED_ID, Filter, Report, republished
+from broker.forward import RestoreFwd, pack_reply
+from broker.restore import RESTORED_ID, Filter, Report, Seen, republished, resent
+from broker.streams import Produced
 from client.errors import InvalidArgumentError
 
 H = {"x-quarantine-queue": "orders", "x-quarantine-partition": "2", "x-quarantine-offset": "17",
@@ -49,7 +50,7 @@ def test_reports_sum_and_print_one_line_per_queue() -> None:
     b.left["gone"] += 4
     a.add(b)
     assert a.json() == {"restored": {"q": 5}, "already": {"q": 1}, "conflicts": {"q": 1}, "left": {"gone": 4},
-                        "dropped": {}, "merged": {}, "failed": {}, "held": {}}
+                        "dropped": {}, "merged": {}, "failed": {}, "held": {}, "resent": {}, "unsure": {}}
     assert Report.from_json(a.json()) == a
     lines = a.lines(narrowed=False)
     assert lines[0].startswith("5 message(s) restored to q (1 were there already); 1 of their ids name")
@@ -68,3 +69,41 @@ def test_reports_sum_and_print_one_line_per_queue() -> None:
 def test_a_report_from_another_member_that_does_not_fit_is_refused(value: object) -> None:
     with pytest.raises(InvalidArgumentError):
         Report.from_json(value)
+
+
+@pytest.mark.asyncio
+async def test_a_producers_resend_held_by_the_source_is_found_and_a_doubt_is_told_apart() -> None:
+    """``resent``: True where the source stored the same producer id and seq since the logs
+    parted; False (unsure) where it may have and no longer stores it; None otherwise.  One
+    look per (queue, partition, producer, offset) in a run."""
+    asked: list[tuple[str, int, str, int]] = []
+    answers = {"p1": Produced(9, True, frozenset({4, 5, 9})), "p2": Produced(9, False, frozenset({8, 9})),
+               "p3": Produced(-1, True, frozenset())}
+
+    async def produced(queue: str, partition: int, producer: str, offset: int) -> Produced:
+        asked.append((queue, partition, producer, offset))
+        return answers[producer]
+
+    seen: Seen = {}
+
+    def h(producer: str, seq: int) -> dict[str, str]:
+        return {**H, "x-quarantine-producer": producer, "x-quarantine-seq": str(seq), "x-quarantine-from": "11"}
+
+    assert await resent(h("p1", 4), seen, produced) is True        # the source holds its resend
+    assert await resent(h("p1", 3), seen, produced) is None        # all is stored there: it is not
+    assert await resent(h("p2", 8), seen, produced) is True
+    assert await resent(h("p2", 7), seen, produced) is False       # below the last seq, settled ones gone: unsure
+    assert await resent(h("p2", 10), seen, produced) is None       # past the last seq: never there
+    assert await resent(h("p3", 1), seen, produced) is None        # a producer the source never saw
+    assert await resent({**H, "x-quarantine-producer": ""}, seen, produced) is None  # no producer id: no look
+    assert asked == [("orders", 2, "p1", 11), ("orders", 2, "p2", 11), ("orders", 2, "p3", 11)]
+    old = {k: v for k, v in h("p1", 4).items() if k != "x-quarantine-from"}  # kept before the header existed
+    assert await resent(old, seen, produced) is True and asked[-1] == ("orders", 2, "p1", 0)
+
+
+def test_a_members_answer_about_a_producer_crosses_and_a_bad_one_is_refused() -> None:
+    got = Produced(7, False, frozenset({1, 7}))
+    assert Produced.unpack(got.pack()) == got
+    for bad in ([7, "yes", [1]], [7, True], [7, True, ["1"]], {"last": 7}):
+        with pytest.raises(InvalidArgumentError, match="PRODUCED"):
+            Produced.unpack(pack_reply(bad))

@@ -207,7 +207,7 @@ async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple
         assert status == 200, out
         assert {k: v for k, v in out.items() if k != "text"} == {
             "restored": {"orders": 1}, "already": {}, "conflicts": {}, "left": {"": 1}, "dropped": {}, "merged": {},
-            "failed": {}, "held": {}}, out
+            "failed": {}, "held": {}, "resent": {}, "unsure": {}}, out
         assert out["text"] == ["1 message(s) restored to orders",
                                "1 message(s) without quarantine headers left in tandem.quarantine"], out
         msgs, _next, _end = await conn.read("orders", 0, 0, 10)
