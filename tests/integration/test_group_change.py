@@ -30,15 +30,16 @@ PARTITIONS = 6
 
 
 async def placement(cl: LocalCluster, via: str) -> dict[int, set[str]]:
-    """partition -> the nodes holding a copy, as every running node reports its own."""
+    """partition -> the nodes holding a copy, as every member ``via`` names reports its own
+    (a node removed from the group, running still, refuses clients once it knows)."""
     out: dict[int, set[str]] = {p: set() for p in range(PARTITIONS)}
-    for name, proc in cl.nodes.items():
+    for name in (await cl.status(via)).members:
+        proc = cl.nodes[name]
         if proc.proc is None or proc.proc.returncode is not None:
             continue
         for p in (await cl.status(name)).partitions:
             if p.queue == QUEUE:
                 out[p.partition].add(name)
-    del via
     return out
 
 
