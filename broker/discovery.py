@@ -18,8 +18,19 @@ discovery never adds or removes one.  What it finds is *where* members are:
   settings only, so a member that joined later and names one founder learns the others'
   this way.
 
-An address learned so never replaces one the settings or the group's state give: it
-fills a gap.  One heard from a seed about itself is what it proved to be at the address
+* **a member that moved** (a new host or peer port, the same name): the members whose names
+  sort before its own dial it, at the address they have, where nothing answers now, and it
+  dials none of them.  So a member with no link from one of those for :data:`ANNOUNCE`
+  seconds makes a discovery link to it: its ``PeerHello`` says the port it takes peer links
+  on, and the other, once the member proved its name (group secret or certificate), keeps
+  that port with the link's source address.  It dials the member there, every other time,
+  once nothing has answered at its own address twice in a row
+  (:data:`broker.peers.MOVED_AFTER`), and keeps that address once a link is made there
+  (logged).  An address where something answers, a proxy or a load balancer, is never
+  replaced this way.
+
+An address learned from a seed or by gossip never replaces one the settings or the group's
+state give: it fills a gap.  One heard from a seed about itself is what it proved to be at the address
 dialled; one heard from a member about a third is that member's word, and every member
 proved the group secret.  A reply's entries are checked (``name=host:port``) and bounded
 (:data:`MAX_ENTRIES`); a malformed one is ignored.
@@ -42,6 +53,9 @@ log = logging.getLogger("tandem.ha")
 ROUND = 2.0
 #: entries of one reply taken at most
 MAX_ENTRIES = 256
+#: seconds a member that dials this node may go without a link to it before this node says
+#: where it is (a discovery link to it)
+ANNOUNCE = 10.0
 
 Address = tuple[str, int]
 
@@ -53,6 +67,8 @@ class Seeking(Protocol):
     def links(self) -> Mapping[str, object]: ...
 
     async def discover_at(self, host: str, port: int) -> tuple[str, list[str]] | str: ...
+
+    def unlinked_dialers(self) -> list[tuple[str, Address]]: ...
 
     async def forward(self, name: str, request: MembersFwd) -> bytes: ...
 
@@ -100,6 +116,7 @@ class Discovery:
         self.peers = peers
         self.seeds: list[Address] = [parse_seed(s) for s in node.config.seeds]
         self._said: dict[Address, str] = {}  # why each seed gave nothing, as last logged
+        self._unlinked: dict[str, float] = {}  # member that dials this node -> when it was last told
 
     def heard(self, source: str, entries: list[str]) -> None:
         """A peer's PeerWelcome named these member addresses (``source``: its name)."""
@@ -139,7 +156,24 @@ class Discovery:
             missing = self.node.missing_addresses()
             if missing:
                 await self.round(missing)
+            await self.announce()
             await clock.sleep(ROUND)
+
+    async def announce(self) -> None:
+        """A discovery link to each member that dials this node and has had no link to it for
+        ANNOUNCE s: its PeerHello says where this node is, for a member that dials an address
+        this node left."""
+        now = self.node.clock.monotonic()
+        unlinked = dict(self.peers.unlinked_dialers())
+        for name in [n for n in self._unlinked if n not in unlinked]:
+            del self._unlinked[name]  # (linked again: the wait starts afresh next time)
+        for name, (host, port) in unlinked.items():
+            since = self._unlinked.setdefault(name, now)
+            if now - since >= ANNOUNCE:
+                self._unlinked[name] = now
+                got = await self.peers.discover_at(host, port)
+                if isinstance(got, str):
+                    log.debug("telling %s at %s:%d where this node is: %s", name, host, port, got)
 
     async def round(self, missing: list[str]) -> None:
         """Ask the linked members first (gossip), then the seeds, for what is missing."""

@@ -33,6 +33,7 @@ outlive ``stop``).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import ssl
 from collections.abc import Callable, Collection, Mapping
@@ -165,6 +166,8 @@ HANDSHAKE_TIMEOUT = 5.0
 #: catalogue's active to tell it that it is no longer a member (broker.replication.group)
 FAREWELL_LINGER = 12.0
 REDIAL_MAX = 2.0  # the longest wait between dials of a peer not known to be Down (never seen yet, refusing)
+#: dials in a row that nothing answers before a member is also dialled where it said it is
+MOVED_AFTER = 2
 
 
 def connect_timeout(keepalive_interval: float) -> float:
@@ -252,6 +255,12 @@ class PeerManager:
         self.epoch = 0
         #: told the member addresses a peer's PeerWelcome carried: (its name, "name=host:port"s)
         self.on_addresses: Callable[[str, list[str]], None] | None = None
+        #: member -> where it says it takes peer links (its own word, on a link it proved), when
+        #: that is not the address this node has: dialled there once nothing answers at this one
+        self.said: dict[str, tuple[str, int]] = {}
+        #: member -> (the address the settings or the group's state give, the one it moved to and
+        #: a link was made at): kept when the members are set again
+        self.moved: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {}
         self.seed_refusal = ""  # what the last seed asked said when it refused this node
 
     @property
@@ -329,6 +338,12 @@ class PeerManager:
         self.placement = placement
         gone = [n for n in self.addresses if n not in addresses]
         for name, addr in addresses.items():
+            moved = self.moved.get(name)
+            if moved is not None:
+                if moved[0] == addr:
+                    addr = moved[1]  # (it moved from the address given: it is where it was found)
+                else:
+                    del self.moved[name]  # (the group's state gives another: that one)
             if self.addresses.get(name) != addr:
                 self.addresses[name] = addr
                 dialer = self._dialers.pop(name, None)
@@ -336,6 +351,8 @@ class PeerManager:
                     dialer.cancel()  # (a new address: dialled anew)
         for name in gone:
             del self.addresses[name]
+            self.said.pop(name, None)
+            self.moved.pop(name, None)
             link = self.links.get(name)
             if link is not None:
                 # (kept a while, dialled or accepted: the catalogue's active tells it of its
@@ -470,22 +487,80 @@ class PeerManager:
                 raise
         return reader, writer
 
+    def _target(self, name: str, silent: int) -> tuple[str, int]:
+        """Where to dial ``name`` next: its address here, or, once nothing has answered there
+        MOVED_AFTER times in a row, every other time where it said it is (``said``)."""
+        addr = self.addresses[name]
+        said = self.said.get(name)
+        if said is not None and said != addr and silent >= MOVED_AFTER and silent % 2 == 0:
+            return said
+        return addr
+
+    def _found_at(self, name: str, addr: tuple[str, int]) -> None:
+        """A link to member ``name`` was made at ``addr``, where it said it is: dialled there
+        from now on (logged)."""
+        old = self.addresses.get(name)
+        if old is None or old == addr:
+            return
+        given = self.moved.get(name, (old, old))[0]
+        if addr == given:
+            self.moved.pop(name, None)
+        else:
+            self.moved[name] = (given, addr)
+        self.addresses[name] = addr
+        self.said.pop(name, None)
+        log.warning("peer %s moved: nothing answered at %s, and it said it is at %s, where the link is made; "
+                    "dialled there from now on (give it that address in the settings too)", name,
+                    host_port(*old), host_port(*addr))
+
+    def _heard_self(self, name: str, host: str, peer_port: int) -> None:
+        """Member ``name`` proved itself on a link from ``host``, saying it takes peer links on
+        ``peer_port``: kept in ``said`` where that is not the address this node has for it."""
+        if not peer_port or name not in self.addresses or (self.secret is None and not self.mtls):
+            return  # (without peer authentication a name proves nothing)
+        have = self.addresses[name][0]
+        try:
+            ipaddress.ip_address(have)
+        except ValueError:
+            host = have  # (a DNS name: it follows a move of host itself; only a new port is news)
+        addr = (host, peer_port)
+        if addr == self.addresses[name]:
+            self.said.pop(name, None)
+        elif self.said.get(name) != addr:
+            self.said[name] = addr
+            log.info("peer %s says it takes peer links at %s (this node has %s): dialled there if nothing "
+                     "answers at that", name, host_port(*addr), host_port(*self.addresses[name]))
+
+    def _own_peer_port(self) -> int:
+        return self.address[1] if self.address is not None else self.node.config.peer_port or 0
+
+    def unlinked_dialers(self) -> list[tuple[str, tuple[str, int]]]:
+        """The members that dial this node (names that sort before its own) with no link to it
+        now, and their addresses."""
+        return [(n, a) for n, a in sorted(self.addresses.items()) if n < self.me.name and n not in self.links]
+
     async def _dial_forever(self, name: str) -> None:
-        host, port = self.addresses[name]
         clock = self.node.clock
         backoff = self.node.config.keepalive_interval
         tls_failure = ""
-        while True:
+        silent = 0  # dials in a row that nothing answered (no listener, no route, no answer in time)
+        while name in self.addresses:  # (no longer a member: tandem group remove)
+            host, port = target = self._target(name, silent)
             try:
                 reader, writer = await self._connect(host, port)
             except (OSError, asyncio.TimeoutError) as exc:
-                if isinstance(exc, ssl.SSLError) and str(exc) != tls_failure:
-                    tls_failure = str(exc)  # logged once until it changes: the dialer retries every 2 s
-                    log.warning("peer link to %s at %s:%d: TLS handshake failed: %s", name, host, port,
-                                exc.reason or exc)
+                if isinstance(exc, ssl.SSLError):
+                    silent = 0  # (something answers there)
+                    if str(exc) != tls_failure:
+                        tls_failure = str(exc)  # logged once until it changes: the dialer retries every 2 s
+                        log.warning("peer link to %s at %s:%d: TLS handshake failed: %s", name, host, port,
+                                    exc.reason or exc)
+                else:
+                    silent += 1
                 await clock.sleep(backoff)
                 backoff = min(backoff * 2, self._redial_max(name))
                 continue
+            silent = 0
             proto = ProtocolConnection(Role.CLIENT, max_frame_size=HANDSHAKE_MAX_FRAME)
             link = _Link(name, reader, writer, proto)
             remote = f"{host}:{port}"
@@ -504,6 +579,7 @@ class PeerManager:
                     proto.max_frame_size = PEER_MAX_FRAME
                     if self._admit(link, who, welcome.client_address, welcome.placement):
                         backoff = self.node.config.keepalive_interval  # a link made: quick to redial
+                        self._found_at(name, target)
                         if self.arbiter is not None:
                             self.arbiter.heard(name, welcome)
                         await self._serve(link)
@@ -529,7 +605,7 @@ class PeerManager:
         link.send(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=self.me.name,
                             store_stamp=self.me.store_stamp, priority=self.me.priority, votes=self.me.votes,
                             client_address=self._client_address(), epoch=self.epoch, nonce=mine,
-                            placement=self.placement, discover=discover))
+                            placement=self.placement, discover=discover, peer_port=self._own_peer_port()))
         frame = await self._next_frame(link)
         if isinstance(frame, Error):
             if name is None:  # (a seed: broker.discovery says why, once)
@@ -652,6 +728,7 @@ class PeerManager:
                 return
             if not hello.discover and not self._admit(link, who, hello.client_address, hello.placement):
                 return
+            self._heard_self(hello.node, host, hello.peer_port)
             if self.secret is not None:
                 link.send(PeerProof(proof=proof(self.secret, Side.ACCEPTOR, dialer_nonce=hello.nonce,
                                                 acceptor_nonce=mine, prover=self.me.name,

@@ -747,6 +747,9 @@ class PeerHello(Frame):
     #: the dialer wants the member addresses of the PeerWelcome, not a link: the acceptor
     #: closes once it has sent it (broker.discovery)
     discover: bool = False
+    #: the port the dialer takes peer links on (0: not said); with the link's source address,
+    #: where it says it is, for members that find nothing at the address they have for it
+    peer_port: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

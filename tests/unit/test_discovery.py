@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from broker.config import ConfigError, NodeConfig, build_config
-from broker.discovery import MAX_ENTRIES, ROUND, Discovery, parse_book
+from broker.discovery import ANNOUNCE, MAX_ENTRIES, ROUND, Discovery, parse_book
 from broker.forward import MembersFwd, pack_reply
 from client.errors import UnavailableError
 from client.protocol import codec
@@ -55,6 +55,10 @@ class _Peers:
         self.links = links or {}
         self.asked: list[tuple[str, int]] = []
         self.forwarded: list[str] = []
+        self.unlinked: list[tuple[str, tuple[str, int]]] = []
+
+    def unlinked_dialers(self) -> list[tuple[str, tuple[str, int]]]:
+        return self.unlinked
 
     async def discover_at(self, host: str, port: int) -> Any:
         self.asked.append((host, port))
@@ -119,6 +123,37 @@ async def test_nothing_is_asked_while_nothing_is_missing() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert peers.asked == []
+
+
+@pytest.mark.asyncio
+async def test_a_member_that_dials_this_node_and_has_no_link_is_told_where_it_is_every_announce() -> None:
+    """A member that dials this node (its name sorts first) with no link to it for ANNOUNCE s
+    gets a discovery link (its handshake says this node's peer port), again every ANNOUNCE s
+    while it has none; linked again, the wait starts afresh."""
+    node = _Node((), [])
+    peers = _Peers({("10.0.0.1", 7781): ["no answer (Connection refused)"]})
+    peers.unlinked = [("node1", ("10.0.0.1", 7781))]
+    d = Discovery(node, peers)  # type: ignore[arg-type]
+    clock = node.clock
+    for _ in range(int(ANNOUNCE / ROUND)):
+        await d.announce()
+        await clock.sleep(ROUND)
+    assert peers.asked == []  # (within ANNOUNCE s of the first look: it may be dialling already)
+    await d.announce()
+    assert peers.asked == [("10.0.0.1", 7781)]
+    await clock.sleep(ROUND)
+    await d.announce()
+    assert len(peers.asked) == 1
+    await clock.sleep(ANNOUNCE)
+    await d.announce()
+    assert len(peers.asked) == 2
+    peers.unlinked = []
+    await d.announce()
+    peers.unlinked = [("node1", ("10.0.0.1", 7781))]
+    await d.announce()
+    await clock.sleep(ROUND)
+    await d.announce()
+    assert len(peers.asked) == 2  # (linked in between: a fresh wait)
 
 
 def _config(**kw: Any) -> NodeConfig:
