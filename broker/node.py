@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from broker import sequences, tls
@@ -1089,8 +1089,8 @@ class Node:
         return q.name if q is not None else None
 
     def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
-                        confirmed: int) -> int:
-        return self.quarantine.keep(key, term, first_index, entries, confirmed)
+                        confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
+        return self.quarantine.keep(key, term, first_index, entries, confirmed, written)
 
     async def quarantine_actives(self) -> list[str]:
         """The members serving a partition of the quarantine queue (broker.restore)."""

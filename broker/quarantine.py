@@ -42,7 +42,7 @@ QUEUE = "tandem.quarantine"
 #: headers of a quarantined message: where it was and why it is here
 HEADERS = ("x-quarantine-queue", "x-quarantine-partition", "x-quarantine-offset", "x-quarantine-id",
            "x-quarantine-producer", "x-quarantine-seq", "x-quarantine-node", "x-quarantine-term",
-           "x-quarantine-confirmed", "x-quarantine-reason", "x-quarantine-from")
+           "x-quarantine-confirmed", "x-quarantine-reason", "x-quarantine-from", "x-quarantine-written")
 
 #: seconds between two tries to publish what is spooled (no quorum, say)
 RETRY = 2.0
@@ -89,10 +89,11 @@ class Quarantine:
         return self.node.data_dir / "quarantine"
 
     def keep(self, key: tuple[int, int], term: int, first_index: int, entries: Sequence[list[WriteOp]],
-             confirmed: int) -> int:
+             confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
         """The ops of the entries HA-1014 discarded for partition ``key`` (from index
         ``first_index``, in term ``term``; the first ``confirmed`` of them this node had
-        confirmed): their messages spooled, fsynced, before anything else happens to them.
+        confirmed; ``written``: who wrote each, in which term): their messages spooled,
+        fsynced, before anything else happens to them.
         How many; their acknowledgements (Settle) are not kept: the source's state wins, and
         those messages are delivered again there."""
         queue = self.node.queue_name(key[0]) or f"#{key[0]}"
@@ -107,6 +108,8 @@ class Quarantine:
         since = min((op.messages[0].offset for ops in entries for op in ops
                      if isinstance(op, Append) and op.messages), default=0)
         for i, ops in enumerate(entries):
+            # (the same entry discarded on two nodes, its writer's followers: the same writes)
+            origin, wterm = written[i] if i < len(written) else (self.node.name, term)
             for op in ops:
                 if not isinstance(op, Append):
                     continue
@@ -117,7 +120,7 @@ class Quarantine:
                         m.producer_id or "", "" if m.seq is None else str(m.seq), self.node.name, str(term),
                         "true" if i < confirmed else "false",
                         f"HA-1014: discarded on {self.node.name} when the group healed (term {term})",
-                        str(since))))
+                        str(since), f"{origin}.{wterm}")))
                     records.append([m.key, headers, m.body])
         if not records:
             return 0

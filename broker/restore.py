@@ -11,10 +11,12 @@ its old one in :data:`RESTORED_ID` for consumers that saw it before the heal; th
 are counted.  A message its producer sent again to the source (unconfirmed where it was
 first stored, so resent after a failover, under the same producer id and seq) is the same
 message: the source's partition is asked what it stores of that producer since the logs
-parted (:func:`resent`), and a resend found there is not restored.  A message goes back under the producer id
-``restore.<node>.<term>.<queue>.<partition>`` with its offset there as sequence number, so a
-restore cut short and run again stores nothing twice.  Each is acknowledged in the quarantine
-once its queue has it.
+parted (:func:`resent`), and a resend found there is not restored.  A message goes back
+under the producer id ``restore.<writer>.<term>.<queue>.<partition>`` (the node that wrote
+it, as active, and its term then) with its offset there as sequence number, so a restore cut
+short and run again stores nothing twice, and the copies of one write that several nodes of
+the losing side discarded are stored once.  Each is acknowledged in the quarantine once its
+queue has it.
 
 Two ways in, one procedure: ``tandem restore`` (broker/tools/restore_cli.py) is a client of
 the group; :class:`Restores` runs it in the group itself for the admin API and the console
@@ -104,11 +106,13 @@ class Filter:
 def republished(h: Mapping[str, str], key: str | None, body: bytes) -> tuple[str, str, PublishMessage]:
     """(queue, producer id, message) that puts a quarantined message back: its own headers
     without the quarantine's and without its old id, which goes in :data:`RESTORED_ID`."""
-    queue, node, term = h["x-quarantine-queue"], h["x-quarantine-node"], h["x-quarantine-term"]
-    partition, offset = h["x-quarantine-partition"], int(h["x-quarantine-offset"])
+    queue, partition, offset = h["x-quarantine-queue"], h["x-quarantine-partition"], int(h["x-quarantine-offset"])
+    # who wrote it, in which term: each node that discarded the same write kept a copy, and
+    # the copies go back under one producer id (the first stored, the others duplicates)
+    written = h.get("x-quarantine-written") or f"{h['x-quarantine-node']}.{h['x-quarantine-term']}"
     headers = {k: v for k, v in h.items() if k not in HEADERS and k != ID_HEADER}
     headers[RESTORED_ID] = h["x-quarantine-id"]
-    return queue, f"restore.{node}.{term}.{queue}.{partition}", PublishMessage(key, headers, body, offset)
+    return queue, f"restore.{written}.{queue}.{partition}", PublishMessage(key, headers, body, offset)
 
 
 def where(h: Mapping[str, str]) -> tuple[str, int]:

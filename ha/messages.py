@@ -213,6 +213,9 @@ class EntriesDiscarded:
     upto: bool = False
     certain: int = 0
     compacted: bool = False
+    #: who wrote each discarded entry, in which term: ``(origin, term)`` beside ``payloads``
+    #: (two nodes that discard the same entries discard the same writes)
+    written: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

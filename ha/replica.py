@@ -836,7 +836,9 @@ class Replica:
         committed = 1 + sum(1 for e in after if e.index <= self.commit)
         self._ready.events.append(EntriesDiscarded(self.id, self.term, self.snap_index, len(payloads), committed,
                                                    payloads=payloads, certain=committed, compacted=True,
-                                                   weak=sum(1 for e in after if e.weak and e.index <= self.commit)))
+                                                   weak=sum(1 for e in after if e.weak and e.index <= self.commit),
+                                                   written=((self.snap_origin, self.snap_term),
+                                                            *((e.origin, e.term) for e in after))))
 
     def refuses_weak_snapshot(self) -> bool:
         """Whether a snapshot of a weak active's state (InstallSnapshot.weak) would replace
@@ -908,7 +910,8 @@ class Replica:
         self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
                                                    lost_committed, payloads=tuple(e.data for e in dropped),
                                                    weak=weak, upto=upto,
-                                                   certain=lost_committed if certain is None else certain))
+                                                   certain=lost_committed if certain is None else certain,
+                                                   written=tuple((e.origin, e.term) for e in dropped)))
 
     def _on_append_reply(self, m: AppendReply) -> None:
         if m.term > self.term:

@@ -966,7 +966,7 @@ class Replication:
                     entries.append(decode_ops(plog.key, data) if data is not None and not is_change(data) else [])
                 except MalformedReplicationError:
                     entries.append([])  # (counted as undecodable already, messages_in)
-            kept = self.host.quarantine_keep(plog.key, ev.term, ev.first_index, entries, ev.committed)
+            kept = self.host.quarantine_keep(plog.key, ev.term, ev.first_index, entries, ev.committed, ev.written)
             text += f"; {kept} message(s) kept in the quarantine queue (tandem restore)"
         log.error("HA-1014 partition %s on %s: %s", plog.name, self.me, text)
         self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {text}"))

@@ -7,7 +7,7 @@ it structurally (mypy checks it where the node constructs :class:`Replication`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from broker.config import NodeConfig
@@ -143,9 +143,10 @@ class ReplicationHost(Protocol):
         ...
 
     def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
-                        confirmed: int) -> int:
+                        confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
         """HA-1014 discarded these entries' ops (the first ``confirmed`` of them confirmed
-        here): keep their messages for the quarantine queue (broker.quarantine); how many."""
+        here; ``written``: who wrote each, in which term): keep their messages for the
+        quarantine queue (broker.quarantine); how many."""
         ...
 
     def update_apply(self, op: SetUpdating) -> list[WriteOp]:

@@ -65,6 +65,7 @@ def test_an_override_is_named_only_for_the_entries_written_under_one() -> None:
     [ev] = discarded(ready.events)
     assert (ev.count, ev.committed, ev.weak) == (4, 4, 4)
     assert "4 of those were written by an active under a weak override" in discarded_text(ev, 4, 4)
+    assert ev.written == (("a", 3),) * 4  # (who wrote each, in which term: the quarantine keeps it)
 
 
 def test_a_snapshot_that_replaces_confirmed_entries_reports_them_at_most_and_those_of_a_later_term_for_certain() -> None:

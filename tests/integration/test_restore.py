@@ -259,6 +259,73 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
             await p.stop()
 
 
+async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tmp_path: Path) -> None:
+    """Five nodes cut 3/2: node4 and node5, each under ``quorum_override 2``, take writes
+    together (node5 a replica of what node4 writes).  On the heal both discard them and both
+    keep a copy: the quarantine holds each message twice, once from each.  A restore stores
+    each once (the copies go back under the producer id of who wrote them, in which term) and
+    counts the second copies as already there; the queue holds each once."""
+    cl = LocalCluster(tmp_path, nodes=5, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--replicas", "4", "--sync-replicas", "4"])  # (a copy on each)
+    proxies = []
+    for src in ("node1", "node2", "node3"):  # (the lower name dials: these six links cross the cut)
+        for dst in ("node4", "node5"):
+            px = await FaultProxy(("127.0.0.1", cl.peer_ports[dst])).start()
+            cl.route(src, dst, px.address)
+            proxies.append(px)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            await conn.declare_queue("q", partitions=3)
+        await actives(cl, "q", 3)
+        for px in proxies:
+            px.cut()
+        majority = [f"maj-{i}".encode() for i in range(30)]
+        minority = [f"min-{i}".encode() for i in range(12)]
+        confirmed: list[bytes] = []
+        failed: list[bytes] = []
+        async with await client.connect_link(cl.url_of("node4")) as n4, \
+                await client.connect_link(cl.url_of("node5")) as n5:
+            for link in (n4, n5):
+                await wait_until(lambda: _disabled(link), timeout=30, what="node4 and node5 Disabled")
+            await n5.set_quorum_override(2)
+            alone = await override_and_write(n4, "q", minority[0], key="min-0")
+            await n4.set_quorum_override(2)  # (override_and_write set 1: two of them now)
+            for i, b in enumerate(minority[1:], 1):
+                await alone.send(b, key=f"min-{i}")
+            confirmed += minority
+            await produce(cl.url_of("node1"), "q", majority, confirmed, failed)
+            assert not failed
+            for link in (n4, n5):
+                await link.set_quorum_override(None)
+        for px in proxies:
+            px.heal()
+
+        async def copies() -> Counter[bytes]:
+            async with await client.connect_link(cl.url_of("node1")) as link:
+                try:
+                    return Counter(m.body for m in await _read_all(link, QUARANTINE, 0))
+                except TandemError:
+                    return Counter()
+
+        async def both_kept() -> bool:
+            return await copies() == Counter(minority * 2)
+
+        await wait_until(both_kept, timeout=60, what="the quarantine holding node4's and node5's copy of each")
+        rc, out, err = await tandem("restore", "--json", "--url", cl.url_of("node1"))
+        assert rc == 0, err
+        report = json.loads(out)
+        assert (report["restored"], report["already"]) == ({"q": len(minority)}, {"q": len(minority)}), report
+        consumed = await drain(cl.url_of("node1"), "q")
+        v = classify(majority + minority, confirmed, consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+    finally:
+        await cl.stop()
+        for px in proxies:
+            await px.stop()
+
+
 HOOKS = textwrap.dedent('''
     from broker.compensation import DROP, Version
 

@@ -33,7 +33,7 @@ def test_discarded_messages_are_spooled_with_their_origin_and_acks_are_not(tmp_p
     m1 = StoredMessage(7, "k1", encode_headers({"a": "b"}), b"one", "p1", 3, 1.0)
     m2 = StoredMessage(8, None, encode_headers({}), b"two", None, None, 1.0)
     entries = [[Append(4, 2, [m1], 8)], [Settle(4, 2, [5])], [Append(4, 2, [m2], 9)]]
-    assert q.keep((4, 2), 6, 11, entries, 1) == 2
+    assert q.keep((4, 2), 6, 11, entries, 1, [("node4", 5), ("node4", 5), ("node2", 6)]) == 2
     (path,) = (tmp_path / "quarantine").glob("*.msgpack")
     assert path.name == "4.2.6.11.msgpack"
     (k1, h1, b1), (k2, h2, b2) = msgpack.unpackb(path.read_bytes(), raw=False)
@@ -42,6 +42,7 @@ def test_discarded_messages_are_spooled_with_their_origin_and_acks_are_not(tmp_p
     assert [h1[k] for k in HEADERS[:9]] == ["orders", "2", "7", "2-7", "p1", "3", "node3", "6", "true"]
     assert (h2["x-quarantine-seq"], h2["x-quarantine-producer"], h2["x-quarantine-confirmed"]) == ("", "", "false")
     assert h1["x-quarantine-from"] == h2["x-quarantine-from"] == "7"  # (where the logs parted: the first offset)
+    assert (h1["x-quarantine-written"], h2["x-quarantine-written"]) == ("node4.5", "node2.6")  # (who wrote each)
     assert len(host.spawned) == 1  # (publishing starts)
     assert not list((tmp_path / "quarantine").glob("*.tmp"))
 

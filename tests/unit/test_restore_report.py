@@ -39,6 +39,12 @@ def test_the_message_put_back_has_its_own_headers_and_its_old_id_apart() -> None
     assert (queue, pid) == ("orders", "restore.node3.5.orders.2")
     assert (msg.key, msg.body, msg.seq) == ("k", b"body", 17)  # (a restore run again stores it once)
     assert msg.headers == {"app": "kept", RESTORED_ID: "2-17"}
+    # the copies that two nodes of the losing side kept of one write go back as one
+    mine = {**H, "x-quarantine-written": "node4.3"}
+    theirs = {**mine, "x-quarantine-node": "node5", "x-quarantine-term": "9"}
+    assert republished(mine, "k", b"body")[:2] == republished(theirs, "k", b"body")[:2] == (
+        "orders", "restore.node4.3.orders.2")
+    assert "x-quarantine-written" not in republished(mine, "k", b"body")[2].headers
 
 
 def test_reports_sum_and_print_one_line_per_queue() -> None:
