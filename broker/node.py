@@ -155,6 +155,9 @@ class Node:
         self._discovery_task: asyncio.Task[None] | None = None
         #: peer addresses found by discovery for members that had none here
         self.learned: dict[str, tuple[str, int]] = {}
+        #: one look at a producer's messages (broker.streams.produced) at a time: each reads a
+        #: partition's store, and a client asking many at once waits for each in turn
+        self.scans = asyncio.Semaphore(1)
         self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()

@@ -22,6 +22,8 @@ MAX_READ_BATCH = 10000  # messages in one stream read
 
 class StreamHost(Forwarding, Protocol):
     engine: Engine
+    #: held while a look at a producer's messages reads the store (one at a time)
+    scans: asyncio.Semaphore
 
 
 async def read_stream(node: StreamHost, queue: str, partition: int, offset: int, max_messages: int,
@@ -115,7 +117,8 @@ class Produced:
 async def produced(node: StreamHost, queue: str, partition: int, producer: str, offset: int,
                    *, hops: int = 0) -> Produced:
     """What the partition's active holds of ``producer``'s messages from ``offset`` on: a
-    scan of what it stores there (MAX_SCANNED messages, MAX_PRODUCED seqs at most)."""
+    scan of what it stores there (MAX_SCANNED messages, MAX_PRODUCED seqs at most; one scan
+    at a time on a node, however many are asked for)."""
     q = node.queue(queue)
     if not 0 <= partition < len(q.partitions):
         raise PartitionNotFoundError(f"queue {queue!r} has no partition {partition}")
@@ -147,5 +150,6 @@ async def produced(node: StreamHost, queue: str, partition: int, producer: str, 
             at = rows[-1].offset + 1
         return stored >= end - offset, frozenset(seqs)
 
-    covered, seqs = await asyncio.to_thread(scan)
+    async with node.scans:
+        covered, seqs = await asyncio.to_thread(scan)
     return Produced(last, covered, seqs)
