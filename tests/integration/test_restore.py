@@ -275,12 +275,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
             proxies.append(px)
     await cl.start()
     try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url_of("node1")) as conn:
-            await conn.declare_queue("q", partitions=3)
-        await actives(cl, "q", 3)
-        for px in proxies:
-            px.cut()
+        await q_then_node3_cut(cl, proxies)  # (queue q, then these proxies cut: node4 and node5 off)
         majority = [f"maj-{i}".encode() for i in range(30)]
         minority = [f"min-{i}".encode() for i in range(12)]
         confirmed: list[bytes] = []
