@@ -97,7 +97,6 @@ from client.protocol.frames import (
     PurgeOk,
     Queues,
     Produced,
-    ProducedOk,
     Read,
     ReadOk,
     Reject,
@@ -701,9 +700,7 @@ class Session:
 
     async def _produced(self, f: Produced) -> None:
         self._may("browse", f.queue)
-        got = await self.node.produced(f.queue, f.partition, f.producer, f.offset)
-        self.send(ProducedOk(rid=f.rid, last=None if got.last < 0 else got.last, covered=got.covered,
-                             seqs=sorted(got.seqs)))
+        self.send((await self.node.produced(f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
 
     # -- users and grants (the group's: broker.security) ------------------------------------------
 

@@ -14,7 +14,7 @@ from broker.forward import MAX_HOPS, Forwarding, ProducedFwd, ReadFwd, decode_re
 from broker.queues import ID_HEADER, MESSAGE_OVERHEAD, Queue, decode_headers
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnavailableError
 from client.protocol.codec import decode_payload
-from client.protocol.frames import ReadOk, StreamMessage, expect
+from client.protocol.frames import ProducedOk, ReadOk, StreamMessage, expect
 from storage.base import Engine, StoredMessage
 
 MAX_READ_BATCH = 10000  # messages in one stream read
@@ -103,6 +103,15 @@ class Produced:
 
     def pack(self) -> bytes:
         return pack_reply([self.last, self.covered, sorted(self.seqs)])
+
+    def ok(self, rid: int) -> ProducedOk:
+        """The client's answer (``last`` nil for none)."""
+        return ProducedOk(rid=rid, last=None if self.last < 0 else self.last, covered=self.covered,
+                          seqs=sorted(self.seqs))
+
+    @classmethod
+    def of(cls, ok: ProducedOk) -> Produced:
+        return cls(-1 if ok.last is None else ok.last, ok.covered, frozenset(ok.seqs))
 
     @classmethod
     def unpack(cls, reply: bytes) -> Produced:

@@ -141,8 +141,7 @@ async def _end(link: client.Connection, queue: str, partition: int) -> int:
 
 
 async def _produced(link: client.Connection, queue: str, partition: int, producer: str, offset: int) -> Produced:
-    got = await link.produced(queue, partition, producer, offset)
-    return Produced(-1 if got.last is None else got.last, got.covered, frozenset(got.seqs))
+    return Produced.of(await link.produced(queue, partition, producer, offset))
 
 
 async def _read(link: client.Connection, queue: str, partition: int, offset: int) -> list[StreamMessage]:
