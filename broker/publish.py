@@ -330,10 +330,11 @@ class Publisher:
         frame = Publish(rid=0, queue=q.name, messages=req.messages, producer_id=req.producer_id,
                         partition=pidx if req.dense else None)
         hops = req.hops + 1
+        if hops > MAX_HOPS:
+            # (at once: waiting here changes nothing, the members it passed wait and retry)
+            raise UnavailableError("publish forwarded too many times while the group elects: retry")
         while True:
             try:
-                if hops > MAX_HOPS:
-                    raise UnavailableError("publish forwarded too many times while the group elects: retry")
                 who = await commit.wait_active((q.meta.id, pidx), max(0.1, deadline - clock.monotonic()))
                 if who == node.config.name:
                     return await self.publish(replace(req, partition=pidx, hops=hops))
