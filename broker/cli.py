@@ -252,10 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "most N messages (and 4 MiB), each read in a transaction of its own, so "
                                          "the active does not stop for a large partition (default 1000)")
     group.add_argument("--weak-hold-bytes", dest="weak_hold_bytes", metavar="BYTES",
-                       help="per partition, what an active under a weak override (quorum override, designated "
-                            "primary) wrote and no majority holds stays in its log up to this much (a number, or "
-                            "with a K, M or G suffix), so that a heal can compare it and quarantine what it "
-                            "discards; past it, it is compacted and a heal loses it, reported (default 256M)")
+                       help="per partition, an active under a weak override (quorum override, designated "
+                            "primary) takes publishes that no majority holds up to this much (a number, or with a "
+                            "K, M or G suffix) and refuses the next ones (retry), keeping what it wrote in its log "
+                            "so that a heal can compare it and quarantine what it discards; it costs that much "
+                            "memory per partition written (default 256M)")
     group.add_argument("--compensation", metavar="NAME",
                        help="a restore run by the group (admin API, console) asks this hook, an installed entry "
                             "point of tandem.compensation, what to do with each key conflict (docs/operations.md; "

@@ -37,7 +37,7 @@ Example ``tandem.toml``::
     failback_after = 5.0        # seconds a partition's placed active must be back before it takes over again (0: never)
     objects_locked_per_transaction = 1000  # messages per part of a snapshot sent to a replica (new or behind)
     compensation = "orders"     # a restore's key conflicts go to this hook (entry point tandem.compensation)
-    weak_hold_bytes = "256M"    # per partition: what a weak override's active wrote stays in its log up to this
+    weak_hold_bytes = "256M"    # per partition: a weak override's active takes publishes up to this (then: retry)
 
     # two-node groups (docs/shared-mode.md): who may be active when there is no third node
     arbiter = "majority"        # majority | lockfile | witness
@@ -145,8 +145,9 @@ class NodeConfig:
     compensation: str = ""
     #: bytes of entries a weak active (quorum_override, designated_primary) wrote that no
     #: majority is known to hold, kept in a partition's log (and memory) so that a heal can
-    #: compare them and quarantine what it discards (broker.replication.compaction.weak_cap);
-    #: past it they are compacted, and a heal against another active loses them, reported
+    #: compare them and quarantine what it discards: a publish past it is refused (retry;
+    #: broker.replication.compaction.WeakHold); past twice as much (acks, deliveries) they are
+    #: compacted, and a heal against another active loses them, reported
     weak_hold_bytes: int = 256 * 1024 * 1024
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
     #: that is not where it listens: behind NAT, a load balancer or a fault-injecting proxy

@@ -12,9 +12,9 @@ them (``--via api``: ``POST /api/v1/restore`` again while it answers ``"more"``;
 cli``: ``tandem restore --json``) while a durable producer sends one message every 10 ms to
 the queue.  It reports the fill, how long the quarantine took to hold every message after the
 heal, the restore's time, the longest confirm wait of a send made during it, and that the
-queue then holds every key once.  The figures are for docs/operations.md.  node3 keeps what it
-wrote under the override up to ``--weak-hold-bytes`` (the nodes' setting, default 256M): give it
-more than ``--size`` to have every message quarantined.
+queue then holds every key once.  The figures are for docs/operations.md.  node3 takes writes
+under the override up to ``--weak-hold-bytes`` (the nodes' setting, default 256M) and refuses
+the next ones: give it more than ``--size``.
 """
 
 from __future__ import annotations
@@ -168,8 +168,8 @@ async def main() -> None:
     ap = backlog_args(__doc__, "what node3 writes alone, then discards (default 1G)")
     ap.add_argument("--via", choices=("api", "cli"), default="api", help="the admin API (default) or tandem restore")
     ap.add_argument("--weak-hold-bytes", metavar="SIZE",
-                    help="the nodes' weak_hold_bytes (default: theirs, 256M): above --size, node3 keeps every "
-                         "message it wrote alone for the quarantine")
+                    help="the nodes' weak_hold_bytes (default: theirs, 256M): above --size, node3 takes every "
+                         "message the fill sends it alone")
     args = ap.parse_args()
     for i in range(args.runs):
         print(json.dumps({"run": i + 1, **await one_run(parse_size(args.size), parse_size(args.body), args.via,

@@ -22,10 +22,11 @@ import logging
 from collections.abc import Callable, Mapping
 
 from broker.replication.codec import CATALOGUE, Key, encode_ops
+from broker.replication.compaction import WeakHold
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog
 from client.clock import Cancellable
-from client.errors import NotActiveError, TandemError
+from client.errors import NotActiveError, TandemError, UnavailableError
 from ha.messages import Ready
 from storage.base import Append, DropQueue, DropUser, GrantAcl, PackedRun, PutQueue, PutUser, RevokeAcl, SeedAdmin, \
     SetDrained, SetGroup, SetPlacement, WriteOp
@@ -62,6 +63,7 @@ class Proposals:
                  broken: Callable[[], bool]) -> None:
         self.me = host.config.name
         self.linger = host.config.ack_linger
+        self.hold = host.config.weak_hold_bytes
         self._clock = host.clock
         self._logs = logs
         self._guarded = guarded
@@ -101,7 +103,22 @@ class Proposals:
             if plog is None or not plog.serving:
                 one(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
                 continue
+            if any(type(op) is Append for op in kops) and self._weak_full(plog, kops):
+                one(UnavailableError(
+                    f"partition {plog.name} on {self.me}: this publish would take what it holds of writes under a "
+                    f"quorum override or as designated primary, which no majority holds yet, past weak_hold_bytes "
+                    f"({self.hold} bytes); it takes none until the group heals (what the other side's active "
+                    f"discards then goes to the quarantine) or the node runs with a larger --weak-hold-bytes: retry"))
+                continue
             self.stage(plog, kops, one, lazy=lazy)
+
+    def _weak_full(self, plog: PartLog, ops: list[WriteOp]) -> bool:
+        """Whether ``ops`` would take what ``plog``'s active wrote under a weak override past
+        what the node keeps of such writes (compaction.WeakHold, with what is staged): past
+        it they could be compacted and lost on a heal, so they are refused instead."""
+        if plog.weak_hold is None:
+            plog.weak_hold = WeakHold(self.hold)
+        return plog.weak_hold.reached(plog.replica, plog.applied_bytes, plog.staged_bytes + _body_bytes(ops))
 
     def propose_catalogue(self, ops: list[WriteOp], callback: Callback) -> None:
         plog = self._logs[CATALOGUE]
@@ -117,10 +134,7 @@ class Proposals:
         every node writes, ships and applies."""
         plog.staged_ops.extend(ops)
         plog.staged_cbs.append(callback)
-        for op in ops:
-            if type(op) is Append:
-                msgs = op.messages
-                plog.staged_bytes += len(msgs.payload) if type(msgs) is PackedRun else sum(len(m.body) for m in msgs)
+        plog.staged_bytes += _body_bytes(ops)
         if plog in self._deferred:
             if waits_for_commit(plog):
                 return  # it goes once the entry in flight commits (undefer)
@@ -244,3 +258,13 @@ class Proposals:
                 cb(err)
         for cb in staged:
             cb(err)
+
+
+def _body_bytes(ops: list[WriteOp]) -> int:
+    """The message bodies the ``Append`` ops of ``ops`` carry."""
+    n = 0
+    for op in ops:
+        if type(op) is Append:
+            msgs = op.messages
+            n += len(msgs.payload) if type(msgs) is PackedRun else sum(len(m.body) for m in msgs)
+    return n

@@ -8,6 +8,8 @@ cheaper than a snapshot.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ha.replica import Replica
 
 KEEP_ENTRIES = 1000  # applied entries kept in the log for replicas that fall a little behind
@@ -20,12 +22,16 @@ COMPACT_BYTES = 24 * 1024 * 1024  # compact when applied entries not compacted r
 # (beyond it, that replica gets a snapshot)
 HOLD_BYTES = 256 * 1024 * 1024
 
-#: entries a weak active wrote that no majority is known to hold are kept in the log up to
-#: this much by default (NodeConfig.weak_hold_bytes; Replica.compactable): on a heal against
-#: another active they are discarded (HA-1014) and their messages go to the quarantine; past
-#: it they are compacted (the log says so when it happens), and a heal finds the log
-#: different there and reports them lost, not kept (Replica._diverged_below_snapshot)
+#: entries a weak active wrote that no majority is known to hold are kept in the log
+#: (Replica.compactable): on a heal against another active they are discarded (HA-1014) and
+#: their messages go to the quarantine.  The active takes no publish for the partition that
+#: would take them past this much by default (NodeConfig.weak_hold_bytes; WeakHold: clients
+#: are told to retry); what else it writes there (acks, deliveries) goes on.  Only past
+#: WEAK_COMPACT_FACTOR times as much are they compacted (the log says so when it happens),
+#: and a heal finds the log different there and reports them lost, not kept
+#: (Replica._diverged_below_snapshot)
 WEAK_HOLD_BYTES = 256 * 1024 * 1024
+WEAK_COMPACT_FACTOR = 2
 
 
 def entry_bytes(r: Replica, first: int, last: int) -> int:
@@ -33,15 +39,43 @@ def entry_bytes(r: Replica, first: int, last: int) -> int:
     return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
 
 
+def weak_bytes(r: Replica) -> int:
+    """Bytes of the applied entries a weak active wrote that no majority is known to hold."""
+    keep = r.compactable()
+    return entry_bytes(r, keep + 1, r.applied) if keep < r.applied else 0
+
+
 def weak_cap(r: Replica, hold: int = WEAK_HOLD_BYTES) -> tuple[int, bool]:
     """(how far the log may be compacted, whether that passes entries of a weak active no
-    majority is known to hold: more than ``hold`` bytes of them, the node's weak_hold_bytes)."""
+    majority is known to hold: more than WEAK_COMPACT_FACTOR x ``hold`` bytes of them,
+    ``hold`` being the node's weak_hold_bytes)."""
     keep = r.compactable()
     if keep >= r.applied:
         return r.applied, False
-    if entry_bytes(r, keep + 1, r.applied) <= hold:
+    if entry_bytes(r, keep + 1, r.applied) <= WEAK_COMPACT_FACTOR * hold:
         return keep, False
     return r.applied, True
+
+
+@dataclass(slots=True)
+class WeakHold:
+    """Whether a publish of ``adding`` bytes would take what a partition's log holds of
+    writes under a weak override that no majority is known to hold past ``hold`` (its active
+    refuses it then).  Asked at every publish: O(1) unless the last applied entry is such an
+    entry and the applied log with the publish reaches ``hold``; the entries are counted
+    again only once the applied bytes moved by a 32nd of ``hold`` since the last count
+    (about 32 entries looked at per entry written), so a count may lag by that much."""
+
+    hold: int
+    counted_at: int = -1  # the applied bytes at the last count
+    weak: int = 0  # what it counted
+
+    def reached(self, r: Replica, applied_bytes: int, adding: int) -> bool:
+        if r.applied <= r.snap_index or not r.entry(r.applied).weak or applied_bytes + adding <= self.hold:
+            return False
+        if self.counted_at < 0 or abs(applied_bytes - self.counted_at) >= max(1, self.hold // 32):
+            self.counted_at, self.weak = applied_bytes, weak_bytes(r)
+        return self.weak + adding > self.hold
 
 
 def still_needed(r: Replica, streamed: int | None) -> int | None:

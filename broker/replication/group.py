@@ -30,8 +30,8 @@ from typing import Any
 from broker.replication.apply import HeldWrites, apply_entries, install_ops, messages_in
 from broker.replication.codec import CATALOGUE, Key, MalformedReplicationError, decode_ops, streamed_parts
 from broker.replication.commit import Proposals
-from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, compact_upto,
-                                          weak_cap)
+from broker.replication.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, WEAK_COMPACT_FACTOR,
+                                          compact_upto, weak_cap)
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog, compacted, open_log, replica_config
 from broker.replication.segments import UNPIN_EVERY, unpin_segments
@@ -120,7 +120,7 @@ def discarded_text(ev: EntriesDiscarded, messages: int, lost_messages: int) -> s
     if ev.compacted:
         text += ("; the first of them was the last entry this node had compacted, and the group's log differs "
                  "there: more entries before it went too, uncounted and not kept (written under a weak override "
-                 "past what a node keeps of such writes in its log, weak_hold_bytes, or confirmed by a "
+                 "past what a node keeps of such writes in its log, twice weak_hold_bytes, or confirmed by a "
                  "majority that lost them); the partition is rebuilt from the active")
     elif ev.weak:
         text += f"; {ev.weak} of those were written by an active under a weak override"
@@ -717,10 +717,11 @@ class Replication:
             plog.compact_at = plog.applied_bytes + COMPACT_BYTES - KEEP_BYTES
             if weak_cap(r, hold)[1] and not plog.weak_compacted:
                 plog.weak_compacted = True
-                log.error("partition %s on %s: more than %d bytes (weak_hold_bytes) written under a weak override "
-                          "(quorum_override or designated_primary) that no majority holds: compacting them; should "
-                          "the group heal against another active, they can be neither compared with its log nor "
-                          "kept in the quarantine", plog.name, self.me, hold)
+                log.error("partition %s on %s: more than %d bytes written under a weak override (quorum_override "
+                          "or designated_primary) that no majority holds (%d x weak_hold_bytes: publishes stopped "
+                          "at weak_hold_bytes, acks and deliveries went on): compacting them; should the group heal "
+                          "against another active, they can be neither compared with its log nor kept in the "
+                          "quarantine", plog.name, self.me, WEAK_COMPACT_FACTOR * hold, WEAK_COMPACT_FACTOR)
             if upto > r.snap_index:
                 r.compact(upto)
                 apply_ops.append(compacted(key, r))

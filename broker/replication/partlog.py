@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from broker.config import NodeConfig
 from broker.replication.codec import CATALOGUE, Key
-from broker.replication.compaction import COMPACT_BYTES
+from broker.replication.compaction import COMPACT_BYTES, WeakHold
 from broker.replication.host import Callback
 from ha.messages import Entry, Envelope
 from ha.partition import PartitionLifecycle
@@ -82,7 +82,8 @@ class PartLog:
     durable_applied: int = 0  # applied entries whose store writes have committed
     applied_bytes: int = 0  # size of the applied entries still in the log (compaction by size)
     compact_at: int = COMPACT_BYTES  # compact when applied_bytes reaches it
-    weak_compacted: bool = False  # said that a weak active's entries past WEAK_HOLD_BYTES were compacted
+    weak_compacted: bool = False  # said that a weak active's entries were compacted (compaction.weak_cap)
+    weak_hold: WeakHold | None = None  # whether its publishes are refused (Proposals.propose), once asked
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     #: store writes of committed entries, held back (see apply.HOLD_APPLY)
     held_ops: list[WriteOp] = field(default_factory=list)

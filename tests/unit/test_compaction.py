@@ -107,11 +107,34 @@ def test_what_a_weak_active_wrote_alone_is_not_compacted(small: None) -> None:
     assert compaction.weak_cap(r) == (21, False)
 
 
-def test_past_weak_hold_bytes_a_weak_actives_entries_are_compacted_and_said(small: None) -> None:
-    r = _weak_active(20, 10, 50)
-    assert compaction.weak_cap(r, 300) == (31, True)  # (the caller logs it, once)
-    assert compaction.weak_cap(r, 500) == (21, False)  # (the node's weak_hold_bytes: all 10 of 50 bytes kept)
-    assert compact_upto(r, None, 300) == (29, 2 * 50)
+def test_past_twice_weak_hold_bytes_a_weak_actives_entries_are_compacted_and_said(small: None) -> None:
+    """At weak_hold_bytes the active refuses publishes (WeakHold); acks and deliveries go on,
+    and only past twice as much are the weak entries compacted."""
+    r = _weak_active(20, 10, 50)  # 500 bytes of weak entries
+    assert compaction.weak_bytes(r) == 500
+    assert compaction.weak_cap(r, 240) == (31, True)  # (the caller logs it, once)
+    assert compaction.weak_cap(r, 250) == (21, False)  # (the node's weak_hold_bytes: all 10 of 50 bytes kept)
+    assert compact_upto(r, None, 240) == (29, 2 * 50)
+    assert compact_upto(r, None, 250) == (21, 10 * 50)
+
+
+def test_a_weak_active_refuses_a_publish_that_would_take_its_weak_writes_past_weak_hold_bytes() -> None:
+    """WeakHold: asked at every publish (with its bytes), it says full once the entries a weak
+    active wrote that no majority holds, and the publish, would pass the node's
+    weak_hold_bytes; it counts the entries again only once the applied bytes moved by a 32nd
+    of it; a strong log is never full."""
+    r = _weak_active(20, 10, 50)  # 500 bytes of weak entries, 1,500 applied in all
+    hold = compaction.WeakHold(640)
+    assert not hold.reached(r, 1500, 100) and hold.reached(r, 1500, 141)
+    for _ in range(2):
+        _ready, e = r.propose(b"w" * 50)
+        assert e is not None
+        r.persisted(e)
+    assert not hold.reached(r, 1510, 100)  # (600 now, but counted again only 20 bytes later)
+    assert hold.reached(r, 1600, 41) and not hold.reached(r, 1600, 40)
+    assert compaction.WeakHold(500).reached(r, 1600, 1) and compaction.WeakHold(0).reached(r, 1600, 1)
+    assert not compaction.WeakHold(640).reached(r, 600, 40)  # (the applied log and the publish hold no more)
+    assert not compaction.WeakHold(0).reached(active_replica(20, 50), 1000, 1000)  # (a strong active's)
 
 
 def test_compacted_past_its_weak_entries_a_log_still_knows_what_a_majority_wrote(small: None) -> None:
