@@ -9,7 +9,7 @@ import pytest
 from broker.forward import RestoreFwd, pack_reply
 from broker.restore import RESTORED_ID, Filter, Report, Seen, republished, resent
 from broker.streams import Produced
-from client.errors import InvalidArgumentError
+from client.errors import InvalidArgumentError, UnknownOpError
 
 H = {"x-quarantine-queue": "orders", "x-quarantine-partition": "2", "x-quarantine-offset": "17",
      "x-quarantine-id": "2-17", "x-quarantine-producer": "p1", "x-quarantine-seq": "4",
@@ -105,6 +105,30 @@ async def test_a_producers_resend_held_by_the_source_is_found_and_a_doubt_is_tol
     assert asked == [("orders", 2, "p1", 11), ("orders", 2, "p2", 11), ("orders", 2, "p3", 11)]
     old = {k: v for k, v in h("p1", 4).items() if k != "x-quarantine-from"}  # kept before the header existed
     assert await resent(old, seen, produced) is True and asked[-1] == ("orders", 2, "p1", 0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("refusal", [UnknownOpError("unknown op 47"),
+                                     InvalidArgumentError("unknown forwarded request kind 23")], ids=["op", "kind"])
+async def test_a_source_on_a_build_without_the_look_makes_each_message_unsure(refusal: Exception) -> None:
+    """An older build refuses the look (the client op, or the forwarded kind): every message
+    of that producer there is restored and counted unsure, asked once; another refusal fails
+    the run as before."""
+    asked: list[str] = []
+
+    async def produced(queue: str, partition: int, producer: str, offset: int) -> Produced:
+        asked.append(producer)
+        if producer == "bad":
+            raise InvalidArgumentError("queue 'orders' has no partition 2")
+        raise refusal
+
+    seen: Seen = {}
+    for seq in (3, 4):
+        assert await resent({**H, "x-quarantine-producer": "p", "x-quarantine-seq": str(seq)}, seen, produced) \
+            is False
+    assert asked == ["p"]
+    with pytest.raises(InvalidArgumentError, match="no partition"):
+        await resent({**H, "x-quarantine-producer": "bad", "x-quarantine-seq": "1"}, seen, produced)
 
 
 def test_a_members_answer_about_a_producer_crosses_and_a_bad_one_is_refused() -> None:
