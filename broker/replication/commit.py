@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from broker.replication.codec import CATALOGUE, Key, encode_ops
-from broker.replication.compaction import WeakHold
+from broker.replication.compaction import WeakHold, ends_weak
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog
 from client.clock import Cancellable
@@ -103,7 +103,7 @@ class Proposals:
             if plog is None or not plog.serving:
                 one(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
                 continue
-            if any(type(op) is Append for op in kops) and self._weak_full(plog, kops):
+            if self._weak_full(plog, kops):
                 one(UnavailableError(
                     f"partition {plog.name} on {self.me}: this publish would take what it holds of writes under a "
                     f"quorum override or as designated primary, which no majority holds yet, past weak_hold_bytes "
@@ -116,6 +116,8 @@ class Proposals:
         """Whether ``ops`` would take what ``plog``'s active wrote under a weak override past
         what the node keeps of such writes (compaction.WeakHold, with what is staged): past
         it they could be compacted and lost on a heal, so they are refused instead."""
+        if not ends_weak(plog.replica) or not any(type(op) is Append for op in ops):  # (O(1) on a strong log)
+            return False
         if plog.weak_hold is None:
             plog.weak_hold = WeakHold(self.hold)
         return plog.weak_hold.reached(plog.replica, plog.applied_bytes, plog.staged_bytes + _body_bytes(ops))

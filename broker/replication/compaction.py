@@ -57,6 +57,11 @@ def weak_cap(r: Replica, hold: int = WEAK_HOLD_BYTES) -> tuple[int, bool]:
     return r.applied, True
 
 
+def ends_weak(r: Replica) -> bool:
+    """Whether the last applied entry in the log is one a weak active wrote (O(1))."""
+    return r.applied > r.snap_index and r.entry(r.applied).weak
+
+
 @dataclass(slots=True)
 class WeakHold:
     """Whether a publish of ``adding`` bytes would take what a partition's log holds of
@@ -71,7 +76,7 @@ class WeakHold:
     weak: int = 0  # what it counted
 
     def reached(self, r: Replica, applied_bytes: int, adding: int) -> bool:
-        if r.applied <= r.snap_index or not r.entry(r.applied).weak or applied_bytes + adding <= self.hold:
+        if not ends_weak(r) or applied_bytes + adding <= self.hold:
             return False
         if self.counted_at < 0 or abs(applied_bytes - self.counted_at) >= max(1, self.hold // 32):
             self.counted_at, self.weak = applied_bytes, weak_bytes(r)
