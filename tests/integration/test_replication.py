@@ -191,12 +191,20 @@ async def _node3_behind_proxies(cl: LocalCluster) -> list[FaultProxy]:
 
 
 async def q_then_node3_cut(cl: LocalCluster, proxies: list[FaultProxy]) -> None:
-    """Once the group is ready: queue ``q`` (3 partitions, each with an active), then node3 cut
-    off from node1 and node2 (``proxies``: :func:`_node3_behind_proxies`)."""
+    """Once the group is ready: queue ``q`` (3 partitions, each with an active, and every
+    member following it with the same active), then node3 cut off from node1 and node2
+    (``proxies``: :func:`_node3_behind_proxies`; or whatever links they cut)."""
     await cl.wait_ready()
     async with await client.connect(cl.url_of("node1")) as conn:
         await conn.declare_queue("q", partitions=3)
     await actives(cl, "q", 3)
+
+    async def everywhere() -> bool:  # (a member that has not applied the declare yet has nothing to go on alone)
+        views = [{p.partition: p.active for p in (await cl.status(n)).partitions if p.queue == "q"}
+                 for n in cl.nodes]
+        return all(len(v) == 3 and all(v.values()) and v == views[0] for v in views)
+
+    await wait_until(everywhere, timeout=30, what="every member following each partition of q")
     for p in proxies:
         p.cut()
 
