@@ -115,6 +115,7 @@ class Replica:
         #: another active with a term of its own, or it refused a real candidate and stands against it
         self._sanctioned = False
         self._tracker = PeerTracker()  # the active's view of the other members, in its term
+        self._term_first = 0  # the active's no-op: the first entry of its term
         self._failback = Failback()  # the active's hand-over to the placement's choice
         # Until then this node does not press its priority (no refusals, ordinary timeouts):
         # set after a refusal and after a lost election, so a preference never blocks progress.
@@ -226,6 +227,31 @@ class Replica:
         if self.cfg.quorum() >= majority:
             return False
         return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
+
+    def _lowered(self) -> bool:
+        """This node is the active under a lowered quorum (override, designated primary)."""
+        return self.role is Role.LEADER and not self.cfg.arbitrated and self.cfg.quorum() < self.cfg.majority
+
+    def _majority_holds(self) -> int:
+        """On the active: the last entry a majority of voters is known to hold (counted as its
+        commits are; with it, by log matching, every entry before it)."""
+        voters = self.cfg.voters
+        if self.cfg.witnesses and not self.witness_counts():
+            voters = tuple(v for v in voters if v not in self.cfg.witnesses)
+        marks = sorted(self._persisted if v == self.id else self._tracker.match.get(v, 0) for v in voters)
+        return marks[len(marks) - self.cfg.majority] if len(marks) >= self.cfg.majority else 0
+
+    def unheld_tail(self) -> bool:
+        """Whether the applied log ends in entries no majority is known to hold (what
+        ``compactable`` keeps): O(voters)."""
+        if self.cfg.arbitrated or self.applied <= self.snap_index:
+            return False
+        if self._lowered():
+            if self._majority_holds() >= self.applied:
+                return False
+            if self.applied >= self._term_first:
+                return True
+        return self.entry(self.applied).weak
 
     def witness_counts(self) -> bool:
         """On the active: whether a witness's acknowledgement counts toward a commit now
@@ -404,13 +430,27 @@ class Replica:
     def compactable(self) -> int:
         """How far the log may be compacted: what is applied, but not past an entry a weak
         active wrote (``quorum_override``, ``designated_primary``) that a majority is not
-        known to hold.  Such an entry may yet be discarded when the group heals (HA-1014),
+        known to hold.  An active under a lowered quorum counts what a majority holds
+        (``_majority_holds``) for the entries of its own term rather than their flags: it flags
+        them weak only once it has not heard from a majority within the election timeout, so
+        those it wrote just after its peers went are flagged strong and yet committed by it
+        alone.  Such an entry may yet be discarded when the group heals (HA-1014),
         and a compacted entry can be neither compared with the active's log nor handed to
         the quarantine: it stays until a committed entry of a strong active follows it (that
         active's majority holds the log before it too) or it is discarded."""
         upto = self.applied
         if self.cfg.arbitrated:
             return upto  # (a lock decides the one writer: no heal discards the holder's entries)
+        if self._lowered():
+            held = self._majority_holds()
+            if held >= upto:
+                return upto
+            return max(held, self._flagged(min(upto, self._term_first - 1)))
+        return self._flagged(upto)
+
+    def _flagged(self, upto: int) -> int:
+        """``compactable`` by the weak flags of the entries up to ``upto``: not past one that
+        no strong entry follows."""
         for e in reversed(self._log.slice(self.snap_index + 1, upto)):
             if not e.weak:
                 return upto
@@ -644,6 +684,7 @@ class Replica:
         self._tracker = PeerTracker.elected(self._peers(), self.last_index, self._now)
         self._failback.handing_to = None
         noop = self._new_entry(None)
+        self._term_first = noop.index
         self._log.entries.append(noop)
         self._ready.append.append(noop)
         self._heartbeat_at = self._now + self.cfg.heartbeat_interval

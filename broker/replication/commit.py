@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from broker.replication.codec import CATALOGUE, Key, encode_ops
-from broker.replication.compaction import WeakHold, ends_weak
+from broker.replication.compaction import WeakHold
 from broker.replication.host import Callback, ReplicationHost
 from broker.replication.partlog import PartLog
 from client.clock import Cancellable
@@ -116,7 +116,7 @@ class Proposals:
         """Whether ``ops`` would take what ``plog``'s active wrote under a weak override past
         what the node keeps of such writes (compaction.WeakHold, with what is staged): past
         it they could be compacted and lost on a heal, so they are refused instead."""
-        if not ends_weak(plog.replica) or not any(type(op) is Append for op in ops):  # (O(1) on a strong log)
+        if not plog.replica.unheld_tail() or not any(type(op) is Append for op in ops):  # (cheap: first)
             return False
         if plog.weak_hold is None:
             plog.weak_hold = WeakHold(self.hold)

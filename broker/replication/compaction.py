@@ -57,26 +57,23 @@ def weak_cap(r: Replica, hold: int = WEAK_HOLD_BYTES) -> tuple[int, bool]:
     return r.applied, True
 
 
-def ends_weak(r: Replica) -> bool:
-    """Whether the last applied entry in the log is one a weak active wrote (O(1))."""
-    return r.applied > r.snap_index and r.entry(r.applied).weak
-
-
 @dataclass(slots=True)
 class WeakHold:
     """Whether a publish of ``adding`` bytes would take what a partition's log holds of
     writes under a weak override that no majority is known to hold past ``hold`` (its active
-    refuses it then).  Asked at every publish: O(1) unless the last applied entry is such an
-    entry and the applied log with the publish reaches ``hold``; the entries are counted
-    again only once the applied bytes moved by a 32nd of ``hold`` since the last count
-    (about 32 entries looked at per entry written), so a count may lag by that much."""
+    refuses it then; Replica.compactable says which they are).  Once a majority holds them
+    (its peers back and caught up) they count no more.  Asked at every publish: O(voters)
+    unless the applied log ends in such entries and, with the publish, reaches ``hold``; the
+    entries are counted again only once the applied bytes moved by a 32nd of ``hold`` since
+    the last count (about 32 entries looked at per entry written), so a count may lag by that
+    much."""
 
     hold: int
     counted_at: int = -1  # the applied bytes at the last count
     weak: int = 0  # what it counted
 
     def reached(self, r: Replica, applied_bytes: int, adding: int) -> bool:
-        if not ends_weak(r) or applied_bytes + adding <= self.hold:
+        if applied_bytes + adding <= self.hold or not r.unheld_tail():
             return False
         if self.counted_at < 0 or abs(applied_bytes - self.counted_at) >= max(1, self.hold // 32):
             self.counted_at, self.weak = applied_bytes, weak_bytes(r)

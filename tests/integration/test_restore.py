@@ -501,3 +501,58 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
         await cl.stop()
         for px in proxies:
             await px.stop()
+
+
+async def test_a_weak_active_that_refused_past_its_hold_takes_publishes_again_once_a_peer_is_back(
+        tmp_path: Path) -> None:
+    """node1, alone of three (node2 and node3 stopped) under ``quorum_override 1`` with
+    ``--weak-hold-bytes 1M``, confirms messages of 256 KiB until it refuses one (the fourth,
+    or a little later: an active that heard from its peers within the election timeout still
+    writes strong entries).  With node2 back, and nothing else written, node1 hears from a
+    majority again: the refused one is taken (its entry is strong and frees the weak ones
+    before it), and the queue holds each once."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--weak-hold-bytes", "1M"])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url_of("node1")) as conn:
+            await conn.declare_queue("w", partitions=1)
+        await actives(cl, "w", 1)
+        for n in ("node2", "node3"):
+            await cl.nodes[n].stop()
+        bodies = [f"w-{i}-".encode() + b"." * (256 << 10) for i in range(12)]
+        async with await client.connect_link(cl.url_of("node1")) as iso:
+            await wait_until(lambda: _disabled(iso), timeout=30, what="node1 Disabled")
+            await iso.set_quorum_override(1)
+
+            async def publish(i: int) -> None:
+                reply = await iso.request(lambda rid: Publish(rid=rid, queue="w", producer_id="P", messages=[
+                    PublishMessage("k", {}, bodies[i], i)]))
+                assert expect(reply, PublishOk).stored + expect(reply, PublishOk).duplicates == 1, reply
+
+            async def took(i: int) -> bool:
+                try:
+                    await publish(i)
+                    return True
+                except TandemError:  # (not active yet; or past the hold)
+                    return False
+
+            await wait_until(lambda: took(0), timeout=30, what="node1 taking writes under the override")
+            n = 1
+            while n < len(bodies):
+                try:
+                    await publish(n)
+                except UnavailableError as e:
+                    assert "past weak_hold_bytes" in str(e), e
+                    break
+                n += 1
+            assert 3 <= n < len(bodies), n  # (three of 256 KiB fit in 1 MiB, the fourth not)
+            await cl.nodes["node2"].start()
+            await wait_until(lambda: took(n), timeout=30, what="node1 taking the refused one with node2 back")
+            await iso.set_quorum_override(None)
+        consumed = await drain(cl.url_of("node1"), "w")
+        v = classify(bodies, bodies[:n + 1], consumed)
+        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
+    finally:
+        await cl.stop()

@@ -135,6 +135,31 @@ def test_a_weak_active_refuses_a_publish_that_would_take_its_weak_writes_past_we
     assert compaction.WeakHold(500).reached(r, 1600, 1) and compaction.WeakHold(0).reached(r, 1600, 1)
     assert not compaction.WeakHold(640).reached(r, 600, 40)  # (the applied log and the publish hold no more)
     assert not compaction.WeakHold(0).reached(active_replica(20, 50), 1000, 1000)  # (a strong active's)
+    for n in "bc":  # its peers are back and hold it all: nothing unheld, the publish goes
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, r.last_index)))
+    assert r.entry(r.applied).weak and r.compactable() == r.applied and not r.unheld_tail()
+    assert not hold.reached(r, 1600, 41)
+
+
+def test_what_an_override_active_wrote_just_after_its_peers_went_is_not_compacted(small: None) -> None:
+    """Within the election timeout after its peers last answered, an active under
+    ``quorum_override 1`` still flags its entries strong, and commits them alone: compaction
+    stops before the first of them a majority does not hold (Replica._unheld_from), and they
+    count toward weak_hold_bytes; once a peer has them, they may go."""
+    r = active_replica(20, 50)
+    for n in "bc":
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, r.last_index)))
+    r.reconfigure(dataclasses.replace(r.cfg, quorum_override=1))
+    for _ in range(10):  # (no tick: b and c answered a moment ago)
+        _ready, e = r.propose(b"s" * 50)
+        assert e is not None and not e.weak
+        r.persisted(e)
+    assert r.applied == r.last_index == 31  # (committed alone)
+    assert r.compactable() == 21 and r.unheld_tail() and compaction.weak_bytes(r) == 500
+    assert compact_upto(r) == (21, 10 * 50)
+    assert compaction.WeakHold(520).reached(r, 1550, 21)
+    r.step(Envelope("b", "a", AppendReply(r.term, "b", True, 31)))
+    assert r.compactable() == 31 and not r.unheld_tail()
 
 
 def test_compacted_past_its_weak_entries_a_log_still_knows_what_a_majority_wrote(small: None) -> None:
