@@ -265,7 +265,10 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
     each once (the copies go back under the producer id of who wrote them, in which term) and
     counts the second copies as already there; the queue holds each once."""
     cl = LocalCluster(tmp_path, nodes=5, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--replicas", "4", "--sync-replicas", "4"])  # (a copy on each)
+                      # (a copy on each; five processes on a busy machine: failure detection slower than
+                      # FAST, so that node4 does not count node5 down for a late keep-alive mid-test)
+                      extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2", "--replicas", "4",
+                                  "--sync-replicas", "4"])
     proxies = []
     for src in ("node1", "node2", "node3"):  # (the lower name dials: these six links cross the cut)
         for dst in ("node4", "node5"):
