@@ -34,6 +34,8 @@ from client.errors import InvalidArgumentError
 from client.protocol.codec import MAX_INT
 
 MAX_HOPS = 3
+#: how a member refuses a kind its build does not know (the start of the error's message)
+UNKNOWN_KIND = "unknown forwarded request kind"
 
 
 class ForwardKind(IntEnum):
@@ -326,7 +328,7 @@ def decode_request(kind: int, payload: bytes) -> ForwardRequest:
     try:
         k = ForwardKind(kind)
     except ValueError:
-        raise InvalidArgumentError(f"unknown forwarded request kind {kind!r}") from None
+        raise InvalidArgumentError(f"{UNKNOWN_KIND} {kind!r}") from None
     try:
         values = msgpack.unpackb(payload, raw=False, use_list=True) if payload else []
     except Exception as exc:  # msgpack raises several types

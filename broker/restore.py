@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from broker.compensation import Conflict, Hook, Resolution, Version, load, resolve
 from broker.config import NodeConfig
 from broker.delivery import Delivery
-from broker.forward import RestoreFwd, decode_reply, pack_reply
+from broker.forward import UNKNOWN_KIND, RestoreFwd, decode_reply, pack_reply
 from broker.outcome import Outcome
 from broker.publish import PublishRequest, PublishResult
 from broker.quarantine import HEADERS, QUEUE
@@ -213,7 +213,7 @@ async def resent(h: Mapping[str, str], seen: Seen,
 def older_build(exc: Exception) -> bool:
     """Whether ``exc`` is a member's or node's answer to a request its build does not know: a
     client op (UnknownOpError) or a forwarded kind (broker.forward.decode_request)."""
-    return isinstance(exc, UnknownOpError) or str(exc).startswith("unknown forwarded request kind")
+    return isinstance(exc, UnknownOpError) or str(exc).startswith(UNKNOWN_KIND)
 
 
 #: a :class:`Report`'s counters, by their names in its JSON

@@ -235,11 +235,15 @@ class Replica:
     def _majority_holds(self) -> int:
         """On the active: the last entry a majority of voters is known to hold (counted as its
         commits are; with it, by log matching, every entry before it)."""
-        voters = self.cfg.voters
-        if self.cfg.witnesses and not self.witness_counts():
-            voters = tuple(v for v in voters if v not in self.cfg.witnesses)
+        voters = self._counted_voters()
         marks = sorted(self._persisted if v == self.id else self._tracker.match.get(v, 0) for v in voters)
         return marks[len(marks) - self.cfg.majority] if len(marks) >= self.cfg.majority else 0
+
+    def _counted_voters(self) -> tuple[str, ...]:
+        """The voters whose copies a commit counts (a witness only while it counts)."""
+        if self.cfg.witnesses and not self.witness_counts():
+            return tuple(v for v in self.cfg.voters if v not in self.cfg.witnesses)
+        return self.cfg.voters
 
     def unheld_tail(self) -> bool:
         """Whether the applied log ends in entries no majority is known to hold (what
@@ -983,9 +987,7 @@ class Replica:
         """The active's own write is part of every commit (a confirmed entry is on its disk,
         fsynced under SYNC), and with it a quorum of voters."""
         need = self.cfg.commit_quorum or self.cfg.quorum()
-        voters = self.cfg.voters
-        if self.cfg.witnesses and not self.witness_counts():
-            voters = tuple(v for v in voters if v not in self.cfg.witnesses)
+        voters = self._counted_voters()
         for n in range(min(self.last_index, self._persisted), self.commit, -1):
             if self._log.term_at(n) != self.term:
                 break  # only entries of our own term commit by counting (Raft 5.4.2)
