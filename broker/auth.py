@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from broker.config import NodeConfig
 from broker.users import UserRegistry
@@ -34,6 +36,8 @@ FAILURE_WINDOW = 300.0  # seconds: failures further apart than this start the co
 BASE_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 MAX_TRACKED = 10_000
+
+W = TypeVar("W", bound="Waiting")
 
 
 @dataclass(slots=True)
@@ -147,6 +151,23 @@ class ClientGuard:
             self.counters.prefetch_refused += 1
             raise PrefetchTooLargeError(
                 f"prefetch {prefetch} is above this node's ceiling (max_prefetch = {limit}): ask for {limit} or less")
+
+
+class Waiting(Protocol):
+    """A client connection as the slot rule sees it (broker.session.Session)."""
+
+    @property
+    def logged_in(self) -> bool: ...
+
+    @property
+    def connected_at(self) -> float: ...
+
+
+def oldest_waiting(connections: Iterable[W]) -> W | None:
+    """The connection that has waited longest without logging in (None: every one has).
+    At ``max_connections`` a new connection takes its slot, so connections that never log
+    in hold no slot against one that does, however many an attacker opens."""
+    return min((c for c in connections if not c.logged_in), key=lambda c: c.connected_at, default=None)
 
 
 class ClientHandshake:

@@ -87,6 +87,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "compensation", "weak_hold_bytes", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
+                "login_timeout", "max_connections",
                 "cluster_secret_file", "permitted_nodes", "disk_free_limit", "max_memory"):
         v = getattr(args, key)
         if v is not None:
@@ -305,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TLS on peer links: auto (on when --tls-cert is given; default), on, or off "
                           "(plaintext replication, logged as a warning)")
     limits = start.add_argument_group("limits against abuse (docs/security.md)")
+    limits.add_argument("--max-connections", dest="max_connections", type=int, metavar="N",
+                        help="client connections this node holds at once (default 10000); at the limit a "
+                             "new connection takes the slot of the oldest one that has not logged in, or "
+                             "is refused with UNAVAILABLE when every one has")
     limits.add_argument("--max-connections-per-user", dest="max_connections_per_user", type=int, metavar="N",
                         help="client connections one user may hold on this node (default 1000); "
                              "more are refused with TOO_MANY_CONNECTIONS")
@@ -314,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-failed-logins", dest="max_failed_logins", type=int, metavar="N",
                         help="failed logins from one client address before it must wait (1 s, doubling "
                              "per further failure, up to 30 s) between attempts (default 5)")
+    limits.add_argument("--login-timeout", dest="login_timeout", type=float, metavar="SECONDS",
+                        help="seconds a client connection has from connect to a finished login, whatever "
+                             "it sends meanwhile (default 10); then it is closed")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)

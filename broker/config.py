@@ -60,6 +60,7 @@ Example ``tandem.toml``::
     max_connections_per_user = 1000
     max_prefetch = 10000        # the ceiling on a consumer's prefetch
     max_failed_logins = 5       # per client address before its logins are slowed down
+    login_timeout = 10.0        # seconds from connect to a finished login on the client port
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class NodeConfig:
     max_prefetch: int = 10000
     #: failed logins from one client address before each further attempt is delayed
     max_failed_logins: int = 5
+    #: seconds a client connection has from connect to a finished login, whatever it sends
+    login_timeout: float = 10.0
     #: bytes: while the file system of ``data_dir`` has less free space than this, the node
     #: refuses publishes and declares (the disk alarm, broker/diskalarm.py); 0: no alarm
     disk_free_limit: int = 64 * 1024 * 1024
@@ -283,6 +286,8 @@ class NodeConfig:
             raise ConfigError("max_prefetch: must be 1 .. 65535")
         if self.max_failed_logins < 1:
             raise ConfigError("max_failed_logins: must be >= 1")
+        if not 0.5 <= self.login_timeout <= 3600:
+            raise ConfigError("login_timeout: must be 0.5 .. 3600 seconds")
         if not isinstance(self.weak_hold_bytes, int) or self.weak_hold_bytes < 0:
             raise ConfigError(f"weak_hold_bytes {self.weak_hold_bytes!r}: must be >= 0 bytes")
         if self.compensation:

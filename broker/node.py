@@ -48,7 +48,7 @@ from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
 from broker.streams import Produced, produced, read_stream
-from broker.auth import ClientGuard
+from broker.auth import ClientGuard, oldest_waiting
 from broker.acl import AclTable
 from broker.discovery import Discovery
 from broker.drain import Drains
@@ -60,7 +60,7 @@ from broker.restore import MAX_EVENTS as RESTORE_EVENTS, Restores
 from broker.security import SEEDED_KEY, Security
 from broker.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import AccessRefusedError, InvalidArgumentError, NotActiveError, ShuttingDownError, \
+from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.members import Members
@@ -441,11 +441,11 @@ class Node:
             if acls is not None:
                 self.acls = AclTable(acls)
 
-    def user_dropped(self, name: str) -> None:
-        """A user was deleted: its sessions end."""
+    def user_changed(self, name: str, *, seeded: bool = False) -> None:
+        """A change of user ``name`` was applied here: recheck its sessions (broker.standing)."""
         for s in list(self.sessions):
             if s.user is not None and s.user.name == name:
-                s.shutdown(AccessRefusedError(f"user {name!r} was deleted"))
+                s.renew_standing() if seeded else s.recheck_standing()
 
     async def deactivate_shared(self, error: NotActiveError) -> None:
         """Stop serving (the lock is lost or this node stops): close every session with
@@ -599,8 +599,11 @@ class Node:
             Session.refuse(writer, ShuttingDownError("node is shutting down"))
             return
         if len(self.sessions) >= self.config.max_connections:
-            Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
-            return
+            waiting = oldest_waiting(self.sessions)
+            if waiting is None:
+                Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
+                return
+            waiting.give_up_slot()
         session = Session(self, reader, writer)
         self.sessions.add(session)
         try:

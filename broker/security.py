@@ -65,8 +65,10 @@ class SecurityHost(CatalogueHost, Protocol):
 
     def spawn(self, coro: Any) -> None: ...
 
-    def user_dropped(self, name: str) -> None:
-        """A user is gone: end its sessions."""
+    def user_changed(self, name: str, *, seeded: bool = False) -> None:
+        """A user, its password, role or grants changed here: end the sessions that no longer
+        stand (broker.standing), or, for the group's first admin replacing the local one
+        (``seeded``), keep them on the group's record."""
         ...
 
 
@@ -79,7 +81,14 @@ class Security:
     # -- committed changes (every member applies them) ------------------------------------------
 
     def apply(self, op: WriteOp) -> list[WriteOp]:
-        """Apply a committed change here; the ops to store."""
+        """Apply a committed change here, and recheck the sessions of the user it is about;
+        the ops to store."""
+        stored = self._apply(op)
+        if stored:
+            self.node.user_changed(_subject(op), seeded=isinstance(op, SeedAdmin))
+        return stored
+
+    def _apply(self, op: WriteOp) -> list[WriteOp]:
         node = self.node
         if isinstance(op, PutUser):
             node.users.put(op.user)
@@ -87,7 +96,6 @@ class Security:
         elif isinstance(op, DropUser):
             node.users.drop(op.name)
             node.acls.drop_user(op.name)
-            node.user_dropped(op.name)
             log.info("user %s deleted", op.name)
         elif isinstance(op, GrantAcl):
             node.acls.grant(op.acl)
@@ -127,10 +135,13 @@ class Security:
         ops += [RevokeAcl(a) for a in node.acls.records()]
         ops += [PutUser(u) for u in users] + [GrantAcl(a) for a in acls]
         for op in ops:
-            self.apply(op)
-        if data.get("seeded") and not self.seeded:
+            self._apply(op)  # (the sessions are rechecked once the whole state is in place)
+        seeded = bool(data.get("seeded")) and not self.seeded
+        if seeded:
             self.seeded = True
             ops.append(PutMeta(SEEDED_KEY, "group"))
+        for name in sorted({_subject(op) for op in ops if not isinstance(op, PutMeta)}):
+            node.user_changed(name, seeded=seeded and name == "admin")
         return ops
 
     def maybe_seed(self) -> None:
@@ -238,6 +249,17 @@ class Security:
         else:
             raise InvalidArgumentError(f"{type(req).__name__} is not a change of the users")
         return pack_reply(self.node.catalogue_commit())
+
+
+def _subject(op: WriteOp) -> str:
+    """The user a change of the users and grants is about."""
+    if isinstance(op, (PutUser, SeedAdmin)):
+        return op.user.name
+    if isinstance(op, DropUser):
+        return op.name
+    if isinstance(op, (GrantAcl, RevokeAcl)):
+        return op.acl.user
+    raise TypeError(f"{type(op).__name__} is not a change of the users")
 
 
 async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], WriteOp | list[WriteOp]],

@@ -34,6 +34,7 @@ from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.remap import Remaps
 from broker.security import Security
+from broker.standing import Standing, recheck, standing_of
 from broker.streams import Produced as StreamProduced
 from broker.users import UserRegistry, make_user
 from client.clock import Clock
@@ -52,6 +53,7 @@ from client.errors import (
     QueueNotFoundError,
     StorageError,
     TandemError,
+    UnavailableError,
     UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
@@ -185,6 +187,7 @@ class Session:
         self.client_name = self.peer
         _tune_socket(writer)
         self.user: UserRecord | None = None
+        self.standing: Standing | None = None  # what the login rests on (broker.standing)
         self._auth: ClientHandshake | None = None  # the SCRAM exchange, between Hello and Welcome
         self._hello_frame: Hello | None = None
         self._version = 0
@@ -198,8 +201,9 @@ class Session:
         # (the passive cannot tell them), so they hear from it at least every half lease
         self.heartbeat = min(cfg.heartbeat, max(0.5, cfg.lease / 2)) if cfg.mode == "shared" else cfg.heartbeat
         clock = node.clock
-        self.last_recv = self.last_send = clock.monotonic()
+        self.connected_at = self.last_recv = self.last_send = clock.monotonic()
         self.finished = asyncio.Event()
+        self._logged_in = asyncio.Event()
         self._closing = False
         self._outbox: deque[list[Any]] = deque()  # [frame, ready]: frames waiting on a commit, in order
         self._drain_task: asyncio.Task[None] | None = None
@@ -293,7 +297,8 @@ class Session:
         self.writer.close()
 
     def shutdown(self, exc: TandemError) -> None:
-        self.send_error(0, exc)
+        if self._auth is None:  # (while the client owes its SCRAM proof, only Close says why)
+            self.send_error(0, exc)
         self.close(int(exc.code), exc.message)
 
     # -- the connection task -------------------------------------------------------------------
@@ -354,28 +359,73 @@ class Session:
                 return
 
     async def _heartbeats(self) -> None:
-        """Send heartbeats when idle; drop a peer silent for 3 intervals.
-
-        Before the handshake the node's own interval applies (a client that
-        never says Hello is dropped); a client that asked for heartbeat 0
-        (the blocking SDK) gets none, and TCP keepalive watches its socket.
-        """
+        """Until the login: end it ``login_timeout`` after the connection opened, whatever
+        arrives meanwhile (a client that trickles bytes holds no slot longer).  Then: send
+        heartbeats when idle, drop a peer silent for 3 intervals, and end the session when
+        its user no longer stands (broker.standing).  A client that asked for heartbeat 0
+        (the blocking SDK) gets none, and TCP keepalive watches its socket."""
         clock = self.node.clock
+        limit = self.node.config.login_timeout
+        try:
+            async with clock.timeout(max(0.0, self.connected_at + limit - clock.monotonic())):
+                await self._logged_in.wait()
+        except TimeoutError:
+            self._time_out(f"no login within {limit:g}s of connecting (login_timeout)")
+            return
         while True:
-            interval = self.heartbeat if self.user is not None else self.node.config.heartbeat
+            interval = self.heartbeat
             if interval <= 0:
                 return
             await clock.sleep(interval / 2)
+            if not self.recheck_standing():
+                return
             now = clock.monotonic()
             if now - self.last_recv > 3 * interval:
-                what = "no frame from the client" if self.user is not None else "no handshake"
-                err = HeartbeatTimeoutError(f"{what} for {3 * interval:.1f}s")
-                log.warning("session %s: %s", self.client_name, err.message)
-                self.shutdown(err)
-                self.reader.feed_eof()
+                self._time_out(f"no frame from the client for {3 * interval:.1f}s")
                 return
-            if self.user is not None and now - self.last_send >= interval:
+            if now - self.last_send >= interval:
                 self.send(Heartbeat())
+
+    def _time_out(self, why: str) -> None:
+        err = HeartbeatTimeoutError(why)
+        log.warning("session %s: %s", self.client_name, err.message)
+        self.shutdown(err)
+        self.reader.feed_eof()
+
+    @property
+    def logged_in(self) -> bool:
+        return self.user is not None
+
+    def give_up_slot(self) -> None:
+        """The node is at max_connections and a new connection takes this one's slot: it has
+        waited longest without logging in."""
+        err = UnavailableError("node is at max_connections and this connection had not logged in: "
+                               "its slot went to a new one")
+        log.warning("session %s: %s", self.client_name, err.message)
+        self.shutdown(err)
+        self.reader.feed_eof()
+
+    def recheck_standing(self) -> bool:
+        """Whether the session's user still stands as it did at login (broker.standing);
+        if not, the session ends saying why."""
+        if self.standing is None or self._closing:
+            return not self._closing
+        keep, why = recheck(self.node, self.standing)
+        if keep is None:
+            log.warning("session %s: closed: %s", self.client_name, why)
+            self.shutdown(AccessRefusedError(f"session ended: {why}"))
+            self.reader.feed_eof()
+            return False
+        self.standing = keep
+        self.user = self.node.users.get(keep.name) or self.user
+        return True
+
+    def renew_standing(self) -> None:
+        """Take the user's standing as it is now (the group's first admin replacing the local
+        one, or this session's own change of its password)."""
+        if self.user is not None:
+            self.standing = standing_of(self.node.users, self.node.acls, self.user.name)
+            self.user = self.node.users.get(self.user.name) or self.user
 
     # -- frames ---------------------------------------------------------------------------------
 
@@ -391,6 +441,8 @@ class Session:
             elif isinstance(frame, Close):
                 log.info("session %s: client closed code=%d reason=%s", self.client_name, frame.code, frame.reason)
                 self.close()
+            elif self.user is None:  # (a peer's handshake frame on the client port, say)
+                raise ProtocolError(f"{type(frame).__name__} before the login: this port takes Hello first")
             else:
                 handler = _HANDLERS.get(type(frame))
                 if handler is None:
@@ -408,7 +460,7 @@ class Session:
                     await handler(self, frame)
         except TandemError as exc:
             self.send_error(rid, exc)
-            if isinstance(frame, (Hello, AuthResponse)):
+            if self.user is None:  # nothing but a login is served before one
                 self.close(int(exc.code), exc.message)
         except Exception as exc:  # a bug must cost one request, not the node
             log.exception("session %s: internal error on %s", self.client_name, type(frame).__name__)
@@ -458,6 +510,8 @@ class Session:
         self.node.guard.admit(user.name)
         self._admitted = True
         self.user = user
+        self.standing = standing_of(self.node.users, self.node.acls, user.name)
+        self._logged_in.set()
         self.observer = refusal is not None
         self.client_name = f"{hello.client_name}@{self.peer}"
         if hello.heartbeat > 0:
@@ -647,7 +701,8 @@ class Session:
         self._settled(f.rid, unknown)
 
     async def _status(self, f: Status) -> None:
-        self.send(status_of(self.node, f.rid))
+        user, acls = self._authenticated(), self.node.acls
+        self.send(status_of(self.node, f.rid, lambda q: acls.may_see(user, q)))
 
     async def _set_quorum_override(self, f: SetQuorumOverride) -> None:
         self._group_admin("set quorum_override")  # allowed without quorum: that is its point
@@ -711,7 +766,14 @@ class Session:
             have = self.node.users.get(f.name)
             role = have.role if have is not None else "user"  # the catalogue's active keeps the role it has
         user = await asyncio.to_thread(make_user, f.name, f.password, role)  # scrypt: off the loop
-        await self.node.security.put_user(user, f.mode)
+        mine = self.standing is not None and f.name == self.standing.name and f.mode == "password"
+        if mine:  # a user changing its own password keeps this session (its others end)
+            self.standing = None
+        try:
+            await self.node.security.put_user(user, f.mode)
+        finally:
+            if mine:
+                self.renew_standing()
         log.warning("session %s: user %s %s", self.client_name, f.name,
                     "password changed" if f.mode == "password" else f"stored (role {role})")
         self.send(Ok(rid=f.rid))

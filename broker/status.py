@@ -15,7 +15,7 @@ The helpers read the node through :class:`NodeState`, the few things they need.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -249,8 +249,9 @@ class StatusSource(NodeState, Protocol):
         ...
 
 
-def status_of(node: StatusSource, rid: int) -> StatusOk:
-    """The node's view of itself and its group, for ``tandem status``."""
+def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | None = None) -> StatusOk:
+    """The node's view of itself and its group, for ``tandem status``; with ``may_see``, only
+    the queues it admits are named (a user's view: the queues its grants name)."""
     cfg = node.config
     remotes: list[RemoteNode] = []
     azones: list[ZoneInfo] = []
@@ -287,6 +288,12 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
     ha = node.ha
     mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
     members, zones, change = node.group_view()
+    moving, updating = node.moves_under_way(), node.updates_under_way()
+    if may_see is not None:
+        partitions = [p for p in partitions if not p.queue or may_see(p.queue)]
+        foreign = [p for p in foreign if not p.queue or may_see(p.queue)]
+        moving = [m for m in moving if may_see(m.partition("/")[0])]
+        updating = [u for u in updating if may_see(u.partition(" ")[0])]
     return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
                     priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
                     quorum_override=override, remotes=remotes, partitions=partitions, events=events,
@@ -295,6 +302,6 @@ def status_of(node: StatusSource, rid: int) -> StatusOk:
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
                     lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
                     zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
-                    moving=node.moves_under_way(), members=members if peers is not None else [],
+                    moving=moving, members=members if peers is not None else [],
                     group_change=change,
-                    updating=node.updates_under_way(), availability_zones=azones)
+                    updating=updating, availability_zones=azones)

@@ -15,11 +15,12 @@ from broker.quarantine import refuse_client_write
 from broker.queues import validate_declare
 from broker.acl import PERMISSIONS, validate_grant
 from broker.restore import Filter
+from broker.standing import standing_of
 from broker.users import make_user
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, placement_text
 from storage.base import AclRecord
-from webconsole.auth import SESSION_COOKIE, SESSIONS, USER, who
+from webconsole.auth import SESSION, SESSION_COOKIE, SESSIONS, USER, who
 from webconsole.errors import ApiError, bad, json_body, only
 from webconsole.group import GROUP
 from webconsole.nodeview import NODE, NodeView
@@ -319,6 +320,9 @@ async def change_password(request: web.Request) -> web.Response:
         raise ApiError(400, "bad_request", exc.message) from None
     await node.security.put_user(user, "password")
     request.app[SESSIONS].end_user(name, keep=request.cookies.get(SESSION_COOKIE))
+    sess = request[SESSION]
+    if sess is not None and sess.user == name:  # the asking session stands on the new password
+        sess.standing = standing_of(node.users, node.acls, name) or sess.standing
     log.warning("console: %s changed the password of %s", who(request), name)
     return web.json_response({"name": name, "changed": True})
 

@@ -2,9 +2,13 @@
 
 Everything needs a login but ``/healthz``, the login page and the static files.
 A browser logs in with a Tandem user and gets a session cookie (HttpOnly,
-SameSite=Strict); every state-changing request of a session must carry its CSRF
-token in ``X-CSRF-Token``.  Scripts and Prometheus use HTTP Basic.  ``monitor``
-users may look, not change.
+SameSite=Strict, and Secure under HTTPS); every state-changing request of a session,
+and the login itself, must come from the console's own origin, and every change must
+carry the session's CSRF token in ``X-CSRF-Token``.  A session stands while its user
+does (broker.standing): it ends at the first request after the user is deleted, its
+password or role changes, or a grant it had is revoked, on whichever member the change
+was made.  Scripts and Prometheus use HTTP Basic.  ``monitor`` users may look, not
+change.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import secrets
 
 from aiohttp import web
 
+from broker.standing import Standing, recheck, standing_of
 from client.clock import Clock
 from client.errors import AuthError, LoginThrottledError
 from storage.base import UserRecord
@@ -38,10 +43,11 @@ class Session:
     """A browser's login: its user and role, its CSRF token, when it expires (on the node's
     monotonic clock)."""
 
-    __slots__ = ("user", "role", "csrf", "expires")
+    __slots__ = ("user", "role", "csrf", "expires", "standing")
 
-    def __init__(self, user: str, role: str, expires: float) -> None:
-        self.user, self.role, self.expires = user, role, expires
+    def __init__(self, standing: Standing, expires: float) -> None:
+        self.user, self.role, self.expires = standing.name, standing.role, expires
+        self.standing = standing
         self.csrf = secrets.token_urlsafe(24)
 
 
@@ -58,12 +64,12 @@ class Sessions:
     def __contains__(self, token: object) -> bool:
         return token in self._by_token
 
-    def open(self, user: UserRecord) -> tuple[str, Session]:
-        """A new session for ``user`` (and the expired ones forgotten): its token and itself."""
+    def open(self, standing: Standing) -> tuple[str, Session]:
+        """A new session for a user (and the expired ones forgotten): its token and itself."""
         token = secrets.token_urlsafe(32)
         now = self._clock.monotonic()  # not the wall clock: a clock step must not end or stretch logins
         self._by_token = {k: s for k, s in self._by_token.items() if s.expires > now}
-        sess = self._by_token[token] = Session(user.name, user.role, now + SESSION_TTL)
+        sess = self._by_token[token] = Session(standing, now + SESSION_TTL)
         return token, sess
 
     def valid(self, token: str) -> Session | None:
@@ -106,11 +112,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         # A browser may replay cached Basic credentials on a cross-site form post: changes
         # must come from this origin (browsers say so) and carry JSON (a form cannot
         # without a CORS preflight, which this server never grants).
-        site = request.headers.get("Sec-Fetch-Site")
-        origin = request.headers.get("Origin")
-        if site not in (None, "same-origin", "none") or (
-                origin is not None and origin.split("://", 1)[-1] != request.host):
-            raise ApiError(403, "cross_site", "changes are refused from another site")
+        same_origin(request, "changes")
         if request.can_read_body and request.content_type != "application/json" and path != "/login":
             raise ApiError(415, "unsupported_media_type", "send the body as application/json")
         sess = request[SESSION]
@@ -119,6 +121,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if not admin and path != "/logout":
             raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) may only look")
     return await handler(request)
+
+
+def same_origin(request: web.Request, what: str) -> None:
+    """403 unless the browser says the request comes from the console's own origin (a
+    request that names no origin, a script's, passes)."""
+    site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get("Origin")
+    if site not in (None, "same-origin", "none") or (
+            origin is not None and origin.split("://", 1)[-1] != request.host):
+        raise ApiError(403, "cross_site", f"{what} are refused from another site")
 
 
 class _Principal:
@@ -136,6 +148,12 @@ async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | 
     if token:
         sess = request.app[SESSIONS].valid(token)
         if sess is not None:
+            keep, why = recheck(request.app[NODE], sess.standing)
+            if keep is None:
+                request.app[SESSIONS].close(token)
+                log.warning("console: session of %r from %s ended: %s", sess.user, request.remote, why)
+                raise ApiError(401, "session_ended", f"session ended: {why}: log in again")
+            sess.standing = keep
             return sess.user, sess.role, "cookie", sess
     header = request.headers.get("Authorization", "")
     if header.startswith("Basic "):
@@ -180,7 +198,9 @@ def who(request: web.Request) -> str:
 
 
 async def login(request: web.Request) -> web.Response:
-    """POST /login: a form (redirect to the console) or JSON (the session's CSRF token)."""
+    """POST /login: a form (redirect to the console) or JSON (the session's CSRF token).
+    Only from the console's own pages: another site's form must not log a browser in."""
+    same_origin(request, "logins")
     if request.content_type == "application/json":
         body = await json_body(request)
     else:
@@ -190,14 +210,19 @@ async def login(request: web.Request) -> web.Response:
         raise bad("user", "required")
     if not isinstance(password, str):
         raise bad("password", "required")
-    rec = await verify(request.app[NODE], user, password, request.remote)
-    token, sess = request.app[SESSIONS].open(rec)
+    node = request.app[NODE]
+    rec = await verify(node, user, password, request.remote)
+    standing = standing_of(node.users, node.acls, rec.name)
+    if standing is None:  # deleted while its password was checked
+        raise ApiError(401, "unauthenticated", f"authentication failed for user {rec.name!r}")
+    token, sess = request.app[SESSIONS].open(standing)
     log.info("console: %s (%s) logged in from %s", rec.name, rec.role, request.remote)
     if request.content_type == "application/json":
         resp: web.Response = web.json_response({"user": rec.name, "role": rec.role, "csrf": sess.csrf})
     else:
         resp = web.HTTPSeeOther("/")
-    resp.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="Strict", max_age=int(SESSION_TTL), path="/")
+    resp.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="Strict", secure=request.secure,
+                    max_age=int(SESSION_TTL), path="/")
     return resp
 
 

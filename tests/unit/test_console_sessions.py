@@ -3,11 +3,16 @@ operator's date -s) neither ends nor stretches them."""
 
 from __future__ import annotations
 
+from broker.acl import AclTable
+from broker.standing import standing_of
+from broker.users import UserRegistry
 from client.testing import FakeClock
 from storage.base import UserRecord
 from webconsole.auth import SESSION_TTL, Sessions
 
-ADMIN = UserRecord(name="admin", salt=b"s", hash=b"h", role="admin", params="scram-sha-256:i=4096")
+ADMIN = standing_of(UserRegistry([UserRecord(name="admin", salt=b"s", hash=b"h", role="admin",
+                                             params="scram-sha-256:i=4096")]), AclTable(), "admin")
+assert ADMIN is not None
 
 
 class SteppedClock(FakeClock):

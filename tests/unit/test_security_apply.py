@@ -21,10 +21,10 @@ class Member:
     def __init__(self) -> None:
         self.users = UserRegistry([])
         self.acls = AclTable()
-        self.dropped: list[str] = []
+        self.changed: list[str] = []
 
-    def user_dropped(self, name: str) -> None:
-        self.dropped.append(name)
+    def user_changed(self, name: str, *, seeded: bool = False) -> None:
+        self.changed.append(f"{name} (seeded)" if seeded else name)
 
 
 def security() -> tuple[Security, Member]:
@@ -42,7 +42,8 @@ def test_committed_changes_are_applied_and_stored_as_they_are() -> None:
     assert sec.apply(revoke) == [revoke]
     assert m.acls.records()[0].permissions == ("consume",)
     assert sec.apply(DropUser("bob")) == [DropUser("bob")]
-    assert m.users.get("bob") is None and m.acls.records() == [] and m.dropped == ["bob"]
+    assert m.users.get("bob") is None and m.acls.records() == []
+    assert m.changed == ["bob"] * 4  # each change rechecks the user's sessions
 
 
 def test_the_first_admin_is_seeded_once() -> None:
@@ -50,9 +51,11 @@ def test_the_first_admin_is_seeded_once() -> None:
     m.users.put(user("admin", "admin", salt=b"mine"))
     group_admin = user("admin", "admin", salt=b"node1's")
     assert sec.apply(SeedAdmin(group_admin, "node1")) == [PutUser(group_admin), PutMeta(SEEDED_KEY, "group")]
+    assert m.changed == ["admin (seeded)"]  # its sessions go on with the group's admin
     assert m.users.get("admin") == group_admin and sec.seeded
     later = user("admin", "admin", salt=b"node2's")
     assert sec.apply(SeedAdmin(later, "node2")) == []  # a later active's seed changes nothing
+    assert m.changed == ["admin (seeded)"]
     assert m.users.get("admin") == group_admin
 
 
@@ -68,8 +71,12 @@ def test_a_snapshot_replaces_the_users_and_grants() -> None:
                              GrantAcl(validate_grant("bob", "x", "produce"))]
     for op in theirs:
         dst.apply(op)
+    dm.changed.clear()
     ops = dst.install(snap)
-    assert dm.users.names() == ["admin", "bob"] and dm.dropped == ["carol"]
+    assert dm.users.names() == ["admin", "bob"]
+    # each user's sessions are rechecked once, against the whole new state (bob's grants are
+    # revoked and granted again on the way: that alone must end none of his sessions)
+    assert dm.changed == ["admin (seeded)", "bob", "carol"]
     assert dm.acls.records() == sm.acls.records() and dst.seeded
     assert PutMeta(SEEDED_KEY, "group") in ops and DropUser("carol") in ops
     # what the store gets leaves it as the member is now: replay the ops on an empty member
