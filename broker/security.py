@@ -76,6 +76,9 @@ class Security:
     def __init__(self, node: SecurityHost) -> None:
         self.node = node
         self.seeded = False  # the group's first admin is applied here (replicated mode)
+        #: the local admin record the seed replaced: a login proved with it is as good as one
+        #: proved with the group's (broker.standing keeps such sessions)
+        self.replaced_by_seed: UserRecord | None = None
         self._seeding = False
 
     # -- committed changes (every member applies them) ------------------------------------------
@@ -109,6 +112,7 @@ class Security:
             if self.seeded:
                 return []
             self.seeded = True
+            self.replaced_by_seed = node.users.get(op.user.name)
             node.users.put(op.user)
             log.warning("user admin: the group's first admin is the one created on %s (its password is the one "
                         "that node was started with)", op.origin)
@@ -116,6 +120,12 @@ class Security:
         else:
             raise TypeError(f"{type(op).__name__} is not a change of the users")
         return [op]
+
+    def current(self, proved: UserRecord) -> bool:
+        """Whether a login proved with record ``proved`` stands for the user as it is now:
+        nothing changed it meanwhile, or only the group's first admin replaced it."""
+        now = self.node.users.get(proved.name)
+        return now == proved or (now is not None and proved == self.replaced_by_seed)
 
     def snapshot(self) -> dict[str, Any]:
         """The users, grants and seed mark, for the catalogue's snapshot."""
@@ -131,6 +141,8 @@ class Security:
         users = [user_from_fields(u) for u in data.get("users", [])]
         acls = [AclRecord(user=a[0], pattern=a[1], permissions=tuple(a[2])) for a in data.get("acls", [])]
         keep = {u.name for u in users}
+        if data.get("seeded") and not self.seeded:
+            self.replaced_by_seed = node.users.get("admin")
         ops: list[WriteOp] = [DropUser(n) for n in node.users.names() if n not in keep]
         ops += [RevokeAcl(a) for a in node.acls.records()]
         ops += [PutUser(u) for u in users] + [GrantAcl(a) for a in acls]

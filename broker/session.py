@@ -43,6 +43,7 @@ from broker.quarantine import refuse_client_write
 from broker.queues import Consumer, Msg, Queue
 from client.errors import (
     AccessRefusedError,
+    AuthError,
     ConsumerNotFoundError,
     ErrorCode,
     HeartbeatTimeoutError,
@@ -504,6 +505,8 @@ class Session:
             raise ProtocolError("AuthResponse before Hello")
         user, server_final = auth.response(frame)
         self._auth = None
+        if not self.node.security.current(user):  # changed or deleted during the exchange
+            raise AuthError(f"user {user.name!r} changed while it logged in: log in again")
         refusal = self.node.refusal()
         if refusal is not None and not hello.observe:
             raise refusal  # the node stopped serving during the exchange

@@ -213,8 +213,8 @@ async def login(request: web.Request) -> web.Response:
     node = request.app[NODE]
     rec = await verify(node, user, password, request.remote)
     standing = standing_of(node.users, node.acls, rec.name)
-    if standing is None:  # deleted while its password was checked
-        raise ApiError(401, "unauthenticated", f"authentication failed for user {rec.name!r}")
+    if standing is None or not node.security.current(rec):  # changed while its password was checked
+        raise ApiError(401, "unauthenticated", f"user {rec.name!r} changed while it logged in: log in again")
     token, sess = request.app[SESSIONS].open(standing)
     log.info("console: %s (%s) logged in from %s", rec.name, rec.role, request.remote)
     if request.content_type == "application/json":

@@ -85,3 +85,18 @@ def test_a_snapshot_replaces_the_users_and_grants() -> None:
         if not isinstance(op, PutMeta):
             again.apply(op)
     assert am.users.names() == ["admin", "bob"] and am.acls.records() == sm.acls.records()
+
+
+def test_a_login_proved_with_a_record_stands_unless_it_changed_meanwhile_or_the_seed_replaced_it() -> None:
+    sec, m = security()
+    local = user("admin", "admin", salt=b"mine")
+    m.users.put(local)
+    m.users.put(user("bob"))
+    assert sec.current(local) and sec.current(user("bob"))
+    m.users.put(user("bob", salt=b"a new password"))
+    assert not sec.current(user("bob"))  # its password changed during the exchange
+    m.users.drop("bob")
+    assert not sec.current(user("bob"))
+    sec.apply(SeedAdmin(user("admin", "admin", salt=b"node1's"), "node1"))
+    assert sec.current(local)  # the group's first admin replaced the one it was proved with
+    assert sec.current(user("admin", "admin", salt=b"node1's"))
