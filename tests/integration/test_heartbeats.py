@@ -42,12 +42,12 @@ async def test_node_sends_heartbeats_and_drops_a_silent_client(tmp_path: Path) -
 
 
 async def test_node_drops_a_connection_that_never_says_hello(tmp_path: Path) -> None:
-    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=0.5))
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, login_timeout=0.5))
     await node.start()
     try:
         raw = await RawClient.open(node, handshake=False)
         err = await raw.error()
-        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no handshake" in err.message
+        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no login within 0.5s of connecting" in err.message
         assert await raw.closed()
     finally:
         await node.stop()
@@ -85,28 +85,31 @@ async def test_send_on_a_dead_connection_fails_fast(tmp_path: Path) -> None:
 
 
 async def test_heartbeat_deadlines_run_on_the_node_clock(tmp_path: Path) -> None:
-    """The session's heartbeat timer is the node's clock: on a FakeClock a client silent for
-    more than three 30 s intervals is dropped when the test moves time past them, and not
-    before."""
+    """The session's timers are the node's clock: on a FakeClock a connection that has not
+    logged in within login_timeout (30 s) of connecting is dropped when the test moves time
+    past it, and not before, however often it sends a byte meanwhile."""
     clock = FakeClock(start=1000.0)
-    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=30.0), clock=clock)
+    node = Node(NodeConfig(data_dir=tmp_path / "n", port=0, heartbeat=5.0, login_timeout=30.0), clock=clock)
     await node.start()
     try:
         raw = await RawClient.open(node, handshake=False)
         await wait_until(lambda: len(node.sessions) == 1, what="the session")
+        raw.writer.write(b"\x00\x00\x10\x00")  # a frame of 4,096 bytes announced, sent a byte at a time
 
+        async def let_run() -> None:
+            for _ in range(10):  # let the node read and its session's tasks wake and sleep again
+                await asyncio.sleep(0)
 
-        async def silent_for(seconds: float) -> None:
-            for _ in range(int(seconds // 15)):
-                clock.advance(15.0)
-                for _ in range(10):  # let the session's heartbeat task wake and sleep again
-                    await asyncio.sleep(0)
-
-        await silent_for(90.0)  # three intervals: not yet over
-        assert len(node.sessions) == 1 and not raw.buffer.next_payload()
-        await silent_for(15.0)  # over three intervals: dropped
+        for _ in range(6):  # a byte every 5 s for 30 s: far inside any idle limit
+            raw.writer.write(b"\x00")
+            await raw.writer.drain()
+            await let_run()
+            assert len(node.sessions) == 1 and not raw.buffer.next_payload()
+            clock.advance(5.0)
+            await let_run()
+        # 30 s after the connection opened: dropped, bytes or not
         err = await raw.error()
-        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no handshake for 90.0s" in err.message
+        assert err.code == ErrorCode.HEARTBEAT_TIMEOUT and "no login within 30s of connecting" in err.message
         assert await raw.closed()
     finally:
         await node.stop()
