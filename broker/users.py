@@ -40,6 +40,9 @@ def make_user(name: str, password: str, role: str, *, iterations: int = scram.DE
     """A user record with fresh SCRAM credentials (one PBKDF2: run it off the event loop)."""
     if not name or len(name) > 128:
         raise InvalidArgumentError("user name must be 1..128 characters")
+    if not name.isprintable():  # a newline or an escape sequence would end up in logs and terminals
+        raise InvalidArgumentError(f"user name {name!r}: control characters, line or paragraph separators and other "
+                                   f"non-printable characters are not allowed")
     if role not in ROLES:
         raise InvalidArgumentError(f"unknown role {role!r} (choose {', '.join(ROLES)})")
     if len(password) < 8:

@@ -11,7 +11,8 @@ from broker.auth import ClientGuard, ClientHandshake, LoginThrottle
 from broker.config import NodeConfig
 from broker.users import UserRegistry, credentials, make_user
 from client import scram
-from client.errors import AuthError, LoginThrottledError, PrefetchTooLargeError, TooManyConnectionsError
+from client.errors import (AuthError, InvalidArgumentError, LoginThrottledError, PrefetchTooLargeError,
+                           TooManyConnectionsError)
 from client.protocol.frames import AuthResponse, Hello
 from client.testing import FakeClock
 from storage.base import UserRecord
@@ -187,6 +188,16 @@ def test_unknown_users_get_a_stable_decoy_challenge() -> None:
     (_u1, c1), (_u2, c2) = users.scram_credentials("ghost"), users.scram_credentials("ghost")
     assert c1 == c2 and c1.iterations == scram.DEFAULT_ITERATIONS
     assert users.scram_credentials("other")[1].salt != c1.salt
+
+
+@pytest.mark.parametrize("name", ["a\nb", "x\r", "\x1b[31mred", "tab\there", "a\u2028b", "nel\x85", "\x00"])
+def test_user_names_with_control_characters_cannot_be_created(name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="non-printable"):
+        make_user(name, "a-password", "user", iterations=4096)
+
+
+def test_user_names_of_any_script_can_be_created() -> None:
+    assert make_user("élodie 山田.ops", "a-password", "user", iterations=4096).name == "élodie 山田.ops"
 
 
 def test_a_hello_without_scram_is_refused_clearly() -> None:
