@@ -153,7 +153,8 @@ def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:
     """The first start's admin user: password from TANDEM_ADMIN_PASSWORD, else random.
 
     A random password is written to ``<data_dir>/admin-password`` (mode 0600).
-    Returns the op to store and a line saying where the password came from.
+    Returns the op to store and a line for the log saying where the password is (never
+    the password: a log is read by more people, and kept longer, than that file).
     """
     password = os.environ.get("TANDEM_ADMIN_PASSWORD")
     if password:
@@ -164,4 +165,4 @@ def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
     os.chmod(path, 0o600)
-    return PutUser(make_user("admin", password, "admin")), f"random, written to {path} (password: {password})"
+    return PutUser(make_user("admin", password, "admin")), f"random, written to {path} (mode 0600)"
