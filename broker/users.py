@@ -81,13 +81,17 @@ class UserRegistry:
     remembered as an HMAC of the password under a per-process key, so a console
     using Basic auth does not pay it per request (that HMAC cannot log anyone in).
     Changing or dropping a user forgets its entry.
+
+    ``decoy_key`` (:func:`broker.secret.decoy_key`, which the node sets at start and hands to
+    each registry it makes after) is what a name nobody has gets its SCRAM challenge from; a
+    random one until then (a registry of a test or a tool).
     """
 
-    def __init__(self, users: list[UserRecord]) -> None:
+    def __init__(self, users: list[UserRecord], *, decoy_key: bytes | None = None) -> None:
         self._users = {u.name: u for u in users}
         self._verified: dict[str, bytes] = {}
         self._cache_key = secrets.token_bytes(32)
-        self._decoy_key = secrets.token_bytes(32)
+        self.decoy_key = decoy_key if decoy_key is not None else secrets.token_bytes(32)
 
     def __len__(self) -> int:
         return len(self._users)
@@ -107,18 +111,20 @@ class UserRegistry:
         self._verified.pop(name, None)
 
     def scram_credentials(self, name: str) -> tuple[UserRecord | None, scram.Credentials]:
-        """The user and their credentials.  For a name nobody has, stable decoy credentials
-        (salt and keys derived from the name under a key of this registry): the exchange
-        runs and fails at the proof, as a wrong password does, so names cannot be probed.
-        AuthError for a user in the scrypt format."""
+        """The user and their credentials.  For a name nobody has, decoy credentials: salt
+        and keys derived from the name under :attr:`decoy_key` (the group's: every member
+        answers a name alike, across restarts), 16 bytes of salt and the default iteration
+        count as a user made by :func:`make_user` has; the exchange runs and fails at the
+        proof, as a wrong password does, so names cannot be probed.  AuthError for a user in
+        the scrypt format."""
         user = self._users.get(name)
         if user is not None:
             creds = credentials(user)
             if creds is None:
                 raise legacy_refusal(name)
             return user, creds
-        mac = hmac.new(self._decoy_key, name.encode("utf-8", "surrogatepass"), "sha256").digest()
-        keys = hmac.new(self._decoy_key, b"keys" + mac, "sha512").digest()
+        mac = hmac.new(self.decoy_key, name.encode("utf-8", "surrogatepass"), "sha256").digest()
+        keys = hmac.new(self.decoy_key, b"keys" + mac, "sha512").digest()
         return None, scram.Credentials(mac[:16], scram.DEFAULT_ITERATIONS, keys[:32], keys[32:])
 
     def _mac(self, password: str) -> bytes:
