@@ -85,10 +85,11 @@ def test_a_tandem_process_logs_through_the_escaping_formatter(monkeypatch: pytes
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
     cli.setup_logging("INFO")
     assert len(root.handlers) == 1
     assert isinstance(root.handlers[0].formatter, EscapingFormatter)
     logging.getLogger("tandem.broker").warning("user=%s", FORGED)
-    text = sys.stderr.getvalue()
+    text = stderr.getvalue()
     assert len(text.splitlines()) == 1 and "user=x\\n2026-01-01" in text
