@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from broker.config import NodeConfig
+from broker.logsafe import escape
 from broker.users import UserRegistry
 from client import scram
 from client.clock import Clock
@@ -124,7 +125,7 @@ class ClientGuard:
     def login_failed(self, addr: str, user: str, reason: str) -> None:
         self.counters.auth_failures += 1
         delay = self.throttle.failed(addr, self.clock.monotonic())
-        log.warning("authentication failed address=%s user=%s reason=%s%s", addr, user, reason,
+        log.warning("authentication failed address=%s user=%s reason=%s%s", addr, escape(user), reason,
                     f" next_attempt_in={delay:.0f}s" if delay else "")
 
     def login_succeeded(self, addr: str) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from broker import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
+from broker.logsafe import EscapingFormatter
 from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, restore_cli,
                           secret_cli, status, users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
@@ -58,11 +59,10 @@ def run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    """One line per record on stderr, control characters escaped (broker.logsafe)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)-7s %(name)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 def log_level(args: argparse.Namespace) -> str:

@@ -432,7 +432,9 @@ def placement_of(settings: str) -> tuple[list[str], DistributionPolicy]:
 
 
 def redact_url(url: str) -> str:
-    """A database URL with its password replaced (for logs, errors and ``tandem status``)."""
+    """A database URL with its password replaced (for logs, errors and ``tandem status``): the
+    one of ``user:password@`` and a ``password=`` option (libpq takes either)."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)
     head, sep, rest = url.partition("://")
     cred, at, host = rest.rpartition("@")
     if not sep or not at or ":" not in cred:

@@ -12,6 +12,7 @@ import socket
 from collections import deque
 from dataclasses import dataclass
 
+from broker.logsafe import escape
 from client.clock import Clock
 from ha.peerauth import Refusal
 
@@ -58,7 +59,7 @@ class IntruderLog:
         if now - last >= LOG_EVERY:
             more = f" ({quiet} more like it in the last {now - last:.0f} s, not logged)" if quiet else ""
             log.warning("intruder: peer link %s %s claiming to be %s refused (%s): %s%s", direction, remote, who,
-                        reason.value, why, more)
+                        reason.value, escape(why), more)
             self._logged[key] = (now, 0)
         else:
             self._logged[key] = (last, quiet + 1)

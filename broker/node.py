@@ -37,7 +37,7 @@ from broker.forward import ForwardRequest
 from broker.forwarded import ForwardHandlers
 from broker.lockfile import LockFileDriver
 from broker.peers import PeerManager, host_port, placement_diff
-from broker.secret import group_secret
+from broker.secret import decoy_key, group_secret
 from broker.outcome import Outcome
 from broker.publish import Publisher, PublishRequest, PublishResult
 from broker.mapper import MAPPERS, dead_letter_partition, mapper_names
@@ -249,6 +249,7 @@ class Node:
             self._peer_secret = await asyncio.to_thread(group_secret, cfg)
         await asyncio.to_thread(cfg.data_dir.mkdir, parents=True, exist_ok=True)
         self.data_path = await asyncio.to_thread(cfg.data_dir.resolve)
+        self.users.decoy_key = await asyncio.to_thread(decoy_key, self._peer_secret, self.data_path)
         if self._shared_store is not None:
             await self._start_shared(self._shared_store)
             return
@@ -416,7 +417,7 @@ class Node:
         self._writer.commit_observers = self.commit_observers
         self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
         self.catalogue = Catalogue(self)
-        self.users = UserRegistry([])
+        self.users = UserRegistry([], decoy_key=self.users.decoy_key)
         self.acls = AclTable()
         self._restore(recovered)
         if not len(self.users):
@@ -437,7 +438,7 @@ class Node:
     def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
         """Shared mode, a passive: the group's users and grants as the database holds them."""
         if not self._engine_open:
-            self.users = UserRegistry(users)
+            self.users = UserRegistry(users, decoy_key=self.users.decoy_key)
             if acls is not None:
                 self.acls = AclTable(acls)
 

@@ -45,6 +45,7 @@ from client.protocol.connection import MAX_VERSION, MIN_VERSION
 from broker.foreign import ForeignActives, flatten
 from broker.config import ConfigError, NodeConfig
 from broker.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
+from broker.logsafe import escape
 from broker.secret import peer_mtls
 from broker.queues import Queue
 from broker.tls import peer_dial_tls, peer_server_context, TlsServer
@@ -693,7 +694,7 @@ class PeerManager:
 
     def _refused_by(self, name: str, remote: str, why: str) -> None:
         """Member ``name`` refused this node's link; for settings that differ it is refused here too."""
-        log.warning("peer %s at %s refused this node: %s", name, remote, why)
+        log.warning("peer %s at %s refused this node: %s", name, remote, escape(why))  # (its words)
         if why.startswith(f"refused as {RemoteState.MISMATCHED_SETTINGS.value}: "):
             who = NodeIdentity(name=name, store_stamp="")
             self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=why.split(": ", 1)[1]))
@@ -738,7 +739,7 @@ class PeerManager:
                                   client_address=self._client_address(), epoch=self.epoch,
                                   placement=self.placement, members=self.book(but=hello.node)))
             if hello.discover:  # (a member that found this node by a seed: the addresses were all it wanted)
-                log.info("peer %s asked for the members' addresses (seed)", hello.node)
+                log.info("peer %s asked for the members' addresses (seed)", escape(hello.node))
                 link.send(Close(code=0, reason="member addresses sent"))
                 await link.drain()
                 return
@@ -752,7 +753,7 @@ class PeerManager:
                 exc = _Intruder(Refusal.NOT_MEMBER, f"not a member of this group ({exc.why})")
             self._intruder(link, remote, link.name, exc)
         except (TandemError, OSError, asyncio.TimeoutError) as exc:
-            log.debug("peer link from %s failed: %r", link.name or remote, exc)
+            log.debug("peer link from %s failed: %r", escape(link.name) or remote, exc)
         finally:
             self._drop(link)
 
@@ -867,7 +868,7 @@ class PeerManager:
         return True
 
     def _refuse(self, link: _Link, why: str) -> None:
-        log.warning("peer link %s refused: %s", link.name, why)
+        log.warning("peer link %s refused: %s", escape(link.name), escape(why))
         try:
             link.send(Error(rid=0, code=int(UnsupportedProtocolError.code), message=why))
             link.send(Close(code=int(UnsupportedProtocolError.code), reason=why))

@@ -4,10 +4,16 @@ The file holds text (``tandem secret new`` writes 64 hex digits and a newline); 
 that text with surrounding whitespace stripped, so any editor or ``openssl rand -hex 32``
 makes a valid one.  Every member of a group reads the same file (a copy of it) and proves
 it on each peer link (:mod:`ha.peerauth`).
+
+And the *decoy key* (:func:`decoy_key`): what the SCRAM challenge of a user name nobody has
+is derived from (:meth:`broker.users.UserRegistry.scram_credentials`).  A real user's salt is
+the group's, the same on every member and after every restart; so must a made-up name's be,
+or asking two members (or one, twice across a restart) would tell which names exist.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import secrets
@@ -21,6 +27,12 @@ log = logging.getLogger("tandem.ha")
 
 #: bytes of randomness in a secret ``tandem secret new`` makes (written as hex)
 SECRET_BYTES = 32
+#: the file in a node's data dir holding its own decoy key (a node with no group secret)
+DECOY_KEY_FILE = "decoy-key"
+DECOY_KEY_BYTES = 32
+#: the domain of the decoy key derived from the group secret: no other HMAC under the secret is
+#: made over these bytes (a peer proof's message starts with a length prefix, ha.peerauth)
+DECOY_LABEL = b"tandem scram decoy key v1"
 
 
 def is_group_member(cfg: NodeConfig) -> bool:
@@ -103,3 +115,52 @@ def ensure_secret(path: Path) -> Path:
             if not path.exists():  # not a race with another maker: a real failure
                 raise
     return path
+
+
+def decoy_key(secret: bytes | None, data_dir: Path) -> bytes:
+    """The key unknown user names' SCRAM salts and keys are derived from.
+
+    With a group secret: ``HMAC-SHA256(secret, DECOY_LABEL)``, the same on every member that
+    holds the secret, across restarts; it tells nothing of the secret (HMAC is one-way, and
+    nothing else is ever computed under the secret over those bytes).  Without one (a single
+    node, or a group whose peer links use mutual TLS alone): a random key of this node's own,
+    made once in ``<data_dir>/decoy-key`` (mode 0600) and read at every start.  ConfigError,
+    naming the file, when it cannot be read or made, or does not hold a key."""
+    if secret is not None:
+        return hmac.new(secret, DECOY_LABEL, "sha256").digest()
+    path = data_dir / DECOY_KEY_FILE
+    remedy = "remove it: the node makes a new one when it starts"
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        key = _new_decoy_key(path)
+    except OSError as exc:
+        raise ConfigError(f"decoy key {path}: cannot read it: {exc.strerror or exc} (the node's user must read "
+                          f"it; or {remedy})") from None
+    if len(key) != DECOY_KEY_BYTES:
+        raise ConfigError(f"decoy key {path}: it holds {len(key)} bytes, not {DECOY_KEY_BYTES} ({remedy})")
+    return key
+
+
+def _new_decoy_key(path: Path) -> bytes:
+    """A random key, written to ``path`` whole or not at all (a temporary file, synced, then
+    renamed over: one node owns a data dir, so nothing else makes this file meanwhile)."""
+    key = secrets.token_bytes(DECOY_KEY_BYTES)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise ConfigError(f"decoy key {path}: cannot make it: {exc.strerror or exc}") from None
+    return key

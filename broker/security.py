@@ -32,6 +32,7 @@ import msgpack
 
 from broker.acl import AclTable, validate_grant
 from broker.commit import CATALOGUE
+from broker.logsafe import escape
 from broker.forward import (MAX_HOPS, AclGrantFwd, AclRevokeFwd, Forwarding, ForwardRequest, UserDropFwd,
                             UserPutFwd, decode_reply, pack_reply)
 from broker.users import UserRegistry
@@ -95,18 +96,18 @@ class Security:
         node = self.node
         if isinstance(op, PutUser):
             node.users.put(op.user)
-            log.info("user %s (%s) stored", op.user.name, op.user.role)
+            log.info("user %s (%s) stored", escape(op.user.name), op.user.role)
         elif isinstance(op, DropUser):
             node.users.drop(op.name)
             node.acls.drop_user(op.name)
-            log.info("user %s deleted", op.name)
+            log.info("user %s deleted", escape(op.name))
         elif isinstance(op, GrantAcl):
             node.acls.grant(op.acl)
-            log.info("granted user=%s pattern=%s permissions=%s", op.acl.user, op.acl.pattern,
+            log.info("granted user=%s pattern=%s permissions=%s", escape(op.acl.user), escape(op.acl.pattern),
                      ",".join(op.acl.permissions))
         elif isinstance(op, RevokeAcl):
             node.acls.revoke(op.acl)
-            log.info("revoked user=%s pattern=%s permissions=%s", op.acl.user, op.acl.pattern,
+            log.info("revoked user=%s pattern=%s permissions=%s", escape(op.acl.user), escape(op.acl.pattern),
                      ",".join(op.acl.permissions))
         elif isinstance(op, SeedAdmin):
             if self.seeded:
@@ -202,7 +203,7 @@ class Security:
 
         fwd = UserPutFwd(hops + 1, msgpack.packb(user_fields(user), use_bin_type=True), mode)
         await self._change(f"user {user.name!r}", check, fwd, hops)
-        log.warning("user %s: %s (role %s)", user.name, {"create": "created", "password": "password changed",
+        log.warning("user %s: %s (role %s)", escape(user.name), {"create": "created", "password": "password changed",
                                                          "put": "stored"}[mode], user.role)
 
     async def drop_user(self, name: str, hops: int = 0) -> None:

@@ -30,6 +30,7 @@ from broker.publish import Publisher
 from broker.auth import ClientGuard, ClientHandshake
 from broker.acl import AclTable
 from broker.drain import Drains
+from broker.logsafe import escape
 from broker.members import GroupMembers
 from broker.moves import Moves
 from broker.remap import Remaps
@@ -440,7 +441,8 @@ class Session:
             elif isinstance(frame, (Heartbeat, Ok, Error)):
                 pass
             elif isinstance(frame, Close):
-                log.info("session %s: client closed code=%d reason=%s", self.client_name, frame.code, frame.reason)
+                log.info("session %s: client closed code=%d reason=%s", self.client_name, frame.code,
+                         escape(frame.reason))
                 self.close()
             elif self.user is None:  # (a peer's handshake frame on the client port, say)
                 raise ProtocolError(f"{type(frame).__name__} before the login: this port takes Hello first")
@@ -516,7 +518,7 @@ class Session:
         self.standing = standing_of(self.node.users, self.node.acls, user.name)
         self._logged_in.set()
         self.observer = refusal is not None
-        self.client_name = f"{hello.client_name}@{self.peer}"
+        self.client_name = f"{escape(hello.client_name)}@{self.peer}"  # (logged, and in the by= of changes)
         if hello.heartbeat > 0:
             self.heartbeat = max(0.5, min(self.heartbeat, hello.heartbeat))
         else:
@@ -526,7 +528,7 @@ class Session:
         self.send(Welcome(version=self._version, node=cfg.name, heartbeat=self.heartbeat,
                           max_frame_size=cfg.max_frame_size, max_message_size=cfg.max_message_size,
                           auth=server_final))
-        log.info("session %s: open user=%s version=%d", self.client_name, user.name, self._version)
+        log.info("session %s: open user=%s version=%d", self.client_name, escape(user.name), self._version)
 
     def _authenticated(self) -> UserRecord:
         if self.user is None:  # the protocol state machine admits no request before Hello
@@ -777,7 +779,7 @@ class Session:
         finally:
             if mine:
                 self.renew_standing()
-        log.warning("session %s: user %s %s", self.client_name, f.name,
+        log.warning("session %s: user %s %s", self.client_name, escape(f.name),
                     "password changed" if f.mode == "password" else f"stored (role {role})")
         self.send(Ok(rid=f.rid))
 
@@ -786,7 +788,7 @@ class Session:
         if f.name == user.name:
             raise InvalidArgumentError("you cannot delete the user you are logged in as")
         await self.node.security.drop_user(f.name)
-        log.warning("session %s: user %s deleted", self.client_name, f.name)
+        log.warning("session %s: user %s deleted", self.client_name, escape(f.name))
         self.send(Ok(rid=f.rid))
 
     async def _user_list(self, f: UserList) -> None:
@@ -798,15 +800,15 @@ class Session:
     async def _acl_grant(self, f: AclGrant) -> None:
         self._group_admin("grant permissions")
         await self.node.security.grant(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
-        log.warning("session %s: granted %s on %s to %s", self.client_name, ",".join(f.permissions), f.pattern,
-                    f.user)
+        log.warning("session %s: granted %s on %s to %s", self.client_name, ",".join(f.permissions),
+                    escape(f.pattern), escape(f.user))
         self.send(Ok(rid=f.rid))
 
     async def _acl_revoke(self, f: AclRevoke) -> None:
         self._group_admin("revoke permissions")
         await self.node.security.revoke(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
-        log.warning("session %s: revoked %s on %s from %s", self.client_name, ",".join(f.permissions), f.pattern,
-                    f.user)
+        log.warning("session %s: revoked %s on %s from %s", self.client_name, ",".join(f.permissions),
+                    escape(f.pattern), escape(f.user))
         self.send(Ok(rid=f.rid))
 
     async def _acl_list(self, f: AclList) -> None:

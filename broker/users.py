@@ -40,6 +40,9 @@ def make_user(name: str, password: str, role: str, *, iterations: int = scram.DE
     """A user record with fresh SCRAM credentials (one PBKDF2: run it off the event loop)."""
     if not name or len(name) > 128:
         raise InvalidArgumentError("user name must be 1..128 characters")
+    if not name.isprintable():  # a newline or an escape sequence would end up in logs and terminals
+        raise InvalidArgumentError(f"user name {name!r}: control characters, line or paragraph separators and other "
+                                   f"non-printable characters are not allowed")
     if role not in ROLES:
         raise InvalidArgumentError(f"unknown role {role!r} (choose {', '.join(ROLES)})")
     if len(password) < 8:
@@ -78,13 +81,17 @@ class UserRegistry:
     remembered as an HMAC of the password under a per-process key, so a console
     using Basic auth does not pay it per request (that HMAC cannot log anyone in).
     Changing or dropping a user forgets its entry.
+
+    ``decoy_key`` (:func:`broker.secret.decoy_key`, which the node sets at start and hands to
+    each registry it makes after) is what a name nobody has gets its SCRAM challenge from; a
+    random one until then (a registry of a test or a tool).
     """
 
-    def __init__(self, users: list[UserRecord]) -> None:
+    def __init__(self, users: list[UserRecord], *, decoy_key: bytes | None = None) -> None:
         self._users = {u.name: u for u in users}
         self._verified: dict[str, bytes] = {}
         self._cache_key = secrets.token_bytes(32)
-        self._decoy_key = secrets.token_bytes(32)
+        self.decoy_key = decoy_key if decoy_key is not None else secrets.token_bytes(32)
 
     def __len__(self) -> int:
         return len(self._users)
@@ -104,18 +111,20 @@ class UserRegistry:
         self._verified.pop(name, None)
 
     def scram_credentials(self, name: str) -> tuple[UserRecord | None, scram.Credentials]:
-        """The user and their credentials.  For a name nobody has, stable decoy credentials
-        (salt and keys derived from the name under a key of this registry): the exchange
-        runs and fails at the proof, as a wrong password does, so names cannot be probed.
-        AuthError for a user in the scrypt format."""
+        """The user and their credentials.  For a name nobody has, decoy credentials: salt
+        and keys derived from the name under :attr:`decoy_key` (the group's: every member
+        answers a name alike, across restarts), 16 bytes of salt and the default iteration
+        count as a user made by :func:`make_user` has; the exchange runs and fails at the
+        proof, as a wrong password does, so names cannot be probed.  AuthError for a user in
+        the scrypt format."""
         user = self._users.get(name)
         if user is not None:
             creds = credentials(user)
             if creds is None:
                 raise legacy_refusal(name)
             return user, creds
-        mac = hmac.new(self._decoy_key, name.encode("utf-8", "surrogatepass"), "sha256").digest()
-        keys = hmac.new(self._decoy_key, b"keys" + mac, "sha512").digest()
+        mac = hmac.new(self.decoy_key, name.encode("utf-8", "surrogatepass"), "sha256").digest()
+        keys = hmac.new(self.decoy_key, b"keys" + mac, "sha512").digest()
         return None, scram.Credentials(mac[:16], scram.DEFAULT_ITERATIONS, keys[:32], keys[32:])
 
     def _mac(self, password: str) -> bytes:
@@ -150,7 +159,8 @@ def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:
     """The first start's admin user: password from TANDEM_ADMIN_PASSWORD, else random.
 
     A random password is written to ``<data_dir>/admin-password`` (mode 0600).
-    Returns the op to store and a line saying where the password came from.
+    Returns the op to store and a line for the log saying where the password is (never
+    the password: a log is read by more people, and kept longer, than that file).
     """
     password = os.environ.get("TANDEM_ADMIN_PASSWORD")
     if password:
@@ -161,4 +171,4 @@ def bootstrap_admin(data_dir: Path) -> tuple[PutUser, str]:
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
     os.chmod(path, 0o600)
-    return PutUser(make_user("admin", password, "admin")), f"random, written to {path} (password: {password})"
+    return PutUser(make_user("admin", password, "admin")), f"random, written to {path} (mode 0600)"

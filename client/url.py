@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote, unquote
 
 from client.errors import InvalidArgumentError
@@ -27,7 +27,7 @@ DEFAULT_PORT = 7780
 class ConnectParams:
     hosts: tuple[tuple[str, int], ...]
     user: str
-    password: str
+    password: str = field(repr=False)  # (an application that logs its params logs no password)
     client_name: str = "tandem-python"
     heartbeat: float = 10.0
     connect_timeout: float = 10.0
@@ -57,9 +57,20 @@ def format_url(params: ConnectParams, hosts: str | None = None, *, query: dict[s
             f"{quote(params.password, safe='')}@{hosts}" + (f"/?{q}" if q else ""))
 
 
+def redacted(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` replaced by ``***``: for error
+    messages, which applications log."""
+    scheme, sep, rest = url.rpartition("://")
+    rest, q, query = rest.partition("?")
+    cred, at, hosts = rest.rpartition("@")
+    if not at or ":" not in cred:
+        return url
+    return f"{scheme}{sep}{cred.split(':', 1)[0]}:***@{hosts}{q}{query}"
+
+
 def parse_url(url: str) -> ConnectParams:
     if "://" not in url:
-        raise InvalidArgumentError(f"not a Tandem URL: {url!r} (expected tandem://user:password@host:port)")
+        raise InvalidArgumentError(f"not a Tandem URL: {redacted(url)!r} (expected tandem://user:password@host:port)")
     scheme, rest = url.split("://", 1)
     if scheme not in ("tandem", "tandems"):
         raise InvalidArgumentError(f"unknown URL scheme {scheme!r} (use tandem:// or tandems://)")
@@ -93,7 +104,7 @@ def parse_url(url: str) -> ConnectParams:
             raise InvalidArgumentError(f"port {port_n} out of range in URL")
         hosts.append((host or "127.0.0.1", port_n))
     if not hosts:
-        raise InvalidArgumentError(f"no host in URL {url!r}")
+        raise InvalidArgumentError(f"no host in URL {redacted(url)!r}")
     opts = {k: v[-1] for k, v in parse_qs(query).items()}
     unknown = set(opts) - {"name", "heartbeat", "connect_timeout", "ca"}
     if unknown:

@@ -14,6 +14,7 @@ from aiohttp import web
 from broker.quarantine import refuse_client_write
 from broker.queues import validate_declare
 from broker.acl import PERMISSIONS, validate_grant
+from broker.logsafe import escape
 from broker.restore import Filter
 from broker.standing import standing_of
 from broker.users import make_user
@@ -82,7 +83,7 @@ async def _drain(request: web.Request, drained: bool) -> web.Response:
     if members and name not in members:
         raise ApiError(404, "not_found", f"no node {name!r} in this group")
     await node.drains.set(name, drained, f"{who(request)} (console)")
-    log.warning("console: %s %s node %s", who(request), "drained" if drained else "undrained", name)
+    log.warning("console: %s %s node %s", who(request), "drained" if drained else "undrained", escape(name))
     return web.json_response({"node": name, "drained": drained})
 
 
@@ -132,7 +133,7 @@ async def create_queue(request: web.Request) -> web.Response:
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
     info, created = await request.app[NODE].declare(frame)
-    log.warning("console: %s declared queue %s", who(request), name)
+    log.warning("console: %s declared queue %s", who(request), escape(name))
     return web.json_response({"name": info.name, "partitions": info.partitions, "created": created},
                              status=201 if created else 200)
 
@@ -143,14 +144,14 @@ async def delete_queue(request: web.Request) -> web.Response:
     if if_empty not in ("true", "false"):
         raise bad("if_empty", "true or false")
     await request.app[NODE].delete(name, if_empty == "true")
-    log.warning("console: %s deleted queue %s", who(request), name)
+    log.warning("console: %s deleted queue %s", who(request), escape(name))
     return web.json_response({"deleted": name})
 
 
 async def purge_queue(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     purged = await request.app[NODE].purge(name)
-    log.warning("console: %s purged queue %s (%d messages)", who(request), name, purged)
+    log.warning("console: %s purged queue %s (%d messages)", who(request), escape(name), purged)
     return web.json_response({"queue": name, "purged": purged})
 
 
@@ -178,7 +179,8 @@ async def move_partition(request: web.Request) -> web.Response:
     if not isinstance(force, bool):
         raise bad("force_replication", "true or false")
     await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)", force=force)
-    log.warning("console: %s moved partition %s/%d to %s", who(request), name, partition, ",".join(to))
+    log.warning("console: %s moved partition %s/%d to %s", who(request), escape(name), partition,
+                escape(",".join(to)))
     return web.json_response({"queue": name, "partition": partition, "nodes": to, "moving": True})
 
 
@@ -195,7 +197,7 @@ async def add_partitions(request: web.Request) -> web.Response:
     placement = body.get("placement")
     meta = await node.remaps.add(name, count, _placement(placement) if placement is not None else "",
                                  f"{who(request)} (console)")
-    log.warning("console: %s added %d partition(s) to %s", who(request), count, name)
+    log.warning("console: %s added %d partition(s) to %s", who(request), count, escape(name))
     return web.json_response({"queue": name, "added": count, "partitions": meta.partitions})
 
 
@@ -210,7 +212,7 @@ async def update_partitions(request: web.Request) -> web.Response:
     if not isinstance(mapper, str):
         raise bad("mapper", "a data mapper's name")
     meta = await node.remaps.update(name, mapper, f"{who(request)} (console)")
-    log.warning("console: %s started an update of %s", who(request), name)
+    log.warning("console: %s started an update of %s", who(request), escape(name))
     return web.json_response({"queue": name, "mapper": meta.mapper, "partitions": meta.partitions,
                               "updating": True})
 
@@ -245,7 +247,7 @@ async def add_member(request: web.Request) -> web.Response:
     if not isinstance(zone, str):
         raise bad("zone", "its zone (a group with zones), or leave it out")
     await node.group.add(name, address, zone, f"{who(request)} (console)")
-    log.warning("console: %s added member %s at %s", who(request), name, address)
+    log.warning("console: %s added member %s at %s", who(request), escape(name), escape(address))
     return web.json_response(_group_doc(node, name))
 
 
@@ -256,7 +258,7 @@ async def remove_member(request: web.Request) -> web.Response:
     if name not in node.group.members:
         raise ApiError(404, "not_found", f"no member {name!r} in this group")
     await node.group.remove(name, f"{who(request)} (console)")
-    log.warning("console: %s removed member %s", who(request), name)
+    log.warning("console: %s removed member %s", who(request), escape(name))
     return web.json_response(_group_doc(node, name))
 
 
@@ -286,7 +288,7 @@ async def create_user(request: web.Request) -> web.Response:
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
     await node.security.put_user(user, "create")
-    log.warning("console: %s created user %s (%s)", who(request), name, role)
+    log.warning("console: %s created user %s (%s)", who(request), escape(name), role)
     return web.json_response({"name": name, "role": role}, status=201)
 
 
@@ -299,7 +301,7 @@ async def delete_user(request: web.Request) -> web.Response:
         raise ApiError(409, "conflict", "you cannot delete the user you are logged in as")
     await node.security.drop_user(name)
     request.app[SESSIONS].end_user(name)
-    log.warning("console: %s deleted user %s", who(request), name)
+    log.warning("console: %s deleted user %s", who(request), escape(name))
     return web.json_response({"deleted": name})
 
 
@@ -323,7 +325,7 @@ async def change_password(request: web.Request) -> web.Response:
     sess = request[SESSION]
     if sess is not None and sess.user == name:  # the asking session stands on the new password
         sess.standing = standing_of(node.users, node.acls, name) or sess.standing
-    log.warning("console: %s changed the password of %s", who(request), name)
+    log.warning("console: %s changed the password of %s", who(request), escape(name))
     return web.json_response({"name": name, "changed": True})
 
 
@@ -351,7 +353,8 @@ async def grant(request: web.Request) -> web.Response:
     if node.users.get(acl.user) is None:
         raise ApiError(404, "not_found", f"no user {acl.user!r}")
     await node.security.grant(acl)
-    log.warning("console: %s granted %s on %s to %s", who(request), ",".join(acl.permissions), acl.pattern, acl.user)
+    log.warning("console: %s granted %s on %s to %s", who(request), ",".join(acl.permissions), escape(acl.pattern),
+                escape(acl.user))
     return web.json_response(acl_json(acl))
 
 
@@ -361,8 +364,8 @@ async def revoke(request: web.Request) -> web.Response:
     if node.users.get(acl.user) is None:
         raise ApiError(404, "not_found", f"no user {acl.user!r}")
     await node.security.revoke(acl)
-    log.warning("console: %s revoked %s on %s from %s", who(request), ",".join(acl.permissions), acl.pattern,
-                acl.user)
+    log.warning("console: %s revoked %s on %s from %s", who(request), ",".join(acl.permissions),
+                escape(acl.pattern), escape(acl.user))
     return web.json_response(acl_json(acl))
 
 

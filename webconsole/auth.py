@@ -21,6 +21,7 @@ import secrets
 
 from aiohttp import web
 
+from broker.logsafe import escape
 from broker.standing import Standing, recheck, standing_of
 from client.clock import Clock
 from client.errors import AuthError, LoginThrottledError
@@ -190,8 +191,8 @@ async def verify(node: NodeView, user: str, password: str, addr: str | None) -> 
 
 
 def who(request: web.Request) -> str:
-    """The operator of a request, for the log."""
-    return f"{request[USER]} (console, {request.remote})"
+    """The operator of a request, for the log (the user name escaped: broker.logsafe)."""
+    return f"{escape(request[USER])} (console, {request.remote})"
 
 
 # -- endpoints ------------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ async def login(request: web.Request) -> web.Response:
     if standing is None or not node.security.current(rec):  # changed while its password was checked
         raise ApiError(401, "unauthenticated", f"user {rec.name!r} changed while it logged in: log in again")
     token, sess = request.app[SESSIONS].open(standing)
-    log.info("console: %s (%s) logged in from %s", rec.name, rec.role, request.remote)
+    log.info("console: %s (%s) logged in from %s", escape(rec.name), rec.role, request.remote)
     if request.content_type == "application/json":
         resp: web.Response = web.json_response({"user": rec.name, "role": rec.role, "csrf": sess.csrf})
     else:

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.logsafe import escape
 from client.errors import (
     AccessRefusedError,
     AuthError,
@@ -69,7 +70,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException:
         raise
     except Exception as exc:
-        log.exception("console: %s %s failed", request.method, request.path)
+        log.exception("console: %s %s failed", escape(request.method), escape(request.path))
         return json_error(500, "internal_error", f"internal error: {exc!r}")
 
 

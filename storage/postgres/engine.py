@@ -105,14 +105,21 @@ class PgConnection:
         return self._conn.in_transaction()
 
 
+def where(url: URL) -> str:
+    """``url`` for messages and logs: without its password, in the user part or as a
+    ``password=`` option."""
+    return url.difference_update_query(["password"]).render_as_string(hide_password=True)
+
+
 def describe(exc: BaseException, url: URL) -> str:
     """An exception as an error message says it: the driver's own words (first line), and
     never the password."""
     orig = getattr(exc, "orig", None) or exc
     lines = str(orig).strip().splitlines()
     text = f"{orig.__class__.__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    if url.password:
-        text = text.replace(str(url.password), "***")
+    for password in (url.password, url.query.get("password")):
+        if password and isinstance(password, str):
+            text = text.replace(password, "***")
     return text
 
 
@@ -137,7 +144,7 @@ class PostgresEngine:
 
     def __init__(self, url: URL, *, idle_timeout: float = 2.0) -> None:
         self.url = url
-        self.where = url.render_as_string(hide_password=True)
+        self.where = where(url)
         self._idle_timeout = idle_timeout
         self._engine: Engine | None = None
         self._writer: PoolProxiedConnection | None = None

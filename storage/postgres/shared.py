@@ -12,7 +12,7 @@ from sqlalchemy.exc import ArgumentError
 
 from client.errors import StorageError
 from storage.lease import TABLE, SqlLease
-from storage.postgres.engine import PostgresEngine, describe, make_engine
+from storage.postgres.engine import PostgresEngine, describe, make_engine, where
 from storage.postgres.schema import create_schema
 
 #: the database's clock in seconds since 1970 (clock_timestamp: now, not the transaction's start)
@@ -45,7 +45,7 @@ def parse_url(url: str) -> URL:
         raise StorageError(f"database {url.split('@')[-1]!r}: not a URL "
                            "(postgresql+psycopg://USER@HOST:PORT/DB)") from None
     if parsed.drivername != DRIVER:
-        raise StorageError(f"database {parsed.render_as_string(hide_password=True)}: expected {DRIVER}://...")
+        raise StorageError(f"database {where(parsed)}: expected {DRIVER}://...")
     return parsed
 
 
@@ -104,7 +104,7 @@ class PostgresShared:
 
     def __init__(self, url: str, *, idle_timeout: float = 2.0) -> None:
         self.url = parse_url(url)
-        self.where = self.url.render_as_string(hide_password=True)
+        self.where = where(self.url)
         self.idle_timeout = idle_timeout
 
     def engine(self) -> PostgresEngine:

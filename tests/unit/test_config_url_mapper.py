@@ -62,6 +62,28 @@ def test_url_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
             parse_url(bad)
 
 
+def test_no_password_in_what_a_url_error_or_a_connect_params_repr_says() -> None:
+    for bad in ["admin:hunter2-secret@h1:7780", "tandem://admin:hunter2-secret@", "tandem://admin:hunter2-secret@/"]:
+        with pytest.raises(InvalidArgumentError) as info:
+            parse_url(bad)
+        assert "hunter2" not in info.value.message and "admin:***@" in info.value.message
+    params = parse_url("tandem://admin:hunter2-secret@h1:7780")
+    assert params.password == "hunter2-secret" and "hunter2" not in repr(params)
+
+
+def test_database_urls_are_shown_without_their_password() -> None:
+    from sqlalchemy import make_url
+
+    from broker.config import redact_url
+    from storage.postgres.engine import where
+
+    assert redact_url("postgresql+psycopg://tandem:hunter2@db:5432/t") == "postgresql+psycopg://tandem:***@db:5432/t"
+    assert redact_url("postgresql+psycopg://tandem@db/t?sslmode=require&password=hunter2&x=1") == \
+        "postgresql+psycopg://tandem@db/t?sslmode=require&password=***&x=1"
+    for url in ("postgresql+psycopg://tandem:hunter2@db:5432/t", "postgresql+psycopg://tandem@db/t?password=hunter2"):
+        assert "hunter2" not in where(make_url(url)) and "db" in where(make_url(url))
+
+
 def test_consistent_hash_is_stable_and_even() -> None:
     m1, m2 = ConsistentHashMapper(8, 1024), ConsistentHashMapper(8, 1024)
     keys = [f"key-{i}" for i in range(20000)]

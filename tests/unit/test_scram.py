@@ -4,14 +4,19 @@ throttle (broker.auth): sans-IO cores, driven directly."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
+from pathlib import Path
 
 import pytest
 
 from broker.auth import ClientGuard, ClientHandshake, LoginThrottle
 from broker.config import NodeConfig
+from broker.secret import DECOY_LABEL, decoy_key
 from broker.users import UserRegistry, credentials, make_user
 from client import scram
-from client.errors import AuthError, LoginThrottledError, PrefetchTooLargeError, TooManyConnectionsError
+from client.errors import (AuthError, InvalidArgumentError, LoginThrottledError, PrefetchTooLargeError,
+                           TooManyConnectionsError)
 from client.protocol.frames import AuthResponse, Hello
 from client.testing import FakeClock
 from storage.base import UserRecord
@@ -187,6 +192,45 @@ def test_unknown_users_get_a_stable_decoy_challenge() -> None:
     (_u1, c1), (_u2, c2) = users.scram_credentials("ghost"), users.scram_credentials("ghost")
     assert c1 == c2 and c1.iterations == scram.DEFAULT_ITERATIONS
     assert users.scram_credentials("other")[1].salt != c1.salt
+
+
+def test_registries_with_one_decoy_key_answer_an_unknown_name_alike() -> None:
+    """Every member derives the decoy key from the group secret (broker.secret.decoy_key):
+    the same key, the same challenge for a name nobody has, on each member and after a
+    restart; another key, another salt."""
+    group = decoy_key(b"the group's secret, 32 bytes...", Path("/nonexistent"))
+    a, b = UserRegistry([], decoy_key=group), UserRegistry([make_user("bob", "bob-password", "user")],
+                                                              decoy_key=group)
+    assert a.scram_credentials("ghost") == b.scram_credentials("ghost")
+    other = UserRegistry([], decoy_key=decoy_key(b"another group's secret, 32 bytes", Path("/nonexistent")))
+    assert other.scram_credentials("ghost")[1].salt != a.scram_credentials("ghost")[1].salt
+
+
+def test_a_decoy_looks_like_a_real_user_and_is_not_derivable_without_the_key() -> None:
+    secret = b"the group's secret, 32 bytes..."
+    key = decoy_key(secret, Path("/nonexistent"))
+    assert key != secret and secret not in key and len(key) == 32
+    _none, decoy = UserRegistry([], decoy_key=key).scram_credentials("ghost")
+    real = credentials(make_user("bob", "bob-password", "user"))
+    assert real is not None
+    assert (len(decoy.salt), decoy.iterations) == (len(real.salt), real.iterations) == (16, scram.DEFAULT_ITERATIONS)
+    assert len(decoy.stored_key) == len(decoy.server_key) == 32
+    # what someone without the key could compute from the name (and the secret used directly, or no key) differs
+    name = b"ghost"
+    guesses = {hashlib.sha256(name).digest()[:16], hmac.new(b"", name, "sha256").digest()[:16],
+               hmac.new(secret, name, "sha256").digest()[:16], hmac.new(DECOY_LABEL, name, "sha256").digest()[:16]}
+    assert decoy.salt not in guesses
+    assert UserRegistry([]).scram_credentials("ghost")[1].salt != decoy.salt  # a registry's own random key
+
+
+@pytest.mark.parametrize("name", ["a\nb", "x\r", "\x1b[31mred", "tab\there", "a\u2028b", "nel\x85", "\x00"])
+def test_user_names_with_control_characters_cannot_be_created(name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="non-printable"):
+        make_user(name, "a-password", "user", iterations=4096)
+
+
+def test_user_names_of_any_script_can_be_created() -> None:
+    assert make_user("élodie 山田.ops", "a-password", "user", iterations=4096).name == "élodie 山田.ops"
 
 
 def test_a_hello_without_scram_is_refused_clearly() -> None:

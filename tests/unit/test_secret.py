@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, NodeConfig
-from broker.secret import ensure_secret, group_secret, load_secret, new_secret
+from broker.secret import DECOY_KEY_FILE, decoy_key, ensure_secret, group_secret, load_secret, new_secret
 from client.protocol import ProtocolConnection, Role
 from client.protocol.codec import FrameError, encode
 from client.protocol.connection import State
@@ -66,6 +66,32 @@ def test_who_needs_a_secret(tmp_path: Path) -> None:
         group_secret(member(tmp_path, peer_tls="off", **tls))
     new_secret(tmp_path / "s")
     assert group_secret(member(tmp_path, cluster_secret_file=tmp_path / "s")) == (tmp_path / "s").read_bytes().strip()
+
+
+def test_without_a_group_secret_the_decoy_key_is_the_nodes_own_made_once(tmp_path: Path) -> None:
+    key = decoy_key(None, tmp_path)
+    path = tmp_path / DECOY_KEY_FILE
+    assert path.read_bytes() == key and len(key) == 32
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert decoy_key(None, tmp_path) == key  # read again at the next start
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+    (tmp_path / "other").mkdir()
+    assert decoy_key(None, tmp_path / "other") != key  # another node's data dir, another key
+    secret = b"0123456789abcdef0123456789abcdef"
+    assert decoy_key(secret, tmp_path) == decoy_key(secret, tmp_path / "elsewhere") != key  # the group's
+
+
+def test_a_decoy_key_file_that_is_short_or_unreadable_stops_the_start(tmp_path: Path) -> None:
+    path = tmp_path / DECOY_KEY_FILE
+    path.write_bytes(b"short")
+    with pytest.raises(ConfigError, match=r"decoy key .*decoy-key: it holds 5 bytes, not 32 \(remove it"):
+        decoy_key(None, tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ConfigError, match="decoy key .*decoy-key: cannot read it"):
+        decoy_key(None, tmp_path)
+    with pytest.raises(ConfigError, match="decoy key .*: cannot make it"):
+        decoy_key(None, tmp_path / "no" / "such" / "dir")
 
 
 def hello() -> PeerHello:
