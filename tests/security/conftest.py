@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 import pytest_asyncio
@@ -28,8 +29,8 @@ import pytest_asyncio
 import client
 from broker.tools.cluster import LocalCluster
 from client.connection import Connection
-from client.errors import AuthError
-from client.protocol.frames import Publish, PublishMessage, PublishOk, expect
+from client.errors import AuthError, TandemError
+from client.protocol.frames import Publish, PublishMessage, PublishOk, UserPut, expect
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
 
@@ -44,6 +45,36 @@ MALLORY, MALLORY_PASSWORD, SANDBOX = "mallory", "mallory-password-1", "sandbox.*
 MALLORY_PERMISSIONS = ["configure", "produce", "consume"]
 WATCH, WATCH_PASSWORD = "watch", "watch-password-1"
 PASSWORDS = {"admin": PASSWORD, MALLORY: MALLORY_PASSWORD, WATCH: WATCH_PASSWORD}
+#: failure detection for a group no test fails over: a busy machine (make test runs two workers
+#: beside each other) must not move the actives mid-test
+STEADY = ("--keepalive-interval", "0.2", "--non-response-timeout", "2")
+#: seconds a change may keep meeting a retriable refusal (an election) before the test fails
+RETRY_FOR = 30.0
+
+T = TypeVar("T")
+
+
+async def retrying(op: Callable[[], Awaitable[T]], what: str) -> T:
+    """``op()``, made again while it fails with a retriable error (the catalogue's or a
+    partition's active changing), for :data:`RETRY_FOR` seconds at most."""
+    result: list[T] = []
+    last: list[TandemError] = []
+
+    async def once() -> bool:
+        try:
+            result.append(await op())
+        except TandemError as exc:
+            if not exc.retriable:
+                raise
+            last[:] = [exc]
+            return False
+        return True
+
+    try:
+        await wait_until(once, timeout=RETRY_FOR, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {last[0].message if last else ''}") from None
+    return result[0]
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
@@ -146,14 +177,17 @@ async def _actives_spread(group: SecurityGroup) -> bool:
 async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecurityGroup]:
     """One three-process group for the module's tests (stopped after its last one).  Does
     not depend on TANDEM_ADMIN_PASSWORD: the cluster is given the password."""
-    async with running_group(tmp_path_factory.mktemp("security-group")) as cl:
+    async with running_group(tmp_path_factory.mktemp("security-group"), *STEADY) as cl:
         await cl.wait_members()
         g = SecurityGroup(cl)
         async with await g.login("node1") as admin:
-            await admin.declare_queue(PAYMENTS, partitions=PARTITIONS, placement=PLACEMENT)
-            await admin.create_user(MALLORY, MALLORY_PASSWORD, "user")
-            await admin.grant(MALLORY, SANDBOX, MALLORY_PERMISSIONS)
-            await admin.create_user(WATCH, WATCH_PASSWORD, "monitor")
+            # each step may be made twice (a retry after an election): each is idempotent
+            await retrying(lambda: admin.declare_queue(PAYMENTS, partitions=PARTITIONS, placement=PLACEMENT),
+                           f"declare {PAYMENTS}")
+            for user, role in ((MALLORY, "user"), (WATCH, "monitor")):
+                await retrying(functools.partial(admin.request, functools.partial(_put_user, user, role)),
+                               f"store user {user}")
+            await retrying(lambda: admin.grant(MALLORY, SANDBOX, MALLORY_PERMISSIONS), f"grant {MALLORY}")
         for m in g.members:
             await wait_until(functools.partial(_knows_payments, g, m), timeout=30, what=f"{m} knows {PAYMENTS}")
             await wait_until(functools.partial(_logs_in_with_grant, g, m), timeout=30,
@@ -161,13 +195,18 @@ async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Secur
         await wait_until(functools.partial(_actives_spread, g), timeout=30,
                          what=f"an active for each partition of {PAYMENTS}, on more than one member")
         async with await g.login("node1") as admin:  # node1 forwards to each partition's active
-            for p in range(PARTITIONS):
-                ok = await admin.request(functools.partial(_seed_batch, p))
-                assert expect(ok, PublishOk).stored == PER_PARTITION
+            for p in range(PARTITIONS):  # (a resend is confirmed as a duplicate, not stored twice)
+                ok = expect(await retrying(functools.partial(admin.request, functools.partial(_seed_batch, p)),
+                                           f"publish to {PAYMENTS}/{p}"), PublishOk)
+                assert ok.stored + ok.duplicates == PER_PARTITION
         await wait_until(lambda: _depth_is(g, PARTITIONS * PER_PARTITION), timeout=30,
                          what=f"{PARTITIONS * PER_PARTITION} messages in {PAYMENTS}")
         g.baseline = await g.state()
         yield g
+
+
+def _put_user(name: str, role: str, rid: int) -> UserPut:
+    return UserPut(rid=rid, name=name, password=PASSWORDS[name], role=role, mode="put")
 
 
 def _seed_batch(partition: int, rid: int) -> Publish:

@@ -32,7 +32,7 @@ from client.protocol.frames import (Ack, AclGrant, AclList, AclRevoke, Cancel, C
                                     SetOption, SetQuorumOverride, Subscribe, UserDelete, UserList, UserPut)
 from tests.helpers import wait_until
 from tests.security.conftest import (MALLORY, MALLORY_PASSWORD, PARTITIONS, PAYMENTS, PER_PARTITION, WATCH,
-                                     SecurityGroup, basic)
+                                     SecurityGroup, basic, retrying)
 from tests.security.surface import PUBLIC, console_routes, example_path, forward_example
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration, pytest.mark.timeout(300),
@@ -137,8 +137,8 @@ async def _refused(group: SecurityGroup, member: str, case: Refused) -> None:
             assert f"'{case.permission}'" in err.value.message, err.value.message
         else:
             assert "no permission on queue" in err.value.message, err.value.message
-        # a refusal costs the request, not the connection
-        assert [q.name for q in await conn.list_queues()] == []
+        # a refusal costs the request, not the connection; her queue list names her queues only
+        assert all(q.name.startswith("sandbox.") for q in await conn.list_queues())
 
 
 async def test_mallory_may_use_what_her_grants_name(group: SecurityGroup) -> None:
@@ -148,8 +148,11 @@ async def test_mallory_may_use_what_her_grants_name(group: SecurityGroup) -> Non
         queue = f"sandbox.{member}"
         async with await group.login(member, MALLORY) as conn:
             # (a Get takes from the partitions active on the member asked: this one's, here)
-            await conn.declare_queue(queue, placement=[[member, *(m for m in MEMBERS if m != member)]])
-            await conn.producer(queue).send(b"mine", key="k")
+            placement = [[member, *(m for m in MEMBERS if m != member)]]
+            await retrying(lambda: conn.declare_queue(queue, placement=placement), f"declare {queue}")
+            await retrying(lambda: conn.request(lambda rid: Publish(
+                rid=rid, queue=queue, producer_id="mallory", messages=[PublishMessage("k", {}, b"mine", 0)])),
+                f"publish to {queue}")
             got: list[bytes] = []
 
             async def get() -> bool:
@@ -160,7 +163,6 @@ async def test_mallory_may_use_what_her_grants_name(group: SecurityGroup) -> Non
 
             await wait_until(get, timeout=30, what=f"mallory gets her message on {member}")
             assert got == [b"mine"]
-            await conn.delete_queue(queue)
 
 
 @pytest.mark.parametrize("member", MEMBERS)
@@ -193,12 +195,18 @@ async def test_peer_frames_on_the_client_port_are_refused(group: SecurityGroup, 
             await conn.request(lambda rid: Forward(rid=rid, kind=int(kind), payload=req.pack()))
 
 
+async def _active_for_some(group: SecurityGroup, member: str) -> bool:
+    return member in (await group.cluster.actives(PAYMENTS, PARTITIONS)).values()
+
+
 @pytest.mark.parametrize("member", MEMBERS)
 async def test_settling_and_cancelling_reach_only_the_connections_own_deliveries(group: SecurityGroup,
                                                                                  member: str) -> None:
     """``Ack``, ``Nack``, ``Reject`` and ``Cancel`` check no permission: they name delivery tags
     and consumers of their own connection, so mallory guessing the tags of admin's deliveries
     on the same member settles nothing and dead-letters nothing."""
+    await wait_until(lambda: _active_for_some(group, member), timeout=30,
+                     what=f"{member} active for a partition of {PAYMENTS}")
     async with await group.login(member) as admin, await group.login(member, MALLORY) as mallory:
         async with admin.consumer(PAYMENTS, prefetch=3) as c:
             held: list[Message] = []
