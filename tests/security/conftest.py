@@ -9,7 +9,7 @@ with messages in each partition, and three users:
   else;
 * ``watch`` (role monitor): looks at everything, changes nothing.
 
-A module that uses :func:`group` marks its tests ``pytest.mark.asyncio(loop_scope="module")``
+A module that uses the fixture :func:`target` (the group under attack) marks its tests ``pytest.mark.asyncio(loop_scope="module")``
 (the group's processes belong to the module's event loop) and one
 ``pytest.mark.xdist_group`` (``make test`` runs ``pytest -n 2 --dist loadgroup``: the module's
 tests then share one worker, and the group starts once).
@@ -150,31 +150,31 @@ class SecurityGroup:
         return GroupState(await self.depth(), users, grants, members)
 
 
-async def _logs_in_with_grant(group: SecurityGroup, member: str) -> bool:
+async def _logs_in_with_grant(target: SecurityGroup, member: str) -> bool:
     """mallory logs in on ``member`` and it knows her grant (a member applies the group's
     users and grants a moment after the one that took them)."""
     try:
-        async with await group.login(member, MALLORY) as conn:
+        async with await target.login(member, MALLORY) as conn:
             return [(a.pattern, sorted(a.permissions)) for a in await conn.list_acls(MALLORY)] == \
                 [(SANDBOX, sorted(MALLORY_PERMISSIONS))]
     except AuthError:
         return False
 
 
-async def _knows_payments(group: SecurityGroup, member: str) -> bool:
-    async with await group.login(member) as conn:
+async def _knows_payments(target: SecurityGroup, member: str) -> bool:
+    async with await target.login(member) as conn:
         return any(q.name == PAYMENTS for q in await conn.list_queues())
 
 
-async def _actives_spread(group: SecurityGroup) -> bool:
+async def _actives_spread(target: SecurityGroup) -> bool:
     """Every partition of payments has an active, and no member is active for all of them
     (each member forwards some)."""
-    actives = await group.cluster.actives(PAYMENTS, PARTITIONS)
+    actives = await target.cluster.actives(PAYMENTS, PARTITIONS)
     return len(actives) == PARTITIONS and len(set(actives.values())) > 1
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecurityGroup]:
+async def target(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecurityGroup]:
     """One three-process group for the module's tests (stopped after its last one).  Does
     not depend on TANDEM_ADMIN_PASSWORD: the cluster is given the password."""
     async with running_group(tmp_path_factory.mktemp("security-group"), *STEADY) as cl:
@@ -216,5 +216,5 @@ def _seed_batch(partition: int, rid: int) -> Publish:
                              for i in range(PER_PARTITION)])
 
 
-async def _depth_is(group: SecurityGroup, n: int) -> bool:
-    return await group.depth() == n
+async def _depth_is(target: SecurityGroup, n: int) -> bool:
+    return await target.depth() == n

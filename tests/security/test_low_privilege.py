@@ -128,8 +128,8 @@ GROUP_OPERATIONS = [
 ]
 
 
-async def _refused(group: SecurityGroup, member: str, case: Refused) -> None:
-    async with await group.login(member, MALLORY) as conn:
+async def _refused(target: SecurityGroup, member: str, case: Refused) -> None:
+    async with await target.login(member, MALLORY) as conn:
         with pytest.raises(AccessRefusedError) as err:
             await conn.request(case.make)
         assert f"'{MALLORY}'" in err.value.message, err.value.message
@@ -141,12 +141,12 @@ async def _refused(group: SecurityGroup, member: str, case: Refused) -> None:
         assert all(q.name.startswith("sandbox.") for q in await conn.list_queues())
 
 
-async def test_mallory_may_use_what_her_grants_name(group: SecurityGroup) -> None:
+async def test_mallory_may_use_what_her_grants_name(target: SecurityGroup) -> None:
     """The control: her login works on every member, and the refusals below are about
     permissions, not a broken session."""
     for member in MEMBERS:
         queue = f"sandbox.{member}"
-        async with await group.login(member, MALLORY) as conn:
+        async with await target.login(member, MALLORY) as conn:
             # (a Get takes from the partitions active on the member asked: this one's, here)
             placement = [[member, *(m for m in MEMBERS if m != member)]]
             await retrying(lambda: conn.declare_queue(queue, placement=placement), f"declare {queue}")
@@ -167,47 +167,47 @@ async def test_mallory_may_use_what_her_grants_name(group: SecurityGroup) -> Non
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("case", QUEUE_REQUESTS, ids=lambda c: c.id)
-async def test_mallory_is_refused_every_queue_request(group: SecurityGroup, case: Refused, member: str) -> None:
-    await _refused(group, member, case)
+async def test_mallory_is_refused_every_queue_request(target: SecurityGroup, case: Refused, member: str) -> None:
+    await _refused(target, member, case)
 
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("case", GROUP_OPERATIONS, ids=lambda c: c.id)
-async def test_mallory_is_refused_every_group_operation(group: SecurityGroup, case: Refused, member: str) -> None:
-    await _refused(group, member, case)
+async def test_mallory_is_refused_every_group_operation(target: SecurityGroup, case: Refused, member: str) -> None:
+    await _refused(target, member, case)
 
 
 @pytest.mark.parametrize("member", MEMBERS)
-async def test_mallory_lists_her_own_grants_only(group: SecurityGroup, member: str) -> None:
-    async with await group.login(member, MALLORY) as conn:
+async def test_mallory_lists_her_own_grants_only(target: SecurityGroup, member: str) -> None:
+    async with await target.login(member, MALLORY) as conn:
         assert {a.user for a in await conn.list_acls(MALLORY)} == {MALLORY}
 
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("kind", list(ForwardKind), ids=lambda k: k.name)
-async def test_peer_frames_on_the_client_port_are_refused(group: SecurityGroup, kind: ForwardKind,
+async def test_peer_frames_on_the_client_port_are_refused(target: SecurityGroup, kind: ForwardKind,
                                                           member: str) -> None:
     """A logged-in client cannot speak for a member: a ``Forward`` (which carries no user, the
     entering member having checked it) sent on the client port is no request a client may send."""
     req = forward_example(kind, PAYMENTS)
-    async with await group.login(member, MALLORY) as conn:
+    async with await target.login(member, MALLORY) as conn:
         with pytest.raises(InvalidArgumentError, match="Forward is not a request a client may send"):
             await conn.request(lambda rid: Forward(rid=rid, kind=int(kind), payload=req.pack()))
 
 
-async def _active_for_some(group: SecurityGroup, member: str) -> bool:
-    return member in (await group.cluster.actives(PAYMENTS, PARTITIONS)).values()
+async def _active_for_some(target: SecurityGroup, member: str) -> bool:
+    return member in (await target.cluster.actives(PAYMENTS, PARTITIONS)).values()
 
 
 @pytest.mark.parametrize("member", MEMBERS)
-async def test_settling_and_cancelling_reach_only_the_connections_own_deliveries(group: SecurityGroup,
+async def test_settling_and_cancelling_reach_only_the_connections_own_deliveries(target: SecurityGroup,
                                                                                  member: str) -> None:
     """``Ack``, ``Nack``, ``Reject`` and ``Cancel`` check no permission: they name delivery tags
     and consumers of their own connection, so mallory guessing the tags of admin's deliveries
     on the same member settles nothing and dead-letters nothing."""
-    await wait_until(lambda: _active_for_some(group, member), timeout=30,
+    await wait_until(lambda: _active_for_some(target, member), timeout=30,
                      what=f"{member} active for a partition of {PAYMENTS}")
-    async with await group.login(member) as admin, await group.login(member, MALLORY) as mallory:
+    async with await target.login(member) as admin, await target.login(member, MALLORY) as mallory:
         async with admin.consumer(PAYMENTS, prefetch=3) as c:
             held: list[Message] = []
             for _ in range(3):
@@ -233,7 +233,7 @@ async def test_settling_and_cancelling_reach_only_the_connections_own_deliveries
             again = await c.next(10)
             assert again is not None
             await again.nack(requeue=True)
-    assert await group.depth() == PARTITIONS * PER_PARTITION
+    assert await target.depth() == PARTITIONS * PER_PARTITION
 
 
 ROUTES = [r for r in console_routes() if r not in PUBLIC]
@@ -245,13 +245,13 @@ CHANGES = [r for r in ROUTES if r[0] != "GET" and r not in ANY_LOGIN]
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
-async def test_mallory_is_refused_every_console_route(group: SecurityGroup, route: tuple[str, str],
+async def test_mallory_is_refused_every_console_route(target: SecurityGroup, route: tuple[str, str],
                                                       member: str) -> None:
     """A user without role admin or monitor, or the admin permission, may use no part of the
     console on any member (403), but see who she is and log out."""
     method, path = route
     async with aiohttp.ClientSession() as s:
-        async with s.request(method, group.console(member) + example_path(path),
+        async with s.request(method, target.console(member) + example_path(path),
                              headers=basic(MALLORY), json={}, allow_redirects=False) as r:
             body: Any = await r.json() if r.content_type == "application/json" else await r.text()
             if route in ANY_LOGIN:
@@ -265,11 +265,11 @@ async def test_mallory_is_refused_every_console_route(group: SecurityGroup, rout
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("route", CHANGES, ids=lambda r: f"{r[0]} {r[1]}")
-async def test_a_monitor_may_change_nothing_through_the_console(group: SecurityGroup, route: tuple[str, str],
+async def test_a_monitor_may_change_nothing_through_the_console(target: SecurityGroup, route: tuple[str, str],
                                                                 member: str) -> None:
     method, path = route
     async with aiohttp.ClientSession() as s:
-        async with s.request(method, group.console(member) + example_path(path),
+        async with s.request(method, target.console(member) + example_path(path),
                              headers=basic(WATCH), json={}, allow_redirects=False) as r:
             body = await r.json()
             assert r.status == 403 and body["error"] == "forbidden" and "may only look" in body["message"], \
@@ -277,9 +277,9 @@ async def test_a_monitor_may_change_nothing_through_the_console(group: SecurityG
 
 
 @pytest.mark.parametrize("member", MEMBERS)
-async def test_mallory_logged_in_to_the_console_by_cookie_gets_nothing_either(group: SecurityGroup,
+async def test_mallory_logged_in_to_the_console_by_cookie_gets_nothing_either(target: SecurityGroup,
                                                                               member: str) -> None:
-    base = group.console(member)
+    base = target.console(member)
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         async with browser.post(f"{base}/login", json={"user": MALLORY, "password": MALLORY_PASSWORD}) as r:
             assert r.status == 200
@@ -293,11 +293,11 @@ async def test_mallory_logged_in_to_the_console_by_cookie_gets_nothing_either(gr
             assert r.status == 200 and (await r.json())["admin"] is False
 
 
-async def test_after_every_refusal_the_group_is_as_it_was(group: SecurityGroup) -> None:
+async def test_after_every_refusal_the_group_is_as_it_was(target: SecurityGroup) -> None:
     """Runs last: the queue, its messages, the users, the grants and every member's settings
     are those the group started with."""
-    state = await group.state()
-    assert state == group.baseline
+    state = await target.state()
+    assert state == target.baseline
     assert state.depth == PARTITIONS * PER_PARTITION
     assert state.users == [("admin", "admin"), (MALLORY, "user"), (WATCH, "monitor")]
     assert state.grants == [(MALLORY, "sandbox.*", ["configure", "consume", "produce"])]

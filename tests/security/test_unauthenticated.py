@@ -99,9 +99,9 @@ async def exchange(address: tuple[str, int], frames: list[Frame], *, answers_fir
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("cls", BEFORE_HELLO, ids=lambda c: c.__name__)
-async def test_a_frame_before_hello_is_refused_and_the_connection_closed(group: SecurityGroup, cls: type[Frame],
+async def test_a_frame_before_hello_is_refused_and_the_connection_closed(target: SecurityGroup, cls: type[Frame],
                                                                         member: str) -> None:
-    got = await exchange(group.client_port(member), [sample_frame(cls)])
+    got = await exchange(target.client_port(member), [sample_frame(cls)])
     assert got.closed, got.frames
     assert [e.code for e in got.errors] == [ErrorCode.PROTOCOL_ERROR], got.frames
     assert cls.__name__ in got.errors[0].message
@@ -111,9 +111,9 @@ async def test_a_frame_before_hello_is_refused_and_the_connection_closed(group: 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("cls", request_frames(), ids=lambda c: c.__name__)
 async def test_a_request_inside_the_handshake_is_refused_and_the_connection_closed(
-        group: SecurityGroup, cls: type[Frame], member: str) -> None:
+        target: SecurityGroup, cls: type[Frame], member: str) -> None:
     """Hello names admin, the node challenges, and a request comes instead of the proof."""
-    got = await exchange(group.client_port(member), [hello(), sample_frame(cls)], answers_first=1)
+    got = await exchange(target.client_port(member), [hello(), sample_frame(cls)], answers_first=1)
     assert isinstance(got.frames[0], AuthChallenge), got.frames
     assert got.closed, got.frames
     assert [e.code for e in got.errors] == [ErrorCode.PROTOCOL_ERROR], got.frames
@@ -121,11 +121,11 @@ async def test_a_request_inside_the_handshake_is_refused_and_the_connection_clos
 
 
 @pytest.mark.parametrize("member", MEMBERS)
-async def test_a_wrong_proof_is_refused_and_the_connection_closed(group: SecurityGroup, member: str) -> None:
+async def test_a_wrong_proof_is_refused_and_the_connection_closed(target: SecurityGroup, member: str) -> None:
     sc = ScramClient("admin", "not-the-password")
     first = Hello(min_version=MIN_VERSION, max_version=MAX_VERSION, client_name="attacker", user="admin",
                   mechanism=MECHANISM, auth=sc.first)
-    reader, writer = await asyncio.open_connection(*group.client_port(member))
+    reader, writer = await asyncio.open_connection(*target.client_port(member))
     buf = FrameBuffer()
     try:
         async with SYSTEM_CLOCK.timeout(ANSWER):
@@ -150,27 +150,27 @@ async def test_a_wrong_proof_is_refused_and_the_connection_closed(group: Securit
     assert [e.code for e in errors] == [ErrorCode.AUTHENTICATION_FAILED], frames
     assert not any(type(f).__name__ == "Welcome" for f in frames), frames
     # (a successful login clears the address's failed-login count for the tests that follow)
-    async with await group.login(member):
+    async with await target.login(member):
         pass
 
 
 @pytest.mark.parametrize("member", MEMBERS)
-async def test_wrong_passwords_and_unknown_users_are_refused_on_every_member(group: SecurityGroup,
+async def test_wrong_passwords_and_unknown_users_are_refused_on_every_member(target: SecurityGroup,
                                                                             member: str) -> None:
     """The same refusal for a wrong password and a name nobody has, on the client port and
     the console (fewer than max_failed_logins failures: the throttle is tested elsewhere)."""
     for user, password in ((MALLORY, "wrong-password"), ("nobody", "whatever-password")):
         with pytest.raises(AuthError) as err:
-            await client.connect_link(group.url(member, user, password))
+            await client.connect_link(target.url(member, user, password))
         assert err.value.code is ErrorCode.AUTHENTICATION_FAILED
         assert f"authentication failed for user '{user}': wrong user name or password" in err.value.message
-    base = group.console(member)
+    base = target.console(member)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{base}/api/v1/overview", headers=basic("admin", "wrong-password")) as r:
             assert r.status == 401 and (await r.json())["error"] == "unauthenticated"
         async with s.post(f"{base}/login", json={"user": "admin", "password": "wrong-password"}) as r:
             assert r.status == 401 and "tandem_session" not in r.cookies
-    async with await group.login(member):  # (clears the address's count)
+    async with await target.login(member):  # (clears the address's count)
         pass
 
 
@@ -185,7 +185,7 @@ def _peer_hello(name: str) -> PeerHello:
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("kind", list(ForwardKind), ids=lambda k: k.name)
-async def test_no_forwarded_kind_is_served_without_the_group_secret(group: SecurityGroup, kind: ForwardKind,
+async def test_no_forwarded_kind_is_served_without_the_group_secret(target: SecurityGroup, kind: ForwardKind,
                                                                     member: str) -> None:
     """A forwarded request carries no user: the member it entered checked the user's
     permission.  So only a proven member may send one; a link that claims a member's name and
@@ -193,7 +193,7 @@ async def test_no_forwarded_kind_is_served_without_the_group_secret(group: Secur
     req = forward_example(kind, PAYMENTS)
     forward = Forward(rid=1, kind=int(kind), payload=req.pack())
     other = next(m for m in MEMBERS if m != member)
-    address = (group.client_port(member)[0], group.peer_port(member))
+    address = (target.client_port(member)[0], target.peer_port(member))
     for attempt in (await exchange(address, [_peer_hello(other), forward], answers_first=1),
                     await exchange(address, [forward])):
         assert attempt.closed, attempt.frames
@@ -206,11 +206,11 @@ async def test_no_forwarded_kind_is_served_without_the_group_secret(group: Secur
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("route", console_routes(), ids=lambda r: f"{r[0]} {r[1]}")
-async def test_console_routes_need_a_login(group: SecurityGroup, route: tuple[str, str], member: str) -> None:
+async def test_console_routes_need_a_login(target: SecurityGroup, route: tuple[str, str], member: str) -> None:
     """No credentials, and a session cookie nobody was given: 401 (a browser asking for a
     page is sent to the login).  Only /healthz, the login and the static files answer."""
     method, path = route
-    url = group.console(member) + example_path(path)
+    url = target.console(member) + example_path(path)
     for cookies in ({}, {"tandem_session": secrets.token_urlsafe(32)}):
         async with aiohttp.ClientSession(cookies=cookies) as s:
             async with s.request(method, url, json={}, allow_redirects=False) as r:
@@ -224,11 +224,11 @@ async def test_console_routes_need_a_login(group: SecurityGroup, route: tuple[st
                     assert r.status == 401 and body["error"] == "unauthenticated", (route, r.status, body)
 
 
-async def test_after_every_attempt_the_group_is_as_it_was(group: SecurityGroup) -> None:
+async def test_after_every_attempt_the_group_is_as_it_was(target: SecurityGroup) -> None:
     """Runs last: nothing an unauthenticated attacker sent changed the group."""
-    state = await group.state()
-    assert state == group.baseline
+    state = await target.state()
+    assert state == target.baseline
     assert state.depth == PARTITIONS * PER_PARTITION
     assert [u for u, _role in state.users] == ["admin", MALLORY, "watch"]
-    async with await client.connect_link(group.url("node1", "admin", PASSWORD)) as conn:
+    async with await client.connect_link(target.url("node1", "admin", PASSWORD)) as conn:
         assert {q.name for q in await conn.list_queues()} == {PAYMENTS}
