@@ -190,6 +190,13 @@ async def verify(node: NodeView, user: str, password: str, addr: str | None) -> 
     return rec
 
 
+def need_admin(request: web.Request, what: str) -> None:
+    """403 unless the user of ``request`` has the admin permission (a look that takes it)."""
+    if not request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE])):
+        raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) has no 'admin' "
+                                         f"permission, needed to {what}")
+
+
 def who(request: web.Request) -> str:
     """The operator of a request, for the log (the user name escaped: broker.logsafe)."""
     return f"{escape(request[USER])} (console, {request.remote})"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from webconsole.auth import USER, need_admin
 from webconsole.errors import ApiError
 from webconsole.group import GROUP, events_json, group_json, partitions_json
 from webconsole.metrics import METRICS
@@ -97,12 +98,17 @@ async def events(request: web.Request) -> web.Response:
 
 
 async def users(request: web.Request) -> web.Response:
+    """Every user and its role: the admin permission, as ``UserList`` on the client port."""
+    need_admin(request, "list users")
     reg = request.app[NODE].users
     return web.json_response([{"name": n, "role": u.role} for n in reg.names() if (u := reg.get(n)) is not None])
 
 
 async def acls(request: web.Request) -> web.Response:
-    """The group's grants (``?user=`` one user's)."""
+    """The group's grants (``?user=`` one user's): the admin permission, but for the asking
+    user's own, as ``AclList`` on the client port."""
     user = request.query.get("user") or None
+    if user != request[USER]:
+        need_admin(request, "list the grants of other users")
     return web.json_response([{"user": a.user, "pattern": a.pattern, "permissions": list(a.permissions)}
                               for a in request.app[NODE].acls.records(user)])

@@ -277,6 +277,20 @@ async def test_a_monitor_may_change_nothing_through_the_console(target: Security
 
 
 @pytest.mark.parametrize("member", MEMBERS)
+async def test_a_monitor_lists_no_users_and_no_grants_but_its_own(target: SecurityGroup, member: str) -> None:
+    """Who the users are and what they may do takes the admin permission, on the console as
+    on the client port (UserList, AclList of another user)."""
+    base = target.console(member)
+    async with aiohttp.ClientSession() as s:
+        for path in ("/api/v1/users", "/api/v1/acls", f"/api/v1/acls?user={MALLORY}"):
+            async with s.get(base + path, headers=basic(WATCH)) as r:
+                body = await r.json()
+                assert r.status == 403 and body["error"] == "forbidden" and "'admin'" in body["message"], (path, body)
+        async with s.get(f"{base}/api/v1/acls?user={WATCH}", headers=basic(WATCH)) as r:
+            assert r.status == 200 and await r.json() == []
+
+
+@pytest.mark.parametrize("member", MEMBERS)
 async def test_mallory_logged_in_to_the_console_by_cookie_gets_nothing_either(target: SecurityGroup,
                                                                               member: str) -> None:
     base = target.console(member)
