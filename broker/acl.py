@@ -20,6 +20,13 @@ Permissions:
   about a queue, so it is granted on the pattern ``*`` only.
 
 Any permission on a queue lets the user see it (in a queue list, its partition map).
+
+Dead-lettering writes to another queue, so it is ``produce`` on that queue by the user who
+declared the source (its owner, ``QueueMeta.owner``): checked when the queue is declared
+(:meth:`AclTable.check_declare`) and again whenever a message is dead-lettered
+(:meth:`AclTable.dead_letter_refusal`: grants and users change).  The queue names
+``tandem.*`` (:data:`RESERVED_PREFIX`) are the node's own (``tandem.quarantine``): no client,
+admin included, declares one or names one as a dead-letter queue.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ ROLE_RIGHTS: dict[str, frozenset[str]] = {
     "user": frozenset(),
 }
 MAX_PATTERN = 255
+#: the names of the node's own queues (broker.quarantine's ``tandem.quarantine``)
+RESERVED_PREFIX = "tandem."
 _PATTERN_CHARS = re.compile(r"[A-Za-z0-9_.:\-*?]+")  # a queue name's characters and the wildcards
 
 
@@ -53,6 +62,19 @@ class Principal(Protocol):
 
     @property
     def role(self) -> str: ...
+
+
+class Users(Protocol):
+    """The group's users by name (``broker.users.UserRegistry``)."""
+
+    def get(self, name: str) -> Principal | None: ...
+
+
+def refuse_reserved(queue: str, what: str) -> None:
+    """AccessRefusedError if ``queue`` is in the node's namespace (:data:`RESERVED_PREFIX`)."""
+    if queue.startswith(RESERVED_PREFIX):
+        raise AccessRefusedError(f"{what} {queue!r}: the queue names {RESERVED_PREFIX}* are reserved for the node "
+                                 "(its own queues, such as tandem.quarantine)")
 
 
 def validate_pattern(pattern: str) -> str:
@@ -152,6 +174,33 @@ class AclTable:
         if not self.allows(who, permission, queue):
             raise AccessRefusedError(f"access refused: user {who.name!r} (role {who.role}) has no {permission!r} "
                                      f"permission on queue {queue!r}")
+
+    def check_declare(self, who: Principal, queue: str, dead_letter_queue: str | None) -> None:
+        """What a declare by ``who`` needs besides ``configure`` on ``queue``, on every front
+        end (client sessions, the console): no queue of the node's namespace, and ``produce``
+        on the dead-letter queue (its messages would go there in ``who``'s name)."""
+        refuse_reserved(queue, "declare: queue")
+        if dead_letter_queue is not None:
+            refuse_reserved(dead_letter_queue, "declare: dead_letter_queue")
+            if not self.allows(who, "produce", dead_letter_queue):
+                raise AccessRefusedError(
+                    f"access refused: user {who.name!r} (role {who.role}) has no 'produce' permission on queue "
+                    f"{dead_letter_queue!r}, needed to name it as the dead_letter_queue of {queue!r}")
+
+    def dead_letter_refusal(self, users: Users, owner: str | None, target: str) -> str | None:
+        """Why a message of a queue declared by ``owner`` may not be dead-lettered into
+        ``target`` now; None if it may.  A queue without an owner (the node's own, or one
+        stored by a build that kept none) is held to the reserved names only."""
+        if target.startswith(RESERVED_PREFIX):
+            return f"not permitted: the queue names {RESERVED_PREFIX}* are reserved for the node"
+        if owner is None:
+            return None
+        user = users.get(owner)
+        if user is None:
+            return f"not permitted: user {owner!r}, who declared the queue, no longer exists"
+        if not self.allows(user, "produce", target):
+            return f"not permitted: user {owner!r} has no 'produce' on {target}"
+        return None
 
     def group_admin(self, who: Principal) -> bool:
         """Whether ``who`` may do the group operations (role admin, or ``admin`` granted)."""

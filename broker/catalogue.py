@@ -16,7 +16,7 @@ from typing import Protocol
 
 from broker.commit import CATALOGUE
 from broker.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
-    decode_reply
+    decode_reply, refused_as_longer
 from broker import queues
 from broker.mapper import DEFAULT_MAPPER
 from broker.moves import parse_static
@@ -123,16 +123,17 @@ class Catalogue:
 
     # -- declare / delete -----------------------------------------------------------------------
 
-    def _declared(self, frame: Declare) -> tuple[QueueMeta, Queue | None]:
+    def _declared(self, frame: Declare, owner: str | None) -> tuple[QueueMeta, Queue | None]:
         """The queue a declare asks for, and the existing one of that name (same settings,
-        or QueueExistsError naming what differs)."""
+        or QueueExistsError naming what differs; its owner stays the one who declared it
+        first)."""
         existing = self.queues.get(frame.queue)
         # a declare that names no mapper: the default for a new queue, the queue's own otherwise
         mapper = frame.mapper or (existing.meta.mapper if existing is not None else DEFAULT_MAPPER)
         meta = QueueMeta(
             id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=mapper,
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
-            dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length,
+            dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
         )
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
@@ -150,7 +151,9 @@ class Catalogue:
                 raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
         return meta, existing
 
-    async def declare(self, frame: Declare, hops: int = 0) -> tuple[QueueInfo, bool]:
+    async def declare(self, frame: Declare, hops: int = 0, *, owner: str | None = None) -> tuple[QueueInfo, bool]:
+        """Declare the queue (``owner``: the user who asks, checked by its front end with
+        ``AclTable.check_declare``; None: the node itself)."""
         validate_declare(frame)
         node = self.node
         commit = node.commit
@@ -158,9 +161,10 @@ class Catalogue:
         if who != node.config.name:
             if hops >= MAX_HOPS:
                 raise UnavailableError("declare forwarded too many times while the group elects: retry")
-            created = bool(decode_reply(await node.forward(who, DeclareFwd(hops + 1, encode(frame)[4:]))))
+            req = DeclareFwd(hops + 1, encode(frame)[4:], owner or "")
+            created = bool(decode_reply(await self._forward(who, req, frame.queue)))
         else:
-            meta, existing = self._declared(frame)
+            meta, existing = self._declared(frame, owner)
             if existing is not None:
                 return existing.info(), False
             node.check_disk("declaring queues")
@@ -189,6 +193,18 @@ class Catalogue:
                 raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
         await node.applied(f"queue {frame.queue!r}", lambda: frame.queue in self.queues)
         return self.queue(frame.queue).info(), created
+
+    async def _forward(self, who: str, req: DeclareFwd, queue: str) -> bytes:
+        try:
+            return await self.node.forward(who, req)
+        except InvalidArgumentError as exc:
+            if not req.owner or not refused_as_longer(exc, req):
+                raise
+        # the catalogue's active runs a build that keeps no owners (a rolling upgrade): its
+        # queues have none, and dead-lettering from them is not checked against one
+        log.warning("queue %s: the catalogue's active %s keeps no queue owners (an older build): declared "
+                    "without one", queue, who)
+        return await self.node.forward(who, DeclareFwd(req.hops, req.frame))
 
     async def delete(self, name: str, if_empty: bool, hops: int = 0) -> None:
         node = self.node

@@ -15,11 +15,13 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from broker.acl import AclTable
 from broker.auth import ClientGuard
 from broker.commit import CommitPath
 from broker.config import NodeConfig
 from broker.mapper import dead_letter_partition
 from broker.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
+from broker.users import UserRegistry
 from client.clock import Clock
 from client.errors import InvalidArgumentError, TandemError
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
@@ -29,6 +31,8 @@ class DeliveryHost(Protocol):
     """What delivery needs from its node."""
     config: NodeConfig
     guard: ClientGuard
+    acls: AclTable  # (and users: who may dead-letter where, AclTable.dead_letter_refusal)
+    users: UserRegistry
 
     @property
     def queues(self) -> dict[str, Queue]: ...
@@ -220,7 +224,8 @@ class Delivery:
             self.dead_letter(expired, "delivery_limit")
 
     def dead_letter(self, settled: list[Held], reason: str) -> None:
-        """Move messages to their queue's dead-letter queue (or drop them without one)."""
+        """Move messages to their queue's dead-letter queue (or drop them without one, or
+        when the queue's owner may not write there: docs/security.md)."""
         ops: list[WriteOp] = []
         moved: dict[Queue, dict[int, list[Msg]]] = {}
         commit = self.node.commit
@@ -230,6 +235,10 @@ class Delivery:
             if src.deleted or not self.node.serves(src, m.partition):
                 continue
             dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
+            refused = None if dlq is None else \
+                self.node.acls.dead_letter_refusal(self.node.users, src.meta.owner, dlq.name)
+            if refused is not None:
+                dlq = None  # (dropped as if it were missing: the owner may not write there)
             headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
             if dlq is not None and commit.replicated and not commit.serving(
                     (dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))):
@@ -239,7 +248,7 @@ class Delivery:
             ops.append(Settle(src.meta.id, m.partition, [m.offset]))
             if dlq is None or (dlq.meta.max_length and dlq.depth >= dlq.meta.max_length):
                 if src.meta.dead_letter_queue:
-                    why = "missing" if dlq is None else "full"
+                    why = refused or ("missing" if dlq is None else "full")
                     log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s",
                                 src.meta.dead_letter_queue, why, src.name, m.id, reason)
                 continue

@@ -8,7 +8,10 @@ its status and counters this way.
 
 A ``Forward`` frame carries ``kind`` (a :class:`ForwardKind`) and ``payload``: the msgpack
 array of the request's fields, in the order its dataclass declares them (ints 0 .. 2**63-1,
-as in client frames; no ext types).  Each request type
+as in client frames; no ext types).  A field added to a kind later has a default and comes
+last: it is left out while it has its default, and a payload without it (an older build's)
+reads as the default; a member whose build lacks it refuses the longer array
+(:func:`refused_as_longer`: the sender may ask again without it).  Each request type
 below is one kind; its ``Reply`` is what ``ForwardOk.payload`` holds, decoded by
 :func:`decode_reply`.  A payload that does not fit its kind is refused with
 ``InvalidArgumentError`` (the peer gets an error frame; the link and the node carry on).
@@ -30,7 +33,7 @@ import msgpack
 from broker.commit import CommitPath
 from broker.config import NodeConfig
 from broker.queues import Queue
-from client.errors import InvalidArgumentError
+from client.errors import InvalidArgumentError, TandemError
 from client.protocol.codec import MAX_INT
 
 MAX_HOPS = 3
@@ -69,7 +72,17 @@ class ForwardRequest:
     KIND: ClassVar[ForwardKind]
 
     def pack(self) -> bytes:
-        return msgpack.packb([getattr(self, f.name) for f in dataclasses.fields(self)], use_bin_type=True)
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        # trailing fields at their defaults are left out: an older build reads what it knows
+        fields = dataclasses.fields(self)
+        while len(values) > _required(type(self)) and values[-1] == fields[len(values) - 1].default:
+            values.pop()
+        return msgpack.packb(values, use_bin_type=True)
+
+
+def _required(cls: type[ForwardRequest]) -> int:
+    """How many of the kind's fields a payload must carry (those without a default)."""
+    return sum(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +97,13 @@ class PublishFwd(ForwardRequest):
 
 @dataclass(frozen=True, slots=True)
 class DeclareFwd(ForwardRequest):
-    """A declare for the catalogue's active; ``frame`` is the ``Declare`` payload.  Reply:
+    """A declare for the catalogue's active; ``frame`` is the ``Declare`` payload, ``owner``
+    the user who asked ("": the node itself; the queue's ``QueueMeta.owner``).  Reply:
     whether this declare created the queue."""
     KIND = ForwardKind.DECLARE
     hops: int
     frame: bytes
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,13 +349,23 @@ def decode_request(kind: int, payload: bytes) -> ForwardRequest:
     except Exception as exc:  # msgpack raises several types
         raise InvalidArgumentError(f"forwarded {k.name}: payload is not msgpack ({exc})") from None
     fields = _FIELD_TYPES[k]
-    if type(values) is not list or len(values) != len(fields):
-        raise InvalidArgumentError(f"forwarded {k.name}: expected {len(fields)} fields")
+    if type(values) is not list or not _required(REQUESTS[k]) <= len(values) <= len(fields):
+        raise InvalidArgumentError(_field_count(k, len(fields)))
     for (name, tp), v in zip(fields, values):
         if not _check(v, tp):
             what = "an int in 0 .. 2**63-1" if tp is int else tp.__name__
             raise InvalidArgumentError(f"forwarded {k.name}: field {name} is not {what}")
     return REQUESTS[k](*values)
+
+
+def _field_count(kind: ForwardKind, n: int) -> str:
+    return f"forwarded {kind.name}: expected {n} fields"
+
+
+def refused_as_longer(exc: TandemError, req: ForwardRequest) -> bool:
+    """Whether ``exc`` is how a member whose build lacks ``req``'s later fields refuses it
+    (it expects only the fields without a default)."""
+    return isinstance(exc, InvalidArgumentError) and exc.message == _field_count(req.KIND, _required(type(req)))
 
 
 def decode_reply(payload: bytes) -> Any:

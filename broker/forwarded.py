@@ -97,7 +97,7 @@ class ForwardHandlers:
     async def _declare(self, req: DeclareFwd) -> bytes:
         decl = expect(decode_payload(req.frame), Declare)
         validate_declare(decl)
-        _info, created = await self.node.catalogue.declare(decl, max(1, req.hops))
+        _info, created = await self.node.catalogue.declare(decl, max(1, req.hops), owner=req.owner or None)
         return pack_reply(created)
 
     async def _delete(self, req: DeleteFwd) -> bytes:

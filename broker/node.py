@@ -1242,8 +1242,8 @@ class Node:
     def queue(self, name: str) -> Queue:
         return self.catalogue.queue(name)
 
-    async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
-        return await self.catalogue.declare(frame)
+    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]:
+        return await self.catalogue.declare(frame, owner=owner)
 
     async def delete(self, name: str, if_empty: bool) -> None:
         await self.catalogue.delete(name, if_empty)

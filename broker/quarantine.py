@@ -52,9 +52,11 @@ BATCH = 200
 
 
 def refuse_client_write(queue: str, what: str) -> None:
-    """Only the group writes the quarantine: a client's declare could give it settings that
-    drop what HA-1014 kept (a max_length), and a client's publish could forge a quarantined
-    message that a restore, run by an admin, would put in a queue the client may not write."""
+    """Only the group writes the quarantine: a client's publish could forge a quarantined
+    message that a restore, run by an admin, would put in a queue the client may not write.
+    (A client's declare, which could give it settings that drop what HA-1014 kept, and a
+    dead-letter queue naming it are refused with every name of the node's namespace,
+    ``broker.acl.RESERVED_PREFIX``.)"""
     if queue == QUEUE:
         raise AccessRefusedError(f"{what}: {QUEUE} is written by the group only (what HA-1014 discarded); "
                                  f"read, consume, purge or delete it, and tandem restore merges it back")

@@ -151,7 +151,7 @@ class SessionHost(StatusSource, Protocol):
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
-    async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]: ...
+    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]: ...
 
     async def delete(self, name: str, if_empty: bool) -> None: ...
 
@@ -550,8 +550,8 @@ class Session:
 
     async def _declare(self, f: Declare) -> None:
         self._may("configure", f.queue, "declare queues")
-        refuse_client_write(f.queue, "declare")
-        info, created = await self.node.declare(f)
+        self.node.acls.check_declare(self._authenticated(), f.queue, f.dead_letter_queue)
+        info, created = await self.node.declare(f, self._authenticated().name)
         self.send(DeclareOk(rid=f.rid, queue=info, created=created))
 
     async def _delete(self, f: Delete) -> None:

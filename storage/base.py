@@ -50,6 +50,10 @@ class QueueMeta:
     max_deliveries: int
     dead_letter_queue: str | None
     max_length: int
+    #: the user who declared the queue: dead-lettering into ``dead_letter_queue`` needs that
+    #: user's ``produce`` on it (broker.acl); None for the node's own queues and for a queue
+    #: whose record was written without one
+    owner: str | None = None
 
 
 class MessageRecord(Protocol):

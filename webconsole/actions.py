@@ -11,7 +11,6 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.quarantine import refuse_client_write
 from broker.queues import validate_declare
 from broker.acl import PERMISSIONS, validate_grant
 from broker.logsafe import escape
@@ -21,7 +20,7 @@ from broker.users import make_user
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, placement_text
 from storage.base import AclRecord
-from webconsole.auth import SESSION, SESSION_COOKIE, SESSIONS, USER, who
+from webconsole.auth import SESSION, SESSION_COOKIE, SESSIONS, USER, principal, who
 from webconsole.errors import ApiError, bad, json_body, only
 from webconsole.group import GROUP
 from webconsole.nodeview import NODE, NodeView
@@ -127,12 +126,12 @@ async def create_queue(request: web.Request) -> web.Response:
         kwargs["placement"] = _placement(placement)
     only(body, {"name", "placement", *DECLARE_FIELDS})
     frame = Declare(rid=0, queue=name, **kwargs)
-    refuse_client_write(name, "declare")
+    request.app[NODE].acls.check_declare(principal(request), name, frame.dead_letter_queue)
     try:
         validate_declare(frame)
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    info, created = await request.app[NODE].declare(frame)
+    info, created = await request.app[NODE].declare(frame, request[USER])
     log.warning("console: %s declared queue %s", who(request), escape(name))
     return web.json_response({"name": info.name, "partitions": info.partitions, "created": created},
                              status=201 if created else 200)

@@ -143,6 +143,11 @@ class _Principal:
         self.name, self.role = name, role
 
 
+def principal(request: web.Request) -> _Principal:
+    """The user of an authenticated request, as broker.acl checks it."""
+    return _Principal(request[USER], request[ROLE])
+
+
 async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | None] | None:
     """(user, role, "cookie" or "basic", the session) of the request; None: no credentials."""
     token = request.cookies.get(SESSION_COOKIE)

@@ -153,7 +153,8 @@ def document() -> dict[str, Any]:
                                     "consistent_hash, round_robin, or an installed custom mapper "
                                     "(entry point group tandem.mappers)"},
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
-                         "dead_letter_queue": {"type": "string", "nullable": True},
+                         "dead_letter_queue": {"type": "string", "nullable": True,
+                                               "description": "needs produce on it (403 otherwise); not tandem.*"},
                          "max_length": {"type": "integer"},
                          "placement": {"description": "static distribution, in a replication group: one node list "
                                        "per partition in priority order, each node NAME, NAME:sync or NAME:async "

@@ -79,7 +79,12 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
                             (catalogue only: tandem group add / remove)
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
-                max_deliveries int, dead_letter_queue nil|str, max_length int]
+                max_deliveries int, dead_letter_queue nil|str, max_length int,
+                owner nil|str]
+               owner: the user who declared the queue (dead-lettering needs its
+               ``produce`` on dead_letter_queue, broker.acl); left out when there is
+               none (the node's own queues): 8 items, as a build without owners sends
+               them, and reads as none
     UserFields: map str -> value, one key per field of storage.base.UserRecord
                 (name str, salt bin, hash bin, role str, params str, ...)
 
@@ -427,7 +432,8 @@ def decode_replicate(payload: bytes) -> list[tuple[int, int, Any]]:
 
 
 def _meta_out(q: QueueMeta) -> list[Any]:
-    return [q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries, q.dead_letter_queue, q.max_length]
+    out = [q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries, q.dead_letter_queue, q.max_length]
+    return out if q.owner is None else [*out, q.owner]
 
 
 def _meta_in(a: Any) -> QueueMeta:
@@ -435,7 +441,8 @@ def _meta_in(a: Any) -> QueueMeta:
     return QueueMeta(id=_uint(a[0], "queue id"), name=_str(a[1], "queue name"),
                      partitions=_uint(a[2], "partitions"), mapper=_str(a[3], "mapper"),
                      ring_size=_uint(a[4], "ring_size"), max_deliveries=_uint(a[5], "max_deliveries"),
-                     dead_letter_queue=_opt_str(a[6], "dead_letter_queue"), max_length=_uint(a[7], "max_length"))
+                     dead_letter_queue=_opt_str(a[6], "dead_letter_queue"), max_length=_uint(a[7], "max_length"),
+                     owner=_opt_str(a[8], "owner") if len(a) > 8 else None)
 
 
 def _message_in(m: Any, n: int = 7) -> StoredMessage:

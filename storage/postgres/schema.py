@@ -65,16 +65,24 @@ DDL = [
 
 def create_schema(conn: Connection) -> None:
     """Create what is missing and stamp the schema version, in one transaction under the
-    schema lock (a node finding everything there only reads)."""
+    schema lock (a node finding everything there only reads).  What is there is looked at
+    again once the lock is held: a node that waited for it while another created the tables
+    must not alter them again (an ALTER TABLE waits for the readers of a node already
+    loading, which may wait for this transaction's locks: a deadlock)."""
     with conn.begin():
-        present = conn.exec_driver_sql(
-            f"SELECT to_regclass('{TABLE}') IS NOT NULL AND to_regclass('ha_state') IS NOT NULL "
-            "AND to_regclass('acls') IS NOT NULL AND EXISTS (SELECT 1 FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = 'ha_state' AND column_name = %s)",
-            (ADDED_COLUMNS[-1][1],)).scalar()
-        if not present:
+        if not _present(conn):
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            for ddl in DDL:
-                conn.exec_driver_sql(ddl)
+            if not _present(conn):
+                for ddl in DDL:
+                    conn.exec_driver_sql(ddl)
         conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
                              (SCHEMA_VERSION,))
+
+
+def _present(conn: Connection) -> bool:
+    """Whether every table and added column is there."""
+    return bool(conn.exec_driver_sql(
+        f"SELECT to_regclass('{TABLE}') IS NOT NULL AND to_regclass('ha_state') IS NOT NULL "
+        "AND to_regclass('acls') IS NOT NULL AND (SELECT count(*) FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name || '.' || column_name = ANY(%s)) = %s",
+        ([f"{table}.{column}" for table, column, _decl in ADDED_COLUMNS], len(ADDED_COLUMNS))).scalar())

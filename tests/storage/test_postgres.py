@@ -5,6 +5,7 @@ once.  (What every engine does is in test_store_conformance.py and test_shared_l
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -261,3 +262,22 @@ def test_a_database_without_the_snapshot_mark_columns_gains_them(pg_url: str) ->
         have = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
                                            "AND table_name = 'ha_state'", (schema,))}
     assert {"snap_weak", "snap_recency_term", "snap_recency_index"} <= have
+
+
+def test_a_database_without_queue_owners_gains_the_column_and_reads_none(pg_url: str) -> None:
+    """A database made before queues kept who declared them: opened, it gains the column, its
+    queues read with no owner, and an owner written then comes back."""
+    e = PostgresShared(pg_url).engine()
+    e.open()
+    e.apply([PutQueue(Q)], sync=True)
+    e.close()
+    schema = pg_url.rsplit("%3D", 1)[1]
+    with admin(pg_url.split("?")[0]) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".queues DROP COLUMN owner')
+    again = PostgresShared(pg_url).engine()
+    assert [q.owner for q in again.open().queues] == [None]
+    again.apply([PutQueue(dataclasses.replace(Q, owner="bob"))], sync=True)
+    again.close()
+    third = PostgresShared(pg_url).engine()
+    assert [q.owner for q in third.open().queues] == ["bob"]
+    third.close()

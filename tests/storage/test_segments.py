@@ -3,6 +3,7 @@ keeps its log in them: replay, torn writes, space reclaimed, the ha_log table ca
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
@@ -364,6 +365,27 @@ def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) ->
     log.close()
     got = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB).open()
     assert [(r.index, r.term) for r in got[(1, 0)]] == [(i, 5) for i in range(1, 13)]
+
+
+def test_a_store_without_queue_owners_gains_the_column_and_reads_none(tmp_path: Path) -> None:
+    """A store written before queues kept who declared them: opened, it gains the column (the
+    schema version stays), its queues read with no owner, and an owner written then comes back."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(dataclasses.replace(Q, owner="alice"))], sync=True)
+    e.close()
+    db = sqlite3.connect(tmp_path / "tandem.db")
+    db.execute("ALTER TABLE queues DROP COLUMN owner")
+    db.commit()
+    db.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert rec.queues == [dataclasses.replace(Q, owner=None)] and rec.meta["schema_version"] == "3"
+    again.apply([PutQueue(dataclasses.replace(Q, owner="bob"))], sync=True)
+    again.close()
+    third = SqliteEngine(tmp_path / "tandem.db")
+    assert [q.owner for q in third.open().queues] == ["bob"]
+    third.close()
 
 
 def test_a_store_without_the_snapshot_mark_columns_gains_them_and_reads_strong(tmp_path: Path) -> None:

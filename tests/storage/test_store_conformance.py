@@ -4,6 +4,7 @@ skips, naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -74,7 +75,7 @@ def make_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Call
 
 
 Q = QueueMeta(id=1, name="q", partitions=2, mapper="consistent_hash", ring_size=64, max_deliveries=3,
-              dead_letter_queue="dlq", max_length=0)
+              dead_letter_queue="dlq", max_length=0, owner="alice")
 
 
 def msg(offset: int, body: bytes = b"b", **kw: object) -> StoredMessage:
@@ -109,6 +110,20 @@ def test_everything_committed_comes_back(make_engine: Callable[[], Engine]) -> N
     assert [m.dc for m in p0.messages] == [1, 2] and p0.messages[1].seq == 9
     assert p0.next_offset == 3 and p0.producers == {"p": 9}
     assert [m.body for m in rec.partitions[(1, 1)].messages] == [b"other"]
+
+
+def test_a_queue_keeps_its_owner_or_none(make_engine: Callable[[], Engine]) -> None:
+    """The user who declared a queue comes back with it (the dead-letter check needs it); the
+    node's own queues have none; a PutQueue of the queue again (a re-map) keeps what it says."""
+    e = make_engine()
+    e.open()
+    own = QueueMeta(id=2, name="tandem.own", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
+                    dead_letter_queue=None, max_length=0)
+    e.apply([PutQueue(Q), PutQueue(own)], sync=True)
+    e.apply([PutQueue(dataclasses.replace(Q, partitions=4))], sync=True)
+    e.close()
+    rec = make_engine().open()
+    assert [(q.name, q.owner, q.partitions) for q in rec.queues] == [("q", "alice", 4), ("tandem.own", None, 1)]
 
 
 def test_dropped_producers_are_gone_and_others_stay(make_engine: Callable[[], Engine]) -> None:

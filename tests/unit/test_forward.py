@@ -15,7 +15,8 @@ from broker.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, D
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
-    PublishFwd(1, 2, b"\x81\xa2op\x01"), DeclareFwd(2, b"frame"), DeleteFwd(1, "orders", True), CatalogueFwd(),
+    PublishFwd(1, 2, b"\x81\xa2op\x01"), DeclareFwd(2, b"frame"), DeclareFwd(2, b"frame", "alice"),
+    DeleteFwd(1, "orders", True), CatalogueFwd(),
     StatusFwd(), PartitionStatsFwd("orders", 3), QueueStatsFwd(), OptionFwd("priority", 2, "admin"),
     ReadFwd(1, "orders", 0, 100, 500), DepthFwd("orders", 1), PurgeFwd("orders", 0),
     UserPutFwd(0, b"\x80", "create"), UserDropFwd(1, "bob"), AclGrantFwd(0, "bob", "orders.*", "consume"),

@@ -8,6 +8,7 @@ the ``Replicate`` payload must encode to (and decode from) the bytes below."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import msgpack
@@ -226,6 +227,29 @@ def test_every_op_code_encodes_to_the_pinned_bytes(code: str, op: WriteOp, wire:
     assert msgpack.unpackb(data, raw=False)[0][0] == code
     (back,) = decode_ops((1, 0), bytes.fromhex(wire))
     assert _plain(back) == op
+
+
+def test_a_queue_with_an_owner_is_nine_items_and_one_without_the_eight_of_older_builds() -> None:
+    """The user who declared a queue travels as a ninth item; a queue without one (the node's
+    own) is the eight items an older build sends and reads, and those read as no owner."""
+    owned = dataclasses.replace(META, owner="alice")
+    wire = "9192a1519904a66f726465727302a4686173680005a3646c7164a5616c696365"
+    data, _applied = encode_ops([PutQueue(owned)])
+    assert data.hex() == wire and len(msgpack.unpackb(data)[0][1]) == 9
+    assert decode_ops((0, 0), data) == [PutQueue(owned)]
+    eight = next(w for c, _o, w in PINNED_OPS if c == "Q")
+    assert len(msgpack.unpackb(bytes.fromhex(eight))[0][1]) == 8
+    assert decode_ops((0, 0), bytes.fromhex(eight)) == [PutQueue(META)] and META.owner is None
+    # (an older build reads the nine as the eight it knows: arrays may grow at the end)
+    assert msgpack.unpackb(data)[0][1][:8] == msgpack.unpackb(bytes.fromhex(eight))[0][1]
+    with pytest.raises(ValueError, match="owner"):
+        decode_ops((0, 0), msgpack.packb([["Q", [4, "orders", 2, "hash", 0, 5, "dlq", 100, 7]]]))
+
+
+def test_a_catalogue_snapshot_carries_each_queues_owner() -> None:
+    owned = dataclasses.replace(META, name="mine", id=5, owner="alice")
+    data = encode_catalogue_snapshot([META, owned], {"seeded": True})
+    assert decode_catalogue_snapshot(data)[0] == [META, owned]
 
 
 def test_a_list_of_messages_is_read() -> None:

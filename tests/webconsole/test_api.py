@@ -187,10 +187,16 @@ async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple
     async with await client.connect(url_of(node)) as conn:
         await conn.declare_queue("orders")
         # only the group writes the quarantine: a client could forge what an admin restores
-        with pytest.raises(AccessRefusedError, match="written by the group only"):
+        with pytest.raises(AccessRefusedError, match="reserved for the node"):
             await conn.declare_queue(QUARANTINE)
         status, err = await call(s, "POST", f"{base}/api/v1/queues", json={"name": QUARANTINE})
-        assert status == 403 and "written by the group only" in err["message"], err
+        assert status == 403 and "reserved for the node" in err["message"], err
+        # nor through a dead-letter queue, nor in any other name of the node's
+        status, err = await call(s, "POST", f"{base}/api/v1/queues",
+                                 json={"name": "trap", "dead_letter_queue": QUARANTINE})
+        assert status == 403 and "reserved for the node" in err["message"] and "trap" not in node.queues, err
+        status, err = await call(s, "POST", f"{base}/api/v1/queues", json={"name": "tandem.x"})
+        assert status == 403 and "reserved for the node" in err["message"], err
         # what HA-1014 discarded of orders/0 (offset 3, confirmed), kept as the node keeps it
         orders = node.queues["orders"].meta.id
         kept = StoredMessage(3, "k1", msgpack.packb({"app": "kept"}), b"lost", "p1", 4, 0.0)
@@ -341,6 +347,12 @@ async def test_grants_list_grant_revoke_and_who_may_use_the_console(http: tuple[
     assert (await call(s, "GET", f"{base}/api/v1/session", auth=bob))[0] == 200
     assert (await call(s, "POST", a, json={"user": "bob", "pattern": "*", "permissions": ["admin"]}))[0] == 200
     assert (await call(s, "POST", f"{base}/api/v1/queues", auth=bob, json={"name": "made-by-bob"}))[0] == 201
+    assert node.queues["made-by-bob"].meta.owner == "bob"
+    # the admin permission is not produce: bob may not dead-letter into a queue he may not write
+    status, err = await call(s, "POST", f"{base}/api/v1/queues", auth=bob,
+                             json={"name": "bobs-trap", "dead_letter_queue": "made-by-bob"})
+    assert status == 403 and "'bob'" in err["message"] and "'produce'" in err["message"] \
+        and "'made-by-bob'" in err["message"] and "bobs-trap" not in node.queues, err
     # deleting the user deletes its grants
     assert (await call(s, "DELETE", f"{base}/api/v1/users/bob"))[0] == 200
     assert (await call(s, "GET", a))[1] == []
