@@ -14,6 +14,7 @@ from pathlib import Path
 
 from broker.secret import ensure_secret
 from client.clock import SYSTEM_CLOCK
+from client.protocol import Frame, FrameBuffer, decode_payload
 from ha.messages import Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
 
@@ -60,6 +61,17 @@ def active_replica(entries: int = 0, size: int = 0) -> Replica:
             raise AssertionError("a proposal was refused")
         r.persisted(e)
     return r
+
+
+async def read_frame(reader: asyncio.StreamReader, buf: FrameBuffer) -> Frame | None:
+    """The next frame the other end of a raw connection sends (decoded without the protocol's
+    state checks), or None once it has closed the connection."""
+    while (payload := buf.next_payload()) is None:
+        data = await reader.read(65536)
+        if not data:
+            return None
+        buf.feed(data)
+    return decode_payload(payload)
 
 
 def free_base_port(nodes: int = 3) -> int:

@@ -35,10 +35,11 @@ import msgpack
 import client
 from broker.tools.cluster import LocalCluster
 from client.protocol import encode
-from client.protocol.codec import FrameBuffer, decode_payload
+from client.protocol.codec import FrameBuffer
 from client.protocol.frames import AuthChallenge, AuthResponse, Hello, Op, PeerHello
 from client.scram import MECHANISM, ScramClient
 from tests.fuzz.corpus import client_requests, peer_frames
+from tests.helpers import read_frame
 
 KINDS = ("client-garbage", "client-login", "client-bad-login", "peer-garbage", "peer-hello")
 
@@ -139,14 +140,10 @@ async def login(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pass
     buf = FrameBuffer(1 << 20)
 
     async def frame() -> Any:
-        while True:
-            payload = buf.next_payload()
-            if payload is not None:
-                return decode_payload(payload)
-            data = await reader.read(65536)
-            if not data:
-                raise ConnectionResetError("closed during the login")
-            buf.feed(data)
+        f = await read_frame(reader, buf)
+        if f is None:
+            raise ConnectionResetError("closed during the login")
+        return f
 
     async with asyncio.timeout(10):
         challenge = await frame()

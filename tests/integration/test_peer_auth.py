@@ -35,7 +35,7 @@ from broker.tools.cluster import LocalCluster, free_ports
 from broker.tools.pair import HaSetup
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
-from client.protocol.codec import FrameBuffer, decode_payload, encode
+from client.protocol.codec import FrameBuffer, encode
 from client.protocol.frames import (
     Forward,
     ForwardOk,
@@ -49,7 +49,7 @@ from client.protocol.frames import (
 )
 from ha.messages import RequestVote, TimeoutNow
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import read_frame, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -112,23 +112,17 @@ async def intrude(connect: Callable[[str, int], Awaitable[Streams]], host: str, 
         return got
     buf = FrameBuffer(64 * 1024 * 1024)
 
-    async def read_frame() -> Frame | None:
-        while True:
-            payload = buf.next_payload()
-            if payload is not None:
-                return decode_payload(payload)
-            data = await reader.read(65536)
-            if not data:
-                got.closed = True
-                return None
-            buf.feed(data)
+    async def next_frame() -> Frame | None:
+        f = await read_frame(reader, buf)
+        got.closed = f is None
+        return f
 
     try:
         async with SYSTEM_CLOCK.timeout(20):
             first, rest = frames[0], frames[1:]
             writer.write(encode(first))
             if read_first:
-                f = await read_frame()
+                f = await next_frame()
                 if f is not None:
                     got.frames.append(f)
             for f in rest:
@@ -140,7 +134,7 @@ async def intrude(connect: Callable[[str, int], Awaitable[Streams]], host: str, 
                 except OSError:
                     break  # the node closed the connection: what it sent is still to be read
             while not got.closed:
-                f = await read_frame()
+                f = await next_frame()
                 if f is not None:
                     got.frames.append(f)
     except OSError:

@@ -29,6 +29,7 @@ from client.clock import SYSTEM_CLOCK
 from client.scram import MECHANISM, ScramClient
 from tests.conftest import PASSWORD
 from tests.fuzz.corpus import hello, sample_frame
+from tests.helpers import read_frame
 from tests.security.conftest import MALLORY, PARTITIONS, PAYMENTS, PER_PARTITION, SecurityGroup, basic
 from tests.security.surface import PUBLIC, console_routes, example_path, forward_example, request_frames
 
@@ -64,15 +65,9 @@ async def exchange(address: tuple[str, int], frames: list[Frame], *, answers_fir
     buf = FrameBuffer(64 * 1024 * 1024)
 
     async def frame() -> Frame | None:
-        while True:
-            payload = buf.next_payload()
-            if payload is not None:
-                return decode_payload(payload)
-            data = await reader.read(65536)
-            if not data:
-                got.closed = True
-                return None
-            buf.feed(data)
+        f = await read_frame(reader, buf)
+        got.closed = f is None
+        return f
 
     try:
         async with SYSTEM_CLOCK.timeout(ANSWER):

@@ -7,8 +7,9 @@ import asyncio
 
 from client import scram
 from client.clock import SYSTEM_CLOCK
-from client.protocol import MAX_VERSION, MIN_VERSION, Frame, FrameBuffer, decode_payload, encode
+from client.protocol import MAX_VERSION, MIN_VERSION, Frame, FrameBuffer, encode
 from client.protocol.frames import AuthChallenge, AuthResponse, Error, Hello
+from tests.helpers import read_frame
 
 
 class RawLogin:
@@ -33,13 +34,9 @@ class RawLogin:
     async def _frame(self) -> Frame:
         assert self._reader is not None
         async with SYSTEM_CLOCK.timeout(30):
-            while (payload := self._buf.next_payload()) is None:
-                data = await self._reader.read(65536)
-                if not data:
-                    raise ConnectionError("the node closed the connection")
-                self._buf.feed(data)
-        frame = decode_payload(payload)
-        assert isinstance(frame, Frame)
+            frame = await read_frame(self._reader, self._buf)
+        if frame is None:
+            raise ConnectionError("the node closed the connection")
         return frame
 
     def _send(self, frame: Frame) -> None:
