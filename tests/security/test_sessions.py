@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,7 +19,7 @@ from broker.tools.cluster import LocalCluster
 from client.connection import Connection
 from client.errors import AccessRefusedError
 from client.protocol.frames import Ok, Subscribe, SubscribeOk, UserPut
-from tests.conftest import FAST, PASSWORD
+from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration, pytest.mark.timeout(180),
@@ -32,14 +31,8 @@ NEW_PW = "user-password-2"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path_factory.mktemp("sessions"), nodes=3, base_port=0, password=PASSWORD,
-                      extra_args=[*FAST, "--heartbeat", "1"])
-    await cl.start()
-    try:
-        await cl.wait_ready()
+    async with running_group(tmp_path_factory.mktemp("sessions"), "--heartbeat", "1") as cl:
         yield cl
-    finally:
-        await cl.stop()
 
 
 def url_as(cl: LocalCluster, node: str, user: str, password: str) -> str:
