@@ -68,7 +68,8 @@ from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_r
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
                           SetDrained, SetGroup, SetPlacement, SetUpdating, Settle, StoredMessage, UserRecord, WriteOp)
-from storage.shared import SharedStore, open_shared
+from storage.shared import SharedStore
+from storage.shared_factory import open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 

@@ -11,9 +11,10 @@ a single row, whatever it believes (``FencedError``).
 the winner :meth:`claims <Lease.claim>` the epoch it took beside the file, so fencing still
 happens in the database.
 
-:func:`open_shared` gives both for a URL: ``postgresql+psycopg://USER@HOST:PORT/DB`` or
-``sqlite:///PATH`` (nodes on one machine).  Methods block; the broker calls them off the
-event loop.
+This module is the contract the engines implement (:class:`SharedStore`: an engine and a
+lease) and imports none of them; :func:`storage.shared_factory.open_shared` gives both for a
+URL: ``postgresql+psycopg://USER@HOST:PORT/DB`` or ``sqlite:///PATH`` (nodes on one
+machine).  Methods block; the broker calls them off the event loop.
 """
 
 from __future__ import annotations
@@ -94,13 +95,3 @@ class SharedStore(Protocol):
 
     def lease(self) -> Lease: ...
 
-
-def open_shared(url: str) -> SharedStore:
-    """The shared store at ``url`` (nothing is connected until it is used)."""
-    if url.startswith("postgresql+psycopg://"):
-        from storage.postgres import PostgresShared
-        return PostgresShared(url)
-    if url.startswith("sqlite:///"):
-        from storage.sqlite.shared import SqliteShared
-        return SqliteShared(url.removeprefix("sqlite:///"))
-    raise StorageError(f"database {url.split('@')[-1]!r}: expected postgresql+psycopg://... or sqlite:///PATH")

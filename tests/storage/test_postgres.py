@@ -15,7 +15,7 @@ import pytest
 from client.errors import StorageError
 from storage.base import Append, PutQueue, QueueMeta, StoredMessage
 from storage.postgres import PostgresEngine, PostgresShared
-from storage.shared import open_shared
+from storage.shared_factory import open_shared
 from tests.helpers import wait_until_sync
 
 Q = QueueMeta(id=1, name="q", partitions=1, mapper="consistent_hash", ring_size=64, max_deliveries=3,

@@ -395,7 +395,7 @@ def test_an_active_process_killed_mid_stream_leaves_a_store_the_next_one_opens(b
     code = """
 import sys
 from storage.base import Append, PutQueue, QueueMeta, StoredMessage
-from storage.shared import open_shared
+from storage.shared_factory import open_shared
 store = open_shared(sys.argv[1])
 lease, engine = store.lease(), store.engine()
 engine.open()
