@@ -47,6 +47,7 @@ from broker.replication.codec import group_out, placement_out, updating_out
 from broker.session import Session
 from broker.shared import SharedCommitPath, SharedMode
 from broker.status import HaReport, NodeEvent
+from broker.tasks import TaskOwner
 from broker.streams import Produced, produced, read_stream
 from broker.auth import ClientGuard, oldest_waiting
 from broker.acl import AclTable
@@ -162,10 +163,9 @@ class Node:
         self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._spawned = TaskOwner(f"node {config.name}")  # broker/tasks.py: ended by stop()
         self._console_factory = console
         self.console: Console | None = None
-        self._expiry_task: asyncio.Task[None] | None = None
         #: the disk alarm (broker/diskalarm.py): None in shared mode (the data is in the
         #: group's database) and with disk_free_limit = 0
         self.disk_alarm: DiskAlarm | None = None
@@ -221,6 +221,7 @@ class Node:
                 if isinstance(exc, Exception) and cfg.mode != "shared" else None
             log.error("node start failed name=%s error=%s", cfg.name, full.message if full is not None else exc)
             await self._stop_disk_alarm()
+            await self._spawned.close()
             try:
                 await self._stop_peers()
                 await self._close_store()
@@ -304,7 +305,7 @@ class Node:
         await server.start_serving()
         if self.disk_alarm is not None:
             self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
-        self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
+        self._spawned.spawn(self._expire_producers(), "tandem-producer-expiry")
         await self._start_console()
 
     async def _check_placement(self, was: str | None) -> None:
@@ -396,7 +397,6 @@ class Node:
             self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
         await server.start_serving()
         self.shared.start()
-        self._expiry_task = asyncio.create_task(self._expire_producers(), name="tandem-producer-expiry")
         await self._start_console()
         log.info("shared mode: %s is PASSIVE until it holds the lock (database %s, lock %s, lease %.2f s)",
                  cfg.name, redact_url(cfg.database or ""), cfg.lock, cfg.lease)
@@ -431,6 +431,7 @@ class Node:
                     cfg.name, epoch, self.clock.monotonic() - started, len(self.queues), total)
         for q in self.queues.values():
             self.delivery.schedule(q)
+        self._spawned.spawn(self._expire_producers(), "tandem-producer-expiry")  # (while active)
         self.map_changed()
 
     def shared_active(self) -> None:
@@ -461,6 +462,7 @@ class Node:
         if self.sessions:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
         self.catalogue = Catalogue(self)  # (the users stay: a passive answers status requests)
+        await self._spawned.cancel_all()  # the active's work: before the store closes
         await self._close_store()
         self.map_changed()
 
@@ -523,13 +525,11 @@ class Node:
                 s.shutdown(ShuttingDownError(f"node {self.config.name} is shutting down"))
             if self.sessions:
                 await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
+            await self._spawned.close()  # (before the store closes: they may write)
             await self._close_store()
             await self.shared.release()
         if self.console is not None:
             await self.console.stop()
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            await asyncio.gather(self._expiry_task, return_exceptions=True)
         await self._stop_disk_alarm()
         if self._server is not None:
             self._server.close()
@@ -539,6 +539,7 @@ class Node:
             await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
         if self._server is not None:
             await self._server.wait_closed()
+        await self._spawned.close()  # the sessions' work done: before the links and the store go
         if self.replication is not None:
             # the acks still waiting for a partition's next entry: out while the links are up
             await self.replication.flush_lazy(timeout=self.config.non_response_timeout)
@@ -1318,10 +1319,8 @@ class Node:
     # -- the group ---------------------------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` as a task the node owns (cancelled when it stops)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Run ``coro`` as a task the node owns (broker/tasks.py): failures logged, ended by stop."""
+        self._spawned.spawn(coro)
 
     @property
     def election_wait(self) -> float:

@@ -311,7 +311,7 @@ class Publisher:
         by_part: dict[int, list[PublishMessage]] = {}
         for m, p in zip(req.messages, pidxs):
             by_part.setdefault(p, []).append(m)
-        parts: list[Outcome[PublishResult] | asyncio.Future[PublishResult]] = []
+        parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]] = []
         for pidx, msgs in by_part.items():
             part_req = replace(req, messages=msgs, partition=pidx)
             if self.node.commit.serving((q.meta.id, pidx)):
@@ -320,7 +320,7 @@ class Publisher:
                 except Exception as exc:
                     parts.append(Outcome.failed(exc))
             else:
-                parts.append(asyncio.ensure_future(self._publish_remote(q, pidx, part_req)))
+                parts.append(self._publish_remote(q, pidx, part_req))  # (run by _sum_parts)
         self.node.spawn(_sum_parts(parts, result))
 
     async def _publish_remote(self, q: Queue, pidx: int, req: PublishRequest) -> PublishResult:
@@ -360,18 +360,27 @@ async def _relay(work: Coroutine[Any, Any, PublishResult], result: Outcome[Publi
         result.set_result(r)
 
 
-async def _sum_parts(parts: list[Outcome[PublishResult] | asyncio.Future[PublishResult]],
+async def _sum_parts(parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]],
                      result: Outcome[PublishResult]) -> None:
+    """The remote parts run at once as this task's own: cancelled (the node stops), it ends them."""
+    running = [asyncio.ensure_future(p) if asyncio.iscoroutine(p) else p for p in parts]
     stored = duplicates = 0
     error: BaseException | None = None
-    for part in parts:  # each is settled on its own: waiting in order costs nothing
-        try:
-            r = await part
-        except Exception as exc:
-            error = error or exc
-            continue
-        stored += r.stored
-        duplicates += r.duplicates
+    try:
+        for part in running:  # each is settled on its own: waiting in order costs nothing
+            try:
+                r = await part
+            except Exception as exc:
+                error = error or exc
+                continue
+            stored += r.stored
+            duplicates += r.duplicates
+    finally:
+        left = [p for p in running if isinstance(p, asyncio.Future) and not p.done()]
+        for p in left:
+            p.cancel()
+        if left:
+            await asyncio.wait(left)
     if result.done():
         return
     if error is not None:
