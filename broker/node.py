@@ -448,7 +448,10 @@ class Node:
         """A change of user ``name`` was applied here: recheck its sessions (broker.standing)."""
         for s in list(self.sessions):
             if s.user is not None and s.user.name == name:
-                s.renew_standing() if seeded else s.recheck_standing()
+                if seeded:
+                    s.renew_standing()
+                else:
+                    s.recheck_standing()
 
     async def deactivate_shared(self, error: NotActiveError) -> None:
         """Stop serving (the lock is lost or this node stops): close every session with

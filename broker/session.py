@@ -389,8 +389,11 @@ class Session:
                 self.send(Heartbeat())
 
     def _time_out(self, why: str) -> None:
-        err = HeartbeatTimeoutError(why)
-        log.warning("session %s: %s", self.client_name, err.message)
+        self._end(HeartbeatTimeoutError(why))
+
+    def _end(self, err: TandemError, prefix: str = "") -> None:
+        """End the session from the node's side, saying why (to the client and the log)."""
+        log.warning("session %s: %s%s", self.client_name, prefix, err.message)
         self.shutdown(err)
         self.reader.feed_eof()
 
@@ -401,11 +404,8 @@ class Session:
     def give_up_slot(self) -> None:
         """The node is at max_connections and a new connection takes this one's slot: it has
         waited longest without logging in."""
-        err = UnavailableError("node is at max_connections and this connection had not logged in: "
-                               "its slot went to a new one")
-        log.warning("session %s: %s", self.client_name, err.message)
-        self.shutdown(err)
-        self.reader.feed_eof()
+        self._end(UnavailableError("node is at max_connections and this connection had not logged in: "
+                                   "its slot went to a new one"))
 
     def recheck_standing(self) -> bool:
         """Whether the session's user still stands as it did at login (broker.standing);
@@ -414,9 +414,7 @@ class Session:
             return not self._closing
         keep, why = recheck(self.node, self.standing)
         if keep is None:
-            log.warning("session %s: closed: %s", self.client_name, why)
-            self.shutdown(AccessRefusedError(f"session ended: {why}"))
-            self.reader.feed_eof()
+            self._end(AccessRefusedError(f"session ended: {why}"), "closed: ")
             return False
         self.standing = keep
         self.user = self.node.users.get(keep.name) or self.user
