@@ -36,7 +36,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from broker import heap
+from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
 from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, restore_cli,
@@ -97,11 +97,11 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
 
 
 async def _serve(config: NodeConfig) -> int:
-    from broker.node import Node  # the node and its console: only for the command that runs one
+    from broker.node.node import Node  # the node and its console: only for the command that runs one
 
     from webconsole.app import Console
 
-    heap.limit_arenas()  # before the node's threads (broker/heap.py)
+    heap.limit_arenas()  # before the node's threads (broker/node/heap.py)
     node = Node(config, console=Console)
     await node.start()
     if os.environ.get("TANDEM_GC_FREEZE", "1") != "0":
@@ -147,7 +147,7 @@ async def _serve(config: NodeConfig) -> int:
 
 async def _trim_heap(node: Any) -> None:
     """Once a minute hand the process's free heap memory back to the system, off the event
-    loop (broker/heap.py)."""
+    loop (broker/node/heap.py)."""
     while True:
         await node.clock.sleep(heap.TRIM_EVERY)
         await asyncio.to_thread(heap.trim)

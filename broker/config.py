@@ -78,6 +78,9 @@ from ha.placement import DistributionPolicy
 from storage.base import DurabilityPolicy
 
 DEFAULT_PORT = 7780
+#: A replica whose replies have been held this many ``non_response_timeout``s by its log
+#: writes stops sending the active Alive: its disk or writer is stuck (docs/replication.md).
+ALIVE_GIVE_UP = 10
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HOST = re.compile(r"^\[?[A-Za-z0-9_.:-]{1,253}\]?$")  # a host name, IPv4 or [IPv6] address
 
@@ -118,11 +121,11 @@ class NodeConfig:
     #: Disabled, its HA services off, when any zone it is in loses quorum; empty: none
     availability_zones: tuple[str, ...] = ()
     designated_primary: bool = False
-    #: this node joins a running group (``tandem group add``, broker.members): on its first
+    #: this node joins a running group (``tandem group add``, broker.partitions.members): on its first
     #: start it holds nothing and votes in nothing until the group's state reaches it;
     #: ``peers`` names the members it finds the group by (any of them will do)
     join: bool = False
-    #: "host:port" of members' peer ports, no names needed (broker.discovery): a node that
+    #: "host:port" of members' peer ports, no names needed (broker.peers.discovery): a node that
     #: ``join``s finds the group by them, and any member asks them for the address of a
     #: member it has none for
     seeds: tuple[str, ...] = ()
@@ -141,13 +144,13 @@ class NodeConfig:
     #: store in a transaction of its own: the active never stops for a large partition
     objects_locked_per_transaction: int = 1000
     #: the compensation hook a restore run by the group (admin API, console) asks about each
-    #: key conflict (broker.compensation; an entry point of tandem.compensation, installed on
+    #: key conflict (broker.partitions.compensation; an entry point of tandem.compensation, installed on
     #: every member); empty: the quarantined message is restored beside the source's
     compensation: str = ""
     #: bytes of entries a weak active (quorum_override, designated_primary) wrote that no
     #: majority is known to hold, kept in a partition's log (and memory) so that a heal can
     #: compare them and quarantine what it discards: a publish past it is refused (retry;
-    #: broker.replication.compaction.WeakHold); past twice as much (acks, deliveries) they are
+    #: broker.modes.replicated.compaction.WeakHold); past twice as much (acks, deliveries) they are
     #: compacted, and a heal against another active loses them, reported
     weak_hold_bytes: int = 256 * 1024 * 1024
     #: host:port clients are told to reach this node at (partition maps, tandem status), when
@@ -192,11 +195,11 @@ class NodeConfig:
     #: seconds a client connection has from connect to a finished login, whatever it sends
     login_timeout: float = 10.0
     #: bytes: while the file system of ``data_dir`` has less free space than this, the node
-    #: refuses publishes and declares (the disk alarm, broker/diskalarm.py); 0: no alarm
+    #: refuses publishes and declares (the disk alarm, broker/node/diskalarm.py); 0: no alarm
     disk_free_limit: int = 64 * 1024 * 1024
     #: bytes of ready messages (bodies, headers, and an estimate of each one's object) the
     #: node holds in memory, split evenly over its partitions; past a partition's share its
-    #: messages stay in the store and are read back when delivered (broker.queues); 0: no bound
+    #: messages stay in the store and are read back when delivered (broker.messaging.queues); 0: no bound
     max_memory: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -290,12 +293,6 @@ class NodeConfig:
             raise ConfigError("login_timeout: must be 0.5 .. 3600 seconds")
         if not isinstance(self.weak_hold_bytes, int) or self.weak_hold_bytes < 0:
             raise ConfigError(f"weak_hold_bytes {self.weak_hold_bytes!r}: must be >= 0 bytes")
-        if self.compensation:
-            from broker.compensation import load  # (scans the installed packages: only when named)
-            try:
-                load(self.compensation)
-            except InvalidArgumentError as e:
-                raise ConfigError(f"compensation: {e.message}") from None
 
     def _check_zones(self) -> None:
         if not self.zones:

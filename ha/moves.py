@@ -1,5 +1,5 @@
 """The steps that take a partition's members to a new node list, sans-IO
-(``tandem partition move``, :mod:`broker.moves`).
+(``tandem partition move``, :mod:`broker.partitions.moves`).
 
 Each step is one membership change the core accepts (:meth:`ha.replica.Replica.change_members`:
 the voters differ by one node at most, a new voter is caught up):

@@ -1,6 +1,6 @@
 """Peer authentication: the proofs a peer link's two ends exchange, and who may join.
 
-Pure functions (no I/O, no clock): :mod:`broker.peers` runs the handshake over the
+Pure functions (no I/O, no clock): :mod:`broker.peers.peers` runs the handshake over the
 socket and calls these.  The handshake (docs/security.md, "Peer authentication")::
 
     dialer                                       acceptor

@@ -10,7 +10,7 @@ label, Kafka's racks, NATS's ``unique_tag``) each replica is taken from a zone t
 holds the fewest copies in so far: a partition's copies are in as many distinct zones as
 there are, so losing a whole zone costs each partition at most its share of copies there.
 
-A queue declared with explicit node lists (``static`` distribution, broker.moves) has
+A queue declared with explicit node lists (``static`` distribution, broker.partitions.moves) has
 them instead, read by :func:`listed`, as a moved partition has its move's.
 """
 

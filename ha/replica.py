@@ -477,7 +477,7 @@ class Replica:
     def compact(self, upto: int) -> None:
         """Forget entries up to ``upto`` (at most what is applied): the driver's state has
         them.  A replica that needs them later gets a snapshot instead.  The driver keeps
-        what :meth:`compactable` holds back, up to a bound (broker.replication.compaction)."""
+        what :meth:`compactable` holds back, up to a bound (broker.modes.replicated.compaction)."""
         upto = min(upto, self.applied)
         if upto <= self.snap_index:
             return
@@ -794,7 +794,7 @@ class Replica:
             return
         if m.prev_index < self.snap_index:
             # It resends what we have compacted: committed, so identical, unless a weak active
-            # wrote it here and the driver had to compact it (broker.replication.compaction).
+            # wrote it here and the driver had to compact it (broker.modes.replicated.compaction).
             # What reaches the snapshot's last entry is compared with it; an entry of a later
             # term than that cannot be in it.  Short of it, only the entries sent are promised.
             skip = self.snap_index - m.prev_index

@@ -19,7 +19,7 @@ class ReplicaConfig:
     designated_primary: str | None = None
     #: voters (self included) an entry needs to commit, when it differs from the election
     #: quorum: a LockFile holder is elected alone (the lock decides) but commits with its
-    #: peer while the peer is in step (see broker.lockfile)
+    #: peer while the peer is in step (see broker.arbiters.lockfile)
     commit_quorum: int | None = None
     #: an arbiter outside the log (the LockFile) decides who may be active: a replica does
     #: not fence an active whose entries are weak (the lock holder's log wins; a stale holder

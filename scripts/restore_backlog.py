@@ -29,7 +29,7 @@ import aiohttp
 
 import client
 from broker.config import parse_size
-from broker.quarantine import QUEUE as QUARANTINE
+from broker.partitions.quarantine import QUEUE as QUARANTINE
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy
 from broker.tools.totals import queue_totals

@@ -51,7 +51,7 @@ class QueueMeta:
     dead_letter_queue: str | None
     max_length: int
     #: the user who declared the queue: dead-lettering into ``dead_letter_queue`` needs that
-    #: user's ``produce`` on it (broker.acl); None for the node's own queues and for a queue
+    #: user's ``produce`` on it (broker.security.acl); None for the node's own queues and for a queue
     #: whose record was written without one
     owner: str | None = None
 
@@ -88,12 +88,12 @@ class UserRecord:
     salt: bytes
     hash: bytes
     role: str
-    params: str  # hash scheme and parameters: "scram-sha-256:i=100000" (hash = StoredKey + ServerKey; broker.users)
+    params: str  # hash scheme and parameters: "scram-sha-256:i=100000" (hash = StoredKey + ServerKey; broker.security.users)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AclRecord:
-    """Permissions (``produce``, ``consume``, ...; see :mod:`broker.acl`) granted to ``user``
+    """Permissions (``produce``, ``consume``, ...; see :mod:`broker.security.acl`) granted to ``user``
     on the queues whose names match ``pattern`` (a glob: ``orders.*``, ``*``)."""
 
     user: str
@@ -265,7 +265,7 @@ class PutMeta:
 
 @dataclass(frozen=True, slots=True)
 class SeedAdmin:
-    """Replicated mode, catalogue log only: the group's first admin (see broker.security).
+    """Replicated mode, catalogue log only: the group's first admin (see broker.security.security).
     Each member turns it into :class:`PutUser` + :class:`PutMeta` (or nothing); stores
     never see it."""
 
@@ -276,7 +276,7 @@ class SeedAdmin:
 @dataclass(frozen=True, slots=True)
 class SetDrained:
     """Replicated mode, catalogue log only: member ``node`` drained for maintenance, or
-    not (``tandem node drain``, see broker.drain).  Each member turns it into a
+    not (``tandem node drain``, see broker.partitions.drain).  Each member turns it into a
     :class:`PutMeta`; stores never see it."""
 
     node: str
@@ -287,7 +287,7 @@ class SetDrained:
 class SetPlacement:
     """Replicated mode, catalogue log only: partition ``partition`` of queue ``queue_id``
     is placed on ``nodes`` (in priority order) instead of where the distribution policy
-    puts it (``tandem partition move``, see broker.moves).  ``moving``: its active is
+    puts it (``tandem partition move``, see broker.partitions.moves).  ``moving``: its active is
     moving the copies there; False once it has.  ``static``: the queue was declared with
     explicit node lists (``static`` distribution): a re-spread of the group's partitions
     leaves it where it is, but for a member that leaves.  Each member turns it into a
@@ -303,7 +303,7 @@ class SetPlacement:
 @dataclass(frozen=True, slots=True)
 class SetUpdating:
     """Catalogue log only: an update of queue ``queue_id`` (``tandem partition update``, see
-    broker.remap) starts with ``pending`` its partitions whose messages are to be re-mapped
+    broker.partitions.remap) starts with ``pending`` its partitions whose messages are to be re-mapped
     by its data mapper; or, with ``finished``, those partitions are done (the rest stay
     pending; none left: the update is done).  Each member turns it into a :class:`PutMeta`;
     stores never see it."""
@@ -316,7 +316,7 @@ class SetUpdating:
 @dataclass(frozen=True, slots=True)
 class SetGroup:
     """Replicated mode, catalogue log only: the group's members (``tandem group add`` /
-    ``remove``, see broker.members).  ``members``: every member's name, sorted (those
+    ``remove``, see broker.partitions.members).  ``members``: every member's name, sorted (those
     ``leaving`` included until their copies are elsewhere); ``addresses``: "name=host:port"
     of the members added while the group ran (the others' are in the settings);
     ``zones``: "name=zone" of every member, in a group with zones; ``respread``: the
@@ -344,7 +344,7 @@ class LogRecord:
     term: int
     origin: str
     weak: bool
-    data: bytes  # the entry's commands, msgpack (broker.replication)
+    data: bytes  # the entry's commands, msgpack (broker.modes.replicated)
 
 
 @dataclass(frozen=True, slots=True)

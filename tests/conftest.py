@@ -11,7 +11,7 @@ import pytest_asyncio
 import client
 from broker.tools.cluster import LocalCluster, port_range
 from broker.config import NodeConfig
-from broker.node import Node
+from broker.node.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
 from tests.pg import pg_database, pg_url  # noqa: F401 (fixtures)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from broker.secret import ensure_secret
+from broker.security.secret import ensure_secret
 from client.clock import SYSTEM_CLOCK
 from client.protocol import Frame, FrameBuffer, decode_payload
 from ha.messages import Envelope, VoteReply

@@ -1,7 +1,7 @@
 """The operations (the admin permission: role admin, or granted): node settings (priority, quorum override,
 designated primary), draining a node, moving a partition, declare, delete and purge a queue, create and delete users,
 change their passwords, grant and revoke their permissions (users and grants are the
-group's: :mod:`broker.security`).  Each is logged with the operator who asked."""
+group's: :mod:`broker.security.security`).  Each is logged with the operator who asked."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.queues import validate_declare
-from broker.acl import PERMISSIONS, validate_grant
+from broker.messaging.queues import validate_declare
+from broker.security.acl import PERMISSIONS, validate_grant
 from broker.logsafe import escape
-from broker.restore import Filter
-from broker.standing import standing_of
-from broker.users import make_user
+from broker.partitions.restore import Filter
+from broker.security.standing import standing_of
+from broker.security.users import make_user
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare, placement_text
 from storage.base import AclRecord
@@ -67,7 +67,7 @@ async def set_priority(request: web.Request) -> web.Response:
 
 
 async def drain_node(request: web.Request) -> web.Response:
-    """Drain a member for maintenance: its actives move to other members (broker.drain)."""
+    """Drain a member for maintenance: its actives move to other members (broker.partitions.drain)."""
     return await _drain(request, True)
 
 
@@ -161,7 +161,7 @@ def _must_exist(node: NodeView, name: str) -> None:
 
 
 async def move_partition(request: web.Request) -> web.Response:
-    """Place a partition on other members (broker.moves): its copies move while it runs."""
+    """Place a partition on other members (broker.partitions.moves): its copies move while it runs."""
     node = request.app[NODE]
     name = request.match_info["name"]
     try:
@@ -184,7 +184,7 @@ async def move_partition(request: web.Request) -> web.Response:
 
 
 async def add_partitions(request: web.Request) -> web.Response:
-    """Give a queue more partitions (broker.remap): nothing stored moves until an update."""
+    """Give a queue more partitions (broker.partitions.remap): nothing stored moves until an update."""
     node = request.app[NODE]
     name = request.match_info["name"]
     _must_exist(node, name)
@@ -201,7 +201,7 @@ async def add_partitions(request: web.Request) -> web.Response:
 
 
 async def update_partitions(request: web.Request) -> web.Response:
-    """Re-map every message of a queue by its mapper (broker.remap)."""
+    """Re-map every message of a queue by its mapper (broker.partitions.remap)."""
     node = request.app[NODE]
     name = request.match_info["name"]
     _must_exist(node, name)
@@ -217,7 +217,7 @@ async def update_partitions(request: web.Request) -> web.Response:
 
 
 async def restore(request: web.Request) -> web.Response:
-    """Merge what HA-1014 discarded back into the queues (broker.restore: ``tandem restore``
+    """Merge what HA-1014 discarded back into the queues (broker.partitions.restore: ``tandem restore``
     run in the group); the counts per queue and the lines the log has."""
     node = request.app[NODE]
     body = await json_body(request)
@@ -234,7 +234,7 @@ async def restore(request: web.Request) -> web.Response:
 
 
 async def add_member(request: web.Request) -> web.Response:
-    """Add a member to the running group (broker.members): the partitions re-spread over it."""
+    """Add a member to the running group (broker.partitions.members): the partitions re-spread over it."""
     node = request.app[NODE]
     body = await json_body(request)
     only(body, {"name", "address", "zone"})
@@ -251,7 +251,7 @@ async def add_member(request: web.Request) -> web.Response:
 
 
 async def remove_member(request: web.Request) -> web.Response:
-    """Remove a member (broker.members): its partitions move to the others, then it leaves."""
+    """Remove a member (broker.partitions.members): its partitions move to the others, then it leaves."""
     node = request.app[NODE]
     name = request.match_info["name"]
     if name not in node.group.members:
@@ -266,7 +266,7 @@ def _group_doc(node: NodeView, name: str) -> dict[str, Any]:
     return {"node": name, "members": members, "group_change": change or None}
 
 
-# -- users (the group's: broker.security) -----------------------------------------------------------
+# -- users (the group's: broker.security.security) -----------------------------------------------------------
 
 
 async def create_user(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ import logging
 
 from aiohttp import web
 
-from broker.tls import console_context
+from broker.security.tls import console_context
 from webconsole import actions, auth, stream, views
 from webconsole.errors import errors_middleware
 from webconsole.group import GROUP, Group

@@ -5,7 +5,7 @@ A browser logs in with a Tandem user and gets a session cookie (HttpOnly,
 SameSite=Strict, and Secure under HTTPS); every state-changing request of a session,
 and the login itself, must come from the console's own origin, and every change must
 carry the session's CSRF token in ``X-CSRF-Token``.  A session stands while its user
-does (broker.standing): it ends at the first request after the user is deleted, its
+does (broker.security.standing): it ends at the first request after the user is deleted, its
 password or role changes, or a grant it had is revoked, on whichever member the change
 was made.  Scripts and Prometheus use HTTP Basic.  ``monitor`` users may look, not
 change.
@@ -22,7 +22,7 @@ import secrets
 from aiohttp import web
 
 from broker.logsafe import escape
-from broker.standing import Standing, recheck, standing_of
+from broker.security.standing import Standing, recheck, standing_of
 from client.clock import Clock
 from client.errors import AuthError, LoginThrottledError
 from storage.base import UserRecord
@@ -135,7 +135,7 @@ def same_origin(request: web.Request, what: str) -> None:
 
 
 class _Principal:
-    """Who asks, as broker.acl checks it."""
+    """Who asks, as broker.security.acl checks it."""
 
     __slots__ = ("name", "role")
 
@@ -144,7 +144,7 @@ class _Principal:
 
 
 def principal(request: web.Request) -> _Principal:
-    """The user of an authenticated request, as broker.acl checks it."""
+    """The user of an authenticated request, as broker.security.acl checks it."""
     return _Principal(request[USER], request[ROLE])
 
 
@@ -177,7 +177,7 @@ async def verify(node: NodeView, user: str, password: str, addr: str | None) -> 
 
     The password is checked against the user's SCRAM credentials (one PBKDF2, off the loop)
     unless it was checked recently.  Failures count against the client's address in the
-    node's failed-login throttle (broker.auth), shared with the client port."""
+    node's failed-login throttle (broker.security.auth), shared with the client port."""
     reg, guard = node.users, node.guard
     where = addr or "unknown"
     rec = reg.check_cached(user, password)

@@ -18,10 +18,10 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from broker.forward import ForwardRequest, OptionFwd, PartitionStatsFwd, QueueStatsFwd, StatusFwd
-from broker.status import status_of
-from broker.queues import Queue
-from broker.status import add_counters, apply_option, local_pstats, queue_counters
+from broker.messaging.forward import ForwardRequest, OptionFwd, PartitionStatsFwd, QueueStatsFwd, StatusFwd
+from broker.sessions.status import status_of
+from broker.messaging.queues import Queue
+from broker.sessions.status import add_counters, apply_option, local_pstats, queue_counters
 from client.errors import TandemError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import PartitionInfo, QueueInfo, StatusOk

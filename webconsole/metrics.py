@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from broker.status import partition_depth
-from broker.status import HaReport
+from broker.sessions.status import partition_depth
+from broker.sessions.status import HaReport
 from ha.lockfile import HaState
 from ha.membership import QuorumState
 from ha.shared import SharedState
@@ -130,7 +130,7 @@ class NodeCollector(Collector):
 
 
 def _disk_metrics(node: NodeView) -> Iterator[Any]:
-    """The disk alarm (broker/diskalarm.py): none in shared mode or with disk_free_limit 0."""
+    """The disk alarm (broker/node/diskalarm.py): none in shared mode or with disk_free_limit 0."""
     alarm, name = node.disk_alarm, node.config.name
     if alarm is None:
         return
@@ -145,7 +145,7 @@ def _disk_metrics(node: NodeView) -> Iterator[Any]:
 
 
 def _limit_metrics(node: NodeView) -> Iterator[Any]:
-    """The client port's refusals (broker.auth.ClientGuard)."""
+    """The client port's refusals (broker.security.auth.ClientGuard)."""
     name, counts = node.config.name, node.guard.counters
     yield _counter("tandem_auth_failures", "client and console logins refused (wrong password, unknown user, "
                    "bad SCRAM exchange)", [("node", name)], counts.auth_failures)

@@ -2,7 +2,7 @@
 
 The console reads the node's state, asks the other members over the node's
 peer links, and calls the node's operations (declare, delete, purge, write a
-user).  ``broker.node.Node`` satisfies these protocols; the console names no
+user).  ``broker.node.node.Node`` satisfies these protocols; the console names no
 concrete broker class.
 """
 
@@ -14,18 +14,18 @@ from typing import Protocol
 
 from aiohttp import web
 
-from broker.queues import MemoryBudget
-from broker.forward import ForwardRequest
-from broker.status import PeersState, ReplicationState, StatusSource
-from broker.auth import ClientGuard
-from broker.acl import AclTable
-from broker.drain import Drains
-from broker.members import GroupMembers
-from broker.moves import Moves
-from broker.remap import Remaps
-from broker.restore import Restores
-from broker.security import Security
-from broker.users import UserRegistry
+from broker.messaging.queues import MemoryBudget
+from broker.messaging.forward import ForwardRequest
+from broker.sessions.status import PeersState, ReplicationState, StatusSource
+from broker.security.auth import ClientGuard
+from broker.security.acl import AclTable
+from broker.partitions.drain import Drains
+from broker.partitions.members import GroupMembers
+from broker.partitions.moves import Moves
+from broker.partitions.remap import Remaps
+from broker.partitions.restore import Restores
+from broker.security.security import Security
+from broker.security.users import UserRegistry
 from client.clock import Clock
 from client.protocol.frames import Declare, PartitionInfo, QueueInfo
 from ha.membership import Membership

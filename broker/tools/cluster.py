@@ -33,7 +33,7 @@ from pathlib import Path
 
 import client
 from broker.tools.certs import make_dev_certs
-from broker.secret import ensure_secret
+from broker.security.secret import ensure_secret
 from broker.tools.faults import FaultProxy
 from broker.tools.netns import NetnsGroup
 from broker.tools.pair import REPLICATED, WITNESS_NAME, HaSetup, group_ready, serving_actives

@@ -1,5 +1,5 @@
 """``tandem group add NAME=HOST:PEER_PORT`` / ``tandem group remove NAME``: change a running
-group's members (:mod:`broker.members`)."""
+group's members (:mod:`broker.partitions.members`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``tandem node drain NAME`` / ``tandem node undrain NAME``: take a member out of service
-for maintenance and back (:mod:`broker.drain`)."""
+for maintenance and back (:mod:`broker.partitions.drain`)."""
 
 from __future__ import annotations
 

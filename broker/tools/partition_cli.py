@@ -1,5 +1,5 @@
 """``tandem partition move QUEUE P --to NODES``: move a partition's copies to other group
-members while it runs (:mod:`broker.moves`)."""
+members while it runs (:mod:`broker.partitions.moves`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``tandem restore``: merge what HA-1014 discarded after a split brain back into the queues,
 as a client of the group (the procedure, and its run in the group itself for the admin API
-and the console: :mod:`broker.restore`)."""
+and the console: :mod:`broker.partitions.restore`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 import client
-from broker.compensation import Hook, load
-from broker.quarantine import QUEUE
-from broker.restore import WAIT, Filter, Report, Seen, compensated, republished, resent, taken
-from broker.streams import Produced
+from broker.partitions.compensation import Hook, load
+from broker.partitions.quarantine import QUEUE
+from broker.partitions.restore import WAIT, Filter, Report, Seen, compensated, republished, resent, taken
+from broker.messaging.streams import Produced
 from broker.tools.options import ExamplesFormatter, url_args
 from client.durable.consumer import DurableMessage as Message
 from client.errors import InvalidArgumentError, QueueNotFoundError

@@ -1,4 +1,4 @@
-"""``tandem secret new PATH``: make a group secret file (:mod:`broker.secret`)."""
+"""``tandem secret new PATH``: make a group secret file (:mod:`broker.security.secret`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from broker.secret import SECRET_BYTES, new_secret
+from broker.security.secret import SECRET_BYTES, new_secret
 
 DESCRIPTION = f"""\
 Write a fresh random group secret ({SECRET_BYTES} random bytes as hex text) to PATH, readable by

@@ -15,9 +15,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import client
-from broker.acl import PERMISSIONS
+from broker.security.acl import PERMISSIONS
 from broker.tools.options import ExamplesFormatter, url_args
-from broker.users import ROLES
+from broker.security.users import ROLES
 from client.errors import InvalidArgumentError
 
 Command = Coroutine[Any, Any, int]

@@ -1,4 +1,4 @@
-"""``tandem witness start``: run a two-node group's witness (:mod:`broker.witness`)."""
+"""``tandem witness start``: run a two-node group's witness (:mod:`broker.arbiters.witness`)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _start(args: argparse.Namespace) -> Any:
-    from broker.witness import WitnessConfig
+    from broker.arbiters.witness import WitnessConfig
 
     peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
     for p in peers:
@@ -85,7 +85,7 @@ def _start(args: argparse.Namespace) -> Any:
 
 
 async def _serve(cfg: Any) -> int:
-    from broker.witness import Witness
+    from broker.arbiters.witness import Witness
 
     w = Witness(cfg)
     await w.start()

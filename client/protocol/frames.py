@@ -247,10 +247,10 @@ class Heartbeat(Frame):
     ha_state: str = ""  # the sender's HA state (ha.lockfile.HaState), "" without one
     ha_previous: str = ""  # its state before the change this frame reports ("" if none)
     #: the partitions the sender serves, [queue id, partition, term, ...], in a group with more
-    #: members than copies (broker.foreign); empty elsewhere
+    #: members than copies (broker.peers.foreign); empty elsewhere
     actives: list[int] = field(default_factory=list)
     #: the availability zone whose lost quorum keeps the sender's HA services off ("" none):
-    #: its peers rank it as drained while it is (broker.peers)
+    #: its peers rank it as drained while it is (broker.peers.peers)
     ha_off: str = ""
 
 
@@ -629,7 +629,7 @@ class StatusOk(Frame):
     lock_holder: str = ""  # the node holding the lock or lease as this node knows it ("" none/unknown)
     drained: list[str] = field(default_factory=list)  # the group's members drained for maintenance
     zones: list[str] = field(default_factory=list)  # "name=zone" of every member (the node's zones setting)
-    #: the partitions this node holds no copy of, as it knows them (broker.foreign): status
+    #: the partitions this node holds no copy of, as it knows them (broker.peers.foreign): status
     #: RemoteEnabled (an active is known) or RemoteDefined, replicas are the nodes holding it
     foreign: list[PartitionInfo] = field(default_factory=list)
     #: the moves under way (tandem partition move): "queue/partition node,node,..." (the new list)
@@ -742,10 +742,10 @@ class PeerHello(Frame):
     epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
     nonce: bytes = b""  # the dialer's challenge-response nonce (ha.peerauth); empty: no group secret
     #: the settings every member must share for partitions to be placed alike (members, replicas,
-    #: sync_replicas, zones; broker.peers.placement_settings); "": not said (a witness)
+    #: sync_replicas, zones; broker.peers.peers.placement_settings); "": not said (a witness)
     placement: str = ""
     #: the dialer wants the member addresses of the PeerWelcome, not a link: the acceptor
-    #: closes once it has sent it (broker.discovery)
+    #: closes once it has sent it (broker.peers.discovery)
     discover: bool = False
     #: the port the dialer takes peer links on (0: not said); with the link's source address,
     #: where it says it is, for members that find nothing at the address they have for it
@@ -764,7 +764,7 @@ class PeerWelcome(Frame):
     epoch: int = 0  # as PeerHello's
     placement: str = ""  # as PeerHello's
     #: "name=host:port" of the other members whose peer address the acceptor knows (the dialer
-    #: proved the group secret first; broker.discovery)
+    #: proved the group secret first; broker.peers.discovery)
     members: list[str] = field(default_factory=list)
 
 
@@ -792,7 +792,7 @@ class PeerProof(Frame):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replicate(Frame):
     """Peer link: the replication messages of any number of partitions, batched per
-    link (encoded by :mod:`broker.replication`)."""
+    link (encoded by :mod:`broker.modes.replicated`)."""
 
     OP: ClassVar[Op] = Op.REPLICATE
     payload: bytes
@@ -806,7 +806,7 @@ class Forward(Frame):
 
     OP: ClassVar[Op] = Op.FORWARD
     rid: int
-    kind: int  # broker.forward.ForwardKind
+    kind: int  # broker.messaging.forward.ForwardKind
     payload: bytes
 
 

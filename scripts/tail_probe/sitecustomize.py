@@ -2,7 +2,7 @@
 ``PYTHONPATH`` and sets ``TANDEM_TAIL_PROBE`` to a folder).  In a node it records:
 
 * every writer commit: start, seconds, the writer thread's CPU seconds, ops, synced, and how
-  many of its submissions were lazy (held store writes: broker/replication/apply.py, HOLD_APPLY);
+  many of its submissions were lazy (held store writes: broker/modes/replicated/apply.py, HOLD_APPLY);
 * the event loop's lag: a thread asks the loop to run a callback every 2 ms and notes when
   that took over 2 ms.
 

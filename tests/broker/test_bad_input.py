@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 import client
-from broker.node import Node
+from broker.node.node import Node
 from client.errors import ErrorCode
 from client.protocol import FrameBuffer, ProtocolConnection, Role, decode_payload, encode
 from client.protocol.frames import AuthChallenge, AuthResponse, Error, Frame, PublishOk, Welcome

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 import client
 from broker.config import NodeConfig, build_config
-from broker.node import Node
+from broker.node.node import Node
 from client.errors import QueueFullError, StorageError
 from client.protocol.frames import Publish, PublishMessage, PublishOk
 from storage.base import Append, Engine, Settle, WriteOp

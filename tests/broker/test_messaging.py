@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import client
-from broker.node import Node
+from broker.node.node import Node
 from client.mapper import make_mapper
 from client.errors import (
     AuthError,
@@ -292,7 +292,7 @@ async def test_wrong_password_is_refused_clearly(node: Node) -> None:
 
 
 async def test_monitor_user_may_look_but_not_change(node: Node, conn: client.DurableConnection) -> None:
-    from broker.users import make_user
+    from broker.security.users import make_user
     from client.errors import AccessRefusedError
     from storage.base import PutUser
 

@@ -10,7 +10,7 @@ import pytest
 
 import client
 from broker.config import NodeConfig
-from broker.node import Node
+from broker.node.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
 from tests.conftest import url_of
 from tests.helpers import wait_until

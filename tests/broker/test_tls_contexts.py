@@ -1,4 +1,4 @@
-"""broker.tls over real sockets: mutual TLS between two members' contexts, the names each end
+"""broker.security.tls over real sockets: mutual TLS between two members' contexts, the names each end
 reads from the other's certificate, a stranger's certificate refused, and which contexts a
 configuration gets."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import tls
+from broker.security import tls
 from broker.config import ConfigError, NodeConfig
 from broker.tools.certs import DevCerts, make_dev_certs
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError
-from broker.witness import WitnessConfig, WitnessStore
+from broker.arbiters.witness import WitnessConfig, WitnessStore
 from ha.messages import Entry
 
 

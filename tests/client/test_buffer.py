@@ -8,7 +8,7 @@ import pytest
 
 import client
 from broker.config import NodeConfig
-from broker.node import Node
+from broker.node.node import Node
 from client.buffer import SendBuffer
 from client.errors import BufferFull
 from tests.conftest import url_of

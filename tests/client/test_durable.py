@@ -10,7 +10,7 @@ import pytest
 
 import client
 from broker.config import NodeConfig
-from broker.node import Node
+from broker.node.node import Node
 from client.durable import ConnectionEvent
 from client.errors import (
     InvalidArgumentError,

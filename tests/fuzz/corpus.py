@@ -16,8 +16,8 @@ from typing import Any
 
 import msgpack
 
-from broker.forward import REQUESTS, ForwardRequest
-from broker.replication.codec import (
+from broker.messaging.forward import REQUESTS, ForwardRequest
+from broker.peers.codec import (
     encode_catalogue_snapshot,
     encode_message,
     encode_ops,
@@ -57,7 +57,7 @@ from ha.messages import (
     TimeoutNow,
     VoteReply,
 )
-from broker.users import make_user
+from broker.security.users import make_user
 from storage.base import (
     AclRecord,
     Append,

@@ -14,9 +14,9 @@ import dataclasses
 import random
 from collections.abc import Callable
 
-from broker.forward import DeclareFwd, PublishFwd, decode_reply, decode_request
-from broker.queues import validate_declare
-from broker.replication.codec import (
+from broker.messaging.forward import DeclareFwd, PublishFwd, decode_reply, decode_request
+from broker.messaging.queues import validate_declare
+from broker.peers.codec import (
     CATALOGUE,
     UnknownMessageKind,
     decode_catalogue_snapshot,
@@ -137,7 +137,7 @@ def server_stream(data: bytes) -> None:
 
 
 #: the SCRAM exchange's middle frames, as the state machine sees them (their contents are the
-#: node's business: broker.auth checks them, and tests/unit/test_scram.py the math)
+#: node's business: broker.security.auth checks them, and tests/unit/test_scram.py the math)
 CHALLENGE = AuthChallenge(data="r=fuzznonceNODE,s=c2FsdA==,i=4096")
 RESPONSE = AuthResponse(data="c=biws,r=fuzznonceNODE,p=cHJvb2Y=")
 

@@ -11,8 +11,8 @@ import msgpack
 import pytest
 
 import client
-from broker.node import Node
-from broker.replication.codec import (
+from broker.node.node import Node
+from broker.peers.codec import (
     MalformedReplicationError,
     UnknownMessageKind,
     decode_catalogue_snapshot,
@@ -241,8 +241,8 @@ def test_a_malformed_snapshot_is_refused_as_it_arrives() -> None:
     dropped the partition's log for it; installing it then failed and the node stopped (live
     phase, a peer link that was not authenticated).  The transport checks a snapshot's data
     before the core sees it, and drops the message with a warning."""
-    from broker.replication.codec import CATALOGUE, check_snapshot
-    from broker.replication.transport import Transport
+    from broker.peers.codec import CATALOGUE, check_snapshot
+    from broker.modes.replicated.transport import Transport
 
     bad = msgpack.packb([[0, 0, [4, 3, "node2", 9, 2, "node2", b"\xc1 not a snapshot"]],
                          [1, 0, [4, 3, "node2", 9, 2, "node2", msgpack.packb([1, 2, 3])]]])

@@ -97,7 +97,7 @@ class Cluster:
 
     def _preferred(self) -> str | None:
         """The placement's first node, or, drained, the first voter after it that is not
-        (as broker.replication.partlog.replica_config chooses)."""
+        (as broker.modes.replicated.partlog.replica_config chooses)."""
         if self.preferred is None or self.preferred not in self.drained:
             return self.preferred
         order = self.voters[self.voters.index(self.preferred):] + self.voters[:self.voters.index(self.preferred)]

@@ -351,7 +351,7 @@ def test_isolated_active_under_override_reports_ha_1014_on_rejoin() -> None:
 
 def test_an_override_active_that_compacted_what_it_wrote_alone_is_found_out_and_rebuilt() -> None:
     """As above, but the isolated active compacts its solo entries before the heal (the driver
-    does past twice weak_hold_bytes of them: broker.replication.compaction.weak_cap), so they cannot
+    does past twice weak_hold_bytes of them: broker.modes.replicated.compaction.weak_cap), so they cannot
     be compared entry by entry.  The majority's log differs at its snapshot's last entry: it
     reports HA-1014 reaching into its compacted log, the driver starts it over, and it comes
     back with the majority's log and state, the majority's confirmed entries all there."""

@@ -326,7 +326,7 @@ async def test_users_in_the_scrypt_format_log_in_to_the_console_until_their_pass
     import hashlib
 
     from broker.config import NodeConfig
-    from broker.node import Node
+    from broker.node.node import Node
     from storage.base import PutUser, UserRecord
     from webconsole.app import serve_console
 

@@ -1,4 +1,4 @@
-"""Discovery (broker.discovery) with real node processes: a node that joins by one seed,
+"""Discovery (broker.peers.discovery) with real node processes: a node that joins by one seed,
 knowing no member's name, finds the group and every member's address (gossip: the seed
 passes on the founders' addresses, which only their settings hold), links to each and takes
 its share of the partitions; nothing confirmed is lost.  And what a seed tells a node that

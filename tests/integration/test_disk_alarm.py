@@ -1,4 +1,4 @@
-"""The disk alarm (broker/diskalarm.py) on a real node process whose data dir is a small tmpfs:
+"""The disk alarm (broker/node/diskalarm.py) on a real node process whose data dir is a small tmpfs:
 below ``--disk-free-limit`` publishes and declares are refused with UNAVAILABLE naming the
 node and the free space, a durable producer's send waits, and everything goes on once the
 space is freed; a node that cannot start on a full disk says so in one line."""

@@ -13,7 +13,7 @@ import pytest_asyncio
 import client
 from broker.tools.cluster import free_ports
 from broker.config import build_config
-from broker.node import Node
+from broker.node.node import Node
 from client.protocol.frames import StatusOk
 from ha.membership import QuorumState, RemoteState
 from ha.replica import Role

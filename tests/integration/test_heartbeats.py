@@ -10,7 +10,7 @@ import pytest
 
 import client
 from broker.config import NodeConfig
-from broker.node import Node
+from broker.node.node import Node
 from broker.tools.process import NodeProcess
 from client.errors import ConnectionClosedError, ErrorCode, HeartbeatTimeoutError
 from client.testing import FakeClock

@@ -28,9 +28,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import client
-from broker.forward import DeleteFwd, OptionFwd, PurgeFwd
-from broker.replication.codec import CATALOGUE, encode_message, encode_replicate
-from broker.secret import new_secret
+from broker.messaging.forward import DeleteFwd, OptionFwd, PurgeFwd
+from broker.peers.codec import CATALOGUE, encode_message, encode_replicate
+from broker.security.secret import new_secret
 from broker.tools.cluster import LocalCluster, free_ports
 from broker.tools.pair import HaSetup
 from client.clock import SYSTEM_CLOCK

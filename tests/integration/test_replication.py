@@ -17,7 +17,7 @@ import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy, stall_disk
-from broker.replication import ALIVE_GIVE_UP
+from broker.config import ALIVE_GIVE_UP
 from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import StatusOk
@@ -357,7 +357,7 @@ async def test_the_log_is_compacted_by_size_as_well(tmp_path: Path) -> None:
     compacted once its applied entries reach COMPACT_BYTES, not only every 4,000 entries
     (which at 8 MiB an entry would be 32 GiB); and the log's files on disk shrink with it
     (a segment goes once all of it is compacted: 4 MiB segments here)."""
-    from broker.replication import COMPACT_BYTES
+    from broker.modes.replicated import COMPACT_BYTES
 
     segment = 4 * 1024 * 1024
     async with running_group(tmp_path, "--log-segment-size", str(segment)) as cl:
@@ -412,7 +412,7 @@ async def test_quiet_partitions_do_not_keep_the_log_files(tmp_path: Path) -> Non
 
             # The first segment (the declares, the quiet message) goes, and the rest with it
             # down to what compaction by size keeps of the busy partition, plus the newest.
-            from broker.replication import COMPACT_BYTES
+            from broker.modes.replicated import COMPACT_BYTES
             bound = (COMPACT_BYTES + 8 * 1024 * 1024) // segment + 2
             await wait_until(lambda: all(segments(n)[0] > 1 and len(segments(n)) <= bound for n in cl.nodes),
                              timeout=60, what=f"every node's first log segment gone, and at most {bound} left")

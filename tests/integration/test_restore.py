@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 import client
-from broker.quarantine import QUEUE as QUARANTINE
+from broker.partitions.quarantine import QUEUE as QUARANTINE
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy
@@ -48,7 +48,7 @@ class SplitBrain:
 async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy], pad: int = 0) -> SplitBrain:
     """The split brain of the module's docstring, healed: the quarantine holds node3's writes
     (each ``pad`` bytes longer: past 24 MiB in all, node3 would compact its log unless it
-    kept what it wrote under the override, broker.replication.compaction.weak_cap)."""
+    kept what it wrote under the override, broker.modes.replicated.compaction.weak_cap)."""
     await q_then_node3_cut(cl, proxies)
     majority = [f"maj-{i}".encode() for i in range(60)]
     solo = [f"solo-{i}-".encode() + b"." * pad for i in range(20)]
@@ -324,7 +324,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
 
 
 HOOKS = textwrap.dedent('''
-    from broker.compensation import DROP, Version
+    from broker.partitions.compensation import DROP, Version
 
     def strict(c):
         """solo-I: I % 3 == 0 dropped, 1 merged with the queue's own message, 2 a failure"""

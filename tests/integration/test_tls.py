@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 import client
-from broker.tls import peer_cert_names
+from broker.security.tls import peer_cert_names
 from broker.tools.cluster import LocalCluster, free_ports
 from broker.tools.pair import HaSetup
 from broker.tools.process import NodeProcess

@@ -1185,7 +1185,7 @@ def test_connection_ended_is_stable() -> None:
 @pytest.mark.parametrize("state", ["start", "open"])
 def test_server_can_report_a_fatal_frame_error(state: str) -> None:
     """After a fatal receive error the output stream is still fine: Error then Close may be
-    sent (broker/session.py _read_loop does exactly that), nothing else.
+    sent (broker/sessions/session.py _read_loop does exactly that), nothing else.
 
     Regression test: fails on d955972, where send() refused everything in state ERROR; fixed
     in 54080c8 by the (ERROR, send, Error/Close) transitions in client/protocol/connection.py.

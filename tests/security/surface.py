@@ -14,9 +14,9 @@ import msgpack
 from aiohttp import web
 
 from broker.config import NodeConfig
-from broker.forward import REQUESTS, ForwardKind, ForwardRequest
-from broker.node import Node
-from broker.session import _HANDLERS
+from broker.messaging.forward import REQUESTS, ForwardKind, ForwardRequest
+from broker.node.node import Node
+from broker.sessions.session import _HANDLERS
 from client.protocol.codec import encode
 from client.protocol.frames import AuthResponse, Close, Declare, Frame, Heartbeat, Hello, Publish, PublishMessage
 from webconsole.app import make_app
@@ -29,7 +29,7 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/login"), ("POST", "/login"), ("GET", "/
 
 
 def request_frames() -> list[type[Frame]]:
-    """Every request a logged-in client may send (broker.session's handler table)."""
+    """Every request a logged-in client may send (broker.sessions.session's handler table)."""
     return list(_HANDLERS)
 
 
@@ -88,7 +88,7 @@ _STRINGS = {"queue": "payments", "name": "admin", "user": "mallory", "pattern": 
 
 def forward_example(kind: ForwardKind, queue: str) -> ForwardRequest:
     """A request of ``kind`` as an attacker would make it: aimed at ``queue``, the user admin,
-    a member; it decodes as its kind (broker.forward.decode_request)."""
+    a member; it decodes as its kind (broker.messaging.forward.decode_request)."""
     cls = REQUESTS[kind]
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}

@@ -3,8 +3,8 @@ tests: every frame a client may send, every kind of forwarded request and every 
 console's router has one row, no row names an operation that no longer exists, and every row
 names a test that does (file::function, or a file).
 
-The operations come from the code (tests/security/surface.py: broker.session's handler table,
-broker.forward's request table, the console application's router), so adding one without its
+The operations come from the code (tests/security/surface.py: broker.sessions.session's handler table,
+broker.messaging.forward's request table, the console application's router), so adding one without its
 row fails here."""
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ def _compare(what: str, rows: list[Row], expected: set[str], where: str) -> None
 
 def test_every_client_frame_has_a_row() -> None:
     _compare("client frames", the_map()[CLIENT], {cls.__name__ for cls in client_frames()},
-             f"{CLIENT[4:]!r}; the frames of broker.session._HANDLERS and the handshake's")
+             f"{CLIENT[4:]!r}; the frames of broker.sessions.session._HANDLERS and the handshake's")
 
 
 def test_every_forwarded_kind_has_a_row() -> None:
     rows = the_map()[PEER]
     kinds = forward_kinds()
-    _compare("forwarded request kinds", rows, {k.name for k in kinds}, f"{PEER[4:]!r}; broker.forward.ForwardKind")
+    _compare("forwarded request kinds", rows, {k.name for k in kinds}, f"{PEER[4:]!r}; broker.messaging.forward.ForwardKind")
     classes = {k.name: cls.__name__ for k, cls in kinds.items()}
     wrong = [f"{r} names {r.names[1:]}, the kind's request is {classes[r.key]}"
              for r in rows if r.key in classes and r.names[1:] != [classes[r.key]]]

@@ -1,6 +1,6 @@
 """Which user names exist cannot be learnt from the SCRAM challenge without a failed login:
 a name nobody has gets the same salt (and iteration count) from every member of a group and
-after a restart, as a real user's does (broker.secret.decoy_key)."""
+after a restart, as a real user's does (broker.security.secret.decoy_key)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ async def test_a_single_node_challenges_an_unknown_name_alike_across_restarts(tm
         assert await _salts(await node.start()) == before
         await node.kill()
         assert await _salts(await node.start()) == before
-        key = tmp_path / "single" / "decoy-key"  # what the salts come from (broker.secret.DECOY_KEY_FILE)
+        key = tmp_path / "single" / "decoy-key"  # what the salts come from (broker.security.secret.DECOY_KEY_FILE)
         assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
     finally:
         await node.stop()

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.forward import ForwardKind
-from broker.quarantine import QUEUE as QUARANTINE
+from broker.messaging.forward import ForwardKind
+from broker.partitions.quarantine import QUEUE as QUARANTINE
 from client.consumer import Message
 from client.errors import (AccessRefusedError, ConsumerNotFoundError, InvalidArgumentError, TandemError,
                            UnknownDeliveryTagError)

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 import client
-from broker.forward import ForwardKind
+from broker.messaging.forward import ForwardKind
 from client.errors import AuthError, ErrorCode
 from client.protocol.codec import FrameBuffer, decode_payload, encode
 from client.protocol.connection import MAX_VERSION, MIN_VERSION

@@ -506,7 +506,7 @@ def test_reset_and_load_one_partition(make_engine: Callable[[], Engine]) -> None
 def test_partition_ops_travel_the_replication_log_unchanged() -> None:
     """What the active proposes is what a replica applies: every partition op survives its
     encoding as a log entry."""
-    from broker.replication import decode_ops, encode_ops
+    from broker.modes.replicated import decode_ops, encode_ops
 
     def plain(ops: list[WriteOp]) -> list[WriteOp]:  # appends with their messages as a list
         return [Append(op.queue_id, op.partition, list(op.messages), op.next_offset) if isinstance(op, Append)

@@ -1,10 +1,10 @@
-"""broker.acl: roles, grants by queue pattern, and the refusals' wording."""
+"""broker.security.acl: roles, grants by queue pattern, and the refusals' wording."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.acl import PERMISSIONS, AclTable, matches, parse_permissions, validate_grant, validate_pattern
+from broker.security.acl import PERMISSIONS, AclTable, matches, parse_permissions, validate_grant, validate_pattern
 from client.errors import AccessRefusedError, ErrorCode, InvalidArgumentError
 from storage.base import AclRecord, UserRecord
 

@@ -1,7 +1,7 @@
 """The active's record of when it appended entries (replication lag in seconds): bounded
 whatever the rate, and never dating an entry later than it was written."""
 
-from broker.replication.partlog import STAMP_EVERY, STAMPS, AppendTimes
+from broker.modes.replicated.partlog import STAMP_EVERY, STAMPS, AppendTimes
 
 
 def test_nothing_recorded_is_unknown() -> None:

@@ -1,11 +1,11 @@
-"""The memory budget and a partition's cold region (broker.queues), and loading a store
+"""The memory budget and a partition's cold region (broker.messaging.queues), and loading a store
 with a budget (storage.sqlite): counters exact, offset order kept, nothing read twice."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from broker.queues import MemoryBudget, Msg, Queue
+from broker.messaging.queues import MemoryBudget, Msg, Queue
 from storage.base import MSG_MEMORY, MIN_SHARE, Append, MarkDelivered, PutQueue, QueueMeta, SetDeliveryCount, \
     Settle, StoredMessage
 from storage.sqlite import SqliteEngine

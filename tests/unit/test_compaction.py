@@ -1,4 +1,4 @@
-"""Where the active compacts a partition's log (broker.replication.compaction.compact_upto):
+"""Where the active compacts a partition's log (broker.modes.replicated.compaction.compact_upto):
 by count and size, but not past what a replica that answers still lacks, up to a cap."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import broker.replication.compaction as compaction
-from broker.replication import compact_upto, one_applied_position
-from broker.replication.partlog import compacted
+import broker.modes.replicated.compaction as compaction
+from broker.modes.replicated import compact_upto, one_applied_position
+from broker.modes.replicated.partlog import compacted
 from storage.base import PutQueue, QueueMeta
 from storage.sqlite.engine import SqliteEngine
 from ha.messages import AppendReply, Envelope, VoteReply

@@ -1,6 +1,6 @@
-"""Compensation hooks (broker.compensation): found by entry point, asked about a key conflict
+"""Compensation hooks (broker.partitions.compensation): found by entry point, asked about a key conflict
 with both versions, and whatever they do, nothing is lost (a hook that fails leaves the
-message in the quarantine).  The restore's side of it (broker.restore.compensated): the
+message in the quarantine).  The restore's side of it (broker.partitions.restore.compensated): the
 source's version read at the old id, a merged version put back with the restore's id rules."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.compensation import DROP, KEEP, Conflict, Version, load, resolve
-from broker.restore import RESTORED_ID, Report, compensated, conflict_line, republished
+from broker.partitions.compensation import DROP, KEEP, Conflict, Version, load, resolve
+from broker.partitions.restore import RESTORED_ID, Report, compensated, conflict_line, republished
 from client.errors import InvalidArgumentError
 from client.protocol.frames import StreamMessage
 from tests.unit.test_restore_report import H
 
 HOOKS = textwrap.dedent("""
-    from broker.compensation import DROP, Version
+    from broker.partitions.compensation import DROP, Version
 
     def by_body(c):
         if c.kept is not None and c.kept.body == c.discarded.body:

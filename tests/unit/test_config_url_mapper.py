@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, build_config, load_toml
-from broker.mapper import ConsistentHashMapper, RoundRobinMapper, make_mapper
+from broker.messaging.mapper import ConsistentHashMapper, RoundRobinMapper, make_mapper
 from client.errors import InvalidArgumentError
 from client.url import parse_url
 from storage.base import DurabilityPolicy
@@ -109,7 +109,7 @@ def test_round_robin_and_keyless() -> None:
 
 
 def test_password_hashing() -> None:
-    from broker.users import UserRegistry, make_user
+    from broker.security.users import UserRegistry, make_user
     from client.errors import AuthError
 
     u = make_user("alice", "correct horse", "monitor")

@@ -3,9 +3,9 @@ operator's date -s) neither ends nor stretches them."""
 
 from __future__ import annotations
 
-from broker.acl import AclTable
-from broker.standing import standing_of
-from broker.users import UserRegistry
+from broker.security.acl import AclTable
+from broker.security.standing import standing_of
+from broker.security.users import UserRegistry
 from client.testing import FakeClock
 from storage.base import UserRecord
 from webconsole.auth import SESSION_TTL, Sessions

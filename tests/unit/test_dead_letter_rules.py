@@ -1,5 +1,5 @@
 """Dead-lettering writes to another queue, so it needs the declaring user's ``produce``
-there (broker.acl): checked when the queue is declared and again when a message is
+there (broker.security.acl): checked when the queue is declared and again when a message is
 dead-lettered; the ``tandem.*`` names are the node's own.
 
 The attack these tests play: a user with configure/produce/consume on ``sandbox.*`` only
@@ -16,13 +16,13 @@ import msgpack
 import pytest
 
 import client
-from broker.acl import AclTable, validate_grant
-from broker.catalogue import Catalogue
-from broker.delivery import Delivery
-from broker.forward import DeclareFwd, decode_request, refused_as_longer
-from broker.node import Node
-from broker.queues import EMPTY_HEADERS, Consumer, Msg, Queue
-from broker.users import UserRegistry, make_user
+from broker.security.acl import AclTable, validate_grant
+from broker.messaging.catalogue import Catalogue
+from broker.messaging.delivery import Delivery
+from broker.messaging.forward import DeclareFwd, decode_request, refused_as_longer
+from broker.node.node import Node
+from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
+from broker.security.users import UserRegistry, make_user
 from client.errors import AccessRefusedError, InvalidArgumentError
 from storage.base import Append, PutUser, QueueMeta, Settle, UserRecord
 from tests.conftest import url_of
@@ -73,7 +73,7 @@ def test_at_dead_letter_time_the_owner_must_exist_and_hold_produce_on_the_target
     assert SANDBOX.dead_letter_refusal(UserRegistry([ROOT]), "root", "tandem.quarantine") is not None
 
 
-# -- when dead-lettering (broker.delivery) -----------------------------------------------------------
+# -- when dead-lettering (broker.messaging.delivery) -----------------------------------------------------------
 
 
 def _meta(qid: int, name: str, dlq: str | None = None, owner: str | None = None) -> QueueMeta:

@@ -1,4 +1,4 @@
-"""broker.discovery's rules, on a FakeClock with a stand-in for the peer links: what a reply's
+"""broker.peers.discovery's rules, on a FakeClock with a stand-in for the peer links: what a reply's
 entries may be, that seeds are asked until one answers, that linked members are asked
 before seeds, and the settings' checks of ``seeds``.  The real thing, with node processes,
 runs in tests/integration/test_discovery.py."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from broker.config import ConfigError, NodeConfig, build_config
-from broker.discovery import ANNOUNCE, MAX_ENTRIES, ROUND, Discovery, parse_book
-from broker.forward import MembersFwd, pack_reply
+from broker.peers.discovery import ANNOUNCE, MAX_ENTRIES, ROUND, Discovery, parse_book
+from broker.messaging.forward import MembersFwd, pack_reply
 from client.errors import UnavailableError
 from client.protocol import codec
 from client.protocol.frames import PeerHello, PeerWelcome

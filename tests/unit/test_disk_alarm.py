@@ -1,4 +1,4 @@
-"""The disk alarm (broker/diskalarm.py) and its setting, on a fake clock and a fake free-space
+"""The disk alarm (broker/node/diskalarm.py) and its setting, on a fake clock and a fake free-space
 reading."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, NodeConfig, build_config, parse_size
-from broker.diskalarm import DiskAlarm, fmt_bytes, start_error
+from broker.node.diskalarm import DiskAlarm, fmt_bytes, start_error
 from client.errors import Retry, StorageError, UnavailableError
 from client.testing import FakeClock
 

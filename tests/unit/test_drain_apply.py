@@ -1,4 +1,4 @@
-"""broker.drain: what a member does with a committed drain or undrain and with the
+"""broker.partitions.drain: what a member does with a committed drain or undrain and with the
 catalogue snapshot's drained set (what goes to its store, when it reconfigures its logs),
 what it recovers from its store, and the requests it refuses before anything is proposed."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.drain import DRAINED_KEY, Drains
+from broker.partitions.drain import DRAINED_KEY, Drains
 from client.errors import InvalidArgumentError
 from storage.base import PutMeta, SetDrained
 

@@ -1,8 +1,8 @@
-"""broker.foreign: what members' keep-alives say about the partitions a node holds no copy of."""
+"""broker.peers.foreign: what members' keep-alives say about the partitions a node holds no copy of."""
 
 from __future__ import annotations
 
-from broker.foreign import MAX_CLAIMS, ForeignActives, flatten
+from broker.peers.foreign import MAX_CLAIMS, ForeignActives, flatten
 
 
 def nothing_here(_key: tuple[int, int]) -> bool:

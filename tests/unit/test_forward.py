@@ -8,7 +8,7 @@ import dataclasses
 import msgpack
 import pytest
 
-from broker.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
+from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
                             MembersFwd, ProducedFwd, RestoreFwd, decode_request)

@@ -1,4 +1,4 @@
-"""broker/heap.py on this (glibc) machine: the arena limit is taken, and a trim hands free
+"""broker/node/heap.py on this (glibc) machine: the arena limit is taken, and a trim hands free
 pages inside the heap back to the system (checked in a child process of its own)."""
 
 import platform
@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 
-from broker import heap
+from broker.node import heap
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 CHILD = textwrap.dedent("""
     import gc
-    from broker import heap
+    from broker.node import heap
 
     def rss_mib():
         with open("/proc/self/statm") as f:

@@ -1,10 +1,10 @@
 """When an active holds a partition's next proposals back for its entry in flight
-(broker.replication.commit.waits_for_commit, docs/replication.md "one entry in flight"), and when
+(broker.modes.replicated.commit.waits_for_commit, docs/replication.md "one entry in flight"), and when
 it must not: a held-back proposal must never wait for a commit that cannot come."""
 
 from __future__ import annotations
 
-import broker.replication as rep
+import broker.modes.replicated as rep
 from ha.messages import AppendEntries, AppendReply, Envelope, VoteReply
 from ha.replica import Replica, Role
 from storage.base import Settle

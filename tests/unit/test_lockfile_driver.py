@@ -1,4 +1,4 @@
-"""broker.lockfile: two drivers on one temp lock path in one process, on a fake clock; the
+"""broker.arbiters.lockfile: two drivers on one temp lock path in one process, on a fake clock; the
 replication and the peer link are stand-ins that record what the driver tells them, the
 lock file is real.  Takes, renewals, sync, a holder that stops renewing, epochs on frames,
 file-system errors."""
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from broker.config import NodeConfig
-from broker.lockfile import LockFileDriver
+from broker.arbiters.lockfile import LockFileDriver
 from client.protocol.frames import Frame, Heartbeat, Replicate
 from client.testing import FakeClock
 from ha.membership import RemoteState

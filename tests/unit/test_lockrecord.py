@@ -1,4 +1,4 @@
-"""broker.lockrecord: the lease record beside the LockFile, two nodes on one temp path in one
+"""broker.arbiters.lockrecord: the lease record beside the LockFile, two nodes on one temp path in one
 process (real files, real flocks).  A holder that stopped renewing is simulated by ageing
 the record's mtime (the gateway's clock says how old it is)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import filelock
 import pytest
 
-from broker.lockrecord import LockFile, LockFileError
+from broker.arbiters.lockrecord import LockFile, LockFileError
 
 LEASE = 1.0
 

@@ -1,4 +1,4 @@
-"""broker.outcome.Outcome: settled once; listeners run in the settling call; awaitable."""
+"""broker.messaging.outcome.Outcome: settled once; listeners run in the settling call; awaitable."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from broker.outcome import Outcome
+from broker.messaging.outcome import Outcome
 
 
 def test_listeners_run_in_the_call_that_settles() -> None:

@@ -1,4 +1,4 @@
-"""broker.publish: a batch for a partition another member serves, forwarded there, on a host
+"""broker.messaging.publish: a batch for a partition another member serves, forwarded there, on a host
 whose group view the test scripts (who is active, what a forward answers) and a fake clock."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker.forward import MAX_HOPS, ForwardRequest, PublishFwd, pack_reply
-from broker.publish import Publisher, PublishRequest, PublishResult
-from broker.queues import Queue
+from broker.messaging.forward import MAX_HOPS, ForwardRequest, PublishFwd, pack_reply
+from broker.messaging.publish import Publisher, PublishRequest, PublishResult
+from broker.messaging.queues import Queue
 from client.errors import UnavailableError
 from client.protocol.frames import PublishMessage
 from client.testing import FakeClock

@@ -1,6 +1,6 @@
 """A purge of a partition whose commit fails puts the messages back, unless the partition was
 loaded anew meanwhile (this node lost it and got it back): the loaded messages are the
-store's, each once (broker.catalogue ``purge_partition``)."""
+store's, each once (broker.messaging.catalogue ``purge_partition``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.catalogue import Catalogue
-from broker.queues import EMPTY_HEADERS, Msg, Queue
+from broker.messaging.catalogue import Catalogue
+from broker.messaging.queues import EMPTY_HEADERS, Msg, Queue
 from client.errors import NotActiveError
 from storage.base import PartitionState, QueueMeta, StoredMessage
 

@@ -1,4 +1,4 @@
-"""broker.quarantine's spool: what HA-1014 discards is written, fsynced, with where it came
+"""broker.partitions.quarantine's spool: what HA-1014 discards is written, fsynced, with where it came
 from, before anything else happens to it (its publishing runs in tests/integration/test_restore.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import msgpack
 
-from broker.quarantine import HEADERS, Quarantine
-from broker.queues import encode_headers
+from broker.partitions.quarantine import HEADERS, Quarantine
+from broker.messaging.queues import encode_headers
 from storage.base import Append, Settle, StoredMessage
 
 

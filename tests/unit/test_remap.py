@@ -1,4 +1,4 @@
-"""broker.remap's state: an update's pending partitions as every member applies them, what
+"""broker.partitions.remap's state: an update's pending partitions as every member applies them, what
 pauses the queue's partitions, and how a partition's messages split between staying and
 going, and a sweep's pass when the partition stops being served under it (the sweep end to
 end runs in tests/integration/test_repartition.py)."""
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker.publish import PublishResult
-from broker.queues import EMPTY_HEADERS, Msg, Queue
-from broker.remap import Remaps
+from broker.messaging.publish import PublishResult
+from broker.messaging.queues import EMPTY_HEADERS, Msg, Queue
+from broker.partitions.remap import Remaps
 from client.errors import NotActiveError
 from client.mapper import JumpHashMapper
 from storage.base import PartitionState, PutMeta, QueueMeta, SetUpdating, StoredMessage
@@ -72,7 +72,7 @@ def test_a_remapped_message_keeps_its_id() -> None:
 
 
 def test_republished_batches_hold_500_messages_or_4_mib_at_most() -> None:
-    from broker.remap import _batches
+    from broker.partitions.remap import _batches
 
     small = [Msg(0, i, "k", {}, b"", b"x", None, None, 0.0) for i in range(1201)]
     assert [len(b) for b in _batches(small)] == [500, 500, 201]

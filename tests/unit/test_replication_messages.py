@@ -14,7 +14,7 @@ import random
 import msgpack
 import pytest
 
-from broker.replication import (
+from broker.modes.replicated import (
     MalformedReplicationError,
     MessageKind,
     OpCode,
@@ -26,7 +26,7 @@ from broker.replication import (
     encode_snapshot,
     snapshot_ops,
 )
-from broker.replication.codec import (
+from broker.peers.codec import (
     chunk_ops,
     encode_chunk,
     encode_streamed,
@@ -36,8 +36,8 @@ from broker.replication.codec import (
     encode_catalogue_snapshot,
     encode_replicate,
 )
-from broker.replication.apply import apply_entries, messages_in
-from broker.replication.partlog import open_log
+from broker.modes.replicated.apply import apply_entries, messages_in
+from broker.modes.replicated.partlog import open_log
 from ha.members import Members
 from ha.members import encode as encode_members
 from ha.placement import NodeList, ReplicaKind

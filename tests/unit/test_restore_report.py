@@ -1,4 +1,4 @@
-"""The pieces of a restore that are plain data (broker.restore): which quarantined messages a
+"""The pieces of a restore that are plain data (broker.partitions.restore): which quarantined messages a
 filter takes, the message that puts one back, and the report summed over members, checked
 when it comes from another member."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.forward import RestoreFwd, pack_reply
-from broker.restore import RESTORED_ID, Filter, Report, Seen, republished, resent
-from broker.streams import Produced
+from broker.messaging.forward import RestoreFwd, pack_reply
+from broker.partitions.restore import RESTORED_ID, Filter, Report, Seen, republished, resent
+from broker.messaging.streams import Produced
 from client.errors import InvalidArgumentError, UnknownOpError
 
 H = {"x-quarantine-queue": "orders", "x-quarantine-partition": "2", "x-quarantine-offset": "17",

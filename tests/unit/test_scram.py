@@ -1,5 +1,5 @@
 """SCRAM-SHA-256 math and messages (client.scram), the node's exchange and the failed-login
-throttle (broker.auth): sans-IO cores, driven directly."""
+throttle (broker.security.auth): sans-IO cores, driven directly."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.auth import ClientGuard, ClientHandshake, LoginThrottle
+from broker.security.auth import ClientGuard, ClientHandshake, LoginThrottle
 from broker.config import NodeConfig
-from broker.secret import DECOY_LABEL, decoy_key
-from broker.users import UserRegistry, credentials, make_user
+from broker.security.secret import DECOY_LABEL, decoy_key
+from broker.security.users import UserRegistry, credentials, make_user
 from client import scram
 from client.errors import (AuthError, InvalidArgumentError, LoginThrottledError, PrefetchTooLargeError,
                            TooManyConnectionsError)
@@ -195,7 +195,7 @@ def test_unknown_users_get_a_stable_decoy_challenge() -> None:
 
 
 def test_registries_with_one_decoy_key_answer_an_unknown_name_alike() -> None:
-    """Every member derives the decoy key from the group secret (broker.secret.decoy_key):
+    """Every member derives the decoy key from the group secret (broker.security.secret.decoy_key):
     the same key, the same challenge for a name nobody has, on each member and after a
     restart; another key, another salt."""
     group = decoy_key(b"the group's secret, 32 bytes...", Path("/nonexistent"))

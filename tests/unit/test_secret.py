@@ -1,4 +1,4 @@
-"""The group secret file (broker.secret) and the peer handshake's place in the protocol's state table."""
+"""The group secret file (broker.security.secret) and the peer handshake's place in the protocol's state table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, NodeConfig
-from broker.secret import DECOY_KEY_FILE, decoy_key, ensure_secret, group_secret, load_secret, new_secret
+from broker.security.secret import DECOY_KEY_FILE, decoy_key, ensure_secret, group_secret, load_secret, new_secret
 from client.protocol import ProtocolConnection, Role
 from client.protocol.codec import FrameError, encode
 from client.protocol.connection import State

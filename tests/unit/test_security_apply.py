@@ -1,13 +1,13 @@
-"""broker.security: what a member does with a committed change of the users and grants, and
+"""broker.security.security: what a member does with a committed change of the users and grants, and
 with the catalogue snapshot that replaces them (what goes to its store, what it keeps)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from broker.acl import AclTable, validate_grant
-from broker.security import SEEDED_KEY, Security
-from broker.users import UserRegistry
+from broker.security.acl import AclTable, validate_grant
+from broker.security.security import SEEDED_KEY, Security
+from broker.security.users import UserRegistry
 from storage.base import DropUser, GrantAcl, PutMeta, PutUser, RevokeAcl, SeedAdmin, UserRecord, WriteOp
 
 

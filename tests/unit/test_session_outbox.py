@@ -1,4 +1,4 @@
-"""A session's deliveries wait for their delivered mark to commit (broker.session
+"""A session's deliveries wait for their delivered mark to commit (broker.sessions.session
 ``send_after``): a consumer must never see a message whose delivery a new active would not
 count.  When the mark fails (in a group: the partition moved to another node), the Deliver
 frame never leaves, the deliveries are undone, and what was queued behind it still goes, in
@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from broker.delivery import Delivery
-from broker.queues import EMPTY_HEADERS, Consumer, Msg, Queue
-from broker.session import Session
+from broker.messaging.delivery import Delivery
+from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
+from broker.sessions.session import Session
 from client.clock import SYSTEM_CLOCK
 from client.errors import NotActiveError, StorageError
 from client.protocol.frames import Deliver, Ok

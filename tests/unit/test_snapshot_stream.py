@@ -1,4 +1,4 @@
-"""The receiving side of a streamed snapshot (broker.replication.transport): parts are written
+"""The receiving side of a streamed snapshot (broker.modes.replicated.transport): parts are written
 as they arrive, in order, from one active and term; the end is passed to the core only after
 all of its parts; a stream a replica has no need of is ignored whole."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import msgpack
 
-from broker.replication.codec import encode_chunk, encode_message, encode_replicate, encode_streamed
-from broker.replication.transport import Transport
+from broker.peers.codec import encode_chunk, encode_message, encode_replicate, encode_streamed
+from broker.modes.replicated.transport import Transport
 from ha.messages import InstallSnapshot, SnapshotChunk
 from storage.base import Append, PartitionState, StoredMessage
 

@@ -1,13 +1,13 @@
-"""broker.standing: a session stands while its user does — deleted, a new password, another
+"""broker.security.standing: a session stands while its user does — deleted, a new password, another
 role or a revoked grant end it; a grant added meanwhile joins what it rests on."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.acl import AclTable, validate_grant
-from broker.standing import Standing, lapsed, recheck, standing_of
-from broker.users import UserRegistry
+from broker.security.acl import AclTable, validate_grant
+from broker.security.standing import Standing, lapsed, recheck, standing_of
+from broker.security.users import UserRegistry
 from storage.base import UserRecord
 
 

@@ -1,11 +1,12 @@
-"""A declare's explicit node lists (``static`` distribution, broker.moves): how they are
+"""A declare's explicit node lists (``static`` distribution, broker.partitions.moves): how they are
 read and checked, and how a list changes when a member leaves the group."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.moves import check_nodes, parse_static, without_leaving
+from broker.messaging.mapper import parse_static
+from broker.partitions.moves import check_nodes, without_leaving
 from client.errors import InvalidArgumentError
 from client.protocol.frames import placement_text
 
@@ -72,7 +73,7 @@ class _Host:
 
 
 def test_the_mark_is_stored_kept_through_a_move_and_read_back() -> None:
-    from broker.moves import Moves
+    from broker.partitions.moves import Moves
     from storage.base import PutMeta, SetPlacement
 
     host = _Host()

@@ -1,4 +1,4 @@
-"""broker.status: what a node answers about its queues (depth, pstats, counters) and the
+"""broker.sessions.status: what a node answers about its queues (depth, pstats, counters) and the
 operator settings it applies, on a node stand-in that has only what the helpers read."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import msgpack
 import pytest
 
 from broker.config import NodeConfig
-from broker.queues import Consumer, Msg, Queue
-from broker.status import (
+from broker.messaging.queues import Consumer, Msg, Queue
+from broker.sessions.status import (
     add_counters,
     apply_option,
     local_pstats,

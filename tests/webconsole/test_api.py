@@ -15,11 +15,11 @@ import pytest_asyncio
 
 import client
 import msgpack
-from broker.compensation import DROP, KEEP, Conflict, Version
+from broker.partitions.compensation import DROP, KEEP, Conflict, Version
 from broker.config import NodeConfig
-from broker.node import Node
-from broker.publish import PublishRequest
-from broker.quarantine import QUEUE as QUARANTINE
+from broker.node.node import Node
+from broker.messaging.publish import PublishRequest
+from broker.partitions.quarantine import QUEUE as QUARANTINE
 from client.errors import AccessRefusedError
 from client.protocol.frames import PublishMessage
 from storage.base import Append, StoredMessage

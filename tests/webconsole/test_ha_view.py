@@ -20,8 +20,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.config import NodeConfig
-from broker.node import Node
-from broker.status import HaReport
+from broker.node.node import Node
+from broker.sessions.status import HaReport
 from tests.conftest import PASSWORD
 from tests.helpers import free_base_port, group_secret_file, wait_until
 from webconsole.app import Console, serve_console
@@ -35,7 +35,7 @@ LOCKFILE_STATES = {"WAITING", "STANDALONE", "ACTIVE_SYNC", "ACTIVE", "PASSIVE_SY
 
 @dataclass
 class Report:
-    """What a node's HA arbiter reports (broker.status.HaReport)."""
+    """What a node's HA arbiter reports (broker.sessions.status.HaReport)."""
 
     state: str
     epoch: int

@@ -14,7 +14,7 @@ from typing import Any
 
 import broker.tools.drill.netfaults  # noqa: F401  (registers the network fault families)
 import client
-from broker.replication import ALIVE_GIVE_UP
+from broker.config import ALIVE_GIVE_UP
 from broker.tools.checker import classify, reordered
 from broker.tools.cluster import LocalCluster, active_terms
 from broker.tools.drill.families import check_needs, load_families, prepare

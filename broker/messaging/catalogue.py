@@ -1,0 +1,344 @@
+"""The queue catalogue: declare, delete and purge, on one node or across a group.
+
+On a single node a declare or delete is one store commit.  In a group the catalogue is a
+replicated log of its own (the partition key :data:`~broker.messaging.commit.CATALOGUE`) with an
+elected active: a member forwards declares and deletes to it, and every member applies a
+committed change (``apply_put`` / ``apply_drop``), so a queue exists on every member once
+its declare is confirmed.  A purge and a queue's depth are asked of each partition's active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from typing import Protocol
+
+from broker.messaging.commit import CATALOGUE
+from broker.messaging.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
+    decode_reply, refused_as_longer
+from broker.messaging import queues
+from broker.messaging.mapper import DEFAULT_MAPPER
+from broker.messaging.mapper import parse_static
+from broker.messaging.queues import Holder, MemoryBudget, Queue, validate_declare
+from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
+from client.protocol.codec import encode
+from client.protocol.frames import Declare, QueueInfo
+from storage.base import DropQueue, PutQueue, QueueMeta, Settle, WriteOp
+
+log = logging.getLogger("tandem.broker")
+
+
+class CatalogueHost(Forwarding, Protocol):
+    @property
+    def holders(self) -> Collection[Holder]: ...
+
+    async def applied(self, what: str, done: Callable[[], bool]) -> None:
+        """Until ``done()``: a committed catalogue change is applied here."""
+        ...
+
+    def catalogue_applied(self) -> int: ...
+
+    def static_lists(self, queue_id: int) -> tuple[tuple[str, ...], ...] | None:
+        """The node lists of a queue declared with them (``static`` distribution), as
+        ``name:sync`` / ``name:async`` entries; None for a ``dynamic`` queue."""
+        ...
+
+    def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...]) -> list[WriteOp]:
+        """The ops that place a new queue's partitions on ``lists``, checked against the
+        group's members (InvalidArgumentError naming what is wrong)."""
+        ...
+
+    def check_disk(self, what: str) -> None:
+        """Raise UnavailableError while this node's disk alarm is raised."""
+        ...
+
+
+def settings(meta: QueueMeta) -> dict[str, object]:
+    return {
+        "partitions": meta.partitions, "mapper": meta.mapper, "ring_size": meta.ring_size,
+        "max_deliveries": meta.max_deliveries, "dead_letter_queue": meta.dead_letter_queue,
+        "max_length": meta.max_length,
+    }
+
+
+class Catalogue:
+    def __init__(self, node: CatalogueHost) -> None:
+        self.node = node
+        self.queues: dict[str, Queue] = {}
+        self.next_id = 1
+        #: bytes of ready messages held in memory, bounded by ``max_memory`` (broker.messaging.queues)
+        self.budget = MemoryBudget(node.config.max_memory)
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise QueueNotFoundError(f"queue {name!r} does not exist")
+        return q
+
+    def by_id(self, queue_id: int) -> Queue | None:
+        for q in self.queues.values():
+            if q.meta.id == queue_id:
+                return q
+        return None
+
+    def add(self, meta: QueueMeta) -> Queue:
+        q = self.queues[meta.name] = Queue(meta, self.budget)
+        self.next_id = max(self.next_id, meta.id + 1)
+        return q
+
+    # -- committed changes (every member applies them) ------------------------------------------
+
+    def apply_put(self, meta: QueueMeta) -> bool:
+        """A committed declare.  False if the name is taken by an earlier declare (two raced;
+        the first committed wins)."""
+        self.next_id = max(self.next_id, meta.id + 1)
+        existing = self.queues.get(meta.name)
+        if existing is not None:
+            if existing.meta.id != meta.id:
+                return False
+            if existing.meta != meta:  # more partitions or another mapper (broker.partitions.remap)
+                existing.alter(meta)
+                log.warning("queue %s now has %d partitions, mapper %s (catalogue)", meta.name, meta.partitions,
+                            meta.mapper)
+            return True
+        self.queues[meta.name] = Queue(meta, self.budget)
+        log.info("queue declared name=%s id=%d partitions=%d (catalogue)", meta.name, meta.id, meta.partitions)
+        return True
+
+    def apply_drop(self, queue_id: int) -> None:
+        q = self.by_id(queue_id)
+        if q is not None:
+            self._drop(q)
+            log.info("queue deleted name=%s (catalogue)", q.name)
+
+    def _drop(self, q: Queue) -> None:
+        q.deleted = True
+        del self.queues[q.name]
+        q.release()
+        for c in list(q.consumers):
+            c.session.cancelled_by_broker(c, f"queue {q.name!r} was deleted")
+
+    # -- declare / delete -----------------------------------------------------------------------
+
+    def _declared(self, frame: Declare, owner: str | None) -> tuple[QueueMeta, Queue | None]:
+        """The queue a declare asks for, and the existing one of that name (same settings,
+        or QueueExistsError naming what differs; its owner stays the one who declared it
+        first)."""
+        existing = self.queues.get(frame.queue)
+        # a declare that names no mapper: the default for a new queue, the queue's own otherwise
+        mapper = frame.mapper or (existing.meta.mapper if existing is not None else DEFAULT_MAPPER)
+        meta = QueueMeta(
+            id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=mapper,
+            ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
+            dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
+        )
+        if existing is not None:
+            wanted, have = settings(meta), settings(existing.meta)
+            diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
+            if frame.placement:
+                # (a placement's kinds may be left out: compare the lists' nodes in order)
+                static = self.node.static_lists(existing.meta.id)
+                asked = parse_static(frame.placement, frame.partitions)
+                names = [[n.partition(":")[0] for n in nodes] for nodes in static or ()]
+                if names != [[n.partition(":")[0] for n in nodes] for nodes in asked]:
+                    have_text = ";".join(",".join(nodes) for nodes in static) if static else "dynamic"
+                    diff.append(f"placement: have {have_text}, asked {frame.placement} (tandem partition move "
+                                f"changes a partition's nodes)")
+            if diff:
+                raise QueueExistsError(f"queue {frame.queue!r} exists with other settings ({'; '.join(diff)})")
+        return meta, existing
+
+    async def declare(self, frame: Declare, hops: int = 0, *, owner: str | None = None) -> tuple[QueueInfo, bool]:
+        """Declare the queue (``owner``: the user who asks, checked by its front end with
+        ``AclTable.check_declare``; None: the node itself)."""
+        validate_declare(frame)
+        node = self.node
+        commit = node.commit
+        who = await commit.wait_active(CATALOGUE, node.election_wait)
+        if who != node.config.name:
+            if hops >= MAX_HOPS:
+                raise UnavailableError("declare forwarded too many times while the group elects: retry")
+            req = DeclareFwd(hops + 1, encode(frame)[4:], owner or "")
+            created = bool(decode_reply(await self._forward(who, req, frame.queue)))
+        else:
+            meta, existing = self._declared(frame, owner)
+            if existing is not None:
+                return existing.info(), False
+            node.check_disk("declaring queues")
+            placing: list[WriteOp] = []
+            if frame.placement:
+                if not commit.replicated:
+                    raise InvalidArgumentError("placement: explicit node lists need a replication group (this node "
+                                               "runs alone, or in shared mode, where one node serves every "
+                                               "partition)")
+                placing = node.static_placement(meta, parse_static(frame.placement, frame.partitions))
+            self.next_id += 1
+            if not commit.replicated:
+                q = self.add(meta)
+                try:
+                    await self._commit(PutQueue(meta))
+                except TandemError:
+                    if self.queues.pop(meta.name, None) is not None:
+                        q.release()
+                    raise
+                log.info("queue declared name=%s partitions=%d mapper=%s", meta.name, meta.partitions, meta.mapper)
+                return q.info(), True
+            await self._commit(PutQueue(meta), *placing)  # (one entry: applied together everywhere)
+            had = self.queues.get(frame.queue)
+            created = had is not None and had.meta.id == meta.id
+            if had is not None and not created and settings(had.meta) != settings(meta):
+                raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
+        await node.applied(f"queue {frame.queue!r}", lambda: frame.queue in self.queues)
+        return self.queue(frame.queue).info(), created
+
+    async def _forward(self, who: str, req: DeclareFwd, queue: str) -> bytes:
+        try:
+            return await self.node.forward(who, req)
+        except InvalidArgumentError as exc:
+            if not req.owner or not refused_as_longer(exc, req):
+                raise
+        # the catalogue's active runs a build that keeps no owners (a rolling upgrade): its
+        # queues have none, and dead-lettering from them is not checked against one
+        log.warning("queue %s: the catalogue's active %s keeps no queue owners (an older build): declared "
+                    "without one", queue, who)
+        return await self.node.forward(who, DeclareFwd(req.hops, req.frame))
+
+    async def delete(self, name: str, if_empty: bool, hops: int = 0) -> None:
+        node = self.node
+        q = self.queue(name)
+        who = await node.commit.wait_active(CATALOGUE, node.election_wait)
+        if who != node.config.name:
+            if hops >= MAX_HOPS:
+                raise UnavailableError("delete forwarded too many times while the group elects: retry")
+            await node.forward(who, DeleteFwd(hops + 1, name, if_empty))
+        else:
+            if if_empty:
+                depth = await self.depth(q) if node.commit.replicated else q.depth
+                if depth:
+                    raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
+            if not node.commit.replicated:
+                self._drop(q)
+                await self._commit(DropQueue(q.meta.id))
+                log.info("queue deleted name=%s messages=%d", name, q.depth)
+                return
+            await self._commit(DropQueue(q.meta.id))
+        await node.applied(f"queue {name!r}", lambda: name not in self.queues)
+
+    async def _commit(self, op: DropQueue | PutQueue, *placing: WriteOp) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.node.commit.propose_catalogue([op, *placing], _resolver(fut))
+        await fut
+
+    async def catch_up(self) -> bool:
+        """Apply every catalogue change the catalogue's active holds before answering that a
+        queue does not exist.  A declare confirmed through another member may not have reached
+        this one yet (its entry commits with a majority that need not include this member), so
+        a client that declares and then consumes here would be told the queue is missing.
+        True if this member applied catalogue changes meanwhile: a lookup that failed is worth
+        one more try.  False if it had nothing to catch up, so "not found" stands.
+        UnavailableError if it cannot tell: no active within the election wait, or the active
+        cannot be asked (a link cut, or not yet back after this member was paused).  A member
+        that has missed changes must not call a queue missing: a durable consumer would end for
+        good on a queue that exists."""
+        node = self.node
+        if not node.commit.replicated:
+            return False
+        before = node.catalogue_applied()
+        try:
+            who = await node.commit.wait_active(CATALOGUE, node.election_wait)
+            if who == node.config.name:
+                return False  # the active applies what it commits at once
+            upto = int(decode_reply(await node.forward(who, CatalogueFwd())))
+        except (TandemError, ValueError, TypeError) as exc:
+            reason = exc.message if isinstance(exc, TandemError) else repr(exc)
+            raise UnavailableError(f"{node.config.name} cannot tell whether the queue exists: it could not "
+                                   f"ask the catalogue's active ({reason}); retry") from None
+        await node.applied("the group's queue catalogue", lambda: node.catalogue_applied() >= upto)
+        return node.catalogue_applied() > before
+
+    # -- per partition: depth and purge -----------------------------------------------------------
+
+    async def depth(self, q: Queue) -> int:
+        """Messages in the queue, asked of each partition's active."""
+
+        async def here(pidx: int) -> int:
+            return self.partition_depth(q, pidx)
+
+        return await self._sum_over_actives(q, DepthFwd, here)
+
+    async def purge(self, name: str) -> int:
+        """Drop the ready messages (delivered ones stay with their consumers)."""
+        q = self.queue(name)
+        total = await self._sum_over_actives(q, PurgeFwd, lambda pidx: self.purge_partition(q, pidx))
+        log.info("queue purged name=%s messages=%d", q.name, total)
+        return total
+
+    async def _sum_over_actives(self, q: Queue, request: type[DepthFwd] | type[PurgeFwd],
+                                here: Callable[[int], Awaitable[int]]) -> int:
+        """For each partition: ``await here(p)`` on its active if that is this node, else the
+        forwarded request; the sum of the answers."""
+        node = self.node
+        total = 0
+        for pidx in range(q.meta.partitions):
+            who = await node.commit.wait_active((q.meta.id, pidx), node.election_wait)
+            if who == node.config.name:
+                total += await here(pidx)
+            else:
+                total += int(decode_reply(await node.forward(who, request(q.name, pidx))))
+        return total
+
+    def served(self, name: str, pidx: int) -> Queue:
+        """The queue, if this node is its partition's active; else the error a forwarder gets."""
+        q = self.queue(name)
+        if not 0 <= pidx < q.meta.partitions:
+            raise InvalidArgumentError(f"queue {name!r} has no partition {pidx}")
+        if not self.node.commit.serving((q.meta.id, pidx)):
+            raise UnavailableError(f"partition {q.meta.id}/{pidx} is not active on {self.node.config.name}")
+        return q
+
+    def partition_depth(self, q: Queue, pidx: int) -> int:
+        """Ready and delivered-but-unsettled messages of one partition served here."""
+        return queues.partition_depth(self.node.holders, q, pidx)
+
+    async def purge_partition(self, q: Queue, pidx: int) -> int:
+        part = q.partitions[pidx]
+        generation = part.generation  # (loaded anew meanwhile: the store's copies are there)
+        msgs = q.take_hot(part)
+        cold = q.take_cold(part)
+        count = len(msgs) + cold[2]
+        if not count:
+            return 0
+        offsets = [m.offset for m in msgs]
+        ops: list[WriteOp] = [Settle(q.meta.id, pidx, offsets)] if offsets else []
+        # the cold region's offsets, in slices (some may be settled already: settling again is a no-op)
+        ops += [Settle(q.meta.id, pidx, list(range(s, min(s + SETTLE_SLICE, cold[1]))))
+                for s in range(cold[0], cold[1], SETTLE_SLICE)] if cold[2] else []
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.node.commit.propose(ops, _resolver(fut), durable=True)
+        try:
+            await fut
+        except TandemError:
+            if not q.deleted and self.node.commit.serving((q.meta.id, pidx)) and part.generation == generation:
+                if msgs:
+                    q.requeue(msgs)
+                q.restore_cold(part, cold)
+            raise
+        return count
+
+
+#: offsets per Settle op when a purge settles a cold region
+SETTLE_SLICE = 65536
+
+
+def _resolver(fut: asyncio.Future[None]) -> Callable[[BaseException | None], None]:
+    def done(err: BaseException | None) -> None:
+        if not fut.done():
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(None)
+
+    return done

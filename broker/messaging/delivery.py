@@ -1,0 +1,291 @@
+"""Deliveries and settlements: who gets which ready message, and what happens after.
+
+Dispatch hands ready messages to consumers with credit, fairly, in batches
+that fit a frame.  A first delivery of a message moves the partition's
+*delivered mark*, which is committed (written to the OS, not fsynced) before
+the ``Deliver`` frame leaves, so after a crash a message that reached a
+consumer comes back marked redelivered (docs/architecture.md, "Delivery
+counts").  Settlements change memory at once and are written lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from broker.messaging.commit import CommitPath
+from broker.config import NodeConfig
+from broker.messaging.mapper import dead_letter_partition
+from broker.messaging.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
+from client.clock import Clock
+from client.errors import InvalidArgumentError, TandemError
+from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
+from storage.writer import Callback
+
+class PrefetchGuard(Protocol):
+    """The node's limit on a subscriber's prefetch (broker.security.auth.ClientGuard)."""
+    def check_prefetch(self, prefetch: int) -> None: ...
+
+
+class DeadLetterRule(Protocol):
+    """Who may dead-letter where (broker.security.acl.AclTable)."""
+    def dead_letter_refusal(self, users: Any, owner: str | None, target: str) -> str | None: ...
+
+
+class DeliveryHost(Protocol):
+    """What delivery needs from its node."""
+    config: NodeConfig
+    users: Any  # (with acls: who may dead-letter where)
+
+    @property
+    def guard(self) -> PrefetchGuard: ...
+
+    @property
+    def acls(self) -> DeadLetterRule: ...
+
+    @property
+    def queues(self) -> dict[str, Queue]: ...
+
+    @property
+    def commit(self) -> CommitPath: ...
+
+    @property
+    def has_quorum(self) -> bool: ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    def serves(self, q: Queue, pidx: int) -> bool: ...
+
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
+
+    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
+        """The store's log end of the partition, then up to ``limit`` unsettled messages from
+        ``offset`` on (on a reader thread)."""
+        ...
+
+
+log = logging.getLogger("tandem.broker")
+
+MAX_DELIVER_BATCH = 1024
+#: seconds before a cold region is read again when the store did not have it yet
+COLD_RETRY = 0.05
+Held = tuple[Consumer, Msg]
+
+
+class Delivery:
+    def __init__(self, node: DeliveryHost) -> None:
+        self.node = node
+        self._next_consumer_id = 1
+        self._dirty: set[Queue] = set()
+        self._scheduled = False
+
+    # -- ready messages and dispatch ---------------------------------------------------------
+
+    def make_ready(self, q: Queue, by_part: dict[int, list[Msg]]) -> None:
+        for pidx, msgs in by_part.items():
+            q.add_ready(q.partitions[pidx], msgs)
+        self.schedule(q)
+
+    def schedule(self, q: Queue) -> None:
+        self._dirty.add(q)
+        if not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # not started: the node's start dispatches what is ready
+            self._scheduled = True
+            loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for q in dirty:
+            if not q.deleted:
+                self.dispatch_queue(q)
+
+    def dispatch_queue(self, q: Queue) -> None:
+        """Hand ready messages to consumers with credit, fairly, in frame-sized batches;
+        read cold regions back as their partitions' hot heads run low."""
+        if not self.node.has_quorum:
+            return  # no quorum: partitions Unavailable here; dispatch resumes when it returns
+        self._hand_out(q)
+        if q.cold_count and q.consumers:
+            for part in q.partitions:
+                if q.wants_refill(part):
+                    self.node.spawn(self._refill(q, part))
+
+    async def _refill(self, q: Queue, part: Partition) -> None:
+        """Read the next batch of a partition's cold region from the store into memory."""
+        epoch, offset, limit = q.begin_refill(part)
+        wait = COLD_RETRY
+        try:
+            stored_end, stored = await self.node.read_cold(q, part.index, offset, limit)
+        except (TandemError, OSError) as exc:
+            log.warning("reading the backlog of %s/%d failed (%s): retrying in 1 s", q.name, part.index, exc)
+            stored_end, stored, wait = 0, [], 1.0
+        if q.deleted:
+            return
+        if not q.end_refill(part, epoch, stored, limit, stored_end) and epoch == part.epoch:
+            # the store has not written them yet (its writes follow the commit): again soon
+            part.reading = True
+            await self.node.clock.sleep(wait)
+            if epoch == part.epoch:
+                part.reading = False
+        self.schedule(q)
+
+    def _hand_out(self, q: Queue) -> None:
+        budget = self.node.config.max_frame_size - 4096
+        while q.ready_count and q.consumers:
+            eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
+            if not eligible:
+                return
+            share = max(1, -(-q.ready_count // len(eligible)))
+            for c in eligible:
+                msgs = q.take(min(c.credit, share, MAX_DELIVER_BATCH), budget)
+                if not msgs:
+                    return
+                c.session.deliver(c, msgs)
+
+    def record_deliveries(self, q: Queue, msgs: list[Msg]) -> tuple[list[WriteOp], Callable[[], None]]:
+        """Count a delivery on each message.  Returns the delivered-mark ops to commit
+        before the messages leave (none if the mark already covers them) and what to
+        call once they are committed."""
+        need: dict[int, int] = {}
+        parts = q.partitions
+        for m in msgs:
+            m.dc += 1
+            if m.offset >= parts[m.partition].marked_upto and m.offset >= need.get(m.partition, 0):
+                need[m.partition] = m.offset + 1
+        q.unacked_count += len(msgs)
+        q.delivered += len(msgs)
+
+        def marked() -> None:
+            for p, upto in need.items():
+                parts[p].marked_upto = max(parts[p].marked_upto, upto)
+
+        return [MarkDelivered(q.meta.id, p, upto) for p, upto in need.items()], marked
+
+    # -- consumers -------------------------------------------------------------------------------
+
+    def add_consumer(self, session: Recipient, queue_name: str, prefetch: int) -> Consumer:
+        if not 1 <= prefetch <= 65535:
+            raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
+        self.node.guard.check_prefetch(prefetch)
+        q = self.node.queue(queue_name)
+        c = Consumer(self._next_consumer_id, q, session, prefetch)
+        self._next_consumer_id += 1
+        q.consumers.append(c)
+        self.schedule(q)
+        return c
+
+    @staticmethod
+    def remove_consumer(c: Consumer) -> None:
+        if c in c.queue.consumers:
+            c.queue.consumers.remove(c)
+
+    # -- settlement -------------------------------------------------------------------------------
+
+    def _release_one(self, c: Consumer) -> None:
+        c.unacked -= 1
+        c.queue.unacked_count -= 1
+        self.schedule(c.queue)
+
+    def ack(self, settled: list[Held]) -> None:
+        offsets: dict[tuple[Queue, int], list[int]] = {}
+        for c, m in settled:
+            self._release_one(c)
+            c.queue.acked += 1
+            offsets.setdefault((c.queue, m.partition), []).append(m.offset)
+        self.node.write_later([Settle(q.meta.id, p, offs) for (q, p), offs in offsets.items() if not q.deleted])
+
+    def requeue(self, settled: list[Held], *, counted: bool = True) -> None:
+        """Back to ready; past ``max_deliveries`` to the dead-letter queue instead.
+
+        ``counted=False``: the client says the messages were never shown to the
+        application (buffered when it cancelled), so the delivery is not counted.
+        """
+        expired: list[Held] = []
+        back: dict[Queue, list[Msg]] = {}
+        counts: dict[tuple[Queue, int], list[tuple[int, int]]] = {}
+        for c, m in settled:
+            if not counted:
+                m.dc = max(0, m.dc - 1)
+            limit = c.queue.meta.max_deliveries
+            if limit and m.dc >= limit:
+                expired.append((c, m))
+                continue
+            self._release_one(c)
+            if not c.queue.deleted and self.node.serves(c.queue, m.partition):
+                back.setdefault(c.queue, []).append(m)
+                counts.setdefault((c.queue, m.partition), []).append((m.offset, m.dc))
+        for q, msgs in back.items():
+            q.requeue(msgs)
+        self.node.write_later([SetDeliveryCount(q.meta.id, p, items) for (q, p), items in counts.items()],
+                              lazy=False)
+        if expired:
+            self.dead_letter(expired, "delivery_limit")
+
+    def dead_letter(self, settled: list[Held], reason: str) -> None:
+        """Move messages to their queue's dead-letter queue (or drop them without one, or
+        when the queue's owner may not write there: docs/security.md)."""
+        ops: list[WriteOp] = []
+        moved: dict[Queue, dict[int, list[Msg]]] = {}
+        commit = self.node.commit
+        for c, m in settled:
+            src = c.queue
+            self._release_one(c)
+            if src.deleted or not self.node.serves(src, m.partition):
+                continue
+            dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
+            refused = None if dlq is None else \
+                self.node.acls.dead_letter_refusal(self.node.users, src.meta.owner, dlq.name)
+            if refused is not None:
+                dlq = None  # (dropped as if it were missing: the owner may not write there)
+            headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
+            if dlq is not None and commit.replicated and not commit.serving(
+                    (dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))):
+                # the dead-letter partition is active elsewhere: settle here once it is stored there
+                self.node.dead_letter_remote(src, m, dlq, headers)
+                continue
+            ops.append(Settle(src.meta.id, m.partition, [m.offset]))
+            if dlq is None or (dlq.meta.max_length and dlq.depth >= dlq.meta.max_length):
+                if src.meta.dead_letter_queue:
+                    why = refused or ("missing" if dlq is None else "full")
+                    log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s",
+                                src.meta.dead_letter_queue, why, src.name, m.id, reason)
+                continue
+            pidx = dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key)
+            part = dlq.partitions[pidx]
+            new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body, None, None, m.ts)
+            part.next_offset += 1
+            ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))
+            moved.setdefault(dlq, {}).setdefault(pidx, []).append(new)
+            dlq.published += 1
+        for dlq, by_part in moved.items():
+            self.make_ready(dlq, by_part)
+
+        def committed(err: BaseException | None) -> None:
+            for dlq, by_part in moved.items():
+                dlq.mark_committed(by_part)
+
+        self.node.write_later(ops, committed, lazy=False)
+
+    def release(self, session: Recipient) -> None:
+        """A session ended: its consumers go, its unacked deliveries become ready again."""
+        for c in list(session.consumers.values()):
+            self.remove_consumer(c)
+        held = list(session.deliveries.values())
+        session.deliveries.clear()
+        if held:
+            self.requeue(held)
+            log.info("session released name=%s requeued=%d", session.client_name, len(held))
+

@@ -1,0 +1,596 @@
+"""In-memory queue state: partitions of ready messages, consumers, counters.
+
+A :class:`Queue` is split into :class:`Partition` objects by its data mapper.
+Each partition keeps its *ready* messages in offset order; a message handed to
+a consumer leaves ``ready`` and is held by the consumer's session until it is
+settled (ack / reject -> gone; nack(requeue) or a dead session -> back into
+``ready`` at its offset position).  Nothing here does I/O: :mod:`broker.node.node`
+turns these changes into store write ops and frames.
+
+Memory is bounded (``max_memory``, :class:`MemoryBudget`): a partition keeps its ready
+messages in memory up to its share of the budget (the *hot head*); the ones after
+them are a *cold region* of offsets [cold_start, cold_end) that are in the store only,
+counted but not held.  Every ready offset in memory is below ``cold_start``, and while a
+cold region exists newly committed messages extend it, so offset order is kept.  The
+delivery path reads a cold region back in batches (:meth:`Queue.begin_refill`,
+:meth:`Queue.end_refill`) as the hot head runs low (docs/architecture.md, "Backlogs
+larger than memory").
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import msgpack
+
+from broker.messaging.mapper import MAPPERS, DataMapper, make_mapper, mapper_names, queue_mapper
+from client.errors import InvalidArgumentError
+from client.protocol.frames import Declare, QueueInfo
+from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage, memory_share
+
+
+class Recipient(Protocol):
+    """A client session as consumers and delivery see it."""
+    client_name: str
+    consumers: dict[int, Consumer]
+    deliveries: dict[int, tuple[Consumer, Msg]]
+
+    @property
+    def writable(self) -> bool: ...
+
+    def deliver(self, c: Consumer, msgs: list[Msg]) -> None: ...
+
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
+
+#: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
+MESSAGE_OVERHEAD = 128
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+MAX_PARTITIONS = 1024
+MAX_RING_SIZE = 1 << 20
+#: characters of a declare's explicit node lists (``static`` distribution)
+MAX_PLACEMENT = 256 * 1024
+
+
+EMPTY_HEADERS = msgpack.packb({})
+
+
+def encode_headers(headers: dict[str, str]) -> bytes:
+    return msgpack.packb(headers) if headers else EMPTY_HEADERS
+
+
+def decode_headers(blob: bytes) -> dict[str, str]:
+    return msgpack.unpackb(blob, raw=False) if blob != EMPTY_HEADERS else {}
+
+
+class Msg:
+    """One stored message while it lives in the broker."""
+
+    __slots__ = ("partition", "offset", "key", "headers", "headers_blob", "body", "producer_id", "seq",
+                 "ts", "dc")
+
+    def __init__(self, partition: int, offset: int, key: str | None, headers: dict[str, str],
+                 headers_blob: bytes, body: bytes, producer_id: str | None, seq: int | None,
+                 ts: float, dc: int = 0) -> None:
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.headers = headers
+        self.headers_blob = headers_blob
+        self.body = body
+        self.producer_id = producer_id
+        self.seq = seq
+        self.ts = ts
+        self.dc = dc  # delivery count: deliveries so far, including one in flight
+
+    @property
+    def id(self) -> str:
+        """'<partition>-<offset>' where it was first stored (a re-mapped message keeps its own,
+        broker.partitions.remap)."""
+        return self.headers.get(ID_HEADER) or f"{self.partition}-{self.offset}"
+
+
+#: the header that keeps a re-mapped message's id (broker.partitions.remap): where it was first stored
+ID_HEADER = "x-tandem-id"
+
+
+class MemoryBudget:
+    """A node's bound on the bytes of ready messages it holds in memory (``max_memory``),
+    split evenly over its partitions, and what is held and cold now (metrics)."""
+
+    __slots__ = ("limit", "partitions", "held", "cold", "cold_bytes")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit  # bytes; 0: no bound
+        self.partitions = 0  # partitions of the node's queues
+        self.held = 0  # bytes of ready messages in memory (bodies, headers, MSG_MEMORY each)
+        self.cold = 0  # ready messages in cold regions (in the store only)
+        self.cold_bytes = 0
+
+    def share(self) -> int:
+        """Each partition's share (bytes; 0: no bound)."""
+        return memory_share(self.limit, self.partitions)
+
+
+def held_cost(m: Msg) -> int:
+    return len(m.body) + len(m.headers_blob) + MSG_MEMORY
+
+
+class Partition:
+    __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
+                 "committed_producers", "gaps", "producer_used", "held", "cold_start", "cold_end",
+                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation")
+
+    def __init__(self, index: int, next_offset: int = 0) -> None:
+        self.index = index
+        self.ready: deque[Msg] = deque()  # the hot head: ready messages in memory
+        self.held = 0  # their bytes (held_cost)
+        # The cold region: offsets [cold_start, cold_end) in the store, not in memory, of which
+        # cold_count are ready (cold_bytes of bodies and headers); none while cold_count is 0.
+        self.cold_start = 0
+        self.cold_end = 0
+        self.cold_count = 0
+        self.cold_bytes = 0
+        #: the delivered mark when the partition was loaded: a cold message below it counts
+        #: a delivery more, as one loaded in memory does (storage.base.Recovered)
+        self.cold_mark = 0
+        self.reading = False  # a read of the cold region is under way
+        self.epoch = 0  # moves when the cold region is dropped: a read under way is stale
+        #: moves whenever the partition's messages are forgotten or loaded again (another node
+        #: serves it, or this one again): what a task took from memory before is not this
+        #: memory's to give back
+        self.generation = 0
+        self.next_offset = next_offset  # offset the next appended message gets
+        self.committed_end = next_offset  # end of what the store has committed
+        # The committed delivered mark: offsets below it count as delivered once more
+        # on recovery (docs/architecture.md, "Delivery counts").
+        self.marked_upto = 0
+        self.producers: dict[str, int] = {}  # producer id -> last seq accepted (maybe in flight)
+        self.committed_producers: dict[str, int] = {}  # producer id -> last seq committed
+        #: producer id -> seqs below its last accepted one whose batch failed to commit while a
+        #: later batch went on (single node: separate commits); they may be stored again
+        self.gaps: dict[str, set[int]] = {}
+        self.producer_used: dict[str, float] = {}  # producer id -> when it last published here (monotonic)
+
+    def requeue(self, msgs: list[Msg]) -> None:
+        """Put ``msgs`` back at their offset positions (usually all before the ready ones).
+
+        Linear in the messages moved in the common case, a single merge otherwise.
+        """
+        msgs.sort(key=_offset)
+        self.held += sum(len(m.body) + len(m.headers_blob) for m in msgs) + MSG_MEMORY * len(msgs)
+        ready = self.ready
+        if not ready or msgs[-1].offset < ready[0].offset:
+            ready.extendleft(reversed(msgs))
+        elif msgs[0].offset > ready[-1].offset:
+            ready.extend(msgs)
+        else:
+            self.ready = deque(heapq.merge(ready, msgs, key=_offset))
+
+
+def _offset(m: Msg) -> int:
+    return m.offset
+
+
+def frame_cost(m: Msg) -> int:
+    """Bytes a message takes in a Deliver or ReadOk frame, at most."""
+    return len(m.body) + len(m.headers_blob) + len(m.key or "") + MESSAGE_OVERHEAD
+
+
+class Consumer:
+    __slots__ = ("id", "queue", "session", "prefetch", "unacked")
+
+    def __init__(self, id: int, queue: Queue, session: Recipient, prefetch: int) -> None:
+        self.id = id
+        self.queue = queue
+        self.session = session
+        self.prefetch = prefetch
+        self.unacked = 0
+
+    @property
+    def credit(self) -> int:
+        return self.prefetch - self.unacked
+
+
+MAX_INT64 = 2**63 - 1
+
+
+def validate_declare(frame: Declare) -> None:
+    """Raise InvalidArgumentError naming the first bad field of a declare."""
+    if not QUEUE_NAME.match(frame.queue):
+        raise InvalidArgumentError(
+            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : -"
+        )
+    if not 1 <= frame.partitions <= MAX_PARTITIONS:
+        raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
+    if frame.mapper and frame.mapper not in mapper_names():
+        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(mapper_names())} (a custom mapper "
+                                   f"is an installed package's 'tandem.mappers' entry point)")
+    if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
+        raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
+    if frame.mapper and frame.mapper not in MAPPERS:
+        make_mapper(frame.mapper, frame.partitions, frame.ring_size)  # a custom one must load: its error if not
+    # (the stores keep them as signed 64-bit integers)
+    if not 0 <= frame.max_deliveries <= MAX_INT64:
+        raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
+    if not 0 <= frame.max_length <= MAX_INT64:
+        raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
+    if len(frame.placement) > MAX_PLACEMENT:
+        raise InvalidArgumentError(f"placement: at most {MAX_PLACEMENT} characters")
+    dlq = frame.dead_letter_queue
+    if dlq is not None:
+        if not QUEUE_NAME.match(dlq):
+            raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
+        if dlq == frame.queue:
+            raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
+
+
+
+#: a refill starts when a partition's hot head holds fewer bytes than this (or its share / 4)
+REFILL_LOW = 4 * 1024 * 1024
+#: a refill reads about this many bytes (at most the partition's share / 2)
+REFILL_BYTES = 8 * 1024 * 1024
+MAX_REFILL_MESSAGES = 65536
+
+
+class Queue:
+    def __init__(self, meta: QueueMeta, budget: MemoryBudget | None = None) -> None:
+        self.meta = meta
+        self.budget = budget if budget is not None else MemoryBudget()
+        self.budget.partitions += meta.partitions
+        self.cold_count = 0  # ready messages in the partitions' cold regions
+        self.partitions = [Partition(i) for i in range(meta.partitions)]
+        self.mapper: DataMapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
+        self.consumers: list[Consumer] = []
+        self.ready_count = 0
+        self.unacked_count = 0
+        self.pending_count = 0  # appended, not yet committed (SYNC / WRITE_NO_SYNC)
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+        self._next_partition = 0
+        self._next_consumer = 0
+        self.deleted = False
+        #: partitions whose messages are being re-mapped (broker.partitions.remap): they deliver nothing
+        self.paused: frozenset[int] = frozenset()
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    def alter(self, meta: QueueMeta) -> None:
+        """The queue got more partitions or another data mapper (broker.partitions.remap): the new
+        partitions start empty, and the mapper places what is published from now on."""
+        added = meta.partitions - len(self.partitions)
+        self.partitions.extend(Partition(i) for i in range(len(self.partitions), meta.partitions))
+        self.budget.partitions += max(0, added)
+        self.meta = meta
+        self.mapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
+
+    def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
+        """The partition as the store has it (at start, or when this node becomes its active):
+        offsets, producer sequences and, with ``messages``, its ready messages (those past
+        the memory budget as a cold region)."""
+        part = self.partitions[pidx]
+        self.clear_partition(pidx)
+        part.next_offset = part.committed_end = st.next_offset
+        part.marked_upto = part.cold_mark = st.delivered_upto
+        part.producers = dict(st.producers)
+        part.committed_producers = dict(st.producers)
+        if messages:
+            self.add_ready(part, [msg_from_store(pidx, m) for m in st.messages])
+            st.messages = []
+            if st.cold_count:
+                self._extend_cold(part, st.cold_start, st.cold_end, st.cold_count, st.cold_bytes)
+
+    def clear_partition(self, pidx: int) -> None:
+        """Forget the partition's ready messages and producers (another node serves it now)."""
+        part = self.partitions[pidx]
+        part.generation += 1
+        self.ready_count -= len(part.ready)
+        part.ready.clear()
+        self.budget.held -= part.held
+        part.held = 0
+        self._drop_cold(part)
+        part.producers = {}
+        part.committed_producers = {}
+        part.gaps = {}
+        part.producer_used = {}
+
+    def release(self) -> None:
+        """The queue is deleted: give its memory back to the budget."""
+        for p in self.partitions:
+            self.budget.held -= p.held
+            p.held = 0
+            self._drop_cold(p)
+            p.ready.clear()
+        self.ready_count = 0
+        self.budget.partitions -= self.meta.partitions
+
+    # -- the cold region ------------------------------------------------------------------------
+
+    def _extend_cold(self, part: Partition, start: int, end: int, count: int, nbytes: int) -> None:
+        if not part.cold_count:
+            part.cold_start, part.cold_end = start, end
+        else:
+            part.cold_start = min(part.cold_start, start)
+            part.cold_end = max(part.cold_end, end)
+        part.cold_count += count
+        part.cold_bytes += nbytes
+        self.cold_count += count
+        self.ready_count += count
+        self.budget.cold += count
+        self.budget.cold_bytes += nbytes
+
+    def _drop_cold(self, part: Partition) -> tuple[int, int, int, int]:
+        """Forget the cold region (its messages stay in the store); what it was."""
+        was = (part.cold_start, part.cold_end, part.cold_count, part.cold_bytes)
+        self.cold_count -= part.cold_count
+        self.ready_count -= part.cold_count
+        self.budget.cold -= part.cold_count
+        self.budget.cold_bytes -= part.cold_bytes
+        part.cold_start = part.cold_end = part.cold_count = part.cold_bytes = 0
+        part.epoch += 1
+        part.reading = False
+        return was
+
+    def restore_cold(self, part: Partition, was: tuple[int, int, int, int]) -> None:
+        """Put back a cold region :meth:`take_cold` took (its purge failed)."""
+        if not was[2]:
+            return
+        start, end, count, nbytes = was
+        ready = part.ready
+        while ready and ready[-1].offset >= start:  # arrived since: after the region, so cold too
+            m = ready.pop()
+            cost = held_cost(m)
+            part.held -= cost
+            self.budget.held -= cost
+            self.ready_count -= 1
+            end = max(end, m.offset + 1)
+            count += 1
+            nbytes += cost - MSG_MEMORY
+        self._extend_cold(part, start, end, count, nbytes)
+
+    def take_cold(self, part: Partition) -> tuple[int, int, int, int]:
+        """Drop the cold region (a purge settles it): (start, end, count, bytes)."""
+        return self._drop_cold(part)
+
+    def forget_cold(self, part: Partition, msgs: list[Msg]) -> None:
+        """``msgs`` of the cold region are settled (re-mapped elsewhere, broker.partitions.remap)."""
+        n = min(len(msgs), part.cold_count)
+        nbytes = sum(len(m.body) + len(m.headers_blob) for m in msgs)
+        part.cold_count -= n
+        part.cold_bytes = max(0, part.cold_bytes - nbytes)
+        self.cold_count -= n
+        self.ready_count -= n
+        self.budget.cold -= n
+        self.budget.cold_bytes -= min(nbytes, self.budget.cold_bytes)
+        if not part.cold_count:
+            part.cold_start = part.cold_end = part.cold_bytes = 0
+
+    def wants_refill(self, part: Partition) -> bool:
+        if not part.cold_count or part.reading:
+            return False
+        share = self.budget.share()
+        low = min(REFILL_LOW, share // 4) if share else REFILL_LOW
+        return part.held < low
+
+    def begin_refill(self, part: Partition) -> tuple[int, int, int]:
+        """A read of the cold region starts: (epoch, from offset, how many messages)."""
+        part.reading = True
+        share = self.budget.share()
+        room = min(REFILL_BYTES, share // 2) if share else REFILL_BYTES
+        avg = part.cold_bytes // max(1, part.cold_count) + MSG_MEMORY
+        limit = max(1, min(MAX_REFILL_MESSAGES, room // max(1, avg)))
+        return part.epoch, part.cold_start, limit
+
+    def end_refill(self, part: Partition, epoch: int, stored: list[StoredMessage], limit: int,
+                   stored_end: int) -> bool:
+        """The read of :meth:`begin_refill` returned ``stored`` (up to ``limit`` messages from
+        its offset on; the store held offsets below ``stored_end``): they join the hot head.
+        False if it brought nothing (the store has not caught up yet) or is stale."""
+        if epoch != part.epoch:
+            return False
+        part.reading = False
+        bound = min(stored_end, part.cold_end)
+        kept = [m for m in stored if m.offset < bound]
+        if kept and len(kept) == len(stored) and len(stored) >= limit:
+            new_start = kept[-1].offset + 1
+        else:
+            new_start = max(bound, part.cold_start)
+        pidx, mark = part.index, part.cold_mark
+        msgs = [Msg(pidx, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
+                    m.producer_id, m.seq, m.ts, m.dc + (1 if m.offset < mark else 0)) for m in kept]
+        nbytes = sum(len(m.body) + len(m.headers_blob) for m in msgs)
+        n = min(len(msgs), part.cold_count)
+        part.cold_count -= n
+        part.cold_bytes = max(0, part.cold_bytes - nbytes)
+        self.cold_count -= n
+        self.budget.cold -= n
+        self.budget.cold_bytes -= min(nbytes, self.budget.cold_bytes)
+        part.ready.extend(msgs)
+        cost = nbytes + MSG_MEMORY * len(msgs)
+        part.held += cost
+        self.budget.held += cost
+        moved = new_start > part.cold_start
+        part.cold_start = new_start
+        if part.cold_start >= part.cold_end and part.cold_count:
+            # counted messages the store does not have (a write that failed): gone
+            self._drop_cold(part)
+        elif not part.cold_count:
+            part.cold_start = part.cold_end = part.cold_bytes = 0
+        return bool(msgs) or moved
+
+    def mark_committed(self, by_part: dict[int, list[Msg]]) -> None:
+        """These messages are in the store: stream reads may see them."""
+        for pidx, msgs in by_part.items():
+            part = self.partitions[pidx]
+            end = msgs[-1].offset + 1
+            if end > part.committed_end:
+                part.committed_end = end
+
+    @property
+    def depth(self) -> int:
+        return self.ready_count + self.unacked_count + self.pending_count
+
+    def info(self) -> QueueInfo:
+        m = self.meta
+        return QueueInfo(
+            m.name, m.partitions, m.mapper, m.ring_size, m.max_deliveries, m.dead_letter_queue,
+            m.max_length, self.ready_count, self.unacked_count + self.pending_count,
+            len(self.consumers), self.published, self.delivered, self.acked,
+        )
+
+    # -- ready messages -------------------------------------------------------------------
+
+    def add_ready(self, partition: Partition, msgs: list[Msg]) -> None:
+        """Messages in offset order, after every ready one: into memory while the
+        partition's share of the budget lasts, else into the cold region."""
+        if not msgs:
+            return
+        if partition.cold_count:
+            self._extend_cold(partition, msgs[0].offset, msgs[-1].offset + 1, len(msgs),
+                              sum(len(m.body) + len(m.headers_blob) for m in msgs))
+            return
+        cost = sum(len(m.body) + len(m.headers_blob) for m in msgs) + MSG_MEMORY * len(msgs)
+        share = self.budget.share()
+        if share and partition.held + cost > share:
+            held, i = partition.held, 0
+            for m in msgs:
+                c = held_cost(m)
+                if held + c > share and (held or i):
+                    break
+                held += c
+                i += 1
+            cold = msgs[i:]
+            if cold:
+                self._extend_cold(partition, cold[0].offset, cold[-1].offset + 1, len(cold),
+                                  sum(len(m.body) + len(m.headers_blob) for m in cold))
+            msgs = msgs[:i]
+            cost = held - partition.held
+        partition.ready.extend(msgs)
+        partition.held += cost
+        self.budget.held += cost
+        self.ready_count += len(msgs)
+
+    def take(self, n: int, max_bytes: int) -> list[Msg]:
+        """Up to ``n`` ready messages whose bodies total at most ``max_bytes`` (but at
+        least one message), taken round-robin over partitions in batches."""
+        out: list[Msg] = []
+        parts = self.partitions
+        count = len(parts)
+        empty_seen = 0
+        i = self._next_partition
+        share = max(1, n // count) if count > 1 else n
+        size = 0
+        freed = 0
+        paused = self.paused
+        while len(out) < n and empty_seen < count:
+            part = parts[i]
+            ready = part.ready
+            if ready and i not in paused:
+                empty_seen = 0
+                took = 0
+                for _ in range(min(share, n - len(out), len(ready))):
+                    m = ready[0]
+                    data = len(m.body) + len(m.headers_blob)
+                    cost = data + len(m.key or "") + MESSAGE_OVERHEAD
+                    if out and size + cost > max_bytes:
+                        n = len(out)  # full: stop here
+                        break
+                    size += cost
+                    took += data + MSG_MEMORY
+                    out.append(ready.popleft())
+                part.held -= took
+                freed += took
+            else:
+                empty_seen += 1
+            i = (i + 1) % count
+        self._next_partition = i
+        self.ready_count -= len(out)
+        self.budget.held -= freed
+        return out
+
+    def requeue(self, msgs: list[Msg]) -> None:
+        by_part: dict[int, list[Msg]] = {}
+        for m in msgs:
+            by_part.setdefault(m.partition, []).append(m)
+        for p, lst in by_part.items():
+            part = self.partitions[p]
+            before = part.held
+            part.requeue(lst)
+            self.budget.held += part.held - before
+        self.ready_count += len(msgs)
+
+    def purge_ready(self) -> dict[int, list[Msg]]:
+        """Drop every ready message in memory and every cold region; returns the ones in
+        memory per partition."""
+        removed: dict[int, list[Msg]] = {}
+        for p in self.partitions:
+            if p.ready:
+                removed[p.index] = self.take_hot(p)
+            self._drop_cold(p)
+        return removed
+
+    def take_hot(self, part: Partition) -> list[Msg]:
+        """Drop the partition's ready messages in memory; returns them."""
+        msgs = list(part.ready)
+        part.ready.clear()
+        self.ready_count -= len(msgs)
+        self.budget.held -= part.held
+        part.held = 0
+        return msgs
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def consumers_in_turn(self) -> list[Consumer]:
+        cs = self.consumers
+        if len(cs) <= 1:
+            return list(cs)
+        k = self._next_consumer % len(cs)
+        self._next_consumer = k + 1
+        return cs[k:] + cs[:k]
+
+
+class Holder(Protocol):
+    """A session holding deliveries (delivered, not yet settled)."""
+
+    @property
+    def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
+
+
+def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int) -> int:
+    """Ready and delivered-but-unsettled messages of one partition served here."""
+    held = sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
+    part = q.partitions[pidx]
+    return len(part.ready) + part.cold_count + held
+
+
+def msg_from_store(partition: int, m: StoredMessage) -> Msg:
+    return Msg(partition, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
+               m.producer_id, m.seq, m.ts, m.dc)
+
+
+def take_back_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> list[Msg]:
+    """Take back the unsettled deliveries of a partition this node still serves (its
+    messages are about to be re-mapped, broker.partitions.remap): the messages, for the caller to make
+    ready again.  A consumer's later ack of one gets an unknown-tag error."""
+    out: list[Msg] = []
+    for h in holders:
+        gone = [t for t, (c, m) in h.deliveries.items() if c.queue is q and m.partition == pidx]
+        for t in gone:
+            c, m = h.deliveries.pop(t)
+            c.unacked -= 1
+            q.unacked_count -= 1
+            out.append(m)
+    return out
+
+
+def revoke_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> int:
+    """Drop the unsettled deliveries of a partition this node no longer serves (the new active
+    delivers them again); how many."""
+    return len(take_back_deliveries(holders, q, pidx))

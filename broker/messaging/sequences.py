@@ -1,0 +1,129 @@
+"""Idempotent producers: each partition keeps the last sequence of every producer id.
+
+A producer numbers its messages; a partition stores a ``(producer_id, seq)`` once and
+confirms a resend again without storing it.  Per partition (:class:`broker.messaging.queues.Partition`):
+
+* ``producers``: the last seq held, committed or on its way to commit;
+* ``committed_producers``: the last seq committed;
+* ``gaps``: seqs below the last held whose commit failed (a resend stores them again);
+* ``producer_used``: when each producer last published here, for expiry.
+
+A resend of a seq that is held but not yet committed is refused with ``UnavailableError``
+(retry): confirming the copy could confirm what then fails to commit.
+"""
+
+from __future__ import annotations
+
+from client.errors import OutOfOrderSequenceError, UnavailableError
+from client.protocol.frames import PublishMessage
+from broker.messaging.queues import Partition, Queue
+
+
+def held(part: Partition, producer_id: str, seq: int | None) -> bool:
+    """Whether the partition holds (or is storing) this producer's ``seq``."""
+    if seq is None:
+        return False
+    last = part.producers.get(producer_id)
+    if last is None or seq > last:
+        return False
+    gaps = part.gaps.get(producer_id)
+    return gaps is None or seq not in gaps
+
+
+def check_dense(q: Queue, pidx: int, producer_id: str, messages: list[PublishMessage]) -> int:
+    """A dense batch (addressed to the partition, numbered with no gap) must continue the
+    producer's sequence there: every seq up to the last one held is a duplicate (or fills a
+    gap a failed commit left), the rest follow on with no gap.  Returns the last seq held
+    (-1: none); raises OutOfOrderSequenceError, storing nothing, or UnavailableError for a
+    resend of a seq not yet committed."""
+    part = q.partitions[pidx]
+    last = part.producers.get(producer_id, -1)
+    committed = part.committed_producers.get(producer_id, -1)
+    gaps = part.gaps.get(producer_id, ())
+    expect_seq = last + 1
+    for m in messages:
+        seq = m.seq
+        assert seq is not None
+        if seq <= last:
+            if seq in gaps:
+                continue  # stored again
+            if seq > committed:
+                raise UnavailableError(f"producer {producer_id}'s seq {seq} on {q.name}/{pidx} is still being "
+                                       "stored: retry")
+            continue
+        if seq != expect_seq:
+            raise OutOfOrderSequenceError(
+                f"producer {producer_id} sent seq {seq} to {q.name}/{pidx}, which holds its seqs up to "
+                f"{last}: resend from {last + 1}", next_seq=last + 1)
+        expect_seq += 1
+    return last
+
+
+def check_resends(q: Queue, producer_id: str, messages: list[PublishMessage], pidxs: list[int]) -> None:
+    """UnavailableError if a message resends a seq held but not yet committed."""
+    parts = q.partitions
+    for m, pidx in zip(messages, pidxs):
+        last = parts[pidx].producers.get(producer_id)
+        if last is not None and m.seq is not None and \
+                parts[pidx].committed_producers.get(producer_id, -1) < m.seq <= last:
+            raise UnavailableError(f"producer {producer_id}'s seq {m.seq} on {q.name}/{pidx} is still "
+                                   "being stored: retry")
+
+
+def take(part: Partition, producer_id: str, seq: int) -> None:
+    """Record ``seq`` as held (it is about to be stored)."""
+    last = part.producers.get(producer_id, -1)
+    if seq > last:
+        part.producers[producer_id] = seq
+    else:  # it fills a gap a failed commit left
+        gaps = part.gaps[producer_id]
+        gaps.discard(seq)
+        if not gaps:
+            del part.gaps[producer_id]
+
+
+def committed(part: Partition, producer_id: str, seq: int) -> None:
+    cp = part.committed_producers
+    if seq > cp.get(producer_id, -1):
+        cp[producer_id] = seq
+
+
+def release(q: Queue, seqs_of: dict[tuple[int, str], list[int]]) -> None:
+    """A batch was not stored: its seqs may be stored again.  A later batch of the same
+    producer may be on its way to commit: then the failed seqs become gaps below its last
+    seq, which a resend fills."""
+    for (pidx, pid), seqs in seqs_of.items():
+        part = q.partitions[pidx]
+        gaps = part.gaps.setdefault(pid, set())
+        gaps.update(seqs)
+        last = part.producers.get(pid, -1)
+        done = part.committed_producers.get(pid, -1)
+        while last > done and last in gaps:  # the top failed: the last held moves down
+            gaps.discard(last)
+            last -= 1
+        gaps.difference_update([s for s in gaps if s > last])
+        if not gaps:
+            del part.gaps[pid]
+        if last < 0 and done < 0:
+            part.producers.pop(pid, None)
+        else:
+            part.producers[pid] = last
+
+
+def idle_producers(part: Partition, now: float, expiry: float) -> list[str]:
+    """Producers of the partition idle longer than ``expiry`` with nothing in flight."""
+    for pid in list(part.producers):
+        part.producer_used.setdefault(pid, now)  # loaded from the store: idle from now
+    return [pid for pid, used in part.producer_used.items()
+            if now - used > expiry and pid in part.producers and pid not in part.gaps
+            and part.producers.get(pid) == part.committed_producers.get(pid)]
+
+
+def forget(part: Partition, pids: list[str], idle_before: float) -> None:
+    """Drop the producers whose expiry committed, unless they published since ``idle_before``
+    (one that did is written again with its next message)."""
+    for pid in pids:
+        if part.producer_used.get(pid, 0.0) <= idle_before:
+            part.producers.pop(pid, None)
+            part.committed_producers.pop(pid, None)
+            part.producer_used.pop(pid, None)

@@ -1,0 +1,1 @@
+"""Shared mode: the lease-holder's loop and its commit path (``mode``)."""

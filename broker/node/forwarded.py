@@ -1,0 +1,162 @@
+"""The requests other members forward here: one handler per :class:`~broker.messaging.forward.ForwardKind`.
+
+:meth:`ForwardHandlers.handle` decodes the typed request (:func:`broker.messaging.forward.decode_request`)
+and calls the handler the table names; each handler's reply is the ``ForwardOk`` payload the
+request's docstring in :mod:`broker.messaging.forward` describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from broker.sessions import status
+from broker.messaging.catalogue import Catalogue
+from broker.partitions.drain import Drains
+from broker.partitions.members import GroupMembers
+from broker.partitions.moves import Moves
+from broker.partitions.remap import Remaps
+from broker.partitions.restore import Restores
+from broker.security.security import Security
+from broker.messaging.streams import Produced
+from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
+                            GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
+                            ProducedFwd, ReadFwd, RestoreFwd, decode_request, pack_reply)
+from broker.messaging.publish import Publisher, PublishRequest
+from broker.messaging.queues import validate_declare
+from client.protocol.codec import decode_payload, encode
+from client.protocol.frames import Declare, Publish, ReadOk, StreamMessage, expect
+
+
+class ForwardedHost(status.StatusSource, Protocol):
+    publisher: Publisher
+    catalogue: Catalogue
+    security: Security
+    drains: Drains
+    moves: Moves
+    remaps: Remaps
+    restores: Restores
+    group: GroupMembers
+
+    def catalogue_commit(self) -> int: ...
+
+    def member_book(self) -> list[str]:
+        """"name=host:port" of every member whose peer address this node knows (broker.peers.discovery)."""
+        ...
+
+    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
+                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
+
+    async def produced(self, queue: str, partition: int, producer: str, offset: int,
+                       *, hops: int = 0) -> Produced: ...
+
+
+Handler = Callable[[Any], Awaitable[bytes]]
+
+
+class ForwardHandlers:
+    def __init__(self, node: ForwardedHost) -> None:
+        self.node = node
+        self.table: dict[ForwardKind, Handler] = {
+            ForwardKind.PUBLISH: self._publish,
+            ForwardKind.DECLARE: self._declare,
+            ForwardKind.DELETE: self._delete,
+            ForwardKind.CATALOGUE: self._catalogue,
+            ForwardKind.STATUS: self._status,
+            ForwardKind.PARTITION_STATS: self._partition_stats,
+            ForwardKind.QUEUE_STATS: self._queue_stats,
+            ForwardKind.OPTION: self._option,
+            ForwardKind.READ: self._read,
+            ForwardKind.DEPTH: self._depth,
+            ForwardKind.PURGE: self._purge,
+            ForwardKind.USER_PUT: self._security,
+            ForwardKind.USER_DROP: self._security,
+            ForwardKind.ACL_GRANT: self._security,
+            ForwardKind.ACL_REVOKE: self._security,
+            ForwardKind.DRAIN: self._drain,
+            ForwardKind.MOVE: self._move,
+            ForwardKind.GROUP: self._group,
+            ForwardKind.REMAP: self._remap,
+            ForwardKind.AUDIT: self._audit,
+            ForwardKind.MEMBERS: self._members,
+            ForwardKind.RESTORE: self._restore,
+            ForwardKind.PRODUCED: self._produced,
+        }
+
+    async def handle(self, kind: int, payload: bytes) -> bytes:
+        req: ForwardRequest = decode_request(kind, payload)
+        return await self.table[req.KIND](req)
+
+    async def _publish(self, req: PublishFwd) -> bytes:
+        frame = expect(decode_payload(req.frame), Publish)
+        r = await self.node.publisher.publish(PublishRequest(
+            frame.queue, frame.producer_id, frame.messages, partition=req.partition,
+            dense=frame.partition is not None, hops=max(1, req.hops)))
+        return pack_reply([r.stored, r.duplicates, r.last_seq])
+
+    async def _declare(self, req: DeclareFwd) -> bytes:
+        decl = expect(decode_payload(req.frame), Declare)
+        validate_declare(decl)
+        _info, created = await self.node.catalogue.declare(decl, max(1, req.hops), owner=req.owner or None)
+        return pack_reply(created)
+
+    async def _delete(self, req: DeleteFwd) -> bytes:
+        await self.node.catalogue.delete(req.queue, req.if_empty, max(1, req.hops))
+        return b""
+
+    async def _security(self, req: ForwardRequest) -> bytes:
+        return await self.node.security.forwarded(req)
+
+    async def _drain(self, req: DrainFwd) -> bytes:
+        return await self.node.drains.forwarded(req)
+
+    async def _move(self, req: MoveFwd) -> bytes:
+        return await self.node.moves.forwarded(req)
+
+    async def _group(self, req: GroupFwd) -> bytes:
+        return await self.node.group.forwarded(req)
+
+    async def _remap(self, req: RemapFwd) -> bytes:
+        return await self.node.remaps.forwarded(req)
+
+    async def _audit(self, req: AuditFwd) -> bytes:
+        return pack_reply(self.node.remaps.view(req.queue))
+
+    async def _restore(self, req: RestoreFwd) -> bytes:
+        return await self.node.restores.forwarded(req)
+
+    async def _produced(self, req: ProducedFwd) -> bytes:
+        return (await self.node.produced(req.queue, req.partition, req.producer, req.offset,
+                                         hops=max(1, req.hops))).pack()
+
+    async def _members(self, _req: Any) -> bytes:
+        return pack_reply(self.node.member_book())
+
+    async def _catalogue(self, req: CatalogueFwd) -> bytes:
+        return pack_reply(self.node.catalogue_commit())
+
+    async def _status(self, _req: Any) -> bytes:
+        return encode(status.status_of(self.node, 0))[4:]
+
+    async def _partition_stats(self, req: PartitionStatsFwd) -> bytes:
+        return status.pstats_payload(self.node, req.queue, req.partition)
+
+    async def _queue_stats(self, _req: Any) -> bytes:
+        return pack_reply(status.queue_counters(self.node))
+
+    async def _option(self, req: OptionFwd) -> bytes:
+        status.apply_option(self.node, req.option, req.value, f"{req.by} via a member")
+        return b""
+
+    async def _read(self, req: ReadFwd) -> bytes:
+        msgs, nxt, end = await self.node.read_stream(req.queue, req.partition, req.offset, req.max_messages,
+                                                     hops=max(1, req.hops))
+        return encode(ReadOk(rid=0, messages=msgs, next_offset=nxt, end_offset=end))[4:]
+
+    async def _depth(self, req: DepthFwd) -> bytes:
+        cat = self.node.catalogue
+        return pack_reply(cat.partition_depth(cat.served(req.queue, req.partition), req.partition))
+
+    async def _purge(self, req: PurgeFwd) -> bytes:
+        cat = self.node.catalogue
+        return pack_reply(await cat.purge_partition(cat.served(req.queue, req.partition), req.partition))

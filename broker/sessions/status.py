@@ -1,0 +1,307 @@
+"""What a node reports about itself, for ``tandem status``, its console, its metrics and its peers.
+
+:func:`status_of` is a node's view of itself and its group (the ``Status`` request, and the
+forwarded status request the console sends every member).
+
+The management console (``webconsole/``) shows the whole group: for each partition
+it asks the member active for it (the forwarded ``pstats`` request), and it sums
+the counters every member keeps of what it did as an active (``qstats``).  The
+answers are computed here, on the node's own state, so that the broker answers
+its peers without importing the console; ``apply_option`` applies an operator
+setting sent by a member's console (forwarded ``option``).
+
+The helpers read the node through :class:`NodeState`, the few things they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from broker import __version__
+from broker.config import NodeConfig
+from broker.messaging import queues
+from broker.messaging.queues import Holder, Queue
+
+from client.errors import InvalidArgumentError, UnavailableError
+from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk, ZoneInfo
+from ha.membership import Membership
+
+
+class NodeState(Protocol):
+    """What the status helpers read and set on a node."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def queues(self) -> Mapping[str, Queue]: ...
+
+    @property
+    def sessions(self) -> Collection[Holder]: ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    def serves(self, q: Queue, pidx: int) -> bool: ...
+
+    def set_quorum_override(self, nodes: int | None, *, by: str) -> None: ...
+
+    def set_option(self, name: str, value: int, *, by: str) -> None: ...
+
+
+def partition_depth(node: NodeState, q: Queue, pidx: int) -> int:
+    """Ready and delivered-but-unsettled messages of one partition served here."""
+    return queues.partition_depth(node.sessions, q, pidx)
+
+
+def local_pstats(node: NodeState, q: Queue, pidx: int) -> dict[str, Any]:
+    """ready, unacked, depth and next offset of a partition this node serves."""
+    part = q.partitions[pidx]
+    depth = partition_depth(node, q, pidx)
+    ready = len(part.ready) + part.cold_count
+    return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
+            "next_offset": part.next_offset}
+
+
+def pstats_payload(node: NodeState, qname: str, pidx: int) -> bytes:
+    """The answer to a forwarded ``pstats`` request: a partition this node is active for."""
+    q = node.queue(qname)
+    if not 0 <= pidx < q.meta.partitions:
+        raise InvalidArgumentError(f"queue {qname!r} has no partition {pidx}")
+    if not node.serves(q, pidx):
+        raise UnavailableError(f"partition {qname}/{pidx} is not active on {node.config.name}")
+    return msgpack.packb(local_pstats(node, q, pidx))
+
+
+def queue_counters(node: NodeState) -> dict[str, list[int]]:
+    """What this node counted, per queue: [published, delivered, acked]."""
+    return {name: [q.published, q.delivered, q.acked] for name, q in node.queues.items()}
+
+
+def add_counters(total: dict[str, list[int]], counts: Mapping[str, list[int]]) -> None:
+    """Add one member's :func:`queue_counters` into ``total`` (the whole group's)."""
+    for qname, v in counts.items():
+        acc = total.setdefault(qname, [0, 0, 0])
+        for i in range(3):
+            acc[i] += v[i]
+
+
+def apply_option(node: NodeState, option: str, value: int, by: str) -> None:
+    """An operator setting on this node (from its console, or forwarded by a member).
+    ``quorum_override`` below 0 clears the override."""
+    if option == "quorum_override":
+        node.set_quorum_override(None if value < 0 else value, by=by)
+    elif option in ("priority", "designated_primary"):
+        node.set_option(option, value, by=by)
+    else:
+        raise InvalidArgumentError(f"unknown option {option!r}")
+
+
+class HasUrl(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class PeersState(Protocol):
+    @property
+    def addresses(self) -> Mapping[str, tuple[str, int]]: ...
+
+    @property
+    def client_addresses(self) -> Mapping[str, str]: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def intruders(self) -> Collection[HaEventView]: ...  # refused peer links (broker.peers.peers.IntruderEvent)
+
+    @property
+    def intruder_counts(self) -> Mapping[str, int]: ...  # refused peer links per reason, since start
+
+
+class HaEventView(Protocol):
+    @property
+    def at(self) -> float: ...  # clock.time()
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def partition(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+class ReplicationState(Protocol):
+    @property
+    def events(self) -> Collection[HaEventView]: ...
+
+    @property
+    def discarded_total(self) -> int: ...
+
+    @property
+    def discarded_messages(self) -> int: ...
+
+    @property
+    def designated_primary(self) -> str | None: ...
+
+    def partition_infos(self) -> list[PartitionInfo]: ...
+
+    def foreign_infos(self) -> list[PartitionInfo]: ...
+
+
+class HaReport(Protocol):
+    """A node's HA arbiter as the status, the console and the metrics show it: the LockFile
+    arbiter's driver, or shared mode's (``Node.ha``; None under majority elections)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def lock_holder(self) -> str | None: ...
+
+    @property
+    def renewals(self) -> int: ...  # lock or lease renewals confirmed since start
+
+    @property
+    def fencing_refusals(self) -> int: ...  # writes or frames refused for a stale epoch
+
+    @property
+    def changes(self) -> int: ...  # state changes since start
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """An event of the node itself (not of a partition): an unclean stop found at start."""
+
+    at: float
+    kind: str
+    partition: str
+    text: str
+
+
+class DiskAlarmView(Protocol):
+    """The node's disk alarm (broker/node/diskalarm.py) as the status and the metrics show it."""
+
+    @property
+    def events(self) -> Collection[HaEventView]: ...  # raised and cleared
+
+    @property
+    def raised(self) -> bool: ...
+
+    @property
+    def free(self) -> int | None: ...  # bytes free at the last check
+
+    @property
+    def limit(self) -> int: ...  # disk_free_limit
+
+    @property
+    def refusals(self) -> int: ...  # requests refused while raised
+
+
+class StatusSource(NodeState, Protocol):
+    """What :func:`status_of` reads on a node."""
+
+    @property
+    def node_events(self) -> Collection[HaEventView]: ...
+
+    @property
+    def disk_alarm(self) -> DiskAlarmView | None: ...
+
+    @property
+    def store_stamp(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def console(self) -> HasUrl | None: ...
+
+    @property
+    def peers(self) -> PeersState | None: ...
+
+    @property
+    def replication(self) -> ReplicationState | None: ...
+
+    @property
+    def ha(self) -> HaReport | None: ...
+
+    @property
+    def drained(self) -> frozenset[str]: ...  # the group's members drained for maintenance (broker.partitions.drain)
+
+    def updates_under_way(self) -> list[str]:
+        """"queue p,p,..." of every update under way (tandem partition update)."""
+        ...
+
+    def moves_under_way(self) -> list[str]:
+        """The moves under way (broker.partitions.moves): "queue/partition node,node,..."."""
+        ...
+
+    def group_view(self) -> tuple[list[str], dict[str, str], str]:
+        """The group's members, their zones, and the change under way ("" none)."""
+        ...
+
+
+def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | None = None) -> StatusOk:
+    """The node's view of itself and its group, for ``tandem status``; with ``may_see``, only
+    the queues it admits are named (a user's view: the queues its grants name)."""
+    cfg = node.config
+    remotes: list[RemoteNode] = []
+    azones: list[ZoneInfo] = []
+    peers = node.peers
+    if peers is None:
+        quorum, override = "Active", None
+    else:
+        m = peers.membership
+        quorum, override = m.quorum_state.value, m.quorum_override
+        azones = [ZoneInfo(zq.zone.name, zq.state.value, zq.up_votes, zq.total_votes, str(zq.zone.policy),
+                          list(zq.members)) for zq in m.zone_quorums()]
+        for name, (host, port) in sorted(peers.addresses.items()):
+            ident = m.identity(name)
+            remotes.append(RemoteNode(name, m.state(name).value, f"{host}:{port}",
+                                      ident.priority if ident else 0, ident.votes if ident else 0,
+                                      ident.store_stamp if ident else "",
+                                      peers.client_addresses.get(name, "")))
+    partitions: list[PartitionInfo] = []
+    discarded, dp, dmsgs = 0, False, 0
+    rep = node.replication
+    happened: list[HaEventView] = list(peers.intruders) if peers is not None else []
+    happened += node.node_events
+    if node.disk_alarm is not None:
+        happened += node.disk_alarm.events
+    foreign: list[PartitionInfo] = []
+    if rep is not None:
+        partitions = rep.partition_infos()
+        foreign = rep.foreign_infos()
+        happened += rep.events
+        discarded, dp = rep.discarded_total, rep.designated_primary is not None
+        dmsgs = rep.discarded_messages
+    events = [f"{e.kind} {e.partition}: {e.text}" for e in sorted(happened, key=lambda e: e.at)]
+    console = node.console
+    ha = node.ha
+    mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
+    members, zones, change = node.group_view()
+    moving, updating = node.moves_under_way(), node.updates_under_way()
+    if may_see is not None:
+        partitions = [p for p in partitions if not p.queue or may_see(p.queue)]
+        foreign = [p for p in foreign if not p.queue or may_see(p.queue)]
+        moving = [m for m in moving if may_see(m.partition("/")[0])]
+        updating = [u for u in updating if may_see(u.partition(" ")[0])]
+    return StatusOk(rid=rid, node=cfg.name, version=__version__, store_stamp=node.store_stamp,
+                    priority=node.priority, votes=cfg.votes, quorum_state=quorum, quorum_policy=cfg.quorum_policy,
+                    quorum_override=override, remotes=remotes, partitions=partitions, events=events,
+                    discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
+                    console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
+                    ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
+                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
+                    zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
+                    moving=moving, members=members if peers is not None else [],
+                    group_change=change,
+                    updating=updating, availability_zones=azones)
