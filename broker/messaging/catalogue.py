@@ -170,13 +170,13 @@ class Catalogue:
             node.check_disk("declaring queues")
             placing: list[WriteOp] = []
             if frame.placement:
-                if not commit.replicated:
+                if commit.one_server:
                     raise InvalidArgumentError("placement: explicit node lists need a replication group (this node "
                                                "runs alone, or in shared mode, where one node serves every "
                                                "partition)")
                 placing = node.static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
-            if not commit.replicated:
+            if commit.proposer_applies:
                 q = self.add(meta)
                 try:
                     await self._commit(PutQueue(meta))
@@ -216,10 +216,10 @@ class Catalogue:
             await node.forward(who, DeleteFwd(hops + 1, name, if_empty))
         else:
             if if_empty:
-                depth = await self.depth(q) if node.commit.replicated else q.depth
+                depth = q.depth if node.commit.one_server else await self.depth(q)
                 if depth:
                     raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
-            if not node.commit.replicated:
+            if node.commit.proposer_applies:
                 self._drop(q)
                 await self._commit(DropQueue(q.meta.id))
                 log.info("queue deleted name=%s messages=%d", name, q.depth)
@@ -244,7 +244,7 @@ class Catalogue:
         that has missed changes must not call a queue missing: a durable consumer would end for
         good on a queue that exists."""
         node = self.node
-        if not node.commit.replicated:
+        if node.commit.proposer_applies:
             return False
         before = node.catalogue_applied()
         try:

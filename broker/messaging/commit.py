@@ -21,9 +21,11 @@ docs/architecture.md ("The commit path") states the contract; three implementati
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Protocol
 
-from storage.base import WriteOp
+from client.errors import NotActiveError
+from storage.base import DurabilityPolicy, WriteOp
 from storage.writer import Callback, GroupCommitWriter
 
 #: A partition: (queue id, partition index).  The queue catalogue is the key ``(0, 0)``.
@@ -32,8 +34,25 @@ CATALOGUE: Key = (0, 0)
 
 
 class CommitPath(Protocol):
-    #: True when confirms wait for other nodes (a quorum), whatever the local policy.
-    replicated: bool
+    #: One member serves every partition (a single node, or shared mode's lock holder): a
+    #: queue's depth is known here and a declare's per-partition node lists mean nothing.
+    #: False: each partition has its own active, elected among its replicas.
+    one_server: bool
+    #: A committed catalogue change is applied by the member that proposed it once its commit
+    #: returns (one store).  False: every member applies it from the replicated catalogue log,
+    #: and the proposer waits to see it applied (and a member may lag the log's active).
+    proposer_applies: bool
+    #: The durability a publish's confirm waits for.
+    confirm_policy: DurabilityPolicy
+
+    def serves_together(self, keys: Collection[Key]) -> bool:
+        """Whether one commit here may change all of these partitions at once."""
+        ...
+
+    def moved(self, err: BaseException) -> bool:
+        """Whether a commit refused with ``err`` may still commit at the partition's new
+        active (the active changed under it): a resend with a producer id is safe there."""
+        ...
 
     def serving(self, key: Key) -> bool:
         """Whether this node holds and may change the partition's messages now."""
@@ -69,13 +88,20 @@ class CommitPath(Protocol):
 class LocalCommitPath:
     """A single node: every partition is served here, every commit is the store writer's."""
 
-    replicated = False
+    one_server = proposer_applies = True
 
-    def __init__(self, writer: GroupCommitWriter, node: str, *, sync: bool) -> None:
-        self.writer, self.node, self.sync = writer, node, sync
+    def __init__(self, writer: GroupCommitWriter, node: str, *, policy: DurabilityPolicy) -> None:
+        self.writer, self.node = writer, node
+        self.confirm_policy, self.sync = policy, policy is DurabilityPolicy.SYNC
 
     def serving(self, key: Key) -> bool:
         return True
+
+    def serves_together(self, keys: Collection[Key]) -> bool:
+        return True
+
+    def moved(self, err: BaseException) -> bool:
+        return False
 
     def active_of(self, key: Key) -> str | None:
         return self.node
@@ -115,9 +141,11 @@ class ReplicatedLog(Protocol):
 
 class ReplicatedCommitPath:
     """A replication group: partitions are served by their elected active, and every commit
-    waits for a quorum of the partition's voters (so ``durable`` changes nothing)."""
+    waits for a quorum of the partition's voters (so ``durable`` changes nothing, and a confirm
+    waits for the quorum whatever the local policy)."""
 
-    replicated = True
+    one_server = proposer_applies = False
+    confirm_policy = DurabilityPolicy.SYNC
 
     def __init__(self, log: ReplicatedLog) -> None:
         self.log = log
@@ -130,3 +158,10 @@ class ReplicatedCommitPath:
     def propose(self, ops: list[WriteOp], callback: Callback | None, *, durable: bool = False,
                 lazy: bool = False) -> None:
         self.log.propose(ops, callback, lazy=lazy)
+
+    def serves_together(self, keys: Collection[Key]) -> bool:
+        """One partition at a time: each has its own log (and maybe its own active)."""
+        return len(keys) <= 1 and all(self.serving(k) for k in keys)
+
+    def moved(self, err: BaseException) -> bool:
+        return isinstance(err, NotActiveError)

@@ -251,8 +251,8 @@ class Delivery:
             if refused is not None:
                 dlq = None  # (dropped as if it were missing: the owner may not write there)
             headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
-            if dlq is not None and commit.replicated and not commit.serving(
-                    (dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))):
+            if dlq is not None and not commit.serves_together(
+                    {(dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))}):
                 # the dead-letter partition is active elsewhere: settle here once it is stored there
                 self.node.dead_letter_remote(src, m, dlq, headers)
                 continue

@@ -155,11 +155,9 @@ class Publisher:
         return [mapper(m.key, None if m.seq is None else base + m.seq) for m in req.messages]
 
     def _served_here(self, q: Queue, req: PublishRequest, pidxs: list[int]) -> bool:
-        commit = self.node.commit
-        if not commit.replicated:
-            return True
         target = req.partition if req.partition is not None else pidxs[0] if pidxs else 0
-        return len(set(pidxs)) <= 1 and commit.serving((q.meta.id, target))
+        parts = {target} if len(set(pidxs)) <= 1 else set(pidxs)
+        return self.node.commit.serves_together({(q.meta.id, p) for p in parts})
 
     # -- 2. admit -------------------------------------------------------------------------------
 
@@ -241,8 +239,7 @@ class Publisher:
                 result: Outcome[PublishResult]) -> None:
         node = self.node
         commit = node.commit
-        # in a group a confirm waits for the quorum whatever the local policy
-        policy = DurabilityPolicy.SYNC if commit.replicated else node.config.sync
+        policy = commit.confirm_policy
 
         def committed(err: BaseException | None) -> None:
             if err is not None:
@@ -277,8 +274,7 @@ class Publisher:
         q.pending_count -= batch.stored
         q.published -= batch.stored
         sequences.release(q, batch.seqs_of)
-        if isinstance(err, NotActiveError) and req.producer_id is not None and req.hops < MAX_HOPS \
-                and self.node.commit.replicated:
+        if req.producer_id is not None and req.hops < MAX_HOPS and self.node.commit.moved(err):
             # The active changed before the entry committed: it may still commit (the new
             # active has it) or not.  With a producer id a resend is safe, the new active
             # drops what it already stored: send it there instead of failing the client.

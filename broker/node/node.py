@@ -270,7 +270,7 @@ class Node:
             self._unclean_stop()
         self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._writer.commit_observers = self.commit_observers
-        self._commit = LocalCommitPath(self._writer, cfg.name, sync=cfg.sync.value == "SYNC")
+        self._commit = LocalCommitPath(self._writer, cfg.name, policy=cfg.sync)
         self._restore(recovered, group=cfg.peer_port is not None)
         if "store_stamp" not in recovered.meta:
             self.store_stamp = f"{int(self.clock.time() * 1000):x}-{secrets.token_hex(4)}"
@@ -419,7 +419,7 @@ class Node:
         self.engine, self._engine_open = engine, True
         self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
         self._writer.commit_observers = self.commit_observers
-        self._commit = SharedCommitPath(self._writer, self.shared, sync=cfg.sync.value == "SYNC")
+        self._commit = SharedCommitPath(self._writer, self.shared, policy=cfg.sync)
         self.catalogue = Catalogue(self)
         self.users = UserRegistry([], decoy_key=self.users.decoy_key)
         self.acls = AclTable()

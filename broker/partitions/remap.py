@@ -306,7 +306,7 @@ class Remaps:
                       hops: int) -> None:
         """Commit a change of the queue's partitioning: through the catalogue in a group; on a
         single node (or the shared-mode lock holder) straight to the store, then applied here."""
-        if self.node.commit.replicated:
+        if not self.node.commit.proposer_applies:
             await catalogue_change(self.node, what, check, fwd, hops, local=lambda _op: None)
             return
         refusal = self.node.refusal()

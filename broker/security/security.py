@@ -166,7 +166,7 @@ class Security:
             commit = node.commit
         except TandemError:  # not started, or stopping
             return
-        if not commit.replicated:
+        if commit.proposer_applies:  # (a node's own admin is created at its start-up)
             return
         if commit.active_of(CATALOGUE) != node.config.name or not commit.serving(CATALOGUE):
             return
@@ -285,7 +285,7 @@ async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], W
     if refusal is not None:
         raise refusal
     commit = node.commit
-    if not commit.replicated:
+    if commit.proposer_applies:
         made = check()
         ops = made if isinstance(made, list) else [made]
         await commit_catalogue(node, ops)

@@ -18,13 +18,14 @@ import pytest
 import client
 from broker.security.acl import AclTable, validate_grant
 from broker.messaging.catalogue import Catalogue
+from broker.messaging.commit import LocalCommitPath
 from broker.messaging.delivery import Delivery
 from broker.messaging.forward import DeclareFwd, decode_request, refused_as_longer
 from broker.node.node import Node
 from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
 from broker.security.users import UserRegistry, make_user
 from client.errors import AccessRefusedError, InvalidArgumentError
-from storage.base import Append, PutUser, QueueMeta, Settle, UserRecord
+from storage.base import Append, DurabilityPolicy, PutUser, QueueMeta, Settle, UserRecord
 from tests.conftest import url_of
 
 
@@ -87,7 +88,7 @@ class _Host:
     def __init__(self, acls: AclTable, users: UserRegistry, *queues: Queue) -> None:
         self.acls, self.users = acls, users
         self.queues = {q.name: q for q in queues}
-        self.commit = SimpleNamespace(replicated=False)
+        self.commit = LocalCommitPath(None, "node1", policy=DurabilityPolicy.SYNC)  # type: ignore[arg-type]
         self.writes: list[Any] = []
 
     def serves(self, q: Queue, pidx: int) -> bool:

@@ -20,13 +20,16 @@ from storage.base import QueueMeta
 
 
 class _Commit:
-    replicated = True
+    one_server = proposer_applies = False
 
     def __init__(self, clock: FakeClock, actives: list[str]) -> None:
         self.clock = clock
         self.actives = actives  # who each wait_active names, the last one from then on
 
     def serving(self, key: tuple[int, int]) -> bool:
+        return False
+
+    def serves_together(self, keys: object) -> bool:
         return False
 
     async def wait_active(self, key: tuple[int, int], timeout: float) -> str:

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from collections.abc import Collection
 from typing import Protocol
 
 import filelock
@@ -37,7 +38,7 @@ from broker.messaging.commit import Key
 from client.clock import Clock
 from client.errors import NotActiveError, StorageError
 from ha.shared import SharedArbiter, SharedChanged, SharedState
-from storage.base import AclRecord, UserRecord, WriteOp
+from storage.base import AclRecord, DurabilityPolicy, UserRecord, WriteOp
 from storage.shared import FencedError, Lease, LeaseHolder
 from storage.writer import Callback, GroupCommitWriter
 
@@ -336,13 +337,20 @@ class SharedCommitPath:
     """Shared mode's commit path: the lock holder serves every partition and writes through
     its store writer; every transaction is fenced by the activation epoch in the database."""
 
-    replicated = False
+    one_server = proposer_applies = True
 
-    def __init__(self, writer: GroupCommitWriter, mode: SharedMode, *, sync: bool) -> None:
-        self.writer, self.mode, self.sync = writer, mode, sync
+    def __init__(self, writer: GroupCommitWriter, mode: SharedMode, *, policy: DurabilityPolicy) -> None:
+        self.writer, self.mode = writer, mode
+        self.confirm_policy, self.sync = policy, policy is DurabilityPolicy.SYNC
 
     def serving(self, key: Key) -> bool:
         return self.mode.serving()
+
+    def serves_together(self, keys: Collection[Key]) -> bool:
+        return True
+
+    def moved(self, err: BaseException) -> bool:
+        return False
 
     def active_of(self, key: Key) -> str | None:
         return self.mode.lock_holder
