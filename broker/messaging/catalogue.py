@@ -70,6 +70,13 @@ class Catalogue:
         #: bytes of ready messages held in memory, bounded by ``max_memory`` (broker.messaging.queues)
         self.budget = MemoryBudget(node.config.max_memory)
 
+    def reset(self) -> None:
+        """Forget every queue (shared mode: the store that holds them was closed, or is
+        about to be read anew)."""
+        self.queues = {}
+        self.next_id = 1
+        self.budget = MemoryBudget(self.node.config.max_memory)
+
     # -- lookups ---------------------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:

@@ -21,7 +21,8 @@ MAX_READ_BATCH = 10000  # messages in one stream read
 
 
 class StreamHost(Forwarding, Protocol):
-    engine: Engine
+    @property
+    def engine(self) -> Engine: ...
     #: held while a look at a producer's messages reads the store (one at a time)
     scans: asyncio.Semaphore
 

@@ -49,7 +49,11 @@ from broker.peers.codec import group_out, placement_out, updating_out
 from broker.sessions.session import Session
 from broker.modes.shared.mode import SharedCommitPath, SharedMode
 from broker.sessions.status import HaReport, NodeEvent
+from broker.node import recovery
+from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
+from broker.node.store import NodeStore
 from broker.node.tasks import TaskOwner
+from broker.messaging.expiry import ProducerExpiry
 from broker.messaging.streams import Produced, produced, read_stream
 from broker.security.auth import ClientGuard, oldest_waiting
 from broker.security.acl import AclTable
@@ -138,12 +142,11 @@ class Node:
         self._shared_store: SharedStore | None = open_shared(config.database) \
             if config.mode == "shared" and config.database else None
         self.shared: SharedMode | None = None
-        self.engine = self._shared_store.engine() if self._shared_store is not None else engine(config)
-        self._engine_open = False
-        self._writer: GroupCommitWriter | None = None
-        self._commit: CommitPath | None = None
+        #: the engine, its writer and the commit path in use (broker/node/store.py)
+        self.store = NodeStore(config, clock, self._shared_store.engine() if self._shared_store is not None
+                               else engine(config), shared=self._shared_store is not None)
+        self.shared_node: SharedNode | None = None
         self._server: asyncio.Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.delivery = Delivery(self)
         self.publisher = Publisher(self)
         self.forwarded = ForwardHandlers(self)
@@ -174,9 +177,8 @@ class Node:
         self.disk_alarm: DiskAlarm | None = None
         self._disk_task: asyncio.Task[None] | None = None
         self.confirms = 0  # messages confirmed to publishers (metrics)
-        #: called on the writer thread with each commit's duration and sync flag (metrics); every
-        #: writer the node opens shares this list (shared mode opens one per activation)
-        self.commit_observers: list[Callable[[float, bool], None]] = []
+        self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.serves, lambda: self.commit,
+                                              clock, config.producer_expiry)
         self.address: tuple[str, int] = (config.host, config.port)
         self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
@@ -204,15 +206,21 @@ class Node:
 
     @property
     def commit(self) -> CommitPath:
-        if self._commit is None:
-            raise ShuttingDownError("the node is not started")
-        return self._commit
+        return self.store.commit
+
+    @property
+    def engine(self) -> Engine:
+        return self.store.engine
+
+    @property
+    def commit_observers(self) -> list[Callable[[float, bool], None]]:
+        """Called on the writer thread with each commit's duration and sync flag (metrics)."""
+        return self.store.commit_observers
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.config
-        self._loop = asyncio.get_running_loop()
         log.info("node start started name=%s data_dir=%s sync=%s", cfg.name, cfg.data_dir, cfg.sync.value)
         found = await asyncio.to_thread(mapper_names)  # scans the import path once, off the loop
         if len(found) > len(MAPPERS):
@@ -227,7 +235,7 @@ class Node:
             await self._spawned.close()
             try:
                 await self._stop_peers()
-                await self._close_store()
+                await self.store.close()
             except Exception as close_exc:
                 if full is None:
                     raise
@@ -248,7 +256,6 @@ class Node:
 
     async def _start(self) -> None:
         cfg = self.config
-        assert self._loop is not None  # set by start(), which is the only caller
         await asyncio.to_thread(tls.check, cfg)  # a bad certificate or key stops the start, named
         if cfg.peer_port is not None:  # before anything is made: a member without a secret does not start
             self._peer_secret = await asyncio.to_thread(group_secret, cfg)
@@ -264,14 +271,11 @@ class Node:
         if cfg.disk_free_limit > 0:  # raised at once on a nearly full disk
             self.disk_alarm = DiskAlarm(cfg.name, self.data_path, cfg.disk_free_limit, clock=self.clock)
             self.disk_alarm.update(free)
-        self.engine.load_budget = cfg.max_memory
-        recovered = await asyncio.to_thread(self.engine.open)
-        if recovered.unclean_stop:
-            self._unclean_stop()
-        self._writer = GroupCommitWriter(self.engine, self._loop.call_soon_threadsafe, clock=self.clock)
-        self._writer.commit_observers = self.commit_observers
-        self._commit = LocalCommitPath(self._writer, cfg.name, policy=cfg.sync)
-        self._restore(recovered, group=cfg.peer_port is not None)
+        recovered = await self.store.open_engine()
+        event = recovery.unclean_stop(cfg, self.clock.time()) if recovered.unclean_stop else None
+        if event is not None:
+            self.node_events.append(event)
+        self._load(recovered, messages=cfg.peer_port is None)
         if "store_stamp" not in recovered.meta:
             self.store_stamp = f"{int(self.clock.time() * 1000):x}-{secrets.token_hex(4)}"
             await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.store_stamp)
@@ -281,11 +285,7 @@ class Node:
             cfg = await self._find_group()
         if cfg.peer_port is not None:
             await self._check_placement(recovered.meta.get(PLACEMENT_KEY))
-        if not len(self.users):
-            op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
-            await self.write([op], sync=True)
-            self.users.put(op.user)
-            log.warning("created user admin: password %s", how)
+        await seed_admin(self.users, self.store, cfg.data_dir)
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
@@ -294,7 +294,7 @@ class Node:
             if self.group.changed():
                 self.peers.set_members(self._member_addresses(), self.placement_text())
             self.replication = Replication(self, recovered.logs, recovered.meta)
-            self._commit = ReplicatedCommitPath(self.replication)
+            self.store.commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
                 self._lockfile = LockFileDriver(cfg, self.clock, self.replication, self.peers)
                 self.ha = self._lockfile
@@ -308,7 +308,7 @@ class Node:
         await server.start_serving()
         if self.disk_alarm is not None:
             self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
-        self._spawned.spawn(self._expire_producers(), "tandem-producer-expiry")
+        self._spawned.spawn(self.producer_expiry.run(), "tandem-producer-expiry")
         await self._start_console()
 
     async def _check_placement(self, was: str | None) -> None:
@@ -386,12 +386,16 @@ class Node:
         """Shared mode: listen, link to the peers, and leave the store to the lock: this node
         opens it when it takes the lock (:meth:`activate_shared`)."""
         cfg = self.config
-        password = os.environ.get("TANDEM_ADMIN_PASSWORD")
-        if password and len(password) < 8:  # now, not at the first activation, maybe much later
-            raise InvalidArgumentError("TANDEM_ADMIN_PASSWORD: the password must be at least 8 characters")
-        self.store_stamp = await asyncio.to_thread(_node_stamp, cfg.data_dir, self.clock.time())
+        check_admin_password()
+        self.store_stamp = await asyncio.to_thread(node_stamp, cfg.data_dir, self.clock.time())
         lease = await asyncio.to_thread(store.lease)
-        self.shared = SharedMode(self, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
+        self.shared_node = host = SharedNode(
+            cfg, self.clock, store, self.store, catalogue=self.catalogue, users=self.users, acls=self.acls,
+            delivery=self.delivery, remaps=self.remaps, sessions=self.sessions, restore=self._load,
+            started=lambda: self._spawned.spawn(self.producer_expiry.run(), "tandem-producer-expiry"),
+            stopped=self._spawned.cancel_all, map_changed=self.map_changed, client_address=lambda: self.client_address)
+        self.shared = host.mode = SharedMode(host, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock,
+                                             clock=self.clock)
         self.ha = self.shared
         server = await self._bind_clients()
         if cfg.peer_port is not None:
@@ -404,49 +408,6 @@ class Node:
         log.info("shared mode: %s is PASSIVE until it holds the lock (database %s, lock %s, lease %.2f s)",
                  cfg.name, redact_url(cfg.database or ""), cfg.lock, cfg.lease)
 
-    async def activate_shared(self, epoch: int) -> None:
-        """ACTIVATING: open the group's store fenced by ``epoch`` and load every queue.
-        Messages delivered but not settled under the previous active are ready again, their
-        delivery counts kept (counted once more if they may have been out with a consumer)."""
-        if self._shared_store is None or self.shared is None or self._loop is None:
-            raise ShuttingDownError(f"node {self.config.name} is not a started shared-mode node: nothing to activate")
-        cfg = self.config
-        started = self.clock.monotonic()
-        engine = self._shared_store.engine()
-        engine.fence(epoch)
-        engine.load_budget = cfg.max_memory
-        recovered = await asyncio.to_thread(engine.open)
-        self.engine, self._engine_open = engine, True
-        self._writer = GroupCommitWriter(engine, self._loop.call_soon_threadsafe, clock=self.clock)
-        self._writer.commit_observers = self.commit_observers
-        self._commit = SharedCommitPath(self._writer, self.shared, policy=cfg.sync)
-        self.catalogue = Catalogue(self)
-        self.users = UserRegistry([], decoy_key=self.users.decoy_key)
-        self.acls = AclTable()
-        self._restore(recovered)
-        if not len(self.users):
-            op, how = await asyncio.to_thread(bootstrap_admin, cfg.data_dir)
-            await self.write([op], sync=True)
-            self.users.put(op.user)
-            log.warning("created user admin: password %s", how)
-        total = sum(q.depth for q in self.queues.values())
-        log.warning("shared mode: %s activated under epoch %d in %.2f s: %d queue(s), %d message(s) loaded",
-                    cfg.name, epoch, self.clock.monotonic() - started, len(self.queues), total)
-        for q in self.queues.values():
-            self.delivery.schedule(q)
-        self._spawned.spawn(self._expire_producers(), "tandem-producer-expiry")  # (while active)
-        self.map_changed()
-
-    def shared_active(self) -> None:
-        self.remaps.start()  # (an update the previous lock holder had under way goes on here)
-
-    def passive_users(self, users: list[UserRecord], acls: list[AclRecord] | None = None) -> None:
-        """Shared mode, a passive: the group's users and grants as the database holds them."""
-        if not self._engine_open:
-            self.users = UserRegistry(users, decoy_key=self.users.decoy_key)
-            if acls is not None:
-                self.acls = AclTable(acls)
-
     def user_changed(self, name: str, *, seeded: bool = False) -> None:
         """A change of user ``name`` was applied here: recheck its sessions (broker.security.standing)."""
         for s in list(self.sessions):
@@ -456,65 +417,9 @@ class Node:
                 else:
                     s.recheck_standing()
 
-    async def deactivate_shared(self, error: NotActiveError) -> None:
-        """Stop serving (the lock is lost or this node stops): close every session with
-        ``error``, forget the queues (the store has them) and close the store."""
-        if not self._engine_open:
-            return
-        self._engine_open = False
-        log.warning("shared mode: %s stops serving: %s", self.config.name, error.message)
-        for s in list(self.sessions):
-            s.shutdown(error)
-        if self.sessions:
-            await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
-        self.catalogue = Catalogue(self)  # (the users stay: a passive answers status requests)
-        await self._spawned.cancel_all()  # the active's work: before the store closes
-        await self._close_store()
-        self.map_changed()
-
-    def _unclean_stop(self) -> None:
-        """The store was not closed when it was last open.  Under a policy that confirms
-        before an fsync, what was confirmed since the last one is gone if the machine went
-        down (power, OS crash); a process that was only killed left it with the OS.  Said
-        once at start (log, and ``tandem status`` events); a clean stop says nothing."""
-        cfg = self.config
-        weak = sorted({p.value for p in ((cfg.sync, cfg.remote_sync) if cfg.peer_port is not None else (cfg.sync,))
-                       if p is not DurabilityPolicy.SYNC})
-        if not weak:
-            return
-        group = " (the group's other nodes hold what they confirmed: HA-1014 reports what this node " \
-                "discards on rejoin)" if cfg.peer_port is not None else ""
-        text = (f"{cfg.name} did not stop cleanly (killed, or the machine went down) and writes under "
-                f"{' and '.join(weak)} without an fsync: if the machine went down (power cut, OS crash), "
-                f"writes confirmed since the last fsync may be lost; how many is not known here{group}")
-        log.warning("store: %s", text)
-        self.node_events.append(NodeEvent(self.clock.time(), "unclean-stop", "-", text))
-
-    def _restore(self, rec: Recovered, *, group: bool = False) -> None:
-        """Queues, partitions and users from the store.  In a group a partition's messages
-        are loaded only when this node becomes its active (:meth:`partition_loaded`)."""
-        cat = self.catalogue
-        for meta in rec.queues:
-            cat.add(meta)
-        cat.next_id = max(cat.next_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)
-        for (qid, pidx), st in rec.partitions.items():
-            q = cat.by_id(qid)
-            if q is None or pidx >= len(q.partitions):
-                log.warning("recovery ignored rows of unknown queue_id=%d partition=%d", qid, pidx)
-                continue
-            q.load_partition(pidx, st, messages=not group)
-        for u in rec.users:
-            self.users.put(u)
-        self.acls = AclTable(rec.acls)
-        self.security.seeded = rec.meta.get(SEEDED_KEY) == "group"
-        self.drains.load(rec.meta)
-        self.moves.load(rec.meta, {m.id for m in rec.queues})
-        self.remaps.load(rec.meta, {m.id for m in rec.queues})
-        for qid, parts in self.remaps.pending.items():
-            q = cat.by_id(qid)
-            if q is not None:
-                q.paused = parts
-        self.group.load(rec.meta)
+    def _load(self, rec: Recovered, *, messages: bool = True) -> None:
+        recovery.load(rec, catalogue=self.catalogue, users=self.users, acls=self.acls, security=self.security,
+                      drains=self.drains, moves=self.moves, remaps=self.remaps, group=self.group, messages=messages)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -527,22 +432,16 @@ class Node:
             # the lock loop first, then the sessions (their last acks commit), then the lock
             # goes: the peer takes over at once rather than after the lease
             await self.shared.halt()
-            for s in list(self.sessions):
-                s.shutdown(ShuttingDownError(f"node {self.config.name} is shutting down"))
-            if self.sessions:
-                await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
+            await close_sessions(self.sessions, ShuttingDownError(f"node {self.config.name} is shutting down"))
             await self._spawned.close()  # (before the store closes: they may write)
-            await self._close_store()
+            await self.store.close()
             await self.shared.release()
         if self.console is not None:
             await self.console.stop()
         await self._stop_disk_alarm()
         if self._server is not None:
             self._server.close()
-        for s in list(self.sessions):
-            s.shutdown(ShuttingDownError(f"node {self.config.name} is shutting down"))
-        if self.sessions:
-            await asyncio.gather(*(s.finished.wait() for s in list(self.sessions)))
+        await close_sessions(self.sessions, ShuttingDownError(f"node {self.config.name} is shutting down"))
         if self._server is not None:
             await self._server.wait_closed()
         await self._spawned.close()  # the sessions' work done: before the links and the store go
@@ -551,7 +450,7 @@ class Node:
             await self.replication.flush_lazy(timeout=self.config.non_response_timeout)
         await self._stop_peers()
         try:
-            await self._close_store()
+            await self.store.close()
         except (OSError, TandemError) as exc:  # a failing disk: the node stops all the same
             log.error("closing the store failed: %s", exc)
         log.info("node stop complete name=%s", self.config.name)
@@ -589,19 +488,6 @@ class Node:
             self._peer_task = None
         if self.peers is not None:
             await self.peers.stop()
-
-    async def _close_store(self) -> None:
-        if self._shared_store is not None and not self._engine_open and self._writer is None:
-            return  # shared mode, passive: this node has not opened the group's store
-        self._engine_open = False
-        if self._writer is not None:
-            await asyncio.to_thread(self._writer.close)
-            st = self._writer.stats
-            log.info("store writer stats commits=%d synced=%d failed=%d retried_ops=%d ops=%d "
-                     "max_batch_ops=%d busy_s=%.2f", st.commits, st.synced_commits, st.failed_commits,
-                     st.retried_ops, st.ops, st.max_batch_ops, st.commit_seconds_total)
-            self._writer = None
-        await asyncio.to_thread(self.engine.close)
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.stopping:
@@ -669,7 +555,7 @@ class Node:
         if self.replication is not None and self.config.name not in self.group.members:
             return NotActiveError(f"node {self.config.name} is no longer a member of its group (tandem group "
                                   f"remove): connect to another member")
-        if self.shared is None or (self._engine_open and self.shared.serving()):
+        if self.shared is None or (self.store.open and self.shared.serving()):
             return None
         return self.shared.not_active()
 
@@ -699,36 +585,13 @@ class Node:
 
     @property
     def writer(self) -> GroupCommitWriter:
-        if self._writer is None:
-            raise ShuttingDownError("the node's store is not open")
-        return self._writer
+        return self.store.writer
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]:
-        """Commit ``ops`` now; the future resolves when they are committed."""
-        if self._loop is None:
-            raise ShuttingDownError("the node is not started")
-        fut: asyncio.Future[None] = self._loop.create_future()
-
-        def done(err: BaseException | None) -> None:
-            if not fut.done():
-                fut.set_exception(err) if err else fut.set_result(None)
-
-        self.writer.submit(ops, sync=sync, callback=done)
-        return fut
+        return self.store.write(ops, sync=sync)
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None:
-        """Write ops nobody waits for: retried until committed; ``callback`` runs then.
-
-        In a group these are partition ops (settlements, marks, counts): they are
-        replicated, and fail (callback gets the error) for partitions this node no
-        longer serves; the new active redelivers those messages."""
-        if not ops:
-            return
-        self.commit.propose(ops, callback, lazy=lazy)
-
-
-    # -- replicated mode: what the replication driver tells the node -------------------------------
-
+        self.store.write_later(ops, callback, lazy=lazy)
 
     # -- what the replication driver tells the node ---------------------------------------
 
@@ -1070,14 +933,7 @@ class Node:
         return min(share, TAKEOVER_HEAD) if share else 0
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
-        engine = self.engine
-
-        def read() -> tuple[int, list[StoredMessage]]:
-            # the end first: what it says is in the store stays there while the read runs
-            end = engine.stored_end(q.meta.id, pidx)
-            return end, engine.read(q.meta.id, pidx, offset, limit)
-
-        return await asyncio.to_thread(read)
+        return await self.store.read_cold(q, pidx, offset, limit)
 
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node is now the partition's active: its messages come from the store."""
@@ -1136,14 +992,7 @@ class Node:
         return self.publisher.publish(req)
 
     async def commit_ops(self, key: tuple[int, int], ops: list[WriteOp]) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(err: BaseException | None) -> None:
-            if not fut.done():
-                fut.set_exception(err) if err is not None else fut.set_result(None)
-
-        self.commit.propose(ops, done, durable=True)
-        await fut
+        await self.store.commit_ops(key, ops)
 
     def take_back(self, q: Queue, pidx: int) -> int:
         msgs = take_back_deliveries(self.holders, q, pidx)
@@ -1292,36 +1141,6 @@ class Node:
                        *, hops: int = 0) -> Produced:
         return await produced(self, queue, partition, producer, offset, hops=hops)
 
-    # -- producers --------------------------------------------------------------------------
-
-    async def _expire_producers(self) -> None:
-        """Forget producers idle longer than ``producer_expiry`` in the partitions served here
-        (a replicated op: every copy forgets them), so short-lived producer ids (a Spark task,
-        a process that restarts) do not pile up for ever."""
-        expiry = self.config.producer_expiry
-        while not self.stopping:
-            await self.clock.sleep(min(60.0, expiry / 4))
-            now = self.clock.monotonic()
-            for q in list(self.queues.values()):
-                for pidx, part in enumerate(q.partitions):
-                    if self.serves(q, pidx):
-                        idle = sequences.idle_producers(part, now, expiry)
-                        if idle:
-                            self._drop_producers(q, pidx, idle[:1000], now)
-
-    def _drop_producers(self, q: Queue, pidx: int, pids: list[str], decided: float) -> None:
-        part = q.partitions[pidx]
-        expiry = self.config.producer_expiry
-
-        def done(err: BaseException | None) -> None:
-            if err is not None:
-                log.warning("expiring %d producers of %s/%d failed: %s", len(pids), q.name, pidx, err)
-                return
-            sequences.forget(part, pids, decided - expiry)
-            log.info("forgot %d producer(s) of %s/%d idle for over %.0f s", len(pids), q.name, pidx, expiry)
-
-        self.commit.propose([DropProducers(q.meta.id, pidx, pids)], done)
-
     # -- the group ---------------------------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -1347,14 +1166,3 @@ class Node:
     async def handle_forward(self, kind: int, payload: bytes) -> bytes:
         """A request another member forwarded here because this node is active for it."""
         return await self.forwarded.handle(kind, payload)
-
-
-def _node_stamp(data_dir: Path, now: float) -> str:
-    """Shared mode: this node's own stamp (the store is the group's), kept in its data dir."""
-    path = data_dir / "node-stamp"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        stamp = f"{int(now * 1000):x}-{secrets.token_hex(4)}"
-        path.write_text(stamp + "\n")
-        return stamp

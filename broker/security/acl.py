@@ -131,6 +131,12 @@ class AclTable:
         for r in records:
             self.grant(r)
 
+    def replace(self, records: Iterable[AclRecord]) -> None:
+        """Hold exactly the grants of ``records`` from now on (a store opened or re-read)."""
+        self._grants = {}
+        for r in records:
+            self.grant(r)
+
     def grant(self, acl: AclRecord) -> None:
         mine = self._grants.setdefault(acl.user, {})
         mine[acl.pattern] = mine.get(acl.pattern, frozenset()) | frozenset(acl.permissions)

@@ -93,6 +93,11 @@ class UserRegistry:
         self._cache_key = secrets.token_bytes(32)
         self.decoy_key = decoy_key if decoy_key is not None else secrets.token_bytes(32)
 
+    def replace(self, users: list[UserRecord]) -> None:
+        """Hold exactly ``users`` from now on (a store opened or re-read); the decoy key stays."""
+        self._users = {u.name: u for u in users}
+        self._verified = {}
+
     def __len__(self) -> int:
         return len(self._users)
 

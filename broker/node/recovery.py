@@ -1,0 +1,67 @@
+"""What a node recovers from its store at start (or at a shared-mode activation): queues,
+partitions, users, grants and the group's state; and what it says of an unclean stop."""
+
+from __future__ import annotations
+
+import logging
+
+from broker.config import NodeConfig
+from broker.messaging.catalogue import Catalogue
+from broker.partitions.drain import Drains
+from broker.partitions.members import GroupMembers
+from broker.partitions.moves import Moves
+from broker.partitions.remap import Remaps
+from broker.security.acl import AclTable
+from broker.security.security import SEEDED_KEY, Security
+from broker.security.users import UserRegistry
+from broker.sessions.status import NodeEvent
+from storage.base import DurabilityPolicy, Recovered
+
+log = logging.getLogger("tandem.broker")
+
+
+def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: AclTable, security: Security,
+         drains: Drains, moves: Moves, remaps: Remaps, group: GroupMembers, messages: bool = True) -> None:
+    """Queues, partitions, users and grants, and the group's state from the store.
+    ``messages`` False (a group member): a partition's messages are loaded only when this
+    node becomes its active (``partition_loaded``)."""
+    for meta in rec.queues:
+        catalogue.add(meta)
+    catalogue.next_id = max(catalogue.next_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)
+    for (qid, pidx), st in rec.partitions.items():
+        q = catalogue.by_id(qid)
+        if q is None or pidx >= len(q.partitions):
+            log.warning("recovery ignored rows of unknown queue_id=%d partition=%d", qid, pidx)
+            continue
+        q.load_partition(pidx, st, messages=messages)
+    for u in rec.users:
+        users.put(u)
+    acls.replace(rec.acls)
+    security.seeded = rec.meta.get(SEEDED_KEY) == "group"
+    drains.load(rec.meta)
+    queue_ids = {m.id for m in rec.queues}
+    moves.load(rec.meta, queue_ids)
+    remaps.load(rec.meta, queue_ids)
+    for qid, parts in remaps.pending.items():
+        q = catalogue.by_id(qid)
+        if q is not None:
+            q.paused = parts
+    group.load(rec.meta)
+
+
+def unclean_stop(cfg: NodeConfig, now: float) -> NodeEvent | None:
+    """The store was not closed when it was last open.  Under a policy that confirms
+    before an fsync, what was confirmed since the last one is gone if the machine went
+    down (power, OS crash); a process that was only killed left it with the OS.  Said
+    once at start (log, and ``tandem status`` events); a clean stop says nothing (None)."""
+    weak = sorted({p.value for p in ((cfg.sync, cfg.remote_sync) if cfg.peer_port is not None else (cfg.sync,))
+                   if p is not DurabilityPolicy.SYNC})
+    if not weak:
+        return None
+    group = " (the group's other nodes hold what they confirmed: HA-1014 reports what this node " \
+            "discards on rejoin)" if cfg.peer_port is not None else ""
+    text = (f"{cfg.name} did not stop cleanly (killed, or the machine went down) and writes under "
+            f"{' and '.join(weak)} without an fsync: if the machine went down (power cut, OS crash), "
+            f"writes confirmed since the last fsync may be lost; how many is not known here{group}")
+    log.warning("store: %s", text)
+    return NodeEvent(now, "unclean-stop", "-", text)

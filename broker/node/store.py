@@ -1,0 +1,124 @@
+"""The node's store: its engine, the group-commit writer over it, and the commit path in use.
+
+One object holds what a node writes with, so the parts that write take it rather than the
+node: the engine (SQLite, or shared mode's database while this node holds the lock), the
+writer that batches commits to it, and the commit path (:mod:`broker.messaging.commit`) that
+the HA mode in use puts in front of the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from broker.messaging.commit import CommitPath, Key, LocalCommitPath
+from broker.messaging.queues import Queue
+from broker.config import NodeConfig
+from client.clock import Clock
+from client.errors import ShuttingDownError
+from storage.base import Engine, Recovered, StoredMessage, WriteOp
+from storage.writer import Callback, GroupCommitWriter
+
+log = logging.getLogger("tandem.broker")
+
+
+class NodeStore:
+    """The engine, its writer and the commit path; opened at start (or at each shared-mode
+    activation), closed at stop."""
+
+    def __init__(self, config: NodeConfig, clock: Clock, engine: Engine, *, shared: bool = False) -> None:
+        self.config, self.clock, self.engine = config, clock, engine
+        #: shared mode: the engine is the group's database, opened only while holding the lock
+        self.shared = shared
+        #: whether ``engine`` is open (shared mode: only while this node holds the lock)
+        self.open = False
+        self._writer: GroupCommitWriter | None = None
+        self._commit: CommitPath | None = None
+        #: called on the writer thread with each commit's duration and sync flag (metrics); every
+        #: writer the node opens shares this list (shared mode opens one per activation)
+        self.commit_observers: list[Callable[[float, bool], None]] = []
+
+    @property
+    def writer(self) -> GroupCommitWriter:
+        if self._writer is None:
+            raise ShuttingDownError("the node's store is not open")
+        return self._writer
+
+    @property
+    def commit(self) -> CommitPath:
+        if self._commit is None:
+            raise ShuttingDownError("the node is not started")
+        return self._commit
+
+    @commit.setter
+    def commit(self, path: CommitPath) -> None:
+        self._commit = path
+
+    async def open_engine(self, engine: Engine | None = None) -> Recovered:
+        """Open ``engine`` (the node's own by default) and a writer over it; the commit path
+        is the single node's until the HA mode puts its own in front."""
+        if engine is not None:
+            self.engine = engine
+        self.engine.load_budget = self.config.max_memory
+        recovered = await asyncio.to_thread(self.engine.open)
+        self.open = True
+        self._writer = GroupCommitWriter(self.engine, asyncio.get_running_loop().call_soon_threadsafe,
+                                         clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
+        self._commit = LocalCommitPath(self._writer, self.config.name, policy=self.config.sync)
+        return recovered
+
+    def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]:
+        """Commit ``ops`` to this node's store now; the future resolves when they are committed."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.writer.submit(ops, sync=sync, callback=_resolver(fut))
+        return fut
+
+    def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None:
+        """Write ops nobody waits for: retried until committed; ``callback`` runs then.
+
+        In a group these are partition ops (settlements, marks, counts): they are
+        replicated, and fail (callback gets the error) for partitions this node no
+        longer serves; the new active redelivers those messages."""
+        if ops:
+            self.commit.propose(ops, callback, lazy=lazy)
+
+    async def commit_ops(self, key: Key, ops: list[WriteOp]) -> None:
+        """Commit a partition's ops as a client's write (durable), and wait for it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.commit.propose(ops, _resolver(fut), durable=True)
+        await fut
+
+    async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
+        """The store's log end of the partition, then up to ``limit`` messages from ``offset``."""
+        engine = self.engine
+
+        def read() -> tuple[int, list[StoredMessage]]:
+            # the end first: what it says is in the store stays there while the read runs
+            end = engine.stored_end(q.meta.id, pidx)
+            return end, engine.read(q.meta.id, pidx, offset, limit)
+
+        return await asyncio.to_thread(read)
+
+    async def close(self) -> None:
+        """Drain the writer and close the engine (in shared mode, nothing to do on a passive
+        that has not opened the group's database)."""
+        if self.shared and not self.open and self._writer is None:
+            return
+        self.open = False
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+            st = self._writer.stats
+            log.info("store writer stats commits=%d synced=%d failed=%d retried_ops=%d ops=%d "
+                     "max_batch_ops=%d busy_s=%.2f", st.commits, st.synced_commits, st.failed_commits,
+                     st.retried_ops, st.ops, st.max_batch_ops, st.commit_seconds_total)
+            self._writer = None
+        await asyncio.to_thread(self.engine.close)
+
+
+def _resolver(fut: asyncio.Future[None]) -> Callback:
+    def done(err: BaseException | None) -> None:
+        if not fut.done():
+            fut.set_exception(err) if err is not None else fut.set_result(None)
+    return done
