@@ -87,6 +87,10 @@ class Proposals:
             if callback is not None:
                 callback(None)
             return
+        if len(by_key) == 1 and callback is not None:  # (a publish: one partition, its callback as it is)
+            [(key, kops)] = by_key.items()
+            self._stage_one(key, kops, callback, lazy)
+            return
         remaining = len(by_key)
         first_error: BaseException | None = None
 
@@ -99,18 +103,20 @@ class Proposals:
                 callback(first_error)
 
         for key, kops in by_key.items():
-            plog = self._logs.get(key)
-            if plog is None or not plog.serving:
-                one(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
-                continue
-            if self._weak_full(plog, kops):
-                one(UnavailableError(
-                    f"partition {plog.name} on {self.me}: this publish would take what it holds of writes under a "
-                    f"quorum override or as designated primary, which no majority holds yet, past weak_hold_bytes "
-                    f"({self.hold} bytes); it takes none until the group heals (what the other side's active "
-                    f"discards then goes to the quarantine) or the node runs with a larger --weak-hold-bytes: retry"))
-                continue
-            self.stage(plog, kops, one, lazy=lazy)
+            self._stage_one(key, kops, one, lazy)
+
+    def _stage_one(self, key: Key, ops: list[WriteOp], callback: Callback, lazy: bool) -> None:
+        plog = self._logs.get(key)
+        if plog is None or not plog.serving:
+            callback(NotActiveError(f"partition {key[0]}/{key[1]} is not active on {self.me}"))
+        elif self._weak_full(plog, ops):
+            callback(UnavailableError(
+                f"partition {plog.name} on {self.me}: this publish would take what it holds of writes under a "
+                f"quorum override or as designated primary, which no majority holds yet, past weak_hold_bytes "
+                f"({self.hold} bytes); it takes none until the group heals (what the other side's active "
+                f"discards then goes to the quarantine) or the node runs with a larger --weak-hold-bytes: retry"))
+        else:
+            self.stage(plog, ops, callback, lazy=lazy)
 
     def _weak_full(self, plog: PartLog, ops: list[WriteOp]) -> bool:
         """Whether ``ops`` would take what ``plog``'s active wrote under a weak override past
