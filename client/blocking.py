@@ -36,6 +36,7 @@ between calls; the broker relies on TCP keepalive.  The handshake gives a node t
 not answer up after the URL's ``connect_timeout`` (default 10 s); later reads wait as long as
 ``timeout`` says (None: for ever).
 A connection is not thread-safe: use one per thread or greenlet.
+Its producer, and the local buffer behind it, is :mod:`client.blocking_producer`'s.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ import itertools
 import random
 import socket
 import ssl
-import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -55,17 +55,15 @@ from client.errors import (
     ConnectionClosedError,
     ConsumerCancelledError,
     InvalidArgumentError,
-    MessageTooLargeError,
     StaleDeliveryError,
     TandemError,
     TimeoutError_,
     for_code,
 )
 from client import tls
-from client.buffer import SendBuffer
 from client.clock import SYSTEM_CLOCK, Backoff
+from client.blocking_producer import BlockingProducer
 from client.consumer import DeliveredMessage
-from client.producer import Body, _as_bytes
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
 from client.protocol.frames import (
     expect,
@@ -528,87 +526,6 @@ class BlockingConnection:
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> BlockingConsumer:
         return BlockingConsumer(self, queue, prefetch)
-
-
-class BlockingProducer:
-    def __init__(self, conn: BlockingConnection, queue: str, producer_id: str | None) -> None:
-        self.conn = conn
-        self.queue = queue
-        self.producer_id = producer_id or uuid.uuid4().hex
-        # A producer id the application chose may be one an earlier process used: its seqs
-        # start above anything that process sent (microseconds since the epoch), or the node
-        # would take the first ones for resends and drop them.  A new random id starts at 0.
-        self._seq = int(SYSTEM_CLOCK.time() * 1_000_000) if producer_id else 0
-        self.buffer: SendBuffer | None = None
-        if conn.buffer_path is not None:
-            self.buffer = SendBuffer(conn.buffer_path, self.producer_id, queue, conn.buffer_max_bytes)
-
-    def _message(self, body: Body, key: str | None, headers: Mapping[str, str] | None) -> PublishMessage:
-        data = _as_bytes(body)
-        if len(data) > self.conn.max_message_size:
-            raise MessageTooLargeError(f"message of {len(data)} bytes exceeds max_message_size")
-        seq = self._seq
-        self._seq += 1
-        return PublishMessage(key, dict(headers) if headers else {}, data, seq)
-
-    def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
-        """Publish one message; returns its sequence number once confirmed, or -1 when no node
-        is reachable and the connection has a ``buffer_path``: then it waits in the buffer,
-        which drains (in order, before this producer's later sends) once a node answers."""
-        if self.buffer is not None:
-            if not self.conn.reachable():
-                data = _as_bytes(body)
-                if len(data) > self.conn.max_message_size:
-                    raise MessageTooLargeError(f"message of {len(data)} bytes exceeds max_message_size")
-                self.buffer.append(key, dict(headers) if headers else {}, data)
-                return -1
-            self.drain()  # the buffer first: its messages get the earlier seqs
-        msg = self._message(body, key, headers)
-        self._publish([msg])
-        return msg.seq or 0
-
-    def drain(self) -> int:
-        """Send what waits in the local buffer, oldest first; returns how many were sent.
-        Each row's seq is written before it is first sent, so a process that dies mid-drain
-        resends it under the same seq and it is stored once."""
-        if self.buffer is None or not self.buffer.count:
-            return 0
-        done = 0
-        rows = self.buffer.load()
-        for i in range(0, len(rows), 100):
-            chunk = rows[i:i + 100]
-            fresh = [(r.id, -1, self._next_seq()) for r in chunk if r.seq is None]
-            self.buffer.assign(fresh)
-            seqs = {rid: seq for rid, _p, seq in fresh}
-            msgs = [PublishMessage(r.key, r.headers, r.body, r.seq if r.seq is not None else seqs[r.id])
-                    for r in chunk]
-            self._publish(msgs)
-            self.buffer.remove([r.id for r in chunk])
-            done += len(chunk)
-        return done
-
-    def _next_seq(self) -> int:
-        seq = self._seq
-        self._seq += 1
-        return seq
-
-    @property
-    def buffered_count(self) -> int:
-        return self.buffer.count if self.buffer is not None else 0
-
-    def send_many(self, bodies: Iterable[Body], *, key: str | None = None) -> int:
-        """Publish many messages in one batch; returns how many were confirmed."""
-        self.drain()
-        msgs = [self._message(b, key, None) for b in bodies]
-        if msgs:
-            self._publish(msgs)
-        return len(msgs)
-
-    def _publish(self, msgs: list[PublishMessage]) -> None:
-        # one batch at a time: a resend after a failover carries the same seqs, stored once
-        reply = self.conn._call(lambda rid: Publish(rid=rid, queue=self.queue, messages=msgs,
-                                                    producer_id=self.producer_id))
-        reply = expect(reply, PublishOk)
 
 
 class BlockingConsumer:

@@ -7,10 +7,10 @@ A replica uses the members of the last such entry in its log, committed or not, 
 moment it has it; a truncation that removes that entry goes back to the one before, and
 before any, to the members of the log's snapshot (the driver keeps those: ``base``).
 
-Safety comes from the rules :meth:`ha.replica.Replica.change_members` enforces on the
-active: the voters change by one node at a time (any majority of the old voters and any of
-the new ones then share a node, so two actives cannot be elected in one term whoever uses
-which), only once the previous change is committed, and only once the active has committed
+Safety comes from the rules the active enforces (:func:`ha.confchange.check`, in
+:meth:`ha.replica.Replica.change_members`): the voters change by one node at a time (any
+majority of the old voters and any of the new ones then share a node, so two actives
+cannot be elected in one term whoever uses which), only once the previous change is committed, and only once the active has committed
 an entry of its own term (the thesis's fix for a change proposed by a new active over an
 uncommitted one of its predecessor).  A new voter must be caught up first (a learner that
 is fed the log), or the partition would wait on it for every commit.

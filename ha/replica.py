@@ -32,9 +32,13 @@ each returns a :class:`~ha.messages.Ready` saying what to persist, send, apply.
 Time is whatever the driver passes in; randomness comes from the ``rng`` given.
 
 Every role change goes through the table in :mod:`ha.roles`; every message goes to its
-handler through ``_HANDLERS``.  The rules live beside it: :mod:`ha.elections` (how long to
-wait before standing, how to answer a vote request), :mod:`ha.log` (the log and its
-snapshot position), :mod:`ha.progress` (what the active knows of each member),
+handler through ``_HANDLERS``.  This module holds terms, roles, elections, membership
+changes and failback; the log's replication both ways is :mod:`ha.replication` (the
+class's other half).  The rules live beside them: :mod:`ha.elections` (how long to wait
+before standing, how to answer a vote request), :mod:`ha.quorum` (what commits, what a
+majority holds, weak actives), :mod:`ha.confchange` (when the members may change, which
+are in effect), :mod:`ha.log` (the log and its snapshot position), :mod:`ha.progress`
+(what the active knows of each member), :mod:`ha.discards` (the HA-1014 reports),
 :mod:`ha.failback` (handing the partition back to the placement's choice).
 """
 
@@ -44,15 +48,15 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from ha import witness
+from ha import confchange, witness
+from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at, pre_ballot
 from ha.failback import Failback
 from ha.log import EntryLog
-from ha.members import Members, decode, encode, is_change
+from ha.members import Members, encode
 from ha.messages import (
     Alive,
     AppendEntries,
     AppendReply,
-    EntriesDiscarded,
     Entry,
     Envelope,
     HandingOver,
@@ -67,17 +71,15 @@ from ha.messages import (
 )
 from ha.progress import NEVER, PeerTracker
 from ha.replica_config import ReplicaConfig
+from ha.replication import LogReplication
 from ha.roles import Role, RoleEvent, next_role
-from ha.elections import Ballot, Voter, ballot, election_wait, first_election_at, pre_ballot
 
-__all__ = ["MembershipRefused", "Replica", "ReplicaConfig", "Role", "RoleEvent"]
-
-
-class MembershipRefused(ValueError):
-    """:meth:`Replica.change_members` cannot propose that change now; the message says why."""
+__all__ = ["Replica", "ReplicaConfig", "Role", "RoleEvent"]
 
 
-class Replica:
+class Replica(LogReplication):
+    """One partition's election and replication core on one node (the module says how)."""
+
     def __init__(self, config: ReplicaConfig, *, rng: random.Random, now: float = 0.0,
                  term: int = 0, voted_for: str | None = None, log: list[Entry] | None = None,
                  commit: int = 0, snapshot: tuple[int, int, str] = (0, 0, ""), applied: int | None = None,
@@ -104,7 +106,7 @@ class Replica:
         #: the members as of the snapshot (the driver's, kept with its state); the log's last
         #: membership change, if any, overrides them (ha.members)
         self._base = Members(config.voters, config.learners)
-        members, self._members_index = self._last_change()  # (index 0: the base's)
+        members, self._members_index = confchange.last_change(self._log.entries, self._base)  # (0: the base's)
         self.cfg = config.with_members(members)
         self.role = Role.FOLLOWER if self.id in self.cfg.voters else Role.LEARNER
         self.leader: str | None = None
@@ -155,11 +157,7 @@ class Replica:
     def members_at(self, index: int) -> Members:
         """The members as of ``index`` (>= the snapshot's): what a snapshot of the state up to
         there carries (the driver fills in :attr:`InstallSnapshot.members` with it)."""
-        for e in reversed(self._log.slice(self.snap_index + 1, index)):
-            m = decode(e.data)
-            if m is not None:
-                return m
-        return self._base
+        return confchange.last_change(self._log.slice(self.snap_index + 1, index), self._base)[0]
 
     @property
     def wake_at(self) -> float:
@@ -169,98 +167,12 @@ class Replica:
             return self._heartbeat_at
         return float("inf") if self.role is Role.LEARNER else self._election_at
 
-    # -- helpers --------------------------------------------------------------------------
-
-    def live_match(self) -> int | None:
-        """On the active: the lowest last index on the other members (learners included)
-        that acknowledged an append within the election timeout; None if there is none.
-        Compaction keeps what they still need (they are catching up, not gone)."""
-        if self.role is not Role.LEADER:
-            return None
-        return self._tracker.live_match(self.id, self._now, self.cfg.election_timeout)
-
-    def progress(self) -> dict[str, int]:
-        """On the active: the last index known to be on each other member."""
-        return dict(self._tracker.match) if self.role is Role.LEADER else {}
-
     @property
     def now(self) -> float:
         """The time of the last tick."""
         return self._now
 
-    # The log (ha.log.EntryLog), read-only to the driver.
-
-    @property
-    def log(self) -> list[Entry]:
-        """The entries after the snapshot: ``log[i]`` has index ``snap_index + i + 1``."""
-        return self._log.entries
-
-    @property
-    def snap_index(self) -> int:
-        return self._log.snap_index
-
-    @property
-    def snap_term(self) -> int:
-        return self._log.snap_term
-
-    @property
-    def snap_origin(self) -> str:
-        return self._log.snap_origin
-
-    @property
-    def last_index(self) -> int:
-        return self._log.last_index
-
-    def entry(self, index: int) -> Entry:
-        return self._log.entry(index)
-
-    def entries(self, first: int, last: int) -> list[Entry]:
-        """Entries first..last (inclusive) still in the log."""
-        return self._log.slice(first, last)
-
-    def _weak_active(self) -> bool:
-        """This active's writes are not backed by a majority: it needs fewer votes than a
-        majority (override, designated primary) *and* has not heard from a majority of
-        voters within the election timeout.  With its peers connected, an override
-        active writes strong entries like any other."""
-        majority = self.cfg.majority
-        if self.cfg.quorum() >= majority:
-            return False
-        return self._tracker.acked_voters(self.cfg.voters, self.id, self._now, self.cfg.election_timeout) < majority
-
-    def _lowered(self) -> bool:
-        """This node is the active under a lowered quorum (override, designated primary)."""
-        return self.role is Role.LEADER and not self.cfg.arbitrated and self.cfg.quorum() < self.cfg.majority
-
-    def _majority_holds(self) -> int:
-        """On the active: the last entry a majority of voters is known to hold (counted as its
-        commits are; with it, by log matching, every entry before it)."""
-        voters = self._counted_voters()
-        marks = sorted(self._persisted if v == self.id else self._tracker.match.get(v, 0) for v in voters)
-        return marks[len(marks) - self.cfg.majority] if len(marks) >= self.cfg.majority else 0
-
-    def _counted_voters(self) -> tuple[str, ...]:
-        """The voters whose copies a commit counts (a witness only while it counts)."""
-        if self.cfg.witnesses and not self.witness_counts():
-            return tuple(v for v in self.cfg.voters if v not in self.cfg.witnesses)
-        return self.cfg.voters
-
-    def unheld_tail(self) -> bool:
-        """Whether the applied log ends in entries no majority is known to hold (what
-        ``compactable`` keeps): O(voters)."""
-        if self.cfg.arbitrated or self.applied <= self.snap_index:
-            return False
-        if self._lowered():
-            if self._majority_holds() >= self.applied:
-                return False
-            if self.applied >= self._term_first:
-                return True
-        return self.entry(self.applied).weak
-
-    def witness_counts(self) -> bool:
-        """On the active: whether a witness's acknowledgement counts toward a commit now
-        (:func:`ha.witness.counts`)."""
-        return witness.counts(self.cfg, self.id, self._now, self._heard_from, self._tracker, self.commit)
+    # -- helpers --------------------------------------------------------------------------
 
     def _new_entry(self, data: Any) -> Entry:
         return Entry(self.term, self.last_index + 1, data, self.id, self._weak_active())
@@ -352,25 +264,10 @@ class Replica:
         unless it is safe now: the voters differ by one node at most, the previous change is
         committed, this active has committed an entry of its term, it stays a voter itself
         (hand the partition over first), and a node that becomes a voter is caught up."""
-        if self.role is not Role.LEADER or self._failback.handing_to is not None:
-            raise MembershipRefused(f"{self.id} is not the partition's active")
-        old = self.members
-        if new == old:
-            raise MembershipRefused("the members are already those")
-        if self._members_index > self.commit:
-            raise MembershipRefused(f"the previous membership change (entry {self._members_index}) is not "
-                                    f"committed yet")
-        if self._log.term_at(self.commit) != self.term:
-            raise MembershipRefused("this active has not committed an entry of its own term yet")
-        if len(set(old.voters) ^ set(new.voters)) > 1:
-            raise MembershipRefused(f"the voters change by one node at a time ({', '.join(old.voters)} -> "
-                                    f"{', '.join(new.voters)})")
-        if self.id not in new.voters:
-            raise MembershipRefused(f"{self.id} is the active: hand the partition to another voter before it leaves")
-        for v in set(new.voters) - set(old.voters):
-            if self._tracker.match.get(v, 0) < self.commit:
-                raise MembershipRefused(f"{v} is not caught up ({self._tracker.match.get(v, 0)} of {self.commit}): "
-                                        f"add it as a learner first")
+        confchange.check(self.members, new, me=self.id,
+                         active=self.role is Role.LEADER and self._failback.handing_to is None,
+                         change_index=self._members_index, commit=self.commit,
+                         own_term_committed=self._log.term_at(self.commit) == self.term, match=self._tracker.match)
         return self._append_change(new)
 
     def _append_change(self, new: Members) -> tuple[Ready, Entry]:
@@ -383,19 +280,10 @@ class Replica:
             self._send_append(p)
         return self._take_ready(), entry
 
-    def _last_change(self) -> tuple[Members, int]:
-        """The members in effect and the index of their change: the log's last one, else the
-        base (index 0)."""
-        for e in reversed(self._log.entries):
-            m = decode(e.data)
-            if m is not None:
-                return m, e.index
-        return self._base, 0
-
     def _refresh_members(self) -> None:
         """The log changed where a membership change is (appended, truncated, replaced by a
         snapshot): the last change in it, else the base, is in effect."""
-        self._set_members(*self._last_change())
+        self._set_members(*confchange.last_change(self._log.entries, self._base))
 
     def _set_members(self, m: Members, index: int) -> None:
         self._members_index = index
@@ -412,67 +300,9 @@ class Replica:
             self._pre_votes = None
             self._votes = set()
         elif self.role is Role.LEADER:
-            t = self._tracker
-            for p in self._peers():
-                if p not in t.next:  # a new member: sent from the change on (a mismatch moves it back)
-                    t.next[p], t.match[p], t.heard[p] = index, 0, self._now
-            for p in set(old.voters + old.learners) - set(m.voters + m.learners):
-                for d in (t.next, t.match, t.heard, t.acked, t.live_since, t.snapshot_sent):
-                    d.pop(p, None)
+            gone = set(old.voters + old.learners) - set(m.voters + m.learners)
+            confchange.retrack(self._tracker, self._peers(), gone, index, self._now)
             self._advance_commit()
-
-    def persisted(self, entry: Entry) -> Ready:
-        """The driver's log write up to ``entry`` is durable.  The active counts itself
-        toward a commit only for entries it has on disk."""
-        i = entry.index
-        if self._persisted < i and self.snap_index < i and self._log.has(i, entry.term, entry.origin):
-            self._persisted = i
-            if self.role is Role.LEADER:
-                self._advance_commit()
-        return self._take_ready()
-
-    def compactable(self) -> int:
-        """How far the log may be compacted: what is applied, but not past an entry a weak
-        active wrote (``quorum_override``, ``designated_primary``) that a majority is not
-        known to hold.  An active under a lowered quorum counts what a majority holds
-        (``_majority_holds``) for the entries of its own term rather than their flags: it flags
-        them weak only once it has not heard from a majority within the election timeout, so
-        those it wrote just after its peers went are flagged strong and yet committed by it
-        alone.  Such an entry may yet be discarded when the group heals (HA-1014),
-        and a compacted entry can be neither compared with the active's log nor handed to
-        the quarantine: it stays until a committed entry of a strong active follows it (that
-        active's majority holds the log before it too) or it is discarded."""
-        upto = self.applied
-        if self.cfg.arbitrated:
-            return upto  # (a lock decides the one writer: no heal discards the holder's entries)
-        if self._lowered():
-            held = self._majority_holds()
-            if held >= upto:
-                return upto
-            return max(held, self._flagged(min(upto, self._term_first - 1)))
-        return self._flagged(upto)
-
-    def _flagged(self, upto: int) -> int:
-        """``compactable`` by the weak flags of the entries up to ``upto``: not past one that
-        no strong entry follows."""
-        for e in reversed(self._log.slice(self.snap_index + 1, upto)):
-            if not e.weak:
-                return upto
-            upto = e.index - 1
-        return upto
-
-    def snapshot_mark(self) -> tuple[bool, tuple[int, int]]:
-        """The snapshot's weak mark and recency, for the store to keep with it."""
-        return self._log.mark()
-
-    def _state_weak(self) -> bool:
-        """Whether the applied state ends in entries a weak active wrote that no majority is
-        known to hold (what a snapshot of it carries: InstallSnapshot.weak)."""
-        if self.cfg.arbitrated:
-            return False
-        if self.applied > self.snap_index:
-            return self.entry(self.applied).weak
-        return self._log.snap_weak
 
     def compact(self, upto: int) -> None:
         """Forget entries up to ``upto`` (at most what is applied): the driver's state has
@@ -703,57 +533,7 @@ class Replica:
             self.leader = None
             self._election_at = now + self._timeout()
 
-    # -- replication --------------------------------------------------------------------------------
-
-    def _send_append(self, p: str) -> None:
-        if p in self.cfg.witnesses:
-            self._send_append_to_witness(p)
-            return
-        nxt = self._tracker.next.get(p, self.last_index + 1)
-        if nxt <= self.snap_index:
-            # The entries it needs are compacted: a snapshot (at most one per election
-            # timeout in flight), and meanwhile a keep-alive it cannot match.
-            if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
-                self._send(p, InstallSnapshot(self.term, self.id, weak=self._state_weak()))
-            nxt = self.snap_index + 1
-            entries: tuple[Entry, ...] = ()
-        else:
-            entries = self._log.batch(nxt, self.cfg.max_append, self.cfg.max_append_bytes)
-            if entries:
-                # Pipelining: the next send starts after these.  A lost message shows up as
-                # a mismatch on the next append, whose failure reply moves ``next`` back.
-                self._tracker.next[p] = entries[-1].index + 1
-        prev = nxt - 1
-        self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev), entries,
-                                    self.commit))
-
-    def _send_limit(self, p: str) -> int:
-        """The last index ``p`` is sent now: a witness that does not count gets no further
-        than the commit index."""
-        if p in self.cfg.witnesses and not self.witness_counts():
-            return self.commit
-        return self.last_index
-
-    def _send_append_to_witness(self, p: str) -> None:
-        """The witness gets entry positions (term, index, origin, weak), never data, and
-        only up to the commit index while it does not count toward commits
-        (:meth:`witness_counts`); what it needs of the compacted log is the snapshot's
-        position alone."""
-        nxt = self._tracker.next.get(p, self.last_index + 1)
-        entries: tuple[Entry, ...] = ()
-        if nxt <= self.snap_index:
-            if self._tracker.snapshot_due(p, self._now, self.cfg.election_timeout):
-                self._send(p, InstallSnapshot(self.term, self.id, self.snap_index, self.snap_term,
-                                              self.snap_origin, b"", self._base))
-            nxt = self.snap_index + 1
-        else:
-            batch = self._log.slice(nxt, min(self._send_limit(p), nxt + 4 * self.cfg.max_append - 1))
-            if batch:
-                entries = witness.positions(batch)
-                self._tracker.next[p] = entries[-1].index + 1
-        prev = nxt - 1
-        self._send(p, AppendEntries(self.term, self.id, prev, self._log.term_at(prev), self._log.origin_at(prev),
-                                    entries, self.commit))
+    # -- following an active (the log itself: ha.replication) -----------------------------------
 
     def _follow(self, term: int, leader: str, recency: tuple[int, int]) -> bool:
         """A message from ``leader`` of ``term``: follow it, or refuse it (False)."""
@@ -788,113 +568,6 @@ class Replica:
         self._sanctioned = False
         return True
 
-    def _on_append(self, m: AppendEntries) -> None:
-        # (prev_term, prev_index) is a lower bound of the sender's recency
-        if not self._follow(m.term, m.leader, (m.prev_term, m.prev_index)):
-            return
-        if m.prev_index < self.snap_index:
-            # It resends what we have compacted: committed, so identical, unless a weak active
-            # wrote it here and the driver had to compact it (broker.modes.replicated.compaction).
-            # What reaches the snapshot's last entry is compared with it; an entry of a later
-            # term than that cannot be in it.  Short of it, only the entries sent are promised.
-            skip = self.snap_index - m.prev_index
-            compacted = m.entries[:skip]  # (the entries sent that this node compacted)
-            if any(e.term > self.snap_term for e in compacted) or (
-                    len(compacted) == skip and (compacted[-1].term, compacted[-1].origin)
-                    != (self.snap_term, self.snap_origin)):
-                self._diverged_below_snapshot()
-                return
-            if len(compacted) < skip:
-                self._send(m.leader, AppendReply(self.term, self.id, True, m.prev_index + len(compacted)))
-                return
-            m = AppendEntries(m.term, m.leader, self.snap_index, self.snap_term, self.snap_origin,
-                              m.entries[skip:], m.commit)
-        if not self._log.has(m.prev_index, m.prev_term, m.prev_origin):
-            hint = min(self.last_index, m.prev_index - 1)
-            self._send(m.leader, AppendReply(self.term, self.id, False, max(0, hint)))
-            return
-        changed = False
-        for e in m.entries:
-            if e.index <= self.last_index:
-                mine = self.entry(e.index)
-                if mine.term == e.term and mine.origin == e.origin:
-                    continue
-                if e.weak and not mine.weak and not self.cfg.arbitrated:
-                    self._fence_weak_active(m.term, m.leader)
-                    return
-                self._truncate(e.index)
-            self._log.entries.append(e)
-            self._ready.append.append(e)
-            changed = changed or is_change(e.data)
-        if changed:
-            self._refresh_members()
-        match = m.prev_index + len(m.entries)
-        if self.recovering and match >= m.commit:
-            self.recovering = False  # it has all the active had committed
-        if m.commit > self.commit:
-            self.commit = max(self.commit, min(m.commit, match))  # a late, shorter append never lowers it
-        self._send(m.leader, AppendReply(self.term, self.id, True, match))
-
-    def _on_snapshot(self, m: InstallSnapshot) -> None:
-        if not self._follow(m.term, m.leader, (m.last_term, m.index)):
-            return
-        if m.weak and self.refuses_weak_snapshot() and not self._log.has(m.index, m.last_term, m.last_origin):
-            # As with its entries (_on_append): an active elected under a weak override,
-            # that compacted what it wrote alone, would replace what a majority wrote
-            self._fence_weak_active(m.term, m.leader)
-            return
-        matches = self._log.has(m.index, m.last_term, m.last_origin) or m.index < self.snap_index
-        if matches and m.index <= self.commit:
-            self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
-            return  # we already have (and applied) all of it
-        # Matching, what follows the snapshot's position stays: it matches too.  Otherwise
-        # the entries after it cannot be the active's (log matching): they are discarded,
-        # and so are the entries before it that differ (_replaced_by_snapshot).
-        first = self.snap_index + 1
-        replaced = [] if matches else self._log.slice(first, min(m.index, self.last_index))
-        dropped = self._log.install(m.index, m.last_term, m.last_origin, keep=matches, weak=m.weak)
-        if m.members is not None:
-            self._base = m.members
-        self._refresh_members()
-        if not matches:
-            self._replaced_by_snapshot(m, replaced, dropped)
-            self._ready.truncate_from = first
-            self._ready.append = []
-            self._persisted = m.index
-            self.commit = m.index
-        self.commit = max(self.commit, m.index)
-        self.applied = m.index
-        self._persisted = max(self._persisted, m.index)
-        self._ready.snapshot = m
-        self.recovering = False
-        self._ready.committed = [e for e in self._ready.committed if e.index > m.index]
-        self._hard_state_changed()
-        self._send(m.leader, AppendReply(self.term, self.id, True, m.index))
-
-    def _diverged_below_snapshot(self) -> None:
-        """The active's log differs from what this node has compacted (HA-1014): report its
-        snapshot's last entry and every entry after it as discarded, confirmed, and that more
-        before them went uncounted (``compacted``).  Nothing is answered: the driver starts the
-        partition over empty, and the active brings it everything again."""
-        after = self._log.slice(self.snap_index + 1, self.last_index)
-        payloads = (None, *(e.data for e in after))
-        committed = 1 + sum(1 for e in after if e.index <= self.commit)
-        self._ready.events.append(EntriesDiscarded(self.id, self.term, self.snap_index, len(payloads), committed,
-                                                   payloads=payloads, certain=committed, compacted=True,
-                                                   weak=sum(1 for e in after if e.weak and e.index <= self.commit),
-                                                   written=((self.snap_origin, self.snap_term),
-                                                            *((e.origin, e.term) for e in after))))
-
-    def refuses_weak_snapshot(self) -> bool:
-        """Whether a snapshot of a weak active's state (InstallSnapshot.weak) would replace
-        committed entries a strong active wrote here (a majority has them): refused, and its
-        sender deposed (the driver asks before it starts a partition over for a stream)."""
-        if self.cfg.arbitrated:
-            return False
-        if any(not e.weak for e in self._log.slice(self.snap_index + 1, self.commit)):
-            return True
-        return self.snap_index > 0 and not self._log.snap_weak
-
     def _fence_weak_active(self, term: int, leader: str) -> None:
         """An active elected under a weak override would overwrite entries a majority wrote:
         refuse, and depose it with a higher term; an election among the majority follows."""
@@ -905,95 +578,6 @@ class Replica:
         self._election_at = self._now
         self._sanctioned = True  # (its term is raised already: no pre-vote)
         self._send(leader, AppendReply(self.term, self.id, False, 0))
-
-    def _truncate(self, index: int) -> None:
-        """Drop entries from ``index`` on: the active's log has others there (HA-1014).
-
-        Entries this node counted as committed are among them when it was active under
-        a weak override (``quorum_override``, ``designated_primary``) while cut off, or
-        when the nodes that acknowledged them lost them (unsynced writes, every node's
-        power cut) and elected one of themselves before this node was back: those
-        confirmed writes are lost, reported in ``committed``, and the driver must roll
-        back what it applied.
-        """
-        dropped = self._log.truncate(index)
-        lost_committed = max(0, self.commit - index + 1)
-        if lost_committed:
-            self.commit = index - 1
-            self.applied = min(self.applied, index - 1)
-        self._persisted = min(self._persisted, index - 1)
-        self._ready.truncate_from = index if self._ready.truncate_from is None else min(
-            index, self._ready.truncate_from)
-        self._ready.append = [e for e in self._ready.append if e.index < index]
-        if self._members_index >= index:
-            self._refresh_members()  # the change in effect was among them: the one before it is
-        self._discarded(dropped, lost_committed)
-
-    def _replaced_by_snapshot(self, m: InstallSnapshot, replaced: list[Entry], dropped: list[Entry]) -> None:
-        """A snapshot that does not match this log replaced it: ``replaced`` are the entries
-        up to the snapshot's index, ``dropped`` those after it.  The snapshot says only
-        its last entry's (term, origin): an entry of that term and origin is in it (that
-        active wrote its term's entries in order, and a log holding its last one holds all
-        before), an entry of a later term is not, and any other may or may not be.  Entries this node had committed (confirmed, if it was their active) are
-        reported, those it cannot tell as lost at most (HA-1014)."""
-        commit = self.commit
-        # (an entry of its last term by another origin: two actives in one term, under an override)
-        lost = [e for e in replaced if e.term > m.last_term or (e.index <= commit and (
-            e.term < m.last_term or e.origin != m.last_origin))]
-        lost += dropped
-        if not lost:
-            return
-        committed = [e for e in lost if e.index <= commit]
-        certain = sum(1 for e in committed if e.term > m.last_term or e.index > m.index)
-        self._discarded(lost, len(committed), upto=certain < len(committed), certain=certain)
-
-    def _discarded(self, dropped: list[Entry], lost_committed: int, *, upto: bool = False,
-                   certain: int | None = None) -> None:
-        """Report HA-1014: ``dropped`` in index order, the first ``lost_committed`` of them
-        counted as committed here."""
-        weak = sum(1 for e in dropped[:lost_committed] if e.weak)
-        self._ready.events.append(EntriesDiscarded(self.id, self.term, dropped[0].index, len(dropped),
-                                                   lost_committed, payloads=tuple(e.data for e in dropped),
-                                                   weak=weak, upto=upto,
-                                                   certain=lost_committed if certain is None else certain,
-                                                   written=tuple((e.origin, e.term) for e in dropped)))
-
-    def _on_append_reply(self, m: AppendReply) -> None:
-        if m.term > self.term:
-            self._observe_term(m.term)
-            return
-        if self.role is not Role.LEADER or m.term != self.term:
-            return
-        self._tracker.record_reply(m, self._now, self.cfg.election_timeout)
-        if m.success:
-            self._advance_commit()
-            if m.replica == self._failback.handing_to:
-                self._hand_over_if_caught_up()
-            if self._tracker.next[m.replica] <= self._send_limit(m.replica):
-                self._send_append(m.replica)
-        else:
-            self._send_append(m.replica)
-
-    def _on_alive(self, m: Alive) -> None:
-        """The replica is up, its replies held back by its disk: word from it for the
-        check of quorum (_check_quorum), nothing more."""
-        if m.term > self.term:
-            self._observe_term(m.term)
-            return
-        if self.role is Role.LEADER and m.term == self.term:
-            self._tracker.heard[m.replica] = self._now
-
-    def _advance_commit(self) -> None:
-        """The active's own write is part of every commit (a confirmed entry is on its disk,
-        fsynced under SYNC), and with it a quorum of voters."""
-        need = self.cfg.commit_quorum or self.cfg.quorum()
-        voters = self._counted_voters()
-        for n in range(min(self.last_index, self._persisted), self.commit, -1):
-            if self._log.term_at(n) != self.term:
-                break  # only entries of our own term commit by counting (Raft 5.4.2)
-            if self._tracker.holding(voters, self.id, self._persisted, n) >= need:
-                self.commit = n
-                break
 
 
 #: message type -> the handler :meth:`Replica.step` gives it to

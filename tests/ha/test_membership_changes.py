@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from ha.confchange import MembershipRefused
 from ha.members import Members, decode, encode
-from ha.replica import MembershipRefused, Role
+from ha.replica import Role
 from tests.ha.sim import Cluster, SafetyViolation
 
 ABC = ("a", "b", "c")

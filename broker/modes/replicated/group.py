@@ -40,12 +40,13 @@ from broker.modes.replicated.serving import PartitionNotifier, Serving
 from broker.modes.replicated.transport import Transport
 from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
+from ha.confchange import MembershipRefused
 from ha.members import Members, is_change
 from ha.messages import Alive, EntriesDiscarded, Envelope, HandingOver, Ready, RoleChanged
 from ha.moves import arrived, copying, leaving, next_members
 from ha.partition import PartitionState as LifecycleState
 from ha.placement import DistributionPolicy, NodeList, ReplicaKind, listed, place
-from ha.replica import MembershipRefused, Replica, ReplicaConfig, Role
+from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (
     DropQueue,
     DropUser,
