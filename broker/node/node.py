@@ -3,7 +3,7 @@
 The node wires its parts together and owns their lifetimes; each part takes the narrow
 interface it needs (a typing Protocol), never the whole node:
 
-* :mod:`broker.sessions.session`: one client connection, a handler per frame;
+* :mod:`broker.sessions`: one client connection (``session``), its requests' handlers by audience;
 * :mod:`broker.messaging.publish`: the publish path, a batch from frame to confirm;
 * :mod:`broker.messaging.delivery`: consumers, deliveries, settlements;
 * :mod:`broker.messaging.catalogue`: declare, delete, purge (on one node or across the group);
@@ -46,9 +46,12 @@ from broker.messaging.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.messaging.queues import MemoryBudget, Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
 from broker.modes.replicated import Replication
 from broker.peers.codec import group_out, placement_out, updating_out
-from broker.sessions.session import Session
+from broker.sessions.admin import Admin
+from broker.sessions.messaging import Messaging
+from broker.sessions.session import Session, requests
 from broker.modes.shared.mode import SharedCommitPath, SharedMode
-from broker.sessions.status import HaReport, NodeEvent
+from broker.sessions.status import HaReport, NodeEvent, StatusRequests
+from broker.sessions.users import UserRequests
 from broker.node.tasks import TaskOwner
 from broker.messaging.streams import Produced, produced, read_stream
 from broker.security.auth import ClientGuard, oldest_waiting
@@ -147,6 +150,8 @@ class Node:
         self.delivery = Delivery(self)
         self.publisher = Publisher(self)
         self.forwarded = ForwardHandlers(self)
+        #: what a client may ask once logged in, by frame (broker.sessions): one table for every session
+        self.requests = requests(Messaging(self), Admin(self), UserRequests(self), StatusRequests(self))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self.replication: Replication | None = None
@@ -613,7 +618,7 @@ class Node:
                 Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
                 return
             waiting.give_up_slot()
-        session = Session(self, reader, writer)
+        session = Session(self, self.requests, reader, writer)
         self.sessions.add(session)
         try:
             await session.run()

@@ -11,6 +11,8 @@ its peers without importing the console; ``apply_option`` applies an operator
 setting sent by a member's console (forwarded ``option``).
 
 The helpers read the node through :class:`NodeState`, the few things they need.
+:class:`StatusRequests` answers a client session's ``Status`` and ``Metadata`` (a queue's
+partition map: the session is told ``MapChanged`` from then on, whenever it may have changed).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from broker import __version__
 from broker.config import NodeConfig
 from broker.messaging import queues
 from broker.messaging.queues import Holder, Queue
-
-from client.errors import InvalidArgumentError, UnavailableError
-from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk, ZoneInfo
+from broker.security.acl import AclTable
+from broker.sessions.requests import Handler, Requester
+from client.errors import AccessRefusedError, InvalidArgumentError, UnavailableError
+from client.protocol.frames import Frame, Metadata, MetadataOk, PartitionInfo, PartitionMap, RemoteNode, Status, \
+    StatusOk, ZoneInfo
+from storage.base import UserRecord
 from ha.membership import Membership
 
 
@@ -305,3 +310,40 @@ def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | Non
                     moving=moving, members=members if peers is not None else [],
                     group_change=change,
                     updating=updating, availability_zones=azones)
+
+
+# -- the status and partition-map requests of a client session -------------------------------------
+
+
+class MapSource(StatusSource, Protocol):
+    """What the status and partition-map requests use of their node."""
+    acls: AclTable
+
+    @property
+    def has_quorum(self) -> bool: ...
+
+    def partition_map(self, name: str, session: Any = None) -> PartitionMap:
+        """Where ``name``'s partitions are active; ``session`` is told MapChanged from now on."""
+        ...
+
+
+class StatusRequests:
+    """The handlers of the read-only requests on the node: its status, a queue's partition map."""
+
+    def __init__(self, node: MapSource) -> None:
+        self.node = node
+
+    def handlers(self) -> Mapping[type[Frame], Handler[Requester]]:
+        return {Status: self.status, Metadata: self.metadata}
+
+    async def status(self, s: Requester, user: UserRecord, f: Status) -> None:
+        acls = self.node.acls
+        s.send(status_of(self.node, f.rid, lambda q: acls.may_see(user, q)))
+
+    async def metadata(self, s: Requester, user: UserRecord, f: Metadata) -> None:
+        # read-only, like a stream read: any permission on the queue (a producer routes with it,
+        # a monitor's Spark job reads with it), any node (a minority node answers with what it knows)
+        if not self.node.acls.may_see(user, f.queue):
+            raise AccessRefusedError(f"access refused: user {user.name!r} (role {user.role}) has no permission "
+                                     f"on queue {f.queue!r}")
+        s.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, s), quorum=self.node.has_quorum))

@@ -43,7 +43,7 @@ class _Node:
 
 def _session() -> tuple[_Node, Session, Consumer, list[Any]]:
     node = _Node()
-    s = Session(node, None, _Writer())  # type: ignore[arg-type]
+    s = Session(node, {}, None, _Writer())  # type: ignore[arg-type]
     sent: list[Any] = []
     s.send = sent.append  # type: ignore[method-assign]
     q = Queue(QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1024, max_deliveries=0,
