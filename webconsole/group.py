@@ -39,7 +39,7 @@ Counted = tuple[dict[str, list[int]], bool]
 
 def local_status(node: NodeView) -> StatusOk:
     """This node's view of itself and its group (what ``tandem status`` shows)."""
-    return status_of(node, 0)
+    return status_of(node, node, 0)
 
 
 class Group:

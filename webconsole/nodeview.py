@@ -16,7 +16,7 @@ from aiohttp import web
 
 from broker.messaging.queues import MemoryBudget
 from broker.messaging.forward import ForwardRequest
-from broker.sessions.status import PeersState, ReplicationState, StatusSource
+from broker.sessions.status import GroupChanges, NodeReport, NodeState, Options, PeersState, ReplicationState
 from broker.security.auth import ClientGuard
 from broker.security.acl import AclTable
 from broker.partitions.drain import Drains
@@ -76,7 +76,7 @@ class ReplicationView(ReplicationState, Protocol):
     def partition_infos(self) -> list[PartitionInfo]: ...
 
 
-class NodeView(StatusSource, Protocol):
+class NodeView(NodeReport, GroupChanges, NodeState, Options, Protocol):
     """A node as its console sees it."""
 
     @property

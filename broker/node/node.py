@@ -48,7 +48,7 @@ from broker.modes.replicated import Replication
 from broker.peers.codec import group_out, placement_out, updating_out
 from broker.sessions.admin import Admin
 from broker.sessions.messaging import Messaging
-from broker.sessions.session import Session, requests
+from broker.sessions.session import Session, SessionParts, requests
 from broker.modes.shared.mode import SharedCommitPath, SharedMode
 from broker.sessions.status import HaReport, NodeEvent, StatusRequests
 from broker.sessions.users import UserRequests
@@ -149,9 +149,14 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.delivery = Delivery(self)
         self.publisher = Publisher(self)
-        self.forwarded = ForwardHandlers(self)
-        #: what a client may ask once logged in, by frame (broker.sessions): one table for every session
-        self.requests = requests(Messaging(self), Admin(self), UserRequests(self), StatusRequests(self))
+        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self, streams=self,
+                                         publisher=self.publisher, security=self.security, drains=self.drains,
+                                         moves=self.moves, remaps=self.remaps, restores=self.restores)
+        #: what each client session is handed (broker.sessions), its requests' handlers among it
+        self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
+            Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
+            Admin(self, report=self, changes=self, drains=self.drains, moves=self.moves, remaps=self.remaps),
+            UserRequests(self, self.security), StatusRequests(report=self, changes=self, maps=self)))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self.replication: Replication | None = None
@@ -618,7 +623,7 @@ class Node:
                 Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
                 return
             waiting.give_up_slot()
-        session = Session(self, self.requests, reader, writer)
+        session = Session(self.session_parts, reader, writer)
         self.sessions.add(session)
         try:
             await session.run()

@@ -14,18 +14,19 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from broker.config import NodeConfig
+from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
-from broker.messaging.queues import Consumer, Msg, Queue, Recipient
-from broker.messaging.streams import Produced as StreamProduced
+from broker.messaging.queues import Consumer, Msg, Recipient
+from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
 from broker.sessions.requests import Handler, error_frame
 from client.errors import ConsumerNotFoundError, ErrorCode, StorageError, TandemError, UnknownDeliveryTagError
 from client.protocol.frames import (Ack, Cancel, Declare, DeclareOk, Delete, Delivery, Error, Frame, Get, GetOk,
-                                    ListQueues, Nack, Ok, Produced, Publish, PublishOk, Purge, PurgeOk, QueueInfo,
-                                    Queues, Read, ReadOk, Reject, StreamMessage, Subscribe, SubscribeOk)
+                                    ListQueues, Nack, Ok, Produced, Publish, PublishOk, Purge, PurgeOk, Queues, Read,
+                                    ReadOk, Reject, Subscribe, SubscribeOk)
 from storage.base import UserRecord, WriteOp
 
 log = logging.getLogger("tandem.broker")
@@ -53,40 +54,29 @@ class Consuming(Recipient, Protocol):
 
 
 class MessagingHost(Protocol):
-    """What the messaging requests use of their node."""
-    config: NodeConfig
-    acls: AclTable
-    publisher: Publisher
-    confirms: int
+    """What the messaging requests use of their node: its queues and who may use them."""
+    confirms: int  # messages confirmed to publishers (metrics)
 
     @property
-    def delivery(self) -> _delivery.Delivery: ...
+    def config(self) -> NodeConfig: ...
 
     @property
-    def queues(self) -> Mapping[str, Queue]: ...
+    def catalogue(self) -> Catalogue: ...  # (a shared-mode node makes it anew when it takes the lock)
 
-    def queue(self, name: str) -> Queue: ...
+    @property
+    def acls(self) -> AclTable: ...
 
     def require_quorum(self, what: str) -> None: ...
 
-    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]: ...
-
-    async def delete(self, name: str, if_empty: bool) -> None: ...
-
-    async def purge(self, name: str) -> int: ...
-
-    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
-                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
-
-    async def produced(self, queue: str, partition: int, producer: str, offset: int,
-                       *, hops: int = 0) -> StreamProduced: ...
-
 
 class Messaging:
-    """The handlers of the messaging requests."""
+    """The handlers of the messaging requests: queues through the node's catalogue, publishes
+    through ``publisher``, consumers and settlements through ``delivery``, stream reads through
+    ``streams`` (broker.messaging.streams)."""
 
-    def __init__(self, node: MessagingHost) -> None:
-        self.node = node
+    def __init__(self, node: MessagingHost, *, streams: StreamHost, delivery: _delivery.Delivery,
+                 publisher: Publisher) -> None:
+        self.node, self.streams, self.delivery, self.publisher = node, streams, delivery, publisher
 
     def handlers(self) -> Mapping[type[Frame], Handler[Consuming]]:
         return {Declare: self.declare, Delete: self.delete, Purge: self.purge, ListQueues: self.list_queues,
@@ -105,28 +95,29 @@ class Messaging:
     async def declare(self, s: Consuming, user: UserRecord, f: Declare) -> None:
         self._may(user, "configure", f.queue, "declare queues")
         self.node.acls.check_declare(user, f.queue, f.dead_letter_queue)
-        info, created = await self.node.declare(f, user.name)
+        info, created = await self.node.catalogue.declare(f, owner=user.name)
         s.send(DeclareOk(rid=f.rid, queue=info, created=created))
 
     async def delete(self, s: Consuming, user: UserRecord, f: Delete) -> None:
         self._may(user, "configure", f.queue, "delete queues")
-        await self.node.delete(f.queue, f.if_empty)
+        await self.node.catalogue.delete(f.queue, f.if_empty)
         s.send(Ok(rid=f.rid))
 
     async def purge(self, s: Consuming, user: UserRecord, f: Purge) -> None:
         self._may(user, "configure", f.queue, "purge queues")
-        s.send(PurgeOk(rid=f.rid, purged=await self.node.purge(f.queue)))
+        s.send(PurgeOk(rid=f.rid, purged=await self.node.catalogue.purge(f.queue)))
 
     async def list_queues(self, s: Consuming, user: UserRecord, f: ListQueues) -> None:
         acls = self.node.acls
-        s.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.queues.values() if acls.may_see(user, q.name)]))
+        s.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.catalogue.queues.values()
+                                         if acls.may_see(user, q.name)]))
 
     # -- publish --------------------------------------------------------------------------------------
 
     async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")
-        result = self.node.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
+        result = self.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
                                                             dense=f.partition is not None))
         result.add_done_callback(functools.partial(self._published, s, f.rid))
 
@@ -146,7 +137,7 @@ class Messaging:
 
     async def subscribe(self, s: Consuming, user: UserRecord, f: Subscribe) -> None:
         self._may(user, "consume", f.queue, "consume")
-        c = self.node.delivery.add_consumer(s, f.queue, f.prefetch)
+        c = self.delivery.add_consumer(s, f.queue, f.prefetch)
         s.consumers[c.id] = c
         s.send(SubscribeOk(rid=f.rid, consumer=c.id))
 
@@ -154,17 +145,17 @@ class Messaging:
         c = s.consumers.pop(f.consumer, None)
         if c is None:
             raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
-        self.node.delivery.remove_consumer(c)
+        self.delivery.remove_consumer(c)
         s.send_in_order(Ok(rid=f.rid))  # after any delivery still waiting on a commit
 
     async def get(self, s: Consuming, user: UserRecord, f: Get) -> None:
         self._may(user, "consume", f.queue, "get")
-        q = self.node.queue(f.queue)
+        q = self.node.catalogue.queue(f.queue)
         msgs = q.take(1, self.node.config.max_frame_size)
         if not msgs:
             s.send_in_order(GetOk(rid=f.rid, message=None))
             return
-        delivery = self.node.delivery
+        delivery = self.delivery
         marks, marked = delivery.record_deliveries(q, msgs)
         holder = Consumer(0, q, s, 1)
         holder.unacked = 1
@@ -182,32 +173,32 @@ class Messaging:
 
     async def ack(self, s: Consuming, user: UserRecord, f: Ack) -> None:
         settled, unknown = _settle(s, f.tags, f.multiple)
-        self.node.delivery.ack(settled)
+        self.delivery.ack(settled)
         _settled(s, f.rid, unknown)
 
     async def nack(self, s: Consuming, user: UserRecord, f: Nack) -> None:
         settled, unknown = _settle(s, f.tags, f.multiple)
         if f.requeue:
-            self.node.delivery.requeue(settled, counted=f.delivered)
+            self.delivery.requeue(settled, counted=f.delivered)
         else:
-            self.node.delivery.dead_letter(settled, "rejected")
+            self.delivery.dead_letter(settled, "rejected")
         _settled(s, f.rid, unknown)
 
     async def reject(self, s: Consuming, user: UserRecord, f: Reject) -> None:
         settled, unknown = _settle(s, f.tags, f.multiple)
-        self.node.delivery.dead_letter(settled, "rejected")
+        self.delivery.dead_letter(settled, "rejected")
         _settled(s, f.rid, unknown)
 
     # -- stream reads ---------------------------------------------------------------------------------
 
     async def read(self, s: Consuming, user: UserRecord, f: Read) -> None:
         self._may(user, "browse", f.queue)
-        msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
+        msgs, nxt, end = await read_stream(self.streams, f.queue, f.partition, f.offset, f.max_messages)
         s.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
 
     async def produced(self, s: Consuming, user: UserRecord, f: Produced) -> None:
         self._may(user, "browse", f.queue)
-        s.send((await self.node.produced(f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
+        s.send((await produced(self.streams, f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
 
 
 def undeliver(s: Recipient, delivery: _delivery.Delivery, tags: list[int]) -> None:

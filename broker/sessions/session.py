@@ -20,10 +20,12 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.config import NodeConfig
 from broker.logsafe import escape
+from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
 from broker.messaging.queues import Consumer, Msg
 from broker.security.acl import AclTable
@@ -57,16 +59,24 @@ from storage.writer import Callback
 
 
 class SessionHost(Protocol):
-    """What a client session's shell uses of its node (the request handlers name their own)."""
-    config: NodeConfig
-    clock: Clock
-    users: UserRegistry
-    guard: ClientGuard
-    acls: AclTable
-    security: Security
+    """What a client session's shell reads and asks of its node (the request handlers name their
+    own).  The users, grants and catalogue are read at each use: a shared-mode node makes them
+    anew when it takes the lock."""
 
     @property
-    def delivery(self) -> _delivery.Delivery: ...
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def users(self) -> UserRegistry: ...
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    @property
+    def catalogue(self) -> Catalogue: ...
 
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now (a shared-mode passive), or None."""
@@ -74,7 +84,17 @@ class SessionHost(Protocol):
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
-    async def catch_up_catalogue(self) -> bool: ...
+
+@dataclass(frozen=True, slots=True)
+class SessionParts:
+    """What a node hands each of its client sessions: itself as the shell sees it, the parts
+    the shell calls, and the table of requests (:func:`requests`)."""
+
+    node: SessionHost
+    guard: ClientGuard  # the login throttle and the connections per user (broker.security.auth)
+    security: Security  # whether a login's user is still the one proved
+    delivery: _delivery.Delivery  # what a consumer's deliveries go through
+    requests: Mapping[type[Frame], Handler[Session]]
 
 log = logging.getLogger("tandem.broker")
 
@@ -88,10 +108,10 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
 class Session:
-    def __init__(self, node: SessionHost, requests: Mapping[type[Frame], Handler[Session]],
-                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.node = node
-        self.requests = requests  # the node's handler of each request (:func:`requests`)
+    def __init__(self, parts: SessionParts, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.node = node = parts.node
+        self.guard, self.security, self.delivery = parts.guard, parts.security, parts.delivery
+        self.requests = parts.requests
         self.reader = reader
         self.writer = writer
         # max_frame_size once the client has logged in (_auth_response)
@@ -197,7 +217,7 @@ class Session:
         finally:
             self._drain_task = None
         for c in self.consumers.values():
-            self.node.delivery.schedule(c.queue)
+            self.delivery.schedule(c.queue)
 
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
@@ -237,7 +257,7 @@ class Session:
             self._closing = True
             if self._admitted and self.user is not None:
                 self._admitted = False
-                self.node.guard.release(self.user.name)
+                self.guard.release(self.user.name)
             self.finished.set()
 
     async def _read_loop(self) -> None:
@@ -369,7 +389,7 @@ class Session:
                     # In a group this member may not have applied a declare the group already
                     # confirmed: catch up with the catalogue's active, then look once more.
                     # (Every handler looks the queue up before it changes anything.)
-                    if not await self.node.catch_up_catalogue():
+                    if not await self.node.catalogue.catch_up():
                         raise
                     await handler(self, self.user, frame)
         except TandemError as exc:
@@ -392,7 +412,7 @@ class Session:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
         if refusal is None and self.node.users.get(frame.user) is None:
             await self._catch_up_users()  # (a node that serves nothing has no catalogue to catch up with)
-        self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
+        self._auth = ClientHandshake(self.guard, self.node.users, self.address)
         self.send(self._auth.hello(frame))
         self._hello_frame = frame
 
@@ -404,10 +424,10 @@ class Session:
         address the failed-login throttle holds back is refused first, so guessing names costs
         the group little (docs/security.md: the extra round trip tells a patient guesser that a
         name is unknown)."""
-        self.node.guard.check_throttle(self.address)
+        self.guard.check_throttle(self.address)
         try:
             async with self.node.clock.timeout(LOGIN_CATCH_UP):
-                await self.node.catch_up_catalogue()
+                await self.node.catalogue.catch_up()
         except (TimeoutError, TandemError):
             pass  # the catalogue's active is slow, gone or changing: the users this member has
 
@@ -418,12 +438,12 @@ class Session:
             raise ProtocolError("AuthResponse before Hello")
         user, server_final = auth.response(frame)
         self._auth = None
-        if not self.node.security.current(user):  # changed or deleted during the exchange
+        if not self.security.current(user):  # changed or deleted during the exchange
             raise AuthError(f"user {user.name!r} changed while it logged in: log in again")
         refusal = self.node.refusal()
         if refusal is not None and not hello.observe:
             raise refusal  # the node stopped serving during the exchange
-        self.node.guard.admit(user.name)
+        self.guard.admit(user.name)
         self._admitted = True
         self.user = user
         self.standing = standing_of(self.node.users, self.node.acls, user.name)
@@ -451,7 +471,7 @@ class Session:
         return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts, m.id)
 
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
-        delivery = self.node.delivery
+        delivery = self.delivery
         marks, marked = delivery.record_deliveries(c.queue, msgs)
         c.unacked += len(msgs)
         frame = Deliver(consumer=c.id, messages=[self.tag(c, m) for m in msgs])
@@ -463,7 +483,7 @@ class Session:
 
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
         self.consumers.pop(c.id, None)
-        self.node.delivery.remove_consumer(c)
+        self.delivery.remove_consumer(c)
         self.send_in_order(Cancel(rid=0, consumer=c.id))
         log.info("session %s: consumer %d cancelled: %s", self.client_name, c.id, reason)
 

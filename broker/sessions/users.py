@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from broker.logsafe import escape
-from broker.security.acl import AclTable
 from broker.security.security import Security
-from broker.security.standing import Standing
-from broker.security.users import UserRegistry, make_user
+from broker.security.standing import Standing, Standings
+from broker.security.users import make_user
 from broker.sessions.requests import Handler, Requester
 from client.errors import InvalidArgumentError
 from client.protocol.frames import AclGrant, AclInfo, AclList, AclRevoke, Acls, Frame, Ok, UserDelete, UserInfo, \
@@ -34,18 +33,12 @@ class Account(Requester, Protocol):
         ...
 
 
-class UsersHost(Protocol):
-    """What the user requests use of their node."""
-    users: UserRegistry
-    acls: AclTable
-    security: Security
-
-
 class UserRequests:
-    """The handlers of the requests on users and grants."""
+    """The handlers of the requests on users and grants: ``node`` holds the group's users and
+    grants as this member has them, ``security`` changes them in the group."""
 
-    def __init__(self, node: UsersHost) -> None:
-        self.node = node
+    def __init__(self, node: Standings, security: Security) -> None:
+        self.node, self.security = node, security
 
     def handlers(self) -> Mapping[type[Frame], Handler[Account]]:
         return {UserPut: self.user_put, UserDelete: self.user_delete, UserList: self.user_list,
@@ -66,7 +59,7 @@ class UserRequests:
         if mine:  # a user changing its own password keeps this session (its others end)
             s.standing = None
         try:
-            await self.node.security.put_user(record, f.mode)
+            await self.security.put_user(record, f.mode)
         finally:
             if mine:
                 s.renew_standing()
@@ -78,7 +71,7 @@ class UserRequests:
         self._group_admin(user, "manage users")
         if f.name == user.name:
             raise InvalidArgumentError("you cannot delete the user you are logged in as")
-        await self.node.security.drop_user(f.name)
+        await self.security.drop_user(f.name)
         log.warning("session %s: user %s deleted", s.client_name, escape(f.name))
         s.send(Ok(rid=f.rid))
 
@@ -90,14 +83,14 @@ class UserRequests:
 
     async def acl_grant(self, s: Account, user: UserRecord, f: AclGrant) -> None:
         self._group_admin(user, "grant permissions")
-        await self.node.security.grant(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
+        await self.security.grant(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
         log.warning("session %s: granted %s on %s to %s", s.client_name, ",".join(f.permissions),
                     escape(f.pattern), escape(f.user))
         s.send(Ok(rid=f.rid))
 
     async def acl_revoke(self, s: Account, user: UserRecord, f: AclRevoke) -> None:
         self._group_admin(user, "revoke permissions")
-        await self.node.security.revoke(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
+        await self.security.revoke(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
         log.warning("session %s: revoked %s on %s from %s", s.client_name, ",".join(f.permissions),
                     escape(f.pattern), escape(f.user))
         s.send(Ok(rid=f.rid))
