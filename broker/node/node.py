@@ -1120,7 +1120,7 @@ class Node:
     async def quarantine_actives(self) -> list[str]:
         """The members serving a partition of the quarantine queue (broker.partitions.restore)."""
         if QUARANTINE not in self.queues:
-            await self.catch_up_catalogue()  # (discarded on another member a moment ago?)
+            await self.catalogue.catch_up()  # (discarded on another member a moment ago?)
         q = self.queues.get(QUARANTINE)
         if q is None:
             return []
@@ -1262,15 +1262,6 @@ class Node:
 
     async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]:
         return await self.catalogue.declare(frame, owner=owner)
-
-    async def delete(self, name: str, if_empty: bool) -> None:
-        await self.catalogue.delete(name, if_empty)
-
-    async def purge(self, name: str) -> int:
-        return await self.catalogue.purge(name)
-
-    async def catch_up_catalogue(self) -> bool:
-        return await self.catalogue.catch_up()
 
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""

@@ -13,6 +13,7 @@ from typing import Any, get_type_hints
 import msgpack
 from aiohttp import web
 
+from broker.cli import console_view
 from broker.config import NodeConfig
 from broker.messaging.forward import REQUESTS, ForwardKind, ForwardRequest
 from broker.node.node import Node
@@ -49,7 +50,7 @@ def forward_kinds() -> dict[ForwardKind, type[ForwardRequest]]:
 def console_app() -> web.Application:
     """The console's application as the node serves it (its router is all this is for: the
     node is never started)."""
-    return make_app(_node())
+    return make_app(console_view(_node()))
 
 
 def console_routes() -> list[tuple[str, str]]:
