@@ -2,8 +2,9 @@
 
 Publishes and acks do not block the session's read loop: their replies are written when the
 store confirms, so a client may pipeline many batches.  Queue administration (declare, delete,
-purge) and stream reads are awaited in order.  Every request names a queue and needs a
-permission on it (broker.security.acl); one that changes state also needs the node's quorum.
+purge) and stream reads are awaited in order.  A request on a queue needs a permission on it
+(broker.security.acl), and one that changes state the node's quorum too; cancels and
+settlements act on the connection's own consumers and delivery tags.
 """
 
 from __future__ import annotations

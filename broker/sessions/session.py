@@ -96,6 +96,7 @@ class SessionParts:
     delivery: _delivery.Delivery  # what a consumer's deliveries go through
     requests: Mapping[type[Frame], Handler[Session]]
 
+
 log = logging.getLogger("tandem.broker")
 
 #: seconds a login may wait for this member to catch up with the group's users
