@@ -34,7 +34,7 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
@@ -44,6 +44,11 @@ from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
+
+if TYPE_CHECKING:
+    from broker.node.node import Node
+    from webconsole.app import Console
+    from webconsole.nodeview import NodeView
 
 #: how much a command logs unless -v, --log-level or TANDEM_LOG_LEVEL say otherwise
 CLIENT_LOG_LEVEL = "WARNING"
@@ -99,10 +104,8 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
 async def _serve(config: NodeConfig) -> int:
     from broker.node.node import Node  # the node and its console: only for the command that runs one
 
-    from webconsole.app import Console
-
     heap.limit_arenas()  # before the node's threads (broker/node/heap.py)
-    node = Node(config, console=Console)
+    node = Node(config, console=console_of)
     await node.start()
     if os.environ.get("TANDEM_GC_FREEZE", "1") != "0":
         # What start-up made (modules, SQLAlchemy, the schema, ...) lives as long as the
@@ -143,6 +146,23 @@ async def _serve(config: NodeConfig) -> int:
     logging.getLogger("tandem.broker").info("signal received: shutting down")
     await node.stop()
     return 0
+
+
+def console_of(node: Node) -> Console:
+    """The console the entry point attaches to ``node`` (started by the node, with it)."""
+    from webconsole.app import Console
+
+    return Console(console_view(node))
+
+
+def console_view(node: Node) -> NodeView:
+    """What the console of ``node`` is handed (webconsole.nodeview): the node as its small
+    views, and the parts of it that do the operations."""
+    from webconsole.nodeview import NodeView
+
+    return NodeView(node=node, report=node, changes=node, state=node, options=node, meters=node, guard=node.guard,
+                    security=node.security, drains=node.drains, moves=node.moves, remaps=node.remaps,
+                    restores=node.restores, group=node.group)
 
 
 async def _trim_heap(node: Any) -> None:

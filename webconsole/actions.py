@@ -47,7 +47,7 @@ def _placement(placement: object) -> str:
 
 def _target(body: dict[str, Any], request: web.Request) -> str:
     """The node a group setting is for: ``node`` of the body, this one by default."""
-    target = body.get("node", request.app[NODE].config.name)
+    target = body.get("node", request.app[NODE].node.config.name)
     if not isinstance(target, str):
         raise bad("node", "a node name")
     return target
@@ -76,12 +76,12 @@ async def undrain_node(request: web.Request) -> web.Response:
 
 
 async def _drain(request: web.Request, drained: bool) -> web.Response:
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    members = node.group_members()
+    members = view.node.group_members()
     if members and name not in members:
         raise ApiError(404, "not_found", f"no node {name!r} in this group")
-    await node.drains.set(name, drained, f"{who(request)} (console)")
+    await view.drains.set(name, drained, f"{who(request)} (console)")
     log.warning("console: %s %s node %s", who(request), "drained" if drained else "undrained", escape(name))
     return web.json_response({"node": name, "drained": drained})
 
@@ -126,12 +126,12 @@ async def create_queue(request: web.Request) -> web.Response:
         kwargs["placement"] = _placement(placement)
     only(body, {"name", "placement", *DECLARE_FIELDS})
     frame = Declare(rid=0, queue=name, **kwargs)
-    request.app[NODE].acls.check_declare(principal(request), name, frame.dead_letter_queue)
+    request.app[NODE].node.acls.check_declare(principal(request), name, frame.dead_letter_queue)
     try:
         validate_declare(frame)
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    info, created = await request.app[NODE].declare(frame, request[USER])
+    info, created = await request.app[NODE].node.catalogue.declare(frame, owner=request[USER])
     log.warning("console: %s declared queue %s", who(request), escape(name))
     return web.json_response({"name": info.name, "partitions": info.partitions, "created": created},
                              status=201 if created else 200)
@@ -142,33 +142,33 @@ async def delete_queue(request: web.Request) -> web.Response:
     if_empty = request.query.get("if_empty", "false")
     if if_empty not in ("true", "false"):
         raise bad("if_empty", "true or false")
-    await request.app[NODE].delete(name, if_empty == "true")
+    await request.app[NODE].node.catalogue.delete(name, if_empty == "true")
     log.warning("console: %s deleted queue %s", who(request), escape(name))
     return web.json_response({"deleted": name})
 
 
 async def purge_queue(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    purged = await request.app[NODE].purge(name)
+    purged = await request.app[NODE].node.catalogue.purge(name)
     log.warning("console: %s purged queue %s (%d messages)", who(request), escape(name), purged)
     return web.json_response({"queue": name, "purged": purged})
 
 
-def _must_exist(node: NodeView, name: str) -> None:
+def _must_exist(view: NodeView, name: str) -> None:
     """404 unless queue ``name`` exists."""
-    if node.queue_meta(name) is None:
+    if name not in view.node.catalogue.queues:
         raise ApiError(404, "not_found", f"queue {name!r} does not exist")
 
 
 async def move_partition(request: web.Request) -> web.Response:
     """Place a partition on other members (broker.partitions.moves): its copies move while it runs."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
     try:
         partition = int(request.match_info["partition"])
     except ValueError:
         raise ApiError(404, "not_found", f"no partition {request.match_info['partition']!r}") from None
-    _must_exist(node, name)
+    _must_exist(view, name)
     body = await json_body(request)
     only(body, {"to", "force_replication"})
     to = body.get("to")
@@ -177,7 +177,7 @@ async def move_partition(request: web.Request) -> web.Response:
     force = body.get("force_replication", False)
     if not isinstance(force, bool):
         raise bad("force_replication", "true or false")
-    await node.moves.move(name, partition, tuple(to), f"{who(request)} (console)", force=force)
+    await view.moves.move(name, partition, tuple(to), f"{who(request)} (console)", force=force)
     log.warning("console: %s moved partition %s/%d to %s", who(request), escape(name), partition,
                 escape(",".join(to)))
     return web.json_response({"queue": name, "partition": partition, "nodes": to, "moving": True})
@@ -185,16 +185,16 @@ async def move_partition(request: web.Request) -> web.Response:
 
 async def add_partitions(request: web.Request) -> web.Response:
     """Give a queue more partitions (broker.partitions.remap): nothing stored moves until an update."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    _must_exist(node, name)
+    _must_exist(view, name)
     body = await json_body(request)
     only(body, {"count", "placement"})
     count = body.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise bad("count", "how many partitions to add: an integer, 1 or more")
     placement = body.get("placement")
-    meta = await node.remaps.add(name, count, _placement(placement) if placement is not None else "",
+    meta = await view.remaps.add(name, count, _placement(placement) if placement is not None else "",
                                  f"{who(request)} (console)")
     log.warning("console: %s added %d partition(s) to %s", who(request), count, escape(name))
     return web.json_response({"queue": name, "added": count, "partitions": meta.partitions})
@@ -202,15 +202,15 @@ async def add_partitions(request: web.Request) -> web.Response:
 
 async def update_partitions(request: web.Request) -> web.Response:
     """Re-map every message of a queue by its mapper (broker.partitions.remap)."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    _must_exist(node, name)
+    _must_exist(view, name)
     body = await json_body(request)
     only(body, {"mapper"})
     mapper = body.get("mapper", "")
     if not isinstance(mapper, str):
         raise bad("mapper", "a data mapper's name")
-    meta = await node.remaps.update(name, mapper, f"{who(request)} (console)")
+    meta = await view.remaps.update(name, mapper, f"{who(request)} (console)")
     log.warning("console: %s started an update of %s", who(request), escape(name))
     return web.json_response({"queue": name, "mapper": meta.mapper, "partitions": meta.partitions,
                               "updating": True})
@@ -219,7 +219,7 @@ async def update_partitions(request: web.Request) -> web.Response:
 async def restore(request: web.Request) -> web.Response:
     """Merge what HA-1014 discarded back into the queues (broker.partitions.restore: ``tandem restore``
     run in the group); the counts per queue and the lines the log has."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     body = await json_body(request)
     only(body, {"from", "queue", "partition"})
     for name in ("from", "queue"):
@@ -229,13 +229,13 @@ async def restore(request: web.Request) -> web.Response:
     if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
         raise bad("partition", "a partition number, 0 or more")
     f = Filter(body.get("from"), body.get("queue"), partition)
-    report = await node.restores.run(f, who(request))
+    report = await view.restores.run(f, who(request))
     return web.json_response({**report.json(), "text": report.lines(f.narrowed)})
 
 
 async def add_member(request: web.Request) -> web.Response:
     """Add a member to the running group (broker.partitions.members): the partitions re-spread over it."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     body = await json_body(request)
     only(body, {"name", "address", "zone"})
     name, address, zone = body.get("name"), body.get("address"), body.get("zone", "")
@@ -245,24 +245,24 @@ async def add_member(request: web.Request) -> web.Response:
         raise bad("address", "its peer address, host:port")
     if not isinstance(zone, str):
         raise bad("zone", "its zone (a group with zones), or leave it out")
-    await node.group.add(name, address, zone, f"{who(request)} (console)")
+    await view.group.add(name, address, zone, f"{who(request)} (console)")
     log.warning("console: %s added member %s at %s", who(request), escape(name), escape(address))
-    return web.json_response(_group_doc(node, name))
+    return web.json_response(_group_doc(view, name))
 
 
 async def remove_member(request: web.Request) -> web.Response:
     """Remove a member (broker.partitions.members): its partitions move to the others, then it leaves."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    if name not in node.group.members:
+    if name not in view.group.members:
         raise ApiError(404, "not_found", f"no member {name!r} in this group")
-    await node.group.remove(name, f"{who(request)} (console)")
+    await view.group.remove(name, f"{who(request)} (console)")
     log.warning("console: %s removed member %s", who(request), escape(name))
-    return web.json_response(_group_doc(node, name))
+    return web.json_response(_group_doc(view, name))
 
 
-def _group_doc(node: NodeView, name: str) -> dict[str, Any]:
-    members, _zones, change = node.group_view()
+def _group_doc(view: NodeView, name: str) -> dict[str, Any]:
+    members, _zones, change = view.changes.group_view()
     return {"node": name, "members": members, "group_change": change or None}
 
 
@@ -270,7 +270,7 @@ def _group_doc(node: NodeView, name: str) -> dict[str, Any]:
 
 
 async def create_user(request: web.Request) -> web.Response:
-    node = request.app[NODE]
+    view = request.app[NODE]
     body = await json_body(request)
     only(body, {"name", "password", "role"})
     name, password, role = body.get("name"), body.get("password"), body.get("role", "monitor")
@@ -280,25 +280,25 @@ async def create_user(request: web.Request) -> web.Response:
         raise bad("password", "required, at least 8 characters")
     if not isinstance(role, str):
         raise bad("role", "admin, monitor or user")
-    if node.users.get(name) is not None:
+    if view.node.users.get(name) is not None:
         raise ApiError(409, "exists", f"user {name!r} exists (POST /api/v1/users/{name}/password changes it)")
     try:
         user = await asyncio.to_thread(make_user, name, password, role)  # PBKDF2: off the loop
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    await node.security.put_user(user, "create")
+    await view.security.put_user(user, "create")
     log.warning("console: %s created user %s (%s)", who(request), escape(name), role)
     return web.json_response({"name": name, "role": role}, status=201)
 
 
 async def delete_user(request: web.Request) -> web.Response:
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    if node.users.get(name) is None:
+    if view.node.users.get(name) is None:
         raise ApiError(404, "not_found", f"no user {name!r}")
     if name == request[USER]:
         raise ApiError(409, "conflict", "you cannot delete the user you are logged in as")
-    await node.security.drop_user(name)
+    await view.security.drop_user(name)
     request.app[SESSIONS].end_user(name)
     log.warning("console: %s deleted user %s", who(request), escape(name))
     return web.json_response({"deleted": name})
@@ -306,9 +306,9 @@ async def delete_user(request: web.Request) -> web.Response:
 
 async def change_password(request: web.Request) -> web.Response:
     """A new password for a user; their other browser sessions end (the asking one stays)."""
-    node = request.app[NODE]
+    view = request.app[NODE]
     name = request.match_info["name"]
-    old = node.users.get(name)
+    old = view.node.users.get(name)
     if old is None:
         raise ApiError(404, "not_found", f"no user {name!r}")
     body = await json_body(request)
@@ -319,11 +319,11 @@ async def change_password(request: web.Request) -> web.Response:
         user = await asyncio.to_thread(make_user, name, password, old.role)
     except InvalidArgumentError as exc:
         raise ApiError(400, "bad_request", exc.message) from None
-    await node.security.put_user(user, "password")
+    await view.security.put_user(user, "password")
     request.app[SESSIONS].end_user(name, keep=request.cookies.get(SESSION_COOKIE))
     sess = request[SESSION]
     if sess is not None and sess.user == name:  # the asking session stands on the new password
-        sess.standing = standing_of(node.users, node.acls, name) or sess.standing
+        sess.standing = standing_of(view.node.users, view.node.acls, name) or sess.standing
     log.warning("console: %s changed the password of %s", who(request), escape(name))
     return web.json_response({"name": name, "changed": True})
 
@@ -347,22 +347,22 @@ def _grant_body(body: dict[str, Any]) -> AclRecord:
 
 
 async def grant(request: web.Request) -> web.Response:
-    node = request.app[NODE]
+    view = request.app[NODE]
     acl = _grant_body(await json_body(request))
-    if node.users.get(acl.user) is None:
+    if view.node.users.get(acl.user) is None:
         raise ApiError(404, "not_found", f"no user {acl.user!r}")
-    await node.security.grant(acl)
+    await view.security.grant(acl)
     log.warning("console: %s granted %s on %s to %s", who(request), ",".join(acl.permissions), escape(acl.pattern),
                 escape(acl.user))
     return web.json_response(acl_json(acl))
 
 
 async def revoke(request: web.Request) -> web.Response:
-    node = request.app[NODE]
+    view = request.app[NODE]
     acl = _grant_body(await json_body(request))
-    if node.users.get(acl.user) is None:
+    if view.node.users.get(acl.user) is None:
         raise ApiError(404, "not_found", f"no user {acl.user!r}")
-    await node.security.revoke(acl)
+    await view.security.revoke(acl)
     log.warning("console: %s revoked %s on %s from %s", who(request), ",".join(acl.permissions),
                 escape(acl.pattern), escape(acl.user))
     return web.json_response(acl_json(acl))

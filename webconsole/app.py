@@ -2,7 +2,7 @@
 
 :func:`make_app` puts together what the other modules hold (:mod:`~webconsole.auth`,
 :mod:`~webconsole.views`, :mod:`~webconsole.actions`, :mod:`~webconsole.stream`)
-with the application's resources under typed keys: the node
+with the application's resources under typed keys: the node's parts
 (:data:`~webconsole.nodeview.NODE`), the browser sessions, the group view, the
 metrics registry (a ``cleanup_ctx``) and the streams' shutdown signal.
 :func:`serve_console` is what the entry point calls to serve a node's console.
@@ -28,12 +28,12 @@ API = "/api/v1"
 MAX_BODY = 1024 * 1024
 
 
-def make_app(node: NodeView) -> web.Application:
-    """The console of ``node`` as an aiohttp application (not yet running)."""
+def make_app(view: NodeView) -> web.Application:
+    """The console of a node (``view``: its parts) as an aiohttp application (not yet running)."""
     app = web.Application(middlewares=[errors_middleware, auth.auth_middleware], client_max_size=MAX_BODY)
-    app[NODE] = node
-    app[auth.SESSIONS] = auth.Sessions(node.clock)
-    app[GROUP] = Group(node)
+    app[NODE] = view
+    app[auth.SESSIONS] = auth.Sessions(view.node.clock)
+    app[GROUP] = Group(view.node, report=view.report, changes=view.changes, state=view.state, options=view.options)
     app[stream.CLOSING] = asyncio.Event()
     app.cleanup_ctx.append(metrics_ctx)
     app.on_shutdown.append(stream.close_streams)
@@ -84,9 +84,9 @@ class Console:
     """The management console and admin REST API of a node, served over HTTP, or HTTPS when
     the node has a certificate (``tls_cert``, ``tls_key``)."""
 
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
-        self.app = make_app(node)
+    def __init__(self, view: NodeView) -> None:
+        self.node = view.node
+        self.app = make_app(view)
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None  # where it listens, once started
 
@@ -113,9 +113,9 @@ class Console:
         return f"{scheme}://{host}:{port}/"
 
 
-async def serve_console(node: NodeView, host: str, port: int) -> Console:
-    """Build and start the console of a started ``node`` (stop it with :meth:`Console.stop`,
-    before the node stops)."""
-    console = Console(node)
+async def serve_console(view: NodeView, host: str, port: int) -> Console:
+    """Build and start the console of a started node (``view``: its parts; stop it with
+    :meth:`Console.stop`, before the node stops)."""
+    console = Console(view)
     await console.start(host, port)
     return console

@@ -104,7 +104,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             raise ApiError(401, "unauthenticated", "log in (session cookie) or use HTTP Basic credentials")
         raise web.HTTPFound("/login")
     request[USER], request[ROLE], request[VIA], request[SESSION] = who
-    admin = request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE]))
+    admin = request.app[NODE].node.acls.group_admin(_Principal(request[USER], request[ROLE]))
     if not admin and request[ROLE] != "monitor" and path not in ("/logout", "/api/v1/session"):
         # a plain user sees the queues its grants name (a client's queue list), not the group's
         raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) may not use the console: "
@@ -154,7 +154,7 @@ async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | 
     if token:
         sess = request.app[SESSIONS].valid(token)
         if sess is not None:
-            keep, why = recheck(request.app[NODE], sess.standing)
+            keep, why = recheck(request.app[NODE].node, sess.standing)
             if keep is None:
                 request.app[SESSIONS].close(token)
                 log.warning("console: session of %r from %s ended: %s", sess.user, request.remote, why)
@@ -172,13 +172,13 @@ async def _authenticate(request: web.Request) -> tuple[str, str, str, Session | 
     return None
 
 
-async def verify(node: NodeView, user: str, password: str, addr: str | None) -> UserRecord:
+async def verify(view: NodeView, user: str, password: str, addr: str | None) -> UserRecord:
     """The user, if ``password`` is theirs; else 401 (429 while ``addr`` has failed too often).
 
     The password is checked against the user's SCRAM credentials (one PBKDF2, off the loop)
     unless it was checked recently.  Failures count against the client's address in the
     node's failed-login throttle (broker.security.auth), shared with the client port."""
-    reg, guard = node.users, node.guard
+    reg, guard = view.node.users, view.guard
     where = addr or "unknown"
     rec = reg.check_cached(user, password)
     if rec is None:
@@ -197,7 +197,7 @@ async def verify(node: NodeView, user: str, password: str, addr: str | None) -> 
 
 def need_admin(request: web.Request, what: str) -> None:
     """403 unless the user of ``request`` has the admin permission (a look that takes it)."""
-    if not request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE])):
+    if not request.app[NODE].node.acls.group_admin(_Principal(request[USER], request[ROLE])):
         raise ApiError(403, "forbidden", f"user {request[USER]!r} (role {request[ROLE]}) has no 'admin' "
                                          f"permission, needed to {what}")
 
@@ -223,10 +223,10 @@ async def login(request: web.Request) -> web.Response:
         raise bad("user", "required")
     if not isinstance(password, str):
         raise bad("password", "required")
-    node = request.app[NODE]
-    rec = await verify(node, user, password, request.remote)
-    standing = standing_of(node.users, node.acls, rec.name)
-    if standing is None or not node.security.current(rec):  # changed while its password was checked
+    view = request.app[NODE]
+    rec = await verify(view, user, password, request.remote)
+    standing = standing_of(view.node.users, view.node.acls, rec.name)
+    if standing is None or not view.security.current(rec):  # changed while its password was checked
         raise ApiError(401, "unauthenticated", f"user {rec.name!r} changed while it logged in: log in again")
     token, sess = request.app[SESSIONS].open(standing)
     log.info("console: %s (%s) logged in from %s", escape(rec.name), rec.role, request.remote)
@@ -252,7 +252,7 @@ async def session_info(request: web.Request) -> web.Response:
     """GET /api/v1/session: who is logged in, their role, whether they may change things (the
     admin permission), the CSRF token of a browser session."""
     sess = request[SESSION]
-    admin = request.app[NODE].acls.group_admin(_Principal(request[USER], request[ROLE]))
+    admin = request.app[NODE].node.acls.group_admin(_Principal(request[USER], request[ROLE]))
     return web.json_response({"user": request[USER], "role": request[ROLE], "admin": admin,
                               "csrf": sess.csrf if sess is not None else None,
-                              "node": request.app[NODE].config.name})
+                              "node": request.app[NODE].node.config.name})

@@ -19,14 +19,14 @@ import msgpack
 from aiohttp import web
 
 from broker.messaging.forward import ForwardRequest, OptionFwd, PartitionStatsFwd, QueueStatsFwd, StatusFwd
-from broker.sessions.status import status_of
 from broker.messaging.queues import Queue
-from broker.sessions.status import add_counters, apply_option, local_pstats, queue_counters
+from broker.sessions.status import GroupChanges, NodeState, Options, add_counters, apply_option, local_pstats, \
+    queue_counters, status_of
 from client.errors import TandemError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import PartitionInfo, QueueInfo, StatusOk
 from webconsole.errors import ApiError
-from webconsole.nodeview import NodeView
+from webconsole.nodeview import ConsoleHost, GroupReport
 
 
 PEER_TIMEOUT = 1.5
@@ -37,21 +37,18 @@ Statuses = list[tuple[str, StatusOk | None]]
 Counted = tuple[dict[str, list[int]], bool]
 
 
-def local_status(node: NodeView) -> StatusOk:
-    """This node's view of itself and its group (what ``tandem status`` shows)."""
-    return status_of(node, 0)
-
-
 class Group:
-    """The group's state from one node, and the per-second rates of its queue counters."""
+    """The group's state from one node, and the per-second rates of its queue counters: the
+    node's own from its views (webconsole.nodeview), the other members' over its peer links."""
 
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
+    def __init__(self, node: ConsoleHost, *, report: GroupReport, changes: GroupChanges, state: NodeState,
+                 options: Options) -> None:
+        self.node, self.report, self.changes, self.state, self.options = node, report, changes, state, options
         self._rates: dict[tuple[str, str], tuple[float, int, float]] = {}  # (queue, counter) -> (t, n, rate)
 
     async def _ask(self, member: str, request: ForwardRequest) -> bytes | None:
         """Member's answer to a forwarded request; None if it fails or is late."""
-        peers = self.node.peers
+        peers = self.report.peers
         if peers is None:
             return None
         try:
@@ -62,10 +59,9 @@ class Group:
 
     async def statuses(self) -> Statuses:
         """Every member's status, this node's first (None: it did not answer)."""
-        node = self.node
-        mine = local_status(node)
+        mine = status_of(self.report, self.changes, 0)  # what ``tandem status`` shows here
         out: Statuses = [(mine.node, mine)]
-        peers = node.peers
+        peers = self.report.peers
         if peers is None:
             return out
 
@@ -85,13 +81,13 @@ class Group:
 
     async def apply_on(self, member: str, option: str, value: int, by: str) -> None:
         """An operator setting on node ``member``: this one, or another over its peer link."""
-        node = self.node
-        if member == node.config.name:
-            apply_option(node, option, value, by)
+        if member == self.node.config.name:
+            apply_option(self.options, option, value, by)
             return
-        if node.peers is None or member not in node.peers.addresses:
+        peers = self.report.peers
+        if peers is None or member not in peers.addresses:
             raise ApiError(404, "not_found", f"no node {member!r} in this group")
-        await node.peers.forward(member, OptionFwd(option, value, by))
+        await peers.forward(member, OptionFwd(option, value, by))
 
     # -- nodes, group, partitions, events ------------------------------------------------------
 
@@ -137,12 +133,11 @@ class Group:
 
     async def partition_stats(self, q: Queue, pidx: int) -> dict[str, Any]:
         """ready, unacked, depth of one partition, from the node active for it."""
-        node = self.node
-        if node.serves(q, pidx):
-            return local_pstats(node, q, pidx)
-        rep = node.replication
+        if self.state.serves(q, pidx):
+            return local_pstats(self.state, q, pidx)
+        rep = self.report.replication
         who = rep.active_of((q.meta.id, pidx)) if rep is not None else None
-        if who is None or node.peers is None:
+        if who is None or self.report.peers is None:
             return {"ready": None, "unacked": None, "depth": None, "active": None}
         answer = await self._ask(who, PartitionStatsFwd(q.name, pidx))
         if answer is None:
@@ -153,9 +148,8 @@ class Group:
     async def counters(self) -> Counted:
         """queue -> [published, delivered, acked] summed over the members (each counts what
         it did as an active), and whether every member answered."""
-        node = self.node
-        total = {name: list(v) for name, v in queue_counters(node).items()}
-        peers = node.peers
+        total = {name: list(v) for name, v in queue_counters(self.state).items()}
+        peers = self.report.peers
         if peers is None:
             return total, True
 
@@ -165,7 +159,7 @@ class Group:
             return counts
 
         answers = await asyncio.gather(*(ask(n) for n in list(peers.links)))
-        complete = all(answers) or not node.queues
+        complete = all(answers) or not self.state.queues
         for counts in answers:
             add_counters(total, counts)
         return total, complete
@@ -191,7 +185,7 @@ class Group:
         return out
 
     async def queues_json(self) -> list[dict[str, Any]]:
-        qs = sorted(self.node.queues.values(), key=lambda q: q.meta.name)
+        qs = sorted(self.state.queues.values(), key=lambda q: q.meta.name)
         counted = await self.counters()
         return list(await asyncio.gather(*(self.queue_json(q, False, counted) for q in qs)))
 

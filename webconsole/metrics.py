@@ -22,8 +22,9 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from broker.sessions.status import partition_depth
-from broker.sessions.status import HaReport
+from broker.config import NodeConfig
+from broker.security.auth import ClientGuard
+from broker.sessions.status import DiskAlarmView, HaReport, partition_depth
 from ha.lockfile import HaState
 from ha.membership import QuorumState
 from ha.shared import SharedState
@@ -34,18 +35,18 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class NodeCollector(Collector):
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
 
     def collect(self) -> Iterator[Any]:
-        node = self.node
-        name = node.config.name
-        yield _gauge("tandem_connections", "client connections open", [("node", name)], len(node.sessions))
+        report, state, meters = self.view.report, self.view.state, self.view.meters
+        name = report.config.name
+        yield _gauge("tandem_connections", "client connections open", [("node", name)], len(state.sessions))
         yield _counter("tandem_publish_confirms", "messages confirmed to publishers (duplicates included)",
-                       [("node", name)], node.confirms)
-        yield from _limit_metrics(node)
-        yield from _disk_metrics(node)
-        mem = node.memory
+                       [("node", name)], meters.confirms)
+        yield from _limit_metrics(name, self.view.guard)
+        yield from _disk_metrics(name, report.disk_alarm)
+        mem = meters.memory
         yield _gauge("tandem_memory_limit_bytes", "max_memory: bytes of ready messages the node may hold in "
                      "memory (0: no bound)", [("node", name)], mem.limit)
         yield _gauge("tandem_memory_held_bytes", "bytes of ready messages held in memory (bodies, headers and "
@@ -54,7 +55,7 @@ class NodeCollector(Collector):
                      "back as they are delivered", [("node", name)], mem.cold)
         yield _gauge("tandem_cold_bytes", "bytes of the cold messages' bodies and headers, about",
                      [("node", name)], mem.cold_bytes)
-        qs = sorted(node.queues.items())
+        qs = sorted(state.queues.items())
         for metric, help_, attr in (("tandem_messages_published", "messages stored as active", "published"),
                                     ("tandem_messages_delivered", "deliveries made", "delivered"),
                                     ("tandem_messages_acked", "messages acked", "acked")):
@@ -68,28 +69,29 @@ class NodeCollector(Collector):
                                   labels=["node", "queue", "partition"])
         for qname, q in qs:
             for p in range(q.meta.partitions):
-                if node.serves(q, p):
-                    depth.add_metric([name, qname, str(p)], partition_depth(node, q, p))
+                if state.serves(q, p):
+                    depth.add_metric([name, qname, str(p)], partition_depth(state, q, p))
                     part = q.partitions[p]
                     ready.add_metric([name, qname, str(p)], len(part.ready) + part.cold_count)
         yield depth
         yield ready
-        seglog = getattr(node.engine, "log", None)
+        seglog = getattr(meters.engine, "log", None)
         if isinstance(seglog, SegmentLog):  # the replication log's files (storage/segments.py)
             yield _gauge("tandem_log_segments", "files of the replication log on disk", [("node", name)],
                          seglog.segments)
             yield _gauge("tandem_log_bytes", "bytes in the replication log's files", [("node", name)], seglog.size())
             yield _counter("tandem_log_segments_deleted", "replication log files deleted, all compacted",
                            [("node", name)], seglog.deleted_segments)
-        if node.ha is not None:
-            yield from _ha_metrics(node, node.ha)
-        if node.peers is not None:
+        ha, peers = report.ha, report.peers
+        if ha is not None:
+            yield from _ha_metrics(report.config, ha)
+        if peers is not None:
             intruders = CounterMetricFamily("tandem_intruders", "peer links refused as intruders (failed "
                                             "authentication, not permitted), by reason", labels=["node", "reason"])
-            for reason, count in sorted(node.peers.intruder_counts.items()):
+            for reason, count in sorted(peers.intruder_counts.items()):
                 intruders.add_metric([name, reason], count)
             yield intruders
-        rep = node.replication
+        rep = report.replication
         if rep is None:
             return
         lag = GaugeMetricFamily("tandem_replication_lag_entries", "log entries a replica is behind the active",
@@ -123,15 +125,13 @@ class NodeCollector(Collector):
                        "them)", [("node", name)], rep.confirmed_lost)
         yield _counter("tandem_ha1014_confirmed_lost_messages", "HA-1014: messages in the confirmed entries "
                        "lost", [("node", name)], rep.confirmed_lost_messages)
-        peers = node.peers
         disabled = peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
         yield _gauge("tandem_quorum_active", "1 while this node has node quorum", [("node", name)],
                      0 if disabled else 1)
 
 
-def _disk_metrics(node: NodeView) -> Iterator[Any]:
+def _disk_metrics(name: str, alarm: DiskAlarmView | None) -> Iterator[Any]:
     """The disk alarm (broker/node/diskalarm.py): none in shared mode or with disk_free_limit 0."""
-    alarm, name = node.disk_alarm, node.config.name
     if alarm is None:
         return
     yield _gauge("tandem_disk_alarm", "1 while the free space of the data dir is below disk_free_limit "
@@ -144,9 +144,9 @@ def _disk_metrics(node: NodeView) -> Iterator[Any]:
                    [("node", name)], alarm.refusals)
 
 
-def _limit_metrics(node: NodeView) -> Iterator[Any]:
+def _limit_metrics(name: str, guard: ClientGuard) -> Iterator[Any]:
     """The client port's refusals (broker.security.auth.ClientGuard)."""
-    name, counts = node.config.name, node.guard.counters
+    counts = guard.counters
     yield _counter("tandem_auth_failures", "client and console logins refused (wrong password, unknown user, "
                    "bad SCRAM exchange)", [("node", name)], counts.auth_failures)
     yield _counter("tandem_logins_throttled", "logins refused unheard: too many failed logins from the address",
@@ -158,12 +158,11 @@ def _limit_metrics(node: NodeView) -> Iterator[Any]:
     limits.add_metric([name, "max_failed_logins"], counts.logins_throttled)
     yield limits
     yield _gauge("tandem_login_throttle_addresses", "client addresses with recent failed logins tracked",
-                 [("node", name)], len(node.guard.throttle))
+                 [("node", name)], len(guard.throttle))
 
 
-def ha_states(node: NodeView) -> list[str]:
+def ha_states(cfg: NodeConfig) -> list[str]:
     """The HA states of the node's mode: shared mode's, or the LockFile arbiter's."""
-    cfg = node.config
     if cfg.mode == "shared":
         return [s.value for s in SharedState]
     if cfg.arbiter == "lockfile":
@@ -171,10 +170,10 @@ def ha_states(node: NodeView) -> list[str]:
     return []
 
 
-def _ha_metrics(node: NodeView, ha: HaReport) -> Iterator[Any]:
-    name = node.config.name
+def _ha_metrics(cfg: NodeConfig, ha: HaReport) -> Iterator[Any]:
+    name = cfg.name
     state = ha.state
-    states = ha_states(node)
+    states = ha_states(cfg)
     fam = GaugeMetricFamily("tandem_ha_state", "1 for the node's HA state (shared mode, LockFile arbiter), "
                             "0 for the mode's other states", labels=["node", "state"])
     for s in states if state in states else [*states, state]:
@@ -204,20 +203,20 @@ class Metrics:
     """A node's registry: its collector, and the histogram of its store's commits (observed
     by the node's writer, whichever is open, from the moment the console starts until it stops)."""
 
-    def __init__(self, node: NodeView) -> None:
+    def __init__(self, view: NodeView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node))
+        self.registry.register(NodeCollector(view))
         hist = Histogram("tandem_store_commit_seconds", "store commits (one transaction, fsync'd when sync)",
                          ["node", "sync"], registry=self.registry,
                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
-        name = node.config.name
+        name = view.node.config.name
         synced, unsynced = hist.labels(name, "true"), hist.labels(name, "false")
 
         def observe(seconds: float, sync: bool) -> None:
             (synced if sync else unsynced).observe(seconds)
 
         self._observe = observe
-        self._observers = node.commit_observers
+        self._observers = view.meters.commit_observers
         self._observers.append(observe)
 
     def close(self) -> None:

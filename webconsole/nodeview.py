@@ -1,35 +1,38 @@
-"""What the console needs from the node it serves: :class:`NodeView`.
+"""What the console needs from the node it serves: :class:`NodeView`, the node's parts the console is handed.
 
-The console reads the node's state, asks the other members over the node's
-peer links, and calls the node's operations (declare, delete, purge, write a
-user).  ``broker.node.node.Node`` satisfies these protocols; the console names no
-concrete broker class.
+The console reads the node's state, asks the other members over the node's peer links, and
+calls the node's operations (declare, delete, purge, write a user, drain, move, ...).  The
+entry point (``broker.cli``) hands it the node as a few small views (typing Protocols the node
+satisfies: :class:`ConsoleHost`, :class:`Meters`, :class:`GroupReport` and the status
+helpers' own, broker.sessions.status) and the parts of the node that do the operations; the
+console names no concrete broker class.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
-from broker.messaging.queues import MemoryBudget
+from broker.config import NodeConfig
+from broker.messaging.catalogue import Catalogue
 from broker.messaging.forward import ForwardRequest
-from broker.sessions.status import PeersState, ReplicationState, StatusSource
-from broker.security.auth import ClientGuard
-from broker.security.acl import AclTable
+from broker.messaging.queues import MemoryBudget
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.restore import Restores
+from broker.security.acl import AclTable
+from broker.security.auth import ClientGuard
 from broker.security.security import Security
 from broker.security.users import UserRegistry
+from broker.sessions.status import GroupChanges, NodeReport, NodeState, Options, PeersState, ReplicationState
 from client.clock import Clock
-from client.protocol.frames import Declare, PartitionInfo, QueueInfo
+from client.protocol.frames import PartitionInfo
 from ha.membership import Membership
-from storage.base import QueueMeta, WriteOp
 
 #: a partition: (queue id, partition index)
 Key = tuple[int, int]
@@ -76,8 +79,24 @@ class ReplicationView(ReplicationState, Protocol):
     def partition_infos(self) -> list[PartitionInfo]: ...
 
 
-class NodeView(StatusSource, Protocol):
-    """A node as its console sees it."""
+class GroupReport(NodeReport, Protocol):
+    """What the node reports of itself (broker.sessions.status), with the links and partitions
+    as the console reads them."""
+
+    @property
+    def peers(self) -> PeersView | None:
+        """None on a node that is not in a replication group."""
+
+    @property
+    def replication(self) -> ReplicationView | None: ...
+
+
+class ConsoleHost(Protocol):
+    """The node itself as the console reads it.  The users, grants and catalogue are read at
+    each use: a shared-mode node makes them anew when it takes the lock."""
+
+    @property
+    def config(self) -> NodeConfig: ...
 
     @property
     def clock(self) -> Clock: ...
@@ -89,45 +108,20 @@ class NodeView(StatusSource, Protocol):
     def users(self) -> UserRegistry: ...
 
     @property
-    def guard(self) -> ClientGuard:
-        """The limits of the client port, and the failed-login throttle the console shares."""
-
-    @property
     def acls(self) -> AclTable: ...
 
     @property
-    def security(self) -> Security: ...
-
-    @property
-    def drains(self) -> Drains: ...  # the group's drained members (tandem node drain)
-
-    @property
-    def moves(self) -> Moves: ...  # the group's placements (tandem partition move)
-
-    @property
-    def remaps(self) -> Remaps: ...  # partitions added, messages re-mapped (tandem partition add / update)
-
-    @property
-    def restores(self) -> Restores: ...  # the quarantine merged back (tandem restore)
-
-    @property
-    def group(self) -> GroupMembers: ...  # the group's members (tandem group add / remove)
-
-    def group_view(self) -> tuple[list[str], dict[str, str], str]: ...
-
-    def queue_meta(self, name: str) -> QueueMeta | None: ...
-
-    def group_members(self) -> tuple[str, ...]: ...
-
-    @property
-    def peers(self) -> PeersView | None:
-        """None on a node that is not in a replication group."""
-
-    @property
-    def replication(self) -> ReplicationView | None: ...
+    def catalogue(self) -> Catalogue:
+        """The queues: declare, delete, purge, look up (broker.messaging.catalogue)."""
 
     @property
     def client_address(self) -> str: ...
+
+    def group_members(self) -> tuple[str, ...]: ...
+
+
+class Meters(Protocol):
+    """What the node counts for its metrics beside its state."""
 
     @property
     def confirms(self) -> int:
@@ -147,15 +141,24 @@ class NodeView(StatusSource, Protocol):
         writer the node has open (none on a shared-mode passive; a new one per activation)."""
 
 
-    def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]: ...
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeView:
+    """A node as its console is handed it: its state in small views, and the parts that do
+    the operations (each the node's own, made when it started)."""
 
-    async def catch_up_catalogue(self) -> bool: ...
-
-    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]: ...
-
-    async def delete(self, name: str, if_empty: bool) -> None: ...
-
-    async def purge(self, name: str) -> int: ...
+    node: ConsoleHost
+    report: GroupReport  # its status (status_of), its links and partitions
+    changes: GroupChanges  # the group's changes under way
+    state: NodeState  # the queues it serves (partition stats, counters)
+    options: Options  # the settings it applies
+    meters: Meters
+    guard: ClientGuard  # the limits of the client port, and the failed-login throttle the console shares
+    security: Security  # the group's users and grants: writes, and whether a login is current
+    drains: Drains  # the group's drained members (tandem node drain)
+    moves: Moves  # the group's placements (tandem partition move)
+    remaps: Remaps  # partitions added, messages re-mapped (tandem partition add / update)
+    restores: Restores  # the quarantine merged back (tandem restore)
+    group: GroupMembers  # the group's members (tandem group add / remove)
 
 
 #: the node an application serves

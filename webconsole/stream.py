@@ -28,7 +28,8 @@ async def close_streams(app: web.Application) -> None:
 
 
 async def event_stream(request: web.Request) -> web.StreamResponse:
-    node, group, sessions, closing = request.app[NODE], request.app[GROUP], request.app[SESSIONS], request.app[CLOSING]
+    node, group = request.app[NODE].node, request.app[GROUP]
+    sessions, closing = request.app[SESSIONS], request.app[CLOSING]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     sent: set[str] = set()

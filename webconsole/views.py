@@ -18,7 +18,7 @@ STATIC = Path(__file__).parent / "static"
 
 
 async def healthz(request: web.Request) -> web.Response:
-    node = request.app[NODE]
+    node = request.app[NODE].node
     return web.json_response({"ok": not node.stopping, "node": node.config.name})
 
 
@@ -45,7 +45,7 @@ async def overview(request: web.Request) -> web.Response:
     group = request.app[GROUP]
     statuses = await group.statuses()
     return web.json_response({
-        "node": request.app[NODE].config.name,
+        "node": request.app[NODE].node.config.name,
         "group": group_json(statuses),
         "nodes": group.nodes_json(statuses),
         "partitions": partitions_json(statuses),
@@ -78,10 +78,10 @@ async def queues(request: web.Request) -> web.Response:
 
 async def queue_detail(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    node = request.app[NODE]
-    if name not in node.queues:
-        await node.catch_up_catalogue()  # declared through another member a moment ago?
-    q = node.queue(name)
+    node = request.app[NODE].node
+    if name not in node.catalogue.queues:
+        await node.catalogue.catch_up()  # declared through another member a moment ago?
+    q = node.catalogue.queue(name)
     return web.json_response(await request.app[GROUP].queue_json(q, True))
 
 
@@ -100,7 +100,7 @@ async def events(request: web.Request) -> web.Response:
 async def users(request: web.Request) -> web.Response:
     """Every user and its role: the admin permission, as ``UserList`` on the client port."""
     need_admin(request, "list users")
-    reg = request.app[NODE].users
+    reg = request.app[NODE].node.users
     return web.json_response([{"name": n, "role": u.role} for n in reg.names() if (u := reg.get(n)) is not None])
 
 
@@ -111,4 +111,4 @@ async def acls(request: web.Request) -> web.Response:
     if user != request[USER]:
         need_admin(request, "list the grants of other users")
     return web.json_response([{"user": a.user, "pattern": a.pattern, "permissions": list(a.permissions)}
-                              for a in request.app[NODE].acls.records(user)])
+                              for a in request.app[NODE].node.acls.records(user)])

@@ -18,25 +18,26 @@ from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.restore import Restores
 from broker.security.security import Security
-from broker.messaging.streams import Produced
+from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
                             ProducedFwd, ReadFwd, RestoreFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
 from broker.messaging.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
-from client.protocol.frames import Declare, Publish, ReadOk, StreamMessage, expect
+from client.protocol.frames import Declare, Publish, ReadOk, expect
 
 
-class ForwardedHost(status.StatusSource, Protocol):
-    publisher: Publisher
-    catalogue: Catalogue
-    security: Security
-    drains: Drains
-    moves: Moves
-    remaps: Remaps
-    restores: Restores
-    group: GroupMembers
+class ForwardedHost(Protocol):
+    """What the forwarded requests read of their node itself.  The catalogue and the group's
+    members are read at each request: the node makes them anew (shared mode's lock taken, a
+    join by seeds alone)."""
+
+    @property
+    def catalogue(self) -> Catalogue: ...
+
+    @property
+    def group(self) -> GroupMembers: ...
 
     def catalogue_commit(self) -> int: ...
 
@@ -44,19 +45,22 @@ class ForwardedHost(status.StatusSource, Protocol):
         """"name=host:port" of every member whose peer address this node knows (broker.peers.discovery)."""
         ...
 
-    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
-                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
-
-    async def produced(self, queue: str, partition: int, producer: str, offset: int,
-                       *, hops: int = 0) -> Produced: ...
-
 
 Handler = Callable[[Any], Awaitable[bytes]]
 
 
 class ForwardHandlers:
-    def __init__(self, node: ForwardedHost) -> None:
+    """The forwarded requests' handlers, each handed the part of the node that serves it: the
+    status helpers read it through :mod:`broker.sessions.status`'s protocols, stream reads
+    through ``streams`` (broker.messaging.streams), the group operations are their own parts'."""
+
+    def __init__(self, node: ForwardedHost, *, state: status.NodeState, options: status.Options,
+                 report: status.NodeReport, changes: status.GroupChanges, streams: StreamHost, publisher: Publisher,
+                 security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores) -> None:
         self.node = node
+        self.state, self.options, self.report, self.changes = state, options, report, changes
+        self.streams, self.publisher, self.security = streams, publisher, security
+        self.drains, self.moves, self.remaps, self.restores = drains, moves, remaps, restores
         self.table: dict[ForwardKind, Handler] = {
             ForwardKind.PUBLISH: self._publish,
             ForwardKind.DECLARE: self._declare,
@@ -89,7 +93,7 @@ class ForwardHandlers:
 
     async def _publish(self, req: PublishFwd) -> bytes:
         frame = expect(decode_payload(req.frame), Publish)
-        r = await self.node.publisher.publish(PublishRequest(
+        r = await self.publisher.publish(PublishRequest(
             frame.queue, frame.producer_id, frame.messages, partition=req.partition,
             dense=frame.partition is not None, hops=max(1, req.hops)))
         return pack_reply([r.stored, r.duplicates, r.last_seq])
@@ -105,29 +109,29 @@ class ForwardHandlers:
         return b""
 
     async def _security(self, req: ForwardRequest) -> bytes:
-        return await self.node.security.forwarded(req)
+        return await self.security.forwarded(req)
 
     async def _drain(self, req: DrainFwd) -> bytes:
-        return await self.node.drains.forwarded(req)
+        return await self.drains.forwarded(req)
 
     async def _move(self, req: MoveFwd) -> bytes:
-        return await self.node.moves.forwarded(req)
+        return await self.moves.forwarded(req)
 
     async def _group(self, req: GroupFwd) -> bytes:
         return await self.node.group.forwarded(req)
 
     async def _remap(self, req: RemapFwd) -> bytes:
-        return await self.node.remaps.forwarded(req)
+        return await self.remaps.forwarded(req)
 
     async def _audit(self, req: AuditFwd) -> bytes:
-        return pack_reply(self.node.remaps.view(req.queue))
+        return pack_reply(self.remaps.view(req.queue))
 
     async def _restore(self, req: RestoreFwd) -> bytes:
-        return await self.node.restores.forwarded(req)
+        return await self.restores.forwarded(req)
 
     async def _produced(self, req: ProducedFwd) -> bytes:
-        return (await self.node.produced(req.queue, req.partition, req.producer, req.offset,
-                                         hops=max(1, req.hops))).pack()
+        return (await produced(self.streams, req.queue, req.partition, req.producer, req.offset,
+                               hops=max(1, req.hops))).pack()
 
     async def _members(self, _req: Any) -> bytes:
         return pack_reply(self.node.member_book())
@@ -136,21 +140,21 @@ class ForwardHandlers:
         return pack_reply(self.node.catalogue_commit())
 
     async def _status(self, _req: Any) -> bytes:
-        return encode(status.status_of(self.node, 0))[4:]
+        return encode(status.status_of(self.report, self.changes, 0))[4:]
 
     async def _partition_stats(self, req: PartitionStatsFwd) -> bytes:
-        return status.pstats_payload(self.node, req.queue, req.partition)
+        return status.pstats_payload(self.state, req.queue, req.partition)
 
     async def _queue_stats(self, _req: Any) -> bytes:
-        return pack_reply(status.queue_counters(self.node))
+        return pack_reply(status.queue_counters(self.state))
 
     async def _option(self, req: OptionFwd) -> bytes:
-        status.apply_option(self.node, req.option, req.value, f"{req.by} via a member")
+        status.apply_option(self.options, req.option, req.value, f"{req.by} via a member")
         return b""
 
     async def _read(self, req: ReadFwd) -> bytes:
-        msgs, nxt, end = await self.node.read_stream(req.queue, req.partition, req.offset, req.max_messages,
-                                                     hops=max(1, req.hops))
+        msgs, nxt, end = await read_stream(self.streams, req.queue, req.partition, req.offset, req.max_messages,
+                                           hops=max(1, req.hops))
         return encode(ReadOk(rid=0, messages=msgs, next_offset=nxt, end_offset=end))[4:]
 
     async def _depth(self, req: DepthFwd) -> bytes:

@@ -3,7 +3,7 @@
 The node wires its parts together and owns their lifetimes; each part takes the narrow
 interface it needs (a typing Protocol), never the whole node:
 
-* :mod:`broker.sessions.session`: one client connection, a handler per frame;
+* :mod:`broker.sessions`: one client connection (``session``), its requests' handlers by audience;
 * :mod:`broker.messaging.publish`: the publish path, a batch from frame to confirm;
 * :mod:`broker.messaging.delivery`: consumers, deliveries, settlements;
 * :mod:`broker.messaging.catalogue`: declare, delete, purge (on one node or across the group);
@@ -46,9 +46,12 @@ from broker.messaging.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.messaging.queues import MemoryBudget, Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
 from broker.modes.replicated import Replication
 from broker.peers.codec import group_out, placement_out, updating_out
-from broker.sessions.session import Session
+from broker.sessions.admin import Admin
+from broker.sessions.messaging import Messaging
+from broker.sessions.session import Session, SessionParts, requests
 from broker.modes.shared.mode import SharedCommitPath, SharedMode
-from broker.sessions.status import HaReport, NodeEvent
+from broker.sessions.status import HaReport, NodeEvent, StatusRequests
+from broker.sessions.users import UserRequests
 from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
 from broker.node.store import NodeStore
@@ -149,7 +152,14 @@ class Node:
         self._server: asyncio.Server | None = None
         self.delivery = Delivery(self)
         self.publisher = Publisher(self)
-        self.forwarded = ForwardHandlers(self)
+        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self, streams=self,
+                                         publisher=self.publisher, security=self.security, drains=self.drains,
+                                         moves=self.moves, remaps=self.remaps, restores=self.restores)
+        #: what each client session is handed (broker.sessions), its requests' handlers among it
+        self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
+            Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
+            Admin(self, report=self, changes=self, drains=self.drains, moves=self.moves, remaps=self.remaps),
+            UserRequests(self, self.security), StatusRequests(report=self, changes=self, maps=self)))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self.replication: Replication | None = None
@@ -499,7 +509,7 @@ class Node:
                 Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
                 return
             waiting.give_up_slot()
-        session = Session(self, reader, writer)
+        session = Session(self.session_parts, reader, writer)
         self.sessions.add(session)
         try:
             await session.run()
@@ -966,7 +976,7 @@ class Node:
     async def quarantine_actives(self) -> list[str]:
         """The members serving a partition of the quarantine queue (broker.partitions.restore)."""
         if QUARANTINE not in self.queues:
-            await self.catch_up_catalogue()  # (discarded on another member a moment ago?)
+            await self.catalogue.catch_up()  # (discarded on another member a moment ago?)
         q = self.queues.get(QUARANTINE)
         if q is None:
             return []
@@ -1101,15 +1111,6 @@ class Node:
 
     async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]:
         return await self.catalogue.declare(frame, owner=owner)
-
-    async def delete(self, name: str, if_empty: bool) -> None:
-        await self.catalogue.delete(name, if_empty)
-
-    async def purge(self, name: str) -> int:
-        return await self.catalogue.purge(name)
-
-    async def catch_up_catalogue(self) -> bool:
-        return await self.catalogue.catch_up()
 
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""

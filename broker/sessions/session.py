@@ -1,10 +1,11 @@
 """One client connection: a thin asyncio shell around the sans-IO protocol.
 
-The read loop moves bytes from the socket into :class:`ProtocolConnection`,
-turns each frame into a call on the :class:`Node`, and writes what comes back.
-Publishes and acks do not block the loop: their replies are written when the
-store confirms, so a client may pipeline many batches.  Queue administration
-(declare, delete, purge) and stream reads are awaited in order.
+The read loop moves bytes from the socket into :class:`ProtocolConnection`, hands each
+request frame to its handler (:func:`requests` puts together the node's one table of them:
+:mod:`~broker.sessions.messaging`, :mod:`~broker.sessions.admin`, :mod:`~broker.sessions.users`,
+:mod:`~broker.sessions.status`), and writes what comes back.  The shell itself does the login
+(SCRAM, broker.security.auth), the heartbeats, the order of replies that wait on a commit, and
+the consumer side of the connection that delivery sees (tags, deliveries held).
 
 A bad frame gets an ``Error`` frame naming its request id; a frame the stream
 cannot recover from (over ``max_frame_size``, or anything wrong before the
@@ -15,37 +16,29 @@ and its other clients go on.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from broker.messaging.outcome import Outcome
-from broker.messaging.publish import PublishRequest, PublishResult
-from broker.sessions.status import StatusSource, status_of
-from broker.messaging import delivery as _delivery
-from broker.messaging.publish import Publisher
-from broker.security.auth import ClientGuard, ClientHandshake
-from broker.security.acl import AclTable
-from broker.partitions.drain import Drains
+from broker.config import NodeConfig
 from broker.logsafe import escape
-from broker.partitions.members import GroupMembers
-from broker.partitions.moves import Moves
-from broker.partitions.remap import Remaps
+from broker.messaging.catalogue import Catalogue
+from broker.messaging import delivery as _delivery
+from broker.messaging.queues import Consumer, Msg
+from broker.security.acl import AclTable
+from broker.security.auth import ClientGuard, ClientHandshake
 from broker.security.security import Security
 from broker.security.standing import Standing, recheck, standing_of
-from broker.messaging.streams import Produced as StreamProduced
-from broker.security.users import UserRegistry, make_user
+from broker.security.users import UserRegistry
+from broker.sessions.messaging import undeliver
+from broker.sessions.requests import Handler, Requests, error_frame
 from client.clock import Clock
-from storage.writer import Callback
-from broker.partitions.quarantine import refuse_client_write
-from broker.messaging.queues import Consumer, Msg, Queue
 from client.errors import (
     AccessRefusedError,
     AuthError,
-    ConsumerNotFoundError,
     ErrorCode,
     HeartbeatTimeoutError,
     InvalidArgumentError,
@@ -53,117 +46,56 @@ from client.errors import (
     NotActiveError,
     ProtocolError,
     QueueNotFoundError,
-    StorageError,
     TandemError,
     UnavailableError,
-    UnknownDeliveryTagError,
     UnsupportedProtocolError,
 )
 from client.protocol import (HANDSHAKE_MAX_FRAME, NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role,
                              choose_version)
-from client.protocol.frames import (
-    AclGrant,
-    AclInfo,
-    AclList,
-    AclRevoke,
-    Acls,
-    UserDelete,
-    UserInfo,
-    UserList,
-    UserPut,
-    Users,
-    PartitionMap,
-    QueueInfo,
-    StreamMessage,
-    Ack,
-    AuthResponse,
-    Cancel,
-    Close,
-    Declare,
-    DeclareOk,
-    Deliver,
-    Delivery,
-    Delete,
-    Error,
-    Frame,
-    Get,
-    GetOk,
-    Heartbeat,
-    Hello,
-    ListQueues,
-    Nack,
-    Ok,
-    Metadata,
-    MetadataOk,
-    Publish,
-    PublishOk,
-    Purge,
-    PurgeOk,
-    Queues,
-    Produced,
-    Read,
-    ReadOk,
-    Reject,
-    SetOption,
-    ChangeGroup,
-    ChangePartitions,
-    DrainNode,
-    MovePartition,
-    SetQuorumOverride,
-    Status,
-    Subscribe,
-    SubscribeOk,
-    Welcome,
-    expect,
-)
-from storage.base import AclRecord, UserRecord, WriteOp
+from client.protocol.frames import (AuthResponse, Cancel, Close, Deliver, Delivery, Error, Frame, Heartbeat, Hello,
+                                    Ok, Status, Welcome, expect)
+from storage.base import UserRecord, WriteOp
+from storage.writer import Callback
 
 
-class SessionHost(StatusSource, Protocol):
-    """What a client session needs from its node."""
-    clock: Clock
-    users: UserRegistry
-    guard: ClientGuard
-    acls: AclTable
-    security: Security
-    drains: Drains
-    moves: Moves
-    remaps: Remaps
-    group: GroupMembers
-    confirms: int
-    publisher: Publisher
+class SessionHost(Protocol):
+    """What a client session's shell reads and asks of its node (the request handlers name their
+    own).  The users, grants and catalogue are read at each use: a shared-mode node makes them
+    anew when it takes the lock."""
 
     @property
-    def delivery(self) -> _delivery.Delivery: ...
-
-    def queue(self, name: str) -> Queue: ...
-
-    def require_quorum(self, what: str) -> None: ...
+    def config(self) -> NodeConfig: ...
 
     @property
-    def has_quorum(self) -> bool: ...
+    def clock(self) -> Clock: ...
+
+    @property
+    def users(self) -> UserRegistry: ...
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    @property
+    def catalogue(self) -> Catalogue: ...
 
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now (a shared-mode passive), or None."""
         ...
 
-    def partition_map(self, name: str, session: Any = None) -> PartitionMap: ...
-
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
-    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]: ...
 
-    async def delete(self, name: str, if_empty: bool) -> None: ...
+@dataclass(frozen=True, slots=True)
+class SessionParts:
+    """What a node hands each of its client sessions: itself as the shell sees it, the parts
+    the shell calls, and the table of requests (:func:`requests`)."""
 
-    async def purge(self, name: str) -> int: ...
+    node: SessionHost
+    guard: ClientGuard  # the login throttle and the connections per user (broker.security.auth)
+    security: Security  # whether a login's user is still the one proved
+    delivery: _delivery.Delivery  # what a consumer's deliveries go through
+    requests: Mapping[type[Frame], Handler[Session]]
 
-    async def catch_up_catalogue(self) -> bool: ...
-
-    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
-                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
-
-    async def produced(self, queue: str, partition: int, producer: str, offset: int,
-                       *, hops: int = 0) -> StreamProduced: ...
 
 log = logging.getLogger("tandem.broker")
 
@@ -177,8 +109,10 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
 class Session:
-    def __init__(self, node: SessionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.node = node
+    def __init__(self, parts: SessionParts, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.node = node = parts.node
+        self.guard, self.security, self.delivery = parts.guard, parts.security, parts.delivery
+        self.requests = parts.requests
         self.reader = reader
         self.writer = writer
         # max_frame_size once the client has logged in (_auth_response)
@@ -225,7 +159,7 @@ class Session:
         self.last_send = self.node.clock.monotonic()
 
     def send_error(self, rid: int, exc: TandemError) -> None:
-        self.send(_error(rid, exc))
+        self.send(error_frame(rid, exc))
 
     def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None],
                    on_fail: Callable[[BaseException], Frame | None]) -> None:
@@ -284,7 +218,7 @@ class Session:
         finally:
             self._drain_task = None
         for c in self.consumers.values():
-            self.node.delivery.schedule(c.queue)
+            self.delivery.schedule(c.queue)
 
     def close(self, code: int = 0, reason: str = "") -> None:
         if self._closing:
@@ -324,7 +258,7 @@ class Session:
             self._closing = True
             if self._admitted and self.user is not None:
                 self._admitted = False
-                self.node.guard.release(self.user.name)
+                self.guard.release(self.user.name)
             self.finished.set()
 
     async def _read_loop(self) -> None:
@@ -445,20 +379,20 @@ class Session:
             elif self.user is None:  # (a peer's handshake frame on the client port, say)
                 raise ProtocolError(f"{type(frame).__name__} before the login: this port takes Hello first")
             else:
-                handler = _HANDLERS.get(type(frame))
+                handler = self.requests.get(type(frame))
                 if handler is None:
                     raise InvalidArgumentError(f"{type(frame).__name__} is not a request a client may send")
                 if self.observer and not isinstance(frame, Status):
                     raise self.node.refusal() or NotActiveError("this session is for status only")
                 try:
-                    await handler(self, frame)
+                    await handler(self, self.user, frame)
                 except QueueNotFoundError:
                     # In a group this member may not have applied a declare the group already
                     # confirmed: catch up with the catalogue's active, then look once more.
                     # (Every handler looks the queue up before it changes anything.)
-                    if not await self.node.catch_up_catalogue():
+                    if not await self.node.catalogue.catch_up():
                         raise
-                    await handler(self, frame)
+                    await handler(self, self.user, frame)
         except TandemError as exc:
             self.send_error(rid, exc)
             if self.user is None:  # nothing but a login is served before one
@@ -479,7 +413,7 @@ class Session:
             raise refusal  # a node that serves nothing (a shared-mode passive) names the one that does
         if refusal is None and self.node.users.get(frame.user) is None:
             await self._catch_up_users()  # (a node that serves nothing has no catalogue to catch up with)
-        self._auth = ClientHandshake(self.node.guard, self.node.users, self.address)
+        self._auth = ClientHandshake(self.guard, self.node.users, self.address)
         self.send(self._auth.hello(frame))
         self._hello_frame = frame
 
@@ -491,10 +425,10 @@ class Session:
         address the failed-login throttle holds back is refused first, so guessing names costs
         the group little (docs/security.md: the extra round trip tells a patient guesser that a
         name is unknown)."""
-        self.node.guard.check_throttle(self.address)
+        self.guard.check_throttle(self.address)
         try:
             async with self.node.clock.timeout(LOGIN_CATCH_UP):
-                await self.node.catch_up_catalogue()
+                await self.node.catalogue.catch_up()
         except (TimeoutError, TandemError):
             pass  # the catalogue's active is slow, gone or changing: the users this member has
 
@@ -505,12 +439,12 @@ class Session:
             raise ProtocolError("AuthResponse before Hello")
         user, server_final = auth.response(frame)
         self._auth = None
-        if not self.node.security.current(user):  # changed or deleted during the exchange
+        if not self.security.current(user):  # changed or deleted during the exchange
             raise AuthError(f"user {user.name!r} changed while it logged in: log in again")
         refusal = self.node.refusal()
         if refusal is not None and not hello.observe:
             raise refusal  # the node stopped serving during the exchange
-        self.node.guard.admit(user.name)
+        self.guard.admit(user.name)
         self._admitted = True
         self.user = user
         self.standing = standing_of(self.node.users, self.node.acls, user.name)
@@ -528,299 +462,39 @@ class Session:
                           auth=server_final))
         log.info("session %s: open user=%s version=%d", self.client_name, escape(user.name), self._version)
 
-    def _authenticated(self) -> UserRecord:
-        if self.user is None:  # the protocol state machine admits no request before Hello
-            raise ProtocolError("request before the handshake")
-        return self.user
+    # -- the consumer side (broker.messaging.queues.Recipient) ----------------------------------
 
-    def _may(self, permission: str, queue: str, what: str | None = None) -> None:
-        """The user must hold ``permission`` on ``queue`` (broker.security.acl); a request that changes
-        state (``what``) also needs the node's quorum."""
-        self.node.acls.check(self._authenticated(), permission, queue)
-        if what is not None:
-            self.node.require_quorum(what)
-
-    def _group_admin(self, what: str) -> UserRecord:
-        """A group operation: the user needs the ``admin`` permission (role admin or granted)."""
-        user = self._authenticated()
-        self.node.acls.check_group(user, what)
-        return user
-
-    async def _declare(self, f: Declare) -> None:
-        self._may("configure", f.queue, "declare queues")
-        self.node.acls.check_declare(self._authenticated(), f.queue, f.dead_letter_queue)
-        info, created = await self.node.declare(f, self._authenticated().name)
-        self.send(DeclareOk(rid=f.rid, queue=info, created=created))
-
-    async def _delete(self, f: Delete) -> None:
-        self._may("configure", f.queue, "delete queues")
-        await self.node.delete(f.queue, f.if_empty)
-        self.send(Ok(rid=f.rid))
-
-    async def _purge(self, f: Purge) -> None:
-        self._may("configure", f.queue, "purge queues")
-        self.send(PurgeOk(rid=f.rid, purged=await self.node.purge(f.queue)))
-
-    async def _list(self, f: ListQueues) -> None:
-        user, acls = self._authenticated(), self.node.acls
-        self.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.queues.values() if acls.may_see(user, q.name)]))
-
-    async def _publish(self, f: Publish) -> None:
-        self._may("produce", f.queue, "publish")
-        refuse_client_write(f.queue, "publish")
-        result = self.node.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
-                                                            dense=f.partition is not None))
-        result.add_done_callback(functools.partial(self._published, f.rid))
-
-    def _published(self, rid: int, result: Outcome[PublishResult]) -> None:
-        err = result.exception()
-        if err is None:
-            r = result.result()
-            self.node.confirms += r.stored + r.duplicates
-            self.send(PublishOk(rid=rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
-        elif isinstance(err, TandemError):
-            self.send_error(rid, err)
-        else:
-            log.error("session %s: publish failed: %r", self.client_name, err, exc_info=err)
-            self.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
-
-    async def _metadata(self, f: Metadata) -> None:
-        # read-only, like a stream read: any permission on the queue (a producer routes with it,
-        # a monitor's Spark job reads with it), any node (a minority node answers with what it knows)
-        user = self._authenticated()
-        if not self.node.acls.may_see(user, f.queue):
-            raise AccessRefusedError(f"access refused: user {user.name!r} (role {user.role}) has no permission "
-                                     f"on queue {f.queue!r}")
-        self.send(MetadataOk(rid=f.rid, map=self.node.partition_map(f.queue, self), quorum=self.node.has_quorum))
-
-    async def _subscribe(self, f: Subscribe) -> None:
-        self._may("consume", f.queue, "consume")
-        c = self.node.delivery.add_consumer(self, f.queue, f.prefetch)
-        self.consumers[c.id] = c
-        self.send(SubscribeOk(rid=f.rid, consumer=c.id))
-
-    async def _cancel(self, f: Cancel) -> None:
-        c = self.consumers.pop(f.consumer, None)
-        if c is None:
-            raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
-        self.node.delivery.remove_consumer(c)
-        self.send_in_order(Ok(rid=f.rid))  # after any delivery still waiting on a commit
-
-    def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
-        self.consumers.pop(c.id, None)
-        self.node.delivery.remove_consumer(c)
-        self.send_in_order(Cancel(rid=0, consumer=c.id))
-        log.info("session %s: consumer %d cancelled: %s", self.client_name, c.id, reason)
-
-    def _delivery(self, c: Consumer, m: Msg) -> Delivery:
+    def tag(self, c: Consumer, m: Msg) -> Delivery:
+        """``m`` delivered to ``c`` under this connection's next delivery tag, held until settled."""
         tag = self._next_tag
         self._next_tag = tag + 1
         self.deliveries[tag] = (c, m)
         return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts, m.id)
 
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
-        marks, marked = self.node.delivery.record_deliveries(c.queue, msgs)
+        delivery = self.delivery
+        marks, marked = delivery.record_deliveries(c.queue, msgs)
         c.unacked += len(msgs)
-        frame = Deliver(consumer=c.id, messages=[self._delivery(c, m) for m in msgs])
+        frame = Deliver(consumer=c.id, messages=[self.tag(c, m) for m in msgs])
         if marks:
             tags = [d.tag for d in frame.messages]
-            self.send_after(marks, frame, marked, lambda _err: self._undeliver(tags))
+            self.send_after(marks, frame, marked, lambda _err: undeliver(self, delivery, tags))
         else:
             self.send_in_order(frame)
 
-    def _undeliver(self, tags: list[int]) -> None:
-        """The delivered mark of these deliveries did not commit: they never leave.  A
-        message a consumer saw must come again counted, so none is shown before its mark
-        is in the log; ready again here, or the new active's if the partition moved."""
-        held = [self.deliveries.pop(t) for t in tags if t in self.deliveries]
-        if held:
-            self.node.delivery.requeue(held, counted=False)
-
-    async def _get(self, f: Get) -> None:
-        self._may("consume", f.queue, "get")
-        q = self.node.queue(f.queue)
-        msgs = q.take(1, self.node.config.max_frame_size)
-        if not msgs:
-            self.send_in_order(GetOk(rid=f.rid, message=None))
-            return
-        marks, marked = self.node.delivery.record_deliveries(q, msgs)
-        holder = Consumer(0, q, self, 1)
-        holder.unacked = 1
-        d = self._delivery(holder, msgs[0])
-        if f.auto_ack:
-            self.node.delivery.ack([self.deliveries.pop(d.tag)])
-        if marks:
-            def failed(err: BaseException) -> Frame:
-                self._undeliver([d.tag])
-                return _error(f.rid, err if isinstance(err, TandemError) else StorageError(f"get: {err}"))
-
-            self.send_after(marks, GetOk(rid=f.rid, message=d), marked, failed)
-        else:
-            self.send_in_order(GetOk(rid=f.rid, message=d))
-
-    def _settle(self, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:
-        held = self.deliveries
-        if multiple:
-            if not tags:
-                return [], []
-            upto = max(tags)
-            done_tags = [t for t in held if t <= upto]
-            out = [held.pop(t) for t in done_tags]
-            return out, ([] if out else [upto])
-        out, unknown = [], []
-        for t in tags:
-            item = held.pop(t, None)
-            if item is None:
-                unknown.append(t)
-            else:
-                out.append(item)
-        return out, unknown
-
-    def _settled(self, rid: int, unknown: list[int]) -> None:
-        if unknown:
-            shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
-            self.send_error(rid, UnknownDeliveryTagError(
-                f"unknown delivery tag(s) {shown}: not held by this connection "
-                "(already settled, or delivered on an earlier connection)"))
-        else:
-            self.send(Ok(rid=rid))
-
-    async def _ack(self, f: Ack) -> None:
-        settled, unknown = self._settle(f.tags, f.multiple)
-        self.node.delivery.ack(settled)
-        self._settled(f.rid, unknown)
-
-    async def _nack(self, f: Nack) -> None:
-        settled, unknown = self._settle(f.tags, f.multiple)
-        if f.requeue:
-            self.node.delivery.requeue(settled, counted=f.delivered)
-        else:
-            self.node.delivery.dead_letter(settled, "rejected")
-        self._settled(f.rid, unknown)
-
-    async def _reject(self, f: Reject) -> None:
-        settled, unknown = self._settle(f.tags, f.multiple)
-        self.node.delivery.dead_letter(settled, "rejected")
-        self._settled(f.rid, unknown)
-
-    async def _status(self, f: Status) -> None:
-        user, acls = self._authenticated(), self.node.acls
-        self.send(status_of(self.node, f.rid, lambda q: acls.may_see(user, q)))
-
-    async def _set_quorum_override(self, f: SetQuorumOverride) -> None:
-        self._group_admin("set quorum_override")  # allowed without quorum: that is its point
-        self.node.set_quorum_override(f.nodes, by=self.client_name)
-        self.send(status_of(self.node, f.rid))
-
-    async def _set_option(self, f: SetOption) -> None:
-        self._group_admin(f"set {f.name}")  # allowed without quorum, like the override
-        self.node.set_option(f.name, f.value, by=self.client_name)
-        self.send(status_of(self.node, f.rid))
-
-    async def _drain_node(self, f: DrainNode) -> None:
-        verb = "drain" if f.drained else "undrain"
-        user = self._group_admin(f"{verb} a node")
-        await self.node.drains.set(f.node, f.drained, f"{user.name} ({self.client_name})")
-        self.send(status_of(self.node, f.rid))
-
-    async def _move_partition(self, f: MovePartition) -> None:
-        user = self._group_admin("move a partition")
-        await self.node.moves.move(f.queue, f.partition, tuple(f.nodes), f"{user.name} ({self.client_name})",
-                                   force=f.force_replication)
-        self.send(status_of(self.node, f.rid))
-
-    async def _change_partitions(self, f: ChangePartitions) -> None:
-        user = self._group_admin(f"{f.action} partitions")
-        by = f"{user.name} ({self.client_name})"
-        if f.action == "add":
-            await self.node.remaps.add(f.queue, f.count, f.placement, by)
-        elif f.action == "update":
-            await self.node.remaps.update(f.queue, f.mapper, by)
-        else:
-            raise InvalidArgumentError(f"partition change: action {f.action!r} is not add or update")
-        self.send(status_of(self.node, f.rid))
-
-    async def _change_group(self, f: ChangeGroup) -> None:
-        user = self._group_admin(f"{f.action} a member")
-        by = f"{user.name} ({self.client_name})"
-        if f.action == "add":
-            await self.node.group.add(f.node, f.address, f.zone, by)
-        elif f.action == "remove":
-            await self.node.group.remove(f.node, by)
-        else:
-            raise InvalidArgumentError(f"group change: action {f.action!r} is not add or remove")
-        self.send(status_of(self.node, f.rid))
-
-    async def _read(self, f: Read) -> None:
-        self._may("browse", f.queue)
-        msgs, nxt, end = await self.node.read_stream(f.queue, f.partition, f.offset, f.max_messages)
-        self.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
-
-    async def _produced(self, f: Produced) -> None:
-        self._may("browse", f.queue)
-        self.send((await self.node.produced(f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
-
-    # -- users and grants (the group's: broker.security.security) ------------------------------------------
-
-    async def _user_put(self, f: UserPut) -> None:
-        self._group_admin("manage users")
-        role = f.role
-        if f.mode == "password":
-            have = self.node.users.get(f.name)
-            role = have.role if have is not None else "user"  # the catalogue's active keeps the role it has
-        user = await asyncio.to_thread(make_user, f.name, f.password, role)  # scrypt: off the loop
-        mine = self.standing is not None and f.name == self.standing.name and f.mode == "password"
-        if mine:  # a user changing its own password keeps this session (its others end)
-            self.standing = None
-        try:
-            await self.node.security.put_user(user, f.mode)
-        finally:
-            if mine:
-                self.renew_standing()
-        log.warning("session %s: user %s %s", self.client_name, escape(f.name),
-                    "password changed" if f.mode == "password" else f"stored (role {role})")
-        self.send(Ok(rid=f.rid))
-
-    async def _user_delete(self, f: UserDelete) -> None:
-        user = self._group_admin("manage users")
-        if f.name == user.name:
-            raise InvalidArgumentError("you cannot delete the user you are logged in as")
-        await self.node.security.drop_user(f.name)
-        log.warning("session %s: user %s deleted", self.client_name, escape(f.name))
-        self.send(Ok(rid=f.rid))
-
-    async def _user_list(self, f: UserList) -> None:
-        self._group_admin("list users")
-        users = self.node.users
-        self.send(Users(rid=f.rid, users=[UserInfo(n, u.role) for n in users.names()
-                                          if (u := users.get(n)) is not None]))
-
-    async def _acl_grant(self, f: AclGrant) -> None:
-        self._group_admin("grant permissions")
-        await self.node.security.grant(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
-        log.warning("session %s: granted %s on %s to %s", self.client_name, ",".join(f.permissions),
-                    escape(f.pattern), escape(f.user))
-        self.send(Ok(rid=f.rid))
-
-    async def _acl_revoke(self, f: AclRevoke) -> None:
-        self._group_admin("revoke permissions")
-        await self.node.security.revoke(AclRecord(user=f.user, pattern=f.pattern, permissions=tuple(f.permissions)))
-        log.warning("session %s: revoked %s on %s from %s", self.client_name, ",".join(f.permissions),
-                    escape(f.pattern), escape(f.user))
-        self.send(Ok(rid=f.rid))
-
-    async def _acl_list(self, f: AclList) -> None:
-        user = self._authenticated()
-        if f.user != user.name:  # a user may see its own grants; everyone's take the admin permission
-            self._group_admin("list the grants of other users")
-        records = self.node.acls.records(f.user)
-        self.send(Acls(rid=f.rid, acls=[AclInfo(a.user, a.pattern, list(a.permissions)) for a in records]))
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
+        self.consumers.pop(c.id, None)
+        self.delivery.remove_consumer(c)
+        self.send_in_order(Cancel(rid=0, consumer=c.id))
+        log.info("session %s: consumer %d cancelled: %s", self.client_name, c.id, reason)
 
 
-def _error(rid: int, exc: TandemError) -> Error:
-    """The Error frame that answers request ``rid`` with ``exc``."""
-    return Error(rid=rid, code=int(exc.code), message=exc.message, active_hint=getattr(exc, "active_hint", None),
-                 next_seq=getattr(exc, "next_seq", None))
+def requests(*groups: Requests[Session]) -> dict[type[Frame], Handler[Session]]:
+    """The table of every request a logged-in client may send, from the node's handler groups."""
+    table: dict[type[Frame], Handler[Session]] = {}
+    for group in groups:
+        table.update(group.handlers())
+    return table
 
 
 def _tune_socket(writer: asyncio.StreamWriter) -> None:
@@ -835,16 +509,3 @@ def _tune_socket(writer: asyncio.StreamWriter) -> None:
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
-
-_HANDLERS: dict[type[Frame], Callable[[Session, Any], Awaitable[None]]] = {
-    Declare: Session._declare, Delete: Session._delete, Purge: Session._purge,
-    ListQueues: Session._list, Publish: Session._publish, Subscribe: Session._subscribe,
-    Cancel: Session._cancel, Get: Session._get, Ack: Session._ack, Nack: Session._nack,
-    Reject: Session._reject, Read: Session._read, Produced: Session._produced, Status: Session._status,
-    SetQuorumOverride: Session._set_quorum_override,
-    SetOption: Session._set_option, DrainNode: Session._drain_node,
-    MovePartition: Session._move_partition, ChangeGroup: Session._change_group,
-    ChangePartitions: Session._change_partitions, Metadata: Session._metadata,
-    UserPut: Session._user_put, UserDelete: Session._user_delete, UserList: Session._user_list,
-    AclGrant: Session._acl_grant, AclRevoke: Session._acl_revoke, AclList: Session._acl_list,
-}

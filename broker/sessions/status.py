@@ -10,7 +10,11 @@ answers are computed here, on the node's own state, so that the broker answers
 its peers without importing the console; ``apply_option`` applies an operator
 setting sent by a member's console (forwarded ``option``).
 
-The helpers read the node through :class:`NodeState`, the few things they need.
+The helpers read the node through small protocols of the few things each needs:
+:class:`NodeState` (the queues it serves), :class:`Options` (the settings it applies),
+:class:`NodeReport` and :class:`GroupChanges` (what the status says of the node and the group).
+:class:`StatusRequests` answers a client session's ``Status`` and ``Metadata`` (a queue's
+partition map: the session is told ``MapChanged`` from then on, whenever it may have changed).
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ from broker import __version__
 from broker.config import NodeConfig
 from broker.messaging import queues
 from broker.messaging.queues import Holder, Queue
-
-from client.errors import InvalidArgumentError, UnavailableError
-from client.protocol.frames import PartitionInfo, RemoteNode, StatusOk, ZoneInfo
+from broker.security.acl import AclTable
+from broker.sessions.requests import Handler, Requester
+from client.errors import AccessRefusedError, InvalidArgumentError, UnavailableError
+from client.protocol.frames import Frame, Metadata, MetadataOk, PartitionInfo, PartitionMap, RemoteNode, Status, \
+    StatusOk, ZoneInfo
+from storage.base import UserRecord
 from ha.membership import Membership
 
 
 class NodeState(Protocol):
-    """What the status helpers read and set on a node."""
+    """What the partition stats and the queue counters read on a node: the queues it serves."""
 
     @property
     def config(self) -> NodeConfig: ...
@@ -46,6 +53,10 @@ class NodeState(Protocol):
     def queue(self, name: str) -> Queue: ...
 
     def serves(self, q: Queue, pidx: int) -> bool: ...
+
+
+class Options(Protocol):
+    """The operator settings a node applies (``tandem admin``, the console, a member's console)."""
 
     def set_quorum_override(self, nodes: int | None, *, by: str) -> None: ...
 
@@ -89,7 +100,7 @@ def add_counters(total: dict[str, list[int]], counts: Mapping[str, list[int]]) -
             acc[i] += v[i]
 
 
-def apply_option(node: NodeState, option: str, value: int, by: str) -> None:
+def apply_option(node: Options, option: str, value: int, by: str) -> None:
     """An operator setting on this node (from its console, or forwarded by a member).
     ``quorum_override`` below 0 clears the override."""
     if option == "quorum_override":
@@ -206,8 +217,11 @@ class DiskAlarmView(Protocol):
     def refusals(self) -> int: ...  # requests refused while raised
 
 
-class StatusSource(NodeState, Protocol):
-    """What :func:`status_of` reads on a node."""
+class NodeReport(Protocol):
+    """What :func:`status_of` reads on a node about itself and its links to the group."""
+
+    @property
+    def config(self) -> NodeConfig: ...
 
     @property
     def node_events(self) -> Collection[HaEventView]: ...
@@ -233,6 +247,10 @@ class StatusSource(NodeState, Protocol):
     @property
     def ha(self) -> HaReport | None: ...
 
+
+class GroupChanges(Protocol):
+    """What :func:`status_of` reads on a node about the group's changes under way."""
+
     @property
     def drained(self) -> frozenset[str]: ...  # the group's members drained for maintenance (broker.partitions.drain)
 
@@ -249,7 +267,8 @@ class StatusSource(NodeState, Protocol):
         ...
 
 
-def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | None = None) -> StatusOk:
+def status_of(node: NodeReport, changes: GroupChanges, rid: int,
+              may_see: Callable[[str], bool] | None = None) -> StatusOk:
     """The node's view of itself and its group, for ``tandem status``; with ``may_see``, only
     the queues it admits are named (a user's view: the queues its grants name)."""
     cfg = node.config
@@ -287,8 +306,8 @@ def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | Non
     console = node.console
     ha = node.ha
     mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
-    members, zones, change = node.group_view()
-    moving, updating = node.moves_under_way(), node.updates_under_way()
+    members, zones, change = changes.group_view()
+    moving, updating = changes.moves_under_way(), changes.updates_under_way()
     if may_see is not None:
         partitions = [p for p in partitions if not p.queue or may_see(p.queue)]
         foreign = [p for p in foreign if not p.queue or may_see(p.queue)]
@@ -300,8 +319,47 @@ def status_of(node: StatusSource, rid: int, may_see: Callable[[str], bool] | Non
                     discarded=discarded, designated_primary=dp, discarded_messages=dmsgs,
                     console=console.url if console is not None else "", mode=mode, arbiter=cfg.arbiter,
                     ha_state=ha.state if ha is not None else "", epoch=ha.epoch if ha is not None else 0,
-                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(node.drained),
+                    lock_holder=(ha.lock_holder or "") if ha is not None else "", drained=sorted(changes.drained),
                     zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
                     moving=moving, members=members if peers is not None else [],
                     group_change=change,
                     updating=updating, availability_zones=azones)
+
+
+# -- the status and partition-map requests of a client session -------------------------------------
+
+
+class Maps(Protocol):
+    """Where a node's partitions are active, and who may know it."""
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    @property
+    def has_quorum(self) -> bool: ...
+
+    def partition_map(self, name: str, session: Any = None) -> PartitionMap:
+        """Where ``name``'s partitions are active; ``session`` is told MapChanged from now on."""
+        ...
+
+
+class StatusRequests:
+    """The handlers of the read-only requests on the node: its status, a queue's partition map."""
+
+    def __init__(self, report: NodeReport, changes: GroupChanges, maps: Maps) -> None:
+        self.report, self.changes, self.maps = report, changes, maps
+
+    def handlers(self) -> Mapping[type[Frame], Handler[Requester]]:
+        return {Status: self.status, Metadata: self.metadata}
+
+    async def status(self, s: Requester, user: UserRecord, f: Status) -> None:
+        acls = self.maps.acls
+        s.send(status_of(self.report, self.changes, f.rid, lambda q: acls.may_see(user, q)))
+
+    async def metadata(self, s: Requester, user: UserRecord, f: Metadata) -> None:
+        # read-only, like a stream read: any permission on the queue (a producer routes with it,
+        # a monitor's Spark job reads with it), any node (a minority node answers with what it knows)
+        if not self.maps.acls.may_see(user, f.queue):
+            raise AccessRefusedError(f"access refused: user {user.name!r} (role {user.role}) has no permission "
+                                     f"on queue {f.queue!r}")
+        s.send(MetadataOk(rid=f.rid, map=self.maps.partition_map(f.queue, s), quorum=self.maps.has_quorum))

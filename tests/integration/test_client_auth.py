@@ -325,6 +325,7 @@ async def test_users_in_the_scrypt_format_log_in_to_the_console_until_their_pass
     with SCRAM once an admin has set the password again."""
     import hashlib
 
+    from broker.cli import console_view
     from broker.config import NodeConfig
     from broker.node.node import Node
     from storage.base import PutUser, UserRecord
@@ -332,7 +333,7 @@ async def test_users_in_the_scrypt_format_log_in_to_the_console_until_their_pass
 
     node = Node(NodeConfig(data_dir=tmp_path / "n", port=0))
     await node.start()
-    console = await serve_console(node, "127.0.0.1", 0)
+    console = await serve_console(console_view(node), "127.0.0.1", 0)
     try:
         salt = b"legacy-salt-0001"
         legacy = UserRecord(name="old", salt=salt, role="monitor", params="scrypt:n=16384,r=8,p=1",

@@ -13,24 +13,29 @@ from typing import Any, get_type_hints
 import msgpack
 from aiohttp import web
 
+from broker.cli import console_view
 from broker.config import NodeConfig
 from broker.messaging.forward import REQUESTS, ForwardKind, ForwardRequest
 from broker.node.node import Node
-from broker.sessions.session import _HANDLERS
 from client.protocol.codec import encode
 from client.protocol.frames import AuthResponse, Close, Declare, Frame, Heartbeat, Hello, Publish, PublishMessage
 from webconsole.app import make_app
 
-#: the frames the session handles itself, before and beside the requests of ``_HANDLERS``
+#: the frames the session handles itself, before and beside the requests of its handler table
 HANDSHAKE_FRAMES: tuple[type[Frame], ...] = (Hello, AuthResponse, Heartbeat, Close)
 
 #: the console routes that need no login (docs/security.md): health, the login page, the static files
 PUBLIC = {("GET", "/healthz"), ("GET", "/login"), ("POST", "/login"), ("GET", "/static/{filename}")}
 
 
+def _node() -> Node:
+    """A node as it is built, never started (its tables and router are all this is for)."""
+    return Node(NodeConfig(data_dir=Path(tempfile.gettempdir()) / "tandem-console-routes", port=0))  # (not created)
+
+
 def request_frames() -> list[type[Frame]]:
-    """Every request a logged-in client may send (broker.sessions.session's handler table)."""
-    return list(_HANDLERS)
+    """Every request a logged-in client may send (a node's handler table: broker.sessions.session.requests)."""
+    return list(_node().session_parts.requests)
 
 
 def client_frames() -> list[type[Frame]]:
@@ -45,8 +50,7 @@ def forward_kinds() -> dict[ForwardKind, type[ForwardRequest]]:
 def console_app() -> web.Application:
     """The console's application as the node serves it (its router is all this is for: the
     node is never started)."""
-    node = Node(NodeConfig(data_dir=Path(tempfile.gettempdir()) / "tandem-console-routes", port=0))  # (not created)
-    return make_app(node)
+    return make_app(console_view(_node()))
 
 
 def console_routes() -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@ tests: every frame a client may send, every kind of forwarded request and every 
 console's router has one row, no row names an operation that no longer exists, and every row
 names a test that does (file::function, or a file).
 
-The operations come from the code (tests/security/surface.py: broker.sessions.session's handler table,
+The operations come from the code (tests/security/surface.py: a node's table of client requests,
 broker.messaging.forward's request table, the console application's router), so adding one without its
 row fails here."""
 
@@ -109,7 +109,8 @@ def _compare(what: str, rows: list[Row], expected: set[str], where: str) -> None
 
 def test_every_client_frame_has_a_row() -> None:
     _compare("client frames", the_map()[CLIENT], {cls.__name__ for cls in client_frames()},
-             f"{CLIENT[4:]!r}; the frames of broker.sessions.session._HANDLERS and the handshake's")
+             f"{CLIENT[4:]!r}; the frames of a node's request table (broker.sessions.session.requests) "
+             "and the handshake's")
 
 
 def test_every_forwarded_kind_has_a_row() -> None:

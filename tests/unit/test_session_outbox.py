@@ -11,7 +11,7 @@ from typing import Any
 
 from broker.messaging.delivery import Delivery
 from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
-from broker.sessions.session import Session
+from broker.sessions.session import Session, SessionParts
 from client.clock import SYSTEM_CLOCK
 from client.errors import NotActiveError, StorageError
 from client.protocol.frames import Deliver, Ok
@@ -43,7 +43,7 @@ class _Node:
 
 def _session() -> tuple[_Node, Session, Consumer, list[Any]]:
     node = _Node()
-    s = Session(node, None, _Writer())  # type: ignore[arg-type]
+    s = Session(SessionParts(node, None, None, node.delivery, {}), None, _Writer())  # type: ignore[arg-type]
     sent: list[Any] = []
     s.send = sent.append  # type: ignore[method-assign]
     q = Queue(QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1024, max_deliveries=0,

@@ -16,6 +16,7 @@ import pytest_asyncio
 import client
 import msgpack
 from broker.partitions.compensation import DROP, KEEP, Conflict, Version
+from broker.cli import console_view
 from broker.config import NodeConfig
 from broker.node.node import Node
 from broker.messaging.publish import PublishRequest
@@ -41,7 +42,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
 @pytest_asyncio.fixture
 async def console(node: Node) -> AsyncIterator[Console]:
     """The node's console, served as the entry point serves it."""
-    c = await serve_console(node, "127.0.0.1", 0)
+    c = await serve_console(console_view(node), "127.0.0.1", 0)
     try:
         yield c
     finally:
@@ -423,7 +424,7 @@ async def test_the_event_stream_sends_the_overview_and_ends_when_the_console_sto
 async def test_a_stopped_console_leaves_no_observer_on_the_store(node: Node) -> None:
     assert node.writer.commit_observers is node.commit_observers  # (every writer the node opens)
     before = len(node.commit_observers)
-    c = await serve_console(node, "127.0.0.1", 0)
+    c = await serve_console(console_view(node), "127.0.0.1", 0)
     assert len(node.commit_observers) == before + 1
     await c.stop()
     assert len(node.commit_observers) == before

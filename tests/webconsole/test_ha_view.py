@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.cli import console_of, console_view
 from broker.config import NodeConfig
 from broker.node.node import Node
 from broker.sessions.status import HaReport
@@ -71,7 +72,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
                              peer_port=base + 10 * i + 1, peers=(f"node{2 - i}=127.0.0.1:{base + 10 * (1 - i) + 1}",),
                              arbiter="lockfile", lockfile=str(tmp_path / "tandem.lock"), http_port=0,
                              keepalive_interval=0.1, non_response_timeout=0.5,
-                             cluster_secret_file=group_secret_file(tmp_path)), console=Console) for i in range(2)]
+                             cluster_secret_file=group_secret_file(tmp_path)), console=console_of) for i in range(2)]
     try:
         for n in nodes:
             await n.start()
@@ -205,7 +206,7 @@ async def test_without_an_ha_arbiter_nothing_extra_and_nothing_breaks(pair: Pair
 async def test_a_single_node_shows_its_mode_and_no_ha(tmp_path: Path) -> None:
     node = Node(NodeConfig(data_dir=tmp_path / "n", port=0))
     await node.start()
-    console = await serve_console(node, "127.0.0.1", 0)
+    console = await serve_console(console_view(node), "127.0.0.1", 0)
     try:
         assert console.address is not None
         async with aiohttp.ClientSession() as http:

@@ -1,0 +1,240 @@
+"""A client session's messaging requests: queues, publish, consumers and their deliveries, stream reads.
+
+Publishes and acks do not block the session's read loop: their replies are written when the
+store confirms, so a client may pipeline many batches.  Queue administration (declare, delete,
+purge) and stream reads are awaited in order.  A request on a queue needs a permission on it
+(broker.security.acl), and one that changes state the node's quorum too; cancels and
+settlements act on the connection's own consumers and delivery tags.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from broker.config import NodeConfig
+from broker.messaging.catalogue import Catalogue
+from broker.messaging import delivery as _delivery
+from broker.messaging.outcome import Outcome
+from broker.messaging.publish import Publisher, PublishRequest, PublishResult
+from broker.messaging.queues import Consumer, Msg, Recipient
+from broker.messaging.streams import StreamHost, produced, read_stream
+from broker.partitions.quarantine import refuse_client_write
+from broker.security.acl import AclTable
+from broker.sessions.requests import Handler, error_frame
+from client.errors import ConsumerNotFoundError, ErrorCode, StorageError, TandemError, UnknownDeliveryTagError
+from client.protocol.frames import (Ack, Cancel, Declare, DeclareOk, Delete, Delivery, Error, Frame, Get, GetOk,
+                                    ListQueues, Nack, Ok, Produced, Publish, PublishOk, Purge, PurgeOk, Queues, Read,
+                                    ReadOk, Reject, Subscribe, SubscribeOk)
+from storage.base import UserRecord, WriteOp
+
+log = logging.getLogger("tandem.broker")
+
+
+class Consuming(Recipient, Protocol):
+    """A client session as its messaging requests see it: the consumer of deliveries it is
+    (broker.messaging.queues.Recipient), and how it answers."""
+
+    def send(self, frame: Frame) -> None: ...
+
+    def send_in_order(self, frame: Frame) -> None:
+        """Send now, unless frames waiting on a commit must go first."""
+        ...
+
+    def send_after(self, ops: list[WriteOp], frame: Frame, on_commit: Callable[[], None],
+                   on_fail: Callable[[BaseException], Frame | None]) -> None:
+        """Send ``frame`` once ``ops`` are committed, in order; ``on_fail(err)`` says what goes
+        in its place if they fail (None: nothing)."""
+        ...
+
+    def tag(self, c: Consumer, m: Msg) -> Delivery:
+        """``m`` delivered to ``c`` under this connection's next delivery tag, held until settled."""
+        ...
+
+
+class MessagingHost(Protocol):
+    """What the messaging requests use of their node: its queues and who may use them."""
+    confirms: int  # messages confirmed to publishers (metrics)
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def catalogue(self) -> Catalogue: ...  # (a shared-mode node makes it anew when it takes the lock)
+
+    @property
+    def acls(self) -> AclTable: ...
+
+    def require_quorum(self, what: str) -> None: ...
+
+
+class Messaging:
+    """The handlers of the messaging requests: queues through the node's catalogue, publishes
+    through ``publisher``, consumers and settlements through ``delivery``, stream reads through
+    ``streams`` (broker.messaging.streams)."""
+
+    def __init__(self, node: MessagingHost, *, streams: StreamHost, delivery: _delivery.Delivery,
+                 publisher: Publisher) -> None:
+        self.node, self.streams, self.delivery, self.publisher = node, streams, delivery, publisher
+
+    def handlers(self) -> Mapping[type[Frame], Handler[Consuming]]:
+        return {Declare: self.declare, Delete: self.delete, Purge: self.purge, ListQueues: self.list_queues,
+                Publish: self.publish, Subscribe: self.subscribe, Cancel: self.cancel, Get: self.get,
+                Ack: self.ack, Nack: self.nack, Reject: self.reject, Read: self.read, Produced: self.produced}
+
+    def _may(self, user: UserRecord, permission: str, queue: str, what: str | None = None) -> None:
+        """The user must hold ``permission`` on ``queue`` (broker.security.acl); a request that changes
+        state (``what``) also needs the node's quorum."""
+        self.node.acls.check(user, permission, queue)
+        if what is not None:
+            self.node.require_quorum(what)
+
+    # -- queues -------------------------------------------------------------------------------------
+
+    async def declare(self, s: Consuming, user: UserRecord, f: Declare) -> None:
+        self._may(user, "configure", f.queue, "declare queues")
+        self.node.acls.check_declare(user, f.queue, f.dead_letter_queue)
+        info, created = await self.node.catalogue.declare(f, owner=user.name)
+        s.send(DeclareOk(rid=f.rid, queue=info, created=created))
+
+    async def delete(self, s: Consuming, user: UserRecord, f: Delete) -> None:
+        self._may(user, "configure", f.queue, "delete queues")
+        await self.node.catalogue.delete(f.queue, f.if_empty)
+        s.send(Ok(rid=f.rid))
+
+    async def purge(self, s: Consuming, user: UserRecord, f: Purge) -> None:
+        self._may(user, "configure", f.queue, "purge queues")
+        s.send(PurgeOk(rid=f.rid, purged=await self.node.catalogue.purge(f.queue)))
+
+    async def list_queues(self, s: Consuming, user: UserRecord, f: ListQueues) -> None:
+        acls = self.node.acls
+        s.send(Queues(rid=f.rid, queues=[q.info() for q in self.node.catalogue.queues.values()
+                                         if acls.may_see(user, q.name)]))
+
+    # -- publish --------------------------------------------------------------------------------------
+
+    async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
+        self._may(user, "produce", f.queue, "publish")
+        refuse_client_write(f.queue, "publish")
+        result = self.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
+                                                            dense=f.partition is not None))
+        result.add_done_callback(functools.partial(self._published, s, f.rid))
+
+    def _published(self, s: Consuming, rid: int, result: Outcome[PublishResult]) -> None:
+        err = result.exception()
+        if err is None:
+            r = result.result()
+            self.node.confirms += r.stored + r.duplicates
+            s.send(PublishOk(rid=rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
+        elif isinstance(err, TandemError):
+            s.send(error_frame(rid, err))
+        else:
+            log.error("session %s: publish failed: %r", s.client_name, err, exc_info=err)
+            s.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
+
+    # -- consumers and deliveries ---------------------------------------------------------------------
+
+    async def subscribe(self, s: Consuming, user: UserRecord, f: Subscribe) -> None:
+        self._may(user, "consume", f.queue, "consume")
+        c = self.delivery.add_consumer(s, f.queue, f.prefetch)
+        s.consumers[c.id] = c
+        s.send(SubscribeOk(rid=f.rid, consumer=c.id))
+
+    async def cancel(self, s: Consuming, user: UserRecord, f: Cancel) -> None:
+        c = s.consumers.pop(f.consumer, None)
+        if c is None:
+            raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
+        self.delivery.remove_consumer(c)
+        s.send_in_order(Ok(rid=f.rid))  # after any delivery still waiting on a commit
+
+    async def get(self, s: Consuming, user: UserRecord, f: Get) -> None:
+        self._may(user, "consume", f.queue, "get")
+        q = self.node.catalogue.queue(f.queue)
+        msgs = q.take(1, self.node.config.max_frame_size)
+        if not msgs:
+            s.send_in_order(GetOk(rid=f.rid, message=None))
+            return
+        delivery = self.delivery
+        marks, marked = delivery.record_deliveries(q, msgs)
+        holder = Consumer(0, q, s, 1)
+        holder.unacked = 1
+        d = s.tag(holder, msgs[0])
+        if f.auto_ack:
+            delivery.ack([s.deliveries.pop(d.tag)])
+        if marks:
+            def failed(err: BaseException) -> Frame:
+                undeliver(s, delivery, [d.tag])
+                return error_frame(f.rid, err if isinstance(err, TandemError) else StorageError(f"get: {err}"))
+
+            s.send_after(marks, GetOk(rid=f.rid, message=d), marked, failed)
+        else:
+            s.send_in_order(GetOk(rid=f.rid, message=d))
+
+    async def ack(self, s: Consuming, user: UserRecord, f: Ack) -> None:
+        settled, unknown = _settle(s, f.tags, f.multiple)
+        self.delivery.ack(settled)
+        _settled(s, f.rid, unknown)
+
+    async def nack(self, s: Consuming, user: UserRecord, f: Nack) -> None:
+        settled, unknown = _settle(s, f.tags, f.multiple)
+        if f.requeue:
+            self.delivery.requeue(settled, counted=f.delivered)
+        else:
+            self.delivery.dead_letter(settled, "rejected")
+        _settled(s, f.rid, unknown)
+
+    async def reject(self, s: Consuming, user: UserRecord, f: Reject) -> None:
+        settled, unknown = _settle(s, f.tags, f.multiple)
+        self.delivery.dead_letter(settled, "rejected")
+        _settled(s, f.rid, unknown)
+
+    # -- stream reads ---------------------------------------------------------------------------------
+
+    async def read(self, s: Consuming, user: UserRecord, f: Read) -> None:
+        self._may(user, "browse", f.queue)
+        msgs, nxt, end = await read_stream(self.streams, f.queue, f.partition, f.offset, f.max_messages)
+        s.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
+
+    async def produced(self, s: Consuming, user: UserRecord, f: Produced) -> None:
+        self._may(user, "browse", f.queue)
+        s.send((await produced(self.streams, f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
+
+
+def undeliver(s: Recipient, delivery: _delivery.Delivery, tags: list[int]) -> None:
+    """The delivered mark of these deliveries did not commit: they never leave.  A
+    message a consumer saw must come again counted, so none is shown before its mark
+    is in the log; ready again here, or the new active's if the partition moved."""
+    held = [s.deliveries.pop(t) for t in tags if t in s.deliveries]
+    if held:
+        delivery.requeue(held, counted=False)
+
+
+def _settle(s: Recipient, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:
+    held = s.deliveries
+    if multiple:
+        if not tags:
+            return [], []
+        upto = max(tags)
+        done_tags = [t for t in held if t <= upto]
+        out = [held.pop(t) for t in done_tags]
+        return out, ([] if out else [upto])
+    out, unknown = [], []
+    for t in tags:
+        item = held.pop(t, None)
+        if item is None:
+            unknown.append(t)
+        else:
+            out.append(item)
+    return out, unknown
+
+
+def _settled(s: Consuming, rid: int, unknown: list[int]) -> None:
+    if unknown:
+        shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+        s.send(error_frame(rid, UnknownDeliveryTagError(
+            f"unknown delivery tag(s) {shown}: not held by this connection "
+            "(already settled, or delivered on an earlier connection)")))
+    else:
+        s.send(Ok(rid=rid))
