@@ -23,7 +23,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
-from broker.partitions.restore import Restores
+from broker.partitions.restore_run import Restores
 from broker.security.security import Security
 from broker.security.users import UserRegistry
 from client.clock import Clock

@@ -59,7 +59,7 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves, check_nodes, without_leaving
 from broker.partitions.quarantine import QUEUE as QUARANTINE, Quarantine
 from broker.partitions.remap import Remaps
-from broker.partitions.restore import MAX_EVENTS as RESTORE_EVENTS, Restores
+from broker.partitions.restore_run import MAX_EVENTS as RESTORE_EVENTS, Restores
 from broker.security.security import SEEDED_KEY, Security
 from broker.security.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -1108,7 +1108,7 @@ class Node:
         return self.quarantine.keep(key, term, first_index, entries, confirmed, written)
 
     async def quarantine_actives(self) -> list[str]:
-        """The members serving a partition of the quarantine queue (broker.partitions.restore)."""
+        """The members serving a partition of the quarantine queue (broker.partitions.restore_run)."""
         if QUARANTINE not in self.queues:
             await self.catch_up_catalogue()  # (discarded on another member a moment ago?)
         q = self.queues.get(QUARANTINE)
