@@ -116,16 +116,21 @@ class Node:
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
-        self.security = Security(self)
-        self.drains = Drains(self)  # the group's members drained for maintenance
-        self.moves = Moves(self)  # partitions placed off the policy (tandem partition move)
-        self.remaps = Remaps(self)  # queues re-mapping their messages (tandem partition update)
+        self.delivery = Delivery(self, rules=self, tasks=self)
+        self.publisher = Publisher(self)
+        self.security = Security(self, accounts=self, spawn=self.spawn)
+        self.drains = Drains(self, group=self)  # the group's members drained for maintenance
+        #: partitions placed off the policy (tandem partition move)
+        self.moves = Moves(self, placement=self, spawn=self.spawn)
+        #: queues re-mapping their messages (tandem partition update)
+        self.remaps = Remaps(self, queues=self, here=self, publisher=self.publisher)
         self.quarantine = Quarantine(self)  # what HA-1014 discards, kept (tandem restore)
-        self.restores = Restores(self)  # merging it back, run in the group (admin API, console)
+        #: merging it back, run in the group (admin API, console)
+        self.restores = Restores(self, group=self, delivery=self.delivery, publisher=self.publisher)
         founding, _policy = config.placement()
         #: the group's members (tandem group add / remove); the settings' until the first change
-        self.group = GroupMembers(self, tuple(founding),
-                                  {n: z for n, z in config.zone_map().items() if n in founding})
+        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
+                                  zones={n: z for n, z in config.zone_map().items() if n in founding})
         self.sessions: set[Session] = set()
         #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
         self.local_holders: set[Recipient] = set()
@@ -144,8 +149,6 @@ class Node:
         self._commit: CommitPath | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.delivery = Delivery(self)
-        self.publisher = Publisher(self)
         self.forwarded = ForwardHandlers(self)
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
@@ -921,7 +924,8 @@ class Node:
         self.config = cfg = dataclasses.replace(
             self.config, peers=tuple(f"{n}={host_port(h, p)}" for n, (h, p) in sorted(found.items())))
         founding, _policy = cfg.placement()
-        self.group = GroupMembers(self, tuple(founding), {n: z for n, z in cfg.zone_map().items() if n in founding})
+        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
+                                  zones={n: z for n, z in cfg.zone_map().items() if n in founding})
         log.warning("joining the group its seeds belong to: members %s", ", ".join(sorted(found)))
         return cfg
 
@@ -1038,14 +1042,6 @@ class Node:
 
     async def respread_step(self, settled: bool) -> None:
         await self.group.step(settled)
-
-    async def retarget(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
-        await self.moves.retarget(key, nodes)
-
-    async def start_move(self, key: tuple[int, int], nodes: tuple[str, ...], by: str) -> None:
-        q = self.catalogue.by_id(key[0])
-        if q is not None:
-            await self.moves.move(q.name, key[1], nodes, by)
 
     def drain_refusal(self) -> str | None:
         if self.replication is None:

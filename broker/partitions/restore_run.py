@@ -18,12 +18,11 @@ from typing import Protocol
 from broker.config import NodeConfig
 from broker.messaging.delivery import Delivery
 from broker.messaging.forward import RestoreFwd, decode_reply, pack_reply
-from broker.messaging.outcome import Outcome
-from broker.messaging.publish import PublishRequest, PublishResult
+from broker.messaging.publish import PublishRequest
 from broker.messaging.queues import Consumer, Msg, Queue, Recipient
 from broker.messaging.streams import Produced
 from broker.partitions.quarantine import QUEUE
-from broker.partitions.remap import BATCH, BATCH_BYTES
+from broker.partitions.remap import BATCH, BATCH_BYTES, Publishing
 from broker.partitions.restore import (BUDGET, WAIT, Filter, Report, Seen, compensated, republished, resent,
                                        taken)
 from broker.partitions.compensation import load
@@ -42,10 +41,12 @@ MAX_EVENTS = 20
 Held = tuple[Consumer, Msg]
 
 
-class RestoreHost(Protocol):
+class RestoreNode(Protocol):
+    """The node a restore runs on: its settings, its queues, the deliveries it holds itself,
+    their commits, and its events."""
+
     clock: Clock
     config: NodeConfig
-    delivery: Delivery
 
     @property
     def name(self) -> str: ...
@@ -60,7 +61,12 @@ class RestoreHost(Protocol):
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
-    def publish(self, req: PublishRequest) -> Outcome[PublishResult]: ...
+    def restore_event(self, text: str) -> None: ...
+
+
+class RestoreGroup(Protocol):
+    """The group a restore reaches: the members serving the quarantine's partitions, and the
+    source's partitions wherever they are served."""
 
     async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
                           *, hops: int = 0) -> tuple[list[StreamMessage], int, int]: ...
@@ -74,16 +80,15 @@ class RestoreHost(Protocol):
 
     async def forward(self, who: str, request: RestoreFwd) -> bytes: ...
 
-    def restore_event(self, text: str) -> None: ...
-
 
 class _Taker:
     """An in-process consumer of the quarantine (a :class:`~broker.messaging.queues.Recipient`):
     deliveries are marked, counted and revoked on failover as a client session's are; each
     is handed to :meth:`Restores.here` once its mark is committed."""
 
-    def __init__(self, node: RestoreHost, name: str) -> None:
+    def __init__(self, node: RestoreNode, delivery: Delivery, name: str) -> None:
         self.node = node
+        self.delivery = delivery
         self.client_name = name
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, Held] = {}
@@ -97,7 +102,7 @@ class _Taker:
         return True
 
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None:
-        marks, marked = self.node.delivery.record_deliveries(c.queue, msgs)
+        marks, marked = self.delivery.record_deliveries(c.queue, msgs)
         c.unacked += len(msgs)
         tags = list(range(self._next_tag, self._next_tag + len(msgs)))
         self._next_tag += len(msgs)
@@ -109,7 +114,7 @@ class _Taker:
                 self._ready.extend(tags)
             else:  # (the partition moved: its new active has them)
                 gone = [self.deliveries.pop(t) for t in tags if t in self.deliveries]
-                self.node.delivery.requeue(gone, counted=False)
+                self.delivery.requeue(gone, counted=False)
             self._changed.set()
 
         if marks:
@@ -119,7 +124,7 @@ class _Taker:
 
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
         self.consumers.pop(c.id, None)
-        self.node.delivery.remove_consumer(c)
+        self.delivery.remove_consumer(c)
         self.cancelled = reason
         self._changed.set()
 
@@ -157,22 +162,25 @@ class _Taker:
     def settle(self, tag: int) -> None:
         held = self.deliveries.pop(tag, None)
         if held is not None:
-            self.node.delivery.ack([held])
+            self.delivery.ack([held])
 
     def release(self) -> None:
         """Its consumers go; what it still holds is ready again, uncounted (never taken)."""
         for c in list(self.consumers.values()):
-            self.node.delivery.remove_consumer(c)
+            self.delivery.remove_consumer(c)
         self.consumers.clear()
         held = list(self.deliveries.values())
         self.deliveries.clear()
         if held:
-            self.node.delivery.requeue(held, counted=False)
+            self.delivery.requeue(held, counted=False)
 
 
 class Restores:
-    def __init__(self, node: RestoreHost) -> None:
+    def __init__(self, node: RestoreNode, group: RestoreGroup, delivery: Delivery, publisher: Publishing) -> None:
         self.node = node
+        self.group = group
+        self.delivery = delivery
+        self.publisher = publisher
         #: asked about each key conflict (the node's --compensation; checked when it started)
         self.hook = load(node.config.compensation) if node.config.compensation else None
 
@@ -180,7 +188,7 @@ class Restores:
         """Restore what ``f`` takes, on every member serving a partition of the quarantine;
         the sum of what they did."""
         node = self.node
-        whos = sorted(await node.quarantine_actives())
+        whos = sorted(await self.group.quarantine_actives())
         report = Report()
         for part in await asyncio.gather(*(self._on(who, f) for who in whos)):
             report.add(part)
@@ -192,7 +200,7 @@ class Restores:
     async def _on(self, who: str, f: Filter) -> Report:
         if who == self.node.name:
             return await self.here(f)
-        return Report.from_json(decode_reply(await self.node.forward(who, f.forward(1))))
+        return Report.from_json(decode_reply(await self.group.forward(who, f.forward(1))))
 
     async def forwarded(self, req: RestoreFwd) -> bytes:
         return pack_reply((await self.here(Filter.of(req))).json())
@@ -204,10 +212,10 @@ class Restores:
         report = Report()
         if QUEUE not in node.queues:
             return report
-        taker = _Taker(node, "restore")
+        taker = _Taker(node, self.delivery, "restore")
         node.local_holders.add(taker)
         try:
-            c = node.delivery.add_consumer(taker, QUEUE, node.config.max_prefetch)
+            c = self.delivery.add_consumer(taker, QUEUE, node.config.max_prefetch)
             taker.consumers[c.id] = c
             skipped: list[Msg] = []
             ends: dict[tuple[str, int], int] = {}
@@ -265,7 +273,7 @@ class Restores:
             groups.setdefault((queue, pid), []).append((tag, msg, conflict))
         for (queue, pid), items in groups.items():
             try:
-                r = await self.node.publish(PublishRequest(queue, pid, [msg for _tag, msg, _c in items]))
+                r = await self.publisher.publish(PublishRequest(queue, pid, [msg for _tag, msg, _c in items]))
             except QueueNotFoundError:  # (deleted a moment ago)
                 report.left[queue] += len(items)
                 continue
@@ -276,13 +284,13 @@ class Restores:
                 taker.settle(tag)
 
     async def _read(self, queue: str, partition: int, offset: int) -> list[StreamMessage]:
-        return (await self.node.read_stream(queue, partition, offset, 1))[0]
+        return (await self.group.read_stream(queue, partition, offset, 1))[0]
 
     async def _produced(self, queue: str, partition: int, producer: str, offset: int) -> Produced:
-        return await self.node.produced(queue, partition, producer, offset)
+        return await self.group.produced(queue, partition, producer, offset)
 
     async def _end(self, queue: str, partition: int) -> int:
-        return (await self.node.read_stream(queue, partition, 0, 1))[2]
+        return (await self.group.read_stream(queue, partition, 0, 1))[2]
 
 
 def _shown(f: Filter) -> str:
