@@ -34,6 +34,12 @@ CATALOGUE: Key = (0, 0)
 class CommitPath(Protocol):
     #: True when confirms wait for other nodes (a quorum), whatever the local policy.
     replicated: bool
+    #: True when a change of the group's state (queues, users and grants, placements, members)
+    #: is an entry of the catalogue's log: proposed by the catalogue's active
+    #: (``wait_active(CATALOGUE)``) and applied by every member, each to a store of its own,
+    #: once committed.  False when ``propose_catalogue`` commits it to the one store there is
+    #: and whoever proposed it applies it.
+    catalogue_log: bool
 
     def serving(self, key: Key) -> bool:
         """Whether this node holds and may change the partition's messages now."""
@@ -70,6 +76,7 @@ class LocalCommitPath:
     """A single node: every partition is served here, every commit is the store writer's."""
 
     replicated = False
+    catalogue_log = False
 
     def __init__(self, writer: GroupCommitWriter, node: str, *, sync: bool) -> None:
         self.writer, self.node, self.sync = writer, node, sync
@@ -118,6 +125,7 @@ class ReplicatedCommitPath:
     waits for a quorum of the partition's voters (so ``durable`` changes nothing)."""
 
     replicated = True
+    catalogue_log = True
 
     def __init__(self, log: ReplicatedLog) -> None:
         self.log = log

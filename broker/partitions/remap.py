@@ -320,9 +320,10 @@ class Remaps:
 
     async def _change(self, what: str, check: Callable[[], WriteOp | list[WriteOp]], fwd: RemapFwd,
                       hops: int) -> None:
-        """Commit a change of the queue's partitioning: through the catalogue in a group; on a
-        single node (or the shared-mode lock holder) straight to the store, then applied here."""
-        if self.catalogue.commit.replicated:
+        """Commit a change of the queue's partitioning: through the catalogue's log where every
+        member applies it (``CommitPath.catalogue_log``: a replication group); else straight to
+        the one store (a single node, the shared-mode lock holder), then applied here."""
+        if self.catalogue.commit.catalogue_log:
             await catalogue_change(self.catalogue, what, check, fwd, hops, local=lambda _op: None)
             return
         refusal = self.catalogue.refusal()

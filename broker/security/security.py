@@ -168,7 +168,7 @@ class Security:
             commit = self.catalogue.commit
         except TandemError:  # not started, or stopping
             return
-        if not commit.replicated:
+        if not commit.catalogue_log:  # (one store: one admin already)
             return
         if commit.active_of(CATALOGUE) != self.catalogue.config.name or not commit.serving(CATALOGUE):
             return
@@ -281,13 +281,14 @@ async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], W
                            fwd: ForwardRequest, hops: int, *, local: Callable[[WriteOp], object]) -> int:
     """Check and commit a change of the group's state where that state is decided (this
     node, or the catalogue's active, which ``fwd`` goes to), and return once it is applied
-    here.  Returns the catalogue's commit index with it (replicated mode; 0 otherwise, where
-    ``local`` applies the change after its commit)."""
+    here.  Returns the catalogue's commit index with it where the catalogue is a log every
+    member applies (``CommitPath.catalogue_log``); 0 otherwise, where ``local`` applies the
+    change after its commit."""
     refusal = node.refusal()
     if refusal is not None:
         raise refusal
     commit = node.commit
-    if not commit.replicated:
+    if not commit.catalogue_log:
         made = check()
         ops = made if isinstance(made, list) else [made]
         await commit_catalogue(node, ops)

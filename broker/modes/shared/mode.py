@@ -337,6 +337,7 @@ class SharedCommitPath:
     its store writer; every transaction is fenced by the activation epoch in the database."""
 
     replicated = False
+    catalogue_log = False
 
     def __init__(self, writer: GroupCommitWriter, mode: SharedMode, *, sync: bool) -> None:
         self.writer, self.mode, self.sync = writer, mode, sync
