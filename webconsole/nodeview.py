@@ -24,7 +24,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
-from broker.partitions.restore import Restores
+from broker.partitions.restore_run import Restores
 from broker.security.acl import AclTable
 from broker.security.auth import ClientGuard
 from broker.security.security import Security

@@ -183,7 +183,7 @@ class Catalogue:
                                                "partition)")
                 placing = node.static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
-            if commit.proposer_applies:
+            if not commit.catalogue_log:
                 q = self.add(meta)
                 try:
                     await self._commit(PutQueue(meta))
@@ -226,7 +226,7 @@ class Catalogue:
                 depth = q.depth if node.commit.one_server else await self.depth(q)
                 if depth:
                     raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
-            if node.commit.proposer_applies:
+            if not node.commit.catalogue_log:
                 self._drop(q)
                 await self._commit(DropQueue(q.meta.id))
                 log.info("queue deleted name=%s messages=%d", name, q.depth)
@@ -251,7 +251,7 @@ class Catalogue:
         that has missed changes must not call a queue missing: a durable consumer would end for
         good on a queue that exists."""
         node = self.node
-        if node.commit.proposer_applies:
+        if not node.commit.catalogue_log:
             return False
         before = node.catalogue_applied()
         try:

@@ -38,10 +38,12 @@ class CommitPath(Protocol):
     #: queue's depth is known here and a declare's per-partition node lists mean nothing.
     #: False: each partition has its own active, elected among its replicas.
     one_server: bool
-    #: A committed catalogue change is applied by the member that proposed it once its commit
-    #: returns (one store).  False: every member applies it from the replicated catalogue log,
-    #: and the proposer waits to see it applied (and a member may lag the log's active).
-    proposer_applies: bool
+    #: True when a change of the group's state (queues, users and grants, placements, members)
+    #: is an entry of the catalogue's log: proposed by the catalogue's active
+    #: (``wait_active(CATALOGUE)``) and applied by every member, each to a store of its own,
+    #: once committed (a member may lag the log's active).  False when ``propose_catalogue``
+    #: commits it to the one store there is and whoever proposed it applies it.
+    catalogue_log: bool
     #: The durability a publish's confirm waits for.
     confirm_policy: DurabilityPolicy
 
@@ -88,7 +90,7 @@ class CommitPath(Protocol):
 class LocalCommitPath:
     """A single node: every partition is served here, every commit is the store writer's."""
 
-    one_server = proposer_applies = True
+    one_server, catalogue_log = True, False
 
     def __init__(self, writer: GroupCommitWriter, node: str, *, policy: DurabilityPolicy) -> None:
         self.writer, self.node = writer, node
@@ -144,7 +146,7 @@ class ReplicatedCommitPath:
     waits for a quorum of the partition's voters (so ``durable`` changes nothing, and a confirm
     waits for the quorum whatever the local policy)."""
 
-    one_server = proposer_applies = False
+    one_server, catalogue_log = False, True
     confirm_policy = DurabilityPolicy.SYNC
 
     def __init__(self, log: ReplicatedLog) -> None:

@@ -34,8 +34,9 @@ class DeadLetterRule(Protocol):
     def dead_letter_refusal(self, users: Any, owner: str | None, target: str) -> str | None: ...
 
 
-class DeliveryHost(Protocol):
-    """What delivery needs from its node."""
+class DeliveryRules(Protocol):
+    """The node's settings and grants deliveries follow: frame size, prefetch limit, who may
+    dead-letter where."""
     config: NodeConfig
     users: Any  # (with acls: who may dead-letter where)
 
@@ -44,6 +45,10 @@ class DeliveryHost(Protocol):
 
     @property
     def acls(self) -> DeadLetterRule: ...
+
+
+class DeliveryHost(Protocol):
+    """The node's queues and the partitions it serves: what delivery reads, writes and hands on."""
 
     @property
     def queues(self) -> dict[str, Queue]: ...
@@ -62,15 +67,19 @@ class DeliveryHost(Protocol):
 
     def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
         """The store's log end of the partition, then up to ``limit`` unsettled messages from
         ``offset`` on (on a reader thread)."""
         ...
+
+
+class Tasks(Protocol):
+    """The node's tasks and clock (a cold region's refill runs as a task of the node's)."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    @property
+    def clock(self) -> Clock: ...
 
 
 log = logging.getLogger("tandem.broker")
@@ -82,8 +91,10 @@ Held = tuple[Consumer, Msg]
 
 
 class Delivery:
-    def __init__(self, node: DeliveryHost) -> None:
+    def __init__(self, node: DeliveryHost, rules: DeliveryRules, tasks: Tasks) -> None:
         self.node = node
+        self.rules = rules
+        self.tasks = tasks
         self._next_consumer_id = 1
         self._dirty: set[Queue] = set()
         self._scheduled = False
@@ -121,7 +132,7 @@ class Delivery:
         if q.cold_count and q.consumers:
             for part in q.partitions:
                 if q.wants_refill(part):
-                    self.node.spawn(self._refill(q, part))
+                    self.tasks.spawn(self._refill(q, part))
 
     async def _refill(self, q: Queue, part: Partition) -> None:
         """Read the next batch of a partition's cold region from the store into memory."""
@@ -137,13 +148,13 @@ class Delivery:
         if not q.end_refill(part, epoch, stored, limit, stored_end) and epoch == part.epoch:
             # the store has not written them yet (its writes follow the commit): again soon
             part.reading = True
-            await self.node.clock.sleep(wait)
+            await self.tasks.clock.sleep(wait)
             if epoch == part.epoch:
                 part.reading = False
         self.schedule(q)
 
     def _hand_out(self, q: Queue) -> None:
-        budget = self.node.config.max_frame_size - 4096
+        budget = self.rules.config.max_frame_size - 4096
         while q.ready_count and q.consumers:
             eligible = [c for c in q.consumers_in_turn() if c.credit > 0 and c.session.writable]
             if not eligible:
@@ -179,7 +190,7 @@ class Delivery:
     def add_consumer(self, session: Recipient, queue_name: str, prefetch: int) -> Consumer:
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
-        self.node.guard.check_prefetch(prefetch)
+        self.rules.guard.check_prefetch(prefetch)
         q = self.node.queue(queue_name)
         c = Consumer(self._next_consumer_id, q, session, prefetch)
         self._next_consumer_id += 1
@@ -247,7 +258,7 @@ class Delivery:
                 continue
             dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
             refused = None if dlq is None else \
-                self.node.acls.dead_letter_refusal(self.node.users, src.meta.owner, dlq.name)
+                self.rules.acls.dead_letter_refusal(self.rules.users, src.meta.owner, dlq.name)
             if refused is not None:
                 dlq = None  # (dropped as if it were missing: the owner may not write there)
             headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}

@@ -16,7 +16,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
-from broker.partitions.restore import Restores
+from broker.partitions.restore_run import Restores
 from broker.security.security import Security
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,

@@ -66,7 +66,7 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves, check_nodes, without_leaving
 from broker.partitions.quarantine import QUEUE as QUARANTINE, Quarantine
 from broker.partitions.remap import Remaps
-from broker.partitions.restore import MAX_EVENTS as RESTORE_EVENTS, Restores
+from broker.partitions.restore_run import MAX_EVENTS as RESTORE_EVENTS, Restores
 from broker.security.security import SEEDED_KEY, Security
 from broker.security.users import UserRegistry, bootstrap_admin
 from client.clock import SYSTEM_CLOCK, Clock
@@ -123,16 +123,21 @@ class Node:
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
-        self.security = Security(self)
-        self.drains = Drains(self)  # the group's members drained for maintenance
-        self.moves = Moves(self)  # partitions placed off the policy (tandem partition move)
-        self.remaps = Remaps(self)  # queues re-mapping their messages (tandem partition update)
+        self.delivery = Delivery(self, rules=self, tasks=self)
+        self.publisher = Publisher(self)
+        self.security = Security(self, accounts=self, spawn=self.spawn)
+        self.drains = Drains(self, group=self)  # the group's members drained for maintenance
+        #: partitions placed off the policy (tandem partition move)
+        self.moves = Moves(self, placement=self, spawn=self.spawn)
+        #: queues re-mapping their messages (tandem partition update)
+        self.remaps = Remaps(self, queues=self, here=self, publisher=self.publisher)
         self.quarantine = Quarantine(self)  # what HA-1014 discards, kept (tandem restore)
-        self.restores = Restores(self)  # merging it back, run in the group (admin API, console)
+        #: merging it back, run in the group (admin API, console)
+        self.restores = Restores(self, group=self, delivery=self.delivery, publisher=self.publisher)
         founding, _policy = config.placement()
         #: the group's members (tandem group add / remove); the settings' until the first change
-        self.group = GroupMembers(self, tuple(founding),
-                                  {n: z for n, z in config.zone_map().items() if n in founding})
+        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
+                                  zones={n: z for n, z in config.zone_map().items() if n in founding})
         self.sessions: set[Session] = set()
         #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
         self.local_holders: set[Recipient] = set()
@@ -150,8 +155,6 @@ class Node:
                                else engine(config), shared=self._shared_store is not None)
         self.shared_node: SharedNode | None = None
         self._server: asyncio.Server | None = None
-        self.delivery = Delivery(self)
-        self.publisher = Publisher(self)
         self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self, streams=self,
                                          publisher=self.publisher, security=self.security, drains=self.drains,
                                          moves=self.moves, remaps=self.remaps, restores=self.restores)
@@ -794,7 +797,8 @@ class Node:
         self.config = cfg = dataclasses.replace(
             self.config, peers=tuple(f"{n}={host_port(h, p)}" for n, (h, p) in sorted(found.items())))
         founding, _policy = cfg.placement()
-        self.group = GroupMembers(self, tuple(founding), {n: z for n, z in cfg.zone_map().items() if n in founding})
+        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
+                                  zones={n: z for n, z in cfg.zone_map().items() if n in founding})
         log.warning("joining the group its seeds belong to: members %s", ", ".join(sorted(found)))
         return cfg
 
@@ -912,14 +916,6 @@ class Node:
     async def respread_step(self, settled: bool) -> None:
         await self.group.step(settled)
 
-    async def retarget(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
-        await self.moves.retarget(key, nodes)
-
-    async def start_move(self, key: tuple[int, int], nodes: tuple[str, ...], by: str) -> None:
-        q = self.catalogue.by_id(key[0])
-        if q is not None:
-            await self.moves.move(q.name, key[1], nodes, by)
-
     def drain_refusal(self) -> str | None:
         if self.replication is None:
             return "node drain: this node is not in a replication group (a single node, or shared mode)"
@@ -974,7 +970,7 @@ class Node:
         return self.quarantine.keep(key, term, first_index, entries, confirmed, written)
 
     async def quarantine_actives(self) -> list[str]:
-        """The members serving a partition of the quarantine queue (broker.partitions.restore)."""
+        """The members serving a partition of the quarantine queue (broker.partitions.restore_run)."""
         if QUARANTINE not in self.queues:
             await self.catalogue.catch_up()  # (discarded on another member a moment ago?)
         q = self.queues.get(QUARANTINE)

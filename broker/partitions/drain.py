@@ -33,7 +33,9 @@ log = logging.getLogger("tandem.broker")
 DRAINED_KEY = "drained."
 
 
-class DrainHost(CatalogueHost, Protocol):
+class DrainGroup(Protocol):
+    """The group as drains see it: its members, whether drains apply, what a change sets off."""
+
     def group_members(self) -> tuple[str, ...]:
         """The group's members (this node included), in placement order; () outside a group."""
         ...
@@ -51,8 +53,9 @@ class DrainHost(CatalogueHost, Protocol):
 class Drains:
     """The group's drained members as this member applied them, and the changes asked here."""
 
-    def __init__(self, node: DrainHost) -> None:
-        self.node = node
+    def __init__(self, catalogue: CatalogueHost, group: DrainGroup) -> None:
+        self.catalogue = catalogue  # where a change is decided and committed
+        self.group = group
         self.drained: frozenset[str] = frozenset()
 
     def load(self, meta: Mapping[str, str]) -> None:
@@ -75,7 +78,7 @@ class Drains:
         log.warning("node %s %s (group state): %s", name, "drained" if drained else "undrained",
                     "its partitions move to other nodes once they are caught up" if drained else
                     "failback brings back the partitions it is placed first for")
-        self.node.drained_changed()
+        self.group.drained_changed()
 
     def snapshot(self) -> list[str]:
         """The set, for the catalogue's snapshot."""
@@ -87,7 +90,7 @@ class Drains:
         ops: list[WriteOp] = [PutMeta(DRAINED_KEY + n, "1" if n in new else "0") for n in sorted(new ^ self.drained)]
         if new != self.drained:
             self.drained = new
-            self.node.drained_changed()
+            self.group.drained_changed()
         return ops
 
     # -- changes asked for on this member -----------------------------------------------------------
@@ -97,10 +100,10 @@ class Drains:
         is committed and applied here.  InvalidArgumentError for a node that is not a member,
         one already drained (or not drained), the last member not drained, or a group where
         drains do not apply."""
-        refusal = self.node.drain_refusal()
+        refusal = self.group.drain_refusal()
         if refusal:
             raise InvalidArgumentError(refusal)
-        members = self.node.group_members()
+        members = self.group.group_members()
         if name not in members:
             raise InvalidArgumentError(f"no node {name!r} in this group (members: {', '.join(members)})")
         verb = "drain" if drained else "undrain"
@@ -115,7 +118,7 @@ class Drains:
                                            f"would have nowhere to go)")
             return SetDrained(name, drained)
 
-        await catalogue_change(self.node, f"{verb} node {name}", check, DrainFwd(hops + 1, name, int(drained), by),
+        await catalogue_change(self.catalogue, f"{verb} node {name}", check, DrainFwd(hops + 1, name, int(drained), by),
                                hops, local=lambda _op: None)
         log.warning("NODE %s by %s: %s", verb.upper(), by, name)
 
@@ -124,4 +127,4 @@ class Drains:
         if req.drained not in (0, 1):
             raise InvalidArgumentError(f"forwarded drain: drained is {req.drained}, not 0 or 1")
         await self.set(req.node, bool(req.drained), req.by, max(1, req.hops))
-        return pack_reply(self.node.catalogue_commit())
+        return pack_reply(self.catalogue.catalogue_commit())

@@ -55,7 +55,10 @@ _HOST = re.compile(r"^\[?[A-Za-z0-9_.:-]{1,253}\]?$")  # a host name, IPv4 or [I
 Key = tuple[int, int]
 
 
-class MembersHost(CatalogueHost, Protocol):
+class MemberPlacement(Protocol):
+    """The group as its member list sees it: the settings' members, the distribution policy,
+    where partitions are and what a changed list sets off."""
+
     def group_refusal(self) -> str | None:
         """Why members cannot be added or removed in this node's group (None: they can)."""
         ...
@@ -86,17 +89,21 @@ class MembersHost(CatalogueHost, Protocol):
         """Where partition ``key`` is placed now."""
         ...
 
+
+class Moving(Protocol):
+    """The moves a re-spread starts and steers (:class:`broker.partitions.moves.Moves`)."""
+
     @property
     def moving(self) -> Collection[Key]:
         """The partitions whose move is under way."""
         ...
 
-    async def start_move(self, key: Key, nodes: tuple[str, ...], by: str) -> None:
-        """Move partition ``key`` to ``nodes`` (broker.partitions.moves)."""
+    async def start(self, key: Key, nodes: tuple[str, ...], by: str) -> None:
+        """Move partition ``key`` to ``nodes``."""
         ...
 
     async def retarget(self, key: Key, nodes: tuple[str, ...]) -> None:
-        """Send partition ``key``'s move under way to ``nodes`` instead (broker.partitions.moves)."""
+        """Send partition ``key``'s move under way to ``nodes`` instead."""
         ...
 
 
@@ -111,8 +118,11 @@ def parse_address(text: str) -> tuple[str, int]:
 class GroupMembers:
     """The group's member list as this member applied it, and the changes asked here."""
 
-    def __init__(self, node: MembersHost, founding: tuple[str, ...], zones: Mapping[str, str]) -> None:
-        self.node = node
+    def __init__(self, catalogue: CatalogueHost, placement: MemberPlacement, moves: Moving, founding: tuple[str, ...],
+                 zones: Mapping[str, str]) -> None:
+        self.catalogue = catalogue  # where a change is decided and committed
+        self.placement = placement
+        self.moves = moves
         self.founding = SetGroup(tuple(sorted(founding)), (), tuple(f"{n}={z}" for n, z in sorted(zones.items())),
                                  (), False)
         #: the last committed change (None: none yet, the settings' list holds)
@@ -188,7 +198,7 @@ class GroupMembers:
                 f"{', '.join(leaving)} leaving" if leaving else "",
                 "partitions re-spreading" if op.respread else "change done" if before.respread else "") if x)
             log.warning("group members now %s (group state%s)", ", ".join(op.members), f": {what}" if what else "")
-            self.node.members_changed()
+            self.placement.members_changed()
         return [PutMeta(GROUP_KEY, json.dumps({
             "members": list(op.members), "addresses": list(op.addresses), "zones": list(op.zones),
             "leaving": list(op.leaving), "respread": op.respread}))]
@@ -214,7 +224,7 @@ class GroupMembers:
         """Add member ``name`` at peer address ``address`` (in zone ``zone``, in a group with
         zones), for the whole group: returns once the change is committed and applied here
         (the partitions re-spread after)."""
-        refusal = self.node.group_refusal()
+        refusal = self.placement.group_refusal()
         if refusal:
             raise InvalidArgumentError(refusal)
         if not _NAME.match(name):
@@ -243,14 +253,14 @@ class GroupMembers:
             members = tuple(sorted((*cur.members, name)))
             if zone:
                 zones[name] = zone
-            why = self.node.feasible(tuple(n for n in members if n not in cur.leaving), zones)
+            why = self.placement.feasible(tuple(n for n in members if n not in cur.leaving), zones)
             if why is not None:
                 raise InvalidArgumentError(f"group add: {why}")
             return SetGroup(members, tuple(sorted((*cur.addresses, spec))),
                             tuple(f"{n}={z}" for n, z in sorted(zones.items())), cur.leaving, True,
-                            tuple(self.node.unplaced()))
+                            tuple(self.placement.unplaced()))
 
-        await catalogue_change(self.node, f"add member {name}", check,
+        await catalogue_change(self.catalogue, f"add member {name}", check,
                                GroupFwd(hops + 1, "add", name, f"{host}:{port}", zone, by), hops,
                                local=lambda _op: None)
         log.warning("GROUP ADD by %s: %s at %s:%d%s", by, name, host, port, f" in zone {zone}" if zone else "")
@@ -258,7 +268,7 @@ class GroupMembers:
     async def remove(self, name: str, by: str, hops: int = 0) -> None:
         """Start removing member ``name``: its partitions move to the others, then it leaves
         the list.  Returns once the start is committed and applied here."""
-        refusal = self.node.group_refusal()
+        refusal = self.placement.group_refusal()
         if refusal:
             raise InvalidArgumentError(refusal)
 
@@ -276,13 +286,13 @@ class GroupMembers:
                 raise InvalidArgumentError(f"group remove: a group keeps two members at least (it would be left "
                                            f"with {', '.join(rest) or 'none'})")
             zones = {n: z for n, z in self.zones.items() if n in rest}
-            why = self.node.feasible(rest, zones)
+            why = self.placement.feasible(rest, zones)
             if why is not None:
                 raise InvalidArgumentError(f"group remove: {why}")
             return SetGroup(cur.members, cur.addresses, cur.zones, tuple(sorted((*cur.leaving, name))), True,
-                            tuple(self.node.unplaced()))
+                            tuple(self.placement.unplaced()))
 
-        await catalogue_change(self.node, f"remove member {name}", check,
+        await catalogue_change(self.catalogue, f"remove member {name}", check,
                                GroupFwd(hops + 1, "remove", name, "", "", by), hops, local=lambda _op: None)
         log.warning("GROUP REMOVE by %s: %s (its partitions move to the other members, then it leaves)", by, name)
 
@@ -299,7 +309,7 @@ class GroupMembers:
                             tuple(a for a in cur.addresses if a.partition("=")[0] not in gone),
                             tuple(z for z in cur.zones if z.partition("=")[0] not in gone), (), False)
 
-        await catalogue_change(self.node, "settle the group change", check,
+        await catalogue_change(self.catalogue, "settle the group change", check,
                                GroupFwd(hops + 1, "settle", "", "", "", "the catalogue's active"), hops,
                                local=lambda _op: None)
 
@@ -307,13 +317,13 @@ class GroupMembers:
         """One round of the re-spread, on the catalogue's active: move the partitions that are
         not where the policy places them (at most :data:`MAX_MOVES` under way), or, once every
         one is and the catalogue's log has its members (``settled``), end the change."""
-        targets = self.node.policy_targets()
-        moving = set(self.node.moving)
+        targets = self.placement.policy_targets()
+        moving = set(self.moves.moving)
         placing = set(self.placing)
         for key in sorted(moving & set(targets)):
-            if any(n.partition(":")[0] not in placing for n in self.node.nodes_of(key)):
-                await self.node.retarget(key, targets[key])  # (a move onto a member now leaving)
-        differ = [k for k, nodes in sorted(targets.items()) if self.node.nodes_of(k) != nodes]
+            if any(n.partition(":")[0] not in placing for n in self.placement.nodes_of(key)):
+                await self.moves.retarget(key, targets[key])  # (a move onto a member now leaving)
+        differ = [k for k, nodes in sorted(targets.items()) if self.placement.nodes_of(k) != nodes]
         if not differ and not moving:
             if settled:
                 await self.settle()
@@ -326,14 +336,14 @@ class GroupMembers:
                 break
             if key in moving:
                 continue
-            await self.node.start_move(key, targets[key], "the group's re-spread")
+            await self.moves.start(key, targets[key], "the group's re-spread")
             busy += 1
 
     def _address_of(self, name: str) -> str | None:
         added = self.addresses.get(name)
         if added is not None:
             return f"{added[0]}:{added[1]}"
-        return self.node.founding_address(name)
+        return self.placement.founding_address(name)
 
     async def forwarded(self, req: GroupFwd) -> bytes:
         """A member forwarded a change here (this node is the catalogue's active)."""
@@ -347,4 +357,4 @@ class GroupMembers:
         else:
             raise InvalidArgumentError(f"forwarded group change: action {req.action!r} is not add, remove or "
                                        f"settle")
-        return pack_reply(self.node.catalogue_commit())
+        return pack_reply(self.catalogue.catalogue_commit())

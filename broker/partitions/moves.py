@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from broker.messaging.forward import MoveFwd, pack_reply
@@ -43,7 +43,9 @@ PLACED_KEY = "placed."
 Key = tuple[int, int]
 
 
-class MoveHost(CatalogueHost, Protocol):
+class MovePlacement(Protocol):
+    """The group's members and queues, where partitions are placed, and what a placement sets off."""
+
     def group_members(self) -> tuple[str, ...]:
         """The group's members (this node included), in placement order; () outside a group."""
         ...
@@ -72,10 +74,6 @@ class MoveHost(CatalogueHost, Protocol):
 
     def placement_changed(self, key: Key) -> None:
         """A placement changed: open, reconcile or drop the partition's log here."""
-        ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` as a task of this node's (cancelled when it stops)."""
         ...
 
 
@@ -131,8 +129,11 @@ def _meta_value(op: SetPlacement) -> str:
 class Moves:
     """The group's placements as this member applied them, and the moves asked here."""
 
-    def __init__(self, node: MoveHost) -> None:
-        self.node = node
+    def __init__(self, catalogue: CatalogueHost, placement: MovePlacement,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.catalogue = catalogue  # where a change is decided and committed
+        self.placement = placement
+        self.spawn = spawn  # runs a forced replication as a task of the node's (cancelled when it stops)
         self.placed: dict[Key, tuple[str, ...]] = {}
         self.moving: set[Key] = set()
         #: the partitions of queues declared with explicit node lists (``static`` distribution)
@@ -173,7 +174,7 @@ class Moves:
         if was != (op.nodes, op.moving):
             log.warning("partition %d/%d %s %s (group state)", key[0], key[1],
                         "moving to" if op.moving else "now placed on", ", ".join(op.nodes))
-            self.node.placement_changed(key)
+            self.placement.placement_changed(key)
         return [PutMeta(f"{PLACED_KEY}{key[0]}.{key[1]}", _meta_value(op))]
 
     def forget(self, queue_id: int) -> None:
@@ -208,45 +209,51 @@ class Moves:
         ``force`` (``force_replication``): once there, every replica of the list is copied
         afresh from the active, one at a time (:meth:`_force`), also where the partition is
         on that list already; ``forcing``: this move is one of its steps."""
-        refusal = self.node.move_refusal()
+        refusal = self.placement.move_refusal()
         if refusal:
             raise InvalidArgumentError(refusal)
-        meta = self.node.queue_meta(queue)
+        meta = self.placement.queue_meta(queue)
         if meta is None:
             raise InvalidArgumentError(f"partition move: no queue {queue!r}")
         if not 0 <= partition < meta.partitions:
             raise InvalidArgumentError(f"partition move: queue {queue} has partitions 0..{meta.partitions - 1}, "
                                        f"not {partition}")
-        check_nodes("partition move", nodes, self.node.group_members())
+        check_nodes("partition move", nodes, self.placement.group_members())
         key = (meta.id, partition)
         if key in self.forcing and not forcing:
             raise InvalidArgumentError(f"partition {queue}/{partition}: a forced replication is under way "
                                        f"({self.forcing[key]}): wait until it is done")
-        if force and key not in self.moving and self.node.nodes_of(key) == self.node.spec_of(nodes):
-            self._start_force(key, queue, self.node.spec_of(nodes), by)
+        if force and key not in self.moving and self.placement.nodes_of(key) == self.placement.spec_of(nodes):
+            self._start_force(key, queue, self.placement.spec_of(nodes), by)
             return
 
         def check() -> WriteOp:
             if key in self.moving:
                 raise InvalidArgumentError(f"partition {queue}/{partition} is already moving to "
                                            f"{','.join(self.placed[key])}: wait until it is there")
-            if self.node.nodes_of(key) == self.node.spec_of(nodes):
+            if self.placement.nodes_of(key) == self.placement.spec_of(nodes):
                 raise InvalidArgumentError(f"partition {queue}/{partition} is already on {','.join(nodes)}")
             return SetPlacement(meta.id, partition, nodes, True, key in self.static)
 
-        await catalogue_change(self.node, f"move partition {queue}/{partition}", check,
+        await catalogue_change(self.catalogue, f"move partition {queue}/{partition}", check,
                                MoveFwd(hops + 1, meta.id, partition, ",".join(nodes), 1, by), hops,
                                local=lambda _op: None)
         log.warning("PARTITION MOVE by %s: %s/%d to %s%s", by, queue, partition, ",".join(nodes),
                     " (forced replication)" if force else "")
         if force:
-            self._start_force(key, queue, self.node.spec_of(nodes), by)
+            self._start_force(key, queue, self.placement.spec_of(nodes), by)
+
+    async def start(self, key: Key, nodes: tuple[str, ...], by: str) -> None:
+        """Move partition ``key`` to ``nodes`` (:meth:`move`; nothing if its queue is gone)."""
+        meta = self.placement.queue_meta_of(key[0])
+        if meta is not None:
+            await self.move(meta.name, key[1], nodes, by)
 
     # -- forced replication (StreamBase's force_replication) --------------------------------------
 
     def _start_force(self, key: Key, queue: str, nodes: tuple[str, ...], by: str) -> None:
         self.forcing[key] = "waiting for the move" if key in self.moving else "starting"
-        self.node.spawn(self._force(key, queue, nodes, by))
+        self.spawn(self._force(key, queue, nodes, by))
 
     async def _force(self, key: Key, queue: str, nodes: tuple[str, ...], by: str) -> None:
         """Copy every replica of ``nodes`` afresh: each in turn leaves the list (a move: it
@@ -295,7 +302,7 @@ class Moves:
                 raise InvalidArgumentError(f"partition {key[0]}/{key[1]} is not moving to {','.join(nodes)}")
             return SetPlacement(key[0], key[1], nodes, False, key in self.static)
 
-        await catalogue_change(self.node, f"finish the move of partition {key[0]}/{key[1]}", check,
+        await catalogue_change(self.catalogue, f"finish the move of partition {key[0]}/{key[1]}", check,
                                MoveFwd(hops + 1, key[0], key[1], ",".join(nodes), 0, "the partition's active"),
                                hops, local=lambda _op: None)
 
@@ -309,7 +316,7 @@ class Moves:
                 raise InvalidArgumentError(f"partition {key[0]}/{key[1]} is not moving")
             return SetPlacement(key[0], key[1], nodes, True, key in self.static)
 
-        await catalogue_change(self.node, f"re-target the move of partition {key[0]}/{key[1]}", check,
+        await catalogue_change(self.catalogue, f"re-target the move of partition {key[0]}/{key[1]}", check,
                                MoveFwd(hops + 1, key[0], key[1], ",".join(nodes), 2, "the group's re-spread"),
                                hops, local=lambda _op: None)
 
@@ -317,7 +324,7 @@ class Moves:
         """A member forwarded a move here (this node is the catalogue's active)."""
         nodes = tuple(req.nodes.split(","))
         if req.moving == 1:
-            q = self.node.queue_meta_of(req.queue_id)
+            q = self.placement.queue_meta_of(req.queue_id)
             if q is None:
                 raise InvalidArgumentError(f"forwarded move: no queue #{req.queue_id}")
             await self.move(q.name, req.partition, nodes, req.by, max(1, req.hops))
@@ -327,4 +334,4 @@ class Moves:
             await self.retarget((req.queue_id, req.partition), nodes, max(1, req.hops))
         else:
             raise InvalidArgumentError(f"forwarded move: moving is {req.moving}, not 0, 1 or 2")
-        return pack_reply(self.node.catalogue_commit())
+        return pack_reply(self.catalogue.catalogue_commit())

@@ -62,8 +62,9 @@ RETRY = 1.0
 Key = tuple[int, int]
 
 
-class RemapHost(CatalogueHost, Protocol):
-    clock: Clock
+class RemapQueues(Protocol):
+    """The queues as re-partitioning sees them: their definitions, where their partitions are
+    placed, and what a changed definition or an update sets off."""
 
     def remap_refusal(self) -> str | None:
         """Why re-partitioning does not apply to this node's group (None: allowed)."""
@@ -86,11 +87,20 @@ class RemapHost(CatalogueHost, Protocol):
     def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...],
                          first: int = 0) -> list[WriteOp]: ...
 
+    def updating_changed(self, queue_id: int) -> None:
+        """An update started or ended for the queue: pause or resume its partitions."""
+        ...
+
+
+class Sweeping(Protocol):
+    """What a sweep does on a partition's active: its messages, in memory and in the store,
+    their commits, the partition's state, and the sweep's own task and time."""
+
+    clock: Clock
+
     def serves(self, q: Queue, pidx: int) -> bool:
         """Whether this node is the partition's active and serves it now."""
         ...
-
-    def publish(self, req: PublishRequest) -> Outcome[PublishResult]: ...
 
     async def commit_ops(self, key: Key, ops: list[WriteOp]) -> None:
         """Commit ``ops`` of partition ``key`` (served here); raise on failure."""
@@ -106,18 +116,24 @@ class RemapHost(CatalogueHost, Protocol):
         """The partition's state machine (ha.partition): "update" or "done"."""
         ...
 
-    def updating_changed(self, queue_id: int) -> None:
-        """An update started or ended for the queue: pause or resume its partitions."""
-        ...
-
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+
+class Publishing(Protocol):
+    """The publish path (:class:`broker.messaging.publish.Publisher`)."""
+
+    def publish(self, req: PublishRequest) -> Outcome[PublishResult]: ...
 
 
 class Remaps:
     """The updates under way as this member applied them, and the sweeps it runs."""
 
-    def __init__(self, node: RemapHost) -> None:
-        self.node = node
+    def __init__(self, catalogue: CatalogueHost, queues: RemapQueues, here: Sweeping,
+                 publisher: Publishing) -> None:
+        self.catalogue = catalogue  # where a change is decided and committed
+        self.queues = queues
+        self.here = here  # this node as a partition's active: what a sweep reads, commits and runs
+        self.publisher = publisher
         #: queue id -> the partitions still to re-map
         self.pending: dict[int, frozenset[int]] = {}
         self._sweeping: set[Key] = set()
@@ -153,7 +169,7 @@ class Remaps:
                             ",".join(map(str, sorted(now))))
             elif not now:
                 log.warning("queue #%d: update done: every message is where the mapper places it", op.queue_id)
-            self.node.updating_changed(op.queue_id)
+            self.queues.updating_changed(op.queue_id)
             for p in sorted(now):
                 self.served((op.queue_id, p))
         return [PutMeta(f"{UPDATING_KEY}{op.queue_id}", ",".join(map(str, sorted(now))))]
@@ -182,19 +198,19 @@ class Remaps:
 
     def view(self, name: str) -> str:
         """How this member sees queue ``name``: partitions, mapper, each partition's nodes."""
-        meta = self.node.queue_meta(name)
+        meta = self.queues.queue_meta(name)
         if meta is None:
             return "no such queue"
-        lists = ";".join(",".join(self.node.nodes_of((meta.id, p))) for p in range(meta.partitions))
+        lists = ";".join(",".join(self.queues.nodes_of((meta.id, p))) for p in range(meta.partitions))
         return f"partitions={meta.partitions} mapper={meta.mapper} nodes={lists}"
 
     # -- changes asked for on this member -----------------------------------------------------------
 
     def _queue(self, what: str, name: str) -> QueueMeta:
-        refusal = self.node.remap_refusal()
+        refusal = self.queues.remap_refusal()
         if refusal:
             raise InvalidArgumentError(f"{what}: {refusal}")
-        meta = self.node.queue_meta(name)
+        meta = self.queues.queue_meta(name)
         if meta is None:
             raise InvalidArgumentError(f"{what}: no queue {name!r}")
         return meta
@@ -218,14 +234,14 @@ class Remaps:
         if total > meta.ring_size:
             raise InvalidArgumentError(f"partition add: {total} partitions exceed the queue's ring_size "
                                        f"{meta.ring_size}")
-        static = self.node.static_lists(meta.id) is not None
+        static = self.queues.static_lists(meta.id) is not None
         lists = parse_static(placement, count) if placement else ()
         if static and not lists:
             raise InvalidArgumentError(f"partition add: queue {queue} places its partitions on explicit node "
                                        f"lists: give the new ones' (--placement)")
 
         def check() -> list[WriteOp]:
-            now = self.node.queue_meta(queue)
+            now = self.queues.queue_meta(queue)
             if now is None or now.id != meta.id:
                 raise InvalidArgumentError(f"partition add: no queue {queue!r}")
             self._busy("partition add", now)
@@ -233,13 +249,13 @@ class Remaps:
                 raise InvalidArgumentError(f"partition add: queue {queue} has {now.partitions} partitions now, "
                                            f"not {meta.partitions}: ask again")
             new = dataclasses.replace(now, partitions=total)
-            return [PutQueue(new), *self.node.static_placement(new, lists, meta.partitions)] if lists \
+            return [PutQueue(new), *self.queues.static_placement(new, lists, meta.partitions)] if lists \
                 else [PutQueue(new)]
 
         await self._change(f"add partitions to {queue}", check,
                            RemapFwd(hops + 1, "add", meta.id, count, "", placement, 0, by), hops)
         log.warning("PARTITION ADD by %s: %s now has %d partitions", by, queue, total)
-        return self.node.queue_meta(queue) or meta
+        return self.queues.queue_meta(queue) or meta
 
     async def update(self, queue: str, mapper: str, by: str, hops: int = 0) -> QueueMeta:
         """Re-map every message of ``queue`` by its mapper (``mapper``: installed first, if
@@ -254,7 +270,7 @@ class Remaps:
             await self._audit(meta)
 
         def check() -> list[WriteOp]:
-            now = self.node.queue_meta(queue)
+            now = self.queues.queue_meta(queue)
             if now is None or now.id != meta.id:
                 raise InvalidArgumentError(f"partition update: no queue {queue!r}")
             self._busy("partition update", now)
@@ -268,17 +284,17 @@ class Remaps:
                            RemapFwd(hops + 1, "update", meta.id, 0, mapper, "", 0, by), hops)
         log.warning("PARTITION UPDATE by %s: %s re-maps its messages%s", by, queue,
                     f" with mapper {mapper}" if mapper else "")
-        return self.node.queue_meta(queue) or meta
+        return self.queues.queue_meta(queue) or meta
 
     async def _audit(self, meta: QueueMeta) -> None:
         """Every member sees the queue alike, or InvalidArgumentError naming who differs."""
         mine = self.view(meta.name)
         differ = []
-        for member in self.node.group_members():
-            if member == self.node.config.name:
+        for member in self.queues.group_members():
+            if member == self.catalogue.config.name:
                 continue
             try:
-                theirs = str(decode_reply(await self.node.forward(member, AuditFwd(meta.name))))
+                theirs = str(decode_reply(await self.catalogue.forward(member, AuditFwd(meta.name))))
             except TandemError as exc:
                 # (unreachable for now, a lost link say: UNAVAILABLE, which a client asks again)
                 kind = UnavailableError if isinstance(exc, UnavailableError) else InvalidArgumentError
@@ -288,7 +304,7 @@ class Remaps:
                 differ.append(f"{member} has {theirs}")
         if differ:
             raise InvalidArgumentError(f"partition update: the members do not agree on queue {meta.name} "
-                                       f"({self.node.config.name} has {mine}; {'; '.join(differ)}): wait until "
+                                       f"({self.catalogue.config.name} has {mine}; {'; '.join(differ)}): wait until "
                                        f"they have caught up")
 
     async def done(self, key: Key, hops: int = 0) -> None:
@@ -304,12 +320,13 @@ class Remaps:
 
     async def _change(self, what: str, check: Callable[[], WriteOp | list[WriteOp]], fwd: RemapFwd,
                       hops: int) -> None:
-        """Commit a change of the queue's partitioning: through the catalogue in a group; on a
-        single node (or the shared-mode lock holder) straight to the store, then applied here."""
-        if not self.node.commit.proposer_applies:
-            await catalogue_change(self.node, what, check, fwd, hops, local=lambda _op: None)
+        """Commit a change of the queue's partitioning: through the catalogue's log where every
+        member applies it (``CommitPath.catalogue_log``: a replication group); else straight to
+        the one store (a single node, the shared-mode lock holder), then applied here."""
+        if self.catalogue.commit.catalogue_log:
+            await catalogue_change(self.catalogue, what, check, fwd, hops, local=lambda _op: None)
             return
-        refusal = self.node.refusal()
+        refusal = self.catalogue.refusal()
         if refusal is not None:
             raise refusal
         made = check()
@@ -322,10 +339,10 @@ class Remaps:
                 stored.append(PutMeta(f"{UPDATING_KEY}{op.queue_id}", ",".join(map(str, sorted(now)))))
             else:
                 stored.append(op)
-        await commit_catalogue(self.node, stored)
+        await commit_catalogue(self.catalogue, stored)
         for op in ops:
             if isinstance(op, PutQueue):
-                self.node.catalogue_put(op.queue)
+                self.queues.catalogue_put(op.queue)
             elif isinstance(op, SetUpdating):
                 self.apply(op)
 
@@ -339,7 +356,7 @@ class Remaps:
     async def forwarded(self, req: RemapFwd) -> bytes:
         """A member forwarded a change here (this node is the catalogue's active)."""
         hops = max(1, req.hops)
-        q = self.node.queue_by_id(req.queue_id)
+        q = self.queues.queue_by_id(req.queue_id)
         if q is None:
             raise InvalidArgumentError(f"forwarded re-partitioning: no queue #{req.queue_id}")
         if req.action == "add":
@@ -351,28 +368,28 @@ class Remaps:
         else:
             raise InvalidArgumentError(f"forwarded re-partitioning: action {req.action!r} is not add, update or "
                                        f"done")
-        return pack_reply(self.node.catalogue_commit())
+        return pack_reply(self.catalogue.catalogue_commit())
 
     # -- the sweep, on a partition's active ---------------------------------------------------------
 
     def served(self, key: Key) -> None:
         """Partition ``key`` may need a sweep here: start one if it is pending and this node
         serves it (called as updates apply and as this node becomes an active)."""
-        q = self.node.queue_by_id(key[0])
+        q = self.queues.queue_by_id(key[0])
         if q is not None and key[1] in self.pending.get(key[0], ()) and key not in self._sweeping \
-                and self.node.serves(q, key[1]):
+                and self.here.serves(q, key[1]):
             self._sweeping.add(key)
-            self.node.spawn(self._sweep(key))
+            self.here.spawn(self._sweep(key))
 
     async def _sweep(self, key: Key) -> None:
-        node = self.node
-        q = node.queue_by_id(key[0])
+        here = self.here
+        q = self.queues.queue_by_id(key[0])
         label = f"{q.name if q is not None else f'#{key[0]}'}/{key[1]}"
         try:
-            while q is not None and not q.deleted and key[1] in self.pending.get(key[0], ()) and node.serves(q, key[1]):
-                node.partition_event(key, "update", "re-mapping its messages (tandem partition update)")
+            while q is not None and not q.deleted and key[1] in self.pending.get(key[0], ()) and here.serves(q, key[1]):
+                here.partition_event(key, "update", "re-mapping its messages (tandem partition update)")
                 try:
-                    back = node.take_back(q, key[1])
+                    back = here.take_back(q, key[1])
                     moved, already = 0, self.already
                     while True:
                         n = await self._pass(q, key[1])
@@ -387,10 +404,10 @@ class Remaps:
                     return
                 except TandemError as exc:
                     log.warning("partition %s: update interrupted (%s): again in %.0f s", label, exc.message, RETRY)
-                    await node.clock.sleep(RETRY)
+                    await here.clock.sleep(RETRY)
         finally:
             self._sweeping.discard(key)
-            node.partition_event(key, "done", "re-mapped")
+            here.partition_event(key, "done", "re-mapped")
         # (this node may serve the partition again already, its messages loaded anew, while this
         # sweep had the old ones: the new ones are swept now)
         self.served(key)
@@ -420,19 +437,19 @@ class Remaps:
         if not part.cold_count:
             return moved
         while part.reading:  # (a refill under way: its messages join the head first)
-            await self.node.clock.sleep(0.01)
+            await self.here.clock.sleep(0.01)
             self._check(q, pidx, gen)
         part.reading = True  # (no refill meanwhile: the sweep reads the backlog itself)
         try:
             offset = part.cold_start
             while part.cold_count and offset < part.cold_end:
-                stored_end, stored = await self.node.read_cold(q, pidx, offset, BATCH)
+                stored_end, stored = await self.here.read_cold(q, pidx, offset, BATCH)
                 self._check(q, pidx, gen)
                 msgs = [msg_from_store(pidx, m) for m in stored if m.offset < min(stored_end, part.cold_end)]
                 if not msgs:
                     if stored_end >= part.cold_end:
                         break  # (the rest of the region is settled)
-                    await self.node.clock.sleep(0.05)  # (the store has not written them yet)
+                    await self.here.clock.sleep(0.05)  # (the store has not written them yet)
                     self._check(q, pidx, gen)
                     continue
                 offset = msgs[-1].offset + 1
@@ -446,7 +463,7 @@ class Remaps:
     def _check(self, q: Queue, pidx: int, gen: int) -> None:
         """NotActiveError unless this node still serves the partition with the messages a
         pass started from (generation ``gen``)."""
-        if q.partitions[pidx].generation != gen or not self.node.serves(q, pidx):
+        if q.partitions[pidx].generation != gen or not self.here.serves(q, pidx):
             raise NotActiveError(f"partition {q.name}/{pidx} is no longer served here as it was when the "
                                  f"pass started", active_hint=None)
 
@@ -474,11 +491,11 @@ class Remaps:
         for target, lst in sorted(by_target.items()):
             for batch in _batches(lst):
                 self._check(q, pidx, gen)
-                r = await self.node.publish(PublishRequest(
+                r = await self.publisher.publish(PublishRequest(
                     q.name, pid, [PublishMessage(m.key, {**m.headers, ID_HEADER: m.headers.get(ID_HEADER, m.id)},
                                                  m.body, m.offset) for m in batch], partition=target))
                 self.already += r.duplicates  # (a sweep cut short sent them: the target kept its copy)
-                await self.node.commit_ops((q.meta.id, pidx), [Settle(q.meta.id, pidx, [m.offset for m in batch])])
+                await self.here.commit_ops((q.meta.id, pidx), [Settle(q.meta.id, pidx, [m.offset for m in batch])])
                 self._check(q, pidx, gen)
                 settled(batch)
         return len(msgs)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import msgpack
@@ -60,11 +60,11 @@ class CatalogueHost(Forwarding, Protocol):
     async def applied(self, what: str, done: Callable[[], bool]) -> None: ...
 
 
-class SecurityHost(CatalogueHost, Protocol):
+class Accounts(Protocol):
+    """The users and grants a node holds, and what it does when one of them changes."""
+
     users: UserRegistry
     acls: AclTable
-
-    def spawn(self, coro: Any) -> None: ...
 
     def user_changed(self, name: str, *, seeded: bool = False) -> None:
         """A user, its password, role or grants changed here: end the sessions that no longer
@@ -74,8 +74,11 @@ class SecurityHost(CatalogueHost, Protocol):
 
 
 class Security:
-    def __init__(self, node: SecurityHost) -> None:
-        self.node = node
+    def __init__(self, catalogue: CatalogueHost, accounts: Accounts,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.catalogue = catalogue
+        self.accounts = accounts
+        self.spawn = spawn  # runs the seed as a task of the node's
         self.seeded = False  # the group's first admin is applied here (replicated mode)
         #: the local admin record the seed replaced: a login proved with it is as good as one
         #: proved with the group's (broker.security.standing keeps such sessions)
@@ -89,32 +92,32 @@ class Security:
         the ops to store."""
         stored = self._apply(op)
         if stored:
-            self.node.user_changed(_subject(op), seeded=isinstance(op, SeedAdmin))
+            self.accounts.user_changed(_subject(op), seeded=isinstance(op, SeedAdmin))
         return stored
 
     def _apply(self, op: WriteOp) -> list[WriteOp]:
-        node = self.node
+        acc = self.accounts
         if isinstance(op, PutUser):
-            node.users.put(op.user)
+            acc.users.put(op.user)
             log.info("user %s (%s) stored", escape(op.user.name), op.user.role)
         elif isinstance(op, DropUser):
-            node.users.drop(op.name)
-            node.acls.drop_user(op.name)
+            acc.users.drop(op.name)
+            acc.acls.drop_user(op.name)
             log.info("user %s deleted", escape(op.name))
         elif isinstance(op, GrantAcl):
-            node.acls.grant(op.acl)
+            acc.acls.grant(op.acl)
             log.info("granted user=%s pattern=%s permissions=%s", escape(op.acl.user), escape(op.acl.pattern),
                      ",".join(op.acl.permissions))
         elif isinstance(op, RevokeAcl):
-            node.acls.revoke(op.acl)
+            acc.acls.revoke(op.acl)
             log.info("revoked user=%s pattern=%s permissions=%s", escape(op.acl.user), escape(op.acl.pattern),
                      ",".join(op.acl.permissions))
         elif isinstance(op, SeedAdmin):
             if self.seeded:
                 return []
             self.seeded = True
-            self.replaced_by_seed = node.users.get(op.user.name)
-            node.users.put(op.user)
+            self.replaced_by_seed = acc.users.get(op.user.name)
+            acc.users.put(op.user)
             log.warning("user admin: the group's first admin is the one created on %s (its password is the one "
                         "that node was started with)", op.origin)
             return [PutUser(op.user), PutMeta(SEEDED_KEY, "group")]
@@ -125,27 +128,27 @@ class Security:
     def current(self, proved: UserRecord) -> bool:
         """Whether a login proved with record ``proved`` stands for the user as it is now:
         nothing changed it meanwhile, or only the group's first admin replaced it."""
-        now = self.node.users.get(proved.name)
+        now = self.accounts.users.get(proved.name)
         return now == proved or (now is not None and proved == self.replaced_by_seed)
 
     def snapshot(self) -> dict[str, Any]:
         """The users, grants and seed mark, for the catalogue's snapshot."""
-        node = self.node
-        users = [node.users.get(n) for n in node.users.names()]
+        acc = self.accounts
+        users = [acc.users.get(n) for n in acc.users.names()]
         return {"users": [user_fields(u) for u in users if u is not None],
-                "acls": [[a.user, a.pattern, list(a.permissions)] for a in node.acls.records()],
+                "acls": [[a.user, a.pattern, list(a.permissions)] for a in acc.acls.records()],
                 "seeded": self.seeded}
 
     def install(self, data: dict[str, Any]) -> list[WriteOp]:
         """Replace the users and grants with a snapshot's; the ops to store."""
-        node = self.node
+        acc = self.accounts
         users = [user_from_fields(u) for u in data.get("users", [])]
         acls = [AclRecord(user=a[0], pattern=a[1], permissions=tuple(a[2])) for a in data.get("acls", [])]
         keep = {u.name for u in users}
         if data.get("seeded") and not self.seeded:
-            self.replaced_by_seed = node.users.get("admin")
-        ops: list[WriteOp] = [DropUser(n) for n in node.users.names() if n not in keep]
-        ops += [RevokeAcl(a) for a in node.acls.records()]
+            self.replaced_by_seed = acc.users.get("admin")
+        ops: list[WriteOp] = [DropUser(n) for n in acc.users.names() if n not in keep]
+        ops += [RevokeAcl(a) for a in acc.acls.records()]
         ops += [PutUser(u) for u in users] + [GrantAcl(a) for a in acls]
         for op in ops:
             self._apply(op)  # (the sessions are rechecked once the whole state is in place)
@@ -154,31 +157,30 @@ class Security:
             self.seeded = True
             ops.append(PutMeta(SEEDED_KEY, "group"))
         for name in sorted({_subject(op) for op in ops if not isinstance(op, PutMeta)}):
-            node.user_changed(name, seeded=seeded and name == "admin")
+            acc.user_changed(name, seeded=seeded and name == "admin")
         return ops
 
     def maybe_seed(self) -> None:
         """The catalogue's active seeds the group's first admin, once (see the module doc)."""
-        node = self.node
         if self.seeded or self._seeding:
             return
         try:
-            commit = node.commit
+            commit = self.catalogue.commit
         except TandemError:  # not started, or stopping
             return
-        if commit.proposer_applies:  # (a node's own admin is created at its start-up)
+        if not commit.catalogue_log:  # (one store: one admin already)
             return
-        if commit.active_of(CATALOGUE) != node.config.name or not commit.serving(CATALOGUE):
+        if commit.active_of(CATALOGUE) != self.catalogue.config.name or not commit.serving(CATALOGUE):
             return
-        admin = node.users.get("admin")
+        admin = self.accounts.users.get("admin")
         if admin is None:
             return
         self._seeding = True
-        node.spawn(self._seed(admin))
+        self.spawn(self._seed(admin))
 
     async def _seed(self, admin: UserRecord) -> None:
         try:
-            await self._commit(SeedAdmin(admin, self.node.config.name))
+            await self._commit(SeedAdmin(admin, self.catalogue.config.name))
         except TandemError as exc:
             log.info("seeding the group's first admin failed (the next catalogue active tries): %s", exc.message)
         finally:
@@ -192,7 +194,7 @@ class Security:
             raise InvalidArgumentError(f"unknown user change {mode!r}")
 
         def check() -> WriteOp:
-            have = self.node.users.get(user.name)
+            have = self.accounts.users.get(user.name)
             if mode == "create" and have is not None:
                 raise InvalidArgumentError(f"user {user.name!r} exists (change its password with passwd)")
             if mode == "password":
@@ -208,7 +210,7 @@ class Security:
 
     async def drop_user(self, name: str, hops: int = 0) -> None:
         def check() -> WriteOp:
-            if self.node.users.get(name) is None:
+            if self.accounts.users.get(name) is None:
                 raise InvalidArgumentError(f"no user {name!r}")
             return DropUser(name)
 
@@ -235,14 +237,14 @@ class Security:
                            AclRevokeFwd(hops + 1, acl.user, acl.pattern, ",".join(acl.permissions)), hops)
 
     def _known(self, name: str) -> None:
-        if self.node.users.get(name) is None:
+        if self.accounts.users.get(name) is None:
             raise InvalidArgumentError(f"no user {name!r}")
 
     async def _change(self, what: str, check: Callable[[], WriteOp], fwd: ForwardRequest, hops: int) -> int:
-        return await catalogue_change(self.node, what, check, fwd, hops, local=self.apply)
+        return await catalogue_change(self.catalogue, what, check, fwd, hops, local=self.apply)
 
     async def _commit(self, op: WriteOp) -> None:
-        await commit_catalogue(self.node, op)
+        await commit_catalogue(self.catalogue, op)
 
     # -- forwarded here (this node is the catalogue's active) ---------------------------------------
 
@@ -261,7 +263,7 @@ class Security:
             await self.revoke(validate_grant(req.user, req.pattern, req.permissions), max(1, req.hops))
         else:
             raise InvalidArgumentError(f"{type(req).__name__} is not a change of the users")
-        return pack_reply(self.node.catalogue_commit())
+        return pack_reply(self.catalogue.catalogue_commit())
 
 
 def _subject(op: WriteOp) -> str:
@@ -279,13 +281,14 @@ async def catalogue_change(node: CatalogueHost, what: str, check: Callable[[], W
                            fwd: ForwardRequest, hops: int, *, local: Callable[[WriteOp], object]) -> int:
     """Check and commit a change of the group's state where that state is decided (this
     node, or the catalogue's active, which ``fwd`` goes to), and return once it is applied
-    here.  Returns the catalogue's commit index with it (replicated mode; 0 otherwise, where
-    ``local`` applies the change after its commit)."""
+    here.  Returns the catalogue's commit index with it where the catalogue is a log every
+    member applies (``CommitPath.catalogue_log``); 0 otherwise, where ``local`` applies the
+    change after its commit."""
     refusal = node.refusal()
     if refusal is not None:
         raise refusal
     commit = node.commit
-    if commit.proposer_applies:
+    if not commit.catalogue_log:
         made = check()
         ops = made if isinstance(made, list) else [made]
         await commit_catalogue(node, ops)

@@ -103,7 +103,7 @@ def _reject_one(host: _Host, src: Queue) -> Msg:
     c = Consumer(1, src, SimpleNamespace(), 10)  # type: ignore[arg-type]
     c.unacked = 1
     src.unacked_count = 1
-    Delivery(host).dead_letter([(c, m)], "rejected")  # type: ignore[arg-type]
+    Delivery(host, host, None).dead_letter([(c, m)], "rejected")  # type: ignore[arg-type]
     return m
 
 

@@ -30,7 +30,7 @@ class Member:
 
 def drains(**kw: object) -> tuple[Drains, Member]:
     m = Member(**kw)  # type: ignore[arg-type]
-    return Drains(m), m  # type: ignore[arg-type]  # only the calls above are used
+    return Drains(None, m), m  # type: ignore[arg-type]  # only the calls above are used (no proposal)
 
 
 def test_a_committed_drain_is_applied_stored_and_reconfigures_once() -> None:

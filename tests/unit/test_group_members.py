@@ -40,7 +40,7 @@ class Member:
     def moving(self) -> Collection[Key]:
         return self.moving_now
 
-    async def start_move(self, key: Key, nodes: tuple[str, ...], by: str) -> None:
+    async def start(self, key: Key, nodes: tuple[str, ...], by: str) -> None:
         self.started.append((key, nodes))
         self.moving_now.add(key)
 
@@ -48,7 +48,7 @@ class Member:
 def group(placed: dict[Key, tuple[str, ...]] | None = None, targets: dict[Key, tuple[str, ...]] | None = None,
           zones: Mapping[str, str] | None = None) -> tuple[GroupMembers, Member]:
     m = Member(placed or {}, targets or {})
-    return GroupMembers(m, ("node2", "node1", "node3"), zones or {}), m  # type: ignore[arg-type]
+    return GroupMembers(None, m, m, ("node2", "node1", "node3"), zones or {}), m  # type: ignore[arg-type]
 
 
 ADD = SetGroup(("node1", "node2", "node3", "node4"), ("node4=10.0.0.4:7781",), (), (), True)

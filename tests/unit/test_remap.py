@@ -32,7 +32,7 @@ class _Host:
 
 def test_an_update_starts_with_every_partition_and_ends_when_each_is_done() -> None:
     host = _Host()
-    r = Remaps(host)  # type: ignore[arg-type]
+    r = Remaps(None, host, None, None)  # type: ignore[arg-type]  # (no proposal, no sweep, no publish)
     assert r.apply(SetUpdating(4, (0, 1, 2))) == [PutMeta("updating.4", "0,1,2")]
     assert r.paused(4) == {0, 1, 2} and host.changed == [4]
     # two partitions done in either order: each entry takes its own out, none comes back
@@ -46,7 +46,7 @@ def test_an_update_starts_with_every_partition_and_ends_when_each_is_done() -> N
 
 def test_the_state_is_stored_and_read_back_and_a_snapshot_replaces_it() -> None:
     host = _Host()
-    r = Remaps(host)  # type: ignore[arg-type]
+    r = Remaps(None, host, None, None)  # type: ignore[arg-type]  # (no proposal, no sweep, no publish)
     r.load({"updating.4": "0,3", "updating.5": "", "updating.6": "1", "updating.x": "1", "updating.7": "a"}, {4, 5})
     assert r.pending == {4: {0, 3}}
     assert r.snapshot() == [SetUpdating(4, (0, 3))]
@@ -119,7 +119,7 @@ async def _batch_out() -> tuple[Queue, list[Msg], _SweepHost, asyncio.Future[int
     """A pass over a partition of 40 messages, its first batch out and not yet answered."""
     q, msgs = _queue_with(40)
     host = _SweepHost(q)
-    sweep = asyncio.ensure_future(Remaps(host)._pass(q, 0))  # type: ignore[arg-type]
+    sweep = asyncio.ensure_future(Remaps(None, None, host, host)._pass(q, 0))  # type: ignore[arg-type]
     await host.out.wait()
     assert host.answer is not None
     return q, msgs, host, sweep

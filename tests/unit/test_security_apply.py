@@ -29,7 +29,7 @@ class Member:
 
 def security() -> tuple[Security, Member]:
     m = Member()
-    return Security(m), m  # type: ignore[arg-type]  # only the state above is used
+    return Security(None, m, None), m  # type: ignore[arg-type]  # only the state above is used
 
 
 def test_committed_changes_are_applied_and_stored_as_they_are() -> None:

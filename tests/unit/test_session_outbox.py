@@ -32,7 +32,7 @@ class _Node:
         self.clock = SYSTEM_CLOCK
         self.serving = True
         self.writes: list[tuple[list[Any], Any]] = []
-        self.delivery = Delivery(self)  # type: ignore[arg-type]
+        self.delivery = Delivery(self, self, self)  # type: ignore[arg-type]
 
     def serves(self, q: Queue, pidx: int) -> bool:
         return self.serving

@@ -77,11 +77,11 @@ def test_the_mark_is_stored_kept_through_a_move_and_read_back() -> None:
     from storage.base import PutMeta, SetPlacement
 
     host = _Host()
-    moves = Moves(host)  # type: ignore[arg-type]
+    moves = Moves(None, host, None)  # type: ignore[arg-type]  # (no proposal, no task)
     (stored,) = moves.apply(SetPlacement(4, 0, ("n3:sync", "n1:async"), False, True))
     assert stored == PutMeta("placed.4.0", "placed n3:sync,n1:async static") and moves.static == {(4, 0)}
     moves.apply(SetPlacement(4, 1, ("n1", "n2"), True))
-    again = Moves(host)  # type: ignore[arg-type]
+    again = Moves(None, host, None)  # type: ignore[arg-type]
     again.load({"placed.4.0": "placed n3:sync,n1:async static", "placed.4.1": "moving n1,n2",
                 "placed.5.0": "placed n1 static"}, {4})
     assert again.static == {(4, 0)} and again.moving == {(4, 1)}
