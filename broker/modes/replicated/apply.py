@@ -9,9 +9,9 @@ from typing import Any
 
 from broker.peers.codec import (CATALOGUE, Key, MalformedReplicationError, decode_catalogue_snapshot, decode_ops,
                                       snapshot_ops)
-from broker.modes.replicated.host import Callback, ReplicationHost
+from broker.modes.replicated.host import Callback, StoreWriter
 from broker.modes.replicated.partlog import PartLog
-from client.clock import Cancellable
+from client.clock import Cancellable, Clock
 from ha.members import is_change
 from ha.messages import Entry, InstallSnapshot
 from storage.base import Append, DropQueue, PutApplied, PutQueue, WriteOp
@@ -116,9 +116,10 @@ class HeldWrites:
     ``stored(plog, index)`` runs once the store has every entry of ``plog`` up to
     ``index`` applied; ``fatal(why)`` when a write fails."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
+    def __init__(self, clock: Clock, writer: StoreWriter, logs: Mapping[Key, PartLog], *,
                  stored: Callable[[PartLog, int], None], fatal: Callable[[str], None]) -> None:
-        self._host = host
+        self._clock = clock
+        self._writer = writer
         self._logs = logs
         self._stored = stored
         self._fatal = fatal
@@ -136,7 +137,7 @@ class HeldWrites:
             self.release(plog, eager=bool(plog.serve_from))
             return
         if plog not in self._held:
-            clock = self._host.clock
+            clock = self._clock
             plog.held_since = clock.monotonic()
             self._held.add(plog)
             if self._timer is None:
@@ -144,7 +145,7 @@ class HeldWrites:
 
     def _release_due(self) -> None:
         self._timer = None
-        clock = self._host.clock
+        clock = self._clock
         now = clock.monotonic()
         for plog in list(self._held):
             if now - plog.held_since >= HOLD_APPLY:
@@ -171,7 +172,7 @@ class HeldWrites:
             elif self._logs.get(key) is plog:
                 self._stored(plog, applied_upto)
 
-        self._host.writer.submit(ops, sync=False, callback=applied, lazy=not eager)
+        self._writer.submit(ops, sync=False, callback=applied, lazy=not eager)
 
     def cancel_timer(self) -> None:
         if self._timer is not None:

@@ -27,17 +27,19 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from broker.config import ALIVE_GIVE_UP
+from broker.config import ALIVE_GIVE_UP, NodeConfig
 from broker.modes.replicated.apply import HeldWrites, apply_entries, install_ops, messages_in
 from broker.peers.codec import CATALOGUE, Key, MalformedReplicationError, decode_ops, streamed_parts
 from broker.modes.replicated.commit import Proposals
 from broker.modes.replicated.compaction import (COMPACT_BYTES, COMPACT_EVERY, KEEP_BYTES, WEAK_COMPACT_FACTOR,
                                           compact_upto, weak_cap)
-from broker.modes.replicated.host import Callback, ReplicationHost
+from broker.modes.replicated.host import (Applier, Callback, GroupState, GroupView, NodeEvents, PeerGroup, Placements,
+                                          Quarantine, Queues, Respread, StoreWriter)
 from broker.modes.replicated.partlog import PartLog, compacted, open_log, replica_config
 from broker.modes.replicated.segments import UNPIN_EVERY, unpin_segments
 from broker.modes.replicated.serving import PartitionNotifier, Serving
 from broker.modes.replicated.transport import Transport
+from client.clock import Clock
 from client.errors import NotActiveError, UnavailableError
 from client.protocol.frames import PartitionInfo
 from ha.members import Members, is_change
@@ -58,6 +60,7 @@ from storage.base import (
     SetPlacement,
     SetUpdating,
     DurabilityPolicy,
+    Engine,
     LogAppend,
     LogCompact,
     LogRecord,
@@ -171,11 +174,28 @@ class Replication:
     the parts around them: ``proposals`` (commit.py), ``roles`` (who serves what,
     serving.py), ``held`` (store writes held back, apply.py), ``transport``."""
 
-    def __init__(self, host: ReplicationHost, logs: dict[Key, LogState], meta: dict[str, str] | None = None) -> None:
-        self.host = host
-        cfg = host.config
+    def __init__(self, config: NodeConfig, clock: Clock, *, engine: Engine, writer: StoreWriter,
+                 peers: PeerGroup | None, queues: Queues, moves: Placements, security: Applier[WriteOp],
+                 drains: Applier[SetDrained], remaps: Applier[SetUpdating], respread: Respread,
+                 state: GroupState, placement: GroupView, quarantine: Quarantine, node: NodeEvents,
+                 logs: dict[Key, LogState], meta: dict[str, str] | None = None) -> None:
+        self.config = cfg = config
+        self.clock = clock
+        self._engine = engine
+        self._writer = writer
+        self._peers = peers
+        self._queues = queues
+        self._moves = moves
+        self._security = security
+        self._drains = drains
+        self._remaps = remaps
+        self._group_change = respread
+        self._state = state
+        self._view = placement
+        self._quarantine = quarantine
+        self._node = node
         self.me = cfg.name
-        self.members, self.policy = host.placement()
+        self.members, self.policy = placement.placement()
         self.priority = cfg.priority
         self.quorum_override: int | None = None
         self.designated_primary: str | None = cfg.name if cfg.designated_primary else None
@@ -211,12 +231,14 @@ class Replication:
         self.elections = 0  # times this node became active for a partition (metrics)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broken = False
-        self.proposals = Proposals(host, self.logs, guarded=self._guarded, broken=lambda: self._broken)
-        self.roles = Serving(host, self.logs, placed=self.placed, spawn=self._spawn,
+        self.proposals = Proposals(config, clock, self.logs, guarded=self._guarded, broken=lambda: self._broken)
+        self.roles = Serving(self.me, clock, self.logs, engine=engine, peers=peers, queues=queues, moves=moves,
+                             node=node, placed=self.placed, spawn=self._spawn,
                              fail_waiters=self.proposals.fail_waiters)
-        self.held = HeldWrites(host, self.logs, stored=self.roles.stored_upto, fatal=self._fatal)
-        self.transport = Transport(host, self.logs, release_held=self.held.release, spawn=self._spawn,
-                                   restart=self._restart)
+        self.held = HeldWrites(clock, writer, self.logs, stored=self.roles.stored_upto, fatal=self._fatal)
+        self.transport = Transport(config, clock, self.logs, engine=engine, writer=writer, peers=peers,
+                                   queues=queues, group_state=state.security_snapshot,
+                                   release_held=self.held.release, spawn=self._spawn, restart=self._restart)
 
     # -- the node's view: proposals, who is active ----------------------------------------------
 
@@ -316,7 +338,7 @@ class Replication:
 
     def start(self) -> None:
         self._open(CATALOGUE, NodeList(tuple(self.members), (ReplicaKind.SYNC,) * len(self.members)))
-        for q in self.host.queues.values():
+        for q in self._queues.queues.values():
             self._open_queue(q.meta)
 
     def _open_queue(self, meta: QueueMeta) -> None:
@@ -324,18 +346,18 @@ class Replication:
         for p in range(meta.partitions):
             key = (meta.id, p)
             nodes = self.placed(key, meta.partitions, initial)
-            moved = self.host.placed(key) is not None
+            moved = self._moves.placed.get(key) is not None
             if key in self.logs or (self.me not in nodes.nodes and not (moved and key in self._stored)):
                 continue
             # (a copy stored here is opened even where a move is taking it off this node: it
             # is a member until the move removes it)
             self._open(key, nodes, self._initial(key, meta.partitions, initial))
-            if self.me not in nodes.nodes and key not in self.host.moving:
+            if self.me not in nodes.nodes and key not in self._moves.moving:
                 self._drop(self.logs[key])  # a move took it off this node while it was down
 
     def placed(self, key: Key, partitions: int, initial: list[NodeList] | None = None) -> NodeList:
         """Where partition ``key`` is placed: a move's list (broker.partitions.moves), else the policy's."""
-        moved = self.host.placed(key)
+        moved = self._moves.placed.get(key)
         if moved is not None:
             return listed(self.policy, moved)
         return (initial or self._policy_lists(partitions))[key[1]]
@@ -344,7 +366,7 @@ class Replication:
         """The node list partition ``key`` was opened on when its queue was declared, as far
         as a node that has no members stored for it can tell: a ``static`` queue's own list
         (it has not moved since, or a move would have stored them); else the policy's."""
-        if key in self.host.static and key not in self.host.moving:
+        if key in self._moves.static and key not in self._moves.moving:
             return self.placed(key, partitions)
         return (lists or self._policy_lists(partitions))[key[1]]
 
@@ -357,8 +379,8 @@ class Replication:
         return lists
 
     def _replica_config(self, nodes: NodeList) -> ReplicaConfig:
-        drained = self.host.drained
-        peers = self.host.peers
+        drained = self._view.drained
+        peers = self._peers
         if peers is not None:
             # A node one of whose availability zones lost its quorum has its HA services off.
             # It ranks as drained: what it is active for goes to another node by failback's
@@ -369,7 +391,7 @@ class Replication:
             drained = drained | frozenset(peers.ha_off)
             if peers.membership.disabled_by:
                 drained = drained | {self.me}
-        return replica_config(self.host.config, nodes, priority=self.priority,
+        return replica_config(self.config, nodes, priority=self.priority,
                               designated_primary=self.designated_primary, quorum_override=self.quorum_override,
                               lock=self.lock_role, drained=drained)
 
@@ -378,7 +400,7 @@ class Replication:
         list's first rank as drained (:func:`ha.moves.leaving`), so an active elsewhere hands
         the partition to it and elections prefer it."""
         cfg = self._replica_config(plog.nodes)
-        if plog.key in self.host.moving and cfg.preferred is not None:
+        if plog.key in self._moves.moving and cfg.preferred is not None:
             out = leaving(plog.replica.members, cfg.preferred) - set(cfg.witnesses)
             if out - cfg.drained:
                 cfg = dataclasses.replace(cfg, drained=cfg.drained | out)
@@ -397,7 +419,7 @@ class Replication:
             # acknowledged before the stream is gone)
             log.warning("partition %d/%d: a streamed snapshot was cut short by a stop: starting the partition "
                         "over (the active sends it again)", key[0], key[1])
-            self.host.writer.submit([ResetPartition(*key), PutMeta(_streaming_key(key), "0")], sync=True)
+            self._writer.submit([ResetPartition(*key), PutMeta(_streaming_key(key), "0")], sync=True)
             self._half_streamed.discard(_streaming_key(key))
             st = LogState(term=st.term, voted_for=st.voted_for)
         if key == CATALOGUE:
@@ -414,7 +436,7 @@ class Replication:
             # one never moved has the policy's, from the settings (a restart with other
             # settings places it anew, as far as _check_placement allows)
             stored = self._bases.get(key)
-            base = stored if self.host.placed(key) is not None else None
+            base = stored if self._moves.placed.get(key) is not None else None
             if base is None:
                 first = self._replica_config(initial or nodes)
                 # a node the move added and that has nothing yet: a learner until the active
@@ -423,10 +445,10 @@ class Replication:
                     Members(first.voters, first.learners + (self.me,))
             if base != stored:
                 self._bases[key] = base
-                self.host.writer.submit([members_meta(key, base)], sync=False)
+                self._writer.submit([members_meta(key, base)], sync=False)
             config = config.with_members(base)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
-                        now=self.host.clock.monotonic(), recovering=recovering)
+                        now=self.clock.monotonic(), recovering=recovering)
         self.roles.start_lifecycle(plog)
         self.logs[key] = plog
         if self.lock_role is not None and self.lock_role[0]:
@@ -441,7 +463,7 @@ class Replication:
         cat = self.logs.get(CATALOGUE)
         if cat is not None and members:
             cat.nodes = NodeList(tuple(members), (ReplicaKind.SYNC,) * len(members))
-        for q in list(self.host.queues.values()):
+        for q in list(self._queues.queues.values()):
             self._open_queue(q.meta)
         self.reconfigure()
 
@@ -457,7 +479,7 @@ class Replication:
         """A move of partition ``key`` started or ended (a committed catalogue entry): open
         the log here if the new list names this node, drop it if the move has ended without
         it, else take the new list (its first node is the one to hand over to)."""
-        q = self.host.queue_by_id(key[0])
+        q = self._queues.by_id(key[0])
         if q is None or key[1] >= q.meta.partitions:
             return
         nodes = self.placed(key, q.meta.partitions)
@@ -468,7 +490,7 @@ class Replication:
             return
         plog.nodes = nodes
         lc = plog.lifecycle
-        if key not in self.host.moving:
+        if key not in self._moves.moving:
             if lc is not None and lc.state in (LifecycleState.MIGRATING, LifecycleState.REPLICATING):
                 lc.on("done", f"moved to {', '.join(nodes.nodes)}")
             if self.me not in nodes.nodes:
@@ -493,13 +515,13 @@ class Replication:
         self.held.release(plog)
         del self.logs[key]
         self._bases[key] = r.members  # (without this node: should it come back, it does as a learner)
-        self.host.writer.submit(_emptied(key, r.term, None, r.members), sync=True)
+        self._writer.submit(_emptied(key, r.term, None, r.members), sync=True)
         self.roles.notify()
 
     def _reconcile(self) -> None:
         """Each moving partition: its ranking follows the members; on its active, the next
         membership change toward the new list, its state, and the move's end once there."""
-        for key in list(self.host.moving):
+        for key in list(self._moves.moving):
             plog = self.logs.get(key)
             if plog is None:
                 continue
@@ -513,9 +535,9 @@ class Replication:
             current, progress = r.members, r.progress()
             self._move_state(plog, "replicate" if copying(current, target, progress, r.commit) else "migrate")
             if arrived(current, target):
-                placed = self.host.placed(key)
+                placed = self._moves.placed.get(key)
                 if (r.members_committed and cfg.preferred == self.me and placed is not None
-                        and key not in self._finishing and self.host.clock.monotonic() >= self._retry_at.get(key, 0)):
+                        and key not in self._finishing and self.clock.monotonic() >= self._retry_at.get(key, 0)):
                     self._finishing.add(key)
                     self._spawn(self._finish(key, placed))
                 continue
@@ -546,7 +568,7 @@ class Replication:
                 nxt = None  # a removed member learns of its removal first (then it stops linking to the group)
             if nxt is not None:
                 self._change_members(plog, nxt, "members", "catalogue: group members")
-        if self.host.respreading and not self._respreading and now >= self._respread_at:
+        if self._group_change.respread and not self._respreading and now >= self._respread_at:
             self._respreading = True
             self._respread_at = now + RESPREAD_EVERY
             self._spawn(self._respread(settled and r.members_committed))
@@ -561,7 +583,7 @@ class Replication:
         except MembershipRefused:
             return
         log.warning("%s %s -> %s (entry %d)", what, _shown(current), _shown(nxt), entry.index)
-        self.events.append(HaEvent(self.host.clock.time(), kind, plog.name,
+        self.events.append(HaEvent(self.clock.time(), kind, plog.name,
                                    f"{self.me}: members {_shown(current)} -> {_shown(nxt)}"))
         self._guarded(plog, lambda: ready)
 
@@ -576,12 +598,12 @@ class Replication:
             for n in gone:
                 self._farewell_at.pop(n, None)
             return False
-        return now >= max(self._farewell_at.setdefault(n, now + 4 * self.host.config.keepalive_interval)
+        return now >= max(self._farewell_at.setdefault(n, now + 4 * self.config.keepalive_interval)
                           for n in gone)
 
     async def _respread(self, settled: bool) -> None:
         try:
-            await self.host.respread_step(settled)
+            await self._group_change.step(settled)
         except Exception as exc:  # (an election, a refused move: the next round tries again)
             log.info("group change: a round of the re-spread failed (%s): trying again", exc)
         finally:
@@ -596,17 +618,17 @@ class Replication:
 
     async def _finish(self, key: Key, nodes: tuple[str, ...]) -> None:
         try:
-            await self.host.move_finished(key, nodes)
+            await self._moves.finished(key, nodes)
             self._retry_at.pop(key, None)
         except Exception as exc:  # (an election, a lost link: tried again a second later)
             log.info("partition %d/%d: reporting the end of its move failed (%s): trying again", key[0], key[1], exc)
-            self._retry_at[key] = self.host.clock.monotonic() + 1.0
+            self._retry_at[key] = self.clock.monotonic() + 1.0
         finally:
             self._finishing.discard(key)
 
     async def run(self) -> None:
-        interval = min(0.05, self.host.config.keepalive_interval / 2)
-        clock = self.host.clock
+        interval = min(0.05, self.config.keepalive_interval / 2)
+        clock = self.clock
         pins_at = clock.monotonic()
         while True:
             now = clock.monotonic()
@@ -622,9 +644,9 @@ class Replication:
                     at = r.wake_at
                     if now < at < wake:  # (a log whose tick failed must not make this loop spin)
                         wake = at
-            if self.host.moving:
+            if self._moves.moving:
                 self._reconcile()
-            target = self.host.catalogue_target()
+            target = self._view.catalogue_target()
             if target is not None:
                 self._reconcile_catalogue(target, now)
             if now >= pins_at:
@@ -640,7 +662,8 @@ class Replication:
         if self._broken or self._stopping:
             return
         try:
-            unpin_segments(self.host, self.logs, self.held.hold, self.transport.streamed_at)
+            unpin_segments(self.logs, self.held.hold, self.transport.streamed_at, engine=self._engine,
+                           writer=self._writer, queues=self._queues, config=self.config)
         except Exception as exc:
             log.exception("compacting the partitions that keep the oldest log segment failed")
             self._fatal(f"log compaction failed: {exc!r}")
@@ -660,7 +683,7 @@ class Replication:
         """A Replicate frame from peer ``src``."""
         if self._broken:
             return
-        now = self.host.clock.monotonic()
+        now = self.clock.monotonic()
         for plog, msg in self.transport.receive(src, payload):
             r = plog.replica
             if now - r.now > 0.01:  # the core's clock moves only in tick()
@@ -689,7 +712,7 @@ class Replication:
             self._resync(plog)
             return
         leader = r.role is Role.LEADER
-        policy = self.host.config.sync if leader else self.host.config.remote_sync
+        policy = self.config.sync if leader else self.config.remote_sync
         ops, sync, promise = self._log_writes(plog, ready, leader, policy)
         for ev in ready.events:
             self._event(plog, ev)
@@ -708,7 +731,7 @@ class Replication:
                 self.roles.notify()
         applied_size = plog.applied_bytes - applied_size  # (before compaction recounts it)
         if r.applied - r.snap_index >= COMPACT_EVERY or plog.applied_bytes >= plog.compact_at:
-            hold = self.host.config.weak_hold_bytes
+            hold = self.config.weak_hold_bytes
             upto, plog.applied_bytes = compact_upto(r, self.transport.streamed_at(key, r.progress()), hold)
             # next time once COMPACT_BYTES - KEEP_BYTES more are applied (not at every Ready
             # while a slow replica holds more than COMPACT_BYTES back)
@@ -741,7 +764,7 @@ class Replication:
                 if self.logs.get(key) is not plog:
                     return
                 if plog.outbox and plog.outbox[0][0] <= seq:
-                    plog.replied_at = self.host.clock.monotonic()
+                    plog.replied_at = self.clock.monotonic()
                 while plog.outbox and plog.outbox[0][0] <= seq:
                     for env in plog.outbox.popleft()[1]:
                         self.transport.send(key, env)
@@ -749,7 +772,7 @@ class Replication:
                     self._guarded(plog, lambda: plog.replica.persisted(last))
                 self.roles.stored_upto(plog, snapshot_upto)
 
-            self.host.writer.submit(ops, sync=sync, callback=written)
+            self._writer.submit(ops, sync=sync, callback=written)
             if last is not None and leader and policy is DurabilityPolicy.NO_SYNC:
                 self._guarded(plog, lambda: r.persisted(last))
         if apply_ops:
@@ -760,10 +783,10 @@ class Replication:
                 if plog.outbox and plog.outbox[-1][0] == target:
                     plog.outbox[-1][1].extend(ready.messages)
                 else:
-                    plog.outbox.append((target, list(ready.messages), self.host.clock.monotonic()))
+                    plog.outbox.append((target, list(ready.messages), self.clock.monotonic()))
             else:
                 if not leader:
-                    plog.replied_at = self.host.clock.monotonic()
+                    plog.replied_at = self.clock.monotonic()
                 for env in ready.messages:
                     self.transport.send(key, env)
         err = None
@@ -793,8 +816,8 @@ class Replication:
             ops.append(LogTruncate(key[0], key[1], ready.truncate_from))
         if ready.snapshot is not None:
             m = ready.snapshot
-            ops.extend(install_ops(plog, m, {q.meta.id for q in self.host.queues.values()}, self._apply_catalogue,
-                                   self.host.security_install))
+            ops.extend(install_ops(plog, m, {q.meta.id for q in self._queues.queues.values()}, self._apply_catalogue,
+                                   self._state.security_install))
             ops.append(compacted(key, plog.replica) if plog.replica.snap_index == m.index else
                        LogCompact(key[0], key[1], m.index, m.last_term, m.last_origin, m.weak, (0, 0)))
             ops.append(PutApplied(key[0], key[1], m.index, m.last_term, m.last_origin))
@@ -806,7 +829,7 @@ class Replication:
             ops.append(LogAppend(key[0], key[1], [LogRecord(e.index, e.term, e.origin, e.weak, e.data or b"")
                                                   for e in ready.append], commit=plog.replica.commit))
             if leader:
-                plog.appended_at.appended(ready.append[0].index, self.host.clock.monotonic())
+                plog.appended_at.appended(ready.append[0].index, self.clock.monotonic())
             # The active fsyncs (SYNC) entries that carry publishes; settlements and delivery
             # marks are written without: losing one in an OS crash means a redelivery, as on
             # a single node.  (Replicas follow remote_sync for all.)
@@ -849,12 +872,12 @@ class Replication:
         a disk stuck for ALIVE_GIVE_UP timeouts is a node that cannot serve, and the active
         must step down so that its clients hear UNAVAILABLE instead of waiting."""
         r = plog.replica
-        half = self.host.config.keepalive_interval / 2
+        half = self.config.keepalive_interval / 2
         held = now - plog.outbox[0][2]
         quiet = now - max(plog.replied_at, plog.alive_at)  # since the active last heard from us
         if r.leader is None or r.leader == self.me or held < min(half, 0.05) or quiet < half:
             return  # (held: not for the millisecond a reply waits for a healthy disk)
-        if held > ALIVE_GIVE_UP * self.host.config.non_response_timeout:
+        if held > ALIVE_GIVE_UP * self.config.non_response_timeout:
             if plog.alive_at > plog.outbox[0][2]:  # (said once per stuck write)
                 plog.alive_at = -1e18
                 log.error("partition %s: replies to %s held %.1f s by this node's log writes: no longer "
@@ -877,7 +900,7 @@ class Replication:
             return
         self._broken = True
         log.critical("%s: this node stops, its replicas elect another active", why)
-        self._spawn(self.host.stop())
+        self._spawn(self._node.stop())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.get_running_loop().create_task(coro)
@@ -893,35 +916,35 @@ class Replication:
         declared = {op.queue.id for op in ops if isinstance(op, PutQueue)}
         for op in ops:
             if isinstance(op, PutQueue):
-                if self.host.catalogue_put(op.queue):
+                if self._state.catalogue_put(op.queue):
                     out.append(op)
                     # a queue declared with explicit node lists: its entry places its partitions
                     for sp in ops:
                         if isinstance(sp, SetPlacement) and sp.queue_id == op.queue.id:
-                            out.extend(self.host.move_apply(sp))
+                            out.extend(self._moves.apply(sp))
                     self._open_queue(op.queue)
             elif isinstance(op, DropQueue):
-                self.host.catalogue_drop(op.queue_id)
+                self._state.catalogue_drop(op.queue_id)
                 for key in [k for k in self.logs if k[0] == op.queue_id]:
                     plog = self.logs.pop(key)
                     self.proposals.fail_waiters(plog, UnavailableError("the queue was deleted"))
                 out.append(op)
             elif isinstance(op, SECURITY_OPS):
-                out.extend(self.host.security_apply(op))
+                out.extend(self._security.apply(op))
             elif isinstance(op, SetDrained):
-                out.extend(self.host.drain_apply(op))
+                out.extend(self._drains.apply(op))
             elif isinstance(op, SetPlacement) and op.queue_id not in declared:
-                out.extend(self.host.move_apply(op))
+                out.extend(self._moves.apply(op))
             elif isinstance(op, SetGroup):
-                out.extend(self.host.group_apply(op))
+                out.extend(self._state.group_apply(op))
             elif isinstance(op, SetUpdating):
-                out.extend(self.host.update_apply(op))
+                out.extend(self._remaps.apply(op))
         self.roles.notify()
         return out
 
     def _event(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver) -> None:
         """Log it, record it, act on a role change."""
-        now = self.host.clock.time()
+        now = self.clock.time()
         if isinstance(ev, HandingOver) and ev.drained:
             log.warning("partition %s on %s: drain: this node is drained, handing the partition to %s (term %d; "
                         "writes wait until it has taken over, or given up after an election timeout)", plog.name,
@@ -965,7 +988,7 @@ class Replication:
                     entries.append(decode_ops(plog.key, data) if data is not None and not is_change(data) else [])
                 except MalformedReplicationError:
                     entries.append([])  # (counted as undecodable already, messages_in)
-            kept = self.host.quarantine_keep(plog.key, ev.term, ev.first_index, entries, ev.committed, ev.written)
+            kept = self._quarantine.keep(plog.key, ev.term, ev.first_index, entries, ev.committed, ev.written)
             text += f"; {kept} message(s) kept in the quarantine queue (tandem restore)"
         log.error("HA-1014 partition %s on %s: %s", plog.name, self.me, text)
         self.events.append(HaEvent(now, "HA-1014", plog.name, f"{self.me}: {text}"))
@@ -994,9 +1017,9 @@ class Replication:
         self.proposals.fail_waiters(plog, UnavailableError(why))
         self.held.release(plog)
         self._bases[key] = r.members
-        self.host.writer.submit(_emptied(key, r.term, r.voted_for, r.members) + (extra or []), sync=True)
+        self._writer.submit(_emptied(key, r.term, r.voted_for, r.members) + (extra or []), sync=True)
         replica = Replica(self._config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
-                          now=self.host.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
+                          now=self.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
         new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
         self.roles.start_lifecycle(new)
         self.logs[key] = new
