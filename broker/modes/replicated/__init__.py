@@ -19,7 +19,10 @@ Modules, from the bottom up:
 * ``commit``: staging and proposing ops; ``apply``: committed entries to store writes,
   held back for a moment; ``serving``: who serves each partition, waits for an active;
   ``transport``: ``Replicate`` frames to and from peers;
-* ``group``: :class:`Replication`, the coordinator: ticks, Readies, roles.
+* ``events``: what happened (role changes, hand-overs, HA-1014), logged, kept and counted;
+  ``reconcile``: which logs this node holds and their members (placement, moves, a
+  change of the group's members);
+* ``group``: :class:`Replication`, the coordinator: ticks, Readies, the loop.
 
 Peer frames: ``Replicate`` carries the messages of any number of partitions to one
 peer, one frame per peer per turn of the loop; ``Forward``/``ForwardOk`` carry client
@@ -44,7 +47,8 @@ from broker.peers.codec import (
 )
 from broker.modes.replicated.commit import LAZY_PROPOSE_OPS, STAGE_BYTES, waits_for_commit
 from broker.modes.replicated.compaction import COMPACT_BYTES, COMPACT_EVERY, compact_upto
-from broker.modes.replicated.group import HaEvent, Replication
+from broker.modes.replicated.events import HaEvent
+from broker.modes.replicated.group import Replication
 from broker.modes.replicated.partlog import PartLog
 
 __all__ = [
