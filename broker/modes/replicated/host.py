@@ -197,5 +197,6 @@ class NodeEvents(Protocol):
     def map_changed(self) -> None:
         """A role or an active changed: clients that watch the partition map hear of it."""
 
-    async def stop(self) -> None:
-        """Stop the node (replication calls it when its state may be inconsistent)."""
+    def replication_failed(self) -> None:
+        """Replication's state may be inconsistent: the node stops.  The node runs that stop
+        as a task of its own: the replication it stops neither owns nor cancels it."""
