@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any, Protocol
 
 from broker.messaging import sequences
@@ -77,7 +77,7 @@ from ha.members import Members
 from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
 from ha.membership import QuorumState
 from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
-                          SetDrained, SetGroup, SetPlacement, SetUpdating, Settle, StoredMessage, UserRecord, WriteOp)
+                          SetGroup, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore
 from storage.shared_factory import open_shared
 from storage.sqlite import SqliteEngine
@@ -306,7 +306,11 @@ class Node:
             self.peers.on_addresses = self.discovery.heard
             if self.group.changed():
                 self.peers.set_members(self._member_addresses(), self.placement_text())
-            self.replication = Replication(self, recovered.logs, recovered.meta)
+            self.replication = Replication(
+                cfg, self.clock, engine=self.engine, writer=self.writer, peers=self.peers, queues=self.catalogue,
+                moves=self.moves, security=self.security, drains=self.drains, remaps=self.remaps,
+                respread=self.group, state=self, placement=self, quarantine=self.quarantine, node=self,
+                logs=recovered.logs, meta=recovered.meta)
             self.store.commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
                 self._lockfile = LockFileDriver(cfg, self.clock, self.replication, self.peers)
@@ -608,6 +612,12 @@ class Node:
 
     # -- what the replication driver tells the node ---------------------------------------
 
+    def replication_failed(self) -> None:
+        """Replication's state may be inconsistent: stop, as a task this node owns (not one of
+        the replication's, which its stop cancels)."""
+        if not self.stopping:
+            self._spawned.spawn(self.stop(), "tandem-stop")
+
     def queue_by_id(self, queue_id: int) -> Queue | None:
         return self.catalogue.by_id(queue_id)
 
@@ -625,9 +635,6 @@ class Node:
         self.catalogue.apply_drop(queue_id)
         self.moves.forget(queue_id)
         self.remaps.forget(queue_id)
-
-    def security_apply(self, op: WriteOp) -> list[WriteOp]:
-        return self.security.apply(op)
 
     def security_snapshot(self) -> dict[str, Any]:
         group = self.group.snapshot()
@@ -661,22 +668,9 @@ class Node:
                 out.append(f"{q.name}/{key[1]} {','.join(m.placed.get(key) or self.nodes_of(key))}{forcing}")
         return out
 
-    def move_apply(self, op: SetPlacement) -> list[WriteOp]:
-        return self.moves.apply(op)
-
-    def placed(self, key: tuple[int, int]) -> tuple[str, ...] | None:
-        return self.moves.placed.get(key)
-
     @property
     def moving(self) -> Collection[tuple[int, int]]:
         return self.moves.moving
-
-    @property
-    def static(self) -> Collection[tuple[int, int]]:
-        return self.moves.static
-
-    async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
-        await self.moves.finished(key, nodes)
 
     def move_refusal(self) -> str | None:
         refusal = self.drain_refusal()
@@ -733,9 +727,6 @@ class Node:
             return self.priority
         ident = self.peers.membership.identity(name) if self.peers is not None else None
         return ident.priority if ident is not None else None
-
-    def drain_apply(self, op: SetDrained) -> list[WriteOp]:
-        return self.drains.apply(op)
 
     @property
     def drained(self) -> frozenset[str]:
@@ -909,12 +900,6 @@ class Node:
             change = f"{what}: partitions re-spreading over {', '.join(g.placing)}"
         return list(g.members), g.zones, change
 
-    @property
-    def respreading(self) -> bool:
-        return self.group.respread
-
-    async def respread_step(self, settled: bool) -> None:
-        await self.group.step(settled)
 
     def drain_refusal(self) -> str | None:
         if self.replication is None:
@@ -965,10 +950,6 @@ class Node:
         q = self.catalogue.by_id(queue_id)
         return q.name if q is not None else None
 
-    def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
-                        confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
-        return self.quarantine.keep(key, term, first_index, entries, confirmed, written)
-
     async def quarantine_actives(self) -> list[str]:
         """The members serving a partition of the quarantine queue (broker.partitions.restore_run)."""
         if QUARANTINE not in self.queues:
@@ -990,9 +971,6 @@ class Node:
 
     def remap_refusal(self) -> str | None:
         return None
-
-    def update_apply(self, op: SetUpdating) -> list[WriteOp]:
-        return self.remaps.apply(op)
 
     def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
         return self.publisher.publish(req)

@@ -164,7 +164,7 @@ def placement_mismatch(mine: str, theirs: str, me: str, peer: str) -> str:
             + " (give every member the same peers, replicas, sync_replicas and zones)")
 HANDSHAKE_TIMEOUT = 5.0
 #: seconds a link to a removed member stays open (tandem group remove): long enough for the
-#: catalogue's active to tell it that it is no longer a member (broker.modes.replicated.group)
+#: catalogue's active to tell it that it is no longer a member (broker.modes.replicated.reconcile)
 FAREWELL_LINGER = 12.0
 REDIAL_MAX = 2.0  # the longest wait between dials of a peer not known to be Down (never seen yet, refusing)
 #: dials in a row that nothing answers before a member is also dialled where it said it is

@@ -250,7 +250,8 @@ def test_a_malformed_snapshot_is_refused_as_it_arrives() -> None:
         with pytest.raises(MalformedReplicationError):
             check_snapshot(key, b"\x92\x01")
     logs = {CATALOGUE: object(), (1, 0): object()}
-    transport = Transport(None, logs, release_held=lambda _p: None, spawn=lambda _c: None,  # type: ignore[arg-type]
+    transport = Transport(None, None, logs, engine=None, writer=None, peers=None, queues=None,  # type: ignore[arg-type]
+                          group_state=dict, release_held=lambda _p: None, spawn=lambda _c: None,
                           restart=lambda p, _why: p)
     assert list(transport.receive("node2", bad)) == []
     good = msgpack.packb([[0, 0, [4, 3, "node2", 9, 2, "node2", msgpack.packb([])]]])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from broker.modes.replicated.group import discarded_text
+from broker.modes.replicated.events import discarded_text
 from ha.messages import AppendEntries, EntriesDiscarded, Entry, Envelope, InstallSnapshot
 from ha.replica import Replica, ReplicaConfig, Role
 

@@ -60,8 +60,9 @@ def transport(commit: int = 0) -> tuple[Transport, dict[Any, Log], Host, list[st
         logs[KEY] = Log(KEY, Core(term=plog.replica.term, leader=None))
         return logs[KEY]
 
-    t = Transport(host, logs, release_held=lambda _p: None, spawn=lambda _c: None,  # type: ignore[arg-type]
-                  restart=restart)
+    t = Transport(host.config, None, logs, engine=None, queues=None,  # type: ignore[arg-type]
+                  writer=host.writer, peers=None, group_state=dict, release_held=lambda _p: None,
+                  spawn=lambda _c: None, restart=restart)
     return t, logs, host, restarts
 
 

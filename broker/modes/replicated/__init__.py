@@ -12,13 +12,17 @@ client is confirmed.  Replicas apply committed ops to their store and nothing el
 Modules, from the bottom up:
 
 * ``codec``: the wire format (message kinds, log op codes, snapshots), byte by byte;
-* ``host``: what replication needs from the node (:class:`ReplicationHost`);
+* ``host``: what replication needs from the node (narrow Protocols: the store, the queues,
+  the group's state, the node's events);
 * ``compaction``: how much applied log is kept; ``partlog``: one partition's log;
   ``segments``: compacting past the log files' oldest segment;
 * ``commit``: staging and proposing ops; ``apply``: committed entries to store writes,
   held back for a moment; ``serving``: who serves each partition, waits for an active;
   ``transport``: ``Replicate`` frames to and from peers;
-* ``group``: :class:`Replication`, the coordinator: ticks, Readies, roles.
+* ``events``: what happened (role changes, hand-overs, HA-1014), logged, kept and counted;
+  ``reconcile``: which logs this node holds and their members (placement, moves, a
+  change of the group's members);
+* ``group``: :class:`Replication`, the coordinator: ticks, Readies, the loop.
 
 Peer frames: ``Replicate`` carries the messages of any number of partitions to one
 peer, one frame per peer per turn of the loop; ``Forward``/``ForwardOk`` carry client
@@ -43,8 +47,8 @@ from broker.peers.codec import (
 )
 from broker.modes.replicated.commit import LAZY_PROPOSE_OPS, STAGE_BYTES, waits_for_commit
 from broker.modes.replicated.compaction import COMPACT_BYTES, COMPACT_EVERY, compact_upto
-from broker.modes.replicated.group import HaEvent, Replication
-from broker.modes.replicated.host import ReplicationHost
+from broker.modes.replicated.events import HaEvent
+from broker.modes.replicated.group import Replication
 from broker.modes.replicated.partlog import PartLog
 
 __all__ = [
@@ -61,7 +65,6 @@ __all__ = [
     "OpCode",
     "PartLog",
     "Replication",
-    "ReplicationHost",
     "UnknownMessageKind",
     "compact_upto",
     "decode_message",

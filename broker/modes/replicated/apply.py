@@ -1,5 +1,6 @@
-"""Committed entries and installed snapshots, turned into store writes; and those writes
-held back for a moment (:class:`HeldWrites`)."""
+"""Committed entries and installed snapshots, turned into store writes (the catalogue's ops
+applied here first, :class:`CatalogueOps`); and those writes held back for a moment
+(:class:`HeldWrites`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Any
 
 from broker.peers.codec import (CATALOGUE, Key, MalformedReplicationError, decode_catalogue_snapshot, decode_ops,
                                       snapshot_ops)
-from broker.modes.replicated.host import Callback, ReplicationHost
+from broker.modes.replicated.host import Applier, Callback, GroupState, Placements, StoreWriter
 from broker.modes.replicated.partlog import PartLog
-from client.clock import Cancellable
+from client.clock import Cancellable, Clock
 from ha.members import is_change
 from ha.messages import Entry, InstallSnapshot
-from storage.base import Append, DropQueue, PutApplied, PutQueue, WriteOp
+from storage.base import (Append, DropQueue, DropUser, GrantAcl, PutApplied, PutQueue, PutUser, QueueMeta, RevokeAcl,
+                          SeedAdmin, SetDrained, SetGroup, SetPlacement, SetUpdating, WriteOp)
 
 log = logging.getLogger("tandem.ha")
 
@@ -28,6 +30,9 @@ log = logging.getLogger("tandem.ha")
 # a confirm does not wait for it (docs/replication.md).
 HOLD_APPLY = 0.2
 HOLD_APPLY_BYTES = 8 * 1024 * 1024
+
+#: catalogue ops that change the users or their grants (the node applies them)
+SECURITY_OPS = (PutUser, DropUser, GrantAcl, RevokeAcl, SeedAdmin)
 
 #: applies committed catalogue ops here; returns the ops to store
 CatalogueApply = Callable[[list[WriteOp]], list[WriteOp]]
@@ -78,6 +83,56 @@ def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogu
     return snapshot_ops(plog.key, m.data)
 
 
+class CatalogueOps:
+    """Committed catalogue ops applied here, each by the part of the node it changes: a
+    declare or a delete by the catalogue (``state``), which then has the queue's logs opened
+    (``open_queue``) or dropped (``drop_queue``); users and grants, drains, placements, the
+    group's members and updates by their own parts.  ``changed()`` once they are applied."""
+
+    def __init__(self, state: GroupState, security: Applier[WriteOp], drains: Applier[SetDrained],
+                 moves: Placements, remaps: Applier[SetUpdating], *, open_queue: Callable[[QueueMeta], None],
+                 drop_queue: Callable[[int], None], changed: Callable[[], None]) -> None:
+        self._state = state
+        self._security = security
+        self._drains = drains
+        self._moves = moves
+        self._remaps = remaps
+        self._open_queue = open_queue
+        self._drop_queue = drop_queue
+        self._changed = changed
+
+    def apply(self, ops: list[WriteOp]) -> list[WriteOp]:
+        """Apply committed catalogue ops here; the ops to store (a declare that lost a race
+        for its name is a no-op everywhere)."""
+        out: list[WriteOp] = []
+        declared = {op.queue.id for op in ops if isinstance(op, PutQueue)}
+        for op in ops:
+            if isinstance(op, PutQueue):
+                if self._state.catalogue_put(op.queue):
+                    out.append(op)
+                    # a queue declared with explicit node lists: its entry places its partitions
+                    for sp in ops:
+                        if isinstance(sp, SetPlacement) and sp.queue_id == op.queue.id:
+                            out.extend(self._moves.apply(sp))
+                    self._open_queue(op.queue)
+            elif isinstance(op, DropQueue):
+                self._state.catalogue_drop(op.queue_id)
+                self._drop_queue(op.queue_id)
+                out.append(op)
+            elif isinstance(op, SECURITY_OPS):
+                out.extend(self._security.apply(op))
+            elif isinstance(op, SetDrained):
+                out.extend(self._drains.apply(op))
+            elif isinstance(op, SetPlacement) and op.queue_id not in declared:
+                out.extend(self._moves.apply(op))
+            elif isinstance(op, SetGroup):
+                out.extend(self._state.group_apply(op))
+            elif isinstance(op, SetUpdating):
+                out.extend(self._remaps.apply(op))
+        self._changed()
+        return out
+
+
 def one_applied_position(ops: list[WriteOp]) -> list[WriteOp]:
     """Store writes held across several Readies, with one applied position: the newest.
     A Ready that only compacted the log brings none, so the newest is not always the last
@@ -116,9 +171,10 @@ class HeldWrites:
     ``stored(plog, index)`` runs once the store has every entry of ``plog`` up to
     ``index`` applied; ``fatal(why)`` when a write fails."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
+    def __init__(self, clock: Clock, writer: StoreWriter, logs: Mapping[Key, PartLog], *,
                  stored: Callable[[PartLog, int], None], fatal: Callable[[str], None]) -> None:
-        self._host = host
+        self._clock = clock
+        self._writer = writer
         self._logs = logs
         self._stored = stored
         self._fatal = fatal
@@ -136,7 +192,7 @@ class HeldWrites:
             self.release(plog, eager=bool(plog.serve_from))
             return
         if plog not in self._held:
-            clock = self._host.clock
+            clock = self._clock
             plog.held_since = clock.monotonic()
             self._held.add(plog)
             if self._timer is None:
@@ -144,7 +200,7 @@ class HeldWrites:
 
     def _release_due(self) -> None:
         self._timer = None
-        clock = self._host.clock
+        clock = self._clock
         now = clock.monotonic()
         for plog in list(self._held):
             if now - plog.held_since >= HOLD_APPLY:
@@ -171,7 +227,7 @@ class HeldWrites:
             elif self._logs.get(key) is plog:
                 self._stored(plog, applied_upto)
 
-        self._host.writer.submit(ops, sync=False, callback=applied, lazy=not eager)
+        self._writer.submit(ops, sync=False, callback=applied, lazy=not eager)
 
     def cancel_timer(self) -> None:
         if self._timer is not None:

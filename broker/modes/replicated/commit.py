@@ -21,11 +21,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from broker.config import NodeConfig
 from broker.peers.codec import CATALOGUE, Key, encode_ops
 from broker.modes.replicated.compaction import WeakHold
-from broker.modes.replicated.host import Callback, ReplicationHost
+from broker.modes.replicated.host import Callback
 from broker.modes.replicated.partlog import PartLog
-from client.clock import Cancellable
+from client.clock import Cancellable, Clock
 from client.errors import NotActiveError, TandemError, UnavailableError
 from ha.messages import Ready
 from storage.base import Append, DropQueue, DropUser, GrantAcl, PackedRun, PutQueue, PutUser, RevokeAcl, SeedAdmin, \
@@ -59,12 +60,12 @@ class Proposals:
     ``broken()`` says the node is stopping for an inconsistent state (nothing more is
     proposed)."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *, guarded: Guarded,
+    def __init__(self, config: NodeConfig, clock: Clock, logs: Mapping[Key, PartLog], *, guarded: Guarded,
                  broken: Callable[[], bool]) -> None:
-        self.me = host.config.name
-        self.linger = host.config.ack_linger
-        self.hold = host.config.weak_hold_bytes
-        self._clock = host.clock
+        self.me = config.name
+        self.linger = config.ack_linger
+        self.hold = config.weak_hold_bytes
+        self._clock = clock
         self._logs = logs
         self._guarded = guarded
         self._broken = broken

@@ -1,24 +1,35 @@
-"""What replication needs from the node that hosts it: :class:`ReplicationHost`.
+"""What replication needs from the node that hosts it: a few narrow Protocols.
 
-Replication receives this narrow view instead of the node itself, so that it imports
-nothing of the node and the node can change behind it.  ``broker.node.node.Node`` satisfies
-it structurally (mypy checks it where the node constructs :class:`Replication`).
+Replication receives these views instead of the node itself, so that it imports nothing of
+the node and the node can change behind it.  Each is satisfied structurally by the part of
+the node that owns it (mypy checks it where the node constructs :class:`Replication`):
+
+* the store: :class:`StoreWriter` (the group-commit writer) and ``storage.base.Engine``;
+* the queues: :class:`Queues` (the catalogue) of :class:`QueueView`;
+* the peer links: :class:`PeerGroup` of :class:`PeerLink`;
+* the group's state that committed catalogue entries change: :class:`Placements` (the
+  moves), :class:`Applier` (users and grants, drains, updates), :class:`Respread` (a
+  change of the group's members), :class:`GroupState` (declares, deletes, the snapshot);
+* what the node decides: :class:`GroupView` (the members, the policy, the drained);
+* what replication tells the node: :class:`NodeEvents` (serving starts and stops, the
+  partition map) and :class:`Quarantine` (what HA-1014 discards).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-from broker.config import NodeConfig
-from client.clock import Clock
+from broker.peers.codec import Key
 from client.protocol.frames import Replicate
 from ha.members import Members
 from ha.membership import Membership
 from ha.placement import DistributionPolicy
-from storage.base import Engine, PartitionState, QueueMeta, SetDrained, SetGroup, SetPlacement, SetUpdating, WriteOp
+from storage.base import PartitionState, QueueMeta, SetGroup, SetPlacement, WriteOp
 
 Callback = Callable[[BaseException | None], None]
+
+OpT = TypeVar("OpT", contravariant=True)
 
 
 class StoreWriter(Protocol):
@@ -36,6 +47,16 @@ class QueueView(Protocol):
 
     @property
     def meta(self) -> QueueMeta: ...
+
+
+class Queues(Protocol):
+    """Every queue the node knows (broker.messaging.catalogue.Catalogue)."""
+
+    @property
+    def queues(self) -> Mapping[str, QueueView]:
+        """By name."""
+
+    def by_id(self, queue_id: int) -> QueueView | None: ...
 
 
 class PeerLink(Protocol):
@@ -64,39 +85,60 @@ class PeerGroup(Protocol):
     def epoch(self) -> int:
         """The LockFile epoch this node's frames carry (0 without the LockFile arbiter)."""
 
-    def foreign_active(self, key: tuple[int, int]) -> str | None:
+    def foreign_active(self, key: Key) -> str | None:
         """The member serving ``key``, a partition this node holds no copy of, as its keep-alives
         say (broker.peers.foreign); None if unknown or not linked."""
 
-    def foreign_term(self, key: tuple[int, int]) -> int:
+    def foreign_term(self, key: Key) -> int:
         """The term that member serves ``key`` in (0: unknown)."""
 
 
-class ReplicationHost(Protocol):
-    """The node, as far as replication uses it."""
+class Placements(Protocol):
+    """The partitions placed off the policy (broker.partitions.moves.Moves)."""
 
     @property
-    def config(self) -> NodeConfig: ...
+    def placed(self) -> Mapping[Key, tuple[str, ...]]:
+        """The node list a move placed each such partition on (the others: the policy's)."""
 
     @property
-    def clock(self) -> Clock: ...
+    def moving(self) -> Collection[Key]:
+        """The partitions whose move is under way."""
 
     @property
-    def engine(self) -> Engine:
-        """The store: partitions are loaded from it (in a thread); ``log_pins``, where the
-        engine has it, names the partitions that keep the log's oldest segment."""
+    def static(self) -> Collection[Key]:
+        """The partitions of queues declared with explicit node lists (``static``)."""
+
+    def apply(self, op: SetPlacement) -> list[WriteOp]:
+        """A committed placement; the ops to store."""
+
+    async def finished(self, key: Key, nodes: tuple[str, ...]) -> None:
+        """This node, the partition's active, has its log's members on ``nodes``: end the move."""
+
+
+class Applier(Protocol[OpT]):
+    """A part of the group's state that committed catalogue ops of one kind change: the users
+    and their grants (broker.security.security), the drained members (broker.partitions.drain),
+    queues being updated (broker.partitions.remap)."""
+
+    def apply(self, op: OpT) -> list[WriteOp]:
+        """Apply a committed op here; the ops to store."""
+
+
+class Respread(Protocol):
+    """A change of the group's members (broker.partitions.members.GroupMembers)."""
 
     @property
-    def writer(self) -> StoreWriter: ...
+    def respread(self) -> bool:
+        """The change is under way: partitions re-spread."""
 
-    @property
-    def peers(self) -> PeerGroup | None: ...
+    async def step(self, settled: bool) -> None:
+        """The catalogue's active: one round of the re-spread (``settled``: the catalogue's
+        log has its members): more moves, or the change's end."""
 
-    @property
-    def queues(self) -> Mapping[str, QueueView]:
-        """Every queue the node knows, by name."""
 
-    def queue_by_id(self, queue_id: int) -> QueueView | None: ...
+class GroupState(Protocol):
+    """The node's catalogue and group state as committed catalogue entries change them and
+    the catalogue's snapshot carries them."""
 
     def catalogue_put(self, meta: QueueMeta) -> bool:
         """A committed declare: True if the queue is new here (False: its name was taken)."""
@@ -104,86 +146,57 @@ class ReplicationHost(Protocol):
     def catalogue_drop(self, queue_id: int) -> None:
         """A committed delete."""
 
-    def security_apply(self, op: WriteOp) -> list[WriteOp]:
-        """A committed change of the users or their grants; the ops to store."""
+    def group_apply(self, op: SetGroup) -> list[WriteOp]:
+        """A committed change of the group's members (broker.partitions.members); the ops to store."""
 
     def security_snapshot(self) -> dict[str, Any]:
-        """The users, grants and drained members, for the catalogue's snapshot (codec: "users",
-        "acls", "seeded", "drained")."""
+        """The users, grants, drained members, placements, updates and members, for the
+        catalogue's snapshot (codec: "users", "acls", "seeded", "drained", ...)."""
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
-        """Replace the users, grants and drained members with a snapshot's; the ops to store."""
+        """Replace all of those with a snapshot's; the ops to store."""
 
-    def drain_apply(self, op: SetDrained) -> list[WriteOp]:
-        """A committed drain or undrain (broker.partitions.drain); the ops to store."""
 
-    @property
-    def drained(self) -> frozenset[str]:
-        """The group's members drained for maintenance (broker.partitions.drain)."""
-
-    def move_apply(self, op: SetPlacement) -> list[WriteOp]:
-        """A committed placement (broker.partitions.moves); the ops to store."""
-
-    def placed(self, key: tuple[int, int]) -> tuple[str, ...] | None:
-        """The node list a move placed partition ``key`` on (None: the policy's)."""
-
-    @property
-    def moving(self) -> Collection[tuple[int, int]]:
-        """The partitions whose move is under way."""
-
-    @property
-    def static(self) -> Collection[tuple[int, int]]:
-        """The partitions of queues declared with explicit node lists (``static``)."""
-
-    async def move_finished(self, key: tuple[int, int], nodes: tuple[str, ...]) -> None:
-        """This node, the partition's active, has its log's members on ``nodes``: end the move."""
+class GroupView(Protocol):
+    """Where partitions go, as the node decides it."""
 
     def placement(self) -> tuple[list[str], DistributionPolicy]:
         """The members partitions are placed on (sorted) and the distribution policy."""
-        ...
 
-    def quarantine_keep(self, key: tuple[int, int], term: int, first_index: int, entries: list[list[WriteOp]],
-                        confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
-        """HA-1014 discarded these entries' ops (the first ``confirmed`` of them confirmed
-        here; ``written``: who wrote each, in which term): keep their messages for the
-        quarantine queue (broker.partitions.quarantine); how many."""
-        ...
-
-    def update_apply(self, op: SetUpdating) -> list[WriteOp]:
-        """A committed start, step or end of a queue's update (broker.partitions.remap); the ops to store."""
-        ...
-
-    def group_apply(self, op: SetGroup) -> list[WriteOp]:
-        """A committed change of the group's members (broker.partitions.members); the ops to store."""
-        ...
+    @property
+    def drained(self) -> frozenset[str]:
+        """The group's members drained for maintenance, or leaving the group (they rank as drained)."""
 
     def catalogue_target(self) -> Members | None:
         """The members the catalogue's log is to have (None: as opened, the settings')."""
 
-    @property
-    def respreading(self) -> bool:
-        """A change of the group's members is under way: partitions re-spread."""
-        ...
 
-    async def respread_step(self, settled: bool) -> None:
-        """The catalogue's active: one round of the re-spread (``settled``: the catalogue's
-        log has its members): more moves, or the change's end."""
+class Quarantine(Protocol):
+    """Where HA-1014's discarded messages are kept (broker.partitions.quarantine)."""
+
+    def keep(self, key: Key, term: int, first_index: int, entries: Sequence[list[WriteOp]],
+             confirmed: int, written: Sequence[tuple[str, int]] = ()) -> int:
+        """HA-1014 discarded these entries' ops (the first ``confirmed`` of them confirmed
+        here; ``written``: who wrote each, in which term): keep their messages for the
+        quarantine queue; how many."""
+
+
+class NodeEvents(Protocol):
+    """What replication tells the node: this node starts or stops serving a partition, an
+    active changed, replication failed."""
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active (0: all)."""
-        ...
 
-    def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
+    def partition_loaded(self, key: Key, st: PartitionState) -> None:
         """This node now serves the partition: its state, loaded from the store."""
 
-    def partition_unloaded(self, key: tuple[int, int]) -> None:
+    def partition_unloaded(self, key: Key) -> None:
         """This node stops serving the partition: drop its in-memory state."""
 
     def map_changed(self) -> None:
         """A role or an active changed: clients that watch the partition map hear of it."""
 
-    def write(self, ops: list[WriteOp], *, sync: bool) -> Awaitable[None]:
-        """Commit ``ops`` (after everything submitted before them)."""
-
-    async def stop(self) -> None:
-        """Stop the node (replication calls it when its state may be inconsistent)."""
+    def replication_failed(self) -> None:
+        """Replication's state may be inconsistent: the node stops.  The node runs that stop
+        as a task of its own: the replication it stops neither owns nor cancels it."""

@@ -13,34 +13,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from broker.config import NodeConfig
 from broker.peers.codec import CATALOGUE, Key
 from broker.modes.replicated.compaction import HOLD_BYTES, entry_bytes, still_needed, weak_cap
-from broker.modes.replicated.host import ReplicationHost
+from broker.modes.replicated.host import Queues, StoreWriter
 from broker.modes.replicated.partlog import PartLog, compacted
-from storage.base import LogCompact, LogTruncate, PutApplied, ResetPartition, WriteOp
+from storage.base import Engine, LogCompact, LogTruncate, PutApplied, ResetPartition, WriteOp
 
 log = logging.getLogger("tandem.ha")
 
 UNPIN_EVERY = 1.0  # how often (seconds)
 
 
-def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
-                   hold: Callable[[PartLog, list[WriteOp], int], None],
-                   streamed: Callable[[Key, Mapping[str, int]], int | None] = lambda _k, _p: None) -> None:
+def unpin_segments(logs: Mapping[Key, PartLog], hold: Callable[[PartLog, list[WriteOp], int], None],
+                   streamed: Callable[[Key, Mapping[str, int]], int | None] = lambda _k, _p: None, *,
+                   engine: Engine, writer: StoreWriter, queues: Queues, config: NodeConfig) -> None:
     """Compact the partitions that keep the oldest segment past it; drop the logs of
     partitions not held here.  ``hold`` queues a compaction behind the store writes it
     depends on, in order (apply.HeldWrites); ``streamed(key, progress)``: the index of a
     snapshot streamed to a replica that does not have it yet (its entries after are kept)."""
-    pins = getattr(host.engine, "log_pins", None)
+    pins = getattr(engine, "log_pins", None)
     if pins is None:
         return
     for key, top in pins().items():
         plog = logs.get(key)
         if plog is None:
-            _drop_foreign_log(host, logs, key)
+            _drop_foreign_log(writer, queues, config.name, logs, key)
             continue
         r = plog.replica
-        if r.snap_index >= top or r.applied < top or weak_cap(r, host.config.weak_hold_bytes)[0] < top:
+        if r.snap_index >= top or r.applied < top or weak_cap(r, config.weak_hold_bytes)[0] < top:
             continue  # compacted already (not yet durably), not applied that far yet, or a weak active's
         need = still_needed(r, streamed(key, r.progress()))
         if need is not None and need < top and entry_bytes(r, need + 1, r.applied) <= HOLD_BYTES:
@@ -50,18 +51,18 @@ def unpin_segments(host: ReplicationHost, logs: Mapping[Key, PartLog],
         hold(plog, [compacted(key, r)], 0)
 
 
-def _drop_foreign_log(host: ReplicationHost, logs: Mapping[Key, PartLog], key: Key) -> None:
+def _drop_foreign_log(writer: StoreWriter, queues: Queues, me: str, logs: Mapping[Key, PartLog],
+                      key: Key) -> None:
     if key == CATALOGUE:
         return
     qid, p = key
-    me = host.config.name
-    if host.queue_by_id(qid) is not None:
+    if queues.by_id(qid) is not None:
         log.info("partition %d/%d: dropping its log and store rows on %s, which no longer holds a replica",
                  qid, p, me)
-        host.writer.submit([ResetPartition(qid, p), LogCompact(qid, p, 0, 0, ""), PutApplied(qid, p, 0, 0, ""),
-                            LogTruncate(qid, p, 0)], sync=False)
+        writer.submit([ResetPartition(qid, p), LogCompact(qid, p, 0, 0, ""), PutApplied(qid, p, 0, 0, ""),
+                       LogTruncate(qid, p, 0)], sync=False)
         return
     cat = logs[CATALOGUE].replica
     if cat.leader is not None and not cat.recovering and cat.applied >= cat.commit:
         log.info("partition %d/%d: dropping the log of a deleted queue on %s", qid, p, me)
-        host.writer.submit([LogTruncate(qid, p, 0)], sync=False)
+        writer.submit([LogTruncate(qid, p, 0)], sync=False)

@@ -15,8 +15,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from broker.peers.codec import CATALOGUE, Key
-from broker.modes.replicated.host import ReplicationHost
+from broker.modes.replicated.host import NodeEvents, PeerGroup, Placements, Queues
 from broker.modes.replicated.partlog import PartLog
+from client.clock import Clock
 from client.errors import NotActiveError, TandemError, UnavailableError
 from client.protocol.frames import PartitionInfo, ReplicaInfo
 from ha.membership import QuorumState
@@ -24,6 +25,7 @@ from ha.partition import PartitionChanged, PartitionLifecycle
 from ha.partition import PartitionState as LifecycleState
 from ha.placement import NodeList
 from ha.replica import Role
+from storage.base import Engine
 
 log = logging.getLogger("tandem.ha")
 
@@ -41,12 +43,18 @@ class Serving:
     ``spawn`` runs a coroutine as a task replication owns; ``fail_waiters`` fails what a
     log's proposals wait for."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
+    def __init__(self, me: str, clock: Clock, logs: Mapping[Key, PartLog], *, engine: Engine,
+                 peers: PeerGroup | None, queues: Queues, moves: Placements, node: NodeEvents,
                  placed: Callable[[Key, int], NodeList], spawn: Callable[[Coroutine[Any, Any, None]], None],
                  fail_waiters: Callable[[PartLog, TandemError], None]) -> None:
-        self._host = host
+        self._clock = clock
+        self._engine = engine
+        self._peers = peers
+        self._queues = queues
+        self._moves = moves
+        self._node = node
         self._logs = logs
-        self.me = host.config.name
+        self.me = me
         self._placed = placed  # (key, the queue's partitions) -> where the partition is placed
         self._spawn = spawn
         self._fail_waiters = fail_waiters
@@ -57,17 +65,17 @@ class Serving:
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
-        self._host.map_changed()
+        self._node.map_changed()
 
     def disabled(self) -> bool:
         """This node has no node quorum: it serves nothing and knows no active."""
-        peers = self._host.peers
+        peers = self._peers
         return peers is not None and peers.membership.quorum_state is QuorumState.DISABLED
 
     # -- partition lifecycles ----------------------------------------------------------------
 
     def start_lifecycle(self, plog: PartLog) -> None:
-        q = self._host.queue_by_id(plog.key[0])
+        q = self._queues.by_id(plog.key[0])
         name = "(catalogue)" if plog.key == CATALOGUE else (q.name if q is not None else f"#{plog.key[0]}")
         plog.lifecycle = lc = PartitionLifecycle(name, plog.key[1], notifiers=[self._notify_partition])
         lc.set_status("define_local", "defined by the catalogue")
@@ -123,11 +131,11 @@ class Serving:
         term = r.term
 
         async def load() -> None:
-            st = await asyncio.to_thread(self._host.engine.load_partition, *plog.key, self._host.load_budget())
+            st = await asyncio.to_thread(self._engine.load_partition, *plog.key, self._node.load_budget())
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
             messages = len(st.messages) + st.cold_count  # (before the queue takes them over)
-            self._host.partition_loaded(plog.key, st)
+            self._node.partition_loaded(plog.key, st)
             plog.serving = True
             log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term, messages)
             self.track_active(plog)
@@ -142,7 +150,7 @@ class Serving:
         self.track_active(plog)
         self._fail_waiters(plog, NotActiveError(why, active_hint=None))
         if was and plog.key != CATALOGUE:
-            self._host.partition_unloaded(plog.key)
+            self._node.partition_unloaded(plog.key)
 
     # -- who is active -----------------------------------------------------------------------
 
@@ -154,7 +162,7 @@ class Serving:
         """The node serving ``key`` as far as this node knows (None without node quorum)."""
         plog = self._logs.get(key)
         if plog is None:
-            peers = self._host.peers
+            peers = self._peers
             return peers.foreign_active(key) if peers is not None and not self.disabled() else None
         if self.disabled():
             return None
@@ -179,7 +187,7 @@ class Serving:
     async def wait_change(self, timeout: float) -> None:
         """Until a role or an active changes, or ``timeout``."""
         try:
-            async with self._host.clock.timeout(timeout):
+            async with self._clock.timeout(timeout):
                 await self.changed.wait()
         except TimeoutError:
             pass  # nothing changed: the caller looks again
@@ -188,8 +196,8 @@ class Serving:
         """The node serving ``key``, waiting up to ``timeout`` for an election."""
         if key not in self._logs:
             # not a replica of it (a group larger than the copies): ask one that is
-            q = self._host.queue_by_id(key[0])
-            peers = self._host.peers
+            q = self._queues.by_id(key[0])
+            peers = self._peers
             if q is not None and peers is not None and key[1] < q.meta.partitions:
                 active = self.active_of(key)
                 if active is not None:
@@ -200,7 +208,7 @@ class Serving:
                         return n
             raise UnavailableError(f"partition {key[0]}/{key[1]}: no member holding it is reachable from {self.me}")
         try:
-            async with self._host.clock.timeout(timeout):
+            async with self._clock.timeout(timeout):
                 while True:
                     who = self.active_of(key)
                     if who is not None and (who != self.me or self.serving(key)):
@@ -211,7 +219,7 @@ class Serving:
                                    f"too few nodes up for a quorum?") from None
 
     def partition_infos(self) -> list[PartitionInfo]:
-        names = {q.meta.id: q.name for q in self._host.queues.values()}
+        names = {q.meta.id: q.name for q in self._queues.queues.values()}
         out = []
         for key in sorted(self._logs):
             plog = self._logs[key]
@@ -220,7 +228,7 @@ class Serving:
             state = plog.lifecycle.state.value if plog.lifecycle is not None else "Unavailable"
             progress = r.progress()
             replicas = []
-            now = self._host.clock.monotonic()
+            now = self._clock.monotonic()
             for n, kind in zip(plog.nodes.nodes, plog.nodes.kinds):
                 if n == self.me:
                     continue
@@ -230,7 +238,7 @@ class Serving:
             out.append(PartitionInfo("" if key == CATALOGUE else names.get(key[0], f"#{key[0]}"), key[1], state,
                                      r.role.value, active, r.term, r.commit, r.applied, r.last_index, replicas,
                                      plog.lifecycle.status.value if plog.lifecycle is not None
-                                     and plog.lifecycle.status is not None else "", key in self._host.static))
+                                     and plog.lifecycle.status is not None else "", key in self._moves.static))
         return out
 
     def served(self) -> list[tuple[Key, int]]:
@@ -242,9 +250,9 @@ class Serving:
         """The partitions this node holds no copy of, as it knows them (broker.peers.foreign): its
         active if a member said it serves it (RemoteEnabled), else none (RemoteDefined); the
         replicas listed are the nodes placement puts it on."""
-        peers = self._host.peers
+        peers = self._peers
         out = []
-        for q in sorted(self._host.queues.values(), key=lambda q: q.meta.id):
+        for q in sorted(self._queues.queues.values(), key=lambda q: q.meta.id):
             for p in range(q.meta.partitions):
                 key = (q.meta.id, p)
                 if key in self._logs:
@@ -255,7 +263,7 @@ class Serving:
                 holders = [ReplicaInfo(n, k.value, 0, 0) for n, k in zip(placed.nodes, placed.kinds)]
                 out.append(PartitionInfo(q.name, p, "Active" if active else "Unavailable", "", active, term, 0, 0, 0,
                                          holders, "RemoteEnabled" if active else "RemoteDefined",
-                                         key in self._host.static))
+                                         key in self._moves.static))
         return out
 
 

@@ -46,12 +46,14 @@ from broker.peers.codec import (
     encode_streamed,
     streamed_parts,
 )
-from broker.modes.replicated.host import ReplicationHost
+from broker.config import NodeConfig
+from broker.modes.replicated.host import PeerGroup, Queues, StoreWriter
 from broker.modes.replicated.partlog import PartLog
+from client.clock import Clock
 from client.protocol.frames import Replicate
 from ha.messages import Envelope, InstallSnapshot, Message, SnapshotAck, SnapshotChunk
 from ha.replica import Role
-from storage.base import PartitionState
+from storage.base import Engine, PartitionState
 
 log = logging.getLogger("tandem.ha")
 
@@ -78,11 +80,19 @@ class Transport:
     """``release_held(plog)`` submits the store writes a log holds back (a snapshot waits
     for them); ``spawn`` runs a coroutine as a task replication owns."""
 
-    def __init__(self, host: ReplicationHost, logs: Mapping[Key, PartLog], *,
+    def __init__(self, config: NodeConfig, clock: Clock, logs: Mapping[Key, PartLog], *, engine: Engine,
+                 writer: StoreWriter, peers: PeerGroup | None, queues: Queues,
+                 group_state: Callable[[], dict[str, Any]],
                  release_held: Callable[[PartLog], None],
                  spawn: Callable[[Coroutine[Any, Any, None]], None],
                  restart: Callable[[PartLog, str], PartLog]) -> None:
-        self._host = host
+        self._config = config
+        self._clock = clock
+        self._engine = engine
+        self._writer = writer
+        self._peers = peers
+        self._queues = queues
+        self._group_state = group_state  # the group's state for the catalogue's snapshot
         self._logs = logs
         self._release_held = release_held
         self._spawn = spawn
@@ -110,7 +120,6 @@ class Transport:
         self._schedule_flush()
 
     async def _send_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
-        host = self._host
         if key != CATALOGUE:
             # The core asks again while one is on its way, and before the replica's answer to
             # the last one is back (it answers once it has written every part): not again
@@ -124,7 +133,7 @@ class Transport:
                 finally:
                     self._streaming.discard((key, dst))
             return
-        data = encode_catalogue_snapshot((q.meta for q in host.queues.values()), host.security_snapshot())
+        data = encode_catalogue_snapshot((q.meta for q in self._queues.queues.values()), self._group_state())
         pos = self._logs[key].applied
         log.info("catalogue: sending a snapshot at index %d to %s", pos[0], dst)
         members = self._members_at(key, pos[0])
@@ -135,14 +144,24 @@ class Transport:
         """Queue ``msg`` of ``key`` for ``dst``'s next Replicate frame."""
         self._out.setdefault(dst, []).append([key[0], key[1], encode_message(msg)])
 
+    async def _committed(self) -> None:
+        """Until everything submitted to the store writer so far is committed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def committed(err: BaseException | None) -> None:
+            if not done.done():
+                done.set_exception(err) if err else done.set_result(None)
+
+        self._writer.submit([], sync=False, callback=committed)
+        await done
+
     async def _written(self, key: Key, dst: str, index: int, seq: int) -> bool:
         """Until ``dst`` has written part ``seq`` of the snapshot as of ``index`` (True), or has
         not for PIN_TIMEOUTS non-response timeouts (False)."""
         if seq < 0:
             return True
-        clock = self._host.clock
         try:
-            async with clock.timeout(PIN_TIMEOUTS * self._host.config.non_response_timeout):
+            async with self._clock.timeout(PIN_TIMEOUTS * self._config.non_response_timeout):
                 while self._acks.get((key, dst), (-1, -1)) < (index, seq):
                     ev = self._acked.setdefault((key, dst), asyncio.Event())
                     ev.clear()
@@ -179,9 +198,9 @@ class Transport:
         if pin is None:
             return False
         index, at, sent = pin
-        wait = PIN_TIMEOUTS * self._host.config.non_response_timeout + sent / WRITE_RATE
+        wait = PIN_TIMEOUTS * self._config.non_response_timeout + sent / WRITE_RATE
         if progress.get(dst, 0) >= index or ((key, dst) not in self._streaming
-                                             and self._host.clock.monotonic() - at > wait):
+                                             and self._clock.monotonic() - at > wait):
             del self._pins[(key, dst)]
             return False
         return True
@@ -193,17 +212,16 @@ class Transport:
 
     async def _stream_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
         """Stream partition ``key``'s snapshot to ``dst``, part by part (see the module)."""
-        host = self._host
         plog = self._logs.get(key)
         if plog is not None:
             # a snapshot of the store as up to date as the log allows: what is held, and
             # what was released but not yet committed, first
             self._release_held(plog)
-            await host.write([], sync=False)
-        head = await asyncio.to_thread(host.engine.load_partition, key[0], key[1], 1)
+            await self._committed()
+        head = await asyncio.to_thread(self._engine.load_partition, key[0], key[1], 1)
         pos, end = head.applied, head.next_offset
-        per_part = host.config.objects_locked_per_transaction
-        self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), 0)
+        per_part = self._config.objects_locked_per_transaction
+        self._pins[(key, dst)] = (pos[0], self._clock.monotonic(), 0)
         self._acks.pop((key, dst), None)
         log.info("partition %d/%d: streaming a snapshot at index %d to %s (parts of up to %d messages)", key[0],
                  key[1], pos[0], dst, per_part)
@@ -214,7 +232,7 @@ class Transport:
             return now is not None and now.replica.role is Role.LEADER and now.replica.term == m.term
 
         while offset < end:
-            msgs = await asyncio.to_thread(host.engine.read, key[0], key[1], offset, limit)
+            msgs = await asyncio.to_thread(self._engine.read, key[0], key[1], offset, limit)
             msgs = [x for x in msgs if x.offset < end]
             if not msgs:
                 break
@@ -227,7 +245,7 @@ class Transport:
             part = msgs[:n]
             limit = min(per_part, n + 1) if n < len(msgs) else per_part  # (about a part's worth next)
             offset = part[-1].offset + 1
-            link = host.peers.links.get(dst) if host.peers is not None else None
+            link = self._peers.links.get(dst) if self._peers is not None else None
             if link is None or not still_sending():
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s) (the link or the role went)",
                          key[0], key[1], dst, parts)
@@ -236,7 +254,7 @@ class Transport:
             self.flush()
             parts += 1
             sent += len(part)
-            self._pins[(key, dst)] = (pos[0], host.clock.monotonic(), self._pins[(key, dst)][2] + size)
+            self._pins[(key, dst)] = (pos[0], self._clock.monotonic(), self._pins[(key, dst)][2] + size)
             try:
                 await link.drain()  # the next part once the link has taken this one
             except ConnectionError as exc:
@@ -296,14 +314,14 @@ class Transport:
             self._incoming.pop(key, None)
             log.warning("bad snapshot part from %s for %s dropped, and its stream: %s", src, plog.name, exc.message)
             return None
-        ack = SnapshotAck(m.term, self._host.config.name, m.index, m.seq)
+        ack = SnapshotAck(m.term, self._config.name, m.index, m.seq)
 
         def written(err: BaseException | None) -> None:
             if err is None:  # (a failed write stops the node)
                 self._put(src, key, ack)
                 self._schedule_flush()
 
-        self._host.writer.submit(ops, sync=False, callback=written)
+        self._writer.submit(ops, sync=False, callback=written)
         return None
 
     def _schedule_flush(self) -> None:
@@ -328,7 +346,7 @@ class Transport:
     def flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, {}
-        peers = self._host.peers
+        peers = self._peers
         if peers is None:
             return
         epoch = peers.epoch
