@@ -39,6 +39,14 @@ class CatalogueHost(Forwarding, Protocol):
 
     def catalogue_applied(self) -> int: ...
 
+    def check_disk(self, what: str) -> None:
+        """Raise UnavailableError while this node's disk alarm is raised."""
+        ...
+
+
+class Placing(Protocol):
+    """Where a queue declared with node lists (``static`` distribution) is placed."""
+
     def static_lists(self, queue_id: int) -> tuple[tuple[str, ...], ...] | None:
         """The node lists of a queue declared with them (``static`` distribution), as
         ``name:sync`` / ``name:async`` entries; None for a ``dynamic`` queue."""
@@ -47,10 +55,6 @@ class CatalogueHost(Forwarding, Protocol):
     def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...]) -> list[WriteOp]:
         """The ops that place a new queue's partitions on ``lists``, checked against the
         group's members (InvalidArgumentError naming what is wrong)."""
-        ...
-
-    def check_disk(self, what: str) -> None:
-        """Raise UnavailableError while this node's disk alarm is raised."""
         ...
 
 
@@ -63,12 +67,19 @@ def settings(meta: QueueMeta) -> dict[str, object]:
 
 
 class Catalogue:
-    def __init__(self, node: CatalogueHost) -> None:
+    def __init__(self, node: CatalogueHost, placing: Placing | None = None) -> None:
         self.node = node
+        #: (None: a catalogue without node lists, e.g. a tool's or a test's)
+        self.placing = placing
         self.queues: dict[str, Queue] = {}
         self.next_id = 1
         #: bytes of ready messages held in memory, bounded by ``max_memory`` (broker.messaging.queues)
         self.budget = MemoryBudget(node.config.max_memory)
+
+    def _placing(self) -> Placing:
+        if self.placing is None:
+            raise InvalidArgumentError("placement: this catalogue places no node lists")
+        return self.placing
 
     def reset(self) -> None:
         """Forget every queue (shared mode: the store that holds them was closed, or is
@@ -147,7 +158,7 @@ class Catalogue:
             diff = [f"{k}: have {have[k]!r}, asked {wanted[k]!r}" for k in have if have[k] != wanted[k]]
             if frame.placement:
                 # (a placement's kinds may be left out: compare the lists' nodes in order)
-                static = self.node.static_lists(existing.meta.id)
+                static = self.placing.static_lists(existing.meta.id) if self.placing is not None else None
                 asked = parse_static(frame.placement, frame.partitions)
                 names = [[n.partition(":")[0] for n in nodes] for nodes in static or ()]
                 if names != [[n.partition(":")[0] for n in nodes] for nodes in asked]:
@@ -177,11 +188,11 @@ class Catalogue:
             node.check_disk("declaring queues")
             placing: list[WriteOp] = []
             if frame.placement:
-                if commit.one_server:
+                if not commit.catalogue_log:
                     raise InvalidArgumentError("placement: explicit node lists need a replication group (this node "
                                                "runs alone, or in shared mode, where one node serves every "
                                                "partition)")
-                placing = node.static_placement(meta, parse_static(frame.placement, frame.partitions))
+                placing = self._placing().static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
             if not commit.catalogue_log:
                 q = self.add(meta)
@@ -223,7 +234,7 @@ class Catalogue:
             await node.forward(who, DeleteFwd(hops + 1, name, if_empty))
         else:
             if if_empty:
-                depth = q.depth if node.commit.one_server else await self.depth(q)
+                depth = await self.depth(q) if node.commit.catalogue_log else q.depth
                 if depth:
                     raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
             if not node.commit.catalogue_log:

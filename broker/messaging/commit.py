@@ -34,15 +34,13 @@ CATALOGUE: Key = (0, 0)
 
 
 class CommitPath(Protocol):
-    #: One member serves every partition (a single node, or shared mode's lock holder): a
-    #: queue's depth is known here and a declare's per-partition node lists mean nothing.
-    #: False: each partition has its own active, elected among its replicas.
-    one_server: bool
     #: True when a change of the group's state (queues, users and grants, placements, members)
     #: is an entry of the catalogue's log: proposed by the catalogue's active
     #: (``wait_active(CATALOGUE)``) and applied by every member, each to a store of its own,
-    #: once committed (a member may lag the log's active).  False when ``propose_catalogue``
-    #: commits it to the one store there is and whoever proposed it applies it.
+    #: once committed (a member may lag the log's active); each partition then has its own
+    #: active, elected among its replicas, and its own node list.  False when one member serves
+    #: every partition (a single node, shared mode's lock holder): ``propose_catalogue`` commits
+    #: to the one store there is, whoever proposed it applies it, and a queue's depth is known here.
     catalogue_log: bool
     #: The durability a publish's confirm waits for.
     confirm_policy: DurabilityPolicy
@@ -90,7 +88,7 @@ class CommitPath(Protocol):
 class LocalCommitPath:
     """A single node: every partition is served here, every commit is the store writer's."""
 
-    one_server, catalogue_log = True, False
+    catalogue_log = False
 
     def __init__(self, writer: GroupCommitWriter, node: str, *, policy: DurabilityPolicy) -> None:
         self.writer, self.node = writer, node
@@ -146,7 +144,7 @@ class ReplicatedCommitPath:
     waits for a quorum of the partition's voters (so ``durable`` changes nothing, and a confirm
     waits for the quorum whatever the local policy)."""
 
-    one_server, catalogue_log = False, True
+    catalogue_log = True
     confirm_policy = DurabilityPolicy.SYNC
 
     def __init__(self, log: ReplicatedLog) -> None:

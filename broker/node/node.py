@@ -119,7 +119,7 @@ class Node:
         self.config = config
         check_compensation(config)
         self.clock = clock
-        self.catalogue = Catalogue(self)
+        self.catalogue = Catalogue(self, placing=self)
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()

@@ -20,7 +20,7 @@ from storage.base import QueueMeta
 
 
 class _Commit:
-    one_server, catalogue_log = False, True
+    catalogue_log = True
 
     def __init__(self, clock: FakeClock, actives: list[str]) -> None:
         self.clock = clock

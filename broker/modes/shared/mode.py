@@ -337,7 +337,7 @@ class SharedCommitPath:
     """Shared mode's commit path: the lock holder serves every partition and writes through
     its store writer; every transaction is fenced by the activation epoch in the database."""
 
-    one_server, catalogue_log = True, False
+    catalogue_log = False
 
     def __init__(self, writer: GroupCommitWriter, mode: SharedMode, *, policy: DurabilityPolicy) -> None:
         self.writer, self.mode = writer, mode
