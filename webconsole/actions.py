@@ -78,7 +78,7 @@ async def undrain_node(request: web.Request) -> web.Response:
 async def _drain(request: web.Request, drained: bool) -> web.Response:
     view = request.app[NODE]
     name = request.match_info["name"]
-    members = view.node.group_members()
+    members = view.drains.group.group_members()
     if members and name not in members:
         raise ApiError(404, "not_found", f"no node {name!r} in this group")
     await view.drains.set(name, drained, f"{who(request)} (console)")

@@ -117,8 +117,6 @@ class ConsoleHost(Protocol):
     @property
     def client_address(self) -> str: ...
 
-    def group_members(self) -> tuple[str, ...]: ...
-
 
 class Meters(Protocol):
     """What the node counts for its metrics beside its state."""

@@ -41,10 +41,6 @@ class ForwardedHost(Protocol):
 
     def catalogue_commit(self) -> int: ...
 
-    def member_book(self) -> list[str]:
-        """"name=host:port" of every member whose peer address this node knows (broker.peers.discovery)."""
-        ...
-
 
 Handler = Callable[[Any], Awaitable[bytes]]
 
@@ -56,8 +52,11 @@ class ForwardHandlers:
 
     def __init__(self, node: ForwardedHost, *, state: status.NodeState, options: status.Options,
                  report: status.NodeReport, changes: status.GroupChanges, streams: StreamHost, publisher: Publisher,
-                 security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores) -> None:
+                 security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores,
+                 book: Callable[[], list[str]]) -> None:
         self.node = node
+        #: "name=host:port" of every member whose peer address this node knows (broker.peers.discovery)
+        self.book = book
         self.state, self.options, self.report, self.changes = state, options, report, changes
         self.streams, self.publisher, self.security = streams, publisher, security
         self.drains, self.moves, self.remaps, self.restores = drains, moves, remaps, restores
@@ -134,7 +133,7 @@ class ForwardHandlers:
                                hops=max(1, req.hops))).pack()
 
     async def _members(self, _req: Any) -> bytes:
-        return pack_reply(self.node.member_book())
+        return pack_reply(self.book())
 
     async def _catalogue(self, req: CatalogueFwd) -> bytes:
         return pack_reply(self.node.catalogue_commit())

@@ -24,28 +24,27 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from broker.messaging import sequences
 from broker.security import tls
 from broker.messaging.catalogue import Catalogue
 from broker.messaging.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
-from broker.config import ConfigError, NodeConfig, placement_of, redact_url
+from broker.config import NodeConfig, redact_url
 from broker.partitions.compensation import check_compensation
 from broker.messaging.delivery import Delivery
 from broker.node.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error, start_error
 from broker.messaging.forward import ForwardRequest
 from broker.node.forwarded import ForwardHandlers
 from broker.arbiters.lockfile import LockFileDriver
-from broker.peers.peers import PeerManager, host_port, placement_diff
+from broker.peers.peers import PeerManager, host_port
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
 from broker.messaging.mapper import MAPPERS, dead_letter_partition, mapper_names
 from broker.messaging.queues import MemoryBudget, Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
 from broker.modes.replicated import Replication
-from broker.peers.codec import group_out, placement_out, updating_out
 from broker.sessions.admin import Admin
 from broker.sessions.messaging import Messaging
 from broker.sessions.session import Session, SessionParts, requests
@@ -54,6 +53,7 @@ from broker.sessions.status import HaReport, NodeEvent, StatusRequests
 from broker.sessions.users import UserRequests
 from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
+from broker.node.placement import PLACEMENT_KEY, GroupPlacement
 from broker.node.store import NodeStore
 from broker.node.tasks import TaskOwner
 from broker.messaging.expiry import ProducerExpiry
@@ -63,7 +63,7 @@ from broker.security.acl import AclTable
 from broker.peers.discovery import Discovery
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
-from broker.partitions.moves import Moves, check_nodes, without_leaving
+from broker.partitions.moves import Moves
 from broker.partitions.quarantine import QUEUE as QUARANTINE, Quarantine
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import MAX_EVENTS as RESTORE_EVENTS, Restores
@@ -73,11 +73,9 @@ from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
 from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
-from ha.members import Members
-from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
 from ha.membership import QuorumState
-from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, QueueMeta, Recovered,
-                          SetGroup, SetPlacement, Settle, StoredMessage, UserRecord, WriteOp)
+from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, Recovered, Settle,
+                          StoredMessage, UserRecord, WriteOp)
 from storage.shared import SharedStore
 from storage.shared_factory import open_shared
 from storage.sqlite import SqliteEngine
@@ -88,9 +86,6 @@ log = logging.getLogger("tandem.broker")
 #: bytes of ready messages a new active loads before it serves a partition (of its share of
 #: max_memory): reading 256 MiB of a 1 GiB backlog held its writes for about 0.9 s
 TAKEOVER_HEAD = 16 * 1024 * 1024
-
-#: ``Recovered.meta`` key: the placement settings the store's queues were placed under
-PLACEMENT_KEY = "placement"
 
 EngineFactory = Callable[[NodeConfig], Engine]
 
@@ -119,26 +114,34 @@ class Node:
         self.config = config
         check_compensation(config)
         self.clock = clock
-        self.catalogue = Catalogue(self, placing=self)
+        self.sessions: set[Session] = set()
+        #: peer addresses found by discovery for members that had none here
+        self.learned: dict[str, tuple[str, int]] = {}
+        #: the group's placement, members and catalogued state (broker/node/placement.py)
+        self.placing = GroupPlacement(
+            lambda: self.config, clock, group=lambda: self.group, replication=lambda: self.replication,
+            peers=lambda: self.peers, priority=lambda: self.priority, refusal=self.refusal,
+            map_changed=self.map_changed, sessions=self.sessions, learned=self.learned)
+        self.catalogue = Catalogue(self, placing=self.placing)
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
         self.delivery = Delivery(self, rules=self, tasks=self)
         self.publisher = Publisher(self)
         self.security = Security(self, accounts=self, spawn=self.spawn)
-        self.drains = Drains(self, group=self)  # the group's members drained for maintenance
+        self.drains = Drains(self, group=self.placing)  # the group's members drained for maintenance
         #: partitions placed off the policy (tandem partition move)
-        self.moves = Moves(self, placement=self, spawn=self.spawn)
+        self.moves = Moves(self, placement=self.placing, spawn=self.spawn)
         #: queues re-mapping their messages (tandem partition update)
-        self.remaps = Remaps(self, queues=self, here=self, publisher=self.publisher)
+        self.remaps = Remaps(self, queues=self.placing, here=self, publisher=self.publisher)
         self.quarantine = Quarantine(self)  # what HA-1014 discards, kept (tandem restore)
         #: merging it back, run in the group (admin API, console)
         self.restores = Restores(self, group=self, delivery=self.delivery, publisher=self.publisher)
         founding, _policy = config.placement()
         #: the group's members (tandem group add / remove); the settings' until the first change
-        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
-                                  zones={n: z for n, z in config.zone_map().items() if n in founding})
-        self.sessions: set[Session] = set()
+        self.group: GroupMembers = GroupMembers(
+            self, placement=self.placing, moves=self.moves, founding=tuple(founding),
+            zones={n: z for n, z in config.zone_map().items() if n in founding})
         #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
         self.local_holders: set[Recipient] = set()
         self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
@@ -155,14 +158,15 @@ class Node:
                                else engine(config), shared=self._shared_store is not None)
         self.shared_node: SharedNode | None = None
         self._server: asyncio.Server | None = None
-        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self, streams=self,
+        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self.placing, streams=self,
                                          publisher=self.publisher, security=self.security, drains=self.drains,
-                                         moves=self.moves, remaps=self.remaps, restores=self.restores)
+                                         moves=self.moves, remaps=self.remaps, restores=self.restores,
+                                         book=self.placing.member_book)
         #: what each client session is handed (broker.sessions), its requests' handlers among it
         self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
             Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
-            Admin(self, report=self, changes=self, drains=self.drains, moves=self.moves, remaps=self.remaps),
-            UserRequests(self, self.security), StatusRequests(report=self, changes=self, maps=self)))
+            Admin(self, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
+            UserRequests(self, self.security), StatusRequests(report=self, changes=self.placing, maps=self)))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self.replication: Replication | None = None
@@ -174,8 +178,6 @@ class Node:
         #: seeds and the gossip of member addresses (replicated mode)
         self.discovery: Discovery | None = None
         self._discovery_task: asyncio.Task[None] | None = None
-        #: peer addresses found by discovery for members that had none here
-        self.learned: dict[str, tuple[str, int]] = {}
         #: one look at a producer's messages (broker.messaging.streams.produced) at a time: each reads a
         #: partition's store, and a client asking many at once waits for each in turn
         self.scans = asyncio.Semaphore(1)
@@ -193,8 +195,10 @@ class Node:
         self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.serves, lambda: self.commit,
                                               clock, config.producer_expiry)
         self.address: tuple[str, int] = (config.host, config.port)
-        self.priority = config.priority  # changeable at runtime (tandem admin set-priority)
+        self.priority: int = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path = config.data_dir
+        self.placing.bind(catalogue=self.catalogue, moves=self.moves, drains=self.drains, remaps=self.remaps,
+                          security=self.security, delivery=self.delivery, store=self.store)
 
     @property
     def queues(self) -> dict[str, Queue]:
@@ -294,22 +298,22 @@ class Node:
             await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.store_stamp)
         else:
             self.store_stamp = recovered.meta["store_stamp"]
-        if cfg.peer_port is not None and self._joining() and not cfg.peers:
+        if cfg.peer_port is not None and self.placing.joining() and not cfg.peers:
             cfg = await self._find_group()
         if cfg.peer_port is not None:
-            await self._check_placement(recovered.meta.get(PLACEMENT_KEY))
+            await self.placing.check_placement(recovered.meta.get(PLACEMENT_KEY))
         await seed_admin(self.users, self.store, cfg.data_dir)
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
-            self.discovery = Discovery(self, self.peers)
+            self.discovery = Discovery(self.placing, self.peers)
             self.peers.on_addresses = self.discovery.heard
             if self.group.changed():
-                self.peers.set_members(self._member_addresses(), self.placement_text())
+                self.peers.set_members(self.placing.member_addresses(), self.placing.placement_text())
             self.replication = Replication(
                 cfg, self.clock, engine=self.engine, writer=self.writer, peers=self.peers, queues=self.catalogue,
                 moves=self.moves, security=self.security, drains=self.drains, remaps=self.remaps,
-                respread=self.group, state=self, placement=self, quarantine=self.quarantine, node=self,
+                respread=self.group, state=self.placing, placement=self.placing, quarantine=self.quarantine, node=self,
                 logs=recovered.logs, meta=recovered.meta)
             self.store.commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
@@ -327,47 +331,6 @@ class Node:
             self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
         self._spawned.spawn(self.producer_expiry.run(), "tandem-producer-expiry")
         await self._start_console()
-
-    async def _check_placement(self, was: str | None) -> None:
-        """The placement settings (members, replicas, zones) a store's queues were placed under
-        are the ones it starts with: other ones would move partitions to nodes that hold no
-        copy of them (and a majority of such nodes could elect one that has nothing).  Stored
-        at the first start in a group, and again while the store holds no queue."""
-        now = self.config.placement_settings()
-        if was == now or self.group.changed():
-            return  # (once the members changed while the group ran, the group's list is the one)
-        if was is not None and self.queues:
-            unsafe = self._unsafe_moves(was)
-            diff = placement_diff(now, was, "now", "then")
-            if unsafe:
-                raise ConfigError(
-                    f"node {self.config.name} cannot start: its store's queues were placed under other group "
-                    f"settings ({diff}), and under these {len(unsafe)} partition(s) would be on voters a majority "
-                    f"of which may lack confirmed messages, e.g. {'; '.join(unsafe[:3])}; partitions are not "
-                    f"copied when settings change, so start it with its former peers, replicas, sync_replicas and "
-                    f"zones, or give a group of another shape a data directory of its own "
-                    f"(tandem cluster up --data-dir)")
-            log.warning("placement settings changed since the last start (%s): every partition's new voters "
-                        "include enough of its former ones", diff)
-        await asyncio.to_thread(self.engine.set_meta, PLACEMENT_KEY, now)
-
-    def _unsafe_moves(self, was: str) -> list[str]:
-        """The partitions whose node list under the settings ``was`` may not be replaced by the
-        one under this node's (:func:`ha.placement.unsafe_to_replace`), as "queue/p: old -> new"."""
-        old_members, old_policy = placement_of(was)
-        new_members, new_policy = self.config.placement()
-        out = []
-        for q in sorted(self.queues.values(), key=lambda q: q.meta.id):
-            try:
-                before = place(old_policy, q.meta.partitions, old_members)
-            except ValueError:
-                before = []  # (settings this build cannot place by: every list counts as new)
-            after = place(new_policy, q.meta.partitions, new_members)
-            for p, new in enumerate(after):
-                old = before[p] if before else None
-                if old is None or unsafe_to_replace(old, new):
-                    out.append(f"{q.name}/{p}: {','.join(old.nodes) if old else '?'} -> {','.join(new.nodes)}")
-        return out
 
     async def _stop_disk_alarm(self) -> None:
         if self._disk_task is not None:
@@ -618,302 +581,22 @@ class Node:
         if not self.stopping:
             self._spawned.spawn(self.stop(), "tandem-stop")
 
-    def queue_by_id(self, queue_id: int) -> Queue | None:
-        return self.catalogue.by_id(queue_id)
-
-    def catalogue_put(self, meta: QueueMeta) -> bool:
-        had = self.catalogue.queues.get(meta.name)
-        was = had.meta if had is not None else None
-        applied = self.catalogue.apply_put(meta)
-        if applied and was != meta:
-            self.updating_changed(meta.id)  # (a queue a snapshot brings may be being updated)
-            if was is not None:
-                self.map_changed()  # (clients learn the new partitions and mapper)
-        return applied
-
-    def catalogue_drop(self, queue_id: int) -> None:
-        self.catalogue.apply_drop(queue_id)
-        self.moves.forget(queue_id)
-        self.remaps.forget(queue_id)
-
-    def security_snapshot(self) -> dict[str, Any]:
-        group = self.group.snapshot()
-        return {**self.security.snapshot(), "drained": self.drains.snapshot(),
-                "placed": [placement_out(op) for op in self.moves.snapshot()],
-                "updating": [updating_out(op) for op in self.remaps.snapshot()],
-                **({"group": group_out(group)} if group is not None else {})}
-
-    def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
-        ops = self.security.install(data)
-        if "group" in data:  # (before the placements: their nodes are members)
-            ops.extend(self.group.install(data["group"]))
-        if "drained" in data:
-            ops.extend(self.drains.install(data["drained"]))
-        if "placed" in data:
-            ops.extend(self.moves.install(data["placed"]))
-        if "updating" in data:
-            ops.extend(self.remaps.install(data["updating"]))
-        return ops
-
-    def updates_under_way(self) -> list[str]:
-        return self.remaps.under_way({q.meta.id: q.name for q in self.catalogue.queues.values()})
-
-    def moves_under_way(self) -> list[str]:
-        out = []
-        m = self.moves
-        for key in sorted(m.moving | set(m.forcing)):
-            q = self.catalogue.by_id(key[0])
-            if q is not None:
-                forcing = f" (forced replication: {m.forcing[key]})" if key in m.forcing else ""
-                out.append(f"{q.name}/{key[1]} {','.join(m.placed.get(key) or self.nodes_of(key))}{forcing}")
-        return out
-
-    @property
-    def moving(self) -> Collection[tuple[int, int]]:
-        return self.moves.moving
-
-    def move_refusal(self) -> str | None:
-        refusal = self.drain_refusal()
-        return refusal.replace("node drain", "partition move") if refusal else None
-
-    def queue_meta(self, name: str) -> QueueMeta | None:
-        q = self.catalogue.queues.get(name)
-        return q.meta if q is not None else None
-
-    def queue_meta_of(self, queue_id: int) -> QueueMeta | None:
-        q = self.catalogue.by_id(queue_id)
-        return q.meta if q is not None else None
-
-    def nodes_of(self, key: tuple[int, int]) -> tuple[str, ...]:
-        q = self.catalogue.by_id(key[0])
-        if self.replication is None or q is None:
-            return ()
-        return spec_of(self.replication.placed(key, q.meta.partitions))
-
-    def spec_of(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
-        if self.replication is None:
-            return nodes
-        return spec_of(listed(self.replication.policy, nodes))
-
-    def placement_changed(self, key: tuple[int, int]) -> None:
-        if self.replication is not None:
-            self.replication.placement_changed(key)
-
-    def static_lists(self, queue_id: int) -> tuple[tuple[str, ...], ...] | None:
-        q = self.catalogue.by_id(queue_id)
-        if q is None or (queue_id, 0) not in self.moves.static:
-            return None
-        return tuple(self.nodes_of((queue_id, p)) for p in range(q.meta.partitions))
-
-    def static_placement(self, meta: QueueMeta, lists: tuple[tuple[str, ...], ...],
-                         first: int = 0) -> list[WriteOp]:
-        refusal = self.drain_refusal()
-        if refusal:
-            raise InvalidArgumentError(refusal.replace("node drain", "placement"))
-        members, policy = self.placement()
-        out: list[WriteOp] = []
-        for p, nodes in enumerate(lists, first):
-            check_nodes(f"placement: partition {p}", nodes, members)
-            placed = listed(policy, nodes)
-            if all(self._priority_of(n) == 0 for n in placed.voters):
-                raise InvalidArgumentError(f"placement: partition {p}: every voter of {','.join(nodes)} has priority "
-                                           f"0 (never active): it could never have an active")
-            out.append(SetPlacement(meta.id, p, spec_of(placed), False, True))
-        return out
-
-    def _priority_of(self, name: str) -> int | None:
-        """A member's priority as its handshake gave it (None: not known here now)."""
-        if name == self.config.name:
-            return self.priority
-        ident = self.peers.membership.identity(name) if self.peers is not None else None
-        return ident.priority if ident is not None else None
-
-    @property
-    def drained(self) -> frozenset[str]:
-        return self.drains.drained | self.group.leaving  # (a leaving member's actives move off it too)
-
-    def group_members(self) -> tuple[str, ...]:
-        return tuple(self.replication.members) if self.replication is not None else ()
-
-    # -- the group's members (broker.partitions.members) ----------------------------------------------------
-
-    def placement(self) -> tuple[list[str], DistributionPolicy]:
-        """The members partitions are placed on, and the policy (with the members' zones)."""
-        members, policy = self.config.placement()
-        if not self.group.changed():
-            return members, policy
-        placing = list(self.group.placing)
-        zones = tuple((n, z) for n, z in sorted(self.group.zones.items()) if n in placing)
-        return placing, dataclasses.replace(policy, zones=zones)
-
-    def placement_text(self) -> str:
-        """What the peer handshake says this node places partitions by: the settings', or,
-        once the members changed while the group ran, the parts that are still settings
-        (members and zones are the group's state then, the same on every member that has it)."""
-        if not self.group.changed():
-            return self.config.placement_settings()
-        return f"group=changed replicas={self.config.replicas} sync_replicas={self.config.sync_replicas}"
-
-    def _member_addresses(self) -> dict[str, tuple[str, int]]:
-        """Every other member's peer address (the witness, under that arbiter, included)."""
-        founding = self.config.peer_addresses()
-        added = self.group.addresses
-        out = {}
-        for n in self.group.members:
-            if n == self.config.name:
-                continue
-            addr = added.get(n) or founding.get(n) or self.learned.get(n)
-            if addr is None:
-                log.warning("group member %s: its peer address is in neither this node's peers nor the group's "
-                            "state: not linking to it until a member or a seed gives it (broker.peers.discovery)", n)
-                continue
-            out[n] = addr
-        witness = self.config.witness_address()
-        if witness is not None:
-            out[witness[0]] = witness[1]
-        return out
-
-    # -- discovery (broker.peers.discovery) -------------------------------------------------------------
-
-    def _joining(self) -> bool:
-        """A node that joins and has not got the group's state yet."""
-        return self.config.join and not self.group.changed()
-
     async def _find_group(self) -> NodeConfig:
         """A node that joins by seeds alone: ask them until one answers, then start as if the
         members it named were this node's ``peers``."""
         seeker = PeerManager(self, secret=self._peer_secret)
-        found = await Discovery(self, seeker).find_group()
+        found = await Discovery(self.placing, seeker).find_group()
         self.learned.update(found)
         self.config = cfg = dataclasses.replace(
             self.config, peers=tuple(f"{n}={host_port(h, p)}" for n, (h, p) in sorted(found.items())))
         founding, _policy = cfg.placement()
-        self.group = GroupMembers(self, placement=self, moves=self.moves, founding=tuple(founding),
+        self.group = GroupMembers(self, placement=self.placing, moves=self.moves, founding=tuple(founding),
                                   zones={n: z for n, z in cfg.zone_map().items() if n in founding})
         log.warning("joining the group its seeds belong to: members %s", ", ".join(sorted(found)))
         return cfg
 
-    def missing_addresses(self) -> list[str]:
-        peers = self.peers
-        if peers is None:
-            return []
-        if self._joining():
-            return [] if peers.addresses else ["*"]
-        return [n for n in self.group.members if n != self.config.name and n not in peers.addresses]
-
-    def learn_addresses(self, found: dict[str, tuple[str, int]]) -> None:
-        peers = self.peers
-        if peers is None:
-            return
-        joining = self._joining()
-        new = {n: a for n, a in found.items()
-               if n != self.config.name and n not in peers.addresses and n not in self.learned
-               and (joining or n in self.group.members)}
-        if not new:
-            return
-        self.learned.update(new)
-        log.info("member addresses found: %s", ", ".join(f"{n}={h}:{p}" for n, (h, p) in sorted(new.items())))
-        if joining:  # (the members it finds the group by, as peers would name them)
-            peers.set_members({**peers.addresses, **new}, self.placement_text())
-        else:
-            self.members_changed()
-
-    def member_book(self) -> list[str]:
-        return self.peers.book() if self.peers is not None else []
-
-    def group_apply(self, op: SetGroup) -> list[WriteOp]:
-        out: list[WriteOp] = []
-        for qid, p, nodes in op.pins:
-            if (qid, p) not in self.moves.placed:
-                out.extend(self.moves.apply(SetPlacement(qid, p, nodes, False)))
-        out.extend(self.group.apply(op))
-        return out
-
-    def members_changed(self) -> None:
-        out = self.config.name not in self.group.members
-        if out:
-            log.warning("this node, %s, is no longer a member of the group: it links to none of them; stop it "
-                        "(its copies are on the other members now)", self.config.name)
-        if self.peers is not None:
-            self.peers.set_members({} if out else self._member_addresses(), self.placement_text())
-        refusal = self.refusal()
-        if out and refusal is not None:
-            for session in list(self.sessions):
-                if not session.observer:
-                    session.shutdown(refusal)  # durable clients go on at another member
-        if self.replication is not None:
-            self.replication.set_members(*self.placement())
-
-    def group_refusal(self) -> str | None:
-        if self.replication is None:
-            return "group: this node is not in a replication group (a single node, or shared mode)"
-        if self.config.arbiter != "majority":
-            return f'group: not with arbiter = "{self.config.arbiter}" (a two-node group\'s members are fixed)'
-        return None
-
-    def founding_address(self, name: str) -> str | None:
-        addr = self.config.peer_addresses().get(name)
-        return f"{addr[0]}:{addr[1]}" if addr is not None else None
-
-    def unplaced(self) -> list[tuple[int, int, tuple[str, ...]]]:
-        out = []
-        for q in sorted(self.catalogue.queues.values(), key=lambda q: q.meta.id):
-            for p in range(q.meta.partitions):
-                if (q.meta.id, p) not in self.moves.placed:
-                    out.append((q.meta.id, p, self.nodes_of((q.meta.id, p))))
-        return out
-
-    def feasible(self, members: tuple[str, ...], zones: Mapping[str, str]) -> str | None:
-        _members, policy = self.placement()
-        try:
-            place(dataclasses.replace(policy, zones=tuple(sorted(zones.items()))), 1, list(members))
-        except ValueError as exc:
-            return str(exc)
-        return None
-
-    def policy_targets(self) -> dict[tuple[int, int], tuple[str, ...]]:
-        """Where the policy places every partition over the members (not leaving), as
-        ``name:sync`` / ``name:async`` lists: what a re-spread moves them to."""
-        if self.replication is None:
-            return {}
-        members, policy = self.placement()
-        out = {}
-        for q in self.catalogue.queues.values():
-            for p, nodes in enumerate(place(policy, q.meta.partitions, members)):
-                key = (q.meta.id, p)
-                out[key] = spec_of(nodes) if key not in self.moves.static else \
-                    without_leaving(self.nodes_of(key), members, self.group.zones)
-        return out
-
-    def catalogue_target(self) -> Members | None:
-        """The catalogue log's members once the group's list changed: the members not
-        leaving vote, the leaving ones learn (None: the settings' members, as opened)."""
-        if not self.group.changed():
-            return None
-        return Members(self.group.placing, tuple(sorted(self.group.leaving)))
-
-    def group_view(self) -> tuple[list[str], dict[str, str], str]:
-        g = self.group
-        change = ""
-        if g.respread:
-            what = f"{', '.join(sorted(g.leaving))} leaving" if g.leaving else "a member added"
-            change = f"{what}: partitions re-spreading over {', '.join(g.placing)}"
-        return list(g.members), g.zones, change
-
-
-    def drain_refusal(self) -> str | None:
-        if self.replication is None:
-            return "node drain: this node is not in a replication group (a single node, or shared mode)"
-        if self.config.arbiter == "lockfile":
-            return 'node drain: not with arbiter = "lockfile" (the lock, not the placement, decides the active)'
-        return None
-
-    def drained_changed(self) -> None:
-        if self.replication is not None:
-            self.replication.reconfigure()
-
     def ha_disabled_changed(self) -> None:
-        self.drained_changed()
+        self.placing.drained_changed()
 
     def load_budget(self) -> int:
         """Bytes of messages a partition loads when this node becomes its active: its share of
@@ -928,7 +611,7 @@ class Node:
 
     def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
         """This node is now the partition's active: its messages come from the store."""
-        q = self.queue_by_id(key[0])
+        q = self.catalogue.by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
         q.load_partition(key[1], st)
@@ -969,9 +652,6 @@ class Node:
 
     # -- re-partitioning (broker.partitions.remap) ----------------------------------------------------------
 
-    def remap_refusal(self) -> str | None:
-        return None
-
     def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
         return self.publisher.publish(req)
 
@@ -988,16 +668,10 @@ class Node:
         if self.replication is not None:
             self.replication.partition_event(key, event, why)
 
-    def updating_changed(self, queue_id: int) -> None:
-        q = self.queue_by_id(queue_id)
-        if q is not None:
-            q.paused = self.remaps.paused(queue_id)
-            self.delivery.schedule(q)
-
     def partition_unloaded(self, key: tuple[int, int]) -> None:
         """No longer the active: its messages and its deliveries are the new active's.  A
         consumer's later ack of one of them gets an unknown-tag error, never a wrong message."""
-        q = self.queue_by_id(key[0])
+        q = self.catalogue.by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
         q.clear_partition(key[1])

@@ -74,8 +74,11 @@ class Seeking(Protocol):
 
 
 class DiscoveryHost(Protocol):
-    config: NodeConfig
-    clock: Clock
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
 
     def missing_addresses(self) -> list[str]:
         """The members this node has no peer address for ("*": it knows none, a node that joins)."""
