@@ -55,7 +55,7 @@ from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
 from broker.node.placement import PLACEMENT_KEY, GroupPlacement
 from broker.node.store import NodeStore
-from broker.node.tasks import TaskOwner
+from broker.node.tasks import Loops, TaskOwner
 from broker.messaging.expiry import ProducerExpiry
 from broker.messaging.streams import Produced, produced, read_stream
 from broker.security.auth import ClientGuard, oldest_waiting
@@ -173,15 +173,11 @@ class Node:
         #: the HA arbiter's driver (shared mode, LockFile), for status, console and metrics
         self.ha: HaReport | None = None
         self._lockfile: LockFileDriver | None = None  # arbiter = "lockfile"
-        self._lockfile_task: asyncio.Task[None] | None = None
-        self._peer_task: asyncio.Task[None] | None = None
         #: seeds and the gossip of member addresses (replicated mode)
         self.discovery: Discovery | None = None
-        self._discovery_task: asyncio.Task[None] | None = None
         #: one look at a producer's messages (broker.messaging.streams.produced) at a time: each reads a
         #: partition's store, and a client asking many at once waits for each in turn
         self.scans = asyncio.Semaphore(1)
-        self._replication_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.stopped = asyncio.Event()
         self._spawned = TaskOwner(f"node {config.name}")  # broker/node/tasks.py: ended by stop()
@@ -190,7 +186,8 @@ class Node:
         #: the disk alarm (broker/node/diskalarm.py): None in shared mode (the data is in the
         #: group's database) and with disk_free_limit = 0
         self.disk_alarm: DiskAlarm | None = None
-        self._disk_task: asyncio.Task[None] | None = None
+        #: the long-running loops: peers, discovery, replication, lockfile, disk alarm (broker/node/tasks.py)
+        self.loops = Loops()
         self.confirms = 0  # messages confirmed to publishers (metrics)
         self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.serves, lambda: self.commit,
                                               clock, config.producer_expiry)
@@ -248,7 +245,7 @@ class Node:
             full = await asyncio.to_thread(start_error, cfg.name, cfg.data_dir, exc) \
                 if isinstance(exc, Exception) and cfg.mode != "shared" else None
             log.error("node start failed name=%s error=%s", cfg.name, full.message if full is not None else exc)
-            await self._stop_disk_alarm()
+            await self.loops.stop("tandem-disk-alarm", failed_too=True)
             await self._spawned.close()
             try:
                 await self._stop_peers()
@@ -321,22 +318,16 @@ class Node:
                 self.ha = self._lockfile
             self.replication.start()
             await self.peers.start()
-            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
-            self._discovery_task = asyncio.create_task(self.discovery.run(), name="tandem-discovery")
-            self._replication_task = asyncio.create_task(self.replication.run(), name="tandem-replication")
+            self.loops.start("tandem-peers", self.peers.run())
+            self.loops.start("tandem-discovery", self.discovery.run())
+            self.loops.start("tandem-replication", self.replication.run())
             if self._lockfile is not None:
-                self._lockfile_task = asyncio.create_task(self._lockfile.run(), name="tandem-lockfile")
+                self.loops.start("tandem-lockfile", self._lockfile.run())
         await server.start_serving()
         if self.disk_alarm is not None:
-            self._disk_task = asyncio.create_task(self.disk_alarm.run(), name="tandem-disk-alarm")
+            self.loops.start("tandem-disk-alarm", self.disk_alarm.run())
         self._spawned.spawn(self.producer_expiry.run(), "tandem-producer-expiry")
         await self._start_console()
-
-    async def _stop_disk_alarm(self) -> None:
-        if self._disk_task is not None:
-            self._disk_task.cancel()
-            await asyncio.gather(self._disk_task, return_exceptions=True)
-            self._disk_task = None
 
     def check_disk(self, what: str) -> None:
         """Refuse ``what`` (a write to this node's own store) while the disk alarm is raised."""
@@ -381,7 +372,7 @@ class Node:
         if cfg.peer_port is not None:
             self.peers = PeerManager(self, secret=self._peer_secret)
             await self.peers.start()
-            self._peer_task = asyncio.create_task(self.peers.run(), name="tandem-peers")
+            self.loops.start("tandem-peers", self.peers.run())
         await server.start_serving()
         self.shared.start()
         await self._start_console()
@@ -418,7 +409,7 @@ class Node:
             await self.shared.release()
         if self.console is not None:
             await self.console.stop()
-        await self._stop_disk_alarm()
+        await self.loops.stop("tandem-disk-alarm", failed_too=True)
         if self._server is not None:
             self._server.close()
         await close_sessions(self.sessions, ShuttingDownError(f"node {self.config.name} is shutting down"))
@@ -437,35 +428,14 @@ class Node:
         self.stopped.set()
 
     async def _stop_peers(self) -> None:
-        if self._lockfile_task is not None:
-            self._lockfile_task.cancel()
-            await asyncio.gather(self._lockfile_task, return_exceptions=True)
-            self._lockfile_task = None
+        await self.loops.stop("tandem-lockfile", failed_too=True)
         if self._lockfile is not None:
             await self._lockfile.stop()  # the lock released: the peer may take over at once
-        if self._replication_task is not None:
-            self._replication_task.cancel()
-            try:
-                await self._replication_task
-            except asyncio.CancelledError:
-                pass  # we cancelled it
-            self._replication_task = None
+        await self.loops.stop("tandem-replication")
         if self.replication is not None:
             self.replication.stop()
-        if self._discovery_task is not None:
-            self._discovery_task.cancel()
-            try:
-                await self._discovery_task
-            except asyncio.CancelledError:
-                pass  # we cancelled it
-            self._discovery_task = None
-        if self._peer_task is not None:
-            self._peer_task.cancel()
-            try:
-                await self._peer_task
-            except asyncio.CancelledError:
-                pass  # we cancelled it: the expected end of the peer tasks
-            self._peer_task = None
+        await self.loops.stop("tandem-discovery")
+        await self.loops.stop("tandem-peers")
         if self.peers is not None:
             await self.peers.stop()
 

@@ -77,3 +77,33 @@ class TaskOwner:
         """Refuse new tasks, then :meth:`cancel_all`.  Calling it again waits again."""
         self.closed = True
         await self.cancel_all(bound)
+
+
+class Loops:
+    """The node's long-running loops (its peer links, discovery, replication, the LockFile
+    arbiter, the disk alarm), one task each under its name, each stopped by name at its
+    point of the node's stop (the order matters: the lock goes before replication stops)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks[name] = asyncio.create_task(coro, name=name)
+
+    def task(self, name: str) -> asyncio.Task[None] | None:
+        return self._tasks.get(name)
+
+    async def stop(self, name: str, *, failed_too: bool = False) -> None:
+        """Cancel loop ``name`` (if running) and wait for it; its failure, if it failed, is
+        raised (``failed_too``: dropped, as a cancellation is)."""
+        task = self._tasks.pop(name, None)
+        if task is None:
+            return
+        task.cancel()
+        if failed_too:
+            await asyncio.gather(task, return_exceptions=True)
+            return
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass  # we cancelled it: the expected end of the loop

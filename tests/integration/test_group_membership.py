@@ -91,10 +91,11 @@ async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path, ca
     await n2.start()
     try:
         await wait_until(lambda: state(n1, "n2") is RemoteState.UP, what="n2 Up")
-        assert n2._peer_task is not None
-        n2._peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
-        assert n2._replication_task is not None
-        n2._replication_task.cancel()  # ... and replication heartbeats
+        peer_task, replication_task = n2.loops.task("tandem-peers"), n2.loops.task("tandem-replication")
+        assert peer_task is not None
+        peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
+        assert replication_task is not None
+        replication_task.cancel()  # ... and replication heartbeats
         assert n2.replication is not None
         n2.replication._broken = True  # ... and answers to n1's appends: n2 says nothing at all
         await wait_until(lambda: state(n1, "n2") is RemoteState.DOWN, what="n2 Down by silence")
