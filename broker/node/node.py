@@ -736,6 +736,12 @@ class Node:
 
     # -- what the replication driver tells the node ---------------------------------------
 
+    def replication_failed(self) -> None:
+        """Replication's state may be inconsistent: stop, as a task this node owns (not one of
+        the replication's, which its stop cancels)."""
+        if not self.stopping:
+            self._spawned.spawn(self.stop(), "tandem-stop")
+
     def queue_by_id(self, queue_id: int) -> Queue | None:
         return self.catalogue.by_id(queue_id)
 

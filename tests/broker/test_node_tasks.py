@@ -11,6 +11,8 @@ import pytest
 import client
 from broker.config import NodeConfig
 from broker.node.node import Node
+from client.errors import StorageError
+from storage.base import LogAppend, WriteOp
 from storage.memory import MemoryDisk, MemoryEngine
 from tests.conftest import url_of
 from tests.helpers import wait_until
@@ -68,3 +70,46 @@ async def test_a_spawned_task_that_fails_is_logged_with_its_name(node: Node, cap
     [rec] = [r for r in caplog.records if ours(r)]
     assert "boom" in rec.getMessage() and rec.levelno == logging.ERROR  # the task's name
     assert rec.exc_info is not None and isinstance(rec.exc_info[1], ValueError)
+
+
+class LogDiskFails(MemoryEngine):
+    """A store whose replication log writes fail once ``failing`` is set."""
+
+    failing = False
+
+    def apply(self, ops: list[WriteOp], *, sync: bool, store_sync: bool | None = None) -> None:
+        if self.failing and any(isinstance(op, LogAppend) for op in ops):
+            raise StorageError("the log's disk is gone")
+        super().apply(ops, sync=sync, store_sync=store_sync)
+
+
+async def test_a_replication_failure_stops_the_node_to_the_end(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replication stops its node when its state may be inconsistent (a log write failed).
+    That stop runs as the node's own task: the replication it stops does not own it, and
+    never cancels it; it runs to its end (the store closed, ``stopped`` set)."""
+    engine = LogDiskFails()
+    n = Node(NodeConfig(name="node1", data_dir=tmp_path / "node1", port=0, peer_port=0),  # a group of one
+             engine=lambda _cfg: engine)
+    stops: list[asyncio.Task[object] | None] = []
+    node_stop = n.stop
+
+    async def stop() -> None:
+        stops.append(asyncio.current_task())
+        await node_stop()
+
+    monkeypatch.setattr(n, "stop", stop)
+    await n.start()
+    c = await client.connect(url_of(n), send_timeout=2.0)
+    try:
+        await c.declare_queue("orders", partitions=1)
+        engine.failing = True
+        send = asyncio.ensure_future(c.producer("orders").send(b"m", key="k"))
+        await asyncio.wait_for(n.stopped.wait(), timeout=20)
+        await asyncio.gather(send, return_exceptions=True)
+    finally:
+        await c.close()
+        await node_stop()
+    [task] = stops  # the one stop, that replication asked for
+    assert task is not None and task.done()  # (and ``stopped`` is set: it ran to its end)
+    assert not task.cancelled() and task.cancelling() == 0  # nothing asked it to stop halfway

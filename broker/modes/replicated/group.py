@@ -586,7 +586,7 @@ class Replication:
             return
         self._broken = True
         log.critical("%s: this node stops, its replicas elect another active", why)
-        self._spawn(self._node.stop())
+        self._node.replication_failed()  # (a task of the node's own: Replication.stop cancels those it owns)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.get_running_loop().create_task(coro)

@@ -12,7 +12,8 @@ the node that owns it (mypy checks it where the node constructs :class:`Replicat
   change of the group's members), :class:`GroupState` (declares, deletes, the snapshot);
 * what the node decides: :class:`GroupView` (the members, the policy, the drained);
 * what replication tells the node: :class:`NodeEvents` (serving starts and stops, the
-  partition map) and :class:`Quarantine` (what HA-1014 discards).
+  partition map, a failure that stops the node) and :class:`Quarantine` (what HA-1014
+  discards).
 """
 
 from __future__ import annotations
@@ -197,5 +198,6 @@ class NodeEvents(Protocol):
     def map_changed(self) -> None:
         """A role or an active changed: clients that watch the partition map hear of it."""
 
-    async def stop(self) -> None:
-        """Stop the node (replication calls it when its state may be inconsistent)."""
+    def replication_failed(self) -> None:
+        """Replication's state may be inconsistent: the node stops.  The node runs that stop
+        as a task of its own: the replication it stops neither owns nor cancels it."""
