@@ -12,7 +12,8 @@ the node that owns it (mypy checks it where the node constructs :class:`Replicat
   change of the group's members), :class:`GroupState` (declares, deletes, the snapshot);
 * what the node decides: :class:`GroupView` (the members, the policy, the drained);
 * what replication tells the node: :class:`NodeEvents` (serving starts and stops, the
-  partition map) and :class:`Quarantine` (what HA-1014 discards).
+  partition map, a failure that stops the node) and :class:`Quarantine` (what HA-1014
+  discards).
 """
 
 from __future__ import annotations
