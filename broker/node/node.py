@@ -52,6 +52,7 @@ from broker.sessions.users import UserRequests
 from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
 from broker.node.holding import Holding
+from broker.node.options import RuntimeOptions
 from broker.node.placement import PLACEMENT_KEY, GroupPlacement
 from broker.node.store import NodeStore
 from broker.node.tasks import Loops, TaskOwner
@@ -70,7 +71,6 @@ from broker.security.users import UserRegistry
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
-from client.protocol.frames import Declare, QueueInfo
 from ha.membership import QuorumState
 from storage.base import Engine, Recovered, WriteOp
 from storage.shared import SharedStore
@@ -119,6 +119,9 @@ class Node:
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
+        #: the operator settings it applies at runtime (broker/node/options.py)
+        self.options = RuntimeOptions(lambda: self.config, acls=self.acls, group=lambda: self.group,
+                                      replication=lambda: self.replication, peers=lambda: self.peers)
         #: what this node has to say of itself in ``tandem status`` events (an unclean stop)
         self.node_events: list[NodeEvent] = []
         #: where the queues' partitions are active, and the sessions told when that changes
@@ -158,14 +161,14 @@ class Node:
                                else engine(config), shared=self._shared_store is not None)
         self.shared_node: SharedNode | None = None
         self._server: asyncio.Server | None = None
-        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self.placing, streams=self,
+        self.forwarded = ForwardHandlers(self, state=self, options=self.options, report=self, changes=self.placing, streams=self,
                                          publisher=self.publisher, security=self.security, drains=self.drains,
                                          moves=self.moves, remaps=self.remaps, restores=self.restores,
                                          book=self.placing.member_book)
         #: what each client session is handed (broker.sessions), its requests' handlers among it
         self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
             Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
-            Admin(self, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
+            Admin(self.options, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
             UserRequests(self, self.security), StatusRequests(report=self, changes=self.placing, maps=self.maps)))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
@@ -192,7 +195,6 @@ class Node:
         self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves, lambda: self.commit,
                                               clock, config.producer_expiry)
         self.address: tuple[str, int] = (config.host, config.port)
-        self.priority: int = config.priority  # changeable at runtime (tandem admin set-priority)
         self.data_path: Path = config.data_dir
         self.placing.bind(catalogue=self.catalogue, moves=self.moves, drains=self.drains, remaps=self.remaps,
                           security=self.security, delivery=self.delivery, store=self.store)
@@ -218,6 +220,10 @@ class Node:
         if self.shared is not None:
             return self.shared.serving()
         return self.peers is None or self.peers.membership.quorum_state is not QuorumState.DISABLED
+
+    @property
+    def priority(self) -> int:
+        return self.options.priority
 
     @property
     def commit(self) -> CommitPath:
@@ -450,47 +456,6 @@ class Node:
             self.maps.forget(session)
             self.delivery.release(session)
 
-    def set_quorum_override(self, nodes: int | None, *, by: str) -> None:
-        if self.peers is None:
-            raise InvalidArgumentError("this node is not in a replication group: there is no quorum to override")
-        try:
-            changes = self.peers.membership.set_quorum_override(nodes)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        log.warning("QUORUM OVERRIDE %s by %s on node %s: %s", "SET" if nodes is not None else "CLEARED", by,
-                    self.config.name, f"at least {nodes} node(s) up" if nodes is not None else
-                    f"back to policy {self.config.quorum_policy}")
-        self.peers.report(changes)
-        if self.replication is not None:
-            self.replication.quorum_override = nodes
-            self.replication.reconfigure()
-
-    def set_option(self, name: str, value: int, *, by: str) -> None:
-        """Runtime ``priority`` or ``designated_primary``: effective at once, logged loudly."""
-        rep, peers = self._group(f"{name} has no effect")
-        if name == "priority":
-            if not 0 <= value <= 3:
-                raise InvalidArgumentError(f"priority {value}: 0 (never active), 1, 2 or 3 (highest)")
-            old, self.priority = self.priority, value
-            rep.priority = value
-            log.warning("PRIORITY SET by %s on node %s: %d -> %d", by, self.config.name, old, value)
-        elif name == "designated_primary":
-            if self.config.arbiter != "majority":
-                raise InvalidArgumentError(f"designated_primary: not with arbiter = \"{self.config.arbiter}\" "
-                                           "(the arbiter decides who goes on alone)")
-            if value not in (0, 1):
-                raise InvalidArgumentError("designated_primary: 1 (on) or 0 (off)")
-            if value and len(rep.members) != 2:
-                raise InvalidArgumentError(f"designated_primary: only in a two-node group (this one has "
-                                           f"{len(rep.members)} members)")
-            rep.designated_primary = self.config.name if value else None
-            peers.report(peers.membership.set_designated_primary(bool(value)))
-            log.warning("DESIGNATED PRIMARY %s by %s on node %s", "SET" if value else "CLEARED", by,
-                        self.config.name)
-        else:
-            raise InvalidArgumentError(f"unknown setting {name!r}: priority or designated_primary")
-        rep.reconfigure()
-
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now: a shared-mode node without the lock (or still
         loading the queues) names the active; None when it serves."""
@@ -522,8 +487,6 @@ class Node:
             raise UnavailableError(
                 f"node {self.config.name} has no quorum ({up} of {1 + len(self.peers.addresses)} nodes up, policy "
                 f"{self.config.quorum_policy}): partitions are Unavailable here, cannot {what}")
-
-
 
     @property
     def writer(self) -> GroupCommitWriter:
@@ -578,9 +541,6 @@ class Node:
 
     def queue(self, name: str) -> Queue:
         return self.catalogue.queue(name)
-
-    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]:
-        return await self.catalogue.declare(frame, owner=owner)
 
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""
