@@ -160,7 +160,7 @@ def console_view(node: Node) -> NodeView:
     views, and the parts of it that do the operations."""
     from webconsole.nodeview import NodeView
 
-    return NodeView(node=node, report=node, changes=node.placing, state=node, options=node, meters=node, guard=node.guard,
+    return NodeView(node=node, report=node, changes=node.placing, state=node, options=node.options, meters=node, guard=node.guard,
                     security=node.security, drains=node.drains, moves=node.moves, remaps=node.remaps,
                     restores=node.restores, group=node.group)
 

@@ -21,16 +21,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import secrets
 from pathlib import Path
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Protocol
 
-from broker.messaging import sequences
 from broker.security import tls
 from broker.messaging.catalogue import Catalogue
-from broker.messaging.commit import CommitPath, LocalCommitPath, ReplicatedCommitPath
+from broker.messaging.commit import CommitPath, ReplicatedCommitPath
 from broker.config import NodeConfig, redact_url
 from broker.partitions.compensation import check_compensation
 from broker.messaging.delivery import Delivery
@@ -40,52 +38,47 @@ from broker.node.forwarded import ForwardHandlers
 from broker.arbiters.lockfile import LockFileDriver
 from broker.peers.peers import PeerManager, host_port
 from broker.security.secret import decoy_key, group_secret
-from broker.messaging.outcome import Outcome
-from broker.messaging.publish import Publisher, PublishRequest, PublishResult
-from broker.messaging.mapper import MAPPERS, dead_letter_partition, mapper_names
-from broker.messaging.queues import MemoryBudget, Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
+from broker.messaging.publish import Publisher
+from broker.messaging.mapper import MAPPERS, mapper_names
+from broker.messaging.queues import MemoryBudget, Queue, Recipient
 from broker.modes.replicated import Replication
 from broker.sessions.admin import Admin
 from broker.sessions.messaging import Messaging
 from broker.sessions.session import Session, SessionParts, requests
-from broker.modes.shared.mode import SharedCommitPath, SharedMode
+from broker.modes.shared.mode import SharedMode
+from broker.sessions.maps import PartitionMaps
 from broker.sessions.status import HaReport, NodeEvent, StatusRequests
 from broker.sessions.users import UserRequests
 from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
+from broker.node.holding import Holding
+from broker.node.options import RuntimeOptions
 from broker.node.placement import PLACEMENT_KEY, GroupPlacement
 from broker.node.store import NodeStore
 from broker.node.tasks import Loops, TaskOwner
 from broker.messaging.expiry import ProducerExpiry
-from broker.messaging.streams import Produced, produced, read_stream
 from broker.security.auth import ClientGuard, oldest_waiting
 from broker.security.acl import AclTable
 from broker.peers.discovery import Discovery
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
-from broker.partitions.quarantine import QUEUE as QUARANTINE, Quarantine
+from broker.partitions.quarantine import Quarantine
 from broker.partitions.remap import Remaps
-from broker.partitions.restore_run import MAX_EVENTS as RESTORE_EVENTS, Restores
-from broker.security.security import SEEDED_KEY, Security
-from broker.security.users import UserRegistry, bootstrap_admin
+from broker.partitions.restore_run import Restores
+from broker.security.security import Security
+from broker.security.users import UserRegistry
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, NotActiveError, ShuttingDownError, \
     TandemError, UnavailableError
-from client.protocol.frames import Declare, MapChanged, PartitionMap, PublishMessage, QueueInfo, StreamMessage
 from ha.membership import QuorumState
-from storage.base import (AclRecord, DropProducers, DurabilityPolicy, Engine, PartitionState, Recovered, Settle,
-                          StoredMessage, UserRecord, WriteOp)
+from storage.base import Engine, Recovered, WriteOp
 from storage.shared import SharedStore
 from storage.shared_factory import open_shared
 from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
 log = logging.getLogger("tandem.broker")
-
-#: bytes of ready messages a new active loads before it serves a partition (of its share of
-#: max_memory): reading 256 MiB of a 1 GiB backlog held its writes for about 0.9 s
-TAKEOVER_HEAD = 16 * 1024 * 1024
 
 EngineFactory = Callable[[NodeConfig], Engine]
 
@@ -126,29 +119,39 @@ class Node:
         self.users = UserRegistry([])
         self.guard = ClientGuard(config, clock)  # failed-login throttle, per-user connections, limits
         self.acls = AclTable()
-        self.delivery = Delivery(self, rules=self, tasks=self)
+        #: the operator settings it applies at runtime (broker/node/options.py)
+        self.options = RuntimeOptions(lambda: self.config, acls=self.acls, group=lambda: self.group,
+                                      replication=lambda: self.replication, peers=lambda: self.peers)
+        #: what this node has to say of itself in ``tandem status`` events (an unclean stop)
+        self.node_events: list[NodeEvent] = []
+        #: where the queues' partitions are active, and the sessions told when that changes
+        self.maps = PartitionMaps(lambda: self.config, queue=self.queue, client_address=lambda: self.client_address,
+                                  replication=lambda: self.replication, peers=lambda: self.peers,
+                                  has_quorum=lambda: self.has_quorum, acls=self.acls,
+                                  changed=lambda: self.security.maybe_seed())
+        #: the partitions this node serves, their deliveries, its users (broker/node/holding.py)
+        self.holding = Holding(self, clock, catalogue=self.catalogue, data_dir=lambda: self.data_path,
+                               replication=lambda: self.replication, shared=lambda: self.shared,
+                               has_quorum=lambda: self.has_quorum, map_changed=self.maps.map_changed,
+                               failed=self._replication_failed, spawn=self.spawn, sessions=self.sessions,
+                               users=self.users, acls=self.acls, guard=self.guard, events=self.node_events)
+        self.delivery = Delivery(self.holding, rules=self.holding, tasks=self.holding)
         self.publisher = Publisher(self)
-        self.security = Security(self, accounts=self, spawn=self.spawn)
+        self.security: Security = Security(self, accounts=self.holding, spawn=self.spawn)
         self.drains = Drains(self, group=self.placing)  # the group's members drained for maintenance
         #: partitions placed off the policy (tandem partition move)
         self.moves = Moves(self, placement=self.placing, spawn=self.spawn)
         #: queues re-mapping their messages (tandem partition update)
-        self.remaps = Remaps(self, queues=self.placing, here=self, publisher=self.publisher)
-        self.quarantine = Quarantine(self)  # what HA-1014 discards, kept (tandem restore)
+        self.remaps = Remaps(self, queues=self.placing, here=self.holding, publisher=self.publisher)
+        self.quarantine = Quarantine(self.holding)  # what HA-1014 discards, kept (tandem restore)
         #: merging it back, run in the group (admin API, console)
-        self.restores = Restores(self, group=self, delivery=self.delivery, publisher=self.publisher)
+        self.restores = Restores(self.holding, group=self.holding, delivery=self.delivery, publisher=self.publisher)
         founding, _policy = config.placement()
         #: the group's members (tandem group add / remove); the settings' until the first change
         self.group: GroupMembers = GroupMembers(
             self, placement=self.placing, moves=self.moves, founding=tuple(founding),
             zones={n: z for n, z in config.zone_map().items() if n in founding})
-        #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
-        self.local_holders: set[Recipient] = set()
-        self.map_watchers: set[Session] = set()  # sessions told MapChanged (they asked for a map)
-        self._map_push_scheduled = False
         self.store_stamp = ""
-        #: what this node has to say of itself in ``tandem status`` events (an unclean stop)
-        self.node_events: list[NodeEvent] = []
         #: shared mode: the group's database, opened by this node only while it holds the lock
         self._shared_store: SharedStore | None = open_shared(config.database) \
             if config.mode == "shared" and config.database else None
@@ -158,15 +161,15 @@ class Node:
                                else engine(config), shared=self._shared_store is not None)
         self.shared_node: SharedNode | None = None
         self._server: asyncio.Server | None = None
-        self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self.placing, streams=self,
+        self.forwarded = ForwardHandlers(self, state=self, options=self.options, report=self, changes=self.placing, streams=self,
                                          publisher=self.publisher, security=self.security, drains=self.drains,
                                          moves=self.moves, remaps=self.remaps, restores=self.restores,
                                          book=self.placing.member_book)
         #: what each client session is handed (broker.sessions), its requests' handlers among it
         self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
             Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
-            Admin(self, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
-            UserRequests(self, self.security), StatusRequests(report=self, changes=self.placing, maps=self)))
+            Admin(self.options, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
+            UserRequests(self, self.security), StatusRequests(report=self, changes=self.placing, maps=self.maps)))
         self.peers: PeerManager | None = None
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self.replication: Replication | None = None
@@ -189,13 +192,13 @@ class Node:
         #: the long-running loops: peers, discovery, replication, lockfile, disk alarm (broker/node/tasks.py)
         self.loops = Loops()
         self.confirms = 0  # messages confirmed to publishers (metrics)
-        self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.serves, lambda: self.commit,
+        self.producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves, lambda: self.commit,
                                               clock, config.producer_expiry)
         self.address: tuple[str, int] = (config.host, config.port)
-        self.priority: int = config.priority  # changeable at runtime (tandem admin set-priority)
-        self.data_path = config.data_dir
+        self.data_path: Path = config.data_dir
         self.placing.bind(catalogue=self.catalogue, moves=self.moves, drains=self.drains, remaps=self.remaps,
                           security=self.security, delivery=self.delivery, store=self.store)
+        self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=self.remaps, store=self.store)
 
     @property
     def queues(self) -> dict[str, Queue]:
@@ -208,7 +211,7 @@ class Node:
 
     @property
     def holders(self) -> Collection[Recipient]:
-        return [*self.sessions, *self.local_holders] if self.local_holders else self.sessions
+        return self.holding.holders
 
     @property
     def has_quorum(self) -> bool:
@@ -217,6 +220,10 @@ class Node:
         if self.shared is not None:
             return self.shared.serving()
         return self.peers is None or self.peers.membership.quorum_state is not QuorumState.DISABLED
+
+    @property
+    def priority(self) -> int:
+        return self.options.priority
 
     @property
     def commit(self) -> CommitPath:
@@ -310,7 +317,7 @@ class Node:
             self.replication = Replication(
                 cfg, self.clock, engine=self.engine, writer=self.writer, peers=self.peers, queues=self.catalogue,
                 moves=self.moves, security=self.security, drains=self.drains, remaps=self.remaps,
-                respread=self.group, state=self.placing, placement=self.placing, quarantine=self.quarantine, node=self,
+                respread=self.group, state=self.placing, placement=self.placing, quarantine=self.quarantine, node=self.holding,
                 logs=recovered.logs, meta=recovered.meta)
             self.store.commit = ReplicatedCommitPath(self.replication)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
@@ -379,15 +386,6 @@ class Node:
         log.info("shared mode: %s is PASSIVE until it holds the lock (database %s, lock %s, lease %.2f s)",
                  cfg.name, redact_url(cfg.database or ""), cfg.lock, cfg.lease)
 
-    def user_changed(self, name: str, *, seeded: bool = False) -> None:
-        """A change of user ``name`` was applied here: recheck its sessions (broker.security.standing)."""
-        for s in list(self.sessions):
-            if s.user is not None and s.user.name == name:
-                if seeded:
-                    s.renew_standing()
-                else:
-                    s.recheck_standing()
-
     def _load(self, rec: Recovered, *, messages: bool = True) -> None:
         recovery.load(rec, catalogue=self.catalogue, users=self.users, acls=self.acls, security=self.security,
                       drains=self.drains, moves=self.moves, remaps=self.remaps, group=self.group, messages=messages)
@@ -455,49 +453,8 @@ class Node:
             await session.run()
         finally:
             self.sessions.discard(session)
-            self.map_watchers.discard(session)
+            self.maps.forget(session)
             self.delivery.release(session)
-
-    def set_quorum_override(self, nodes: int | None, *, by: str) -> None:
-        if self.peers is None:
-            raise InvalidArgumentError("this node is not in a replication group: there is no quorum to override")
-        try:
-            changes = self.peers.membership.set_quorum_override(nodes)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        log.warning("QUORUM OVERRIDE %s by %s on node %s: %s", "SET" if nodes is not None else "CLEARED", by,
-                    self.config.name, f"at least {nodes} node(s) up" if nodes is not None else
-                    f"back to policy {self.config.quorum_policy}")
-        self.peers.report(changes)
-        if self.replication is not None:
-            self.replication.quorum_override = nodes
-            self.replication.reconfigure()
-
-    def set_option(self, name: str, value: int, *, by: str) -> None:
-        """Runtime ``priority`` or ``designated_primary``: effective at once, logged loudly."""
-        rep, peers = self._group(f"{name} has no effect")
-        if name == "priority":
-            if not 0 <= value <= 3:
-                raise InvalidArgumentError(f"priority {value}: 0 (never active), 1, 2 or 3 (highest)")
-            old, self.priority = self.priority, value
-            rep.priority = value
-            log.warning("PRIORITY SET by %s on node %s: %d -> %d", by, self.config.name, old, value)
-        elif name == "designated_primary":
-            if self.config.arbiter != "majority":
-                raise InvalidArgumentError(f"designated_primary: not with arbiter = \"{self.config.arbiter}\" "
-                                           "(the arbiter decides who goes on alone)")
-            if value not in (0, 1):
-                raise InvalidArgumentError("designated_primary: 1 (on) or 0 (off)")
-            if value and len(rep.members) != 2:
-                raise InvalidArgumentError(f"designated_primary: only in a two-node group (this one has "
-                                           f"{len(rep.members)} members)")
-            rep.designated_primary = self.config.name if value else None
-            peers.report(peers.membership.set_designated_primary(bool(value)))
-            log.warning("DESIGNATED PRIMARY %s by %s on node %s", "SET" if value else "CLEARED", by,
-                        self.config.name)
-        else:
-            raise InvalidArgumentError(f"unknown setting {name!r}: priority or designated_primary")
-        rep.reconfigure()
 
     def refusal(self) -> NotActiveError | None:
         """Why this node serves no client now: a shared-mode node without the lock (or still
@@ -531,8 +488,6 @@ class Node:
                 f"node {self.config.name} has no quorum ({up} of {1 + len(self.peers.addresses)} nodes up, policy "
                 f"{self.config.quorum_policy}): partitions are Unavailable here, cannot {what}")
 
-
-
     @property
     def writer(self) -> GroupCommitWriter:
         return self.store.writer
@@ -545,7 +500,7 @@ class Node:
 
     # -- what the replication driver tells the node ---------------------------------------
 
-    def replication_failed(self) -> None:
+    def _replication_failed(self) -> None:
         """Replication's state may be inconsistent: stop, as a task this node owns (not one of
         the replication's, which its stop cancels)."""
         if not self.stopping:
@@ -568,88 +523,8 @@ class Node:
     def ha_disabled_changed(self) -> None:
         self.placing.drained_changed()
 
-    def load_budget(self) -> int:
-        """Bytes of messages a partition loads when this node becomes its active: its share of
-        ``max_memory``, at most :data:`TAKEOVER_HEAD` (0: all, where memory is not bounded).
-        The rest is a cold region, read as consumers reach it, so a takeover (a failover, a
-        drain's or a move's hand-over) does not wait for a large backlog to be read."""
-        share = self.catalogue.budget.share()
-        return min(share, TAKEOVER_HEAD) if share else 0
-
-    async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
-        return await self.store.read_cold(q, pidx, offset, limit)
-
-    def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
-        """This node is now the partition's active: its messages come from the store."""
-        q = self.catalogue.by_id(key[0])
-        if q is None or key[1] >= len(q.partitions):
-            return
-        q.load_partition(key[1], st)
-        self.delivery.schedule(q)
-        # (once it serves, right after this: a partition of a queue being updated is swept)
-        asyncio.get_running_loop().call_soon(self.remaps.served, key)
-
-    # -- the quarantine (broker.partitions.quarantine) ---------------------------------------------------------
-
-    @property
-    def data_dir(self) -> Path:
-        return self.data_path
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def queue_name(self, queue_id: int) -> str | None:
-        q = self.catalogue.by_id(queue_id)
-        return q.name if q is not None else None
-
-    async def quarantine_actives(self) -> list[str]:
-        """The members serving a partition of the quarantine queue (broker.partitions.restore_run)."""
-        if QUARANTINE not in self.queues:
-            await self.catalogue.catch_up()  # (discarded on another member a moment ago?)
-        q = self.queues.get(QUARANTINE)
-        if q is None:
-            return []
-        return sorted({await self.commit.wait_active((q.meta.id, p), self.election_wait)
-                       for p in range(q.meta.partitions)})
-
-    def restore_event(self, text: str) -> None:
-        """A restore run here, in ``tandem status`` events (the last RESTORE_EVENTS)."""
-        self.node_events.append(NodeEvent(self.clock.time(), "restore", "-", text))
-        runs = [e for e in self.node_events if e.kind == "restore"]
-        if len(runs) > RESTORE_EVENTS:
-            self.node_events.remove(runs[0])
-
-    # -- re-partitioning (broker.partitions.remap) ----------------------------------------------------------
-
-    def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
-        return self.publisher.publish(req)
-
-    async def commit_ops(self, key: tuple[int, int], ops: list[WriteOp]) -> None:
-        await self.store.commit_ops(key, ops)
-
-    def take_back(self, q: Queue, pidx: int) -> int:
-        msgs = take_back_deliveries(self.holders, q, pidx)
-        if msgs:
-            q.requeue(msgs)
-        return len(msgs)
-
-    def partition_event(self, key: tuple[int, int], event: str, why: str) -> None:
-        if self.replication is not None:
-            self.replication.partition_event(key, event, why)
-
-    def partition_unloaded(self, key: tuple[int, int]) -> None:
-        """No longer the active: its messages and its deliveries are the new active's.  A
-        consumer's later ack of one of them gets an unknown-tag error, never a wrong message."""
-        q = self.catalogue.by_id(key[0])
-        if q is None or key[1] >= len(q.partitions):
-            return
-        q.clear_partition(key[1])
-        revoked = revoke_deliveries(self.holders, q, key[1])
-        if revoked:
-            log.warning("partition %d/%d: %d unacked deliveries revoked (the new active redelivers them)",
-                        key[0], key[1], revoked)
-            self.delivery.schedule(q)
+    def map_changed(self) -> None:
+        self.maps.map_changed()
 
     @property
     def client_address(self) -> str:
@@ -660,75 +535,12 @@ class Node:
         return f"{host}:{port}"
 
     def serves(self, q: Queue, pidx: int) -> bool:
-        """Whether this node holds the partition's messages (always, on a single node)."""
-        if self.shared is not None:
-            return self.shared.serving() and self.catalogue.by_id(q.meta.id) is q  # (not one of an earlier term)
-        return self.replication is None or self.replication.serving((q.meta.id, pidx))
-
-    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None:
-        """Dead-letter ``m`` into a partition active on another member; settle it here once
-        stored there, put it back if that fails."""
-        req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
-                             partition=dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))
-        generation = src.partitions[m.partition].generation  # (loaded anew since: the store's copy is there)
-
-        def done(fut: Outcome[PublishResult]) -> None:
-            err = fut.exception()
-            if err is None:
-                # eager: until it commits, a failover here would deliver the message again
-                # while its copy sits in the dead-letter queue
-                self.write_later([Settle(src.meta.id, m.partition, [m.offset])], lazy=False)
-                return
-            log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, dlq.name, err)
-            if not src.deleted and self.serves(src, m.partition) \
-                    and src.partitions[m.partition].generation == generation:
-                src.requeue([m])
-                self.delivery.schedule(src)
-
-        try:
-            self.publisher.publish(req).add_done_callback(done)
-        except Exception as exc:
-            done(Outcome.failed(exc))
-
-    # -- partition maps (durable connections send straight to each partition's active) --------
-
-    def partition_map(self, name: str, session: Session | None = None) -> PartitionMap:
-        """Where ``name``'s partitions are active, as this node knows it; ``session`` is
-        told MapChanged from now on whenever that may have changed."""
-        q = self.queue(name)
-        me = self.config.name
-        addresses = {me: self.client_address}
-        if self.replication is None:
-            actives = [me] * q.meta.partitions
-        else:
-            rep, peers = self._group()
-            actives = [rep.active_of((q.meta.id, p)) or "" for p in range(q.meta.partitions)]
-            addresses.update((n, a) for n, a in peers.client_addresses.items() if a)
-        if session is not None:
-            self.map_watchers.add(session)
-        return PartitionMap(q.info(), actives, addresses)
-
-    def map_changed(self) -> None:
-        """A partition got or lost an active: tell the watching sessions, once per loop turn."""
-        self.security.maybe_seed()
-        if self._map_push_scheduled or not self.map_watchers:
-            return
-        self._map_push_scheduled = True
-        asyncio.get_running_loop().call_soon(self._push_map)
-
-    def _push_map(self) -> None:
-        self._map_push_scheduled = False
-        frame = MapChanged(node=self.config.name)
-        for s in list(self.map_watchers):
-            s.send(frame)
+        return self.holding.serves(q, pidx)
 
     # -- queues -------------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:
         return self.catalogue.queue(name)
-
-    async def declare(self, frame: Declare, owner: str | None = None) -> tuple[QueueInfo, bool]:
-        return await self.catalogue.declare(frame, owner=owner)
 
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""
@@ -751,14 +563,6 @@ class Node:
         except TimeoutError:
             raise UnavailableError(f"{what}: the change is committed but not yet applied on "
                                    f"{self.config.name}: retry") from None
-
-    async def read_stream(self, queue: str, partition: int, offset: int, max_messages: int,
-                          *, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
-        return await read_stream(self, queue, partition, offset, max_messages, hops=hops)
-
-    async def produced(self, queue: str, partition: int, producer: str, offset: int,
-                       *, hops: int = 0) -> Produced:
-        return await produced(self, queue, partition, producer, offset, hops=hops)
 
     # -- the group ---------------------------------------------------------------------------
 

@@ -207,10 +207,10 @@ async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple
             return QUARANTINE in node.queues and node.queues[QUARANTINE].depth == 1
 
         await wait_until(quarantined, timeout=30, what="the quarantine filled")
-        await node.publish(PublishRequest(QUARANTINE, None, [PublishMessage("k2", {}, b"stray", None)]))
+        await node.publisher.publish(PublishRequest(QUARANTINE, None, [PublishMessage("k2", {}, b"stray", None)]))
         with pytest.raises(AccessRefusedError, match="written by the group only"):
             await conn.producer(QUARANTINE).send(b"forged", key="k1")
-        status, out = await call(s, "POST", url, json={"from": node.name})
+        status, out = await call(s, "POST", url, json={"from": node.config.name})
         assert status == 200, out
         assert {k: v for k, v in out.items() if k != "text"} == {
             "restored": {"orders": 1}, "already": {}, "conflicts": {}, "left": {"": 1}, "dropped": {}, "merged": {},
