@@ -152,7 +152,7 @@ class Node:
         self.forwarded = ForwardHandlers(self, state=self, options=self, report=self, changes=self, streams=self,
                                          publisher=self.publisher, security=self.security, drains=self.drains,
                                          moves=self.moves, remaps=self.remaps, restores=self.restores)
-        #: what each client session is handed (broker.sessions), its requests' handlers among it
+        #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
             Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
             Admin(self, report=self, changes=self, drains=self.drains, moves=self.moves, remaps=self.remaps),
