@@ -165,7 +165,7 @@ class Node:
                                          publisher=self.publisher, security=self.security, drains=self.drains,
                                          moves=self.moves, remaps=self.remaps, restores=self.restores,
                                          book=self.placing.member_book)
-        #: what each client session is handed (broker.sessions), its requests' handlers among it
+        #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self.session_parts = SessionParts(self, self.guard, self.security, self.delivery, requests(
             Messaging(self, streams=self, delivery=self.delivery, publisher=self.publisher),
             Admin(self.options, report=self, changes=self.placing, drains=self.drains, moves=self.moves, remaps=self.remaps),
