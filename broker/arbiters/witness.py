@@ -215,7 +215,7 @@ class Witness:
         #: set when the witness cannot go on (its store failed): the process exits
         self.failed = asyncio.Event()
 
-    # -- what the peer links need (broker.peers.peers.PeerHost) ----------------------------------------
+    # -- what the peer links need (broker.peers.host.PeerHost) -----------------------------------------
 
     @property
     def replication(self) -> Witness:

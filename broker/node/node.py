@@ -36,7 +36,8 @@ from broker.node.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_e
 from broker.messaging.forward import ForwardRequest
 from broker.node.forwarded import ForwardHandlers
 from broker.arbiters.lockfile import LockFileDriver
-from broker.peers.peers import PeerManager, host_port
+from broker.peers.links import host_port
+from broker.peers.peers import PeerManager
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.publish import Publisher
 from broker.messaging.mapper import MAPPERS, mapper_names

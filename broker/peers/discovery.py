@@ -25,7 +25,7 @@ discovery never adds or removes one.  What it finds is *where* members are:
   on, and the other, once the member proved its name (group secret or certificate), keeps
   that port with the link's source address.  It dials the member there, every other time,
   once nothing has answered at its own address twice in a row
-  (:data:`broker.peers.peers.MOVED_AFTER`), and keeps that address once a link is made there
+  (:data:`broker.peers.links.MOVED_AFTER`), and keeps that address once a link is made there
   (logged).  An address where something answers, a proxy or a load balancer, is never
   replaced this way.
 

@@ -1,7 +1,7 @@
 """Replication messages to and from peers, over the peer links' ``Replicate`` frames.
 
 One ``Replicate`` frame per peer per turn of the event loop carries the messages of any
-number of partitions (codec.py documents its bytes).  A snapshot leaves the core
+number of partitions (broker.peers.codec documents its bytes).  A snapshot leaves the core
 without its data; it is read from the store here, as up to date as the log allows.
 
 A partition's snapshot is streamed: its messages go in parts (``SnapshotChunk``) of at

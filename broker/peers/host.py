@@ -1,0 +1,63 @@
+"""What the peer links need from the node that runs them (:class:`PeerHost`: a data node or a
+witness) and from the LockFile arbiter (:class:`PeerArbiter`)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from broker.config import NodeConfig
+from broker.messaging.queues import Queue
+from client.clock import Clock
+from client.protocol.frames import Frame, Heartbeat
+
+
+class Receiving(Protocol):
+    def receive(self, src: str, payload: bytes) -> None: ...
+
+    def served(self) -> list[tuple[tuple[int, int], int]]:
+        """(key, term) of every queue partition this node serves (broker.peers.foreign)."""
+
+    def holds(self, key: tuple[int, int]) -> bool:
+        """Whether this node has a copy (a log) of partition ``key``."""
+
+
+class PeerArbiter(Protocol):
+    """The LockFile arbiter's driver (broker.arbiters.lockfile), as the peer links feed it."""
+
+    def heartbeat(self) -> Heartbeat:
+        """The keep-alive to send now (it carries the epoch and the HA state)."""
+
+    def heard(self, src: str, frame: Frame) -> None:
+        """Any frame from peer ``src``, before it is handled (its epoch may fence this node)."""
+
+
+class Dispatching(Protocol):
+    def schedule(self, q: Queue) -> None: ...
+
+
+class PeerHost(Protocol):
+    """What the peer links need from their node."""
+    config: NodeConfig
+    clock: Clock
+    store_stamp: str
+
+    @property
+    def replication(self) -> Receiving | None: ...
+
+    @property
+    def client_address(self) -> str: ...
+
+    @property
+    def queues(self) -> dict[str, Queue]: ...
+
+    @property
+    def delivery(self) -> Dispatching: ...
+
+    async def handle_forward(self, kind: int, payload: bytes) -> bytes: ...
+
+    def map_changed(self) -> None:
+        """A partition got or lost an active, as far as this node knows: tell the sessions."""
+
+    def ha_disabled_changed(self) -> None:
+        """An availability zone's quorum took this node's HA services off, or gave them back
+        (``PeerManager.zone_disabled``): every log takes it at once."""
