@@ -39,7 +39,8 @@ from broker.messaging.forward import ForwardRequest
 from broker.node.forwarded import ForwardHandlers
 from broker.arbiters.lockfile import LockFileDriver
 from broker.peers.links import host_port
-from broker.peers.peers import PeerManager, placement_diff
+from broker.peers.peers import PeerManager
+from broker.peers.placement import placement_diff
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
