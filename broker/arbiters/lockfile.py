@@ -221,6 +221,10 @@ class LockFileDriver:
         if self._stopped:
             return
         self._stopped = True
+        op, self._op = self._op, None
+        if op is not None:  # its result is not wanted now (finished() drops it): ended here, not left running
+            op.cancel()
+            await asyncio.gather(op, return_exceptions=True)
         held = self.arbiter.state in SERVING
         epoch = self.arbiter.epoch
         if self.arbiter.state is not HaState.DEAD:
@@ -254,6 +258,8 @@ class LockFileDriver:
             self._launch(self._call(self.file.read), self._read)
 
     def _launch(self, coro: Any, done: Callable[[Any], None]) -> None:
+        """Run the file call ``coro`` as the one in flight (``_op``, ended by :meth:`stop`);
+        ``done`` gets its result, or the exception it raised."""
         fut = asyncio.ensure_future(coro)
         self._op = fut
 

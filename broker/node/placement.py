@@ -32,7 +32,8 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves, check_nodes, without_leaving
 from broker.partitions.remap import Remaps
 from broker.peers.codec import group_out, placement_out, updating_out
-from broker.peers.peers import PeerManager, placement_diff
+from broker.peers.peers import PeerManager
+from broker.peers.placement import placement_diff
 from broker.security.security import Security
 from broker.sessions.session import Session
 from client.clock import Clock

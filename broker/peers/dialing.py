@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 from broker.config import NodeConfig
-from broker.peers.links import MOVED_AFTER, REDIAL_MAX, connect, host_port
+from broker.peers.links import MOVED_AFTER, REDIAL_MAX, LinkTasks, connect, host_port
 from client.clock import Clock
 from ha.membership import RemoteState
 
@@ -35,13 +35,15 @@ LinkOut = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter, Address], A
 class Dialing:
     """The dialers of one node.  ``addresses``: every other member's peer address, the peer
     manager's (read here, and changed where a member is found to have moved); ``state``: a
-    member's state (``Membership.state``); ``authenticated``: links prove names (a group secret
-    or mutual TLS), so what a peer says of itself may be believed."""
+    member's state (``Membership.state``); ``tasks``: the owner of the dialers' tasks (the peer
+    manager's, which ends them at its stop); ``authenticated``: links prove names (a group
+    secret or mutual TLS), so what a peer says of itself may be believed."""
 
     def __init__(self, me: str, addresses: dict[str, Address], config: NodeConfig, clock: Clock,
-                 state: Callable[[str], RemoteState], link_out: LinkOut, *, authenticated: bool) -> None:
+                 state: Callable[[str], RemoteState], tasks: LinkTasks, link_out: LinkOut, *,
+                 authenticated: bool) -> None:
         self.me, self.addresses, self.config, self.clock = me, addresses, config, clock
-        self.state, self.link_out = state, link_out
+        self.state, self.tasks, self.link_out = state, tasks, link_out
         self.authenticated = authenticated
         self._dialers: dict[str, asyncio.Task[None]] = {}  # member -> the task that keeps a link to it
         #: member -> where it says it takes peer links (its own word, on a link it proved), when
@@ -56,20 +58,21 @@ class Dialing:
     def dial(self, name: str) -> None:
         """Keep a link to ``name`` if this node is the one that dials it (the lower name dials)."""
         if self.me < name and name not in self._dialers:
-            self._dialers[name] = asyncio.create_task(self._dial_forever(name), name=f"tandem-peer-dial-{name}")
+            self._dialers[name] = self.tasks.spawn(self._dial_forever(name), name=f"tandem-peer-dial-{name}")
 
     def stop_dialing(self, name: str) -> None:
-        """No more dials of ``name`` (its task is cancelled)."""
+        """No more dials of ``name`` (its task is cancelled; the task owner sees it end)."""
         dialer = self._dialers.pop(name, None)
         if dialer is not None:
             dialer.cancel()
 
     async def stop(self) -> None:
         """Every dialer cancelled, and ended."""
-        for t in self._dialers.values():
-            t.cancel()
-        await asyncio.gather(*self._dialers.values(), return_exceptions=True)
+        dialers = list(self._dialers.values())
         self._dialers.clear()
+        for t in dialers:
+            t.cancel()
+        await asyncio.gather(*dialers, return_exceptions=True)
 
     # -- where a member is --------------------------------------------------------------------------
 

@@ -1,14 +1,17 @@
 """A peer link's connection (its socket, protocol state and frames), the connect that opens
-one, and the timeouts and limits of the peer links.
+one, the owner of the link tasks, and the timeouts and limits of the peer links.
 
 A :class:`Link` is one TCP connection (TLS on it when peer links use TLS) with the
-sans-IO :class:`client.protocol.ProtocolConnection` that frames it.
+sans-IO :class:`client.protocol.ProtocolConnection` that frames it.  Every task the peer links
+run (an accepted link, a dialer, the answer to a forwarded request) belongs to a
+:class:`LinkTasks`, which :meth:`broker.peers.peers.PeerManager.stop` ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from broker.config import NodeConfig
@@ -123,3 +126,32 @@ class Link:
             except TandemError:
                 pass  # the protocol forbids this frame on this side now (a dialer sends no Error)
         self.close()
+
+
+class LinkTasks:
+    """The tasks of the peer links: each kept until it ends (one that fails is logged, with its
+    name), all cancelled and awaited by :meth:`close`."""
+
+    def __init__(self) -> None:
+        #: the tasks running now (a TLS listener adds the connections it accepts: broker.security.tls)
+        self.running: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.running.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("task %s failed: %r", task.get_name(), exc, exc_info=exc)
+
+    async def close(self) -> None:
+        """Cancel every task (but the caller's own) and wait until each has ended."""
+        me = asyncio.current_task()
+        while tasks := [t for t in self.running if t is not me and not t.done()]:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # (a failed one is logged as it ends)

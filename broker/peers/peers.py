@@ -22,9 +22,11 @@ read, frames are small, and the member's state and live link are left alone.  A 
 that fails is an *intruder*: logged (``intruder: ...``), counted per reason and kept
 among the node's recent events.
 
-Timeouts are the node clock's (``clock.timeout``, never ``wait_for``: on Python 3.11
-``wait_for`` can swallow a cancellation that races with its result, and a dialer would
-outlive ``stop``).
+Every task the links run (each accepted link, each dialer, each answer to a forwarded
+request) belongs to the manager's :class:`broker.peers.links.LinkTasks`, and
+:meth:`PeerManager.stop` ends them all.  Timeouts are the node clock's (``clock.timeout``,
+never ``wait_for``: on Python 3.11 ``wait_for`` can swallow a cancellation that races with
+its result, and a dialer would outlive ``stop``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from broker.peers.dialing import Address, Dialing
 from broker.peers.foreign import ForeignActives, flatten
 from broker.peers.forwarding import Forwards
 from broker.peers.host import PeerArbiter, PeerHost
-from broker.peers.links import FAREWELL_LINGER, HANDSHAKE_TIMEOUT, PEER_MAX_FRAME, Link, connect, host_port
+from broker.peers.links import FAREWELL_LINGER, HANDSHAKE_TIMEOUT, PEER_MAX_FRAME, Link, LinkTasks, connect, host_port
+from broker.peers.placement import placement_mismatch
 from broker.security.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
 from broker.security.secret import peer_mtls
 from broker.security.tls import TlsServer, peer_server_context
@@ -78,35 +81,6 @@ REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, Remo
            RemoteState.MISMATCHED_SETTINGS}
 
 
-def placement_diff(mine: str, theirs: str, mine_is: str, theirs_is: str) -> str:
-    """Where two placement settings (``NodeConfig.placement_settings``) differ, a clause a
-    setting: "replicas 1 on node3, 2 on node1; ..." (``mine_is`` "on node3", ``theirs_is`` "on node1")."""
-    here = dict(kv.partition("=")[::2] for kv in mine.split(" "))
-    there = dict(kv.partition("=")[::2] for kv in theirs.split(" "))
-    return "; ".join(f"{k} {here.get(k) or '(none)'} {mine_is}, {there.get(k) or '(none)'} {theirs_is}"
-                     for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k))
-
-
-def placement_mismatch(mine: str, theirs: str, me: str, peer: str) -> str:
-    """How ``peer``'s placement settings differ from this node's ("" when they agree, or when
-    either side places nothing: a witness)."""
-    if not mine or not theirs or theirs == mine:
-        return ""
-    if "group=" in mine or "group=" in theirs:
-        # the members changed while the group ran (broker.partitions.members): members and zones are the
-        # group's state, which a member behind learns over this very link; the rest must agree
-        here = dict(kv.partition("=")[::2] for kv in mine.split(" "))
-        there = dict(kv.partition("=")[::2] for kv in theirs.split(" "))
-        keep = ("replicas", "sync_replicas")
-        mine = " ".join(f"{k}={here.get(k, '')}" for k in keep)
-        theirs = " ".join(f"{k}={there.get(k, '')}" for k in keep)
-        if mine == theirs:
-            return ""
-    return ("placement settings differ, so the two would place partitions on different nodes: "
-            + placement_diff(mine, theirs, f"on {me}", f"on {peer}")
-            + " (give every member the same peers, replicas, sync_replicas and zones)")
-
-
 class PeerManager:
     """``secret``: the group secret every link proves (:func:`broker.security.secret.group_secret`);
     None: the links are authenticated by mutual TLS, or this node is in no group."""
@@ -141,11 +115,13 @@ class PeerManager:
         self.links: dict[str, Link] = {}
         self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
         self.forwards = Forwards(node.clock, node.handle_forward)
-        self._handlers: set[asyncio.Task[None]] = set()
+        #: every task the links run: accepted links, dialers, answers to forwarded requests
+        self.tasks = LinkTasks()
+        self._farewells: set[asyncio.TimerHandle] = set()  # links to removed members, closed in a while
         self._server: asyncio.Server | TlsServer | None = None
         self.address: tuple[str, int] | None = None
-        self.dialing = Dialing(cfg.name, self.addresses, cfg, node.clock, self.membership.state, self._link_out,
-                               authenticated=secret is not None or self.mtls)
+        self.dialing = Dialing(cfg.name, self.addresses, cfg, node.clock, self.membership.state, self.tasks,
+                               self._link_out, authenticated=secret is not None or self.mtls)
         self._running = False
         #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
         self.arbiter: PeerArbiter | None = None
@@ -177,10 +153,11 @@ class PeerManager:
                         ", ".join(strangers), ", ".join(sorted(self.addresses)) or "none")
         ctx = peer_server_context(cfg)
         if ctx is None:
-            self._server = await asyncio.start_server(self._accept, cfg.host, cfg.peer_port)
+            self._server = await asyncio.start_server(self._accepted, cfg.host, cfg.peer_port)
         else:  # mutual TLS; a failed TLS handshake is an intruder too
             self._server = await TlsServer(self._accept, self._tls_refused, ctx, handshake_timeout=HANDSHAKE_TIMEOUT,
-                                           tasks=self._handlers, clock=self.node.clock).start(cfg.host, cfg.peer_port)
+                                           tasks=self.tasks.running, clock=self.node.clock).start(cfg.host,
+                                                                                                  cfg.peer_port)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"
@@ -209,6 +186,16 @@ class PeerManager:
             log.warning("peer link to %s closed: it is no longer a member", name)
             link.abort()
 
+    def _linger(self, name: str, link: Link) -> None:
+        """Close ``link`` to ``name``, no longer a member, after FAREWELL_LINGER (unless it is one
+        again by then, or the manager stops first)."""
+        def farewell() -> None:
+            self._farewells.discard(handle)
+            self._farewell(name, link)
+
+        handle = asyncio.get_running_loop().call_later(FAREWELL_LINGER, farewell)
+        self._farewells.add(handle)
+
     def set_members(self, addresses: Mapping[str, tuple[str, int]], placement: str) -> None:
         """The group's members changed (``tandem group add`` / ``remove``, :mod:`broker.partitions.members`):
         ``addresses`` every other member's peer address.  A new member is dialled (or admitted
@@ -227,7 +214,7 @@ class PeerManager:
             if link is not None:
                 # (kept a while, dialled or accepted: the catalogue's active tells it of its
                 # removal over this link)
-                asyncio.get_running_loop().call_later(FAREWELL_LINGER, self._farewell, name, link)
+                self._linger(name, link)
             else:
                 self.dialing.stop_dialing(name)
         self.gossip = self.node.config.arbiter == "majority" and len(self.addresses) > self.node.config.replicas
@@ -237,13 +224,17 @@ class PeerManager:
                 self.dialing.dial(name)
 
     async def stop(self) -> None:
-        for t in list(self._handlers):
-            t.cancel()
+        """Close the port and every link, and end every task the links run (dialers included)."""
+        for handle in self._farewells:
+            handle.cancel()
+        self._farewells.clear()
         self.forwards.stop(self.me.name)
         if self._server is not None:
             self._server.close()
         for link in list(self.links.values()):
             link.close()
+        await self.dialing.stop()
+        await self.tasks.close()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -440,6 +431,11 @@ class PeerManager:
             who = NodeIdentity(name=name, store_stamp="")
             self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=why.split(": ", 1)[1]))
 
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection to the (plain TCP) peer port: served by a task of the manager's (a TLS
+        port's connections run in tasks it already owns)."""
+        self.tasks.spawn(self._accept(reader, writer), name="tandem-peer-accepted")
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A link to the peer port: the handshake, then the dialer's frames once it is admitted."""
         link = Link("", reader, writer, ProtocolConnection(Role.SERVER, max_frame_size=HANDSHAKE_MAX_FRAME))
@@ -555,9 +551,7 @@ class PeerManager:
                 if frame.ha_off != self.ha_off.get(link.name, ""):
                     self._peer_ha_off(link.name, frame.ha_off)
             elif isinstance(frame, Forward):
-                task = asyncio.get_running_loop().create_task(self.forwards.answer(link, frame))
-                self._handlers.add(task)
-                task.add_done_callback(self._handlers.discard)
+                self.tasks.spawn(self.forwards.answer(link, frame), name=f"tandem-peer-forwarded-{link.name}")
             elif isinstance(frame, ForwardOk) or (isinstance(frame, Error) and frame.rid):
                 self.forwards.answered(frame)
             elif isinstance(frame, Close):

@@ -1,8 +1,9 @@
-"""The witness's store (terms, votes, positions: what it reloads after a restart) and its
-command line (clear one-line errors)."""
+"""The witness's store (terms, votes, positions: what it reloads after a restart), its
+command line (clear one-line errors), and the tasks it starts (all ended by its stop)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError
-from broker.arbiters.witness import WitnessConfig, WitnessStore
-from ha.messages import Entry
+from broker.arbiters.witness import Witness, WitnessConfig, WitnessStore
+from broker.peers.codec import encode_message, encode_replicate
+from ha.messages import Entry, RequestVote
+from tests.helpers import group_secret_file, wait_until
 
 
 def test_the_store_gives_back_terms_votes_commit_and_positions_after_a_reopen(tmp_path: Path) -> None:
@@ -62,3 +65,22 @@ def test_one_witness_per_data_dir(tmp_path: Path) -> None:
         WitnessStore(tmp_path / "witness.db")
     s.close()
     WitnessStore(tmp_path / "witness.db").close()
+
+
+@pytest.mark.asyncio
+async def test_stop_ends_every_task_the_witness_started(tmp_path: Path) -> None:
+    """Its links (an accepted one that says nothing), its vote loop and a vote's write in
+    flight: after stop none is alive."""
+    before = asyncio.all_tasks()
+    cfg = WitnessConfig(name="w1", peer_port=0, peers=("node1=127.0.0.1:1", "node2=127.0.0.1:2"),
+                        data_dir=tmp_path / "w1", cluster_secret_file=group_secret_file(tmp_path))
+    w = Witness(cfg)
+    await w.start()
+    assert w.peers is not None and w.peers.address is not None
+    _reader, writer = await asyncio.open_connection(*w.peers.address)
+    vote = encode_replicate([[3, 0, encode_message(RequestVote(1, "node1", 0, 0, 1))]])
+    w.receive("node1", vote)  # its answer is written before it goes: a write on a thread
+    await wait_until(lambda: w._writing is not None or bool(w.logs), what="the vote taken")
+    await w.stop()
+    assert [t for t in asyncio.all_tasks() if t not in before and not t.done()] == []
+    writer.close()

@@ -1,7 +1,7 @@
 """broker.partitions.members: what a member does with a committed change of the group's members (what
 goes to its store, what it recovers), a re-spread's rounds (which moves it starts, when it
 ends the change), the quorum over a changed list (ha.membership) and the peer handshake's
-placement check once the list is the group's (broker.peers.peers)."""
+placement check once the list is the group's (broker.peers.placement)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 import pytest
 
 from broker.partitions.members import GROUP_KEY, MAX_MOVES, GroupMembers
-from broker.peers.peers import placement_mismatch
+from broker.peers.placement import placement_mismatch
 from ha.membership import Membership, NodeIdentity, QuorumState
 from storage.base import PutMeta, SetGroup
 

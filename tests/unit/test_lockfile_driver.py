@@ -233,3 +233,14 @@ async def test_a_holder_learns_a_later_epoch_from_the_peer_links_handshake(tmp_p
     p.d["a"].heard("b", PeerHello(min_version=1, max_version=1, node="b", store_stamp="s", priority=1, votes=1,
                                   epoch=5))
     assert p.d["a"].state == "WAITING" and p.d["a"].epoch == 5
+
+
+async def test_stop_ends_the_file_call_in_flight(tmp_path: Path) -> None:
+    p = Pair(tmp_path)
+    before = asyncio.all_tasks()
+    d = p.d["a"]
+    d._next_file_at = 0.0
+    d.step()  # a file call launched (the lock tried, on the driver's thread)
+    assert d._op is not None and not d._op.done()
+    await d.stop()
+    assert [t for t in asyncio.all_tasks() if t not in before and not t.done()] == []
