@@ -266,7 +266,7 @@ async def test_stop_and_failed_start_leave_nothing_open(tmp_path: Path) -> None:
         with pytest.raises(OSError):
             await clash.start()
         assert not [t for t in threading.enumerate() if t.name == "tandem-writer" and t.is_alive()
-                    and t is not getattr(blocker._writer, "_thread", None)]
+                    and t is not getattr(blocker.store._writer, "_thread", None)]
         assert _open_db_fds(tmp_path.resolve() / "third" / "tandem.db") == []
     finally:
         await blocker.stop()
