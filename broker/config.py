@@ -356,6 +356,21 @@ class NodeConfig:
         return placement_of(self.placement_settings())
 
     @property
+    def ha_mode(self) -> str:
+        """How this node runs, as status reports it: ``shared``, ``replicated`` (a group member)
+        or ``single``."""
+        if self.mode == "shared":
+            return "shared"
+        return "replicated" if self.peer_port is not None else "single"
+
+    @property
+    def client_heartbeat(self) -> float:
+        """The heartbeat the node offers its clients.  In shared mode at most half the lease:
+        clients learn that a paused or cut-off active is gone by its silence (the passive cannot
+        tell them)."""
+        return min(self.heartbeat, max(0.5, self.lease / 2)) if self.mode == "shared" else self.heartbeat
+
+    @property
     def peer_tls_on(self) -> bool:
         """Whether peer links speak TLS: on when certificates are set, unless peer_tls = "off"."""
         return self.peer_tls == "on" or (self.peer_tls == "auto" and self.tls_cert is not None)

@@ -25,9 +25,7 @@ from prometheus_client.registry import Collector
 from broker.config import NodeConfig
 from broker.security.auth import ClientGuard
 from broker.sessions.status import DiskAlarmView, HaReport, partition_depth
-from ha.lockfile import HaState
 from ha.membership import QuorumState
-from ha.shared import SharedState
 from storage.segments import SegmentLog
 from webconsole.nodeview import NODE, NodeView
 
@@ -161,19 +159,10 @@ def _limit_metrics(name: str, guard: ClientGuard) -> Iterator[Any]:
                  [("node", name)], len(guard.throttle))
 
 
-def ha_states(cfg: NodeConfig) -> list[str]:
-    """The HA states of the node's mode: shared mode's, or the LockFile arbiter's."""
-    if cfg.mode == "shared":
-        return [s.value for s in SharedState]
-    if cfg.arbiter == "lockfile":
-        return [s.value for s in HaState]
-    return []
-
-
 def _ha_metrics(cfg: NodeConfig, ha: HaReport) -> Iterator[Any]:
     name = cfg.name
     state = ha.state
-    states = ha_states(cfg)
+    states = ha.states
     fam = GaugeMetricFamily("tandem_ha_state", "1 for the node's HA state (shared mode, LockFile arbiter), "
                             "0 for the mode's other states", labels=["node", "state"])
     for s in states if state in states else [*states, state]:

@@ -129,6 +129,10 @@ class LockFileDriver:
         return self.arbiter.state.value
 
     @property
+    def states(self) -> list[str]:
+        return [s.value for s in HaState]
+
+    @property
     def epoch(self) -> int:
         return self.arbiter.seen_epoch
 

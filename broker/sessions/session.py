@@ -133,9 +133,7 @@ class Session:
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
         self._next_tag = 1
         cfg = node.config
-        # shared mode: clients learn that a paused or cut-off active is gone by its silence
-        # (the passive cannot tell them), so they hear from it at least every half lease
-        self.heartbeat = min(cfg.heartbeat, max(0.5, cfg.lease / 2)) if cfg.mode == "shared" else cfg.heartbeat
+        self.heartbeat = cfg.client_heartbeat
         clock = node.clock
         self.connected_at = self.last_recv = self.last_send = clock.monotonic()
         self.finished = asyncio.Event()

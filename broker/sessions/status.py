@@ -167,10 +167,13 @@ class ReplicationState(Protocol):
 
 class HaReport(Protocol):
     """A node's HA arbiter as the status, the console and the metrics show it: the LockFile
-    arbiter's driver, or shared mode's (``Node.ha``; None under majority elections)."""
+    arbiter's driver, or shared mode's (``Node.ha.arbiter``; None under majority elections)."""
 
     @property
     def state(self) -> str: ...
+
+    @property
+    def states(self) -> list[str]: ...  # every state it can be in (the metrics list them all)
 
     @property
     def epoch(self) -> int: ...
@@ -305,7 +308,7 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
     events = [f"{e.kind} {e.partition}: {e.text}" for e in sorted(happened, key=lambda e: e.at)]
     console = node.console
     ha = node.ha
-    mode = cfg.mode if cfg.mode == "shared" or peers is not None else "single"
+    mode = cfg.ha_mode
     members, zones, change = changes.group_view()
     moving, updating = changes.moves_under_way(), changes.updates_under_way()
     if may_see is not None:

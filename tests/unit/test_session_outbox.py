@@ -28,7 +28,7 @@ class _Writer:
 
 class _Node:
     def __init__(self) -> None:
-        self.config = SimpleNamespace(heartbeat=10.0, mode="replicated", lease=5.0, max_frame_size=1 << 20)
+        self.config = SimpleNamespace(client_heartbeat=10.0, max_frame_size=1 << 20)
         self.clock = SYSTEM_CLOCK
         self.serving = True
         self.writes: list[tuple[list[Any], Any]] = []

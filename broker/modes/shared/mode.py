@@ -149,6 +149,10 @@ class SharedMode:
         return self.arbiter.state.value
 
     @property
+    def states(self) -> list[str]:
+        return [s.value for s in SharedState]
+
+    @property
     def epoch(self) -> int:
         return max(self.arbiter.epoch, self.holder.epoch)
 
