@@ -113,7 +113,7 @@ async def _serve(config: NodeConfig) -> int:
         # later (~60k objects fewer: full-collection pauses ~55 -> ~5 ms on a test node).
         gc.freeze()
     host, port = node.address
-    pw_file = node.data_path / "admin-password"
+    pw_file = node.store.data_path / "admin-password"
     print(f"Tandem node {config.name} is up", flush=True)
     scheme = "tandems" if config.tls_cert is not None else "tandem"
     print(f"  client URL : {scheme}://admin@{host}:{port}", flush=True)
@@ -121,7 +121,7 @@ async def _serve(config: NodeConfig) -> int:
         print(f"  database   : {redact_url(config.database or '')} (shared mode, sync={config.sync.value})",
               flush=True)
     else:
-        print(f"  data       : {node.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
+        print(f"  data       : {node.store.data_path / config.db_path.name} (sync={config.sync.value})", flush=True)
     if node.console is not None:
         print(f"  console    : {node.console.url}", flush=True)
     if pw_file.exists():
@@ -160,9 +160,13 @@ def console_view(node: Node) -> NodeView:
     views, and the parts of it that do the operations."""
     from webconsole.nodeview import NodeView
 
-    return NodeView(node=node, report=node, changes=node.placing, state=node, options=node.options, meters=node, guard=node.guard,
-                    security=node.security, drains=node.drains, moves=node.moves, remaps=node.remaps,
-                    restores=node.restores, group=node.group)
+    from broker.node.parts import Meters
+
+    ops = node.ops
+    return NodeView(node=node.services, report=node.report, changes=node.placing, state=node.services,
+                    options=node.options, meters=Meters(node.store, node.catalogue, node.publisher), guard=node.guard,
+                    security=node.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps,
+                    restores=ops.restores, group=ops.group)
 
 
 async def _trim_heap(node: Any) -> None:

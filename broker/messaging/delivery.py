@@ -37,7 +37,10 @@ class DeadLetterRule(Protocol):
 class DeliveryRules(Protocol):
     """The node's settings and grants deliveries follow: frame size, prefetch limit, who may
     dead-letter where."""
-    config: NodeConfig
+
+    @property
+    def config(self) -> NodeConfig: ...
+
     users: Any  # (with acls: who may dead-letter where)
 
     @property

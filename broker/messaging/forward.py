@@ -383,7 +383,9 @@ def pack_reply(value: Any) -> bytes:
 class Forwarding(Protocol):
     """A node that serves requests for partitions it is active for and forwards the others:
     what the publish path, stream reads and the catalogue route with."""
-    config: NodeConfig
+
+    @property
+    def config(self) -> NodeConfig: ...
 
     @property
     def commit(self) -> CommitPath: ...

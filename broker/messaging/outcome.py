@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class Reply(Protocol[T_contra]):
+    """Where one result goes, settled once: an :class:`Outcome`, or a session's reply to its
+    client sent in the call that settles it (no listener between the commit and the client)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, value: T_contra) -> None: ...
+
+    def set_exception(self, error: BaseException) -> None: ...
 
 
 class Outcome(Generic[T]):

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from broker.messaging import sequences
 from broker.messaging.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
-from broker.messaging.outcome import Outcome
+from broker.messaging.outcome import Outcome, Reply
 from broker.messaging.queues import Msg, Queue, encode_headers
 from client.clock import Clock
 from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError, QueueFullError,
@@ -86,8 +86,12 @@ class Delivering(Protocol):
 
 class PublishHost(Forwarding, Protocol):
     """What the publish path needs from its node."""
-    clock: Clock
-    stopping: bool
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stopping(self) -> bool: ...
 
     @property
     def delivery(self) -> Delivering: ...
@@ -101,16 +105,22 @@ class PublishHost(Forwarding, Protocol):
 
 class Publisher:
     def __init__(self, node: PublishHost) -> None:
+        self.confirms = 0  # messages confirmed to publishers (metrics)
         self.node = node
 
     def publish(self, req: PublishRequest) -> Outcome[PublishResult]:
         """Raises at once what refuses the batch before anything is stored (no such queue or
-        partition, too large, queue full, out of sequence); the future holds the outcome."""
+        partition, too large, queue full, out of sequence); the outcome holds the rest."""
         result: Outcome[PublishResult] = Outcome()
         self._publish(req, result)
         return result
 
-    def _publish(self, req: PublishRequest, result: Outcome[PublishResult]) -> None:
+    def publish_to(self, req: PublishRequest, reply: Reply[PublishResult]) -> None:
+        """:meth:`publish`, settling ``reply`` itself: a session's reply goes out in the commit's
+        own callback."""
+        self._publish(req, reply)
+
+    def _publish(self, req: PublishRequest, result: Reply[PublishResult]) -> None:
         q = self._queue(req)
         pidxs = self._route(q, req)
         if not self._served_here(q, req, pidxs):
@@ -236,7 +246,7 @@ class Publisher:
     # -- 5. commit and 6. confirm --------------------------------------------------------------
 
     def _commit(self, q: Queue, req: PublishRequest, batch: _Assigned, ops: list[WriteOp],
-                result: Outcome[PublishResult]) -> None:
+                result: Reply[PublishResult]) -> None:
         node = self.node
         commit = node.commit
         policy = commit.confirm_policy
@@ -270,7 +280,7 @@ class Publisher:
         q.mark_committed(batch.by_part)
 
     def _failed(self, q: Queue, req: PublishRequest, batch: _Assigned, err: BaseException,
-                result: Outcome[PublishResult]) -> None:
+                result: Reply[PublishResult]) -> None:
         q.pending_count -= batch.stored
         q.published -= batch.stored
         sequences.release(q, batch.seqs_of)
@@ -296,7 +306,7 @@ class Publisher:
     # -- partitions active elsewhere ------------------------------------------------------------
 
     def _publish_elsewhere(self, q: Queue, req: PublishRequest, pidxs: list[int],
-                           result: Outcome[PublishResult]) -> None:
+                           result: Reply[PublishResult]) -> None:
         """Each partition's part to its active; the result sums theirs.  Parts served here are
         stored at once, so a producer's sequences reach every partition in the order it sent
         them."""
@@ -345,7 +355,7 @@ class Publisher:
                 await commit.wait_change(0.2)
 
 
-async def _relay(work: Coroutine[Any, Any, PublishResult], result: Outcome[PublishResult]) -> None:
+async def _relay(work: Coroutine[Any, Any, PublishResult], result: Reply[PublishResult]) -> None:
     try:
         r = await work
     except Exception as exc:
@@ -357,7 +367,7 @@ async def _relay(work: Coroutine[Any, Any, PublishResult], result: Outcome[Publi
 
 
 async def _sum_parts(parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]],
-                     result: Outcome[PublishResult]) -> None:
+                     result: Reply[PublishResult]) -> None:
     """The remote parts run at once as this task's own: cancelled (the node stops), it ends them."""
     running = [asyncio.ensure_future(p) if asyncio.iscoroutine(p) else p for p in parts]
     stored = duplicates = 0

@@ -88,10 +88,6 @@ class Holding:
     def config(self) -> NodeConfig:
         return self._node.config
 
-    @config.setter
-    def config(self, config: NodeConfig) -> None:  # (the node's settings: the protocols name them settable)
-        self._node.config = config
-
     @property
     def name(self) -> str:
         return self._node.config.name

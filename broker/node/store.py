@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
+from pathlib import Path
 
 from broker.messaging.commit import CommitPath, Key, LocalCommitPath
 from broker.messaging.queues import Queue
 from broker.config import NodeConfig
+from broker.node.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error
 from client.clock import Clock
 from client.errors import ShuttingDownError
 from storage.base import Engine, Recovered, StoredMessage, WriteOp
+from storage.sqlite import SqliteEngine
 from storage.writer import Callback, GroupCommitWriter
 
 log = logging.getLogger("tandem.broker")
+
+EngineFactory = Callable[[NodeConfig], Engine]
+
+
+def sqlite_engine(config: NodeConfig) -> Engine:
+    return SqliteEngine(config.db_path, log_segment_bytes=config.log_segment_size)
 
 
 class NodeStore:
@@ -38,6 +48,18 @@ class NodeStore:
         #: called on the writer thread with each commit's duration and sync flag (metrics); every
         #: writer the node opens shares this list (shared mode opens one per activation)
         self.commit_observers: list[Callable[[float, bool], None]] = []
+        #: this store's identity: peers tell a member's stores apart by it (set at start)
+        self.stamp = ""
+        #: the data directory, resolved at start
+        self.data_path: Path = config.data_dir
+        #: the disk alarm (broker/node/diskalarm.py): None in shared mode (the data is in the
+        #: group's database) and with disk_free_limit = 0
+        self.disk_alarm: DiskAlarm | None = None
+
+    def check_disk(self, what: str) -> None:
+        """Refuse ``what`` (a write to this node's own store) while the disk alarm is raised."""
+        if self.disk_alarm is not None:
+            self.disk_alarm.refuse(what)
 
     @property
     def writer(self) -> GroupCommitWriter:
@@ -54,6 +76,25 @@ class NodeStore:
     @commit.setter
     def commit(self, path: CommitPath) -> None:
         self._commit = path
+
+    async def check_free(self) -> None:
+        """Refuse to start on a disk too full to write anything (one line), and raise the disk
+        alarm at once on a nearly full one (with ``disk_free_limit`` set)."""
+        cfg = self.config
+        free = await asyncio.to_thread(free_bytes, self.data_path)
+        if free < FULL_BELOW:
+            raise full_disk_error(cfg.name, self.data_path, free)
+        if cfg.disk_free_limit > 0:
+            self.disk_alarm = DiskAlarm(cfg.name, self.data_path, cfg.disk_free_limit, clock=self.clock)
+            self.disk_alarm.update(free)
+
+    async def load_stamp(self, meta: dict[str, str]) -> None:
+        """This store's stamp: the one it has, or a new one written to it."""
+        if "store_stamp" in meta:
+            self.stamp = meta["store_stamp"]
+            return
+        self.stamp = f"{int(self.clock.time() * 1000):x}-{secrets.token_hex(4)}"
+        await asyncio.to_thread(self.engine.set_meta, "store_stamp", self.stamp)
 
     async def open_engine(self, engine: Engine | None = None) -> Recovered:
         """Open ``engine`` (the node's own by default) and a writer over it; the commit path

@@ -36,6 +36,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Protocol
 
+from broker.config import NodeConfig
 from broker.messaging.forward import GroupFwd, pack_reply
 from broker.security.security import CatalogueHost, catalogue_change
 from client.errors import InvalidArgumentError
@@ -130,6 +131,15 @@ class GroupMembers:
 
     # -- the list ------------------------------------------------------------------------------------
 
+
+    @classmethod
+    def founded(cls, catalogue: CatalogueHost, placement: MemberPlacement, moves: Moving,
+                config: NodeConfig) -> GroupMembers:
+        """The members named by ``config`` (its placement's founding members, in their zones),
+        until the group's first change."""
+        founding, _policy = config.placement()
+        return cls(catalogue, placement, moves, tuple(founding),
+                   {n: z for n, z in config.zone_map().items() if n in founding})
     @property
     def current(self) -> SetGroup:
         return self.state if self.state is not None else self.founding

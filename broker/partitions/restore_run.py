@@ -46,7 +46,9 @@ class RestoreNode(Protocol):
     their commits, and its events."""
 
     clock: Clock
-    config: NodeConfig
+
+    @property
+    def config(self) -> NodeConfig: ...
 
     @property
     def name(self) -> str: ...

@@ -37,9 +37,14 @@ class Dispatching(Protocol):
 
 class PeerHost(Protocol):
     """What the peer links need from their node."""
-    config: NodeConfig
-    clock: Clock
-    store_stamp: str
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def store_stamp(self) -> str: ...
 
     @property
     def replication(self) -> Receiving | None: ...

@@ -9,7 +9,6 @@ settlements act on the connection's own consumers and delivery tags.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -17,7 +16,6 @@ from typing import Protocol
 from broker.config import NodeConfig
 from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
-from broker.messaging.outcome import Outcome
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
 from broker.messaging.queues import Consumer, Msg, Recipient
 from broker.messaging.streams import StreamHost, produced, read_stream
@@ -56,7 +54,6 @@ class Consuming(Recipient, Protocol):
 
 class MessagingHost(Protocol):
     """What the messaging requests use of their node: its queues and who may use them."""
-    confirms: int  # messages confirmed to publishers (metrics)
 
     @property
     def config(self) -> NodeConfig: ...
@@ -118,21 +115,8 @@ class Messaging:
     async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")
-        result = self.publisher.publish(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
-                                                            dense=f.partition is not None))
-        result.add_done_callback(functools.partial(self._published, s, f.rid))
-
-    def _published(self, s: Consuming, rid: int, result: Outcome[PublishResult]) -> None:
-        err = result.exception()
-        if err is None:
-            r = result.result()
-            self.node.confirms += r.stored + r.duplicates
-            s.send(PublishOk(rid=rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
-        elif isinstance(err, TandemError):
-            s.send(error_frame(rid, err))
-        else:
-            log.error("session %s: publish failed: %r", s.client_name, err, exc_info=err)
-            s.send(Error(rid=rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))
+        self.publisher.publish_to(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
+                                                 dense=f.partition is not None), _PublishReply(s, f.rid, self.publisher))
 
     # -- consumers and deliveries ---------------------------------------------------------------------
 
@@ -238,3 +222,29 @@ def _settled(s: Consuming, rid: int, unknown: list[int]) -> None:
             "(already settled, or delivered on an earlier connection)")))
     else:
         s.send(Ok(rid=rid))
+
+
+class _PublishReply:
+    """A publish's reply to its client, sent in the call that settles it (the commit's callback)."""
+
+    __slots__ = ("_s", "_rid", "_publisher", "_done")
+
+    def __init__(self, s: Consuming, rid: int, publisher: Publisher) -> None:
+        self._s, self._rid, self._publisher, self._done = s, rid, publisher, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, r: PublishResult) -> None:
+        self._done = True
+        self._publisher.confirms += r.stored + r.duplicates
+        self._s.send(PublishOk(rid=self._rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
+
+    def set_exception(self, err: BaseException) -> None:
+        self._done = True
+        s = self._s
+        if isinstance(err, TandemError):
+            s.send(error_frame(self._rid, err))
+        else:
+            log.error("session %s: publish failed: %r", s.client_name, err, exc_info=err)
+            s.send(Error(rid=self._rid, code=int(ErrorCode.INTERNAL_ERROR), message=repr(err)))

@@ -27,7 +27,7 @@ class PeerHello(Frame):
     epoch: int = 0  # the latest LockFile epoch the node has seen (see Heartbeat)
     nonce: bytes = b""  # the dialer's challenge-response nonce (ha.peerauth); empty: no group secret
     #: the settings every member must share for partitions to be placed alike (members, replicas,
-    #: sync_replicas, zones; broker.peers.peers.placement_settings); "": not said (a witness)
+    #: sync_replicas, zones; broker.config.NodeConfig.placement_settings); "": not said (a witness)
     placement: str = ""
     #: the dialer wants the member addresses of the PeerWelcome, not a link: the acceptor
     #: closes once it has sent it (broker.peers.discovery)

@@ -152,8 +152,8 @@ async def test_failed_settlement_commit_is_retried(flaky: tuple[Node, FlakyEngin
         await m.ack()
         await wait_until(lambda: engine.failures >= 2, what="the settlement to fail and be retried")
         engine.failing = None
-        await wait_until(lambda: node.writer.stats.commits > node.writer.stats.failed_commits + 4
-                         and not node.writer._pending, what="the retry to commit")
+        await wait_until(lambda: node.store.writer.stats.commits > node.store.writer.stats.failed_commits + 4
+                         and not node.store.writer._pending, what="the retry to commit")
     await node.stop()
     again = await started(tmp_path)
     try:
@@ -175,7 +175,7 @@ async def test_consumer_survives_a_timeout_during_subscribe(conn: client.Durable
         assert m is not None, f"{len(got)} of 100"
         got.append(m.body)
         m.ack()
-    assert len(node.queues["q"].consumers) == 1
+    assert len(node.catalogue.queues["q"].consumers) == 1
     await c.cancel()
 
 
@@ -233,7 +233,7 @@ async def test_blocking_consumer_learns_of_a_broker_cancel(url: str, node: Node)
     t = threading.Thread(target=consume)
     t.start()
     await asyncio.to_thread(ready.wait, 30)
-    await wait_until(lambda: len(node.queues["q"].consumers) == 1, what="the blocking consumer")
+    await wait_until(lambda: len(node.catalogue.queues["q"].consumers) == 1, what="the blocking consumer")
     async with await client.connect(url) as conn:
         await conn.delete_queue("q")
     await asyncio.to_thread(t.join, 30)
@@ -259,7 +259,7 @@ async def test_stop_and_failed_start_leave_nothing_open(tmp_path: Path) -> None:
         await conn.producer("q").send(b"x")
         await conn.read("q", 0)  # opens a reader connection in a worker thread
     await node.stop()
-    assert _open_db_fds(node.data_path / "tandem.db") == []
+    assert _open_db_fds(node.store.data_path / "tandem.db") == []
     blocker = await started(tmp_path / "other")
     try:
         clash = Node(NodeConfig(data_dir=tmp_path / "third", port=blocker.address[1]))
@@ -283,7 +283,7 @@ async def test_queue_ids_are_never_reused(tmp_path: Path) -> None:
     try:
         async with await client.connect(url_of(node)) as conn:
             await conn.declare_queue("c")
-        assert node.queues["c"].meta.id == 3
+        assert node.catalogue.queues["c"].meta.id == 3
     finally:
         await node.stop()
 
@@ -337,7 +337,7 @@ async def test_a_failed_commit_under_a_later_one_leaves_a_gap_that_a_resend_fill
         fa = conn.request_nowait(Publish(rid=conn.next_rid(), queue="q", messages=a, producer_id="p", partition=0))
         await asyncio.to_thread(entered.wait, 10)
         fb = conn.request_nowait(Publish(rid=conn.next_rid(), queue="q", messages=b, producer_id="p", partition=0))
-        await wait_until(lambda: node.queues["q"].partitions[0].producers.get("p") == 9, what="B accepted")
+        await wait_until(lambda: node.catalogue.queues["q"].partitions[0].producers.get("p") == 9, what="B accepted")
         release.set()
         with pytest.raises(StorageError):
             await fa
@@ -390,7 +390,7 @@ async def test_idle_producers_are_forgotten_after_producer_expiry(tmp_path: Path
                 await conn.request(lambda rid, pid=pid: Publish(
                     rid=rid, queue="q", producer_id=pid, messages=[PublishMessage(f"k{i}", {}, b"x", i)
                                                                    for i in range(10)]))
-            q = node.queues["q"]
+            q = node.catalogue.queues["q"]
             assert all(part.producers for part in q.partitions)
             await wait_until(lambda: not any(part.producers for part in q.partitions), timeout=30,
                              what="idle producers forgotten")
@@ -400,6 +400,6 @@ async def test_idle_producers_are_forgotten_after_producer_expiry(tmp_path: Path
         await node.stop()
     again = await started(tmp_path, producer_expiry=1.0)
     try:
-        assert not any(part.producers for part in again.queues["q"].partitions)  # gone from the store too
+        assert not any(part.producers for part in again.catalogue.queues["q"].partitions)  # gone from the store too
     finally:
         await again.stop()

@@ -122,7 +122,7 @@ async def test_prefetch_limits_unacked_deliveries(conn: client.DurableConnection
     await conn.producer("q").send_many([b"x"] * 50)
     async with conn.consumer("q", prefetch=5) as c:
         await wait_until(lambda: c.received == 5, what="5 deliveries")
-        assert node.queues["q"].unacked_count == 5 and node.queues["q"].ready_count == 45
+        assert node.catalogue.queues["q"].unacked_count == 5 and node.catalogue.queues["q"].ready_count == 45
         first = await c.next(5)
         assert first is not None
         await first.ack()
@@ -191,7 +191,7 @@ async def test_dead_client_unacked_deliveries_return_to_ready(url: str, node: No
     c = await doomed.consumer("q", prefetch=10).start()
     await wait_until(lambda: c.received == 3, what="3 deliveries")
     doomed._writer.transport.abort()  # the client dies without a goodbye
-    await wait_until(lambda: node.queues["q"].ready_count == 3, what="requeue after the client died")
+    await wait_until(lambda: node.catalogue.queues["q"].ready_count == 3, what="requeue after the client died")
     await doomed.close()
     async with await client.connect(url) as conn:
         async with conn.consumer("q") as c2:
@@ -297,8 +297,8 @@ async def test_monitor_user_may_look_but_not_change(node: Node, conn: client.Dur
     from storage.base import PutUser
 
     user = make_user("watcher", "watcher-pass", "monitor")
-    await node.write([PutUser(user)], sync=True)
-    node.users.put(user)
+    await node.store.write([PutUser(user)], sync=True)
+    node.services.users.put(user)
     await conn.declare_queue("q")
     async with await client.connect(url_of(node, user="watcher", password="watcher-pass")) as mon:
         assert [q.name for q in await mon.list_queues()] == ["q"]

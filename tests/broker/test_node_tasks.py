@@ -40,8 +40,8 @@ async def test_after_stop_no_task_the_node_created_is_alive(engine: str, tmp_pat
         assert await cons.next(5.0) is not None
     await c.close()
     forever = asyncio.Event()
-    n.spawn(forever.wait())  # spawned work that does not end on its own
-    n.spawn(asyncio.sleep(3600))
+    n.services.spawn(forever.wait())  # spawned work that does not end on its own
+    n.services.spawn(asyncio.sleep(3600))
     await n.stop()
     me = asyncio.current_task()
     alive = sorted(t.get_name() for t in asyncio.all_tasks() - before if t is not me and not t.done())
@@ -52,7 +52,7 @@ async def test_after_stop_no_task_the_node_created_is_alive(engine: str, tmp_pat
     async def late() -> None:
         ran.append(1)
 
-    n.spawn(late())
+    n.services.spawn(late())
     await asyncio.sleep(0)
     assert ran == [] and not (asyncio.all_tasks() - before - {me})
 
@@ -65,7 +65,7 @@ async def test_a_spawned_task_that_fails_is_logged_with_its_name(node: Node, cap
         return r.name == "tandem.broker" and "the sweep broke" in r.getMessage()
 
     with caplog.at_level(logging.ERROR, logger="tandem.broker"):
-        node.spawn(boom())
+        node.services.spawn(boom())
         await wait_until(lambda: any(ours(r) for r in caplog.records), timeout=5.0, what="the failure logged")
     [rec] = [r for r in caplog.records if ours(r)]
     assert "boom" in rec.getMessage() and rec.levelno == logging.ERROR  # the task's name

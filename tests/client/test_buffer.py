@@ -67,7 +67,7 @@ async def test_sends_while_no_node_answers_are_buffered_then_drained_in_order(tm
         await p.wait_drained(timeout=30)
         assert p.buffered_count == 0
         assert "buffering" in kinds and "drained" in kinds
-        q = node.queues["q"]
+        q = node.catalogue.queues["q"]
         for part in q.partitions:  # in send order within each partition
             got = [int(m.body[1:]) for m in part.ready]
             assert got == sorted(got)

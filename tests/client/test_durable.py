@@ -66,7 +66,7 @@ async def test_producer_sends_each_partition_to_its_node_and_numbers_it_densely(
     assert len(by_part) == 4
     assert all(seqs == list(range(len(seqs))) for seqs in by_part.values())
     assert p.duplicates == 0 and p.resent == 0
-    q = node.queues["q"]
+    q = node.catalogue.queues["q"]
     assert sum(len(part.producers) for part in q.partitions) == 4  # one producer, known to each partition
 
 
@@ -101,7 +101,7 @@ async def test_producer_rides_through_a_node_restart_exactly_once(tmp_path: Path
         results = await asyncio.gather(*futs)
         assert len(results) == 300
         assert any(e.kind == "disconnected" for e in events)
-        q = node.queues["q"]
+        q = node.catalogue.queues["q"]
         bodies = sorted(m.body for part in q.partitions for m in part.ready)
         assert bodies == sorted(f"m{i}".encode() for i in range(300))  # each stored once
     finally:

@@ -339,8 +339,8 @@ async def test_users_in_the_scrypt_format_log_in_to_the_console_until_their_pass
         legacy = UserRecord(name="old", salt=salt, role="monitor", params="scrypt:n=16384,r=8,p=1",
                             hash=hashlib.scrypt(b"old-password", salt=salt, n=2**14, r=8, p=1, dklen=32,
                                                 maxmem=64 * 1024 * 1024))
-        await node.write([PutUser(legacy)], sync=True)
-        node.users.put(legacy)
+        await node.store.write([PutUser(legacy)], sync=True)
+        node.services.users.put(legacy)
         url = f"tandem://old:old-password@127.0.0.1:{node.address[1]}"
         with pytest.raises(AuthError, match=r"scrypt format.*POST /api/v1/users/old/password") as info:
             await client.connect_link(url)

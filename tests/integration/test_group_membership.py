@@ -52,13 +52,13 @@ async def trio(tmp_path: Path) -> AsyncIterator[dict[str, Node]]:
 
 
 def state(node: Node, other: str) -> RemoteState:
-    assert node.peers is not None
-    return node.peers.membership.state(other)
+    assert node.ha.peers is not None
+    return node.ha.peers.membership.state(other)
 
 
 def quorum(node: Node) -> QuorumState:
-    assert node.peers is not None
-    return node.peers.membership.quorum_state
+    assert node.ha.peers is not None
+    return node.ha.peers.membership.quorum_state
 
 
 async def test_members_come_up_and_report_each_other(trio: dict[str, Node]) -> None:
@@ -91,16 +91,16 @@ async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path, ca
     await n2.start()
     try:
         await wait_until(lambda: state(n1, "n2") is RemoteState.UP, what="n2 Up")
-        peer_task, replication_task = n2.loops.task("tandem-peers"), n2.loops.task("tandem-replication")
+        peer_task, replication_task = n2._loops.task("tandem-peers"), n2._loops.task("tandem-replication")
         assert peer_task is not None
         peer_task.cancel()  # n2 stops sending keep-alives; its links stay open
         assert replication_task is not None
         replication_task.cancel()  # ... and replication heartbeats
-        assert n2.replication is not None
-        n2.replication._broken = True  # ... and answers to n1's appends: n2 says nothing at all
+        assert n2.ha.replication is not None
+        n2.ha.replication._broken = True  # ... and answers to n1's appends: n2 says nothing at all
         await wait_until(lambda: state(n1, "n2") is RemoteState.DOWN, what="n2 Down by silence")
-        assert n1.peers is not None
-        await wait_until(lambda: "n2" not in n1.peers.links, what="the link to the silent n2 dropped")
+        assert n1.ha.peers is not None
+        await wait_until(lambda: "n2" not in n1.ha.peers.links, what="the link to the silent n2 dropped")
         assert "peer link to n2 dropped: no response for" in caplog.text
     finally:
         await n2.stop()
@@ -141,7 +141,7 @@ async def test_a_member_with_other_placement_settings_is_refused_by_name(tmp_pat
                          and state(nodes["n3"], "n1") is RemoteState.MISMATCHED_SETTINGS,
                          what="n3 refused for its settings")
         await wait_until(lambda: state(nodes["n1"], "n2") is RemoteState.UP, what="n1 and n2 linked")
-        assert "n3" not in nodes["n1"].peers.links  # type: ignore[union-attr]
+        assert "n3" not in nodes["n1"].ha.peers.links  # type: ignore[union-attr]
         assert quorum(nodes["n1"]) is QuorumState.PARTIAL and quorum(nodes["n3"]) is QuorumState.DISABLED
         assert "replicas 1 on n3, 2 on n1" in caplog.text and "zones n1:a,n2:b,n3:c on n3, (none) on n1" in caplog.text
     finally:
@@ -163,7 +163,7 @@ async def test_a_store_starts_under_other_settings_only_where_no_partition_could
     try:
         async with await client.connect(url_of(nodes["n1"])) as conn:
             await conn.declare_queue("placed", partitions=3)
-        await wait_until(lambda: all("placed" in n.queues for n in nodes.values()), what="the queue everywhere")
+        await wait_until(lambda: all("placed" in n.catalogue.queues for n in nodes.values()), what="the queue everywhere")
     finally:
         for node in nodes.values():
             await node.stop()
@@ -225,7 +225,7 @@ async def test_a_node_without_quorum_refuses_clients_until_it_is_back(trio: dict
         await trio["n2"].stop()
         await trio["n3"].stop()
         await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
-        rep = trio["n1"].replication
+        rep = trio["n1"].ha.replication
         assert rep is not None
         # its link closed, n2's loss counts at once; n1 stays the partition's active until it has
         # heard from no voter for an election timeout (check-quorum), and then revokes the delivery
@@ -295,9 +295,9 @@ async def test_partition_state_notifiers_follow_actives_and_quorum(trio: dict[st
     from ha.partition import PartitionChanged
 
     n1 = trio["n1"]
-    assert n1.replication is not None
+    assert n1.ha.replication is not None
     seen: list[PartitionChanged] = []
-    n1.replication.add_partition_notifier(seen.append)
+    n1.ha.replication.add_partition_notifier(seen.append)
     assert any(c.queue == "(catalogue)" for c in seen)  # called at once for what exists
     await wait_until(lambda: quorum(n1) is QuorumState.ACTIVE, what="n1 sees its peers up")
     async with await client.connect_link(url_of(n1)) as conn:

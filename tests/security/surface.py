@@ -35,7 +35,7 @@ def _node() -> Node:
 
 def request_frames() -> list[type[Frame]]:
     """Every request a logged-in client may send (a node's handler table: broker.sessions.session.requests)."""
-    return list(_node().session_parts.requests)
+    return list(_node()._session_parts.requests)
 
 
 def client_frames() -> list[type[Frame]]:

@@ -194,10 +194,10 @@ async def test_a_declare_forwarded_to_an_older_active_goes_again_without_its_own
 
 async def _user(node: Node, name: str, *grants: tuple[str, str]) -> str:
     u = make_user(name, f"{name}-password", "user", iterations=4096)
-    await node.write([PutUser(u)], sync=True)
-    node.users.put(u)
+    await node.store.write([PutUser(u)], sync=True)
+    node.services.users.put(u)
     for pattern, perms in grants:
-        node.acls.grant(validate_grant(name, pattern, perms))
+        node.services.acls.grant(validate_grant(name, pattern, perms))
     return url_of(node, user=name, password=f"{name}-password")
 
 
@@ -216,13 +216,13 @@ async def test_a_session_refuses_the_trap_and_the_owner_is_the_user_who_declared
                 await admin_link.declare_queue("tandem.x")
             with pytest.raises(AccessRefusedError, match="reserved for the node"):
                 await admin_link.declare_queue("orders", dead_letter_queue="tandem.quarantine")
-        assert not {"sandbox.trap", "tandem.x", "orders"} & set(node.queues)
+        assert not {"sandbox.trap", "tandem.x", "orders"} & set(node.catalogue.queues)
         await conn.declare_queue("sandbox.dead")
         await conn.declare_queue("sandbox.trap", dead_letter_queue="sandbox.dead")
-    assert node.queues["sandbox.trap"].meta.owner == "alice"
+    assert node.catalogue.queues["sandbox.trap"].meta.owner == "alice"
     async with await client.connect(url_of(node)) as admin:  # a redeclare keeps the first owner
         await admin.declare_queue("sandbox.trap", dead_letter_queue="sandbox.dead")
-    assert node.queues["sandbox.trap"].meta.owner == "alice"
+    assert node.catalogue.queues["sandbox.trap"].meta.owner == "alice"
 
 
 @pytest.mark.asyncio
@@ -239,7 +239,7 @@ async def test_revoking_the_owners_produce_stops_dead_lettering_into_the_target(
         await m.reject()
         dead = await conn.get("dst", auto_ack=True)
         assert dead is not None and dead.body == b"first"
-        node.acls.revoke(validate_grant("alice", "dst", "produce"))  # (as an admin's revoke applies it)
+        node.services.acls.revoke(validate_grant("alice", "dst", "produce"))  # (as an admin's revoke applies it)
         async with conn.producer("src") as p:
             await p.send(b"second", key="k", headers={"x-forged": "yes"})
         m = await conn.get("src")
@@ -247,5 +247,5 @@ async def test_revoking_the_owners_produce_stops_dead_lettering_into_the_target(
         with caplog.at_level(logging.WARNING, logger="tandem.broker"):
             await m.reject()
             assert await conn.get("src") is None
-    assert node.queues["dst"].depth == 0
+    assert node.catalogue.queues["dst"].depth == 0
     assert any("not permitted: user 'alice' has no 'produce' on dst" in r.getMessage() for r in caplog.records)

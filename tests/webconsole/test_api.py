@@ -195,16 +195,16 @@ async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple
         # nor through a dead-letter queue, nor in any other name of the node's
         status, err = await call(s, "POST", f"{base}/api/v1/queues",
                                  json={"name": "trap", "dead_letter_queue": QUARANTINE})
-        assert status == 403 and "reserved for the node" in err["message"] and "trap" not in node.queues, err
+        assert status == 403 and "reserved for the node" in err["message"] and "trap" not in node.catalogue.queues, err
         status, err = await call(s, "POST", f"{base}/api/v1/queues", json={"name": "tandem.x"})
         assert status == 403 and "reserved for the node" in err["message"], err
         # what HA-1014 discarded of orders/0 (offset 3, confirmed), kept as the node keeps it
-        orders = node.queues["orders"].meta.id
+        orders = node.catalogue.queues["orders"].meta.id
         kept = StoredMessage(3, "k1", msgpack.packb({"app": "kept"}), b"lost", "p1", 4, 0.0)
-        assert node.quarantine.keep((orders, 0), 4, 10, [[Append(orders, 0, [kept], 4)]], 1) == 1
+        assert node.ops.quarantine.keep((orders, 0), 4, 10, [[Append(orders, 0, [kept], 4)]], 1) == 1
 
         async def quarantined() -> bool:
-            return QUARANTINE in node.queues and node.queues[QUARANTINE].depth == 1
+            return QUARANTINE in node.catalogue.queues and node.catalogue.queues[QUARANTINE].depth == 1
 
         await wait_until(quarantined, timeout=30, what="the quarantine filled")
         await node.publisher.publish(PublishRequest(QUARANTINE, None, [PublishMessage("k2", {}, b"stray", None)]))
@@ -223,7 +223,7 @@ async def test_restore_merges_the_quarantine_through_the_node_itself(http: tuple
         status, out = await call(s, "POST", url, json={"queue": "orders"})
         assert status == 200 and out["restored"] == {} and out["left"] == {"": 1}, out
         assert [m.body for m in (await conn.read(QUARANTINE, 0, 0, 10))[0]][-1] == b"stray"  # (still there)
-    assert any("restore by admin" in e.text for e in node.node_events), node.node_events
+    assert any("restore by admin" in e.text for e in node.report.node_events), node.report.node_events
 
 
 @pytest.mark.asyncio
@@ -238,13 +238,13 @@ async def test_restore_asks_the_nodes_compensation_hook_and_a_failure_holds_back
     async with await client.connect(url_of(node)) as conn:
         await conn.declare_queue("inv")
         await conn.producer("inv").send_many([(f"now-{i}".encode(), "k") for i in range(6)])
-        inv = node.queues["inv"].meta.id
+        inv = node.catalogue.queues["inv"].meta.id
         lost = [StoredMessage(o, "k", msgpack.packb({"n": str(o)}), f"lost-{o}".encode(), "p1", o, 0.0)
                 for o in (2, 3, 4)]
-        assert node.quarantine.keep((inv, 0), 4, 10, [[Append(inv, 0, lost, 5)]], 1) == 3
+        assert node.ops.quarantine.keep((inv, 0), 4, 10, [[Append(inv, 0, lost, 5)]], 1) == 3
 
         async def quarantined() -> bool:
-            return QUARANTINE in node.queues and node.queues[QUARANTINE].depth == 3
+            return QUARANTINE in node.catalogue.queues and node.catalogue.queues[QUARANTINE].depth == 3
 
         await wait_until(quarantined, timeout=30, what="the quarantine filled")
         seen: list[Conflict] = []
@@ -258,7 +258,7 @@ async def test_restore_asks_the_nodes_compensation_hook_and_a_failure_holds_back
                 raise LookupError("no rule")
             return KEEP
 
-        node.restores.hook = hook
+        node.ops.restores.hook = hook
         status, out = await call(s, "POST", url)
         assert status == 200, out
         assert {k: v for k, v in out.items() if v and k != "text"} == {
@@ -267,7 +267,7 @@ async def test_restore_asks_the_nodes_compensation_hook_and_a_failure_holds_back
         assert [(c.offset, c.discarded.body, c.kept.body if c.kept else None) for c in seen] == [
             (2, b"lost-2", b"now-2"), (3, b"lost-3", b"now-3")]  # (the third waited: the hook never saw it)
 
-        node.restores.hook = lambda c: DROP if c.offset == 3 else None
+        node.ops.restores.hook = lambda c: DROP if c.offset == 3 else None
         status, out = await call(s, "POST", url)
         assert status == 200, out
         assert {k: v for k, v in out.items() if v and k != "text"} == {
@@ -276,7 +276,7 @@ async def test_restore_asks_the_nodes_compensation_hook_and_a_failure_holds_back
         assert [(m.body, m.headers.get("x-tandem-restored-id")) for m in msgs] == [
             *((f"now-{i}".encode(), None) for i in range(6)), (b"lost-2+now-2", "0-2"), (b"lost-4", "0-4")]
         assert msgs[6].headers == {"merged": "yes", "x-tandem-restored-id": "0-2"}
-        assert node.queues[QUARANTINE].depth == 0
+        assert node.catalogue.queues[QUARANTINE].depth == 0
 
 
 @pytest.mark.asyncio
@@ -328,7 +328,7 @@ async def test_grants_list_grant_revoke_and_who_may_use_the_console(http: tuple[
     status, rows = await call(s, "GET", f"{a}?user=bob")
     assert status == 200 and rows == [{"user": "bob", "pattern": "*", "permissions": ["produce", "browse"]},
                                       {"user": "bob", "pattern": "orders.*", "permissions": ["consume"]}]
-    assert node.acls.allows(node.users.get("bob"), "consume", "orders.eu")  # type: ignore[arg-type]
+    assert node.services.acls.allows(node.services.users.get("bob"), "consume", "orders.eu")  # type: ignore[arg-type]
     assert (await call(s, "POST", f"{a}/revoke", json={"user": "bob", "pattern": "*", "permissions": ["produce"]}))[0] \
         == 200
     assert (await call(s, "GET", a))[1] == [{"user": "bob", "pattern": "*", "permissions": ["browse"]},
@@ -348,12 +348,12 @@ async def test_grants_list_grant_revoke_and_who_may_use_the_console(http: tuple[
     assert (await call(s, "GET", f"{base}/api/v1/session", auth=bob))[0] == 200
     assert (await call(s, "POST", a, json={"user": "bob", "pattern": "*", "permissions": ["admin"]}))[0] == 200
     assert (await call(s, "POST", f"{base}/api/v1/queues", auth=bob, json={"name": "made-by-bob"}))[0] == 201
-    assert node.queues["made-by-bob"].meta.owner == "bob"
+    assert node.catalogue.queues["made-by-bob"].meta.owner == "bob"
     # the admin permission is not produce: bob may not dead-letter into a queue he may not write
     status, err = await call(s, "POST", f"{base}/api/v1/queues", auth=bob,
                              json={"name": "bobs-trap", "dead_letter_queue": "made-by-bob"})
     assert status == 403 and "'bob'" in err["message"] and "'produce'" in err["message"] \
-        and "'made-by-bob'" in err["message"] and "bobs-trap" not in node.queues, err
+        and "'made-by-bob'" in err["message"] and "bobs-trap" not in node.catalogue.queues, err
     # deleting the user deletes its grants
     assert (await call(s, "DELETE", f"{base}/api/v1/users/bob"))[0] == 200
     assert (await call(s, "GET", a))[1] == []
@@ -422,9 +422,9 @@ async def test_the_event_stream_sends_the_overview_and_ends_when_the_console_sto
 
 @pytest.mark.asyncio
 async def test_a_stopped_console_leaves_no_observer_on_the_store(node: Node) -> None:
-    assert node.writer.commit_observers is node.commit_observers  # (every writer the node opens)
-    before = len(node.commit_observers)
+    assert node.store.writer.commit_observers is node.store.commit_observers  # (every writer the node opens)
+    before = len(node.store.commit_observers)
     c = await serve_console(console_view(node), "127.0.0.1", 0)
-    assert len(node.commit_observers) == before + 1
+    assert len(node.store.commit_observers) == before + 1
     await c.stop()
-    assert len(node.commit_observers) == before
+    assert len(node.store.commit_observers) == before

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import shutil
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from broker.cli import console_of, console_view
 from broker.config import NodeConfig
 from broker.node.node import Node
 from broker.sessions.status import HaReport
+from ha.lockfile import HaState
 from tests.conftest import PASSWORD
 from tests.helpers import free_base_port, group_secret_file, wait_until
 from webconsole.app import Console, serve_console
@@ -44,6 +45,7 @@ class Report:
     renewals: int = 0
     fencing_refusals: int = 0
     changes: int = 0
+    states: list[str] = field(default_factory=lambda: [s.value for s in HaState])  # the LockFile arbiter's
 
 
 @dataclass
@@ -76,7 +78,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     try:
         for n in nodes:
             await n.start()
-        await wait_until(lambda: all(n.peers is not None and len(n.peers.links) == 1 for n in nodes),
+        await wait_until(lambda: all(n.ha.peers is not None and len(n.ha.peers.links) == 1 for n in nodes),
                          timeout=20, what="the two nodes linked")
         consoles = []
         for n in nodes:
@@ -104,7 +106,7 @@ async def nodes_when(pair: Pair, ready: Callable[[dict[str, Any]], bool]) -> dic
 
 def set_ha(pair: Pair, *reports: HaReport | None) -> None:
     for n, r in zip(pair.nodes, reports):
-        n.ha = r
+        n.ha.arbiter = r
 
 
 def conforms(value: Any, schema: str) -> None:
