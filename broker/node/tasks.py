@@ -106,4 +106,7 @@ class Loops:
         try:
             await task
         except asyncio.CancelledError:
-            pass  # we cancelled it: the expected end of the loop
+            caller = asyncio.current_task()
+            if caller is not None and caller.cancelling():
+                raise  # the cancel was aimed at the caller, not only at the loop
+            # we cancelled it: the expected end of the loop
