@@ -218,7 +218,7 @@ class Witness:
     # -- what the peer links need (broker.peers.host.PeerHost) -----------------------------------------
 
     @property
-    def replication(self) -> Witness:
+    def receiver(self) -> Witness:
         return self
 
     @property

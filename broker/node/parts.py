@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.config import NodeConfig
 from broker.messaging.queues import MemoryBudget, Queue
 from broker.node.store import NodeStore
+from broker.peers.host import NoReceiver, Receiving
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
 from client.clock import Clock
 
@@ -144,6 +145,9 @@ class Meters:
         return self._store.commit_observers
 
 
+NO_RECEIVER = NoReceiver()
+
+
 class PeerSide:
     """What the peer links need of their node (:class:`~broker.peers.host.PeerHost`)."""
 
@@ -166,8 +170,8 @@ class PeerSide:
         return self._store.stamp
 
     @property
-    def replication(self) -> Replication | None:
-        return self._ha.replication
+    def receiver(self) -> Receiving:
+        return self._ha.replication or NO_RECEIVER
 
     @property
     def client_address(self) -> str:

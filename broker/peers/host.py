@@ -3,12 +3,15 @@ witness) and from the LockFile arbiter (:class:`PeerArbiter`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
 from client.clock import Clock
 from client.protocol.frames import Frame, Heartbeat
+
+log = logging.getLogger("tandem.ha")
 
 
 class Receiving(Protocol):
@@ -19,6 +22,20 @@ class Receiving(Protocol):
 
     def holds(self, key: tuple[int, int]) -> bool:
         """Whether this node has a copy (a log) of partition ``key``."""
+
+
+class NoReceiver:
+    """The receiver of a member that keeps no replicated logs (shared mode): it serves and
+    holds no partition, and a replication frame sent to it is dropped."""
+
+    def receive(self, src: str, payload: bytes) -> None:
+        log.debug("replication frame from %s dropped: this node keeps no replicated logs", src)
+
+    def served(self) -> list[tuple[tuple[int, int], int]]:
+        return []
+
+    def holds(self, key: tuple[int, int]) -> bool:
+        return False
 
 
 class PeerArbiter(Protocol):
@@ -47,7 +64,9 @@ class PeerHost(Protocol):
     def store_stamp(self) -> str: ...
 
     @property
-    def replication(self) -> Receiving | None: ...
+    def receiver(self) -> Receiving:
+        """What takes the replication frames peers send (the replication driver, a witness;
+        :class:`NoReceiver` on a member without replicated logs)."""
 
     @property
     def client_address(self) -> str: ...

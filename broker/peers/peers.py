@@ -288,8 +288,7 @@ class PeerManager:
 
     def _served(self) -> list[int]:
         """The partitions this node serves, for its keep-alives (broker.peers.foreign)."""
-        rep = self.node.replication
-        return flatten(rep.served()) if rep is not None else []
+        return flatten(self.node.receiver.served())
 
     def foreign_active(self, key: tuple[int, int]) -> str | None:
         """The member serving ``key`` (a partition this node holds no copy of), if it said so and
@@ -302,8 +301,7 @@ class PeerManager:
         return said[1] if said is not None else 0
 
     def _heard_actives(self, name: str, actives: list[int]) -> None:
-        rep = self.node.replication
-        if rep is not None and self.foreign.heard(name, actives, rep.holds):
+        if self.foreign.heard(name, actives, self.node.receiver.holds):
             self.node.map_changed()
 
     def _forget_actives(self, name: str) -> None:
@@ -536,15 +534,14 @@ class PeerManager:
 
     async def _serve(self, link: Link) -> None:
         clock = self.node.clock
-        rep = self.node.replication
+        receiver = self.node.receiver
         while True:
             frame = await link.next_frame()
             self.report(self.membership.heard(link.name, clock.monotonic()))
             if self.arbiter is not None:
                 self.arbiter.heard(link.name, frame)
             if isinstance(frame, Replicate):
-                if rep is not None:
-                    rep.receive(link.name, frame.payload)
+                receiver.receive(link.name, frame.payload)
             elif isinstance(frame, Heartbeat):
                 if self.gossip:
                     self._heard_actives(link.name, frame.actives)

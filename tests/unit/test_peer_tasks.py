@@ -11,6 +11,7 @@ import pytest
 
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
+from broker.peers.host import NoReceiver
 from broker.peers.peers import PeerManager
 from client.clock import SYSTEM_CLOCK, Clock
 from tests.helpers import wait_until
@@ -32,7 +33,7 @@ class Host:
         self.config = config
         self.clock: Clock = SYSTEM_CLOCK
         self.store_stamp = "18c-00000001"
-        self.replication = None
+        self.receiver = NoReceiver()
         self.client_address = ""
         self.queues: dict[str, Queue] = {}
         self.delivery = _NoDelivery()
