@@ -359,7 +359,14 @@ class GroupPlacement:
         return None
 
     def founding_address(self, name: str) -> str | None:
-        addr = self.config.peer_addresses().get(name)
+        """host:port of member ``name`` as the settings give it: the others' from ``peers``,
+        this node's own where its peer links listen (``peers`` lists the others only)."""
+        cfg = self.config
+        if name == cfg.name:
+            peers = self.peers
+            port = peers.address[1] if peers is not None and peers.address is not None else cfg.peer_port
+            return f"{cfg.host}:{port}" if port else None
+        addr = cfg.peer_addresses().get(name)
         return f"{addr[0]}:{addr[1]}" if addr is not None else None
 
     def unplaced(self) -> list[tuple[int, int, tuple[str, ...]]]:

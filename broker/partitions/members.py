@@ -249,7 +249,7 @@ class GroupMembers:
             cur = self.current
             if name in cur.members:
                 raise InvalidArgumentError(f"group add: {name} is a member already")
-            taken = {n: a for n in cur.members if (a := self._address_of(n)) is not None}
+            taken = {n: a for n in cur.members if (a := self.address_of(n)) is not None}
             clash = next((n for n, a in taken.items() if a == f"{host}:{port}"), None)
             if clash is not None:
                 raise InvalidArgumentError(f"group add: {host}:{port} is {clash}'s peer address")
@@ -349,7 +349,8 @@ class GroupMembers:
             await self.moves.start(key, targets[key], "the group's re-spread")
             busy += 1
 
-    def _address_of(self, name: str) -> str | None:
+    def address_of(self, name: str) -> str | None:
+        """host:port of member ``name``'s peer links: where the group added it, else the settings'."""
         added = self.addresses.get(name)
         if added is not None:
             return f"{added[0]}:{added[1]}"

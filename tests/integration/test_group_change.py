@@ -136,8 +136,9 @@ async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path
             (["add", "no de=127.0.0.1:1"], "group add: 'no de' is not a node name (letters, digits, '_', '.', '-')"),
             (["add", "node9=127.0.0.1:1", "--zone", "a"],
              "group add: this group has no zones (--zone only where every member has one)"),
-            (["add", f"node9=127.0.0.1:{cl.peer_ports['node3']}"], "group add: 127.0.0.1:"
-             f"{cl.peer_ports['node3']} is node3's peer address"),
+            # every member's address, the catalogue's active's own among them (it checks the add)
+            *[(["add", f"node9=127.0.0.1:{cl.peer_ports[n]}"],
+               f"group add: 127.0.0.1:{cl.peer_ports[n]} is {n}'s peer address") for n in ("node1", "node2", "node3")],
             (["remove", "node9"], "group remove: no member 'node9' (members: node1, node2, node3)"),
             (["add", "node9=127.0.0.1:1", "--wait", "--timeout", "0"], "--timeout 0.0: a number of seconds > 0"),
         ]

@@ -6,11 +6,15 @@ placement check once the list is the group's (broker.peers.placement)."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from pathlib import Path
 
 import pytest
 
+from broker.config import NodeConfig
+from broker.node.placement import GroupPlacement
 from broker.partitions.members import GROUP_KEY, MAX_MOVES, GroupMembers
 from broker.peers.placement import placement_mismatch
+from client.testing import FakeClock
 from ha.membership import Membership, NodeIdentity, QuorumState
 from storage.base import PutMeta, SetGroup
 
@@ -148,3 +152,20 @@ def test_once_the_list_is_the_groups_only_replicas_must_agree_in_the_handshake()
     assert "replicas 2 on node1, 1 on node4" in placement_mismatch(
         group_text, "group=changed replicas=1 sync_replicas=1", "node1", "node4")
     assert placement_mismatch(settings, "members=node1,node2 replicas=2 sync_replicas=2 zones=", "node1", "node2")
+
+
+ADDRESSES = {"node1": ("127.0.0.1", 7781), "node2": ("127.0.0.1", 7791), "node3": ("127.0.0.1", 7801)}
+
+
+@pytest.mark.parametrize("me", sorted(ADDRESSES))
+def test_each_member_knows_every_members_peer_address_its_own_too(me: str, tmp_path: Path) -> None:
+    """``group add`` refuses an address a member has, checked on whichever member holds the
+    catalogue: that member's own address counts too (its settings' ``peers`` list the others)."""
+    cfg = NodeConfig(name=me, data_dir=tmp_path, peer_port=ADDRESSES[me][1],
+                     peers=tuple(f"{n}={h}:{p}" for n, (h, p) in sorted(ADDRESSES.items()) if n != me))
+    m = Member({}, {})
+    placing = GroupPlacement(lambda: cfg, FakeClock(), group=lambda: g, replication=lambda: None, peers=lambda: None,
+                             priority=lambda: 1, refusal=lambda: None, map_changed=lambda: None, sessions=set(),
+                             learned={})
+    g = GroupMembers.founded(None, placing, m, cfg)  # type: ignore[arg-type]
+    assert {n: g.address_of(n) for n in g.members} == {n: f"{h}:{p}" for n, (h, p) in ADDRESSES.items()}
