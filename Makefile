@@ -4,6 +4,7 @@
 #              with apt-get when root: scripts/ensure-system-packages.sh) and runs the whole suite
 #   make load  a 60 s locust run against 3 fresh nodes; make soak: the hour-long soak
 #   make fuzz  the nightly hostile-input run: 1,000,000 fuzzed frames, then a live group under attack
+#   make flaky runs FLAKY (pytest node ids) RUNS times under CPU stress and counts failures
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -12,7 +13,7 @@ PORT   ?= 7780
 SYNC   ?= SYNC
 NODES  ?= 3
 
-.PHONY: run run-single test install dev bench load soak typecheck clean pipeline-demo fuzz
+.PHONY: run run-single test install dev bench load soak typecheck clean pipeline-demo fuzz flaky
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,16 @@ test: dev
 	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+# tests that have failed under load: the first ones to run when hunting a flake
+FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy \
+	tests/integration/test_group_change.py::test_refusals_and_a_member_that_never_came_up_taken_out_again \
+	tests/integration/test_shared_mode.py::test_an_update_cut_by_kill_9_of_the_active_goes_on_on_the_new_one \
+	tests/integration/test_restore.py::test_the_console_restores_in_the_group_and_says_what_it_did \
+	tests/integration/test_repartition.py::test_an_update_cut_by_kill_9_of_a_sweeping_active_ends_with_every_message_once
+RUNS ?= 20
+flaky: dev
+	$(BIN)/python scripts/flaky.py --runs $(RUNS) $(FLAKY)
 
 pipeline-demo: dev
 	$(BIN)/python examples/pipeline_demo.py
