@@ -141,6 +141,12 @@ async def test_a_node_whose_packets_were_dropped_sees_its_peers_up_soon_after_th
     rules: list[list[str]] = []
     try:
         await cl.wait_ready()
+
+        async def linked() -> bool:  # (ready is a quorum: node3 may not have heard node1 yet)
+            st = await _status(cl, "node3")
+            return st is not None and len(st.remotes) == 2 and all(r.state == "Up" for r in st.remotes)
+
+        await wait_until(linked, timeout=30, what="node3 seeing both peers Up before the cut")
         st = await _status(cl, "node3")
         assert st is not None
         terms_before = {k: t for k, (_r, t, _a) in _partitions(st).items()}
