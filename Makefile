@@ -1,7 +1,9 @@
 # Tandem: two commands on a fresh machine.
 #   make run   creates .venv, installs Tandem into it, starts a local group of three nodes
 #   make test  installs what the tests need (dev dependencies; chromium, a Java runtime and strace
-#              with apt-get when root: scripts/ensure-system-packages.sh) and runs the whole suite
+#              with apt-get when root: scripts/ensure-system-packages.sh) and runs the suite
+#   make test-long  the long tier: tests marked long, the core's simulation over 20,000 seeds, the
+#              nightly fuzz (docs/testing.md)
 #   make load  a 60 s locust run against 3 fresh nodes; make soak: the hour-long soak
 #   make fuzz  the nightly hostile-input run: 1,000,000 fuzzed frames, then a live group under attack
 #   make flaky runs FLAKY (pytest node ids) RUNS times under CPU stress and counts failures
@@ -13,7 +15,7 @@ PORT   ?= 7780
 SYNC   ?= SYNC
 NODES  ?= 3
 
-.PHONY: run run-single test install dev bench load soak typecheck clean pipeline-demo fuzz flaky
+.PHONY: run run-single test test-long install dev bench load soak typecheck clean pipeline-demo fuzz flaky
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +53,13 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 RUNS ?= 20
 flaky: dev
 	$(BIN)/python scripts/flaky.py --runs $(RUNS) $(FLAKY)
+
+SIM_SEEDS ?= 20000
+test-long: dev
+	@scripts/ensure-system-packages.sh
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --long --durations=25 $(PYTEST_ARGS)
+	TANDEM_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/python -m pytest -n 2 -q tests/ha/test_replica_sim.py -k random_schedules
+	$(BIN)/python -m tests.fuzz --frames 1000000
 
 pipeline-demo: dev
 	$(BIN)/python examples/pipeline_demo.py

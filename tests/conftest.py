@@ -19,6 +19,24 @@ PASSWORD = "test-password"
 FAST = ["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"]  # failure detection for tests
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", default=False,
+                     help="run the long tier only (tests marked long: soaks, long drills, the pipeline demo; "
+                          "make test-long, docs/testing.md); without it, every test but those")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers (docs/testing.md): ``make test`` runs what is not marked ``long``, ``make
+    test-long`` (``--long``) what is; the other tier's tests are deselected, and counted so."""
+    long = bool(config.getoption("--long"))
+    keep, other = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("long") is not None) == long else other).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = keep
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each xdist worker picks free ports from its own slice of the range (see free_ports)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")

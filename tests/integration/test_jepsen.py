@@ -29,6 +29,7 @@ def _drill(args: list[str], tmp: Path, timeout: float = 280) -> subprocess.Compl
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the clock family needs root (a time namespace per node)")
+@pytest.mark.long  # (each of its fault families alone: test_drills.py, test_clock_drill.py)
 def test_a_short_jepsen_run_passes_and_follows_its_seed(tmp_path: Path) -> None:
     names, seed, duration = ["kill", "pause", "clock"], 55, 30.0
     out = tmp_path / "results.json"

@@ -56,6 +56,7 @@ async def test_load_smoke_on_a_spawned_node(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.integration
+@pytest.mark.long  # (the kill itself: tests/integration/test_replication.py, test_drills.py)
 async def test_short_soak_with_a_kill_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     _code, stdout, err = await _tandem("load", "--profile", "soak", "--run-time", "40s", "--kill-every", "15s",

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# the long tier: the data source's reads, streams and sink are tests/spark/test_spark.py's
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark"),
-              pytest.mark.timeout(600)]
+              pytest.mark.timeout(600), pytest.mark.long]
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "pipeline_demo.py"
 
