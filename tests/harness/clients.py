@@ -58,6 +58,7 @@ class Ledger:
     deliveries: list[Delivered] = field(default_factory=list)
     acked: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset) acked at least once
     errors: Counter[str] = field(default_factory=Counter)  # publish errors by kind (expected ones: retried)
+    unexpected: list[str] = field(default_factory=list)  # what a node raised that is no TandemError
 
     def unacked_confirmed(self) -> set[bytes]:
         """Confirmed messages not yet delivered and acked (what a drain waits for)."""
@@ -75,11 +76,12 @@ class Ledger:
         3. *redeliveries are marked*: a (partition, offset) delivered again has a delivery count
            above 1 (the node committed its delivered mark before the first delivery left), and
            the same message body each time;
-        4. *nothing unexpected*: every delivery is of a message a producer sent, with its key.
+        4. *nothing unexpected*: every delivery is of a message a producer sent, with its key, and
+           a publish fails, if it does, with a :class:`client.errors.TandemError` (retried).
 
         At-least-once allows the rest: a message delivered again after a kill, a failover or a
         lost ack, and unconfirmed messages (their batch was resent until confirmed) delivered."""
-        out: list[str] = []
+        out: list[str] = list(self.unexpected)
         last = {(d.partition, d.offset): d.body for d in self.deliveries}
         kept = {d.body for d in self.deliveries if last[(d.partition, d.offset)] == d.body}
         lost = sorted(self.confirmed - kept)
@@ -162,6 +164,9 @@ class Producer:
                 self.ledger.errors[type(exc).__name__] += 1
             except TimeoutError:
                 self.ledger.errors["timeout"] += 1
+            except Exception as exc:
+                self.ledger.unexpected.append(f"a publish at {m.name} raised {exc!r}")
+                raise
             else:
                 self.ledger.confirmed.update(pm.body for pm in batch)
                 return

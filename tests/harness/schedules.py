@@ -170,6 +170,7 @@ async def run_schedule(seed: int, tmp_path: Path, *, steps: int | None = None) -
         finally:
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            run.problems.extend(f"a client failed: {e!r}" for e in ended if isinstance(e, Exception))
             run.virtual = g.clock.monotonic()
     return run

@@ -9,9 +9,10 @@ range (``1000-1999``); ``TANDEM_HARNESS_SEED`` replays one seed, here with the n
     TANDEM_HARNESS_SEED=17 pytest tests/harness/test_group_schedules.py -k invariants -p no:randomly -n 0 \
         -s --log-cli-level=INFO
 
-A failure names every failing seed and that command for the first.  A planted bug (a publish
-confirmed as soon as it is proposed, before a quorum has it) must be caught within the same
-seeds: the check can fail.
+A failure names every failing seed and that command for the first.  Two planted bugs must be
+caught within the same seeds, so the checks can fail: a publish confirmed as soon as it is
+proposed, before a quorum has it (a confirmed message lost), and a new active that forgets the
+producers' sequences (a resent message stored twice).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from broker.messaging.queues import Queue
 from broker.modes.replicated.commit import Proposals
-from storage.base import Append
+from storage.base import Append, PartitionState
 from tests.harness.schedules import Run, run_schedule
 
 pytestmark = pytest.mark.asyncio
@@ -87,14 +89,33 @@ async def test_a_confirm_before_the_quorum_has_the_entry_is_caught(tmp_path: Pat
                         cb(None)
 
     monkeypatch.setattr(Proposals, "_flush", confirm_at_once)
+    caught = await first_caught(tmp_path, "lost")
+    print(f"\nplanted bug (confirm before the quorum) caught at seed {caught.seed}:\n{caught.report()}")
+
+
+async def test_an_active_that_forgets_the_producers_sequences_is_caught(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted bug: a node that becomes a partition's active loads it without the producers'
+    last sequences, so a batch resent after a failover is stored again.  Some seed must then
+    find a message stored twice."""
+    load = Queue.load_partition
+
+    def forgetful(self: Queue, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
+        st.producers = {}
+        load(self, pidx, st, messages=messages)
+
+    monkeypatch.setattr(Queue, "load_partition", forgetful)
+    caught = await first_caught(tmp_path, "stored more than once")
+    print(f"\nplanted bug (producers forgotten) caught at seed {caught.seed}:\n{caught.report()}")
+
+
+async def first_caught(tmp_path: Path, violation: str) -> Run:
+    """The first run, over the seeds, that reports ``violation``."""
     which, one = seeds()
     if one:
         pytest.skip("a replay of one seed (TANDEM_HARNESS_SEED)")
-    caught = None
     for seed in which:
         run = await run_schedule(seed, tmp_path)
-        if any("lost" in v for v in run.violations()):
-            caught = run
-            break
-    assert caught is not None, f"the planted bug went unnoticed in {len(which)} seeds"
-    print(f"\nplanted bug caught at seed {caught.seed}:\n{caught.report()}")
+        if any(violation in v for v in run.violations()):
+            return run
+    raise AssertionError(f"the planted bug went unnoticed in {len(which)} seeds")
