@@ -3,7 +3,7 @@
 #   make test  installs what the tests need (dev dependencies; chromium, a Java runtime and strace
 #              with apt-get when root: scripts/ensure-system-packages.sh) and runs the suite
 #   make test-long  the long tier: tests marked long, the core's simulation over 20,000 seeds, the
-#              nightly fuzz (docs/testing.md)
+#              group harness over 1,000 more seeds, the nightly fuzz (docs/testing.md)
 #   make load  a 60 s locust run against 3 fresh nodes; make soak: the hour-long soak
 #   make fuzz  the nightly hostile-input run: 1,000,000 fuzzed frames, then a live group under attack
 #   make flaky runs FLAKY (pytest node ids) RUNS times under CPU stress and counts failures
@@ -59,6 +59,7 @@ test-long: dev
 	@scripts/ensure-system-packages.sh
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --long --durations=25 $(PYTEST_ARGS)
 	TANDEM_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/python -m pytest -n 2 -q tests/ha/test_replica_sim.py -k random_schedules
+	TANDEM_HARNESS_SEEDS=200-1199 $(BIN)/python -m pytest -n 0 -q tests/harness/test_group_schedules.py -k invariants
 	$(BIN)/python -m tests.fuzz --frames 1000000
 
 pipeline-demo: dev

@@ -8,6 +8,7 @@ works in tests; nothing reaches a real disk (``capabilities.fsync`` is false).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 
@@ -130,7 +131,7 @@ class MemoryEngine:
         if not self._open:
             raise StorageError("store is closed")
         with self.disk.lock:
-            staged = copy.deepcopy({k: v for k, v in vars(self.disk).items() if k != "lock"})
+            staged = _staged(self.disk)
             try:
                 for op in ops:
                     self._apply_one(op)
@@ -242,6 +243,21 @@ class MemoryEngine:
     def set_meta(self, key: str, value: str) -> None:
         with self.disk.lock:
             self.disk.meta[key] = value
+
+
+def _staged(d: MemoryDisk) -> dict[str, object]:
+    """What a failed transaction puts back: each table copied down to what ops change in place
+    (a partition's dicts, a log's entry list, a grant's permissions); the rows ops only ever
+    replace whole (queue metadata, users, stored messages, log records) are shared."""
+    return {
+        "meta": dict(d.meta),
+        "queues": dict(d.queues),
+        "parts": {k: _Part(p.next_offset, p.delivered_upto, dict(p.messages), dict(p.counts), dict(p.producers))
+                  for k, p in d.parts.items()},
+        "users": dict(d.users),
+        "acls": {k: set(v) for k, v in d.acls.items()},
+        "logs": {k: dataclasses.replace(st, entries=list(st.entries)) for k, st in d.logs.items()},
+    }
 
 
 def _cool(st: PartitionState, budget: int) -> None:

@@ -177,12 +177,16 @@ class GroupCommitWriter:
                     self._sleep(wait)
                 batch, self._pending = self._pending, []
                 self._eager = self._lazy_ops = 0
-            eager = [item for item in batch if not item.lazy]
-            if eager and len(eager) < len(batch) and all(_appends_only(item) for item in eager):
-                self._commit(eager)  # (see the module doc)
-                self._commit_lazy([item for item in batch if item.lazy])
-            else:
-                self._commit(batch)
+            self._commit_taken(batch)
+
+    def _commit_taken(self, batch: list[_Item]) -> None:
+        """Commit what the writer took from the queue in one go."""
+        eager = [item for item in batch if not item.lazy]
+        if eager and len(eager) < len(batch) and all(_appends_only(item) for item in eager):
+            self._commit(eager)  # (see the module doc)
+            self._commit_lazy([item for item in batch if item.lazy])
+        else:
+            self._commit(batch)
 
     def _commit_lazy(self, items: list[_Item]) -> None:
         """Commit lazy submissions in transactions of about LAZY_SLICE_OPS (whole submissions:

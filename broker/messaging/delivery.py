@@ -122,7 +122,7 @@ class Delivery:
     def _dispatch(self) -> None:
         self._scheduled = False
         dirty, self._dirty = self._dirty, set()
-        for q in dirty:
+        for q in sorted(dirty, key=lambda q: q.meta.id):  # (in id order: the same order on every run)
             if not q.deleted:
                 self.dispatch_queue(q)
 

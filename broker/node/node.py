@@ -26,6 +26,7 @@ from broker.node.forwarded import ForwardHandlers
 from broker.arbiters.lockfile import LockFileDriver
 from broker.peers.links import host_port
 from broker.peers.peers import PeerManager
+from broker.peers.transport import TCP, PeerTransport
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.publish import Publisher
 from broker.messaging.mapper import MAPPERS, mapper_names
@@ -73,10 +74,11 @@ class Node:
     """A node: its parts made and wired in ``__init__``, started by :meth:`start`, ended by :meth:`stop`."""
 
     def __init__(self, config: NodeConfig, *, clock: Clock = SYSTEM_CLOCK,
-                 engine: EngineFactory = sqlite_engine, console: ConsoleFactory | None = None) -> None:
+                 engine: EngineFactory = sqlite_engine, console: ConsoleFactory | None = None,
+                 transport: PeerTransport = TCP) -> None:
         self.config = config
         check_compensation(config)
-        self.clock = clock
+        self.clock, self._transport = clock, transport  # (the peer links': broker/peers/transport.py)
         self.sessions: set[Session] = set()
         self.stopping = False
         self.stopped = asyncio.Event()
@@ -226,7 +228,7 @@ class Node:
         server = await self._bind_clients()
         if cfg.peer_port is not None:
             ha, ops = self.ha, self.ops
-            peers = ha.peers = PeerManager(self._peer_side, secret=self._peer_secret)
+            peers = ha.peers = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
             discovery = ha.discovery = Discovery(self.placing, peers)
             peers.on_addresses = discovery.heard
             if ops.group.changed():
@@ -288,7 +290,7 @@ class Node:
             host, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
         server = await self._bind_clients()
         if cfg.peer_port is not None:
-            peers = self.ha.peers = PeerManager(self._peer_side, secret=self._peer_secret)
+            peers = self.ha.peers = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
             await peers.start()
             self._loops.start("tandem-peers", peers.run())
         await server.start_serving()
@@ -380,7 +382,7 @@ class Node:
     async def _find_group(self) -> NodeConfig:
         """A node that joins by seeds alone: ask them until one answers, then start as if the
         members it named were this node's ``peers``."""
-        seeker = PeerManager(self._peer_side, secret=self._peer_secret)
+        seeker = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
         found = await Discovery(self.placing, seeker).find_group()
         self.placing.learned.update(found)
         self.config = cfg = dataclasses.replace(

@@ -20,7 +20,8 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 from broker.config import NodeConfig
-from broker.peers.links import MOVED_AFTER, REDIAL_MAX, LinkTasks, connect, host_port
+from broker.peers.links import MOVED_AFTER, REDIAL_MAX, LinkTasks, host_port
+from broker.peers.transport import PeerTransport
 from client.clock import Clock
 from ha.membership import RemoteState
 
@@ -36,14 +37,15 @@ class Dialing:
     """The dialers of one node.  ``addresses``: every other member's peer address, the peer
     manager's (read here, and changed where a member is found to have moved); ``state``: a
     member's state (``Membership.state``); ``tasks``: the owner of the dialers' tasks (the peer
-    manager's, which ends them at its stop); ``authenticated``: links prove names (a group
+    manager's, which ends them at its stop); ``transport``: what a dial goes through
+    (:mod:`broker.peers.transport`); ``authenticated``: links prove names (a group
     secret or mutual TLS), so what a peer says of itself may be believed."""
 
     def __init__(self, me: str, addresses: dict[str, Address], config: NodeConfig, clock: Clock,
-                 state: Callable[[str], RemoteState], tasks: LinkTasks, link_out: LinkOut, *,
-                 authenticated: bool) -> None:
+                 state: Callable[[str], RemoteState], tasks: LinkTasks, link_out: LinkOut,
+                 transport: PeerTransport, *, authenticated: bool) -> None:
         self.me, self.addresses, self.config, self.clock = me, addresses, config, clock
-        self.state, self.tasks, self.link_out = state, tasks, link_out
+        self.state, self.tasks, self.link_out, self.transport = state, tasks, link_out, transport
         self.authenticated = authenticated
         self._dialers: dict[str, asyncio.Task[None]] = {}  # member -> the task that keeps a link to it
         #: member -> where it says it takes peer links (its own word, on a link it proved), when
@@ -152,7 +154,7 @@ class Dialing:
         while name in self.addresses:  # (no longer a member: tandem group remove)
             host, port = target = self.target(name, silent)
             try:
-                reader, writer = await connect(self.config, self.clock, host, port)
+                reader, writer = await self.transport.connect(self.config, self.clock, host, port)
             except (OSError, asyncio.TimeoutError) as exc:
                 if isinstance(exc, ssl.SSLError):
                     silent = 0  # (something answers there)

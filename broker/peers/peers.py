@@ -1,10 +1,11 @@
 """Peer links: the I/O that feeds :class:`ha.membership.Membership`.
 
-One TCP connection per pair of group members, on the peer port; the member
-whose name sorts first dials (:mod:`broker.peers.dialing`), the other accepts.  A link opens
-with the same framing and version handshake as clients (``PeerHello`` / ``PeerWelcome``,
-carrying the node's identity), then carries keep-alives (``Heartbeat``) every
-``keepalive_interval``; any frame counts as a sign of life.  A peer silent for
+One connection per pair of group members, on the peer port (TCP, through the node's
+:mod:`broker.peers.transport`); the member whose name sorts first dials
+(:mod:`broker.peers.dialing`), the other accepts.  A link opens with the same framing and
+version handshake as clients (``PeerHello`` / ``PeerWelcome``, carrying the node's identity),
+then carries keep-alives (``Heartbeat``) every ``keepalive_interval``; any frame counts as a
+sign of life.  A peer silent for
 ``non_response_timeout`` is ``Down``.  A peer with our location code or store
 stamp, or without a common protocol version, is refused with a clear log line.
 
@@ -43,11 +44,11 @@ from broker.peers.dialing import Address, Dialing
 from broker.peers.foreign import ForeignActives, flatten
 from broker.peers.forwarding import Forwards
 from broker.peers.host import PeerArbiter, PeerHost
-from broker.peers.links import FAREWELL_LINGER, HANDSHAKE_TIMEOUT, PEER_MAX_FRAME, Link, LinkTasks, connect, host_port
+from broker.peers.links import FAREWELL_LINGER, HANDSHAKE_TIMEOUT, PEER_MAX_FRAME, Link, LinkTasks, host_port
 from broker.peers.placement import placement_mismatch
+from broker.peers.transport import TCP, Listener, PeerTransport
 from broker.security.intruders import IntruderEvent, IntruderLog, remote_of, resolve_permitted
 from broker.security.secret import peer_mtls
-from broker.security.tls import TlsServer, peer_server_context
 from client.errors import TandemError, UnavailableError, UnsupportedProtocolError
 from client.protocol import HANDSHAKE_MAX_FRAME, ProtocolConnection, Role, choose_version
 from client.protocol.connection import MAX_VERSION, MIN_VERSION
@@ -83,11 +84,14 @@ REFUSED = {RemoteState.DUPLICATE_LOCATION, RemoteState.DUPLICATE_TIMESTAMP, Remo
 
 class PeerManager:
     """``secret``: the group secret every link proves (:func:`broker.security.secret.group_secret`);
-    None: the links are authenticated by mutual TLS, or this node is in no group."""
+    None: the links are authenticated by mutual TLS, or this node is in no group.  ``transport``:
+    what the links listen on and dial through (:mod:`broker.peers.transport`)."""
 
-    def __init__(self, node: PeerHost, *, secret: bytes | None, places: bool = True) -> None:
+    def __init__(self, node: PeerHost, *, secret: bytes | None, places: bool = True,
+                 transport: PeerTransport = TCP) -> None:
         cfg = node.config
         self.node = node
+        self.transport = transport
         self.secret = secret
         self.mtls = peer_mtls(cfg)
         #: permitted_nodes, each NAME@HOST also as NAME@ADDRESS for each address HOST resolves to (start)
@@ -118,10 +122,10 @@ class PeerManager:
         #: every task the links run: accepted links, dialers, answers to forwarded requests
         self.tasks = LinkTasks()
         self._farewells: set[asyncio.TimerHandle] = set()  # links to removed members, closed in a while
-        self._server: asyncio.Server | TlsServer | None = None
+        self._server: Listener | None = None
         self.address: tuple[str, int] | None = None
         self.dialing = Dialing(cfg.name, self.addresses, cfg, node.clock, self.membership.state, self.tasks,
-                               self._link_out, authenticated=secret is not None or self.mtls)
+                               self._link_out, transport, authenticated=secret is not None or self.mtls)
         self._running = False
         #: the LockFile arbiter's driver, when the group has one; ``epoch`` what frames carry
         self.arbiter: PeerArbiter | None = None
@@ -151,15 +155,10 @@ class PeerManager:
         if strangers:
             log.warning("permitted_nodes: %s not among this node's peers (%s): never admitted",
                         ", ".join(strangers), ", ".join(sorted(self.addresses)) or "none")
-        ctx = peer_server_context(cfg)
-        if ctx is None:
-            self._server = await asyncio.start_server(self._accepted, cfg.host, cfg.peer_port)
-        else:  # mutual TLS; a failed TLS handshake is an intruder too
-            self._server = await TlsServer(self._accept, self._tls_refused, ctx, handshake_timeout=HANDSHAKE_TIMEOUT,
-                                           tasks=self.tasks.running, clock=self.node.clock).start(cfg.host,
-                                                                                                  cfg.peer_port)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
+        # (with mutual TLS a failed TLS handshake is an intruder too: _tls_refused)
+        self._server = await self.transport.listen(cfg, self.node.clock, self._accept, refused=self._tls_refused,
+                                                   tasks=self.tasks)
+        sock = self.address = self._server.address
         auth = "group secret" if self.secret is not None else "mutual TLS" if self.mtls else "none"
         zones = " ".join(str(z) for z in self.membership.zones if cfg.name in z.members)
         log.info("peer links started node=%s peer_address=%s:%d peers=%s quorum_policy=%s authentication=%s "
@@ -401,7 +400,7 @@ class PeerManager:
         certificate); else why not, in words."""
         remote = host_port(host, port)
         try:
-            reader, writer = await connect(self.node.config, self.node.clock, host, port)
+            reader, writer = await self.transport.connect(self.node.config, self.node.clock, host, port)
         except (OSError, asyncio.TimeoutError) as exc:
             return f"no answer ({exc.strerror or type(exc).__name__})" if isinstance(exc, OSError) \
                 else "no answer (timed out)"
@@ -428,11 +427,6 @@ class PeerManager:
         if why.startswith(f"refused as {RemoteState.MISMATCHED_SETTINGS.value}: "):
             who = NodeIdentity(name=name, store_stamp="")
             self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=why.split(": ", 1)[1]))
-
-    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A connection to the (plain TCP) peer port: served by a task of the manager's (a TLS
-        port's connections run in tasks it already owns)."""
-        self.tasks.spawn(self._accept(reader, writer), name="tandem-peer-accepted")
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A link to the peer port: the handshake, then the dialer's frames once it is admitted."""

@@ -202,7 +202,7 @@ class HeldWrites:
         self._timer = None
         clock = self._clock
         now = clock.monotonic()
-        for plog in list(self._held):
+        for plog in sorted(self._held, key=lambda p: p.key):  # (in key order: the same order on every run)
             if now - plog.held_since >= HOLD_APPLY:
                 self.release(plog)
         if self._held:

@@ -227,7 +227,7 @@ class Proposals:
         """Propose what is staged, an entry per log; a log with an entry of its own in flight
         waits for its commit instead (MAX_UNCOMMITTED), unless ``force``."""
         plogs, self._scheduled = self._scheduled, set()
-        for plog in plogs:
+        for plog in sorted(plogs, key=_log_key):  # (in key order: the same order on every run)
             if not plog.staged_cbs:
                 continue
             if plog.replica.handing_over or (not force and waits_for_commit(plog)):
@@ -267,6 +267,10 @@ class Proposals:
                 cb(err)
         for cb in staged:
             cb(err)
+
+
+def _log_key(plog: PartLog) -> Key:
+    return plog.key
 
 
 def _body_bytes(ops: list[WriteOp]) -> int:
