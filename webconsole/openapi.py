@@ -248,7 +248,9 @@ def document() -> dict[str, Any]:
                            "split, unconfirmed, and the queue holds them (taken out of the quarantine)"},
                 "unsure": {**_COUNTS, "description": "restored, though the queue may have delivered a resend of "
                            "theirs already (their producer went on there past them)"},
-                "more": _t("boolean", description="the run stopped after 20 s: call again for the rest"),
+                "more": _t("boolean", description="the run stopped after 20 s, or moved: call again for the rest"),
+                "moved": _t("boolean", description="the run stopped early: the quarantine's partition moved to "
+                            "another member during it"),
                 "text": {"type": "array", "items": _t("string")}}},
                 extra={**_CHANGE, 503: "a partition of the quarantine has no active, or its member does not answer"})}},
         "/api/v1/group/members": {"post": {

@@ -204,6 +204,10 @@ COUNTERS = ("restored", "already", "conflicts", "left", "dropped", "merged", "fa
             "unsure")
 
 
+#: a :class:`Report`'s flags, in its JSON only when true
+FLAGS = ("more", "moved")
+
+
 @dataclass
 class Report:
     """What a restore did, per queue."""
@@ -231,8 +235,13 @@ class Report:
     #: restored, though the source may hold a resend of theirs it has delivered already: their
     #: producer went on there past them, and it no longer stores all it took since the split
     unsure: Counter[str] = field(default_factory=Counter)
-    #: a run in the group stopped after BUDGET s: the quarantine may hold more to restore
+    #: a run in the group stopped before the end (after BUDGET s, or ``moved``): the quarantine
+    #: may hold more to restore
     more: bool = False
+    #: ... because a partition of the quarantine moved to another member during the run: the
+    #: deliveries it held are that member's now (one it had restored is still in the
+    #: quarantine there, and the next run counts it in ``already``)
+    moved: bool = False
     #: key conflicts logged one by one so far (the first LOGGED of a run)
     logged: int = field(default=0, compare=False)
     #: producer ids with a message the hook failed on in this run: the rest of theirs wait (held)
@@ -265,6 +274,7 @@ class Report:
         for mine, theirs in zip(self.counters(), other.counters()):
             mine.update(theirs)
         self.more |= other.more
+        self.moved |= other.moved
 
     def counters(self) -> tuple[Counter[str], ...]:
         return (self.restored, self.already, self.conflicts, self.left, self.dropped, self.merged, self.failed,
@@ -272,8 +282,9 @@ class Report:
 
     def json(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: dict(+c) for name, c in zip(COUNTERS, self.counters())}
-        if self.more:
-            out["more"] = True
+        for flag in FLAGS:
+            if getattr(self, flag):
+                out[flag] = True
         return out
 
     @classmethod
@@ -287,10 +298,11 @@ class Report:
                                                      for k, v in part.items()):
                 raise InvalidArgumentError(f"a restore report's {name} maps queue names to counts")
             counter.update(part)
-        more = value.get("more", False)
-        if type(more) is not bool:
-            raise InvalidArgumentError("a restore report's more is true or false")
-        out.more = more
+        for flag in FLAGS:
+            on = value.get(flag, False)
+            if type(on) is not bool:
+                raise InvalidArgumentError(f"a restore report's {flag} is true or false")
+            setattr(out, flag, on)
         return out
 
     def lines(self, narrowed: bool) -> list[str]:
@@ -336,7 +348,10 @@ class Report:
                 out.append(f"{n} message(s) without quarantine headers left in {QUEUE}")
             elif n:
                 out.append(f"{n} message(s) of {q} left in {QUEUE}" + ("" if narrowed else " (their queue is gone)"))
-        if self.more:
+        if self.moved:
+            out.append(f"stopped early: a partition of {QUEUE} moved to another member during the run, and {QUEUE} "
+                       f"may hold more; run it again (nothing is stored twice)")
+        elif self.more:
             out.append(f"stopped after {BUDGET:.0f} s: {QUEUE} may hold more; run it again")
         if not out:
             out.append(f"nothing to restore: {QUEUE} holds no message that matches")

@@ -61,6 +61,8 @@ class RestoreNode(Protocol):
         """Deliveries held in the node itself (a restore's consumer), revoked like a session's."""
         ...
 
+    def serves(self, q: Queue, pidx: int) -> bool: ...
+
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
     def restore_event(self, text: str) -> None: ...
@@ -209,10 +211,17 @@ class Restores:
 
     async def here(self, f: Filter) -> Report:
         """Restore what ``f`` takes of the quarantine's partitions this node serves, for at
-        most BUDGET s (then ``more``: what is left waits for the next run)."""
+        most BUDGET s (then ``more``: what is left waits for the next run).  A partition that
+        moves to another member meanwhile ends the run (``moved``): its deliveries are that
+        member's now, and nothing more of it comes here."""
         node = self.node
         report = Report()
-        if QUEUE not in node.queues:
+        q = node.queues.get(QUEUE)
+        if q is None:
+            return report
+        served = _served(node, q)
+        if not served:  # (its active when the member asked looked, no longer)
+            report.more = report.moved = True
             return report
         taker = _Taker(node, self.delivery, "restore")
         node.local_holders.add(taker)
@@ -224,12 +233,16 @@ class Restores:
             seen: Seen = {}
             deadline = node.clock.monotonic() + BUDGET
             while (got := await taker.next(WAIT)) is not None:
+                if _moved(node, q, served):
+                    break
                 if node.clock.monotonic() >= deadline:
                     report.more = True
                     break
                 first = got[1]
                 more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
                 await self._batch(f, [got, *more], taker, report, skipped, ends, seen)
+            if _moved(node, q, served):
+                report.more = report.moved = True
             for m in skipped:
                 report.left[m.headers.get("x-quarantine-queue", "")] += 1
         finally:
@@ -293,6 +306,18 @@ class Restores:
 
     async def _end(self, queue: str, partition: int) -> int:
         return (await self.group.read_stream(queue, partition, 0, 1))[2]
+
+
+def _served(node: RestoreNode, q: Queue) -> dict[int, int]:
+    """The partitions of ``q`` this node serves, each with its generation (which moves when
+    the node stops serving it, and when it serves it again)."""
+    return {p.index: p.generation for p in q.partitions if node.serves(q, p.index)}
+
+
+def _moved(node: RestoreNode, q: Queue, served: dict[int, int]) -> bool:
+    """Whether a partition of ``served`` (:func:`_served` when the run began) has moved away
+    since, even if it came back: what the run held of it is another member's, or new."""
+    return not served.items() <= _served(node, q).items()
 
 
 def _shown(f: Filter) -> str:

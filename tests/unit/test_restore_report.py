@@ -70,7 +70,7 @@ def test_reports_sum_and_print_one_line_per_queue() -> None:
 
 
 @pytest.mark.parametrize("value", [[], {"restored": []}, {"left": {"q": -1}}, {"already": {"q": "3"}},
-                                   {"conflicts": {1: 2}}, {"more": "yes"}, {"dropped": {"q": True}},
+                                   {"conflicts": {1: 2}}, {"more": "yes"}, {"moved": 1}, {"dropped": {"q": True}},
                                    {"failed": []}])
 def test_a_report_from_another_member_that_does_not_fit_is_refused(value: object) -> None:
     with pytest.raises(InvalidArgumentError):
