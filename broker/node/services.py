@@ -63,9 +63,12 @@ class Services:
     def bind(self, *, catalogue: Catalogue | None = None, holding: Holding | None = None,
              delivery: Delivery | None = None) -> None:
         """The parts made after this one (they take it)."""
-        self._catalogue = catalogue or self._catalogue
-        self._holding = holding or self._holding
-        self._delivery = delivery or self._delivery
+        if catalogue is not None:
+            self._catalogue = catalogue
+        if holding is not None:
+            self._holding = holding
+        if delivery is not None:
+            self._delivery = delivery
 
     # -- the parts' own members ---------------------------------------------------------------------
 
