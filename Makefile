@@ -40,14 +40,16 @@ run-single: install
 
 # Bytecode for every source once, before the suite starts hundreds of node and CLI processes: where
 # PYTHONDONTWRITEBYTECODE is set, each of them would compile the sources again (0.3 s a process).
+# pytest itself runs with the variable empty, so that it keeps its rewritten test modules too.
 COMPILE := $(BIN)/python -m compileall -q -j 0 broker client storage ha webconsole tests scripts >/dev/null
+PYTEST  := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 
 test: dev
 	@scripts/ensure-system-packages.sh
 	@$(COMPILE)
 	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # the tests that have failed in CI or under load: the first ones to run when hunting a flake
 FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy \
@@ -72,7 +74,7 @@ SIM_SEEDS ?= 20000
 test-long: dev
 	@scripts/ensure-system-packages.sh
 	@$(COMPILE)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --long --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist loadgroup --long --durations=25 $(PYTEST_ARGS)
 	TANDEM_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/python -m pytest -n 2 -q tests/ha/test_replica_sim.py tests/ha/test_witness.py -k random_schedules
 	TANDEM_HARNESS_SEEDS=200-1199 $(BIN)/python -m pytest -n 0 -q tests/harness/test_group_schedules.py -k invariants
 	$(BIN)/python -m tests.fuzz --frames 1000000
