@@ -107,30 +107,6 @@ async def test_kill_9_of_an_active_loses_no_confirmed_message(trio: LocalCluster
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
 
 
-async def test_a_priority_0_node_is_never_active(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST,
-                      node_args={"node1": ["--priority", "0"]})
-    await cl.start()
-    try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url_of("node2")) as conn:
-            await conn.declare_queue("q", partitions=6)
-            await conn.producer("q").send_many([b"a", b"b", b"c"])
-        act = await actives(cl, "q", 6)
-        assert "node1" not in act.values()
-        st = await cl.status("node2")
-        assert all(p.active != "node1" for p in st.partitions if p.active)
-        busiest = max(("node2", "node3"), key=lambda n: list(act.values()).count(n))
-        await cl.nodes[busiest].kill()
-        act = await actives(cl, "q", 6)
-        other = "node3" if busiest == "node2" else "node2"
-        assert set(act.values()) == {other}  # node1 votes, keeps a copy, never stands
-        consumed = await drain(cl.url_of(other), "q")
-        assert sorted(b for b, _ in consumed) == [b"a", b"b", b"c"]
-    finally:
-        await cl.stop()
-
-
 async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, nodes=2, base_port=0, password="test-password", extra_args=FAST)
     await cl.start()
