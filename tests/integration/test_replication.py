@@ -136,24 +136,6 @@ async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path
         await cl.stop()
 
 
-async def test_quorum_override_1_restores_service_from_one_of_three(trio: LocalCluster) -> None:
-    cl = trio
-    async with await client.connect(cl.url) as conn:
-        await conn.declare_queue("q", partitions=3)
-        await conn.producer("q").send_many([f"m{i}".encode() for i in range(30)])
-    await actives(cl, "q", 3)
-    await cl.nodes["node2"].kill()
-    await cl.nodes["node3"].kill()
-    async with await client.connect_link(cl.url_of("node1")) as conn:  # node1's own answers
-        await wait_until(lambda: _disabled(conn), timeout=30, what="node1 without quorum")
-        with pytest.raises(UnavailableError):
-            await conn.producer("q").send(b"no quorum")
-        await conn.set_quorum_override(1)
-        await conn.producer("q").send(b"served alone")
-    consumed = await drain(cl.url_of("node1"), "q")
-    assert sorted(b for b, _ in consumed) == sorted([f"m{i}".encode() for i in range(30)] + [b"served alone"])
-
-
 async def _disabled(conn: client.Connection) -> bool:
     return (await conn.status()).quorum_state == "Disabled"
 
@@ -203,45 +185,6 @@ async def override_and_write(iso: client.Connection, queue: str, body: bytes,
 
     await wait_until(took_it, timeout=30, what="the isolated node to take a write under the override")
     return alone
-
-
-async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_1014_on_heal(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
-        await q_then_node3_cut(cl, proxies)
-        async with await client.connect_link(cl.url_of("node3")) as iso:  # node3's own answers
-            await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled")
-            with pytest.raises(UnavailableError):
-                await iso.producer("q").send(b"refused", key="x")
-            # the majority side goes on, for every partition
-            confirmed: list[bytes] = []
-            failed: list[bytes] = []
-            majority = [f"maj-{i}".encode() for i in range(60)]
-            await produce(cl.url_of("node1"), "q", majority, confirmed, failed)
-            assert sorted(confirmed) == sorted(majority)
-            # the operator forces the isolated node to take writes alone: weak, reported on heal
-            await override_and_write(iso, "q", b"solo")
-            await iso.set_quorum_override(None)
-        for p in proxies:
-            p.heal()
-
-        async def reported() -> bool:
-            st = await cl.status("node3")
-            # the solo write's entry is among those discarded, and counted as a message
-            return st.discarded > 0 and st.discarded_messages >= 1 and any("HA-1014" in e for e in st.events)
-
-        await wait_until(reported, timeout=30, what="HA-1014 on node3 after healing")
-        await actives(cl, "q", 3)
-        consumed = await drain(cl.url_of("node1"), "q")
-        v = classify(majority + [b"solo"], confirmed, consumed)
-        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
-        assert b"solo" not in {b for b, _ in consumed}  # discarded with node3's weak entries
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
 
 
 async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> None:
