@@ -231,41 +231,6 @@ async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> 
             assert await proc.wait() == 0  # every node stopped cleanly
 
 
-async def test_async_replicas_are_fed_and_never_count(tmp_path: Path) -> None:
-    """replicas=2, sync_replicas=1: each partition has an active, a sync replica (votes) and an
-    async one (a learner).  The learner catches up; losing it stops nothing; it never stands."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--replicas", "2", "--sync-replicas", "1"])
-    await cl.start()
-    try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("q", partitions=1)
-        act = await actives(cl, "q", 1)
-        st = await cl.status(act[0])
-        (part,) = [p for p in st.partitions if p.queue == "q"]
-        kinds = {r.node: r.kind for r in part.replicas}
-        assert sorted(kinds.values()) == ["async", "sync"]
-        learner = next(n for n, k in kinds.items() if k == "async")
-        async with await client.connect(cl.url_of(act[0])) as conn:
-            await conn.producer("q").send_many([f"m{i}".encode() for i in range(50)])
-
-        async def learner_caught_up() -> bool:
-            st = await cl.status(act[0])
-            (p,) = [x for x in st.partitions if x.queue == "q"]
-            return any(r.node == learner and r.lag == 0 and r.match > 0 for r in p.replicas)
-
-        await wait_until(learner_caught_up, timeout=30, what="the async replica to catch up")
-        await cl.nodes[learner].kill()
-        async with await client.connect(cl.url_of(act[0])) as conn:
-            await conn.producer("q").send(b"after the learner died")  # it never counted
-        assert (await actives(cl, "q", 1))[0] != learner
-        consumed = await drain(cl.url_of(act[0]), "q")
-        assert len(consumed) == 51
-    finally:
-        await cl.stop()
-
-
 def log_segments(cl: LocalCluster, name: str) -> list[Path]:
     """Node ``name``'s replication log files, oldest first."""
     return sorted((cl.data_dir / name / "tandem.db-log").glob("*.seg"))
