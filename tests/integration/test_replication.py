@@ -1,7 +1,10 @@
-"""Replication groups of real node processes on loopback, with faults injected:
-kill -9 of an active, priority 0, two-node groups, quorum_override, and a node
-cut off by a fault-injecting proxy.  Every message is accounted for by the
-checker (broker.tools.checker): lost, duplicated and unexpected must be 0."""
+"""Replication groups of real node processes on loopback, with faults injected where the
+process is the point: kill -9 of an active, two-node groups, `tandem cluster up`, the SDK's
+retries, the log's files, disks stalled, a member cut off by a fault-injecting proxy.  Every
+message is accounted for by the checker (broker.tools.checker): lost, duplicated and
+unexpected must be 0.  What needs no OS process (elections, failback, priority 0, async
+replicas, quorum override, what goes in a log entry) runs on the in-process group harness,
+tests/harness/."""
 
 from __future__ import annotations
 
@@ -411,8 +414,9 @@ async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagg
     without it.  A client that then uses the queue on node3 must not be told it does not
     exist: node3 catches up with the catalogue's active first.  A queue that really does
     not exist is still refused."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      node_args={"node1": ["--priority", "3"]})  # node1: the catalogue's active
+    # node1: the catalogue's active (placed first, handed the catalogue by failback, at once)
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=["--failback-after", "0.5"],
+                      node_args={"node1": ["--priority", "3"]})
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
