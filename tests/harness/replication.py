@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import random
 from collections.abc import Callable
+from typing import Any
 
 import client.errors
 from broker.modes.replicated.events import HaEvent
@@ -46,7 +47,7 @@ def events(m: Member, kind: str | None = None) -> list[HaEvent]:
     return [e for e in rep.events if kind is None or e.kind == kind]
 
 
-def with_settings(g: Group, name: str, **fields: object) -> None:
+def with_settings(g: Group, name: str, **fields: Any) -> None:
     """Member ``name`` starts with these NodeConfig fields changed (call before it starts)."""
     m = g[name]
     m.config = dataclasses.replace(m.config, **fields)
