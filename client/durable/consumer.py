@@ -166,9 +166,12 @@ class DurableConsumer:
         for name in m.addresses:
             self._member_task(name)
         self._watch = asyncio.create_task(self._watch_members(), name=f"tandem-consumer-{self.queue}")
-        # Wait (a little) for every member's subscription; one that is down is retried meanwhile.
-        deadline = self.conn.clock.monotonic() + 5.0
-        while not all(n in self._subs for n in m.addresses) and self.conn.clock.monotonic() < deadline:
+        # Wait (a little) for every member's subscription, not for a member that refused the
+        # connection since: its task goes on retrying it, and subscribes once it is back.
+        began = self.conn.clock.monotonic()
+        deadline = began + 5.0
+        while self.conn.clock.monotonic() < deadline and not all(
+                n in self._subs or self.conn.failed_since(n, began) for n in m.addresses):
             await self.conn.wait_changed(0.1)
         return self
 

@@ -99,6 +99,7 @@ class DurableLinks:
         self._rotated_at = -1e9
         self._last_dial_error = ""  # why the last dial failed ("host:port: reason")
         self._unreachable: set[tuple[str, int]] = set()
+        self._failed_at: dict[tuple[str, int], float] = {}  # address -> when a dial of it last failed
         #: where refusing nodes said the active is (NotActive's hint, e.g. a shared-mode
         #: passive naming the lock holder): tried first
         self._hints: list[tuple[str, int]] = []
@@ -210,6 +211,7 @@ class DurableLinks:
         why = str(exc)
         self._last_dial_error = why.removeprefix("cannot connect to ") if why.startswith("cannot connect to ") \
             else f"{host}:{port}: {why}"
+        self._failed_at[(host, port)] = self.clock.monotonic()
         if (host, port) in self._hints:  # a hint that does not answer is stale
             self._hints.remove((host, port))
         if (host, port) not in self._unreachable:  # said once, until it answers again
@@ -362,6 +364,14 @@ class DurableLinks:
         if not task.cancelled() and task.exception() is not None:
             log.error("durable connection: dialing %s failed: %s", node, task.exception())
         self._changed()
+
+    def failed_since(self, node: str, since: float) -> bool:
+        """Whether a dial of ``node`` failed at or after ``since`` and no link to it is open
+        (it refused the connection, or did not answer in time)."""
+        link, addr = self.links.get(node), self.addresses.get(node)
+        if addr is None or (link is not None and not link.is_closed):
+            return False
+        return self._failed_at.get(addr, float("-inf")) >= since
 
     async def link(self, node: str, deadline: float) -> Connection:
         """A link to ``node``, dialing it if need be (until ``deadline``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from broker.tools.cluster import free_ports
 from broker.config import build_config
 from broker.node.node import Node
 from client.protocol.frames import StatusOk
+from client.testing import FakeClock
 from ha.membership import QuorumState, RemoteState
 from ha.replica import Role
 from tests.conftest import url_of
@@ -78,6 +80,28 @@ async def test_a_stopped_member_goes_down_and_quorum_goes_partial(trio: dict[str
     assert quorum(trio["n1"]) is QuorumState.PARTIAL and quorum(trio["n2"]) is QuorumState.PARTIAL
     await trio["n2"].stop()
     await wait_until(lambda: quorum(trio["n1"]) is QuorumState.DISABLED, what="n1 without quorum")
+
+
+async def test_a_consumer_starts_without_waiting_for_a_member_that_refuses_connections(trio: dict[str, Node]) -> None:
+    """A durable consumer waits (up to 5 s) for its subscription on every member, but not for
+    one that refused the connection: on a clock that never moves, its start still returns, and
+    every message comes from the live members."""
+    await wait_until(lambda: all(quorum(n) is QuorumState.ACTIVE for n in trio.values()), what="quorum Active")
+    async with await client.connect(url_of(trio["n1"])) as setup:
+        await setup.declare_queue("q", partitions=3)
+        await trio["n3"].stop()
+        await setup.producer("q").send_many([(b"m%d" % i, f"k{i}") for i in range(30)])  # once n3's partitions moved
+    clock = FakeClock()  # never advanced: the 5 s wait never ends by itself
+    async with await client.connect(url_of(trio["n1"]), clock=clock) as conn:
+        c = conn.consumer("q")
+        await asyncio.wait_for(c.start(), 30)
+        assert clock.monotonic() == 0.0
+        got = []
+        for _ in range(30):
+            m = await asyncio.wait_for(c.__anext__(), 30)
+            got.append(m.body)
+            await m.ack()
+        assert sorted(got) == sorted(b"m%d" % i for i in range(30))
 
 
 async def test_a_frozen_member_goes_down_by_keepalive_timeout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
