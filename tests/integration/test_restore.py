@@ -31,6 +31,9 @@ from tests.integration.test_replication import (_disabled, _node3_behind_proxies
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
+#: failback a second after the heal rather than 5 s: a restore in the group waits for it (_placed)
+FAILBACK = ["--failback-after", "1"]
+
 #: a restore's report that counts nothing
 NONE: dict[str, dict[str, int]] = {"restored": {}, "already": {}, "conflicts": {}, "left": {}, "dropped": {},
                                    "merged": {}, "failed": {}, "held": {}, "resent": {}, "unsure": {}}
@@ -115,7 +118,7 @@ async def _healed(cl: LocalCluster, proxies: list[FaultProxy], count: int) -> li
 async def _placed(cl: LocalCluster, *queues: str) -> None:
     """Once every partition of ``queues`` is served by the node placement puts first, so
     that failback has nothing left to hand over: after the heal it hands partitions back to
-    their placed actives (``--failback-after``, 5 s), and a restore run in the group stops
+    their placed actives (``--failback-after``, :data:`FAILBACK`), and a restore run in the group stops
     early where the quarantine's partition moves during it (``"moved"``)."""
 
     async def home() -> bool:
@@ -156,7 +159,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
         restored = [m for p in range(3) for m in await _read_all(link, "q", p) if m.body.startswith(b"solo-")]
     assert {m.headers["x-tandem-restored-id"] for m in restored} == old
     assert all("x-tandem-id" not in m.headers for m in restored)
-    consumed = await drain(cl.url_of("node1"), "q")
+    consumed = await drain(cl.url_of("node1"), "q", expect=len(sb.majority) + len(sb.solo))
     v = classify(sb.majority + sb.solo, sb.confirmed, consumed)
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     assert sorted(b for b, _ in consumed) == sorted(sb.majority + sb.solo)
@@ -167,7 +170,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
 
 
 async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -193,7 +196,7 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
                       # (failure detection slower than FAST: replicating 60 MiB on a busy machine delays
                       # keep-alives past half a second, and an election that moves the quarantine's
                       # partition during the run stops it early, "moved", tests/unit/test_restore_run.py)
-                      extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2"])
+                      extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2", *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -249,7 +252,7 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
     group's through the admin API) finds 5..9 in the queue under the same producer id and
     seq: only 0..4 go back, 5..9 leave the quarantine as resent, and the queue holds each of
     the 15 once (without the look, 5..9 are there twice)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -277,8 +280,8 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
                        for t in report.pop("text")), report
         assert {k: v for k, v in report.items() if v} == {
             "restored": {"q": 6}, "resent": {"q": 5}, "conflicts": report["conflicts"]}, report
-        consumed = await drain(cl.url_of("node1"), "q")
         everything = [b"probe", *bodies]
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(everything))
         v = classify(everything, everything, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         async with await client.connect_link(cl.url) as link:
@@ -299,7 +302,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
                       # (a copy on each; five processes on a busy machine: failure detection slower than
                       # FAST, so that node4 does not count node5 down for a late keep-alive mid-test)
                       extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2", "--replicas", "4",
-                                  "--sync-replicas", "4"])
+                                  "--sync-replicas", "4", *FAILBACK])
     proxies = []
     for src in ("node1", "node2", "node3"):  # (the lower name dials: these six links cross the cut)
         for dst in ("node4", "node5"):
@@ -345,7 +348,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
         assert rc == 0, err
         report = json.loads(out)
         assert (report["restored"], report["already"]) == ({"q": len(minority)}, {"q": len(minority)}), report
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(majority) + len(minority))
         v = classify(majority + minority, confirmed, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     finally:
@@ -397,7 +400,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
     assert rc != 0 and "compensation: compensation hook 'nope' is not installed" in err, err
     assert "Traceback" not in err, err
     cl = LocalCluster(tmp_path / "group", nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--compensation", "lenient"])
+                      extra_args=[*FAST, *FAILBACK, "--compensation", "lenient"])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -460,7 +463,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
 
         assert all(b.split(b"|")[1].startswith(b"maj-") for b in merged), merged  # (the hook saw the source's)
         expected = sb.majority + kept + sorted(merged) + [m.body for m in remaining]
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(expected))
         v = classify(expected, expected, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert not {b for b, _ in consumed} & set(dropped)  # (dropped: never restored)
@@ -483,7 +486,7 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
     again it still refuses.  On the heal the quarantine holds exactly the three, and a
     restore leaves the queue with every message confirmed on either side, once."""
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--weak-hold-bytes", "1M"])
+                      extra_args=[*FAST, *FAILBACK, "--weak-hold-bytes", "1M"])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -527,7 +530,7 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
         assert sorted(m.body for m in held) == sorted(solo[:3]), [(m.offset, m.body[:10]) for m in held]
         rc, out, err = await tandem("restore", "--json", "--url", cl.url)
         assert rc == 0 and json.loads(out)["restored"] == {"q": 3}, (out, err)
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(majority) + 3)
         v = classify(majority + solo, majority + solo[:3], consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert sorted(b for b, _ in consumed) == sorted(majority + solo[:3])
@@ -585,7 +588,7 @@ async def test_a_weak_active_that_refused_past_its_hold_takes_publishes_again_on
             await cl.nodes["node2"].start()
             await wait_until(lambda: took(n), timeout=30, what="node1 taking the refused one with node2 back")
             await iso.set_quorum_override(None)
-        consumed = await drain(cl.url_of("node1"), "w")
+        consumed = await drain(cl.url_of("node1"), "w", expect=n + 1)
         v = classify(bodies, bodies[:n + 1], consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     finally:
