@@ -140,6 +140,21 @@ async def _placed(cl: LocalCluster, *queues: str) -> None:
     await wait_until(home, timeout=60, what=f"every partition of {', '.join(queues)} on its placed active")
 
 
+async def _quarantine_active(cl: LocalCluster) -> str:
+    """The member node1 names active for the quarantine's partition (none, "", while it
+    elects one)."""
+    found = ""
+
+    async def named() -> bool:
+        nonlocal found
+        st = await cl.status("node1")
+        found = next((p.active for p in st.partitions if p.queue == QUARANTINE), "")
+        return bool(found)
+
+    await wait_until(named, timeout=30, what=f"an active for {QUARANTINE}")
+    return found
+
+
 async def _read_all(link: client.Connection, queue: str, partition: int) -> list[StreamMessage]:
     """Every message of the partition, a frame's worth at a time."""
     out: list[StreamMessage] = []
@@ -197,8 +212,7 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
     await cl.start()
     try:
         sb = await _healed_split_brain(cl, proxies)
-        st = await cl.status("node1")
-        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        serving = await _quarantine_active(cl)
         asked = next(n for n in ("node1", "node2", "node3") if n != serving)
         url = cl.console_url(asked) + "api/v1/restore"
         admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
@@ -444,8 +458,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
         assert err.count("the compensation hook failed (RuntimeError: strict: no rule for") == first["failed"], err
 
         # the group's own run: the nodes' hook keeps what the first one failed on
-        st = await cl.status("node1")
-        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        serving = await _quarantine_active(cl)
         admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
         async with aiohttp.ClientSession(headers=admin) as s:
             async with s.post(cl.console_url(serving) + "api/v1/restore") as r:
