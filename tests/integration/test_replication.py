@@ -44,13 +44,16 @@ async def actives(cl: LocalCluster, queue: str, partitions: int) -> dict[int, st
     return found
 
 
-async def drain(url: str, queue: str, idle: float = 3.0) -> list[tuple[bytes, str]]:
-    """Consume the whole queue (every member) until ``idle`` seconds pass without a message."""
+async def drain(url: str, queue: str, idle: float = 3.0, expect: int | None = None,
+                then: float = 1.0) -> list[tuple[bytes, str]]:
+    """Consume the whole queue (every member) until ``idle`` seconds pass without a message;
+    once ``expect`` messages have come, until ``then`` seconds pass without another (one
+    more, a message stored twice, comes with the rest: the queue holds it already)."""
     out: list[tuple[bytes, str]] = []
     async with await client.connect(url) as conn:
         async with conn.group_consumer(queue) as c:
             while True:
-                m = await c.next(idle)
+                m = await c.next(then if expect is not None and len(out) >= expect else idle)
                 if m is None:
                     return out
                 out.append((m.body, m.id))

@@ -31,6 +31,9 @@ from tests.integration.test_replication import (_disabled, _node3_behind_proxies
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
+#: failback a second after the heal rather than 5 s: a restore in the group waits for it (_placed)
+FAILBACK = ["--failback-after", "1"]
+
 #: a restore's report that counts nothing
 NONE: dict[str, dict[str, int]] = {"restored": {}, "already": {}, "conflicts": {}, "left": {}, "dropped": {},
                                    "merged": {}, "failed": {}, "held": {}, "resent": {}, "unsure": {}}
@@ -45,13 +48,13 @@ class SplitBrain:
     taken: int  # how many of them have an old id that names another message of q now
 
 
-async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy], pad: int = 0) -> SplitBrain:
-    """The split brain of the module's docstring, healed: the quarantine holds node3's writes
-    (each ``pad`` bytes longer: past 24 MiB in all, node3 would compact its log unless it
-    kept what it wrote under the override, broker.modes.replicated.compaction.weak_cap)."""
+async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy]) -> SplitBrain:
+    """The split brain of the module's docstring, healed: the quarantine holds node3's writes.
+    (That it holds them all however much node3 wrote, past where node3 compacts its log:
+    tests/harness/test_quarantine.py.)"""
     await q_then_node3_cut(cl, proxies)
     majority = [f"maj-{i}".encode() for i in range(60)]
-    solo = [f"solo-{i}-".encode() + b"." * pad for i in range(20)]
+    solo = [f"solo-{i}-".encode() for i in range(20)]
     confirmed: list[bytes] = []
     failed: list[bytes] = []
     async with await client.connect_link(cl.url_of("node3")) as iso:
@@ -115,7 +118,7 @@ async def _healed(cl: LocalCluster, proxies: list[FaultProxy], count: int) -> li
 async def _placed(cl: LocalCluster, *queues: str) -> None:
     """Once every partition of ``queues`` is served by the node placement puts first, so
     that failback has nothing left to hand over: after the heal it hands partitions back to
-    their placed actives (``--failback-after``, 5 s), and a restore run in the group stops
+    their placed actives (``--failback-after``, :data:`FAILBACK`), and a restore run in the group stops
     early where the quarantine's partition moves during it (``"moved"``)."""
 
     async def home() -> bool:
@@ -137,6 +140,21 @@ async def _placed(cl: LocalCluster, *queues: str) -> None:
     await wait_until(home, timeout=60, what=f"every partition of {', '.join(queues)} on its placed active")
 
 
+async def _quarantine_active(cl: LocalCluster) -> str:
+    """The member node1 names active for the quarantine's partition (none, "", while it
+    elects one)."""
+    found = ""
+
+    async def named() -> bool:
+        nonlocal found
+        st = await cl.status("node1")
+        found = next((p.active for p in st.partitions if p.queue == QUARANTINE), "")
+        return bool(found)
+
+    await wait_until(named, timeout=30, what=f"an active for {QUARANTINE}")
+    return found
+
+
 async def _read_all(link: client.Connection, queue: str, partition: int) -> list[StreamMessage]:
     """Every message of the partition, a frame's worth at a time."""
     out: list[StreamMessage] = []
@@ -156,7 +174,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
         restored = [m for p in range(3) for m in await _read_all(link, "q", p) if m.body.startswith(b"solo-")]
     assert {m.headers["x-tandem-restored-id"] for m in restored} == old
     assert all("x-tandem-id" not in m.headers for m in restored)
-    consumed = await drain(cl.url_of("node1"), "q")
+    consumed = await drain(cl.url_of("node1"), "q", expect=len(sb.majority) + len(sb.solo))
     v = classify(sb.majority + sb.solo, sb.confirmed, consumed)
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     assert sorted(b for b, _ in consumed) == sorted(sb.majority + sb.solo)
@@ -167,7 +185,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
 
 
 async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -189,17 +207,12 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
     """The same merge through the admin API (``POST /api/v1/restore``), asked of a member that
     does not serve the quarantine: the member that does runs it, the one asked reports, logs
     and keeps it in its events."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      # (failure detection slower than FAST: replicating 60 MiB on a busy machine delays
-                      # keep-alives past half a second, and an election that moves the quarantine's
-                      # partition during the run stops it early, "moved", tests/unit/test_restore_run.py)
-                      extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2"])
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
-        sb = await _healed_split_brain(cl, proxies, pad=3 * 1024 * 1024)  # (60 MiB: see _healed_split_brain)
-        st = await cl.status("node1")
-        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        sb = await _healed_split_brain(cl, proxies)
+        serving = await _quarantine_active(cl)
         asked = next(n for n in ("node1", "node2", "node3") if n != serving)
         url = cl.console_url(asked) + "api/v1/restore"
         admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
@@ -249,7 +262,7 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
     group's through the admin API) finds 5..9 in the queue under the same producer id and
     seq: only 0..4 go back, 5..9 leave the quarantine as resent, and the queue holds each of
     the 15 once (without the look, 5..9 are there twice)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -277,8 +290,8 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
                        for t in report.pop("text")), report
         assert {k: v for k, v in report.items() if v} == {
             "restored": {"q": 6}, "resent": {"q": 5}, "conflicts": report["conflicts"]}, report
-        consumed = await drain(cl.url_of("node1"), "q")
         everything = [b"probe", *bodies]
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(everything))
         v = classify(everything, everything, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         async with await client.connect_link(cl.url) as link:
@@ -299,7 +312,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
                       # (a copy on each; five processes on a busy machine: failure detection slower than
                       # FAST, so that node4 does not count node5 down for a late keep-alive mid-test)
                       extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2", "--replicas", "4",
-                                  "--sync-replicas", "4"])
+                                  "--sync-replicas", "4", *FAILBACK])
     proxies = []
     for src in ("node1", "node2", "node3"):  # (the lower name dials: these six links cross the cut)
         for dst in ("node4", "node5"):
@@ -345,7 +358,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
         assert rc == 0, err
         report = json.loads(out)
         assert (report["restored"], report["already"]) == ({"q": len(minority)}, {"q": len(minority)}), report
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(majority) + len(minority))
         v = classify(majority + minority, confirmed, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     finally:
@@ -397,7 +410,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
     assert rc != 0 and "compensation: compensation hook 'nope' is not installed" in err, err
     assert "Traceback" not in err, err
     cl = LocalCluster(tmp_path / "group", nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--compensation", "lenient"])
+                      extra_args=[*FAST, *FAILBACK, "--compensation", "lenient"])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -445,8 +458,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
         assert err.count("the compensation hook failed (RuntimeError: strict: no rule for") == first["failed"], err
 
         # the group's own run: the nodes' hook keeps what the first one failed on
-        st = await cl.status("node1")
-        serving = next(p.active for p in st.partitions if p.queue == QUARANTINE)
+        serving = await _quarantine_active(cl)
         admin = {"Authorization": "Basic " + base64.b64encode(f"admin:{cl.password}".encode()).decode()}
         async with aiohttp.ClientSession(headers=admin) as s:
             async with s.post(cl.console_url(serving) + "api/v1/restore") as r:
@@ -460,7 +472,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
 
         assert all(b.split(b"|")[1].startswith(b"maj-") for b in merged), merged  # (the hook saw the source's)
         expected = sb.majority + kept + sorted(merged) + [m.body for m in remaining]
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(expected))
         v = classify(expected, expected, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert not {b for b, _ in consumed} & set(dropped)  # (dropped: never restored)
@@ -473,17 +485,17 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
             await p.stop()
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
 async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirmed_is_restored(
-        tmp_path: Path, restart: bool) -> None:
+        tmp_path: Path) -> None:
     """node3, cut off and forced alone (``quorum_override 1``), may keep 1 MiB of such writes
     in its log (``--weak-hold-bytes 1M``): it confirms three messages of 256 KiB and refuses
     the fourth (retry, naming weak_hold_bytes) instead of taking it and compacting what it
-    wrote alone.  ``restarted``: node3 is restarted, still cut off, and under the override
-    again it still refuses.  On the heal the quarantine holds exactly the three, and a
-    restore leaves the queue with every message confirmed on either side, once."""
+    wrote alone.  node3 is restarted, still cut off, and under the override again it still
+    refuses.  On the heal the quarantine holds exactly the three, and a restore leaves the
+    queue with every message confirmed on either side, once.  (Without the restart, on the
+    group harness: tests/harness/test_quarantine.py.)"""
     cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, "--weak-hold-bytes", "1M"])
+                      extra_args=[*FAST, *FAILBACK, "--weak-hold-bytes", "1M"])
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -506,28 +518,25 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
             for b in solo[1:3]:
                 await alone.send(b, key="one")
             assert "past weak_hold_bytes (1048576 bytes)" in await refused(iso)
-            if not restart:
-                await iso.set_quorum_override(None)
-        if restart:
-            await cl.nodes["node3"].stop()
-            await cl.nodes["node3"].start()
-            async with await client.connect_link(cl.url_of("node3")) as iso:
-                await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled after its restart")
-                await iso.set_quorum_override(1)
+        await cl.nodes["node3"].stop()
+        await cl.nodes["node3"].start()
+        async with await client.connect_link(cl.url_of("node3")) as iso:
+            await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled after its restart")
+            await iso.set_quorum_override(1)
 
-                async def says_full() -> bool:
-                    try:
-                        return "weak_hold_bytes" in await refused(iso)
-                    except (TandemError, pytest.fail.Exception):  # (not active yet: another refusal, or none)
-                        return False
+            async def says_full() -> bool:
+                try:
+                    return "weak_hold_bytes" in await refused(iso)
+                except (TandemError, pytest.fail.Exception):  # (not active yet: another refusal, or none)
+                    return False
 
-                await wait_until(says_full, timeout=30, what="node3, active alone again, refusing past its hold")
-                await iso.set_quorum_override(None)
+            await wait_until(says_full, timeout=30, what="node3, active alone again, refusing past its hold")
+            await iso.set_quorum_override(None)
         held = await _healed(cl, proxies, 3)
         assert sorted(m.body for m in held) == sorted(solo[:3]), [(m.offset, m.body[:10]) for m in held]
         rc, out, err = await tandem("restore", "--json", "--url", cl.url)
         assert rc == 0 and json.loads(out)["restored"] == {"q": 3}, (out, err)
-        consumed = await drain(cl.url_of("node1"), "q")
+        consumed = await drain(cl.url_of("node1"), "q", expect=len(majority) + 3)
         v = classify(majority + solo, majority + solo[:3], consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert sorted(b for b, _ in consumed) == sorted(majority + solo[:3])
@@ -585,7 +594,7 @@ async def test_a_weak_active_that_refused_past_its_hold_takes_publishes_again_on
             await cl.nodes["node2"].start()
             await wait_until(lambda: took(n), timeout=30, what="node1 taking the refused one with node2 back")
             await iso.set_quorum_override(None)
-        consumed = await drain(cl.url_of("node1"), "w")
+        consumed = await drain(cl.url_of("node1"), "w", expect=n + 1)
         v = classify(bodies, bodies[:n + 1], consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
     finally:
