@@ -12,8 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import client
 from broker.security.secret import ensure_secret
 from client.clock import SYSTEM_CLOCK
+from client.errors import StaleDeliveryError, TandemError
 from client.protocol import Frame, FrameBuffer, decode_payload
 from ha.messages import Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
@@ -108,3 +110,46 @@ async def tandem(*args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def drain_served(url: str, queue: str, *, timeout: float = 60.0) -> list[tuple[bytes, str]]:
+    """Consume the whole ``queue`` (every member, from a plain link to ``url``'s node) with acks,
+    as (body, id) pairs, until every partition of it has an active and each of those actives
+    (asked at the client address the group gives) holds none of the queue's messages: none
+    ready, none delivered and unacked, none pending.  Every message is then consumed and
+    settled and nothing is left to deliver later, so no wait for a silence is needed.
+    AssertionError after ``timeout`` seconds, naming what was still held."""
+    out: list[tuple[bytes, str]] = []
+    deadline = SYSTEM_CLOCK.monotonic() + timeout
+    async with await client.connect_link(url) as conn:
+        async with conn.group_consumer(queue) as c:
+            while True:
+                m = await c.next(0.1)
+                if m is not None:
+                    out.append((m.body, m.id))
+                    try:
+                        await m.ack()
+                    except (StaleDeliveryError, TandemError):
+                        pass  # its partition moved meanwhile: the new active delivers it again
+                    continue
+                held = await queue_held(conn, queue)
+                if not held:
+                    return out
+                if SYSTEM_CLOCK.monotonic() > deadline:
+                    raise AssertionError(f"timed out after {timeout}s draining {queue}: {held}")
+
+
+async def queue_held(probe: client.Connection, queue: str) -> str:
+    """What keeps ``queue`` from being drained, as seen from ``probe``'s node and the actives it
+    names ("" nothing: every partition has an active, each active holds no message of it)."""
+    md = (await probe.metadata(queue)).map
+    if "" in md.actives:
+        return f"partitions without an active: {md.actives}"
+    for name in sorted(set(md.actives)):
+        link = probe if name == probe.node else await probe.sibling(name, md.addresses[name])
+        there = (await link.metadata(queue)).map
+        if there.actives != md.actives:
+            return f"{probe.node} names the actives {md.actives}, {name} {there.actives}"
+        if there.queue.ready or there.queue.unacked:
+            return f"{name} holds {there.queue.ready} ready and {there.queue.unacked} unacked"
+    return ""

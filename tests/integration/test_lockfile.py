@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,8 +21,7 @@ from broker.tools.faults import FaultProxy
 from client.errors import InvalidArgumentError, StaleDeliveryError, TandemError
 from client.protocol.frames import StatusOk
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import wait_until
-from tests.integration.test_replication import drain
+from tests.helpers import drain_served, tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -51,9 +49,11 @@ async def lock_pair(tmp_path: Path) -> AsyncIterator[LocalCluster]:
 
 
 async def statuses(cl: LocalCluster) -> dict[str, StatusOk]:
+    """The status of every node that runs and answers (a paused one is not asked: it would
+    answer only when it wakes)."""
     out = {}
     for name, p in cl.nodes.items():
-        if p.proc is None or p.proc.returncode is not None:
+        if p.proc is None or p.proc.returncode is not None or p.paused:
             continue
         try:
             out[name] = await cl.status(name)
@@ -204,7 +204,7 @@ async def test_a_cut_link_leaves_one_serving_and_heals_into_active_passive(tmp_p
         # ... and it has them for real: the holder dies, the passive takes over with all of it
         await cl.nodes[holder].kill()
         await wait_states(cl, {"STANDALONE"}, names=[other])
-        consumed = await drain(cl.url_of(other), "q")
+        consumed = await drain_served(cl.url_of(other), "q")
         sent = [f"before-{i}".encode() for i in range(50)] + [f"alone-{i}".encode() for i in range(50)]
         v = classify(sent, sent, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
@@ -226,7 +226,7 @@ async def test_kill_9_of_the_holder_under_load_the_other_takes_the_lock_and_lose
         mark = len(load.confirmed)
         await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what="confirms after the failover")
         await load.finish()
-        consumed = load.consumed + await drain(cl.url_of(other), "orders")
+        consumed = load.consumed + await drain_served(cl.url_of(other), "orders")
         v = classify(load.bodies, load.confirmed, consumed)
         gap, took = load.pause_after(killed_at)
         print(f"kill -9 {holder}: {v.as_dict()} confirms resumed on {other} {took:.2f}s after the kill "
@@ -293,7 +293,7 @@ async def test_sigstop_of_the_holder_past_its_lease_the_other_serves_and_the_old
         print("\n".join(line for line in log.splitlines() if "HA state" in line or "LockFile" in line
                         or "-> follower" in line or "HA-1014" in line)[-4000:])
         assert "-> WAITING" in log, "the old holder stepped down to WAITING when it woke"
-        consumed = load.consumed + await drain(cl.url_of(other), "orders")
+        consumed = load.consumed + await drain_served(cl.url_of(other), "orders")
         v = classify(load.bodies + direct_bodies, load.confirmed + direct_confirmed, consumed)
         print(f"SIGSTOP {holder}: {v.as_dict()} confirms resumed on {other} {took:.2f}s after the pause "
               f"(longest gap {gap:.2f}s); "
@@ -307,12 +307,10 @@ async def test_status_shows_the_ha_state_epoch_and_holder(tmp_path: Path) -> Non
         holder = holder_of(sts)
         for name, st in sts.items():
             assert st.arbiter == "lockfile" and st.epoch == 1 and st.lock_holder == holder
-        for name in cl.nodes:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "broker.cli", "status", "--json", "--url", cl.url_of(name),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            assert proc.returncode == 0, err
+        names = list(cl.nodes)  # the CLI asks each node, both at once
+        answers = await asyncio.gather(*(tandem("status", "--json", "--url", cl.url_of(name)) for name in names))
+        for name, (rc, out, err) in zip(names, answers):
+            assert rc == 0, err
             d = json.loads(out)
             want = "ACTIVE" if name == holder else "PASSIVE"
             assert (d["arbiter"], d["ha_state"], d["epoch"], d["lock_holder"]) == ("lockfile", want, 1, holder), d
@@ -345,7 +343,7 @@ async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_o
         await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what=f"confirms from {other}")
         await load.finish()
         gap, took = load.pause_after(cut_at)
-        consumed = load.consumed + await drain(cl.url_of(other), "orders")
+        consumed = load.consumed + await drain_served(cl.url_of(other), "orders")
         v = classify(load.bodies, load.confirmed, consumed)
         print(f"gateway cut from {holder}: {v.as_dict()} confirms resumed on {other} {took:.2f}s after the cut "
               f"(longest gap {gap:.2f}s)")
@@ -381,7 +379,7 @@ async def test_what_a_holder_confirmed_alone_is_never_lost_the_other_waits_for_i
         await cl.nodes[holder].start()  # it takes its lock again and brings the other up to date
         sts = await wait_states(cl, {"ACTIVE", "PASSIVE"})
         assert sts[holder].ha_state == "ACTIVE" and sts[other].lock_holder == holder
-        consumed = await drain(cl.url_of(holder), "q")
+        consumed = await drain_served(cl.url_of(holder), "q")
         before = [f"before-{i}".encode() for i in range(20)]
         v = classify(before + alone, before + alone, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v

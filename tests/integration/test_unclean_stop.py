@@ -5,6 +5,7 @@ kill -9."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -18,8 +19,8 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
 from tests.conftest import FAST
-from tests.helpers import wait_until
-from tests.integration.test_replication import drain, produce
+from tests.helpers import drain_served, wait_until
+from tests.integration.test_replication import produce
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -72,10 +73,9 @@ async def test_a_group_member_with_unsynced_replicas_says_so_after_kill_9(tmp_pa
     await cl.start()
     try:
         await cl.wait_ready()
-        await cl.nodes["node2"].kill()
-        await cl.nodes["node2"].start()
-        await cl.nodes["node3"].stop()
-        await cl.nodes["node3"].start()
+        # node2 killed, node3 stopped cleanly, both at once; then both started again
+        await asyncio.gather(cl.nodes["node2"].kill(), cl.nodes["node3"].stop())
+        await asyncio.gather(cl.nodes["node2"].start(), cl.nodes["node3"].start())
         await cl.wait_ready()
 
         async def said() -> bool:
@@ -116,7 +116,7 @@ def _roll_back(node_dir: Path, seg: Path, size: int, copy: Path) -> None:
 @pytest.mark.parametrize("remote_sync", ["SYNC", "WRITE_NO_SYNC"])
 async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_sync_replicas_and_reports_it_without(
         tmp_path: Path, remote_sync: str) -> None:
-    """The whole group's power cut, the nodes back one after the other, the old active last.
+    """The whole group's power cut, the two replicas back first, the old active last.
     Each replica comes back with its store as it was before the messages (its applies were
     not fsynced) and, under WRITE_NO_SYNC, its log cut back as far too (it fsyncs its log only
     with a new term or vote); under SYNC its log keeps every entry it acknowledged.  The two
@@ -149,7 +149,7 @@ async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_syn
         for n in replicas:
             seg, size, copy = points[n]
             _roll_back(cl.nodes[n].data_dir, seg, size if remote_sync != "SYNC" else seg.stat().st_size, copy)
-            await cl.nodes[n].start()
+        await asyncio.gather(*(cl.nodes[n].start() for n in replicas))
         await wait_until(lambda: _one_active(cl), timeout=30, what="an active among the replicas")
         assert (await cl.actives("q"))[0] in replicas
         await cl.nodes[old].start()
@@ -163,7 +163,7 @@ async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_syn
                 return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
 
             await wait_until(caught_up, timeout=30, what=f"{old} to follow {active}")
-            consumed = await drain(cl.url_of(replicas[0]), "q")
+            consumed = await drain_served(cl.url_of(replicas[0]), "q")
             v = classify(bodies, confirmed, consumed)
             assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
             assert not any(e.startswith("HA-1014") for e in (await cl.status(old)).events)
@@ -177,7 +177,7 @@ async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_syn
 
         await wait_until(any_reported, timeout=30, what=f"HA-1014 on {old}")
         [event] = await reported()
-        consumed = await drain(cl.url_of(replicas[0]), "q")
+        consumed = await drain_served(cl.url_of(replicas[0]), "q")
         v = classify(bodies, confirmed, consumed)
         found = re.search(r"(\d+) of them \((\d+) messages\) had been confirmed \(confirmed and lost\)", event)
         assert found is not None, event

@@ -23,9 +23,8 @@ from broker.tools.drill.model import DrillConfig
 from broker.tools.faults import FaultProxy
 from broker.tools.witness_process import WitnessProcess
 from client.clock import SYSTEM_CLOCK
-from client.errors import TandemError
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import drain_served, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -33,13 +32,14 @@ QUEUE = "drill"
 
 
 @asynccontextmanager
-async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None
+async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None, args: tuple[str, ...] = ()
                          ) -> AsyncIterator[tuple[LocalCluster, WitnessProcess]]:
-    """node1, node2 (arbiter witness) and w1, quick to notice a dead member; stopped after.
-    ``link``: a proxy (not started) that the data nodes' link goes through."""
+    """node1, node2 (arbiter witness) and w1, quick to notice a dead member, all started at
+    once; stopped after.  ``link``: a proxy (not started) that the data nodes' link goes
+    through; ``args``: more flags for the data nodes."""
     wport = free_ports(1)[0]
     cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD,
-                      extra_args=[*FAST, "--arbiter", "witness", "--witness", f"w1=127.0.0.1:{wport}"])
+                      extra_args=[*FAST, "--arbiter", "witness", "--witness", f"w1=127.0.0.1:{wport}", *args])
     w = WitnessProcess(tmp_path / "w1", name="w1", peer_port=wport,
                        peers=[f"{n}=127.0.0.1:{p}" for n, p in cl.peer_ports.items()],
                        extra_args=["--cluster-secret-file", str(cl.secret_file), *FAST])
@@ -48,8 +48,7 @@ async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None
             link.target = ("127.0.0.1", cl.peer_ports["node2"])
             await link.start()
             cl.route("node1", "node2", link.address)  # node1 dials node2 (the lower name dials)
-        await w.start()
-        await cl.start()
+        await asyncio.gather(w.start(), cl.start())
         await cl.wait_ready()
         yield cl, w
     finally:
@@ -187,9 +186,8 @@ async def test_after_commits_with_the_witness_alone_the_stale_node_does_not_serv
         await wait_until(lambda: _active_set(cl, "q", {"node1"}), timeout=30, what="node1 active for both")
         bodies = [f"m-{i}".encode() for i in range(200)]
         async with await client.connect(cl.url_of("node1")) as conn:
-            p = conn.producer("q")
-            for b in bodies:
-                await p.send(b, key=b.decode())  # confirmed by node1 and the witness alone
+            # confirmed by node1 and the witness alone
+            await conn.producer("q").send_many([(b, b.decode()) for b in bodies])
         await cl.nodes["node1"].kill()
         await cl.nodes["node2"].start()
         terms = {p.partition: p.term for p in (await cl.status("node2")).partitions if p.queue == "q"}
@@ -211,18 +209,7 @@ async def test_after_commits_with_the_witness_alone_the_stale_node_does_not_serv
             await asyncio.sleep(0.25)  # sampling over a fixed window, as _stable_for does
         await cl.nodes["node1"].start()
         await wait_until(lambda: _all_active(cl, "q", 2), timeout=30, what="an active for each partition")
-        consumed: list[tuple[bytes, str]] = []
-        async with await client.connect(cl.url) as conn:
-            async with conn.group_consumer("q") as c:
-                while True:
-                    m = await c.next(3.0)
-                    if m is None:
-                        break
-                    consumed.append((m.body, m.id))
-                    try:
-                        await m.ack()
-                    except TandemError:
-                        pass
+        consumed = await drain_served(cl.url, "q")
         v = classify(bodies, bodies, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
 
@@ -290,8 +277,9 @@ async def test_cutting_the_link_between_the_data_nodes_keeps_one_active_per_part
 async def test_a_killed_data_node_restarts_catches_up_and_takes_its_partitions_back(tmp_path: Path) -> None:
     """kill -9 of a data node under load, then its restart: it catches up from the survivor
     (the witness holds no data to give), failback hands it its partitions again, and every
-    confirmed message is consumed exactly once."""
-    async with witnessed_pair(tmp_path) as (cl, _w):
+    confirmed message is consumed exactly once.  (Failback after 1 s back and answering, not
+    the default 5 s.)"""
+    async with witnessed_pair(tmp_path, args=("--failback-after", "1")) as (cl, _w):
         partitions = 4
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue(QUEUE, partitions=partitions)
