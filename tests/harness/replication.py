@@ -34,6 +34,16 @@ def active(g: Group, key: tuple[int, int]) -> Member | None:
     return serving[0] if len(serving) == 1 else None
 
 
+async def declared_with_active(g: Group, queue: str) -> tuple[tuple[int, int], Member]:
+    """Declare ``queue`` with one partition; its key and its active, once it has one."""
+    await g.declare(queue, partitions=1)
+    key = key_of(g, queue)
+    await g.until(lambda: active(g, key) is not None, 10.0, what=f"an active for {queue}")
+    a = active(g, key)
+    assert a is not None
+    return key, a
+
+
 def placed_first(g: Group, key: tuple[int, int], partitions: int) -> str:
     """The placement's choice for ``key`` (its first node), as a live member computes it."""
     m = g.alive()[0]

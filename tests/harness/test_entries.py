@@ -14,7 +14,7 @@ import pytest
 from client.protocol.frames import PublishMessage
 from tests.harness.clients import Consumer, Ledger, spawn_clients
 from tests.harness.group import Group, Member
-from tests.harness.replication import active, key_of
+from tests.harness.replication import active, declared_with_active
 
 pytestmark = pytest.mark.asyncio
 
@@ -46,11 +46,8 @@ async def test_while_an_entry_is_in_flight_what_follows_waits_for_its_commit_and
     n = 30
     async with Group(tmp_path, non_response_timeout=4.0) as g:
         await g.start()
-        await g.declare("inflight", partitions=1)
-        key = key_of(g, "inflight")
-        await g.until(lambda: active(g, key) is not None, 10.0, what="an active")
-        a = active(g, key)
-        assert a is not None and a.node is not None
+        key, a = await declared_with_active(g, "inflight")
+        assert a.node is not None
         await publish(g, a, "inflight", 0)  # (the partition's first entry after its no-op)
         before = commit_of(a, "inflight")
         q = a.node.catalogue.queues["inflight"]
@@ -82,11 +79,7 @@ async def test_acks_ride_in_the_partitions_next_entry_and_a_clean_stop_proposes_
     n = 40
     async with Group(tmp_path, ack_linger=30.0) as g:
         await g.start()
-        await g.declare("acks", partitions=1)
-        key = key_of(g, "acks")
-        await g.until(lambda: active(g, key) is not None, 10.0, what="an active")
-        a = active(g, key)
-        assert a is not None
+        key, a = await declared_with_active(g, "acks")
         before = commit_of(a, "acks")
         ledger = Ledger()
         consumer = Consumer(g, ledger, "acks", "c0", random.Random(0), prefetch=1, ack_delay=0.0)
@@ -116,11 +109,7 @@ async def test_a_lone_ack_commits_once_its_linger_is_over(tmp_path: Path) -> Non
     (10 ms by default): every member's store drops the acked message."""
     async with Group(tmp_path) as g:
         await g.start()
-        await g.declare("lone", partitions=1)
-        key = key_of(g, "lone")
-        await g.until(lambda: active(g, key) is not None, 10.0, what="an active")
-        a = active(g, key)
-        assert a is not None
+        key, a = await declared_with_active(g, "lone")
         await publish(g, a, "lone", 0)
         await g.until(lambda: all(stored(m, key) == 1 for m in g.alive()), 10.0,
                       what="the message in every member's store")

@@ -72,6 +72,20 @@ def _quarantined(g: Group) -> list[tuple[bytes, dict[str, str]]]:
     return []
 
 
+async def _split(g: Group, n1: Member, n3: Member, key: tuple[int, int], count: int) -> list[bytes]:
+    """n3 cut off (its links reset) until it goes Disabled; ``count`` messages published on the
+    majority's n1; then n3 under ``quorum_override`` 1, active alone.  The majority's bodies."""
+    g.net.isolate("n3", ["n1", "n2"])
+    for o in ("n1", "n2"):
+        g.net.drop("n3", o)
+    await g.until(lambda: n3.quorum is QuorumState.DISABLED, 10.0, what="n3 Disabled")
+    majority = [f"maj-{i}".encode() for i in range(count)]
+    await _publish(g, n1, majority)
+    n3.run(lambda: n3.node.options.set_quorum_override(1, by="test"))  # type: ignore[union-attr]
+    await g.until(lambda: _serving(n3, key), 10.0, what="n3 active alone under the override")
+    return majority
+
+
 async def test_what_a_weak_active_wrote_past_the_compaction_mark_all_reaches_the_quarantine(
         tmp_path: Path, n3_compacts: None) -> None:
     async with Group(tmp_path) as g:
@@ -85,14 +99,7 @@ async def test_what_a_weak_active_wrote_past_the_compaction_mark_all_reaches_the
         await g.until(lambda: n3.node is not None and n3.node.ha.replication is not None
                       and n3.node.ha.replication.logs[key].replica.applied >= 11, 10.0, what="n3 caught up")
 
-        g.net.isolate("n3", ["n1", "n2"])
-        for o in ("n1", "n2"):
-            g.net.drop("n3", o)
-        await g.until(lambda: n3.quorum is QuorumState.DISABLED, 10.0, what="n3 Disabled")
-        majority = [f"maj-{i}".encode() for i in range(30)]
-        await _publish(g, n1, majority)
-        n3.run(lambda: n3.node.options.set_quorum_override(1, by="test"))  # type: ignore[union-attr]
-        await g.until(lambda: _serving(n3, key), 10.0, what="n3 active alone under the override")
+        majority = await _split(g, n1, n3, key, 30)
         solo = [f"solo-{i}".encode() for i in range(40)]
         await _publish(g, n3, solo)
         rep = n3.node.ha.replication  # type: ignore[union-attr]
@@ -129,14 +136,7 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
         assert key is not None
         await g.until(lambda: all(_key(m, "q") == key for m in g.alive())
                       and any(_serving(m, key) for m in g.alive()), 10.0, what="an active for q")
-        g.net.isolate("n3", ["n1", "n2"])
-        for o in ("n1", "n2"):
-            g.net.drop("n3", o)
-        await g.until(lambda: n3.quorum is QuorumState.DISABLED, 10.0, what="n3 Disabled")
-        majority = [f"maj-{i}".encode() for i in range(40)]
-        await _publish(g, n1, majority)
-        n3.run(lambda: n3.node.options.set_quorum_override(1, by="test"))  # type: ignore[union-attr]
-        await g.until(lambda: _serving(n3, key), 10.0, what="n3 active alone under the override")
+        majority = await _split(g, n1, n3, key, 40)
         solo = [f"solo-{i}-".encode() + b"." * (256 << 10) for i in range(4)]
         await _publish(g, n3, solo[:3])
         refused = g.publish(n3, "q", None, [PublishMessage("one", {}, solo[3])])

@@ -12,7 +12,7 @@ import pytest
 from client.protocol.frames import PublishMessage
 from tests.harness.clients import Consumer, Ledger, Producer, spawn_clients
 from tests.harness.group import Group
-from tests.harness.replication import active, key_of, with_settings
+from tests.harness.replication import active, declared_with_active, key_of, with_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,11 +56,7 @@ async def test_async_replicas_are_fed_and_never_count(tmp_path: Path) -> None:
     async one (a learner).  The learner catches up; losing it stops nothing; it never stands."""
     async with Group(tmp_path, replicas=2, sync_replicas=1) as g:
         await g.start()
-        await g.declare("q", partitions=1)
-        key = key_of(g, "q")
-        await g.until(lambda: active(g, key) is not None, 10.0, what="an active")
-        a = active(g, key)
-        assert a is not None
+        key, a = await declared_with_active(g, "q")
 
         def replicas() -> dict[str, tuple[str, int, int]]:
             rep = a.node.ha.replication if a.node is not None else None
