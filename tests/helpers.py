@@ -15,7 +15,7 @@ from pathlib import Path
 import client
 from broker.security.secret import ensure_secret
 from client.clock import SYSTEM_CLOCK
-from client.errors import StaleDeliveryError, TandemError
+from client.errors import TandemError
 from client.protocol import Frame, FrameBuffer, decode_payload
 from ha.messages import Envelope, VoteReply
 from ha.replica import Replica, ReplicaConfig, Role
@@ -129,8 +129,8 @@ async def drain_served(url: str, queue: str, *, timeout: float = 60.0) -> list[t
                     out.append((m.body, m.id))
                     try:
                         await m.ack()
-                    except (StaleDeliveryError, TandemError):
-                        pass  # its partition moved meanwhile: the new active delivers it again
+                    except TandemError:  # stale (its partition moved) or its link ended meanwhile:
+                        pass  # the new active delivers it again
                     continue
                 held = await queue_held(conn, queue)
                 if not held:

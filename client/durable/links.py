@@ -98,8 +98,8 @@ class DurableLinks:
         self._last_primary: str | None = None  # the node of the latest primary link
         self._rotated_at = -1e9
         self._last_dial_error = ""  # why the last dial failed ("host:port: reason")
-        self._unreachable: set[tuple[str, int]] = set()
-        self._failed_at: dict[tuple[str, int], float] = {}  # address -> when a dial of it last failed
+        #: address -> when a dial of it last failed (until it answers again)
+        self._failed_at: dict[tuple[str, int], float] = {}
         #: where refusing nodes said the active is (NotActive's hint, e.g. a shared-mode
         #: passive naming the lock holder): tried first
         self._hints: list[tuple[str, int]] = []
@@ -180,7 +180,7 @@ class DurableLinks:
         except (OSError, TimeoutError) as exc:
             self._dial_failed(host, port, exc)
             return None
-        self._unreachable.discard((host, port))
+        self._failed_at.pop((host, port), None)
         name = link.node or f"{host}:{port}"
         if self._closed:
             await link.close()
@@ -211,12 +211,11 @@ class DurableLinks:
         why = str(exc)
         self._last_dial_error = why.removeprefix("cannot connect to ") if why.startswith("cannot connect to ") \
             else f"{host}:{port}: {why}"
-        self._failed_at[(host, port)] = self.clock.monotonic()
         if (host, port) in self._hints:  # a hint that does not answer is stale
             self._hints.remove((host, port))
-        if (host, port) not in self._unreachable:  # said once, until it answers again
-            self._unreachable.add((host, port))
+        if (host, port) not in self._failed_at:  # said once, until it answers again
             log.info("durable connection: %s:%d does not answer: %s", host, port, exc)
+        self._failed_at[(host, port)] = self.clock.monotonic()
 
     def _set_primary(self, link: Connection) -> None:
         before = self._last_primary
@@ -366,12 +365,10 @@ class DurableLinks:
         self._changed()
 
     def failed_since(self, node: str, since: float) -> bool:
-        """Whether a dial of ``node`` failed at or after ``since`` and no link to it is open
+        """Whether a dial of ``node`` failed at or after ``since`` and none has answered since
         (it refused the connection, or did not answer in time)."""
-        link, addr = self.links.get(node), self.addresses.get(node)
-        if addr is None or (link is not None and not link.is_closed):
-            return False
-        return self._failed_at.get(addr, float("-inf")) >= since
+        addr = self.addresses.get(node)
+        return addr is not None and self._failed_at.get(addr, float("-inf")) >= since
 
     async def link(self, node: str, deadline: float) -> Connection:
         """A link to ``node``, dialing it if need be (until ``deadline``)."""
