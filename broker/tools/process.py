@@ -104,6 +104,8 @@ class NodeProcess:
             await self.kill()
             tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise NodeStartError(f"node {self.name} did not start: {exc or 'timeout'}\n{tail}") from None
+        finally:
+            found.cancel()  # (a start given up on: the pump sets no exception nobody would retrieve)
         return self
 
     async def _pump(self, found: asyncio.Future[tuple[str, int]]) -> None:
