@@ -15,8 +15,14 @@ from broker.tools.drill import SCENARIOS, DrillConfig, drill
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
+# make test runs one drill of each fault family; the long tier (docs/testing.md) the rest:
+# kill-replica runs in make test through the CLI below, and restart-all's whole-group restart
+# through test_weak_policies_never_lose_silently and the power-loss-all disk drills
+LONG = {"kill-replica", "restart-all"}
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.long) if s in LONG else s for s in SCENARIOS])
 async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path) -> None:
     # (slow-disk: enough messages that sends are still in flight when the 3 s stall starts)
     n = 2000 if scenario == "slow-disk" else 400

@@ -286,10 +286,13 @@ async def test_drill_pause_active_shared_on_postgresql(tmp_path: Path) -> None:
     assert left == []
 
 
+@pytest.mark.long
 @pytest.mark.asyncio
 async def test_drill_pause_active_lockfile(tmp_path: Path) -> None:
     """Needs the LockFile arbiter.  SIGSTOP of the lock holder past its lease: the other node
-    takes the lock and serves; the old one confirms nothing after SIGCONT."""
+    takes the lock and serves; the old one confirms nothing after SIGCONT.  In the long tier:
+    make test drills the pair setups through kill-active, and pauses the lock holder in
+    tests/integration/test_lockfile.py."""
     _passed(await drill(_drill_cfg("pause-active", HaSetup(arbiter="lockfile"), tmp_path)))
 
 
