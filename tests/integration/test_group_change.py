@@ -2,7 +2,10 @@
 durable producers and consumers (the drill's, broker.tools.drill.load): a fourth node joins
 a three-node group and the partitions re-spread onto it, then a founding member is drained
 and removed and the partitions re-spread off it; the checker accounts for every message,
-and the longest confirm wait during each operation is reported."""
+and the longest confirm wait during each operation is reported.  And the refusals.
+
+A member added in a zone, the partitions' copies kept in distinct zones, runs on the
+in-process group harness (tests/harness/test_group_change.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ import pytest
 import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
-from broker.tools.cluster_up import zone_args
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import QUEUE, DrillConfig
 from client.clock import SYSTEM_CLOCK
@@ -188,37 +190,6 @@ async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path
         await wait_until(lambda: told in cl.nodes["node0"].log_text(), timeout=30, what="node0 told why")
         assert "node0" not in (await cl.status("node1")).members
         assert "intruder" not in cl.nodes["node1"].log_text(), "a member refused node0 as an intruder"
-
-
-async def test_a_member_added_in_a_zone_keeps_every_partitions_copies_in_distinct_zones(tmp_path: Path) -> None:
-    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1", *zone_args("a,b,c", 3)) as cl:
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue(QUEUE, partitions=PARTITIONS)
-        await wait_until(lambda: _all_active(cl), timeout=30, what="an active for each partition")
-        rc, _out, err = await tandem("group", "add", "node5=127.0.0.1:1", "--url", cl.url_of("node1"))
-        assert rc == 2 and "this group places copies by zone: give node5's (--zone)" in err, err
-        spec = cl.new_member("node4", zone="a")
-        rc, out, err = await tandem("group", "add", spec, "--zone", "a", "--json", "--url", cl.url_of("node1"))
-        assert rc == 0, err
-        await cl.nodes["node4"].start(60)
-        await wait_until(lambda: _all_settled(cl, 4), timeout=120, what="node4 added, partitions re-spread")
-        zone = {"node1": "a", "node2": "b", "node3": "c", "node4": "a"}
-        held = await placement(cl, "node1")
-        assert all(len({zone[n] for n in nodes}) == len(nodes) == 2 for nodes in held.values()), held
-        assert any("node4" in nodes for nodes in held.values()), held
-        st = await cl.status("node3")
-        assert dict(z.split("=") for z in st.zones) == zone, st.zones
-        # node4 taken out again: the others dial it (the lower name dials), and it still learns
-        # of its removal before they let go of it
-        rc, _out, err = await tandem("group", "remove", "node4", "--wait", "--timeout", "120",
-                                     "--url", cl.url_of("node1"))
-        assert rc == 0, err
-
-        async def told() -> bool:
-            st4 = await cl.status("node4")
-            return st4.members == ["node1", "node2", "node3"] and st4.remotes == []
-
-        await wait_until(told, timeout=30, what="node4 told it is no longer a member")
 
 
 async def _all_active(cl: LocalCluster) -> bool:
