@@ -67,7 +67,7 @@ async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_
 
         await wait_until(node2_has_its_own, timeout=30, what="node2 active for the partition placed on it")
         node2s = sorted(p for p, n in placed.items() if n == "node2")
-        cfg = DrillConfig(scenario="zones", partitions=3, producers=2, consumers=2, messages=9000, window=64)
+        cfg = DrillConfig(scenario="zones", partitions=3, producers=2, consumers=2, messages=4500, window=64)
         clock = SYSTEM_CLOCK
         load = Load(cl, cfg, 1, random.Random(11), clock)
         window: list[float] = []
@@ -149,7 +149,7 @@ async def test_a_disabled_node_whose_log_is_the_only_full_one_takes_over_then_ha
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue(QUEUE, partitions=3)
         await actives(cl, QUEUE, 3)
-        cfg = DrillConfig(scenario="zones-lag", partitions=3, producers=2, consumers=2, messages=9000, window=64)
+        cfg = DrillConfig(scenario="zones-lag", partitions=3, producers=2, consumers=2, messages=4500, window=64)
         clock = SYSTEM_CLOCK
         load = Load(cl, cfg, 2, random.Random(12), clock)
 

@@ -14,8 +14,8 @@ import client
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from client.mapper import make_mapper
-from tests.helpers import wait_until
-from tests.integration.test_replication import actives, drain
+from tests.helpers import drain_served, wait_until
+from tests.integration.test_replication import actives
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -85,7 +85,7 @@ async def test_a_producer_whose_first_node_loses_quorum_sends_every_partition_el
             await send_round(p, "healed")
             await p.close()
         await actives(cl, "routed", PARTITIONS)
-        consumed = await drain(cl.url, "routed")
+        consumed = await drain_served(cl.url_of("node1"), "routed")
         v = classify(sent, confirmed, consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert len(confirmed) == len(sent)

@@ -1,10 +1,10 @@
 """Replication groups of real node processes on loopback, with faults injected where the
 process is the point: kill -9 of an active, two-node groups, `tandem cluster up`, the SDK's
-retries, the log's files, disks stalled, a member cut off by a fault-injecting proxy.  Every
-message is accounted for by the checker (broker.tools.checker): lost, duplicated and
-unexpected must be 0.  What needs no OS process (elections, failback, priority 0, async
-replicas, quorum override, what goes in a log entry) runs on the in-process group harness,
-tests/harness/."""
+retries, the log's files, the stores, disks stalled (and helpers other modules use: node3
+cut off by fault-injecting proxies).  Every message is accounted for by the checker
+(broker.tools.checker): lost, duplicated and unexpected must be 0.  What needs no OS process
+(elections, failback, priority 0, async replicas, quorum override, what goes in a log entry,
+a member that has not applied a declare) runs on the in-process group harness, tests/harness/."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
 from broker.tools.faults import FaultProxy, stall_disk
 from broker.config import ALIVE_GIVE_UP
-from client.errors import QueueNotFoundError, StaleDeliveryError, TandemError, UnavailableError
+from client.errors import StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import StatusOk
-from tests.helpers import free_base_port, wait_until
+from tests.helpers import drain_served, free_base_port, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -106,7 +106,7 @@ async def test_kill_9_of_an_active_loses_no_confirmed_message(trio: LocalCluster
     longest = await sending
     after = await actives(cl, "orders", 3)
     assert victim not in after.values()
-    consumed = await drain(cl.url_of(survivor), "orders")
+    consumed = await drain_served(cl.url_of(survivor), "orders")
     v = classify(bodies, confirmed, consumed)
     print(f"kill -9 {victim}: {v.as_dict()} longest confirm wait {longest:.2f}s")
     assert len(confirmed) >= 1400, f"producers did not continue after the failover: {v}"
@@ -135,7 +135,8 @@ async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path
             st = await conn.set_designated_primary(True)
             assert st.designated_primary and st.quorum_state != "Disabled"
             await conn.producer("q").send(b"after")  # the survivor goes on alone
-        consumed = await drain(cl.url_of("node1"), "q")
+        assert set((await actives(cl, "q", 2)).values()) == {"node1"}  # (node2 stays down)
+        consumed = await drain_served(cl.url_of("node1"), "q")
         got = sorted(b for b, _ in consumed)
         assert b"after" in got and b"before-1" in got and b"before-2" in got
     finally:
@@ -368,7 +369,7 @@ async def test_a_producer_retries_a_partition_as_soon_as_the_map_names_its_new_a
         await asyncio.wait_for(asyncio.gather(*futs), timeout=60)
     after = await actives(cl, "moved", 1)
     assert after[0] != victim
-    consumed = await drain(cl.url_of(after[0]), "moved")
+    consumed = await drain_served(cl.url_of(after[0]), "moved")
     v = classify(bodies, bodies, consumed)
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
 
@@ -410,95 +411,6 @@ async def test_every_store_reaches_the_commit_index_after_a_replica_catches_up(t
         return all(stored_applied(n) == commit for n in cl.nodes)
 
     await wait_until(settled, timeout=60, what="every store at the commit index")
-
-
-async def test_a_queue_declared_through_one_member_can_be_used_at_once_on_a_lagging_one(tmp_path: Path) -> None:
-    """node3's peer links are slow (400 ms each way): a declare commits on node1 and node2
-    without it.  A client that then uses the queue on node3 must not be told it does not
-    exist: node3 catches up with the catalogue's active first.  A queue that really does
-    not exist is still refused."""
-    # node1: the catalogue's active (placed first, handed the catalogue by failback, at once)
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=["--failback-after", "0.5"],
-                      node_args={"node1": ["--priority", "3"]})
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
-        await cl.wait_ready()
-
-        async def node1_holds_the_catalogue() -> bool:
-            st = await cl.status("node3")
-            return any(p.queue == "" and p.active == "node1" for p in st.partitions)
-
-        await wait_until(node1_holds_the_catalogue, timeout=30, what="node1 active for the catalogue")
-        for p in proxies:
-            p.delay = 0.4
-        async with await client.connect_link(cl.url_of("node1")) as first, \
-                await client.connect_link(cl.url_of("node3")) as lagging:
-            for i in range(3):
-                await first.declare_queue(f"lag{i}", partitions=2)
-                assert (await lagging.partition_map(f"lag{i}")).queue.partitions == 2
-            await first.declare_queue("lag-consume")
-            async with lagging.consumer("lag-consume"):  # subscribed
-                pass
-            await first.declare_queue("lag-get")
-            assert await lagging.get("lag-get") is None  # found, and empty
-            with pytest.raises(QueueNotFoundError):
-                await lagging.partition_map("never-declared")
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
-
-
-async def test_a_member_that_missed_a_declare_and_cannot_ask_says_unavailable_not_missing(tmp_path: Path) -> None:
-    """node3 is cut off while node1 and node2 declare a queue and fill it.  node3 cannot ask
-    the catalogue's active how far the catalogue goes, so it cannot tell whether the queue
-    exists: it answers UNAVAILABLE (retry), never "does not exist", which would end a group
-    consumer for good on a queue that exists.  Once healed, node3 finds the queue."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST)
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
-        await cl.wait_ready()
-
-        async def node1_and_node2_linked() -> bool:
-            st = await cl.status("node1")
-            return any(r.name == "node2" and r.state == "Up" for r in st.remotes)
-
-        await wait_until(node1_and_node2_linked, timeout=30, what="node1 to see node2 Up")
-        for p in proxies:
-            p.cut()
-        async with await client.connect_link(cl.url_of("node1")) as conn:
-            await conn.declare_queue("missed", partitions=3)  # committed by node1 and node2
-        bodies = [f"missed-{i}".encode() for i in range(60)]
-        confirmed: list[bytes] = []
-        failed: list[bytes] = []
-        await produce(cl.url_of("node1"), "missed", bodies, confirmed, failed)
-        assert sorted(confirmed) == sorted(bodies)
-        async with await client.connect_link(cl.url_of("node3")) as iso:
-            with pytest.raises(UnavailableError):
-                await iso.partition_map("missed")
-            with pytest.raises(UnavailableError):
-                await iso.consumer("missed").start()
-        # a group consumer of every member: node3's subscription is retried, the rest deliver
-        consumed = await drain(cl.url, "missed")
-        v = classify(bodies, confirmed, consumed)
-        assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
-        for p in proxies:
-            p.heal()
-
-        async def found_on_node3() -> bool:
-            try:
-                async with await client.connect_link(cl.url_of("node3")) as again:
-                    return (await again.partition_map("missed")).queue.partitions == 3
-            except UnavailableError:
-                return False
-
-        await wait_until(found_on_node3, timeout=30, what="node3 to find the queue after the heal")
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
 
 
 async def send_until(url: str, queue: str, stop: asyncio.Event, bodies: list[bytes], confirmed: list[bytes],
@@ -566,7 +478,7 @@ async def _stall_partition_0s_replicas(tmp_path: Path, seconds: float) -> tuple[
         await asyncio.gather(*sending)
         await actives(cl, "orders", 3)
         st = await cl.status(active)
-        consumed = await drain(cl.url_of(active), "orders")
+        consumed = await drain_served(cl.url_of(active), "orders")
         v = classify(bodies, confirmed, consumed)
         print(f"disks of {replicas} stalled {seconds} s: {v.as_dict()}, {len(failed)} failed")
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
@@ -594,11 +506,12 @@ async def test_a_stalled_disk_on_both_replicas_does_not_depose_the_active(tmp_pa
 
 
 async def test_a_disk_stuck_past_alive_give_up_fails_its_partitions_over(tmp_path: Path) -> None:
-    """Stuck for longer than ALIVE_GIVE_UP non-response timeouts (5 s here, of a 9 s stall), the replicas stop
+    """Stuck for longer than ALIVE_GIVE_UP non-response timeouts (5 s here, of a 7 s stall), the replicas stop
     saying they are up: the active steps down ("heard from 1 of 3 voters") rather than hold
     its clients' confirms for ever, and once the disks go on, the partition serves again
-    with nothing lost."""
-    stall = ALIVE_GIVE_UP * 0.5 + 4  # FAST: non_response_timeout 0.5 s
+    with nothing lost.  (The step-down comes a non-response timeout after the give-up, 5.5 s
+    into the stall: the rest is slack for a loaded machine.)"""
+    stall = ALIVE_GIVE_UP * 0.5 + 2  # FAST: non_response_timeout 0.5 s
     _active, before, st, waits = await _stall_partition_0s_replicas(tmp_path, stall)
     assert max(waits) >= ALIVE_GIVE_UP * 0.5, f"longest wait for a partition-0 confirm {max(waits):.2f} s"
     assert any("heard from" in e for e in st.events), st.events

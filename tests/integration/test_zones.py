@@ -88,7 +88,7 @@ async def test_copies_spread_over_zones_and_a_lost_zone_loses_nothing(tmp_path: 
         await wait_until(lambda: foreign_views_agree(cl, placed, {p: n[0] for p, n in placed.items()}),
                          what="every node knowing the actives of the partitions it does not hold")
 
-        cfg = DrillConfig(scenario="zone", partitions=PARTITIONS, producers=2, consumers=2, messages=8000,
+        cfg = DrillConfig(scenario="zone", partitions=PARTITIONS, producers=2, consumers=2, messages=4000,
                           window=64)
         clock = SYSTEM_CLOCK
         load = Load(cl, cfg, 1, random.Random(11), clock)

@@ -1,0 +1,82 @@
+"""A client session on a harness member, without a socket: the node's own
+:class:`broker.sessions.session.Session`, logged in as the member's first admin, fed request
+frames one at a time; its answers are read from the bytes it writes.
+
+    s = ClientSession(g, g["n3"])
+    reply = await s.ask(Metadata(rid=1, queue="q"))   # MetadataOk, or the Error it sent
+
+What it skips: the Hello and SCRAM exchange (the session starts logged in) and the socket.
+What it runs: the session's handling of each request (``Session._handle``), with its own
+look-ups, forwarding and the catch-up with the catalogue's active before "does not exist"."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from broker.sessions.session import Session
+from client.protocol import Frame, FrameBuffer, decode_payload
+from client.protocol.connection import State
+from tests.harness.group import Group, Member
+
+ASK_TIMEOUT = 30.0  # virtual seconds
+
+
+class _Writer:
+    """What a session writes to its client, kept (an ``asyncio.StreamWriter`` in its place)."""
+
+    def __init__(self) -> None:
+        self.buf = FrameBuffer()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.buf.feed(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def drain(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def frames(self) -> list[Frame]:
+        out = []
+        while (payload := self.buf.next_payload()) is not None:
+            out.append(decode_payload(payload))
+        return out
+
+
+class ClientSession:
+    """A session on ``m``'s current life, logged in as its admin."""
+
+    def __init__(self, g: Group, m: Member, user: str = "admin") -> None:
+        assert m.node is not None and m.life is not None, f"{m.name} is not running"
+        self.g, self.m, self.life = g, m, m.life
+        self.writer = _Writer()
+        node = m.node
+        self.session = m.run(Session, node._session_parts, asyncio.StreamReader(), self.writer)
+        record = node._session_parts.node.users.get(user)
+        assert record is not None, f"{m.name} has no user {user}"
+        self.session.user = record
+        self.session.proto.state = State.OPEN
+        self._held: list[Frame] = []
+
+    async def ask(self, request: Frame) -> Frame:
+        """The session's answer to ``request`` (a frame with its rid: the reply or an Error)."""
+        rid = getattr(request, "rid")
+        task = self.life.spawn(self.session._handle(request), name=f"harness-ask-{type(request).__name__}")
+        await self.g.until(task.done, ASK_TIMEOUT, what=f"{self.m.name} to answer {type(request).__name__}")
+        task.result()
+        self._held += self.writer.frames()
+        for i, f in enumerate(self._held):
+            if getattr(f, "rid", None) == rid:
+                return self._held.pop(i)
+        raise AssertionError(f"{self.m.name} sent no answer to {request!r}: {self._held!r}")
