@@ -81,6 +81,10 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
             skipped: list[Message] = []
             seen: set[str] = set()
             held = await _held(link)
+            if held is None:
+                log.info("restore: %s's count is not to be had: done after %.0f s without a message", QUEUE, WAIT)
+            else:
+                log.info("restore: %s holds %d message(s): done once each is looked at", QUEUE, held)
             async with conn.group_consumer(QUEUE, prefetch=10000) as consumer:
                 while (held is None or len(seen) < held) and (m := await consumer.next(WAIT)) is not None:
                     if m.id in seen:  # (one skipped before, back again: every message has been looked at)

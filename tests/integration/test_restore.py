@@ -197,9 +197,10 @@ async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) 
     await cl.start()
     try:
         sb = await _healed_split_brain(cl, proxies)
-        rc, out, err = await tandem("restore", "--json", "--url", cl.url)
+        rc, out, err = await tandem("restore", "--json", "-v", "--url", cl.url)
         assert rc == 0, err
         assert json.loads(out) == {**NONE, "restored": {"q": len(sb.solo)}, "conflicts": {"q": sb.taken}}, out
+        assert f"{QUARANTINE} holds {len(sb.solo)} message(s): done once each is looked at" in err, err
         await _merged(cl, sb)
         rc, out, err = await tandem("restore", "--url", cl.url)
         assert rc == 0 and out.strip() == f"nothing to restore: {QUARANTINE} holds no message that matches", (out,
