@@ -45,7 +45,11 @@ log = logging.getLogger("tandem.broker")
 #: the id a restored message had on the side that lost ("<partition>-<offset>")
 RESTORED_ID = "x-tandem-restored-id"
 
-#: seconds without a quarantined message before a restore is done
+#: A restore counts what the quarantine holds when it begins (ready, delivered and not yet
+#: settled, not yet committed) and is done once it has looked at that many messages; it waits
+#: this many seconds for the next one at most, and is done then too (another consumer holds
+#: the rest, or the count was not to be had).  What arrives after the count waits for the
+#: next run.
 WAIT = 2.0
 
 #: seconds a run in the group goes on before it leaves the rest for the next (a forwarded

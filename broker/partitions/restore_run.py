@@ -210,8 +210,9 @@ class Restores:
         return pack_reply((await self.here(Filter.of(req))).json())
 
     async def here(self, f: Filter) -> Report:
-        """Restore what ``f`` takes of the quarantine's partitions this node serves, for at
-        most BUDGET s (then ``more``: what is left waits for the next run).  A partition that
+        """Restore what ``f`` takes of the quarantine's partitions this node serves (what they
+        hold when it begins: :data:`~broker.partitions.restore.WAIT`), for at most BUDGET s
+        (then ``more``: what is left waits for the next run).  A partition that
         moves to another member meanwhile ends the run (``moved``): its deliveries are that
         member's now, and nothing more of it comes here."""
         node = self.node
@@ -223,6 +224,7 @@ class Restores:
         if not served:  # (its active when the member asked looked, no longer)
             report.more = report.moved = True
             return report
+        held = q.depth  # (of the partitions it serves: the run is done once it has looked at as many)
         taker = _Taker(node, self.delivery, "restore")
         node.local_holders.add(taker)
         try:
@@ -232,7 +234,8 @@ class Restores:
             ends: dict[tuple[str, int], int] = {}
             seen: Seen = {}
             deadline = node.clock.monotonic() + BUDGET
-            while (got := await taker.next(WAIT)) is not None:
+            looked = 0
+            while looked < held and (got := await taker.next(WAIT)) is not None:
                 if _moved(node, q, served):
                     break
                 if node.clock.monotonic() >= deadline:
@@ -240,6 +243,7 @@ class Restores:
                     break
                 first = got[1]
                 more = taker.ready(BATCH - 1, BATCH_BYTES - len(first.body) - len(first.headers_blob))
+                looked += 1 + len(more)
                 await self._batch(f, [got, *more], taker, report, skipped, ends, seen)
             if _moved(node, q, served):
                 report.more = report.moved = True

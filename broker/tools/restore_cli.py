@@ -18,7 +18,7 @@ from broker.partitions.restore import WAIT, Filter, Report, Seen, compensated, r
 from broker.messaging.streams import Produced
 from broker.tools.options import ExamplesFormatter, url_args
 from client.durable.consumer import DurableMessage as Message
-from client.errors import InvalidArgumentError, QueueNotFoundError
+from client.errors import InvalidArgumentError, QueueNotFoundError, TandemError
 from client.protocol.frames import Publish, PublishMessage, PublishOk, StreamMessage, expect
 
 Command = Coroutine[Any, Any, int]
@@ -80,8 +80,13 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
         if QUEUE in {q.name for q in await conn.list_queues()}:
             skipped: list[Message] = []
             seen: set[str] = set()
+            held = await _held(link)
+            if held is None:
+                log.info("restore: %s's count is not to be had: done after %.0f s without a message", QUEUE, WAIT)
+            else:
+                log.info("restore: %s holds %d message(s): done once each is looked at", QUEUE, held)
             async with conn.group_consumer(QUEUE, prefetch=10000) as consumer:
-                while (m := await consumer.next(WAIT)) is not None:
+                while (held is None or len(seen) < held) and (m := await consumer.next(WAIT)) is not None:
                     if m.id in seen:  # (one skipped before, back again: every message has been looked at)
                         m.nack()
                         break
@@ -133,6 +138,25 @@ async def _restore(args: argparse.Namespace, f: Filter, hook: Hook | None) -> in
     else:
         print("\n".join(report.lines(f.narrowed)))
     return 0
+
+
+async def _held(link: client.Connection) -> int | None:
+    """How many messages the quarantine holds now, as its partitions' actives count them (ready,
+    delivered and not yet settled, not yet committed): the restore is done once it has looked at
+    as many (:data:`~broker.partitions.restore.WAIT`).  None while a partition has no active."""
+    try:
+        md = (await link.metadata(QUEUE)).map
+        if "" in md.actives or not set(md.actives) <= md.addresses.keys():
+            return None
+        held = 0
+        for name in sorted(set(md.actives)):
+            there = link if name == link.node else await link.sibling(name, md.addresses[name])
+            info = (await there.metadata(QUEUE)).map.queue
+            held += info.ready + info.unacked
+        return held
+    except TandemError as exc:  # (the count is a shortcut: without it, the wait ends the run)
+        log.debug("restore: the quarantine's count not to be had: %s", exc)
+        return None
 
 
 async def _end(link: client.Connection, queue: str, partition: int) -> int:

@@ -2,12 +2,12 @@
 knowing no member's name, finds the group and every member's address (gossip: the seed
 passes on the founders' addresses, which only their settings hold), links to each and takes
 its share of the partitions; nothing confirmed is lost.  And what a seed tells a node that
-is no member, or that does not prove the group secret: nothing."""
+is no member, or that does not prove the group secret: nothing.  (A member that comes back on
+another peer port, found where it says it is: tests/harness/test_discovery.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +15,9 @@ import pytest
 import client
 from broker.tools.certs import make_dev_certs
 from broker.tools.checker import classify
-from broker.tools.cluster import LocalCluster, NodeProcess, free_ports
+from broker.tools.cluster import LocalCluster, NodeProcess
 from tests.conftest import FAST, PASSWORD
-from tests.helpers import tandem, wait_until
+from tests.helpers import drain_served, tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -34,12 +34,7 @@ async def _linked(cl: LocalCluster, names: tuple[str, ...]) -> bool:
 
 async def _all_once(url: str, bodies: list[bytes]) -> None:
     """Consumed at ``url``, the queue holds ``bodies``, each once (checker 0/0/0)."""
-    consumed: list[tuple[bytes, str]] = []
-    async with await client.connect(url) as conn:
-        async with conn.group_consumer(QUEUE, prefetch=200) as consumer:
-            while (m := await consumer.next(3)) is not None:
-                consumed.append((m.body, m.id))
-                m.ack()
+    consumed = await drain_served(url, QUEUE)
     v = classify(bodies, bodies, consumed)
     assert (v.lost, v.duplicated, v.unexpected) == (0, 0, 0), v
 
@@ -107,45 +102,6 @@ async def test_a_node_joins_by_one_seed_and_links_to_every_member(tmp_path: Path
         await a4.start(60)
         await wait_until(lambda: _linked(cl, names), timeout=60, what="a4 linked to every member by gossip")
         assert "member addresses found: node1=" in a4.log_text()[before:]
-    finally:
-        await cl.stop()
-
-
-async def test_a_member_that_moved_is_found_where_it_says_it_is(tmp_path: Path) -> None:
-    """node3 comes back on another peer port, which node1 and node2, whose settings name the
-    old one, do not know; node3 sorts last, so it dials neither.  With no link from them, it
-    tells each where it is (a discovery link: its PeerHello says its peer port); nothing
-    answers at the old port, so they dial it at the new one and keep it.  The group is whole
-    again and every message is there.  Without node3's word they dial the old port for ever."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST)
-    await cl.start()
-    try:
-        await cl.wait_ready()
-        names = ("node1", "node2", "node3")
-        bodies = [f"m{i}".encode() for i in range(300)]
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue(QUEUE, partitions=3)
-            await conn.producer(QUEUE).send_many(bodies[:150])
-        node3 = cl.nodes["node3"]
-        await node3.stop()
-        old, (new,) = cl.peer_ports["node3"], free_ports(1)
-        args = node3.extra_args
-        at = args.index("--peer-port") + 1
-        assert args[at] == str(old)
-        node3.extra_args = [*args[:at], str(new), *args[at + 1:]]
-        cl.peer_ports["node3"] = new
-        await node3.start(60)
-        started = time.monotonic()
-        await wait_until(lambda: _linked(cl, names), timeout=90, what="node1 and node2 linked to node3 at its new port")
-        print(f"node3 on its new peer port: linked to node1 and node2 {time.monotonic() - started:.1f} s after it "
-              f"started")
-        for n in ("node1", "node2"):
-            log = cl.nodes[n].log_text()
-            assert f"peer node3 moved: nothing answered at 127.0.0.1:{old}, and it said it is at 127.0.0.1:{new}" \
-                in log, log[-3000:]
-        async with await client.connect(cl.url_of("node3")) as conn:
-            await conn.producer(QUEUE).send_many(bodies[150:])
-        await _all_once(cl.url_of("node1"), bodies)
     finally:
         await cl.stop()
 
