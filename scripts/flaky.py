@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from broker.tools.cluster import port_range  # noqa: E402  (the checkout's, run as a script)
 BUSY = "while True: pass"
 
 
@@ -41,15 +44,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def one_run(i: int, tests: list[str], work: Path, timeout: float) -> dict[str, str]:
-    """Run the tests once; each test's outcome (``passed``, ``failed``, ``skipped``) and, for
-    a failure, its report."""
+def one_run(i: int, tests: list[str], work: Path, timeout: float, ports: str) -> dict[str, str]:
+    """Run the tests once, their nodes on ports from ``ports`` (``LOW-HIGH``: a slice no other
+    run going on at the same time uses); each test's outcome (``passed``, ``failed``,
+    ``skipped``) and, for a failure, its report."""
     junit = work / f"run-{i}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
            f"--basetemp={work / f'tmp-{i}'}", f"--junitxml={junit}", *tests]
     try:
         subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout,
-                       check=False)
+                       check=False, env={**os.environ, "TANDEM_PORT_RANGE": ports})
     except subprocess.TimeoutExpired:
         return {"(the run)": f"failed: run {i} took more than {timeout:.0f} s"}
     if not junit.exists():
@@ -67,13 +71,32 @@ def one_run(i: int, tests: list[str], work: Path, timeout: float) -> dict[str, s
     return out
 
 
+def port_slices(jobs: int) -> list[str]:
+    """The free-port range (broker.tools.cluster.port_range) cut into one slice per job, so
+    that runs going on at the same time never pick the same port for their nodes."""
+    low, high = port_range()
+    span = (high - low) // jobs
+    return [f"{low + j * span}-{low + (j + 1) * span}" for j in range(jobs)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     stress = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(args.stress)]
     try:
         with tempfile.TemporaryDirectory(prefix="flaky-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
             work = Path(tmp)
-            runs = list(pool.map(lambda i: one_run(i, args.tests, work, args.timeout), range(args.runs)))
+            slices: queue.SimpleQueue[str] = queue.SimpleQueue()
+            for s in port_slices(args.jobs):
+                slices.put(s)
+
+            def run(i: int) -> dict[str, str]:
+                ports = slices.get()
+                try:
+                    return one_run(i, args.tests, work, args.timeout, ports)
+                finally:
+                    slices.put(ports)
+
+            runs = list(pool.map(run, range(args.runs)))
     finally:
         for proc in stress:
             proc.kill()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import client
 from broker.security.secret import ensure_secret
+from broker.tools.cluster import port_range
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
 from client.protocol import Frame, FrameBuffer, decode_payload
@@ -77,10 +78,12 @@ async def read_frame(reader: asyncio.StreamReader, buf: FrameBuffer) -> Frame | 
 
 
 def free_base_port(nodes: int = 3) -> int:
-    """A base port whose group layout (base + 10 i, +1, +2 for i < ``nodes``) is free now,
-    below Linux's ephemeral range (32768-60999)."""
+    """A base port whose group layout (base + 10 i, +1, +2 for i < ``nodes``) is free now, in
+    this worker's slice of the range below the kernel's ephemeral ports (see
+    broker.tools.cluster.free_ports)."""
+    low, high = port_range()
     for _ in range(200):
-        base = random.randrange(20000, 32000, 10)
+        base = random.randrange(low, high - 10 * nodes, 10)
         socks: list[socket.socket] = []
         try:
             for i in range(nodes):
