@@ -270,6 +270,11 @@ async def test_sigstop_of_the_holder_past_its_lease_the_other_serves_and_the_old
         sending_direct = asyncio.ensure_future(direct())
         await connected.wait()
         await wait_until(lambda: len(load.confirmed) >= 300, timeout=60, what="300 confirms before the pause")
+        # in step at the pause: a holder paused while its record says it confirms alone (after a
+        # keep-alive missed under load) is rightly waited for, not taken over
+        record = tmp_path / "gateway" / "tandem.lock.epoch"
+        await wait_until(lambda: not json.loads(record.read_text())["alone"], timeout=10,
+                         what="the lock record to say the holder does not confirm alone")
         cl.nodes[holder].pause()
         paused_at = time.monotonic()
         go.set()
