@@ -235,7 +235,7 @@ def redial_and_silent(cfg: dict[str, Any], ticker: Ticker, out: dict[str, Any]) 
     silent = gevent.server.StreamServer(("127.0.0.1", 0), hold)
     silent.start()
     out["silent"] = ticker.during(lambda: blocking.connect(
-        f"tandem://admin:pw@127.0.0.1:{silent.server_port}/?connect_timeout=1"))
+        f"tandem://admin:pw@127.0.0.1:{silent.server_port}/?connect_timeout={cfg.get('connect_timeout', 1.0)}"))
     silent.stop(timeout=0)
     for s in held:
         s.close()

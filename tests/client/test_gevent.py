@@ -127,8 +127,9 @@ async def test_greenlets_over_tls_ride_through_a_killed_node(tmp_path: Path) -> 
     async with running_group(tmp_path, tls=True) as cl:
         assert cl.url.startswith("tandems://")
         r = await failover_run(cl, producers=10, consumers=10, messages=20)
+        # (no round trip: its queue's partition may be active on node3)
         t = await run_worker({"mode": "cooperative", "url": cl.url_of("node2"), "redial": False, "dns": False,
-                              "round_trip": False})  # its queue's partition may be active on node3
+                              "round_trip": False, "read_timeout": 0.5})
     ticks, _seconds, got = t["read_timeout"]
     assert got == "TimeoutError_" and ticks >= MIN_TICKS, t["read_timeout"]
     assert "coop" in t["after_timeout"] and "SSLSocket" in t["socket_class"], t
@@ -139,10 +140,11 @@ async def test_greenlets_over_tls_ride_through_a_killed_node(tmp_path: Path) -> 
 
 async def test_waits_in_the_client_yield_to_other_greenlets(node: NodeProcess) -> None:
     """Re-dial backoff against a dead port, a silent node's handshake, a socket timeout on an
-    empty queue: another greenlet keeps ticking through each (every 5 ms: hundreds of ticks in
-    a wait of seconds, where a wait that held the hub would let through only the few ticks of
-    the client's own socket calls); localhost resolves; the sockets are gevent's."""
-    r = await run_worker({"mode": "cooperative", "url": node.url, "redial_seconds": 3.0, "read_timeout": 1.0})
+    empty queue: another greenlet keeps ticking through each (every 5 ms: about a hundred ticks
+    in a wait of half a second, where a wait that held the hub would let through only the few
+    ticks of the client's own socket calls); localhost resolves; the sockets are gevent's."""
+    r = await run_worker({"mode": "cooperative", "url": node.url, "redial_seconds": 1.0, "read_timeout": 0.5,
+                          "connect_timeout": 0.5})
     for what, outcome in (("redial", "ConnectionClosedError"), ("silent", "ConnectionClosedError"),
                           ("read_timeout", "TimeoutError_")):
         ticks, _seconds, got = r[what]

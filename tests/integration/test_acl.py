@@ -259,21 +259,29 @@ async def test_the_cli_manages_users_and_grants_on_any_member(tmp_path: Path) ->
         assert (rc, out, err) == (0, "user bob created (role user); it logs in on every member\n", "")
         rc, out, err = await run_cli("acl", "grant", "bob", "orders.*", "consume,browse", "--url", url3)
         assert (rc, out, err) == (0, "granted consume,browse on 'orders.*' to bob\n", "")
-        rc, out, _err = await run_cli("acl", "list", "bob", "--json", "--url", url1)
-        assert rc == 0
-        await wait_until(lambda: _cli_lists_grant(url1), timeout=15, what="the grant on node1")
-        rc, out, _err = await run_cli("users", "list", "--json", "--url", url3)
-        assert rc == 0 and {"name": "bob", "role": "user"} in json.loads(out)
-        rc, _out, err = await run_cli("users", "add", "bob", "--password-stdin", "--url", url1, stdin=BOB_PW + "\n")
-        assert rc == 2 and "exists" in err and "Traceback" not in err
-        rc, _out, err = await run_cli("users", "add", "eve", "--url", url1)  # no terminal, no --password-stdin
-        assert rc == 2 and "--password-stdin" in err
-        rc, _out, err = await run_cli("acl", "grant", "bob", "orders.*", "write", "--url", url1)
-        assert rc == 2 and "unknown permission 'write'" in err
         bob_url = url_as("bob", BOB_PW, cl.nodes["node3"])
-        rc, _out, err = await run_cli("users", "list", "--url", bob_url)
+        # what follows changes nothing: all at once
+        (listed, users, again, eve, write, bob_users, bob_acls, _) = await asyncio.gather(
+            run_cli("acl", "list", "bob", "--json", "--url", url1),
+            run_cli("users", "list", "--json", "--url", url3),
+            run_cli("users", "add", "bob", "--password-stdin", "--url", url1, stdin=BOB_PW + "\n"),
+            run_cli("users", "add", "eve", "--url", url1),  # no terminal, no --password-stdin
+            run_cli("acl", "grant", "bob", "orders.*", "write", "--url", url1),
+            run_cli("users", "list", "--url", bob_url),
+            run_cli("acl", "list", "bob", "--url", bob_url),  # a user sees its own grants
+            wait_until(lambda: _cli_lists_grant(url1), timeout=15, what="the grant on node1"))
+        assert listed[0] == 0
+        rc, out, _err = users
+        assert rc == 0 and {"name": "bob", "role": "user"} in json.loads(out)
+        rc, _out, err = again
+        assert rc == 2 and "exists" in err and "Traceback" not in err
+        rc, _out, err = eve
+        assert rc == 2 and "--password-stdin" in err
+        rc, _out, err = write
+        assert rc == 2 and "unknown permission 'write'" in err
+        rc, _out, err = bob_users
         assert rc == 2 and "'admin'" in err
-        rc, out, _err = await run_cli("acl", "list", "bob", "--url", bob_url)  # a user sees its own grants
+        rc, out, _err = bob_acls
         assert rc == 0 and "orders.*" in out and "browse,consume" not in out and "consume,browse" in out
         rc, _out, err = await run_cli("users", "passwd", "bob", "--password-stdin", "--url", url3,
                                       stdin="bob-password-2\n")

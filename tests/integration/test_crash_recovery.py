@@ -32,9 +32,7 @@ async def _publish_until_killed(url: str, proc: NodeProcess, kill_after: int) ->
     ``kill_after`` are confirmed, with sends still in flight; (sent, confirmed)."""
     sent: set[int] = set()
     confirmed: set[int] = set()
-    # the sends in flight at the kill fail once send_timeout is over (the node stays down):
-    # a short one, so the test does not wait the default minute for them
-    conn = await client.connect(url, send_timeout=3.0)
+    conn = await client.connect(url)
     await conn.declare_queue("q", partitions=4)
     p = conn.producer("q", max_batch=100)
     window = asyncio.Semaphore(2000)
@@ -64,8 +62,10 @@ async def _publish_until_killed(url: str, proc: NodeProcess, kill_after: int) ->
     await proc.kill()
     dead.set()
     window.release()  # let the producer loop see the flag
-    await producer
+    # the node stays down: closing the connection fails the sends still in flight at once
+    # (closing does not wait for them, nor for send_timeout)
     await conn.close()
+    await producer
     assert len(sent) > len(confirmed), "the kill should catch sends in flight"
     return sent, confirmed
 

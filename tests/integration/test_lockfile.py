@@ -180,7 +180,7 @@ async def test_a_cut_link_leaves_one_serving_and_heals_into_active_passive(tmp_p
         # the holder goes on alone; the waiting node never takes the lock while it renews
         async with await client.connect_link(cl.url_of(holder)) as conn:
             await conn.producer("q").send_many([f"alone-{i}".encode() for i in range(50)])
-        for _ in range(3 * 4):  # three leases' worth of looks
+        for _ in range(2 * 4):  # two leases' worth of looks: a lock not renewed for one lease is free
             sts = await statuses(cl)
             assert sts[holder].ha_state == "STANDALONE" and sts[holder].epoch == epoch
             assert sts[other].ha_state == "WAITING" and sts[other].lock_holder in ("", holder)
@@ -224,7 +224,7 @@ async def test_kill_9_of_the_holder_under_load_the_other_takes_the_lock_and_lose
         sts = await wait_states(cl, {"STANDALONE"}, names=[other])
         assert sts[other].epoch >= 2 and sts[other].lock_holder == other
         mark = len(load.confirmed)
-        await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what="confirms after the failover")
+        await wait_until(lambda: len(load.confirmed) >= mark + 100, timeout=60, what="confirms after the failover")
         await load.finish()
         consumed = load.consumed + await drain_served(cl.url_of(other), "orders")
         v = classify(load.bodies, load.confirmed, consumed)
@@ -270,6 +270,11 @@ async def test_sigstop_of_the_holder_past_its_lease_the_other_serves_and_the_old
         sending_direct = asyncio.ensure_future(direct())
         await connected.wait()
         await wait_until(lambda: len(load.confirmed) >= 300, timeout=60, what="300 confirms before the pause")
+        # in step at the pause: a holder paused while its record says it confirms alone (after a
+        # keep-alive missed under load) is rightly waited for, not taken over
+        record = tmp_path / "gateway" / "tandem.lock.epoch"
+        await wait_until(lambda: not json.loads(record.read_text())["alone"], timeout=10,
+                         what="the lock record to say the holder does not confirm alone")
         cl.nodes[holder].pause()
         paused_at = time.monotonic()
         go.set()
@@ -277,7 +282,7 @@ async def test_sigstop_of_the_holder_past_its_lease_the_other_serves_and_the_old
             sts = await wait_states(cl, {"STANDALONE"}, names=[other])
             assert sts[other].epoch > epoch
             mark = len(load.confirmed)
-            await wait_until(lambda: len(load.confirmed) >= mark + 200, timeout=60,
+            await wait_until(lambda: len(load.confirmed) >= mark + 100, timeout=60,
                              what=f"confirms from {other} while {holder} is paused")
             gap, took = load.pause_after(paused_at)
         finally:
@@ -340,7 +345,7 @@ async def test_a_holder_cut_from_the_gateway_stops_serving_and_the_other_takes_o
 
         await wait_until(follows, timeout=30, what=f"{holder} naming {other} the holder, both at epoch 2")
         mark = len(load.confirmed)
-        await wait_until(lambda: len(load.confirmed) >= mark + 300, timeout=60, what=f"confirms from {other}")
+        await wait_until(lambda: len(load.confirmed) >= mark + 100, timeout=60, what=f"confirms from {other}")
         await load.finish()
         gap, took = load.pause_after(cut_at)
         consumed = load.consumed + await drain_served(cl.url_of(other), "orders")

@@ -82,13 +82,16 @@ async def test_a_group_with_tls_on_every_link(tls_trio: LocalCluster) -> None:
     rc, out, err = await tandem("produce", "cli", "one", "two", "--declare", "1", "--url", cl.url, "--json")
     assert rc == 0, err
     assert json.loads(out)["confirmed"] == 2
-    rc, out, err = await tandem("queues", "--url", cl.url, "--json")
+    queues, consumed, console = await asyncio.gather(
+        tandem("queues", "--url", cl.url, "--json"), tandem("consume", "cli", "-n", "2", "--url", cl.url, "--json"),
+        tandem("console", "--url", cl.url_of("node2")))
+    rc, out, err = queues
     assert rc == 0, err
     assert {q["name"] for q in json.loads(out)} >= {"orders", "b", "cli"}
-    rc, out, err = await tandem("consume", "cli", "-n", "2", "--url", cl.url, "--json")
+    rc, out, err = consumed
     assert rc == 0, err
     assert sorted(json.loads(line)["body"] for line in out.splitlines()) == ["one", "two"]
-    rc, out, err = await tandem("console", "--url", cl.url_of("node2"))
+    rc, out, err = console
     assert rc == 0 and "https://" in out, (out, err)
 
     # a plaintext client against the TLS-only client port: a clear error, not a hang
@@ -190,7 +193,6 @@ async def test_bad_certificate_files_stop_the_node_with_one_clear_line(tmp_path:
     key = serialization.load_pem_private_key((d / "node1.key").read_bytes(), password=None)
     (d / "encrypted.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                         serialization.BestAvailableEncryption(b"a-passphrase")))
-    base = ["broker", "start", "--data-dir", str(tmp_path / "n"), "--port", "0"]
     cases = [
         (["--tls-cert", str(d / "node1.crt"), "--tls-key", str(d / "encrypted.key")], "is encrypted"),
         (["--tls-cert", str(d / "missing.crt"), "--tls-key", str(d / "node1.key")], f"tls_cert {d}/missing.crt: no such file"),
@@ -202,8 +204,10 @@ async def test_bad_certificate_files_stop_the_node_with_one_clear_line(tmp_path:
         (["--tls-cert", str(d / "node1.crt"), "--tls-key", str(d / "node1.key"), "--tls-ca", str(d / "nope.crt")],
          "tls_ca"),
     ]
-    for args, says in cases:
-        rc, out, err = await tandem(*base, *args)
+    # each case a node that stops at start, in a data directory of its own: all at once
+    answers = await asyncio.gather(*(tandem("broker", "start", "--data-dir", str(tmp_path / f"n{i}"), "--port", "0",
+                                            *args) for i, (args, _says) in enumerate(cases)))
+    for (args, says), (rc, out, err) in zip(cases, answers):
         assert rc != 0, (args, out, err)
         assert says in err and "Traceback" not in err, (args, err)
 

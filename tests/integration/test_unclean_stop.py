@@ -132,9 +132,6 @@ async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_syn
         await cl.wait_ready()
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("q", partitions=1)
-        await cl.stop()  # a clean stop: the stores checkpointed
-        await cl.start()
-        await cl.wait_ready()
         await wait_until(lambda: _one_active(cl), timeout=30, what="an active for q")
         old = (await cl.actives("q"))[0]
         replicas = [n for n in cl.nodes if n != old]
