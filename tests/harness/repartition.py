@@ -5,16 +5,15 @@ messages loaded and consumed, and producers with a consumer that records each me
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Coroutine
 from typing import Any
 
 from broker.sessions.status import status_of
 from client.protocol.frames import PublishMessage, StatusOk
-from tests.harness.clients import Consumer, Ledger, Producer, _Session, spawn_clients
+from tests.harness.clients import Consumer, Ledger, _Session, spawn_clients
 from tests.harness.group import Group, Member
-from tests.harness.replication import DRAIN_TIMEOUT, active
+from tests.harness.replication import Traffic, active, quiet
 
 
 def status(m: Member) -> StatusOk:
@@ -78,56 +77,20 @@ class IdConsumer(Consumer):
         super().received(s, tags)
 
 
-class Load:
+class Load(Traffic):
     """Two producers (16 keys) and an :class:`IdConsumer` on ``queue``, until :meth:`drain`."""
 
-    def __init__(self, g: Group, queue: str, seed: int = 0, *, prefetch: int = 20, ack_delay: float = 0.1) -> None:
-        self.g, self.queue = g, queue
-        self.ledger = Ledger()
-        self.producers = [Producer(g, self.ledger, queue, f"p{i}", random.Random(f"{seed}-p{i}"), total=10**6,
-                                   pause=0.05, keys=16) for i in range(2)]
-        self.consumer = IdConsumer(g, self.ledger, queue, "c0", random.Random(f"{seed}-c"), prefetch=prefetch,
-                                   ack_delay=ack_delay)
-        self.tasks = spawn_clients(*(p.run() for p in self.producers), self.consumer.run())
+    consumer_class = IdConsumer
+    consumer: IdConsumer
 
     def drained(self) -> bool:
-        """Producers done, every confirmed message delivered and acked, and on each partition's
-        active nothing ready, unacked or waiting to commit."""
-        ledger = self.ledger
+        """Producers done, every confirmed message delivered (by id) and acked, and on each
+        partition's active nothing ready, unacked or waiting to commit."""
         if not all(p.done for p in self.producers) or self.consumer.pending:
             return False
-        if ledger.confirmed - {b for b, _id in self.consumer.ids}:
+        if self.ledger.confirmed - {b for b, _id in self.consumer.ids}:
             return False
         return quiet(self.g, self.queue)
-
-    async def drain(self) -> None:
-        for p in self.producers:
-            p.stop = True
-        await self.g.until(self.drained, DRAIN_TIMEOUT, what=f"{self.queue} drained ({self.ledger.summary()})")
-
-    async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        ended = await asyncio.gather(*self.tasks, return_exceptions=True)
-        failed = [e for e in ended if isinstance(e, Exception) and not isinstance(e, asyncio.CancelledError)]
-        assert not failed, f"a client failed: {failed!r}"
-
-
-def quiet(g: Group, queue: str) -> bool:
-    """Every partition of ``queue`` has an active that holds nothing ready, unacked or
-    waiting to commit."""
-    m0 = g.alive()[0]
-    assert m0.node is not None
-    meta = m0.node.catalogue.queues[queue].meta
-    for pidx in range(meta.partitions):
-        a = active(g, (meta.id, pidx))
-        if a is None or a.node is None:
-            return False
-        q = a.node.catalogue.queues[queue]
-        part = q.partitions[pidx]
-        if part.ready or part.cold_count or q.unacked_count or q.pending_count:
-            return False
-    return True
 
 
 async def consume(g: Group, queue: str, count: int, prefetch: int = 200) -> list[tuple[bytes, str | None, int, str]]:

@@ -76,16 +76,38 @@ def only_retriable(ledger: Ledger) -> list[str]:
     return [k for k in ledger.errors if k != "timeout" and not getattr(client.errors, k).retriable]
 
 
+def quiet(g: Group, queue: str) -> bool:
+    """Every partition of ``queue`` has an active that holds nothing ready, unacked or
+    waiting to commit."""
+    m0 = g.alive()[0]
+    assert m0.node is not None
+    meta = m0.node.catalogue.queues[queue].meta
+    for pidx in range(meta.partitions):
+        a = active(g, (meta.id, pidx))
+        if a is None or a.node is None:
+            return False
+        q = a.node.catalogue.queues[queue]
+        part = q.partitions[pidx]
+        if part.ready or part.cold_count or q.unacked_count or q.pending_count:
+            return False
+    return True
+
+
 class Traffic:
     """Two producers (16 keys, every partition) and a consumer on ``queue``, running until
     :meth:`drain`."""
 
-    def __init__(self, g: Group, queue: str, seed: int = 0, *, prefetch: int = 20, pause: float = 0.05) -> None:
+    #: the consumer's class (a subclass may keep more of what it receives)
+    consumer_class: type[Consumer] = Consumer
+
+    def __init__(self, g: Group, queue: str, seed: int = 0, *, prefetch: int = 20, pause: float = 0.05,
+                 ack_delay: float = 0.1) -> None:
         self.g, self.queue = g, queue
         self.ledger = Ledger()
         self.producers = [Producer(g, self.ledger, queue, f"p{i}", random.Random(f"{seed}-p{i}"), total=10**6,
                                    pause=pause, keys=16) for i in range(2)]
-        self.consumer = Consumer(g, self.ledger, queue, "c0", random.Random(f"{seed}-c"), prefetch=prefetch)
+        self.consumer = self.consumer_class(g, self.ledger, queue, "c0", random.Random(f"{seed}-c"),
+                                            prefetch=prefetch, ack_delay=ack_delay)
         self.tasks = spawn_clients(*(p.run() for p in self.producers), self.consumer.run())
 
     def confirmed_on(self, partitions: int, pidx: int) -> int:
@@ -96,21 +118,9 @@ class Traffic:
     def drained(self) -> bool:
         """Producers done, every confirmed message delivered and acked, and on each live
         partition active nothing ready, unacked or waiting to commit."""
-        g, ledger = self.g, self.ledger
-        if not all(p.done for p in self.producers) or ledger.unacked_confirmed() or self.consumer.pending:
+        if not all(p.done for p in self.producers) or self.ledger.unacked_confirmed() or self.consumer.pending:
             return False
-        m0 = g.alive()[0]
-        assert m0.node is not None
-        meta = m0.node.catalogue.queues[self.queue].meta
-        for pidx in range(meta.partitions):
-            a = active(g, (meta.id, pidx))
-            if a is None or a.node is None:
-                return False
-            q = a.node.catalogue.queues[self.queue]
-            part = q.partitions[pidx]
-            if part.ready or part.cold_count or q.unacked_count or q.pending_count:
-                return False
-        return True
+        return quiet(self.g, self.queue)
 
     async def drain(self) -> None:
         """Stop the producers (each finishes its batch), then run until drained."""

@@ -72,6 +72,16 @@ def _quarantined(g: Group) -> list[tuple[bytes, dict[str, str]]]:
     return []
 
 
+async def _declared(g: Group) -> tuple[int, int]:
+    """Declare ``q`` with one partition; its key, once every member has it and one serves it."""
+    await g.declare("q", partitions=1)
+    key = _key(g["n1"], "q")
+    assert key is not None
+    await g.until(lambda: all(_key(m, "q") == key for m in g.alive())
+                  and any(_serving(m, key) for m in g.alive()), 10.0, what="an active for q")
+    return key
+
+
 async def _split(g: Group, n1: Member, n3: Member, key: tuple[int, int], count: int) -> list[bytes]:
     """n3 cut off (its links reset) until it goes Disabled; ``count`` messages published on the
     majority's n1; then n3 under ``quorum_override`` 1, active alone.  The majority's bodies."""
@@ -130,12 +140,8 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
     real processes, and their restore: tests/integration/test_restore.py.)"""
     async with Group(tmp_path, weak_hold_bytes=1 << 20) as g:
         await g.start()
-        await g.declare("q", partitions=1)
+        key = await _declared(g)
         n1, n3 = g["n1"], g["n3"]
-        key = _key(n1, "q")
-        assert key is not None
-        await g.until(lambda: all(_key(m, "q") == key for m in g.alive())
-                      and any(_serving(m, key) for m in g.alive()), 10.0, what="an active for q")
         majority = await _split(g, n1, n3, key, 40)
         solo = [f"solo-{i}-".encode() + b"." * (256 << 10) for i in range(4)]
         await _publish(g, n3, solo[:3])

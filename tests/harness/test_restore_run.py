@@ -13,7 +13,7 @@ import pytest
 
 from broker.partitions.restore import WAIT, Filter, Report
 from tests.harness.group import Group, Member
-from tests.harness.test_quarantine import _key, _publish, _quarantined, _serving, _split
+from tests.harness.test_quarantine import _declared, _publish, _quarantined, _serving, _split
 
 pytestmark = pytest.mark.asyncio
 
@@ -32,12 +32,8 @@ async def test_a_restore_in_the_group_is_done_once_it_has_looked_at_what_the_qua
         tmp_path: Path) -> None:
     async with Group(tmp_path, failback_after=1.0) as g:
         await g.start()
-        await g.declare("q", partitions=1)
+        key = await _declared(g)
         n1, n3 = g["n1"], g["n3"]
-        key = _key(n1, "q")
-        assert key is not None
-        await g.until(lambda: all(_key(m, "q") == key for m in g.alive())
-                      and any(_serving(m, key) for m in g.alive()), 10.0, what="an active for q")
         majority = await _split(g, n1, n3, key, 10)
         solo = [f"solo-{i}".encode() for i in range(7)]
         await _publish(g, n3, solo)
