@@ -59,7 +59,11 @@ async def test_power_loss_of_every_node_loses_nothing_unreported(tmp_path: Path)
     assert rep["schedule"][0].endswith(RESTART_ORDER), rep["schedule"]
 
 
+@pytest.mark.long
 async def test_power_loss_of_every_node_with_synced_replicas_loses_nothing(tmp_path: Path) -> None:
+    """In the long tier: make test cuts the whole group's power with SYNC replicas in
+    tests/integration/test_unclean_stop.py (nothing confirmed lost), and drills power-loss-all
+    above with the default policy."""
     rep = await _run(tmp_path, "power-loss-all", seed=POWER_LOSS_ALL_SEED, remote_sync="SYNC")
     _clean(rep)
     assert rep["schedule"][0].endswith(RESTART_ORDER), rep["schedule"]

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # make test runs one drill of each fault family; the long tier (docs/testing.md) the rest:
 # kill-replica runs in make test through the CLI below, and restart-all's whole-group restart
-# through test_weak_policies_never_lose_silently and the power-loss-all disk drills
+# through test_weak_policies_never_lose_silently and the power-loss-all disk drill
 LONG = {"kill-replica", "restart-all"}
 
 
