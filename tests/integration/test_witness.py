@@ -178,7 +178,9 @@ async def test_kill_9_of_either_data_node_loses_nothing_confirmed_and_the_surviv
 
 async def test_after_commits_with_the_witness_alone_the_stale_node_does_not_serve_and_nothing_is_lost(
         tmp_path: Path) -> None:
-    async with witnessed_pair(tmp_path) as (cl, _w):
+    # an election timeout of 0.25 s on the data nodes: ten of them are watched below
+    async with witnessed_pair(tmp_path, args=("--keepalive-interval", "0.05", "--non-response-timeout", "0.25")
+                              ) as (cl, _w):
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("q", partitions=2)
         await wait_until(lambda: _all_active(cl, "q", 2), timeout=30, what="an active for each partition")
@@ -199,7 +201,7 @@ async def test_after_commits_with_the_witness_alone_the_stale_node_does_not_serv
         await wait_until(witness_up, timeout=30, what="node2 linked to the witness")
         # node2 asks again and again (pre-votes): the witness refuses, its log is behind what the
         # witness acknowledged; never elected, and it raises no term either
-        end = time.monotonic() + 5.0  # ten election timeouts, watched
+        end = time.monotonic() + 2.5  # ten election timeouts, watched
         while time.monotonic() < end:
             st = await cl.status("node2")
             q = [p for p in st.partitions if p.queue == "q"]
