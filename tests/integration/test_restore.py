@@ -174,8 +174,7 @@ async def _placed(cl: LocalCluster, *queues: str) -> None:
 
 
 async def _quarantine_active(cl: LocalCluster) -> str:
-    """The member node1 names active for the quarantine's partition (none, "", while it
-    elects one)."""
+    """The member node1 names active for the quarantine's partition (waited for while it elects one)."""
     found = ""
 
     async def named() -> bool:
@@ -527,10 +526,11 @@ async def test_a_weak_active_refuses_publishes_past_its_hold_and_what_it_confirm
             await wait_until(lambda: _disabled(iso), timeout=30, what="node3 Disabled after its restart")
             await iso.set_quorum_override(1)
 
-            async def says_full() -> bool:
+            async def says_full() -> bool:  # (asked once node3 is active: a publish before that waits)
                 try:
-                    return "weak_hold_bytes" in await refused(iso)
-                except (TandemError, pytest.fail.Exception):  # (not active yet: another refusal, or none)
+                    return (all(p.active == "node3" for p in (await iso.status()).partitions if p.queue == "q")
+                            and "weak_hold_bytes" in await refused(iso))
+                except (TandemError, pytest.fail.Exception):  # (another refusal, or none)
                     return False
 
             await wait_until(says_full, timeout=30, what="node3, active alone again, refusing past its hold")
