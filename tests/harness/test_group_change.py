@@ -1,7 +1,8 @@
 """Group membership changes on the in-process group harness (broker/partitions/members.py):
 a member added in a zone to a group that places copies by zone, the partitions re-spread
 over four members with every partition's copies in distinct zones, and the member taken out
-again, told so before the others let go of it.
+again, told so before the others let go of it; an add at any member's peer address refused,
+asked of each member.
 
 The CLI's and the console's refusals, a member added under load and a founder drained and
 removed stay with real processes (tests/integration/test_group_change.py)."""
@@ -83,3 +84,25 @@ async def test_a_member_added_in_a_zone_keeps_every_partitions_copies_in_distinc
                       what="n4 removed and told it is no longer a member")
         held = {p: nodes - {"n4"} for p, nodes in placement(g).items()}
         assert all(len({ZONE[n] for n in nodes}) == len(nodes) == 2 for nodes in held.values()), held
+
+
+async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path: Path) -> None:
+    """The address-aliasing refusal, asked of each member in turn (the add is checked by the
+    catalogue's active, whose own address is among those refused): an add at any member's peer
+    address is refused, naming that member, and the member list stays as it was.  The CLI's
+    and the console's refusals and the member that never came up stay with real processes
+    (tests/integration/test_group_change.py)."""
+    async with Group(tmp_path, replicas=1, sync_replicas=1) as g:
+        await g.start()
+        await g.declare(QUEUE, partitions=PARTITIONS)
+        await g.until(lambda: all_active(g, QUEUE, PARTITIONS), 10.0, what="an active for each partition")
+        for asked in FOUNDERS:
+            m = g[asked]
+            assert m.node is not None
+            for i, owner in enumerate(FOUNDERS):
+                address = f"127.0.0.1:{BASE_PEER_PORT + i}"
+                refused = await ask(g, m, m.node.ops.group.add("n9", address, "", "test"), f"add n9 at {owner}'s")
+                assert isinstance(refused, InvalidArgumentError) and \
+                    refused.message == f"group add: {address} is {owner}'s peer address", (asked, owner, refused)
+        assert all(status(g[n]).members == list(FOUNDERS) for n in FOUNDERS)
+        assert settled(g, 3)
