@@ -47,7 +47,7 @@ from broker.peers.codec import (
     streamed_parts,
 )
 from broker.config import NodeConfig
-from broker.modes.replicated.host import PeerGroup, Queues, StoreWriter
+from broker.modes.replicated.host import PeerGroup, PeerLink, Queues, StoreWriter
 from broker.modes.replicated.partlog import PartLog
 from client.clock import Clock
 from client.protocol.frames import Replicate
@@ -103,6 +103,9 @@ class Transport:
         #: (partition, replica) -> (index of the snapshot streamed to it, when it started or ended,
         #: bytes sent): the entries after it are what the replica needs next, kept from compaction
         self._pins: dict[tuple[Key, str], tuple[int, float, int]] = {}
+        #: (partition, replica) -> the link a stream to it was on when it stopped before its end
+        #: (None: no link): once another link is up, no answer to that stream can come
+        self._cut: dict[tuple[Key, str], PeerLink | None] = {}
         #: (partition, replica) -> (snapshot index, the last part it has written), and the event
         #: a stream waits on for the next
         self._acks: dict[tuple[Key, str], tuple[int, int]] = {}
@@ -193,17 +196,25 @@ class Transport:
         """A snapshot streamed to ``dst`` is on its way or written there: its answer may still
         come.  Not once ``dst`` has its index, nor PIN_TIMEOUTS non-response timeouts after
         its last part plus a second per WRITE_RATE bytes of parts (the replica answers once
-        it has written them all)."""
-        pin = self._pins.get((key, dst))
+        it has written them all), nor once a stream that stopped before its end has lost the
+        link it was on (the replica never got the end)."""
+        pair = (key, dst)
+        pin = self._pins.get(pair)
         if pin is None:
+            return False
+        if pair in self._cut and pair not in self._streaming and self._link(dst) is not self._cut[pair]:
+            del self._pins[pair], self._cut[pair]
             return False
         index, at, sent = pin
         wait = PIN_TIMEOUTS * self._config.non_response_timeout + sent / WRITE_RATE
-        if progress.get(dst, 0) >= index or ((key, dst) not in self._streaming
-                                             and self._clock.monotonic() - at > wait):
-            del self._pins[(key, dst)]
+        if progress.get(dst, 0) >= index or (pair not in self._streaming and self._clock.monotonic() - at > wait):
+            del self._pins[pair]
+            self._cut.pop(pair, None)
             return False
         return True
+
+    def _link(self, dst: str) -> PeerLink | None:
+        return self._peers.links.get(dst) if self._peers is not None else None
 
     def _members_at(self, key: Key, index: int) -> Any:
         held = self._logs.get(key)
@@ -211,7 +222,18 @@ class Transport:
         return r.members_at(index) if r is not None and index >= r.snap_index else None
 
     async def _stream_snapshot(self, key: Key, dst: str, m: InstallSnapshot) -> None:
-        """Stream partition ``key``'s snapshot to ``dst``, part by part (see the module)."""
+        """Stream partition ``key``'s snapshot to ``dst``, part by part (see the module).  A
+        stream that stops before its end is remembered with its link (:meth:`_answer_due`)."""
+        self._cut.pop((key, dst), None)
+        ended = False
+        try:
+            ended = await self._stream(key, dst, m)
+        finally:
+            if not ended and (key, dst) in self._pins:
+                self._cut[(key, dst)] = self._link(dst)
+
+    async def _stream(self, key: Key, dst: str, m: InstallSnapshot) -> bool:
+        """The stream itself: True once its end is sent."""
         plog = self._logs.get(key)
         if plog is not None:
             # a snapshot of the store as up to date as the log allows: what is held, and
@@ -245,11 +267,11 @@ class Transport:
             part = msgs[:n]
             limit = min(per_part, n + 1) if n < len(msgs) else per_part  # (about a part's worth next)
             offset = part[-1].offset + 1
-            link = self._peers.links.get(dst) if self._peers is not None else None
+            link = self._link(dst)
             if link is None or not still_sending():
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s) (the link or the role went)",
                          key[0], key[1], dst, parts)
-                return
+                return False
             self._put(dst, key, SnapshotChunk(m.term, m.leader, pos[0], parts, encode_chunk(part), m.weak))
             self.flush()
             parts += 1
@@ -260,13 +282,13 @@ class Transport:
             except ConnectionError as exc:
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s): the link went (%s)", key[0],
                          key[1], dst, parts, exc)
-                return
+                return False
             if not await self._written(key, dst, pos[0], parts - 1 - AHEAD):
                 log.info("partition %d/%d: snapshot to %s stopped after %d part(s): the replica has not written "
                          "them", key[0], key[1], dst, parts)
-                return
+                return False
         if not still_sending():
-            return
+            return False
         # (no message at all: the whole form, which starts the replica's partition over)
         data = encode_streamed(head, parts) if parts else encode_snapshot(
             PartitionState(next_offset=head.next_offset, delivered_upto=head.delivered_upto, producers=head.producers))
@@ -275,6 +297,7 @@ class Transport:
         self.flush()
         log.info("partition %d/%d: snapshot at index %d streamed to %s: %d message(s) in %d part(s)", key[0], key[1],
                  pos[0], dst, sent, parts)
+        return True
 
     def _part(self, plog: PartLog, src: str, m: SnapshotChunk) -> InstallSnapshot | None:
         """Part ``m.seq`` of a snapshot streamed here: written as it arrives (see the module).
