@@ -15,6 +15,7 @@ from broker.tools.bench.backlog import run_backlog
 from broker.tools.bench.workload import body_for, id_of
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
+from tests.conftest import FAST
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
@@ -113,7 +114,8 @@ async def test_requeue_and_purge_with_a_cold_region(node: NodeProcess) -> None:
 async def test_a_cold_backlog_moves_with_its_partition(tmp_path: Path) -> None:
     """The active of a partition with a cold region stops: the next active loads the
     partition within its budget and delivers the whole backlog, once, in order."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=["--max-memory", "2M"])
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+                      extra_args=[*FAST, "--max-memory", "2M"])
     await cl.start()
     try:
         await cl.wait_ready()

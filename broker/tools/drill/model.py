@@ -47,6 +47,9 @@ class DrillConfig:
     net: str | None = None
     #: the loss family's share of packets dropped
     loss: float = 0.2
+    #: a fault family's run: seconds past every peer being Up again that the drill keeps looking
+    #: for a healthy active deposed (None: ``WATCH_FACTOR`` x :attr:`nrt`, broker.tools.drill.healing)
+    watch: float | None = None
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]

@@ -206,7 +206,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         res.ha_events = await ha_events(cl)
         if nem is not None and watch is not None:
             res.fault = "; ".join(ctx.schedule) if ctx is not None else ""
-            await watch.watch(cl, (watch.up_at or clock.monotonic()) + WATCH_FACTOR * cfg.nrt, clock)
+            window = WATCH_FACTOR * cfg.nrt if cfg.watch is None else cfg.watch
+            await watch.watch(cl, (watch.up_at or clock.monotonic()) + window, clock)
             deposed = watch.deposed(await cl._statuses())
             res.deposed = len(deposed)
             if deposed and nem.keeps_actives:
