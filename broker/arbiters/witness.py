@@ -242,6 +242,9 @@ class Witness:
     def map_changed(self) -> None:
         pass  # no client sessions
 
+    def quorum_changed(self) -> None:
+        pass  # (nothing on a witness waits for an active)
+
     def ha_disabled_changed(self) -> None:
         pass  # (a witness is in no availability zone: it holds no partition)
 

@@ -169,6 +169,10 @@ class PeerSide:
     def store_stamp(self) -> str:
         return self._store.stamp
 
+    def quorum_changed(self) -> None:
+        if self._ha.replication is not None:
+            self._ha.replication.quorum_changed()
+
     @property
     def receiver(self) -> Receiving:
         return self._ha.replication or NO_RECEIVER

@@ -82,6 +82,10 @@ class PeerHost(Protocol):
     def map_changed(self) -> None:
         """A partition got or lost an active, as far as this node knows: tell the sessions."""
 
+    def quorum_changed(self) -> None:
+        """The node quorum changed: a node without it knows no active, so what waits for one
+        (a publish forwarded to a partition's active) looks again."""
+
     def ha_disabled_changed(self) -> None:
         """An availability zone's quorum took this node's HA services off, or gave them back
         (``PeerManager.zone_disabled``): every log takes it at once."""

@@ -251,6 +251,7 @@ class PeerManager:
                         c.up_votes, c.total_votes,
                         ": HA services off here, partitions handed to other nodes, clients refused" if c.zone else
                         ": partitions Unavailable, clients refused" if c.new is QuorumState.DISABLED else "")
+                self.node.quorum_changed()
                 if self.zone_disabled != self.membership.disabled_by:
                     self.zone_disabled = self.membership.disabled_by
                     self.node.ha_disabled_changed()

@@ -16,7 +16,7 @@ from client.protocol.frames import PublishMessage
 from ha.membership import QuorumState
 from tests.harness.clients import Consumer, Ledger, spawn_clients
 from tests.harness.group import Group, Member
-from tests.harness.replication import active, events, key_of
+from tests.harness.replication import active, declared_with_active, events, key_of
 
 pytestmark = pytest.mark.asyncio
 
@@ -139,3 +139,25 @@ async def test_an_isolated_node_goes_disabled_and_its_override_writes_are_ha_101
         expect = {m.body for m in majority}
         bodies = await consume_all(g, Ledger(), expect)
         assert sorted(bodies) == sorted(expect)  # each once; the solo write discarded with n3's weak entries
+
+
+async def test_a_member_that_gets_its_quorum_back_names_the_active_at_once(tmp_path: Path) -> None:
+    """A member without node quorum knows no active; what waits there for one (a publish for
+    a partition another member serves, a hand-over) looks again as soon as the quorum is
+    back, not when its wait runs out (node.election_wait: a publish would fail after it)."""
+    async with Group(tmp_path) as g:
+        await g.start()
+        key, a = await declared_with_active(g, "q")
+        b = next(m for m in g.alive() if m is not a)
+        assert b.node is not None
+        g.net.isolate(b.name, [m.name for m in g.alive() if m is not b])
+        await g.until(lambda: b.node is not None and not b.node.services.has_quorum, 10.0,
+                      what=f"{b.name} without quorum")
+        waiting = b.life.spawn(b.node.services.commit.wait_active(key, 30.0), name="test-wait-active")
+        await g.run_for(1.0)
+        assert not waiting.done()  # (it knows no active while alone)
+        g.net.heal()
+        healed = g.clock.monotonic()
+        await g.until(waiting.done, 30.0, what=f"{b.name} to name the active")
+        assert waiting.result() == a.name
+        assert g.clock.monotonic() - healed < 2.0  # its links and quorum back, not its 30 s wait over

@@ -44,6 +44,9 @@ class Host:
     def map_changed(self) -> None:
         pass
 
+    def quorum_changed(self) -> None:
+        pass
+
     def ha_disabled_changed(self) -> None:
         pass
 

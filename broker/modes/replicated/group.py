@@ -140,6 +140,10 @@ class Replication:
         """Set (and replaced) whenever a role or an active changes."""
         return self.roles.changed
 
+    def quorum_changed(self) -> None:
+        """The node quorum changed: who is active, as this node knows it, may have too."""
+        self.roles.notify()
+
     def propose(self, ops: list[WriteOp], callback: Callback | None, *, lazy: bool = False) -> None:
         if self._gate_closed(callback):
             return
