@@ -89,16 +89,16 @@ async def _serve(cfg: Any) -> int:
 
     w = Witness(cfg)
     await w.start()
+    stop = asyncio.Event()  # (handled from the moment it says it is up)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     host, port = w.peers.address if w.peers is not None and w.peers.address else (cfg.host, cfg.peer_port)
     print(f"Tandem witness {cfg.name} is up", flush=True)
     print(f"  peer address : {host}:{port}", flush=True)
     print(f"  data nodes   : {', '.join(cfg.peers)}", flush=True)
     print(f"  votes        : {cfg.data_dir / 'witness.db'}", flush=True)
     print("  stop with Ctrl-C or SIGTERM", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(w.failed.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for t in waits:
