@@ -106,10 +106,13 @@ async def link(url: str) -> AsyncIterator[client.Connection]:
 
 
 @contextlib.asynccontextmanager
-async def running_group(tmp_path: Path, *extra_args: str, tls: bool = False) -> AsyncIterator[LocalCluster]:
+async def running_group(tmp_path: Path, *extra_args: str, tls: bool = False,
+                        console: bool = False) -> AsyncIterator[LocalCluster]:
     """Three node processes in a replication group, quick to notice a dead member; stopped after.
-    ``tls``: TLS on every link (LocalCluster's throwaway CA)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *extra_args], tls=tls)
+    ``tls``: TLS on every link (LocalCluster's throwaway CA); ``console``: each node serves
+    its console (off unless a test asks: a node without one starts on less CPU)."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, *extra_args], tls=tls,
+                      console=console)
     await cl.start()
     try:
         await cl.wait_ready()

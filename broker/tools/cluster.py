@@ -2,7 +2,8 @@
 
 Node *i* (1-based) is named ``node<i>``, keeps its store in ``<data_dir>/node<i>``
 and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
-``+2`` for HTTP (the management console).  ``base_port=0`` picks free
+``+2`` for HTTP (the management console; ``console=False``: none, a node starting without
+it skips importing the web stack, a fifth of its start-up).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
 else a random one written to ``<data_dir>/admin-password``) and the same group secret
 (``<data_dir>/cluster.secret``, made on the first run and kept: peer authentication).
@@ -123,8 +124,9 @@ class LocalCluster:
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
                  proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False, secret: bool = True,
-                 net: str = "local") -> None:
+                 net: str = "local", console: bool = True) -> None:
         self.clock = clock
+        self.console = console
         self.tls = tls
         self.certs_dir = Path(os.path.abspath(data_dir)) / "certs"  # absolute: the URL's ca works anywhere
         ha.check(nodes)
@@ -199,13 +201,16 @@ class LocalCluster:
         if self.tls and not (self.certs_dir / f"{name}.key").exists():
             raise UnavailableError(f"{name} has no certificate in {self.certs_dir}: make the group's certificates "
                                    f"with its name among them before the group starts (broker.tools.certs)")
-        p.extra_args = [*self._secret_args(), "--peer-port", str(peer_port), "--http-port", str(http_port), *peers,
+        p.extra_args = [*self._secret_args(), "--peer-port", str(peer_port), *self._http_args(name), *peers,
                         "--join", *self._tls_args(name), *self._extra, *(("--zone", f"{name}={zone}") if zone else ())]
         self.nodes[name] = p
         return f"{name}={self.host}:{peer_port}"
 
     def _secret_args(self) -> list[str]:
         return [] if self.secret_file is None else ["--cluster-secret-file", str(self.secret_file)]
+
+    def _http_args(self, name: str) -> list[str]:
+        return ["--http-port", str(self.http_ports[name])] if self.console else []
 
     def _tls_args(self, name: str) -> list[str]:
         if not self.tls:
@@ -228,7 +233,7 @@ class LocalCluster:
                      ("--peer", f"{o}={self.peer_routes.get((n, o), f'{self.hosts[o]}:{self.peer_ports[o]}')}")]
             # the secret first: a later --cluster-secret-file among the extra args wins (tests give one node another)
             p.extra_args = [*self._secret_args(), "--peer-port", str(self.peer_ports[n]),
-                            "--http-port", str(self.http_ports[n]), *peers, *ha, *self._tls_args(n), *self._extra,
+                            *self._http_args(n), *peers, *ha, *self._tls_args(n), *self._extra,
                             *self._node_args.get(n, [])]
 
     @property
@@ -271,6 +276,8 @@ class LocalCluster:
 
     def console_url(self, name: str) -> str:
         """Node ``name``'s management console (every node serves the whole group's view)."""
+        if not self.console:
+            raise UnavailableError("this group runs without consoles (console=False)")
         return f"{'https' if self.tls else 'http'}://{self.hosts[name]}:{self.http_ports[name]}/"
 
     def url_of(self, name: str) -> str:

@@ -238,7 +238,7 @@ async def run_live(out: Path, *, connections: int = 400, frames_per_connection: 
     # that here are noise (the node's own log is what is checked)
     logging.getLogger("asyncio").setLevel(logging.ERROR)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(out, nodes=2, base_port=0, password="fuzz-admin-password")
+    cluster = LocalCluster(out, console=False, nodes=2, base_port=0, password="fuzz-admin-password")
     started = time.monotonic()
     problems: list[str] = []
     frames = 0

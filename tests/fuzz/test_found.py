@@ -174,7 +174,7 @@ async def test_before_a_handshake_no_port_buffers_a_large_frame(tmp_path: Path) 
     handshake, and a client port 8 MB: an attacker with no credentials had each connection
     hold that much memory.  Before the handshake a frame is at most 64 KB; over it, the
     connection is closed at its length prefix."""
-    cluster = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD)
+    cluster = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD)
     try:
         await cluster.start()
         node = cluster.nodes["node1"]

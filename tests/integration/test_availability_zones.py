@@ -50,7 +50,7 @@ async def seen_by(cl: LocalCluster) -> str:
 
 
 async def test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_is_lost(tmp_path: Path) -> None:
-    async with running_group(tmp_path, *ZONES, "--failback-after", "1") as cl:
+    async with running_group(tmp_path, *ZONES, "--failback-after", "1", console=True) as cl:
         async def zones_hold() -> bool:  # (each node counts its zones once its links are up)
             return [await zone_state(cl, n) for n in cl.nodes] == [
                 {"a": "Active"}, {"a": "Active", "b": "Active"}, {"b": "Active"}]

@@ -114,7 +114,7 @@ async def test_requeue_and_purge_with_a_cold_region(node: NodeProcess) -> None:
 async def test_a_cold_backlog_moves_with_its_partition(tmp_path: Path) -> None:
     """The active of a partition with a cold region stops: the next active loads the
     partition within its budget and delivers the whole backlog, once, in order."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password",
                       extra_args=[*FAST, "--max-memory", "2M"])
     await cl.start()
     try:

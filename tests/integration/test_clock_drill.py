@@ -28,7 +28,7 @@ async def test_each_node_runs_on_its_own_clocks(tmp_path: Path) -> None:
     """The node is the process the drill started (nsenter execs it), in its holder's time
     namespace with its monotonic offset; its wall clock follows its control file; the holders
     are gone once the setup is closed."""
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0)
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0)
     setup = FaketimeSetup(cl, random.Random(5))
     try:
         await setup.prepare()

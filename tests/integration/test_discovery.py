@@ -46,7 +46,7 @@ async def test_a_node_joins_by_one_seed_and_links_to_every_member(tmp_path: Path
     the group secret, or by certificates alone (mutual TLS, no secret: the seed's certificate
     names the member it says it is)."""
     tls = auth == "mutual-tls"
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, tls=tls, secret=not tls,
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD, tls=tls, secret=not tls,
                       extra_args=[*FAST, "--replicas", "1", "--sync-replicas", "1"])
     if tls:  # (a4's certificate from the group's CA, made with the founders')
         make_dev_certs(cl.certs_dir, ["node1", "node2", "node3", "a4"], [cl.host])
@@ -110,7 +110,7 @@ async def test_a_seed_tells_a_stranger_and_a_non_member_nothing(tmp_path: Path) 
     """A node with another group secret asks a seed: refused as an intruder, counted, and it
     learns no address.  One with the secret that was never added: refused in plain words,
     and it learns no address either."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST])
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST])
     await cl.start()
     try:
         await cl.wait_ready()

@@ -160,7 +160,7 @@ async def test_in_a_group_a_node_in_alarm_refuses_only_its_own_writes(tmp_path: 
     any disk's free space, so its alarm is raised from its start: it still forwards publishes
     and declares to the actives and replicates what they store; its status says why it would
     refuse."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST,
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST,
                       node_args={"node3": ["--priority", "0", "--disk-free-limit", "1000000G"]})
     await cl.start()
     try:

@@ -114,7 +114,7 @@ async def test_drain_under_load_moves_every_active_and_loses_nothing_and_undrain
 
 
 async def test_drain_refusals_are_one_line_and_change_nothing(tmp_path: Path) -> None:
-    async with running_group(tmp_path) as cl:
+    async with running_group(tmp_path, console=True) as cl:
         url = cl.url_of("node1")
         rc, _out, err = await tandem("node", "drain", "nodeX", "--url", url)
         assert rc == 2 and err.strip().splitlines() == [

@@ -32,7 +32,8 @@ def cut_peer_links(cl: LocalCluster, name: str) -> None:
 
 
 async def test_a_producer_whose_first_node_loses_quorum_sends_every_partition_elsewhere(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=FAST, proxied=True)
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST,
+                      proxied=True)
     await cl.start()
     try:
         await cl.wait_ready()

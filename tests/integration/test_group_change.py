@@ -53,8 +53,8 @@ def longest_during(load: Load, start: float, end: float) -> tuple[int, float]:
 
 
 async def test_add_a_fourth_node_then_drain_and_remove_a_founder_under_load(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=[*FAST, "--replicas", "1",
-                                                                                     "--sync-replicas", "1"])
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD,
+                      extra_args=[*FAST, "--replicas", "1", "--sync-replicas", "1"])
     await cl.start()
     try:
         await cl.wait_ready()
@@ -127,7 +127,7 @@ async def test_add_a_fourth_node_then_drain_and_remove_a_founder_under_load(tmp_
 
 
 async def test_refusals_and_a_member_that_never_came_up_taken_out_again(tmp_path: Path) -> None:
-    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1") as cl:
+    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1", console=True) as cl:
         url = cl.url_of("node1")
         async with await client.connect(url) as conn:
             await conn.declare_queue(QUEUE, partitions=PARTITIONS)

@@ -46,7 +46,7 @@ async def test_a_node_whose_packets_were_dropped_sees_its_peers_up_soon_after_th
     after 60 s: a retransmission timeout of about 0.21 s doubling, tries at 13.3 s, 26.7 s
     and 53.5 s into the cut, so after a 15 s cut the next is 12 s away, past the 5 s this
     allows).  And node3 raised no term meanwhile (pre-vote)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password")
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password")
     await cl.start()
     rules: list[list[str]] = []
     try:

@@ -38,7 +38,7 @@ async def lock_pair(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     for name in ("node1", "node2"):
         (tmp_path / f"mount-{name}").symlink_to(tmp_path / "gateway")
         args[name] = ["--lockfile", str(tmp_path / f"mount-{name}" / "tandem.lock")]
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, proxied=True, node_args=args,
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD, proxied=True, node_args=args,
                       extra_args=[*FAST, "--arbiter", "lockfile", "--lease", LEASE])
     await cl.start()
     try:

@@ -138,7 +138,7 @@ def test_a_setup_that_fails_midway_leaves_nothing(monkeypatch: pytest.MonkeyPatc
 @root
 @pytest.mark.asyncio
 async def test_a_group_whose_nodes_fail_to_start_leaves_nothing(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, net="netns", extra_args=["--no-such-flag"])
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, net="netns", extra_args=["--no-such-flag"])
     assert cl.netns is not None
     with pytest.raises(NodeStartError):
         await cl.start(timeout=60)

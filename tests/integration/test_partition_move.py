@@ -95,7 +95,7 @@ async def test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy
     move is caught mid-copy; the partition's active is killed and restarted, then the new
     node is killed and restarted: the move goes on under the new active and ends with every
     copy in place, nothing lost."""
-    cl = LocalCluster(tmp_path, nodes=4, base_port=0, password=PASSWORD, extra_args=FAST)
+    cl = LocalCluster(tmp_path, console=False, nodes=4, base_port=0, password=PASSWORD, extra_args=FAST)
     await cl.start()
     try:
         await cl.wait_ready()
@@ -178,7 +178,7 @@ async def _all_active(cl: LocalCluster, n: int) -> bool:
 
 
 async def test_refusals_the_console_api_and_a_placement_that_outlives_a_restart(tmp_path: Path) -> None:
-    async with running_group(tmp_path) as cl:
+    async with running_group(tmp_path, console=True) as cl:
         url = cl.url_of("node1")
         async with await client.connect(url) as conn:
             await conn.declare_queue("orders", partitions=2)
@@ -307,7 +307,7 @@ async def test_forced_replication_copies_every_replica_afresh_under_load(tmp_pat
     """Three nodes, three copies.  ``--force-replication`` on the list the partition is on:
     each replica in turn drops its copy and gets a new one from the active, while the drill's
     producers and consumers run; the checker accounts for every message."""
-    async with running_group(tmp_path) as cl:
+    async with running_group(tmp_path, console=True) as cl:
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue(QUEUE, partitions=2)
         await wait_until(lambda: _all_active(cl, 2), timeout=30, what="an active for each partition")

@@ -379,8 +379,8 @@ async def test_mutual_tls_alone_admits_members_by_their_certificates(tmp_path: P
     serve."""
     certs = tmp_path / "certs"  # LocalCluster makes the group's CA and certificates here
     impostor = {"node3": ["--tls-cert", str(certs / "node1.crt"), "--tls-key", str(certs / "node1.key")]}
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, node_args=impostor,
-                      tls=True, secret=False)
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST,
+                      node_args=impostor, tls=True, secret=False)
     try:
         await cl.start()
         await cl.wait_ready()  # node1 and node2 are a quorum
@@ -504,7 +504,7 @@ def test_secret_new_writes_a_private_secret_and_keeps_an_existing_one(tmp_path: 
 async def test_a_witness_with_the_wrong_secret_is_refused_and_the_right_one_admitted(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.secret"
     new_secret(wrong)
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST,
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST,
                       ha=HaSetup(arbiter="witness"))
     w = cl.witness
     assert w is not None

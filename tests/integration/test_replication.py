@@ -114,7 +114,7 @@ async def test_kill_9_of_an_active_loses_no_confirmed_message(trio: LocalCluster
 
 
 async def test_two_node_group_stops_writes_without_a_designated_primary(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password="test-password", extra_args=FAST)
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password="test-password", extra_args=FAST)
     await cl.start()
     try:
         await cl.wait_ready()

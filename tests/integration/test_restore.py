@@ -51,9 +51,10 @@ class SplitBrain:
 
 
 @asynccontextmanager
-async def _split_group(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[LocalCluster, list[FaultProxy]]]:
-    """Three nodes, node3 behind proxies, quick to fail over and back (and ``extra``); stopped after."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK, *extra])
+async def _split_group(tmp_path: Path, *extra: str, console: bool = False) -> AsyncIterator[tuple[LocalCluster, list[FaultProxy]]]:
+    """Three nodes (consoles if asked), node3 behind proxies, quick to fail over and back (and ``extra``)."""
+    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password", extra_args=[*FAST, *FAILBACK, *extra],
+                      console=console)
     proxies = await _node3_behind_proxies(cl)
     await cl.start()
     try:
@@ -239,7 +240,7 @@ async def test_the_console_restores_in_the_group_and_says_what_it_did(tmp_path: 
     """The same merge through the admin API (``POST /api/v1/restore``), asked of a member that
     does not serve the quarantine: the member that does runs it, the one asked reports, logs
     and keeps it in its events."""
-    async with _split_group(tmp_path) as (cl, proxies):
+    async with _split_group(tmp_path, console=True) as (cl, proxies):
         sb = await _healed_split_brain(cl, proxies)
         serving = await _quarantine_active(cl)
         asked = next(n for n in ("node1", "node2", "node3") if n != serving)
@@ -285,7 +286,7 @@ async def test_a_producers_resend_to_the_other_side_is_not_restored_twice(tmp_pa
     group's through the admin API) finds 5..9 in the queue under the same producer id and
     seq: only 0..4 go back, 5..9 leave the quarantine as resent, and the queue holds each of
     the 15 once (without the look, 5..9 are there twice)."""
-    async with _split_group(tmp_path) as (cl, proxies):
+    async with _split_group(tmp_path, console=True) as (cl, proxies):
         await q_then_node3_cut(cl, proxies)
         bodies = [f"twice-{i}".encode() for i in range(15)]
         async with await client.connect_link(cl.url_of("node3")) as iso:
@@ -324,7 +325,7 @@ async def test_the_copies_two_nodes_of_the_losing_side_kept_are_restored_once(tm
     keep a copy: the quarantine holds each message twice, once from each.  A restore stores
     each once (the copies go back under the producer id of who wrote them, in which term) and
     counts the second copies as already there; the queue holds each once."""
-    cl = LocalCluster(tmp_path, nodes=5, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path, console=False, nodes=5, base_port=0, password="test-password",
                       # (a copy on each; five processes on a busy machine: failure detection slower than
                       # FAST, so that node4 does not count node5 down for a late keep-alive mid-test)
                       extra_args=["--keepalive-interval", "0.2", "--non-response-timeout", "2", "--replicas", "4",
@@ -425,7 +426,7 @@ async def test_a_compensation_hook_decides_each_key_conflict_and_loses_nothing(
                                  "--compensation", "nope")
     assert rc != 0 and "compensation: compensation hook 'nope' is not installed" in err, err
     assert "Traceback" not in err, err
-    async with _split_group(tmp_path / "group", "--compensation", "lenient") as (cl, proxies):
+    async with _split_group(tmp_path / "group", "--compensation", "lenient", console=True) as (cl, proxies):
         sb = await _healed_split_brain(cl, proxies)
         ends, msgs = await _q(cl)
         kept_at = {(m.partition, m.offset): m.body for m in msgs}
@@ -553,7 +554,7 @@ async def test_a_weak_active_that_refused_past_its_hold_takes_publishes_again_on
     writes strong entries).  With node2 back, and nothing else written, node1 hears from a
     majority again: the refused one is taken (its entry is strong and frees the weak ones
     before it), and the queue holds each once."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password",
                       extra_args=[*FAST, "--weak-hold-bytes", "1M"])
     await cl.start()
     try:

@@ -45,7 +45,7 @@ def _client(url: str, path: Path, mode: str) -> str:
 
 
 async def test_buffered_sends_survive_a_client_restart_and_arrive_once_in_order(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path / "group", nodes=3, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path / "group", console=False, nodes=3, base_port=0, password="test-password",
                       extra_args=["--keepalive-interval", "0.1", "--non-response-timeout", "0.5"])
     await cl.start()
     try:

@@ -38,7 +38,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest_asyncio.fixture
 async def pair(tmp_path: Path, database: str) -> AsyncIterator[LocalCluster]:
-    cl = LocalCluster(tmp_path / "pair", nodes=2, base_port=0, password=PASSWORD,
+    cl = LocalCluster(tmp_path / "pair", console=False, nodes=2, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, "--mode", "shared", "--database", database, "--lease", LEASE])
     await cl.start()
     try:

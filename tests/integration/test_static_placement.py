@@ -45,7 +45,7 @@ async def statics(cl: LocalCluster, queue: str) -> set[bool]:
 
 
 async def test_a_static_queue_stays_where_its_lists_put_it_through_a_group_change(tmp_path: Path) -> None:
-    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1") as cl:
+    async with running_group(tmp_path, "--replicas", "1", "--sync-replicas", "1", console=True) as cl:
         url = cl.url_of("node1")
         async with await client.connect(url) as conn:
             await conn.declare_queue(FIXED, partitions=2, placement=[["node3", "node1:async"], ["node2", "node3"]])

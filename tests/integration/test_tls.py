@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(
 
 @pytest_asyncio.fixture
 async def tls_trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with running_group(tmp_path, tls=True) as cl:
+    async with running_group(tmp_path, tls=True, console=True) as cl:
         yield cl
 
 
@@ -237,7 +237,7 @@ async def test_peer_tls_off_is_plaintext_with_a_warning(tmp_path: Path) -> None:
 async def test_a_witnessed_pair_with_tls(tmp_path: Path) -> None:
     """The witness's peer links are mutual TLS too: the pair counts its vote (node quorum with
     both data nodes' links and the witness's up) and serves over tandems://."""
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST, tls=True,
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD, extra_args=FAST, tls=True,
                       ha=HaSetup(arbiter="witness"))
     await cl.start()
     try:

@@ -68,7 +68,7 @@ async def test_a_single_node_under_sync_says_nothing_after_kill_9(tmp_path: Path
 
 
 async def test_a_group_member_with_unsynced_replicas_says_so_after_kill_9(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password",
                       extra_args=[*FAST, "--remote-sync", "WRITE_NO_SYNC"])
     await cl.start()
     try:
@@ -125,7 +125,7 @@ async def test_the_old_active_back_last_after_a_power_cut_loses_nothing_with_syn
     HA-1014 counts them as confirmed and lost, names no override, and the count matches what
     the consumers find missing (up to the last entry, which the log's commit watermark may not
     cover)."""
-    cl = LocalCluster(tmp_path, nodes=3, base_port=0, password="test-password",
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password",
                       extra_args=[*FAST, "--remote-sync", remote_sync, "--failback-after", "0"])
     await cl.start()
     try:

@@ -38,7 +38,7 @@ async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None, args: t
     once; stopped after.  ``link``: a proxy (not started) that the data nodes' link goes
     through; ``args``: more flags for the data nodes."""
     wport = free_ports(1)[0]
-    cl = LocalCluster(tmp_path, nodes=2, base_port=0, password=PASSWORD,
+    cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, "--arbiter", "witness", "--witness", f"w1=127.0.0.1:{wport}", *args])
     w = WitnessProcess(tmp_path / "w1", name="w1", peer_port=wport,
                        peers=[f"{n}=127.0.0.1:{p}" for n, p in cl.peer_ports.items()],

@@ -67,7 +67,7 @@ async def foreign_views_agree(cl: LocalCluster, placed: dict[int, list[str]], ac
 
 
 async def test_copies_spread_over_zones_and_a_lost_zone_loses_nothing(tmp_path: Path) -> None:
-    cl = LocalCluster(tmp_path, nodes=5, base_port=0, password=PASSWORD,
+    cl = LocalCluster(tmp_path, console=False, nodes=5, base_port=0, password=PASSWORD,
                       extra_args=[*FAST, *zone_args("a,b,c", 5)])
     await cl.start()
     try:

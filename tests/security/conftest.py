@@ -177,7 +177,7 @@ async def _actives_spread(target: SecurityGroup) -> bool:
 async def target(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecurityGroup]:
     """One three-process group for the module's tests (stopped after its last one).  Does
     not depend on TANDEM_ADMIN_PASSWORD: the cluster is given the password."""
-    async with running_group(tmp_path_factory.mktemp("security-group"), *STEADY) as cl:
+    async with running_group(tmp_path_factory.mktemp("security-group"), *STEADY, console=True) as cl:
         await cl.wait_members()
         g = SecurityGroup(cl)
         async with await g.login("node1") as admin:

@@ -31,7 +31,7 @@ NEW_PW = "user-password-2"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    async with running_group(tmp_path_factory.mktemp("sessions"), "--heartbeat", "1") as cl:
+    async with running_group(tmp_path_factory.mktemp("sessions"), "--heartbeat", "1", console=True) as cl:
         yield cl
 
 

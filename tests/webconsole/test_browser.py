@@ -7,22 +7,34 @@ from __future__ import annotations
 
 import base64
 import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
 import client
 from broker.tools.cluster import LocalCluster
-from tests.conftest import PASSWORD
+from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-async def test_console_in_a_browser(trio: LocalCluster) -> None:
+
+
+@pytest_asyncio.fixture
+async def consoles(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """Three node processes, each serving its console."""
+    async with running_group(tmp_path, console=True) as cl:
+        yield cl
+
+
+async def test_console_in_a_browser(consoles: LocalCluster) -> None:
     from playwright.async_api import async_playwright, expect
 
-    cl = trio
+    cl = consoles
     async with await client.connect(cl.url) as conn:
         await conn.declare_queue("orders", partitions=3)
         await conn.producer("orders").send_many([(f"o{i}", f"k{i}") for i in range(30)])

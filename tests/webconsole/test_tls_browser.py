@@ -24,7 +24,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 @pytest_asyncio.fixture
 async def tls_trio(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with running_group(tmp_path, tls=True) as cl:
+    async with running_group(tmp_path, tls=True, console=True) as cl:
         yield cl
 
 

@@ -167,6 +167,7 @@ class _Runner:
         if "netns" in needs and "net" in inspect.signature(LocalCluster).parameters:
             net["net"] = "netns"  # each node in a network namespace of its own, made by the group
         cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync, extra_args=cfg.node_args(),
+                          console=False,
                           clock=clock, tls=cfg.tls, **net)
         rng = random.Random(cfg.seed)
         setup_ctx = FaultContext(cl, cfg, clock, random.Random(rng.random()))

@@ -163,7 +163,7 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
     if cfg.scenario in ("kill-replica", "disk-error"):
         node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
     nem = NEMESES[cfg.scenario]() if cfg.scenario in NEMESES else None
-    cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync,
+    cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync, console=False,
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
                       proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls,
                       net="netns" if net_of(cfg) == "netns" else "local")
