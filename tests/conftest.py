@@ -10,6 +10,7 @@ import pytest_asyncio
 
 import client
 from broker.tools.cluster import LocalCluster, port_range
+from broker.tools.process import NodeProcess
 from broker.config import NodeConfig
 from broker.node.node import Node
 from storage.memory import MemoryDisk, MemoryEngine
@@ -38,7 +39,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each xdist worker picks free ports from its own slice of the range (see free_ports)."""
+    """Each xdist worker picks free ports from its own slice of the range (see free_ports).
+    Node processes are forked from a server that imported the node's code once
+    (broker/tools/forked.py): the same processes, started on a tenth of the CPU."""
+    NodeProcess.forked = True
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit() and "TANDEM_PORT_RANGE" not in os.environ:
         low, high = port_range()

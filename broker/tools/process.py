@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from broker.tools.forked import ForkedProcess, can_fork, start_forked
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
 
@@ -43,6 +44,12 @@ def node_command() -> tuple[list[str], dict[str, str]]:
 
 
 class NodeProcess:
+    #: start the node in a process forked from a server that imported its code once
+    #: (:mod:`broker.tools.forked`: the tests do) rather than in a fresh interpreter; a node
+    #: with a :attr:`wrap` or :attr:`env` of its own, or an environment a fork would not honour
+    #: (:func:`~broker.tools.forked.can_fork`), always gets a fresh interpreter
+    forked = False
+
     def __init__(self, data_dir: Path, *, name: str = "node1", port: int = 0, sync: str = "SYNC",
                  password: str = "bench-password", host: str = "127.0.0.1", log_path: Path | None = None,
                  extra_args: list[str] | None = None, ca: Path | None = None,
@@ -64,7 +71,7 @@ class NodeProcess:
         self.password = password
         self.log_path = log_path or self.data_dir.parent / f"{name}.log"
         self.extra_args = extra_args or []
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self.paused = False  # SIGSTOPped by pause(): it accepts connections and answers none
         self.address: tuple[str, int] | None = None
         self._output: asyncio.Task[None] | None = None
@@ -89,12 +96,13 @@ class NodeProcess:
         command, env = node_command()
         env.update({"TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1", **self.env})
         port = self.port if self.address is None else self.address[1]  # a restart keeps its port
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.wrap, *command, "broker", "start", "--name", self.name,
-            "--data-dir", str(self.data_dir), "--host", self.host, "--port", str(port),
-            "--sync", self.sync, *self.extra_args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-        )
+        argv = ["broker", "start", "--name", self.name, "--data-dir", str(self.data_dir), "--host", self.host,
+                "--port", str(port), "--sync", self.sync, *self.extra_args]
+        if self.forked and not self.wrap and not self.env and can_fork(env):
+            self.proc = await start_forked(argv, env)
+        else:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.wrap, *command, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
         found: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
         self._output = asyncio.create_task(self._pump(found))
         try:

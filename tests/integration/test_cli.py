@@ -157,6 +157,7 @@ async def test_a_spawned_node_runs_the_code_that_spawned_it(tmp_path: Path, monk
     (other / "cli.py").write_text("raise SystemExit('the wrong broker package ran')\n")
     monkeypatch.chdir(other.parent)
     p = NodeProcess(tmp_path / "node1")
+    p.forked = False  # (a fresh interpreter, as the tools start one: the tests' fork server imported the code)
     await p.start()  # (NodeStartError, with the line above in its output, if the wrong one ran)
     await p.stop()
 
