@@ -13,7 +13,7 @@ from ha.messages import Alive, AppendReply, Entry, Envelope, RequestVote, VoteRe
 from ha.replica import Replica, ReplicaConfig, Role
 from tests.ha.sim import Cluster
 
-SEEDS = int(os.environ.get("TANDEM_SIM_SEEDS", "500"))  # make test; make test-long runs 20,000
+SEEDS = int(os.environ.get("TANDEM_SIM_SEEDS", "200"))  # make test; make test-long runs 20,000
 CHUNKS = 20
 
 

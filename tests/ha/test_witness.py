@@ -13,7 +13,7 @@ from ha.messages import AppendEntries, AppendReply, Entry, Envelope, RequestVote
 from ha.replica import Replica, ReplicaConfig, Role
 from tests.ha.sim import Cluster
 
-SEEDS = int(os.environ.get("TANDEM_SIM_SEEDS", "500")) // 2  # make test: 250; make test-long: 10,000
+SEEDS = int(os.environ.get("TANDEM_SIM_SEEDS", "200")) // 2  # make test: 100; make test-long: 10,000
 CHUNKS = 10
 VOTERS = ("a", "b", "w")
 
