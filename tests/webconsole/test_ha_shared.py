@@ -38,8 +38,11 @@ async def shared_pair(tmp_path: Path) -> AsyncIterator[tuple[LocalCluster, aioht
     """A started shared-mode pair on one SQLite database, settled: one node ACTIVE and holding
     the lease, the other PASSIVE, as the active's console shows them (the passive's over the
     peer link); (cluster, http session, the active, the passive)."""
+    # (a 3 s lease: a holder that a browser starting beside it starves of CPU for a second keeps
+    # the lease; the takeover these tests watch waits for it to run out)
     cl = LocalCluster(tmp_path / "group", nodes=2, base_port=0, password=PASSWORD,
-                      extra_args=[*FAST, "--mode", "shared", "--database", f"sqlite:///{tmp_path}/db.sqlite"])
+                      extra_args=[*FAST, "--mode", "shared", "--database", f"sqlite:///{tmp_path}/db.sqlite",
+                                  "--lease", "3"])
     await cl.start()
     try:
         async with aiohttp.ClientSession() as http:
