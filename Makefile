@@ -76,7 +76,7 @@ test-long: dev
 	@$(COMPILE)
 	$(PYTEST) -n 2 --dist loadgroup --long --durations=25 $(PYTEST_ARGS)
 	TANDEM_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/python -m pytest -n 2 -q tests/ha/test_replica_sim.py tests/ha/test_witness.py -k random_schedules
-	TANDEM_HARNESS_SEEDS=200-1199 $(BIN)/python -m pytest -n 0 -q tests/harness/test_group_schedules.py -k invariants
+	TANDEM_HARNESS_SEEDS=200-1199 $(BIN)/python -m pytest -n 2 -q tests/harness/test_group_schedules.py -k invariants
 	$(BIN)/python -m tests.fuzz --frames 1000000
 
 pipeline-demo: dev
