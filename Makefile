@@ -64,7 +64,11 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/integration/test_replication.py::test_the_log_is_compacted_by_size_as_well \
 	tests/integration/test_healed_node.py::test_a_node_whose_packets_were_dropped_sees_its_peers_up_soon_after_the_heal \
 	tests/integration/test_availability_zones.py::test_a_node_whose_zone_loses_quorum_hands_everything_over_and_nothing_is_lost \
-	tests/storage/test_recovery.py::test_the_wal_starts_over_under_a_steady_stream_of_commits
+	tests/storage/test_recovery.py::test_the_wal_starts_over_under_a_steady_stream_of_commits \
+	tests/unit/test_lockfile_driver.py::test_a_holder_that_stops_renewing_is_taken_over_and_then_fenced_by_the_epoch \
+	tests/webconsole/test_ha_shared.py::test_the_passive_page_points_to_the_lock_holder_and_follows_a_takeover \
+	tests/integration/test_node_process.py::test_a_node_process_is_its_own_process_either_way \
+	tests/integration/test_drills.py::test_weak_policies_never_lose_silently
 RUNS ?= 20
 flaky: dev
 	@$(COMPILE)
