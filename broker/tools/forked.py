@@ -130,8 +130,7 @@ class ForkedProcess:
                 self._ended = ended
             await asyncio.shield(self._ended)
         code = self._proc.exitcode
-        assert code is not None
-        return code
+        return 255 if code is None else code  # (None: the fork server itself went; multiprocessing says 255)
 
 
 async def start_forked(argv: list[str], env: dict[str, str]) -> ForkedProcess:
