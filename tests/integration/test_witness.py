@@ -35,7 +35,7 @@ QUEUE = "drill"
 async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None, args: tuple[str, ...] = ()
                          ) -> AsyncIterator[tuple[LocalCluster, WitnessProcess]]:
     """node1, node2 (arbiter witness) and w1, quick to notice a dead member, all started at
-    once; stopped after.  ``link``: a proxy (not started) that the data nodes' link goes
+    once and each data node linked to w1; stopped after.  ``link``: a proxy (not started) that the data nodes' link goes
     through; ``args``: more flags for the data nodes."""
     wport = free_ports(1)[0]
     cl = LocalCluster(tmp_path, console=False, nodes=2, base_port=0, password=PASSWORD,
@@ -50,6 +50,11 @@ async def witnessed_pair(tmp_path: Path, link: FaultProxy | None = None, args: t
             cl.route("node1", "node2", link.address)  # node1 dials node2 (the lower name dials)
         await asyncio.gather(w.start(), cl.start())
         await cl.wait_ready()
+        # a node dials a member it has not seen yet every REDIAL_MAX at most: the witness may
+        # have come up just after a node's first dial
+        for name in cl.nodes:
+            await wait_until(lambda name=name: _remote_state(cl, name, "w1", "Up"), timeout=15,
+                             what=f"{name} sees w1 Up")
         yield cl, w
     finally:
         await cl.stop()
