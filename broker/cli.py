@@ -40,7 +40,7 @@ from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
 from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, restore_cli,
-                          secret_cli, status, users_cli, witness_cli)
+                          secret_cli, status, upgrade_cli, users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -357,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     partition_cli.add_parser(sub)
     group_cli.add_parser(sub)
     restore_cli.add_parser(sub)
+    upgrade_cli.add_parser(sub)
     cluster_up.add_parser(sub)
     drill_cli.add_parser(sub)
     bench_cli.add_bench_parser(sub)

@@ -400,7 +400,11 @@ class Connection(Management):
             raise self._closed
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[frame.rid] = fut  # type: ignore[attr-defined]
-        self.send_frame(frame)
+        try:
+            self.send_frame(frame)
+        except BaseException:  # (refused on this side, e.g. a frame the link's version lacks: no reply will come)
+            self._pending.pop(frame.rid, None)  # type: ignore[attr-defined]
+            raise
         return fut
 
     async def request(self, make: Callable[[int], Frame]) -> Frame:

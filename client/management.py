@@ -21,6 +21,7 @@ from client.protocol.frames import (
     ChangeGroup,
     ChangePartitions,
     DrainNode,
+    FinalizeUpgrade,
     Frame,
     MovePartition,
     Placement,
@@ -63,6 +64,13 @@ class Management:
         members), or undrain it (``drained`` false).  Returns once the change is applied on
         the node this connection is to; the actives move afterwards."""
         return expect(await self.request(lambda rid: DrainNode(rid=rid, node=node, drained=drained)), StatusOk)
+
+    async def finalize_upgrade(self, level: int = 0) -> StatusOk:
+        """Operator: raise the group's feature level to ``level`` (0: the highest the node's build
+        supports) once every member's build supports it (docs/upgrades.md).  Returns once applied
+        on the node this connection is to.  InvalidArgumentError naming the members that do not
+        support it; UnsupportedProtocolError from a node whose build has no feature levels."""
+        return expect(await self.request(lambda rid: FinalizeUpgrade(rid=rid, level=level)), StatusOk)
 
     async def move_partition(self, queue: str, partition: int, nodes: list[str], *,
                              force_replication: bool = False) -> StatusOk:

@@ -333,6 +333,16 @@ class SetGroup:
     pins: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SetFeatureLevel:
+    """Replicated mode, catalogue log only: the group's feature level is raised to ``level``
+    (``tandem upgrade finalize``, see broker.partitions.upgrade and ha.upgrade).  Each member
+    turns it into :class:`PutMeta` (the level, and the store's schema version it implies);
+    stores never see it."""
+
+    level: int
+
+
 # -- the replication log of a partition (replicated mode, see docs/replication.md) ------------------
 #
 # Key (0, 0) is the group's metadata log (queue definitions); queue ids start at 1.
@@ -414,7 +424,7 @@ class ResetPartition:
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
     | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
-    | SetUpdating
+    | SetUpdating | SetFeatureLevel
     | LogAppend
     | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )

@@ -65,6 +65,7 @@ class ForwardKind(IntEnum):
     MEMBERS = 21
     RESTORE = 22
     PRODUCED = 23
+    UPGRADE = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +317,22 @@ class ProducedFwd(ForwardRequest):
     offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class UpgradeFwd(ForwardRequest):
+    """Raise the group's feature level to ``level``, on the catalogue's active (sent only once
+    every member's build supports it: broker.partitions.upgrade); ``by``: the operator who
+    asked.  Reply: as UserPutFwd's."""
+    KIND = ForwardKind.UPGRADE
+    hops: int
+    level: int
+    by: str
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
-                              MembersFwd, RestoreFwd, ProducedFwd)
+                              MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -17,11 +17,12 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
+from broker.partitions.upgrade import FeatureLevels
 from broker.security.security import Security
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
-                            ProducedFwd, ReadFwd, RestoreFwd, decode_request, pack_reply)
+                            ProducedFwd, ReadFwd, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
 from broker.messaging.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -53,13 +54,14 @@ class ForwardHandlers:
     def __init__(self, node: ForwardedHost, *, state: status.NodeState, options: status.Options,
                  report: status.NodeReport, changes: status.GroupChanges, streams: StreamHost, publisher: Publisher,
                  security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores,
-                 book: Callable[[], list[str]]) -> None:
+                 levels: FeatureLevels, book: Callable[[], list[str]]) -> None:
         self.node = node
         #: "name=host:port" of every member whose peer address this node knows (broker.peers.discovery)
         self.book = book
         self.state, self.options, self.report, self.changes = state, options, report, changes
         self.streams, self.publisher, self.security = streams, publisher, security
         self.drains, self.moves, self.remaps, self.restores = drains, moves, remaps, restores
+        self.levels = levels
         self.table: dict[ForwardKind, Handler] = {
             ForwardKind.PUBLISH: self._publish,
             ForwardKind.DECLARE: self._declare,
@@ -84,6 +86,7 @@ class ForwardHandlers:
             ForwardKind.MEMBERS: self._members,
             ForwardKind.RESTORE: self._restore,
             ForwardKind.PRODUCED: self._produced,
+            ForwardKind.UPGRADE: self._upgrade,
         }
 
     async def handle(self, kind: int, payload: bytes) -> bytes:
@@ -112,6 +115,9 @@ class ForwardHandlers:
 
     async def _drain(self, req: DrainFwd) -> bytes:
         return await self.drains.forwarded(req)
+
+    async def _upgrade(self, req: UpgradeFwd) -> bytes:
+        return await self.levels.forwarded(req)
 
     async def _move(self, req: MoveFwd) -> bytes:
         return await self.moves.forwarded(req)

@@ -51,12 +51,7 @@ from broker.messaging.expiry import ProducerExpiry
 from broker.security.auth import ClientGuard, oldest_waiting
 from broker.security.acl import AclTable
 from broker.peers.discovery import Discovery
-from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
-from broker.partitions.moves import Moves
-from broker.partitions.quarantine import Quarantine
-from broker.partitions.remap import Remaps
-from broker.partitions.restore_run import Restores
 from broker.security.security import Security
 from broker.security.users import UserRegistry
 from client.clock import SYSTEM_CLOCK, Clock
@@ -134,25 +129,19 @@ class Node:
         svc.bind(holding=self.holding, delivery=self.delivery)
         self.publisher = Publisher(svc)
         self.security: Security = Security(svc, accounts=self.holding, spawn=svc.spawn)
-        quarantine = Quarantine(self.holding)
-        moves = Moves(svc, placement=self.placing, spawn=svc.spawn)
         #: the group's operations on members and partitions (broker/node/parts.py)
-        self.ops = PartitionOps(
-            group=GroupMembers.founded(svc, self.placing, moves, config),
-            drains=Drains(svc, group=self.placing), moves=moves,
-            remaps=Remaps(svc, queues=self.placing, here=self.holding, publisher=self.publisher),
-            quarantine=quarantine,
-            restores=Restores(self.holding, group=self.holding, delivery=self.delivery, publisher=self.publisher))
+        self.ops = PartitionOps.made(svc, config, self.placing, self.holding, self.publisher, self.delivery)
         ops = self.ops
         self._forwarded = ForwardHandlers(svc, state=svc, options=self.options, report=self.report,
                                           changes=self.placing, streams=svc, publisher=self.publisher,
                                           security=self.security, drains=ops.drains, moves=ops.moves,
-                                          remaps=ops.remaps, restores=ops.restores, book=self.placing.member_book)
+                                          remaps=ops.remaps, restores=ops.restores, levels=ops.levels,
+                                          book=self.placing.member_book)
         #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self._session_parts = SessionParts(svc, self.guard, self.security, self.delivery, requests(
             Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher),
             Admin(self.options, report=self.report, changes=self.placing, drains=ops.drains, moves=ops.moves,
-                  remaps=ops.remaps),
+                  remaps=ops.remaps, levels=ops.levels),
             UserRequests(svc, self.security),
             StatusRequests(report=self.report, changes=self.placing, maps=self.maps)))
         self._peer_side = PeerSide(lambda: self.config, clock, self.store, self.ha, catalogue=self.catalogue,
@@ -162,7 +151,7 @@ class Node:
         self._producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves,
                                                lambda: self.store.commit, clock, config.producer_expiry)
         self.placing.bind(catalogue=self.catalogue, moves=ops.moves, drains=ops.drains, remaps=ops.remaps,
-                          security=self.security, delivery=self.delivery, store=self.store)
+                          levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store)
         self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=ops.remaps, store=self.store)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -229,6 +218,7 @@ class Node:
         if cfg.peer_port is not None:
             ha, ops = self.ha, self.ops
             peers = ha.peers = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
+            peers.builds.level = ops.levels.level  # (what its links' hellos say of the group)
             discovery = ha.discovery = Discovery(self.placing, peers)
             peers.on_addresses = discovery.heard
             if ops.group.changed():
@@ -303,7 +293,7 @@ class Node:
         ops = self.ops
         recovery.load(rec, catalogue=self.catalogue, users=self.services.users, acls=self.services.acls,
                       security=self.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps, group=ops.group,
-                      messages=messages)
+                      levels=ops.levels, messages=messages)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""

@@ -23,6 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.config import NodeConfig
 from broker.messaging.queues import MemoryBudget, Queue
 from broker.node.store import NodeStore
+from broker.partitions.drain import Drains
+from broker.partitions.members import GroupMembers
+from broker.partitions.moves import Moves
+from broker.partitions.quarantine import Quarantine
+from broker.partitions.remap import Remaps
+from broker.partitions.restore_run import Restores
+from broker.partitions.upgrade import FeatureLevels
 from broker.peers.host import NoReceiver, Receiving
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
 from client.clock import Clock
@@ -35,14 +42,10 @@ if TYPE_CHECKING:
     from broker.modes.shared.mode import SharedMode
     from broker.node.diskalarm import DiskAlarm
     from broker.node.options import RuntimeOptions
-    from broker.partitions.drain import Drains
-    from broker.partitions.members import GroupMembers
-    from broker.partitions.moves import Moves
-    from broker.partitions.quarantine import Quarantine
-    from broker.partitions.remap import Remaps
-    from broker.partitions.restore_run import Restores
     from broker.peers.discovery import Discovery
     from broker.peers.peers import PeerManager
+    from broker.node.holding import Holding
+    from broker.node.placement import GroupPlacement
 
 
 class Console(Protocol):
@@ -78,6 +81,19 @@ class PartitionOps:
     remaps: Remaps  # partitions added, messages re-mapped (tandem partition add / update)
     quarantine: Quarantine  # what a heal discards, kept (broker.partitions.quarantine)
     restores: Restores  # the quarantine merged back (tandem restore)
+    levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
+
+    @classmethod
+    def made(cls, svc: Any, config: NodeConfig, placing: GroupPlacement, holding: Holding, publisher: Publisher,
+             delivery: Delivery) -> PartitionOps:
+        """A node's operations, each handed the parts of the node it needs (``svc``: its
+        :class:`~broker.node.services.Services`, which imports this module)."""
+        moves = Moves(svc, placement=placing, spawn=svc.spawn)
+        return cls(group=GroupMembers.founded(svc, placing, moves, config), drains=Drains(svc, group=placing),
+                   moves=moves, remaps=Remaps(svc, queues=placing, here=holding, publisher=publisher),
+                   quarantine=Quarantine(holding),
+                   restores=Restores(holding, group=holding, delivery=delivery, publisher=publisher),
+                   levels=FeatureLevels(svc, group=placing))
 
 
 class Report:

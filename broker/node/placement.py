@@ -31,6 +31,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves, check_nodes, without_leaving
 from broker.partitions.remap import Remaps
+from broker.partitions.upgrade import FeatureLevels
 from broker.peers.codec import group_out, placement_out, updating_out
 from broker.peers.peers import PeerManager
 from broker.peers.placement import placement_diff
@@ -39,8 +40,10 @@ from broker.sessions.session import Session
 from client.clock import Clock
 from client.errors import InvalidArgumentError, NotActiveError
 from ha.members import Members
+from ha.membership import RemoteState
+from ha.upgrade import Build
 from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
-from storage.base import QueueMeta, SetGroup, SetPlacement, WriteOp
+from storage.base import QueueMeta, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
 
 log = logging.getLogger("tandem.broker")
 
@@ -72,10 +75,11 @@ class GroupPlacement:
         #: peer addresses found by discovery for members that had none here
         self.learned = learned
 
-    def bind(self, *, catalogue: Catalogue, moves: Moves, drains: Drains, remaps: Remaps, security: Security,
-             delivery: Delivery, store: NodeStore) -> None:
+    def bind(self, *, catalogue: Catalogue, moves: Moves, drains: Drains, remaps: Remaps, levels: FeatureLevels,
+             security: Security, delivery: Delivery, store: NodeStore) -> None:
         """The node's parts this one reads (made after it: some of them read it in turn)."""
         self.catalogue, self.moves, self.drains, self.remaps = catalogue, moves, drains, remaps
+        self.levels = levels
         self.security, self.delivery, self._store = security, delivery, store
 
     @property
@@ -160,13 +164,14 @@ class GroupPlacement:
 
     def security_snapshot(self) -> dict[str, Any]:
         group = self.group.snapshot()
-        return {**self.security.snapshot(), "drained": self.drains.snapshot(),
+        return {**self.security.snapshot(), "drained": self.drains.snapshot(), **self.levels.snapshot(),
                 "placed": [placement_out(op) for op in self.moves.snapshot()],
                 "updating": [updating_out(op) for op in self.remaps.snapshot()],
                 **({"group": group_out(group)} if group is not None else {})}
 
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         ops = self.security.install(data)
+        ops.extend(self.levels.install(data))
         if "group" in data:  # (before the placements: their nodes are members)
             ops.extend(self.group.install(data["group"]))
         if "drained" in data:
@@ -421,6 +426,32 @@ class GroupPlacement:
         if self.config.arbiter == "lockfile":
             return 'node drain: not with arbiter = "lockfile" (the lock, not the placement, decides the active)'
         return None
+
+    # -- the group's feature level (broker.partitions.upgrade) -----------------------------------------
+
+    def feature_level(self) -> int:
+        return self.levels.level
+
+    def level_apply(self, op: SetFeatureLevel) -> list[WriteOp]:
+        return self.levels.apply(op)
+
+    def finalize_mode_refusal(self) -> str | None:
+        if self.config.mode == "shared":
+            return ("upgrade finalize: shared mode has no feature level to raise (its nodes share one database "
+                    "and its schema): upgrade the nodes one at a time, the passive first")
+        return None
+
+    def member_builds(self) -> tuple[Collection[str], Mapping[str, Build], Collection[str]]:
+        peers = self.peers
+        if peers is None:
+            return (), {}, ()
+        linked = [n for n in peers.addresses if peers.membership.state(n) is RemoteState.UP]
+        return tuple(peers.addresses), dict(peers.builds.said), linked
+
+    def level_changed(self, level: int) -> None:
+        peers = self.peers
+        if peers is not None:
+            peers.builds.level = level
 
     def drained_changed(self) -> None:
         if self.replication is not None:

@@ -11,6 +11,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
+from broker.partitions.upgrade import FeatureLevels
 from broker.security.acl import AclTable
 from broker.security.security import SEEDED_KEY, Security
 from broker.security.users import UserRegistry
@@ -21,10 +22,13 @@ log = logging.getLogger("tandem.broker")
 
 
 def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: AclTable, security: Security,
-         drains: Drains, moves: Moves, remaps: Remaps, group: GroupMembers, messages: bool = True) -> None:
-    """Queues, partitions, users and grants, and the group's state from the store.
+         drains: Drains, moves: Moves, remaps: Remaps, group: GroupMembers, levels: FeatureLevels,
+         messages: bool = True) -> None:
+    """Queues, partitions, users and grants, and the group's state from the store (StoreRefusedError
+    first if its feature level is past this build's).
     ``messages`` False (a group member): a partition's messages are loaded only when this
     node becomes its active (``partition_loaded``)."""
+    levels.load(rec.meta)  # (first: a store this build is too old for is refused before any of it is read)
     for meta in rec.queues:
         catalogue.add(meta)
     catalogue.next_id = max(catalogue.next_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)

@@ -33,6 +33,7 @@ its result, and a dialer would outlive ``stop``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping
 
@@ -40,6 +41,7 @@ from broker.config import ConfigError
 from broker.logsafe import escape
 from broker.messaging.forward import ForwardRequest
 from broker.peers import handshake
+from broker.peers.builds import PeerBuilds
 from broker.peers.dialing import Address, Dialing
 from broker.peers.foreign import ForeignActives, flatten
 from broker.peers.forwarding import Forwards
@@ -103,6 +105,8 @@ class PeerManager:
         if witness is not None:
             self.addresses[witness[0]] = witness[1]  # a member: its vote counts in the node quorum
         self.me = NodeIdentity(name=cfg.name, store_stamp=node.store_stamp, priority=cfg.priority, votes=cfg.votes)
+        #: the other members' builds, and the group's feature level as applied here (ha.upgrade)
+        self.builds = PeerBuilds(cfg.name)
         #: what this node tells its peers it places partitions by ("": a witness, which holds none)
         self.placement = cfg.placement_settings() if places else ""
         #: who is active for the partitions this node holds no copy of (more members than copies)
@@ -275,8 +279,9 @@ class PeerManager:
         clock = self.node.clock
         interval = self.node.config.keepalive_interval
         while True:
-            beat = self.arbiter.heartbeat() if self.arbiter is not None else \
-                Heartbeat(actives=self._served() if self.gossip else [], ha_off=self.zone_disabled)
+            beat = dataclasses.replace(self.arbiter.heartbeat(), level=self.builds.level) if self.arbiter is not None \
+                else Heartbeat(actives=self._served() if self.gossip else [], ha_off=self.zone_disabled,
+                               level=self.builds.level)
             for link in list(self.links.values()):
                 link.send(beat)
             changes = self.membership.tick(clock.monotonic())
@@ -346,7 +351,7 @@ class PeerManager:
                 who = NodeIdentity(name=welcome.node, store_stamp=welcome.store_stamp, priority=welcome.priority,
                                    votes=welcome.votes)
                 link.proto.max_frame_size = PEER_MAX_FRAME
-                admitted = self._admit(link, who, welcome.client_address, welcome.placement)
+                admitted = self._admit(link, who, welcome)
                 if admitted:
                     self.dialing.found_at(name, target)
                     if self.arbiter is not None:
@@ -363,7 +368,8 @@ class PeerManager:
         return PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=hello.node,
                          store_stamp=hello.store_stamp, priority=self.me.priority, votes=self.me.votes,
                          client_address=self._client_address(), epoch=self.epoch, nonce=hello.nonce,
-                         placement=self.placement, discover=discover, peer_port=self._own_peer_port())
+                         placement=self.placement, discover=discover, peer_port=self._own_peer_port(),
+                         **self.builds.ours())
 
     async def _handshake_out(self, link: Link, name: str | None, remote: str, *,
                              discover: bool = False) -> PeerWelcome | Intruder | None:
@@ -440,12 +446,14 @@ class PeerManager:
             who = NodeIdentity(name=hello.node, store_stamp=hello.store_stamp, priority=hello.priority,
                                votes=hello.votes)
             try:
-                version = choose_version(hello.min_version, hello.max_version)
+                version = choose_version(hello.min_version, hello.max_version, peer=f"peer {escape(hello.node)}",
+                                         me=f"this node ({self.me.name})")
             except UnsupportedProtocolError as exc:
+                log.warning("peer link from %s refused: %s", remote, exc.message)
                 self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
                 link.refuse(exc.message)
                 return
-            if not hello.discover and not self._admit(link, who, hello.client_address, hello.placement):
+            if not hello.discover and not self._admit(link, who, hello):
                 return
             self.dialing.heard_self(hello.node, host, hello.peer_port)
             if proof is not None:
@@ -453,7 +461,8 @@ class PeerManager:
             link.send(PeerWelcome(version=version, node=self.me.name, store_stamp=self.me.store_stamp,
                                   priority=self.me.priority, votes=self.me.votes,
                                   client_address=self._client_address(), epoch=self.epoch,
-                                  placement=self.placement, members=self.book(but=hello.node)))
+                                  placement=self.placement, members=self.book(but=hello.node),
+                                  **self.builds.welcome()))
             if hello.discover:  # (a member that found this node by a seed: the addresses were all it wanted)
                 log.info("peer %s asked for the members' addresses (seed)", escape(hello.node))
                 link.send(Close(code=0, reason="member addresses sent"))
@@ -507,11 +516,17 @@ class PeerManager:
     def _client_address(self) -> str:
         return self.node.client_address
 
-    def _admit(self, link: Link, who: NodeIdentity, client_address: str = "", placement: str = "") -> bool:
+    def _admit(self, link: Link, who: NodeIdentity, said: PeerHello | PeerWelcome) -> bool:
         if who.name not in self.addresses:  # (removed from the group while the link was made)
             link.refuse(f"{who.name} is not a member of this group")
             return False
-        mismatch = placement_mismatch(self.placement, placement, self.me.name, who.name)
+        too_old = self.builds.check(who.name, said, PeerBuilds.protocol_of(said))  # (logged there)
+        if too_old is not None:
+            self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
+            link.refuse(too_old)
+            return False
+        client_address = said.client_address
+        mismatch = placement_mismatch(self.placement, said.placement, self.me.name, who.name)
         self.report(self.membership.handshake(who, self.node.clock.monotonic(), mismatch=mismatch))
         state = self.membership.state(who.name)
         if state in REFUSED:
@@ -542,6 +557,7 @@ class PeerManager:
                     self._heard_actives(link.name, frame.actives)
                 if frame.ha_off != self.ha_off.get(link.name, ""):
                     self._peer_ha_off(link.name, frame.ha_off)
+                self.builds.heard_level(link.name, frame.level)
             elif isinstance(frame, Forward):
                 self.tasks.spawn(self.forwards.answer(link, frame), name=f"tandem-peer-forwarded-{link.name}")
             elif isinstance(frame, ForwardOk) or (isinstance(frame, Error) and frame.rid):

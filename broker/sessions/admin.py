@@ -1,4 +1,5 @@
-"""A client session's group administration requests: node settings, drains, partition moves and changes, members.
+"""A client session's group administration requests: node settings, drains, partition moves and changes, members,
+the group's feature level.
 
 Each needs the ``admin`` permission (role admin, or granted: broker.security.acl) and answers
 with the node's status once the change is made.  The settings (quorum override, priority,
@@ -14,12 +15,13 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
+from broker.partitions.upgrade import FeatureLevels
 from broker.security.acl import AclTable
 from broker.sessions.requests import Handler, Requester
 from broker.sessions.status import GroupChanges, NodeReport, Options, status_of
 from client.errors import InvalidArgumentError
-from client.protocol.frames import ChangeGroup, ChangePartitions, DrainNode, Frame, MovePartition, SetOption, \
-    SetQuorumOverride, StatusOk
+from client.protocol.frames import ChangeGroup, ChangePartitions, DrainNode, FinalizeUpgrade, Frame, MovePartition, \
+    SetOption, SetQuorumOverride, StatusOk
 from storage.base import UserRecord
 
 
@@ -39,14 +41,14 @@ class Admin:
     (``report`` and ``changes``, broker.sessions.status) once its change is made."""
 
     def __init__(self, node: AdminHost, *, report: NodeReport, changes: GroupChanges, drains: Drains, moves: Moves,
-                 remaps: Remaps) -> None:
+                 remaps: Remaps, levels: FeatureLevels) -> None:
         self.node, self.report, self.changes = node, report, changes
-        self.drains, self.moves, self.remaps = drains, moves, remaps
+        self.drains, self.moves, self.remaps, self.levels = drains, moves, remaps, levels
 
     def handlers(self) -> Mapping[type[Frame], Handler[Requester]]:
         return {SetQuorumOverride: self.set_quorum_override, SetOption: self.set_option, DrainNode: self.drain_node,
                 MovePartition: self.move_partition, ChangePartitions: self.change_partitions,
-                ChangeGroup: self.change_group}
+                ChangeGroup: self.change_group, FinalizeUpgrade: self.finalize_upgrade}
 
     def _group_admin(self, user: UserRecord, what: str) -> None:
         """A group operation: the user needs the ``admin`` permission (role admin or granted)."""
@@ -97,4 +99,9 @@ class Admin:
             await self.node.group.remove(f.node, by)
         else:
             raise InvalidArgumentError(f"group change: action {f.action!r} is not add or remove")
+        s.send(self._status(f.rid))
+
+    async def finalize_upgrade(self, s: Requester, user: UserRecord, f: FinalizeUpgrade) -> None:
+        self._group_admin(user, "finalize an upgrade")
+        await self.levels.finalize(f.level, f"{user.name} ({s.client_name})")
         s.send(self._status(f.rid))

@@ -32,10 +32,12 @@ from broker.messaging.queues import Holder, Queue
 from broker.security.acl import AclTable
 from broker.sessions.requests import Handler, Requester
 from client.errors import AccessRefusedError, InvalidArgumentError, UnavailableError
-from client.protocol.frames import Frame, Metadata, MetadataOk, PartitionInfo, PartitionMap, RemoteNode, Status, \
-    StatusOk, ZoneInfo
+from client.protocol.frames import Frame, MemberBuild, Metadata, MetadataOk, PartitionInfo, PartitionMap, RemoteNode, \
+    Status, StatusOk, ZoneInfo
+from client.protocol.versions import MAX_VERSION, MIN_VERSION
 from storage.base import UserRecord
-from ha.membership import Membership
+from ha.membership import Membership, RemoteState
+from ha.upgrade import LEVEL_MAX, LEVEL_MIN, Build
 
 
 class NodeState(Protocol):
@@ -131,6 +133,14 @@ class PeersState(Protocol):
 
     @property
     def intruder_counts(self) -> Mapping[str, int]: ...  # refused peer links per reason, since start
+
+    @property
+    def builds(self) -> BuildsView: ...  # the other members' builds (broker.peers.builds)
+
+
+class BuildsView(Protocol):
+    @property
+    def said(self) -> Mapping[str, Build]: ...  # member -> what its build said on its latest link
 
 
 class HaEventView(Protocol):
@@ -269,6 +279,10 @@ class GroupChanges(Protocol):
         """The group's members, their zones, and the change under way ("" none)."""
         ...
 
+    def feature_level(self) -> int:
+        """The group's feature level as this node applied it (broker.partitions.upgrade)."""
+        ...
+
 
 def status_of(node: NodeReport, changes: GroupChanges, rid: int,
               may_see: Callable[[str], bool] | None = None) -> StatusOk:
@@ -277,6 +291,7 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
     cfg = node.config
     remotes: list[RemoteNode] = []
     azones: list[ZoneInfo] = []
+    builds: list[MemberBuild] = []
     peers = node.peers
     if peers is None:
         quorum, override = "Active", None
@@ -291,6 +306,8 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
                                       ident.priority if ident else 0, ident.votes if ident else 0,
                                       ident.store_stamp if ident else "",
                                       peers.client_addresses.get(name, "")))
+        builds = [MemberBuild(name, b.version, b.protocol[0], b.protocol[1], b.levels[0], b.levels[1], b.level,
+                              m.state(name) is RemoteState.UP) for name, b in sorted(peers.builds.said.items())]
     partitions: list[PartitionInfo] = []
     discarded, dp, dmsgs = 0, False, 0
     rep = node.replication
@@ -326,7 +343,8 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
                     zones=[f"{n}={z}" for n, z in sorted(zones.items())], foreign=foreign,
                     moving=moving, members=members if peers is not None else [],
                     group_change=change,
-                    updating=updating, availability_zones=azones)
+                    updating=updating, availability_zones=azones, protocol=[MIN_VERSION, MAX_VERSION],
+                    feature_levels=[LEVEL_MIN, LEVEL_MAX], feature_level=changes.feature_level(), builds=builds)
 
 
 # -- the status and partition-map requests of a client session -------------------------------------

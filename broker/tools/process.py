@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from broker.tools.builds import OtherBuild
 from broker.tools.forked import ForkedProcess, can_fork, start_forked
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
@@ -60,6 +61,9 @@ class NodeProcess:
         self.wrap: list[str] = []
         #: variables added to the node's environment (a fault's: libfaketime's, say)
         self.env: dict[str, str] = {}
+        #: another build of Tandem to run the node on (broker.tools.builds: the rolling-upgrade
+        #: drill), in a fresh interpreter; None: this process's code
+        self.build: OtherBuild | None = None
         #: the CA a TLS node's certificate is signed by (the ``ca`` of :attr:`url`)
         self.ca = ca
         self.tls = False  # whether the node said tandems:// (set when it starts)
@@ -93,12 +97,12 @@ class NodeProcess:
 
     async def start(self, timeout: float = 60.0) -> NodeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command, env = node_command()
+        command, env = node_command() if self.build is None else (self.build.command(), self.build.env())
         env.update({"TANDEM_ADMIN_PASSWORD": self.password, "PYTHONUNBUFFERED": "1", **self.env})
         port = self.port if self.address is None else self.address[1]  # a restart keeps its port
         argv = ["broker", "start", "--name", self.name, "--data-dir", str(self.data_dir), "--host", self.host,
                 "--port", str(port), "--sync", self.sync, *self.extra_args]
-        if self.forked and not self.wrap and not self.env and can_fork(env):
+        if self.forked and not self.wrap and not self.env and self.build is None and can_fork(env):
             self.proc = await start_forked(argv, env)
         else:
             self.proc = await asyncio.create_subprocess_exec(

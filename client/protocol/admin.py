@@ -71,6 +71,22 @@ class PartitionInfo(Record):
     static: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MemberBuild(Record):
+    """Another member's build, as it said on its latest link to the answering node
+    (``tandem upgrade status``).  A first-release build says nothing: build "", protocol
+    1..1, levels 1..1."""
+
+    name: str
+    build: str  # its product version ("" a first-release build)
+    protocol_min: int
+    protocol_max: int
+    level_min: int  # the feature levels it supports
+    level_max: int
+    level: int  # the group's feature level as it applied it
+    linked: bool  # linked to the answering node now (else: as it said when it was)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Status(Frame):
     OP: ClassVar[Op] = Op.STATUS
@@ -118,6 +134,14 @@ class StatusOk(Frame):
     updating: list[str] = field(default_factory=list)
     #: the availability zones this node is in (the node is Disabled while any of them is)
     availability_zones: list[ZoneInfo] = field(default_factory=list)
+    #: the protocol versions this node's build speaks, [min, max] (empty: a first-release build, 1..1)
+    protocol: list[int] = field(default_factory=list)
+    #: the feature levels this node's build supports, [min, max] (empty: a first-release build, 1..1)
+    feature_levels: list[int] = field(default_factory=list)
+    #: the group's feature level as this node applied it (0: a first-release build, level 1)
+    feature_level: int = 0
+    #: the other members' builds as they said on their links (tandem upgrade status)
+    builds: list[MemberBuild] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +225,18 @@ class DrainNode(Frame):
     rid: int
     node: str
     drained: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinalizeUpgrade(Frame):
+    """Operator: raise the group's feature level to ``level`` (0: the highest this node's
+    build supports) once every member supports it (``tandem upgrade finalize``).  Group state,
+    decided by the catalogue's active; the admin permission.  Answered with StatusOk once
+    applied here.  Protocol version 2."""
+
+    OP: ClassVar[Op] = Op.FINALIZE_UPGRADE
+    rid: int
+    level: int = 0
 
 
 # -- users and grants ------------------------------------------------------------

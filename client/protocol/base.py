@@ -58,6 +58,7 @@ class Op(IntEnum):
     MOVE_PARTITION = 55
     CHANGE_GROUP = 56
     CHANGE_PARTITIONS = 57
+    FINALIZE_UPGRADE = 58  # protocol version 2
     # node <-> node (peer port)
     PEER_HELLO = 60
     PEER_WELCOME = 61

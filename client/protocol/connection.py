@@ -13,7 +13,9 @@ The handshake (SCRAM-SHA-256, :mod:`client.scram`)::
     AuthResponse(client-final)               ->
                                              <-  Welcome(version, limits, auth=server-final)
 
-The node picks the highest common version; it may answer ``Error`` then ``Close``
+The node picks the highest common version (:mod:`client.protocol.versions`: the ranges, what
+each version added; a frame a later version added is neither sent nor taken on a link at
+an older one); it may answer ``Error`` then ``Close``
 instead of AuthChallenge (no common version, a node that serves nothing, too many
 failed logins) or instead of Welcome (wrong password, a limit).  A Welcome
 straight after Hello is a protocol error: the client trusts a node only once it
@@ -36,25 +38,7 @@ from client.protocol.codec import (
     encode,
 )
 from client.protocol.frames import AuthResponse, Close, Frame, Hello, PeerHello, PeerWelcome, Welcome
-
-#: Protocol versions this code speaks (inclusive range).
-MIN_VERSION = 1
-MAX_VERSION = 1
-
-
-def choose_version(
-    peer_min: int, peer_max: int, ours: tuple[int, int] = (MIN_VERSION, MAX_VERSION)
-) -> int:
-    """Highest version both ranges contain; UnsupportedProtocolError if none."""
-    hi = min(peer_max, ours[1])
-    lo = max(peer_min, ours[0])
-    if hi < lo:
-        raise UnsupportedProtocolError(
-            f"unsupported protocol version: peer speaks {peer_min}..{peer_max}, "
-            f"this node {ours[0]}..{ours[1]}"
-        )
-    return hi
-
+from client.protocol.versions import MAX_VERSION, MIN_VERSION, choose_version, since
 
 class Role(Enum):
     __hash__ = object.__hash__  # (see State)
@@ -168,6 +152,12 @@ class ProtocolConnection:
 
     def _advance(self, direction: str, frame: Frame) -> None:
         name = type(frame).__name__
+        if self.version is not None and since(frame.OP) > self.version:
+            msg = (f"{name} needs protocol version {since(frame.OP)}, and this link speaks {self.version} "
+                   f"(the other end's build is older: see docs/upgrades.md)")
+            if direction == _SEND:
+                raise UnsupportedProtocolError(msg)  # (the caller's request, not a bug: refused in words)
+            raise FrameError(RemoteProtocolError(msg, code=UnsupportedProtocolError.code), rid=getattr(frame, "rid", 0))
         nxt = TRANSITIONS.get((self.role, self.state, direction, name))
         if nxt is None and name not in _HANDSHAKE:
             nxt = TRANSITIONS.get((self.role, self.state, direction, _ANY))

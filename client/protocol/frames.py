@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import TypeVar
 
 from client.protocol.admin import (
-    AclGrant, AclInfo, AclList, AclRevoke, Acls, ChangeGroup, ChangePartitions, DrainNode, MovePartition,
-    PartitionInfo, RemoteNode, ReplicaInfo, SetOption, SetQuorumOverride, Status, StatusOk, UserDelete, UserInfo,
+    AclGrant, AclInfo, AclList, AclRevoke, Acls, ChangeGroup, ChangePartitions, DrainNode, FinalizeUpgrade,
+    MemberBuild, MovePartition, PartitionInfo, RemoteNode, ReplicaInfo, SetOption, SetQuorumOverride, Status, StatusOk, UserDelete, UserInfo,
     UserList, UserPut, Users, ZoneInfo,
 )
 from client.protocol.base import Frame, Op, Record
@@ -48,7 +48,7 @@ __all__ = [
     "MetadataOk", "MapChanged", "Subscribe", "SubscribeOk", "Cancel", "Deliver", "Ack", "Nack", "Reject", "Get",
     "GetOk", "Read", "ReadOk", "Produced", "ProducedOk", "Placement", "placement_text", "RemoteNode", "ZoneInfo",
     "ReplicaInfo", "PartitionInfo", "Status", "StatusOk", "SetQuorumOverride", "SetOption", "MovePartition",
-    "ChangePartitions", "ChangeGroup", "DrainNode", "UserInfo", "AclInfo", "UserPut", "UserDelete", "UserList",
+    "ChangePartitions", "ChangeGroup", "DrainNode", "FinalizeUpgrade", "MemberBuild", "UserInfo", "AclInfo", "UserPut", "UserDelete", "UserList",
     "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello", "PeerWelcome", "PeerChallenge", "PeerProof",
     "Replicate", "Forward", "ForwardOk",
 ]
@@ -57,7 +57,7 @@ _ALL: list[type[Frame]] = [
         Hello, AuthChallenge, AuthResponse, Welcome, Error, Close, Heartbeat, Ok, Declare, DeclareOk, Delete, Purge, PurgeOk,
         ListQueues, Queues, Publish, PublishOk, Metadata, MetadataOk, MapChanged, Subscribe, SubscribeOk, Cancel, Deliver, Ack,
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
-        ChangeGroup, ChangePartitions, Produced, ProducedOk,
+        ChangeGroup, ChangePartitions, Produced, ProducedOk, FinalizeUpgrade,
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,

@@ -35,6 +35,11 @@ class PeerHello(Frame):
     #: the port the dialer takes peer links on (0: not said); with the link's source address,
     #: where it says it is, for members that find nothing at the address they have for it
     peer_port: int = 0
+    #: the dialer's build (ha.upgrade): its product version, the feature levels it supports
+    #: ([min, max]) and the group's level as it applied it; "", [], 0: a first-release build
+    build: str = ""
+    levels: list[int] = field(default_factory=list)
+    level: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +56,10 @@ class PeerWelcome(Frame):
     #: "name=host:port" of the other members whose peer address the acceptor knows (the dialer
     #: proved the group secret first; broker.peers.discovery)
     members: list[str] = field(default_factory=list)
+    build: str = ""  # as PeerHello's
+    levels: list[int] = field(default_factory=list)
+    level: int = 0
+    protocol: list[int] = field(default_factory=list)  # the versions the acceptor speaks, [min, max]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

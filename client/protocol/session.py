@@ -96,6 +96,9 @@ class Heartbeat(Frame):
     #: the availability zone whose lost quorum keeps the sender's HA services off ("" none):
     #: its peers rank it as drained while it is (broker.peers.peers)
     ha_off: str = ""
+    #: on a peer link: the group's feature level as the sender applied it (0: a first-release
+    #: build, which does not say; ha.upgrade)
+    level: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,7 @@ from storage.base import (
 from storage.segments import SegmentLog
 from storage.sqlite.apply import OpApplier
 from storage.sqlite.reads import PartitionFiller
-from storage.sqlite.schema import SCHEMA_VERSION, Key
+from storage.sqlite.schema import READABLE, Key
 
 log = logging.getLogger("tandem.storage")
 
@@ -38,8 +38,9 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
     rec = Recovered()
     rec.meta = {k: v for k, v in conn.exec_driver_sql("SELECT key, value FROM meta")}
     version = rec.meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise StorageError(f"store {path} has schema version {version}, this build reads {SCHEMA_VERSION}")
+    if version not in READABLE:
+        raise StorageError(f"store {path} has schema version {version}, this build reads {', '.join(sorted(READABLE))}: "
+                           f"it was written by another build; start the node on that build (see docs/upgrades.md)")
     for row in conn.exec_driver_sql(
         "SELECT id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
         "max_length, owner FROM queues ORDER BY id"

@@ -49,6 +49,10 @@ log = logging.getLogger("tandem.storage")
 #: them) is upgraded in place, as they are only added
 SCHEMA_VERSION = "3"
 UPGRADABLE = {"2"}
+#: the versions a store may have and this build reads: 3 as created, 4 once its group is
+#: finalized at feature level 2 (broker.partitions.upgrade stamps it; the tables are alike,
+#: the version keeps a first-release build from opening a store it may not understand)
+READABLE = {"3", "4"}
 
 Key = tuple[int, int]  # (queue_id, partition)
 

@@ -27,7 +27,7 @@ from client.consumer import Message
 from client.errors import (AccessRefusedError, ConsumerNotFoundError, InvalidArgumentError, TandemError,
                            UnknownDeliveryTagError)
 from client.protocol.frames import (Ack, AclGrant, AclList, AclRevoke, Cancel, ChangeGroup, ChangePartitions,
-                                    Declare, Delete, DrainNode, Forward, Frame, Get, Metadata, MovePartition, Nack,
+                                    Declare, Delete, DrainNode, FinalizeUpgrade, Forward, Frame, Get, Metadata, MovePartition, Nack,
                                     Produced, Publish, PublishMessage, Purge, Read, Reject,
                                     SetOption, SetQuorumOverride, Subscribe, UserDelete, UserList, UserPut)
 from tests.helpers import wait_until
@@ -95,6 +95,7 @@ GROUP_OPERATIONS = [
     Refused("SetQuorumOverride-clear", "admin", lambda rid: SetQuorumOverride(rid=rid, nodes=None)),
     Refused("DrainNode", "admin", lambda rid: DrainNode(rid=rid, node="node2", drained=True)),
     Refused("DrainNode-undrain", "admin", lambda rid: DrainNode(rid=rid, node="node1", drained=False)),
+    Refused("FinalizeUpgrade", "admin", lambda rid: FinalizeUpgrade(rid=rid)),
     Refused("MovePartition", "admin",
             lambda rid: MovePartition(rid=rid, queue=PAYMENTS, partition=0, nodes=["node3", "node2", "node1"])),
     Refused("MovePartition-force", "admin",

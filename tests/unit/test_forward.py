@@ -11,7 +11,7 @@ import pytest
 from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
-                            MembersFwd, ProducedFwd, RestoreFwd, decode_request)
+                            MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -20,7 +20,7 @@ EXAMPLES = [
     StatusFwd(), PartitionStatsFwd("orders", 3), QueueStatsFwd(), OptionFwd("priority", 2, "admin"),
     ReadFwd(1, "orders", 0, 100, 500), DepthFwd("orders", 1), PurgeFwd("orders", 0),
     UserPutFwd(0, b"\x80", "create"), UserDropFwd(1, "bob"), AclGrantFwd(0, "bob", "orders.*", "consume"),
-    AclRevokeFwd(2, "bob", "*", "produce,browse"), DrainFwd(1, "node3", 1, "admin"),
+    AclRevokeFwd(2, "bob", "*", "produce,browse"), DrainFwd(1, "node3", 1, "admin"), UpgradeFwd(1, 2, "admin"),
     MoveFwd(1, 4, 0, "node3,node1", 1, "admin"), GroupFwd(1, "add", "node4", "10.0.0.4:7781", "", "admin"),
     RemapFwd(1, "add", 4, 2, "", "node1,node2;node2,node1", 0, "admin"), AuditFwd("orders"), MembersFwd(),
     RestoreFwd(1, "node3", "orders", "2"), ProducedFwd(1, "orders", 2, "p1", 17),

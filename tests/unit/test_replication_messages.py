@@ -57,6 +57,7 @@ from ha.messages import (
 )
 from storage.base import (
     SetUpdating,
+    SetFeatureLevel,
     LogState,
     PutApplied,
     AclRecord,
@@ -210,6 +211,7 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
      "9197a15792a56e6f646531a56e6f64653491b36e6f6465343d31302e302e302e343a373738319091a56e6f646531c3919301009"
      "1aa6e6f6465313a73796e63"),
     ("Y", SetUpdating(4, (0, 1, 2)), "9194a159049300010290"),
+    ("F", SetFeatureLevel(2), "9192a14602"),
 ]
 
 

@@ -16,7 +16,7 @@ from client.clock import Cancellable, Clock
 from ha.members import is_change
 from ha.messages import Entry, InstallSnapshot
 from storage.base import (Append, DropQueue, DropUser, GrantAcl, PutApplied, PutQueue, PutUser, QueueMeta, RevokeAcl,
-                          SeedAdmin, SetDrained, SetGroup, SetPlacement, SetUpdating, WriteOp)
+                          SeedAdmin, SetDrained, SetFeatureLevel, SetGroup, SetPlacement, SetUpdating, WriteOp)
 
 log = logging.getLogger("tandem.ha")
 
@@ -129,6 +129,8 @@ class CatalogueOps:
                 out.extend(self._state.group_apply(op))
             elif isinstance(op, SetUpdating):
                 out.extend(self._remaps.apply(op))
+            elif isinstance(op, SetFeatureLevel):
+                out.extend(self._state.level_apply(op))
         self._changed()
         return out
 

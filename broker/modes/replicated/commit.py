@@ -30,7 +30,7 @@ from client.clock import Cancellable, Clock
 from client.errors import NotActiveError, TandemError, UnavailableError
 from ha.messages import Ready
 from storage.base import Append, DropQueue, DropUser, GrantAcl, PackedRun, PutQueue, PutUser, RevokeAcl, SeedAdmin, \
-    SetDrained, SetGroup, SetPlacement, WriteOp
+    SetDrained, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
 
 log = logging.getLogger("tandem.ha")
 
@@ -251,7 +251,7 @@ class Proposals:
                 plog.waiters[entry.index] = (ops, cbs)
                 plog.proposed_term = entry.term
                 if any(isinstance(op, (Append, PutQueue, DropQueue, PutUser, DropUser, GrantAcl, RevokeAcl,
-                                       SeedAdmin, SetDrained, SetPlacement, SetGroup)) for op in ops):
+                                       SeedAdmin, SetDrained, SetPlacement, SetGroup, SetFeatureLevel)) for op in ops):
                     plog.must_sync.add(entry.index)
             self._guarded(plog, lambda: ready)
 

@@ -26,7 +26,7 @@ from client.protocol.frames import Replicate
 from ha.members import Members
 from ha.membership import Membership
 from ha.placement import DistributionPolicy
-from storage.base import PartitionState, QueueMeta, SetGroup, SetPlacement, WriteOp
+from storage.base import PartitionState, QueueMeta, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
 
 Callback = Callable[[BaseException | None], None]
 
@@ -149,6 +149,9 @@ class GroupState(Protocol):
 
     def group_apply(self, op: SetGroup) -> list[WriteOp]:
         """A committed change of the group's members (broker.partitions.members); the ops to store."""
+
+    def level_apply(self, op: SetFeatureLevel) -> list[WriteOp]:
+        """A committed raise of the group's feature level (broker.partitions.upgrade); the ops to store."""
 
     def security_snapshot(self) -> dict[str, Any]:
         """The users, grants, drained members, placements, updates and members, for the

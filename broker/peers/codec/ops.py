@@ -35,6 +35,8 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "Y" SET_UPDATING        queue_id int, pending array of int, finished array of int
                             (catalogue only: tandem partition update, the partitions to
                             re-map as it starts, or those done)
+    "F" SET_FEATURE_LEVEL   level int (catalogue only: tandem upgrade finalize; written
+                            only once every member's build reads it: feature level 2)
 
     (QueueMeta, UserFields and the messages' items: codec.records)
 """
@@ -88,6 +90,7 @@ from storage.base import (
     SeedAdmin,
     SetDeliveryCount,
     SetDrained,
+    SetFeatureLevel,
     SetGroup,
     SetPlacement,
     SetUpdating,
@@ -118,6 +121,7 @@ class OpCode(StrEnum):
     SET_PLACEMENT = "L"
     SET_GROUP = "W"
     SET_UPDATING = "Y"
+    SET_FEATURE_LEVEL = "F"
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -185,6 +189,8 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.SET_GROUP, *group_out(op)])
         elif isinstance(op, SetUpdating):
             out.append([OpCode.SET_UPDATING, *updating_out(op)])
+        elif isinstance(op, SetFeatureLevel):
+            out.append([OpCode.SET_FEATURE_LEVEL, op.level])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -214,6 +220,7 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.SET_PLACEMENT: (5, lambda _qid, _p, a: _placement_in(a[1:])),
     OpCode.SET_GROUP: (7, lambda _qid, _p, a: _group_in(a[1:7])),
     OpCode.SET_UPDATING: (4, lambda _qid, _p, a: _updating_in(a[1:4])),
+    OpCode.SET_FEATURE_LEVEL: (2, lambda _qid, _p, a: SetFeatureLevel(_uint(a[1], "feature level"))),
 }
 
 

@@ -20,7 +20,9 @@ Snapshot (``INSTALL_SNAPSHOT`` data; QueueMeta, UserFields and the rest: codec.r
                                policy's placement, and those of static queues),
                      "group": the member list (as a SET_GROUP op's items), once changed,
                      "updating": array of [queue_id int, partitions array of int] (the
-                                 updates under way: the partitions still to re-map)}
+                                 updates under way: the partitions still to re-map),
+                     "level": int (the group's feature level, ha.upgrade; sent only
+                              once above 1, so a first-release build reads the rest)}
                 (a build without users in the log sent the array of QueueMeta alone;
                 one without the drain sends no "drained": the set stays as it is; one
                 without moves no "placed")
@@ -181,4 +183,6 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
         out["group"] = _group_in(_array(snap["group"], 6, "group"))
     if "updating" in snap:
         out["updating"] = [_updating_in(_array(a, 3, "update")) for a in _list(snap["updating"], "updates")]
+    if "level" in snap:
+        out["level"] = _uint(snap["level"], "catalogue snapshot feature level")
     return metas, out

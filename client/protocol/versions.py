@@ -1,0 +1,58 @@
+"""Protocol versions: the range this code speaks, what each version added, and the choice of
+one for a link.
+
+Every link (client to node, node to node, node to witness) starts with the dialer's range
+(``Hello`` / ``PeerHello``: ``min_version``, ``max_version``); the acceptor answers with the
+highest version both speak (``Welcome`` / ``PeerWelcome``: ``version``) or refuses the link
+with one line naming both ranges and what to do.  On an open link a frame whose opcode a
+later version added is neither sent nor taken at an older one (:func:`since`,
+:class:`client.protocol.connection.ProtocolConnection`): an older client or node keeps
+working at its version, and a request it cannot make is refused on this side, in words.
+
+Optional fields a later version adds to an existing frame travel at any version: a reader
+ignores map keys it does not know (:mod:`client.protocol.codec`), and a missing one takes its
+default.  Records (positional arrays) never grow: a new field means a new record.
+
+Versions::
+
+    1   the first release (builds 0.1.x): every opcode but those below
+    2   FinalizeUpgrade (raise the group's feature level: ``tandem upgrade finalize``);
+        build, feature levels and the group's level in PeerHello / PeerWelcome and
+        StatusOk (optional fields, read by 0.2 and later)
+"""
+
+from __future__ import annotations
+
+from client.errors import UnsupportedProtocolError
+from client.protocol.base import Op
+
+#: Protocol versions this code speaks (inclusive range).
+MIN_VERSION = 1
+MAX_VERSION = 2
+
+#: the version that added an opcode, for those added after version 1
+ADDED: dict[Op, int] = {
+    Op.FINALIZE_UPGRADE: 2,
+}
+
+
+def since(op: Op) -> int:
+    """The protocol version that added ``op``."""
+    return ADDED.get(op, 1)
+
+
+def choose_version(peer_min: int, peer_max: int, ours: tuple[int, int] = (MIN_VERSION, MAX_VERSION),
+                   *, peer: str = "the peer", me: str = "this node") -> int:
+    """The highest version both ranges contain; UnsupportedProtocolError naming both ranges
+    and which side to upgrade if there is none."""
+    hi = min(peer_max, ours[1])
+    lo = max(peer_min, ours[0])
+    if hi < lo:
+        if peer_max < ours[0]:
+            todo = f"{peer} is too old: upgrade it to a build that speaks version {ours[0]} or later"
+        else:
+            todo = f"{me} is too old: upgrade it to a build that speaks version {peer_min} or later"
+        raise UnsupportedProtocolError(
+            f"unsupported protocol version: {peer} speaks {peer_min}..{peer_max}, {me} {ours[0]}..{ours[1]}; "
+            f"{todo} (see docs/upgrades.md)")
+    return hi

@@ -1,0 +1,107 @@
+"""Rolling upgrades, sans-IO: the group's feature levels, what each member's build says of
+itself on its links, and the rules that admit a member and allow a finalize.
+
+A *feature level* names what the group may write to its logs, snapshots, catalogue and
+stores: a new behaviour that changes any of them is used only once the group's level
+allows it, and the level is raised (``tandem upgrade finalize``) only once every member's
+build supports it.  Until then a member can go back to the previous build: nothing it
+cannot read has been written.  The level is group state, in the catalogue's log
+(broker.partitions.upgrade); docs/upgrades.md has the rules and the runbook.
+
+A member's *build* says on its link (PeerHello / PeerWelcome) its version, the protocol
+versions and the feature levels it supports, and the level its group is at as it applied
+it.  A build that says nothing of it is a first-release build: protocol 1, level 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: the feature levels and what each lets the group write, on top of the level before it
+LEVELS: Mapping[int, str] = {
+    1: "the first release's logs, snapshots, catalogue and stores (builds 0.1.x)",
+    2: "the group's feature level is an entry of its catalogue log, and each store is stamped schema version 4 "
+       "(a 0.1.x build refuses it by its schema version)",
+}
+LEVEL_MIN = min(LEVELS)
+LEVEL_MAX = max(LEVELS)
+
+#: what a member that says nothing of its build supports (a first-release build)
+FIRST_RELEASE = (1, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """What a member's build said on its latest link."""
+
+    version: str  # its product version; "" for a first-release build, which does not say
+    protocol: tuple[int, int]  # the protocol versions it speaks
+    levels: tuple[int, int]  # the feature levels it supports
+    level: int  # the group's level as it applied it
+
+    @classmethod
+    def said(cls, version: str, protocol: tuple[int, int], levels: Iterable[int], level: int) -> Build:
+        """From a link's hello or welcome (``levels`` [min, max], or empty: a first-release build)."""
+        lv = tuple(levels)
+        pair = (lv[0], lv[1]) if len(lv) == 2 and 0 < lv[0] <= lv[1] else FIRST_RELEASE
+        return cls(version=version, protocol=protocol, levels=pair, level=max(level, 1))
+
+    @property
+    def name(self) -> str:
+        return self.version or "0.1.x"
+
+
+def too_old(member: str, build: Build, level: int) -> str | None:
+    """Why ``member`` cannot be a member of a group at feature level ``level``; None if it can."""
+    if build.levels[1] >= level:
+        return None
+    return (f"{member} runs build {build.name}, which supports feature levels {build.levels[0]}..{build.levels[1]}, "
+            f"but this group is finalized at level {level}: start {member} on a build that supports level {level} "
+            f"(see docs/upgrades.md)")
+
+
+def too_new_a_group(me: str, mine: str, member: str, build: Build) -> str | None:
+    """Why this node (``me``, build ``mine``) cannot serve in the group ``member`` says is at
+    ``build.level``; None if it can."""
+    if build.level <= LEVEL_MAX:
+        return None
+    return (f"{member} says this group is finalized at feature level {build.level}, but this node's build {mine} "
+            f"supports levels {LEVEL_MIN}..{LEVEL_MAX}: start {me} on a build that supports level {build.level} "
+            f"(see docs/upgrades.md)")
+
+
+def store_refusal(where: str, stored: int, mine: str) -> str | None:
+    """Why this build (``mine``) cannot open a store finalized at level ``stored``; None if it can."""
+    if stored <= LEVEL_MAX:
+        return None
+    return (f"the store at {where} belongs to a group finalized at feature level {stored}, but this build ({mine}) "
+            f"supports levels {LEVEL_MIN}..{LEVEL_MAX}: start this node on a build that supports level {stored} "
+            f"(see docs/upgrades.md)")
+
+
+def finalize_refusal(target: int, current: int, members: Iterable[str], me: str,
+                     builds: Mapping[str, Build], up: Iterable[str]) -> str | None:
+    """Why the group cannot be finalized at ``target`` now; None if it can.  ``members``: the
+    group's (this node, ``me``, among them); ``builds``: what each other member's build said
+    on its latest link; ``up``: the members linked to this node now."""
+    if target not in LEVELS:
+        return f"no feature level {target}: this build knows levels {LEVEL_MIN}..{LEVEL_MAX}"
+    if target <= current:
+        return f"the group is at feature level {current} already"
+    linked = set(up)
+    behind: list[str] = []
+    for name in sorted(members):
+        if name == me:
+            continue
+        build = builds.get(name)
+        if name not in linked:
+            behind.append(f"{name} (not linked to this node: its build is not known)")
+        elif build is None:
+            behind.append(f"{name} (its build is not known yet)")
+        elif build.levels[1] < target:
+            behind.append(f"{name} (build {build.name} supports levels {build.levels[0]}..{build.levels[1]})")
+    if behind:
+        return (f"cannot finalize feature level {target}: not every member supports it: {'; '.join(behind)}. "
+                f"Start every member on a build that supports level {target}, then finalize again")
+    return None
