@@ -36,7 +36,11 @@ def add_parser(sub: Any) -> None:
                     "kill-replica (kill -9 a priority-0 node, a replica of every partition), pause-active "
                     "(SIGSTOP for 2 x non_response_timeout + 1 s), partition-active (cut its peer and client "
                     "links with fault-injecting proxies for as long), restart-all (kill -9 every node, start "
-                    "them again), rolling-restart (stop and start each node in turn, waiting for catch-up), "
+                    "them again), rolling-restart (stop and start each node in turn, waiting for catch-up), rolling-upgrade (the group "
+                    "starts on an older build, --from REF or --from-venv PATH, each node is stopped and started on "
+                    "this build in turn with its data dir, waiting for catch-up, then tandem upgrade finalize; "
+                    "with --rollback each node goes back to the older build instead; every step's tandem upgrade "
+                    "status --json is in the report), "
                     "slow-disk (the fsyncs of every node but that one stall for as long, through strace: "
                     "no partition may change its active). Disk faults (root; every node's data dir on powerfs, "
                     "a FUSE file system that can forget what was not fsynced, or on a small tmpfs): power-loss "
@@ -95,7 +99,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--time", type=float, default=300.0,
                    help="jepsen: seconds of load and faults before the drain (default 300)")
     d.add_argument("--rate", type=float, default=500.0,
-                   help="jepsen: messages a second over all producers, about (default 500)")
+                   help="jepsen and rolling-upgrade: messages a second over all producers, about, sent until the "
+                        "faults are over (default 500)")
     d.add_argument("--out", help="jepsen: the results JSON (default: jepsen-seed<SEED>-<UTC time>.json here)")
     d.add_argument("--spawn", action="store_true",
                    help="start a fresh group on this machine for every run (the default)")
@@ -135,6 +140,14 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--tls", action="store_true",
                    help="TLS on every link of the spawned group: clients on tandems://, mutual TLS between the "
                         "nodes (a running group, --url, is drilled over TLS when its URL is tandems://)")
+    d.add_argument("--from", dest="from_ref", metavar="REF",
+                   help="rolling-upgrade: the older build the group starts on, a git ref of this repository "
+                        "(exported and made into a venv under ~/.cache/tandem-builds, once per commit)")
+    d.add_argument("--from-venv", dest="from_venv", metavar="PATH",
+                   help="rolling-upgrade: the older build the group starts on, a venv with it installed")
+    d.add_argument("--rollback", action="store_true",
+                   help="rolling-upgrade: once every node runs this build, put each back on the older one "
+                        "instead of finalizing")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
     add_ha_args(d)
     d.set_defaults(func=_drill)
@@ -193,6 +206,15 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
+    upgrade = args.from_ref or args.from_venv or args.rollback
+    if args.scenario == "rolling-upgrade":
+        if bool(args.from_ref) == bool(args.from_venv):
+            raise InvalidArgumentError("rolling-upgrade: give the build to upgrade from, --from REF or --from-venv "
+                                       "PATH (one of them)")
+        if args.url or args.tls:
+            raise InvalidArgumentError("rolling-upgrade starts its own group, without TLS: drop --url and --tls")
+    elif upgrade:
+        raise InvalidArgumentError("--from, --from-venv and --rollback go with the rolling-upgrade drill")
     if args.scenario == "jepsen":
         return _jepsen(args)
     if args.faults or args.out:
@@ -223,7 +245,8 @@ def _drill(args: argparse.Namespace) -> int:
                       consumers=args.consumers, messages=args.messages, seed=args.seed, local_sync=local,
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
                       url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls,
-                      net=args.net, loss=args.loss)
+                      net=args.net, loss=args.loss, from_ref=args.from_ref, from_venv=args.from_venv,
+                      rollback=args.rollback, steady_rate=args.rate if args.scenario == "rolling-upgrade" else None)
     check_family(cfg)
 
     def progress(r: RunResult) -> None:

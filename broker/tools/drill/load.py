@@ -88,9 +88,9 @@ class Load:
         return conn
 
     async def produce(self, index: int, count: int | None, *, rate: float | None = None,
-                      until: float | None = None) -> None:
-        """``count`` messages, or (None) until ``until`` on the clock; at most ``rate`` a second
-        if given (never more than the window in flight)."""
+                      until: float | None = None, stop: asyncio.Event | None = None) -> None:
+        """``count`` messages, or (None) until ``until`` on the clock or ``stop`` is set; at most
+        ``rate`` a second if given (never more than the window in flight)."""
         conn = await self._connect(f"drill-producer-{index}")
         p = conn.producer(self.queue, max_in_flight=8)
         cfg, clock = self.cfg, self.clock
@@ -117,7 +117,7 @@ class Load:
         while count is None or i < count:
             if rate:
                 await clock.sleep(max(0.0, start + i / rate - clock.monotonic()))  # pacing: not a wait for a state
-            if until is not None and clock.monotonic() >= until:
+            if (until is not None and clock.monotonic() >= until) or (stop is not None and stop.is_set()):
                 break
             await sem.acquire()
             body = f"{self.run_no}:{index}:{i}".encode()
@@ -151,17 +151,26 @@ class Load:
             await c.close()
 
     async def go(self, fault: Callable[[], Awaitable[None]], deadline: float) -> None:
-        """Consumers and producers; ``fault`` once a third is confirmed; then until drained."""
+        """Consumers and producers; ``fault`` once a third is confirmed; then until drained.  With
+        ``steady_rate`` the producers send at that rate until the fault is over instead of
+        ``messages`` in all (then ``messages`` / 3 confirmed starts the fault)."""
         cfg = self.cfg
         consumers = [asyncio.ensure_future(self.consume(i)) for i in range(cfg.consumers)]
         share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
                  for i in range(cfg.producers)]
-        producers: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(self.produce(i, n) for i, n in enumerate(share))))
+        over = asyncio.Event()
+        if cfg.steady_rate:  # (a fault that takes a while: the load goes on at that rate until it is over)
+            work = [self.produce(i, None, rate=cfg.steady_rate / cfg.producers, stop=over) for i in range(cfg.producers)]
+        else:
+            work = [self.produce(i, n) for i, n in enumerate(share)]
+        producers: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*work))
         third: asyncio.Future[Any] = asyncio.ensure_future(self.third.wait())
         await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
         third.cancel()
-        await fault()
+        try:
+            await fault()
+        finally:
+            over.set()
         async with asyncio.timeout(max(1.0, deadline - self.clock.monotonic())):
             await producers
         await self.drained(deadline)

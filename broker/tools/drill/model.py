@@ -8,7 +8,7 @@ from pathlib import Path
 from broker.tools.pair import REPLICATED, HaSetup
 
 SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart",
-             "slow-disk")
+             "slow-disk", "rolling-upgrade")
 QUEUE = "drill"
 
 
@@ -50,6 +50,14 @@ class DrillConfig:
     #: a fault family's run: seconds past every peer being Up again that the drill keeps looking
     #: for a healthy active deposed (None: ``WATCH_FACTOR`` x :attr:`nrt`, broker.tools.drill.healing)
     watch: float | None = None
+    #: rolling-upgrade: the older build the group starts on (a git ref of this repository, or a
+    #: venv's path: broker.tools.builds), and whether it goes back to it instead of finalizing
+    from_ref: str | None = None
+    from_venv: str | None = None
+    rollback: bool = False
+    #: messages a second over all producers, sent until the fault is over (rolling-upgrade: the
+    #: load runs through every step); None: ``messages`` in all, as fast as the window allows
+    steady_rate: float | None = None
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]
@@ -114,6 +122,8 @@ class RunResult:
     schedule: list[str] = field(default_factory=list)
     #: the ranges Tandem reported lost (the SDK's messages_lost events): "producer/partition:first+count"
     lost_ranges: list[str] = field(default_factory=list)
+    #: rolling-upgrade: each step and the upgrade status after it (JSON, broker.tools.drill.upgrade)
+    steps: list[str] = field(default_factory=list)
     error: str = ""
 
     @property

@@ -39,6 +39,8 @@ def summarize(cfg: DrillConfig, results: list[RunResult], net: str | None = None
     out["lost_ranges"] = [f"run {r.run}: {line}" for r in results for line in r.lost_ranges]
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
     out["kept"] = [f"run {r.run}: {r.kept}" for r in results if r.kept]
+    if cfg.scenario == "rolling-upgrade":  # (each step and the upgrade status after it)
+        out["steps"] = [{"run": r.run, **json.loads(step)} for r in results for step in r.steps]
     out["passed"] = bool(results) and all(r.passed for r in results)
     return out
 
@@ -62,6 +64,11 @@ def report_text(rep: dict[str, Any]) -> str:
         lines.append("  HA events: " + "; ".join(rep["ha_events"][:10]))
     for line in rep.get("schedule", []):
         lines.append("  fault: " + line)
+    for step in rep.get("steps", []):
+        st = step.get("status") or {}
+        lines.append(f"  run {step['run']}: {step['step']}: builds {', '.join(f'{n} {b}' for n, b in step['builds'].items())}"
+                     f"; confirmed {step['confirmed']} of {step['sent']} sent"
+                     + (f"; group feature level {st['feature_level']}" if st else ""))
     for e in rep["errors"]:
         lines.append("  error: " + e)
     for k in rep.get("kept", []):

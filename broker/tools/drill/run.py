@@ -25,6 +25,8 @@ from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fau
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
+from broker.tools.drill.upgrade import rolling_upgrade
+from broker.tools.builds import OtherBuild, from_ref, from_venv
 from broker.tools.faults import stall_disk
 from broker.tools.netns import require_root
 from broker.tools.pair import REPLICATED, HaSetup
@@ -39,9 +41,12 @@ TAKEOVER_WAIT = 30.0
 
 
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
-                  load: Load) -> None:
+                  load: Load, res: RunResult, old: OtherBuild | None = None) -> None:
     s = cfg.scenario
     hold = cfg.pause
+    if s == "rolling-upgrade" and old is not None:
+        await rolling_upgrade(cl, cfg, old, clock, deadline, load, res.steps)
+        return
     if s in ("kill-active", "kill-replica"):
         load.mark_fault()
         await cl.nodes[target].kill()
@@ -163,6 +168,7 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
     if cfg.scenario in ("kill-replica", "disk-error"):
         node_args[f"node{cfg.nodes}"] = ["--priority", "0"]
     nem = NEMESES[cfg.scenario]() if cfg.scenario in NEMESES else None
+    old = other_build(cfg) if cfg.scenario == "rolling-upgrade" else None
     cl = LocalCluster(Path(tmp), nodes=cfg.nodes, base_port=0, sync=cfg.local_sync, console=False,
                       extra_args=cfg.node_args(), node_args=node_args, clock=clock,
                       proxied=cfg.scenario == "partition-active", ha=ha, tls=cfg.tls,
@@ -170,6 +176,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
     load: Load | None = None
     ctx = FaultContext(cl, cfg, clock, random.Random(rng.random())) if nem is not None else None
     watch: HealWatch | None = None
+    for p in cl.nodes.values():
+        p.build = old  # (rolling-upgrade: the group starts on the older build)
     try:
         if nem is not None and ctx is not None:
             check_needs(nem.needs)
@@ -181,7 +189,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
             await conn.declare_queue(QUEUE, partitions=cfg.partitions)
         actives = await all_active(cl, cfg.partitions, deadline, clock)
         res.target = f"node{cfg.nodes}" if cfg.scenario in ("kill-replica", "disk-error") else \
-            "all" if cfg.scenario in ("restart-all", "rolling-restart", "power-loss-all") else target_of(actives)
+            "all" if cfg.scenario in ("restart-all", "rolling-restart", "power-loss-all", "rolling-upgrade") \
+            else target_of(actives)
         before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
         load = Load(cl, cfg, run, rng, clock)
         log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
@@ -195,7 +204,7 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
 
             await load.go(fault, deadline)
         else:
-            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load), deadline)
+            await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load, res, old), deadline)
         _verdict(res, load)
         if ctx is not None and ctx.failures:
             res.error = "; ".join(ctx.failures)
@@ -292,6 +301,15 @@ def _verdict(res: RunResult, load: Load) -> None:
     res.failover_ms = round(max(load.waits, default=0.0) * 1000, 1)
 
 
+def other_build(cfg: DrillConfig) -> OtherBuild:
+    """rolling-upgrade: the older build its group starts on (made on first use)."""
+    if cfg.from_venv:
+        return from_venv(Path(cfg.from_venv))
+    if not cfg.from_ref:
+        raise UnavailableError("rolling-upgrade needs the build to upgrade from: --from REF or --from-venv PATH")
+    return from_ref(cfg.from_ref)
+
+
 def net_of(cfg: DrillConfig) -> str:
     """The spawned group's network: ``cfg.net``, else netns for a family that needs it, else proxy."""
     if cfg.net is not None:
@@ -339,6 +357,8 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
     if cfg.url is not None and (not cfg.inject or not cfg.heal):
         raise UnavailableError("against an existing group (--url) the drill needs --inject and --heal commands: "
                                "it cannot reach the nodes' processes itself")
+    if cfg.scenario == "rolling-upgrade":
+        log.info("drill: the older build is %s (%s)", other_build(cfg).label, other_build(cfg).version())
     rng = random.Random(cfg.seed)
     results = []
     for run in range(1, repeat + 1):
