@@ -129,6 +129,7 @@ class FeatureLevels:
                 return self.stored(target)
             return SetFeatureLevel(target)
 
+        check()  # (here first: the catalogue's active may run an older build that knows no UpgradeFwd)
         await catalogue_change(self.catalogue, f"finalize feature level {target}", check,
                                UpgradeFwd(hops + 1, target, by), hops, local=lambda _op: self._set(target))
         log.warning("UPGRADE FINALIZE by %s: the group is at feature level %d", by, target)

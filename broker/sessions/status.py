@@ -307,7 +307,8 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
                                       ident.store_stamp if ident else "",
                                       peers.client_addresses.get(name, "")))
         builds = [MemberBuild(name, b.version, b.protocol[0], b.protocol[1], b.levels[0], b.levels[1], b.level,
-                              m.state(name) is RemoteState.UP) for name, b in sorted(peers.builds.said.items())]
+                              m.state(name) is RemoteState.UP)
+                  for name, b in sorted(peers.builds.said.items()) if name in peers.addresses]  # (members now)
     partitions: list[PartitionInfo] = []
     discarded, dp, dmsgs = 0, False, 0
     rep = node.replication

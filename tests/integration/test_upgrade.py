@@ -16,6 +16,7 @@ import pytest
 from broker.tools.builds import from_ref
 from broker.tools.cluster import LocalCluster
 from tests.conftest import PASSWORD
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,11 +44,12 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         assert seen["node3"]["build"] == "0.1.x" and seen["node3"]["levels"] == [1, 1]
         assert seen["node2"]["build"] == "0.2.0" and seen["node2"]["levels"] == [1, 2]
         assert doc["feature_level"] == 1 and not doc["finalizable"]
-        fin = _tandem("upgrade", "finalize", url=new_url)
-        assert fin.returncode == 2 and fin.stdout == ""
-        assert fin.stderr.count("\n") == 1, fin.stderr  # one line
-        assert "cannot finalize feature level 2" in fin.stderr and "node3 (build 0.1.x supports levels 1..1)" in \
-            fin.stderr and "node2" not in fin.stderr
+        for name in ("node1", "node2"):  # (asked of each: refused there, wherever the catalogue's active is)
+            fin = _tandem("upgrade", "finalize", url=cl.nodes[name].url)
+            assert fin.returncode == 2 and fin.stdout == ""
+            assert fin.stderr.count("\n") == 1, fin.stderr  # one line
+            assert "cannot finalize feature level 2" in fin.stderr and "node3 (build 0.1.x supports levels 1..1)" \
+                in fin.stderr and "node1 (" not in fin.stderr and "node2 (" not in fin.stderr
         # the older node, managed by this build's tool: its status at protocol 1; no finalize there
         st3 = _tandem("upgrade", "status", "--json", url=old_url)
         assert st3.returncode == 0, st3.stderr
@@ -67,7 +69,11 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         ok = _tandem("upgrade", "finalize", url=new_url)
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout.startswith("group finalized at feature level 2")
-        for name in cl.nodes:
-            assert (await cl.status(name)).feature_level == 2
+        for name in cl.nodes:  # (applied on the node asked when it answers; on the others as they apply the entry)
+            await wait_until(lambda name=name: _level(cl, name, 2), timeout=15, what=f"{name} at feature level 2")
     finally:
         await cl.stop()
+
+
+async def _level(cl: LocalCluster, name: str, level: int) -> bool:
+    return (await cl.status(name)).feature_level == level
