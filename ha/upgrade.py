@@ -48,7 +48,8 @@ class Build:
         return cls(version=version, protocol=protocol, levels=pair, level=max(level, 1))
 
     @property
-    def name(self) -> str:
+    def label(self) -> str:
+        """The build as messages name it (a first-release build: "0.1.x")."""
         return self.version or "0.1.x"
 
 
@@ -56,7 +57,7 @@ def too_old(member: str, build: Build, level: int) -> str | None:
     """Why ``member`` cannot be a member of a group at feature level ``level``; None if it can."""
     if build.levels[1] >= level:
         return None
-    return (f"{member} runs build {build.name}, which supports feature levels {build.levels[0]}..{build.levels[1]}, "
+    return (f"{member} runs build {build.label}, which supports feature levels {build.levels[0]}..{build.levels[1]}, "
             f"but this group is finalized at level {level}: start {member} on a build that supports level {level} "
             f"(see docs/upgrades.md)")
 
@@ -80,27 +81,25 @@ def store_refusal(where: str, stored: int, mine: str) -> str | None:
             f"(see docs/upgrades.md)")
 
 
-def finalize_refusal(target: int, current: int, members: Iterable[str], me: str,
-                     builds: Mapping[str, Build], up: Iterable[str]) -> str | None:
-    """Why the group cannot be finalized at ``target`` now; None if it can.  ``members``: the
-    group's (this node, ``me``, among them); ``builds``: what each other member's build said
-    on its latest link; ``up``: the members linked to this node now."""
+def finalize_refusal(target: int, current: int, others: Iterable[str], builds: Mapping[str, Build],
+                     up: Iterable[str]) -> str | None:
+    """Why the group cannot be finalized at ``target`` now; None if it can.  ``others``: the
+    group's other members (the asking node's build supports every level it knows);
+    ``builds``: what each one's build said on its latest link; ``up``: those linked now."""
     if target not in LEVELS:
         return f"no feature level {target}: this build knows levels {LEVEL_MIN}..{LEVEL_MAX}"
     if target <= current:
         return f"the group is at feature level {current} already"
     linked = set(up)
     behind: list[str] = []
-    for name in sorted(members):
-        if name == me:
-            continue
+    for name in sorted(others):
         build = builds.get(name)
         if name not in linked:
             behind.append(f"{name} (not linked to this node: its build is not known)")
         elif build is None:
             behind.append(f"{name} (its build is not known yet)")
         elif build.levels[1] < target:
-            behind.append(f"{name} (build {build.name} supports levels {build.levels[0]}..{build.levels[1]})")
+            behind.append(f"{name} (build {build.label} supports levels {build.levels[0]}..{build.levels[1]})")
     if behind:
         return (f"cannot finalize feature level {target}: not every member supports it: {'; '.join(behind)}. "
                 f"Start every member on a build that supports level {target}, then finalize again")

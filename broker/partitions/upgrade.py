@@ -122,7 +122,7 @@ class FeatureLevels:
 
         def check() -> WriteOp | list[WriteOp]:
             members, builds, linked = self.group.member_builds()
-            why = finalize_refusal(target, self.level, [*members, "\0me"], "\0me", builds, linked)
+            why = finalize_refusal(target, self.level, members, builds, linked)
             if why is not None:
                 raise InvalidArgumentError(why)
             if not members:  # a single node: its store only

@@ -40,7 +40,7 @@ class OtherBuild:
     """A build of Tandem in a venv of its own: ``python -m broker.cli`` with :attr:`python` runs it."""
 
     python: Path
-    label: str  # what it is, for reports: "7443ca5 (0.1.0)" or the venv's path
+    label: str  # what it is, for reports: the commit's short id, or the venv's path
 
     def command(self) -> list[str]:
         """The argv that runs this build's ``tandem`` (``-P``: never the working directory's code)."""
@@ -94,14 +94,13 @@ def from_ref(ref: str, repo: Path = REPO, cache: Path = CACHE) -> OtherBuild:
 def _make(repo: Path, commit: str, home: Path) -> None:
     python = home / "venv" / "bin" / "python"
     label = commit[:7]
-    ref = commit
     shutil.rmtree(home, ignore_errors=True)
     src = home / "src"
     src.mkdir(parents=True)
     archive = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(src)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
-        raise InvalidArgumentError(f"--from {ref}: git archive failed")
+        raise InvalidArgumentError(f"--from {label}: git archive failed")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(home / "venv")], check=True)
     missing = _missing(src / "pyproject.toml")
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

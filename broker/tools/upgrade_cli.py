@@ -63,8 +63,8 @@ def finalize(args: argparse.Namespace) -> Command:
 def report(st: StatusOk) -> dict[str, Any]:
     """What ``tandem upgrade status --json`` prints for the status of one node."""
     first = not st.protocol  # (a first-release build's status says nothing of it)
-    me = Build.said(st.version, tuple(st.protocol) if len(st.protocol) == 2 else FIRST_RELEASE,  # type: ignore[arg-type]
-                    st.feature_levels, st.feature_level)
+    protocol = (st.protocol[0], st.protocol[1]) if len(st.protocol) == 2 else FIRST_RELEASE
+    me = Build.said(st.version, protocol, st.feature_levels, st.feature_level)
     level = me.level
     members = [{"name": st.node, "build": st.version, "protocol": list(me.protocol), "levels": list(me.levels),
                 "level": level, "linked": True, "this_node": True}]
@@ -78,7 +78,7 @@ def report(st: StatusOk) -> dict[str, Any]:
                             "linked": r.name in up, "this_node": False, "state": r.state})
             continue
         said[r.name] = Build(b.build, (b.protocol_min, b.protocol_max), (b.level_min, b.level_max), b.level)
-        members.append({"name": r.name, "build": b.build or "0.1.x", "protocol": [b.protocol_min, b.protocol_max],
+        members.append({"name": r.name, "build": said[r.name].label, "protocol": [b.protocol_min, b.protocol_max],
                         "levels": [b.level_min, b.level_max], "level": b.level, "linked": b.linked,
                         "this_node": False, "state": r.state})
     target = me.levels[1]
@@ -86,7 +86,7 @@ def report(st: StatusOk) -> dict[str, Any]:
         why: str | None = (f"{st.node} runs build {st.version}, which has no feature levels: ask a member on a "
                            f"newer build (tandem upgrade status --url ...)")
     else:
-        why = finalize_refusal(target, level, [st.node, *(r.name for r in st.remotes)], st.node, said, up)
+        why = finalize_refusal(target, level, [r.name for r in st.remotes], said, up)
     return {"node": st.node, "build": st.version, "protocol": list(me.protocol), "feature_levels": list(me.levels),
             "feature_level": level, "level_meaning": LEVELS.get(level, ""), "members": members,
             "finalize_to": target, "finalizable": why is None, "finalize_refusal": why}

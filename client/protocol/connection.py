@@ -40,6 +40,7 @@ from client.protocol.codec import (
 from client.protocol.frames import AuthResponse, Close, Frame, Hello, PeerHello, PeerWelcome, Welcome
 from client.protocol.versions import MAX_VERSION, MIN_VERSION, choose_version, since
 
+
 class Role(Enum):
     __hash__ = object.__hash__  # (see State)
     CLIENT = auto()
@@ -152,7 +153,7 @@ class ProtocolConnection:
 
     def _advance(self, direction: str, frame: Frame) -> None:
         name = type(frame).__name__
-        if self.version is not None and since(frame.OP) > self.version:
+        if self.version is not None and self.version < MAX_VERSION and since(frame.OP) > self.version:
             msg = (f"{name} needs protocol version {since(frame.OP)}, and this link speaks {self.version} "
                    f"(the other end's build is older: see docs/upgrades.md)")
             if direction == _SEND:

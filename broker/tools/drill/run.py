@@ -358,7 +358,8 @@ async def drill(cfg: DrillConfig, repeat: int = 1, *, clock: Clock = SYSTEM_CLOC
         raise UnavailableError("against an existing group (--url) the drill needs --inject and --heal commands: "
                                "it cannot reach the nodes' processes itself")
     if cfg.scenario == "rolling-upgrade":
-        log.info("drill: the older build is %s (%s)", other_build(cfg).label, other_build(cfg).version())
+        old = other_build(cfg)  # (made here, once, before any run)
+        log.info("drill: the older build is %s (%s)", old.label, old.version())
     rng = random.Random(cfg.seed)
     results = []
     for run in range(1, repeat + 1):
