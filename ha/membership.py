@@ -256,15 +256,16 @@ class Membership:
     # -- inputs -----------------------------------------------------------------------------------
 
     def handshake(self, who: NodeIdentity, now: float, *, protocol_ok: bool = True,
-                  mismatch: str = "") -> list[Change]:
+                  mismatch: str = "", unsupported: str = "") -> list[Change]:
         """A peer link opened and the peer said who it is; ``mismatch``: how its placement
-        settings differ from this node's ("" they agree)."""
+        settings differ from this node's ("" they agree); ``protocol_ok`` False: no common
+        protocol version; ``unsupported``: why its build cannot be a member now ("" it can)."""
         changes: list[Change] = []
         r = self._remotes.get(who.name)
         if r is None:
             return changes  # not a member of this group: the driver refuses the link
-        if not protocol_ok:
-            self._move(who.name, "unsupported_protocol", "no common protocol version", changes)
+        if not protocol_ok or unsupported:
+            self._move(who.name, "unsupported_protocol", unsupported or "no common protocol version", changes)
         elif mismatch:
             self._move(who.name, "mismatched_settings", mismatch, changes)
         elif who.location_code == self.me.location_code or any(

@@ -522,7 +522,8 @@ class PeerManager:
             return False
         too_old = self.builds.check(who.name, said, PeerBuilds.protocol_of(said))  # (logged there)
         if too_old is not None:
-            self.report(self.membership.handshake(who, self.node.clock.monotonic(), protocol_ok=False))
+            self.report(self.membership.handshake(who, self.node.clock.monotonic(), unsupported="its build's "
+                                                  "feature levels do not fit the group's"))
             link.refuse(too_old)
             return False
         client_address = said.client_address

@@ -6,7 +6,9 @@ it in one line; with every member on this build the finalize goes through."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,13 @@ import pytest
 
 from broker.tools.builds import from_ref
 from broker.tools.cluster import LocalCluster
+from client.clock import SYSTEM_CLOCK
+from client.protocol.codec import FrameBuffer, encode
+from client.protocol.frames import Error, Frame, PeerChallenge, PeerHello, PeerProof, PeerWelcome
+from client.protocol.versions import MAX_VERSION, MIN_VERSION
+from ha.peerauth import Side, new_nonce, parse_secret, proof
 from tests.conftest import PASSWORD
-from tests.helpers import wait_until
+from tests.helpers import read_frame, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -77,3 +84,84 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
 
 async def _level(cl: LocalCluster, name: str, level: int) -> bool:
     return (await cl.status(name)).feature_level == level
+
+
+async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: list[int], level: int) -> list[Frame]:
+    """Dial ``at``'s peer port as member ``name`` (its group secret proved) saying it runs
+    ``build`` with feature ``levels`` in a group at ``level``; what ``at`` answers until it closes."""
+    assert cl.secret_file is not None
+    secret = parse_secret(cl.secret_file.read_bytes())
+    reader, writer = await asyncio.open_connection("127.0.0.1", cl.peer_ports[at])
+    buf = FrameBuffer(1 << 20)
+    nonce, stamp = new_nonce(), "claimed-stamp"
+    got: list[Frame] = []
+    try:
+        async with SYSTEM_CLOCK.timeout(10):
+            writer.write(encode(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=name,
+                                          store_stamp=stamp, priority=1, votes=1, nonce=nonce, build=build,
+                                          levels=levels, level=level)))
+            challenge = await read_frame(reader, buf)
+            assert isinstance(challenge, PeerChallenge), challenge
+            writer.write(encode(PeerProof(proof=proof(secret, Side.DIALER, dialer_nonce=nonce,
+                                                      acceptor_nonce=challenge.nonce, prover=name,
+                                                      prover_stamp=stamp, verifier=at))))
+            while (f := await read_frame(reader, buf)) is not None:
+                got.append(f)
+    finally:
+        writer.close()
+    return got
+
+
+async def test_a_node_refuses_a_group_finalized_past_its_build_and_a_member_too_old_for_its_group(
+        tmp_path: Path) -> None:
+    """node3 is not started: a link that proves the group secret as node3 says what a newer (or
+    an older) build would, and node1 refuses it in one line saying what to do."""
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD)
+    del cl.nodes["node3"]
+    try:
+        await cl.start()
+        newer = await _claim(cl, "node1", "node3", build="0.3.0", levels=[1, 3], level=3)
+        why = [f.message for f in newer if isinstance(f, Error)]
+        assert why == ["node3 says this group is finalized at feature level 3, but this node's build 0.2.0 supports "
+                       "levels 1..2: start node1 on a build that supports level 3 (see docs/upgrades.md)"], newer
+        assert not any(isinstance(f, PeerWelcome) for f in newer)
+        log = (tmp_path / "node1.log").read_text()
+        assert log.count("peer node3: link refused: node3 says this group is finalized at feature level 3") == 1
+        assert {r.name: r.state for r in (await cl.status("node1")).remotes}["node3"] == "UnsupportedProtocol"
+        # a build that supports the group's level is a member again (and one too old for it is not)
+        ok = await _claim(cl, "node1", "node3", build="0.2.0", levels=[1, 2], level=1)
+        assert any(isinstance(f, PeerWelcome) for f in ok) and not any(isinstance(f, Error) for f in ok), ok
+    finally:
+        await cl.stop()
+
+
+async def test_a_member_on_a_build_older_than_the_finalized_level_is_refused_its_links(tmp_path: Path) -> None:
+    """A group finalized at level 2; node3's data dir wiped and node3 started on the older build
+    (which opens a fresh store): the members refuse its links, naming its build and the level.
+    (The older build does not log the refusal of a link it accepted: the members' logs say it.)"""
+    old = from_ref(PINNED)
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD)
+    try:
+        await cl.start()
+        await cl.wait_ready()
+        assert _tandem("upgrade", "finalize", url=cl.nodes["node1"].url).returncode == 0
+        for name in cl.nodes:
+            await wait_until(lambda name=name: _level(cl, name, 2), timeout=15, what=f"{name} at feature level 2")
+        p = cl.nodes["node3"]
+        await p.stop()
+        shutil.rmtree(p.data_dir)
+        p.build = old
+        await p.start()
+        why = ("node3 runs build 0.1.x, which supports feature levels 1..1, but this group is finalized at level 2: "
+               "start node3 on a build that supports level 2 (see docs/upgrades.md)")
+        for name in ("node1", "node2"):  # (each dials node3, whose name sorts after theirs, and refuses it)
+            await wait_until(lambda name=name: _said(tmp_path / f"{name}.log", f"peer node3: link refused: {why}"),
+                             timeout=15, what=f"{name} refusing node3")
+            assert {r.name: r.state for r in (await cl.status(name)).remotes}["node3"] == "UnsupportedProtocol"
+            assert (await cl.status(name)).feature_level == 2
+    finally:
+        await cl.stop()
+
+
+async def _said(path: Path, text: str) -> bool:
+    return text in path.read_text()
