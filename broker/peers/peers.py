@@ -62,6 +62,7 @@ from client.protocol.frames import (
     Heartbeat,
     PeerHello,
     PeerProof,
+    PeerTypes,
     PeerWelcome,
     Replicate,
 )
@@ -546,6 +547,9 @@ class PeerManager:
     async def _serve(self, link: Link) -> None:
         clock = self.node.clock
         receiver = self.node.receiver
+        owed = self.builds.owed(link.name, link.proto.version or 1)
+        if owed is not None:
+            link.send(owed)
         while True:
             frame = await link.next_frame()
             self.report(self.membership.heard(link.name, clock.monotonic()))
@@ -563,6 +567,8 @@ class PeerManager:
                 self.tasks.spawn(self.forwards.answer(link, frame), name=f"tandem-peer-forwarded-{link.name}")
             elif isinstance(frame, ForwardOk) or (isinstance(frame, Error) and frame.rid):
                 self.forwards.answered(frame)
+            elif isinstance(frame, PeerTypes):
+                self.builds.heard_types(link.name, frame.definitions)
             elif isinstance(frame, Close):
                 return
 

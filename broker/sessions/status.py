@@ -33,10 +33,11 @@ from broker.security.acl import AclTable
 from broker.sessions.requests import Handler, Requester
 from client.errors import AccessRefusedError, InvalidArgumentError, UnavailableError
 from client.protocol.frames import Frame, MemberBuild, Metadata, MetadataOk, PartitionInfo, PartitionMap, RemoteNode, \
-    Status, StatusOk, ZoneInfo
+    Status, StatusOk, TypeMismatch, ZoneInfo
 from client.protocol.versions import MAX_VERSION, MIN_VERSION
 from storage.base import UserRecord
 from ha.membership import Membership, RemoteState
+from ha.recordtypes import TypeTable
 from ha.upgrade import LEVEL_MAX, LEVEL_MIN, Build
 
 
@@ -141,6 +142,9 @@ class PeersState(Protocol):
 class BuildsView(Protocol):
     @property
     def said(self) -> Mapping[str, Build]: ...  # member -> what its build said on its latest link
+
+    @property
+    def types(self) -> TypeTable: ...  # the record types each member defines differently (ha.recordtypes)
 
 
 class HaEventView(Protocol):
@@ -292,6 +296,8 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
     remotes: list[RemoteNode] = []
     azones: list[ZoneInfo] = []
     builds: list[MemberBuild] = []
+    mismatches: list[TypeMismatch] = []
+    type_errors = 0
     peers = node.peers
     if peers is None:
         quorum, override = "Active", None
@@ -306,6 +312,10 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
                                       ident.priority if ident else 0, ident.votes if ident else 0,
                                       ident.store_stamp if ident else "",
                                       peers.client_addresses.get(name, "")))
+        mismatches = [TypeMismatch(m.member, m.name, m.ours, m.theirs, m.converts, m.convertible)
+                      for name, table in sorted(peers.builds.types.mismatches.items()) if name in peers.addresses
+                      for m in table.values()]
+        type_errors = peers.builds.types.errors
         builds = [MemberBuild(name, b.version, b.protocol[0], b.protocol[1], b.levels[0], b.levels[1], b.level,
                               m.state(name) is RemoteState.UP)
                   for name, b in sorted(peers.builds.said.items()) if name in peers.addresses]  # (members now)
@@ -345,7 +355,8 @@ def status_of(node: NodeReport, changes: GroupChanges, rid: int,
                     moving=moving, members=members if peers is not None else [],
                     group_change=change,
                     updating=updating, availability_zones=azones, protocol=[MIN_VERSION, MAX_VERSION],
-                    feature_levels=[LEVEL_MIN, LEVEL_MAX], feature_level=changes.feature_level(), builds=builds)
+                    feature_levels=[LEVEL_MIN, LEVEL_MAX], feature_level=changes.feature_level(), builds=builds,
+                    type_mismatches=mismatches, type_errors=type_errors)
 
 
 # -- the status and partition-map requests of a client session -------------------------------------

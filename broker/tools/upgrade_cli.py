@@ -87,8 +87,11 @@ def report(st: StatusOk) -> dict[str, Any]:
                            f"newer build (tandem upgrade status --url ...)")
     else:
         why = finalize_refusal(target, level, [r.name for r in st.remotes], said, up)
+    mismatches = [{"member": m.member, "type": m.name, "ours": m.ours, "theirs": m.theirs, "converts": m.converts,
+                   "convertible": m.convertible} for m in st.type_mismatches]
     return {"node": st.node, "build": st.version, "protocol": list(me.protocol), "feature_levels": list(me.levels),
             "feature_level": level, "level_meaning": LEVELS.get(level, ""), "members": members,
+            "type_mismatches": mismatches, "type_errors": st.type_errors,
             "finalize_to": target, "finalizable": why is None, "finalize_refusal": why}
 
 
@@ -101,6 +104,15 @@ def _text(doc: dict[str, Any]) -> str:
         linked = "(answering)" if m["this_node"] else ("yes" if m["linked"] else f"no ({m.get('state', '')})")
         lines.append(f"{m['name']:<12} {m['build'] or '?':<8} {rng(m['protocol']):<9} {rng(m['levels']):<7} "
                      f"{m['level'] if m['level'] is not None else '?'!s:<6} {linked}")
+    if doc["type_mismatches"]:
+        lines.append(f"record types defined differently ({doc['type_errors']} records or definitions could not be "
+                     f"read or converted):")
+        for t in doc["type_mismatches"]:
+            lines.append(f"  {t['member']:<12} {t['type']:<28} here v{t['ours']}, there v{t['theirs']}: converts "
+                         f"{t['converts']}{'' if t['convertible'] or t['converts'] == 'none' else ' (no converter)'}")
+    else:
+        lines.append("record types: every linked member of this build or later defines them alike"
+                     + (f" ({doc['type_errors']} records could not be read)" if doc["type_errors"] else ""))
     if doc["finalizable"]:
         lines.append(f"finalize: every member supports level {doc['finalize_to']}: `tandem upgrade finalize` "
                      f"raises the group to it (no going back to an older build after it)")

@@ -87,6 +87,18 @@ class MemberBuild(Record):
     linked: bool  # linked to the answering node now (else: as it said when it was)
 
 
+@dataclass(frozen=True, slots=True)
+class TypeMismatch(Record):
+    """A record type the answering node and another member define differently (ha.recordtypes)."""
+
+    member: str
+    name: str  # the type: "log.PUT_QUEUE", "store.queues", ...
+    ours: int  # the answering node's version (0: it has no such type)
+    theirs: int  # the member's (0: it has none)
+    converts: str  # here (the answering node, the newer), there (the member), none
+    convertible: bool  # the newer side has a converter for every step between the two
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Status(Frame):
     OP: ClassVar[Op] = Op.STATUS
@@ -142,6 +154,10 @@ class StatusOk(Frame):
     feature_level: int = 0
     #: the other members' builds as they said on their links (tandem upgrade status)
     builds: list[MemberBuild] = field(default_factory=list)
+    #: the record types another member defines differently, as the links exchanged them
+    type_mismatches: list[TypeMismatch] = field(default_factory=list)
+    #: records and definitions from members this node could not read or convert, since it started
+    type_errors: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,6 +67,7 @@ class Op(IntEnum):
     FORWARD_OK = 64
     PEER_CHALLENGE = 65
     PEER_PROOF = 66
+    PEER_TYPES = 67  # protocol version 2
     # users and grants (the group's; see docs/security.md)
     USER_PUT = 70
     USER_DELETE = 71

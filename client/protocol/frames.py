@@ -29,8 +29,8 @@ from typing import TypeVar
 
 from client.protocol.admin import (
     AclGrant, AclInfo, AclList, AclRevoke, Acls, ChangeGroup, ChangePartitions, DrainNode, FinalizeUpgrade,
-    MemberBuild, MovePartition, PartitionInfo, RemoteNode, ReplicaInfo, SetOption, SetQuorumOverride, Status, StatusOk, UserDelete, UserInfo,
-    UserList, UserPut, Users, ZoneInfo,
+    MemberBuild, MovePartition, PartitionInfo, RemoteNode, ReplicaInfo, SetOption, SetQuorumOverride, Status, StatusOk,
+    TypeMismatch, UserDelete, UserInfo, UserList, UserPut, Users, ZoneInfo,
 )
 from client.protocol.base import Frame, Op, Record
 from client.protocol.messaging import (
@@ -38,7 +38,8 @@ from client.protocol.messaging import (
     MetadataOk, Nack, PartitionMap, Placement, Produced, ProducedOk, Publish, PublishMessage, PublishOk, Purge,
     PurgeOk, QueueInfo, Queues, Read, ReadOk, Reject, StreamMessage, Subscribe, SubscribeOk, placement_text,
 )
-from client.protocol.peer import Forward, ForwardOk, PeerChallenge, PeerHello, PeerProof, PeerWelcome, Replicate
+from client.protocol.peer import Forward, ForwardOk, PeerChallenge, PeerHello, PeerProof, PeerTypes, PeerWelcome, \
+    Replicate
 from client.protocol.session import AuthChallenge, AuthResponse, Close, Error, Heartbeat, Hello, Ok, Welcome
 
 __all__ = [
@@ -48,9 +49,9 @@ __all__ = [
     "MetadataOk", "MapChanged", "Subscribe", "SubscribeOk", "Cancel", "Deliver", "Ack", "Nack", "Reject", "Get",
     "GetOk", "Read", "ReadOk", "Produced", "ProducedOk", "Placement", "placement_text", "RemoteNode", "ZoneInfo",
     "ReplicaInfo", "PartitionInfo", "Status", "StatusOk", "SetQuorumOverride", "SetOption", "MovePartition",
-    "ChangePartitions", "ChangeGroup", "DrainNode", "FinalizeUpgrade", "MemberBuild", "UserInfo", "AclInfo", "UserPut", "UserDelete", "UserList",
-    "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello", "PeerWelcome", "PeerChallenge", "PeerProof",
-    "Replicate", "Forward", "ForwardOk",
+    "ChangePartitions", "ChangeGroup", "DrainNode", "FinalizeUpgrade", "MemberBuild", "TypeMismatch", "UserInfo",
+    "AclInfo", "UserPut", "UserDelete", "UserList", "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello",
+    "PeerWelcome", "PeerChallenge", "PeerProof", "PeerTypes", "Replicate", "Forward", "ForwardOk",
 ]
 
 _ALL: list[type[Frame]] = [
@@ -59,7 +60,7 @@ _ALL: list[type[Frame]] = [
         Nack, Reject, Get, GetOk, Read, ReadOk, Status, StatusOk, SetQuorumOverride, SetOption, DrainNode, MovePartition,
         ChangeGroup, ChangePartitions, Produced, ProducedOk, FinalizeUpgrade,
         PeerHello, PeerWelcome,
-        Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, UserPut, UserDelete, UserList, Users, AclGrant,
+        Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, PeerTypes, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}

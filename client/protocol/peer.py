@@ -40,6 +40,8 @@ class PeerHello(Frame):
     build: str = ""
     levels: list[int] = field(default_factory=list)
     level: int = 0
+    #: the dialer's record types, name -> "version:crc" (ha.recordtypes; {}: a first-release build)
+    types: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +62,7 @@ class PeerWelcome(Frame):
     levels: list[int] = field(default_factory=list)
     level: int = 0
     protocol: list[int] = field(default_factory=list)  # the versions the acceptor speaks, [min, max]
+    types: dict[str, str] = field(default_factory=dict)  # as PeerHello's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +84,15 @@ class PeerProof(Frame):
 
     OP: ClassVar[Op] = Op.PEER_PROOF
     proof: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerTypes(Frame):
+    """Peer link, once open: this node's definitions of the record types whose stamps differ
+    from those the other end's hello or welcome said (ha.recordtypes).  Protocol version 2."""
+
+    OP: ClassVar[Op] = Op.PEER_TYPES
+    definitions: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

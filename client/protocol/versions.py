@@ -17,8 +17,10 @@ Versions::
 
     1   the first release (builds 0.1.x): every opcode but those below
     2   FinalizeUpgrade (raise the group's feature level: ``tandem upgrade finalize``);
-        build, feature levels and the group's level in PeerHello / PeerWelcome and
-        StatusOk (optional fields, read by 0.2 and later)
+        PeerTypes (the definitions of the record types two members define differently:
+        ha.recordtypes); build, feature levels, the group's level and the record types'
+        stamps in PeerHello / PeerWelcome, and the builds and type mismatches in StatusOk
+        (optional fields, read by 0.2 and later)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ MAX_VERSION = 2
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
     Op.FINALIZE_UPGRADE: 2,
+    Op.PEER_TYPES: 2,
 }
 
 

@@ -19,8 +19,9 @@ from broker.tools.builds import from_ref
 from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
 from client.protocol.codec import FrameBuffer, encode
-from client.protocol.frames import Error, Frame, PeerChallenge, PeerHello, PeerProof, PeerWelcome
+from client.protocol.frames import Error, Frame, PeerChallenge, PeerHello, PeerProof, PeerTypes, PeerWelcome
 from client.protocol.versions import MAX_VERSION, MIN_VERSION
+from broker.peers.codec.recordtypes import record_types
 from ha.peerauth import Side, new_nonce, parse_secret, proof
 from tests.conftest import PASSWORD
 from tests.helpers import read_frame, wait_until
@@ -86,9 +87,12 @@ async def _level(cl: LocalCluster, name: str, level: int) -> bool:
     return (await cl.status(name)).feature_level == level
 
 
-async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: list[int], level: int) -> list[Frame]:
+async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: list[int], level: int,
+                 types: dict[str, str] | None = None, then: list[Frame] | None = None) -> list[Frame]:
     """Dial ``at``'s peer port as member ``name`` (its group secret proved) saying it runs
-    ``build`` with feature ``levels`` in a group at ``level``; what ``at`` answers until it closes."""
+    ``build`` with feature ``levels`` in a group at ``level`` (and record ``types``, if given);
+    what ``at`` answers until it closes.  ``then``: frames sent once ``at`` welcomed the link and
+    sent its first frame after the welcome (the link is left open for a second, then closed)."""
     assert cl.secret_file is not None
     secret = parse_secret(cl.secret_file.read_bytes())
     reader, writer = await asyncio.open_connection("127.0.0.1", cl.peer_ports[at])
@@ -99,7 +103,7 @@ async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: li
         async with SYSTEM_CLOCK.timeout(10):
             writer.write(encode(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=name,
                                           store_stamp=stamp, priority=1, votes=1, nonce=nonce, build=build,
-                                          levels=levels, level=level)))
+                                          levels=levels, level=level, types=types or {})))
             challenge = await read_frame(reader, buf)
             assert isinstance(challenge, PeerChallenge), challenge
             writer.write(encode(PeerProof(proof=proof(secret, Side.DIALER, dialer_nonce=nonce,
@@ -107,6 +111,10 @@ async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: li
                                                       prover_stamp=stamp, verifier=at))))
             while (f := await read_frame(reader, buf)) is not None:
                 got.append(f)
+                if then is not None and len(got) >= 2 and isinstance(got[-2], PeerWelcome):
+                    for g in then:
+                        writer.write(encode(g))
+                    break
     finally:
         writer.close()
     return got
@@ -165,3 +173,42 @@ async def test_a_member_on_a_build_older_than_the_finalized_level_is_refused_its
 
 async def _said(path: Path, text: str) -> bool:
     return text in path.read_text()
+
+
+async def test_members_that_define_a_record_type_differently_exchange_its_definitions(tmp_path: Path) -> None:
+    """A link as node3 whose hello says the stamps of this build but for record.QueueMeta
+    (version 2, another definition): node1 sends its definition of that type alone once the link
+    is open, takes node3's, and its status names the mismatch, the newer side (node3) converting."""
+    ours = {t.name: t for t in record_types()}
+    meta = ours["record.QueueMeta"]
+    newer = f"record.QueueMeta v2: {'; '.join(f'{n}:{t}' for n, t in meta.fields)}; ttl:int"
+    stamps = {n: t.stamp for n, t in ours.items()} | {"record.QueueMeta": "2:0badc0de"}
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD)
+    del cl.nodes["node3"]
+    try:
+        await cl.start()
+        got = await _claim(cl, "node1", "node3", build="0.3.0", levels=[1, 2], level=1, types=stamps,
+                           then=[PeerTypes(definitions={"record.QueueMeta": newer})])
+        sent = [f for f in got if isinstance(f, PeerTypes)]
+        assert [f.definitions for f in sent] == [{"record.QueueMeta": meta.definition}], got
+        await wait_until(lambda: _mismatched(cl), timeout=15, what="node1 naming the mismatch")
+        st = await cl.status("node1")
+        (m,) = st.type_mismatches
+        assert (m.member, m.name, m.ours, m.theirs, m.converts) == ("node3", "record.QueueMeta", 1, 2, "there")
+        out = _tandem("upgrade", "status", url=cl.nodes["node1"].url)
+        assert "node3        record.QueueMeta             here v1, there v2: converts there" in out.stdout, out.stdout
+        # two members of this build: nothing differs, nothing is sent
+        plain = await _claim(cl, "node1", "node3", build="0.2.0", levels=[1, 2], level=1,
+                             types={n: t.stamp for n, t in ours.items()}, then=[])
+        assert not any(isinstance(f, PeerTypes) for f in plain), plain
+        await wait_until(lambda: _no_mismatch(cl), timeout=15, what="the mismatch forgotten on a link alike")
+    finally:
+        await cl.stop()
+
+
+async def _mismatched(cl: LocalCluster) -> bool:
+    return bool((await cl.status("node1")).type_mismatches)
+
+
+async def _no_mismatch(cl: LocalCluster) -> bool:
+    return not (await cl.status("node1")).type_mismatches

@@ -1,0 +1,84 @@
+"""This build's persistent and replicated record types, for the type exchange on peer links
+(ha.recordtypes): each log op, the records inside them, the catalogue's and a partition's
+snapshots, and the store's tables, with their versions.
+
+A definition is read off the code that writes the record: the op and record dataclasses of
+:mod:`storage.base` (their fields and annotations, in order), the snapshot layouts of
+:mod:`broker.peers.codec.snapshots`, and the SQLite store's tables as its DDL makes them.  Every
+type is at version 1, the first release's layout.  A change to a definition changes its CRC:
+give the type a new version in :data:`VERSIONS` and a converter (ha.recordtypes.Converter) in
+:data:`CONVERTERS`; tests/unit/test_record_types.py pins every stamp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from functools import cache
+
+from ha.recordtypes import Converter, RecordType, TypeTable
+from storage.base import (
+    AclRecord, Append, DropProducers, DropQueue, DropUser, GrantAcl, MarkDelivered, PutProducer, PutQueue, PutUser,
+    QueueMeta, RevokeAcl, SeedAdmin, SetDeliveryCount, SetDrained, SetFeatureLevel, SetGroup, SetPlacement,
+    SetUpdating, Settle, StoredMessage, UserRecord,
+)
+from storage.sqlite.schema import ADDED_COLUMNS, DDL
+
+#: the log ops by their OpCode's name (broker.peers.codec.ops; PACKED_APPEND is APPEND's other encoding)
+LOG_OPS: dict[str, type] = {
+    "APPEND": Append, "SETTLE": Settle, "MARK_DELIVERED": MarkDelivered, "DELIVERY_COUNTS": SetDeliveryCount,
+    "PUT_PRODUCER": PutProducer, "DROP_PRODUCERS": DropProducers, "PUT_QUEUE": PutQueue, "DROP_QUEUE": DropQueue,
+    "PUT_USER": PutUser, "DROP_USER": DropUser, "GRANT_ACL": GrantAcl, "REVOKE_ACL": RevokeAcl,
+    "SEED_ADMIN": SeedAdmin, "SET_DRAINED": SetDrained, "SET_PLACEMENT": SetPlacement, "SET_GROUP": SetGroup,
+    "SET_UPDATING": SetUpdating, "SET_FEATURE_LEVEL": SetFeatureLevel,
+}
+#: the records inside the ops and snapshots
+RECORDS: dict[str, type] = {"QueueMeta": QueueMeta, "StoredMessage": StoredMessage, "UserRecord": UserRecord,
+                            "AclRecord": AclRecord}
+#: the snapshots' layouts (broker.peers.codec.snapshots)
+SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "catalogue": (("queues", "array QueueMeta"), ("users", "array UserFields"), ("acls", "array Grant"),
+                  ("seeded", "bool"), ("drained", "array str"), ("placed", "array Placement"),
+                  ("group", "Group"), ("updating", "array Update"), ("level", "int")),
+    "partition": (("next_offset", "int"), ("delivered_upto", "int"), ("producers", "map str int"),
+                  ("messages", "array Message"), ("parts", "int")),
+}
+#: types at a version past the first release's (none yet)
+VERSIONS: dict[str, int] = {}
+#: the converters between a type's versions (none yet)
+CONVERTERS: tuple[Converter, ...] = ()
+
+
+def _fields(cls: type) -> tuple[tuple[str, str], ...]:
+    return tuple((f.name, str(f.type)) for f in dataclasses.fields(cls))
+
+
+def _tables() -> dict[str, tuple[tuple[str, str], ...]]:
+    """The store's tables, as its DDL (and the columns added since) make them: each column's
+    name and declared type, in order."""
+    db = sqlite3.connect(":memory:")
+    try:
+        for ddl in DDL:
+            db.execute(ddl)
+        for table, column, decl in ADDED_COLUMNS:  # (as storage.sqlite.schema.create_schema adds them)
+            if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return {t: tuple((r[1], r[2]) for r in db.execute(f"PRAGMA table_info({t})")) for t in names}
+    finally:
+        db.close()
+
+
+@cache
+def record_types() -> tuple[RecordType, ...]:
+    """Every record type of this build (made once)."""
+    defs = {f"log.{name}": _fields(cls) for name, cls in LOG_OPS.items()}
+    defs.update({f"record.{name}": _fields(cls) for name, cls in RECORDS.items()})
+    defs.update({f"snapshot.{name}": layout for name, layout in SNAPSHOTS.items()})
+    defs.update({f"store.{name}": cols for name, cols in _tables().items()})
+    return tuple(RecordType(name, VERSIONS.get(name, 1), fields) for name, fields in sorted(defs.items()))
+
+
+def type_table() -> TypeTable:
+    """A fresh table of this build's types and converters (one per peer manager)."""
+    return TypeTable.of(record_types(), CONVERTERS)
