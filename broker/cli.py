@@ -168,7 +168,7 @@ def console_view(node: Node) -> NodeView:
     return NodeView(node=node.services, report=node.report, changes=node.placing, state=node.services,
                     options=node.options, meters=Meters(node.store, node.catalogue, node.publisher), guard=node.guard,
                     security=node.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps,
-                    restores=ops.restores, group=ops.group)
+                    restores=ops.restores, group=ops.group, levels=ops.levels)
 
 
 async def _trim_heap(node: Any) -> None:

@@ -86,6 +86,19 @@ async def _drain(request: web.Request, drained: bool) -> web.Response:
     return web.json_response({"node": name, "drained": drained})
 
 
+async def finalize_upgrade(request: web.Request) -> web.Response:
+    """Raise the group's feature level (``level``, default the highest this node's build knows)
+    once every member supports it (broker.partitions.upgrade); the refusal names those that don't."""
+    body = await json_body(request)
+    level = body.get("level", 0)
+    if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+        raise bad("level", "a feature level, 1 or more (0 or absent: the highest this node's build knows)")
+    view = request.app[NODE]
+    await view.levels.finalize(level, f"{who(request)} (console)")
+    log.warning("console: %s finalized the group at feature level %d", who(request), view.levels.level)
+    return web.json_response({"feature_level": view.levels.level})
+
+
 async def set_quorum_override(request: web.Request) -> web.Response:
     body = await json_body(request)
     nodes = body.get("nodes")

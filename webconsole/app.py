@@ -54,6 +54,8 @@ def make_app(view: NodeView) -> web.Application:
     r.add_post(f"{API}/nodes/{{name}}/drain", actions.drain_node)
     r.add_post(f"{API}/nodes/{{name}}/undrain", actions.undrain_node)
     r.add_get(f"{API}/group", views.group_state)
+    r.add_get(f"{API}/upgrade", views.upgrade)
+    r.add_post(f"{API}/upgrade/finalize", actions.finalize_upgrade)
     r.add_post(f"{API}/group/quorum-override", actions.set_quorum_override)
     r.add_post(f"{API}/group/designated-primary", actions.set_designated_primary)
     r.add_get(f"{API}/queues", views.queues)

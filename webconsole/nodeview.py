@@ -25,6 +25,7 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
+from broker.partitions.upgrade import FeatureLevels
 from broker.security.acl import AclTable
 from broker.security.auth import ClientGuard
 from broker.security.security import Security
@@ -157,6 +158,7 @@ class NodeView:
     remaps: Remaps  # partitions added, messages re-mapped (tandem partition add / update)
     restores: Restores  # the quarantine merged back (tandem restore)
     group: GroupMembers  # the group's members (tandem group add / remove)
+    levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
 
 
 #: the node an application serves

@@ -93,6 +93,20 @@ _GRANT = _body({"user": {"type": "string", "minLength": 1}, "pattern": _PATTERN,
 _MEMBERS_CHANGED = {"type": "object", "properties": {
     "node": _t("string"), "members": _STRINGS, "group_change": _t("string", True)}}
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+_RANGE = {"type": "array", "items": {"type": "integer"}, "nullable": True}
+_UPGRADE = {"type": "object", "properties": {
+    "node": _t("string"), "build": _t("string"), "protocol": _RANGE, "feature_levels": _RANGE,
+    "feature_level": _t("integer"), "level_meaning": _t("string"),
+    "members": {"type": "array", "items": {"type": "object", "properties": {
+        "name": _t("string"), "build": _t("string", True), "protocol": _RANGE, "levels": _RANGE,
+        "level": _t("integer", True), "linked": _t("boolean"), "this_node": _t("boolean"), "state": _t("string")},
+        "required": ["name", "build", "protocol", "levels", "level", "linked", "this_node"]}},
+    "type_mismatches": {"type": "array", "items": {"type": "object", "properties": {
+        "member": _t("string"), "type": _t("string"), "ours": _t("integer"), "theirs": _t("integer"),
+        "converts": {"type": "string", "enum": ["here", "there", "none"]}, "convertible": _t("boolean")}}},
+    "type_errors": _t("integer"), "finalize_to": _t("integer"), "finalizable": _t("boolean"),
+    "finalize_refusal": _t("string", True)},
+    "required": ["node", "build", "feature_level", "members", "finalizable"]}
 _CHANGE = {400: "bad input (the field is named)", 403: "a user without the admin permission, or a missing CSRF "
                                                        "token"}
 
@@ -134,6 +148,18 @@ def document() -> dict[str, Any]:
                 extra={**_CHANGE, 400: "not drained, or not a replication group", 404: "no such node"})}},
         "/api/v1/group": {"get": {"summary": "members, quorum policy and state, overrides; mode, arbiter, lock holder",
                                   "responses": _resp("the group", _GROUP)}},
+        "/api/v1/upgrade": {"get": {
+            "summary": "each member's build, protocol versions and feature levels, the group's feature level, the "
+                       "record types members define differently, and whether the group can be finalized (as "
+                       "tandem upgrade status --json; docs/upgrades.md)",
+            "responses": _resp("the upgrade status", _UPGRADE)}},
+        "/api/v1/upgrade/finalize": {"post": {
+            "summary": "raise the group's feature level once every member supports it (tandem upgrade finalize); "
+                       "no going back to an older build after it",
+            "requestBody": _body({"level": {"type": "integer", "minimum": 0}}, []),
+            "responses": _resp("finalized", {"type": "object", "properties": {"feature_level": _t("integer")}},
+                               extra={**_CHANGE, 400: "a member's build does not support the level, a member is not "
+                                                      "linked, the group is at it already, or shared mode"})}},
         "/api/v1/group/quorum-override": {"post": {
             "summary": "operator override of the node quorum on a node (null clears it); logged loudly",
             "requestBody": _body({"nodes": {"type": "integer", "minimum": 1, "nullable": True},

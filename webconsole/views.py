@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from broker.sessions.upgrade import report
 from webconsole.auth import USER, need_admin
 from webconsole.errors import ApiError
-from webconsole.group import GROUP, events_json, group_json, partitions_json
+from webconsole.group import GROUP, Statuses, events_json, group_json, partitions_json
 from webconsole.metrics import METRICS
 from webconsole.nodeview import NODE
 from webconsole.openapi import document
@@ -51,6 +53,7 @@ async def overview(request: web.Request) -> web.Response:
         "partitions": partitions_json(statuses),
         "queues": await group.queues_json(),
         "events": events_json(statuses)[-50:],
+        "upgrade": upgrade_json(statuses),
     })
 
 
@@ -66,6 +69,17 @@ async def node_detail(request: web.Request) -> web.Response:
         if n["name"] == name:
             return web.json_response(n)
     raise ApiError(404, "not_found", f"no node {name!r} in this group")
+
+
+def upgrade_json(statuses: Statuses) -> dict[str, Any]:
+    """The group's builds and feature level as this node sees them (``tandem upgrade status --json``)."""
+    mine = statuses[0][1]
+    assert mine is not None  # this node's own status is always there
+    return report(mine)
+
+
+async def upgrade(request: web.Request) -> web.Response:
+    return web.json_response(upgrade_json(await request.app[GROUP].statuses()))
 
 
 async def group_state(request: web.Request) -> web.Response:

@@ -10,10 +10,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import client
+from broker.sessions.upgrade import report
 from broker.tools.options import url_args
 from client.errors import InvalidArgumentError, UnsupportedProtocolError
-from client.protocol.frames import StatusOk
-from ha.upgrade import FIRST_RELEASE, LEVELS, Build, finalize_refusal
 
 Command = Coroutine[Any, Any, int]
 
@@ -58,41 +57,6 @@ def finalize(args: argparse.Namespace) -> Command:
     if args.level < 0:
         raise InvalidArgumentError(f"--level {args.level}: a feature level, 1 or more")
     return _finalize(args)
-
-
-def report(st: StatusOk) -> dict[str, Any]:
-    """What ``tandem upgrade status --json`` prints for the status of one node."""
-    first = not st.protocol  # (a first-release build's status says nothing of it)
-    protocol = (st.protocol[0], st.protocol[1]) if len(st.protocol) == 2 else FIRST_RELEASE
-    me = Build.said(st.version, protocol, st.feature_levels, st.feature_level)
-    level = me.level
-    members = [{"name": st.node, "build": st.version, "protocol": list(me.protocol), "levels": list(me.levels),
-                "level": level, "linked": True, "this_node": True}]
-    builds = {b.name: b for b in st.builds}
-    up = {r.name for r in st.remotes if r.state == "Up"}
-    said: dict[str, Build] = {}
-    for r in st.remotes:
-        b = builds.get(r.name)
-        if b is None:
-            members.append({"name": r.name, "build": None, "protocol": None, "levels": None, "level": None,
-                            "linked": r.name in up, "this_node": False, "state": r.state})
-            continue
-        said[r.name] = Build(b.build, (b.protocol_min, b.protocol_max), (b.level_min, b.level_max), b.level)
-        members.append({"name": r.name, "build": said[r.name].label, "protocol": [b.protocol_min, b.protocol_max],
-                        "levels": [b.level_min, b.level_max], "level": b.level, "linked": b.linked,
-                        "this_node": False, "state": r.state})
-    target = me.levels[1]
-    if first:
-        why: str | None = (f"{st.node} runs build {st.version}, which has no feature levels: ask a member on a "
-                           f"newer build (tandem upgrade status --url ...)")
-    else:
-        why = finalize_refusal(target, level, [r.name for r in st.remotes], said, up)
-    mismatches = [{"member": m.member, "type": m.name, "ours": m.ours, "theirs": m.theirs, "converts": m.converts,
-                   "convertible": m.convertible} for m in st.type_mismatches]
-    return {"node": st.node, "build": st.version, "protocol": list(me.protocol), "feature_levels": list(me.levels),
-            "feature_level": level, "level_meaning": LEVELS.get(level, ""), "members": members,
-            "type_mismatches": mismatches, "type_errors": st.type_errors,
-            "finalize_to": target, "finalizable": why is None, "finalize_refusal": why}
 
 
 def _text(doc: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,32 @@ async def test_operator_settings(http: tuple[aiohttp.ClientSession, str], node: 
     assert (await call(s, "POST", f"{base}/api/v1/group/designated-primary", json={"on": "yes"}))[0] == 400
     status, err = await call(s, "POST", f"{base}/api/v1/nodes/node1/drain")
     assert status == 400 and "replication group" in err["message"]  # a single node has none to drain
+
+
+@pytest.mark.asyncio
+async def test_the_upgrade_status_and_a_finalize(http: tuple[aiohttp.ClientSession, str], node: Node) -> None:
+    s, base = http
+    status, up = await call(s, "GET", f"{base}/api/v1/upgrade")
+    assert status == 200 and (up["feature_level"], up["feature_levels"], up["finalizable"]) == (1, [1, 2], True)
+    assert [m["name"] for m in up["members"]] == ["node1"] and up["type_mismatches"] == []
+    assert (await call(s, "GET", f"{base}/api/v1/overview"))[1]["upgrade"] == up
+    for body in ({"level": "two"}, {"level": -1}, {"level": True}):
+        status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json=body)
+        assert status == 400 and "level" in err["message"], (body, err)
+    status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={"level": 9})
+    assert status == 400 and err["message"] == "no feature level 9: this build knows levels 1..2"
+    status, out = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={})
+    assert status == 200 and out == {"feature_level": 2}
+    status, up = await call(s, "GET", f"{base}/api/v1/upgrade")
+    assert up["feature_level"] == 2 and not up["finalizable"]
+    status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={})
+    assert status == 400 and err["message"] == "the group is at feature level 2 already"
+    db = sqlite3.connect(node.store.data_path / node.config.db_path.name)  # (a single node's finalize: its store)
+    try:
+        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('feature_level', 'schema_version')"))
+    finally:
+        db.close()
+    assert meta == {"feature_level": "2", "schema_version": "4"}
 
 
 @pytest.mark.asyncio

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 import client
+from broker import __version__
 from broker.tools.cluster import LocalCluster
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
@@ -85,6 +86,11 @@ async def test_console_in_a_browser(consoles: LocalCluster) -> None:
             # majority elections: said once in the header, no HA lines on the cards
             await expect(page.locator("#mode")).to_have_text("replicated · majority elections")
             await expect(page.locator("#nodes .ha-state")).to_have_count(0)
+            # one build everywhere, the first feature level, a finalize possible (admin)
+            await expect(page.locator("#level")).to_have_text("feature level 1")
+            await expect(page.locator('[data-node="node2"] .build')).to_have_text(f"build {__version__}")
+            await expect(page.locator("#upgrade-note")).to_be_hidden()
+            await expect(page.locator("#finalize-state")).to_have_text("every member supports level 2")
 
             # kill a node the console is not served by: it turns Down, its partitions move
             held = set((await cl.actives("orders")).values())

@@ -55,6 +55,7 @@ function renderNodes(nodes, group) {
       `availability zone ${z.name}: ${z.state} (${z.up_votes} of ${z.total_votes} votes up, ${z.policy})` +
       (z.state === "Disabled" ? ": HA services off" : ""))),
     el("div", {}, `client ${n.client_address || "?"}`),
+    el("div", {class: "build"}, `build ${n.version ?? "?"}`),
     ...haLines(n),
     el("div", {class: "actives"}, activesText(n, group)))));
   for (const id of ["override-node", "priority-node", "drain-node"]) {
@@ -171,8 +172,26 @@ function renderPartitions(parts) {
       .join(", ")))));
 }
 
+// A rolling upgrade: the group's feature level, builds that differ, record types defined differently.
+function renderUpgrade(u) {
+  document.getElementById("level").textContent = `feature level ${u.feature_level}`;
+  const builds = new Set(u.members.map((m) => m.build || "?"));
+  const note = document.getElementById("upgrade-note");
+  const lines = [];
+  if (builds.size > 1) lines.push("builds side by side: " + u.members.map((m) => `${m.name} ${m.build || "?"}`).join(", "));
+  for (const t of u.type_mismatches) {
+    lines.push(`record type ${t.type}: here v${t.ours}, ${t.member} v${t.theirs} (converts: ${t.converts})`);
+  }
+  note.hidden = !lines.length;
+  note.textContent = lines.join("; ");
+  document.getElementById("finalize-state").textContent = u.finalizable
+    ? `every member supports level ${u.finalize_to}` : (u.finalize_refusal || "");
+  document.querySelector("#finalize button").disabled = !u.finalizable;
+}
+
 function render(o) {
   lastOverview = o;
+  if (o.upgrade) renderUpgrade(o.upgrade);
   const q = document.getElementById("quorum");
   q.textContent = `quorum ${o.group.quorum_state}`;
   q.className = `pill ${o.group.quorum_state}`;
@@ -286,6 +305,13 @@ function wire() {
                                   : `Undrain ${node}? Failback hands its partitions back.`)) return;
     try { await api("POST", `/api/v1/nodes/${encodeURIComponent(node)}/${verb}`);
           say(`${node}: ${verb === "drain" ? "drained" : "undrained"}`); } catch (e) { say(e.message, true); }
+  };
+  document.getElementById("finalize").onsubmit = async (ev) => {
+    ev.preventDefault();
+    if (!confirm("Finalize the upgrade? The group's feature level goes up, and no member can go back to an older "
+                 + "build after it.")) return;
+    try { const r = await api("POST", "/api/v1/upgrade/finalize", {});
+          say(`the group is at feature level ${r.feature_level}`); } catch (e) { say(e.message, true); }
   };
   document.getElementById("move-partition").onsubmit = async (ev) => {
     ev.preventDefault();

@@ -18,7 +18,7 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.drill.groups import all_active, caught_up
 from broker.tools.drill.load import Load
 from broker.tools.drill.model import DrillConfig
-from broker.tools.upgrade_cli import report
+from broker.sessions.upgrade import report
 from client.clock import Clock
 from client.errors import TandemError
 
