@@ -22,29 +22,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 
-def _config(tmp_path: Path, rollback: bool) -> DrillConfig:
+def _config(tmp_path: Path, rollback: bool, hold: float) -> DrillConfig:
     return DrillConfig("rolling-upgrade", producers=2, consumers=2, messages=600, partitions=4, seed=11,
                        data_dir=tmp_path, timeout=200, from_ref=PINNED, rollback=rollback, steady_rate=400,
-                       non_response_timeout=0.5)
+                       non_response_timeout=0.5, hold_after=2, upgrade_hold=hold)
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("rollback", [False, True], ids=["finalize", "rollback"])
-async def test_a_group_upgraded_node_by_node_under_load_loses_nothing(tmp_path: Path, rollback: bool) -> None:
-    rep = await drill(_config(tmp_path, rollback))
+@pytest.mark.parametrize("rollback,hold", [(False, 0.0), (True, 0.0), (False, 3.0)],
+                         ids=["finalize", "rollback", "majority-held-then-finalize"])
+async def test_a_group_upgraded_node_by_node_under_load_loses_nothing(tmp_path: Path, rollback: bool,
+                                                                      hold: float) -> None:
+    rep = await drill(_config(tmp_path, rollback, hold))
     assert rep["errors"] == [], rep["errors"]
     assert (rep["lost"], rep["duplicated"], rep["unexpected"]) == (0, 0, 0), rep
     assert rep["failed_sends"] == 0 and rep["confirmed"] == rep["sent"] > 600
     assert rep["failover_ms"]["max"] < 4000, rep["failover_ms"]
     steps = rep["steps"]
     names = [s["step"] for s in steps]
-    expected = ["group up on 7443ca5", "node3 on this build", "node2 on this build", "node1 on this build"]
+    expected = ["group up on 7443ca5", "node3 on this build", "node2 on this build",
+                *(["held 3 s with 2 of 3 upgraded"] if hold else []), "node1 on this build"]
     expected += ["node1 back on 7443ca5", "node2 back on 7443ca5", "node3 back on 7443ca5"] if rollback \
         else ["finalized"]
     assert names == expected
     confirmed = [s["confirmed"] for s in steps]
     assert confirmed == sorted(confirmed) and len(set(confirmed)) == len(confirmed), confirmed  # load throughout
-    for s in steps[1:4]:  # the group at level 1 while old and new builds run side by side
+    for s in steps:  # every step on its own: nothing lost or stored twice, no confirm waiting 4 s
+        assert (s["lost"], s["duplicated"]) == (0, 0) and s["longest_confirm_wait_ms"] < 4000, s
+    for s in [s for s in steps if s["step"].endswith("on this build")]:  # level 1, old and new side by side
         st = s["status"]
         assert st["feature_level"] == 1 and st["feature_levels"] == [1, 2]
         seen = {m["name"]: m for m in st["members"]}

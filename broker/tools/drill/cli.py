@@ -148,6 +148,12 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--rollback", action="store_true",
                    help="rolling-upgrade: once every node runs this build, put each back on the older one "
                         "instead of finalizing")
+    d.add_argument("--hold-after", dest="hold_after", type=int, default=1, metavar="N",
+                   help="rolling-upgrade with --upgrade-hold: hold the group once N nodes run this build (1 of 3: a "
+                        "minority upgraded; 2: a majority; default 1)")
+    d.add_argument("--upgrade-hold", dest="upgrade_hold", type=float, default=0.0, metavar="S",
+                   help="rolling-upgrade: seconds the half-upgraded group runs under the load before the next node "
+                        "(default 0)")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
     add_ha_args(d)
     d.set_defaults(func=_drill)
@@ -206,15 +212,19 @@ def _drill(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--inject and --heal go with --url (a spawned group's faults are the drill's own)")
     if args.hold is not None and args.hold < 0:
         raise InvalidArgumentError("--hold must be >= 0")
-    upgrade = args.from_ref or args.from_venv or args.rollback
+    upgrade = args.from_ref or args.from_venv or args.rollback or args.upgrade_hold
     if args.scenario == "rolling-upgrade":
         if bool(args.from_ref) == bool(args.from_venv):
             raise InvalidArgumentError("rolling-upgrade: give the build to upgrade from, --from REF or --from-venv "
                                        "PATH (one of them)")
         if args.url or args.tls:
             raise InvalidArgumentError("rolling-upgrade starts its own group, without TLS: drop --url and --tls")
+        if args.upgrade_hold < 0 or not 1 <= args.hold_after < (args.nodes or 3):
+            raise InvalidArgumentError(f"--upgrade-hold: seconds >= 0; --hold-after: 1 .. {(args.nodes or 3) - 1} "
+                                       f"(nodes upgraded when the group is held)")
     elif upgrade:
-        raise InvalidArgumentError("--from, --from-venv and --rollback go with the rolling-upgrade drill")
+        raise InvalidArgumentError("--from, --from-venv, --rollback and --upgrade-hold go with the rolling-upgrade "
+                                   "drill")
     if args.scenario == "jepsen":
         return _jepsen(args)
     if args.faults or args.out:
@@ -246,7 +256,8 @@ def _drill(args: argparse.Namespace) -> int:
                       remote_sync=remote, non_response_timeout=args.non_response_timeout, timeout=args.timeout,
                       url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls,
                       net=args.net, loss=args.loss, from_ref=args.from_ref, from_venv=args.from_venv,
-                      rollback=args.rollback, steady_rate=args.rate if args.scenario == "rolling-upgrade" else None)
+                      rollback=args.rollback, hold_after=args.hold_after, upgrade_hold=args.upgrade_hold,
+                      steady_rate=args.rate if args.scenario == "rolling-upgrade" else None)
     check_family(cfg)
 
     def progress(r: RunResult) -> None:

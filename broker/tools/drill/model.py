@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from broker.tools.pair import REPLICATED, HaSetup
 
@@ -55,6 +56,10 @@ class DrillConfig:
     from_ref: str | None = None
     from_venv: str | None = None
     rollback: bool = False
+    #: rolling-upgrade: once ``hold_after`` nodes run the new build, hold the group there for
+    #: ``upgrade_hold`` seconds under the load (0: no hold)
+    hold_after: int = 1
+    upgrade_hold: float = 0.0
     #: messages a second over all producers, sent until the fault is over (rolling-upgrade: the
     #: load runs through every step); None: ``messages`` in all, as fast as the window allows
     steady_rate: float | None = None
@@ -122,8 +127,8 @@ class RunResult:
     schedule: list[str] = field(default_factory=list)
     #: the ranges Tandem reported lost (the SDK's messages_lost events): "producer/partition:first+count"
     lost_ranges: list[str] = field(default_factory=list)
-    #: rolling-upgrade: each step and the upgrade status after it (JSON, broker.tools.drill.upgrade)
-    steps: list[str] = field(default_factory=list)
+    #: rolling-upgrade: each step, its figures and the upgrade status after it (broker.tools.drill.upgrade)
+    steps: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
 
     @property

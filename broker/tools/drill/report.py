@@ -40,7 +40,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult], net: str | None = None
     out["errors"] = [f"run {r.run}: {r.error}" for r in results if r.error]
     out["kept"] = [f"run {r.run}: {r.kept}" for r in results if r.kept]
     if cfg.scenario == "rolling-upgrade":  # (each step and the upgrade status after it)
-        out["steps"] = [{"run": r.run, **json.loads(step)} for r in results for step in r.steps]
+        out["steps"] = [{"run": r.run, **step} for r in results for step in r.steps]
     out["passed"] = bool(results) and all(r.passed for r in results)
     return out
 
@@ -68,6 +68,8 @@ def report_text(rep: dict[str, Any]) -> str:
         st = step.get("status") or {}
         lines.append(f"  run {step['run']}: {step['step']}: builds {', '.join(f'{n} {b}' for n, b in step['builds'].items())}"
                      f"; confirmed {step['confirmed']} of {step['sent']} sent"
+                     f"; in the step: lost {step.get('lost')}, duplicated {step.get('duplicated')}, "
+                     f"longest confirm wait {step.get('longest_confirm_wait_ms')} ms"
                      + (f"; group feature level {st['feature_level']}" if st else ""))
     for e in rep["errors"]:
         lines.append("  error: " + e)

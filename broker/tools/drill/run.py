@@ -25,7 +25,7 @@ from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fau
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
-from broker.tools.drill.upgrade import rolling_upgrade
+from broker.tools.drill.upgrade import rolling_upgrade, step_figures
 from broker.tools.builds import OtherBuild, from_ref, from_venv
 from broker.tools.faults import stall_disk
 from broker.tools.netns import require_root
@@ -206,6 +206,8 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         else:
             await load.go(lambda: _inject(cl, cfg, res.target, clock, deadline, run_load, res, old), deadline)
         _verdict(res, load)
+        if res.steps:
+            step_figures(res.steps, load)
         if ctx is not None and ctx.failures:
             res.error = "; ".join(ctx.failures)
         cut = nem.cut if nem is not None else {res.target}
