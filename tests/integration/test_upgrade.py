@@ -88,7 +88,8 @@ async def _level(cl: LocalCluster, name: str, level: int) -> bool:
 
 
 async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: list[int], level: int,
-                 types: dict[str, str] | None = None, then: list[Frame] | None = None) -> list[Frame]:
+                 types: dict[str, str] | None = None, then: list[Frame] | None = None,
+                 protocol: tuple[int, int] = (MIN_VERSION, MAX_VERSION)) -> list[Frame]:
     """Dial ``at``'s peer port as member ``name`` (its group secret proved) saying it runs
     ``build`` with feature ``levels`` in a group at ``level`` (and record ``types``, if given);
     what ``at`` answers until it closes.  ``then``: frames sent once ``at`` welcomed the link and
@@ -101,7 +102,7 @@ async def _claim(cl: LocalCluster, at: str, name: str, *, build: str, levels: li
     got: list[Frame] = []
     try:
         async with SYSTEM_CLOCK.timeout(10):
-            writer.write(encode(PeerHello(min_version=MIN_VERSION, max_version=MAX_VERSION, node=name,
+            writer.write(encode(PeerHello(min_version=protocol[0], max_version=protocol[1], node=name,
                                           store_stamp=stamp, priority=1, votes=1, nonce=nonce, build=build,
                                           levels=levels, level=level, types=types or {})))
             challenge = await read_frame(reader, buf)
@@ -136,6 +137,11 @@ async def test_a_node_refuses_a_group_finalized_past_its_build_and_a_member_too_
         log = (tmp_path / "node1.log").read_text()
         assert log.count("peer node3: link refused: node3 says this group is finalized at feature level 3") == 1
         assert {r.name: r.state for r in (await cl.status("node1")).remotes}["node3"] == "UnsupportedProtocol"
+        # a build that speaks no protocol version of this one's
+        newest = await _claim(cl, "node1", "node3", build="0.9.0", levels=[3, 9], level=3, protocol=(3, 4))
+        assert [f.message for f in newest if isinstance(f, Error)] == [
+            "unsupported protocol version: peer node3 speaks 3..4, this node (node1) 1..2; this node (node1) is too "
+            "old: upgrade it to a build that speaks version 3 or later (see docs/upgrades.md)"], newest
         # a build that supports the group's level is a member again (and one too old for it is not)
         ok = await _claim(cl, "node1", "node3", build="0.2.0", levels=[1, 2], level=1)
         assert any(isinstance(f, PeerWelcome) for f in ok) and not any(isinstance(f, Error) for f in ok), ok
