@@ -66,6 +66,11 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         fin3 = _tandem("upgrade", "finalize", url=old_url)
         assert fin3.returncode == 2 and fin3.stderr.count("\n") == 1 and "Traceback" not in fin3.stderr
         assert "runs a build without feature levels" in fin3.stderr
+        # the older build's tool against a node of this build: it works at protocol 1
+        older_tool = subprocess.run([*old.command(), "status", "--url", new_url], env=old.env(), capture_output=True,
+                                    text=True, timeout=60)
+        assert older_tool.returncode == 0, older_tool.stderr
+        assert "node node1 (version 0.2.0," in older_tool.stdout
         # nothing changed: the older node still serves, the group is at level 1
         assert json.loads(_tandem("upgrade", "status", "--json", url=new_url).stdout)["feature_level"] == 1
         # node3 on this build: the finalize goes through, on every member
