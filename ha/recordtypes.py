@@ -124,10 +124,8 @@ class TypeTable:
     def heard_stamps(self, member: str, stamps: Mapping[str, str]) -> list[str]:
         """A member's hello said its stamps: the types whose definitions to send it (empty:
         every type alike; its earlier mismatches are forgotten)."""
-        names = self.differing(stamps)
-        self.theirs.pop(member, None)
-        self.mismatches.pop(member, None)
-        self._differ[member] = names
+        self.forget(member)
+        self._differ[member] = names = self.differing(stamps)
         return names
 
     def forget(self, member: str) -> list[str]:
