@@ -185,6 +185,10 @@ class Catalogue:
             meta, existing = self._declared(frame, owner)
             if existing is not None:
                 return existing.info(), False
+            dlq = meta.dead_letter_queue
+            if dlq and dlq not in self.queues:
+                raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: no such queue (declare it first: a message "
+                                           f"dead-lettered there would have nowhere to go)")
             node.check_disk("declaring queues")
             placing: list[WriteOp] = []
             if frame.placement:
@@ -233,6 +237,10 @@ class Catalogue:
                 raise UnavailableError("delete forwarded too many times while the group elects: retry")
             await node.forward(who, DeleteFwd(hops + 1, name, if_empty))
         else:
+            users = sorted(o.name for o in self.queues.values() if o.meta.dead_letter_queue == name and o is not q)
+            if users:
+                raise InvalidArgumentError(f"queue {name!r} is the dead_letter_queue of {', '.join(users)}: delete "
+                                           f"{'those' if len(users) > 1 else 'it'} first")
             if if_empty:
                 depth = await self.depth(q) if node.commit.catalogue_log else q.depth
                 if depth:

@@ -161,6 +161,23 @@ async def test_nack_requeues_with_redelivered_flag_and_count(conn: client.Durabl
         await m2.ack()
 
 
+async def test_a_dead_letter_queue_must_exist_and_stays_while_a_queue_names_it(conn: client.DurableConnection) -> None:
+    """A dead letter never has nowhere to go: a declare naming a queue that does not exist is
+    refused, and so is deleting a queue another names as its dead_letter_queue."""
+    with pytest.raises(InvalidArgumentError, match="dead_letter_queue 'dlq': no such queue"):
+        await conn.declare_queue("work", dead_letter_queue="dlq")
+    assert [q.name for q in await conn.list_queues()] == []  # nothing declared
+    await conn.declare_queue("dlq")
+    await conn.declare_queue("work", dead_letter_queue="dlq")
+    await conn.declare_queue("more", dead_letter_queue="dlq")
+    with pytest.raises(InvalidArgumentError, match="queue 'dlq' is the dead_letter_queue of more, work: delete those"):
+        await conn.delete_queue("dlq")
+    await conn.delete_queue("work")
+    await conn.delete_queue("more")
+    await conn.delete_queue("dlq")  # (named by none now)
+    assert await conn.list_queues() == []
+
+
 async def test_dead_letter_after_max_deliveries_and_on_reject(conn: client.DurableConnection) -> None:
     await conn.declare_queue("dlq")
     await conn.declare_queue("work", max_deliveries=3, dead_letter_queue="dlq")

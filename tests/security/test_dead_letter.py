@@ -19,7 +19,7 @@ import pytest
 import client
 from broker.tools.cluster import LocalCluster
 from client.connection import Connection
-from client.errors import AccessRefusedError
+from client.errors import AccessRefusedError, InvalidArgumentError
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
 from tests.integration.test_acl import catalogue_active, login, logs_in, url_as
@@ -161,3 +161,28 @@ async def test_the_trap_is_refused_and_revoking_produce_stops_dead_lettering(tmp
         # (refused before anything was sent to dst's active: nothing is on its way there)
         assert await _get(cl, "dst") == []
         assert await _get(cl, "payments") == []
+
+
+async def test_every_member_refuses_a_missing_dead_letter_queue_and_the_delete_of_one_in_use(tmp_path: Path) -> None:
+    """Whichever member a declare or delete enters, the catalogue's active decides it: a
+    dead_letter_queue that does not exist is refused, and so is deleting a queue another names."""
+    async with running_group(tmp_path) as cl:
+        for proc in cl.nodes.values():
+            async with await login(proc.url) as admin:
+                with pytest.raises(InvalidArgumentError, match="dead_letter_queue 'dlq': no such queue"):
+                    await admin.declare_queue(f"work.{proc.name}", dead_letter_queue="dlq")
+        async with await login(cl.nodes["node1"].url) as admin:
+            await admin.declare_queue("dlq")
+            await admin.declare_queue("work", dead_letter_queue="dlq")
+        for proc in cl.nodes.values():
+            async with await login(proc.url) as admin:
+                await wait_until(functools.partial(_has, admin, {"dlq", "work"}), timeout=15,
+                                 what=f"both queues on {proc.name}")
+                with pytest.raises(InvalidArgumentError, match="queue 'dlq' is the dead_letter_queue of work"):
+                    await admin.delete_queue("dlq")
+        async with await login(cl.nodes["node1"].url) as admin:
+            assert sorted(q.name for q in await admin.list_queues()) == ["dlq", "work"]  # (nothing deleted)
+
+
+async def _has(conn: Connection, names: set[str]) -> bool:
+    return names <= {q.name for q in await conn.list_queues()}
