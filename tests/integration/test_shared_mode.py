@@ -151,7 +151,9 @@ async def test_an_update_cut_by_kill_9_of_the_active_goes_on_on_the_new_one(pair
                      timeout=30, what="the update under way")
     await cl.nodes[active].kill()
     rc, _out, err = await updating
-    assert rc == 0, err
+    # the node logs the line once the update is committed, then answers: a kill between the two
+    # leaves the command (which names that one node) without its answer, the update under way
+    assert rc == 0 or "connection closed by the broker" in err, err
     cut = "update done" not in cl.nodes[active].log_text()[mark:]
     survivor = await the_active(cl, not_=active)
 
