@@ -29,8 +29,9 @@ resubscribes its consumers and sends the request again, until ``send_timeout``.
 A publish is resent under the same (producer id, seq), so it is stored once.
 Messages delivered on the old link come again, marked redelivered; settling one
 of the old ones raises StaleDeliveryError.  It talks to one node at a time: in a
-group, its consumers get the partitions active on that node (use the async
-client's consumer for the whole queue).
+group, that node relays the partitions active on the other members, so its
+consumers and gets reach the whole queue (a settlement of a relayed message whose
+peer link failed meanwhile raises UnknownDeliveryTagError; the message comes again).
 Heartbeats are off (``heartbeat=0`` in the handshake): a blocking client may sit idle
 between calls; the broker relies on TCP keepalive.  The handshake gives a node that does
 not answer up after the URL's ``connect_timeout`` (default 10 s); later reads wait as long as
@@ -524,23 +525,26 @@ class BlockingConnection:
     def producer(self, queue: str, *, producer_id: str | None = None) -> BlockingProducer:
         return BlockingProducer(self, queue, producer_id)
 
-    def consumer(self, queue: str, *, prefetch: int = 256) -> BlockingConsumer:
-        return BlockingConsumer(self, queue, prefetch)
+    def consumer(self, queue: str, *, prefetch: int = 256, local: bool = False) -> BlockingConsumer:
+        """A consumer of the whole queue (``local``: of the partitions active on the node this
+        connection talks to only, the others not relayed)."""
+        return BlockingConsumer(self, queue, prefetch, local)
 
 
 class BlockingConsumer:
-    def __init__(self, conn: BlockingConnection, queue: str, prefetch: int) -> None:
+    def __init__(self, conn: BlockingConnection, queue: str, prefetch: int, local: bool = False) -> None:
         self.conn = conn
         self.queue = queue
         self.prefetch = prefetch
+        self.local = local
         self.consumer_id = 0
         self._buf: deque[Delivery] = deque()
         self._subscribe()
         conn._consumers.append(self)
 
     def _subscribe(self) -> None:
-        reply = self.conn._call(lambda rid: Subscribe(rid=rid, queue=self.queue, prefetch=self.prefetch),
-                                retry=False)
+        reply = self.conn._call(
+            lambda rid: Subscribe(rid=rid, queue=self.queue, prefetch=self.prefetch, local=self.local), retry=False)
         reply = expect(reply, SubscribeOk)
         self.consumer_id = reply.consumer
         self._buf = self.conn._deliveries.setdefault(self.consumer_id, deque())

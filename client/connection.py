@@ -485,7 +485,9 @@ class Connection(Management):
         return Producer(self, queue, producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight)
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> Consumer:
-        """A consumer of the partitions active on this connection's node."""
+        """A consumer of the whole queue: the partitions active on this connection's node, and
+        those active on other members relayed by it (docs/architecture.md, "Consuming from any
+        node")."""
         return Consumer(self, queue, prefetch=prefetch)
 
     def group_consumer(self, queue: str, *, prefetch: int = 256) -> GroupConsumer:
@@ -510,7 +512,7 @@ class Connection(Management):
         """Subscribe ``c``.  The consumer is registered when the reply is read, even if
         the caller stopped waiting (a timeout), so no delivery is ever dropped."""
         rid = self.next_rid()
-        fut = self.request_nowait(Subscribe(rid=rid, queue=c.queue, prefetch=c.prefetch))
+        fut = self.request_nowait(Subscribe(rid=rid, queue=c.queue, prefetch=c.prefetch, local=c.local))
         self._subscribing[rid] = c
         reply = await fut  # on an error reply _dispatch has already forgotten the rid
         reply = expect(reply, SubscribeOk)

@@ -81,12 +81,15 @@ class Message(DeliveredMessage):
 
 
 class Consumer:
-    def __init__(self, conn: Link, queue: str, *, prefetch: int = 256) -> None:
+    def __init__(self, conn: Link, queue: str, *, prefetch: int = 256, local: bool = False) -> None:
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError("prefetch must be 1..65535")
         self.conn = conn
         self.queue = queue
         self.prefetch = prefetch
+        #: only the partitions active on the connection's node (the group and durable consumers'
+        #: direct routes); false: the whole queue, the node relaying what other members serve
+        self.local = local
         self.consumer_id: int | None = None
         self._subscribing: asyncio.Future[int] | None = None
         self._buffer: deque[Delivery] = deque()
@@ -182,10 +185,10 @@ class Consumer:
 
 
 class GroupConsumer:
-    """Consumes a queue of a replication group: its partitions are active on several
-    members, each delivering only its own.  One subscription per member (the node of
-    ``conn`` and every other member, at the client addresses the group reports),
-    merged into one stream; each message settles on the connection it came from.
+    """Consumes a queue of a replication group over a direct route to each member: one
+    subscription per member (the node of ``conn`` and every other member, at the client
+    addresses the group reports), each delivering only the partitions it is active for
+    (``local``), merged into one stream; each message settles on the connection it came from.
     A member that is down is tried again every ``retry`` seconds, so partitions that
     fail over to it keep flowing.  With a single node it is just a consumer."""
 
@@ -213,7 +216,7 @@ class GroupConsumer:
         if self._started:
             return self
         self._started = True
-        main = Consumer(self.conn, self.queue, prefetch=self.prefetch)
+        main = Consumer(self.conn, self.queue, prefetch=self.prefetch, local=True)
         main.sink = functools.partial(self._sink, self.conn)
         await main.start()
         self._parts[self.conn.node or "?"] = main
@@ -230,7 +233,7 @@ class GroupConsumer:
                 addr = next((r.client_address for r in st.remotes if r.name == name), "")
                 if addr:
                     sib = await self.conn.sibling(name, addr)
-                    c = Consumer(sib, self.queue, prefetch=self.prefetch)
+                    c = Consumer(sib, self.queue, prefetch=self.prefetch, local=True)
                     c.sink = functools.partial(self._sink, sib)
                     await c.start()
                     self._parts[name] = c

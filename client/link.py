@@ -23,6 +23,7 @@ class Subscriber(Protocol):
 
     queue: str
     prefetch: int
+    local: bool  # only the partitions active on the connection's node (Subscribe.local)
     consumer_id: int | None
 
     def _deliver(self, deliveries: list[Delivery]) -> None: ...

@@ -276,7 +276,8 @@ class TandemUser(User):
         conn = self.conn
         assert conn is not None
         if self._consumer is None:
-            self._consumer = conn.consumer(self.queue, prefetch=self.prefetch)
+            # its node's partitions only (it connects to its partition's active): no relayed messages
+            self._consumer = conn.consumer(self.queue, prefetch=self.prefetch, local=True)
         taken = 0
         for _ in range(max_messages or self.consume_max):
             try:

@@ -36,6 +36,7 @@ from typing import Any
 
 from broker.config import ConfigError, NodeConfig, parse_peer
 from broker.security import tls
+from broker.peers.links import Link
 from broker.peers.peers import PeerManager
 from broker.messaging.queues import Queue
 from broker.security.secret import group_secret
@@ -248,8 +249,11 @@ class Witness:
     def ha_disabled_changed(self) -> None:
         pass  # (a witness is in no availability zone: it holds no partition)
 
-    async def handle_forward(self, kind: int, payload: bytes) -> bytes:
+    async def handle_forward(self, link: Link, kind: int, payload: bytes) -> bytes:
         raise UnavailableError(f"{self.config.name} is a witness: it serves no requests")
+
+    def link_lost(self, link: Link) -> None:
+        pass  # nothing is bound to a witness's links
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

@@ -293,6 +293,14 @@ class Delivery:
 
         self.node.write_later(ops, committed, lazy=False)
 
+    def undeliver(self, holder: Recipient, tags: list[int]) -> None:
+        """The delivered mark of these deliveries did not commit: they never leave.  A
+        message a consumer saw must come again counted, so none is shown before its mark
+        is in the log; ready again here, or the new active's if the partition moved."""
+        held = [holder.deliveries.pop(t) for t in tags if t in holder.deliveries]
+        if held:
+            self.requeue(held, counted=False)
+
     def release(self, session: Recipient) -> None:
         """A session ended: its consumers go, its unacked deliveries become ready again."""
         for c in list(session.consumers.values()):

@@ -66,6 +66,12 @@ class ForwardKind(IntEnum):
     RESTORE = 22
     PRODUCED = 23
     UPGRADE = 24
+    RELAY_SUBSCRIBE = 25
+    RELAY_DELIVER = 26
+    RELAY_SETTLE = 27
+    RELAY_CANCEL = 28
+    RELAY_RELEASE = 29
+    RELAY_GET = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,11 +334,84 @@ class UpgradeFwd(ForwardRequest):
     by: str
 
 
+# -- consuming from any node (broker.sessions.relay, broker.sessions.relayed) -------------------------
+# A client session on one member consumes the partitions active on another through a *relay*:
+# its member subscribes there on its behalf (``session`` numbers the client session on the
+# asking member), deliveries come back over the same link, and settlements follow them.  The
+# relay lives as long as the link it was made on.
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySubscribeFwd(ForwardRequest):
+    """Subscribe for client session ``session`` of the asking member: its consumer ``consumer``
+    of ``queue`` with ``prefetch``; the partitions active here deliver to it as RELAY_DELIVER
+    over the same link.  Reply: empty."""
+    KIND = ForwardKind.RELAY_SUBSCRIBE
+    session: int
+    consumer: int
+    queue: str
+    prefetch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelayDeliverFwd(ForwardRequest):
+    """Deliveries for consumer ``consumer`` of session ``session``: ``frame`` is a ``Deliver``
+    frame's payload, its tags the sender's.  Reply: empty; refused (ConsumerNotFoundError) when
+    the consumer or its session is gone: the sender takes the messages back, uncounted."""
+    KIND = ForwardKind.RELAY_DELIVER
+    session: int
+    consumer: int
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettleFwd(ForwardRequest):
+    """Settle deliveries session ``session`` holds: ``tags`` a msgpack list of the serving member's
+    tags; ``action`` ``ack``, ``requeue``, ``unseen`` (requeue, the delivery not counted) or
+    ``reject`` (dead-letter).  Reply: empty (a tag no longer held is skipped: its partition moved,
+    and its new active delivers it again)."""
+    KIND = ForwardKind.RELAY_SETTLE
+    session: int
+    action: str
+    tags: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RelayCancelFwd(ForwardRequest):
+    """End consumer ``consumer`` of session ``session`` (what it holds stays held until settled
+    or released).  Reply: empty."""
+    KIND = ForwardKind.RELAY_CANCEL
+    session: int
+    consumer: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelayReleaseFwd(ForwardRequest):
+    """Session ``session`` ended: its consumers end, what it holds is ready again.  Reply: empty."""
+    KIND = ForwardKind.RELAY_RELEASE
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelayGetFwd(ForwardRequest):
+    """Take one ready message of ``queue`` from the partitions active here for session
+    ``session`` (held for it unless ``auto_ack``).  Reply: a ``GetOk`` frame's payload."""
+    KIND = ForwardKind.RELAY_GET
+    session: int
+    queue: str
+    auto_ack: bool
+
+
+RELAY_KINDS = frozenset({ForwardKind.RELAY_SUBSCRIBE, ForwardKind.RELAY_DELIVER, ForwardKind.RELAY_SETTLE,
+                         ForwardKind.RELAY_CANCEL, ForwardKind.RELAY_RELEASE, ForwardKind.RELAY_GET})
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
-                              MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd)
+                              MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd, RelaySubscribeFwd, RelayDeliverFwd,
+                              RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -182,7 +182,7 @@ def frame_cost(m: Msg) -> int:
 
 
 class Consumer:
-    __slots__ = ("id", "queue", "session", "prefetch", "unacked")
+    __slots__ = ("id", "queue", "session", "prefetch", "unacked", "relayed")
 
     def __init__(self, id: int, queue: Queue, session: Recipient, prefetch: int) -> None:
         self.id = id
@@ -190,6 +190,8 @@ class Consumer:
         self.session = session
         self.prefetch = prefetch
         self.unacked = 0
+        #: held here for a client of another member (broker.sessions.relayed): not counted as a consumer
+        self.relayed = False
 
     @property
     def credit(self) -> int:
@@ -442,7 +444,7 @@ class Queue:
         return QueueInfo(
             m.name, m.partitions, m.mapper, m.ring_size, m.max_deliveries, m.dead_letter_queue,
             m.max_length, self.ready_count, self.unacked_count + self.pending_count,
-            len(self.consumers), self.published, self.delivered, self.acked,
+            sum(not c.relayed for c in self.consumers), self.published, self.delivered, self.acked,
         )
 
     # -- ready messages -------------------------------------------------------------------

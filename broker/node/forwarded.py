@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from broker.peers.links import Link
 from broker.sessions import status
+from broker.sessions.relay import Relays
 from broker.messaging.catalogue import Catalogue
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
@@ -22,7 +24,7 @@ from broker.security.security import Security
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
-                            ProducedFwd, ReadFwd, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
+                            ProducedFwd, ReadFwd, RELAY_KINDS, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
 from broker.messaging.queues import validate_declare
 from client.protocol.codec import decode_payload, encode
@@ -54,8 +56,8 @@ class ForwardHandlers:
     def __init__(self, node: ForwardedHost, *, state: status.NodeState, options: status.Options,
                  report: status.NodeReport, changes: status.GroupChanges, streams: StreamHost, publisher: Publisher,
                  security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores,
-                 levels: FeatureLevels, book: Callable[[], list[str]]) -> None:
-        self.node = node
+                 levels: FeatureLevels, relays: Relays, book: Callable[[], list[str]]) -> None:
+        self.node, self.relays = node, relays
         #: "name=host:port" of every member whose peer address this node knows (broker.peers.discovery)
         self.book = book
         self.state, self.options, self.report, self.changes = state, options, report, changes
@@ -89,8 +91,10 @@ class ForwardHandlers:
             ForwardKind.UPGRADE: self._upgrade,
         }
 
-    async def handle(self, kind: int, payload: bytes) -> bytes:
+    async def handle(self, link: Link, kind: int, payload: bytes) -> bytes:
         req: ForwardRequest = decode_request(kind, payload)
+        if req.KIND in RELAY_KINDS:  # (bound to the link they came over: broker.sessions.relay)
+            return await self.relays.handle(link, req)
         return await self.table[req.KIND](req)
 
     async def _publish(self, req: PublishFwd) -> bytes:

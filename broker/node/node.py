@@ -36,6 +36,8 @@ from broker.sessions.messaging import Messaging
 from broker.sessions.session import Session, SessionParts, requests
 from broker.modes.shared.mode import SharedMode
 from broker.sessions.maps import PartitionMaps
+from broker.sessions.relay import Relays
+from broker.sessions.relayed import Relayed
 from broker.sessions.status import StatusRequests
 from broker.sessions.users import UserRequests
 from broker.node import recovery
@@ -132,21 +134,24 @@ class Node:
         #: the group's operations on members and partitions (broker/node/parts.py)
         self.ops = PartitionOps.made(svc, config, self.placing, self.holding, self.publisher, self.delivery)
         ops = self.ops
+        #: consuming from any node: this node's sessions' relays, and other members' held here
+        self.relays = Relays(svc, Relayed(svc, self.delivery, holders=self.holding.local_holders, ask=svc.ask), svc.ask)
         self._forwarded = ForwardHandlers(svc, state=svc, options=self.options, report=self.report,
                                           changes=self.placing, streams=svc, publisher=self.publisher,
                                           security=self.security, drains=ops.drains, moves=ops.moves,
                                           remaps=ops.remaps, restores=ops.restores, levels=ops.levels,
-                                          book=self.placing.member_book)
+                                          relays=self.relays, book=self.placing.member_book)
         #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self._session_parts = SessionParts(svc, self.guard, self.security, self.delivery, requests(
-            Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher),
+            Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher, relays=self.relays),
             Admin(self.options, report=self.report, changes=self.placing, drains=ops.drains, moves=ops.moves,
                   remaps=ops.remaps, levels=ops.levels),
             UserRequests(svc, self.security),
             StatusRequests(report=self.report, changes=self.placing, maps=self.maps)))
         self._peer_side = PeerSide(lambda: self.config, clock, self.store, self.ha, catalogue=self.catalogue,
                                    delivery=self.delivery, client_address=lambda: self.client_address,
-                                   handle_forward=self._forwarded.handle, map_changed=self.maps.map_changed,
+                                   handle_forward=self._forwarded.handle, link_lost=self.relays.link_lost,
+                                   map_changed=self.maps.map_changed,
                                    ha_disabled_changed=self.placing.drained_changed)
         self._producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves,
                                                lambda: self.store.commit, clock, config.producer_expiry)
@@ -359,6 +364,7 @@ class Node:
         finally:
             self.sessions.discard(session)
             self.maps.forget(session)
+            self.relays.release(session)
             self.delivery.release(session)
 
     # -- what the replication driver tells the node ---------------------------------------

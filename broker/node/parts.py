@@ -31,6 +31,7 @@ from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
 from broker.partitions.upgrade import FeatureLevels
 from broker.peers.host import NoReceiver, Receiving
+from broker.peers.links import Link
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
 from client.clock import Clock
 
@@ -170,12 +171,13 @@ class PeerSide:
     def __init__(self, config: Callable[[], NodeConfig], clock: Clock, store: NodeStore, ha: HaParts, *,
                  catalogue: Catalogue,
                  delivery: Delivery, client_address: Callable[[], str],
-                 handle_forward: Callable[[int, bytes], Coroutine[Any, Any, bytes]],
-                 map_changed: Callable[[], None], ha_disabled_changed: Callable[[], None]) -> None:
+                 handle_forward: Callable[[Link, int, bytes], Coroutine[Any, Any, bytes]],
+                 link_lost: Callable[[Link], None], map_changed: Callable[[], None],
+                 ha_disabled_changed: Callable[[], None]) -> None:
         self._config, self.clock, self._store, self._ha = config, clock, store, ha
         self._catalogue, self.delivery, self._client_address = catalogue, delivery, client_address
-        self.handle_forward, self.map_changed, self.ha_disabled_changed = \
-            handle_forward, map_changed, ha_disabled_changed
+        self.handle_forward, self.link_lost, self.map_changed, self.ha_disabled_changed = \
+            handle_forward, link_lost, map_changed, ha_disabled_changed
 
     @property
     def config(self) -> NodeConfig:

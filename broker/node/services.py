@@ -15,7 +15,7 @@ to a member, :meth:`applied` waiting for a committed catalogue change).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.config import NodeConfig
@@ -26,6 +26,7 @@ from broker.messaging.queues import Queue, Recipient
 from broker.node.parts import HaParts
 from broker.node.store import NodeStore
 from broker.node.tasks import TaskOwner
+from broker.peers.links import Link
 from broker.security.acl import AclTable
 from broker.security.users import UserRegistry
 from client.clock import Clock
@@ -199,6 +200,27 @@ class Services:
         """Ask member ``who`` to do ``request``; its reply, or the error it raised."""
         _rep, peers = self._in_group()
         return await peers.forward(who, request)
+
+    async def ask(self, link: Link, request: ForwardRequest) -> bytes:
+        """Ask the member at the other end of ``link`` (this very link: a relay is bound to it)."""
+        _rep, peers = self._in_group()
+        return await peers.forwards.ask(link, request)
+
+    def links(self) -> Mapping[str, Link]:
+        peers = self._ha.peers
+        return peers.links if peers is not None else {}
+
+    def placed(self, q: Queue) -> Collection[str]:
+        rep = self._ha.replication
+        if rep is None:
+            return ()
+        return {n for p in range(q.meta.partitions) for n in rep.placed((q.meta.id, p), q.meta.partitions).nodes}
+
+    def actives(self, q: Queue) -> Collection[str]:
+        rep = self._ha.replication
+        if rep is None:
+            return ()
+        return [a for p in range(q.meta.partitions) if (a := rep.active_of((q.meta.id, p)))]
 
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""

@@ -24,10 +24,12 @@ log = logging.getLogger("tandem.ha")
 
 class Forwards:
     """The forwarded requests of one node's peer links.  ``handle``: how this node does a request
-    it is forwarded (its kind, its payload) -> the reply's payload."""
+    it is forwarded (the link it came over, its kind, its payload) -> the reply's payload;
+    ``lost``: told of each link that ended (what was bound to it ends too)."""
 
-    def __init__(self, clock: Clock, handle: Callable[[int, bytes], Awaitable[bytes]]) -> None:
-        self.clock, self.handle = clock, handle
+    def __init__(self, clock: Clock, handle: Callable[[Link, int, bytes], Awaitable[bytes]],
+                 lost: Callable[[Link], None]) -> None:
+        self.clock, self.handle, self.lost = clock, handle, lost
         self._next_rid = 1
         self._waiting: dict[int, tuple[Link, asyncio.Future[bytes]]] = {}  # rid -> (its link, its answer)
 
@@ -63,7 +65,7 @@ class Forwards:
     async def answer(self, link: Link, f: Forward) -> None:
         """Do the request ``f`` the member at the other end of ``link`` forwarded, and answer it."""
         try:
-            out = await self.handle(f.kind, f.payload)
+            out = await self.handle(link, f.kind, f.payload)
             link.send(ForwardOk(rid=f.rid, payload=out))
         except TandemError as exc:
             link.send(Error(rid=f.rid, code=int(exc.code), message=exc.message,
@@ -78,6 +80,7 @@ class Forwards:
         for _rid, (via, fut) in list(self._waiting.items()):
             if via is link and not fut.done():
                 fut.set_exception(UnavailableError(f"link to node {link.name} lost during a forwarded request"))
+        self.lost(link)
 
     def stop(self, me: str) -> None:
         """Node ``me`` is stopping: every request still waiting fails."""

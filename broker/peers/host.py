@@ -8,6 +8,7 @@ from typing import Protocol
 
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
+from broker.peers.links import Link
 from client.clock import Clock
 from client.protocol.frames import Frame, Heartbeat
 
@@ -77,7 +78,11 @@ class PeerHost(Protocol):
     @property
     def delivery(self) -> Dispatching: ...
 
-    async def handle_forward(self, kind: int, payload: bytes) -> bytes: ...
+    async def handle_forward(self, link: Link, kind: int, payload: bytes) -> bytes:
+        """Do a request the member at the other end of ``link`` forwarded; the reply's payload."""
+
+    def link_lost(self, link: Link) -> None:
+        """``link`` ended: what was bound to it (the relays of broker.sessions.relay) ends too."""
 
     def map_changed(self) -> None:
         """A partition got or lost an active, as far as this node knows: tell the sessions."""

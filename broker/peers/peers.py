@@ -123,7 +123,7 @@ class PeerManager:
         self.ha_off: dict[str, str] = {}
         self.links: dict[str, Link] = {}
         self.client_addresses: dict[str, str] = {}  # peer -> host:port its clients use
-        self.forwards = Forwards(node.clock, node.handle_forward)
+        self.forwards = Forwards(node.clock, node.handle_forward, node.link_lost)
         #: every task the links run: accepted links, dialers, answers to forwarded requests
         self.tasks = LinkTasks()
         self._farewells: set[asyncio.TimerHandle] = set()  # links to removed members, closed in a while

@@ -21,6 +21,7 @@ from broker.messaging.queues import Consumer, Msg, Recipient
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
+from broker.sessions.relay import Relays
 from broker.sessions.requests import Handler, error_frame
 from client.errors import ConsumerNotFoundError, ErrorCode, StorageError, TandemError, UnknownDeliveryTagError
 from client.protocol.frames import (Ack, Cancel, Declare, DeclareOk, Delete, Delivery, Error, Frame, Get, GetOk,
@@ -51,6 +52,10 @@ class Consuming(Recipient, Protocol):
         """``m`` delivered to ``c`` under this connection's next delivery tag, held until settled."""
         ...
 
+    def new_tag(self) -> int:
+        """This connection's next delivery tag."""
+        ...
+
 
 class MessagingHost(Protocol):
     """What the messaging requests use of their node: its queues and who may use them."""
@@ -69,12 +74,14 @@ class MessagingHost(Protocol):
 
 class Messaging:
     """The handlers of the messaging requests: queues through the node's catalogue, publishes
-    through ``publisher``, consumers and settlements through ``delivery``, stream reads through
-    ``streams`` (broker.messaging.streams)."""
+    through ``publisher``, consumers and settlements through ``delivery`` (and ``relays`` for the
+    partitions active on other members: broker.sessions.relay), stream reads through ``streams``
+    (broker.messaging.streams)."""
 
     def __init__(self, node: MessagingHost, *, streams: StreamHost, delivery: _delivery.Delivery,
-                 publisher: Publisher) -> None:
+                 publisher: Publisher, relays: Relays) -> None:
         self.node, self.streams, self.delivery, self.publisher = node, streams, delivery, publisher
+        self.relays = relays
 
     def handlers(self) -> Mapping[type[Frame], Handler[Consuming]]:
         return {Declare: self.declare, Delete: self.delete, Purge: self.purge, ListQueues: self.list_queues,
@@ -125,12 +132,15 @@ class Messaging:
         c = self.delivery.add_consumer(s, f.queue, f.prefetch)
         s.consumers[c.id] = c
         s.send(SubscribeOk(rid=f.rid, consumer=c.id))
+        if not f.local:
+            self.relays.subscribe(s, c)  # (after the reply: the client knows the consumer before its deliveries)
 
     async def cancel(self, s: Consuming, user: UserRecord, f: Cancel) -> None:
         c = s.consumers.pop(f.consumer, None)
         if c is None:
             raise ConsumerNotFoundError(f"no consumer {f.consumer} on this connection")
         self.delivery.remove_consumer(c)
+        self.relays.cancel(s, c.id)
         s.send_in_order(Ok(rid=f.rid))  # after any delivery still waiting on a commit
 
     async def get(self, s: Consuming, user: UserRecord, f: Get) -> None:
@@ -138,7 +148,7 @@ class Messaging:
         q = self.node.catalogue.queue(f.queue)
         msgs = q.take(1, self.node.config.max_frame_size)
         if not msgs:
-            s.send_in_order(GetOk(rid=f.rid, message=None))
+            s.send_in_order(GetOk(rid=f.rid, message=await self.relays.get(s, q, f.auto_ack)))
             return
         delivery = self.delivery
         marks, marked = delivery.record_deliveries(q, msgs)
@@ -149,7 +159,7 @@ class Messaging:
             delivery.ack([s.deliveries.pop(d.tag)])
         if marks:
             def failed(err: BaseException) -> Frame:
-                undeliver(s, delivery, [d.tag])
+                delivery.undeliver(s, [d.tag])
                 return error_frame(f.rid, err if isinstance(err, TandemError) else StorageError(f"get: {err}"))
 
             s.send_after(marks, GetOk(rid=f.rid, message=d), marked, failed)
@@ -157,12 +167,13 @@ class Messaging:
             s.send_in_order(GetOk(rid=f.rid, message=d))
 
     async def ack(self, s: Consuming, user: UserRecord, f: Ack) -> None:
-        settled, unknown = _settle(s, f.tags, f.multiple)
+        settled, unknown = self._settle(s, f.tags, f.multiple, "ack")
         self.delivery.ack(settled)
         _settled(s, f.rid, unknown)
 
     async def nack(self, s: Consuming, user: UserRecord, f: Nack) -> None:
-        settled, unknown = _settle(s, f.tags, f.multiple)
+        settled, unknown = self._settle(s, f.tags, f.multiple,
+                                        "reject" if not f.requeue else "requeue" if f.delivered else "unseen")
         if f.requeue:
             self.delivery.requeue(settled, counted=f.delivered)
         else:
@@ -170,9 +181,19 @@ class Messaging:
         _settled(s, f.rid, unknown)
 
     async def reject(self, s: Consuming, user: UserRecord, f: Reject) -> None:
-        settled, unknown = _settle(s, f.tags, f.multiple)
+        settled, unknown = self._settle(s, f.tags, f.multiple, "reject")
         self.delivery.dead_letter(settled, "rejected")
         _settled(s, f.rid, unknown)
+
+    def _settle(self, s: Consuming, tags: list[int], multiple: bool,
+                action: str) -> tuple[list[tuple[Consumer, Msg]], list[int]]:
+        """The deliveries of ``tags`` held here, and the unknown tags; the relayed ones are settled
+        on the members that hold them (``action``: broker.sessions.relayed.ACTIONS)."""
+        relayed = self.relays.settle(s, tags, multiple, action)
+        if not relayed:
+            return _settle(s, tags, multiple)
+        settled, unknown = _settle(s, tags if multiple else [t for t in tags if t not in relayed], multiple)
+        return settled, [] if multiple else unknown
 
     # -- stream reads ---------------------------------------------------------------------------------
 
@@ -184,15 +205,6 @@ class Messaging:
     async def produced(self, s: Consuming, user: UserRecord, f: Produced) -> None:
         self._may(user, "browse", f.queue)
         s.send((await produced(self.streams, f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
-
-
-def undeliver(s: Recipient, delivery: _delivery.Delivery, tags: list[int]) -> None:
-    """The delivered mark of these deliveries did not commit: they never leave.  A
-    message a consumer saw must come again counted, so none is shown before its mark
-    is in the log; ready again here, or the new active's if the partition moved."""
-    held = [s.deliveries.pop(t) for t in tags if t in s.deliveries]
-    if held:
-        delivery.requeue(held, counted=False)
 
 
 def _settle(s: Recipient, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:

@@ -33,7 +33,6 @@ from broker.security.auth import ClientGuard, ClientHandshake
 from broker.security.security import Security
 from broker.security.standing import Standing, recheck, standing_of
 from broker.security.users import UserRegistry
-from broker.sessions.messaging import undeliver
 from broker.sessions.requests import Handler, Requests, error_frame
 from client.clock import Clock
 from client.errors import (
@@ -462,10 +461,15 @@ class Session:
 
     # -- the consumer side (broker.messaging.queues.Recipient) ----------------------------------
 
-    def tag(self, c: Consumer, m: Msg) -> Delivery:
-        """``m`` delivered to ``c`` under this connection's next delivery tag, held until settled."""
+    def new_tag(self) -> int:
+        """This connection's next delivery tag."""
         tag = self._next_tag
         self._next_tag = tag + 1
+        return tag
+
+    def tag(self, c: Consumer, m: Msg) -> Delivery:
+        """``m`` delivered to ``c`` under this connection's next delivery tag, held until settled."""
+        tag = self.new_tag()
         self.deliveries[tag] = (c, m)
         return Delivery(tag, m.partition, m.offset, m.key, m.headers, m.body, m.dc > 1, m.dc, m.ts, m.id)
 
@@ -476,7 +480,7 @@ class Session:
         frame = Deliver(consumer=c.id, messages=[self.tag(c, m) for m in msgs])
         if marks:
             tags = [d.tag for d in frame.messages]
-            self.send_after(marks, frame, marked, lambda _err: undeliver(self, delivery, tags))
+            self.send_after(marks, frame, marked, lambda _err: delivery.undeliver(self, tags))
         else:
             self.send_in_order(frame)
 

@@ -1,8 +1,9 @@
 """Durable consumers: the whole queue, every member's partitions, resubscribed after
 failures.
 
-A consumer subscribes on every member (each delivers the partitions it is active for)
-and resubscribes after a link fails; the messages held on a failed link come again,
+A consumer subscribes on every member (each delivers the partitions it is active for:
+``Subscribe.local``, the direct route; a member relays nothing to it) and resubscribes
+after a link fails; the messages held on a failed link come again,
 marked ``redelivered``, and settling one of the old deliveries raises
 :class:`~client.errors.StaleDeliveryError` (safe to ignore), never touching another
 message.
@@ -205,7 +206,7 @@ class DurableConsumer:
         while not self._closed and not self.conn.is_closed:
             try:
                 link = await self.conn.link(name, self.conn.clock.monotonic() + 5.0)
-                c = Consumer(link, self.queue, prefetch=self.prefetch)
+                c = Consumer(link, self.queue, prefetch=self.prefetch, local=True)
                 c.sink = functools.partial(self._sink, link)
                 c.on_end = self._ended
                 try:

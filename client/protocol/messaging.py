@@ -227,10 +227,15 @@ class MapChanged(Frame):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Subscribe(Frame):
+    """Consume ``queue``: every partition, those active on other members relayed by this one.
+    ``local``: only the partitions active on this node (a client that subscribes on every
+    member itself: the SDK's group and durable consumers)."""
+
     OP: ClassVar[Op] = Op.SUBSCRIBE
     rid: int
     queue: str
     prefetch: int = 256
+    local: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,6 +31,8 @@ from client.protocol.frames import (
     Ack,
     Close,
     Declare,
+    Deliver,
+    Delivery,
     Forward,
     Get,
     Heartbeat,
@@ -153,9 +155,14 @@ def forward_requests() -> list[ForwardRequest]:
         hints = typing.get_type_hints(cls)
         values = {f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)}
         if "frame" in values:
-            inner = Publish(rid=0, queue=QUEUE, messages=[PublishMessage("k", {}, b"m", 1)], producer_id="p") \
-                if cls.__name__ == "PublishFwd" else Declare(rid=0, queue=QUEUE, partitions=2)
+            inner: Frame = Declare(rid=0, queue=QUEUE, partitions=2)
+            if cls.__name__ == "PublishFwd":
+                inner = Publish(rid=0, queue=QUEUE, messages=[PublishMessage("k", {}, b"m", 1)], producer_id="p")
+            elif cls.__name__ == "RelayDeliverFwd":
+                inner = Deliver(consumer=1, messages=[Delivery(1, 0, 5, "k", {"h": "v"}, b"m", False, 1, 1.0, "0-5")])
             values["frame"] = encode(inner)[4:]
+        if cls.__name__ == "RelaySettleFwd":
+            values.update(action="ack", tags=msgpack.packb([1, 2]))
         out.append(cls(**values))
     return out
 

@@ -14,7 +14,9 @@ import dataclasses
 import random
 from collections.abc import Callable
 
-from broker.messaging.forward import DeclareFwd, PublishFwd, decode_reply, decode_request
+from broker.messaging.forward import (DeclareFwd, PublishFwd, RelayDeliverFwd, RelaySettleFwd, decode_reply,
+                                      decode_request)
+from broker.sessions.relayed import settled_tags
 from broker.messaging.queues import validate_declare
 from broker.peers.codec import (
     CATALOGUE,
@@ -30,6 +32,7 @@ from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConn
 from client.protocol.codec import MAX_INT, decode_payload
 from client.protocol.frames import (
     Declare,
+    Deliver,
     Forward,
     Frame,
     Record,
@@ -171,6 +174,10 @@ def _forward(kind: int, payload: bytes) -> None:
         _check_invariants(expect(decode_payload(req.frame), Publish), "PublishFwd.frame")
     elif isinstance(req, DeclareFwd):
         validate_declare(expect(decode_payload(req.frame), Declare))
+    elif isinstance(req, RelayDeliverFwd):
+        _check_invariants(expect(decode_payload(req.frame), Deliver), "RelayDeliverFwd.frame")
+    elif isinstance(req, RelaySettleFwd):
+        settled_tags(req)
 
 
 def forward(data: bytes) -> None:

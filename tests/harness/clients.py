@@ -8,7 +8,7 @@
 * :class:`Consumer`: subscribed on every live member (each member delivers the partitions it
   is active for), as a client session is: a delivery counts (``Delivery.record_deliveries``),
   its delivered mark is committed before the application sees it, and a mark that fails to
-  commit undoes the delivery (``broker.sessions.messaging.undeliver``); the application acks
+  commit undoes the delivery (``broker.messaging.delivery.Delivery.undeliver``); the application acks
   each message after a while.  A killed member's subscription dies with it; the consumer
   subscribes again once the member is back.
 * :class:`Ledger`: what was sent, confirmed and delivered, and :meth:`Ledger.violations`, the
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.messaging.queues import Consumer as NodeConsumer, Msg
-from broker.sessions.messaging import undeliver
 from client.errors import TandemError
 from client.protocol.frames import PublishMessage
 from tests.harness.group import Group, Member
@@ -216,7 +215,7 @@ class _Session:
                 marked()
                 self.consumer.received(self, tags)
             else:
-                undeliver(self, delivery, tags)
+                delivery.undeliver(self, tags)
 
         node.services.write_later(marks, committed, lazy=False)
 

@@ -12,7 +12,7 @@ look-ups, forwarding and the catch-up with the catalogue's active before "does n
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.sessions.session import Session
 from client.protocol import Frame, FrameBuffer, decode_payload
@@ -20,6 +20,7 @@ from client.protocol.connection import State
 from tests.harness.group import Group, Member
 
 ASK_TIMEOUT = 30.0  # virtual seconds
+F = TypeVar("F", bound=Frame)
 
 
 class _Writer:
@@ -28,6 +29,10 @@ class _Writer:
     def __init__(self) -> None:
         self.buf = FrameBuffer()
         self.closed = False
+        self.transport = self  # (its write buffer: always empty, the bytes are taken at once)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
     def write(self, data: bytes) -> None:
         self.buf.feed(data)
@@ -68,6 +73,13 @@ class ClientSession:
         self.session.user = record
         self.session.proto.state = State.OPEN
         self._held: list[Frame] = []
+
+    def pushed(self, kind: type[F]) -> list[F]:
+        """The frames of ``kind`` the session sent unasked (deliveries, cancels) since the last look."""
+        self._held += self.writer.frames()
+        out = [f for f in self._held if isinstance(f, kind)]
+        self._held = [f for f in self._held if not isinstance(f, kind)]
+        return out
 
     async def ask(self, request: Frame) -> Frame:
         """The session's answer to ``request`` (a frame with its rid: the reply or an Error)."""

@@ -11,7 +11,8 @@ import pytest
 from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd,
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
-                            MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, decode_request)
+                            MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, RelayCancelFwd, RelayDeliverFwd,
+                            RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -24,6 +25,9 @@ EXAMPLES = [
     MoveFwd(1, 4, 0, "node3,node1", 1, "admin"), GroupFwd(1, "add", "node4", "10.0.0.4:7781", "", "admin"),
     RemapFwd(1, "add", 4, 2, "", "node1,node2;node2,node1", 0, "admin"), AuditFwd("orders"), MembersFwd(),
     RestoreFwd(1, "node3", "orders", "2"), ProducedFwd(1, "orders", 2, "p1", 17),
+    RelaySubscribeFwd(3, 7, "orders", 256), RelayDeliverFwd(3, 7, b"\x82\xa2op\x11"),
+    RelaySettleFwd(3, "ack", b"\x92\x01\x02"), RelayCancelFwd(3, 7), RelayReleaseFwd(3),
+    RelayGetFwd(3, "orders", False),
 ]
 
 

@@ -12,6 +12,7 @@ import pytest
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
 from broker.peers.host import NoReceiver
+from broker.peers.links import Link
 from broker.peers.peers import PeerManager
 from client.clock import SYSTEM_CLOCK, Clock
 from tests.helpers import wait_until
@@ -38,8 +39,11 @@ class Host:
         self.queues: dict[str, Queue] = {}
         self.delivery = _NoDelivery()
 
-    async def handle_forward(self, kind: int, payload: bytes) -> bytes:
+    async def handle_forward(self, link: Link, kind: int, payload: bytes) -> bytes:
         return b""
+
+    def link_lost(self, link: Link) -> None:
+        pass
 
     def map_changed(self) -> None:
         pass

@@ -1,0 +1,93 @@
+"""Consuming from any node, with real node processes: a blocking client connected to one member
+consumes every partition of a 6-partition queue whose partitions are active on all three, and
+keeps doing so when another member is killed (kill -9) mid-run.  The checker counts what was
+lost, duplicated and unexpected."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+import client
+import client.blocking
+from broker.tools.checker import classify
+from broker.tools.cluster import LocalCluster
+from client.errors import StaleDeliveryError, UnknownDeliveryTagError
+from tests.conftest import FAST
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
+
+PARTITIONS = 6
+
+
+def consume(url: str, queue: str, want: set[bytes], got: list[tuple[bytes, str]], stop: threading.Event,
+            order: list[int], progress: threading.Event, after: int) -> None:
+    """A blocking consumer on ``url`` (one node, not durable across nodes: the URL names one) until
+    every body of ``want`` was seen or ``stop``; ``progress`` is set once ``after`` arrived."""
+    with client.blocking.connect(url, timeout=0.5) as conn:
+        consumer = conn.consumer(queue, prefetch=20)
+        while not stop.is_set() and not want <= {b for b, _ in got}:
+            try:
+                m = consumer.next()
+            except TimeoutError:
+                continue
+            got.append((m.body, m.id))
+            order.append(m.partition)
+            if len(got) >= after:
+                progress.set()
+            try:
+                m.ack()
+            except (UnknownDeliveryTagError, StaleDeliveryError):
+                pass  # its relay's link or its partition's active went: it is delivered again
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["steady", "kill-9-mid-run"])
+async def test_a_blocking_client_on_one_member_consumes_every_partition(tmp_path: Path, kill: bool) -> None:
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("anywhere", partitions=PARTITIONS)
+
+        async def spread() -> bool:
+            where = await cl.actives("anywhere", PARTITIONS)
+            return len(where) == PARTITIONS and len(set(where.values())) == 3
+
+        await wait_until(spread, timeout=60, what="the partitions active on all three members")
+        sent = [f"m{i}".encode() for i in range(600)]
+        async with await client.connect(cl.url) as conn:
+            p = conn.producer("anywhere")
+            await asyncio.gather(*(p.send(b, key=b.decode()) for b in sent))
+        where = await cl.actives("anywhere", PARTITIONS)
+        got: list[tuple[bytes, str]] = []
+        order: list[int] = []
+        stop, progress = threading.Event(), threading.Event()
+        at_kill = 0
+        reader = asyncio.ensure_future(asyncio.to_thread(
+            consume, cl.url_of("node1"), "anywhere", set(sent), got, stop, order, progress, 200))
+        try:
+            if kill:
+                await wait_until(progress.is_set, timeout=60, what="200 consumed")
+                victim = next(n for n in ("node2", "node3") if n in where.values())
+                await cl.processes[victim].kill()
+                at_kill = len(got)
+            await asyncio.wait_for(asyncio.shield(reader), timeout=120)
+        finally:
+            stop.set()
+            await reader
+        verdict = classify(sent, sent, got)
+        assert (verdict.lost, verdict.unexpected) == (0, 0), verdict
+        if not kill:
+            assert verdict.duplicated == 0, verdict
+        else:  # the victim's partitions failed over and were consumed from their new actives
+            later = set(order[at_kill:])
+            assert later & {p for p, n in where.items() if n == victim}, (later, where, victim)
+        assert set(order) == set(range(PARTITIONS))
+        assert any(node != "node1" for node in where.values())
+    finally:
+        await cl.stop()
