@@ -419,18 +419,22 @@ class Connection(Management):
     async def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                             ring_size: int = 1024, max_deliveries: int = 0,
                             dead_letter_queue: str | None = None, max_length: int = 0,
-                            placement: Placement = None) -> QueueInfo:
+                            placement: Placement = None, max_length_bytes: int = 0,
+                            overflow: str = "reject-publish") -> QueueInfo:
         """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError).
         ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has.
         ``placement``: ``static`` distribution, in a replication group: one node list per
         partition, in priority order (the first node is the preferred active), each node
         ``name``, ``name:sync`` or ``name:async`` (``[["node1", "node2", "node3:async"],
         ["node2", "node3", "node1"]]``, or the same as "node1,node2,node3:async;node2,...");
-        None: the group's ``dynamic`` policy places them."""
+        None: the group's ``dynamic`` policy places them.  ``max_length`` (messages held) and
+        ``max_length_bytes`` (bytes of ready messages) bound the queue; ``overflow`` says what a
+        publish past them does: ``reject-publish`` (QueueFullError) or ``drop-head`` (the oldest
+        ready messages go, to ``dead_letter_queue`` if there is one; docs/architecture.md)."""
         reply = await self.request(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
-            placement=placement_text(placement)))
+            placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

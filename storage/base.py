@@ -54,6 +54,11 @@ class QueueMeta:
     #: user's ``produce`` on it (broker.security.acl); None for the node's own queues and for a queue
     #: whose record was written without one
     owner: str | None = None
+    #: bytes of ready messages (bodies and headers) past which a publish overflows (0: no bound)
+    max_length_bytes: int = 0
+    #: what a publish past ``max_length`` or ``max_length_bytes`` does: "reject-publish" (refused,
+    #: QUEUE_FULL) or "drop-head" (the oldest ready messages go: dead-lettered, or dropped)
+    overflow: str = "reject-publish"
 
 
 class MessageRecord(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.messaging.queues import validate_declare
+from broker.messaging.declare import validate_declare
 from broker.security.acl import PERMISSIONS, validate_grant
 from broker.logsafe import escape
 from broker.partitions.restore import Filter
@@ -29,7 +29,7 @@ log = logging.getLogger("tandem.console")
 
 #: the fields of a declare, and the JSON type each takes
 DECLARE_FIELDS: dict[str, type] = {"partitions": int, "ring_size": int, "max_deliveries": int, "max_length": int,
-                                   "mapper": str, "dead_letter_queue": str}
+                                   "mapper": str, "dead_letter_queue": str, "max_length_bytes": int, "overflow": str}
 
 
 def _placement(placement: object) -> str:

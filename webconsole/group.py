@@ -173,7 +173,7 @@ class Group:
         out: dict[str, Any] = {
             "name": info.name, "partitions": info.partitions, "mapper": info.mapper,
             "max_deliveries": info.max_deliveries, "dead_letter_queue": info.dead_letter_queue,
-            "max_length": info.max_length,
+            "max_length": info.max_length, "max_length_bytes": q.meta.max_length_bytes, "overflow": q.meta.overflow,
             "ready": sum(p["ready"] for p in known), "unacked": sum(p["unacked"] for p in known),
             "depth": sum(p["depth"] for p in known), "complete": len(known) == len(parts),
             "published": published, "delivered": delivered, "acked": acked,

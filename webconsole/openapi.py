@@ -181,7 +181,14 @@ def document() -> dict[str, Any]:
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
                          "dead_letter_queue": {"type": "string", "nullable": True,
                                                "description": "needs produce on it (403 otherwise); not tandem.*"},
-                         "max_length": {"type": "integer"},
+                         "max_length": {"type": "integer", "description": "messages held (ready, delivered and "
+                                        "unsettled) past which a publish overflows; 0: no bound"},
+                         "max_length_bytes": {"type": "integer", "description": "bytes of ready messages "
+                                              "(bodies and headers) past which a publish overflows; 0: no bound"},
+                         "overflow": {"type": "string", "enum": ["reject-publish", "drop-head"],
+                                      "description": "reject-publish (refused, the default) or drop-head (the "
+                                      "oldest ready messages go to the dead-letter queue, or are dropped); in a "
+                                      "group, needs feature level 3 (400 otherwise)"},
                          "placement": {"description": "static distribution, in a replication group: one node list "
                                        "per partition in priority order, each node NAME, NAME:sync or NAME:async "
                                        "(absent: the group's dynamic policy places the partitions)",

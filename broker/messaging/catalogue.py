@@ -20,11 +20,12 @@ from broker.messaging.forward import MAX_HOPS, CatalogueFwd, Forwarding, Declare
 from broker.messaging import queues
 from broker.messaging.mapper import DEFAULT_MAPPER
 from broker.messaging.mapper import parse_static
-from broker.messaging.queues import Holder, MemoryBudget, Queue, validate_declare
+from broker.messaging.declare import validate_declare
+from broker.messaging.queues import Holder, MemoryBudget, Queue
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
 from client.protocol.frames import Declare, QueueInfo
-from storage.base import DropQueue, PutQueue, QueueMeta, Settle, WriteOp
+from storage.base import DropQueue, PutQueue, QueueMeta, SetFeatureLevel, Settle, WriteOp
 
 log = logging.getLogger("tandem.broker")
 
@@ -57,13 +58,29 @@ class Placing(Protocol):
         group's members (InvalidArgumentError naming what is wrong)."""
         ...
 
+    def feature_level(self) -> int:
+        """The group's feature level as this member applied it (broker.partitions.upgrade)."""
+        ...
+
+    def level_apply(self, op: SetFeatureLevel) -> list[WriteOp]:
+        """Raise the level here (a committed finalize, or a single node's own); the ops to store."""
+        ...
+
 
 def settings(meta: QueueMeta) -> dict[str, object]:
     return {
         "partitions": meta.partitions, "mapper": meta.mapper, "ring_size": meta.ring_size,
         "max_deliveries": meta.max_deliveries, "dead_letter_queue": meta.dead_letter_queue,
-        "max_length": meta.max_length,
+        "max_length": meta.max_length, "max_length_bytes": meta.max_length_bytes, "overflow": meta.overflow,
     }
+
+
+#: the feature level a queue's overflow (max_length_bytes, drop-head) needs (ha.upgrade.LEVELS)
+OVERFLOW_LEVEL = 3
+
+
+def needs_overflow_level(meta: QueueMeta) -> bool:
+    return meta.max_length_bytes != 0 or meta.overflow != "reject-publish"
 
 
 class Catalogue:
@@ -152,6 +169,7 @@ class Catalogue:
             id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=mapper,
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
             dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
+            max_length_bytes=frame.max_length_bytes, overflow=frame.overflow,
         )
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
@@ -175,6 +193,7 @@ class Catalogue:
         validate_declare(frame)
         node = self.node
         commit = node.commit
+        self._check_level(frame)
         who = await commit.wait_active(CATALOGUE, node.election_wait)
         if who != node.config.name:
             if hops >= MAX_HOPS:
@@ -199,9 +218,14 @@ class Catalogue:
                 placing = self._placing().static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
             if not commit.catalogue_log:
+                if needs_overflow_level(meta) and self.placing is not None and node.config.mode != "shared" \
+                        and self.placing.feature_level() < OVERFLOW_LEVEL:
+                    # a single node raises its own level (it has no member to wait for): an older build
+                    # then refuses its store instead of reading its queues without their overflow
+                    placing = self.placing.level_apply(SetFeatureLevel(OVERFLOW_LEVEL))
                 q = self.add(meta)
                 try:
-                    await self._commit(PutQueue(meta))
+                    await self._commit(PutQueue(meta), *placing)
                 except TandemError:
                     if self.queues.pop(meta.name, None) is not None:
                         q.release()
@@ -215,6 +239,18 @@ class Catalogue:
                 raise QueueExistsError(f"queue {frame.queue!r} was declared concurrently with other settings")
         await node.applied(f"queue {frame.queue!r}", lambda: frame.queue in self.queues)
         return self.queue(frame.queue).info(), created
+
+    def _check_level(self, frame: Declare) -> None:
+        """A queue's overflow needs the group at feature level 3 (InvalidArgumentError saying what to do)."""
+        if frame.max_length_bytes == 0 and frame.overflow == "reject-publish":
+            return
+        if self.placing is None or not self.node.commit.catalogue_log:
+            return  # (a single node raises its own level as it declares)
+        level = self.placing.feature_level()
+        if level < OVERFLOW_LEVEL:
+            raise InvalidArgumentError(
+                f"max_length_bytes and overflow need the group at feature level {OVERFLOW_LEVEL} (it is at {level}): "
+                f"run `tandem upgrade finalize` once every member runs a build that supports it (docs/upgrades.md)")
 
     async def _forward(self, who: str, req: DeclareFwd, queue: str) -> bytes:
         try:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from broker.messaging.commit import CommitPath
 from broker.config import NodeConfig
+from broker.messaging.limits import make_room
 from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
 from client.clock import Clock
@@ -249,14 +250,22 @@ class Delivery:
             self.dead_letter(expired, "delivery_limit")
 
     def dead_letter(self, settled: list[Held], reason: str) -> None:
-        """Move messages to their queue's dead-letter queue (or drop them without one, or
-        when the queue's owner may not write there: docs/security.md)."""
+        """Move delivered messages to their queue's dead-letter queue (or drop them without one,
+        or when the queue's owner may not write there: docs/security.md)."""
+        for c, _m in settled:
+            self._release_one(c)
+        self._dead_letter([(c.queue, m) for c, m in settled], reason)
+
+    def shed(self, q: Queue, msgs: list[Msg]) -> None:
+        """Ready messages of ``q`` leave it to make room (``overflow`` drop-head,
+        broker.messaging.limits): to its dead-letter queue, or dropped."""
+        self._dead_letter([(q, m) for m in msgs], "maxlen")
+
+    def _dead_letter(self, leaving: list[tuple[Queue, Msg]], reason: str) -> None:
         ops: list[WriteOp] = []
         moved: dict[Queue, dict[int, list[Msg]]] = {}
         commit = self.node.commit
-        for c, m in settled:
-            src = c.queue
-            self._release_one(c)
+        for src, m in leaving:
             if src.deleted or not self.node.serves(src, m.partition):
                 continue
             dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
@@ -271,9 +280,11 @@ class Delivery:
                 self.node.dead_letter_remote(src, m, dlq, headers)
                 continue
             ops.append(Settle(src.meta.id, m.partition, [m.offset]))
-            if dlq is None or (dlq.meta.max_length and dlq.depth >= dlq.meta.max_length):
+            full = None if dlq is None else \
+                make_room(dlq, 1, len(m.body) + len(encode_headers(headers)), self.shed)
+            if dlq is None or full is not None:
                 if src.meta.dead_letter_queue:
-                    why = refused or ("missing" if dlq is None else "full")
+                    why = refused or ("missing" if dlq is None else full)
                     log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s",
                                 src.meta.dead_letter_queue, why, src.name, m.id, reason)
                 continue

@@ -7,9 +7,9 @@ client gets), settled in the commit's own callback so the confirm goes out at on
 1. **route**: each message to a partition (the queue's data mapper, or the partition the
    client addressed).  A batch touching a partition this node does not serve goes to each
    partition's active instead (:meth:`Publisher._publish_elsewhere`).
-2. **admit**: size limit, ``max_length``, producer sequences (a dense batch must continue its
-   producer's sequence; a resend of what is still being stored is refused: retry), the disk
-   alarm (:mod:`broker.node.diskalarm`: nothing is stored on a nearly full disk: retry).
+2. **admit**: size limit, producer sequences (a dense batch must continue its producer's
+   sequence; a resend of what is still being stored is refused: retry), the queue's bounds
+   (:mod:`broker.messaging.limits`: refused, or the oldest messages shed), the disk alarm (:mod:`broker.node.diskalarm`: nothing is stored on a nearly full disk: retry).
 3. **assign**: drop what the partition holds already (idempotent producers), give the rest
    offsets, build the broker's :class:`~broker.messaging.queues.Msg` per partition.
 4. **to ops**: ``Append`` per partition, ``PutProducer`` per producer, ``MarkDelivered``
@@ -34,12 +34,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.messaging import sequences
+from broker.messaging import limits, sequences
 from broker.messaging.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
 from broker.messaging.outcome import Outcome, Reply
 from broker.messaging.queues import Msg, Queue, encode_headers
 from client.clock import Clock
-from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError, QueueFullError,
+from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError,
                            ShuttingDownError, UnavailableError)
 from client.protocol.codec import encode
 from client.protocol.frames import Publish, PublishMessage
@@ -82,6 +82,10 @@ class _Assigned:
 
 class Delivering(Protocol):
     def make_ready(self, q: Queue, by_part: dict[int, list[Msg]]) -> None: ...
+
+    def shed(self, q: Queue, msgs: list[Msg]) -> None:
+        """Ready messages leave ``q`` to make room (broker.messaging.limits)."""
+        ...
 
 
 class PublishHost(Forwarding, Protocol):
@@ -131,6 +135,7 @@ class Publisher:
             result.set_result(PublishResult(0, 0, last))
             return
         self.node.check_disk("publishing")  # (after every check that writes nothing)
+        self._bound(q, req, pidxs)
         batch = self._assign(q, req, pidxs)
         if not batch.by_part:
             result.set_result(PublishResult(0, batch.duplicates, self._last_seq(q, req)))
@@ -177,18 +182,21 @@ class Publisher:
         for m in req.messages:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
-        pid, parts = req.producer_id, q.partitions
-        if q.meta.max_length:
-            fresh = len(req.messages) if pid is None else sum(
-                1 for m, p in zip(req.messages, pidxs) if not sequences.held(parts[p], pid, m.seq))
-            if fresh and q.depth + fresh > q.meta.max_length:  # (a resend of what it holds is not refused)
-                raise QueueFullError(f"queue {req.queue!r} is full: {q.depth} of max_length {q.meta.max_length}")
+        pid = req.producer_id
         if req.dense:
             assert req.partition is not None and pid is not None
             return sequences.check_dense(q, req.partition, pid, req.messages)
         if pid is not None:
             sequences.check_resends(q, pid, req.messages, pidxs)
         return -1
+
+    def _bound(self, q: Queue, req: PublishRequest, pidxs: list[int]) -> None:
+        """The queue's bounds (broker.messaging.limits): the last check, as it may shed messages."""
+        if q.meta.max_length or q.meta.max_length_bytes:
+            pid, parts = req.producer_id, q.partitions
+            fresh = req.messages if pid is None else [
+                m for m, p in zip(req.messages, pidxs) if not sequences.held(parts[p], pid, m.seq)]
+            limits.admit(q, fresh, self.node.delivery.shed)
 
     # -- 3. assign ------------------------------------------------------------------------------
 

@@ -20,16 +20,15 @@ larger than memory").
 from __future__ import annotations
 
 import heapq
-import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import msgpack
 
-from broker.messaging.mapper import MAPPERS, DataMapper, make_mapper, mapper_names, queue_mapper
+from broker.messaging.mapper import DataMapper, queue_mapper
 from client.errors import InvalidArgumentError
-from client.protocol.frames import Declare, QueueInfo
+from client.protocol.frames import QueueInfo
 from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage, memory_share
 
 
@@ -48,13 +47,6 @@ class Recipient(Protocol):
 
 #: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
 MESSAGE_OVERHEAD = 128
-
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
-MAX_PARTITIONS = 1024
-MAX_RING_SIZE = 1 << 20
-#: characters of a declare's explicit node lists (``static`` distribution)
-MAX_PLACEMENT = 256 * 1024
-
 
 EMPTY_HEADERS = msgpack.packb({})
 
@@ -196,40 +188,6 @@ class Consumer:
     @property
     def credit(self) -> int:
         return self.prefetch - self.unacked
-
-
-MAX_INT64 = 2**63 - 1
-
-
-def validate_declare(frame: Declare) -> None:
-    """Raise InvalidArgumentError naming the first bad field of a declare."""
-    if not QUEUE_NAME.match(frame.queue):
-        raise InvalidArgumentError(
-            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : -"
-        )
-    if not 1 <= frame.partitions <= MAX_PARTITIONS:
-        raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
-    if frame.mapper and frame.mapper not in mapper_names():
-        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(mapper_names())} (a custom mapper "
-                                   f"is an installed package's 'tandem.mappers' entry point)")
-    if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
-        raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
-    if frame.mapper and frame.mapper not in MAPPERS:
-        make_mapper(frame.mapper, frame.partitions, frame.ring_size)  # a custom one must load: its error if not
-    # (the stores keep them as signed 64-bit integers)
-    if not 0 <= frame.max_deliveries <= MAX_INT64:
-        raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
-    if not 0 <= frame.max_length <= MAX_INT64:
-        raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
-    if len(frame.placement) > MAX_PLACEMENT:
-        raise InvalidArgumentError(f"placement: at most {MAX_PLACEMENT} characters")
-    dlq = frame.dead_letter_queue
-    if dlq is not None:
-        if not QUEUE_NAME.match(dlq):
-            raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
-        if dlq == frame.queue:
-            raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
-
 
 
 #: a refill starts when a partition's hot head holds fewer bytes than this (or its share / 4)
@@ -516,6 +474,31 @@ class Queue:
         self.ready_count -= len(out)
         self.budget.held -= freed
         return out
+
+    def take_oldest(self, count: int, nbytes: int) -> list[Msg]:
+        """The oldest ready messages in memory (by publish time, over every partition not
+        paused), until ``count`` messages and ``nbytes`` bytes of bodies and headers are taken,
+        or none is left."""
+        out: list[Msg] = []
+        taken = 0
+        heads = [p for p in self.partitions if p.ready and p.index not in self.paused]
+        while heads and (len(out) < count or taken < nbytes):
+            part = min(heads, key=lambda p: (p.ready[0].ts, p.index))
+            m = part.ready.popleft()
+            data = len(m.body) + len(m.headers_blob)
+            part.held -= data + MSG_MEMORY
+            self.budget.held -= data + MSG_MEMORY
+            taken += data
+            out.append(m)
+            if not part.ready:
+                heads.remove(part)
+        self.ready_count -= len(out)
+        return out
+
+    @property
+    def ready_bytes(self) -> int:
+        """Bytes (bodies and headers) of the ready messages, in memory and cold."""
+        return sum(p.held - MSG_MEMORY * len(p.ready) + p.cold_bytes for p in self.partitions)
 
     def requeue(self, msgs: list[Msg]) -> None:
         by_part: dict[int, list[Msg]] = {}

@@ -26,7 +26,7 @@ from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, Depth
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
                             ProducedFwd, ReadFwd, RELAY_KINDS, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
-from broker.messaging.queues import validate_declare
+from broker.messaging.declare import validate_declare
 from client.protocol.codec import decode_payload, encode
 from client.protocol.frames import Declare, Publish, ReadOk, expect
 

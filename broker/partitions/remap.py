@@ -36,7 +36,8 @@ from broker.messaging.forward import AuditFwd, RemapFwd, decode_reply, pack_repl
 from broker.messaging.mapper import parse_static
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import PublishRequest, PublishResult
-from broker.messaging.queues import ID_HEADER, MAX_PARTITIONS, Msg, Queue, msg_from_store
+from broker.messaging.declare import MAX_PARTITIONS
+from broker.messaging.queues import ID_HEADER, Msg, Queue, msg_from_store
 from broker.security.security import CatalogueHost, catalogue_change, commit_catalogue
 from client.clock import Clock
 from client.errors import InvalidArgumentError, NotActiveError, TandemError, UnavailableError

@@ -65,7 +65,16 @@ def add_parsers(sub: Any) -> None:
                                "(default jump_hash; an existing queue keeps its own)")
     queues_p.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
     queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue")
-    queues_p.add_argument("--max-length", dest="max_length", type=int, default=0)
+    queues_p.add_argument("--max-length", dest="max_length", type=int, default=0,
+                          help="messages the queue holds (ready, delivered and unsettled) past which a publish "
+                               "overflows (default 0: no bound)")
+    queues_p.add_argument("--max-length-bytes", dest="max_length_bytes", type=int, default=0,
+                          help="bytes of ready messages (bodies and headers) past which a publish overflows "
+                               "(default 0: no bound)")
+    queues_p.add_argument("--overflow", default="reject-publish", choices=["reject-publish", "drop-head"],
+                          help="what a publish past a bound does: reject-publish (refused: queue full, the "
+                               "default) or drop-head (the oldest ready messages go to the dead-letter queue, "
+                               "or are dropped without one); in a group, needs feature level 3")
     queues_p.add_argument("--placement", default=None, metavar="LISTS",
                           help="static distribution of a new queue, in a replication group: one node list per "
                                "partition, in priority order (the first node is the preferred active), lists "
@@ -182,7 +191,8 @@ async def _change(args: argparse.Namespace) -> int:
             info = await conn.declare_queue(
                 args.name, partitions=args.partitions, mapper=args.mapper,
                 max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
-                max_length=args.max_length, placement=args.placement)
+                max_length=args.max_length, placement=args.placement, max_length_bytes=args.max_length_bytes,
+                overflow=args.overflow)
             print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
                   f"({info.partitions} partitions, {info.mapper}{', static placement' if args.placement else ''})")
         elif args.action == "delete":

@@ -38,7 +38,7 @@ from client.protocol.codec import (
     encode,
 )
 from client.protocol.frames import AuthResponse, Close, Frame, Hello, PeerHello, PeerWelcome, Welcome
-from client.protocol.versions import MAX_VERSION, MIN_VERSION, choose_version, since
+from client.protocol.versions import MAX_VERSION, MIN_VERSION, choose_version, field_since, since
 
 
 class Role(Enum):
@@ -159,6 +159,12 @@ class ProtocolConnection:
             if direction == _SEND:
                 raise UnsupportedProtocolError(msg)  # (the caller's request, not a bug: refused in words)
             raise FrameError(RemoteProtocolError(msg, code=UnsupportedProtocolError.code), rid=getattr(frame, "rid", 0))
+        if self.version is not None and self.version < MAX_VERSION and direction == _SEND:
+            need, field = field_since(frame.OP, frame)
+            if need > self.version:
+                raise UnsupportedProtocolError(
+                    f"{name}.{field} needs protocol version {need}, and this link speaks {self.version} (the "
+                    f"other end's build is older and would ignore it: see docs/upgrades.md)")
         nxt = TRANSITIONS.get((self.role, self.state, direction, name))
         if nxt is None and name not in _HANDSHAKE:
             nxt = TRANSITIONS.get((self.role, self.state, direction, _ANY))

@@ -90,6 +90,11 @@ class Declare(Frame):
     #: ``static`` distribution: one node list per partition, separated by ";" (nodes by ",",
     #: each ``name``, ``name:sync`` or ``name:async``); "": ``dynamic``, the group's policy
     placement: str = ""
+    #: bytes of ready messages (bodies and headers) past which a publish overflows (0: no bound)
+    max_length_bytes: int = 0
+    #: past max_length or max_length_bytes: "reject-publish" (refused) or "drop-head" (the oldest
+    #: ready messages go, to the dead-letter queue if there is one); protocol version 3
+    overflow: str = "reject-publish"
 
 
 #: a declare's explicit node lists: one sequence of nodes per partition, or their text form

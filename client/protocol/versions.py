@@ -21,6 +21,9 @@ Versions::
         ha.recordtypes); build, feature levels, the group's level and the record types'
         stamps in PeerHello / PeerWelcome, and the builds and type mismatches in StatusOk
         (optional fields, read by 0.2 and later)
+    3   Declare.max_length_bytes and Declare.overflow (a queue's overflow).  Optional fields, but
+        a node of an older build would ignore them and make a queue without its bound: a
+        ``Declare`` that sets either is not sent at version 2 or below (:func:`field_since`)
 """
 
 from __future__ import annotations
@@ -30,18 +33,34 @@ from client.protocol.base import Op
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
-MAX_VERSION = 2
+MAX_VERSION = 3
 
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
     Op.FINALIZE_UPGRADE: 2,
     Op.PEER_TYPES: 2,
 }
+#: optional fields an older build would ignore where it must not: (opcode, field) -> (the version
+#: that added it, its default); a frame with such a field off its default needs that version
+FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
+    (Op.DECLARE, "max_length_bytes"): (3, 0),
+    (Op.DECLARE, "overflow"): (3, "reject-publish"),
+}
 
 
 def since(op: Op) -> int:
     """The protocol version that added ``op``."""
     return ADDED.get(op, 1)
+
+
+def field_since(op: Op, frame: object) -> tuple[int, str]:
+    """The protocol version ``frame`` needs for the fields it sets, and the first such field
+    ("" if none needs more than its opcode)."""
+    need, which = 1, ""
+    for (fop, name), (version, default) in FIELDS_ADDED.items():
+        if fop is op and version > need and getattr(frame, name, default) != default:
+            need, which = version, name
+    return need, which
 
 
 def choose_version(peer_min: int, peer_max: int, ours: tuple[int, int] = (MIN_VERSION, MAX_VERSION),

@@ -4,7 +4,8 @@ Schema (version 3, in ``meta.schema_version``)::
 
     meta(key TEXT PK, value TEXT)
     queues(id INT PK, name TEXT UNIQUE, partitions, mapper, ring_size,
-           max_deliveries, dead_letter_queue, max_length, owner)
+           max_deliveries, dead_letter_queue, max_length, owner,
+           max_length_bytes, overflow)
     partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
     chunks(queue_id, partition, start, count, payload BLOB)         PK (queue_id, partition, start)
     settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
@@ -26,8 +27,10 @@ producer_id: str|nil, seq: uint|nil, ts: float]`` (``storage.base.pack_run``).
 ``acls`` (one row per permission granted) is created on open when missing, and so are
 ``ha_state``'s snapshot mark columns (``snap_weak``, ``snap_recency_*``: the snapshot ends in
 entries a weak override's active wrote, ``storage.base.LogCompact``) and ``queues.owner`` (the
-user who declared the queue, NULL for the node's own queues and those stored without one), so
-a store of version 3 written without them gains them as it is: the version stays.
+user who declared the queue, NULL for the node's own queues and those stored without one) and
+``queues.max_length_bytes`` / ``queues.overflow`` (a queue's overflow, 0 and 'reject-publish'
+for a queue stored without them), so a store of version 3 written without them gains them as
+it is: the version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
 they change with the store's own rows and commit with them.  The replication log itself
@@ -105,6 +108,8 @@ ADDED_COLUMNS = [
     ("ha_state", "snap_recency_term", "INTEGER NOT NULL DEFAULT 0"),
     ("ha_state", "snap_recency_index", "INTEGER NOT NULL DEFAULT 0"),
     ("queues", "owner", "TEXT"),
+    ("queues", "max_length_bytes", "BIGINT NOT NULL DEFAULT 0"),
+    ("queues", "overflow", "TEXT NOT NULL DEFAULT 'reject-publish'"),
 ]
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from broker.messaging.forward import (DeclareFwd, PublishFwd, RelayDeliverFwd, RelaySettleFwd, decode_reply,
                                       decode_request)
 from broker.sessions.relayed import settled_tags
-from broker.messaging.queues import validate_declare
+from broker.messaging.declare import validate_declare
 from broker.peers.codec import (
     CATALOGUE,
     UnknownMessageKind,

@@ -109,6 +109,11 @@ async def test_kill_9_of_an_active_node_loses_nothing_and_it_comes_back(group: G
     rc, _, err = await tandem("queues", "declare", "orders", "--partitions", "4", "--url", g.url())
     assert rc == 0, err
     assert err == ""  # client commands log nothing at INFO by default
+    # a group cluster up makes is at this build's highest feature level: a bounded queue is declared at once
+    rc, out, err = await tandem("queues", "declare", "recent", "--max-length-bytes", "1000", "--overflow",
+                                "drop-head", "--url", g.url())
+    assert rc == 0, err
+    assert "queue recent declared" in out
     actives: dict[int, str] = {}
 
     async def all_active() -> bool:

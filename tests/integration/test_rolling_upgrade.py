@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 import client
+from broker import __version__
 from broker.tools.builds import REPO, from_ref
 from broker.tools.drill import DrillConfig, drill
 from broker.tools.process import NodeProcess
+from ha.upgrade import LEVEL_MAX
 from tests.integration.test_upgrade import PINNED
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -51,16 +53,16 @@ async def test_a_group_upgraded_node_by_node_under_load_loses_nothing(tmp_path: 
         assert (s["lost"], s["duplicated"]) == (0, 0) and s["longest_confirm_wait_ms"] < 4000, s
     for s in [s for s in steps if s["step"].endswith("on this build")]:  # level 1, old and new side by side
         st = s["status"]
-        assert st["feature_level"] == 1 and st["feature_levels"] == [1, 2]
+        assert st["feature_level"] == 1 and st["feature_levels"] == [1, LEVEL_MAX]
         seen = {m["name"]: m for m in st["members"]}
         for name, build in s["builds"].items():
-            assert seen[name]["build"] == ("0.1.x" if build == "old" else "0.2.0"), (s["step"], seen[name])
-            assert seen[name]["levels"] == ([1, 1] if build == "old" else [1, 2])
+            assert seen[name]["build"] == ("0.1.x" if build == "old" else __version__), (s["step"], seen[name])
+            assert seen[name]["levels"] == ([1, 1] if build == "old" else [1, LEVEL_MAX])
         assert st["finalizable"] == (s["step"] == "node1 on this build"), st["finalize_refusal"]
     if not rollback:
         final = steps[-1]["status"]
-        assert final["feature_level"] == 2 and not final["finalizable"]
-        assert "at feature level 2 already" in final["finalize_refusal"]
+        assert final["feature_level"] == LEVEL_MAX and not final["finalizable"]
+        assert f"at feature level {LEVEL_MAX} already" in final["finalize_refusal"]
 
 
 @pytest.mark.asyncio
@@ -74,7 +76,7 @@ async def test_the_older_build_refuses_a_finalized_store_in_one_line(tmp_path: P
         async with await client.connect_link(p.url) as conn:
             await conn.declare_queue("q")
             st = await conn.finalize_upgrade()
-        assert st.feature_level == 2
+        assert st.feature_level == LEVEL_MAX
     finally:
         await p.stop()
     out = subprocess.run([*old.command(), "broker", "start", "--name", "node1", "--data-dir", str(tmp_path / "n1"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import __version__
 from broker.tools.builds import from_ref
 from broker.tools.cluster import LocalCluster
 from client.clock import SYSTEM_CLOCK
@@ -23,6 +24,7 @@ from client.protocol.frames import Error, Frame, PeerChallenge, PeerHello, PeerP
 from client.protocol.versions import MAX_VERSION, MIN_VERSION
 from broker.peers.codec.recordtypes import record_types
 from ha.peerauth import Side, new_nonce, parse_secret, proof
+from ha.upgrade import LEVEL_MAX
 from tests.conftest import PASSWORD
 from tests.helpers import read_frame, wait_until
 
@@ -50,13 +52,13 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         doc = json.loads(st.stdout)
         seen = {m["name"]: m for m in doc["members"]}
         assert seen["node3"]["build"] == "0.1.x" and seen["node3"]["levels"] == [1, 1]
-        assert seen["node2"]["build"] == "0.2.0" and seen["node2"]["levels"] == [1, 2]
+        assert seen["node2"]["build"] == __version__ and seen["node2"]["levels"] == [1, LEVEL_MAX]
         assert doc["feature_level"] == 1 and not doc["finalizable"]
         for name in ("node1", "node2"):  # (asked of each: refused there, wherever the catalogue's active is)
             fin = _tandem("upgrade", "finalize", url=cl.nodes[name].url)
             assert fin.returncode == 2 and fin.stdout == ""
             assert fin.stderr.count("\n") == 1, fin.stderr  # one line
-            assert "cannot finalize feature level 2" in fin.stderr and "node3 (build 0.1.x supports levels 1..1)" \
+            assert f"cannot finalize feature level {LEVEL_MAX}" in fin.stderr and "node3 (build 0.1.x supports levels 1..1)" \
                 in fin.stderr and "node1 (" not in fin.stderr and "node2 (" not in fin.stderr
         # the older node, managed by this build's tool: its status at protocol 1; no finalize there
         st3 = _tandem("upgrade", "status", "--json", url=old_url)
@@ -70,7 +72,7 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         older_tool = subprocess.run([*old.command(), "status", "--url", new_url], env=old.env(), capture_output=True,
                                     text=True, timeout=60)
         assert older_tool.returncode == 0, older_tool.stderr
-        assert "node node1 (version 0.2.0," in older_tool.stdout
+        assert f"node node1 (version {__version__}," in older_tool.stdout
         # nothing changed: the older node still serves, the group is at level 1
         assert json.loads(_tandem("upgrade", "status", "--json", url=new_url).stdout)["feature_level"] == 1
         # node3 on this build: the finalize goes through, on every member
@@ -81,9 +83,10 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         await cl.wait_ready()
         ok = _tandem("upgrade", "finalize", url=new_url)
         assert ok.returncode == 0, ok.stderr
-        assert ok.stdout.startswith("group finalized at feature level 2")
+        assert ok.stdout.startswith(f"group finalized at feature level {LEVEL_MAX}")
         for name in cl.nodes:  # (applied on the node asked when it answers; on the others as they apply the entry)
-            await wait_until(lambda name=name: _level(cl, name, 2), timeout=15, what=f"{name} at feature level 2")
+            await wait_until(lambda name=name: _level(cl, name, LEVEL_MAX), timeout=15,
+                             what=f"{name} at feature level {LEVEL_MAX}")
     finally:
         await cl.stop()
 
@@ -134,21 +137,25 @@ async def test_a_node_refuses_a_group_finalized_past_its_build_and_a_member_too_
     del cl.nodes["node3"]
     try:
         await cl.start()
-        newer = await _claim(cl, "node1", "node3", build="0.3.0", levels=[1, 3], level=3)
+        past = LEVEL_MAX + 1
+        newer = await _claim(cl, "node1", "node3", build="9.0.0", levels=[1, past], level=past)
         why = [f.message for f in newer if isinstance(f, Error)]
-        assert why == ["node3 says this group is finalized at feature level 3, but this node's build 0.2.0 supports "
-                       "levels 1..2: start node1 on a build that supports level 3 (see docs/upgrades.md)"], newer
+        assert why == [f"node3 says this group is finalized at feature level {past}, but this node's build "
+                       f"{__version__} supports levels 1..{LEVEL_MAX}: start node1 on a build that supports level "
+                       f"{past} (see docs/upgrades.md)"], newer
         assert not any(isinstance(f, PeerWelcome) for f in newer)
         log = (tmp_path / "node1.log").read_text()
-        assert log.count("peer node3: link refused: node3 says this group is finalized at feature level 3") == 1
+        assert log.count(f"peer node3: link refused: node3 says this group is finalized at feature level {past}") == 1
         assert {r.name: r.state for r in (await cl.status("node1")).remotes}["node3"] == "UnsupportedProtocol"
         # a build that speaks no protocol version of this one's
-        newest = await _claim(cl, "node1", "node3", build="0.9.0", levels=[3, 9], level=3, protocol=(3, 4))
+        lo, hi = MAX_VERSION + 1, MAX_VERSION + 2
+        newest = await _claim(cl, "node1", "node3", build="9.0.0", levels=[past, 9], level=past, protocol=(lo, hi))
         assert [f.message for f in newest if isinstance(f, Error)] == [
-            "unsupported protocol version: peer node3 speaks 3..4, this node (node1) 1..2; this node (node1) is too "
-            "old: upgrade it to a build that speaks version 3 or later (see docs/upgrades.md)"], newest
+            f"unsupported protocol version: peer node3 speaks {lo}..{hi}, this node (node1) 1..{MAX_VERSION}; this "
+            f"node (node1) is too old: upgrade it to a build that speaks version {lo} or later (see "
+            f"docs/upgrades.md)"], newest
         # a build that supports the group's level is a member again (and one too old for it is not)
-        ok = await _claim(cl, "node1", "node3", build="0.2.0", levels=[1, 2], level=1)
+        ok = await _claim(cl, "node1", "node3", build=__version__, levels=[1, LEVEL_MAX], level=1)
         assert any(isinstance(f, PeerWelcome) for f in ok) and not any(isinstance(f, Error) for f in ok), ok
     finally:
         await cl.stop()
@@ -165,19 +172,20 @@ async def test_a_member_on_a_build_older_than_the_finalized_level_is_refused_its
         await cl.wait_ready()
         assert _tandem("upgrade", "finalize", url=cl.nodes["node1"].url).returncode == 0
         for name in cl.nodes:
-            await wait_until(lambda name=name: _level(cl, name, 2), timeout=15, what=f"{name} at feature level 2")
+            await wait_until(lambda name=name: _level(cl, name, LEVEL_MAX), timeout=15,
+                             what=f"{name} at feature level {LEVEL_MAX}")
         p = cl.nodes["node3"]
         await p.stop()
         shutil.rmtree(p.data_dir)
         p.build = old
         await p.start()
-        why = ("node3 runs build 0.1.x, which supports feature levels 1..1, but this group is finalized at level 2: "
-               "start node3 on a build that supports level 2 (see docs/upgrades.md)")
+        why = (f"node3 runs build 0.1.x, which supports feature levels 1..1, but this group is finalized at level "
+               f"{LEVEL_MAX}: start node3 on a build that supports level {LEVEL_MAX} (see docs/upgrades.md)")
         for name in ("node1", "node2"):  # (each dials node3, whose name sorts after theirs, and refuses it)
             await wait_until(lambda name=name: _said(tmp_path / f"{name}.log", f"peer node3: link refused: {why}"),
                              timeout=15, what=f"{name} refusing node3")
             assert {r.name: r.state for r in (await cl.status(name)).remotes}["node3"] == "UnsupportedProtocol"
-            assert (await cl.status(name)).feature_level == 2
+            assert (await cl.status(name)).feature_level == LEVEL_MAX
     finally:
         await cl.stop()
 
@@ -187,29 +195,29 @@ async def _said(path: Path, text: str) -> bool:
 
 
 async def test_members_that_define_a_record_type_differently_exchange_its_definitions(tmp_path: Path) -> None:
-    """A link as node3 whose hello says the stamps of this build but for record.QueueMeta
+    """A link as node3 whose hello says the stamps of this build but for record.UserRecord
     (version 2, another definition): node1 sends its definition of that type alone once the link
     is open, takes node3's, and its status names the mismatch, the newer side (node3) converting."""
     ours = {t.name: t for t in record_types()}
-    meta = ours["record.QueueMeta"]
-    newer = f"record.QueueMeta v2: {'; '.join(f'{n}:{t}' for n, t in meta.fields)}; ttl:int"
-    stamps = {n: t.stamp for n, t in ours.items()} | {"record.QueueMeta": "2:0badc0de"}
+    meta = ours["record.UserRecord"]
+    newer = f"record.UserRecord v2: {'; '.join(f'{n}:{t}' for n, t in meta.fields)}; locked:bool"
+    stamps = {n: t.stamp for n, t in ours.items()} | {"record.UserRecord": "2:0badc0de"}
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD)
     del cl.nodes["node3"]
     try:
         await cl.start()
-        got = await _claim(cl, "node1", "node3", build="0.3.0", levels=[1, 2], level=1, types=stamps,
-                           then=[PeerTypes(definitions={"record.QueueMeta": newer})])
+        got = await _claim(cl, "node1", "node3", build="9.0.0", levels=[1, LEVEL_MAX], level=1, types=stamps,
+                           then=[PeerTypes(definitions={"record.UserRecord": newer})])
         sent = [f for f in got if isinstance(f, PeerTypes)]
-        assert [f.definitions for f in sent] == [{"record.QueueMeta": meta.definition}], got
+        assert [f.definitions for f in sent] == [{"record.UserRecord": meta.definition}], got
         await wait_until(lambda: _mismatched(cl), timeout=15, what="node1 naming the mismatch")
         st = await cl.status("node1")
         (m,) = st.type_mismatches
-        assert (m.member, m.name, m.ours, m.theirs, m.converts) == ("node3", "record.QueueMeta", 1, 2, "there")
+        assert (m.member, m.name, m.ours, m.theirs, m.converts) == ("node3", "record.UserRecord", 1, 2, "there")
         out = _tandem("upgrade", "status", url=cl.nodes["node1"].url)
-        assert "node3        record.QueueMeta             here v1, there v2: converts there" in out.stdout, out.stdout
+        assert "node3        record.UserRecord            here v1, there v2: converts there" in out.stdout, out.stdout
         # two members of this build: nothing differs, nothing is sent
-        plain = await _claim(cl, "node1", "node3", build="0.2.0", levels=[1, 2], level=1,
+        plain = await _claim(cl, "node1", "node3", build=__version__, levels=[1, LEVEL_MAX], level=1,
                              types={n: t.stamp for n, t in ours.items()}, then=[])
         assert not any(isinstance(f, PeerTypes) for f in plain), plain
         await wait_until(lambda: _no_mismatch(cl), timeout=15, what="the mismatch forgotten on a link alike")

@@ -52,6 +52,7 @@ from client.protocol.frames import (
     AuthChallenge,
     AuthResponse,
     Close,
+    Declare,
     Error,
     Heartbeat,
     Hello,
@@ -1076,6 +1077,16 @@ def test_choose_version_default_range() -> None:
         choose_version(MAX_VERSION + 1, MAX_VERSION + 3)
     with pytest.raises(UnsupportedProtocolError, match="unsupported protocol version"):
         choose_version(0, MIN_VERSION - 1)
+
+
+def test_a_link_at_version_2_does_not_send_an_overflow() -> None:
+    """A node of an older build would ignore the fields and make a queue without its bound."""
+    proto = ProtocolConnection(Role.CLIENT)
+    proto.version = 2
+    with pytest.raises(UnsupportedProtocolError, match="Declare.overflow needs protocol version 3"):
+        proto._advance("send", Declare(rid=1, queue="q", overflow="drop-head"))
+    with pytest.raises(UnsupportedProtocolError, match="Declare.max_length_bytes needs protocol version 3"):
+        proto._advance("send", Declare(rid=1, queue="q", max_length_bytes=5))
 
 
 # ==========================================================================================

@@ -23,6 +23,7 @@ from broker.node.node import Node
 from broker.messaging.publish import PublishRequest
 from broker.partitions.quarantine import QUEUE as QUARANTINE
 from client.errors import AccessRefusedError
+from ha.upgrade import LEVEL_MAX
 from client.protocol.frames import PublishMessage
 from storage.base import Append, StoredMessage
 from tests.conftest import PASSWORD, url_of
@@ -144,9 +145,14 @@ async def test_queue_operations_and_bad_input(http: tuple[aiohttp.ClientSession,
     assert (await call(s, "POST", q, json={"name": "jobs", "partitions": 5}))[0] == 409
     for body, field in (({}, "name"), ({"name": "x", "partitions": "two"}, "partitions"),
                         ({"name": "x", "partitions": 0}, "partitions"), ({"name": "x", "colour": 1}, "colour"),
-                        ({"name": "x", "mapper": "random"}, "mapper")):
+                        ({"name": "x", "mapper": "random"}, "mapper"), ({"name": "x", "overflow": "drop"}, "overflow"),
+                        ({"name": "x", "max_length_bytes": -1}, "max_length_bytes")):
         status, err = await call(s, "POST", q, json=body)
         assert status == 400 and field in err["message"], (body, err)
+    bounded = {"name": "recent", "max_length": 100, "max_length_bytes": 4096, "overflow": "drop-head"}
+    assert (await call(s, "POST", q, json=bounded))[0] == 201
+    status, got = await call(s, "GET", f"{q}/recent")
+    assert status == 200 and (got["max_length"], got["max_length_bytes"], got["overflow"]) == (100, 4096, "drop-head")
     status, err = await call(s, "POST", q, data=b"{not json", headers={"Content-Type": "application/json"})
     assert status == 400 and "JSON" in err["message"]
     status, out = await call(s, "POST", f"{q}/jobs/purge")
@@ -175,26 +181,26 @@ async def test_operator_settings(http: tuple[aiohttp.ClientSession, str], node: 
 async def test_the_upgrade_status_and_a_finalize(http: tuple[aiohttp.ClientSession, str], node: Node) -> None:
     s, base = http
     status, up = await call(s, "GET", f"{base}/api/v1/upgrade")
-    assert status == 200 and (up["feature_level"], up["feature_levels"], up["finalizable"]) == (1, [1, 2], True)
+    assert status == 200 and (up["feature_level"], up["feature_levels"], up["finalizable"]) == (1, [1, LEVEL_MAX], True)
     assert [m["name"] for m in up["members"]] == ["node1"] and up["type_mismatches"] == []
     assert (await call(s, "GET", f"{base}/api/v1/overview"))[1]["upgrade"] == up
     for body in ({"level": "two"}, {"level": -1}, {"level": True}):
         status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json=body)
         assert status == 400 and "level" in err["message"], (body, err)
     status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={"level": 9})
-    assert status == 400 and err["message"] == "no feature level 9: this build knows levels 1..2"
+    assert status == 400 and err["message"] == f"no feature level 9: this build knows levels 1..{LEVEL_MAX}"
     status, out = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={})
-    assert status == 200 and out == {"feature_level": 2}
+    assert status == 200 and out == {"feature_level": LEVEL_MAX}
     status, up = await call(s, "GET", f"{base}/api/v1/upgrade")
-    assert up["feature_level"] == 2 and not up["finalizable"]
+    assert up["feature_level"] == LEVEL_MAX and not up["finalizable"]
     status, err = await call(s, "POST", f"{base}/api/v1/upgrade/finalize", json={})
-    assert status == 400 and err["message"] == "the group is at feature level 2 already"
+    assert status == 400 and err["message"] == f"the group is at feature level {LEVEL_MAX} already"
     db = sqlite3.connect(node.store.data_path / node.config.db_path.name)  # (a single node's finalize: its store)
     try:
         meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('feature_level', 'schema_version')"))
     finally:
         db.close()
-    assert meta == {"feature_level": "2", "schema_version": "4"}
+    assert meta == {"feature_level": str(LEVEL_MAX), "schema_version": "4"}
 
 
 @pytest.mark.asyncio

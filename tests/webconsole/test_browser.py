@@ -16,6 +16,7 @@ import pytest_asyncio
 
 import client
 from broker import __version__
+from ha.upgrade import LEVEL_MAX
 from broker.tools.cluster import LocalCluster
 from tests.conftest import PASSWORD, running_group
 from tests.helpers import wait_until
@@ -90,7 +91,7 @@ async def test_console_in_a_browser(consoles: LocalCluster) -> None:
             await expect(page.locator("#level")).to_have_text("feature level 1")
             await expect(page.locator('[data-node="node2"] .build')).to_have_text(f"build {__version__}")
             await expect(page.locator("#upgrade-note")).to_be_hidden()
-            await expect(page.locator("#finalize-state")).to_have_text("every member supports level 2")
+            await expect(page.locator("#finalize-state")).to_have_text(f"every member supports level {LEVEL_MAX}")
 
             # kill a node the console is not served by: it turns Down, its partitions move
             held = set((await cl.actives("orders")).values())

@@ -128,6 +128,12 @@ async function selectQueue(name) {
   drawChart();
   try {
     const q = await api("GET", `/api/v1/queues/${encodeURIComponent(name)}`);
+    const bounds = [q.max_length ? `max_length ${q.max_length}` : "",
+                    q.max_length_bytes ? `max_length_bytes ${q.max_length_bytes}` : ""].filter(Boolean);
+    document.getElementById("queue-settings").textContent =
+      `mapper ${q.mapper}; ${bounds.length ? `${bounds.join(", ")}, overflow ${q.overflow}` : "no bound"}` +
+      (q.dead_letter_queue ? `; dead letters to ${q.dead_letter_queue}` : "") +
+      (q.max_deliveries ? `; at most ${q.max_deliveries} deliveries` : "");
     document.querySelector("#queue-partitions tbody").replaceChildren(...q.partition_stats.map((p) => el("tr", {},
       el("td", {}, p.partition), el("td", {}, p.active ?? "-"), el("td", {}, p.ready ?? "?"),
       el("td", {}, p.unacked ?? "?"), el("td", {}, p.next_offset ?? "?"))));
@@ -281,9 +287,16 @@ function wire() {
     const name = document.getElementById("new-queue-name").value.trim();
     const partitions = parseInt(document.getElementById("new-queue-partitions").value, 10);
     const placement = document.getElementById("new-queue-placement").value.trim();
-    if (!confirm(`Create queue ${name} with ${partitions} partition(s)` +
-                 (placement ? ` placed on ${placement}?` : "?"))) return;
-    try { const r = await api("POST", "/api/v1/queues", placement ? {name, partitions, placement} : {name, partitions});
+    const body = {name, partitions};
+    if (placement) body.placement = placement;
+    const maxLength = parseInt(document.getElementById("new-queue-max-length").value, 10);
+    const maxBytes = parseInt(document.getElementById("new-queue-max-bytes").value, 10);
+    if (maxLength > 0) body.max_length = maxLength;
+    if (maxBytes > 0) body.max_length_bytes = maxBytes;
+    if (body.max_length || body.max_length_bytes) body.overflow = document.getElementById("new-queue-overflow").value;
+    if (!confirm(`Create queue ${name} with ${partitions} partition(s)` + (placement ? ` placed on ${placement}` : "") +
+                 (body.overflow ? ` bounded (${body.overflow})?` : "?"))) return;
+    try { const r = await api("POST", "/api/v1/queues", body);
           say(r.created ? `created ${name}` : `${name} exists already with these settings`); }
     catch (e) { say(e.message, true); }
   };

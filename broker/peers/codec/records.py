@@ -5,11 +5,13 @@ placements, the group's members, queue updates, and messages.
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int,
-                owner nil|str]
+                owner nil|str, max_length_bytes int, overflow str]
                owner: the user who declared the queue (dead-lettering needs its
-               ``produce`` on dead_letter_queue, broker.security.acl); left out when there is
-               none (the node's own queues): 8 items, as a build without owners sends
-               them, and reads as none
+               ``produce`` on dead_letter_queue, broker.security.acl); max_length_bytes and
+               overflow ("reject-publish" | "drop-head"): the queue's overflow.  The last
+               items are left out while they and all after them are at their defaults (none,
+               0, "reject-publish"): 8 items for a queue with none of them, as a build without
+               them sends it, and those left out read as their defaults
     UserFields: map str -> value, one key per field of storage.base.UserRecord
                 (name str, salt bin, hash bin, role str, params str, ...)
     Message:   [offset int, key nil|str, headers bin, body bin, producer_id nil|str,
@@ -52,18 +54,30 @@ from storage.base import (
 )
 
 
+#: what may follow a QueueMeta's first 8 items, each left out at its default when all after it are
+_META_TAIL = (("owner", None), ("max_length_bytes", 0), ("overflow", "reject-publish"))
+OVERFLOWS = ("reject-publish", "drop-head")
+
+
 def _meta_out(q: QueueMeta) -> list[Any]:
     out = [q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries, q.dead_letter_queue, q.max_length]
-    return out if q.owner is None else [*out, q.owner]
+    tail = [getattr(q, name) for name, _default in _META_TAIL]
+    while tail and tail[-1] == _META_TAIL[len(tail) - 1][1]:
+        tail.pop()
+    return out + tail
 
 
 def _meta_in(a: Any) -> QueueMeta:
     a = _array(a, 8, "QueueMeta")
+    overflow = _str(a[10], "overflow") if len(a) > 10 else "reject-publish"
+    if overflow not in OVERFLOWS:
+        raise MalformedReplicationError(f"QueueMeta: overflow {overflow!r} is not one of {', '.join(OVERFLOWS)}")
     return QueueMeta(id=_uint(a[0], "queue id"), name=_str(a[1], "queue name"),
                      partitions=_uint(a[2], "partitions"), mapper=_str(a[3], "mapper"),
                      ring_size=_uint(a[4], "ring_size"), max_deliveries=_uint(a[5], "max_deliveries"),
                      dead_letter_queue=_opt_str(a[6], "dead_letter_queue"), max_length=_uint(a[7], "max_length"),
-                     owner=_opt_str(a[8], "owner") if len(a) > 8 else None)
+                     owner=_opt_str(a[8], "owner") if len(a) > 8 else None,
+                     max_length_bytes=_uint(a[9], "max_length_bytes") if len(a) > 9 else 0, overflow=overflow)
 
 
 def _message_in(m: Any, n: int = 7) -> StoredMessage:

@@ -5,7 +5,7 @@ snapshots, and the store's tables, with their versions.
 A definition is read off the code that writes the record: the op and record dataclasses of
 :mod:`storage.base` (their fields and annotations, in order), the snapshot layouts of
 :mod:`broker.peers.codec.snapshots`, and the SQLite store's tables as its DDL makes them.  Every
-type is at version 1, the first release's layout.  A change to a definition changes its CRC:
+type is at version 1, the first release's layout, unless :data:`VERSIONS` says otherwise.  A change to a definition changes its CRC:
 give the type a new version in :data:`VERSIONS` and a converter (ha.recordtypes.Converter) in
 :data:`CONVERTERS`; tests/unit/test_record_types.py pins every stamp.
 """
@@ -16,7 +16,7 @@ import dataclasses
 import sqlite3
 from functools import cache
 
-from ha.recordtypes import Converter, RecordType, TypeTable
+from ha.recordtypes import Converter, Fields, RecordType, TypeTable
 from storage.base import (
     AclRecord, Append, DropProducers, DropQueue, DropUser, GrantAcl, MarkDelivered, PutProducer, PutQueue, PutUser,
     QueueMeta, RevokeAcl, SeedAdmin, SetDeliveryCount, SetDrained, SetFeatureLevel, SetGroup, SetPlacement,
@@ -43,10 +43,28 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
     "partition": (("next_offset", "int"), ("delivered_upto", "int"), ("producers", "map str int"),
                   ("messages", "array Message"), ("parts", "int")),
 }
-#: types at a version past the first release's (none yet)
-VERSIONS: dict[str, int] = {}
-#: the converters between a type's versions (none yet)
-CONVERTERS: tuple[Converter, ...] = ()
+#: types at a version past the first release's: version 2 of a queue's record and row adds its
+#: overflow (``max_length_bytes``, ``overflow``; feature level 3)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2}
+
+
+def _overflow_up(fields: Fields) -> Fields:
+    """A version-1 queue (record or row) as version 2 reads it: no byte bound, publishes past
+    ``max_length`` refused."""
+    return [*fields, 0, "reject-publish"]
+
+
+def _overflow_down(fields: Fields) -> Fields:
+    """A version-2 queue as version 1 has it: without its overflow (written only at feature
+    level 3, which a version-1 build cannot join)."""
+    return list(fields[:-2])
+
+
+#: the converters between a type's versions
+CONVERTERS: tuple[Converter, ...] = (
+    Converter("record.QueueMeta", 1, _overflow_up, _overflow_down),
+    Converter("store.queues", 1, _overflow_up, _overflow_down),
+)
 
 
 def _fields(cls: type) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,56 @@
+"""What a declare may ask for: the checks every member runs on a ``Declare`` before it acts on it
+(the client's session, a forwarded declare, the console's form).  The stores keep the numbers as
+signed 64-bit integers."""
+
+from __future__ import annotations
+
+import re
+
+from broker.messaging.mapper import MAPPERS, make_mapper, mapper_names
+from client.errors import InvalidArgumentError
+from client.protocol.frames import Declare
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+MAX_PARTITIONS = 1024
+MAX_RING_SIZE = 1 << 20
+#: characters of a declare's explicit node lists (``static`` distribution)
+MAX_PLACEMENT = 256 * 1024
+#: what a publish past a queue's max_length or max_length_bytes does (broker.messaging.limits)
+OVERFLOWS = ("reject-publish", "drop-head")
+
+
+MAX_INT64 = 2**63 - 1
+
+
+def validate_declare(frame: Declare) -> None:
+    """Raise InvalidArgumentError naming the first bad field of a declare."""
+    if not QUEUE_NAME.match(frame.queue):
+        raise InvalidArgumentError(
+            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : -"
+        )
+    if not 1 <= frame.partitions <= MAX_PARTITIONS:
+        raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")
+    if frame.mapper and frame.mapper not in mapper_names():
+        raise InvalidArgumentError(f"mapper {frame.mapper!r}: choose {', '.join(mapper_names())} (a custom mapper "
+                                   f"is an installed package's 'tandem.mappers' entry point)")
+    if not frame.partitions <= frame.ring_size <= MAX_RING_SIZE:
+        raise InvalidArgumentError(f"ring_size {frame.ring_size}: must be partitions..{MAX_RING_SIZE}")
+    if frame.mapper and frame.mapper not in MAPPERS:
+        make_mapper(frame.mapper, frame.partitions, frame.ring_size)  # a custom one must load: its error if not
+    # (the stores keep them as signed 64-bit integers)
+    if not 0 <= frame.max_deliveries <= MAX_INT64:
+        raise InvalidArgumentError(f"max_deliveries: must be 0..{MAX_INT64} (0 = unlimited)")
+    if not 0 <= frame.max_length <= MAX_INT64:
+        raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
+    if not 0 <= frame.max_length_bytes <= MAX_INT64:
+        raise InvalidArgumentError(f"max_length_bytes: must be 0..{MAX_INT64} (0 = unlimited)")
+    if frame.overflow not in OVERFLOWS:
+        raise InvalidArgumentError(f"overflow {frame.overflow!r}: one of {', '.join(OVERFLOWS)}")
+    if len(frame.placement) > MAX_PLACEMENT:
+        raise InvalidArgumentError(f"placement: at most {MAX_PLACEMENT} characters")
+    dlq = frame.dead_letter_queue
+    if dlq is not None:
+        if not QUEUE_NAME.match(dlq):
+            raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
+        if dlq == frame.queue:
+            raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
