@@ -125,7 +125,7 @@ class FeatureLevels:
             why = finalize_refusal(target, self.level, members, builds, linked)
             if why is not None:
                 raise InvalidArgumentError(why)
-            if not members:  # a single node: its store only
+            if not self.catalogue.commit.catalogue_log:  # a node without a group: its store only
                 return self.stored(target)
             return SetFeatureLevel(target)
 
