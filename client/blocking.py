@@ -31,7 +31,7 @@ Messages delivered on the old link come again, marked redelivered; settling one
 of the old ones raises StaleDeliveryError.  It talks to one node at a time: in a
 group, that node relays the partitions active on the other members, so its
 consumers and gets reach the whole queue (a settlement of a relayed message whose
-peer link failed meanwhile raises UnknownDeliveryTagError; the message comes again).
+peer link failed meanwhile raises StaleDeliveryError too: the message comes again).
 Heartbeats are off (``heartbeat=0`` in the handshake): a blocking client may sit idle
 between calls; the broker relies on TCP keepalive.  The handshake gives a node that does
 not answer up after the URL's ``connect_timeout`` (default 10 s); later reads wait as long as
@@ -59,6 +59,7 @@ from client.errors import (
     StaleDeliveryError,
     TandemError,
     TimeoutError_,
+    UnknownDeliveryTagError,
     for_code,
 )
 from client import tls
@@ -217,7 +218,12 @@ class BlockingMessage(DeliveredMessage):
             raise StaleDeliveryError(f"message {self.id} came on a link that has since failed; "
                                      "it will be delivered again")
         self._mark_settled()
-        self._conn._call(frame_of, retry=False)
+        try:
+            self._conn._call(frame_of, retry=False)
+        except UnknownDeliveryTagError as exc:
+            # the node no longer holds it (relayed from a member whose link failed, or its partition
+            # moved): it will be delivered again, as a message of a failed link is
+            raise StaleDeliveryError(f"message {self.id}: {exc.message}; it will be delivered again") from None
 
     def ack(self) -> None:
         self._settle(lambda rid: Ack(rid=rid, tags=[self._d.tag]))
@@ -448,11 +454,12 @@ class BlockingConnection:
     def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                       ring_size: int = 1024, max_deliveries: int = 0, dead_letter_queue: str | None = None,
                       max_length: int = 0, placement: Placement = None, max_length_bytes: int = 0,
-                      overflow: str = "reject-publish") -> QueueInfo:
+                      overflow: str = "reject-publish", message_ttl: int = 0, expires: int = 0) -> QueueInfo:
         reply = self._call(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
-            placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow))
+            placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow,
+            message_ttl=message_ttl, expires=expires))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

@@ -17,6 +17,7 @@ from client.clock import SYSTEM_CLOCK
 from client.errors import MessageTooLargeError
 from client.producer import Body, _as_bytes
 from client.protocol.frames import Frame, Publish, PublishMessage, PublishOk, expect
+from client.timing import timed_headers
 
 
 class ProducerLink(Protocol):
@@ -56,10 +57,13 @@ class BlockingProducer:
         self._seq += 1
         return PublishMessage(key, dict(headers) if headers else {}, data, seq)
 
-    def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
+    def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+             delay: float | None = None, deliver_at: float | None = None, ttl: float | None = None) -> int:
         """Publish one message; returns its sequence number once confirmed, or -1 when no node
         is reachable and the connection has a ``buffer_path``: then it waits in the buffer,
-        which drains (in order, before this producer's later sends) once a node answers."""
+        which drains (in order, before this producer's later sends) once a node answers.
+        ``delay``, ``deliver_at`` and ``ttl`` time it (:mod:`client.timing`)."""
+        headers = timed_headers(headers, delay=delay, deliver_at=deliver_at, ttl=ttl)
         if self.buffer is not None:
             if not self.conn.reachable():
                 data = _as_bytes(body)

@@ -420,7 +420,8 @@ class Connection(Management):
                             ring_size: int = 1024, max_deliveries: int = 0,
                             dead_letter_queue: str | None = None, max_length: int = 0,
                             placement: Placement = None, max_length_bytes: int = 0,
-                            overflow: str = "reject-publish") -> QueueInfo:
+                            overflow: str = "reject-publish", message_ttl: int = 0,
+                            expires: int = 0) -> QueueInfo:
         """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError).
         ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has.
         ``placement``: ``static`` distribution, in a replication group: one node list per
@@ -430,11 +431,15 @@ class Connection(Management):
         None: the group's ``dynamic`` policy places them.  ``max_length`` (messages held) and
         ``max_length_bytes`` (bytes of ready messages) bound the queue; ``overflow`` says what a
         publish past them does: ``reject-publish`` (QueueFullError) or ``drop-head`` (the oldest
-        ready messages go, to ``dead_letter_queue`` if there is one; docs/architecture.md)."""
+        ready messages go, to ``dead_letter_queue`` if there is one; docs/architecture.md).
+        ``message_ttl``: milliseconds a message may wait before it expires (0: for ever);
+        ``expires``: milliseconds the queue may go unused (no consumer, get or declare on any
+        member) before it is deleted (0: never)."""
         reply = await self.request(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
-            placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow))
+            placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow,
+            message_ttl=message_ttl, expires=expires))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

@@ -23,6 +23,7 @@ from types import TracebackType
 from client.errors import InvalidArgumentError, MessageTooLargeError, TandemError
 from client.link import Link
 from client.protocol.frames import Frame, Publish, PublishMessage, PublishOk, expect
+from client.timing import timed_headers
 
 Body = bytes | bytearray | memoryview | str
 FRAME_OVERHEAD = 64  # per-message msgpack overhead estimate, bytes
@@ -78,10 +79,11 @@ class Producer:
             asyncio.get_running_loop().call_soon(self._flush)
         return fut
 
-    async def send(self, body: Body, *, key: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> int:
-        """Publish one message; returns its sequence number once it is confirmed."""
-        return await self._enqueue(body, key, headers)
+    async def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                   delay: float | None = None, deliver_at: float | None = None, ttl: float | None = None) -> int:
+        """Publish one message; returns its sequence number once it is confirmed.  ``delay``,
+        ``deliver_at`` and ``ttl`` time it (:mod:`client.timing`)."""
+        return await self._enqueue(body, key, timed_headers(headers, delay=delay, deliver_at=deliver_at, ttl=ttl))
 
     async def send_many(self, messages: Iterable[Body | tuple[Body, str | None] |
                                                  tuple[Body, str | None, Mapping[str, str] | None]]) -> list[int]:

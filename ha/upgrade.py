@@ -24,7 +24,8 @@ LEVELS: Mapping[int, str] = {
     2: "the group's feature level is an entry of its catalogue log, and each store is stamped schema version 4 "
        "(a 0.1.x build refuses it by its schema version)",
     3: "a queue may bound the bytes it holds and drop its oldest messages when full (max_length_bytes, "
-       "overflow drop-head: version 2 of a queue's record and row)",
+       "overflow drop-head), give its messages a time to live (message_ttl: version 2 of a queue's record and "
+       "row), and messages may be delayed or expire (x-delay, x-deliver-at, expiration)",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

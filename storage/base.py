@@ -59,6 +59,10 @@ class QueueMeta:
     #: what a publish past ``max_length`` or ``max_length_bytes`` does: "reject-publish" (refused,
     #: QUEUE_FULL) or "drop-head" (the oldest ready messages go: dead-lettered, or dropped)
     overflow: str = "reject-publish"
+    #: milliseconds a message may wait in the queue before it expires (0: for ever)
+    message_ttl: int = 0
+    #: milliseconds the queue may go unused (no consumer, get or declare) before it is deleted (0: never)
+    expires: int = 0
 
 
 class MessageRecord(Protocol):

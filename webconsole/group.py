@@ -169,14 +169,15 @@ class Group:
         counters, complete = counted if counted is not None else await self.counters()
         parts = await asyncio.gather(*(self.partition_stats(q, i) for i in range(q.meta.partitions)))
         known = [p for p in parts if p["ready"] is not None]
-        published, delivered, acked = counters.get(info.name, [0, 0, 0])
+        published, delivered, acked, expired, delayed = (counters.get(info.name, []) + [0] * 5)[:5]
         out: dict[str, Any] = {
             "name": info.name, "partitions": info.partitions, "mapper": info.mapper,
             "max_deliveries": info.max_deliveries, "dead_letter_queue": info.dead_letter_queue,
             "max_length": info.max_length, "max_length_bytes": q.meta.max_length_bytes, "overflow": q.meta.overflow,
+            "message_ttl": q.meta.message_ttl, "expires": q.meta.expires,
             "ready": sum(p["ready"] for p in known), "unacked": sum(p["unacked"] for p in known),
             "depth": sum(p["depth"] for p in known), "complete": len(known) == len(parts),
-            "published": published, "delivered": delivered, "acked": acked,
+            "published": published, "delivered": delivered, "acked": acked, "expired": expired, "delayed": delayed,
         }
         for counter in ("published", "delivered", "acked"):
             out[f"{counter}_rate"] = self._rate(info.name, counter, out[counter], update=complete)

@@ -19,7 +19,7 @@ from aiohttp import web
 from broker.config import NodeConfig
 from broker.messaging.catalogue import Catalogue
 from broker.messaging.forward import ForwardRequest
-from broker.messaging.queues import MemoryBudget
+from broker.messaging.message import MemoryBudget
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves

@@ -189,6 +189,12 @@ def document() -> dict[str, Any]:
                                       "description": "reject-publish (refused, the default) or drop-head (the "
                                       "oldest ready messages go to the dead-letter queue, or are dropped); in a "
                                       "group, needs feature level 3 (400 otherwise)"},
+                         "message_ttl": {"type": "integer", "description": "milliseconds a message may wait "
+                                         "before it expires (dead-lettered or dropped, never delivered); 0: for "
+                                         "ever; in a group, needs feature level 3"},
+                         "expires": {"type": "integer", "description": "milliseconds the queue may go unused "
+                                     "(no consumer, get or declare on any member) before it is deleted with its "
+                                     "messages; 0: never; in a group, needs feature level 3"},
                          "placement": {"description": "static distribution, in a replication group: one node list "
                                        "per partition in priority order, each node NAME, NAME:sync or NAME:async "
                                        "(absent: the group's dynamic policy places the partitions)",

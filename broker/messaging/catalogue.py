@@ -17,11 +17,14 @@ from typing import Protocol
 from broker.messaging.commit import CATALOGUE
 from broker.messaging.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
     decode_reply, refused_as_longer
-from broker.messaging import queues
+from broker.messaging import holders
 from broker.messaging.mapper import DEFAULT_MAPPER
 from broker.messaging.mapper import parse_static
 from broker.messaging.declare import validate_declare
-from broker.messaging.queues import Holder, MemoryBudget, Queue
+from broker.messaging.holders import Holder
+from broker.messaging.message import MemoryBudget
+from broker.messaging.queues import Queue
+from client.clock import Clock
 from client.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError, TandemError, UnavailableError
 from client.protocol.codec import encode
 from client.protocol.frames import Declare, QueueInfo
@@ -33,6 +36,9 @@ log = logging.getLogger("tandem.broker")
 class CatalogueHost(Forwarding, Protocol):
     @property
     def holders(self) -> Collection[Holder]: ...
+
+    @property
+    def clock(self) -> Clock: ...
 
     async def applied(self, what: str, done: Callable[[], bool]) -> None:
         """Until ``done()``: a committed catalogue change is applied here."""
@@ -72,15 +78,17 @@ def settings(meta: QueueMeta) -> dict[str, object]:
         "partitions": meta.partitions, "mapper": meta.mapper, "ring_size": meta.ring_size,
         "max_deliveries": meta.max_deliveries, "dead_letter_queue": meta.dead_letter_queue,
         "max_length": meta.max_length, "max_length_bytes": meta.max_length_bytes, "overflow": meta.overflow,
+        "message_ttl": meta.message_ttl, "expires": meta.expires,
     }
 
 
-#: the feature level a queue's overflow (max_length_bytes, drop-head) needs (ha.upgrade.LEVELS)
+#: the feature level a queue's overflow (max_length_bytes, drop-head) and message_ttl need (ha.upgrade.LEVELS)
 OVERFLOW_LEVEL = 3
 
 
-def needs_overflow_level(meta: QueueMeta) -> bool:
-    return meta.max_length_bytes != 0 or meta.overflow != "reject-publish"
+def needs_overflow_level(meta: QueueMeta | Declare) -> bool:
+    return meta.max_length_bytes != 0 or meta.overflow != "reject-publish" or meta.message_ttl != 0 \
+        or meta.expires != 0
 
 
 class Catalogue:
@@ -120,8 +128,14 @@ class Catalogue:
         return None
 
     def add(self, meta: QueueMeta) -> Queue:
-        q = self.queues[meta.name] = Queue(meta, self.budget)
+        q = self.queues[meta.name] = self._new(meta)
         self.next_id = max(self.next_id, meta.id + 1)
+        return q
+
+    def _new(self, meta: QueueMeta) -> Queue:
+        q = Queue(meta, self.budget)
+        q.now, q.monotonic = self.node.clock.time, self.node.clock.monotonic  # (timed by the node's clock)
+        q.touch()
         return q
 
     # -- committed changes (every member applies them) ------------------------------------------
@@ -139,7 +153,7 @@ class Catalogue:
                 log.warning("queue %s now has %d partitions, mapper %s (catalogue)", meta.name, meta.partitions,
                             meta.mapper)
             return True
-        self.queues[meta.name] = Queue(meta, self.budget)
+        self.queues[meta.name] = self._new(meta)
         log.info("queue declared name=%s id=%d partitions=%d (catalogue)", meta.name, meta.id, meta.partitions)
         return True
 
@@ -169,7 +183,8 @@ class Catalogue:
             id=self.next_id, name=frame.queue, partitions=frame.partitions, mapper=mapper,
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
             dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
-            max_length_bytes=frame.max_length_bytes, overflow=frame.overflow,
+            max_length_bytes=frame.max_length_bytes, overflow=frame.overflow, message_ttl=frame.message_ttl,
+            expires=frame.expires,
         )
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
@@ -203,6 +218,7 @@ class Catalogue:
         else:
             meta, existing = self._declared(frame, owner)
             if existing is not None:
+                existing.touch()  # (declared again: in use)
                 return existing.info(), False
             dlq = meta.dead_letter_queue
             if dlq and dlq not in self.queues:
@@ -242,15 +258,18 @@ class Catalogue:
 
     def _check_level(self, frame: Declare) -> None:
         """A queue's overflow needs the group at feature level 3 (InvalidArgumentError saying what to do)."""
-        if frame.max_length_bytes == 0 and frame.overflow == "reject-publish":
-            return
+        if needs_overflow_level(frame):
+            self.require_level(OVERFLOW_LEVEL, "max_length_bytes, overflow, message_ttl and expires need")
+
+    def require_level(self, level: int, what: str) -> None:
+        """In a group, InvalidArgumentError unless it is at feature ``level`` (``what``: "<what> need")."""
         if self.placing is None or not self.node.commit.catalogue_log:
-            return  # (a single node raises its own level as it declares)
-        level = self.placing.feature_level()
-        if level < OVERFLOW_LEVEL:
+            return  # (a single node: see declare)
+        have = self.placing.feature_level()
+        if have < level:
             raise InvalidArgumentError(
-                f"max_length_bytes and overflow need the group at feature level {OVERFLOW_LEVEL} (it is at {level}): "
-                f"run `tandem upgrade finalize` once every member runs a build that supports it (docs/upgrades.md)")
+                f"{what} the group at feature level {level} (it is at {have}): run `tandem upgrade finalize` "
+                f"once every member runs a build that supports it (docs/upgrades.md)")
 
     async def _forward(self, who: str, req: DeclareFwd, queue: str) -> bytes:
         try:
@@ -363,7 +382,7 @@ class Catalogue:
 
     def partition_depth(self, q: Queue, pidx: int) -> int:
         """Ready and delivered-but-unsettled messages of one partition served here."""
-        return queues.partition_depth(self.node.holders, q, pidx)
+        return holders.partition_depth(self.node.holders, q, pidx)
 
     async def purge_partition(self, q: Queue, pidx: int) -> int:
         part = q.partitions[pidx]

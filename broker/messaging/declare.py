@@ -15,6 +15,8 @@ MAX_PARTITIONS = 1024
 MAX_RING_SIZE = 1 << 20
 #: characters of a declare's explicit node lists (``static`` distribution)
 MAX_PLACEMENT = 256 * 1024
+#: the longest time to live or delay, in milliseconds (2**32 - 1: 49.7 days, as RabbitMQ's)
+MAX_DELAY_MS = 2**32 - 1
 #: what a publish past a queue's max_length or max_length_bytes does (broker.messaging.limits)
 OVERFLOWS = ("reject-publish", "drop-head")
 
@@ -44,6 +46,10 @@ def validate_declare(frame: Declare) -> None:
         raise InvalidArgumentError(f"max_length: must be 0..{MAX_INT64} (0 = unlimited)")
     if not 0 <= frame.max_length_bytes <= MAX_INT64:
         raise InvalidArgumentError(f"max_length_bytes: must be 0..{MAX_INT64} (0 = unlimited)")
+    if not 0 <= frame.message_ttl <= MAX_DELAY_MS:
+        raise InvalidArgumentError(f"message_ttl: must be 0..{MAX_DELAY_MS} milliseconds (0 = for ever)")
+    if not 0 <= frame.expires <= MAX_DELAY_MS:
+        raise InvalidArgumentError(f"expires: must be 0..{MAX_DELAY_MS} milliseconds (0 = never)")
     if frame.overflow not in OVERFLOWS:
         raise InvalidArgumentError(f"overflow {frame.overflow!r}: one of {', '.join(OVERFLOWS)}")
     if len(frame.placement) > MAX_PLACEMENT:

@@ -18,8 +18,10 @@ from typing import Any, Protocol
 from broker.messaging.commit import CommitPath
 from broker.config import NodeConfig
 from broker.messaging.limits import make_room
+from broker.messaging.message import TIMING_HEADERS
 from broker.messaging.mapper import dead_letter_partition
-from broker.messaging.queues import Consumer, Msg, Partition, Queue, Recipient, encode_headers
+from broker.messaging.message import Msg, Partition, encode_headers
+from broker.messaging.queues import Consumer, Queue, Recipient
 from client.clock import Clock
 from client.errors import InvalidArgumentError, TandemError
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
@@ -165,7 +167,7 @@ class Delivery:
                 return
             share = max(1, -(-q.ready_count // len(eligible)))
             for c in eligible:
-                msgs = q.take(min(c.credit, share, MAX_DELIVER_BATCH), budget)
+                msgs = self.take_live(q, min(c.credit, share, MAX_DELIVER_BATCH), budget)
                 if not msgs:
                     return
                 c.session.deliver(c, msgs)
@@ -199,6 +201,7 @@ class Delivery:
         c = Consumer(self._next_consumer_id, q, session, prefetch)
         self._next_consumer_id += 1
         q.consumers.append(c)
+        q.touch()
         self.schedule(q)
         return c
 
@@ -206,6 +209,7 @@ class Delivery:
     def remove_consumer(c: Consumer) -> None:
         if c in c.queue.consumers:
             c.queue.consumers.remove(c)
+            c.queue.touch()
 
     # -- settlement -------------------------------------------------------------------------------
 
@@ -256,6 +260,27 @@ class Delivery:
             self._release_one(c)
         self._dead_letter([(c.queue, m) for c, m in settled], reason)
 
+    def expire(self, q: Queue, msgs: list[Msg]) -> None:
+        """Ready messages of ``q`` expired (broker.messaging.timing): to its dead-letter queue, or
+        dropped; counted."""
+        q.expired += len(msgs)
+        self._dead_letter([(q, m) for m in msgs], "expired")
+
+    def take_live(self, q: Queue, n: int, max_bytes: int) -> list[Msg]:
+        """:meth:`Queue.take`, the expired messages among them expired instead of delivered."""
+        while True:
+            msgs = q.take(n, max_bytes)
+            if not msgs or not (q.meta.message_ttl or q.expiring):
+                return msgs
+            now = self.tasks.clock.time()
+            dead = [m for m in msgs if 0 < q.expires_at(m) <= now]
+            if not dead:
+                return msgs
+            self.expire(q, dead)
+            if len(dead) < len(msgs):
+                gone = {id(m) for m in dead}
+                return [m for m in msgs if id(m) not in gone]
+
     def shed(self, q: Queue, msgs: list[Msg]) -> None:
         """Ready messages of ``q`` leave it to make room (``overflow`` drop-head,
         broker.messaging.limits): to its dead-letter queue, or dropped."""
@@ -273,7 +298,10 @@ class Delivery:
                 self.rules.acls.dead_letter_refusal(self.rules.users, src.meta.owner, dlq.name)
             if refused is not None:
                 dlq = None  # (dropped as if it were missing: the owner may not write there)
-            headers = {**m.headers, "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
+            # (its timing headers stay behind: it is ready in the dead-letter queue at once, and does not expire
+            # there again, as RabbitMQ drops a dead-lettered message's expiration)
+            headers = {**{k: v for k, v in m.headers.items() if k not in TIMING_HEADERS},
+                       "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
             if dlq is not None and not commit.serves_together(
                     {(dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))}):
                 # the dead-letter partition is active elsewhere: settle here once it is stored there

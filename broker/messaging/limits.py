@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.messaging.queues import Msg, Queue, encode_headers
+from broker.messaging.message import Msg, encode_headers
+from broker.messaging.queues import Queue
 from client.errors import QueueFullError
 from client.protocol.frames import PublishMessage
 

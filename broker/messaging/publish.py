@@ -11,7 +11,7 @@ client gets), settled in the commit's own callback so the confirm goes out at on
    sequence; a resend of what is still being stored is refused: retry), the queue's bounds
    (:mod:`broker.messaging.limits`: refused, or the oldest messages shed), the disk alarm (:mod:`broker.node.diskalarm`: nothing is stored on a nearly full disk: retry).
 3. **assign**: drop what the partition holds already (idempotent producers), give the rest
-   offsets, build the broker's :class:`~broker.messaging.queues.Msg` per partition.
+   offsets, build the broker's :class:`~broker.messaging.message.Msg` per partition.
 4. **to ops**: ``Append`` per partition, ``PutProducer`` per producer, ``MarkDelivered``
    when consumers wait (the delivery then needs no commit of its own).
 5. **commit**: through the node's :class:`~broker.messaging.commit.CommitPath` (the store writer on a
@@ -34,10 +34,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.messaging import limits, sequences
+from broker.messaging import limits, sequences, timing
 from broker.messaging.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
 from broker.messaging.outcome import Outcome, Reply
-from broker.messaging.queues import Msg, Queue, encode_headers
+from broker.messaging.message import Msg, encode_headers
+from broker.messaging.queues import Queue
 from client.clock import Clock
 from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError,
                            ShuttingDownError, UnavailableError)
@@ -99,6 +100,10 @@ class PublishHost(Forwarding, Protocol):
 
     @property
     def delivery(self) -> Delivering: ...
+
+    def require_level(self, level: int, what: str) -> None:
+        """In a group, InvalidArgumentError unless it is at feature ``level`` (broker.partitions.upgrade)."""
+        ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
@@ -183,6 +188,9 @@ class Publisher:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
         pid = req.producer_id
+        if timing.timed(req.messages):
+            timing.check(req.messages, self.node.clock.time())
+            self.node.require_level(3, "delayed and expiring messages (x-delay, x-deliver-at, expiration) need")
         if req.dense:
             assert req.partition is not None and pid is not None
             return sequences.check_dense(q, req.partition, pid, req.messages)

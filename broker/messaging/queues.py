@@ -20,16 +20,15 @@ larger than memory").
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable
 from typing import Protocol
 
-import msgpack
-
 from broker.messaging.mapper import DataMapper, queue_mapper
-from client.errors import InvalidArgumentError
+from broker.messaging.message import (MESSAGE_OVERHEAD, MemoryBudget, Msg, Partition, decode_headers, held_cost,
+                                      msg_from_store)
 from client.protocol.frames import QueueInfo
-from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage, memory_share
+from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage
 
 
 class Recipient(Protocol):
@@ -44,134 +43,6 @@ class Recipient(Protocol):
     def deliver(self, c: Consumer, msgs: list[Msg]) -> None: ...
 
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
-
-#: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
-MESSAGE_OVERHEAD = 128
-
-EMPTY_HEADERS = msgpack.packb({})
-
-
-def encode_headers(headers: dict[str, str]) -> bytes:
-    return msgpack.packb(headers) if headers else EMPTY_HEADERS
-
-
-def decode_headers(blob: bytes) -> dict[str, str]:
-    return msgpack.unpackb(blob, raw=False) if blob != EMPTY_HEADERS else {}
-
-
-class Msg:
-    """One stored message while it lives in the broker."""
-
-    __slots__ = ("partition", "offset", "key", "headers", "headers_blob", "body", "producer_id", "seq",
-                 "ts", "dc")
-
-    def __init__(self, partition: int, offset: int, key: str | None, headers: dict[str, str],
-                 headers_blob: bytes, body: bytes, producer_id: str | None, seq: int | None,
-                 ts: float, dc: int = 0) -> None:
-        self.partition = partition
-        self.offset = offset
-        self.key = key
-        self.headers = headers
-        self.headers_blob = headers_blob
-        self.body = body
-        self.producer_id = producer_id
-        self.seq = seq
-        self.ts = ts
-        self.dc = dc  # delivery count: deliveries so far, including one in flight
-
-    @property
-    def id(self) -> str:
-        """'<partition>-<offset>' where it was first stored (a re-mapped message keeps its own,
-        broker.partitions.remap)."""
-        return self.headers.get(ID_HEADER) or f"{self.partition}-{self.offset}"
-
-
-#: the header that keeps a re-mapped message's id (broker.partitions.remap): where it was first stored
-ID_HEADER = "x-tandem-id"
-
-
-class MemoryBudget:
-    """A node's bound on the bytes of ready messages it holds in memory (``max_memory``),
-    split evenly over its partitions, and what is held and cold now (metrics)."""
-
-    __slots__ = ("limit", "partitions", "held", "cold", "cold_bytes")
-
-    def __init__(self, limit: int = 0) -> None:
-        self.limit = limit  # bytes; 0: no bound
-        self.partitions = 0  # partitions of the node's queues
-        self.held = 0  # bytes of ready messages in memory (bodies, headers, MSG_MEMORY each)
-        self.cold = 0  # ready messages in cold regions (in the store only)
-        self.cold_bytes = 0
-
-    def share(self) -> int:
-        """Each partition's share (bytes; 0: no bound)."""
-        return memory_share(self.limit, self.partitions)
-
-
-def held_cost(m: Msg) -> int:
-    return len(m.body) + len(m.headers_blob) + MSG_MEMORY
-
-
-class Partition:
-    __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
-                 "committed_producers", "gaps", "producer_used", "held", "cold_start", "cold_end",
-                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation")
-
-    def __init__(self, index: int, next_offset: int = 0) -> None:
-        self.index = index
-        self.ready: deque[Msg] = deque()  # the hot head: ready messages in memory
-        self.held = 0  # their bytes (held_cost)
-        # The cold region: offsets [cold_start, cold_end) in the store, not in memory, of which
-        # cold_count are ready (cold_bytes of bodies and headers); none while cold_count is 0.
-        self.cold_start = 0
-        self.cold_end = 0
-        self.cold_count = 0
-        self.cold_bytes = 0
-        #: the delivered mark when the partition was loaded: a cold message below it counts
-        #: a delivery more, as one loaded in memory does (storage.base.Recovered)
-        self.cold_mark = 0
-        self.reading = False  # a read of the cold region is under way
-        self.epoch = 0  # moves when the cold region is dropped: a read under way is stale
-        #: moves whenever the partition's messages are forgotten or loaded again (another node
-        #: serves it, or this one again): what a task took from memory before is not this
-        #: memory's to give back
-        self.generation = 0
-        self.next_offset = next_offset  # offset the next appended message gets
-        self.committed_end = next_offset  # end of what the store has committed
-        # The committed delivered mark: offsets below it count as delivered once more
-        # on recovery (docs/architecture.md, "Delivery counts").
-        self.marked_upto = 0
-        self.producers: dict[str, int] = {}  # producer id -> last seq accepted (maybe in flight)
-        self.committed_producers: dict[str, int] = {}  # producer id -> last seq committed
-        #: producer id -> seqs below its last accepted one whose batch failed to commit while a
-        #: later batch went on (single node: separate commits); they may be stored again
-        self.gaps: dict[str, set[int]] = {}
-        self.producer_used: dict[str, float] = {}  # producer id -> when it last published here (monotonic)
-
-    def requeue(self, msgs: list[Msg]) -> None:
-        """Put ``msgs`` back at their offset positions (usually all before the ready ones).
-
-        Linear in the messages moved in the common case, a single merge otherwise.
-        """
-        msgs.sort(key=_offset)
-        self.held += sum(len(m.body) + len(m.headers_blob) for m in msgs) + MSG_MEMORY * len(msgs)
-        ready = self.ready
-        if not ready or msgs[-1].offset < ready[0].offset:
-            ready.extendleft(reversed(msgs))
-        elif msgs[0].offset > ready[-1].offset:
-            ready.extend(msgs)
-        else:
-            self.ready = deque(heapq.merge(ready, msgs, key=_offset))
-
-
-def _offset(m: Msg) -> int:
-    return m.offset
-
-
-def frame_cost(m: Msg) -> int:
-    """Bytes a message takes in a Deliver or ReadOk frame, at most."""
-    return len(m.body) + len(m.headers_blob) + len(m.key or "") + MESSAGE_OVERHEAD
-
 
 class Consumer:
     __slots__ = ("id", "queue", "session", "prefetch", "unacked", "relayed")
@@ -212,6 +83,16 @@ class Queue:
         self.published = 0
         self.delivered = 0
         self.acked = 0
+        self.delayed_count = 0  # messages not due yet (Partition.delayed)
+        self.expired = 0  # messages that expired here, never delivered (counted since this node started)
+        #: a message with its own expiration was held here: the expiry sweep looks at this queue
+        self.expiring = False
+        #: the time messages are due and expire by (the node's clock; broker.messaging.timing)
+        self.now: Callable[[], float] = time.time
+        #: and the time it was last used here (broker.partitions.unused): a consumer came or went,
+        #: a get, a declare
+        self.monotonic: Callable[[], float] = time.monotonic
+        self.last_used = self.monotonic()
         self._next_partition = 0
         self._next_consumer = 0
         self.deleted = False
@@ -253,6 +134,8 @@ class Queue:
         part.generation += 1
         self.ready_count -= len(part.ready)
         part.ready.clear()
+        self.delayed_count -= len(part.delayed)
+        part.delayed = []
         self.budget.held -= part.held
         part.held = 0
         self._drop_cold(part)
@@ -268,7 +151,8 @@ class Queue:
             p.held = 0
             self._drop_cold(p)
             p.ready.clear()
-        self.ready_count = 0
+            p.delayed = []
+        self.ready_count = self.delayed_count = 0
         self.budget.partitions -= self.meta.partitions
 
     # -- the cold region ------------------------------------------------------------------------
@@ -372,8 +256,10 @@ class Queue:
         self.cold_count -= n
         self.budget.cold -= n
         self.budget.cold_bytes -= min(nbytes, self.budget.cold_bytes)
-        part.ready.extend(msgs)
-        cost = nbytes + MSG_MEMORY * len(msgs)
+        ready = self._divert(part, msgs)  # (one not due yet was counted ready while cold)
+        self.ready_count -= len(msgs) - len(ready)
+        part.ready.extend(ready)
+        cost = sum(len(m.body) + len(m.headers_blob) for m in ready) + MSG_MEMORY * len(ready)
         part.held += cost
         self.budget.held += cost
         moved = new_start > part.cold_start
@@ -395,7 +281,7 @@ class Queue:
 
     @property
     def depth(self) -> int:
-        return self.ready_count + self.unacked_count + self.pending_count
+        return self.ready_count + self.unacked_count + self.pending_count + self.delayed_count
 
     def info(self) -> QueueInfo:
         m = self.meta
@@ -409,7 +295,9 @@ class Queue:
 
     def add_ready(self, partition: Partition, msgs: list[Msg]) -> None:
         """Messages in offset order, after every ready one: into memory while the
-        partition's share of the budget lasts, else into the cold region."""
+        partition's share of the budget lasts, else into the cold region (those not due yet
+        aside, in memory: ``Partition.delayed``)."""
+        msgs = self._divert(partition, msgs)
         if not msgs:
             return
         if partition.cold_count:
@@ -522,15 +410,81 @@ class Queue:
         return removed
 
     def take_hot(self, part: Partition) -> list[Msg]:
-        """Drop the partition's ready messages in memory; returns them."""
+        """Drop the partition's ready messages in memory, and its delayed ones; returns them."""
         msgs = list(part.ready)
         part.ready.clear()
         self.ready_count -= len(msgs)
         self.budget.held -= part.held
         part.held = 0
+        if part.delayed:
+            msgs += sorted((m for _due, _offset, m in part.delayed), key=lambda m: m.offset)
+            self.delayed_count -= len(part.delayed)
+            part.delayed = []
         return msgs
 
+    # -- time: delayed and expiring messages (broker.messaging.timing) ----------------------------
+
+    def _divert(self, part: Partition, msgs: list[Msg]) -> list[Msg]:
+        """Put the messages not due yet aside (``part.delayed``); the others."""
+        if not any(m.due or m.expires for m in msgs):
+            return msgs
+        now, out = self.now(), []
+        for m in msgs:
+            self.expiring = self.expiring or bool(m.expires)
+            if m.due > now:
+                heapq.heappush(part.delayed, (m.due, m.offset, m))
+                self.delayed_count += 1
+            else:
+                out.append(m)
+        return out
+
+    def promote(self, now: float) -> bool:
+        """The delayed messages due by ``now`` become ready; whether any did."""
+        moved = False
+        for part in self.partitions:
+            due = []
+            while part.delayed and part.delayed[0][0] <= now:
+                due.append(heapq.heappop(part.delayed)[2])
+            if due:
+                self.delayed_count -= len(due)
+                self.requeue(due)
+                moved = True
+        return moved
+
+    def expires_at(self, m: Msg) -> float:
+        """When ``m`` expires in this queue (its own expiration or the queue's message_ttl); 0.0: never."""
+        ttl = self.meta.message_ttl
+        if not ttl:
+            return m.expires
+        by_queue = m.ts + ttl / 1000
+        return min(m.expires, by_queue) if m.expires else by_queue
+
+    def take_expired(self, now: float) -> list[Msg]:
+        """The expired messages at the head of each partition's ready ones in memory (an expired
+        message behind one that is not waits until it reaches the head, or a consumer's turn)."""
+        out: list[Msg] = []
+        for part in self.partitions:
+            ready = part.ready
+            while ready and 0 < self.expires_at(ready[0]) <= now:
+                m = ready.popleft()
+                cost = held_cost(m)
+                part.held -= cost
+                self.budget.held -= cost
+                out.append(m)
+        self.ready_count -= len(out)
+        return out
+
     # -- consumers ------------------------------------------------------------------------
+
+    def touch(self) -> None:
+        """The queue is used now (broker.partitions.unused)."""
+        self.last_used = self.monotonic()
+
+    def usage(self) -> tuple[int, int]:
+        """Its consumers here, and the milliseconds since it was last used here (0 while it has one)."""
+        if self.consumers:
+            return len(self.consumers), 0
+        return 0, int((self.monotonic() - self.last_used) * 1000)
 
     def consumers_in_turn(self) -> list[Consumer]:
         cs = self.consumers
@@ -539,43 +493,3 @@ class Queue:
         k = self._next_consumer % len(cs)
         self._next_consumer = k + 1
         return cs[k:] + cs[:k]
-
-
-class Holder(Protocol):
-    """A session holding deliveries (delivered, not yet settled)."""
-
-    @property
-    def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
-
-
-def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int) -> int:
-    """Ready and delivered-but-unsettled messages of one partition served here."""
-    held = sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
-    part = q.partitions[pidx]
-    return len(part.ready) + part.cold_count + held
-
-
-def msg_from_store(partition: int, m: StoredMessage) -> Msg:
-    return Msg(partition, m.offset, m.key, decode_headers(m.headers_blob), m.headers_blob, m.body,
-               m.producer_id, m.seq, m.ts, m.dc)
-
-
-def take_back_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> list[Msg]:
-    """Take back the unsettled deliveries of a partition this node still serves (its
-    messages are about to be re-mapped, broker.partitions.remap): the messages, for the caller to make
-    ready again.  A consumer's later ack of one gets an unknown-tag error."""
-    out: list[Msg] = []
-    for h in holders:
-        gone = [t for t, (c, m) in h.deliveries.items() if c.queue is q and m.partition == pidx]
-        for t in gone:
-            c, m = h.deliveries.pop(t)
-            c.unacked -= 1
-            q.unacked_count -= 1
-            out.append(m)
-    return out
-
-
-def revoke_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> int:
-    """Drop the unsettled deliveries of a partition this node no longer serves (the new active
-    delivers them again); how many."""
-    return len(take_back_deliveries(holders, q, pidx))

@@ -1,7 +1,7 @@
 """Idempotent producers: each partition keeps the last sequence of every producer id.
 
 A producer numbers its messages; a partition stores a ``(producer_id, seq)`` once and
-confirms a resend again without storing it.  Per partition (:class:`broker.messaging.queues.Partition`):
+confirms a resend again without storing it.  Per partition (:class:`broker.messaging.message.Partition`):
 
 * ``producers``: the last seq held, committed or on its way to commit;
 * ``committed_producers``: the last seq committed;
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from client.errors import OutOfOrderSequenceError, UnavailableError
 from client.protocol.frames import PublishMessage
-from broker.messaging.queues import Partition, Queue
+from broker.messaging.message import Partition
+from broker.messaging.queues import Queue
 
 
 def held(part: Partition, producer_id: str, seq: int | None) -> bool:

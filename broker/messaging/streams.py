@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker.messaging.forward import MAX_HOPS, Forwarding, ProducedFwd, ReadFwd, decode_reply, pack_reply
-from broker.messaging.queues import ID_HEADER, MESSAGE_OVERHEAD, Queue, decode_headers
+from broker.messaging.message import ID_HEADER, MESSAGE_OVERHEAD, decode_headers
+from broker.messaging.queues import Queue
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnavailableError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import ProducedOk, ReadOk, StreamMessage, expect

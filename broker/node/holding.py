@@ -26,7 +26,9 @@ from broker.messaging.forward import ForwardRequest
 from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
-from broker.messaging.queues import Msg, Queue, Recipient, revoke_deliveries, take_back_deliveries
+from broker.messaging.holders import revoke_deliveries, take_back_deliveries
+from broker.messaging.message import Msg
+from broker.messaging.queues import Queue, Recipient
 from broker.messaging.streams import Produced, StreamHost, produced, read_stream
 from broker.modes.replicated import Replication
 from broker.modes.shared.mode import SharedMode

@@ -29,6 +29,7 @@ from broker.peers.peers import PeerManager
 from broker.peers.transport import TCP, PeerTransport
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.publish import Publisher
+from broker.messaging.timing import QueueTimes
 from broker.messaging.mapper import MAPPERS, mapper_names
 from broker.modes.replicated import Replication
 from broker.sessions.admin import Admin
@@ -153,8 +154,10 @@ class Node:
                                    handle_forward=self._forwarded.handle, link_lost=self.relays.link_lost,
                                    map_changed=self.maps.map_changed,
                                    ha_disabled_changed=self.placing.drained_changed)
-        self._producer_expiry = ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves,
-                                               lambda: self.store.commit, clock, config.producer_expiry)
+        #: the loops over time in the queues: idle producers forgotten, delayed messages due, expired ones gone
+        self._timers = (ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves, lambda: self.store.commit,
+                                       clock, config.producer_expiry),
+                        QueueTimes(lambda: self.catalogue.queues.values(), self.delivery, clock), self.ops.unused)
         self.placing.bind(catalogue=self.catalogue, moves=ops.moves, drains=ops.drains, remaps=ops.remaps,
                           levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store)
         self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=ops.remaps, store=self.store)
@@ -246,7 +249,8 @@ class Node:
         await server.start_serving()
         if self.store.disk_alarm is not None:
             self._loops.start("tandem-disk-alarm", self.store.disk_alarm.run())
-        self._spawned.spawn(self._producer_expiry.run(), "tandem-producer-expiry")
+        for timer in self._timers:
+            self._spawned.spawn(timer.run(), f"tandem-{type(timer).__name__}")
         await self._start_console()
 
     async def _bind_clients(self) -> asyncio.Server:
@@ -279,7 +283,7 @@ class Node:
         self._shared_node = host = SharedNode(
             cfg, self.clock, store, self.store, catalogue=self.catalogue, users=svc.users, acls=svc.acls,
             delivery=self.delivery, remaps=self.ops.remaps, sessions=self.sessions, restore=self._load,
-            started=lambda: tasks.spawn(self._producer_expiry.run(), "tandem-producer-expiry"),
+            started=lambda: [tasks.spawn(t.run(), f"tandem-{type(t).__name__}") for t in self._timers],
             stopped=tasks.cancel_all, map_changed=self.maps.map_changed, client_address=lambda: self.client_address)
         shared = self.ha.shared = self.ha.arbiter = host.mode = SharedMode(
             host, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)

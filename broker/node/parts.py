@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.config import NodeConfig
-from broker.messaging.queues import MemoryBudget, Queue
+from broker.messaging.message import MemoryBudget
+from broker.messaging.queues import Queue
 from broker.node.store import NodeStore
 from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
@@ -30,6 +31,7 @@ from broker.partitions.quarantine import Quarantine
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
 from broker.partitions.upgrade import FeatureLevels
+from broker.partitions.unused import UnusedQueues
 from broker.peers.host import NoReceiver, Receiving
 from broker.peers.links import Link
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
@@ -83,6 +85,7 @@ class PartitionOps:
     quarantine: Quarantine  # what a heal discards, kept (broker.partitions.quarantine)
     restores: Restores  # the quarantine merged back (tandem restore)
     levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
+    unused: UnusedQueues  # queues deleted once unused for their expires
 
     @classmethod
     def made(cls, svc: Any, config: NodeConfig, placing: GroupPlacement, holding: Holding, publisher: Publisher,
@@ -94,7 +97,7 @@ class PartitionOps:
                    moves=moves, remaps=Remaps(svc, queues=placing, here=holding, publisher=publisher),
                    quarantine=Quarantine(holding),
                    restores=Restores(holding, group=holding, delivery=delivery, publisher=publisher),
-                   levels=FeatureLevels(svc, group=placing))
+                   levels=FeatureLevels(svc, group=placing), unused=UnusedQueues(svc))
 
 
 class Report:

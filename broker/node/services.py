@@ -222,6 +222,9 @@ class Services:
             return ()
         return [a for p in range(q.meta.partitions) if (a := rep.active_of((q.meta.id, p)))]
 
+    def require_level(self, level: int, what: str) -> None:
+        self.catalogue.require_level(level, what)
+
     def catalogue_commit(self) -> int:
         """How far the catalogue's log is committed here (asked of the catalogue's active)."""
         rep, _peers = self._in_group()

@@ -28,7 +28,7 @@ import msgpack
 
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import PublishRequest, PublishResult
-from broker.messaging.queues import decode_headers
+from broker.messaging.message import decode_headers
 from client.clock import Clock
 from client.errors import AccessRefusedError, TandemError
 from client.protocol.frames import Declare, PublishMessage, QueueInfo

@@ -37,7 +37,8 @@ from broker.messaging.mapper import parse_static
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import PublishRequest, PublishResult
 from broker.messaging.declare import MAX_PARTITIONS
-from broker.messaging.queues import ID_HEADER, Msg, Queue, msg_from_store
+from broker.messaging.message import ID_HEADER, Msg, msg_from_store
+from broker.messaging.queues import Queue
 from broker.security.security import CatalogueHost, catalogue_change, commit_catalogue
 from client.clock import Clock
 from client.errors import InvalidArgumentError, NotActiveError, TandemError, UnavailableError

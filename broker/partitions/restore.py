@@ -35,7 +35,7 @@ from broker.partitions.compensation import Conflict, Hook, Resolution, Version, 
 from broker.messaging.forward import UNKNOWN_KIND, RestoreFwd
 from broker.partitions.quarantine import HEADERS, QUEUE
 from broker.messaging.streams import Produced
-from broker.messaging.queues import ID_HEADER
+from broker.messaging.message import ID_HEADER
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnknownOpError
 from client.protocol.codec import MAX_INT
 from client.protocol.frames import PublishMessage, StreamMessage

@@ -19,7 +19,8 @@ from broker.config import NodeConfig
 from broker.messaging.delivery import Delivery
 from broker.messaging.forward import RestoreFwd, decode_reply, pack_reply
 from broker.messaging.publish import PublishRequest
-from broker.messaging.queues import Consumer, Msg, Queue, Recipient
+from broker.messaging.message import Msg
+from broker.messaging.queues import Consumer, Queue, Recipient
 from broker.messaging.streams import Produced
 from broker.partitions.quarantine import QUEUE
 from broker.partitions.remap import BATCH, BATCH_BYTES, Publishing

@@ -17,7 +17,8 @@ from broker.config import NodeConfig
 from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
-from broker.messaging.queues import Consumer, Msg, Recipient
+from broker.messaging.message import Msg
+from broker.messaging.queues import Consumer, Recipient
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
@@ -146,7 +147,8 @@ class Messaging:
     async def get(self, s: Consuming, user: UserRecord, f: Get) -> None:
         self._may(user, "consume", f.queue, "get")
         q = self.node.catalogue.queue(f.queue)
-        msgs = q.take(1, self.node.config.max_frame_size)
+        q.touch()
+        msgs = self.delivery.take_live(q, 1, self.node.config.max_frame_size)
         if not msgs:
             s.send_in_order(GetOk(rid=f.rid, message=await self.relays.get(s, q, f.auto_ack)))
             return

@@ -25,7 +25,8 @@ from broker.config import NodeConfig
 from broker.messaging import delivery as _delivery
 from broker.messaging.forward import (ForwardRequest, RelayCancelFwd, RelayDeliverFwd, RelayGetFwd,
                                       RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd)
-from broker.messaging.queues import Consumer, Msg, Queue, Recipient
+from broker.messaging.message import Msg
+from broker.messaging.queues import Consumer, Queue, Recipient
 from broker.peers.links import Link
 from client.errors import ConsumerNotFoundError, InvalidArgumentError, StorageError, TandemError, UnavailableError
 from client.protocol.codec import encode
@@ -185,7 +186,7 @@ class Relayed:
     async def _get(self, link: Link, req: RelayGetFwd) -> bytes:
         self.host.require_quorum("get")
         q = self.host.queue(req.queue)
-        msgs = q.take(1, self.host.config.max_frame_size)
+        msgs = self.delivery.take_live(q, 1, self.host.config.max_frame_size)
         if not msgs:
             return encode(GetOk(rid=0, message=None))[4:]
         h = self._holder(link, req.session)

@@ -27,7 +27,8 @@ from broker.config import NodeConfig
 from broker.logsafe import escape
 from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
-from broker.messaging.queues import Consumer, Msg
+from broker.messaging.message import Msg
+from broker.messaging.queues import Consumer
 from broker.security.acl import AclTable
 from broker.security.auth import ClientGuard, ClientHandshake
 from broker.security.security import Security

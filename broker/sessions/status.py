@@ -27,8 +27,9 @@ import msgpack
 
 from broker import __version__
 from broker.config import NodeConfig
-from broker.messaging import queues
-from broker.messaging.queues import Holder, Queue
+from broker.messaging import holders
+from broker.messaging.holders import Holder
+from broker.messaging.queues import Queue
 from broker.security.acl import AclTable
 from broker.sessions.requests import Handler, Requester
 from client.errors import AccessRefusedError, InvalidArgumentError, UnavailableError
@@ -68,7 +69,7 @@ class Options(Protocol):
 
 def partition_depth(node: NodeState, q: Queue, pidx: int) -> int:
     """Ready and delivered-but-unsettled messages of one partition served here."""
-    return queues.partition_depth(node.sessions, q, pidx)
+    return holders.partition_depth(node.sessions, q, pidx)
 
 
 def local_pstats(node: NodeState, q: Queue, pidx: int) -> dict[str, Any]:
@@ -91,15 +92,17 @@ def pstats_payload(node: NodeState, qname: str, pidx: int) -> bytes:
 
 
 def queue_counters(node: NodeState) -> dict[str, list[int]]:
-    """What this node counted, per queue: [published, delivered, acked]."""
-    return {name: [q.published, q.delivered, q.acked] for name, q in node.queues.items()}
+    """What this node counted, per queue: [published, delivered, acked, expired, delayed, consumers,
+    idle milliseconds] (broker.partitions.unused; a member of an older build sends the first three)."""
+    return {name: [q.published, q.delivered, q.acked, q.expired, q.delayed_count, *q.usage()]
+            for name, q in node.queues.items()}
 
 
 def add_counters(total: dict[str, list[int]], counts: Mapping[str, list[int]]) -> None:
     """Add one member's :func:`queue_counters` into ``total`` (the whole group's)."""
     for qname, v in counts.items():
-        acc = total.setdefault(qname, [0, 0, 0])
-        for i in range(3):
+        acc = total.setdefault(qname, [0, 0, 0, 0, 0])
+        for i in range(min(5, len(v))):
             acc[i] += v[i]
 
 

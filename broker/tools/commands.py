@@ -20,6 +20,7 @@ from broker.tools.totals import QueueTotals, queue_totals
 from client.errors import InvalidArgumentError
 from client.mapper import MAPPERS
 from client.protocol.frames import QueueInfo
+from client.timing import timed_headers
 
 Command = Coroutine[Any, Any, int]
 
@@ -33,6 +34,11 @@ def add_parsers(sub: Any) -> None:
     produce_p.add_argument("bodies", nargs="*", metavar="BODY")
     produce_p.add_argument("--key", help="message key (selects the partition)")
     produce_p.add_argument("--header", action="append", default=[], metavar="K=V", help="header, repeatable")
+    produce_p.add_argument("--delay", type=float, metavar="SECONDS",
+                           help="deliver each message no earlier than this long after it is stored (header x-delay)")
+    produce_p.add_argument("--ttl", type=float, metavar="SECONDS",
+                           help="each message expires this long after it is stored, never delivered after "
+                                "(header expiration: dead-lettered where the queue has a dead-letter queue)")
     produce_p.add_argument("--declare", type=int, metavar="PARTITIONS",
                            help="declare the queue first with this many partitions")
     url_args(produce_p)
@@ -75,6 +81,14 @@ def add_parsers(sub: Any) -> None:
                           help="what a publish past a bound does: reject-publish (refused: queue full, the "
                                "default) or drop-head (the oldest ready messages go to the dead-letter queue, "
                                "or are dropped without one); in a group, needs feature level 3")
+    queues_p.add_argument("--message-ttl", dest="message_ttl", type=int, default=0, metavar="MS",
+                          help="milliseconds a message may wait before it expires: dead-lettered (with a "
+                               "dead-letter queue) or dropped, never delivered (default 0: for ever); in a group, "
+                               "needs feature level 3")
+    queues_p.add_argument("--expires", type=int, default=0, metavar="MS",
+                          help="milliseconds the queue may go unused (no consumer, get or declare on any member) "
+                               "before it is deleted with its messages (default 0: never); in a group, needs "
+                               "feature level 3")
     queues_p.add_argument("--placement", default=None, metavar="LISTS",
                           help="static distribution of a new queue, in a replication group: one node list per "
                                "partition, in priority order (the first node is the preferred active), lists "
@@ -114,7 +128,7 @@ def _body_text(body: bytes) -> str | None:
 
 
 def produce(args: argparse.Namespace) -> Command:
-    headers = _headers(args.header)
+    headers = dict(timed_headers(_headers(args.header), delay=args.delay, ttl=args.ttl) or {})
     bodies = list(args.bodies) if args.bodies else [line.rstrip("\n") for line in sys.stdin]
     return _produce(args, bodies, headers)
 
@@ -192,7 +206,7 @@ async def _change(args: argparse.Namespace) -> int:
                 args.name, partitions=args.partitions, mapper=args.mapper,
                 max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
                 max_length=args.max_length, placement=args.placement, max_length_bytes=args.max_length_bytes,
-                overflow=args.overflow)
+                overflow=args.overflow, message_ttl=args.message_ttl, expires=args.expires)
             print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
                   f"({info.partitions} partitions, {info.mapper}{', static placement' if args.placement else ''})")
         elif args.action == "delete":

@@ -47,6 +47,7 @@ from client.errors import (
 from client.mapper import DataMapper, make_mapper
 from client.producer import Body, _as_bytes
 from client.protocol.frames import PartitionMap, Publish, PublishMessage, PublishOk, expect
+from client.timing import timed_headers
 
 log = logging.getLogger("tandem.client")
 
@@ -109,17 +110,20 @@ class DurableProducer(BufferDrain):
 
     # -- the application's side -----------------------------------------------------------------
 
-    async def send(self, body: Body, *, key: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> SendResult:
+    async def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                   delay: float | None = None, deliver_at: float | None = None,
+                   ttl: float | None = None) -> SendResult:
         """Publish one message; returns once it is confirmed (or written to the local buffer).
-        Raises only after ``send_timeout`` (TimeoutError_), or for a message no node could take."""
-        return await self.send_nowait(body, key=key, headers=headers)
+        Raises only after ``send_timeout`` (TimeoutError_), or for a message no node could take.
+        ``delay``, ``deliver_at`` and ``ttl`` time it (:mod:`client.timing`)."""
+        return await self.send_nowait(body, key=key, headers=headers, delay=delay, deliver_at=deliver_at, ttl=ttl)
 
-    def send_nowait(self, body: Body, *, key: str | None = None,
-                    headers: Mapping[str, str] | None = None) -> asyncio.Future[SendResult]:
+    def send_nowait(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                    delay: float | None = None, deliver_at: float | None = None,
+                    ttl: float | None = None) -> asyncio.Future[SendResult]:
         """Queue one message and return the future of its :class:`SendResult` (for callers
         that keep many in flight without a task each)."""
-        item = self._item(body, key, headers)
+        item = self._item(body, key, timed_headers(headers, delay=delay, deliver_at=deliver_at, ttl=ttl))
         if not self.conn.connected and self.buffer is not None:
             if not self._draining:
                 self._draining = True

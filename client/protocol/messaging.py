@@ -95,6 +95,11 @@ class Declare(Frame):
     #: past max_length or max_length_bytes: "reject-publish" (refused) or "drop-head" (the oldest
     #: ready messages go, to the dead-letter queue if there is one); protocol version 3
     overflow: str = "reject-publish"
+    #: milliseconds a message may wait before it expires (0: for ever); protocol version 3
+    message_ttl: int = 0
+    #: milliseconds the queue may go unused (no consumer, get or declare on any member) before it is
+    #: deleted (0: never); protocol version 3
+    expires: int = 0
 
 
 #: a declare's explicit node lists: one sequence of nodes per partition, or their text form

@@ -21,9 +21,10 @@ Versions::
         ha.recordtypes); build, feature levels, the group's level and the record types'
         stamps in PeerHello / PeerWelcome, and the builds and type mismatches in StatusOk
         (optional fields, read by 0.2 and later)
-    3   Declare.max_length_bytes and Declare.overflow (a queue's overflow).  Optional fields, but
-        a node of an older build would ignore them and make a queue without its bound: a
-        ``Declare`` that sets either is not sent at version 2 or below (:func:`field_since`)
+    3   Declare.max_length_bytes, Declare.overflow, Declare.message_ttl and Declare.expires (a
+        queue's overflow, its messages' time to live and its own when unused).  Optional fields, but a node of an older build would ignore
+        them and make a queue without them: a ``Declare`` that sets one is not sent at version 2
+        or below (:func:`field_since`)
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ ADDED: dict[Op, int] = {
 FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.DECLARE, "max_length_bytes"): (3, 0),
     (Op.DECLARE, "overflow"): (3, "reject-publish"),
+    (Op.DECLARE, "message_ttl"): (3, 0),
+    (Op.DECLARE, "expires"): (3, 0),
 }
 
 

@@ -50,12 +50,14 @@ class PgApplier(OpApplier):
     )
     PUT_QUEUE = (
         "INSERT INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
-        "max_length, owner, max_length_bytes, overflow) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "max_length, owner, max_length_bytes, overflow, message_ttl, expires) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO UPDATE SET "
         "name = excluded.name, partitions = excluded.partitions, mapper = excluded.mapper, "
         "ring_size = excluded.ring_size, max_deliveries = excluded.max_deliveries, "
         "dead_letter_queue = excluded.dead_letter_queue, max_length = excluded.max_length, owner = excluded.owner, "
-        "max_length_bytes = excluded.max_length_bytes, overflow = excluded.overflow"
+        "max_length_bytes = excluded.max_length_bytes, overflow = excluded.overflow, "
+        "message_ttl = excluded.message_ttl, expires = excluded.expires"
     )
     QUEUE_ID_HWM = (
         "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "

@@ -27,7 +27,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.messaging.queues import Consumer as NodeConsumer, Msg
+from broker.messaging.message import Msg
+from broker.messaging.queues import Consumer as NodeConsumer
 from client.errors import TandemError
 from client.protocol.frames import PublishMessage
 from tests.harness.group import Group, Member

@@ -12,10 +12,13 @@ look-ups, forwarding and the catch-up with the catalogue's active before "does n
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any, TypeVar
 
 from broker.sessions.session import Session
+from client.errors import ErrorCode
 from client.protocol import Frame, FrameBuffer, decode_payload
+from client.protocol.frames import Ack, Deliver, Error, Subscribe, SubscribeOk
 from client.protocol.connection import State
 from tests.harness.group import Group, Member
 
@@ -92,3 +95,56 @@ class ClientSession:
             if getattr(f, "rid", None) == rid:
                 return self._held.pop(i)
         raise AssertionError(f"{self.m.name} sent no answer to {request!r}: {self._held!r}")
+
+
+class Reader:
+    """A client consuming ``queue`` through one session on ``m``: it acks what it gets (unless
+    told to hold it), counts every body it was given and notes when it first got it."""
+
+    def __init__(self, g: Group, m: Member, queue: str, *, prefetch: int = 40, local: bool = False) -> None:
+        self.g, self.s, self.queue, self.prefetch, self.local = g, ClientSession(g, m), queue, prefetch, local
+        self.rid = 100
+        self.got: Counter[bytes] = Counter()
+        self.when: dict[bytes, float] = {}  # a body's first delivery, by the group's clock (time())
+        self.partitions: set[int] = set()
+        self.unknown_tags = 0
+        self.consumer = 0
+        self.hold = False
+        self.held: list[int] = []
+
+    def next_rid(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    async def subscribe(self) -> None:
+        reply = await self.s.ask(Subscribe(rid=self.next_rid(), queue=self.queue, prefetch=self.prefetch,
+                                           local=self.local))
+        assert isinstance(reply, SubscribeOk), reply
+        self.consumer = reply.consumer
+
+    async def step(self) -> None:
+        """Take what was delivered; ack it in one frame."""
+        tags = []
+        for f in self.s.pushed(Deliver):
+            assert f.consumer == self.consumer
+            for d in f.messages:
+                self.got[d.body] += 1
+                self.when.setdefault(d.body, self.g.clock.time())
+                self.partitions.add(d.partition)
+                tags.append(d.tag)
+        if self.hold:
+            self.held += tags
+            return
+        if tags:
+            reply = await self.s.ask(Ack(rid=self.next_rid(), tags=tags))
+            if isinstance(reply, Error):
+                assert reply.code == ErrorCode.UNKNOWN_DELIVERY_TAG, reply
+                self.unknown_tags += 1
+
+    async def until(self, done: int, timeout: float = 60.0) -> None:
+        """Step until ``done`` distinct bodies were given (virtual seconds)."""
+        deadline = self.g.clock.monotonic() + timeout
+        while len(self.got) < done:
+            assert self.g.clock.monotonic() < deadline, f"{len(self.got)} of {done} delivered"
+            await self.g.run_for(0.05)
+            await self.step()

@@ -14,7 +14,7 @@ import pytest
 
 import broker.modes.replicated.compaction as compaction
 import broker.modes.replicated.group as replicated_group
-from broker.messaging.queues import decode_headers
+from broker.messaging.message import decode_headers
 from broker.modes.replicated.partlog import PartLog
 from broker.partitions.quarantine import QUEUE as QUARANTINE
 from client.errors import UnavailableError

@@ -15,7 +15,7 @@ from client.protocol.frames import (Ack, Cancel, Deliver, Error, Get, GetOk, Ok,
                                     Subscribe, SubscribeOk)
 from tests.harness.group import Group, Member
 from tests.harness.replication import active
-from tests.harness.sessions import ClientSession
+from tests.harness.sessions import ClientSession, Reader
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,57 +34,6 @@ async def publish_all(g: Group, m: Member, queue: str, bodies: list[bytes]) -> N
 def actives(g: Group, queue: str) -> list[str]:
     q = g.alive()[0].node.catalogue.queues[queue]  # type: ignore[union-attr]
     return [a.name if (a := active(g, (q.meta.id, p))) is not None else "" for p in range(q.meta.partitions)]
-
-
-class Reader:
-    """A client consuming ``queue`` through one session on ``m``: it acks what it gets (unless
-    told to hold it) and counts every body it was given."""
-
-    def __init__(self, g: Group, m: Member, queue: str, *, prefetch: int = 40, local: bool = False) -> None:
-        self.g, self.s, self.queue, self.prefetch, self.local = g, ClientSession(g, m), queue, prefetch, local
-        self.rid = 100
-        self.got: Counter[bytes] = Counter()
-        self.partitions: set[int] = set()
-        self.unknown_tags = 0
-        self.consumer = 0
-        self.hold = False
-        self.held: list[int] = []
-
-    def next_rid(self) -> int:
-        self.rid += 1
-        return self.rid
-
-    async def subscribe(self) -> None:
-        reply = await self.s.ask(Subscribe(rid=self.next_rid(), queue=self.queue, prefetch=self.prefetch,
-                                           local=self.local))
-        assert isinstance(reply, SubscribeOk), reply
-        self.consumer = reply.consumer
-
-    async def step(self) -> None:
-        """Take what was delivered; ack it in one frame."""
-        tags = []
-        for f in self.s.pushed(Deliver):
-            assert f.consumer == self.consumer
-            for d in f.messages:
-                self.got[d.body] += 1
-                self.partitions.add(d.partition)
-                tags.append(d.tag)
-        if self.hold:
-            self.held += tags
-            return
-        if tags:
-            reply = await self.s.ask(Ack(rid=self.next_rid(), tags=tags))
-            if isinstance(reply, Error):
-                assert reply.code == ErrorCode.UNKNOWN_DELIVERY_TAG, reply
-                self.unknown_tags += 1
-
-    async def until(self, done: int, timeout: float = 60.0) -> None:
-        """Step until ``done`` distinct bodies were given (virtual seconds)."""
-        deadline = self.g.clock.monotonic() + timeout
-        while len(self.got) < done:
-            assert self.g.clock.monotonic() < deadline, f"{len(self.got)} of {done} delivered"
-            await self.g.run_for(0.05)
-            await self.step()
 
 
 def check(bodies: list[bytes], got: Counter[bytes]) -> tuple[int, int, int]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.messaging.queues import MemoryBudget, Msg, Queue
+from broker.messaging.message import MemoryBudget, Msg
+from broker.messaging.queues import Queue
 from storage.base import MSG_MEMORY, MIN_SHARE, Append, MarkDelivered, PutQueue, QueueMeta, SetDeliveryCount, \
     Settle, StoredMessage
 from storage.sqlite import SqliteEngine

@@ -22,7 +22,8 @@ from broker.messaging.commit import LocalCommitPath
 from broker.messaging.delivery import Delivery
 from broker.messaging.forward import DeclareFwd, decode_request, refused_as_longer
 from broker.node.node import Node
-from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
+from broker.messaging.message import EMPTY_HEADERS, Msg
+from broker.messaging.queues import Consumer, Queue
 from broker.security.users import UserRegistry, make_user
 from client.errors import AccessRefusedError, InvalidArgumentError
 from storage.base import Append, DurabilityPolicy, PutUser, QueueMeta, Settle, UserRecord

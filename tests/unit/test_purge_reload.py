@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from broker.messaging.catalogue import Catalogue
-from broker.messaging.queues import EMPTY_HEADERS, Msg, Queue
+from broker.messaging.message import EMPTY_HEADERS, Msg
+from broker.messaging.queues import Queue
 from client.errors import NotActiveError
 from storage.base import PartitionState, QueueMeta, StoredMessage
 

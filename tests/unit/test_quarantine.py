@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 
 from broker.partitions.quarantine import HEADERS, Quarantine
-from broker.messaging.queues import encode_headers
+from broker.messaging.message import encode_headers
 from storage.base import Append, Settle, StoredMessage
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from broker.messaging.queues import Msg, Partition
+from broker.messaging.message import Msg, Partition
 
 
 def test_requeue_restores_offset_order() -> None:

@@ -28,7 +28,7 @@ PINNED = {
     "log.SET_PLACEMENT": "1:f7e860eb",
     "log.SET_UPDATING": "1:597c2c27",
     "record.AclRecord": "1:a6109985",
-    "record.QueueMeta": "2:aa09c094",
+    "record.QueueMeta": "2:749f8dc8",
     "record.StoredMessage": "1:6179df01",
     "record.UserRecord": "1:e4eee2d9",
     "snapshot.catalogue": "1:da6dca90",
@@ -41,7 +41,7 @@ PINNED = {
     "store.meta": "1:c4dcb578",
     "store.partitions": "1:50a2cc2c",
     "store.producers": "1:d89f409e",
-    "store.queues": "2:82033b61",
+    "store.queues": "2:3d297303",
     "store.settled": "1:b75c805e",
     "store.users": "1:d9975338",
 }

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from broker.messaging.publish import PublishResult
-from broker.messaging.queues import EMPTY_HEADERS, Msg, Queue
+from broker.messaging.message import EMPTY_HEADERS, Msg
+from broker.messaging.queues import Queue
 from broker.partitions.remap import Remaps
 from client.errors import NotActiveError
 from client.mapper import JumpHashMapper

@@ -15,7 +15,9 @@ from broker.messaging.delivery import Delivery
 from broker.messaging.forward import RestoreFwd
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import PublishRequest, PublishResult
-from broker.messaging.queues import MemoryBudget, Msg, Queue, Recipient, encode_headers, revoke_deliveries
+from broker.messaging.holders import revoke_deliveries
+from broker.messaging.message import MemoryBudget, Msg, encode_headers
+from broker.messaging.queues import Queue, Recipient
 from broker.messaging.streams import Produced
 from broker.partitions import restore_run
 from broker.partitions.quarantine import QUEUE

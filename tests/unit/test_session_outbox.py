@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from broker.messaging.delivery import Delivery
-from broker.messaging.queues import EMPTY_HEADERS, Consumer, Msg, Queue
+from broker.messaging.message import EMPTY_HEADERS, Msg
+from broker.messaging.queues import Consumer, Queue
 from broker.sessions.session import Session, SessionParts
 from client.clock import SYSTEM_CLOCK
 from client.errors import NotActiveError, StorageError

@@ -132,6 +132,9 @@ async function selectQueue(name) {
                     q.max_length_bytes ? `max_length_bytes ${q.max_length_bytes}` : ""].filter(Boolean);
     document.getElementById("queue-settings").textContent =
       `mapper ${q.mapper}; ${bounds.length ? `${bounds.join(", ")}, overflow ${q.overflow}` : "no bound"}` +
+      (q.message_ttl ? `; messages expire after ${q.message_ttl} ms` : "") +
+      (q.expires ? `; deleted when unused for ${q.expires} ms` : "") +
+      (q.delayed ? `; ${q.delayed} delayed` : "") + (q.expired ? `; ${q.expired} expired` : "") +
       (q.dead_letter_queue ? `; dead letters to ${q.dead_letter_queue}` : "") +
       (q.max_deliveries ? `; at most ${q.max_deliveries} deliveries` : "");
     document.querySelector("#queue-partitions tbody").replaceChildren(...q.partition_stats.map((p) => el("tr", {},
@@ -294,6 +297,8 @@ function wire() {
     if (maxLength > 0) body.max_length = maxLength;
     if (maxBytes > 0) body.max_length_bytes = maxBytes;
     if (body.max_length || body.max_length_bytes) body.overflow = document.getElementById("new-queue-overflow").value;
+    const ttl = parseInt(document.getElementById("new-queue-ttl").value, 10);
+    if (ttl > 0) body.message_ttl = ttl;
     if (!confirm(`Create queue ${name} with ${partitions} partition(s)` + (placement ? ` placed on ${placement}` : "") +
                  (body.overflow ? ` bounded (${body.overflow})?` : "?"))) return;
     try { const r = await api("POST", "/api/v1/queues", body);

@@ -5,12 +5,13 @@ placements, the group's members, queue updates, and messages.
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int,
-                owner nil|str, max_length_bytes int, overflow str]
+                owner nil|str, max_length_bytes int, overflow str, message_ttl int, expires int]
                owner: the user who declared the queue (dead-lettering needs its
                ``produce`` on dead_letter_queue, broker.security.acl); max_length_bytes and
-               overflow ("reject-publish" | "drop-head"): the queue's overflow.  The last
-               items are left out while they and all after them are at their defaults (none,
-               0, "reject-publish"): 8 items for a queue with none of them, as a build without
+               overflow ("reject-publish" | "drop-head"): the queue's overflow; message_ttl:
+               milliseconds its messages may wait; expires: milliseconds it may go unused.
+               The last items are left out while they and all after them are at their
+               defaults (none, 0, "reject-publish", 0, 0): 8 items for a queue with none of them, as a build without
                them sends it, and those left out read as their defaults
     UserFields: map str -> value, one key per field of storage.base.UserRecord
                 (name str, salt bin, hash bin, role str, params str, ...)
@@ -55,7 +56,8 @@ from storage.base import (
 
 
 #: what may follow a QueueMeta's first 8 items, each left out at its default when all after it are
-_META_TAIL = (("owner", None), ("max_length_bytes", 0), ("overflow", "reject-publish"))
+_META_TAIL = (("owner", None), ("max_length_bytes", 0), ("overflow", "reject-publish"), ("message_ttl", 0),
+              ("expires", 0))
 OVERFLOWS = ("reject-publish", "drop-head")
 
 
@@ -77,7 +79,9 @@ def _meta_in(a: Any) -> QueueMeta:
                      ring_size=_uint(a[4], "ring_size"), max_deliveries=_uint(a[5], "max_deliveries"),
                      dead_letter_queue=_opt_str(a[6], "dead_letter_queue"), max_length=_uint(a[7], "max_length"),
                      owner=_opt_str(a[8], "owner") if len(a) > 8 else None,
-                     max_length_bytes=_uint(a[9], "max_length_bytes") if len(a) > 9 else 0, overflow=overflow)
+                     max_length_bytes=_uint(a[9], "max_length_bytes") if len(a) > 9 else 0, overflow=overflow,
+                     message_ttl=_uint(a[11], "message_ttl") if len(a) > 11 else 0,
+                     expires=_uint(a[12], "expires") if len(a) > 12 else 0)
 
 
 def _message_in(m: Any, n: int = 7) -> StoredMessage:

@@ -44,20 +44,21 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
                   ("messages", "array Message"), ("parts", "int")),
 }
 #: types at a version past the first release's: version 2 of a queue's record and row adds its
-#: overflow (``max_length_bytes``, ``overflow``; feature level 3)
+#: overflow (``max_length_bytes``, ``overflow``), its messages' time to live (``message_ttl``) and
+#: its own when unused (``expires``; feature level 3)
 VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
     """A version-1 queue (record or row) as version 2 reads it: no byte bound, publishes past
-    ``max_length`` refused."""
-    return [*fields, 0, "reject-publish"]
+    ``max_length`` refused, no time to live, never deleted unused."""
+    return [*fields, 0, "reject-publish", 0, 0]
 
 
 def _overflow_down(fields: Fields) -> Fields:
     """A version-2 queue as version 1 has it: without its overflow (written only at feature
     level 3, which a version-1 build cannot join)."""
-    return list(fields[:-2])
+    return list(fields[:-4])
 
 
 #: the converters between a type's versions
