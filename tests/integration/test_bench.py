@@ -109,3 +109,30 @@ async def test_bench_of_a_spawned_group_measures_the_default_queue() -> None:
     assert run["cpu_us_per_msg"]["servers"] > 0
     assert run["server_cpu_us_per_msg"]["throughput"] > 0
     assert "3 spawned tandem node(s)" in run["server_cpu"]["processes"]
+
+
+async def test_bench_of_delayed_messages_reports_their_cost_and_lateness() -> None:
+    """`tandem bench --delayed`: a group of three (finalized by the bench), messages scheduled far
+    ahead, then messages due in 1-5 s, none early."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3", "--delayed", "3000", "--due", "300",
+        "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    r = json.loads(out)
+    assert r["error"] is None and r["confirmed"] == 3000 and r["publish_per_s"] > 0, r
+    assert set(r["peak_rss"]) == {"node1", "node2", "node3"} and r["bytes_per_message"] > 0
+    assert (r["due_received"], r["early"]) == (300, 0) and 0 <= r["late_ms"]["p50"] <= r["late_ms"]["max"], r
+
+
+async def test_bench_with_consumers_on_one_node_drains_every_partition_through_its_relays() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3", "--partitions", "3", "--messages",
+        "3000", "--latency-rate", "0", "--relayed", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    (r,) = json.loads(out)["runs"]
+    assert "consumers on one node (relayed)" in r["mode"], r
+    assert r["error"] is None and (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
+    assert r["confirmed"] == r["consumed"] == 3000

@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.config import NodeConfig
 from broker.tools.bench.backlog import add_backlog_args, backlog_command
+from broker.tools.bench.delayed import add_delayed_args, delayed_command
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -97,8 +98,13 @@ def add_bench_parser(sub: Any) -> None:
                    help="with --spawn: run the workload twice in the same run, on a plaintext group and then on "
                         "one with TLS on every link (tandems://, mutual TLS between nodes), and give TLS's cost "
                         "(a running node is measured over TLS when its --url is tandems://)")
+    p.add_argument("--relayed", action="store_true",
+                   help="Tandem's consumers connect to the URL's first node alone (a plain link) and get the "
+                        "partitions active on the other members through its relays, instead of subscribing on "
+                        "every member")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backlog_args(p)
+    add_delayed_args(p)
     add_ha_args(p)
     p.set_defaults(func=bench)
 
@@ -135,6 +141,8 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         raise InvalidArgumentError("give exactly one of --url (a running node) or --spawn (start one)")
     if args.backlog:
         return backlog_command(args)
+    if args.delayed is not None:
+        return delayed_command(args)
     pair = args.mode != "replicated" or args.arbiter != "majority"
     if not args.spawn and (pair or args.database or args.lock or args.lockfile or args.compare_replicated):
         raise InvalidArgumentError("--mode, --arbiter and --compare-replicated set up groups the bench starts: "
@@ -195,7 +203,7 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
         if args.compare_remote_sync is not None:
             runs.append(await _spawned(args, w, args.nodes, args.ha, remote_sync=args.compare_remote_sync))
     else:
-        runs.append(await run_system(TandemDriver(args.url, "as configured on the node"), w,
+        runs.append(await run_system(TandemDriver(args.url, "as configured on the node", relayed=args.relayed), w,
                                      servers=lambda: ServerProcs(reason="a running node (--url): its processes "
                                                                         "are not the bench's; use --spawn")))
     for peer in dict.fromkeys(args.peer):
@@ -276,7 +284,8 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 return ServerProcs(pids=tuple(pids), what=f"{len(pids)} spawned tandem node(s), pid(s) "
                                                           f"{', '.join(map(str, pids))}")
 
-            return await run_system(TandemDriver(url, durability), w, servers=servers, mode=mode)
+            return await run_system(TandemDriver(url, durability, relayed=args.relayed), w, servers=servers,
+                                    mode=mode + (", consumers on one node (relayed)" if args.relayed else ""))
         finally:
             if node is not None:
                 await node.stop()

@@ -193,10 +193,13 @@ class TandemDriver:
 
     name = "tandem"
 
-    def __init__(self, url: str, durability: str = "SYNC", *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, url: str, durability: str = "SYNC", *, relayed: bool = False,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
         self.url = url
         self.durability = durability
+        #: consumers on one node (a plain link to the URL's first), the others' partitions relayed
+        self.relayed = relayed
         self.queue = ""
         self._queues: list[str] = []  # every queue setup made, for teardown
         self._conns: list[client.DurableConnection] = []
@@ -240,6 +243,18 @@ class TandemDriver:
         return Publisher(lambda body: producer.send_nowait(body), window=w.window)
 
     async def consume(self, w: Workload, checker: Checker) -> None:
+        if self.relayed:  # one node, which relays the partitions active on the others
+            link = await client.connect_link(self.url, client_name="tandem-bench")
+            try:
+                one = await link.consumer(self.queue, prefetch=w.prefetch).start()
+                async for delivered in one:
+                    checker.record(delivered.body)
+                    delivered.ack()
+                    if checker.done.is_set():
+                        return
+            finally:
+                await link.close()
+            return
         conn = await self._connect()
         # every member: in a group each delivers the partitions it is active for
         c = await conn.group_consumer(self.queue, prefetch=w.prefetch).start()
