@@ -234,8 +234,7 @@ class Catalogue:
                 placing = self._placing().static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
             if not commit.catalogue_log:
-                if needs_overflow_level(meta) and self.placing is not None and node.config.mode != "shared" \
-                        and self.placing.feature_level() < OVERFLOW_LEVEL:
+                if needs_overflow_level(meta) and self.placing is not None and node.config.mode != "shared":
                     # a single node raises its own level (it has no member to wait for): an older build
                     # then refuses its store instead of reading its queues without their overflow
                     placing = self.placing.level_apply(SetFeatureLevel(OVERFLOW_LEVEL))

@@ -35,7 +35,7 @@ TIMING_HEADERS = (DELAY_HEADER, DELIVER_AT_HEADER, EXPIRATION_HEADER)
 
 def _ms(headers: dict[str, str], name: str) -> int | None:
     v = headers.get(name)
-    return int(v) if v is not None and v.isdigit() else None
+    return int(v) if v is not None and v.isascii() and v.isdigit() and len(v) <= 16 else None
 
 
 def message_times(headers: dict[str, str], ts: float) -> tuple[float, float]:

@@ -295,18 +295,18 @@ class Queue:
 
     def add_ready(self, partition: Partition, msgs: list[Msg]) -> None:
         """Messages in offset order, after every ready one: into memory while the
-        partition's share of the budget lasts, else into the cold region (those not due yet
-        aside, in memory: ``Partition.delayed``)."""
-        msgs = self._divert(partition, msgs)
+        partition's share of the budget lasts, else into the cold region.  Of those that stay
+        in memory, the ones not due yet wait aside (``Partition.delayed``); a delayed message
+        that goes cold is held aside when it is read back (every offset aside is below the cold
+        region's)."""
         if not msgs:
             return
         if partition.cold_count:
             self._extend_cold(partition, msgs[0].offset, msgs[-1].offset + 1, len(msgs),
                               sum(len(m.body) + len(m.headers_blob) for m in msgs))
             return
-        cost = sum(len(m.body) + len(m.headers_blob) for m in msgs) + MSG_MEMORY * len(msgs)
         share = self.budget.share()
-        if share and partition.held + cost > share:
+        if share and partition.held + sum(held_cost(m) for m in msgs) > share:
             held, i = partition.held, 0
             for m in msgs:
                 c = held_cost(m)
@@ -319,7 +319,8 @@ class Queue:
                 self._extend_cold(partition, cold[0].offset, cold[-1].offset + 1, len(cold),
                                   sum(len(m.body) + len(m.headers_blob) for m in cold))
             msgs = msgs[:i]
-            cost = held - partition.held
+        msgs = self._divert(partition, msgs)
+        cost = sum(len(m.body) + len(m.headers_blob) for m in msgs) + MSG_MEMORY * len(msgs)
         partition.ready.extend(msgs)
         partition.held += cost
         self.budget.held += cost
@@ -389,15 +390,19 @@ class Queue:
         return sum(p.held - MSG_MEMORY * len(p.ready) + p.cold_bytes for p in self.partitions)
 
     def requeue(self, msgs: list[Msg]) -> None:
+        """Back among the ready messages at their offsets (one not due yet: aside again)."""
         by_part: dict[int, list[Msg]] = {}
         for m in msgs:
             by_part.setdefault(m.partition, []).append(m)
         for p, lst in by_part.items():
             part = self.partitions[p]
+            lst = self._divert(part, lst)
+            if not lst:
+                continue
             before = part.held
             part.requeue(lst)
             self.budget.held += part.held - before
-        self.ready_count += len(msgs)
+            self.ready_count += len(lst)
 
     def purge_ready(self) -> dict[int, list[Msg]]:
         """Drop every ready message in memory and every cold region; returns the ones in

@@ -19,6 +19,7 @@ turn, as in RabbitMQ.  Delayed messages are held in memory outside ``max_memory`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -28,6 +29,8 @@ from broker.messaging.queues import Queue
 from client.clock import Clock
 from client.errors import InvalidArgumentError
 from client.protocol.frames import PublishMessage
+
+log = logging.getLogger("tandem.broker")
 
 #: seconds between two looks at the queues' delayed and expiring messages
 TICK = 0.1
@@ -55,7 +58,7 @@ def check(messages: Iterable[PublishMessage], now: float) -> None:
             v = m.headers.get(name)
             if v is None:
                 continue
-            if not v.isdigit() or len(v) > 16:
+            if not (v.isascii() and v.isdigit()) or len(v) > 16:
                 raise InvalidArgumentError(f"header {name}: {v[:20]!r} is not a whole number of milliseconds")
             limit = now * 1000 + MAX_DELAY_MS if name == DELIVER_AT_HEADER else MAX_DELAY_MS
             if int(v) > limit:
@@ -72,7 +75,10 @@ class QueueTimes:
     async def run(self) -> None:
         while True:
             await self.clock.sleep(TICK)
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # a bug must not stop time for every queue here: say so, go on
+                log.exception("the queues' timing loop failed a look (it goes on)")
 
     def tick(self) -> None:
         now = self.clock.time()

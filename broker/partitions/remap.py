@@ -37,7 +37,7 @@ from broker.messaging.mapper import parse_static
 from broker.messaging.outcome import Outcome
 from broker.messaging.publish import PublishRequest, PublishResult
 from broker.messaging.declare import MAX_PARTITIONS
-from broker.messaging.message import ID_HEADER, Msg, msg_from_store
+from broker.messaging.message import DELAY_HEADER, DELIVER_AT_HEADER, ID_HEADER, Msg, msg_from_store
 from broker.messaging.queues import Queue
 from broker.security.security import CatalogueHost, catalogue_change, commit_catalogue
 from client.clock import Clock
@@ -494,8 +494,8 @@ class Remaps:
             for batch in _batches(lst):
                 self._check(q, pidx, gen)
                 r = await self.publisher.publish(PublishRequest(
-                    q.name, pid, [PublishMessage(m.key, {**m.headers, ID_HEADER: m.headers.get(ID_HEADER, m.id)},
-                                                 m.body, m.offset) for m in batch], partition=target))
+                    q.name, pid, [PublishMessage(m.key, _moved_headers(m), m.body, m.offset) for m in batch],
+                    partition=target))
                 self.already += r.duplicates  # (a sweep cut short sent them: the target kept its copy)
                 await self.here.commit_ops((q.meta.id, pidx), [Settle(q.meta.id, pidx, [m.offset for m in batch])])
                 self._check(q, pidx, gen)
@@ -516,3 +516,13 @@ def _batches(msgs: list[Msg]) -> Iterable[list[Msg]]:
         size += n
     if batch:
         yield batch
+
+
+def _moved_headers(m: Msg) -> dict[str, str]:
+    """A re-mapped message's headers: its first id kept, and a delay as the time it is due (its
+    publish time here is new; an ``expiration`` counts from it again)."""
+    headers = {**m.headers, ID_HEADER: m.headers.get(ID_HEADER, m.id)}
+    if m.due and DELAY_HEADER in headers:
+        del headers[DELAY_HEADER]
+        headers[DELIVER_AT_HEADER] = str(int(m.due * 1000) + 1)
+    return headers

@@ -65,6 +65,8 @@ class UnusedQueues:
                 await self.sweep()
             except TandemError as exc:  # (the catalogue's active moved, a member is slow: next time)
                 log.debug("unused queues: %s", exc.message)
+            except Exception:  # a bug must not end the look for good: say so, go on
+                log.exception("the look at unused queues failed (it goes on)")
 
     async def sweep(self) -> list[str]:
         """Delete the queues unused for their ``expires`` (this node being the catalogue's
@@ -77,12 +79,15 @@ class UnusedQueues:
         reports: list[Mapping[str, list[Any]]] = [{q.name: [0] * CONSUMERS + list(q.usage()) for q in timed}]
         for member in list(node.links()):
             try:
-                reports.append(decode_reply(await node.forward(member, QueueStatsFwd())) or {})
+                answer = decode_reply(await node.forward(member, QueueStatsFwd()))
             except TandemError:
                 continue  # (down, or not answering: no say)
+            if isinstance(answer, dict):
+                reports.append(answer)
         gone = []
         for q in timed:
-            if all(_idle(r.get(q.name), q.meta.expires) for r in reports) and not q.deleted:
+            fresh = {q.name: [0] * CONSUMERS + list(q.usage())}  # (here again: the reports took a while)
+            if all(_idle(r.get(q.name), q.meta.expires) for r in (*reports, fresh)) and not q.deleted:
                 await cat.delete(q.name, False)
                 log.warning("QUEUE EXPIRED %s: unused on every member for %d ms (expires): deleted", q.name,
                             q.meta.expires)

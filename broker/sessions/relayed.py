@@ -157,7 +157,12 @@ class Relayed:
         h = self._holder(link, req.session)
         if h.consumer_for(req.consumer) is not None:
             return  # (asked again: the first reply was lost)
-        c = self.delivery.add_consumer(h, req.queue, req.prefetch)
+        try:
+            c = self.delivery.add_consumer(h, req.queue, req.prefetch)
+        except TandemError:
+            if not h.consumers and not h.deliveries:
+                self._release(link, req.session)  # (nothing of it here: no holder left behind)
+            raise
         c.relayed = True
         h.consumers[c.id] = c
         h.remote[c.id] = req.consumer
@@ -186,10 +191,10 @@ class Relayed:
     async def _get(self, link: Link, req: RelayGetFwd) -> bytes:
         self.host.require_quorum("get")
         q = self.host.queue(req.queue)
+        h = self._holder(link, req.session)  # (before a message leaves ready: a closing link takes none)
         msgs = self.delivery.take_live(q, 1, self.host.config.max_frame_size)
         if not msgs:
             return encode(GetOk(rid=0, message=None))[4:]
-        h = self._holder(link, req.session)
         marks, marked = self.delivery.record_deliveries(q, msgs)
         holder = Consumer(0, q, h, 1)
         holder.unacked = 1

@@ -54,6 +54,11 @@ class NodeState(Protocol):
     @property
     def sessions(self) -> Collection[Holder]: ...
 
+    @property
+    def holders(self) -> Collection[Holder]:
+        """Its client sessions, and the relays other members' sessions hold here."""
+        ...
+
     def queue(self, name: str) -> Queue: ...
 
     def serves(self, q: Queue, pidx: int) -> bool: ...
@@ -69,16 +74,16 @@ class Options(Protocol):
 
 def partition_depth(node: NodeState, q: Queue, pidx: int) -> int:
     """Ready and delivered-but-unsettled messages of one partition served here."""
-    return holders.partition_depth(node.sessions, q, pidx)
+    return holders.partition_depth(node.holders, q, pidx)
 
 
 def local_pstats(node: NodeState, q: Queue, pidx: int) -> dict[str, Any]:
-    """ready, unacked, depth and next offset of a partition this node serves."""
+    """ready, unacked, delayed, depth and next offset of a partition this node serves."""
     part = q.partitions[pidx]
     depth = partition_depth(node, q, pidx)
-    ready = len(part.ready) + part.cold_count
-    return {"ready": ready, "unacked": depth - ready, "depth": depth, "active": node.config.name,
-            "next_offset": part.next_offset}
+    ready, delayed = len(part.ready) + part.cold_count, len(part.delayed)
+    return {"ready": ready, "unacked": depth - ready - delayed, "delayed": delayed, "depth": depth,
+            "active": node.config.name, "next_offset": part.next_offset}
 
 
 def pstats_payload(node: NodeState, qname: str, pidx: int) -> bytes:

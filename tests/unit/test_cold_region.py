@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
+
 from broker.messaging.message import MemoryBudget, Msg
 from broker.messaging.queues import Queue
 from storage.base import MSG_MEMORY, MIN_SHARE, Append, MarkDelivered, PutQueue, QueueMeta, SetDeliveryCount, \
@@ -191,3 +193,48 @@ def test_sqlite_load_with_a_budget_counts_the_rest(tmp_path: Path) -> None:
     st2 = eng.load_partition(1, 0, MIN_SHARE)
     assert (st2.cold_start, st2.cold_end, st2.cold_count) == (st.cold_start, st.cold_end, st.cold_count)
     eng.close()
+
+
+def test_a_delayed_message_that_goes_cold_is_held_aside_once_when_read_back() -> None:
+    """Published while the partition has a cold region, a delayed message is counted cold like the
+    others and held aside (once) when the refill reads it back; due later, it is ready once."""
+    q = queue()
+    q.now = lambda: 100.0
+    part = q.partitions[0]
+    q.add_ready(part, [msg(o) for o in range(1000)])  # a cold region from `fits` on
+    late = Msg(0, 1000, None, {"x-delay": "5000"}, b"\x80", b"d" * BODY, None, None, 100.0)
+    q.add_ready(part, [late, msg(1001)])
+    assert not part.delayed and q.delayed_count == 0 and q.ready_count == 1002  # (cold: not read yet)
+    seen = [m.offset for m in q.take(10_000, 1 << 40)]
+    while part.cold_count:
+        epoch, offset, limit = q.begin_refill(part)
+        batch = [StoredMessage(o, None, stored_headers(o), bytes([o % 256]) * BODY, None, None, 100.0, 0)
+                 for o in range(offset, min(offset + limit, 1002))]
+        assert q.end_refill(part, epoch, batch, limit, stored_end=1002)
+        seen += [m.offset for m in q.take(10_000, 1 << 40)]
+    assert 1000 not in seen and seen == [o for o in range(1002) if o != 1000]
+    assert [o for _due, o, _m in part.delayed] == [1000] and q.delayed_count == 1
+    assert q.ready_count == 0 and q.depth == 1
+    q.now = lambda: 106.0
+    assert q.promote(106.0) and [m.offset for m in q.take(10, 1 << 40)] == [1000]
+    assert q.delayed_count == 0 and q.ready_count == 0 and not part.delayed
+
+
+def stored_headers(offset: int) -> bytes:
+    """The stored headers of the test's messages: offset 1000 is the delayed one."""
+    return msgpack.packb({"x-delay": "5000"}) if offset == 1000 else b"\x80"
+
+
+def test_delayed_messages_taken_with_the_hot_head_go_back_aside() -> None:
+    """A re-partitioning takes a partition's messages in memory, delayed ones too, and puts those
+    that stay back: a delayed one waits aside again, not ready early."""
+    q = queue()
+    q.now = lambda: 100.0
+    part = q.partitions[0]
+    late = Msg(0, 1, None, {"x-delay": "5000"}, b"\x80", b"d", None, None, 100.0)
+    q.add_ready(part, [msg(0), late, msg(2)])
+    assert q.delayed_count == 1 and q.ready_count == 2
+    taken = q.take_hot(part)
+    assert sorted(m.offset for m in taken) == [0, 1, 2] and q.depth == 0
+    q.requeue(taken)
+    assert [m.offset for m in part.ready] == [0, 2] and q.delayed_count == 1 and q.ready_count == 2

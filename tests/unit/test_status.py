@@ -37,6 +37,10 @@ class FakeNode:
     served: set[tuple[str, int]] = field(default_factory=set)
     settings: list[tuple[str, Any, str]] = field(default_factory=list)
 
+    @property
+    def holders(self) -> list[FakeSession]:
+        return self.sessions
+
     def queue(self, name: str) -> Queue:
         if name not in self.queues:
             raise QueueNotFoundError(f"no queue {name!r}")
@@ -73,7 +77,7 @@ def test_depth_counts_ready_and_delivered_unsettled(tmp_path: Any) -> None:
     node, q = a_node(tmp_path)
     assert partition_depth(node, q, 0) == 4
     assert partition_depth(node, q, 1) == 0
-    assert local_pstats(node, q, 0) == {"ready": 3, "unacked": 1, "depth": 4, "active": "node1", "next_offset": 4}
+    assert local_pstats(node, q, 0) == {"ready": 3, "unacked": 1, "delayed": 0, "depth": 4, "active": "node1", "next_offset": 4}
 
 
 def test_pstats_only_for_a_partition_served_here(tmp_path: Any) -> None:
