@@ -49,6 +49,20 @@ async def queue_spread(g: Group, queue: str, partitions: int = 6) -> None:
                   what=f"{queue}'s partitions active on two members")
 
 
+async def reading_on_n1(g: Group) -> tuple[list[bytes], list[str], str, Reader]:
+    """Start the group, fill a 6-partition queue spread over the members with 600 messages, and
+    subscribe a reader on n1: (the bodies, each partition's active, a member other than n1 that is
+    active for some, the reader)."""
+    await g.start()
+    await queue_spread(g, "q")
+    bodies = [f"m{i}".encode() for i in range(600)]
+    await publish_all(g, g["n1"], "q", bodies)
+    where = actives(g, "q")
+    reader = Reader(g, g["n1"], "q", prefetch=20)
+    await reader.subscribe()
+    return bodies, where, next(a for a in where if a != "n1"), reader
+
+
 async def test_one_session_on_one_member_consumes_every_partition(tmp_path: Path) -> None:
     async with Group(tmp_path) as g:
         await g.start()
@@ -84,14 +98,7 @@ async def test_a_cut_link_gives_back_what_it_held_and_the_relay_comes_back(tmp_p
     with deliveries unacked: that member makes them ready again; once healed they come again
     and every message is delivered, none lost."""
     async with Group(tmp_path) as g:
-        await g.start()
-        await queue_spread(g, "q")
-        bodies = [f"m{i}".encode() for i in range(600)]
-        await publish_all(g, g["n1"], "q", bodies)
-        where = actives(g, "q")
-        other = next(a for a in where if a != "n1")
-        reader = Reader(g, g["n1"], "q", prefetch=20)
-        await reader.subscribe()
+        bodies, where, other, reader = await reading_on_n1(g)
         await reader.until(100)
         reader.hold = True  # what comes now stays unacked across the cut
         await g.run_for(0.5)
@@ -118,14 +125,7 @@ async def test_a_member_killed_mid_consume_loses_nothing(tmp_path: Path, seed: i
     consumes (links delayed by up to 20 ms, a schedule per seed): the partitions fail over, and
     the one session still gets every message."""
     async with Group(tmp_path, seed=seed, max_delay=0.02) as g:
-        await g.start()
-        await queue_spread(g, "q")
-        bodies = [f"m{i}".encode() for i in range(600)]
-        await publish_all(g, g["n1"], "q", bodies)
-        where = actives(g, "q")
-        victim = next(a for a in where if a != "n1")
-        reader = Reader(g, g["n1"], "q", prefetch=20)
-        await reader.subscribe()
+        bodies, _where, victim, reader = await reading_on_n1(g)
         await reader.until(150)
         await g.kill(victim)
         await reader.until(600, timeout=120.0)

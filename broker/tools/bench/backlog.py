@@ -106,11 +106,13 @@ class BacklogResult:
         return {**asdict(self), "exactly_once": self.exactly_once}
 
 
-async def _publish(url: str, queue: str, ids: range, size: int, producers: int, window: int) -> tuple[int, float]:
-    """Publish ``ids`` over ``producers`` connections; (confirmed, seconds)."""
-    conns = [await client.connect(url, client_name="tandem-bench-backlog") for _ in range(producers)]
+async def publish_ids(url: str, queue: str, ids: range, size: int, producers: int, window: int,
+                      submit: Callable[[Any], Callable[[bytes], Any]] = lambda p: p.send_nowait) -> tuple[int, float]:
+    """Publish ``ids`` over ``producers`` connections, each message through ``submit(producer)``;
+    (confirmed, seconds)."""
+    conns = [await client.connect(url, client_name="tandem-bench") for _ in range(producers)]
     try:
-        pubs = [Publisher(conn.producer(queue).send_nowait, window=window) for conn in conns]
+        pubs = [Publisher(submit(conn.producer(queue)), window=window) for conn in conns]
         t0 = time.perf_counter()
         n = len(ids)
         step = -(-n // producers)
@@ -222,12 +224,12 @@ async def run_backlog(total: int, *, max_memory: int, size: int = 1024, nodes: i
                 # a queue that fits in memory: the consume rate a backlog's drain is held to
                 res.warm_messages = min(messages, max(1000, max_memory // 2 // (size + PER_MESSAGE)), 200_000)
                 await _declare(url, "warm", partitions)
-                n, _took = await _publish(url, "warm", range(res.warm_messages), size, producers, window)
+                n, _took = await publish_ids(url, "warm", range(res.warm_messages), size, producers, window)
                 seen, took = await _drain(url, "warm", n, res.warm_messages, prefetch)
                 res.warm_consume_per_s = round(seen.count / took, 1) if took else 0.0
                 await _delete(url, "warm")
             await _declare(url, "backlog", partitions)
-            res.confirmed, took = await _publish(url, "backlog", range(messages), size, producers, window)
+            res.confirmed, took = await publish_ids(url, "backlog", range(messages), size, producers, window)
             res.publish_per_s = round(res.confirmed / took, 1) if took else 0.0
             if restart:
                 if cluster is not None:

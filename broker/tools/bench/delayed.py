@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import client
-from broker.tools.bench.backlog import RssSampler, rss_of
-from broker.tools.bench.workload import Publisher
+from broker.tools.bench.backlog import RssSampler, publish_ids, rss_of
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
 from client.errors import InvalidArgumentError, TandemError
@@ -68,32 +67,6 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-async def _publish(url: str, queue: str, count: int, size: int, producers: int, window: int,
-                   delays: tuple[float, float], seed: int) -> tuple[int, float]:
-    rng = random.Random(seed)
-    conns = [await client.connect(url, client_name="tandem-bench-delayed") for _ in range(producers)]
-    try:
-        pubs = []
-        for conn in conns:
-            producer = conn.producer(queue)
-
-            def submit(body: bytes, producer: Any = producer) -> Any:
-                return producer.send_nowait(body, delay=rng.uniform(*delays))
-
-            pubs.append(Publisher(submit, window=window))
-        step = -(-count // producers)
-        t0 = time.perf_counter()
-        await asyncio.gather(*(p.run(range(k * step, min(count, (k + 1) * step)), size) for k, p in enumerate(pubs)))
-        took = time.perf_counter() - t0
-        errors = [p.first_error for p in pubs if p.first_error is not None]
-        if errors:
-            raise errors[0]
-        return sum(p.confirmed for p in pubs), took
-    finally:
-        for conn in conns:
-            await conn.close()
 
 
 async def _due(url: str, count: int, seed: int) -> tuple[int, int, list[float]]:
@@ -155,7 +128,10 @@ async def run_delayed(count: int, *, size: int = 128, nodes: int = 1, partitions
                 await conn.declare_queue("delayed", partitions=partitions)
             res.rss_before = {n: rss_of(pid) for n, pid in pids().items()}
             sampler.start()
-            res.confirmed, took = await _publish(url, "delayed", count, size, producers, window, delays, seed)
+            rng = random.Random(seed)
+            res.confirmed, took = await publish_ids(
+                url, "delayed", range(count), size, producers, window,
+                submit=lambda p: lambda body: p.send_nowait(body, delay=rng.uniform(*delays)))
             res.publish_per_s = round(res.confirmed / took, 1) if took else 0.0
             await sampler.stop()
             res.peak_rss = dict(sampler.peak)

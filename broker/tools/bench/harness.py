@@ -29,6 +29,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import client
 from broker.tools.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
@@ -246,12 +247,7 @@ class TandemDriver:
         if self.relayed:  # one node, which relays the partitions active on the others
             link = await client.connect_link(self.url, client_name="tandem-bench")
             try:
-                one = await link.consumer(self.queue, prefetch=w.prefetch).start()
-                async for delivered in one:
-                    checker.record(delivered.body)
-                    delivered.ack()
-                    if checker.done.is_set():
-                        return
+                await _until_done(await link.consumer(self.queue, prefetch=w.prefetch).start(), checker)
             finally:
                 await link.close()
             return
@@ -259,11 +255,7 @@ class TandemDriver:
         # every member: in a group each delivers the partitions it is active for
         c = await conn.group_consumer(self.queue, prefetch=w.prefetch).start()
         try:
-            async for m in c:
-                checker.record(m.body)
-                m.ack()
-                if checker.done.is_set():
-                    return
+            await _until_done(c, checker)
         finally:
             if not conn.is_closed:
                 await c.cancel()
@@ -278,3 +270,12 @@ class TandemDriver:
                 for c in self._conns:
                     await c.close()
                 self._conns.clear()
+
+
+async def _until_done(consumer: Any, checker: Checker) -> None:
+    """Record and ack what ``consumer`` delivers until ``checker`` has every message."""
+    async for m in consumer:
+        checker.record(m.body)
+        m.ack()
+        if checker.done.is_set():
+            return
