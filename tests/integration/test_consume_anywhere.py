@@ -6,6 +6,8 @@ lost, duplicated and unexpected."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -142,5 +144,59 @@ async def test_a_member_on_an_older_build_relays_nothing_and_is_named_once(tmp_p
                     await m.ack()
         verdict = classify(sent, sent, got)
         assert (verdict.lost, verdict.duplicated, verdict.unexpected) == (0, 0, 0), verdict
+    finally:
+        await cl.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None, reason="needs root and iptables")
+@pytest.mark.xdist_group("netns")  # (the host's packet filter and namespaces: one such group at a time)
+async def test_a_relay_across_a_cut_link_gives_back_what_it_held_and_comes_back(tmp_path: Path) -> None:
+    """Each node in a network namespace of its own; a blocking client on node1 consumes a queue
+    spread over the three while iptables drops everything between node1 and another member for
+    5 s (the link hangs rather than closes).  node1's partitions keep coming, the other member's
+    stop; after the heal the relay comes back, and every message arrives: none lost."""
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST,
+                      net="netns")
+    assert cl.netns is not None
+    await cl.start()
+    try:
+        await cl.wait_members()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("cut", partitions=PARTITIONS)
+
+        async def spread() -> bool:
+            where = await cl.actives("cut", PARTITIONS)
+            return len(where) == PARTITIONS and len(set(where.values())) == 3
+
+        await wait_until(spread, timeout=60, what="the partitions active on all three members")
+        where = await cl.actives("cut", PARTITIONS)
+        other = next(n for n in ("node2", "node3") if n in where.values())
+        sent = [f"m{i}".encode() for i in range(600)]
+        async with await client.connect(cl.url) as conn:
+            p = conn.producer("cut")
+            await asyncio.gather(*(p.send(b, key=b.decode()) for b in sent))
+        got: list[tuple[bytes, str]] = []
+        order: list[int] = []
+        stop, progress = threading.Event(), threading.Event()
+        reader = asyncio.ensure_future(asyncio.to_thread(
+            consume, cl.url_of("node1"), "cut", set(sent), got, stop, order, progress, 200))
+        try:
+            await wait_until(progress.is_set, timeout=60, what="200 consumed")
+            await asyncio.to_thread(cl.netns.block, "node1", [other])
+            cut_at = len(got)
+            await wait_until(lambda: len(got) > cut_at + 20, timeout=30, what="node1's own partitions still coming")
+            await asyncio.sleep(5)  # the fault's length: the cut lasts 5 s, consuming goes on meanwhile
+            healed_at = len(order)
+            await asyncio.to_thread(cl.netns.clear, ["node1"])
+            await asyncio.wait_for(asyncio.shield(reader), timeout=120)
+        finally:
+            stop.set()
+            await asyncio.to_thread(cl.netns.clear, ["node1"])
+            await reader
+        verdict = classify(sent, sent, got)
+        assert (verdict.lost, verdict.unexpected) == (0, 0), verdict
+        assert set(order) == set(range(PARTITIONS))
+        theirs = {p for p, n in where.items() if n == other}
+        assert theirs & set(order[healed_at:]), "nothing of the cut member's partitions came after the heal"
     finally:
         await cl.stop()
