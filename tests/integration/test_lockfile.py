@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -91,10 +92,12 @@ def holder_of(sts: dict[str, StatusOk]) -> str:
 
 
 def cut_gateway(tmp_path: Path, name: str) -> None:
-    """Node ``name`` loses the gateway: its mount point leads nowhere (a dead NFS mount)."""
-    mount = tmp_path / f"mount-{name}"
-    mount.unlink()
-    mount.symlink_to(tmp_path / "unreachable")
+    """Node ``name`` loses the gateway: its mount point leads nowhere (a dead NFS mount).  The
+    link is swapped in one rename: a node that finds no mount point at all makes the lock file's
+    directory there, and a swap in two steps could race it."""
+    mount, swap = tmp_path / f"mount-{name}", tmp_path / f".mount-{name}.cut"
+    swap.symlink_to(tmp_path / "unreachable")
+    os.replace(swap, mount)
 
 
 def peer_proxies(cl: LocalCluster) -> list[FaultProxy]:
