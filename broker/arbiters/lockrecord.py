@@ -2,8 +2,8 @@
 
 A plain ``flock`` is not a lease: a holder stopped by SIGSTOP (or a machine that hangs) keeps
 its flock for ever, and one killed by ``kill -9`` loses it at once, whatever it had told
-its peer.  So the flock (``filelock.FileLock`` on ``PATH``) only guards short critical
-sections, and the lease lives in a *record* beside it, ``PATH.epoch``::
+its peer.  So the flock (on ``PATH``: :class:`Flock`, which never makes a directory) only
+guards short critical sections, and the lease lives in a *record* beside it, ``PATH.epoch``::
 
     {"v": 1, "holder": "node1", "epoch": 7, "renewal": 1234, "alone": false}
 
@@ -47,12 +47,13 @@ All calls block (file I/O, the flock): the driver runs them on a thread of its o
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
 
 RECORD_VERSION = 1
 
@@ -107,8 +108,7 @@ class LockFile:
         self._dir_made = False  # (see _make_dir)
         self._mtime = 0.0  # of the record at the last read (the gateway's clock)
         # a real flock, kept on one pathname (no soft marker that kill -9 would leave behind)
-        self._flock = filelock.FileLock(str(self.path), timeout=flock_timeout, thread_local=False,
-                                        preserve_lock_file=True)
+        self._flock = Flock(self.path, flock_timeout)
 
     # -- the operations ----------------------------------------------------------------------
 
@@ -199,7 +199,7 @@ class LockFile:
                                 exc) from exc
         try:
             self._flock.acquire()
-        except filelock.Timeout as exc:
+        except FlockTimeout as exc:
             raise LockFileError(f"{what}: the flock on {self.path} is held by another process", exc) from exc
         except OSError as exc:
             raise LockFileError(f"{what}: cannot lock {self.path}: {exc}", exc) from exc
@@ -284,10 +284,54 @@ class LockFile:
             raise LockFileError(f"cannot sync {self.record_path.parent}: {exc}", exc) from exc
 
 
+class FlockTimeout(Exception):
+    """The flock stayed held by another process past the timeout."""
+
+
+class Flock:
+    """An exclusive ``flock`` on one pathname, taken within ``timeout`` seconds.  It opens the
+    file with ``O_CREAT`` and makes no directory: a gateway share that went away (unmounted)
+    fails the open, where a lock library that makes the file's directory first (py-filelock
+    does) would put a local directory in its place, and this node would take a lock no other
+    node sees."""
+
+    #: seconds between two tries of a flock held by another process
+    POLL = 0.005
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.lock_file, self.timeout = str(path), timeout
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)  # (FileNotFoundError: no directory)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise FlockTimeout(self.lock_file) from None
+                time.sleep(self.POLL)  # (a critical section of the other node: milliseconds)
+            except OSError:
+                os.close(fd)
+                raise
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
 class _Release:
     """``with`` around an acquired flock: released on exit, a release error reported."""
 
-    def __init__(self, flock: filelock.BaseFileLock) -> None:
+    def __init__(self, flock: Flock) -> None:
         self._flock = flock
 
     def __enter__(self) -> None:

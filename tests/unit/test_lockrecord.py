@@ -11,7 +11,7 @@ from pathlib import Path
 import filelock
 import pytest
 
-from broker.arbiters.lockrecord import LockFile, LockFileError
+from broker.arbiters.lockrecord import Flock, LockFile, LockFileError
 
 LEASE = 1.0
 
@@ -129,4 +129,23 @@ def test_a_gateway_directory_that_goes_away_is_unreachable_not_made_again(tmp_pa
     (tmp_path / "gw").rmdir()  # (the share is gone)
     with pytest.raises(LockFileError, match="not reachable|No such file"):
         a.renew(1, alone=False)
+    assert not (tmp_path / "gw").exists()
+
+
+def test_the_flock_never_makes_the_directory_of_a_share_that_went_away(tmp_path: Path) -> None:
+    """Between an operation's first write and its flock the share can go: the flock then fails,
+    and no local directory takes the share's place (py-filelock makes one: this node would
+    find no record there and take a lock the other node never sees)."""
+    a, _b = pair(tmp_path)
+    assert a.try_take(None).taken
+    for f in (tmp_path / "gw").iterdir():
+        f.unlink()
+    (tmp_path / "gw").rmdir()  # (the share is gone, after the operation wrote its temporary record)
+    with pytest.raises(LockFileError, match="cannot lock .*No such file"):
+        with a._locked("renew"):
+            pass
+    assert not (tmp_path / "gw").exists()
+    flock = Flock(tmp_path / "gw" / "tandem.lock", 0.2)
+    with pytest.raises(FileNotFoundError):
+        flock.acquire()
     assert not (tmp_path / "gw").exists()
