@@ -45,8 +45,14 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
     cl.nodes["node3"].build = old
     try:
         await cl.start()
-        await cl.wait_ready()
+        await cl.wait_members()  # (a quorum is two: node1 may not be linked to node3 yet, nor know its build)
         new_url, old_url = cl.nodes["node1"].url, cl.nodes["node3"].url
+
+        async def knows_every_build() -> bool:
+            members = (await cl.status("node1")).remotes
+            return len(members) == 2 and all(r.state == "Up" for r in members)
+
+        await wait_until(knows_every_build, timeout=30, what="node1 linked to both members")
         st = _tandem("upgrade", "status", "--json", url=new_url)
         assert st.returncode == 0, st.stderr
         doc = json.loads(st.stdout)
