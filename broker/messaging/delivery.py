@@ -24,6 +24,7 @@ from broker.messaging.message import Msg, Partition, encode_headers
 from broker.messaging.queues import Consumer, Queue, Recipient
 from client.clock import Clock
 from client.errors import InvalidArgumentError, TandemError
+from client.protocol.frames import Delivery as DeliveryRecord
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
 from storage.writer import Callback
 
@@ -35,6 +36,12 @@ class PrefetchGuard(Protocol):
 class DeadLetterRule(Protocol):
     """Who may dead-letter where (broker.security.acl.AclTable)."""
     def dead_letter_refusal(self, users: Any, owner: str | None, target: str) -> str | None: ...
+
+
+class Tagging(Recipient, Protocol):
+    """A recipient that hands out its own delivery tags (a client session, a relay)."""
+
+    def tag(self, c: Consumer, m: Msg) -> DeliveryRecord: ...
 
 
 class DeliveryRules(Protocol):
@@ -171,6 +178,14 @@ class Delivery:
                 if not msgs:
                     return
                 c.session.deliver(c, msgs)
+
+    def hold_got(self, r: Tagging, q: Queue, m: Msg) -> tuple[DeliveryRecord, list[WriteOp], Callable[[], None]]:
+        """``m``, taken by a get, held by ``r`` under a tag of its own until settled: its delivery,
+        the delivered-mark ops to commit before it leaves, and what to call once they are."""
+        marks, marked = self.record_deliveries(q, [m])
+        holder = Consumer(0, q, r, 1)
+        holder.unacked = 1
+        return r.tag(holder, m), marks, marked
 
     def record_deliveries(self, q: Queue, msgs: list[Msg]) -> tuple[list[WriteOp], Callable[[], None]]:
         """Count a delivery on each message.  Returns the delivered-mark ops to commit

@@ -153,10 +153,7 @@ class Messaging:
             s.send_in_order(GetOk(rid=f.rid, message=await self.relays.get(s, q, f.auto_ack)))
             return
         delivery = self.delivery
-        marks, marked = delivery.record_deliveries(q, msgs)
-        holder = Consumer(0, q, s, 1)
-        holder.unacked = 1
-        d = s.tag(holder, msgs[0])
+        d, marks, marked = delivery.hold_got(s, q, msgs[0])
         if f.auto_ack:
             delivery.ack([s.deliveries.pop(d.tag)])
         if marks:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import msgpack
 
 from broker.config import NodeConfig
-from broker.messaging.forward import (UNKNOWN_KIND, ForwardKind, ForwardRequest, RelayCancelFwd, RelayDeliverFwd,
+from broker.messaging.forward import (UNKNOWN_KIND, ForwardRequest, RelayCancelFwd, RelayDeliverFwd,
                                       RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd)
 from broker.messaging.queues import Consumer, Queue
 from broker.peers.links import Link
@@ -226,8 +226,7 @@ class Relays:
     async def handle(self, link: Link, req: ForwardRequest) -> bytes:
         """A relay request another member forwarded: deliveries for a session here, or a request
         of one of its sessions (``served``)."""
-        if req.KIND is ForwardKind.RELAY_DELIVER:
-            assert isinstance(req, RelayDeliverFwd)
+        if isinstance(req, RelayDeliverFwd):
             return self._delivered(link, req)
         return await self.served.handle(link, req)
 

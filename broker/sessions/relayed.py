@@ -195,10 +195,7 @@ class Relayed:
         msgs = self.delivery.take_live(q, 1, self.host.config.max_frame_size)
         if not msgs:
             return encode(GetOk(rid=0, message=None))[4:]
-        marks, marked = self.delivery.record_deliveries(q, msgs)
-        holder = Consumer(0, q, h, 1)
-        holder.unacked = 1
-        d = h.tag(holder, msgs[0])
+        d, marks, marked = self.delivery.hold_got(h, q, msgs[0])
         if marks:
             done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
 

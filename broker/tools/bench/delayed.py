@@ -29,6 +29,7 @@ import client
 from broker.tools.bench.backlog import RssSampler, publish_ids, rss_of
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
+from client.clock import SYSTEM_CLOCK
 from client.errors import InvalidArgumentError, TandemError
 
 #: seconds the nodes sit idle with every message scheduled, their CPU measured
@@ -139,7 +140,7 @@ async def run_delayed(count: int, *, size: int = 128, nodes: int = 1, partitions
             res.bytes_per_message = round(grown / max(1, res.confirmed), 1)
             before = {n: cpu_seconds(pid) for n, pid in pids().items()}
             t0 = time.perf_counter()
-            await asyncio.sleep(IDLE)  # the measurement: idle nodes holding every message scheduled
+            await SYSTEM_CLOCK.sleep(IDLE)  # the measurement: idle nodes holding every message scheduled
             spent = time.perf_counter() - t0
             res.idle_cpu_percent = {n: round(100 * (cpu_seconds(pid) - before.get(n, 0.0)) / spent, 2)
                                     for n, pid in pids().items()}
