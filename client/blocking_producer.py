@@ -37,16 +37,21 @@ class BlockingProducer:
     with the connection's ``buffer_path``, sends made while no node is reachable wait in a
     local buffer."""
 
-    def __init__(self, conn: ProducerLink, queue: str, producer_id: str | None) -> None:
+    def __init__(self, conn: ProducerLink, queue: str, producer_id: str | None, *, exchange: str | None = None,
+                 routing_key: str = "", mandatory: bool = False) -> None:
         self.conn = conn
         self.queue = queue
+        #: a producer to an exchange (``queue`` ""): each batch to the queues it routes
+        #: ``routing_key`` to; with ``mandatory`` a batch holding a message routed nowhere fails
+        self.exchange, self.routing_key, self.mandatory = exchange, routing_key, mandatory
+        self.unroutable = 0
         self.producer_id = producer_id or uuid.uuid4().hex
         # A producer id the application chose may be one an earlier process used: its seqs
         # start above anything that process sent (microseconds since the epoch), or the node
         # would take the first ones for resends and drop them.  A new random id starts at 0.
         self._seq = int(SYSTEM_CLOCK.time() * 1_000_000) if producer_id else 0
         self.buffer: SendBuffer | None = None
-        if conn.buffer_path is not None:
+        if conn.buffer_path is not None and exchange is None:  # (the local buffer keeps a queue's sends)
             self.buffer = SendBuffer(conn.buffer_path, self.producer_id, queue, conn.buffer_max_bytes)
 
     def _message(self, body: Body, key: str | None, headers: Mapping[str, str] | None) -> PublishMessage:
@@ -116,5 +121,8 @@ class BlockingProducer:
     def _publish(self, msgs: list[PublishMessage]) -> None:
         # one batch at a time: a resend after a failover carries the same seqs, stored once
         reply = self.conn._call(lambda rid: Publish(rid=rid, queue=self.queue, messages=msgs,
-                                                    producer_id=self.producer_id))
+                                                    producer_id=self.producer_id, exchange=self.exchange,
+                                                    routing_key=self.routing_key if self.exchange is not None else "",
+                                                    mandatory=self.mandatory))
         reply = expect(reply, PublishOk)
+        self.unroutable += reply.unroutable

@@ -42,6 +42,7 @@ from client.errors import (
     for_code,
 )
 from client.link import Subscriber
+from client.exchanges import ExchangeAdmin
 from client.management import Management
 from client.producer import Producer
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
@@ -108,7 +109,7 @@ def _params_dict(p: ConnectParams) -> dict[str, Any]:
     return {k: getattr(p, k) for k in p.__dataclass_fields__}
 
 
-class Connection(Management):
+class Connection(Management, ExchangeAdmin):
     def __init__(self, params: ConnectParams, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.params = params
         self.clock = clock
@@ -492,6 +493,15 @@ class Connection(Management):
     def producer(self, queue: str, *, producer_id: str | None = None, max_batch: int = 256,
                  max_in_flight: int = 64) -> Producer:
         return Producer(self, queue, producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight)
+
+    def exchange_producer(self, exchange: str, routing_key: str = "", *, mandatory: bool = False,
+                          producer_id: str | None = None, max_batch: int = 256, max_in_flight: int = 64) -> Producer:
+        """A producer that publishes to ``exchange`` (``""``: the default exchange, which routes
+        to the queue ``routing_key`` names); ``send(..., routing_key=)`` overrides the key.  With
+        ``mandatory`` a message routed to no queue fails its batch (UnroutableError, nothing
+        stored); without, it is dropped and counted (``producer.unroutable``)."""
+        return Producer(self, "", producer_id=producer_id, max_batch=max_batch, max_in_flight=max_in_flight,
+                        exchange=exchange, routing_key=routing_key, mandatory=mandatory)
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> Consumer:
         """A consumer of the whole queue: the partitions active on this connection's node, and

@@ -45,6 +45,9 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 309
     TOO_MANY_CONNECTIONS = 310
     PREFETCH_TOO_LARGE = 311
+    EXCHANGE_NOT_FOUND = 312
+    EXCHANGE_EXISTS_DIFFERENT = 313
+    NO_ROUTE = 314
     # 4xx: storage
     STORAGE_ERROR = 400
     # 5xx: availability / HA
@@ -183,6 +186,23 @@ class QueueExistsError(TandemError):
     """A queue of that name exists with other settings."""
 
     code = ErrorCode.QUEUE_EXISTS_DIFFERENT
+
+
+class ExchangeNotFoundError(TandemError):
+    code = ErrorCode.EXCHANGE_NOT_FOUND
+
+
+class ExchangeExistsError(TandemError):
+    """An exchange of that name exists with another type or alternate exchange."""
+
+    code = ErrorCode.EXCHANGE_EXISTS_DIFFERENT
+
+
+class UnroutableError(TandemError):
+    """A ``mandatory`` publish to an exchange held a message no binding routes to a queue:
+    nothing of the batch was stored."""
+
+    code = ErrorCode.NO_ROUTE
 
 
 class LimitError(TandemError):
@@ -359,7 +379,7 @@ for _cls in [
     ProtocolError, FrameTooLargeError, MalformedFrameError, UnknownOpError, InvalidFieldError,
     UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError, LoginThrottledError,
     QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError, TooManyConnectionsError,
-    PrefetchTooLargeError,
+    PrefetchTooLargeError, ExchangeNotFoundError, ExchangeExistsError, UnroutableError,
     UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError,
     ConsumerNotFoundError, ConsumerCancelledError, OutOfOrderSequenceError, StorageError, NotActiveError, ShuttingDownError,
     UnavailableError, ConnectionClosedError, TimeoutError_,

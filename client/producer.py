@@ -9,6 +9,10 @@ waits for confirms.
 
 Every message carries the producer's id and a sequence number, so the broker
 stores a resent message once (an idempotent producer).
+
+A producer publishes to one queue, or to an exchange (``exchange`` set; ``queue`` ""): then
+each message goes to every queue the exchange routes its routing key and headers to, and a
+batch holds messages of one routing key.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ def _as_bytes(body: Body) -> bytes:
 
 class Producer:
     def __init__(self, conn: Link, queue: str, *, producer_id: str | None = None,
-                 max_batch: int = 256, max_in_flight: int = 64) -> None:
+                 max_batch: int = 256, max_in_flight: int = 64, exchange: str | None = None,
+                 routing_key: str = "", mandatory: bool = False) -> None:
         if max_batch < 1 or max_in_flight < 1:
             raise InvalidArgumentError("max_batch and max_in_flight must be >= 1")
         self.conn = conn
         self.queue = queue
+        self.exchange, self.routing_key, self.mandatory = exchange, routing_key, mandatory
         self.producer_id = producer_id or uuid.uuid4().hex
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
@@ -51,7 +57,8 @@ class Producer:
         # start above anything that process sent (microseconds since the epoch), or the node
         # would take the first ones for resends and drop them.  A new random id starts at 0.
         self._seq = int(conn.clock.time() * 1_000_000) if producer_id else 0
-        self._buffer: deque[tuple[PublishMessage, asyncio.Future[int]]] = deque()
+        #: each message, its confirm, its routing key (a publish to an exchange)
+        self._buffer: deque[tuple[PublishMessage, asyncio.Future[int], str]] = deque()
         self._in_flight = 0
         self._flush_scheduled = False
         self._unconfirmed = 0  # sent or buffered, not yet confirmed or failed
@@ -59,8 +66,10 @@ class Producer:
         self.sent = 0
         self.confirmed = 0
         self.duplicates = 0
+        self.unroutable = 0  # messages an exchange routed to no queue (dropped)
 
-    def _enqueue(self, body: Body, key: str | None, headers: Mapping[str, str] | None) -> asyncio.Future[int]:
+    def _enqueue(self, body: Body, key: str | None, headers: Mapping[str, str] | None,
+                 routing_key: str | None = None) -> asyncio.Future[int]:
         data = _as_bytes(body)
         if len(data) > self.conn.max_message_size:
             raise MessageTooLargeError(
@@ -72,7 +81,10 @@ class Producer:
         seq = self._seq
         self._seq = seq + 1
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._buffer.append((PublishMessage(key, dict(headers) if headers else {}, data, seq), fut))
+        if routing_key is not None and not isinstance(routing_key, str):
+            raise InvalidArgumentError("routing_key must be a str")
+        self._buffer.append((PublishMessage(key, dict(headers) if headers else {}, data, seq), fut,
+                             self.routing_key if routing_key is None else routing_key))
         self._unconfirmed += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -80,10 +92,13 @@ class Producer:
         return fut
 
     async def send(self, body: Body, *, key: str | None = None, headers: Mapping[str, str] | None = None,
-                   delay: float | None = None, deliver_at: float | None = None, ttl: float | None = None) -> int:
+                   delay: float | None = None, deliver_at: float | None = None, ttl: float | None = None,
+                   routing_key: str | None = None) -> int:
         """Publish one message; returns its sequence number once it is confirmed.  ``delay``,
-        ``deliver_at`` and ``ttl`` time it (:mod:`client.timing`)."""
-        return await self._enqueue(body, key, timed_headers(headers, delay=delay, deliver_at=deliver_at, ttl=ttl))
+        ``deliver_at`` and ``ttl`` time it (:mod:`client.timing`); ``routing_key``: an exchange
+        producer's key for this message (None: the producer's)."""
+        return await self._enqueue(body, key, timed_headers(headers, delay=delay, deliver_at=deliver_at, ttl=ttl),
+                                   routing_key)
 
     async def send_many(self, messages: Iterable[Body | tuple[Body, str | None] |
                                                  tuple[Body, str | None, Mapping[str, str] | None]]) -> list[int]:
@@ -109,8 +124,11 @@ class Producer:
             batch: list[PublishMessage] = []
             futs: list[asyncio.Future[int]] = []
             size = 0
+            routing_key = buf[0][2]
             while buf and len(batch) < self.max_batch:
-                msg, fut = buf[0]
+                msg, fut, rk = buf[0]
+                if rk != routing_key:
+                    break
                 msize = len(msg.body) + FRAME_OVERHEAD + (len(msg.key) if msg.key else 0) + \
                     sum(len(k) + len(v) for k, v in msg.headers.items())
                 if batch and size + msize > limit:
@@ -127,7 +145,9 @@ class Producer:
             rid = conn.next_rid()
             try:
                 reply = conn.request_nowait(Publish(rid=rid, queue=self.queue, messages=batch,
-                                                    producer_id=self.producer_id))
+                                                    producer_id=self.producer_id, exchange=self.exchange,
+                                                    routing_key=routing_key if self.exchange is not None else "",
+                                                    mandatory=self.mandatory))
             except TandemError as exc:
                 for f in futs:
                     if not f.done():
@@ -147,6 +167,7 @@ class Producer:
             frame = expect(frame, PublishOk)
             self.confirmed += len(batch)
             self.duplicates += frame.duplicates
+            self.unroutable += frame.unroutable
         for f, m in zip(futs, batch):
             if not f.done():
                 if exc is None:

@@ -26,6 +26,8 @@ LEVELS: Mapping[int, str] = {
     3: "a queue may bound the bytes it holds and drop its oldest messages when full (max_length_bytes, "
        "overflow drop-head), give its messages a time to live (message_ttl: version 2 of a queue's record and "
        "row), and messages may be delayed or expire (x-delay, x-deliver-at, expiration)",
+    4: "exchanges and bindings (the catalogue log's PUT_EXCHANGE, DROP_EXCHANGE and SET_BINDING ops, and the "
+       "catalogue snapshot's exchanges and bindings: version 2 of its layout)",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

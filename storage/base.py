@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgpack
 
 from client.errors import InvalidArgumentError
+from storage.topology import DropExchange, PutExchange, SetBinding
 
 
 class DurabilityPolicy(str, Enum):
@@ -273,6 +274,13 @@ class PutMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class DropMeta:
+    """Remove one node-level setting (``Recovered.meta``)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class SeedAdmin:
     """Replicated mode, catalogue log only: the group's first admin (see broker.security.security).
     Each member turns it into :class:`PutUser` + :class:`PutMeta` (or nothing); stores
@@ -432,8 +440,8 @@ class ResetPartition:
 
 WriteOp = (
     PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
-    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
-    | SetUpdating | SetFeatureLevel
+    | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | DropMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
+    | SetUpdating | SetFeatureLevel | PutExchange | DropExchange | SetBinding
     | LogAppend
     | LogTruncate | LogCompact | PutHardState | PutApplied | ResetPartition
 )

@@ -21,6 +21,7 @@ from storage.base import (
     GrantAcl,
     RevokeAcl,
     PutMeta,
+    DropMeta,
     AclRecord,
     LogAppend,
     LogCompact,
@@ -224,6 +225,8 @@ class MemoryEngine:
                 d.acls.pop((op.acl.user, op.acl.pattern), None)
         elif isinstance(op, PutMeta):
             d.meta[op.key] = op.value
+        elif isinstance(op, DropMeta):
+            d.meta.pop(op.key, None)
         else:
             raise TypeError(f"unknown write op {type(op).__name__}")
 

@@ -72,6 +72,11 @@ class Placing(Protocol):
         """Raise the level here (a committed finalize, or a single node's own); the ops to store."""
         ...
 
+    def unbinding(self, queue: str) -> list[WriteOp]:
+        """What deleting ``queue`` removes with it, its bindings (broker.partitions.topology):
+        catalogue ops in a group, else the store's (applied here at once)."""
+        ...
+
 
 def settings(meta: QueueMeta) -> dict[str, object]:
     return {
@@ -299,12 +304,13 @@ class Catalogue:
                 depth = await self.depth(q) if node.commit.catalogue_log else q.depth
                 if depth:
                     raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
+            unbind = self.placing.unbinding(name) if self.placing is not None else []
             if not node.commit.catalogue_log:
                 self._drop(q)
-                await self._commit(DropQueue(q.meta.id))
+                await self._commit(DropQueue(q.meta.id), *unbind)
                 log.info("queue deleted name=%s messages=%d", name, q.depth)
                 return
-            await self._commit(DropQueue(q.meta.id))
+            await self._commit(DropQueue(q.meta.id), *unbind)  # (one entry: applied together everywhere)
         await node.applied(f"queue {name!r}", lambda: name not in self.queues)
 
     async def _commit(self, op: DropQueue | PutQueue, *placing: WriteOp) -> None:

@@ -72,6 +72,8 @@ class ForwardKind(IntEnum):
     RELAY_CANCEL = 28
     RELAY_RELEASE = 29
     RELAY_GET = 30
+    TOPOLOGY = 31
+    PUBLISH_ROUTED = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +404,29 @@ class RelayGetFwd(ForwardRequest):
     auto_ack: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TopologyFwd(ForwardRequest):
+    """A change of the exchanges or bindings, on the catalogue's active: ``change`` one of
+    ``declare``, ``delete``, ``bind``, ``unbind``; ``record``: the msgpack array of the change's
+    fields (broker.messaging.topology).  Reply: ``[catalogue commit index, created]``."""
+    KIND = ForwardKind.TOPOLOGY
+    hops: int
+    change: str
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedFwd(ForwardRequest):
+    """The messages an exchange routed on the member that took them, for the partitions
+    active here, one request for all of them (broker.messaging.routed): ``items`` the msgpack
+    array of ``[queue, partition, messages]`` (each message a ``PublishMessage`` array);
+    ``producer_id`` "" for none.  Reply: ``[stored, duplicates]``."""
+    KIND = ForwardKind.PUBLISH_ROUTED
+    hops: int
+    producer_id: str
+    items: bytes
+
+
 RELAY_KINDS = frozenset({ForwardKind.RELAY_SUBSCRIBE, ForwardKind.RELAY_DELIVER, ForwardKind.RELAY_SETTLE,
                          ForwardKind.RELAY_CANCEL, ForwardKind.RELAY_RELEASE, ForwardKind.RELAY_GET})
 
@@ -411,7 +436,8 @@ REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
                               MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd, RelaySubscribeFwd, RelayDeliverFwd,
-                              RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd)
+                              RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd, TopologyFwd,
+                              RoutedFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -68,6 +68,8 @@ class PublishResult:
     duplicates: int
     #: the producer's last seq in the partition (a dense batch), else -1
     last_seq: int = -1
+    #: a publish to an exchange: messages routed to no queue (broker.messaging.routed)
+    unroutable: int = 0
 
 
 @dataclass(slots=True)
@@ -131,7 +133,7 @@ class Publisher:
 
     def _publish(self, req: PublishRequest, result: Reply[PublishResult]) -> None:
         q = self._queue(req)
-        pidxs = self._route(q, req)
+        pidxs = self.route(q, req)
         if not self._served_here(q, req, pidxs):
             self._publish_elsewhere(q, req, pidxs, result)
             return
@@ -161,7 +163,8 @@ class Publisher:
         return q
 
     @staticmethod
-    def _route(q: Queue, req: PublishRequest) -> list[int]:
+    def route(q: Queue, req: PublishRequest) -> list[int]:
+        """Each message's partition."""
         if req.partition is not None:
             if not 0 <= req.partition < q.meta.partitions:
                 raise InvalidArgumentError(f"queue {req.queue!r} has no partition {req.partition}")
@@ -342,8 +345,8 @@ class Publisher:
                 except Exception as exc:
                     parts.append(Outcome.failed(exc))
             else:
-                parts.append(self._publish_remote(q, pidx, part_req))  # (run by _sum_parts)
-        self.node.spawn(_sum_parts(parts, result))
+                parts.append(self._publish_remote(q, pidx, part_req))  # (run by sum_parts)
+        self.node.spawn(sum_parts(parts, result))
 
     async def _publish_remote(self, q: Queue, pidx: int, req: PublishRequest) -> PublishResult:
         node = self.node
@@ -382,7 +385,7 @@ async def _relay(work: Coroutine[Any, Any, PublishResult], result: Reply[Publish
         result.set_result(r)
 
 
-async def _sum_parts(parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]],
+async def sum_parts(parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]],
                      result: Reply[PublishResult]) -> None:
     """The remote parts run at once as this task's own: cancelled (the node stops), it ends them."""
     running = [asyncio.ensure_future(p) if asyncio.iscoroutine(p) else p for p in parts]

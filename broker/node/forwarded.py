@@ -14,18 +14,15 @@ from broker.peers.links import Link
 from broker.sessions import status
 from broker.sessions.relay import Relays
 from broker.messaging.catalogue import Catalogue
-from broker.partitions.drain import Drains
+from broker.node.parts import PartitionOps
 from broker.partitions.members import GroupMembers
-from broker.partitions.moves import Moves
-from broker.partitions.remap import Remaps
-from broker.partitions.restore_run import Restores
-from broker.partitions.upgrade import FeatureLevels
 from broker.security.security import Security
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
                             ProducedFwd, ReadFwd, RELAY_KINDS, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
+from broker.messaging.routed import Router
 from broker.messaging.declare import validate_declare
 from client.protocol.codec import decode_payload, encode
 from client.protocol.frames import Declare, Publish, ReadOk, expect
@@ -55,15 +52,15 @@ class ForwardHandlers:
 
     def __init__(self, node: ForwardedHost, *, state: status.NodeState, options: status.Options,
                  report: status.NodeReport, changes: status.GroupChanges, streams: StreamHost, publisher: Publisher,
-                 security: Security, drains: Drains, moves: Moves, remaps: Remaps, restores: Restores,
-                 levels: FeatureLevels, relays: Relays, book: Callable[[], list[str]]) -> None:
-        self.node, self.relays = node, relays
+                 security: Security, ops: PartitionOps, router: Router, relays: Relays,
+                 book: Callable[[], list[str]]) -> None:
+        self.node, self.relays, self.router, self.topology = node, relays, router, ops.topology
         #: "name=host:port" of every member whose peer address this node knows (broker.peers.discovery)
         self.book = book
         self.state, self.options, self.report, self.changes = state, options, report, changes
         self.streams, self.publisher, self.security = streams, publisher, security
-        self.drains, self.moves, self.remaps, self.restores = drains, moves, remaps, restores
-        self.levels = levels
+        self.drains, self.moves, self.remaps, self.restores = ops.drains, ops.moves, ops.remaps, ops.restores
+        self.levels = ops.levels
         self.table: dict[ForwardKind, Handler] = {
             ForwardKind.PUBLISH: self._publish,
             ForwardKind.DECLARE: self._declare,
@@ -89,6 +86,8 @@ class ForwardHandlers:
             ForwardKind.RESTORE: self._restore,
             ForwardKind.PRODUCED: self._produced,
             ForwardKind.UPGRADE: self._upgrade,
+            ForwardKind.TOPOLOGY: lambda req: self.topology.forwarded(req),
+            ForwardKind.PUBLISH_ROUTED: lambda req: self.router.forwarded(req),
         }
 
     async def handle(self, link: Link, kind: int, payload: bytes) -> bytes:

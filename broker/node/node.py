@@ -29,6 +29,7 @@ from broker.peers.peers import PeerManager
 from broker.peers.transport import TCP, PeerTransport
 from broker.security.secret import decoy_key, group_secret
 from broker.messaging.publish import Publisher
+from broker.messaging.routed import Router
 from broker.messaging.timing import QueueTimes
 from broker.messaging.mapper import MAPPERS, mapper_names
 from broker.modes.replicated import Replication
@@ -51,14 +52,14 @@ from broker.node.services import Services
 from broker.node.store import EngineFactory, NodeStore, sqlite_engine
 from broker.node.tasks import Loops, TaskOwner
 from broker.messaging.expiry import ProducerExpiry
-from broker.security.auth import ClientGuard, oldest_waiting
+from broker.security.auth import ClientGuard, make_room
 from broker.security.acl import AclTable
 from broker.peers.discovery import Discovery
 from broker.partitions.members import GroupMembers
 from broker.security.security import Security
 from broker.security.users import UserRegistry
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import ShuttingDownError, TandemError, UnavailableError
+from client.errors import ShuttingDownError, TandemError
 from storage.base import Recovered
 from storage.shared import SharedStore
 from storage.shared_factory import open_shared
@@ -133,18 +134,18 @@ class Node:
         self.publisher = Publisher(svc)
         self.security: Security = Security(svc, accounts=self.holding, spawn=svc.spawn)
         #: the group's operations on members and partitions (broker/node/parts.py)
-        self.ops = PartitionOps.made(svc, config, self.placing, self.holding, self.publisher, self.delivery)
-        ops = self.ops
+        self.ops = ops = PartitionOps.made(svc, config, self.placing, self.holding, self.publisher, self.delivery)
+        self._router = Router(svc, self.publisher, lambda: ops.topology.table)  # publishes to exchanges
         #: consuming from any node: this node's sessions' relays, and other members' held here
         self.relays = Relays(svc, Relayed(svc, self.delivery, holders=self.holding.local_holders, ask=svc.ask), svc.ask)
         self._forwarded = ForwardHandlers(svc, state=svc, options=self.options, report=self.report,
                                           changes=self.placing, streams=svc, publisher=self.publisher,
-                                          security=self.security, drains=ops.drains, moves=ops.moves,
-                                          remaps=ops.remaps, restores=ops.restores, levels=ops.levels,
-                                          relays=self.relays, book=self.placing.member_book)
+                                          security=self.security, ops=ops, router=self._router, relays=self.relays,
+                                          book=self.placing.member_book)
         #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self._session_parts = SessionParts(svc, self.guard, self.security, self.delivery, requests(
-            Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher, relays=self.relays),
+            Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher, relays=self.relays,
+                      router=self._router, topology=ops.topology),
             Admin(self.options, report=self.report, changes=self.placing, drains=ops.drains, moves=ops.moves,
                   remaps=ops.remaps, levels=ops.levels),
             UserRequests(svc, self.security),
@@ -159,7 +160,8 @@ class Node:
                                        clock, config.producer_expiry),
                         QueueTimes(lambda: self.catalogue.queues.values(), self.delivery, clock), self.ops.unused)
         self.placing.bind(catalogue=self.catalogue, moves=ops.moves, drains=ops.drains, remaps=ops.remaps,
-                          levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store)
+                          levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store,
+                          topology=ops.topology)
         self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=ops.remaps, store=self.store)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -302,7 +304,7 @@ class Node:
         ops = self.ops
         recovery.load(rec, catalogue=self.catalogue, users=self.services.users, acls=self.services.acls,
                       security=self.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps, group=ops.group,
-                      levels=ops.levels, messages=messages)
+                      levels=ops.levels, topology=ops.topology, messages=messages)
 
     async def stop(self) -> None:
         """Stop accepting, close sessions, commit what is pending, close the store."""
@@ -355,12 +357,10 @@ class Node:
         if self.stopping:
             Session.refuse(writer, ShuttingDownError("node is shutting down"))
             return
-        if len(self.sessions) >= self.config.max_connections:
-            waiting = oldest_waiting(self.sessions)
-            if waiting is None:
-                Session.refuse(writer, UnavailableError(f"node is at max_connections ({self.config.max_connections})"))
-                return
-            waiting.give_up_slot()
+        full = make_room(self.sessions, self.config.max_connections)
+        if full is not None:
+            Session.refuse(writer, full)
+            return
         session = Session(self._session_parts, reader, writer)
         self.sessions.add(session)
         try:

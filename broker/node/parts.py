@@ -30,6 +30,7 @@ from broker.partitions.moves import Moves
 from broker.partitions.quarantine import Quarantine
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
+from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.partitions.unused import UnusedQueues
 from broker.peers.host import NoReceiver, Receiving
@@ -86,6 +87,7 @@ class PartitionOps:
     restores: Restores  # the quarantine merged back (tandem restore)
     levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
     unused: UnusedQueues  # queues deleted once unused for their expires
+    topology: Topology  # the exchanges and bindings (tandem exchange ...)
 
     @classmethod
     def made(cls, svc: Any, config: NodeConfig, placing: GroupPlacement, holding: Holding, publisher: Publisher,
@@ -93,11 +95,14 @@ class PartitionOps:
         """A node's operations, each handed the parts of the node it needs (``svc``: its
         :class:`~broker.node.services.Services`, which imports this module)."""
         moves = Moves(svc, placement=placing, spawn=svc.spawn)
+        levels = FeatureLevels(svc, group=placing)
         return cls(group=GroupMembers.founded(svc, placing, moves, config), drains=Drains(svc, group=placing),
                    moves=moves, remaps=Remaps(svc, queues=placing, here=holding, publisher=publisher),
                    quarantine=Quarantine(holding),
                    restores=Restores(holding, group=holding, delivery=delivery, publisher=publisher),
-                   levels=FeatureLevels(svc, group=placing), unused=UnusedQueues(svc))
+                   levels=levels, unused=UnusedQueues(svc),
+                   topology=Topology(svc, lambda: svc.catalogue.queues.keys(), levels,
+                                     shared=lambda: svc.config.mode == "shared"))
 
 
 class Report:

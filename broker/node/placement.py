@@ -31,6 +31,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves, check_nodes, without_leaving
 from broker.partitions.remap import Remaps
+from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.peers.codec import group_out, placement_out, updating_out
 from broker.peers.peers import PeerManager
@@ -44,6 +45,7 @@ from ha.membership import RemoteState
 from ha.upgrade import Build
 from ha.placement import DistributionPolicy, listed, place, spec_of, unsafe_to_replace
 from storage.base import QueueMeta, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
+from storage.topology import DropExchange, PutExchange, SetBinding
 
 log = logging.getLogger("tandem.broker")
 
@@ -76,10 +78,10 @@ class GroupPlacement:
         self.learned = learned
 
     def bind(self, *, catalogue: Catalogue, moves: Moves, drains: Drains, remaps: Remaps, levels: FeatureLevels,
-             security: Security, delivery: Delivery, store: NodeStore) -> None:
+             security: Security, delivery: Delivery, store: NodeStore, topology: Topology) -> None:
         """The node's parts this one reads (made after it: some of them read it in turn)."""
         self.catalogue, self.moves, self.drains, self.remaps = catalogue, moves, drains, remaps
-        self.levels = levels
+        self.levels, self.topology = levels, topology
         self.security, self.delivery, self._store = security, delivery, store
 
     @property
@@ -162,9 +164,16 @@ class GroupPlacement:
         self.moves.forget(queue_id)
         self.remaps.forget(queue_id)
 
+    def topology_apply(self, op: PutExchange | DropExchange | SetBinding) -> list[WriteOp]:
+        return self.topology.apply(op)
+
+    def unbinding(self, queue: str) -> list[WriteOp]:
+        return self.topology.unbinding(queue)
+
     def security_snapshot(self) -> dict[str, Any]:
         group = self.group.snapshot()
         return {**self.security.snapshot(), "drained": self.drains.snapshot(), **self.levels.snapshot(),
+                **self.topology.snapshot(),
                 "placed": [placement_out(op) for op in self.moves.snapshot()],
                 "updating": [updating_out(op) for op in self.remaps.snapshot()],
                 **({"group": group_out(group)} if group is not None else {})}
@@ -172,6 +181,7 @@ class GroupPlacement:
     def security_install(self, data: dict[str, Any]) -> list[WriteOp]:
         ops = self.security.install(data)
         ops.extend(self.levels.install(data))
+        ops.extend(self.topology.install(data))
         if "group" in data:  # (before the placements: their nodes are members)
             ops.extend(self.group.install(data["group"]))
         if "drained" in data:

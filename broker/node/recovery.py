@@ -11,6 +11,7 @@ from broker.partitions.drain import Drains
 from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
+from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.security.acl import AclTable
 from broker.security.security import SEEDED_KEY, Security
@@ -23,7 +24,7 @@ log = logging.getLogger("tandem.broker")
 
 def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: AclTable, security: Security,
          drains: Drains, moves: Moves, remaps: Remaps, group: GroupMembers, levels: FeatureLevels,
-         messages: bool = True) -> None:
+         topology: Topology, messages: bool = True) -> None:
     """Queues, partitions, users and grants, and the group's state from the store (StoreRefusedError
     first if its feature level is past this build's).
     ``messages`` False (a group member): a partition's messages are loaded only when this
@@ -51,6 +52,7 @@ def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: Acl
         if q is not None:
             q.paused = parts
     group.load(rec.meta)
+    topology.load(rec.meta)
 
 
 def unclean_stop(cfg: NodeConfig, now: float) -> NodeEvent | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -27,7 +27,8 @@ from broker.logsafe import escape
 from broker.security.users import UserRegistry
 from client import scram
 from client.clock import Clock
-from client.errors import AuthError, LoginThrottledError, PrefetchTooLargeError, TooManyConnectionsError
+from client.errors import (AuthError, LoginThrottledError, PrefetchTooLargeError, TooManyConnectionsError,
+                           UnavailableError)
 from client.protocol.frames import AuthChallenge, AuthResponse, Hello
 from storage.base import UserRecord
 
@@ -162,6 +163,25 @@ class Waiting(Protocol):
 
     @property
     def connected_at(self) -> float: ...
+
+
+class Slotted(Waiting, Protocol):
+    def give_up_slot(self) -> None:
+        """Close: a new connection takes this one's slot."""
+        ...
+
+
+def make_room(connections: Collection[Slotted], limit: int) -> UnavailableError | None:
+    """Room for a new connection among ``connections`` (at most ``limit``): at the limit the
+    one that has waited longest without logging in gives up its slot; the error to refuse the
+    new one with when every one has logged in."""
+    if len(connections) < limit:
+        return None
+    waiting = oldest_waiting(connections)
+    if waiting is None:
+        return UnavailableError(f"node is at max_connections ({limit})")
+    waiting.give_up_slot()
+    return None
 
 
 def oldest_waiting(connections: Iterable[W]) -> W | None:

@@ -22,6 +22,9 @@ from broker.messaging.queues import Consumer, Recipient
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
+from broker.messaging.routed import Router, RoutedRequest
+from broker.partitions.topology import Topology
+from broker.sessions.exchanges import Exchanges
 from broker.sessions.relay import Relays
 from broker.sessions.requests import Handler, error_frame
 from client.errors import ConsumerNotFoundError, ErrorCode, StorageError, TandemError, UnknownDeliveryTagError
@@ -80,14 +83,16 @@ class Messaging:
     (broker.messaging.streams)."""
 
     def __init__(self, node: MessagingHost, *, streams: StreamHost, delivery: _delivery.Delivery,
-                 publisher: Publisher, relays: Relays) -> None:
+                 publisher: Publisher, relays: Relays, router: Router, topology: Topology) -> None:
         self.node, self.streams, self.delivery, self.publisher = node, streams, delivery, publisher
-        self.relays = relays
+        self.relays, self.router = relays, router
+        self.exchanges = Exchanges(node, topology)
 
     def handlers(self) -> Mapping[type[Frame], Handler[Consuming]]:
         return {Declare: self.declare, Delete: self.delete, Purge: self.purge, ListQueues: self.list_queues,
                 Publish: self.publish, Subscribe: self.subscribe, Cancel: self.cancel, Get: self.get,
-                Ack: self.ack, Nack: self.nack, Reject: self.reject, Read: self.read, Produced: self.produced}
+                Ack: self.ack, Nack: self.nack, Reject: self.reject, Read: self.read, Produced: self.produced,
+                **self.exchanges.handlers()}
 
     def _may(self, user: UserRecord, permission: str, queue: str, what: str | None = None) -> None:
         """The user must hold ``permission`` on ``queue`` (broker.security.acl); a request that changes
@@ -121,6 +126,13 @@ class Messaging:
     # -- publish --------------------------------------------------------------------------------------
 
     async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
+        if f.exchange is not None:
+            self._may(user, "produce", f.exchange or f.routing_key, "publish")
+            if f.exchange == "":  # the default exchange: the queue the routing key names
+                refuse_client_write(f.routing_key, "publish")
+            self.router.publish_to(RoutedRequest(f.exchange, f.routing_key, f.producer_id, f.messages, f.mandatory),
+                                   _PublishReply(s, f.rid, self.publisher))
+            return
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")
         self.publisher.publish_to(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
@@ -249,7 +261,8 @@ class _PublishReply:
     def set_result(self, r: PublishResult) -> None:
         self._done = True
         self._publisher.confirms += r.stored + r.duplicates
-        self._s.send(PublishOk(rid=self._rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1))
+        self._s.send(PublishOk(rid=self._rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1,
+                               unroutable=r.unroutable))
 
     def set_exception(self, err: BaseException) -> None:
         self._done = True

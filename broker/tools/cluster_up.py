@@ -228,18 +228,11 @@ async def _start(cluster: LocalCluster) -> None:
     if not cluster.ha.shared and len(cluster.nodes) > 1:
         # every member runs this build: the group is at its highest feature level from the start
         # (a group made anew, or started again on the same build; docs/upgrades.md)
-        refused: BaseException | None = None
-        for _attempt in range(20):  # (a member's links may still be coming up: it is refused until they are)
-            try:
-                await cluster.wait_members()
-                async with await client.connect_link(cluster.url, client_name="tandem-cluster-up") as conn:
-                    await conn.finalize_upgrade()
-                return
-            except (TandemError, TimeoutError) as exc:
-                refused = exc
-                await SYSTEM_CLOCK.sleep(0.5)
-        print(f"the group's feature level was not raised ({refused}): `tandem upgrade finalize` raises it",
-              flush=True)
+        try:
+            await cluster.finalize()
+        except (TandemError, TimeoutError) as refused:
+            print(f"the group's feature level was not raised ({refused}): `tandem upgrade finalize` raises it",
+                  flush=True)
 
 
 def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:

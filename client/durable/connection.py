@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 from typing import Any
+from collections.abc import Mapping
 
 from client.durable.consumer import DurableConsumer
+from client.durable.exchange import DurableExchangeProducer
 from client.durable.links import DurableLinks
 from client.durable.producer import DurableProducer
 from client.errors import ConnectionClosedError, TandemError
-from client.protocol.frames import AclInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
+from client.protocol.frames import AclInfo, ExchangeInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
 
 
 class DurableConnection(DurableLinks):
@@ -78,6 +80,34 @@ class DurableConnection(DurableLinks):
                    max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
         return await self._call(lambda c: c.read(queue, partition, offset, max_messages))
 
+    # -- exchanges and bindings (client.exchanges): each change is idempotent, retried ------------
+
+    async def declare_exchange(self, name: str, type: str = "direct", *, alternate: str | None = None) -> bool:
+        return await self._call(lambda c: c.declare_exchange(name, type, alternate=alternate))
+
+    async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        """Not retried once sent: a retry could not tell "deleted just now" from "never was"."""
+        await self._call(lambda c: c.delete_exchange(name, if_unused=if_unused), retry=False)
+
+    async def bind_queue(self, queue: str, exchange: str, routing_key: str = "", *,
+                         arguments: Mapping[str, str] | None = None) -> None:
+        await self._call(lambda c: c.bind_queue(queue, exchange, routing_key, arguments=arguments))
+
+    async def unbind_queue(self, queue: str, exchange: str, routing_key: str = "", *,
+                           arguments: Mapping[str, str] | None = None) -> None:
+        await self._call(lambda c: c.unbind_queue(queue, exchange, routing_key, arguments=arguments))
+
+    async def bind_exchange(self, destination: str, source: str, routing_key: str = "", *,
+                            arguments: Mapping[str, str] | None = None) -> None:
+        await self._call(lambda c: c.bind_exchange(destination, source, routing_key, arguments=arguments))
+
+    async def unbind_exchange(self, destination: str, source: str, routing_key: str = "", *,
+                              arguments: Mapping[str, str] | None = None) -> None:
+        await self._call(lambda c: c.unbind_exchange(destination, source, routing_key, arguments=arguments))
+
+    async def list_exchanges(self) -> list[ExchangeInfo]:
+        return await self._call(lambda c: c.list_exchanges())
+
     async def get(self, queue: str, *, auto_ack: bool = False) -> Any:
         """One message from the primary link's node, or None (not retried once sent)."""
         return await self._call(lambda c: c.get(queue, auto_ack=auto_ack), retry=False)
@@ -93,6 +123,14 @@ class DurableConnection(DurableLinks):
                             max_in_flight=max_in_flight, send_timeout=send_timeout or self.send_timeout)
         self._producers.add(p)
         return p
+
+    def exchange_producer(self, exchange: str, routing_key: str = "", *, mandatory: bool = False,
+                          producer_id: str | None = None, max_batch: int = 256) -> DurableExchangeProducer:
+        """A producer to ``exchange`` that resends across failovers, each message stored once in
+        every queue it is routed to (client.durable.exchange); see
+        :meth:`Connection.exchange_producer`."""
+        return DurableExchangeProducer(self, exchange, routing_key, mandatory=mandatory, producer_id=producer_id,
+                                       max_batch=max_batch)
 
     def consumer(self, queue: str, *, prefetch: int = 256) -> DurableConsumer:
         """A consumer of the whole queue: every member's partitions, resubscribed after failures."""

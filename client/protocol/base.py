@@ -28,6 +28,14 @@ class Op(IntEnum):
     PURGE_OK = 14
     LIST_QUEUES = 15
     QUEUES = 16
+    # exchanges and bindings (protocol version 4)
+    DECLARE_EXCHANGE = 17
+    DECLARE_EXCHANGE_OK = 18
+    DELETE_EXCHANGE = 19
+    BIND = 25
+    UNBIND = 26
+    LIST_EXCHANGES = 27
+    EXCHANGES = 28
     # publish
     PUBLISH = 20
     PUBLISH_OK = 21

@@ -38,6 +38,8 @@ from client.protocol.messaging import (
     MetadataOk, Nack, PartitionMap, Placement, Produced, ProducedOk, Publish, PublishMessage, PublishOk, Purge,
     PurgeOk, QueueInfo, Queues, Read, ReadOk, Reject, StreamMessage, Subscribe, SubscribeOk, placement_text,
 )
+from client.protocol.exchanges import (Bind, BindingInfo, DeclareExchange, DeclareExchangeOk, DeleteExchange,
+                                       ExchangeInfo, Exchanges, ListExchanges, Unbind)
 from client.protocol.peer import Forward, ForwardOk, PeerChallenge, PeerHello, PeerProof, PeerTypes, PeerWelcome, \
     Replicate
 from client.protocol.session import AuthChallenge, AuthResponse, Close, Error, Heartbeat, Hello, Ok, Welcome
@@ -51,7 +53,9 @@ __all__ = [
     "ReplicaInfo", "PartitionInfo", "Status", "StatusOk", "SetQuorumOverride", "SetOption", "MovePartition",
     "ChangePartitions", "ChangeGroup", "DrainNode", "FinalizeUpgrade", "MemberBuild", "TypeMismatch", "UserInfo",
     "AclInfo", "UserPut", "UserDelete", "UserList", "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello",
-    "PeerWelcome", "PeerChallenge", "PeerProof", "PeerTypes", "Replicate", "Forward", "ForwardOk",
+    "PeerWelcome", "PeerChallenge", "PeerProof", "PeerTypes", "Replicate", "Forward", "ForwardOk", "BindingInfo",
+    "ExchangeInfo", "DeclareExchange", "DeclareExchangeOk", "DeleteExchange", "Bind", "Unbind", "ListExchanges",
+    "Exchanges",
 ]
 
 _ALL: list[type[Frame]] = [
@@ -61,7 +65,8 @@ _ALL: list[type[Frame]] = [
         ChangeGroup, ChangePartitions, Produced, ProducedOk, FinalizeUpgrade,
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, PeerTypes, UserPut, UserDelete, UserList, Users, AclGrant,
-        AclRevoke, AclList, Acls,
+        AclRevoke, AclList, Acls, DeclareExchange, DeclareExchangeOk, DeleteExchange, Bind, Unbind, ListExchanges,
+        Exchanges,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 if len(FRAME_TYPES) != len(_ALL):  # (two classes under one opcode: the decoder would know only one)

@@ -175,6 +175,13 @@ class Publish(Frame):
     #: batch asks for that next sequence.  None: the node maps each message, and a
     #: producer's sequences need only increase.
     partition: int | None = None
+    #: publish to this exchange instead of ``queue`` (protocol version 4): each message goes
+    #: to every queue the exchange's bindings route ``routing_key`` (and its headers) to
+    exchange: str | None = None
+    routing_key: str = ""
+    #: a message routed to no queue refuses the whole batch (NO_ROUTE), nothing stored;
+    #: without it such a message is dropped and counted (``PublishOk.unroutable``)
+    mandatory: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +197,7 @@ class PublishOk(Frame):
     stored: int
     duplicates: int = 0
     next_seq: int = 0  # with ``partition``: the producer's next sequence there (0: it holds none)
+    unroutable: int = 0  # a publish to an exchange: messages routed to no queue (dropped)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,10 @@ Versions::
         queue's overflow, its messages' time to live and its own when unused).  Optional fields, but a node of an older build would ignore
         them and make a queue without them: a ``Declare`` that sets one is not sent at version 2
         or below (:func:`field_since`)
+    4   exchanges and bindings: DeclareExchange, DeclareExchangeOk, DeleteExchange, Bind,
+        Unbind, ListExchanges, Exchanges; Publish.exchange, Publish.routing_key and
+        Publish.mandatory (a publish to an exchange: not sent at version 3 or below) and
+        PublishOk.unroutable
 """
 
 from __future__ import annotations
@@ -34,12 +38,19 @@ from client.protocol.base import Op
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
-MAX_VERSION = 3
+MAX_VERSION = 4
 
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
     Op.FINALIZE_UPGRADE: 2,
     Op.PEER_TYPES: 2,
+    Op.DECLARE_EXCHANGE: 4,
+    Op.DECLARE_EXCHANGE_OK: 4,
+    Op.DELETE_EXCHANGE: 4,
+    Op.BIND: 4,
+    Op.UNBIND: 4,
+    Op.LIST_EXCHANGES: 4,
+    Op.EXCHANGES: 4,
 }
 #: optional fields an older build would ignore where it must not: (opcode, field) -> (the version
 #: that added it, its default); a frame with such a field off its default needs that version
@@ -48,6 +59,9 @@ FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.DECLARE, "overflow"): (3, "reject-publish"),
     (Op.DECLARE, "message_ttl"): (3, 0),
     (Op.DECLARE, "expires"): (3, 0),
+    (Op.PUBLISH, "exchange"): (4, None),
+    (Op.PUBLISH, "routing_key"): (4, ""),
+    (Op.PUBLISH, "mandatory"): (4, False),
 }
 
 

@@ -22,6 +22,7 @@ from storage.base import (
     Append,
     DropProducers,
     DropQueue,
+    DropMeta,
     DropUser,
     GrantAcl,
     PutMeta,
@@ -348,5 +349,7 @@ class OpApplier:
                                  [(a.user, a.pattern, p) for p in a.permissions])
         elif isinstance(op, PutMeta):
             conn.exec_driver_sql(self.PUT_META, (op.key, op.value))
+        elif isinstance(op, DropMeta):
+            conn.exec_driver_sql("DELETE FROM meta WHERE key = ?", (op.key,))
         else:
             raise StorageError(f"unknown write op {type(op).__name__}")

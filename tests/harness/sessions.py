@@ -90,11 +90,17 @@ class ClientSession:
         task = self.life.spawn(self.session._handle(request), name=f"harness-ask-{type(request).__name__}")
         await self.g.until(task.done, ASK_TIMEOUT, what=f"{self.m.name} to answer {type(request).__name__}")
         task.result()
-        self._held += self.writer.frames()
-        for i, f in enumerate(self._held):
-            if getattr(f, "rid", None) == rid:
-                return self._held.pop(i)
-        raise AssertionError(f"{self.m.name} sent no answer to {request!r}: {self._held!r}")
+        return await self.answer(rid)
+
+    async def answer(self, rid: int) -> Frame:
+        """The answer with ``rid``, once sent (a publish answers once its commit is confirmed)."""
+
+        def answered() -> bool:
+            self._held += self.writer.frames()
+            return any(getattr(f, "rid", None) == rid for f in self._held)
+
+        await self.g.until(answered, ASK_TIMEOUT, what=f"{self.m.name}'s answer to request {rid}")
+        return next(self._held.pop(i) for i, f in enumerate(self._held) if getattr(f, "rid", None) == rid)
 
 
 class Reader:

@@ -29,9 +29,7 @@ async def test_delayed_messages_across_a_kill_of_their_active(tmp_path: Path) ->
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST)
     await cl.start()
     try:
-        await cl.wait_members()
-        async with await client.connect_link(cl.url) as link:
-            await link.finalize_upgrade()
+        await cl.finalize()
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("later", partitions=PARTITIONS)
 

@@ -26,8 +26,8 @@ from broker.partitions.quarantine import QUEUE as QUARANTINE
 from client.consumer import Message
 from client.errors import (AccessRefusedError, ConsumerNotFoundError, InvalidArgumentError, TandemError,
                            UnknownDeliveryTagError)
-from client.protocol.frames import (Ack, AclGrant, AclList, AclRevoke, Cancel, ChangeGroup, ChangePartitions,
-                                    Declare, Delete, DrainNode, FinalizeUpgrade, Forward, Frame, Get, Metadata, MovePartition, Nack,
+from client.protocol.frames import (Ack, AclGrant, AclList, AclRevoke, Bind, Cancel, ChangeGroup, ChangePartitions,
+                                    Declare, DeclareExchange, Delete, DeleteExchange, Unbind, DrainNode, FinalizeUpgrade, Forward, Frame, Get, Metadata, MovePartition, Nack,
                                     Produced, Publish, PublishMessage, Purge, Read, Reject,
                                     SetOption, SetQuorumOverride, Subscribe, UserDelete, UserList, UserPut)
 from tests.helpers import wait_until
@@ -84,6 +84,14 @@ QUEUE_REQUESTS = [
     Refused("Subscribe-quarantine", "consume", lambda rid: Subscribe(rid=rid, queue=QUARANTINE, prefetch=10)),
     Refused("Read-quarantine", "browse", lambda rid: Read(rid=rid, queue=QUARANTINE, partition=0)),
     Refused("Publish-quarantine", "produce", lambda rid: Publish(rid=rid, queue=QUARANTINE, messages=_msg())),
+    Refused("Publish-exchange", "produce", lambda rid: Publish(rid=rid, queue="", messages=_msg(), exchange=PAYMENTS)),
+    Refused("Publish-default-exchange", "produce",
+            lambda rid: Publish(rid=rid, queue="", messages=_msg(), exchange="", routing_key=PAYMENTS)),
+    Refused("DeclareExchange", "configure", lambda rid: DeclareExchange(rid=rid, exchange=PAYMENTS, type="fanout")),
+    Refused("DeleteExchange", "configure", lambda rid: DeleteExchange(rid=rid, exchange=PAYMENTS)),
+    Refused("Bind-from-payments", "consume", lambda rid: Bind(rid=rid, source=PAYMENTS, destination="sandbox.q")),
+    Refused("Bind-to-payments", "configure", lambda rid: Bind(rid=rid, source="sandbox.x", destination=PAYMENTS)),
+    Refused("Unbind-to-payments", "configure", lambda rid: Unbind(rid=rid, source="sandbox.x", destination=PAYMENTS)),
 ]
 
 #: every group operation (the admin permission), with the arguments that would do the most harm

@@ -12,7 +12,8 @@ from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, Catal
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
                             MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, RelayCancelFwd, RelayDeliverFwd,
-                            RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, decode_request)
+                            RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RoutedFwd,
+                            TopologyFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -28,6 +29,8 @@ EXAMPLES = [
     RelaySubscribeFwd(3, 7, "orders", 256), RelayDeliverFwd(3, 7, b"\x82\xa2op\x11"),
     RelaySettleFwd(3, "ack", b"\x92\x01\x02"), RelayCancelFwd(3, 7), RelayReleaseFwd(3),
     RelayGetFwd(3, "orders", False),
+    TopologyFwd(1, "bind", b"\x80"),
+    RoutedFwd(1, "p1", b"\x90"),
 ]
 
 

@@ -55,6 +55,7 @@ from ha.messages import (
     TimeoutNow,
     VoteReply,
 )
+from storage.topology import BindingRecord, DropExchange, ExchangeRecord, PutExchange, SetBinding
 from storage.base import (
     SetUpdating,
     SetFeatureLevel,
@@ -212,6 +213,10 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
      "1aa6e6f6465313a73796e63"),
     ("Y", SetUpdating(4, (0, 1, 2)), "9194a159049300010290"),
     ("F", SetFeatureLevel(2), "9192a14602"),
+    ("E", PutExchange(ExchangeRecord(name="x", type="topic", alternate="alt")), "9194a145a178a5746f706963a3616c74"),
+    ("I", DropExchange("x"), "9192a149a178"),
+    ("J", SetBinding(BindingRecord(source="x", destination="q", routing_key="a.*", arguments=(("x-match", "any"),)),
+                     True), "9197a14aa178a171c2a3612e2a9192a7782d6d61746368a3616e79c3"),
 ]
 
 

@@ -15,6 +15,7 @@ from broker.modes.replicated.partlog import PartLog
 from client.clock import Cancellable, Clock
 from ha.members import is_change
 from ha.messages import Entry, InstallSnapshot
+from storage.topology import DropExchange, PutExchange, SetBinding
 from storage.base import (Append, DropQueue, DropUser, GrantAcl, PutApplied, PutQueue, PutUser, QueueMeta, RevokeAcl,
                           SeedAdmin, SetDrained, SetFeatureLevel, SetGroup, SetPlacement, SetUpdating, WriteOp)
 
@@ -131,6 +132,8 @@ class CatalogueOps:
                 out.extend(self._remaps.apply(op))
             elif isinstance(op, SetFeatureLevel):
                 out.extend(self._state.level_apply(op))
+            elif isinstance(op, (PutExchange, DropExchange, SetBinding)):
+                out.extend(self._state.topology_apply(op))
         self._changed()
         return out
 

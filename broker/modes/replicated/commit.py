@@ -29,6 +29,7 @@ from broker.modes.replicated.partlog import PartLog
 from client.clock import Cancellable, Clock
 from client.errors import NotActiveError, TandemError, UnavailableError
 from ha.messages import Ready
+from storage.topology import DropExchange, PutExchange, SetBinding
 from storage.base import Append, DropQueue, DropUser, GrantAcl, PackedRun, PutQueue, PutUser, RevokeAcl, SeedAdmin, \
     SetDrained, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
 
@@ -251,7 +252,8 @@ class Proposals:
                 plog.waiters[entry.index] = (ops, cbs)
                 plog.proposed_term = entry.term
                 if any(isinstance(op, (Append, PutQueue, DropQueue, PutUser, DropUser, GrantAcl, RevokeAcl,
-                                       SeedAdmin, SetDrained, SetPlacement, SetGroup, SetFeatureLevel)) for op in ops):
+                                       SeedAdmin, SetDrained, SetPlacement, SetGroup, SetFeatureLevel, PutExchange,
+                                       DropExchange, SetBinding)) for op in ops):
                     plog.must_sync.add(entry.index)
             self._guarded(plog, lambda: ready)
 

@@ -27,6 +27,7 @@ from ha.members import Members
 from ha.membership import Membership
 from ha.placement import DistributionPolicy
 from storage.base import PartitionState, QueueMeta, SetFeatureLevel, SetGroup, SetPlacement, WriteOp
+from storage.topology import DropExchange, PutExchange, SetBinding
 
 Callback = Callable[[BaseException | None], None]
 
@@ -152,6 +153,9 @@ class GroupState(Protocol):
 
     def level_apply(self, op: SetFeatureLevel) -> list[WriteOp]:
         """A committed raise of the group's feature level (broker.partitions.upgrade); the ops to store."""
+
+    def topology_apply(self, op: PutExchange | DropExchange | SetBinding) -> list[WriteOp]:
+        """A committed change of the exchanges or bindings (broker.partitions.topology); the ops to store."""
 
     def security_snapshot(self) -> dict[str, Any]:
         """The users, grants, drained members, placements, updates and members, for the

@@ -37,6 +37,10 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
                             re-map as it starts, or those done)
     "F" SET_FEATURE_LEVEL   level int (catalogue only: tandem upgrade finalize; written
                             only once every member's build reads it: feature level 2)
+    "E" PUT_EXCHANGE        name str, type str, alternate nil|str (catalogue only: feature level 4)
+    "I" DROP_EXCHANGE       name str (catalogue only; its bindings go with it)
+    "J" SET_BINDING         source str, destination str, to_exchange bool, routing_key str,
+                            arguments array of [str, str], bound bool (catalogue only)
 
     (QueueMeta, UserFields and the messages' items: codec.records)
 """
@@ -70,6 +74,9 @@ from broker.peers.codec.records import (
     _placement_in,
     _updating_in,
     _user_in,
+    binding_in,
+    binding_out,
+    exchange_in,
     group_out,
     placement_out,
     updating_out,
@@ -98,6 +105,7 @@ from storage.base import (
     WriteOp,
     user_fields,
 )
+from storage.topology import DropExchange, PutExchange, SetBinding
 
 
 class OpCode(StrEnum):
@@ -122,6 +130,9 @@ class OpCode(StrEnum):
     SET_GROUP = "W"
     SET_UPDATING = "Y"
     SET_FEATURE_LEVEL = "F"
+    PUT_EXCHANGE = "E"
+    DROP_EXCHANGE = "I"
+    SET_BINDING = "J"
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -191,6 +202,12 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append([OpCode.SET_UPDATING, *updating_out(op)])
         elif isinstance(op, SetFeatureLevel):
             out.append([OpCode.SET_FEATURE_LEVEL, op.level])
+        elif isinstance(op, PutExchange):
+            out.append([OpCode.PUT_EXCHANGE, op.exchange.name, op.exchange.type, op.exchange.alternate])
+        elif isinstance(op, DropExchange):
+            out.append([OpCode.DROP_EXCHANGE, op.name])
+        elif isinstance(op, SetBinding):
+            out.append([OpCode.SET_BINDING, *binding_out(op.binding), op.bound])
         else:
             raise TypeError(f"{type(op).__name__} is not a replicated op")
     return msgpack.packb(out, use_bin_type=True), applied
@@ -221,6 +238,9 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.SET_GROUP: (7, lambda _qid, _p, a: _group_in(a[1:7])),
     OpCode.SET_UPDATING: (4, lambda _qid, _p, a: _updating_in(a[1:4])),
     OpCode.SET_FEATURE_LEVEL: (2, lambda _qid, _p, a: SetFeatureLevel(_uint(a[1], "feature level"))),
+    OpCode.PUT_EXCHANGE: (4, lambda _qid, _p, a: PutExchange(exchange_in(a[1:4]))),
+    OpCode.DROP_EXCHANGE: (2, lambda _qid, _p, a: DropExchange(_str(a[1], "exchange name"))),
+    OpCode.SET_BINDING: (7, lambda _qid, _p, a: SetBinding(binding_in(a[1:6]), _bool(a[6], "bound"))),
 }
 
 

@@ -24,6 +24,9 @@ placements, the group's members, queue updates, and messages.
                 zones array of str (member=zone), leaving array of str, respread bool,
                 pins array of [queue_id int, partition int, nodes array of str]]
     Update:    [queue_id int, partitions array of int, finished array of int]
+    Exchange:  [name str, type str, alternate nil|str]
+    Binding:   [source str, destination str, to_exchange bool, routing_key str,
+                arguments array of [str, str]]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from storage.base import (
     UserRecord,
     user_from_fields,
 )
+from storage.topology import BindingRecord, ExchangeRecord
 
 
 #: what may follow a QueueMeta's first 8 items, each left out at its default when all after it are
@@ -175,3 +179,22 @@ def _acl_in(v: Any) -> AclRecord:
     v = _array(v, 3, "grant")
     return AclRecord(user=_str(v[0], "grant user"), pattern=_str(v[1], "grant pattern"),
                      permissions=tuple(_str(x, "permission") for x in _list(v[2], "grant permissions")))
+
+
+def exchange_in(a: Any) -> ExchangeRecord:
+    a = _array(a, 3, "exchange")
+    return ExchangeRecord(name=_str(a[0], "exchange name"), type=_str(a[1], "exchange type"),
+                          alternate=_opt_str(a[2], "alternate exchange"))
+
+
+def binding_out(b: BindingRecord) -> list[Any]:
+    return [b.source, b.destination, b.to_exchange, b.routing_key, [list(p) for p in b.arguments]]
+
+
+def binding_in(a: Any) -> BindingRecord:
+    a = _array(a, 5, "binding")
+    args = tuple((_str(p[0], "binding argument"), _str(p[1], "binding argument"))
+                 for p in (_array(x, 2, "binding argument") for x in _list(a[4], "binding arguments")))
+    return BindingRecord(source=_str(a[0], "binding source"), destination=_str(a[1], "binding destination"),
+                         to_exchange=_bool(a[2], "binding to_exchange"), routing_key=_str(a[3], "routing key"),
+                         arguments=args)

@@ -22,6 +22,7 @@ from storage.base import (
     QueueMeta, RevokeAcl, SeedAdmin, SetDeliveryCount, SetDrained, SetFeatureLevel, SetGroup, SetPlacement,
     SetUpdating, Settle, StoredMessage, UserRecord,
 )
+from storage.topology import BindingRecord, DropExchange, ExchangeRecord, PutExchange, SetBinding
 from storage.sqlite.schema import ADDED_COLUMNS, DDL
 
 #: the log ops by their OpCode's name (broker.peers.codec.ops; PACKED_APPEND is APPEND's other encoding)
@@ -30,23 +31,26 @@ LOG_OPS: dict[str, type] = {
     "PUT_PRODUCER": PutProducer, "DROP_PRODUCERS": DropProducers, "PUT_QUEUE": PutQueue, "DROP_QUEUE": DropQueue,
     "PUT_USER": PutUser, "DROP_USER": DropUser, "GRANT_ACL": GrantAcl, "REVOKE_ACL": RevokeAcl,
     "SEED_ADMIN": SeedAdmin, "SET_DRAINED": SetDrained, "SET_PLACEMENT": SetPlacement, "SET_GROUP": SetGroup,
-    "SET_UPDATING": SetUpdating, "SET_FEATURE_LEVEL": SetFeatureLevel,
+    "SET_UPDATING": SetUpdating, "SET_FEATURE_LEVEL": SetFeatureLevel, "PUT_EXCHANGE": PutExchange,
+    "DROP_EXCHANGE": DropExchange, "SET_BINDING": SetBinding,
 }
 #: the records inside the ops and snapshots
 RECORDS: dict[str, type] = {"QueueMeta": QueueMeta, "StoredMessage": StoredMessage, "UserRecord": UserRecord,
-                            "AclRecord": AclRecord}
+                            "AclRecord": AclRecord, "ExchangeRecord": ExchangeRecord, "BindingRecord": BindingRecord}
 #: the snapshots' layouts (broker.peers.codec.snapshots)
 SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
     "catalogue": (("queues", "array QueueMeta"), ("users", "array UserFields"), ("acls", "array Grant"),
                   ("seeded", "bool"), ("drained", "array str"), ("placed", "array Placement"),
-                  ("group", "Group"), ("updating", "array Update"), ("level", "int")),
+                  ("group", "Group"), ("updating", "array Update"), ("level", "int"), ("exchanges", "array Exchange"),
+                  ("bindings", "array Binding")),
     "partition": (("next_offset", "int"), ("delivered_upto", "int"), ("producers", "map str int"),
                   ("messages", "array Message"), ("parts", "int")),
 }
 #: types at a version past the first release's: version 2 of a queue's record and row adds its
 #: overflow (``max_length_bytes``, ``overflow``), its messages' time to live (``message_ttl``) and
-#: its own when unused (``expires``; feature level 3)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2}
+#: its own when unused (``expires``; feature level 3); version 2 of the catalogue's snapshot adds
+#: the exchanges and bindings (feature level 4)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2, "snapshot.catalogue": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -61,10 +65,22 @@ def _overflow_down(fields: Fields) -> Fields:
     return list(fields[:-4])
 
 
+def _topology_up(fields: Fields) -> Fields:
+    """A version-1 catalogue snapshot as version 2 reads it: no exchanges, no bindings."""
+    return [*fields, [], []]
+
+
+def _topology_down(fields: Fields) -> Fields:
+    """A version-2 catalogue snapshot as version 1 has it (it has exchanges only at feature
+    level 4, which a version-1 build cannot join)."""
+    return list(fields[:-2])
+
+
 #: the converters between a type's versions
 CONVERTERS: tuple[Converter, ...] = (
     Converter("record.QueueMeta", 1, _overflow_up, _overflow_down),
     Converter("store.queues", 1, _overflow_up, _overflow_down),
+    Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
 )
 
 

@@ -22,7 +22,9 @@ Snapshot (``INSTALL_SNAPSHOT`` data; QueueMeta, UserFields and the rest: codec.r
                      "updating": array of [queue_id int, partitions array of int] (the
                                  updates under way: the partitions still to re-map),
                      "level": int (the group's feature level, ha.upgrade; sent only
-                              once above 1, so a first-release build reads the rest)}
+                              once above 1, so a first-release build reads the rest),
+                     "exchanges": array of Exchange, "bindings": array of Binding (the
+                                  routing topology; sent only while there is an exchange)}
                 (a build without users in the log sent the array of QueueMeta alone;
                 one without the drain sends no "drained": the set stays as it is; one
                 without moves no "placed")
@@ -54,6 +56,8 @@ from broker.peers.codec.records import (
     _placement_in,
     _updating_in,
     _user_in,
+    binding_in,
+    exchange_in,
 )
 from storage.base import (
     Append,
@@ -185,4 +189,7 @@ def decode_catalogue_snapshot(data: bytes) -> tuple[list[QueueMeta], dict[str, A
         out["updating"] = [_updating_in(_array(a, 3, "update")) for a in _list(snap["updating"], "updates")]
     if "level" in snap:
         out["level"] = _uint(snap["level"], "catalogue snapshot feature level")
+    if "exchanges" in snap:
+        out["exchanges"] = [exchange_in(a) for a in _list(snap["exchanges"], "catalogue snapshot exchanges")]
+        out["bindings"] = [binding_in(a) for a in _list(snap.get("bindings", []), "catalogue snapshot bindings")]
     return metas, out
