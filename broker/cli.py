@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
-from broker.tools import (certs, cluster_up, commands, group_cli, load, node_cli, partition_cli, restore_cli,
-                          secret_cli, status, upgrade_cli, users_cli, witness_cli)
+from broker.tools import (certs, cluster_up, commands, exchange_cli, group_cli, load, node_cli, partition_cli,
+                          restore_cli, secret_cli, status, upgrade_cli, users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -168,7 +168,7 @@ def console_view(node: Node) -> NodeView:
     return NodeView(node=node.services, report=node.report, changes=node.placing, state=node.services,
                     options=node.options, meters=Meters(node.store, node.catalogue, node.publisher), guard=node.guard,
                     security=node.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps,
-                    restores=ops.restores, group=ops.group, levels=ops.levels)
+                    restores=ops.restores, group=ops.group, levels=ops.levels, topology=ops.topology)
 
 
 async def _trim_heap(node: Any) -> None:
@@ -351,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
     commands.add_parsers(sub)
+    exchange_cli.add_parsers(sub)
     status.add_parsers(sub)
     users_cli.add_parsers(sub)
     node_cli.add_parser(sub)

@@ -40,6 +40,11 @@ class BindingRecord:
     routing_key: str = ""
     arguments: tuple[tuple[str, str], ...] = ()
 
+    def fields(self) -> list[object]:
+        """As a log op and a snapshot carry it: ``[source, destination, to_exchange, routing_key,
+        arguments as [[key, value], ...]]``."""
+        return [self.source, self.destination, self.to_exchange, self.routing_key, [list(a) for a in self.arguments]]
+
     def ident(self) -> str:
         """A name for the binding, the same on every node (its store key)."""
         raw = json.dumps([self.source, self.destination, self.to_exchange, self.routing_key,

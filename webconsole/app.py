@@ -16,7 +16,7 @@ import logging
 from aiohttp import web
 
 from broker.security.tls import console_context
-from webconsole import actions, auth, stream, views
+from webconsole import actions, auth, exchanges, stream, views
 from webconsole.errors import errors_middleware
 from webconsole.group import GROUP, Group
 from webconsole.metrics import metrics_ctx
@@ -66,6 +66,11 @@ def make_app(view: NodeView) -> web.Application:
     r.add_post(f"{API}/queues/{{name}}/partitions/{{partition}}/move", actions.move_partition)
     r.add_post(f"{API}/queues/{{name}}/partitions", actions.add_partitions)
     r.add_post(f"{API}/queues/{{name}}/update", actions.update_partitions)
+    r.add_get(f"{API}/exchanges", exchanges.list_exchanges)
+    r.add_post(f"{API}/exchanges", exchanges.create_exchange)
+    r.add_delete(f"{API}/exchanges/{{name}}", exchanges.delete_exchange)
+    r.add_post(f"{API}/exchanges/{{name}}/bindings", exchanges.bind)
+    r.add_post(f"{API}/exchanges/{{name}}/unbind", exchanges.unbind)
     r.add_post(f"{API}/group/members", actions.add_member)
     r.add_post(f"{API}/restore", actions.restore)
     r.add_delete(f"{API}/group/members/{{name}}", actions.remove_member)

@@ -23,6 +23,8 @@ from client.errors import (
     NotActiveError,
     PartitionNotFoundError,
     QueueExistsError,
+    ExchangeExistsError,
+    ExchangeNotFoundError,
     QueueNotFoundError,
     ShuttingDownError,
     TandemError,
@@ -49,7 +51,7 @@ def bad(field: str, why: str) -> ApiError:
 #: HTTP status of a broker error (first match; a subclass before its base)
 STATUS_OF: tuple[tuple[type[TandemError], int], ...] = (
     (AccessRefusedError, 403), (AuthError, 401), (QueueNotFoundError, 404), (PartitionNotFoundError, 404),
-    (QueueExistsError, 409), (InvalidArgumentError, 400), (MessageTooLargeError, 400),
+    (QueueExistsError, 409), (ExchangeNotFoundError, 404), (ExchangeExistsError, 409), (InvalidArgumentError, 400), (MessageTooLargeError, 400),
     (UnavailableError, 503), (NotActiveError, 503), (ShuttingDownError, 503), (TimeoutError_, 503),
 )
 

@@ -25,6 +25,7 @@ from broker.partitions.members import GroupMembers
 from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.restore_run import Restores
+from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.security.acl import AclTable
 from broker.security.auth import ClientGuard
@@ -159,6 +160,7 @@ class NodeView:
     restores: Restores  # the quarantine merged back (tandem restore)
     group: GroupMembers  # the group's members (tandem group add / remove)
     levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
+    topology: Topology  # the group's exchanges and bindings (tandem exchanges, bind)
 
 
 #: the node an application serves

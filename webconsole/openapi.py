@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker import __version__
+from storage.topology import EXCHANGE_TYPES
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _NODE = {"$ref": "#/components/schemas/Node"}
@@ -107,6 +108,14 @@ _UPGRADE = {"type": "object", "properties": {
     "type_errors": _t("integer"), "finalize_to": _t("integer"), "finalizable": _t("boolean"),
     "finalize_refusal": _t("string", True)},
     "required": ["node", "build", "feature_level", "members", "finalizable"]}
+_EXCHANGE = {"type": "object", "properties": {
+    "name": _t("string"), "type": {"type": "string", "enum": list(EXCHANGE_TYPES)}, "alternate": _t("string", True),
+    "bindings": {"type": "array", "items": {"type": "object", "properties": {
+        "destination": _t("string"), "to_exchange": _t("boolean"), "routing_key": _t("string"),
+        "arguments": {"type": "object", "additionalProperties": {"type": "string"}}}}}},
+    "required": ["name", "type", "alternate", "bindings"]}
+_BINDING = _body({"destination": _t("string"), "to_exchange": _t("boolean"), "routing_key": _t("string"),
+                  "arguments": {"type": "object", "additionalProperties": {"type": "string"}}}, ["destination"])
 _CHANGE = {400: "bad input (the field is named)", 403: "a user without the admin permission, or a missing CSRF "
                                                        "token"}
 
@@ -292,6 +301,27 @@ def document() -> dict[str, Any]:
                             "another member during it"),
                 "text": {"type": "array", "items": _t("string")}}},
                 extra={**_CHANGE, 503: "a partition of the quarantine has no active, or its member does not answer"})}},
+        "/api/v1/exchanges": {
+            "get": {"summary": "every exchange with the bindings from it (docs/messaging.md)",
+                    "responses": _resp("exchanges", {"type": "array", "items": _EXCHANGE})},
+            "post": {"summary": "declare an exchange (idempotent for the same type and alternate); in a group, "
+                                "needs feature level 4",
+                     "requestBody": _body({"name": _t("string"), "type": {"type": "string", "enum": list(EXCHANGE_TYPES)},
+                                           "alternate": _t("string", True)}, ["name"]),
+                     "responses": {**_resp("exists already with these settings", extra={
+                         **_CHANGE, 409: "exists with another type or alternate"}),
+                         "201": {"description": "created", "content": {"application/json": {"schema": _OBJ}}}}}},
+        "/api/v1/exchanges/{name}": {"delete": {
+            "summary": "delete an exchange and every binding from or to it", "parameters": _NAME + [
+                {"name": "if_unused", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": ["true", "false"]}}],
+            "responses": _resp("deleted", extra={**_CHANGE, 404: "no such exchange"})}},
+        "/api/v1/exchanges/{name}/bindings": {"post": {
+            "summary": "bind a queue (or, with to_exchange, an exchange) to this exchange", "parameters": _NAME,
+            "requestBody": _BINDING, "responses": _resp("bound", extra={**_CHANGE, 404: "no such exchange or queue"})}},
+        "/api/v1/exchanges/{name}/unbind": {"post": {
+            "summary": "remove a binding (the fields it was bound with)", "parameters": _NAME,
+            "requestBody": _BINDING, "responses": _resp("unbound", extra={**_CHANGE, 404: "no such exchange"})}},
         "/api/v1/group/members": {"post": {
             "summary": "add a member to the running group (tandem group add): the group's state; the members link "
                        "to it at its peer address and the partitions re-spread over the members (group_change "

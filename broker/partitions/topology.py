@@ -24,7 +24,7 @@ import msgpack
 from broker.messaging.exchanges import ExchangeTable, check_binding, check_exchange, check_name
 from broker.messaging.commit import CATALOGUE
 from broker.messaging.forward import MAX_HOPS, TopologyFwd, decode_reply, pack_reply
-from broker.peers.codec.records import binding_out
+from broker.partitions.quarantine import refuse_client_write
 from broker.security.security import CatalogueHost, commit_catalogue
 from client.errors import (ExchangeExistsError, ExchangeNotFoundError, InvalidArgumentError, QueueNotFoundError,
                            TandemError, UnavailableError)
@@ -124,7 +124,7 @@ class Topology:
         if not t.exchanges:
             return {}
         return {"exchanges": [[e.name, e.type, e.alternate] for e in sorted(t.exchanges.values(), key=_name)],
-                "bindings": [binding_out(b) for b in sorted(t.all_bindings(), key=BindingRecord.ident)]}
+                "bindings": [b.fields() for b in sorted(t.all_bindings(), key=BindingRecord.ident)]}
 
     def install(self, data: Mapping[str, Any]) -> list[WriteOp]:
         """Replace the topology with a snapshot's (decoded: "exchanges" and "bindings" records,
@@ -192,8 +192,10 @@ class Topology:
             check_binding(b, source.type)
             if b.to_exchange and b.destination not in self.table.exchanges:
                 raise ExchangeNotFoundError(f"no exchange {b.destination!r}")
-            if not b.to_exchange and b.destination not in self.queues():
-                raise QueueNotFoundError(f"no queue {b.destination!r}")
+            if not b.to_exchange:
+                refuse_client_write(b.destination, "bind")  # (the group alone writes the quarantine)
+                if b.destination not in self.queues():
+                    raise QueueNotFoundError(f"no queue {b.destination!r}")
             have = b in self.table.bindings.get(b.source, ())
             return [SetBinding(b, bound)] if have != bound else []
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from broker.partitions.quarantine import refuse_client_write
 from broker.partitions.topology import Topology
 from broker.security.acl import AclTable
 from broker.sessions.requests import Handler
@@ -68,8 +67,6 @@ class Exchanges:
     async def _bind(self, s: Replying, user: UserRecord, f: Bind | Unbind, bound: bool) -> None:
         self._may(user, "consume", f.source)
         self._may(user, "configure", f.destination, "change bindings")
-        if not f.to_exchange:
-            refuse_client_write(f.destination, "bind")
         await self.topology.bind(BindingRecord(source=f.source, destination=f.destination, to_exchange=f.to_exchange,
                                                routing_key=f.routing_key,
                                                arguments=tuple(sorted(f.arguments.items()))), bound)

@@ -8,6 +8,7 @@ before anything connects.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import sys
@@ -29,9 +30,17 @@ def add_parsers(sub: Any) -> None:
     """``produce``, ``consume``, ``queues`` and ``console`` under the ``tandem`` parser."""
     produce_p = sub.add_parser("produce", help="publish messages with confirms",
                                description="Publish each BODY argument (or each line of stdin when no BODY is "
-                                           "given) to QUEUE and wait for the broker's confirms.")
-    produce_p.add_argument("queue")
+                                           "given) to QUEUE and wait for the broker's confirms. With --exchange "
+                                           "there is no QUEUE: every argument is a BODY, published to the "
+                                           "exchange, which routes it to the queues bound to it.")
+    produce_p.add_argument("queue", nargs="?", metavar="QUEUE")
     produce_p.add_argument("bodies", nargs="*", metavar="BODY")
+    produce_p.add_argument("--exchange", metavar="NAME", help="publish to this exchange instead of a queue")
+    produce_p.add_argument("--routing-key", dest="routing_key", default="", metavar="KEY",
+                           help="with --exchange: the routing key (default: empty)")
+    produce_p.add_argument("--mandatory", action="store_true",
+                           help="with --exchange: a message routed to no queue fails the publish (without it, "
+                                "such a message is dropped and counted)")
     produce_p.add_argument("--key", help="message key (selects the partition)")
     produce_p.add_argument("--header", action="append", default=[], metavar="K=V", help="header, repeatable")
     produce_p.add_argument("--delay", type=float, metavar="SECONDS",
@@ -129,12 +138,23 @@ def _body_text(body: bytes) -> str | None:
 
 def produce(args: argparse.Namespace) -> Command:
     headers = dict(timed_headers(_headers(args.header), delay=args.delay, ttl=args.ttl) or {})
-    bodies = list(args.bodies) if args.bodies else [line.rstrip("\n") for line in sys.stdin]
+    given = ([args.queue] if args.queue is not None else []) + list(args.bodies)
+    if args.exchange is None:
+        if args.queue is None:
+            raise InvalidArgumentError("tandem produce needs a QUEUE (or --exchange NAME)")
+        if args.routing_key or args.mandatory:
+            raise InvalidArgumentError("--routing-key and --mandatory go with --exchange")
+        given = given[1:]
+    elif args.declare:
+        raise InvalidArgumentError("--declare declares a queue: not with --exchange")
+    bodies = given if given else [line.rstrip("\n") for line in sys.stdin]
     return _produce(args, bodies, headers)
 
 
 async def _produce(args: argparse.Namespace, bodies: list[str], headers: dict[str, str]) -> int:
     async with await client.connect(args.url, client_name="tandem-cli") as conn:
+        if args.exchange is not None:
+            return await _produce_to_exchange(args, conn, bodies, headers)
         if args.declare:
             await conn.declare_queue(args.queue, partitions=args.declare)
         p = conn.producer(args.queue)
@@ -143,6 +163,19 @@ async def _produce(args: argparse.Namespace, bodies: list[str], headers: dict[st
         print(json.dumps({"queue": args.queue, "confirmed": len(bodies), "producer_id": p.producer_id}))
     else:
         print(f"{len(bodies)} message(s) confirmed on queue {args.queue}")
+    return 0
+
+
+async def _produce_to_exchange(args: argparse.Namespace, conn: client.DurableConnection, bodies: list[str],
+                               headers: dict[str, str]) -> int:
+    p = conn.exchange_producer(args.exchange, args.routing_key, mandatory=args.mandatory)
+    await asyncio.gather(*(p.send(b, key=args.key, headers=headers) for b in bodies))
+    if args.json:
+        print(json.dumps({"exchange": args.exchange, "routing_key": args.routing_key, "confirmed": len(bodies),
+                          "unroutable": p.unroutable, "producer_id": p.producer_id}))
+    else:
+        dropped = f" ({p.unroutable} routed to no queue: dropped)" if p.unroutable else ""
+        print(f"{len(bodies)} message(s) confirmed on exchange {args.exchange}{dropped}")
     return 0
 
 

@@ -92,6 +92,8 @@ async def test_console_in_a_browser(consoles: LocalCluster) -> None:
             await expect(page.locator('[data-node="node2"] .build')).to_have_text(f"build {__version__}")
             await expect(page.locator("#upgrade-note")).to_be_hidden()
             await expect(page.locator("#finalize-state")).to_have_text(f"every member supports level {LEVEL_MAX}")
+            await page.click("#finalize button")  # (the exchanges made below need the highest level)
+            await expect(page.locator("#level")).to_have_text(f"feature level {LEVEL_MAX}", timeout=10000)
 
             # kill a node the console is not served by: it turns Down, its partitions move
             held = set((await cl.actives("orders")).values())
@@ -116,6 +118,21 @@ async def test_console_in_a_browser(consoles: LocalCluster) -> None:
             await row.locator("button.purge").click()
             await expect(page.locator("#result")).to_have_text("purged 4 message(s) from ui-made", timeout=10000)
             await expect(row.locator("td.ready")).to_have_text("0", timeout=10000)
+            # an exchange made from the page, the queue bound to it, a publish routed there, then unbound
+            await page.fill("#new-exchange-name", "ui-fan")
+            await page.select_option("#new-exchange-type", "fanout")
+            await page.click("#create-exchange button")
+            await expect(page.locator("#result")).to_have_text("declared exchange ui-fan", timeout=10000)
+            await page.fill("#bind-exchange", "ui-fan")
+            await page.fill("#bind-queue-name", "ui-made")
+            await page.click("#bind-queue button")
+            ex_row = page.locator('#exchanges tr[data-exchange="ui-fan"]')
+            await expect(ex_row).to_contain_text("queue ui-made", timeout=10000)
+            async with await client.connect(cl.url) as conn:
+                await conn.exchange_producer("ui-fan").send("routed")
+            await expect(row.locator("td.ready")).to_have_text("1", timeout=10000)
+            await ex_row.locator("button", has_text="unbind").click()
+            await expect(ex_row).not_to_contain_text("queue ui-made", timeout=10000)
             # its page: per-partition stats and a chart that grows as the stream samples it
             await row.locator("td.name").click()
             await expect(page.locator("#queue-partitions tbody tr")).to_have_count(2, timeout=10000)

@@ -329,7 +329,8 @@ function wire() {
     if (!confirm("Finalize the upgrade? The group's feature level goes up, and no member can go back to an older "
                  + "build after it.")) return;
     try { const r = await api("POST", "/api/v1/upgrade/finalize", {});
-          say(`the group is at feature level ${r.feature_level}`); } catch (e) { say(e.message, true); }
+          say(`the group is at feature level ${r.feature_level}`);
+          renderUpgrade(await api("GET", "/api/v1/upgrade")); } catch (e) { say(e.message, true); }
   };
   document.getElementById("move-partition").onsubmit = async (ev) => {
     ev.preventDefault();

@@ -188,7 +188,7 @@ def exchange_in(a: Any) -> ExchangeRecord:
 
 
 def binding_out(b: BindingRecord) -> list[Any]:
-    return [b.source, b.destination, b.to_exchange, b.routing_key, [list(p) for p in b.arguments]]
+    return b.fields()
 
 
 def binding_in(a: Any) -> BindingRecord:
