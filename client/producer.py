@@ -11,8 +11,7 @@ Every message carries the producer's id and a sequence number, so the broker
 stores a resent message once (an idempotent producer).
 
 A producer publishes to one queue, or to an exchange (``exchange`` set; ``queue`` ""): then
-each message goes to every queue the exchange routes its routing key and headers to, and a
-batch holds messages of one routing key.
+each message goes to every queue the exchange routes its routing key and headers to.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
 from types import TracebackType
+from typing import Any
 
 from client.errors import InvalidArgumentError, MessageTooLargeError, TandemError
 from client.link import Link
@@ -39,6 +39,16 @@ def _as_bytes(body: Body) -> bytes:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
     raise InvalidArgumentError(f"message body must be bytes or str, not {type(body).__name__}")
+
+
+def routing(exchange: str | None, keys: list[str]) -> dict[str, Any]:
+    """A publish's routing fields for messages with these routing keys: one key for the batch
+    when they share it, else one per message (none for a publish to a queue)."""
+    if exchange is None or not keys:
+        return {}
+    if all(k == keys[0] for k in keys):
+        return {"routing_key": keys[0]}
+    return {"routing_key": "", "routing_keys": keys}
 
 
 class Producer:
@@ -124,11 +134,9 @@ class Producer:
             batch: list[PublishMessage] = []
             futs: list[asyncio.Future[int]] = []
             size = 0
-            routing_key = buf[0][2]
+            keys: list[str] = []
             while buf and len(batch) < self.max_batch:
                 msg, fut, rk = buf[0]
-                if rk != routing_key:
-                    break
                 msize = len(msg.body) + FRAME_OVERHEAD + (len(msg.key) if msg.key else 0) + \
                     sum(len(k) + len(v) for k, v in msg.headers.items())
                 if batch and size + msize > limit:
@@ -139,15 +147,15 @@ class Producer:
                     continue
                 batch.append(msg)
                 futs.append(fut)
-                size += msize
+                keys.append(rk)
+                size += msize + len(rk)
             if not batch:
                 continue
             rid = conn.next_rid()
             try:
                 reply = conn.request_nowait(Publish(rid=rid, queue=self.queue, messages=batch,
                                                     producer_id=self.producer_id, exchange=self.exchange,
-                                                    routing_key=routing_key if self.exchange is not None else "",
-                                                    mandatory=self.mandatory))
+                                                    **routing(self.exchange, keys), mandatory=self.mandatory))
             except TandemError as exc:
                 for f in futs:
                     if not f.done():

@@ -22,12 +22,12 @@ once every queue has it.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack
 
-from broker.messaging.exchanges import ExchangeTable
+from broker.messaging.exchanges import MAX_ROUTING_KEY, ExchangeTable
 from broker.messaging.forward import Forwarding, RoutedFwd, decode_reply, pack_reply
 from broker.messaging.outcome import Outcome, Reply
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult, sum_parts
@@ -45,6 +45,18 @@ class RoutedRequest:
     producer_id: str | None
     messages: list[PublishMessage]
     mandatory: bool = False
+    #: each message's own routing key (empty: ``routing_key`` for every one)
+    routing_keys: list[str] = field(default_factory=list)
+
+    def keys(self) -> list[str]:
+        """Each message's routing key; InvalidArgumentError for a list that does not fit."""
+        keys = self.routing_keys or [self.routing_key] * len(self.messages)
+        if len(keys) != len(self.messages):
+            raise InvalidArgumentError(f"routing_keys: {len(keys)} for {len(self.messages)} messages (one each, "
+                                       "or none)")
+        if any(len(k) > MAX_ROUTING_KEY for k in keys):
+            raise InvalidArgumentError(f"routing key: at most {MAX_ROUTING_KEY} characters")
+        return keys
 
 
 class RouterHost(Forwarding, Protocol):
@@ -69,18 +81,20 @@ class Router:
         if req.exchange and req.exchange not in table.exchanges:
             raise ExchangeNotFoundError(f"no exchange {req.exchange!r}")
         per_queue: dict[str, list[PublishMessage]] = {}
-        unroutable = 0
-        for m in req.messages:
-            routed = table.route(req.exchange, req.routing_key, m.headers, queues.__contains__)
+        unroutable, nowhere = 0, ""
+        for m, rk in zip(req.messages, req.keys()):
+            routed = table.route(req.exchange, rk, m.headers, queues.__contains__)
             if not routed:
                 unroutable += 1
+                nowhere = rk
             for name in routed:
                 if name in queues:
                     per_queue.setdefault(name, []).append(m)
         if unroutable and req.mandatory:
             raise UnroutableError(
-                f"{unroutable} of {len(req.messages)} messages published to exchange {req.exchange!r} with routing "
-                f"key {req.routing_key!r} are routed to no queue (mandatory): nothing of the batch was stored")
+                f"{unroutable} of {len(req.messages)} messages published to exchange {req.exchange!r} (routing key "
+                f"{nowhere!r}{' and others' if unroutable > 1 else ''}) are routed to no queue (mandatory): nothing of "
+                f"the batch was stored")
         parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]] = []
         remote: dict[str, list[tuple[Queue, int, list[PublishMessage]]]] = {}
         commit = self.node.commit

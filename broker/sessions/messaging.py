@@ -127,11 +127,14 @@ class Messaging:
 
     async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
         if f.exchange is not None:
-            self._may(user, "produce", f.exchange or f.routing_key, "publish")
-            if f.exchange == "":  # the default exchange: the queue the routing key names
-                refuse_client_write(f.routing_key, "publish")
-            self.router.publish_to(RoutedRequest(f.exchange, f.routing_key, f.producer_id, f.messages, f.mandatory),
-                                   _PublishReply(s, f.rid, self.publisher))
+            if f.exchange:
+                self._may(user, "produce", f.exchange, "publish")
+            for queue in {f.routing_key, *f.routing_keys} if not f.exchange else ():
+                # the default exchange: each message to the queue its routing key names
+                self._may(user, "produce", queue, "publish")
+                refuse_client_write(queue, "publish")
+            self.router.publish_to(RoutedRequest(f.exchange, f.routing_key, f.producer_id, f.messages, f.mandatory,
+                                                 f.routing_keys), _PublishReply(s, f.rid, self.publisher))
             return
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")

@@ -3,7 +3,7 @@ connection's primary link reaches (the member routes it, broker.messaging.routed
 after a failure (on another member if need be) with the same producer id and sequence numbers,
 so each bound queue stores each message once.
 
-Sends made in the same event-loop iteration share a batch (one routing key a batch).  One batch
+Sends made in the same event-loop iteration share a batch.  One batch
 is in flight at a time: a resend reaches every partition before any later message does, which
 is what lets a partition tell a resend it holds already from one it never got.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, MessageTooLargeError
-from client.producer import Body, _as_bytes
+from client.producer import Body, _as_bytes, routing
 from client.protocol.frames import Publish, PublishMessage, PublishOk, expect
 from client.timing import timed_headers
 
@@ -62,16 +62,13 @@ class DurableExchangeProducer:
     async def _send_all(self) -> None:
         await asyncio.sleep(0)  # (the sends of this loop iteration join the batch)
         while self._buffer:
-            rk = self._buffer[0][1]
-            n = 0
-            while n < len(self._buffer) and n < self.max_batch and self._buffer[n][1] == rk:
-                n += 1
-            batch, self._buffer = self._buffer[:n], self._buffer[n:]
+            batch, self._buffer = self._buffer[:self.max_batch], self._buffer[self.max_batch:]
             msgs = [m for m, _rk, _f in batch]
+            keys = routing(self.exchange, [rk for _m, rk, _f in batch])
             try:
                 reply = await self.conn._call(lambda c: c.request(lambda rid: Publish(
                     rid=rid, queue="", messages=msgs, producer_id=self.producer_id, exchange=self.exchange,
-                    routing_key=rk, mandatory=self.mandatory)), timeout=self.conn.send_timeout)
+                    **keys, mandatory=self.mandatory)), timeout=self.conn.send_timeout)
                 ok = expect(reply, PublishOk)
             except BaseException as exc:
                 for _m, _rk, f in batch:

@@ -179,6 +179,8 @@ class Publish(Frame):
     #: to every queue the exchange's bindings route ``routing_key`` (and its headers) to
     exchange: str | None = None
     routing_key: str = ""
+    #: each message's own routing key, in order (empty: every message has ``routing_key``)
+    routing_keys: list[str] = field(default_factory=list)
     #: a message routed to no queue refuses the whole batch (NO_ROUTE), nothing stored;
     #: without it such a message is dropped and counted (``PublishOk.unroutable``)
     mandatory: bool = False

@@ -26,8 +26,8 @@ Versions::
         them and make a queue without them: a ``Declare`` that sets one is not sent at version 2
         or below (:func:`field_since`)
     4   exchanges and bindings: DeclareExchange, DeclareExchangeOk, DeleteExchange, Bind,
-        Unbind, ListExchanges, Exchanges; Publish.exchange, Publish.routing_key and
-        Publish.mandatory (a publish to an exchange: not sent at version 3 or below) and
+        Unbind, ListExchanges, Exchanges; Publish.exchange, Publish.routing_key,
+        Publish.routing_keys and Publish.mandatory (a publish to an exchange: not sent at version 3 or below) and
         PublishOk.unroutable
 """
 
@@ -61,6 +61,7 @@ FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.DECLARE, "expires"): (3, 0),
     (Op.PUBLISH, "exchange"): (4, None),
     (Op.PUBLISH, "routing_key"): (4, ""),
+    (Op.PUBLISH, "routing_keys"): (4, []),
     (Op.PUBLISH, "mandatory"): (4, False),
 }
 

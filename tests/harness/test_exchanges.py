@@ -66,12 +66,21 @@ async def test_a_group_routes_by_topic_fanout_and_headers_once_at_level_4(tmp_pa
                                             producer_id="p1", exchange="t", routing_key=key))
             assert isinstance(r, PublishOk) and r.unroutable == 0, r
             sent[key] += 1
-        eu = await drain(g, g["n1"], "eu", 50)
-        orders = await drain(g, g["n1"], "orders", 50)
-        everything = await drain(g, g["n2"], "all", 100)
-        assert sum(eu.values()) == 50 and {b.split(b"/")[0] for b in eu} == {b"orders.eu", b"news.eu.fr"}
-        assert sum(orders.values()) == 50 and {b.split(b"/")[0] for b in orders} == {b"orders.eu", b"orders.us"}
-        assert sum(everything.values()) == 100 and max(everything.values()) == 1
+        # one batch, each message its own routing key
+        keys = ["orders.eu", "misc", "news.eu"]
+        r = await ok(publisher, Publish(rid=200, queue="", messages=[PublishMessage(None, {}, f"{k}/x".encode(), 100 + i)
+                                                                     for i, k in enumerate(keys)],
+                                        producer_id="p1", exchange="t", routing_keys=keys))
+        assert isinstance(r, PublishOk) and r.stored == 3 + 1 + 1 + 1, r  # (all: 3; eu: 2; orders: 1)
+        r = await publisher.ask(Publish(rid=201, queue="", messages=[PublishMessage(None, {}, b"z", 200)],
+                                        producer_id="p1", exchange="t", routing_keys=["a", "b"]))
+        assert isinstance(r, Error) and "routing_keys: 2 for 1 messages" in r.message, r
+        eu = await drain(g, g["n1"], "eu", 52)
+        orders = await drain(g, g["n1"], "orders", 51)
+        everything = await drain(g, g["n2"], "all", 103)
+        assert sum(eu.values()) == 52 and {b.split(b"/")[0] for b in eu} == {b"orders.eu", b"news.eu.fr", b"news.eu"}
+        assert sum(orders.values()) == 51 and {b.split(b"/")[0] for b in orders} == {b"orders.eu", b"orders.us"}
+        assert sum(everything.values()) == 103 and max(everything.values()) == 1
 
         # headers, fanout, an alternate exchange, mandatory
         await ok(s, DeclareExchange(rid=10, exchange="rest", type="fanout"))

@@ -136,3 +136,20 @@ async def test_bench_with_consumers_on_one_node_drains_every_partition_through_i
     assert "consumers on one node (relayed)" in r["mode"], r
     assert r["error"] is None and (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
     assert r["confirmed"] == r["consumed"] == 3000
+
+
+async def test_bench_of_exchanges_counts_every_copy() -> None:
+    """`tandem bench --fanout`: a fanout exchange bound to 1 and 5 queues and a topic exchange with
+    50 patterns, on a spawned group and on the local RabbitMQ; every queue holds every message
+    routed to it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3", "--fanout", "1,5",
+        "--topic-bindings", "50", "--messages", "300", "--peer", "rabbitmq", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    runs = json.loads(out)["runs"]
+    assert [(r["system"], r["kind"], r["queues"], r["bindings"], r["stored"], r["error"]) for r in runs] == [
+        (system, *run) for system in ("tandem", "rabbitmq")
+        for run in (("fanout", 1, 1, 300, None), ("fanout", 5, 5, 1500, None), ("topic", 10, 50, 300, None))]
+    assert all(r["messages_per_s"] > 0 and r["copies_per_s"] >= r["messages_per_s"] for r in runs)

@@ -16,6 +16,7 @@ from typing import Any
 from broker.config import NodeConfig
 from broker.tools.bench.backlog import add_backlog_args, backlog_command
 from broker.tools.bench.delayed import add_delayed_args, delayed_command
+from broker.tools.bench.fanout import add_fanout_args, fanout_command
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -51,7 +52,9 @@ def add_bench_parser(sub: Any) -> None:
                "  tandem bench --spawn --nodes 2 --mode shared --database "
                "postgresql+psycopg://postgres@127.0.0.1:5432/postgres --compare-replicated 3\n"
                "  tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats\n"
-               "  tandem bench --spawn --nodes 3 --tls",
+               "  tandem bench --spawn --nodes 3 --tls\n"
+               "  tandem bench --spawn --nodes 3 --fanout 1,10,100 --topic-bindings 1000 --messages 10000 "
+               "--peer rabbitmq",
         formatter_class=ExamplesFormatter)
     p.add_argument("--url", help="a running node, tandem://user:password@host:port")
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
@@ -105,6 +108,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backlog_args(p)
     add_delayed_args(p)
+    add_fanout_args(p)
     add_ha_args(p)
     p.set_defaults(func=bench)
 
@@ -143,6 +147,8 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         return backlog_command(args)
     if args.delayed is not None:
         return delayed_command(args)
+    if args.fanout or args.topic_bindings:
+        return fanout_command(args)
     pair = args.mode != "replicated" or args.arbiter != "majority"
     if not args.spawn and (pair or args.database or args.lock or args.lockfile or args.compare_replicated):
         raise InvalidArgumentError("--mode, --arbiter and --compare-replicated set up groups the bench starts: "

@@ -1,0 +1,193 @@
+"""``tandem bench --fanout 1,10,100`` and ``--topic-bindings N``: publishing to exchanges.
+
+For each fan-out, a fanout exchange bound to that many queues (one partition each, placed by the
+group's policy) gets ``--messages`` messages from one producer with ``--window`` unconfirmed at
+a time; the figure is messages confirmed per second and queue copies stored per second (messages
+times queues), and every queue must then hold every message (checked).  ``--topic-bindings N``:
+a topic exchange with N patterns (``k<i>.*``) bound over 10 queues, each message's routing key
+matching one of them at random.  With ``--peer rabbitmq`` the same runs go to RabbitMQ's fanout
+and topic exchanges with durable quorum queues, persistent messages and publisher confirms, in
+the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+
+import client
+from broker.tools.cluster import LocalCluster
+from broker.tools.process import NodeProcess
+from client.errors import InvalidArgumentError
+
+TOPIC_QUEUES = 10
+
+
+@dataclass
+class ExchangeRun:
+    system: str
+    kind: str  # "fanout" or "topic"
+    queues: int
+    bindings: int
+    messages: int
+    seconds: float
+    messages_per_s: float
+    copies_per_s: float
+    stored: int  # copies found in the queues afterwards
+    error: str | None = None
+
+
+def add_fanout_args(p: Any) -> None:
+    p.add_argument("--fanout", default=None, metavar="N,N,...",
+                   help="publish to a fanout exchange bound to each of these numbers of queues (e.g. 1,10,100): "
+                        "messages and queue copies stored per second; --messages messages each")
+    p.add_argument("--topic-bindings", dest="topic_bindings", type=int, default=0, metavar="N",
+                   help="with --fanout (or alone): also a topic exchange with N patterns over 10 queues")
+
+
+def _counts(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgumentError(f"--fanout {text!r}: numbers of queues, comma-separated (1,10,100)") from None
+    if not out or any(not 1 <= n <= 1000 for n in out):
+        raise InvalidArgumentError(f"--fanout {text!r}: each between 1 and 1000 queues")
+    return out
+
+
+def fanout_command(args: Any) -> Coroutine[Any, Any, int]:
+    fans = _counts(args.fanout)
+    if not 0 <= args.topic_bindings <= 100_000:
+        raise InvalidArgumentError("--topic-bindings: 0 .. 100000")
+    if not args.spawn:
+        raise InvalidArgumentError("--fanout starts its own node or group: give --spawn (with --nodes N)")
+    if set(args.peer) - {"rabbitmq"}:
+        raise InvalidArgumentError("--fanout compares with --peer rabbitmq only (NATS has no exchanges)")
+    return _main(args, fans)
+
+
+async def _main(args: Any, fans: list[int]) -> int:
+    runs: list[ExchangeRun] = []
+    with tempfile.TemporaryDirectory(prefix="tandem-fanout-") as tmp:
+        url, stop = await _spawn(Path(tmp), args.nodes, args.sync)
+        try:
+            for n in fans:
+                runs.append(await tandem_run(url, "fanout", n, n, args.messages, args.size, args.window))
+            if args.topic_bindings:
+                runs.append(await tandem_run(url, "topic", TOPIC_QUEUES, args.topic_bindings, args.messages,
+                                             args.size, args.window))
+        finally:
+            await stop()
+    if "rabbitmq" in args.peer:
+        for n in fans:
+            runs.append(await rabbit_run(args.rabbitmq_url, "fanout", n, n, args.messages, args.size, args.window))
+        if args.topic_bindings:
+            runs.append(await rabbit_run(args.rabbitmq_url, "topic", TOPIC_QUEUES, args.topic_bindings,
+                                         args.messages, args.size, args.window))
+    report = {"nodes": args.nodes, "messages": args.messages, "size": args.size, "window": args.window,
+              "runs": [asdict(r) for r in runs]}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{'system':<10} {'exchange':<8} {'queues':>6} {'bindings':>8} {'msg/s':>10} {'copies/s':>10} "
+              f"{'stored':>9}")
+        for r in runs:
+            print(f"{r.system:<10} {r.kind:<8} {r.queues:>6} {r.bindings:>8} {r.messages_per_s:>10,.0f} "
+                  f"{r.copies_per_s:>10,.0f} {r.stored:>9}" + (f"  error: {r.error}" if r.error else ""))
+    return 1 if any(r.error for r in runs) else 0
+
+
+async def _spawn(tmp: Path, nodes: int, sync: str) -> tuple[str, Callable[[], Awaitable[object]]]:
+    if nodes > 1:
+        cluster = LocalCluster(tmp, nodes=nodes, base_port=0, sync=sync, console=False)
+        await cluster.start()
+        await cluster.finalize()  # (exchanges need feature level 4 in a group)
+        return cluster.url, cluster.stop
+    node = await NodeProcess(tmp / "node1", sync=sync).start()
+    return node.url, node.stop
+
+
+def _topic_key(rng: random.Random, bindings: int) -> str:
+    return f"k{rng.randrange(bindings)}.x"
+
+
+async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: int, size: int,
+                     window: int) -> ExchangeRun:
+    tag = uuid.uuid4().hex[:8]
+    names = [f"bench-{tag}-{i}" for i in range(queues)]
+    ex = f"bench-{tag}"
+    body = b"x" * size
+    rng = random.Random(7)
+    async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
+        await conn.declare_exchange(ex, kind)
+        for q in names:
+            await conn.declare_queue(q)
+        for i in range(bindings):
+            await conn.bind_queue(names[i % queues], ex, f"k{i}.*" if kind == "topic" else "")
+    # one plain link, pipelined batches: the durable producer keeps one batch in flight
+    async with await client.connect_link(url.split(",")[0], client_name="tandem-bench-fanout") as link:
+        p = link.exchange_producer(ex, max_in_flight=max(1, window // 256))
+        start = time.perf_counter()
+        futs = [p.send(body, routing_key=_topic_key(rng, bindings) if kind == "topic" else "")
+                for _ in range(messages)]
+        await asyncio.gather(*futs)
+        seconds = time.perf_counter() - start
+    async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
+        depth = {q.name: q.ready for q in await conn.list_queues()}
+        stored = sum(depth.get(q, 0) for q in names)
+        for q in names:
+            await conn.delete_queue(q)
+        await conn.delete_exchange(ex)
+    want = messages * (queues if kind == "fanout" else 1)
+    return ExchangeRun("tandem", kind, queues, bindings, messages, round(seconds, 3), round(messages / seconds),
+                       round(want / seconds), stored,
+                       None if stored == want else f"{stored} copies stored, {want} expected")
+
+
+async def rabbit_run(url: str, kind: str, queues: int, bindings: int, messages: int, size: int,
+                     window: int) -> ExchangeRun:
+    tag = uuid.uuid4().hex[:8]
+    names = [f"bench-{tag}-{i}" for i in range(queues)]
+    rng = random.Random(7)
+    conn = await aio_pika.connect(url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.declare_exchange(f"bench-{tag}", kind, durable=True)
+        qs = [await ch.declare_queue(n, durable=True, arguments={"x-queue-type": "quorum"}) for n in names]
+        for i in range(bindings):
+            await qs[i % queues].bind(ex, f"k{i}.*" if kind == "topic" else "")
+        start = time.perf_counter()
+        pending: set[asyncio.Future[Any]] = set()
+        for _ in range(messages):
+            msg = aio_pika.Message(b"x" * size, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            pending.add(asyncio.ensure_future(ex.publish(
+                msg, routing_key=_topic_key(rng, bindings) if kind == "topic" else "")))
+            if len(pending) >= window:
+                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.gather(*pending)
+        seconds = time.perf_counter() - start
+        stored = 0
+        for n in names:
+            q = await ch.declare_queue(n, passive=True)
+            stored += q.declaration_result.message_count or 0
+        for q in qs:
+            await q.delete(if_unused=False, if_empty=False)
+        await ex.delete()
+    finally:
+        await conn.close()
+    want = messages * (queues if kind == "fanout" else 1)
+    return ExchangeRun("rabbitmq", kind, queues, bindings, messages, round(seconds, 3), round(messages / seconds),
+                       round(want / seconds), stored,
+                       None if stored == want else f"{stored} copies stored, {want} expected")
