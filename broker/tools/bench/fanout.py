@@ -28,7 +28,8 @@ import aio_pika
 import client
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
-from client.errors import InvalidArgumentError
+from broker.tools.totals import queue_totals
+from client.errors import InvalidArgumentError, UnavailableError
 
 TOPIC_QUEUES = 10
 
@@ -144,9 +145,11 @@ async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: 
                 for _ in range(messages)]
         await asyncio.gather(*futs)
         seconds = time.perf_counter() - start
+    totals = await queue_totals(url, client_name="tandem-bench-fanout")  # (every member's partitions)
+    if totals.missing:
+        raise UnavailableError(f"members did not answer: {', '.join(sorted(totals.missing))}")
+    stored = sum(q.ready for q in totals.queues if q.name in set(names))
     async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
-        depth = {q.name: q.ready for q in await conn.list_queues()}
-        stored = sum(depth.get(q, 0) for q in names)
         for q in names:
             await conn.delete_queue(q)
         await conn.delete_exchange(ex)
