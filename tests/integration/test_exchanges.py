@@ -57,10 +57,12 @@ async def test_fanout_topic_and_headers_through_a_kill_9_store_each_message_once
             await conn.declare_exchange("fan", "fanout")
             await conn.declare_exchange("topics", "topic")
             await conn.declare_exchange("docs", "headers")
-            for i, q in enumerate(FANOUT):  # each queue's active: node1, node2, node3 in turn
+            async def fan_queue(i: int, q: str) -> None:  # each queue's active: node1, node2, node3 in turn
                 first = NODES[i % 3]
                 await conn.declare_queue(q, placement=[[first, *(n for n in NODES if n != first)]])
                 await conn.bind_queue(q, "fan")
+
+            await asyncio.gather(*(fan_queue(i, q) for i, q in enumerate(FANOUT)))
             for q, pattern in TOPIC.items():
                 await conn.declare_queue(q, placement=[["node2", "node1", "node3"]])
                 await conn.bind_queue(q, "topics", pattern)
