@@ -77,16 +77,10 @@ class Bind(Frame):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Unbind(Frame):
+class Unbind(Bind):
     """Remove a binding (the same fields as its ``Bind``); answered by ``Ok``."""
 
     OP: ClassVar[Op] = Op.UNBIND
-    rid: int
-    source: str
-    destination: str
-    to_exchange: bool = False
-    routing_key: str = ""
-    arguments: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from broker.tools.process import NodeProcess
-from tests.integration.test_cli import tandem
+from tests.integration.test_cli import proc, tandem  # noqa: F401  (the node fixture)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
-
-
-@pytest_asyncio.fixture
-async def proc(tmp_path: Path) -> AsyncIterator[NodeProcess]:
-    p = NodeProcess(tmp_path / "node1")
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.stop()
 
 
 async def test_exchanges_bindings_and_produce_to_an_exchange(proc: NodeProcess) -> None:
