@@ -418,13 +418,14 @@ class TopologyFwd(ForwardRequest):
 @dataclass(frozen=True, slots=True)
 class RoutedFwd(ForwardRequest):
     """The messages an exchange routed on the member that took them, for the partitions
-    active here, one request for all of them (broker.messaging.routed): ``items`` the msgpack
-    array of ``[queue, partition, messages]`` (each message a ``PublishMessage`` array);
-    ``producer_id`` "" for none.  Reply: ``[stored, duplicates]``."""
+    active here, one request for all of them (broker.messaging.routed): ``frame`` a ``Publish``
+    payload holding each message once, ``parts`` the msgpack array of ``[queue, partition,
+    [message index, ...]]``; ``producer_id`` "" for none.  Reply: ``[stored, duplicates]``."""
     KIND = ForwardKind.PUBLISH_ROUTED
     hops: int
     producer_id: str
-    items: bytes
+    frame: bytes
+    parts: bytes
 
 
 RELAY_KINDS = frozenset({ForwardKind.RELAY_SUBSCRIBE, ForwardKind.RELAY_DELIVER, ForwardKind.RELAY_SETTLE,

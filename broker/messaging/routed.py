@@ -124,13 +124,22 @@ class Router:
 
     async def _there(self, who: str, producer_id: str | None,
                      items: list[tuple[Queue, int, list[PublishMessage]]]) -> PublishResult:
-        """One request to member ``who`` for every part active there; where the link fails, each
-        part goes its own way (the publish path waits for its partition's active)."""
-        payload = msgpack.packb([[q.name, pidx, encode(Publish(rid=0, queue=q.name, messages=pm,
-                                                                producer_id=producer_id))[4:]]
-                                 for q, pidx, pm in items], use_bin_type=True)
+        """One request to member ``who`` for every part active there, each message in it once
+        however many of its queues are there; where the link fails, each part goes its own way
+        (the publish path waits for its partition's active)."""
+        index: dict[int, int] = {}
+        msgs: list[PublishMessage] = []
+        parts = []
+        for q, pidx, pm in items:
+            for m in pm:
+                if id(m) not in index:
+                    index[id(m)] = len(msgs)
+                    msgs.append(m)
+            parts.append([q.name, pidx, [index[id(m)] for m in pm]])
+        frame = encode(Publish(rid=0, queue="", messages=msgs, producer_id=producer_id))[4:]
         try:
-            stored, duplicates = decode_reply(await self.node.forward(who, RoutedFwd(1, producer_id or "", payload)))
+            stored, duplicates = decode_reply(await self.node.forward(
+                who, RoutedFwd(1, producer_id or "", frame, msgpack.packb(parts, use_bin_type=True))))
             return PublishResult(int(stored), int(duplicates))
         except (UnavailableError, NotActiveError):
             if producer_id is None:
@@ -144,16 +153,17 @@ class Router:
     async def forwarded(self, req: RoutedFwd) -> bytes:
         """Another member's parts of a routed publish, for partitions active here."""
         try:
-            items = msgpack.unpackb(req.items, raw=False)
-            if type(items) is not list:
-                raise ValueError("not an array")
+            msgs = expect(decode_payload(req.frame), Publish).messages
+            parts = msgpack.unpackb(req.parts, raw=False)
+            if type(parts) is not list:
+                raise ValueError("parts is not an array")
             reqs = []
-            for item in items:
-                if type(item) is not list or len(item) != 3 or type(item[1]) is not int or type(item[2]) is not bytes:
-                    raise ValueError("an item is not [queue, partition, frame]")
-                frame = expect(decode_payload(item[2]), Publish)
-                reqs.append(PublishRequest(frame.queue, req.producer_id or None, frame.messages, partition=item[1],
-                                           hops=max(1, req.hops)))
+            for part in parts:
+                if type(part) is not list or len(part) != 3 or type(part[0]) is not str or type(part[1]) is not int \
+                        or type(part[2]) is not list or not all(type(i) is int for i in part[2]):
+                    raise ValueError("a part is not [queue, partition, [message index, ...]]")
+                reqs.append(PublishRequest(part[0], req.producer_id or None, [msgs[i] for i in part[2]],
+                                           partition=part[1], hops=max(1, req.hops)))
         except InvalidArgumentError:
             raise
         except Exception as exc:

@@ -100,7 +100,7 @@ def forward_example(kind: ForwardKind, queue: str) -> ForwardRequest:
         tp = hints[f.name]
         if f.name == "frame":
             inner: Frame = Publish(rid=0, queue=queue, messages=[PublishMessage("k", {}, b"forged")]) \
-                if kind is ForwardKind.PUBLISH else Declare(rid=0, queue=queue)
+                if kind in (ForwardKind.PUBLISH, ForwardKind.PUBLISH_ROUTED) else Declare(rid=0, queue=queue)
             values[f.name] = encode(inner)[4:]
         elif tp is bytes:
             values[f.name] = msgpack.packb({"name": "mallory", "role": "admin"})

@@ -30,7 +30,7 @@ EXAMPLES = [
     RelaySettleFwd(3, "ack", b"\x92\x01\x02"), RelayCancelFwd(3, 7), RelayReleaseFwd(3),
     RelayGetFwd(3, "orders", False),
     TopologyFwd(1, "bind", b"\x80"),
-    RoutedFwd(1, "p1", b"\x90"),
+    RoutedFwd(1, "p1", b"\x90", b"\x90"),
 ]
 
 

@@ -1,8 +1,9 @@
 """``tandem bench --fanout 1,10,100`` and ``--topic-bindings N``: publishing to exchanges.
 
 For each fan-out, a fanout exchange bound to that many queues (one partition each, placed by the
-group's policy) gets ``--messages`` messages from one producer with ``--window`` unconfirmed at
-a time; the figure is messages confirmed per second and queue copies stored per second (messages
+group's policy) gets ``--messages`` messages with ``--window`` unconfirmed at
+a time (the durable connection's exchange producers, one batch of 256 in flight each); the
+figure is messages confirmed per second and queue copies stored per second (messages
 times queues), and every queue must then hold every message (checked).  ``--topic-bindings N``:
 a topic exchange with N patterns (``k<i>.*``) bound over 10 queues, each message's routing key
 matching one of them at random.  With ``--peer rabbitmq`` the same runs go to RabbitMQ's fanout
@@ -137,12 +138,13 @@ async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: 
             await conn.declare_queue(q)
         for i in range(bindings):
             await conn.bind_queue(names[i % queues], ex, f"k{i}.*" if kind == "topic" else "")
-    # one plain link, pipelined batches: the durable producer keeps one batch in flight
-    async with await client.connect_link(url.split(",")[0], client_name="tandem-bench-fanout") as link:
-        p = link.exchange_producer(ex, max_in_flight=max(1, window // 256))
+    # the durable connection's exchange producers, each with one batch in flight (the safe way:
+    # client.durable.exchange), as many as --window fills with batches of 256
+    async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
+        producers = [conn.exchange_producer(ex) for _ in range(max(1, window // 256))]
         start = time.perf_counter()
-        futs = [p.send(body, routing_key=_topic_key(rng, bindings) if kind == "topic" else "")
-                for _ in range(messages)]
+        futs = [producers[i % len(producers)].send(body, routing_key=_topic_key(rng, bindings) if kind == "topic"
+                                                   else "") for i in range(messages)]
         await asyncio.gather(*futs)
         seconds = time.perf_counter() - start
     totals = await queue_totals(url, client_name="tandem-bench-fanout")  # (every member's partitions)
