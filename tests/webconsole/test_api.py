@@ -393,9 +393,11 @@ async def test_grants_list_grant_revoke_and_who_may_use_the_console(http: tuple[
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_fuzzing_the_api_finds_no_server_error(tmp_path: Path) -> None:
     """schemathesis generates requests from the OpenAPI document (good and bad input)
-    against a node process; no answer may be a 500."""
+    against a node process; no answer may be a 500.  The long tier's: make test runs
+    tests/webconsole/test_api_schemathesis.py, whose logged-in run checks the same and more."""
     import asyncio
     import subprocess
     import sys
