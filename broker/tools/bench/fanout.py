@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-
 import client
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
@@ -163,6 +161,8 @@ async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: 
 
 async def rabbit_run(url: str, kind: str, queues: int, bindings: int, messages: int, size: int,
                      window: int) -> ExchangeRun:
+    import aio_pika  # (the optional "bench" extra, as the peers' drivers: only --peer rabbitmq needs it)
+
     tag = uuid.uuid4().hex[:8]
     names = [f"bench-{tag}-{i}" for i in range(queues)]
     rng = random.Random(7)
