@@ -357,21 +357,21 @@ class LocalCluster:
         except TimeoutError:
             raise UnavailableError(f"not every member counted a quorum within {timeout:.0f} s") from None
 
-    async def finalize(self, attempts: int = 20) -> StatusOk:
+    async def finalize(self, timeout: float = 60.0) -> StatusOk:
         """Raise the group's feature level to this build's highest (every member runs it): asked
         again while it is refused because a member's links are still coming up (its build is
-        not known yet); the last refusal if it never goes through."""
-        refused: BaseException | None = None
-        for _attempt in range(attempts):
+        not known yet), for at most ``timeout`` seconds in all; then the last refusal."""
+        deadline = self.clock.monotonic() + timeout
+        while True:
             try:
-                await self.wait_members()
-                async with await client.connect_link(self.url, client_name="tandem-cluster") as conn:
-                    return await conn.finalize_upgrade()
-            except (TandemError, TimeoutError) as exc:
-                refused = exc
-                await self.clock.sleep(0.5)  # (links coming up: asked again, bounded by attempts)
-        assert refused is not None
-        raise refused
+                await self.wait_members(max(1.0, deadline - self.clock.monotonic()))
+                async with self.clock.timeout(max(1.0, deadline - self.clock.monotonic())):
+                    async with await client.connect_link(self.url, client_name="tandem-cluster") as conn:
+                        return await conn.finalize_upgrade()
+            except (TandemError, TimeoutError):
+                if self.clock.monotonic() >= deadline:
+                    raise
+                await self.clock.sleep(0.5)  # (links coming up: asked again, until the deadline)
 
     async def _statuses(self) -> list[tuple[str, StatusOk]]:
         """The status of every node that is running (not paused) and answers."""
