@@ -68,7 +68,8 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/unit/test_lockfile_driver.py::test_a_holder_that_stops_renewing_is_taken_over_and_then_fenced_by_the_epoch \
 	tests/webconsole/test_ha_shared.py::test_the_passive_page_points_to_the_lock_holder_and_follows_a_takeover \
 	tests/integration/test_node_process.py::test_a_node_process_is_its_own_process_either_way \
-	tests/integration/test_drills.py::test_weak_policies_never_lose_silently
+	tests/integration/test_drills.py::test_weak_policies_never_lose_silently \
+	tests/integration/test_delayed_failover.py::test_delayed_messages_across_a_kill_of_their_active
 RUNS ?= 20
 flaky: dev
 	@$(COMPILE)
