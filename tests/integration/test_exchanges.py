@@ -89,23 +89,33 @@ async def test_fanout_topic_and_headers_through_a_kill_9_store_each_message_once
             await cl.nodes["node2"].kill()  # active of the topic and headers queues and of a third of the fan-out
             await producers
             await cl.nodes["node2"].start()
+            await cl.wait_members()  # (read once the group has its three members again)
+
+            async def all_served() -> bool:
+                return all([len(await cl.actives(q, 1)) == 1 for q in (*FANOUT, *TOPIC, "pdf")])
+
+            await wait_until(all_served, timeout=60, what="every queue active again")
 
         async with await client.connect(cl.url) as conn:
             lost = duplicated = unexpected = 0
 
-            def count(got: Counter[bytes], want: set[bytes]) -> None:
+            missing: dict[str, list[bytes]] = {}
+
+            def count(got: Counter[bytes], want: set[bytes], queue: str) -> None:
                 nonlocal lost, duplicated, unexpected
                 lost += len(want - set(got))
+                if want - set(got):
+                    missing[queue] = sorted(want - set(got))[:5]
                 duplicated += sum(1 for b, n in got.items() if n > 1)
                 unexpected += len(set(got) - want)
 
             fan_bodies = {b for b, _ in confirmed["fan"]}
             for q in FANOUT:
-                count(await stored(conn, q), fan_bodies)
+                count(await stored(conn, q), fan_bodies, q)
             for q in TOPIC:
-                count(await stored(conn, q), {b for b, key in confirmed["topics"] if q in topic_wanted(key)})
-            count(await stored(conn, "pdf"), {b for b, fmt in confirmed["docs"] if fmt == "pdf"})
-            assert (lost, duplicated, unexpected) == (0, 0, 0)
+                count(await stored(conn, q), {b for b, key in confirmed["topics"] if q in topic_wanted(key)}, q)
+            count(await stored(conn, "pdf"), {b for b, fmt in confirmed["docs"] if fmt == "pdf"}, "pdf")
+            assert (lost, duplicated, unexpected) == (0, 0, 0), missing
             assert (len(confirmed["fan"]), len(confirmed["topics"]), len(confirmed["docs"])) == (150, 200, 200)
     finally:
         await cl.stop()
