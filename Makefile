@@ -69,7 +69,8 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/webconsole/test_ha_shared.py::test_the_passive_page_points_to_the_lock_holder_and_follows_a_takeover \
 	tests/integration/test_node_process.py::test_a_node_process_is_its_own_process_either_way \
 	tests/integration/test_drills.py::test_weak_policies_never_lose_silently \
-	tests/integration/test_delayed_failover.py::test_delayed_messages_across_a_kill_of_their_active
+	tests/integration/test_delayed_failover.py::test_delayed_messages_across_a_kill_of_their_active \
+	tests/integration/test_exchanges.py::test_fanout_topic_and_headers_through_a_kill_9_store_each_message_once_per_queue
 RUNS ?= 20
 flaky: dev
 	@$(COMPILE)
