@@ -224,10 +224,16 @@ class SetDeliveryCount:
 
 @dataclass(frozen=True, slots=True)
 class PutProducer:
+    """A producer's last sequence number in a partition.  ``seqs``: the ones its batch took, for
+    a producer whose batches may reach the partition out of order (the replicas keep them to
+    tell a late batch from a resend: broker.messaging.sequences); empty for one that numbers
+    per partition.  The stores keep only ``last_seq``."""
+
     queue_id: int
     partition: int
     producer_id: str
     last_seq: int
+    seqs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from collections import deque
 
 import msgpack
 
+from broker.messaging.window import Window
 from storage.base import MSG_MEMORY, StoredMessage, memory_share
 
 
@@ -106,7 +107,7 @@ def held_cost(m: Msg) -> int:
 
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
-                 "committed_producers", "gaps", "producer_used", "held", "cold_start", "cold_end",
+                 "committed_producers", "gaps", "producer_used", "seen", "filling", "held", "cold_start", "cold_end",
                  "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation", "delayed")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
@@ -141,6 +142,10 @@ class Partition:
         #: later batch went on (single node: separate commits); they may be stored again
         self.gaps: dict[str, set[int]] = {}
         self.producer_used: dict[str, float] = {}  # producer id -> when it last published here (monotonic)
+        #: producer id -> the seqs taken since this node serves the partition (broker.messaging.sequences)
+        self.seen: dict[str, Window] = {}
+        #: producer id -> seqs taken at or below its last committed one, not committed yet
+        self.filling: dict[str, set[int]] = {}
 
     def requeue(self, msgs: list[Msg]) -> None:
         """Put ``msgs`` back at their offset positions (usually all before the ready ones).

@@ -12,7 +12,8 @@ client gets), settled in the commit's own callback so the confirm goes out at on
    (:mod:`broker.messaging.limits`: refused, or the oldest messages shed), the disk alarm (:mod:`broker.node.diskalarm`: nothing is stored on a nearly full disk: retry).
 3. **assign**: drop what the partition holds already (idempotent producers), give the rest
    offsets, build the broker's :class:`~broker.messaging.message.Msg` per partition.
-4. **to ops**: ``Append`` per partition, ``PutProducer`` per producer, ``MarkDelivered``
+4. **to ops**: ``Append`` per partition, ``PutProducer`` per producer (with the seqs it took,
+   unless the batch is numbered per partition), ``MarkDelivered``
    when consumers wait (the delivery then needs no commit of its own).
 5. **commit**: through the node's :class:`~broker.messaging.commit.CommitPath` (the store writer on a
    single node, the partition's replicated log in a group).
@@ -147,7 +148,7 @@ class Publisher:
         if not batch.by_part:
             result.set_result(PublishResult(0, batch.duplicates, self._last_seq(q, req)))
             return
-        ops = self._to_ops(q, batch)
+        ops = self._to_ops(q, batch, req.dense)
         self._commit(q, req, batch, ops, result)
 
     # -- 1. route -------------------------------------------------------------------------------
@@ -249,10 +250,15 @@ class Publisher:
     # -- 4. to ops ------------------------------------------------------------------------------
 
     @staticmethod
-    def _to_ops(q: Queue, batch: _Assigned) -> list[WriteOp]:
+    def _to_ops(q: Queue, batch: _Assigned, dense: bool) -> list[WriteOp]:
         parts, qid = q.partitions, q.meta.id
         ops: list[WriteOp] = [Append(qid, pidx, msgs, parts[pidx].next_offset) for pidx, msgs in batch.by_part.items()]
-        ops.extend(PutProducer(qid, pidx, pid, seq) for (pidx, pid), seq in batch.last_seq.items())
+        # The producer's last seq held here, not the batch's: a batch that came after a later one
+        # leaves it where it is.  (A batch numbered per partition comes in order: the replicas
+        # need not learn its seqs.)
+        for pidx, pid in batch.last_seq:
+            seqs = () if dense else tuple(batch.seqs_of[(pidx, pid)])
+            ops.append(PutProducer(qid, pidx, pid, parts[pidx].producers[pid], seqs))
         # With consumers waiting these messages are about to go out: mark them delivered in
         # this same commit.  (If they wait instead, a crash counts one delivery too many: the
         # safe direction.)
@@ -288,8 +294,8 @@ class Publisher:
 
     def _confirm(self, q: Queue, batch: _Assigned, *, ready: bool) -> None:
         parts = q.partitions
-        for (pidx, pid), seq in batch.last_seq.items():
-            sequences.committed(parts[pidx], pid, seq)
+        for (pidx, pid), seqs in batch.seqs_of.items():
+            sequences.committed(parts[pidx], pid, seqs)
         for pidx, upto in batch.premark.items():
             parts[pidx].marked_upto = max(parts[pidx].marked_upto, upto)
         if ready:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from broker.messaging.mapper import DataMapper, queue_mapper
 from broker.messaging.message import (MESSAGE_OVERHEAD, MemoryBudget, Msg, Partition, decode_headers, held_cost,
                                       msg_from_store)
+from broker.messaging.window import Window
 from client.protocol.frames import QueueInfo
 from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage
 
@@ -112,16 +113,20 @@ class Queue:
         self.meta = meta
         self.mapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
 
-    def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
+    def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True,
+                       windows: Mapping[str, Window] | None = None) -> None:
         """The partition as the store has it (at start, or when this node becomes its active):
-        offsets, producer sequences and, with ``messages``, its ready messages (those past
-        the memory budget as a cold region)."""
+        offsets, producer sequences (and the seqs ``windows`` has of each:
+        broker.messaging.sequences) and, with ``messages``, its ready messages (those past the
+        memory budget as a cold region)."""
         part = self.partitions[pidx]
         self.clear_partition(pidx)
         part.next_offset = part.committed_end = st.next_offset
         part.marked_upto = part.cold_mark = st.delivered_upto
         part.producers = dict(st.producers)
         part.committed_producers = dict(st.producers)
+        if windows:
+            part.seen = {pid: w.copy() for pid, w in windows.items()}
         if messages:
             self.add_ready(part, [msg_from_store(pidx, m) for m in st.messages])
             st.messages = []
@@ -142,6 +147,8 @@ class Queue:
         part.producers = {}
         part.committed_producers = {}
         part.gaps = {}
+        part.filling = {}
+        part.seen = {}
         part.producer_used = {}
 
     def release(self) -> None:

@@ -1,12 +1,32 @@
-"""Idempotent producers: each partition keeps the last sequence of every producer id.
+"""Idempotent producers: each partition knows which sequence numbers of each producer it holds.
 
 A producer numbers its messages; a partition stores a ``(producer_id, seq)`` once and
 confirms a resend again without storing it.  Per partition (:class:`broker.messaging.message.Partition`):
 
-* ``producers``: the last seq held, committed or on its way to commit;
+* ``producers``: the last seq held, committed or on its way to commit (replicated, stored);
 * ``committed_producers``: the last seq committed;
+* ``seen``: a :class:`~broker.messaging.window.Window` per producer, the seqs it holds, so a
+  batch that arrives after a later one of the same producer is told apart from a resend (see
+  below);
 * ``gaps``: seqs below the last held whose commit failed (a resend stores them again);
+* ``filling``: seqs taken at or below the last committed one (a batch that came late) whose
+  commit is under way;
 * ``producer_used``: when each producer last published here, for expiry.
+
+Batches of one producer can reach a partition out of order: a node resends a batch that failed
+on a partition's old active to the new one while a later batch got there first, a link that
+broke is replaced while a batch waited to be resent, or the producer publishes through several
+members.  A seq at or below the last held is held only if the window has it (or it lies below
+the window's floor); the others are stored.  The window is replicated: ``PutProducer`` carries
+the seqs a batch took, each member keeps them per partition as it applies the log
+(``broker.modes.replicated.apply``), and a member that becomes the active starts from its copy.
+A member knows the seqs it applied since it last started or installed a snapshot: below the
+first it learned of a producer, half a window counts as not held (a late batch is stored; a
+resend that old, after such a restart, is stored again) and the rest as held.  A producer
+without a window here (a single node, shared mode, one that numbers per partition) gets one
+when this node first takes a seq of it, with every seq up to the last held then counted as held.
+A producer that numbers per partition (the durable connection) sends in order; its batches
+carry no seqs.
 
 A resend of a seq that is held but not yet committed is refused with ``UnavailableError``
 (retry): confirming the copy could confirm what then fails to commit.
@@ -17,6 +37,7 @@ from __future__ import annotations
 from client.errors import OutOfOrderSequenceError, UnavailableError
 from client.protocol.frames import PublishMessage
 from broker.messaging.message import Partition
+from broker.messaging.window import Window
 from broker.messaging.queues import Queue
 
 
@@ -28,7 +49,18 @@ def held(part: Partition, producer_id: str, seq: int | None) -> bool:
     if last is None or seq > last:
         return False
     gaps = part.gaps.get(producer_id)
-    return gaps is None or seq not in gaps
+    if gaps is not None and seq in gaps:
+        return False
+    window = part.seen.get(producer_id)
+    return window is None or window.has(seq)
+
+
+def storing(part: Partition, producer_id: str, seq: int) -> bool:
+    """Whether a held ``seq`` is still on its way to commit."""
+    if seq > part.committed_producers.get(producer_id, -1):
+        return True
+    filling = part.filling.get(producer_id)
+    return filling is not None and seq in filling
 
 
 def check_dense(q: Queue, pidx: int, producer_id: str, messages: list[PublishMessage]) -> int:
@@ -48,7 +80,7 @@ def check_dense(q: Queue, pidx: int, producer_id: str, messages: list[PublishMes
         if seq <= last:
             if seq in gaps:
                 continue  # stored again
-            if seq > committed:
+            if seq > committed or seq in part.filling.get(producer_id, ()):
                 raise UnavailableError(f"producer {producer_id}'s seq {seq} on {q.name}/{pidx} is still being "
                                        "stored: retry")
             continue
@@ -64,9 +96,8 @@ def check_resends(q: Queue, producer_id: str, messages: list[PublishMessage], pi
     """UnavailableError if a message resends a seq held but not yet committed."""
     parts = q.partitions
     for m, pidx in zip(messages, pidxs):
-        last = parts[pidx].producers.get(producer_id)
-        if last is not None and m.seq is not None and \
-                parts[pidx].committed_producers.get(producer_id, -1) < m.seq <= last:
+        part = parts[pidx]
+        if m.seq is not None and held(part, producer_id, m.seq) and storing(part, producer_id, m.seq):
             raise UnavailableError(f"producer {producer_id}'s seq {m.seq} on {q.name}/{pidx} is still "
                                    "being stored: retry")
 
@@ -74,19 +105,37 @@ def check_resends(q: Queue, producer_id: str, messages: list[PublishMessage], pi
 def take(part: Partition, producer_id: str, seq: int) -> None:
     """Record ``seq`` as held (it is about to be stored)."""
     last = part.producers.get(producer_id, -1)
+    window = part.seen.get(producer_id)
+    if window is None:  # (what this node holds of it is all it knows: broker.messaging.window)
+        window = part.seen[producer_id] = Window(last)
+    window.add(seq)
     if seq > last:
         part.producers[producer_id] = seq
-    else:  # it fills a gap a failed commit left
-        gaps = part.gaps[producer_id]
+        return
+    gaps = part.gaps.get(producer_id)
+    if gaps is not None and seq in gaps:  # it fills a gap a failed commit left
         gaps.discard(seq)
         if not gaps:
             del part.gaps[producer_id]
+    if seq <= part.committed_producers.get(producer_id, -1):  # it came after a later batch
+        part.filling.setdefault(producer_id, set()).add(seq)
 
 
-def committed(part: Partition, producer_id: str, seq: int) -> None:
+def committed(part: Partition, producer_id: str, seqs: list[int]) -> None:
+    """A batch's ``seqs`` of the producer are committed."""
     cp = part.committed_producers
-    if seq > cp.get(producer_id, -1):
-        cp[producer_id] = seq
+    top = max(seqs)
+    if top > cp.get(producer_id, -1):
+        cp[producer_id] = top
+    _unfill(part, producer_id, seqs)
+
+
+def _unfill(part: Partition, producer_id: str, seqs: list[int]) -> None:
+    filling = part.filling.get(producer_id)
+    if filling is not None:
+        filling.difference_update(seqs)
+        if not filling:
+            del part.filling[producer_id]
 
 
 def release(q: Queue, seqs_of: dict[tuple[int, str], list[int]]) -> None:
@@ -95,6 +144,11 @@ def release(q: Queue, seqs_of: dict[tuple[int, str], list[int]]) -> None:
     seq, which a resend fills."""
     for (pidx, pid), seqs in seqs_of.items():
         part = q.partitions[pidx]
+        window = part.seen.get(pid)
+        if window is not None:
+            for seq in seqs:
+                window.discard(seq)
+        _unfill(part, pid, seqs)
         gaps = part.gaps.setdefault(pid, set())
         gaps.update(seqs)
         last = part.producers.get(pid, -1)
@@ -116,7 +170,7 @@ def idle_producers(part: Partition, now: float, expiry: float) -> list[str]:
     for pid in list(part.producers):
         part.producer_used.setdefault(pid, now)  # loaded from the store: idle from now
     return [pid for pid, used in part.producer_used.items()
-            if now - used > expiry and pid in part.producers and pid not in part.gaps
+            if now - used > expiry and pid in part.producers and pid not in part.gaps and pid not in part.filling
             and part.producers.get(pid) == part.committed_producers.get(pid)]
 
 
@@ -128,3 +182,4 @@ def forget(part: Partition, pids: list[str], idle_before: float) -> None:
             part.producers.pop(pid, None)
             part.committed_producers.pop(pid, None)
             part.producer_used.pop(pid, None)
+            part.seen.pop(pid, None)

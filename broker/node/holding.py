@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from broker.messaging.holders import revoke_deliveries, take_back_deliveries
 from broker.messaging.message import Msg
 from broker.messaging.queues import Queue, Recipient
 from broker.messaging.streams import Produced, StreamHost, produced, read_stream
+from broker.messaging.window import Window
 from broker.modes.replicated import Replication
 from broker.modes.shared.mode import SharedMode
 from broker.node.store import NodeStore
@@ -156,12 +157,12 @@ class Holding:
         share = self.catalogue.budget.share()
         return min(share, TAKEOVER_HEAD) if share else 0
 
-    def partition_loaded(self, key: tuple[int, int], st: PartitionState) -> None:
+    def partition_loaded(self, key: tuple[int, int], st: PartitionState, windows: Mapping[str, Window]) -> None:
         """This node is now the partition's active: its messages come from the store."""
         q = self.catalogue.by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
-        q.load_partition(key[1], st)
+        q.load_partition(key[1], st, windows=windows)
         self.delivery.schedule(q)
         # (once it serves, right after this: a partition of a queue being updated is swept)
         asyncio.get_running_loop().call_soon(self.remaps.served, key)

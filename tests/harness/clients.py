@@ -5,6 +5,8 @@
   active when it is not), and resends the batch, with the same sequence numbers, until it is
   confirmed: after an error, or after ``PUBLISH_TIMEOUT`` without an answer (the member was
   killed, or is cut off).
+* :class:`Pipelined`: the plain SDK producer's way, several batches in flight at one member and
+  no resend of its own (the node resends a batch to a partition's new active).
 * :class:`Consumer`: subscribed on every live member (each member delivers the partitions it
   is active for), as a client session is: a delivery counts (``Delivery.record_deliveries``),
   its delivered mark is committed before the application sees it, and a mark that fails to
@@ -179,6 +181,58 @@ class Producer:
         q = node.catalogue.queues.get(self.queue) if node is not None else None
         rep = node.ha.replication if node is not None else None
         return q is not None and rep is not None and any(rep.serving((q.meta.id, i)) for i in range(q.meta.partitions))
+
+
+class Pipelined:
+    """The plain SDK producer's way: up to ``in_flight`` batches out at once at one live member,
+    with one sequence over all partitions, and no resend: a batch that fails stays unconfirmed
+    (the node resends it to a partition's new active itself).  Keyless messages, so they spread
+    by (producer id, seq)."""
+
+    def __init__(self, group: Group, ledger: Ledger, queue: str, producer_id: str, rng: random.Random, *,
+                 total: int, in_flight: int = 4, max_batch: int = 5, pause: float = 0.05) -> None:
+        self.group, self.ledger, self.queue, self.id, self.rng = group, ledger, queue, producer_id, rng
+        self.total, self.in_flight, self.max_batch, self.pause = total, in_flight, max_batch, pause
+        self.stop = False
+        self.done = False
+        self._out: dict[int, float] = {}  # batches in flight: number -> when to stop waiting for it
+
+    async def run(self) -> None:
+        g, clock = self.group, self.group.clock
+        seq = number = 0
+        while (seq < self.total and not self.stop) or self._out:
+            now = clock.monotonic()
+            for k in [k for k, until in self._out.items() if until < now]:
+                del self._out[k]  # (its member died or is cut off: it may still settle)
+            alive = g.alive()
+            if seq >= self.total or self.stop or not alive or len(self._out) >= self.in_flight:
+                await clock.sleep(RETRY_PAUSE)
+                continue
+            n = min(self.rng.randint(1, self.max_batch), self.total - seq)
+            batch = [PublishMessage(None, {}, f"{self.id}:{s}".encode(), s) for s in range(seq, seq + n)]
+            seq += n
+            for pm in batch:
+                self.ledger.sent[pm.body] = None
+            try:
+                outcome = g.publish(self.rng.choice(alive), self.queue, self.id, batch)
+            except TandemError as exc:
+                self.ledger.errors[type(exc).__name__] += 1
+            else:
+                number += 1
+                self._out[number] = now + PUBLISH_TIMEOUT
+                outcome.add_done_callback(lambda o, b=batch, k=number: self._settled(o, b, k))
+            await clock.sleep(self.rng.uniform(0.0, self.pause))
+        self.done = True
+
+    def _settled(self, outcome: Any, batch: list[PublishMessage], number: int) -> None:
+        self._out.pop(number, None)
+        exc = outcome.exception()
+        if exc is None:
+            self.ledger.confirmed.update(pm.body for pm in batch)
+        elif isinstance(exc, TandemError):
+            self.ledger.errors[type(exc).__name__] += 1
+        else:
+            self.ledger.unexpected.append(f"a pipelined publish raised {exc!r}")
 
 
 class _Session:

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.clients import Consumer, Ledger, Producer, spawn_clients
+from tests.harness.clients import Consumer, Ledger, Pipelined, Producer, spawn_clients
 from tests.harness.group import Group, Member
 from tests.helpers import group_secret_file
 
@@ -106,7 +106,7 @@ def serves(m: Member, key: tuple[int, int]) -> bool:
     return rep is not None and rep.serving(key)
 
 
-def drained(g: Group, run: Run, producers: list[Producer], consumers: list[Consumer]) -> bool:
+def drained(g: Group, run: Run, producers: list[Producer | Pipelined], consumers: list[Consumer]) -> bool:
     """Every producer done, every confirmed message delivered and acked, and on each
     partition's active nothing ready, unacked or waiting to commit."""
     if not all(p.done for p in producers) or run.ledger.unacked_confirmed() or any(c.pending for c in consumers):
@@ -140,8 +140,10 @@ async def run_schedule(seed: int, tmp_path: Path, *, steps: int | None = None) -
                      secret=group_secret_file(tmp_path)) as g:
         await g.start()
         await g.declare(QUEUE, partitions=partitions)
-        producers = [Producer(g, run.ledger, QUEUE, f"p{i}", random.Random(f"{seed}-p{i}"), total=MAX_SENT,
+        producers: list[Producer | Pipelined] = [Producer(g, run.ledger, QUEUE, f"p{i}", random.Random(f"{seed}-p{i}"), total=MAX_SENT,
                               pause=rng.choice([0.05, 0.2, 0.5])) for i in range(2)]
+        producers.append(Pipelined(g, run.ledger, QUEUE, "p2", random.Random(f"{seed}-p2"), total=MAX_SENT // 4,
+                                   in_flight=rng.choice([2, 4, 8]), pause=rng.choice([0.05, 0.2])))
         consumers = [Consumer(g, run.ledger, QUEUE, f"c{i}", random.Random(f"{seed}-c{i}"),
                               prefetch=rng.choice([1, 5, 50])) for i in range(2)]
         tasks = spawn_clients(*(p.run() for p in producers), *(c.run() for c in consumers))

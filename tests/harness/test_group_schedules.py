@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from broker.messaging.queues import Queue
+from broker.messaging.window import Window
 from broker.modes.replicated.commit import Proposals
 from storage.base import Append, PartitionState
 from tests.harness.schedules import Run, run_schedule
@@ -105,11 +107,13 @@ async def test_a_confirm_before_the_quorum_has_the_entry_is_caught(tmp_path: Pat
 async def test_an_active_that_forgets_the_producers_sequences_is_caught(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted bug: a node that becomes a partition's active loads it without the producers'
-    last sequences, so a batch resent after a failover is stored again.  Some seed must then
+    last sequences (and the seqs it learned of them), so a batch resent after a failover is
+    stored again.  Some seed must then
     find a message stored twice."""
     load = Queue.load_partition
 
-    def forgetful(self: Queue, pidx: int, st: PartitionState, *, messages: bool = True) -> None:
+    def forgetful(self: Queue, pidx: int, st: PartitionState, *, messages: bool = True,
+                  windows: Mapping[str, Window] | None = None) -> None:
         st.producers = {}
         load(self, pidx, st, messages=messages)
 

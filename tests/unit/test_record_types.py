@@ -16,7 +16,7 @@ PINNED = {
     "log.DROP_USER": "1:f14db953",
     "log.GRANT_ACL": "1:7b7418d0",
     "log.MARK_DELIVERED": "1:04f065b1",
-    "log.PUT_PRODUCER": "1:51684332",
+    "log.PUT_PRODUCER": "2:ebad2872",
     "log.PUT_QUEUE": "1:8c043553",
     "log.PUT_USER": "1:7a01d035",
     "log.REVOKE_ACL": "1:cf934de7",

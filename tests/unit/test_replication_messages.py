@@ -259,6 +259,23 @@ def test_a_catalogue_snapshot_carries_each_queues_owner() -> None:
     assert decode_catalogue_snapshot(data)[0] == [META, owned]
 
 
+def test_a_producers_seqs_travel_as_a_fourth_item_that_older_builds_ignore() -> None:
+    """The seqs a batch took: the first, then the steps between them; a PUT_PRODUCER of three
+    items (a batch numbered per partition, or an older build's) reads as no seqs."""
+    op = PutProducer(1, 0, "p1", 12, (3, 6, 12, 9))
+    data, _applied = encode_ops([op])
+    assert data.hex() == "9194a150a270310c9403030303"  # ["P", "p1", 12, [3, 3, 3, 3]]
+    assert decode_ops((1, 0), data) == [PutProducer(1, 0, "p1", 12, (3, 6, 9, 12))]
+    three = msgpack.packb([msgpack.unpackb(data)[0][:3]])
+    assert decode_ops((1, 0), three) == [PutProducer(1, 0, "p1", 12)]
+
+
+@pytest.mark.parametrize("seqs", [[3, -1], ["3"], 7, [0, 2**63]])
+def test_a_producers_seqs_that_do_not_fit_are_refused(seqs: object) -> None:
+    with pytest.raises(MalformedReplicationError):
+        decode_ops((1, 0), msgpack.packb([["P", "p1", 7, seqs]]))
+
+
 def test_a_list_of_messages_is_read() -> None:
     """``A`` is what a log holds for an append whose offsets have a gap."""
     (back,) = decode_ops((1, 0), bytes.fromhex(PINNED_OPS[1][2]))

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from broker.messaging.window import learn
 from broker.peers.codec import (CATALOGUE, Key, MalformedReplicationError, decode_catalogue_snapshot, decode_ops,
                                       snapshot_ops)
 from broker.modes.replicated.host import Applier, Callback, GroupState, Placements, StoreWriter
@@ -56,6 +57,8 @@ def apply_entries(plog: PartLog, entries: list[Entry], callbacks: list[list[Call
                 entry_ops = decode_ops(key, e.data)
             if key == CATALOGUE:
                 entry_ops = catalogue(entry_ops)
+            else:
+                learn(plog.windows, entry_ops)
             ops.extend(entry_ops)
         if waiting is not None:
             callbacks.append(waiting[1])
@@ -71,6 +74,7 @@ def install_ops(plog: PartLog, m: InstallSnapshot, queue_ids: set[int], catalogu
     log.info("partition %s: installing a snapshot from %s at index %d", plog.name, m.leader, m.index)
     plog.applied = (m.index, m.last_term, m.last_origin)
     plog.applied_bytes = 0  # the log before it is gone
+    plog.windows.clear()  # (the seqs it took are not in a snapshot: the producers' last ones are)
     if plog.key == CATALOGUE:
         metas, users = decode_catalogue_snapshot(m.data)
         # the group's members and placements first: the queues open where they place them

@@ -8,9 +8,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from broker.config import NodeConfig
-from broker.peers.codec import CATALOGUE, Key
+from broker.messaging.window import Window, learn
+from broker.peers.codec import CATALOGUE, Key, decode_ops
 from broker.modes.replicated.compaction import COMPACT_BYTES, WeakHold
 from broker.modes.replicated.host import Callback
+from ha.members import is_change
 from ha.messages import Entry, Envelope
 from ha.partition import PartitionLifecycle
 from ha.placement import NodeList
@@ -87,6 +89,8 @@ class PartLog:
     must_sync: set[int] = field(default_factory=set)  # this active's entries that carry publishes
     #: store writes of committed entries, held back (see apply.HOLD_APPLY)
     held_ops: list[WriteOp] = field(default_factory=list)
+    #: producer id -> the seqs of it this member applied (broker.messaging.sequences)
+    windows: dict[str, Window] = field(default_factory=dict)
     held_bytes: int = 0
     held_since: float = 0.0  # when the oldest of them was held (while in HeldWrites)
     lazy_since: float = 0.0  # when its oldest lazily staged op was staged (while in Proposals' lazy set)
@@ -157,6 +161,11 @@ def open_log(key: Key, nodes: NodeList, st: LogState, config: ReplicaConfig, *, 
     replica = Replica(config, rng=rng, now=now, term=st.term, voted_for=st.voted_for, log=entries,
                       commit=max(st.commit, st.applied[0]), snapshot=st.snapshot, applied=st.applied[0],
                       recovering=recovering, snap_mark=(st.snap_weak, st.snap_recency))
-    return PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
+    plog = PartLog(key, replica, nodes, applied=st.applied, promised=(st.term, st.voted_for),
                    durable_applied=st.applied[0],
                    applied_bytes=sum(len(e.data or b"") for e in entries if e.index <= st.applied[0]))
+    if key != CATALOGUE:  # the seqs the applied entries still in the log took (broker.messaging.sequences)
+        for e in entries:
+            if e.index <= st.applied[0] and e.data is not None and not is_change(e.data):
+                learn(plog.windows, decode_ops(key, e.data))
+    return plog

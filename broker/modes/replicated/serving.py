@@ -135,7 +135,7 @@ class Serving:
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
             messages = len(st.messages) + st.cold_count  # (before the queue takes them over)
-            self._node.partition_loaded(plog.key, st)
+            self._node.partition_loaded(plog.key, st, plog.windows)
             plog.serving = True
             log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term, messages)
             self.track_active(plog)

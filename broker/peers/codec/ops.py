@@ -175,7 +175,10 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
         elif isinstance(op, SetDeliveryCount):
             out.append([OpCode.DELIVERY_COUNTS, op.items])
         elif isinstance(op, PutProducer):
-            out.append([OpCode.PUT_PRODUCER, op.producer_id, op.last_seq])
+            item = [OpCode.PUT_PRODUCER, op.producer_id, op.last_seq]
+            if op.seqs:
+                item.append(_seqs_out(op.seqs))
+            out.append(item)
         elif isinstance(op, DropProducers):
             out.append([OpCode.DROP_PRODUCERS, op.producer_ids])
         elif isinstance(op, PutQueue):
@@ -213,6 +216,25 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
     return msgpack.packb(out, use_bin_type=True), applied
 
 
+def _seqs_out(seqs: tuple[int, ...]) -> list[int]:
+    """A batch's seqs, ascending: the first, then each one's distance from the one before (a
+    byte each, mostly)."""
+    ordered = sorted(seqs)
+    return [ordered[0], *(b - a for a, b in zip(ordered, ordered[1:]))]
+
+
+def _seqs_in(v: Any) -> tuple[int, ...]:
+    items = _list(v, "seqs")
+    if not items:
+        return ()
+    seq = _int(items[0], "seq")
+    out = [seq]
+    for d in items[1:]:
+        seq += _uint(d, "seq step")
+        out.append(seq)
+    return tuple(out)
+
+
 _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]] = {
     # code -> (items, the code included; the decoder)
     OpCode.PACKED_APPEND: (5, lambda qid, p, a: Append(qid, p, PackedRun(_uint(a[2], "start"), _uint(a[3], "count"),
@@ -223,7 +245,8 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
     OpCode.SETTLE: (2, lambda qid, p, a: Settle(qid, p, [_uint(o, "offset") for o in _list(a[1], "offsets")])),
     OpCode.MARK_DELIVERED: (2, lambda qid, p, a: MarkDelivered(qid, p, _uint(a[1], "upto"))),
     OpCode.DELIVERY_COUNTS: (2, lambda qid, p, a: SetDeliveryCount(qid, p, [_pair(i) for i in _list(a[1], "items")])),
-    OpCode.PUT_PRODUCER: (3, lambda qid, p, a: PutProducer(qid, p, _str(a[1], "producer_id"), _int(a[2], "last_seq"))),
+    OpCode.PUT_PRODUCER: (3, lambda qid, p, a: PutProducer(qid, p, _str(a[1], "producer_id"), _int(a[2], "last_seq"),
+                                                           _seqs_in(a[3]) if len(a) > 3 else ())),
     OpCode.DROP_PRODUCERS: (2, lambda qid, p, a: DropProducers(qid, p, [_str(x, "producer_id")
                                                                        for x in _list(a[1], "producer_ids")])),
     OpCode.PUT_QUEUE: (2, lambda _qid, _p, a: PutQueue(_meta_in(a[1]))),

@@ -49,8 +49,9 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: types at a version past the first release's: version 2 of a queue's record and row adds its
 #: overflow (``max_length_bytes``, ``overflow``), its messages' time to live (``message_ttl``) and
 #: its own when unused (``expires``; feature level 3); version 2 of the catalogue's snapshot adds
-#: the exchanges and bindings (feature level 4)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2, "snapshot.catalogue": 2}
+#: the exchanges and bindings (feature level 4); version 2 of ``PUT_PRODUCER`` adds the seqs its
+#: batch took (a trailing item a version-1 reader ignores, at any level: it changes nothing stored)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -76,11 +77,22 @@ def _topology_down(fields: Fields) -> Fields:
     return list(fields[:-2])
 
 
+def _seqs_up(fields: Fields) -> Fields:
+    """A version-1 ``PUT_PRODUCER`` as version 2 reads it: no seqs (the replicas learn none)."""
+    return [*fields, ()]
+
+
+def _seqs_down(fields: Fields) -> Fields:
+    """A version-2 ``PUT_PRODUCER`` as version 1 has it: without its seqs."""
+    return list(fields[:-1])
+
+
 #: the converters between a type's versions
 CONVERTERS: tuple[Converter, ...] = (
     Converter("record.QueueMeta", 1, _overflow_up, _overflow_down),
     Converter("store.queues", 1, _overflow_up, _overflow_down),
     Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
+    Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
 )
 
 
