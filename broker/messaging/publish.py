@@ -225,6 +225,7 @@ class Publisher:
         seqs_of: dict[tuple[int, str], list[int]] = {}
         duplicates = 0
         held, take = sequences.held, sequences.take
+        track = not req.dense  # (a batch numbered per partition comes in order: no window)
         for m, pidx in zip(req.messages, pidxs):
             part = parts[pidx]
             seq = m.seq
@@ -232,7 +233,7 @@ class Publisher:
                 if held(part, pid, seq):
                     duplicates += 1
                     continue
-                take(part, pid, seq)
+                take(part, pid, seq, track)
                 key = (pidx, pid)
                 if seq > last_seq.get(key, -1):
                     last_seq[key] = seq

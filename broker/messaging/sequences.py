@@ -102,13 +102,15 @@ def check_resends(q: Queue, producer_id: str, messages: list[PublishMessage], pi
                                    "being stored: retry")
 
 
-def take(part: Partition, producer_id: str, seq: int) -> None:
-    """Record ``seq`` as held (it is about to be stored)."""
+def take(part: Partition, producer_id: str, seq: int, track: bool = True) -> None:
+    """Record ``seq`` as held (it is about to be stored); ``track``: in the producer's window too
+    (a producer that numbers per partition needs none: it sends in order)."""
     last = part.producers.get(producer_id, -1)
     window = part.seen.get(producer_id)
-    if window is None:  # (what this node holds of it is all it knows: broker.messaging.window)
+    if window is None and track:  # (what this node holds of it is all it knows: broker.messaging.window)
         window = part.seen[producer_id] = Window(last)
-    window.add(seq)
+    if window is not None:
+        window.add(seq)
     if seq > last:
         part.producers[producer_id] = seq
         return

@@ -109,3 +109,11 @@ def test_a_new_active_starts_from_the_window_the_log_gave_it() -> None:
     assert not windows["p"].has(4)  # (the active's copy: the replica's learns at commit)
     q.load_partition(0, PartitionState(next_offset=2, producers={"p": 10}))
     assert sequences.held(q.partitions[0], "p", 4)
+
+
+def test_a_producer_that_numbers_per_partition_gets_no_window_and_its_resends_stay_duplicates() -> None:
+    part = Partition(0)
+    for s in range(5):
+        sequences.take(part, "d", s, track=False)
+    sequences.committed(part, "d", list(range(5)))
+    assert part.seen == {} and all(sequences.held(part, "d", s) for s in range(5))
