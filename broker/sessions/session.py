@@ -291,6 +291,9 @@ class Session:
             if not data:
                 self._closing = True
                 return
+            # A read returns at once while the socket has data: let the node's other work (its
+            # peer links' keep-alives above all) run between chunks of a client that floods it.
+            await asyncio.sleep(0)
 
     async def _heartbeats(self) -> None:
         """Until the login: end it ``login_timeout`` after the connection opened, whatever

@@ -153,3 +153,16 @@ async def test_bench_of_exchanges_counts_every_copy() -> None:
         (system, *run) for system in ("tandem", "rabbitmq")
         for run in (("fanout", 1, 1, 300, None), ("fanout", 5, 5, 1500, None), ("topic", 10, 50, 300, None))]
     assert all(r["messages_per_s"] > 0 and r["copies_per_s"] >= r["messages_per_s"] for r in runs)
+
+
+async def test_bench_of_exchanges_through_a_plain_producer_counts_its_confirms() -> None:
+    """`tandem bench --fanout --plain-producer`: one plain link's pipelined exchange producer; every
+    publish confirmed here (one node, a fan-out of 3), and every confirmed copy stored."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--fanout", "3", "--messages", "600",
+        "--plain-producer", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    (run,) = json.loads(out)["runs"]
+    assert (run["queues"], run["confirmed"], run["stored"], run["error"]) == (3, 600, 1800, None)

@@ -213,3 +213,16 @@ def test_the_weak_mark_goes_to_the_store_with_the_snapshot_and_comes_back_on_a_r
     # a strong snapshot keeps no mark: its recency is its own position
     strong = Replica(r.cfg, rng=random.Random(1), snapshot=(9, 2, "a"), snap_mark=(False, (0, 0)))
     assert not strong._log.snap_weak and strong._log.recency() == (2, 9)
+
+
+def test_the_bytes_a_replica_lacks_count_only_what_the_log_still_holds(small: None) -> None:
+    """A replica that answers but lacks entries compacted already (it gets a snapshot): the
+    entries it lacks are counted from the log's first, never read below it (the oldest
+    segment's compaction asks this of every partition that keeps it)."""
+    r = active_replica(20, 50)
+    for n in "bc":
+        r.step(Envelope(n, "a", AppendReply(r.term, n, True, 21)))
+    r.compact(15)
+    r.step(Envelope("c", "a", AppendReply(r.term, "c", False, 5)))  # c lost its log: it is at 5
+    assert compaction.entry_bytes(r, 6, r.applied) == 6 * 50
+    assert compaction.entry_bytes(r, 1, 15) == 0

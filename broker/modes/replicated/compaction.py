@@ -35,8 +35,9 @@ WEAK_COMPACT_FACTOR = 2
 
 
 def entry_bytes(r: Replica, first: int, last: int) -> int:
-    """Bytes of the entries ``first..last`` in the core's log."""
-    return sum(len(r.entry(i).data or b"") for i in range(first, last + 1))
+    """Bytes of the entries ``first..last`` the core's log still holds (those compacted count
+    nothing: a replica that lacks them gets a snapshot)."""
+    return sum(len(r.entry(i).data or b"") for i in range(max(first, r.snap_index + 1), last + 1))
 
 
 def weak_bytes(r: Replica) -> int:

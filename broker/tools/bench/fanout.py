@@ -4,7 +4,9 @@ For each fan-out, a fanout exchange bound to that many queues (one partition eac
 group's policy) gets ``--messages`` messages with ``--window`` unconfirmed at
 a time (the durable connection's exchange producers, one batch of 256 in flight each); the
 figure is messages confirmed per second and queue copies stored per second (messages
-times queues), and every queue must then hold every message (checked).  ``--topic-bindings N``:
+times queues), and every queue must then hold every message (checked).  ``--plain-producer``: one
+plain link's pipelined exchange producer instead (up to 64 batches in flight); a publish may
+fail, and every queue must hold every confirmed message.  ``--topic-bindings N``:
 a topic exchange with N patterns (``k<i>.*``) bound over 10 queues, each message's routing key
 matching one of them at random.  With ``--peer rabbitmq`` the same runs go to RabbitMQ's fanout
 and topic exchanges with durable quorum queues, persistent messages and publisher confirms, in
@@ -28,6 +30,7 @@ import client
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeProcess
 from broker.tools.totals import queue_totals
+from client.connection import connect_link
 from client.errors import InvalidArgumentError, UnavailableError
 
 TOPIC_QUEUES = 10
@@ -45,6 +48,7 @@ class ExchangeRun:
     copies_per_s: float
     stored: int  # copies found in the queues afterwards
     error: str | None = None
+    confirmed: int = 0  # messages confirmed (the rest failed: --plain-producer)
 
 
 def add_fanout_args(p: Any) -> None:
@@ -53,6 +57,10 @@ def add_fanout_args(p: Any) -> None:
                         "messages and queue copies stored per second; --messages messages each")
     p.add_argument("--topic-bindings", dest="topic_bindings", type=int, default=0, metavar="N",
                    help="with --fanout (or alone): also a topic exchange with N patterns over 10 queues")
+    p.add_argument("--plain-producer", dest="plain_producer", action="store_true",
+                   help="with --fanout: publish through one plain link's pipelined exchange producer (many "
+                        "batches in flight) instead of the durable connection's producers; a publish may then "
+                        "fail, and every confirmed copy must be stored")
 
 
 def _counts(text: str | None) -> list[int]:
@@ -84,10 +92,11 @@ async def _main(args: Any, fans: list[int]) -> int:
         url, stop = await _spawn(Path(tmp), args.nodes, args.sync)
         try:
             for n in fans:
-                runs.append(await tandem_run(url, "fanout", n, n, args.messages, args.size, args.window))
+                runs.append(await tandem_run(url, "fanout", n, n, args.messages, args.size, args.window,
+                                             plain=args.plain_producer))
             if args.topic_bindings:
                 runs.append(await tandem_run(url, "topic", TOPIC_QUEUES, args.topic_bindings, args.messages,
-                                             args.size, args.window))
+                                             args.size, args.window, plain=args.plain_producer))
         finally:
             await stop()
     if "rabbitmq" in args.peer:
@@ -123,8 +132,12 @@ def _topic_key(rng: random.Random, bindings: int) -> str:
     return f"k{rng.randrange(bindings)}.x"
 
 
+#: how long the count of the queues afterwards waits for every member to answer
+TOTALS_WAIT = 60.0
+
+
 async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: int, size: int,
-                     window: int) -> ExchangeRun:
+                     window: int, *, plain: bool = False) -> ExchangeRun:
     tag = uuid.uuid4().hex[:8]
     names = [f"bench-{tag}-{i}" for i in range(queues)]
     ex = f"bench-{tag}"
@@ -136,27 +149,49 @@ async def tandem_run(url: str, kind: str, queues: int, bindings: int, messages: 
             await conn.declare_queue(q)
         for i in range(bindings):
             await conn.bind_queue(names[i % queues], ex, f"k{i}.*" if kind == "topic" else "")
-    # the durable connection's exchange producers, each with one batch in flight (the safe way:
-    # client.durable.exchange), as many as --window fills with batches of 256
-    async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
-        producers = [conn.exchange_producer(ex) for _ in range(max(1, window // 256))]
-        start = time.perf_counter()
-        futs = [producers[i % len(producers)].send(body, routing_key=_topic_key(rng, bindings) if kind == "topic"
-                                                   else "") for i in range(messages)]
-        await asyncio.gather(*futs)
+    keys = [_topic_key(rng, bindings) if kind == "topic" else "" for _ in range(messages)]
+    if plain:
+        # one plain link's pipelined producer: many batches in flight, any of them may fail
+        link = await connect_link(url, client_name="tandem-bench-fanout")
+        try:
+            producer = link.exchange_producer(ex)
+            start = time.perf_counter()
+            sent = await asyncio.gather(*[producer.send(body, routing_key=k) for k in keys], return_exceptions=True)
+        finally:
+            await link.close()
         seconds = time.perf_counter() - start
-    totals = await queue_totals(url, client_name="tandem-bench-fanout")  # (every member's partitions)
-    if totals.missing:
-        raise UnavailableError(f"members did not answer: {', '.join(sorted(totals.missing))}")
+        confirmed = sum(1 for r in sent if not isinstance(r, BaseException))
+    else:
+        # the durable connection's exchange producers, each with one batch in flight (the safe
+        # way: client.durable.exchange), as many as --window fills with batches of 256
+        async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
+            producers = [conn.exchange_producer(ex) for _ in range(max(1, window // 256))]
+            start = time.perf_counter()
+            await asyncio.gather(*[producers[i % len(producers)].send(body, routing_key=k)
+                                   for i, k in enumerate(keys)])
+            seconds = time.perf_counter() - start
+        confirmed = messages
+    deadline = time.monotonic() + TOTALS_WAIT
+    while True:  # (every member's partitions; a member busy catching up may not answer at once)
+        totals = await queue_totals(url, client_name="tandem-bench-fanout")
+        if not totals.missing:
+            break
+        if time.monotonic() > deadline:
+            raise UnavailableError(f"members did not answer for {TOTALS_WAIT:g} s: {', '.join(sorted(totals.missing))}")
+        await asyncio.sleep(1.0)
     stored = sum(q.ready for q in totals.queues if q.name in set(names))
     async with await client.connect(url, client_name="tandem-bench-fanout") as conn:
         for q in names:
             await conn.delete_queue(q)
         await conn.delete_exchange(ex)
-    want = messages * (queues if kind == "fanout" else 1)
-    return ExchangeRun("tandem", kind, queues, bindings, messages, round(seconds, 3), round(messages / seconds),
-                       round(want / seconds), stored,
-                       None if stored == want else f"{stored} copies stored, {want} expected")
+    copies = queues if kind == "fanout" else 1
+    want, most = confirmed * copies, messages * copies
+    error = None if want <= stored <= most else (
+        f"{stored} copies stored, {want} confirmed" if stored < want else f"{stored} copies stored, {most} sent")
+    if error is None and confirmed < messages:
+        error = f"{messages - confirmed} of {messages} publishes failed"
+    return ExchangeRun("tandem", kind, queues, bindings, messages, round(seconds, 3), round(confirmed / seconds),
+                       round(want / seconds), stored, error, confirmed)
 
 
 async def rabbit_run(url: str, kind: str, queues: int, bindings: int, messages: int, size: int,
