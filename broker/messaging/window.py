@@ -27,8 +27,8 @@ class Window:
 
     @classmethod
     def learned(cls, seqs: Iterable[int]) -> Window:
-        """A window a replica starts with the first seqs it learns of a producer: a window's
-        worth below them counts as not taken (a batch still to come), the rest as taken."""
+        """A window a replica starts with the first seqs it learns of a producer: half a window
+        below them counts as not taken (a batch still to come), the rest as taken."""
         seqs = list(seqs)
         w = cls(min(seqs) - 1 - WINDOW // 2)
         w.update(seqs)
