@@ -77,7 +77,6 @@ class PublishResult:
 class _Assigned:
     """A batch after step 3: what to store, per partition."""
     by_part: dict[int, list[Msg]] = field(default_factory=dict)
-    last_seq: dict[tuple[int, str], int] = field(default_factory=dict)
     seqs_of: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     duplicates: int = 0
     stored: int = 0
@@ -221,7 +220,6 @@ class Publisher:
                 parts[pidx].producer_used[pid] = used
         # locals, not the batch's attributes, in the per-message loop: it is the hot path
         by_part: dict[int, list[Msg]] = {}
-        last_seq: dict[tuple[int, str], int] = {}
         seqs_of: dict[tuple[int, str], list[int]] = {}
         duplicates = 0
         held, take = sequences.held, sequences.take
@@ -234,10 +232,7 @@ class Publisher:
                     duplicates += 1
                     continue
                 take(part, pid, seq, track)
-                key = (pidx, pid)
-                if seq > last_seq.get(key, -1):
-                    last_seq[key] = seq
-                seqs_of.setdefault(key, []).append(seq)
+                seqs_of.setdefault((pidx, pid), []).append(seq)
             offset = part.next_offset
             part.next_offset = offset + 1
             msg = Msg(pidx, offset, m.key, m.headers, encode_headers(m.headers), m.body, pid, seq, ts)
@@ -246,7 +241,7 @@ class Publisher:
                 by_part[pidx] = [msg]
             else:
                 lst.append(msg)
-        return _Assigned(by_part, last_seq, seqs_of, duplicates, len(req.messages) - duplicates)
+        return _Assigned(by_part, seqs_of, duplicates, len(req.messages) - duplicates)
 
     # -- 4. to ops ------------------------------------------------------------------------------
 
@@ -257,9 +252,8 @@ class Publisher:
         # The producer's last seq held here, not the batch's: a batch that came after a later one
         # leaves it where it is.  (A batch numbered per partition comes in order: the replicas
         # need not learn its seqs.)
-        for pidx, pid in batch.last_seq:
-            seqs = () if dense else tuple(batch.seqs_of[(pidx, pid)])
-            ops.append(PutProducer(qid, pidx, pid, parts[pidx].producers[pid], seqs))
+        for (pidx, pid), seqs in batch.seqs_of.items():
+            ops.append(PutProducer(qid, pidx, pid, parts[pidx].producers[pid], () if dense else tuple(seqs)))
         # With consumers waiting these messages are about to go out: mark them delivered in
         # this same commit.  (If they wait instead, a crash counts one delivery too many: the
         # safe direction.)
