@@ -5,8 +5,9 @@
   active when it is not), and resends the batch, with the same sequence numbers, until it is
   confirmed: after an error, or after ``PUBLISH_TIMEOUT`` without an answer (the member was
   killed, or is cut off).
-* :class:`Pipelined`: the plain SDK producer's way, several batches in flight at one member and
-  no resend of its own (the node resends a batch to a partition's new active).
+* :class:`Pipelined`: the plain SDK producer's way, several batches in flight and no resend of its
+  own (the node resends a batch to a partition's new active); each batch at a live member of
+  its choice, so batches also reach a partition by different routes.
 * :class:`Consumer`: subscribed on every live member (each member delivers the partitions it
   is active for), as a client session is: a delivery counts (``Delivery.record_deliveries``),
   its delivered mark is committed before the application sees it, and a mark that fails to
@@ -184,10 +185,10 @@ class Producer:
 
 
 class Pipelined:
-    """The plain SDK producer's way: up to ``in_flight`` batches out at once at one live member,
-    with one sequence over all partitions, and no resend: a batch that fails stays unconfirmed
-    (the node resends it to a partition's new active itself).  Keyless messages, so they spread
-    by (producer id, seq)."""
+    """The plain SDK producer's way: up to ``in_flight`` batches out at once, each at a live member
+    of its choice, with one sequence over all partitions, and no resend: a batch that fails stays
+    unconfirmed (the node resends it to a partition's new active itself).  Keyless messages, so
+    they spread by (producer id, seq)."""
 
     def __init__(self, group: Group, ledger: Ledger, queue: str, producer_id: str, rng: random.Random, *,
                  total: int, in_flight: int = 4, max_batch: int = 5, pause: float = 0.05) -> None:
