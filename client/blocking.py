@@ -65,6 +65,7 @@ from client.errors import (
 from client import tls
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.blocking_exchanges import BlockingExchanges
+from client.blocking_streams import BlockingStreams
 from client.blocking_producer import BlockingProducer
 from client.consumer import DeliveredMessage
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
@@ -101,8 +102,6 @@ from client.protocol.frames import (
     Metadata,
     MetadataOk,
     PartitionMap,
-    Read,
-    ReadOk,
     Reject,
     StreamMessage,
     Subscribe,
@@ -236,7 +235,7 @@ class BlockingMessage(DeliveredMessage):
         self._settle(lambda rid: Reject(rid=rid, tags=[self._d.tag]))
 
 
-class BlockingConnection(BlockingExchanges):
+class BlockingConnection(BlockingExchanges, BlockingStreams):
     def __init__(self, sock: socket.socket, *, timeout: float | None = None) -> None:
         self._sock = sock
         sock.settimeout(timeout)
@@ -513,13 +512,6 @@ class BlockingConnection(BlockingExchanges):
         reply = self._call(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack), retry=False)
         reply = expect(reply, GetOk)
         return BlockingMessage(self, reply.message) if reply.message else None
-
-    def read(self, queue: str, partition: int, offset: int = 0,
-             max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
-        reply = self._call(lambda rid: Read(rid=rid, queue=queue, partition=partition, offset=offset,
-                                            max_messages=max_messages))
-        reply = expect(reply, ReadOk)
-        return reply.messages, reply.next_offset, reply.end_offset
 
     def partition_map(self, queue: str) -> PartitionMap:
         """Where ``queue``'s partitions are active (and the members' client addresses)."""

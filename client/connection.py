@@ -43,6 +43,7 @@ from client.errors import (
 )
 from client.link import Subscriber
 from client.exchanges import ExchangeAdmin
+from client.streams import StreamAdmin
 from client.management import Management
 from client.producer import Producer
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
@@ -73,8 +74,6 @@ from client.protocol.frames import (
     PurgeOk,
     QueueInfo,
     Queues,
-    Read,
-    ReadOk,
     Reject,
     StreamMessage,
     Subscribe,
@@ -109,7 +108,7 @@ def _params_dict(p: ConnectParams) -> dict[str, Any]:
     return {k: getattr(p, k) for k in p.__dataclass_fields__}
 
 
-class Connection(Management, ExchangeAdmin):
+class Connection(Management, ExchangeAdmin, StreamAdmin):
     def __init__(self, params: ConnectParams, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.params = params
         self.clock = clock
@@ -472,14 +471,6 @@ class Connection(Management, ExchangeAdmin):
         reply = await self.request(lambda rid: Get(rid=rid, queue=queue, auto_ack=auto_ack))
         reply = expect(reply, GetOk)
         return Message(self, reply.message) if reply.message is not None else None
-
-    async def read(self, queue: str, partition: int, offset: int = 0,
-                   max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
-        """Read a partition by offset without consuming: (messages, next_offset, end_offset)."""
-        reply = await self.request(lambda rid: Read(rid=rid, queue=queue, partition=partition,
-                                                    offset=offset, max_messages=max_messages))
-        reply = expect(reply, ReadOk)
-        return reply.messages, reply.next_offset, reply.end_offset
 
     async def produced(self, queue: str, partition: int, producer: str, offset: int = 0) -> ProducedOk:
         """Which of ``producer``'s messages the partition stores from ``offset`` on (its

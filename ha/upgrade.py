@@ -28,6 +28,8 @@ LEVELS: Mapping[int, str] = {
        "row), and messages may be delayed or expire (x-delay, x-deliver-at, expiration)",
     4: "exchanges and bindings (the catalogue log's PUT_EXCHANGE, DROP_EXCHANGE and SET_BINDING ops, and the "
        "catalogue snapshot's exchanges and bindings: version 2 of its layout)",
+    5: "streams: a queue of type stream with its retention (max_age, max_bytes: version 3 of a queue's record "
+       "and row) and the partition log's TRIM op",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

@@ -64,6 +64,11 @@ class QueueMeta:
     message_ttl: int = 0
     #: milliseconds the queue may go unused (no consumer, get or declare) before it is deleted (0: never)
     expires: int = 0
+    #: "classic", or "stream": its messages stay, read by offset, until its retention drops them
+    #: (whole chunks, broker.messaging.retention): ``max_age`` ms, ``max_bytes`` a partition (0: no bound)
+    type: str = "classic"
+    max_age: int = 0
+    max_bytes: int = 0
 
 
 class MessageRecord(Protocol):
@@ -246,6 +251,15 @@ class DropProducers:
 
 
 @dataclass(frozen=True, slots=True)
+class Trim:
+    """A stream's retention: the chunks that end at or below ``below`` go (one across it stays)."""
+
+    queue_id: int
+    partition: int
+    below: int
+
+
+@dataclass(frozen=True, slots=True)
 class PutUser:
     user: UserRecord
 
@@ -289,8 +303,7 @@ class DropMeta:
 @dataclass(frozen=True, slots=True)
 class SeedAdmin:
     """Replicated mode, catalogue log only: the group's first admin (see broker.security.security).
-    Each member turns it into :class:`PutUser` + :class:`PutMeta` (or nothing); stores
-    never see it."""
+    Each member turns it into :class:`PutUser` + :class:`PutMeta` (or nothing); stores never see it."""
 
     user: UserRecord
     origin: str
@@ -298,9 +311,8 @@ class SeedAdmin:
 
 @dataclass(frozen=True, slots=True)
 class SetDrained:
-    """Replicated mode, catalogue log only: member ``node`` drained for maintenance, or
-    not (``tandem node drain``, see broker.partitions.drain).  Each member turns it into a
-    :class:`PutMeta`; stores never see it."""
+    """Replicated mode, catalogue log only: member ``node`` drained for maintenance, or not (``tandem
+    node drain``, see broker.partitions.drain).  Each member turns it into a :class:`PutMeta`; stores never see it."""
 
     node: str
     drained: bool
@@ -308,13 +320,12 @@ class SetDrained:
 
 @dataclass(frozen=True, slots=True)
 class SetPlacement:
-    """Replicated mode, catalogue log only: partition ``partition`` of queue ``queue_id``
-    is placed on ``nodes`` (in priority order) instead of where the distribution policy
-    puts it (``tandem partition move``, see broker.partitions.moves).  ``moving``: its active is
-    moving the copies there; False once it has.  ``static``: the queue was declared with
-    explicit node lists (``static`` distribution): a re-spread of the group's partitions
-    leaves it where it is, but for a member that leaves.  Each member turns it into a
-    :class:`PutMeta`; stores never see it."""
+    """Replicated mode, catalogue log only: partition ``partition`` of queue ``queue_id`` is placed on
+    ``nodes`` (in priority order) instead of where the distribution policy puts it (``tandem partition
+    move``, see broker.partitions.moves).  ``moving``: its active is moving the copies there; False once it
+    has.  ``static``: the queue was declared with explicit node lists (``static`` distribution): a re-spread
+    of the group's partitions leaves it where it is, but for a member that leaves.  Each member turns it
+    into a :class:`PutMeta`; stores never see it."""
 
     queue_id: int
     partition: int
@@ -445,7 +456,7 @@ class ResetPartition:
 
 
 WriteOp = (
-    PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers
+    PutQueue | DropQueue | Append | Settle | MarkDelivered | SetDeliveryCount | PutProducer | DropProducers | Trim
     | PutUser | DropUser | GrantAcl | RevokeAcl | PutMeta | DropMeta | SeedAdmin | SetDrained | SetPlacement | SetGroup
     | SetUpdating | SetFeatureLevel | PutExchange | DropExchange | SetBinding
     | LogAppend
@@ -574,6 +585,9 @@ class Engine(Protocol):
         """The partition's log end as committed in the store (0 if it has none): every
         offset below it is in the store or settled.  (In a group the log may be committed
         ahead of the store, whose writes follow lazily.)"""
+
+    def chunks(self, queue_id: int, partition: int) -> list[tuple[int, int, int]]:
+        """The partition's chunks in offset order, each (start, count, payload bytes): reader thread."""
 
     def load_partition(self, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
         """Everything committed of one partition, as :meth:`open` returns it (reader thread).

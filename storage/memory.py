@@ -42,6 +42,7 @@ from storage.base import (
     SetDeliveryCount,
     Settle,
     StoredMessage,
+    Trim,
     UserRecord,
     WriteOp,
 )
@@ -156,6 +157,11 @@ class MemoryEngine:
             for off in op.offsets:
                 p.messages.pop(off, None)
                 p.counts.pop(off, None)
+        elif isinstance(op, Trim):  # (each message is a chunk of its own here)
+            p = self._part((op.queue_id, op.partition))
+            for off in [o for o in p.messages if o < op.below]:
+                del p.messages[off]
+                p.counts.pop(off, None)
         elif isinstance(op, MarkDelivered):
             p = self._part((op.queue_id, op.partition))
             p.delivered_upto = max(p.delivered_upto, op.upto)
@@ -237,6 +243,12 @@ class MemoryEngine:
                 return []
             offs = sorted(o for o in p.messages if o >= offset)[:limit]
             return [copy.copy(p.messages[o]) for o in offs]
+
+    def chunks(self, queue_id: int, partition: int) -> list[tuple[int, int, int]]:
+        with self.disk.lock:
+            p = self.disk.parts.get((queue_id, partition))
+            held = p.messages if p is not None else {}
+            return [(o, 1, len(held[o].body) + len(held[o].headers_blob)) for o in sorted(held)]
 
     def stored_end(self, queue_id: int, partition: int) -> int:
         with self.disk.lock:

@@ -30,7 +30,8 @@ log = logging.getLogger("tandem.console")
 #: the fields of a declare, and the JSON type each takes
 DECLARE_FIELDS: dict[str, type] = {"partitions": int, "ring_size": int, "max_deliveries": int, "max_length": int,
                                    "mapper": str, "dead_letter_queue": str, "max_length_bytes": int, "overflow": str,
-                                   "message_ttl": int, "expires": int}
+                                   "message_ttl": int, "expires": int, "type": str, "max_age": int,
+                                   "max_bytes": int}
 
 
 def _placement(placement: object) -> str:

@@ -204,6 +204,15 @@ def document() -> dict[str, Any]:
                          "expires": {"type": "integer", "description": "milliseconds the queue may go unused "
                                      "(no consumer, get or declare on any member) before it is deleted with its "
                                      "messages; 0: never; in a group, needs feature level 3"},
+                         "type": {"type": "string", "enum": ["classic", "stream"],
+                                  "description": "classic (consumed messages go; the default) or stream (messages "
+                                  "stay, read by offset, until max_age or max_bytes drops them); a stream takes none "
+                                  "of max_deliveries, dead_letter_queue, max_length, max_length_bytes, overflow, "
+                                  "message_ttl; in a group, needs feature level 5"},
+                         "max_age": {"type": "integer", "description": "a stream's retention: milliseconds a "
+                                     "message is kept (whole chunks go); 0: for ever"},
+                         "max_bytes": {"type": "integer", "description": "a stream's retention: bytes each "
+                                       "partition keeps (whole chunks go); 0: no bound"},
                          "placement": {"description": "static distribution, in a replication group: one node list "
                                        "per partition in priority order, each node NAME, NAME:sync or NAME:async "
                                        "(absent: the group's dynamic policy places the partitions)",

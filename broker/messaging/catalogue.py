@@ -83,12 +83,17 @@ def settings(meta: QueueMeta) -> dict[str, object]:
         "partitions": meta.partitions, "mapper": meta.mapper, "ring_size": meta.ring_size,
         "max_deliveries": meta.max_deliveries, "dead_letter_queue": meta.dead_letter_queue,
         "max_length": meta.max_length, "max_length_bytes": meta.max_length_bytes, "overflow": meta.overflow,
-        "message_ttl": meta.message_ttl, "expires": meta.expires,
+        "message_ttl": meta.message_ttl, "expires": meta.expires, "type": meta.type, "max_age": meta.max_age,
+        "max_bytes": meta.max_bytes,
     }
 
 
 #: the feature level a queue's overflow (max_length_bytes, drop-head) and message_ttl need (ha.upgrade.LEVELS)
 OVERFLOW_LEVEL = 3
+
+
+#: the feature level a stream (type, max_age, max_bytes) needs
+STREAM_LEVEL = 5
 
 
 def needs_overflow_level(meta: QueueMeta | Declare) -> bool:
@@ -189,7 +194,7 @@ class Catalogue:
             ring_size=frame.ring_size, max_deliveries=frame.max_deliveries,
             dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
             max_length_bytes=frame.max_length_bytes, overflow=frame.overflow, message_ttl=frame.message_ttl,
-            expires=frame.expires,
+            expires=frame.expires, type=frame.type, max_age=frame.max_age, max_bytes=frame.max_bytes,
         )
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
@@ -239,10 +244,11 @@ class Catalogue:
                 placing = self._placing().static_placement(meta, parse_static(frame.placement, frame.partitions))
             self.next_id += 1
             if not commit.catalogue_log:
-                if needs_overflow_level(meta) and self.placing is not None and node.config.mode != "shared":
+                need = STREAM_LEVEL if meta.type != "classic" else OVERFLOW_LEVEL if needs_overflow_level(meta) else 0
+                if need and self.placing is not None and node.config.mode != "shared":
                     # a single node raises its own level (it has no member to wait for): an older build
-                    # then refuses its store instead of reading its queues without their overflow
-                    placing = self.placing.level_apply(SetFeatureLevel(OVERFLOW_LEVEL))
+                    # then refuses its store instead of reading its queues without their overflow or type
+                    placing = self.placing.level_apply(SetFeatureLevel(need))
                 q = self.add(meta)
                 try:
                     await self._commit(PutQueue(meta), *placing)
@@ -264,6 +270,8 @@ class Catalogue:
         """A queue's overflow needs the group at feature level 3 (InvalidArgumentError saying what to do)."""
         if needs_overflow_level(frame):
             self.require_level(OVERFLOW_LEVEL, "max_length_bytes, overflow, message_ttl and expires need")
+        if frame.type != "classic":
+            self.require_level(STREAM_LEVEL, "streams need")
 
     def require_level(self, level: int, what: str) -> None:
         """In a group, InvalidArgumentError unless it is at feature ``level`` (``what``: "<what> need")."""

@@ -19,6 +19,8 @@ MAX_PLACEMENT = 256 * 1024
 MAX_DELAY_MS = 2**32 - 1
 #: what a publish past a queue's max_length or max_length_bytes does (broker.messaging.limits)
 OVERFLOWS = ("reject-publish", "drop-head")
+#: a queue's types: a classic queue's consumed messages go, a stream's stay (broker.messaging.retention)
+QUEUE_TYPES = ("classic", "stream")
 
 
 MAX_INT64 = 2**63 - 1
@@ -52,6 +54,15 @@ def validate_declare(frame: Declare) -> None:
         raise InvalidArgumentError(f"expires: must be 0..{MAX_DELAY_MS} milliseconds (0 = never)")
     if frame.overflow not in OVERFLOWS:
         raise InvalidArgumentError(f"overflow {frame.overflow!r}: one of {', '.join(OVERFLOWS)}")
+    if frame.type not in QUEUE_TYPES:
+        raise InvalidArgumentError(f"type {frame.type!r}: one of {', '.join(QUEUE_TYPES)}")
+    if not 0 <= frame.max_age <= MAX_INT64 or not 0 <= frame.max_bytes <= MAX_INT64:
+        raise InvalidArgumentError(f"max_age and max_bytes: must be 0..{MAX_INT64} (0 = no bound)")
+    if frame.type == "stream":
+        _check_stream(frame)
+    elif frame.max_age or frame.max_bytes:
+        raise InvalidArgumentError("max_age and max_bytes are a stream's retention: declare it with type stream "
+                                   "(a classic queue is bounded by max_length, max_length_bytes and message_ttl)")
     if len(frame.placement) > MAX_PLACEMENT:
         raise InvalidArgumentError(f"placement: at most {MAX_PLACEMENT} characters")
     dlq = frame.dead_letter_queue
@@ -60,3 +71,16 @@ def validate_declare(frame: Declare) -> None:
             raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
         if dlq == frame.queue:
             raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
+
+
+def _check_stream(frame: Declare) -> None:
+    """A stream keeps what is published until its retention drops it: nothing of a classic
+    queue's consuming, bounds or dead letters applies."""
+    asked = [name for name, value, default in (
+        ("max_deliveries", frame.max_deliveries, 0), ("dead_letter_queue", frame.dead_letter_queue, None),
+        ("max_length", frame.max_length, 0), ("max_length_bytes", frame.max_length_bytes, 0),
+        ("overflow", frame.overflow, "reject-publish"), ("message_ttl", frame.message_ttl, 0))
+        if value != default]
+    if asked:
+        raise InvalidArgumentError(f"{', '.join(asked)}: not for a stream (its messages are read by offset and "
+                                   f"kept until its retention, max_age and max_bytes, drops them)")

@@ -74,6 +74,7 @@ class ForwardKind(IntEnum):
     RELAY_GET = 30
     TOPOLOGY = 31
     PUBLISH_ROUTED = 32
+    OFFSET = 33
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,8 @@ class ReadFwd(ForwardRequest):
     partition: int
     offset: int
     max_messages: int
+    start: str = ""
+    timestamp: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +419,19 @@ class TopologyFwd(ForwardRequest):
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetFwd(ForwardRequest):
+    """A named consumer's offset in a stream's partition, for its active: stored (``store``)
+    or fetched (broker.messaging.offsets).  Reply: ``[found, offset]``."""
+    KIND = ForwardKind.OFFSET
+    hops: int
+    queue: str
+    partition: int
+    consumer: str
+    store: bool
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class RoutedFwd(ForwardRequest):
     """The messages an exchange routed on the member that took them, for the partitions
     active here, one request for all of them (broker.messaging.routed): ``frame`` a ``Publish``
@@ -438,7 +454,7 @@ REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
                               MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd, RelaySubscribeFwd, RelayDeliverFwd,
                               RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd, TopologyFwd,
-                              RoutedFwd)
+                              RoutedFwd, OffsetFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Mapping
 
 import msgpack
 
@@ -108,7 +109,7 @@ def held_cost(m: Msg) -> int:
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
                  "committed_producers", "gaps", "producer_used", "seen", "filling", "held", "cold_start", "cold_end",
-                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation", "delayed")
+                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation", "delayed", "offsets")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
@@ -146,6 +147,8 @@ class Partition:
         self.seen: dict[str, Window] = {}
         #: producer id -> seqs taken at or below its last committed one, not committed yet
         self.filling: dict[str, set[int]] = {}
+        #: a stream's named consumers -> the offset each stored (committed; broker.messaging.offsets)
+        self.offsets: dict[str, int] = {}
 
     def requeue(self, msgs: list[Msg]) -> None:
         """Put ``msgs`` back at their offset positions (usually all before the ready ones).
@@ -161,6 +164,24 @@ class Partition:
             ready.extend(msgs)
         else:
             self.ready = deque(heapq.merge(ready, msgs, key=_offset))
+
+
+#: a stream's named consumer keeps its offset in the partition's producer table (replicated,
+#: stored and snapshotted with it) under this prefix and its name: a producer id a publish may
+#: not take (broker.messaging.offsets)
+REGISTER = "~offset:"
+
+
+def split_registers(stored: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """A partition's stored producer table as (producers, named consumers' offsets)."""
+    producers: dict[str, int] = {}
+    offsets: dict[str, int] = {}
+    for pid, value in stored.items():
+        if pid.startswith(REGISTER):
+            offsets[pid[len(REGISTER):]] = value
+        else:
+            producers[pid] = value
+    return producers, offsets
 
 
 def _offset(m: Msg) -> int:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from broker.messaging.mapper import DataMapper, queue_mapper
 from broker.messaging.message import (MESSAGE_OVERHEAD, MemoryBudget, Msg, Partition, decode_headers, held_cost,
-                                      msg_from_store)
+                                      msg_from_store, split_registers)
 from broker.messaging.window import Window
 from client.protocol.frames import QueueInfo
 from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage
@@ -104,6 +104,11 @@ class Queue:
     def name(self) -> str:
         return self.meta.name
 
+    @property
+    def stream(self) -> bool:
+        """Its messages stay, read by offset, until its retention drops them (broker.messaging.retention)."""
+        return self.meta.type == "stream"
+
     def alter(self, meta: QueueMeta) -> None:
         """The queue got more partitions or another data mapper (broker.partitions.remap): the new
         partitions start empty, and the mapper places what is published from now on."""
@@ -123,11 +128,12 @@ class Queue:
         self.clear_partition(pidx)
         part.next_offset = part.committed_end = st.next_offset
         part.marked_upto = part.cold_mark = st.delivered_upto
-        part.producers = dict(st.producers)
-        part.committed_producers = dict(st.producers)
+        producers, part.offsets = split_registers(st.producers)
+        part.producers = dict(producers)
+        part.committed_producers = producers
         if windows:
             part.seen = {pid: w.copy() for pid, w in windows.items()}
-        if messages:
+        if messages and not self.stream:  # (a stream's messages are read from the store, never held)
             self.add_ready(part, [msg_from_store(pidx, m) for m in st.messages])
             st.messages = []
             if st.cold_count:
@@ -150,6 +156,7 @@ class Queue:
         part.filling = {}
         part.seen = {}
         part.producer_used = {}
+        part.offsets = {}
 
     def release(self) -> None:
         """The queue is deleted: give its memory back to the budget."""
@@ -306,7 +313,7 @@ class Queue:
         in memory, the ones not due yet wait aside (``Partition.delayed``); a delayed message
         that goes cold is held aside when it is read back (every offset aside is below the cold
         region's)."""
-        if not msgs:
+        if not msgs or self.stream:  # (a stream's messages are read by offset, never delivered)
             return
         if partition.cold_count:
             self._extend_cold(partition, msgs[0].offset, msgs[-1].offset + 1, len(msgs),

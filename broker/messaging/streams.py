@@ -1,5 +1,11 @@
 """Stream reads: a partition's messages from an offset, without consuming them (Spark, replay).
 
+A read starts at an offset, at "first" (the oldest message held), "last" (the newest) or
+"next" (the end), or at a time: the first message stored at or after it, found by a binary
+search over the partition's chunks (by each chunk's first message) and a scan of one chunk.
+Timestamps are the active's clock as it stored each message: after a failover to a member
+whose clock is behind, a time may fall a little early or late.
+
 In a group the partition's active answers: a read made on another member is forwarded there
 (another member's store may lag, and only the active knows the committed end).
 """
@@ -19,6 +25,8 @@ from client.protocol.frames import ProducedOk, ReadOk, StreamMessage, expect
 from storage.base import Engine, StoredMessage
 
 MAX_READ_BATCH = 10000  # messages in one stream read
+#: where a read may start instead of an offset ("": at its offset)
+STARTS = ("", "first", "last", "next")
 
 
 class StreamHost(Forwarding, Protocol):
@@ -29,20 +37,26 @@ class StreamHost(Forwarding, Protocol):
 
 
 async def read_stream(node: StreamHost, queue: str, partition: int, offset: int, max_messages: int,
-                      *, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
-    """(messages, next offset, end offset) of one partition from ``offset``."""
+                      *, start: str = "", timestamp: int = 0, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
+    """(messages, next offset, end offset) of one partition from ``offset``, or from ``start``
+    ("first", "last", "next") or ``timestamp`` (milliseconds since the epoch) if given."""
     q = node.queue(queue)
     if not 0 <= partition < len(q.partitions):
         raise PartitionNotFoundError(f"queue {queue!r} has no partition {partition}")
     if offset < 0 or not 1 <= max_messages <= MAX_READ_BATCH:
         raise InvalidArgumentError(f"offset must be >= 0 and max_messages 1..{MAX_READ_BATCH}")
-    who = await _active_elsewhere(node, q, partition, hops)
+    if start not in STARTS or timestamp < 0:
+        raise InvalidArgumentError(f"start {start!r}: one of first, last, next; timestamp: milliseconds >= 0")
+    who = await active_elsewhere(node, q, partition, hops)
     if who is not None:
-        out = await node.forward(who, ReadFwd(hops + 1, queue, partition, offset, max_messages))
+        out = await node.forward(who, ReadFwd(hops + 1, queue, partition, offset, max_messages, start, timestamp))
         ok = expect(decode_payload(out), ReadOk)
         return ok.messages, ok.next_offset, ok.end_offset
     part = q.partitions[partition]
     engine = node.engine
+    if start or timestamp:
+        offset = await asyncio.to_thread(_resolve, engine, q.meta.id, partition, part.committed_end, start,
+                                         timestamp / 1000)
 
     def read() -> tuple[int, list[StoredMessage]]:
         # the store's end first: below it every message is in the store or settled.  In a
@@ -70,7 +84,37 @@ async def read_stream(node: StreamHost, queue: str, partition: int, offset: int,
     return msgs, nxt, end
 
 
-async def _active_elsewhere(node: StreamHost, q: Queue, partition: int, hops: int) -> str | None:
+def _resolve(engine: Engine, qid: int, partition: int, end: int, start: str, when: float) -> int:
+    """The offset a read from ``start`` or time ``when`` begins at (reader thread)."""
+    if start == "first":
+        return 0  # (a read returns what is held from there: the oldest message)
+    if start == "next":
+        return end
+    if start == "last":
+        return max(0, end - 1)
+    chunks = engine.chunks(qid, partition)
+    lo, hi = 0, len(chunks)
+    while lo < hi:  # the first chunk whose first message is at or after ``when``
+        mid = (lo + hi) // 2
+        first = engine.read(qid, partition, chunks[mid][0], 1)
+        if first and first[0].offset < end and first[0].ts < when:
+            lo = mid + 1
+        else:
+            hi = mid
+    upto = chunks[lo][0] if lo < len(chunks) else end
+    at = chunks[lo - 1][0] if lo else upto  # the message sought is in the chunk before, or starts chunk lo
+    while at < upto:
+        rows = engine.read(qid, partition, at, SCAN_BATCH)
+        for r in rows:
+            if r.offset >= upto or r.ts >= when:
+                return min(r.offset, upto)
+        if len(rows) < SCAN_BATCH:
+            break
+        at = rows[-1].offset + 1
+    return upto
+
+
+async def active_elsewhere(node: Forwarding, q: Queue, partition: int, hops: int) -> str | None:
     """The member a request for ``partition`` goes to (None: this node is its active)."""
     commit = node.commit
     if commit.serving((q.meta.id, partition)):
@@ -133,7 +177,7 @@ async def produced(node: StreamHost, queue: str, partition: int, producer: str, 
     q = node.queue(queue)
     if not 0 <= partition < len(q.partitions):
         raise PartitionNotFoundError(f"queue {queue!r} has no partition {partition}")
-    who = await _active_elsewhere(node, q, partition, hops)
+    who = await active_elsewhere(node, q, partition, hops)
     if who is not None:
         return Produced.unpack(await node.forward(who, ProducedFwd(hops + 1, queue, partition, producer, offset)))
     part = q.partitions[partition]

@@ -17,10 +17,11 @@ from broker.messaging.catalogue import Catalogue
 from broker.node.parts import PartitionOps
 from broker.partitions.members import GroupMembers
 from broker.security.security import Security
+from broker.messaging.offsets import fetch_offset, store_offset
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.messaging.forward import (CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, DrainFwd, ForwardKind, ForwardRequest,
                             GroupFwd, MoveFwd, OptionFwd, RemapFwd, AuditFwd, PartitionStatsFwd, PublishFwd, PurgeFwd,
-                            ProducedFwd, ReadFwd, RELAY_KINDS, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
+                            OffsetFwd, ProducedFwd, ReadFwd, RELAY_KINDS, RestoreFwd, UpgradeFwd, decode_request, pack_reply)
 from broker.messaging.publish import Publisher, PublishRequest
 from broker.messaging.routed import Router
 from broker.messaging.declare import validate_declare
@@ -85,6 +86,7 @@ class ForwardHandlers:
             ForwardKind.MEMBERS: self._members,
             ForwardKind.RESTORE: self._restore,
             ForwardKind.PRODUCED: self._produced,
+            ForwardKind.OFFSET: self._offset,
             ForwardKind.UPGRADE: self._upgrade,
             ForwardKind.TOPOLOGY: lambda req: self.topology.forwarded(req),
             ForwardKind.PUBLISH_ROUTED: lambda req: self.router.forwarded(req),
@@ -141,6 +143,14 @@ class ForwardHandlers:
         return (await produced(self.streams, req.queue, req.partition, req.producer, req.offset,
                                hops=max(1, req.hops))).pack()
 
+    async def _offset(self, req: OffsetFwd) -> bytes:
+        hops = max(1, req.hops)
+        if req.store:
+            await store_offset(self.streams, req.queue, req.partition, req.consumer, req.offset, hops=hops)
+            return pack_reply([True, req.offset])
+        offset = await fetch_offset(self.streams, req.queue, req.partition, req.consumer, hops=hops)
+        return pack_reply([offset is not None, offset or 0])
+
     async def _members(self, _req: Any) -> bytes:
         return pack_reply(self.book())
 
@@ -162,7 +172,7 @@ class ForwardHandlers:
 
     async def _read(self, req: ReadFwd) -> bytes:
         msgs, nxt, end = await read_stream(self.streams, req.queue, req.partition, req.offset, req.max_messages,
-                                           hops=max(1, req.hops))
+                                           start=req.start, timestamp=req.timestamp, hops=max(1, req.hops))
         return encode(ReadOk(rid=0, messages=msgs, next_offset=nxt, end_offset=end))[4:]
 
     async def _depth(self, req: DepthFwd) -> bytes:

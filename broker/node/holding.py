@@ -149,11 +149,14 @@ class Holding:
             return shared.serving() and self.catalogue.by_id(q.meta.id) is q  # (not one of an earlier term)
         return rep is None or rep.serving((q.meta.id, pidx))
 
-    def load_budget(self) -> int:
+    def load_budget(self, queue_id: int = 0) -> int:
         """Bytes of messages a partition loads when this node becomes its active: its share of
         ``max_memory``, at most :data:`TAKEOVER_HEAD` (0: all, where memory is not bounded).
         The rest is a cold region, read as consumers reach it, so a takeover (a failover, a
         drain's or a move's hand-over) does not wait for a large backlog to be read."""
+        q = self.catalogue.by_id(queue_id) if queue_id else None
+        if q is not None and q.stream:
+            return 1  # (a stream holds no messages: they are read from the store)
         share = self.catalogue.budget.share()
         return min(share, TAKEOVER_HEAD) if share else 0
 

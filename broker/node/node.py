@@ -155,10 +155,10 @@ class Node:
                                    handle_forward=self._forwarded.handle, link_lost=self.relays.link_lost,
                                    map_changed=self.maps.map_changed,
                                    ha_disabled_changed=self.placing.drained_changed)
-        #: the loops over time in the queues: idle producers forgotten, delayed messages due, expired ones gone
+        #: loops over time: idle producers forgotten, delayed messages due, expired ones gone, streams trimmed
         self._timers = (ProducerExpiry(lambda: self.catalogue.queues, self.holding.serves, lambda: self.store.commit,
                                        clock, config.producer_expiry),
-                        QueueTimes(lambda: self.catalogue.queues.values(), self.delivery, clock), self.ops.unused)
+                        QueueTimes(lambda: self.catalogue.queues.values(), self.delivery, clock), *ops.timers())
         self.placing.bind(catalogue=self.catalogue, moves=ops.moves, drains=ops.drains, remaps=ops.remaps,
                           levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store,
                           topology=ops.topology)

@@ -33,6 +33,7 @@ from broker.partitions.restore_run import Restores
 from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.partitions.unused import UnusedQueues
+from broker.messaging.retention import Retention
 from broker.peers.host import NoReceiver, Receiving
 from broker.peers.links import Link
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
@@ -87,7 +88,12 @@ class PartitionOps:
     restores: Restores  # the quarantine merged back (tandem restore)
     levels: FeatureLevels  # the group's feature level (tandem upgrade finalize)
     unused: UnusedQueues  # queues deleted once unused for their expires
+    retention: Retention  # streams' old chunks dropped (max_age, max_bytes)
     topology: Topology  # the exchanges and bindings (tandem exchange ...)
+
+    def timers(self) -> tuple[UnusedQueues, Retention]:
+        """The operations that run over time (the node runs each ``run()``)."""
+        return self.unused, self.retention
 
     @classmethod
     def made(cls, svc: Any, config: NodeConfig, placing: GroupPlacement, holding: Holding, publisher: Publisher,
@@ -101,6 +107,7 @@ class PartitionOps:
                    quarantine=Quarantine(holding),
                    restores=Restores(holding, group=holding, delivery=delivery, publisher=publisher),
                    levels=levels, unused=UnusedQueues(svc),
+                   retention=Retention(lambda: svc.catalogue.queues, holding.serves, svc, svc.clock),
                    topology=Topology(svc, lambda: svc.catalogue.queues.keys(), levels,
                                      shared=lambda: svc.config.mode == "shared"))
 

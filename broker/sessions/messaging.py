@@ -18,7 +18,9 @@ from broker.messaging.catalogue import Catalogue
 from broker.messaging import delivery as _delivery
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
 from broker.messaging.message import Msg
-from broker.messaging.queues import Consumer, Recipient
+from broker.messaging.message import REGISTER
+from broker.messaging.queues import Consumer, Queue, Recipient
+from broker.messaging.offsets import fetch_offset, store_offset
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
@@ -27,10 +29,11 @@ from broker.partitions.topology import Topology
 from broker.sessions.exchanges import Exchanges
 from broker.sessions.relay import Relays
 from broker.sessions.requests import Handler, error_frame
-from client.errors import ConsumerNotFoundError, ErrorCode, StorageError, TandemError, UnknownDeliveryTagError
-from client.protocol.frames import (Ack, Cancel, Declare, DeclareOk, Delete, Delivery, Error, Frame, Get, GetOk,
-                                    ListQueues, Nack, Ok, Produced, Publish, PublishOk, Purge, PurgeOk, Queues, Read,
-                                    ReadOk, Reject, Subscribe, SubscribeOk)
+from client.errors import (ConsumerNotFoundError, ErrorCode, InvalidArgumentError, StorageError, TandemError,
+                           UnknownDeliveryTagError)
+from client.protocol.frames import (Ack, Cancel, Declare, DeclareOk, Delete, Delivery, Error, FetchOffset, Frame, Get,
+                                    GetOk, ListQueues, Nack, OffsetOk, Ok, Produced, Publish, PublishOk, Purge, PurgeOk,
+                                    Queues, Read, ReadOk, Reject, StoreOffset, Subscribe, SubscribeOk)
 from storage.base import UserRecord, WriteOp
 
 log = logging.getLogger("tandem.broker")
@@ -92,6 +95,7 @@ class Messaging:
         return {Declare: self.declare, Delete: self.delete, Purge: self.purge, ListQueues: self.list_queues,
                 Publish: self.publish, Subscribe: self.subscribe, Cancel: self.cancel, Get: self.get,
                 Ack: self.ack, Nack: self.nack, Reject: self.reject, Read: self.read, Produced: self.produced,
+                StoreOffset: self.store_offset, FetchOffset: self.fetch_offset,
                 **self.exchanges.handlers()}
 
     def _may(self, user: UserRecord, permission: str, queue: str, what: str | None = None) -> None:
@@ -116,6 +120,8 @@ class Messaging:
 
     async def purge(self, s: Consuming, user: UserRecord, f: Purge) -> None:
         self._may(user, "configure", f.queue, "purge queues")
+        _not_a_stream(self.node.catalogue.queue(f.queue), "purged (its retention, max_age and max_bytes, "
+                                                          "drops old messages)")
         s.send(PurgeOk(rid=f.rid, purged=await self.node.catalogue.purge(f.queue)))
 
     async def list_queues(self, s: Consuming, user: UserRecord, f: ListQueues) -> None:
@@ -126,6 +132,9 @@ class Messaging:
     # -- publish --------------------------------------------------------------------------------------
 
     async def publish(self, s: Consuming, user: UserRecord, f: Publish) -> None:
+        if f.producer_id is not None and f.producer_id.startswith(REGISTER):
+            raise InvalidArgumentError(f"producer_id {f.producer_id!r}: ids starting {REGISTER!r} are the broker's "
+                                       f"(a stream's named consumers)")
         if f.exchange is not None:
             if f.exchange:
                 self._may(user, "produce", f.exchange, "publish")
@@ -145,6 +154,7 @@ class Messaging:
 
     async def subscribe(self, s: Consuming, user: UserRecord, f: Subscribe) -> None:
         self._may(user, "consume", f.queue, "consume")
+        _not_a_stream(self.node.catalogue.queue(f.queue), "consumed")
         c = self.delivery.add_consumer(s, f.queue, f.prefetch)
         s.consumers[c.id] = c
         s.send(SubscribeOk(rid=f.rid, consumer=c.id))
@@ -162,6 +172,7 @@ class Messaging:
     async def get(self, s: Consuming, user: UserRecord, f: Get) -> None:
         self._may(user, "consume", f.queue, "get")
         q = self.node.catalogue.queue(f.queue)
+        _not_a_stream(q, "consumed")
         q.touch()
         msgs = self.delivery.take_live(q, 1, self.node.config.max_frame_size)
         if not msgs:
@@ -213,12 +224,29 @@ class Messaging:
 
     async def read(self, s: Consuming, user: UserRecord, f: Read) -> None:
         self._may(user, "browse", f.queue)
-        msgs, nxt, end = await read_stream(self.streams, f.queue, f.partition, f.offset, f.max_messages)
+        msgs, nxt, end = await read_stream(self.streams, f.queue, f.partition, f.offset, f.max_messages,
+                                           start=f.start, timestamp=f.timestamp)
         s.send(ReadOk(rid=f.rid, messages=msgs, next_offset=nxt, end_offset=end))
+
+    async def store_offset(self, s: Consuming, user: UserRecord, f: StoreOffset) -> None:
+        self._may(user, "consume", f.queue)
+        await store_offset(self.streams, f.queue, f.partition, f.consumer, f.offset)
+        s.send(Ok(rid=f.rid))
+
+    async def fetch_offset(self, s: Consuming, user: UserRecord, f: FetchOffset) -> None:
+        self._may(user, "browse", f.queue)
+        offset = await fetch_offset(self.streams, f.queue, f.partition, f.consumer)
+        s.send(OffsetOk(rid=f.rid, offset=offset or 0, found=offset is not None))
 
     async def produced(self, s: Consuming, user: UserRecord, f: Produced) -> None:
         self._may(user, "browse", f.queue)
         s.send((await produced(self.streams, f.queue, f.partition, f.producer, f.offset)).ok(f.rid))
+
+
+def _not_a_stream(q: Queue, what: str) -> None:
+    if q.stream:
+        raise InvalidArgumentError(f"queue {q.name!r} is a stream: it is not {what}; read it by offset, time, "
+                                   f"first, last or next (read), keeping a named consumer's offset (store_offset)")
 
 
 def _settle(s: Recipient, tags: list[int], multiple: bool) -> tuple[list[tuple[Consumer, Msg]], list[int]]:

@@ -76,9 +76,22 @@ class DurableConnection(DurableLinks):
     async def list_acls(self, user: str | None = None) -> list[AclInfo]:
         return await self._call(lambda c: c.list_acls(user))
 
-    async def read(self, queue: str, partition: int, offset: int = 0,
-                   max_messages: int = 1000) -> tuple[list[StreamMessage], int, int]:
-        return await self._call(lambda c: c.read(queue, partition, offset, max_messages))
+    async def read(self, queue: str, partition: int, offset: int | str = 0, max_messages: int = 1000, *,
+                   timestamp: float | None = None) -> tuple[list[StreamMessage], int, int]:
+        """See :meth:`client.streams.StreamAdmin.read`."""
+        return await self._call(lambda c: c.read(queue, partition, offset, max_messages, timestamp=timestamp))
+
+    # -- streams (client.streams): each is idempotent, retried -------------------------------------
+
+    async def declare_stream(self, name: str, **settings: Any) -> QueueInfo:
+        """See :meth:`client.streams.StreamAdmin.declare_stream`."""
+        return await self._call(lambda c: c.declare_stream(name, **settings))
+
+    async def store_offset(self, queue: str, consumer: str, partition: int, offset: int) -> None:
+        await self._call(lambda c: c.store_offset(queue, consumer, partition, offset))
+
+    async def fetch_offset(self, queue: str, consumer: str, partition: int) -> int | None:
+        return await self._call(lambda c: c.fetch_offset(queue, consumer, partition))
 
     # -- exchanges and bindings (client.exchanges): each change is idempotent, retried ------------
 

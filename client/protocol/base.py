@@ -85,6 +85,10 @@ class Op(IntEnum):
     ACL_REVOKE = 75
     ACL_LIST = 76
     ACLS = 77
+    # named stream offsets (protocol version 5)
+    STORE_OFFSET = 80
+    FETCH_OFFSET = 81
+    OFFSET_OK = 82
 
 
 class Record:

@@ -37,6 +37,7 @@ from client.protocol.messaging import (
     Ack, Cancel, Declare, DeclareOk, Delete, Deliver, Delivery, Get, GetOk, ListQueues, MapChanged, Metadata,
     MetadataOk, Nack, PartitionMap, Placement, Produced, ProducedOk, Publish, PublishMessage, PublishOk, Purge,
     PurgeOk, QueueInfo, Queues, Read, ReadOk, Reject, StreamMessage, Subscribe, SubscribeOk, placement_text,
+    StoreOffset, FetchOffset, OffsetOk,
 )
 from client.protocol.exchanges import (Bind, BindingInfo, DeclareExchange, DeclareExchangeOk, DeleteExchange,
                                        ExchangeInfo, Exchanges, ListExchanges, Unbind)
@@ -55,7 +56,7 @@ __all__ = [
     "AclInfo", "UserPut", "UserDelete", "UserList", "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello",
     "PeerWelcome", "PeerChallenge", "PeerProof", "PeerTypes", "Replicate", "Forward", "ForwardOk", "BindingInfo",
     "ExchangeInfo", "DeclareExchange", "DeclareExchangeOk", "DeleteExchange", "Bind", "Unbind", "ListExchanges",
-    "Exchanges",
+    "Exchanges", "StoreOffset", "FetchOffset", "OffsetOk",
 ]
 
 _ALL: list[type[Frame]] = [
@@ -66,7 +67,7 @@ _ALL: list[type[Frame]] = [
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, PeerTypes, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls, DeclareExchange, DeclareExchangeOk, DeleteExchange, Bind, Unbind, ListExchanges,
-        Exchanges,
+        Exchanges, StoreOffset, FetchOffset, OffsetOk,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 if len(FRAME_TYPES) != len(_ALL):  # (two classes under one opcode: the decoder would know only one)

@@ -100,6 +100,13 @@ class Declare(Frame):
     #: milliseconds the queue may go unused (no consumer, get or declare on any member) before it is
     #: deleted (0: never); protocol version 3
     expires: int = 0
+    #: "classic" (consumed and gone) or "stream" (kept and read by offset until its retention drops
+    #: it); protocol version 5
+    type: str = "classic"
+    #: a stream's retention: milliseconds a message is kept, bytes each partition keeps (0: no
+    #: bound); protocol version 5
+    max_age: int = 0
+    max_bytes: int = 0
 
 
 #: a declare's explicit node lists: one sequence of nodes per partition, or their text form
@@ -336,6 +343,12 @@ class Read(Frame):
     partition: int
     offset: int = 0
     max_messages: int = 1000
+    #: instead of ``offset``: "first" (the oldest message held), "last" (the newest one) or
+    #: "next" (the end: only what comes later); protocol version 5
+    start: str = ""
+    #: instead of ``offset``: from the first message stored at or after this time (milliseconds
+    #: since the epoch); protocol version 5
+    timestamp: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -347,6 +360,42 @@ class ReadOk(Frame):
     messages: list[StreamMessage]
     next_offset: int
     end_offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreOffset(Frame):
+    """Keep ``offset`` (the next one it reads) as consumer ``consumer``'s position in partition
+    ``partition`` of stream ``queue``: group state, answered by ``Ok`` once committed.
+    Protocol version 5."""
+
+    OP: ClassVar[Op] = Op.STORE_OFFSET
+    rid: int
+    queue: str
+    partition: int
+    consumer: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchOffset(Frame):
+    """The offset consumer ``consumer`` stored for a partition of stream ``queue``; answered by
+    ``OffsetOk``.  Protocol version 5."""
+
+    OP: ClassVar[Op] = Op.FETCH_OFFSET
+    rid: int
+    queue: str
+    partition: int
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetOk(Frame):
+    """``offset`` as stored (``found`` False: none stored, ``offset`` 0)."""
+
+    OP: ClassVar[Op] = Op.OFFSET_OK
+    rid: int
+    offset: int
+    found: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

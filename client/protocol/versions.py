@@ -29,6 +29,10 @@ Versions::
         Unbind, ListExchanges, Exchanges; Publish.exchange, Publish.routing_key,
         Publish.routing_keys and Publish.mandatory (a publish to an exchange: not sent at version 3 or below) and
         PublishOk.unroutable
+    5   streams: Declare.type, Declare.max_age and Declare.max_bytes (not sent at version 4 or
+        below: an older node would make a classic queue); Read.start and Read.timestamp (not sent
+        at version 4 or below: an older node would read from offset 0); StoreOffset,
+        FetchOffset and OffsetOk (named consumers' offsets)
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from client.protocol.base import Op
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
-MAX_VERSION = 4
+MAX_VERSION = 5
 
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
@@ -51,6 +55,9 @@ ADDED: dict[Op, int] = {
     Op.UNBIND: 4,
     Op.LIST_EXCHANGES: 4,
     Op.EXCHANGES: 4,
+    Op.STORE_OFFSET: 5,
+    Op.FETCH_OFFSET: 5,
+    Op.OFFSET_OK: 5,
 }
 #: optional fields an older build would ignore where it must not: (opcode, field) -> (the version
 #: that added it, its default); a frame with such a field off its default needs that version
@@ -63,6 +70,11 @@ FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.PUBLISH, "routing_key"): (4, ""),
     (Op.PUBLISH, "routing_keys"): (4, []),
     (Op.PUBLISH, "mandatory"): (4, False),
+    (Op.DECLARE, "type"): (5, "classic"),
+    (Op.DECLARE, "max_age"): (5, 0),
+    (Op.DECLARE, "max_bytes"): (5, 0),
+    (Op.READ, "start"): (5, ""),
+    (Op.READ, "timestamp"): (5, 0),
 }
 
 

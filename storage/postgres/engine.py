@@ -19,7 +19,7 @@ from storage.lease import TABLE
 from storage.postgres.schema import create_schema
 from storage.shared import FencedError
 from storage.sqlite.apply import OpApplier
-from storage.sqlite.reads import read_messages, read_partition, read_stored_end
+from storage.sqlite.reads import read_chunks, read_messages, read_partition, read_stored_end
 from storage.sqlite.recovery import load
 
 log = logging.getLogger("tandem.storage")
@@ -50,14 +50,15 @@ class PgApplier(OpApplier):
     )
     PUT_QUEUE = (
         "INSERT INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
-        "max_length, owner, max_length_bytes, overflow, message_ttl, expires) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO UPDATE SET "
         "name = excluded.name, partitions = excluded.partitions, mapper = excluded.mapper, "
         "ring_size = excluded.ring_size, max_deliveries = excluded.max_deliveries, "
         "dead_letter_queue = excluded.dead_letter_queue, max_length = excluded.max_length, owner = excluded.owner, "
         "max_length_bytes = excluded.max_length_bytes, overflow = excluded.overflow, "
-        "message_ttl = excluded.message_ttl, expires = excluded.expires"
+        "message_ttl = excluded.message_ttl, expires = excluded.expires, type = excluded.type, "
+        "max_age = excluded.max_age, max_bytes = excluded.max_bytes"
     )
     QUEUE_ID_HWM = (
         "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
@@ -300,6 +301,10 @@ class PostgresEngine:
     def stored_end(self, queue_id: int, partition: int) -> int:
         with self._reading() as conn:
             return read_stored_end(conn, queue_id, partition)
+
+    def chunks(self, queue_id: int, partition: int) -> list[tuple[int, int, int]]:
+        with self._reading() as conn:
+            return read_chunks(conn, queue_id, partition)
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         with self._reading() as conn:

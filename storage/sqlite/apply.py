@@ -39,6 +39,7 @@ from storage.base import (
     ResetPartition,
     SetDeliveryCount,
     Settle,
+    Trim,
     WriteOp,
     pack_run,
 )
@@ -84,6 +85,7 @@ _UPSERT_PRODUCER = (
 )
 _DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?"
 _DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
+_TRIM_CHUNKS = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start + count <= ?"
 _DELETE_SETTLED_BELOW = 'DELETE FROM settled WHERE queue_id = ? AND partition = ? AND "end" <= ?'
 
 
@@ -130,8 +132,8 @@ class OpApplier:
     UPSERT_END = _UPSERT_END
     UPSERT_DELIVERED = _UPSERT_DELIVERED
     PUT_QUEUE = ("INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, "
-                 "dead_letter_queue, max_length, owner, max_length_bytes, overflow, message_ttl, expires) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                 "dead_letter_queue, max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, "
+                 "max_age, max_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     QUEUE_ID_HWM = ("INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
                     "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)")
     PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)"
@@ -307,7 +309,7 @@ class OpApplier:
                 self.PUT_QUEUE,
                 (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
                  q.dead_letter_queue, q.max_length, q.owner, q.max_length_bytes, q.overflow, q.message_ttl,
-                 q.expires),
+                 q.expires, q.type, q.max_age, q.max_bytes),
             )
             # queue ids are never reused, even after the newest queue is deleted
             conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))
@@ -318,6 +320,13 @@ class OpApplier:
             for key in [k for k in self.index if k[0] == op.queue_id]:
                 del self.index[key]
                 self.ends.pop(key, None)
+        elif isinstance(op, Trim):
+            key = (op.queue_id, op.partition)
+            idx = self.index.get(key)
+            if idx is not None:
+                for start in [s for s in idx.starts if s + idx.counts[s] <= op.below]:
+                    idx.drop_chunk(start)
+            conn.exec_driver_sql(_TRIM_CHUNKS, (*key, op.below))
         elif isinstance(op, LogCompact):
             conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak),
                                                 *op.recency))

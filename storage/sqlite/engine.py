@@ -33,7 +33,7 @@ from storage.base import (
 from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
-from storage.sqlite.reads import read_messages, read_partition, read_stored_end
+from storage.sqlite.reads import read_chunks, read_messages, read_partition, read_stored_end
 from storage.sqlite.recovery import load, replay_log
 from storage.sqlite.schema import Key, create_schema
 
@@ -357,6 +357,10 @@ class SqliteEngine:
     def stored_end(self, queue_id: int, partition: int) -> int:
         with self._reading() as conn:
             return read_stored_end(conn, queue_id, partition)
+
+    def chunks(self, queue_id: int, partition: int) -> list[tuple[int, int, int]]:
+        with self._reading() as conn:
+            return read_chunks(conn, queue_id, partition)
 
     def read(self, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
         with self._reading() as conn:

@@ -137,6 +137,16 @@ def read_stored_end(conn: Connection, queue_id: int, partition: int) -> int:
     return int(end or 0)
 
 
+def read_chunks(conn: Connection, queue_id: int, partition: int) -> list[tuple[int, int, int]]:
+    try:
+        with conn.begin():
+            rows = conn.exec_driver_sql("SELECT start, count, length(payload) FROM chunks WHERE queue_id = ? "
+                                        "AND partition = ? ORDER BY start", (queue_id, partition)).all()
+    except SQLAlchemyError as exc:
+        raise StorageError(f"read failed: {exc}", orig=exc) from exc
+    return [(int(s), int(n), int(b)) for s, n, b in rows]
+
+
 def read_messages(conn: Connection, queue_id: int, partition: int, offset: int, limit: int) -> list[StoredMessage]:
     out: list[StoredMessage] = []
     try:

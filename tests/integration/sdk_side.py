@@ -2,10 +2,11 @@
 either build's interpreter so that the SDK it imports is that build's:
 
     python -P sdk_side.py produce URL QUEUE N    # N messages, one "confirmed BODY" line each
-    python -P sdk_side.py consume URL QUEUE N    # until N distinct bodies: "got BODY" each, acked
+    python -P sdk_side.py consume URL QUEUE N    # until N distinct bodies: "got BODY ID REDELIVERED" each, acked
 
 Only what both builds' SDKs have is used: ``client.connect`` (a durable connection),
-``declare_queue``, a producer's ``send`` and a consumer's ``next`` and ``ack``."""
+``declare_queue``, a producer's ``send``, a consumer's ``next`` and ``ack``, and a delivered
+message's ``body``, ``id`` ('<partition>-<offset>') and ``redelivered``."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ async def consume(url: str, queue: str, n: int) -> None:
                 if m is None:
                     break  # (nothing for 30 s: the test counts what is missing)
                 body = m.body.decode()
-                print("got", body, flush=True)
+                print("got", body, m.id, int(m.redelivered), flush=True)
                 seen.add(body)
                 try:
                     await m.ack()

@@ -13,7 +13,7 @@ from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, Catal
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
                             MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, RelayCancelFwd, RelayDeliverFwd,
                             RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RoutedFwd,
-                            TopologyFwd, decode_request)
+                            TopologyFwd, OffsetFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -31,6 +31,8 @@ EXAMPLES = [
     RelayGetFwd(3, "orders", False),
     TopologyFwd(1, "bind", b"\x80"),
     RoutedFwd(1, "p1", b"\x90", b"\x90"),
+    ReadFwd(1, "orders", 0, 100, 500, "last"), ReadFwd(1, "orders", 0, 0, 10, "", 1_700_000_000_000),
+    OffsetFwd(1, "orders", 2, "billing", True, 17), OffsetFwd(2, "orders", 0, "billing", False, 0),
 ]
 
 
@@ -64,6 +66,12 @@ def test_a_payload_that_does_not_fit_is_refused(kind: int, payload: bytes, what:
 
 
 def test_fields_are_packed_in_declaration_order() -> None:
-    req = ReadFwd(1, "orders", 2, 3, 4)
+    req = ReadFwd(1, "orders", 2, 3, 4, "first", 5)
     assert msgpack.unpackb(req.pack()) == [getattr(req, f.name) for f in dataclasses.fields(req)]
-    assert msgpack.unpackb(req.pack()) == [1, "orders", 2, 3, 4]
+    assert msgpack.unpackb(req.pack()) == [1, "orders", 2, 3, 4, "first", 5]
+
+
+def test_trailing_fields_at_their_defaults_are_left_out() -> None:
+    """An older build, which knows only the first fields, reads the request."""
+    assert msgpack.unpackb(ReadFwd(1, "orders", 2, 3, 4).pack()) == [1, "orders", 2, 3, 4]
+    assert msgpack.unpackb(ReadFwd(1, "orders", 2, 3, 4, "", 9).pack()) == [1, "orders", 2, 3, 4, "", 9]

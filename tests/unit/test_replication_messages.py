@@ -57,6 +57,7 @@ from ha.messages import (
 )
 from storage.topology import BindingRecord, DropExchange, ExchangeRecord, PutExchange, SetBinding
 from storage.base import (
+    Trim,
     SetUpdating,
     SetFeatureLevel,
     LogState,
@@ -217,6 +218,7 @@ PINNED_OPS: list[tuple[str, WriteOp, str]] = [
     ("I", DropExchange("x"), "9192a149a178"),
     ("J", SetBinding(BindingRecord(source="x", destination="q", routing_key="a.*", arguments=(("x-match", "any"),)),
                      True), "9197a14aa178a171c2a3612e2a9192a7782d6d61746368a3616e79c3"),
+    ("Z", Trim(1, 0, 42), "9192a15a2a"),
 ]
 
 
@@ -283,8 +285,8 @@ def test_a_list_of_messages_is_read() -> None:
 
 
 def test_an_unknown_op_code_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown log op 'Z'"):
-        decode_ops((1, 0), msgpack.packb([["Z", 1]]))
+    with pytest.raises(ValueError, match="unknown log op 'z'"):
+        decode_ops((1, 0), msgpack.packb([["z", 1]]))
 
 
 SNAPSHOT = PartitionState(next_offset=10, delivered_upto=6, producers={"p1": 7},

@@ -133,6 +133,8 @@ async function selectQueue(name) {
     document.getElementById("queue-settings").textContent =
       `mapper ${q.mapper}; ${bounds.length ? `${bounds.join(", ")}, overflow ${q.overflow}` : "no bound"}` +
       (q.message_ttl ? `; messages expire after ${q.message_ttl} ms` : "") +
+      (q.type === "stream" ? `; a stream kept ${q.max_age ? `${q.max_age} ms` : "for ever"}` +
+                             (q.max_bytes ? `, up to ${q.max_bytes} bytes a partition` : "") : "") +
       (q.expires ? `; deleted when unused for ${q.expires} ms` : "") +
       (q.delayed ? `; ${q.delayed} delayed` : "") + (q.expired ? `; ${q.expired} expired` : "") +
       (q.dead_letter_queue ? `; dead letters to ${q.dead_letter_queue}` : "") +

@@ -194,8 +194,9 @@ class NodeEvents(Protocol):
     """What replication tells the node: this node starts or stops serving a partition, an
     active changed, replication failed."""
 
-    def load_budget(self) -> int:
-        """Bytes of messages a partition loads when this node becomes its active (0: all)."""
+    def load_budget(self, queue_id: int = 0) -> int:
+        """Bytes of messages a partition of queue ``queue_id`` loads when this node becomes its
+        active (0: all)."""
 
     def partition_loaded(self, key: Key, st: PartitionState, windows: Mapping[str, Window]) -> None:
         """This node now serves the partition: its state, loaded from the store, and the

@@ -131,7 +131,8 @@ class Serving:
         term = r.term
 
         async def load() -> None:
-            st = await asyncio.to_thread(self._engine.load_partition, *plog.key, self._node.load_budget())
+            st = await asyncio.to_thread(self._engine.load_partition, *plog.key,
+                                   self._node.load_budget(plog.key[0]))
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
             messages = len(st.messages) + st.cold_count  # (before the queue takes them over)

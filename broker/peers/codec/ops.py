@@ -41,6 +41,8 @@ Log entry payload (``Entry.data``; also what the log on disk holds)::
     "I" DROP_EXCHANGE       name str (catalogue only; its bindings go with it)
     "J" SET_BINDING         source str, destination str, to_exchange bool, routing_key str,
                             arguments array of [str, str], bound bool (catalogue only)
+    "Z" TRIM                below int (a stream's retention: its chunks that end at or below
+                            ``below`` go; feature level 5)
 
     (QueueMeta, UserFields and the messages' items: codec.records)
 """
@@ -102,6 +104,7 @@ from storage.base import (
     SetPlacement,
     SetUpdating,
     Settle,
+    Trim,
     WriteOp,
     user_fields,
 )
@@ -133,6 +136,7 @@ class OpCode(StrEnum):
     PUT_EXCHANGE = "E"
     DROP_EXCHANGE = "I"
     SET_BINDING = "J"
+    TRIM = "Z"
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -181,6 +185,8 @@ def encode_ops(ops: list[WriteOp]) -> tuple[bytes, list[WriteOp]]:
             out.append(item)
         elif isinstance(op, DropProducers):
             out.append([OpCode.DROP_PRODUCERS, op.producer_ids])
+        elif isinstance(op, Trim):
+            out.append([OpCode.TRIM, op.below])
         elif isinstance(op, PutQueue):
             out.append([OpCode.PUT_QUEUE, _meta_out(op.queue)])
         elif isinstance(op, DropQueue):
@@ -249,6 +255,7 @@ _OP_DECODERS: dict[OpCode, tuple[int, Callable[[int, int, list[Any]], WriteOp]]]
                                                            _seqs_in(a[3]) if len(a) > 3 else ())),
     OpCode.DROP_PRODUCERS: (2, lambda qid, p, a: DropProducers(qid, p, [_str(x, "producer_id")
                                                                        for x in _list(a[1], "producer_ids")])),
+    OpCode.TRIM: (2, lambda qid, p, a: Trim(qid, p, _uint(a[1], "below"))),
     OpCode.PUT_QUEUE: (2, lambda _qid, _p, a: PutQueue(_meta_in(a[1]))),
     OpCode.DROP_QUEUE: (2, lambda _qid, _p, a: DropQueue(_uint(a[1], "queue_id"))),
     OpCode.PUT_USER: (2, lambda _qid, _p, a: PutUser(_user_in(a[1]))),

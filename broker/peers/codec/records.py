@@ -5,13 +5,15 @@ placements, the group's members, queue updates, and messages.
 
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int,
-                owner nil|str, max_length_bytes int, overflow str, message_ttl int, expires int]
+                owner nil|str, max_length_bytes int, overflow str, message_ttl int, expires int,
+                type str, max_age int, max_bytes int]
                owner: the user who declared the queue (dead-lettering needs its
                ``produce`` on dead_letter_queue, broker.security.acl); max_length_bytes and
                overflow ("reject-publish" | "drop-head"): the queue's overflow; message_ttl:
-               milliseconds its messages may wait; expires: milliseconds it may go unused.
+               milliseconds its messages may wait; expires: milliseconds it may go unused;
+               type ("classic" | "stream"), max_age and max_bytes: a stream and its retention.
                The last items are left out while they and all after them are at their
-               defaults (none, 0, "reject-publish", 0, 0): 8 items for a queue with none of them, as a build without
+               defaults (none, 0, "reject-publish", 0, 0, "classic", 0, 0): 8 items for a queue with none of them, as a build without
                them sends it, and those left out read as their defaults
     UserFields: map str -> value, one key per field of storage.base.UserRecord
                 (name str, salt bin, hash bin, role str, params str, ...)
@@ -61,8 +63,9 @@ from storage.topology import BindingRecord, ExchangeRecord
 
 #: what may follow a QueueMeta's first 8 items, each left out at its default when all after it are
 _META_TAIL = (("owner", None), ("max_length_bytes", 0), ("overflow", "reject-publish"), ("message_ttl", 0),
-              ("expires", 0))
+              ("expires", 0), ("type", "classic"), ("max_age", 0), ("max_bytes", 0))
 OVERFLOWS = ("reject-publish", "drop-head")
+QUEUE_TYPES = ("classic", "stream")
 
 
 def _meta_out(q: QueueMeta) -> list[Any]:
@@ -78,6 +81,9 @@ def _meta_in(a: Any) -> QueueMeta:
     overflow = _str(a[10], "overflow") if len(a) > 10 else "reject-publish"
     if overflow not in OVERFLOWS:
         raise MalformedReplicationError(f"QueueMeta: overflow {overflow!r} is not one of {', '.join(OVERFLOWS)}")
+    kind = _str(a[13], "type") if len(a) > 13 else "classic"
+    if kind not in QUEUE_TYPES:
+        raise MalformedReplicationError(f"QueueMeta: type {kind!r} is not one of {', '.join(QUEUE_TYPES)}")
     return QueueMeta(id=_uint(a[0], "queue id"), name=_str(a[1], "queue name"),
                      partitions=_uint(a[2], "partitions"), mapper=_str(a[3], "mapper"),
                      ring_size=_uint(a[4], "ring_size"), max_deliveries=_uint(a[5], "max_deliveries"),
@@ -85,7 +91,9 @@ def _meta_in(a: Any) -> QueueMeta:
                      owner=_opt_str(a[8], "owner") if len(a) > 8 else None,
                      max_length_bytes=_uint(a[9], "max_length_bytes") if len(a) > 9 else 0, overflow=overflow,
                      message_ttl=_uint(a[11], "message_ttl") if len(a) > 11 else 0,
-                     expires=_uint(a[12], "expires") if len(a) > 12 else 0)
+                     expires=_uint(a[12], "expires") if len(a) > 12 else 0, type=kind,
+                     max_age=_uint(a[14], "max_age") if len(a) > 14 else 0,
+                     max_bytes=_uint(a[15], "max_bytes") if len(a) > 15 else 0)
 
 
 def _message_in(m: Any, n: int = 7) -> StoredMessage:

@@ -20,7 +20,7 @@ from ha.recordtypes import Converter, Fields, RecordType, TypeTable
 from storage.base import (
     AclRecord, Append, DropProducers, DropQueue, DropUser, GrantAcl, MarkDelivered, PutProducer, PutQueue, PutUser,
     QueueMeta, RevokeAcl, SeedAdmin, SetDeliveryCount, SetDrained, SetFeatureLevel, SetGroup, SetPlacement,
-    SetUpdating, Settle, StoredMessage, UserRecord,
+    SetUpdating, Settle, StoredMessage, Trim, UserRecord,
 )
 from storage.topology import BindingRecord, DropExchange, ExchangeRecord, PutExchange, SetBinding
 from storage.sqlite.schema import ADDED_COLUMNS, DDL
@@ -32,7 +32,7 @@ LOG_OPS: dict[str, type] = {
     "PUT_USER": PutUser, "DROP_USER": DropUser, "GRANT_ACL": GrantAcl, "REVOKE_ACL": RevokeAcl,
     "SEED_ADMIN": SeedAdmin, "SET_DRAINED": SetDrained, "SET_PLACEMENT": SetPlacement, "SET_GROUP": SetGroup,
     "SET_UPDATING": SetUpdating, "SET_FEATURE_LEVEL": SetFeatureLevel, "PUT_EXCHANGE": PutExchange,
-    "DROP_EXCHANGE": DropExchange, "SET_BINDING": SetBinding,
+    "DROP_EXCHANGE": DropExchange, "SET_BINDING": SetBinding, "TRIM": Trim,
 }
 #: the records inside the ops and snapshots
 RECORDS: dict[str, type] = {"QueueMeta": QueueMeta, "StoredMessage": StoredMessage, "UserRecord": UserRecord,
@@ -50,8 +50,10 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: overflow (``max_length_bytes``, ``overflow``), its messages' time to live (``message_ttl``) and
 #: its own when unused (``expires``; feature level 3); version 2 of the catalogue's snapshot adds
 #: the exchanges and bindings (feature level 4); version 2 of ``PUT_PRODUCER`` adds the seqs its
-#: batch took (a trailing item a version-1 reader ignores, at any level: it changes nothing stored)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 2, "store.queues": 2, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
+#: batch took (a trailing item a version-1 reader ignores, at any level: it changes nothing stored);
+#: version 3 of a queue's record and row adds its type and a stream's retention (``type``,
+#: ``max_age``, ``max_bytes``; feature level 5, as is the ``TRIM`` op)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 3, "store.queues": 3, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -64,6 +66,17 @@ def _overflow_down(fields: Fields) -> Fields:
     """A version-2 queue as version 1 has it: without its overflow (written only at feature
     level 3, which a version-1 build cannot join)."""
     return list(fields[:-4])
+
+
+def _stream_up(fields: Fields) -> Fields:
+    """A version-2 queue (record or row) as version 3 reads it: a classic queue."""
+    return [*fields, "classic", 0, 0]
+
+
+def _stream_down(fields: Fields) -> Fields:
+    """A version-3 queue as version 2 has it: without its type and retention (a stream is
+    declared only at feature level 5, which a version-2 build cannot join)."""
+    return list(fields[:-3])
 
 
 def _topology_up(fields: Fields) -> Fields:
@@ -91,6 +104,8 @@ def _seqs_down(fields: Fields) -> Fields:
 CONVERTERS: tuple[Converter, ...] = (
     Converter("record.QueueMeta", 1, _overflow_up, _overflow_down),
     Converter("store.queues", 1, _overflow_up, _overflow_down),
+    Converter("record.QueueMeta", 2, _stream_up, _stream_down),
+    Converter("store.queues", 2, _stream_up, _stream_down),
     Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
     Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
 )
