@@ -40,7 +40,7 @@ from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
 from broker.tools import (certs, cluster_up, commands, exchange_cli, group_cli, load, node_cli, partition_cli,
-                          restore_cli, secret_cli, status, upgrade_cli, users_cli, witness_cli)
+                          restore_cli, secret_cli, status, stream_cli, upgrade_cli, users_cli, witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -352,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parsers(sub)
     exchange_cli.add_parsers(sub)
+    stream_cli.add_parsers(sub)
     status.add_parsers(sub)
     users_cli.add_parsers(sub)
     node_cli.add_parser(sub)

@@ -250,6 +250,7 @@ class UnknownDeliveryTagError(TandemError):
 
 class InvalidArgumentError(TandemError):
     code = ErrorCode.INVALID_ARGUMENT
+    ends_subscription = True  # (a subscription refused for what it asks, a stream's, is refused again)
 
 
 class PartitionNotFoundError(TandemError):

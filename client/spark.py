@@ -15,7 +15,12 @@ executors read in parallel from whichever nodes are active, and a reader whose n
 over asks the map again and goes on from the same offset.  Offsets are ``{"<partition>":
 <next offset>}`` with the partitions in numeric order (Spark compares offsets as JSON text).
 
-Messages a queue no longer holds (acked, purged) are *gone*: a read that finds a range
+A read may start (end) at a time instead: ``startingTimestamp`` (``endingTimestamp``), in
+milliseconds since the epoch, is each partition's first message stored at or after it.  A
+stream keeps what it was sent until its retention drops it, so the same range reads the same
+rows again (replay); a classic queue's read shows what is not yet settled.
+
+Messages a queue no longer holds (acked, purged, or dropped by a stream's retention) are *gone*: a read that finds a range
 missing fails the query when ``failOnDataLoss`` is true (the default), and otherwise logs
 and skips it.
 
@@ -33,10 +38,9 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,7 @@ from client import blocking
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.errors import InvalidArgumentError, TandemError, UnavailableError
 from client.protocol.frames import PublishMessage
+from client.spark_options import Conf, group_url
 from client.url import parse_url
 
 log = logging.getLogger("tandem.spark")
@@ -71,112 +76,6 @@ READ_PATIENCE = 120.0  # seconds a read waits for a partition's active (an elect
 def register(spark: Any) -> None:
     """Make ``format("tandem")`` known to this SparkSession."""
     spark.dataSource.register(TandemDataSource)
-
-
-# -- options ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Conf:
-    """The options, checked once on the driver (``load()`` fails on a bad one)."""
-
-    url: str
-    queue: str
-    partitions: tuple[int, ...] | None = None  # a subset, or all
-    starting: str | dict[str, int] = "earliest"
-    ending: str | dict[str, int] = "latest"
-    min_partitions: int = 0
-    max_offsets_per_trigger: int = 0
-    fail_on_data_loss: bool = True
-    query_id: str | None = None
-    offsets_dir: str = field(default_factory=lambda: str(Path.home() / ".tandem" / "spark-initial-offsets"))
-
-    @staticmethod
-    def parse(options: dict[str, str], *, streaming: bool = False) -> Conf:
-        opts = {k.lower(): v for k, v in options.items()}
-        url = opts.get("url")
-        if not url:
-            raise InvalidArgumentError("option url is required: tandem://user:password@host:port[,host:port...]")
-        params = parse_url(url)  # bad URLs fail here, on the driver
-        # Rebuilt with the credentials resolved here (options, the URL, or TANDEM_PASSWORD in
-        # the driver's environment): executors have neither the options nor that environment.
-        user = opts.get("user") or params.user
-        password = opts["password"] if opts.get("password") is not None else params.password
-        url = _url(params.hosts, user, password, params)
-        queue = opts.get("queue")
-        if not queue:
-            raise InvalidArgumentError("option queue is required")
-        parts = None
-        if opts.get("partitions"):
-            try:
-                parts = tuple(sorted({int(p) for p in opts["partitions"].split(",") if p.strip()}))
-            except ValueError:
-                raise InvalidArgumentError("option partitions: comma-separated partition numbers") from None
-        return Conf(url=url, queue=queue, partitions=parts,
-                    starting=_offsets_option(opts, "startingoffsets", "latest" if streaming else "earliest"),
-                    ending=_offsets_option(opts, "endingoffsets", "latest"),
-                    min_partitions=_int_option(opts, "minpartitions", 0),
-                    max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", 0),
-                    fail_on_data_loss=_bool_option(opts, "failondataloss", True),
-                    query_id=_query_id(opts.get("queryid")),
-                    offsets_dir=opts.get("initialoffsetsdir") or str(Path.home() / ".tandem" / "spark-initial-offsets"))
-
-
-_CANONICAL = {"startingoffsets": "startingOffsets", "endingoffsets": "endingOffsets",
-              "minpartitions": "minPartitions", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
-              "failondataloss": "failOnDataLoss"}
-
-
-def _url(hosts: Sequence[tuple[str, int]], user: str, password: str, params: Any) -> str:
-    from urllib.parse import quote
-
-    scheme = "tandems" if params.tls else "tandem"
-    query = f"?name={quote(params.client_name, safe='')}&connect_timeout={params.connect_timeout}"
-    if params.tls and params.ca:
-        query += f"&ca={quote(params.ca, safe='/')}"
-    return (f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@"
-            + ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in hosts) + "/" + query)
-
-
-def _int_option(opts: dict[str, str], name: str, default: int) -> int:
-    if name not in opts:
-        return default
-    try:
-        v = int(opts[name])
-    except ValueError:
-        raise InvalidArgumentError(f"option {_CANONICAL[name]}: an integer, not {opts[name]!r}") from None
-    if v < 0:
-        raise InvalidArgumentError(f"option {_CANONICAL[name]}: must be >= 0")
-    return v
-
-
-def _query_id(v: str | None) -> str | None:
-    if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", v):
-        raise InvalidArgumentError("option queryId: 1-128 letters, digits, '_', '.', '-'")
-    return v
-
-
-def _bool_option(opts: dict[str, str], name: str, default: bool) -> bool:
-    v = opts.get(name)
-    if v is None:
-        return default
-    if v.lower() not in ("true", "false"):
-        raise InvalidArgumentError(f"option {_CANONICAL[name]}: true or false, not {v!r}")
-    return v.lower() == "true"
-
-
-def _offsets_option(opts: dict[str, str], name: str, default: str) -> str | dict[str, int]:
-    v = opts.get(name, default)
-    if v in ("earliest", "latest"):
-        return v
-    try:
-        parsed = json.loads(v)
-        if not isinstance(parsed, dict) or not all(isinstance(o, int) and o >= 0 for o in parsed.values()):
-            raise ValueError
-        return {str(int(k)): int(o) for k, o in parsed.items()}
-    except (ValueError, TypeError):
-        raise InvalidArgumentError(f'option {_CANONICAL[name]}: earliest, latest or JSON like {{"0": 42, "1": 7}}, '
-                                   f"not {v!r}") from None
 
 
 # -- talking to the group -----------------------------------------------------------------------
@@ -226,7 +125,7 @@ class _Group:
                     return link
                 host, _, port = addr.rpartition(":")
                 try:
-                    link = blocking.connect(_url([(host.strip("[]"), int(port))], self.params.user,
+                    link = blocking.connect(group_url([(host.strip("[]"), int(port))], self.params.user,
                                                  self.params.password, self.params),
                                             client_name="tandem-spark", timeout=60, durable=False)
                     self.links[active] = link
@@ -247,14 +146,16 @@ class _Group:
                 except (OSError, TandemError):
                     pass
 
-    def bounds(self, partition: int) -> tuple[int, int]:
-        """(earliest offset still held, end offset) of a partition, from its active."""
+    def bounds(self, partition: int, at_ms: int = 0) -> tuple[int, int]:
+        """(earliest offset still held, end offset) of a partition, from its active; with
+        ``at_ms``, the offset of the first message stored at or after that time instead of the
+        earliest."""
         deadline = SYSTEM_CLOCK.monotonic() + READ_PATIENCE
         while True:
             link = self.link_for(partition, deadline)
             try:
-                msgs, _nxt, end = link.read(self.conf.queue, partition, 0, 1)
-                return (msgs[0].offset if msgs else end), end
+                msgs, nxt, end = link.read(self.conf.queue, partition, 0, 1, timestamp=at_ms / 1000 if at_ms else None)
+                return (msgs[0].offset if msgs else max(nxt, end) if at_ms else end), end
             except TandemError as exc:
                 self.drop(link)
                 if not exc.retriable or SYSTEM_CLOCK.monotonic() >= deadline:
@@ -273,6 +174,22 @@ def _resolve(spec: str | dict[str, int], bounds: dict[int, tuple[int, int]], whi
         o = spec.get(str(p))
         out[p] = (lo if which == "start" else hi) if o is None else o
     return out
+
+
+def _plan(conf: Conf) -> tuple[dict[int, tuple[int, int]], dict[int, int], dict[int, int]]:
+    """Each partition's bounds, and where a read starts and ends: by the offsets options, or by
+    time (``startingTimestamp``, ``endingTimestamp``)."""
+    group = _Group(conf)
+    try:
+        parts = group.partitions()
+        bounds = {p: group.bounds(p) for p in parts}
+        start = ({p: group.bounds(p, conf.starting_timestamp)[0] for p in parts} if conf.starting_timestamp
+                 else _resolve(conf.starting, bounds, "start"))
+        end = ({p: group.bounds(p, conf.ending_timestamp)[0] for p in parts} if conf.ending_timestamp
+               else _resolve(conf.ending, bounds, "end"))
+    finally:
+        group.close()
+    return bounds, start, end
 
 
 def _offsets_json(offsets: dict[int, int]) -> dict[str, int]:
@@ -390,13 +307,7 @@ class TandemBatchReader(DataSourceReader):
         self.conf = conf
 
     def partitions(self) -> Sequence[InputPartition]:
-        group = _Group(self.conf)
-        try:
-            bounds = {p: group.bounds(p) for p in group.partitions()}
-        finally:
-            group.close()
-        start = _resolve(self.conf.starting, bounds, "start")
-        end = _resolve(self.conf.ending, bounds, "end")
+        bounds, start, end = _plan(self.conf)
         out: list[InputPartition] = []
         ranges = [(p, start[p], end[p]) for p in sorted(bounds) if end[p] > start[p]]
         slices = max(1, -(-self.conf.min_partitions // max(1, len(ranges)))) if self.conf.min_partitions else 1
@@ -442,8 +353,7 @@ class TandemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                f"{stored.get('queue')!r}: give this query its own (or remove {path})")
                 offsets: dict = stored["offsets"]
                 return offsets
-        bounds, _ = self._latest()
-        offsets = _offsets_json(_resolve(self.conf.starting, bounds, "start"))
+        offsets = _offsets_json(_plan(self.conf)[1])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

@@ -183,3 +183,34 @@ def test_a_hole_in_the_middle_is_data_loss_too(spark: Any, url: str) -> None:
         reader.load().collect()
     rows = reader.option("failOnDataLoss", "false").load().collect()
     assert sorted(r.offset for r in rows) == [o for o in range(40) if not 10 <= o < 15]
+
+
+def test_a_stream_replays_the_same_rows_from_an_offset_or_a_time(spark: Any, url: str) -> None:
+    """A stream's messages stay after a read: the same range read twice (by offsets, then by the
+    times of its first and end messages) gives the same rows."""
+    with blocking.connect(url) as conn:
+        conn.declare_stream("replay", partitions=2)
+        p = conn.producer("replay")
+        for i in range(0, 400, 100):
+            p.send_many([f"r{j}".encode() for j in range(i, i + 100)])
+        first = {q: conn.read("replay", q, 50, 1)[0][0] for q in (0, 1)}  # the range: offsets 50 .. 150
+        end = {q: conn.read("replay", q, 150, 1)[0][0] for q in (0, 1)}
+
+    def rows(**options: str) -> list[tuple[int, int, bytes, int]]:
+        """(partition, offset, body, the millisecond it was stored) of each row."""
+        reader = spark.read.format("tandem").option("url", url).option("queue", "replay")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return sorted((r.partition, r.offset, r.body, int(r.timestamp.timestamp() * 1000))
+                      for r in reader.load().collect())
+
+    by_offset = {"startingOffsets": json.dumps({"0": 50, "1": 50}), "endingOffsets": json.dumps({"0": 150, "1": 150})}
+    once, again = rows(**by_offset), rows(**by_offset)
+    assert once == again and len(once) == 200 and {r[1] for r in once} == set(range(50, 150))
+    # by time: the same range's rows, and others only where they were stored in its first or last
+    # millisecond (a read by time starts at the first message of that millisecond)
+    since = min(int(m.timestamp * 1000) for m in first.values())
+    until = max(int(m.timestamp * 1000) for m in end.values()) + 1
+    by_time = rows(startingTimestamp=str(since), endingTimestamp=str(until))
+    assert set(once) <= set(by_time) and by_time == rows(startingTimestamp=str(since), endingTimestamp=str(until))
+    assert all(since <= ms < until for *_, ms in by_time)
