@@ -39,8 +39,10 @@ class StreamHost(Forwarding, Protocol):
 async def read_stream(node: StreamHost, queue: str, partition: int, offset: int, max_messages: int,
                       *, start: str = "", timestamp: int = 0, hops: int = 0) -> tuple[list[StreamMessage], int, int]:
     """(messages, next offset, end offset) of one partition from ``offset``, or from ``start``
-    ("first", "last", "next") or ``timestamp`` (milliseconds since the epoch) if given."""
+    ("first", "last", "next") or ``timestamp`` (milliseconds since the epoch) if given.  The
+    queue counts as used (``expires``)."""
     q = node.queue(queue)
+    q.touch()  # (a read uses the queue: its ``expires`` counts from here)
     if not 0 <= partition < len(q.partitions):
         raise PartitionNotFoundError(f"queue {queue!r} has no partition {partition}")
     if offset < 0 or not 1 <= max_messages <= MAX_READ_BATCH:

@@ -28,7 +28,7 @@ from client.errors import (AccessRefusedError, ConsumerNotFoundError, InvalidArg
                            UnknownDeliveryTagError)
 from client.protocol.frames import (Ack, AclGrant, AclList, AclRevoke, Bind, Cancel, ChangeGroup, ChangePartitions,
                                     Declare, DeclareExchange, Delete, DeleteExchange, Unbind, DrainNode, FinalizeUpgrade, Forward, Frame, Get, Metadata, MovePartition, Nack,
-                                    Produced, Publish, PublishMessage, Purge, Read, Reject,
+                                    FetchOffset, Produced, Publish, PublishMessage, Purge, Read, Reject, StoreOffset,
                                     SetOption, SetQuorumOverride, Subscribe, UserDelete, UserList, UserPut)
 from tests.helpers import wait_until
 from tests.security.conftest import (MALLORY, MALLORY_PASSWORD, PARTITIONS, PAYMENTS, PER_PARTITION, WATCH,
@@ -75,6 +75,9 @@ QUEUE_REQUESTS = [
     Refused("Get", "consume", lambda rid: Get(rid=rid, queue=PAYMENTS, auto_ack=True)),
     *(Refused(f"Read-p{p}", "browse", functools.partial(_read, p)) for p in range(PARTITIONS)),
     *(Refused(f"Produced-p{p}", "browse", functools.partial(_produced, p)) for p in range(PARTITIONS)),
+    Refused("StoreOffset", "consume",
+            lambda rid: StoreOffset(rid=rid, queue=PAYMENTS, partition=0, consumer="mallory", offset=0)),
+    Refused("FetchOffset", "browse", lambda rid: FetchOffset(rid=rid, queue=PAYMENTS, partition=0, consumer="billing")),
     Refused("Metadata", "permission", lambda rid: Metadata(rid=rid, queue=PAYMENTS)),
     Refused("Purge", "configure", lambda rid: Purge(rid=rid, queue=PAYMENTS)),
     Refused("Delete", "configure", lambda rid: Delete(rid=rid, queue=PAYMENTS)),
