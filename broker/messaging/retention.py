@@ -7,10 +7,12 @@ the end of the last chunk that may go: a replicated op, so every copy drops the 
 messages, and a new active continues from what the log holds.
 
 * ``max_bytes``: the newest chunks are kept while their bytes add up to at most
-  ``max_bytes``; every older chunk goes (the newest chunk always stays).
-* ``max_age``: a chunk goes once the first message of the chunk *after* it was stored more
-  than ``max_age`` ago, so every message in it is older.  Times are the active's clock when
-  it stored each message; the check reads one message per chunk (a binary search).
+  ``max_bytes`` (from the store's chunk list: starts and sizes, no payload read); every older
+  chunk goes (the newest chunk always stays).
+* ``max_age``: every chunk that ends before the first message younger than ``max_age``
+  goes (found by a binary search over the offsets: ``streams.offset_at``; a chunk holding
+  both older and younger messages stays whole).  Times are the active's clock when it stored
+  each message.
 
 A read from an offset that was dropped starts at the oldest message held; Spark's source
 reports the gap (``failOnDataLoss``).
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from broker.messaging.commit import CommitPath
 from broker.messaging.queues import Queue
+from broker.messaging.streams import offset_at
 from client.clock import Clock
 from storage.base import Engine, Trim
 
@@ -42,32 +45,21 @@ class RetentionHost(Protocol):
     def engine(self) -> Engine: ...
 
 
-def cut(engine: Engine, queue_id: int, partition: int, max_age_ms: int, max_bytes: int, now: float) -> int:
+def cut(engine: Engine, queue_id: int, partition: int, end: int, max_age_ms: int, max_bytes: int,
+        now: float) -> int:
     """The offset below which a partition's chunks may go (0: none may); reader thread."""
-    chunks = engine.chunks(queue_id, partition)
-    if len(chunks) < 2:
-        return 0
-    keep = len(chunks) - 1  # index of the oldest chunk kept
+    below = 0
     if max_bytes:
-        held = chunks[-1][2]
+        chunks = engine.chunks(queue_id, partition)
+        keep, held = len(chunks) - 1, chunks[-1][2] if chunks else 0  # (the newest chunk stays)
         while keep > 0 and held + chunks[keep - 1][2] <= max_bytes:
             keep -= 1
             held += chunks[keep][2]
+        if keep > 0:
+            below = chunks[keep][0]
     if max_age_ms:
-        cutoff = now - max_age_ms / 1000
-        lo, hi = 1, len(chunks)  # the first chunk, after the oldest, whose first message is not older
-        while lo < hi:
-            mid = (lo + hi) // 2
-            first = engine.read(queue_id, partition, chunks[mid][0], 1)
-            if first and first[0].ts < cutoff:
-                lo = mid + 1
-            else:
-                hi = mid
-        keep = min(keep, lo - 1)  # chunk lo - 1 has a message that may not be old enough
-    if keep == 0:
-        return 0
-    start, count, _ = chunks[keep - 1]
-    return start + count
+        below = max(below, offset_at(engine, queue_id, partition, end, now - max_age_ms / 1000))
+    return min(below, max(0, end - 1))  # (the newest message stays)
 
 
 class Retention:
@@ -92,7 +84,8 @@ class Retention:
                 key = (meta.id, pidx)
                 if key in self._trimming or not self._serves(q, pidx):
                     continue
-                below = await asyncio.to_thread(cut, self._host.engine, meta.id, pidx, meta.max_age,
+                end = q.partitions[pidx].committed_end
+                below = await asyncio.to_thread(cut, self._host.engine, meta.id, pidx, end, meta.max_age,
                                                 meta.max_bytes, self.clock.time())
                 if below and not q.deleted and self._serves(q, pidx):
                     self._trim(q, pidx, below)

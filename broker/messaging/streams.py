@@ -2,7 +2,7 @@
 
 A read starts at an offset, at "first" (the oldest message held), "last" (the newest) or
 "next" (the end), or at a time: the first message stored at or after it, found by a binary
-search over the partition's chunks (by each chunk's first message) and a scan of one chunk.
+search over the offsets (:func:`offset_at`).
 Timestamps are the active's clock as it stored each message: after a failover to a member
 whose clock is behind, a time may fall a little early or late.
 
@@ -94,26 +94,24 @@ def _resolve(engine: Engine, qid: int, partition: int, end: int, start: str, whe
         return end
     if start == "last":
         return max(0, end - 1)
-    chunks = engine.chunks(qid, partition)
-    lo, hi = 0, len(chunks)
-    while lo < hi:  # the first chunk whose first message is at or after ``when``
+    return offset_at(engine, qid, partition, end, when)
+
+
+def offset_at(engine: Engine, qid: int, partition: int, end: int, when: float) -> int:
+    """The offset of the partition's first message (below ``end``) stored at or after ``when``,
+    or ``end`` if none is: a binary search over the offsets, each step one read of the first
+    message held at or after an offset (reader thread)."""
+    lo, hi, found = 0, end, end
+    while lo < hi:
         mid = (lo + hi) // 2
-        first = engine.read(qid, partition, chunks[mid][0], 1)
-        if first and first[0].offset < end and first[0].ts < when:
-            lo = mid + 1
+        rows = engine.read(qid, partition, mid, 1)
+        if rows and rows[0].offset < end and rows[0].ts < when:
+            lo = rows[0].offset + 1  # (every message held below it is older too)
         else:
+            if rows and rows[0].offset < found:
+                found = rows[0].offset  # (nothing is held between mid and it)
             hi = mid
-    upto = chunks[lo][0] if lo < len(chunks) else end
-    at = chunks[lo - 1][0] if lo else upto  # the message sought is in the chunk before, or starts chunk lo
-    while at < upto:
-        rows = engine.read(qid, partition, at, SCAN_BATCH)
-        for r in rows:
-            if r.offset >= upto or r.ts >= when:
-                return min(r.offset, upto)
-        if len(rows) < SCAN_BATCH:
-            break
-        at = rows[-1].offset + 1
-    return upto
+    return found
 
 
 async def active_elsewhere(node: Forwarding, q: Queue, partition: int, hops: int) -> str | None:
