@@ -15,6 +15,7 @@ import pytest
 from client.errors import StorageError
 from client.testing import FakeClock
 from storage.base import (
+    Trim,
     Append,
     DropQueue,
     DropUser,
@@ -594,3 +595,31 @@ def test_a_packed_append_is_stored_like_a_list(make_engine: Callable[[], Engine]
     assert e.load_partition(1, 0).messages == []
     e.close()
     assert [m.offset for m in make_engine().open().partitions[(1, 1)].messages] == [0, 2]
+
+
+def test_a_stream_keeps_its_type_and_trim_drops_whole_chunks_below_an_offset(
+        make_engine: Callable[[], Engine]) -> None:
+    """A stream's record comes back as it was declared; ``Trim(below)`` deletes the chunks that
+    end at or below ``below`` (one append is one chunk in the stores that keep chunks; the memory
+    engine's chunks are single messages), in every engine, and what it dropped stays dropped
+    over a reopen; the chunk list says starts, counts and sizes."""
+    e = make_engine()
+    e.open()
+    stream = QueueMeta(id=3, name="events", partitions=1, mapper="jump_hash", ring_size=1024, max_deliveries=0,
+                       dead_letter_queue=None, max_length=0, type="stream", max_age=60_000, max_bytes=1 << 20)
+    e.apply([PutQueue(stream)], sync=True)
+    for start in (0, 3, 6):  # three appends: [0, 3), [3, 6), [6, 9)
+        e.apply([Append(3, 0, [msg(i, b"x" * 10) for i in range(start, start + 3)], start + 3)], sync=True)
+    chunks = e.chunks(3, 0)
+    assert [s for s, _, _ in chunks] in ([0, 3, 6], list(range(9)))
+    assert sum(n for _, n, _ in chunks) == 9 and all(b >= 10 * n for _, n, b in chunks)
+    e.apply([Trim(3, 0, 4)], sync=True)  # the chunk [3, 6) straddles 4: it stays whole where it is one
+    first = e.read(3, 0, 0, 100)[0].offset
+    assert first in (3, 4)
+    e.close()
+    e = make_engine()
+    rec = e.open()
+    assert rec.queues == [stream]
+    assert e.read(3, 0, 0, 1)[0].offset == first and e.stored_end(3, 0) == 9
+    e.apply([Trim(3, 0, 9)], sync=True)
+    assert e.read(3, 0, 0, 100) == [] and e.chunks(3, 0) == []
