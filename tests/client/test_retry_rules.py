@@ -64,7 +64,8 @@ def test_a_failed_settlement_redelivers_when_the_link_or_the_tag_is_gone() -> No
 
 
 def test_a_subscription_ends_for_good_only_when_its_queue_or_its_rights_are_gone() -> None:
-    """... or it asks for a prefetch above the node's ceiling (asking again cannot help)."""
+    """... or it asks for a prefetch above the node's ceiling, or what it asks is refused as such
+    (a stream is read, not consumed): asking again cannot help."""
     ending = {cls for cls in ALL if cls.ends_subscription}
     assert ending == {errors.QueueNotFoundError, errors.AccessRefusedError, errors.ConsumerCancelledError,
-                      errors.PrefetchTooLargeError}
+                      errors.PrefetchTooLargeError, errors.InvalidArgumentError}

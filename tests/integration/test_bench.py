@@ -166,3 +166,20 @@ async def test_bench_of_exchanges_through_a_plain_producer_counts_its_confirms()
     assert proc.returncode == 0, err.decode()[-3000:]
     (run,) = json.loads(out)["runs"]
     assert (run["queues"], run["confirmed"], run["stored"], run["error"]) == (3, 600, 1800, None)
+
+
+async def test_bench_of_a_stream_replay_reads_every_message_twice() -> None:
+    """`tandem bench --stream-replay`: 4 MB to a 2-partition stream of a spawned group, read from
+    first to end twice, every message once each time; and the same through a RabbitMQ stream."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3", "--partitions", "2",
+        "--stream-replay", "4000000", "--size", "4000", "--peer", "rabbitmq", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-3000:] + out.decode()[-3000:]
+    runs = json.loads(out)
+    assert [(r["system"], r["confirmed"], r["passed"], r["error"]) for r in runs] == [
+        ("tandem", 1000, True, None), ("rabbitmq", 1000, True, None)]
+    for r in runs:
+        assert [(p["messages"], p["missing"], p["duplicated"], p["unexpected"]) for p in r["passes"]] == \
+            [(1000, 0, 0, 0)] * 2 and all(p["mb_per_s"] > 0 for p in r["passes"])

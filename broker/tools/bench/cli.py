@@ -17,6 +17,7 @@ from broker.config import NodeConfig
 from broker.tools.bench.backlog import add_backlog_args, backlog_command
 from broker.tools.bench.delayed import add_delayed_args, delayed_command
 from broker.tools.bench.fanout import add_fanout_args, fanout_command
+from broker.tools.bench.replay import add_replay_args, replay_command
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -109,6 +110,7 @@ def add_bench_parser(sub: Any) -> None:
     add_backlog_args(p)
     add_delayed_args(p)
     add_fanout_args(p)
+    add_replay_args(p)
     add_ha_args(p)
     p.set_defaults(func=bench)
 
@@ -149,6 +151,8 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         return delayed_command(args)
     if args.fanout or args.topic_bindings:
         return fanout_command(args)
+    if args.stream_replay is not None:
+        return replay_command(args)
     pair = args.mode != "replicated" or args.arbiter != "majority"
     if not args.spawn and (pair or args.database or args.lock or args.lockfile or args.compare_replicated):
         raise InvalidArgumentError("--mode, --arbiter and --compare-replicated set up groups the bench starts: "
