@@ -27,7 +27,8 @@ async def test_declare_read_and_a_named_consumer_over_a_restart(proc: NodeProces
     rc, out, err = await tandem("streams", "read", "audit", *url)
     assert rc == 0 and _bodies(out) == ["a1", "a2", "a3", "a4"], err
     rc, out, _ = await tandem("streams", "read", "audit", "--from", "2", "-n", "1", *url)
-    assert _bodies(out) == ["a3"] and json.loads(out)["offset"] == 2
+    third = json.loads(out)
+    assert third["body"] == "a3" and third["offset"] == 2
     rc, out, _ = await tandem("streams", "read", "audit", "--from", "last", *url)
     assert _bodies(out) == ["a4"]
     rc, out, _ = await tandem("streams", "read", "audit", "--since", "2000-01-01T00:00:00+00:00", "-n", "1", *url)
@@ -41,6 +42,9 @@ async def test_declare_read_and_a_named_consumer_over_a_restart(proc: NodeProces
     rc, out, _ = await tandem("produce", "audit", "a5", *url)
     rc, out, err = await tandem("streams", "read", "audit", "--consumer", "billing", *url)
     assert rc == 0 and _bodies(out) == ["a4", "a5"], err
+    rc, out, _ = await tandem("streams", "read", "audit", "--since", str(third["timestamp"]), *url)
+    assert _bodies(out)[-3:] == ["a3", "a4", "a5"] and json.loads(out.splitlines()[0])["timestamp"] <= \
+        third["timestamp"]  # (from a3, or a message stored in the same millisecond before it)
     rc, out, _ = await tandem("streams", "offset", "audit", "--consumer", "billing", "--set", "0", *url, "--json")
     assert json.loads(out)["offset"] == 0
     for bad, says in [(("read", "audit", "--from", "middle"), "--from 'middle': an offset, first, last or next"),

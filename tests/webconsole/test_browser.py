@@ -118,6 +118,16 @@ async def test_console_in_a_browser(consoles: LocalCluster) -> None:
             await row.locator("button.purge").click()
             await expect(page.locator("#result")).to_have_text("purged 4 message(s) from ui-made", timeout=10000)
             await expect(row.locator("td.ready")).to_have_text("0", timeout=10000)
+            # a stream made from the page: its settings say what it keeps
+            await page.fill("#new-queue-name", "ui-stream")
+            await page.fill("#new-queue-partitions", "1")
+            await page.select_option("#new-queue-type", "stream")
+            await page.fill("#new-queue-max-age", "3600")
+            await page.click("#create-queue-button")
+            await expect(page.locator("#result")).to_have_text("created ui-stream", timeout=10000)
+            await page.locator('#queues tr[data-queue="ui-stream"] td.name').click()
+            await expect(page.locator("#queue-settings")).to_contain_text("a stream, kept 3600 s", timeout=10000)
+            await page.select_option("#new-queue-type", "classic")
             # an exchange made from the page, the queue bound to it, a publish routed there, then unbound
             await page.fill("#new-exchange-name", "ui-fan")
             await page.select_option("#new-exchange-type", "fanout")

@@ -117,7 +117,8 @@ function renderQueues(queues) {
     el("td", {}, q.unacked), el("td", {}, q.published_rate), el("td", {}, q.delivered_rate),
     el("td", {}, q.acked_rate), el("td", {}, q.depth + (q.complete ? "" : "+")),
     el("td", {class: "admin-only"},
-       el("button", {class: "purge", onclick: () => purge(q.name)}, "Purge"), " ",
+       // (a stream is not purged: its retention drops old messages)
+       q.type === "stream" ? "" : el("button", {class: "purge", onclick: () => purge(q.name)}, "Purge"), " ",
        el("button", {class: "delete", onclick: () => del(q.name)}, "Delete")))));
 }
 
@@ -133,7 +134,7 @@ async function selectQueue(name) {
     document.getElementById("queue-settings").textContent =
       `mapper ${q.mapper}; ${bounds.length ? `${bounds.join(", ")}, overflow ${q.overflow}` : "no bound"}` +
       (q.message_ttl ? `; messages expire after ${q.message_ttl} ms` : "") +
-      (q.type === "stream" ? `; a stream kept ${q.max_age ? `${q.max_age} ms` : "for ever"}` +
+      (q.type === "stream" ? `; a stream, kept ${q.max_age ? `${q.max_age / 1000} s` : "for ever"}` +
                              (q.max_bytes ? `, up to ${q.max_bytes} bytes a partition` : "") : "") +
       (q.expires ? `; deleted when unused for ${q.expires} ms` : "") +
       (q.delayed ? `; ${q.delayed} delayed` : "") + (q.expired ? `; ${q.expired} expired` : "") +
@@ -301,7 +302,15 @@ function wire() {
     if (body.max_length || body.max_length_bytes) body.overflow = document.getElementById("new-queue-overflow").value;
     const ttl = parseInt(document.getElementById("new-queue-ttl").value, 10);
     if (ttl > 0) body.message_ttl = ttl;
-    if (!confirm(`Create queue ${name} with ${partitions} partition(s)` + (placement ? ` placed on ${placement}` : "") +
+    if (document.getElementById("new-queue-type").value === "stream") {
+      body.type = "stream";
+      const age = parseFloat(document.getElementById("new-queue-max-age").value);
+      const keep = parseInt(document.getElementById("new-queue-retention-bytes").value, 10);
+      if (age > 0) body.max_age = Math.round(age * 1000);
+      if (keep > 0) body.max_bytes = keep;
+    }
+    if (!confirm(`Create ${body.type === "stream" ? "stream" : "queue"} ${name} with ${partitions} partition(s)` +
+                 (placement ? ` placed on ${placement}` : "") +
                  (body.overflow ? ` bounded (${body.overflow})?` : "?"))) return;
     try { const r = await api("POST", "/api/v1/queues", body);
           say(r.created ? `created ${name}` : `${name} exists already with these settings`); }
