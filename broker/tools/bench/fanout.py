@@ -21,14 +21,13 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import client
-from broker.tools.cluster import LocalCluster
-from broker.tools.process import NodeProcess
+from broker.tools.bench.harness import spawn_target
 from broker.tools.totals import queue_totals
 from client.connection import connect_link
 from client.errors import InvalidArgumentError, UnavailableError
@@ -89,7 +88,7 @@ def fanout_command(args: Any) -> Coroutine[Any, Any, int]:
 async def _main(args: Any, fans: list[int]) -> int:
     runs: list[ExchangeRun] = []
     with tempfile.TemporaryDirectory(prefix="tandem-fanout-") as tmp:
-        url, stop = await _spawn(Path(tmp), args.nodes, args.sync)
+        url, stop = await spawn_target(Path(tmp), args.nodes, args.sync)
         try:
             for n in fans:
                 runs.append(await tandem_run(url, "fanout", n, n, args.messages, args.size, args.window,
@@ -116,16 +115,6 @@ async def _main(args: Any, fans: list[int]) -> int:
             print(f"{r.system:<10} {r.kind:<8} {r.queues:>6} {r.bindings:>8} {r.messages_per_s:>10,.0f} "
                   f"{r.copies_per_s:>10,.0f} {r.stored:>9}" + (f"  error: {r.error}" if r.error else ""))
     return 1 if any(r.error for r in runs) else 0
-
-
-async def _spawn(tmp: Path, nodes: int, sync: str) -> tuple[str, Callable[[], Awaitable[object]]]:
-    if nodes > 1:
-        cluster = LocalCluster(tmp, nodes=nodes, base_port=0, sync=sync, console=False)
-        await cluster.start()
-        await cluster.finalize()  # (exchanges need feature level 4 in a group)
-        return cluster.url, cluster.stop
-    node = await NodeProcess(tmp / "node1", sync=sync).start()
-    return node.url, node.stop
 
 
 def _topic_key(rng: random.Random, bindings: int) -> str:

@@ -27,12 +27,15 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import client
 from broker.tools.bench.workload import Checker, Driver, Publisher, RunResult, Workload, percentile
+from broker.tools.cluster import LocalCluster
+from broker.tools.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("tandem.bench")
@@ -279,3 +282,16 @@ async def _until_done(consumer: Any, checker: Checker) -> None:
         m.ack()
         if checker.done.is_set():
             return
+
+
+async def spawn_target(tmp: Path, nodes: int, sync: str) -> tuple[str, Callable[[], Awaitable[object]]]:
+    """A node (``nodes`` 1) or a group of ``nodes`` started in ``tmp`` for a run, the group
+    finalized at this build's highest feature level (exchanges and streams need theirs); its
+    client URL and what stops it."""
+    if nodes > 1:
+        cluster = LocalCluster(tmp, nodes=nodes, base_port=0, sync=sync, console=False)
+        await cluster.start()
+        await cluster.finalize()
+        return cluster.url, cluster.stop
+    node = await NodeProcess(tmp / "node1", sync=sync).start()
+    return node.url, node.stop

@@ -24,8 +24,7 @@ from typing import Any
 
 import client
 from broker.tools.bench.backlog import publish_ids
-from broker.tools.cluster import LocalCluster
-from broker.tools.process import NodeProcess
+from broker.tools.bench.harness import spawn_target
 from client.clock import SYSTEM_CLOCK
 from client.errors import InvalidArgumentError, TandemError
 
@@ -133,17 +132,9 @@ async def run_tandem(total: int, *, size: int, nodes: int, partitions: int, prod
     count = total // size
     res = ReplayResult("tandem", nodes, partitions, size, count)
     with tempfile.TemporaryDirectory(prefix="tandem-replay-") as tmp:
-        node: NodeProcess | None = None
-        cluster: LocalCluster | None = None
+        stop = None
         try:
-            if nodes > 1:
-                cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=sync)
-                await cluster.start()
-                await cluster.finalize()  # (a stream needs level 5 in a group)
-                url = cluster.url
-            else:
-                node = await NodeProcess(Path(tmp) / "node1", sync=sync).start()
-                url = node.url
+            url, stop = await spawn_target(Path(tmp), nodes, sync)
             async with await client.connect(url, client_name="tandem-bench-replay") as conn:
                 await conn.declare_stream(STREAM, partitions=partitions)
             res.confirmed, took = await publish_ids(url, STREAM, range(count), size, producers, window)
@@ -154,10 +145,8 @@ async def run_tandem(total: int, *, size: int, nodes: int, partitions: int, prod
         except (TandemError, OSError, TimeoutError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if node is not None:
-                await node.stop()
-            if cluster is not None:
-                await cluster.stop()
+            if stop is not None:
+                await stop()
     return res
 
 
