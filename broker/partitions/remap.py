@@ -268,6 +268,10 @@ class Remaps:
         if (mapper or meta.mapper) == "round_robin":
             raise InvalidArgumentError("partition update: the mapper round_robin places messages in turn, not by "
                                        "key: there is nothing to re-map (name a keyed mapper with --mapper)")
+        if meta.type == "stream":
+            raise InvalidArgumentError(f"partition update: {meta.name} is a stream: its messages keep their "
+                                       f"partitions and offsets (readers and their stored offsets count on them); "
+                                       f"partitions added to it take what is published from then on")
         if hops == 0:
             await self._audit(meta)
 
