@@ -26,16 +26,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "make test-long, docs/testing.md); without it, every test but those")
 
 
+#: where the suite's longest tests are (node processes, Spark, the fuzz run, the harness's seeds):
+#: they are handed to the xdist workers first, so that the many short ones fill in at the end
+#: instead of one long test running alone on one worker while the others are done
+HEAVY = ("tests/spark/", "tests/fuzz/", "tests/integration/", "tests/harness/test_group_schedules.py",
+         "tests/webconsole/test_browser.py", "tests/webconsole/test_api_schemathesis.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers (docs/testing.md): ``make test`` runs what is not marked ``long``, ``make
-    test-long`` (``--long``) what is; the other tier's tests are deselected, and counted so."""
+    test-long`` (``--long``) what is; the other tier's tests are deselected, and counted so.
+    Then the heavy tests go first (:data:`HEAVY`; otherwise in collection order)."""
     long = bool(config.getoption("--long"))
     keep, other = [], []
     for item in items:
         (keep if (item.get_closest_marker("long") is not None) == long else other).append(item)
     if other:
         config.hook.pytest_deselected(items=other)
-        items[:] = keep
+    keep.sort(key=lambda item: not item.nodeid.startswith(HEAVY))  # (a stable sort: the order within each part stays)
+    items[:] = keep
 
 
 def pytest_configure(config: pytest.Config) -> None:
