@@ -31,7 +31,12 @@ async def tandem(*args: str, stdin: bytes | None = None, env: dict[str, str] | N
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", *args, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})})
-    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    finally:
+        if proc.returncode is None:  # (timed out, or the test was cancelled: the command must not outlive it)
+            proc.kill()
+            await proc.wait()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
