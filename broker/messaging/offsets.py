@@ -15,13 +15,12 @@ forwarded there.
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 from broker.messaging.forward import Forwarding, OffsetFwd, decode_reply
 from broker.messaging.message import REGISTER
 from broker.messaging.queues import Queue
-from broker.messaging.streams import active_elsewhere
+from broker.messaging.streams import StreamHost, active_elsewhere
 from client.errors import InvalidArgumentError, PartitionNotFoundError
 from storage.base import PutProducer
 
@@ -40,7 +39,7 @@ def _partition(node: Forwarding, queue: str, partition: int, consumer: str) -> Q
     return q
 
 
-async def store_offset(node: Forwarding, queue: str, partition: int, consumer: str, offset: int,
+async def store_offset(node: StreamHost, queue: str, partition: int, consumer: str, offset: int,
                        *, hops: int = 0) -> None:
     """Commit ``offset`` as ``consumer``'s in the partition (on its active)."""
     q = _partition(node, queue, partition, consumer)
@@ -52,19 +51,8 @@ async def store_offset(node: Forwarding, queue: str, partition: int, consumer: s
     if not 0 <= offset <= part.committed_end:
         raise InvalidArgumentError(f"offset {offset}: must be 0..{part.committed_end} (the end of "
                                    f"{queue}/{partition})")
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def committed(err: BaseException | None) -> None:
-        if done.done():
-            return
-        if err is not None:
-            done.set_exception(err)
-        else:
-            done.set_result(None)
-
     generation = part.generation
-    node.commit.propose([PutProducer(q.meta.id, partition, REGISTER + consumer, offset)], committed, durable=True)
-    await done
+    await node.commit_ops((q.meta.id, partition), [PutProducer(q.meta.id, partition, REGISTER + consumer, offset)])
     if part.generation == generation:  # (still served here as it was: the copy in memory follows)
         part.offsets[consumer] = offset
 

@@ -22,7 +22,7 @@ from broker.messaging.queues import Queue
 from client.errors import InvalidArgumentError, PartitionNotFoundError, UnavailableError
 from client.protocol.codec import decode_payload
 from client.protocol.frames import ProducedOk, ReadOk, StreamMessage, expect
-from storage.base import Engine, StoredMessage
+from storage.base import Engine, StoredMessage, WriteOp
 
 MAX_READ_BATCH = 10000  # messages in one stream read
 #: where a read may start instead of an offset ("": at its offset)
@@ -34,6 +34,10 @@ class StreamHost(Forwarding, Protocol):
     def engine(self) -> Engine: ...
     #: held while a look at a producer's messages reads the store (one at a time)
     scans: asyncio.Semaphore
+
+    async def commit_ops(self, key: tuple[int, int], ops: list[WriteOp]) -> None:
+        """Commit a partition's ops as a client's write, and wait for it (a named offset)."""
+        ...
 
 
 async def read_stream(node: StreamHost, queue: str, partition: int, offset: int, max_messages: int,

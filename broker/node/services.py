@@ -101,6 +101,9 @@ class Services:
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None:
         self.store.write_later(ops, callback, lazy=lazy)
 
+    async def commit_ops(self, key: tuple[int, int], ops: list[WriteOp]) -> None:
+        await self.store.commit_ops(key, ops)
+
     def check_disk(self, what: str) -> None:
         self.store.check_disk(what)
 
