@@ -89,7 +89,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "availability_zones",
                 "designated_primary",
                 "join", "seeds",
-                "advertise", "http_port", "producer_expiry", "log_segment_size", "ack_linger", "failback_after",
+                "advertise", "http_port", "producer_expiry", "transaction_timeout", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "compensation", "weak_hold_bytes", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
                 "login_timeout", "max_connections",
@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--producer-expiry", dest="producer_expiry", type=float,
                        help="seconds a producer may stay idle before its sequences are forgotten "
                             "(default 86400: a resend later than that is stored again)")
+    start.add_argument("--transaction-timeout", dest="transaction_timeout", type=float,
+                       help="seconds a transaction may stay open before the partitions it wrote to abort it "
+                            "(default 60)")
     start.add_argument("--disk-free-limit", dest="disk_free_limit", metavar="BYTES",
                        help="the disk alarm: while the data dir's file system has less free space than this "
                             "(a number of bytes, or with a K, M or G suffix) the node refuses publishes and "

@@ -161,6 +161,12 @@ class NodeConfig:
     #: seconds a producer may stay idle before a partition forgets its sequence (a resend after
     #: that is stored again); bounds the state every short-lived producer id leaves behind
     producer_expiry: float = 24 * 3600.0
+    #: seconds a transaction may stay open: a partition holding what one prepared for longer, with
+    #: no outcome decided, aborts it (docs/transactions.md)
+    transaction_timeout: float = 60.0
+    #: seconds a transaction coordinator keeps each outcome it decided, to answer participants
+    #: that ask late (docs/transactions.md, "The outcome history")
+    transaction_history: float = 3600.0
     #: who decides which node may be active in a two-node replicated group: ``majority`` (the
     #: votes, or ``designated_primary``), ``lockfile`` (the holder of ``lockfile``), ``witness``
     #: (a data-less third voter, ``tandem witness start``)
@@ -259,6 +265,11 @@ class NodeConfig:
             raise ConfigError("failback_after: must be 0 (never) .. 86400 seconds")
         if not 1.0 <= self.producer_expiry <= 365 * 24 * 3600:
             raise ConfigError("producer_expiry: must be 1 s .. 365 days")
+        if not 1.0 <= self.transaction_timeout <= 24 * 3600:
+            raise ConfigError("transaction_timeout: must be 1 s .. 1 day")
+        if not self.transaction_timeout * 2 <= self.transaction_history <= 365 * 24 * 3600:
+            raise ConfigError("transaction_history: must be twice transaction_timeout .. 365 days (a decision "
+                              "must outlive every transaction that may ask for it)")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
         if not isinstance(self.max_memory, int) or not (self.max_memory == 0 or self.max_memory >= 1024 * 1024):

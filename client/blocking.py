@@ -66,6 +66,7 @@ from client import tls
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.blocking_exchanges import BlockingExchanges
 from client.blocking_streams import BlockingStreams
+from client.blocking_transactions import BlockingTransactions
 from client.blocking_producer import BlockingProducer
 from client.consumer import DeliveredMessage
 from client.protocol import NEED_DATA, ConnectionEnded, ProtocolConnection, Role
@@ -235,7 +236,7 @@ class BlockingMessage(DeliveredMessage):
         self._settle(lambda rid: Reject(rid=rid, tags=[self._d.tag]))
 
 
-class BlockingConnection(BlockingExchanges, BlockingStreams):
+class BlockingConnection(BlockingExchanges, BlockingStreams, BlockingTransactions):
     def __init__(self, sock: socket.socket, *, timeout: float | None = None) -> None:
         self._sock = sock
         sock.settimeout(timeout)

@@ -44,6 +44,7 @@ from client.errors import (
 from client.link import Subscriber
 from client.exchanges import ExchangeAdmin
 from client.streams import StreamAdmin
+from client.transactions import TransactionAdmin
 from client.management import Management
 from client.producer import Producer
 from client.protocol import NEED_DATA, ConnectionEnded, FrameError, ProtocolConnection, Role
@@ -108,7 +109,7 @@ def _params_dict(p: ConnectParams) -> dict[str, Any]:
     return {k: getattr(p, k) for k in p.__dataclass_fields__}
 
 
-class Connection(Management, ExchangeAdmin, StreamAdmin):
+class Connection(Management, ExchangeAdmin, StreamAdmin, TransactionAdmin):
     def __init__(self, params: ConnectParams, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.params = params
         self.clock = clock

@@ -48,6 +48,8 @@ class ErrorCode(IntEnum):
     EXCHANGE_NOT_FOUND = 312
     EXCHANGE_EXISTS_DIFFERENT = 313
     NO_ROUTE = 314
+    PRODUCER_FENCED = 315
+    TRANSACTION_ABORTED = 316
     # 4xx: storage
     STORAGE_ERROR = 400
     # 5xx: availability / HA
@@ -275,6 +277,22 @@ class OutOfOrderSequenceError(TandemError):
         self.next_seq = next_seq
 
 
+class ProducerFencedError(TandemError):
+    """A transactional producer's commit was refused: another instance with the same
+    transactional id started since (its epoch is newer).  What the transaction prepared is
+    aborted; this instance should stop."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+class TransactionAbortedError(TandemError):
+    """A commit found its transaction aborted (it outlived ``transaction_timeout``, or a link
+    it used closed before the commit): none of its publishes and acks took effect.  Run it
+    again."""
+
+    code = ErrorCode.TRANSACTION_ABORTED
+
+
 class ConsumerCancelledError(TandemError):
     """The broker ended this consumer (its queue was deleted)."""
 
@@ -381,8 +399,8 @@ for _cls in [
     UnsupportedProtocolError, HeartbeatTimeoutError, AuthError, AccessRefusedError, LoginThrottledError,
     QueueNotFoundError, QueueExistsError, MessageTooLargeError, QueueFullError, TooManyConnectionsError,
     PrefetchTooLargeError, ExchangeNotFoundError, ExchangeExistsError, UnroutableError,
-    UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError,
-    ConsumerNotFoundError, ConsumerCancelledError, OutOfOrderSequenceError, StorageError, NotActiveError, ShuttingDownError,
+    UnknownDeliveryTagError, InvalidArgumentError, PartitionNotFoundError, ProducerFencedError,
+    TransactionAbortedError, ConsumerNotFoundError, ConsumerCancelledError, OutOfOrderSequenceError, StorageError, NotActiveError, ShuttingDownError,
     UnavailableError, ConnectionClosedError, TimeoutError_,
 ]:
     _BY_CODE[int(_cls.code)] = _cls

@@ -38,7 +38,6 @@ import datetime as dt
 import json
 import logging
 import os
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +58,8 @@ from pyspark.sql.types import StructType
 from client import blocking
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.errors import InvalidArgumentError, TandemError, UnavailableError
-from client.protocol.frames import PublishMessage
 from client.spark_options import Conf, group_url
+from client.spark_sink import TandemStreamWriter, TandemWriter
 from client.url import parse_url
 
 log = logging.getLogger("tandem.spark")
@@ -68,8 +67,6 @@ log = logging.getLogger("tandem.spark")
 SCHEMA = ("queue string, partition int, offset long, key string, headers map<string,string>, body binary, "
           "timestamp timestamp")
 READ_BATCH = 1000
-WRITE_BATCH = 500
-WRITE_BATCH_BYTES = 4 * 1024 * 1024  # well under a node's default max_frame_size (8 MiB)
 READ_PATIENCE = 120.0  # seconds a read waits for a partition's active (an election, a failover)
 
 
@@ -402,91 +399,3 @@ class TandemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         log.debug("tandem source committed %s", end)
-
-
-# -- the sink ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class SinkCommit(WriterCommitMessage):
-    partition: int
-    confirmed: int
-    duplicates: int
-
-
-class TandemWriter(DataSourceWriter):
-    def __init__(self, conf: Conf, schema: StructType) -> None:
-        self.conf = conf
-        from pyspark.sql.types import BinaryType, MapType, StringType
-
-        types = {f.name: f.dataType for f in schema.fields}
-        if not isinstance(types.get("body"), (BinaryType, StringType)):
-            raise InvalidArgumentError("the rows to write need a body column of type binary or string "
-                                       f"(got {types.get('body')}); key (string) and headers (map<string,string>) "
-                                       "are optional")
-        if "key" in types and not isinstance(types["key"], StringType):
-            raise InvalidArgumentError(f"column key must be a string (got {types['key']}): cast it")
-        if "headers" in types and not (isinstance(types["headers"], MapType)
-                                       and isinstance(types["headers"].keyType, StringType)
-                                       and isinstance(types["headers"].valueType, StringType)):
-            raise InvalidArgumentError(f"column headers must be map<string,string> (got {types['headers']})")
-        self.has_key, self.has_headers = "key" in types, "headers" in types
-        # one id per write job (made here, on the driver, and pickled to every task): with the
-        # task's stage and partition it names the task's producer, the same for each attempt
-        self.run_id = uuid.uuid4().hex[:12]
-
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        stage, part, attempt = (ctx.stageId(), ctx.partitionId(), ctx.attemptNumber()) if ctx is not None \
-            else (0, 0, 0)
-        # One producer per task attempt: a retried task sends its rows again (at least once).
-        # Keying the producer on the task alone would let the broker drop a retry's rows as
-        # resends whenever the retry sees its rows in another order (after a shuffle).
-        producer_id = f"spark-{self.run_id}-{stage}-{part}-{attempt}"
-        conn = blocking.connect(self.conf.url, client_name="tandem-spark-sink", timeout=60)
-        confirmed = duplicates = 0
-        try:
-            batch: list[PublishMessage] = []
-            size = 0
-            for seq, row in enumerate(iterator):
-                body = row["body"]
-                if body is None:
-                    raise InvalidArgumentError("a row's body is null")
-                data = body.encode() if isinstance(body, str) else bytes(body)
-                key = row["key"] if self.has_key else None
-                headers = dict(row["headers"] or {}) if self.has_headers else {}
-                msize = len(data) + 64 + (len(key) if key else 0) + sum(len(k) + len(v) + 10
-                                                                        for k, v in headers.items())
-                if batch and (len(batch) >= WRITE_BATCH or size + msize > WRITE_BATCH_BYTES):
-                    ok = conn.publish(self.conf.queue, batch, producer_id)
-                    confirmed, duplicates, batch, size = confirmed + len(batch), duplicates + ok.duplicates, [], 0
-                batch.append(PublishMessage(None if key is None else str(key), headers, data, seq))
-                size += msize
-            if batch:
-                ok = conn.publish(self.conf.queue, batch, producer_id)
-                confirmed, duplicates = confirmed + len(batch), duplicates + ok.duplicates
-        finally:
-            conn.close()
-        return SinkCommit(part, confirmed, duplicates)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        done = [m for m in messages if isinstance(m, SinkCommit)]
-        log.info("tandem sink: %d messages confirmed on %s by %d tasks (%d confirmed again: retries)",
-                 sum(m.confirmed for m in done), self.conf.queue, len(done), sum(m.duplicates for m in done))
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        done = [m for m in messages if isinstance(m, SinkCommit)]
-        log.warning("tandem sink aborted: %d messages were confirmed on %s before the failure (they stay)",
-                    sum(m.confirmed for m in done), self.conf.queue)
-
-
-class TandemStreamWriter(TandemWriter, DataSourceStreamWriter):
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        done = [m for m in messages if isinstance(m, SinkCommit)]
-        log.info("tandem sink, batch %d: %d messages confirmed on %s", batchId, sum(m.confirmed for m in done),
-                 self.conf.queue)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        log.warning("tandem sink, batch %d aborted", batchId)

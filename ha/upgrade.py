@@ -30,6 +30,8 @@ LEVELS: Mapping[int, str] = {
        "catalogue snapshot's exchanges and bindings: version 2 of its layout)",
     5: "streams: a queue of type stream with its retention (max_age, max_bytes: version 3 of a queue's record "
        "and row) and the partition log's TRIM op",
+    6: "transactions: the registers of a transaction's coordinator and of what it prepared in a partition "
+       "(producer-table entries starting ~tx), whose messages a member of an older build would deliver",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

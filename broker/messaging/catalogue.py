@@ -94,6 +94,10 @@ OVERFLOW_LEVEL = 3
 
 #: the feature level a stream (type, max_age, max_bytes) needs
 STREAM_LEVEL = 5
+#: transactions: registers in the partitions they write to, held messages (broker.messaging.prepared)
+TX_LEVEL = 6
+#: the queue whose partitions coordinate transactions (broker.transactions.coordinator)
+COORDINATOR_QUEUE = "tandem.transactions"
 
 
 def needs_overflow_level(meta: QueueMeta | Declare) -> bool:
@@ -245,6 +249,7 @@ class Catalogue:
             self.next_id += 1
             if not commit.catalogue_log:
                 need = STREAM_LEVEL if meta.type != "classic" else OVERFLOW_LEVEL if needs_overflow_level(meta) else 0
+                need = TX_LEVEL if meta.name == COORDINATOR_QUEUE else need
                 if need and self.placing is not None and node.config.mode != "shared":
                     # a single node raises its own level (it has no member to wait for): an older build
                     # then refuses its store instead of reading its queues without their overflow or type

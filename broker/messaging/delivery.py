@@ -233,6 +233,13 @@ class Delivery:
         c.queue.unacked_count -= 1
         self.schedule(c.queue)
 
+    def release_slots(self, settled: list[Held]) -> None:
+        """The consumers no longer hold these deliveries, a transaction does (broker.messaging.prepared):
+        their prefetch slots are free, and the queue counts them unacked until its outcome."""
+        for c, _m in settled:
+            c.unacked -= 1
+            self.schedule(c.queue)
+
     def ack(self, settled: list[Held]) -> None:
         offsets: dict[tuple[Queue, int], list[int]] = {}
         for c, m in settled:

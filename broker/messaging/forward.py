@@ -75,6 +75,8 @@ class ForwardKind(IntEnum):
     TOPOLOGY = 31
     PUBLISH_ROUTED = 32
     OFFSET = 33
+    TX = 34
+    TX_RESOLVE = 35
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,13 +450,45 @@ RELAY_KINDS = frozenset({ForwardKind.RELAY_SUBSCRIBE, ForwardKind.RELAY_DELIVER,
                          ForwardKind.RELAY_CANCEL, ForwardKind.RELAY_RELEASE, ForwardKind.RELAY_GET})
 
 
+class TxOp(IntEnum):
+    INIT = 1
+    DECIDE = 2
+    STATUS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TxFwd(ForwardRequest):
+    """A request for a transactional producer's coordinator partition's active
+    (broker.transactions.coordinator): ``op`` INIT (``name``: the transactional id; reply
+    ``[epoch, last batch + 1]``), DECIDE (``name``: the transaction id, ``commit`` 0 or 1,
+    ``batch`` + 1; reply ``[committed, written]``) or STATUS (reply: 0, 1 commit, 2 abort)."""
+    KIND = ForwardKind.TX
+    hops: int
+    op: int
+    name: str
+    commit: int = 0
+    batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TxResolveFwd(ForwardRequest):
+    """A transaction's outcome (1 commit, 2 abort) for a partition's active that holds what it
+    prepared (broker.transactions.resolve).  Reply: nil."""
+    KIND = ForwardKind.TX_RESOLVE
+    hops: int
+    queue: str
+    partition: int
+    txid: str
+    outcome: int
+
+
 REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
     cls.KIND: cls for cls in (PublishFwd, DeclareFwd, DeleteFwd, CatalogueFwd, StatusFwd, PartitionStatsFwd,
                               QueueStatsFwd, OptionFwd, ReadFwd, DepthFwd, PurgeFwd, UserPutFwd, UserDropFwd,
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
                               MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd, RelaySubscribeFwd, RelayDeliverFwd,
                               RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd, TopologyFwd,
-                              RoutedFwd, OffsetFwd)
+                              RoutedFwd, OffsetFwd, TxFwd, TxResolveFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

@@ -106,10 +106,23 @@ def held_cost(m: Msg) -> int:
     return len(m.body) + len(m.headers_blob) + MSG_MEMORY
 
 
+class PreparedTx:
+    """One transaction's part in one partition, on the partition's active (broker.messaging.prepared)."""
+
+    __slots__ = ("since", "msgs", "acked")
+
+    def __init__(self, since: float) -> None:
+        #: since when (monotonic): a transaction in doubt for long asks its coordinator
+        self.since = since
+        self.msgs: list[Msg] = []  # the messages it published here
+        self.acked: list[Msg] = []  # the deliveries it acked here
+
+
 class Partition:
     __slots__ = ("index", "ready", "next_offset", "committed_end", "marked_upto", "producers",
                  "committed_producers", "gaps", "producer_used", "seen", "filling", "held", "cold_start", "cold_end",
-                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation", "delayed", "offsets")
+                 "cold_count", "cold_bytes", "cold_mark", "reading", "epoch", "generation", "delayed", "offsets",
+                 "registers", "txs", "tx_offsets")
 
     def __init__(self, index: int, next_offset: int = 0) -> None:
         self.index = index
@@ -149,6 +162,14 @@ class Partition:
         self.filling: dict[str, set[int]] = {}
         #: a stream's named consumers -> the offset each stored (committed; broker.messaging.offsets)
         self.offsets: dict[str, int] = {}
+        #: the other registers of its producer table (committed): a transaction coordinator's
+        #: epochs and decisions, the writes transactions prepared here (broker.transactions.ids)
+        self.registers: dict[str, int] = {}
+        #: the transactions in doubt here (on its active), by id (broker.messaging.prepared)
+        self.txs: dict[str, PreparedTx] = {}
+        #: offsets of messages not loaded yet that a transaction in doubt holds -> its id ("!" + id:
+        #: a delivery it acked)
+        self.tx_offsets: dict[int, str] = {}
 
     def requeue(self, msgs: list[Msg]) -> None:
         """Put ``msgs`` back at their offset positions (usually all before the ready ones).
@@ -166,22 +187,28 @@ class Partition:
             self.ready = deque(heapq.merge(ready, msgs, key=_offset))
 
 
-#: a stream's named consumer keeps its offset in the partition's producer table (replicated,
-#: stored and snapshotted with it) under this prefix and its name: a producer id a publish may
-#: not take (broker.messaging.offsets)
+#: a producer-table entry whose id starts with this is a *register*, not a producer: state the
+#: partition's log keeps (replicated, stored and snapshotted with the producers), which a publish
+#: may not use as its producer id and producer expiry never drops
+REGISTERS = "~"
+#: a stream's named consumer keeps its offset under this prefix and its name
+#: (broker.messaging.offsets)
 REGISTER = "~offset:"
 
 
-def split_registers(stored: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """A partition's stored producer table as (producers, named consumers' offsets)."""
+def split_registers(stored: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """A partition's stored producer table as (producers, named consumers' offsets, other registers)."""
     producers: dict[str, int] = {}
     offsets: dict[str, int] = {}
+    registers: dict[str, int] = {}
     for pid, value in stored.items():
-        if pid.startswith(REGISTER):
+        if not pid.startswith(REGISTERS):
+            producers[pid] = value
+        elif pid.startswith(REGISTER):
             offsets[pid[len(REGISTER):]] = value
         else:
-            producers[pid] = value
-    return producers, offsets
+            registers[pid] = value
+    return producers, offsets, registers
 
 
 def _offset(m: Msg) -> int:

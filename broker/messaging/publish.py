@@ -35,10 +35,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.messaging import limits, sequences, timing
+from broker.messaging import limits, prepared, sequences, timing
 from broker.messaging.forward import MAX_HOPS, Forwarding, PublishFwd, decode_reply
 from broker.messaging.outcome import Outcome, Reply
-from broker.messaging.message import Msg, encode_headers
+from broker.messaging.message import Msg, PreparedTx, encode_headers
 from broker.messaging.queues import Queue
 from client.clock import Clock
 from client.errors import (InvalidArgumentError, MessageTooLargeError, NotActiveError,
@@ -61,6 +61,9 @@ class PublishRequest:
     dense: bool = False
     #: how often this batch was forwarded already
     hops: int = 0
+    #: the transaction it is part of ("": none): stored and held aside until its outcome
+    #: (broker.messaging.prepared)
+    tx: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ class Publisher:
         if not batch.by_part:
             result.set_result(PublishResult(0, batch.duplicates, self._last_seq(q, req)))
             return
-        ops = self._to_ops(q, batch, req.dense)
+        ops = self._to_ops(q, batch, req.dense, req.tx)
         self._commit(q, req, batch, ops, result)
 
     # -- 1. route -------------------------------------------------------------------------------
@@ -191,6 +194,9 @@ class Publisher:
             if len(m.body) > limit:
                 raise MessageTooLargeError(f"message of {len(m.body)} bytes exceeds max_message_size {limit}")
         pid = req.producer_id
+        if req.tx and q.stream:
+            raise InvalidArgumentError(f"queue {q.name!r} is a stream: a transaction may not publish to one "
+                                       f"(its readers read by offset, with no outcome to wait for)")
         if timing.timed(req.messages):
             timing.check(req.messages, self.node.clock.time())
             self.node.require_level(3, "delayed and expiring messages (x-delay, x-deliver-at, expiration) need")
@@ -246,9 +252,12 @@ class Publisher:
     # -- 4. to ops ------------------------------------------------------------------------------
 
     @staticmethod
-    def _to_ops(q: Queue, batch: _Assigned, dense: bool) -> list[WriteOp]:
+    def _to_ops(q: Queue, batch: _Assigned, dense: bool, tx: str) -> list[WriteOp]:
         parts, qid = q.partitions, q.meta.id
         ops: list[WriteOp] = [Append(qid, pidx, msgs, parts[pidx].next_offset) for pidx, msgs in batch.by_part.items()]
+        if tx:  # (held aside until the transaction's outcome: nothing to mark delivered)
+            ops.extend(PutProducer(qid, pidx, prepared.prepared_register(tx, msgs[0].offset), len(msgs))
+                       for pidx, msgs in batch.by_part.items())
         # The producer's last seq held here, not the batch's: a batch that came after a later one
         # leaves it where it is.  (A batch numbered per partition comes in order: the replicas
         # need not learn its seqs.)
@@ -257,7 +266,7 @@ class Publisher:
         # With consumers waiting these messages are about to go out: mark them delivered in
         # this same commit.  (If they wait instead, a crash counts one delivery too many: the
         # safe direction.)
-        if q.consumers:
+        if q.consumers and not tx:
             batch.premark = {pidx: parts[pidx].next_offset for pidx in batch.by_part}
             ops.extend(MarkDelivered(qid, pidx, upto) for pidx, upto in batch.premark.items())
         q.published += batch.stored
@@ -275,11 +284,14 @@ class Publisher:
             if err is not None:
                 self._failed(q, req, batch, err, result)
                 return
-            self._confirm(q, batch, ready=policy is not DurabilityPolicy.NO_SYNC)
-            if policy is not DurabilityPolicy.NO_SYNC and not result.done():
+            if req.tx:
+                self._prepared(q, batch, req.tx)
+            else:
+                self._confirm(q, batch, ready=policy is not DurabilityPolicy.NO_SYNC)
+            if (policy is not DurabilityPolicy.NO_SYNC or req.tx) and not result.done():
                 result.set_result(PublishResult(batch.stored, batch.duplicates, self._last_seq(q, req)))
 
-        if policy is DurabilityPolicy.NO_SYNC:
+        if policy is DurabilityPolicy.NO_SYNC and not req.tx:
             node.delivery.make_ready(q, batch.by_part)
             commit.propose(ops, committed)
             result.set_result(PublishResult(batch.stored, batch.duplicates, self._last_seq(q, req)))
@@ -297,6 +309,21 @@ class Publisher:
             q.pending_count -= batch.stored
             if not q.deleted:
                 self.node.delivery.make_ready(q, batch.by_part)
+        q.mark_committed(batch.by_part)
+
+    def _prepared(self, q: Queue, batch: _Assigned, tx: str) -> None:
+        """A transaction's messages are stored: held aside, counted as pending, until its outcome."""
+        parts = q.partitions
+        for (pidx, pid), seqs in batch.seqs_of.items():
+            sequences.committed(parts[pidx], pid, seqs)
+        now = self.node.clock.monotonic()
+        for pidx, msgs in batch.by_part.items():
+            part = parts[pidx]
+            held = part.txs.get(tx)
+            if held is None:
+                held = part.txs[tx] = PreparedTx(now)
+            held.msgs.extend(msgs)
+            part.registers[prepared.prepared_register(tx, msgs[0].offset)] = len(msgs)
         q.mark_committed(batch.by_part)
 
     def _failed(self, q: Queue, req: PublishRequest, batch: _Assigned, err: BaseException,
@@ -354,7 +381,7 @@ class Publisher:
         commit, clock = node.commit, node.clock
         deadline = clock.monotonic() + node.election_wait
         frame = Publish(rid=0, queue=q.name, messages=req.messages, producer_id=req.producer_id,
-                        partition=pidx if req.dense else None)
+                        partition=pidx if req.dense else None, tx=req.tx)
         hops = req.hops + 1
         if hops > MAX_HOPS:
             # (at once: waiting here changes nothing, the members it passed wait and retry)

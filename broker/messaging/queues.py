@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from broker.messaging import prepared
 from broker.messaging.mapper import DataMapper, queue_mapper
 from broker.messaging.message import (MESSAGE_OVERHEAD, MemoryBudget, Msg, Partition, decode_headers, held_cost,
                                       msg_from_store, split_registers)
@@ -119,22 +120,26 @@ class Queue:
         self.mapper = queue_mapper(meta.name, meta.mapper, meta.partitions, meta.ring_size)
 
     def load_partition(self, pidx: int, st: PartitionState, *, messages: bool = True,
-                       windows: Mapping[str, Window] | None = None) -> None:
+                       windows: Mapping[str, Window] | None = None, ready: list[Msg] | None = None) -> None:
         """The partition as the store has it (at start, or when this node becomes its active):
         offsets, producer sequences (and the seqs ``windows`` has of each:
         broker.messaging.sequences) and, with ``messages``, its ready messages (those past the
-        memory budget as a cold region)."""
+        memory budget as a cold region; ``ready``: ``st.messages`` made into messages already,
+        off the loop)."""
         part = self.partitions[pidx]
         self.clear_partition(pidx)
         part.next_offset = part.committed_end = st.next_offset
         part.marked_upto = part.cold_mark = st.delivered_upto
-        producers, part.offsets = split_registers(st.producers)
+        producers, part.offsets, part.registers = split_registers(st.producers)
+        if prepared.index(part, self.monotonic()):  # (transactions in doubt: their messages stay aside)
+            self.pending_count += prepared.held(part)
+            self.unacked_count += prepared.held_acks(part)
         part.producers = dict(producers)
         part.committed_producers = producers
         if windows:
             part.seen = {pid: w.copy() for pid, w in windows.items()}
         if messages and not self.stream:  # (a stream's messages are read from the store, never held)
-            self.add_ready(part, [msg_from_store(pidx, m) for m in st.messages])
+            self.add_ready(part, ready if ready is not None else [msg_from_store(pidx, m) for m in st.messages])
             st.messages = []
             if st.cold_count:
                 self._extend_cold(part, st.cold_start, st.cold_end, st.cold_count, st.cold_bytes)
@@ -157,6 +162,12 @@ class Queue:
         part.seen = {}
         part.producer_used = {}
         part.offsets = {}
+        # (what transactions in doubt hold is counted while their registers are: broker.messaging.prepared)
+        self.pending_count -= prepared.held(part)
+        self.unacked_count -= prepared.held_acks(part)
+        part.txs = {}
+        part.tx_offsets = {}
+        part.registers = {}
 
     def release(self) -> None:
         """The queue is deleted: give its memory back to the budget."""
@@ -444,7 +455,10 @@ class Queue:
     # -- time: delayed and expiring messages (broker.messaging.timing) ----------------------------
 
     def _divert(self, part: Partition, msgs: list[Msg]) -> list[Msg]:
-        """Put the messages not due yet aside (``part.delayed``); the others."""
+        """Put aside the messages a transaction in doubt holds (``part.txs``: broker.messaging.prepared)
+        and those not due yet (``part.delayed``); the others."""
+        if part.tx_offsets:
+            msgs = prepared.divert(part, msgs)
         if not any(m.due or m.expires for m in msgs):
             return msgs
         now, out = self.now(), []

@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
+from broker.messaging import prepared
 from broker.messaging.forward import MAX_HOPS, Forwarding, ProducedFwd, ReadFwd, decode_reply, pack_reply
 from broker.messaging.message import ID_HEADER, MESSAGE_OVERHEAD, decode_headers
 from broker.messaging.queues import Queue
@@ -76,9 +77,12 @@ async def read_stream(node: StreamHost, queue: str, partition: int, offset: int,
     full = len(rows) == max_messages
     budget = node.config.max_frame_size - 4096
     msgs: list[StreamMessage] = []
+    hidden = prepared.in_doubt(part) if part.registers else frozenset()  # (read committed)
     for r in rows:
         if r.offset >= end:
             break
+        if r.offset in hidden:
+            continue
         budget -= len(r.body) + len(r.headers_blob) + len(r.key or "") + MESSAGE_OVERHEAD
         if msgs and budget < 0:
             full = True  # the frame is full: the reader continues after the last one sent

@@ -61,7 +61,7 @@ class ForwardHandlers:
         self.state, self.options, self.report, self.changes = state, options, report, changes
         self.streams, self.publisher, self.security = streams, publisher, security
         self.drains, self.moves, self.remaps, self.restores = ops.drains, ops.moves, ops.remaps, ops.restores
-        self.levels = ops.levels
+        self.levels, self.transactions = ops.levels, ops.transactions
         self.table: dict[ForwardKind, Handler] = {
             ForwardKind.PUBLISH: self._publish,
             ForwardKind.DECLARE: self._declare,
@@ -90,6 +90,8 @@ class ForwardHandlers:
             ForwardKind.UPGRADE: self._upgrade,
             ForwardKind.TOPOLOGY: lambda req: self.topology.forwarded(req),
             ForwardKind.PUBLISH_ROUTED: lambda req: self.router.forwarded(req),
+            ForwardKind.TX: lambda req: self.transactions.forwarded(req),
+            ForwardKind.TX_RESOLVE: lambda req: self.transactions.forwarded(req),
         }
 
     async def handle(self, link: Link, kind: int, payload: bytes) -> bytes:
@@ -102,7 +104,7 @@ class ForwardHandlers:
         frame = expect(decode_payload(req.frame), Publish)
         r = await self.publisher.publish(PublishRequest(
             frame.queue, frame.producer_id, frame.messages, partition=req.partition,
-            dense=frame.partition is not None, hops=max(1, req.hops)))
+            dense=frame.partition is not None, hops=max(1, req.hops), tx=frame.tx))
         return pack_reply([r.stored, r.duplicates, r.last_seq])
 
     async def _declare(self, req: DeclareFwd) -> bytes:

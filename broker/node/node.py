@@ -1,11 +1,10 @@
 """A Tandem node: its parts made and wired together, started and stopped.
 
-Each part takes the narrow interface it needs (a typing Protocol), never the node: the store
-(:mod:`broker.node.store`), the catalogue and the message path (:mod:`broker.messaging`), the
-client sessions (:mod:`broker.sessions`), the group's operations (:mod:`broker.partitions`), the
-HA mode (:mod:`broker.modes`) and the peer links (:mod:`broker.peers`).  What the subsystems ask
-of the node is answered by :class:`~broker.node.services.Services`; the console and the operator
-tools are built on top, at the entry point (``broker.cli``).
+Each part takes the narrow interface it needs (a typing Protocol), never the node: the store,
+the catalogue and message path (:mod:`broker.messaging`), the client sessions, the group's
+operations (:mod:`broker.partitions`, :mod:`broker.transactions`), the HA mode and the peer links.
+What the subsystems ask of the node is answered by :class:`~broker.node.services.Services`; the
+console and the operator tools are built on top, at the entry point (``broker.cli``).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from broker.sessions.maps import PartitionMaps
 from broker.sessions.relay import Relays
 from broker.sessions.relayed import Relayed
 from broker.sessions.status import StatusRequests
+from broker.sessions.transactions import TransactionRequests
 from broker.sessions.users import UserRequests
 from broker.node import recovery
 from broker.node.shared import SharedNode, check_admin_password, close_sessions, node_stamp, seed_admin
@@ -79,8 +79,7 @@ class Node:
         check_compensation(config)
         self.clock, self._transport = clock, transport  # (the peer links': broker/peers/transport.py)
         self.sessions: set[Session] = set()
-        self.stopping = False
-        self.stopped = asyncio.Event()
+        self.stopping, self.stopped = False, asyncio.Event()
         self.address: tuple[str, int] = (config.host, config.port)
         self.console: Console | None = None
         self._console_factory = console
@@ -145,10 +144,10 @@ class Node:
         #: what each client session is handed (broker.sessions): the parts its shell calls, the request handlers
         self._session_parts = SessionParts(svc, self.guard, self.security, self.delivery, requests(
             Messaging(svc, streams=svc, delivery=self.delivery, publisher=self.publisher, relays=self.relays,
-                      router=self._router, topology=ops.topology),
+                      router=self._router, topology=ops.topology, transactions=ops.transactions),
             Admin(self.options, report=self.report, changes=self.placing, drains=ops.drains, moves=ops.moves,
                   remaps=ops.remaps, levels=ops.levels),
-            UserRequests(svc, self.security),
+            UserRequests(svc, self.security), TransactionRequests(svc, ops.transactions),
             StatusRequests(report=self.report, changes=self.placing, maps=self.maps)))
         self._peer_side = PeerSide(lambda: self.config, clock, self.store, self.ha, catalogue=self.catalogue,
                                    delivery=self.delivery, client_address=lambda: self.client_address,
@@ -370,6 +369,7 @@ class Node:
             self.maps.forget(session)
             self.relays.release(session)
             self.delivery.release(session)
+            self.ops.transactions.ended(session.txs)
 
     # -- what the replication driver tells the node ---------------------------------------
 

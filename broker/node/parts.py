@@ -34,6 +34,7 @@ from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
 from broker.partitions.unused import UnusedQueues
 from broker.messaging.retention import Retention
+from broker.transactions.service import Transactions
 from broker.peers.host import NoReceiver, Receiving
 from broker.peers.links import Link
 from broker.sessions.status import HaReport, HasUrl, NodeEvent
@@ -90,10 +91,11 @@ class PartitionOps:
     unused: UnusedQueues  # queues deleted once unused for their expires
     retention: Retention  # streams' old chunks dropped (max_age, max_bytes)
     topology: Topology  # the exchanges and bindings (tandem exchange ...)
+    transactions: Transactions  # coordinator and participant partitions served here, ends of transactions
 
-    def timers(self) -> tuple[UnusedQueues, Retention]:
+    def timers(self) -> tuple[UnusedQueues, Retention, Transactions]:
         """The operations that run over time (the node runs each ``run()``)."""
-        return self.unused, self.retention
+        return self.unused, self.retention, self.transactions
 
     @classmethod
     def made(cls, svc: Any, config: NodeConfig, placing: GroupPlacement, holding: Holding, publisher: Publisher,
@@ -109,7 +111,8 @@ class PartitionOps:
                    levels=levels, unused=UnusedQueues(svc),
                    retention=Retention(lambda: svc.catalogue.queues, holding.serves, svc, svc.clock),
                    topology=Topology(svc, lambda: svc.catalogue.queues.keys(), levels,
-                                     shared=lambda: svc.config.mode == "shared"))
+                                     shared=lambda: svc.config.mode == "shared"),
+                   transactions=Transactions(svc))
 
 
 class Report:

@@ -31,6 +31,7 @@ from broker.security.acl import AclTable
 from broker.security.users import UserRegistry
 from client.clock import Clock
 from client.errors import InvalidArgumentError, NotActiveError, UnavailableError
+from client.protocol.frames import Declare, QueueInfo
 from ha.membership import QuorumState
 from storage.base import Engine, WriteOp
 from storage.writer import Callback
@@ -224,6 +225,10 @@ class Services:
         if rep is None:
             return ()
         return [a for p in range(q.meta.partitions) if (a := rep.active_of((q.meta.id, p)))]
+
+    async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
+        """Declare a queue of the node's own (``tandem.transactions``)."""
+        return await self.catalogue.declare(frame)
 
     def require_level(self, level: int, what: str) -> None:
         self.catalogue.require_level(level, what)

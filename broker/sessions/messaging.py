@@ -21,6 +21,8 @@ from broker.messaging.message import Msg
 from broker.messaging.message import REGISTER
 from broker.messaging.queues import Consumer, Queue, Recipient
 from broker.messaging.offsets import fetch_offset, store_offset
+from broker.sessions.transactions import check_tx
+from broker.transactions.service import Transactions
 from broker.messaging.streams import StreamHost, produced, read_stream
 from broker.partitions.quarantine import refuse_client_write
 from broker.security.acl import AclTable
@@ -63,6 +65,9 @@ class Consuming(Recipient, Protocol):
         """This connection's next delivery tag."""
         ...
 
+    #: the transactions it wrote in and did not end -> the partitions (broker.sessions.transactions)
+    txs: dict[str, set[tuple[str, int]]]
+
 
 class MessagingHost(Protocol):
     """What the messaging requests use of their node: its queues and who may use them."""
@@ -86,9 +91,10 @@ class Messaging:
     (broker.messaging.streams)."""
 
     def __init__(self, node: MessagingHost, *, streams: StreamHost, delivery: _delivery.Delivery,
-                 publisher: Publisher, relays: Relays, router: Router, topology: Topology) -> None:
+                 publisher: Publisher, relays: Relays, router: Router, topology: Topology,
+                 transactions: Transactions) -> None:
         self.node, self.streams, self.delivery, self.publisher = node, streams, delivery, publisher
-        self.relays, self.router = relays, router
+        self.relays, self.router, self.transactions = relays, router, transactions
         self.exchanges = Exchanges(node, topology)
 
     def handlers(self) -> Mapping[type[Frame], Handler[Consuming]]:
@@ -135,6 +141,10 @@ class Messaging:
         if f.producer_id is not None and f.producer_id.startswith(REGISTER):
             raise InvalidArgumentError(f"producer_id {f.producer_id!r}: ids starting {REGISTER!r} are the broker's "
                                        f"(a stream's named consumers)")
+        if f.tx:
+            if f.exchange is not None:
+                raise InvalidArgumentError("a transaction publishes to queues, not to an exchange")
+            check_tx(s, user, f.tx).add((f.queue, -1 if f.partition is None else f.partition))
         if f.exchange is not None:
             if f.exchange:
                 self._may(user, "produce", f.exchange, "publish")
@@ -148,7 +158,8 @@ class Messaging:
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")
         self.publisher.publish_to(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
-                                                 dense=f.partition is not None), _PublishReply(s, f.rid, self.publisher))
+                                                 dense=f.partition is not None, tx=f.tx),
+                                  _PublishReply(s, f.rid, self.publisher))
 
     # -- consumers and deliveries ---------------------------------------------------------------------
 
@@ -192,6 +203,9 @@ class Messaging:
             s.send_in_order(GetOk(rid=f.rid, message=d))
 
     async def ack(self, s: Consuming, user: UserRecord, f: Ack) -> None:
+        if f.tx:
+            await self._ack_in(s, user, f)
+            return
         settled, unknown = self._settle(s, f.tags, f.multiple, "ack")
         self.delivery.ack(settled)
         _settled(s, f.rid, unknown)
@@ -209,6 +223,27 @@ class Messaging:
         settled, unknown = self._settle(s, f.tags, f.multiple, "reject")
         self.delivery.dead_letter(settled, "rejected")
         _settled(s, f.rid, unknown)
+
+    async def _ack_in(self, s: Consuming, user: UserRecord, f: Ack) -> None:
+        """Acks in a transaction: the deliveries are held by it (broker.transactions.participant)."""
+        parts = check_tx(s, user, f.tx)
+        relayed = self.relays.held(s)
+        if relayed and (f.multiple or relayed.intersection(f.tags)):
+            raise InvalidArgumentError(
+                "an ack in a transaction settles deliveries from the partition's active: some of these came "
+                "relayed through this member (connect to the group with the durable connection, which consumes "
+                "from each partition's active)")
+        unknown = [] if f.multiple else [t for t in f.tags if t not in s.deliveries]
+        if unknown:
+            _settled(s, f.rid, unknown)  # (refused whole: nothing is taken)
+            return
+        settled, unknown = _settle(s, f.tags, f.multiple)
+        if unknown:
+            _settled(s, f.rid, unknown)
+            return
+        parts.update((c.queue.name, m.partition) for c, m in settled)
+        await self.transactions.participants.hold_acks(f.tx, settled, self.delivery.release_slots)
+        s.send(Ok(rid=f.rid))
 
     def _settle(self, s: Consuming, tags: list[int], multiple: bool,
                 action: str) -> tuple[list[tuple[Consumer, Msg]], list[int]]:

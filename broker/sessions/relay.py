@@ -246,6 +246,11 @@ class Relays:
         r.s.send_in_order(Deliver(consumer=req.consumer, messages=frame.messages))
         return b""
 
+    def held(self, s: Relaying) -> set[int]:
+        """The session's delivery tags of relayed deliveries (held on other members)."""
+        r = self._of.get(s)
+        return set(r.tags) if r is not None else set()
+
     def settle(self, s: Relaying, tags: list[int], multiple: bool, action: str) -> set[int]:
         """Forward the settlement of the relayed ones among ``tags`` (``multiple``: every relayed tag
         up to the highest) to the members holding them; the tags it took."""

@@ -131,6 +131,7 @@ class Session:
         self.observer = False  # a status-only session on a node that serves nothing
         self.consumers: dict[int, Consumer] = {}
         self.deliveries: dict[int, tuple[Consumer, Msg]] = {}
+        self.txs: dict[str, set[tuple[str, int]]] = {}  # its transactions not ended (broker.sessions.transactions)
         self._next_tag = 1
         cfg = node.config
         self.heartbeat = cfg.client_heartbeat

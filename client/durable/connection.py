@@ -14,6 +14,7 @@ from client.durable.exchange import DurableExchangeProducer
 from client.durable.links import DurableLinks
 from client.durable.producer import DurableProducer
 from client.errors import ConnectionClosedError, TandemError
+from client.transactions import Transaction, TransactionScope
 from client.protocol.frames import AclInfo, ExchangeInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
 
 
@@ -53,6 +54,19 @@ class DurableConnection(DurableLinks):
 
     async def set_designated_primary(self, on: bool) -> StatusOk:
         return await self._call(lambda c: c.set_designated_primary(on))
+
+    # -- transactions (client.transactions) ---------------------------------------------------
+
+    def transaction(self, transactional_id: str) -> TransactionScope:
+        """``async with conn.transaction("app") as tx:``: see
+        :meth:`client.transactions.TransactionAdmin.transaction`.  Its publishes and its end go
+        through the connection's primary link, its acks through the link each message came on;
+        a failover of any of them before the commit aborts it (the commit raises
+        TransactionAbortedError: run it again)."""
+        return TransactionScope(self.begin, transactional_id)
+
+    async def begin(self, transactional_id: str) -> Transaction:
+        return await (await self.primary()).begin(transactional_id)
 
     async def create_user(self, name: str, password: str, role: str = "user") -> None:
         """Not retried once sent: a retry could not tell "created just now" from "exists"."""

@@ -76,12 +76,13 @@ class DurableMessage:
     while awaiting it gets CancelledError once the frame is answered, the others their
     result."""
 
-    __slots__ = ("_link", "_d", "_settled")
+    __slots__ = ("_link", "_d", "_settled", "queue")
 
-    def __init__(self, link: Connection, d: Delivery) -> None:
+    def __init__(self, link: Connection, d: Delivery, queue: str = "") -> None:
         self._link = link
         self._d = d
         self._settled = False
+        self.queue = queue  # the queue it came from
 
     body = property(lambda self: self._d.body, doc="the payload, bytes")
     key = property(lambda self: self._d.key)
@@ -93,17 +94,24 @@ class DurableMessage:
     delivery_count = property(lambda self: self._d.delivery_count)
     timestamp = property(lambda self: self._d.timestamp)
     node = property(lambda self: self._link.node, doc="the node that delivered it")
+    tag = property(lambda self: self._d.tag, doc="delivery tag on the link it came on")
+    settled = property(lambda self: self._settled, doc="acked, nacked or rejected (in a transaction too)")
 
     def __repr__(self) -> str:
         return f"<DurableMessage id={self.id} node={self.node} dc={self.delivery_count}>"
 
-    def _settle(self, kind: type, requeue: bool = True) -> asyncio.Future[None]:
+    def _mark_settled(self) -> Connection:
+        """Settled from now on (by the caller); the link it came on."""
         if self._settled:
             raise InvalidArgumentError(f"message {self.id} is already settled")
         if self._link.is_closed:
             raise StaleDeliveryError(f"message {self.id} came on a link to {self._link.node} that has failed; "
                                      "it will be delivered again")
         self._settled = True
+        return self._link
+
+    def _settle(self, kind: type, requeue: bool = True) -> asyncio.Future[None]:
+        self._mark_settled()
         inner = self._link.settle(kind, self._d.tag, requeue)
         out = _settle_outs.get(inner)
         return out if out is not None else _stale_translated(inner, self._link.node)
@@ -239,7 +247,7 @@ class DurableConsumer:
                 link, d = self._buffer.popleft()
                 if link.is_closed:
                     continue  # it comes again through the partition's next active
-                return DurableMessage(link, d)
+                return DurableMessage(link, d, self.queue)
             if self._error is not None:
                 raise self._error
             if self._closed or self.conn.is_closed:

@@ -89,6 +89,11 @@ class Op(IntEnum):
     STORE_OFFSET = 80
     FETCH_OFFSET = 81
     OFFSET_OK = 82
+    # transactions (protocol version 6)
+    TX_INIT = 83
+    TX_INIT_OK = 84
+    TX_END = 85
+    TX_END_OK = 86
 
 
 class Record:

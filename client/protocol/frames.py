@@ -43,6 +43,7 @@ from client.protocol.exchanges import (Bind, BindingInfo, DeclareExchange, Decla
                                        ExchangeInfo, Exchanges, ListExchanges, Unbind)
 from client.protocol.peer import Forward, ForwardOk, PeerChallenge, PeerHello, PeerProof, PeerTypes, PeerWelcome, \
     Replicate
+from client.protocol.transactions import TxEnd, TxEndOk, TxInit, TxInitOk, TxPart
 from client.protocol.session import AuthChallenge, AuthResponse, Close, Error, Heartbeat, Hello, Ok, Welcome
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
     "AclInfo", "UserPut", "UserDelete", "UserList", "Users", "AclGrant", "AclRevoke", "AclList", "Acls", "PeerHello",
     "PeerWelcome", "PeerChallenge", "PeerProof", "PeerTypes", "Replicate", "Forward", "ForwardOk", "BindingInfo",
     "ExchangeInfo", "DeclareExchange", "DeclareExchangeOk", "DeleteExchange", "Bind", "Unbind", "ListExchanges",
-    "Exchanges", "StoreOffset", "FetchOffset", "OffsetOk",
+    "Exchanges", "StoreOffset", "FetchOffset", "OffsetOk", "TxPart", "TxInit", "TxInitOk", "TxEnd", "TxEndOk",
 ]
 
 _ALL: list[type[Frame]] = [
@@ -67,7 +68,7 @@ _ALL: list[type[Frame]] = [
         PeerHello, PeerWelcome,
         Replicate, Forward, ForwardOk, PeerChallenge, PeerProof, PeerTypes, UserPut, UserDelete, UserList, Users, AclGrant,
         AclRevoke, AclList, Acls, DeclareExchange, DeclareExchangeOk, DeleteExchange, Bind, Unbind, ListExchanges,
-        Exchanges, StoreOffset, FetchOffset, OffsetOk,
+        Exchanges, StoreOffset, FetchOffset, OffsetOk, TxInit, TxInitOk, TxEnd, TxEndOk,
 ]
 FRAME_TYPES: dict[Op, type[Frame]] = {cls.OP: cls for cls in _ALL}
 if len(FRAME_TYPES) != len(_ALL):  # (two classes under one opcode: the decoder would know only one)

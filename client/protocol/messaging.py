@@ -191,6 +191,9 @@ class Publish(Frame):
     #: a message routed to no queue refuses the whole batch (NO_ROUTE), nothing stored;
     #: without it such a message is dropped and counted (``PublishOk.unroutable``)
     mandatory: bool = False
+    #: the id of the transaction the batch is part of (protocol version 6): stored, and held
+    #: aside until the transaction commits (client.protocol.transactions)
+    tx: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,6 +297,10 @@ class Ack(Frame):
     rid: int
     tags: list[int]
     multiple: bool = False
+    #: the id of the transaction the acks are part of (protocol version 6): the deliveries are
+    #: held by it, and settled when it commits (ready again when it aborts); answered by ``Ok``
+    #: once that is replicated
+    tx: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,8 @@ Versions::
         below: an older node would make a classic queue); Read.start and Read.timestamp (not sent
         at version 4 or below: an older node would read from offset 0); StoreOffset,
         FetchOffset and OffsetOk (named consumers' offsets)
+    6   transactions: TxInit, TxInitOk, TxEnd, TxEndOk; Publish.tx and Ack.tx (not sent at
+        version 5 or below: an older node would publish and settle at once)
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from client.protocol.base import Op
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
-MAX_VERSION = 5
+MAX_VERSION = 6
 
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
@@ -58,6 +60,10 @@ ADDED: dict[Op, int] = {
     Op.STORE_OFFSET: 5,
     Op.FETCH_OFFSET: 5,
     Op.OFFSET_OK: 5,
+    Op.TX_INIT: 6,
+    Op.TX_INIT_OK: 6,
+    Op.TX_END: 6,
+    Op.TX_END_OK: 6,
 }
 #: optional fields an older build would ignore where it must not: (opcode, field) -> (the version
 #: that added it, its default); a frame with such a field off its default needs that version
@@ -75,6 +81,8 @@ FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.DECLARE, "max_bytes"): (5, 0),
     (Op.READ, "start"): (5, ""),
     (Op.READ, "timestamp"): (5, 0),
+    (Op.PUBLISH, "tx"): (6, ""),
+    (Op.ACK, "tx"): (6, ""),
 }
 
 

@@ -3,57 +3,16 @@ of these tests (they run on one xdist worker: group "spark")."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.tools.process import NodeProcess
 from client import blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark"),
               pytest.mark.timeout(600)]
-
-PASSWORD = "spark-password"
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run this interpreter (it has the client)
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from client.spark import register
-
-    s = (SparkSession.builder.master("local[2]").appName("tandem-tests")
-         .config("spark.sql.shuffle.partitions", "1").config("spark.ui.enabled", "false")
-         .config("spark.driver.memory", "1g")
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-         .config("spark.sql.session.timeZone", "UTC")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    proc = NodeProcess(tmp_path_factory.mktemp("spark-node") / "node1", password=PASSWORD)
-    loop.run_until_complete(proc.start())
-    try:
-        yield proc.url
-    finally:
-        loop.run_until_complete(proc.stop())
-        loop.close()
 
 
 def publish(url: str, queue: str, n: int, partitions: int, first: int = 0) -> None:

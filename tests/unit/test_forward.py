@@ -13,7 +13,7 @@ from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, Catal
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
                             MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, RelayCancelFwd, RelayDeliverFwd,
                             RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RoutedFwd,
-                            TopologyFwd, OffsetFwd, decode_request)
+                            TopologyFwd, OffsetFwd, TxFwd, TxResolveFwd, decode_request)
 from client.errors import InvalidArgumentError
 
 EXAMPLES = [
@@ -33,6 +33,8 @@ EXAMPLES = [
     RoutedFwd(1, "p1", b"\x90", b"\x90"),
     ReadFwd(1, "orders", 0, 100, 500, "last"), ReadFwd(1, "orders", 0, 0, 10, "", 1_700_000_000_000),
     OffsetFwd(1, "orders", 2, "billing", True, 17), OffsetFwd(2, "orders", 0, "billing", False, 0),
+    TxFwd(1, 1, "app~0123456789abcdef"), TxFwd(2, 2, "app~0123456789abcdef/3/7", 1, 5),
+    TxResolveFwd(1, "orders", 2, "app~0123456789abcdef/3/7", 1),
 ]
 
 

@@ -1,0 +1,130 @@
+"""Transactions from the blocking client, as :mod:`client.transactions` has them for the asyncio
+one: a mixin of :class:`client.blocking.BlockingConnection`::
+
+    with conn.transaction("enricher") as tx:
+        tx.publish("out", b"result")
+        tx.ack(message)
+    # committed here; an exception in the block aborts
+
+A transaction's requests are never resent on another link: the link that carried them closing
+aborts the transaction (docs/transactions.md), and the commit says so
+(``TransactionAbortedError``): run it again.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from client.errors import InvalidArgumentError, TransactionAbortedError
+from client.protocol.frames import (Ack, Frame, Publish, PublishMessage, PublishOk, TxEnd, TxEndOk, TxInit,
+                                    TxInitOk, TxPart, expect)
+from client.transactions import Settleable, Producer
+
+
+class BlockingTransaction:
+    """One transaction: its publishes and acks are held by the group until :meth:`commit`."""
+
+    def __init__(self, conn: BlockingTransactions, txid: str) -> None:
+        self._conn, self.id = conn, txid
+        self._parts: set[tuple[str, int]] = set()
+        self.done = False
+
+    def _call(self, make: Any) -> Frame:
+        if self.done:
+            raise InvalidArgumentError(f"transaction {self.id} has ended")
+        return self._conn._call(make, retry=False)
+
+    def publish(self, queue: str, body: bytes, *, key: str | None = None,
+                headers: dict[str, str] | None = None) -> None:
+        self.publish_many(queue, [(body, key)], headers=headers)
+
+    def publish_many(self, queue: str, items: list[tuple[bytes, str | None]], *,
+                     headers: dict[str, str] | None = None) -> int:
+        return self.publish_messages(queue, [PublishMessage(key, dict(headers or {}), body, None)
+                                             for body, key in items])
+
+    def publish_messages(self, queue: str, msgs: list[PublishMessage]) -> int:
+        """Publish messages as they are (each with its own key and headers); how many were stored."""
+        self._parts.add((queue, -1))
+        reply = expect(self._call(lambda rid: Publish(rid=rid, queue=queue, messages=msgs, tx=self.id)), PublishOk)
+        return reply.stored
+
+    def ack(self, *messages: Settleable) -> None:
+        tags = [m.tag for m in messages]
+        for m in messages:
+            mark = getattr(m, "_mark_settled", None)
+            if mark is not None:
+                mark()
+        if tags:
+            self._call(lambda rid: Ack(rid=rid, tags=tags, tx=self.id))
+
+    def commit(self, *, batch: int = -1) -> bool:
+        """See :meth:`client.transactions.Transaction.commit`."""
+        reply = self._end(True, batch)
+        if reply.written:
+            return False
+        if not reply.committed:
+            raise TransactionAbortedError(f"transaction {self.id} was aborted before its commit (it outlived "
+                                          f"transaction_timeout, or a link it used closed): none of it took effect")
+        return True
+
+    def abort(self) -> None:
+        if not self.done:
+            self._end(False, -1)
+
+    def _end(self, commit: bool, batch: int) -> TxEndOk:
+        parts = [TxPart(q, None if p < 0 else p) for q, p in sorted(self._parts)]
+        reply = expect(self._call(lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
+                                                    batch=batch if batch >= 0 else None)), TxEndOk)
+        self.done = True
+        return reply
+
+
+class _Scope:
+    def __init__(self, conn: BlockingTransactions, tid: str) -> None:
+        self._conn, self._tid = conn, tid
+        self._tx: BlockingTransaction | None = None
+
+    def __enter__(self) -> BlockingTransaction:
+        self._tx = self._conn.begin(self._tid)
+        return self._tx
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        tx = self._tx
+        assert tx is not None
+        if et is None:
+            if not tx.done:
+                tx.commit()
+        elif not tx.done:
+            try:
+                tx.abort()
+            except Exception:  # (the block's own error is the one to raise; the group aborts it anyway)
+                pass
+
+
+class BlockingTransactions:
+    _tx_producers: dict[str, Producer]
+
+    def _call(self, make: Any, *, retry: bool = True) -> Frame:
+        raise NotImplementedError
+
+    def transaction(self, transactional_id: str) -> _Scope:
+        """See :meth:`client.transactions.TransactionAdmin.transaction`."""
+        return _Scope(self, transactional_id)
+
+    def begin(self, transactional_id: str) -> BlockingTransaction:
+        producer = self.init_producer(transactional_id)
+        txid = f"{producer.name}/{producer.epoch}/{producer.next}"
+        producer.next += 1
+        return BlockingTransaction(self, txid)
+
+    def init_producer(self, transactional_id: str, *, again: bool = False) -> Producer:
+        if not hasattr(self, "_tx_producers"):
+            self._tx_producers = {}
+        producer = self._tx_producers.get(transactional_id)
+        if producer is None or again:
+            ok = expect(self._call(lambda rid: TxInit(rid=rid, transactional_id=transactional_id), retry=False),
+                        TxInitOk)
+            producer = self._tx_producers[transactional_id] = Producer(ok.producer, ok.epoch, ok.next_batch - 1)
+        return producer
