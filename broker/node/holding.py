@@ -160,12 +160,13 @@ class Holding:
         share = self.catalogue.budget.share()
         return min(share, TAKEOVER_HEAD) if share else 0
 
-    def partition_loaded(self, key: tuple[int, int], st: PartitionState, windows: Mapping[str, Window]) -> None:
+    def partition_loaded(self, key: tuple[int, int], st: PartitionState, windows: Mapping[str, Window],
+                         ready: list[Msg] | None = None) -> None:
         """This node is now the partition's active: its messages come from the store."""
         q = self.catalogue.by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
-        q.load_partition(key[1], st, windows=windows)
+        q.load_partition(key[1], st, windows=windows, ready=ready)
         self.delivery.schedule(q)
         # (once it serves, right after this: a partition of a queue being updated is swept)
         asyncio.get_running_loop().call_soon(self.remaps.served, key)

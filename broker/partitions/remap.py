@@ -429,7 +429,13 @@ class Remaps:
         part = q.partitions[pidx]
         gen = part.generation
         hot = q.take_hot(part)
-        keep, away = self._split(q, pidx, hot)
+        try:
+            away = await self._targets(q, pidx, gen, hot)
+        except TandemError:
+            if part.generation == gen:
+                q.requeue(hot)
+            raise
+        keep = away.pop(pidx, None)
         if keep:
             q.requeue(keep)
         settled: list[Msg] = []
@@ -438,7 +444,7 @@ class Remaps:
         except TandemError:
             if part.generation == gen:
                 gone = {m.offset for m in settled}
-                q.requeue([m for m in away if m.offset not in gone])  # (ready again here)
+                q.requeue([m for lst in away.values() for m in lst if m.offset not in gone])  # (ready again here)
             raise
         if not part.cold_count:
             return moved
@@ -459,7 +465,8 @@ class Remaps:
                     self._check(q, pidx, gen)
                     continue
                 offset = msgs[-1].offset + 1
-                _keep, away = self._split(q, pidx, msgs)
+                away = await self._targets(q, pidx, gen, msgs)
+                away.pop(pidx, None)
                 moved += await self._relocate(q, pidx, gen, away, lambda batch: q.forget_cold(part, batch))
         finally:
             if part.generation == gen:
@@ -473,26 +480,26 @@ class Remaps:
             raise NotActiveError(f"partition {q.name}/{pidx} is no longer served here as it was when the "
                                  f"pass started", active_hint=None)
 
-    @staticmethod
-    def _split(q: Queue, pidx: int, msgs: Iterable[Msg]) -> tuple[list[Msg], list[Msg]]:
-        """(those that stay, those the mapper places elsewhere)."""
-        keep: list[Msg] = []
-        away: list[Msg] = []
+    async def _targets(self, q: Queue, pidx: int, gen: int, msgs: list[Msg]) -> dict[int, list[Msg]]:
+        """``msgs`` (in offset order) by the partition the mapper places each in (``pidx``:
+        those without a key), a slice of BATCH at a time: the node's other work (its peer
+        links' keep-alives above all) runs between slices, as a mapper call for each of a
+        large in-memory head holds the loop for longer than a peer waits for an answer."""
+        out: dict[int, list[Msg]] = {}
         where: Callable[[str], int] = q.mapper.partition
-        for m in msgs:
-            (away if m.key is not None and where(m.key) != pidx else keep).append(m)
-        return keep, away
+        for i in range(0, len(msgs), BATCH):
+            if i:
+                await self.here.clock.sleep(0)
+                self._check(q, pidx, gen)
+            for m in msgs[i:i + BATCH]:
+                out.setdefault(pidx if m.key is None else where(m.key), []).append(m)
+        return out
 
-    async def _relocate(self, q: Queue, pidx: int, gen: int, msgs: list[Msg],
+    async def _relocate(self, q: Queue, pidx: int, gen: int, by_target: Mapping[int, list[Msg]],
                         settled: Callable[[list[Msg]], object]) -> int:
-        """Publish ``msgs`` (in offset order) to where the mapper places them, a batch at a
-        time, each settled here once its target has it (``settled(batch)`` then), while the
-        partition is served here as it was at generation ``gen`` (:meth:`_check`)."""
-        if not msgs:
-            return 0
-        by_target: dict[int, list[Msg]] = {}
-        for m in msgs:
-            by_target.setdefault(q.mapper.partition(m.key), []).append(m)
+        """Publish ``by_target``'s messages (in offset order) to their target partitions, a
+        batch at a time, each settled here once its target has it (``settled(batch)`` then),
+        while the partition is served here as it was at generation ``gen`` (:meth:`_check`)."""
         pid = f"remap.{q.meta.id}.{pidx}"
         for target, lst in sorted(by_target.items()):
             for batch in _batches(lst):
@@ -504,7 +511,7 @@ class Remaps:
                 await self.here.commit_ops((q.meta.id, pidx), [Settle(q.meta.id, pidx, [m.offset for m in batch])])
                 self._check(q, pidx, gen)
                 settled(batch)
-        return len(msgs)
+        return sum(map(len, by_target.values()))
 
 
 def _batches(msgs: list[Msg]) -> Iterable[list[Msg]]:

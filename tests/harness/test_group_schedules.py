@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.messaging.message import Msg
 from broker.messaging.queues import Queue
 from broker.messaging.window import Window
 from broker.modes.replicated.commit import Proposals
@@ -113,9 +114,9 @@ async def test_an_active_that_forgets_the_producers_sequences_is_caught(tmp_path
     load = Queue.load_partition
 
     def forgetful(self: Queue, pidx: int, st: PartitionState, *, messages: bool = True,
-                  windows: Mapping[str, Window] | None = None) -> None:
+                  windows: Mapping[str, Window] | None = None, ready: list[Msg] | None = None) -> None:
         st.producers = {}
-        load(self, pidx, st, messages=messages)
+        load(self, pidx, st, messages=messages, ready=ready)
 
     monkeypatch.setattr(Queue, "load_partition", forgetful)
     caught = await first_caught(tmp_path, "stored more than once")

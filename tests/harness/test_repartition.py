@@ -233,3 +233,41 @@ async def test_messages_a_cut_sweep_had_published_are_settled_and_not_stored_twi
         bodies = [b for b, _k, _p, _i in got_all]
         assert len(bodies) == len(set(bodies)) == n, f"{len(bodies)} deliveries of {len(set(bodies))} messages"
         assert all(k is not None and p == mapper.partition(k) for _b, k, p, _i in got_all)
+
+
+async def test_a_sweep_over_a_large_head_leaves_its_node_time_to_answer_its_peers(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Placing each message of the partition's in-memory head takes time (here the mapper of
+    partition 0's active costs 0.4 ms of the group's clock a key: 0.8 s for its 2,000, more
+    than the peers' non-response timeout of 0.5 s).  The active answers its peers between
+    slices of the head, so it stays the active and its one sweep ends the partition's update."""
+    caplog.set_level(logging.WARNING, "tandem")
+    n = 4000
+    async with Group(tmp_path) as g:
+        await g.start()
+        await g.declare(HELD, partitions=2)
+        await load(g, HELD, [(f"h{i}".encode(), f"key{i}") for i in range(n)])
+        n1 = g["n1"]
+        assert n1.node is not None
+        meta = await ask(g, n1, n1.node.ops.remaps.add(HELD, 2, "", "test"), "add")
+        assert not isinstance(meta, BaseException), meta
+        await g.until(lambda: all_active(g, HELD, 4), 10.0, what="the new partitions active")
+        key0 = key_of(g, HELD, 0)
+        a = active(g, key0)
+        assert a is not None and a.node is not None
+        mapper = a.node.catalogue.queues[HELD].mapper
+        place = mapper.partition
+
+        def slow(key: str | None, anchor: int | None = None) -> int:
+            g.clock.advance(0.0004)  # (the loop runs nothing else meanwhile: only timers fire)
+            return place(key, anchor)
+
+        mapper.partition = slow  # type: ignore[method-assign]
+        caplog.clear()
+        got = await ask(g, n1, n1.node.ops.remaps.update(HELD, "", "test"), "update")
+        assert not isinstance(got, BaseException), got
+        await g.until(lambda: updates_done(g), 60.0, what="the update done on every member")
+        lost = [r.getMessage() for r in caplog.records if "active -> follower" in r.getMessage()]
+        assert lost == [] and active(g, key0) is a, lost
+        swept = [r.getMessage() for r in caplog.records if f"partition {HELD}/0: update" in r.getMessage()]
+        assert len(swept) == 1 and " re-mapped to other partitions" in swept[0], swept

@@ -55,15 +55,16 @@ def test_the_state_is_stored_and_read_back_and_a_snapshot_replaces_it() -> None:
     assert r.pending == {9: {1}} and PutMeta("updating.4", "") in out and PutMeta("updating.9", "1") in out
 
 
-def test_a_partition_keeps_its_keyless_messages_and_those_that_map_to_it() -> None:
+@pytest.mark.asyncio
+async def test_a_partition_keeps_its_keyless_messages_and_those_that_map_to_it() -> None:
     q = Queue(QueueMeta(id=1, name="q", partitions=4, mapper="jump_hash", ring_size=1024, max_deliveries=0,
                         dead_letter_queue=None, max_length=0))
     mapper = JumpHashMapper(4)
     msgs = [Msg(0, i, f"k{i}" if i % 5 else None, {}, b"", b"x", None, None, 0.0) for i in range(40)]
-    keep, away = Remaps._split(q, 0, msgs)
-    assert all(m.key is None or mapper.partition(m.key) == 0 for m in keep)
-    assert away and all(m.key is not None and mapper.partition(m.key) != 0 for m in away)
-    assert len(keep) + len(away) == 40
+    by_target = await Remaps(None, None, None, None)._targets(q, 0, 0, msgs)  # type: ignore[arg-type]
+    assert all(m.key is None or mapper.partition(m.key) == 0 for m in by_target[0])
+    assert all(m.key is not None and mapper.partition(m.key) == p for p, lst in by_target.items() if p for m in lst)
+    assert sorted(m.offset for lst in by_target.values() for m in lst) == list(range(40)) and len(by_target) > 1
 
 
 def test_a_remapped_message_keeps_its_id() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from broker.messaging.message import Msg
 from broker.messaging.window import Window
 from broker.peers.codec import Key
 from client.protocol.frames import Replicate
@@ -198,9 +199,11 @@ class NodeEvents(Protocol):
         """Bytes of messages a partition of queue ``queue_id`` loads when this node becomes its
         active (0: all)."""
 
-    def partition_loaded(self, key: Key, st: PartitionState, windows: Mapping[str, Window]) -> None:
-        """This node now serves the partition: its state, loaded from the store, and the
-        producers' seqs it learned from the log (broker.messaging.sequences)."""
+    def partition_loaded(self, key: Key, st: PartitionState, windows: Mapping[str, Window],
+                         ready: list[Msg] | None = None) -> None:
+        """This node now serves the partition: its state, loaded from the store (``ready``: its
+        messages as the node holds them), and the producers' seqs it learned from the log
+        (broker.messaging.sequences)."""
 
     def partition_unloaded(self, key: Key) -> None:
         """This node stops serving the partition: drop its in-memory state."""

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from broker.messaging.message import Msg, msg_from_store
 from broker.peers.codec import CATALOGUE, Key
 from broker.modes.replicated.host import NodeEvents, PeerGroup, Placements, Queues
 from broker.modes.replicated.partlog import PartLog
@@ -25,7 +26,7 @@ from ha.partition import PartitionChanged, PartitionLifecycle
 from ha.partition import PartitionState as LifecycleState
 from ha.placement import NodeList
 from ha.replica import Role
-from storage.base import Engine
+from storage.base import Engine, PartitionState
 
 log = logging.getLogger("tandem.ha")
 
@@ -131,18 +132,26 @@ class Serving:
         term = r.term
 
         async def load() -> None:
-            st = await asyncio.to_thread(self._engine.load_partition, *plog.key,
-                                   self._node.load_budget(plog.key[0]))
+            st, ready = await asyncio.to_thread(self._read, plog.key, self._node.load_budget(plog.key[0]))
             if r.role is not Role.LEADER or r.term != term or self._logs.get(plog.key) is not plog:
                 return
-            messages = len(st.messages) + st.cold_count  # (before the queue takes them over)
-            self._node.partition_loaded(plog.key, st, plog.windows)
+            messages = len(ready) + st.cold_count
+            self._node.partition_loaded(plog.key, st, plog.windows, ready)
             plog.serving = True
             log.warning("partition %s active on %s in term %d (%d messages)", plog.name, self.me, term, messages)
             self.track_active(plog)
             self.notify()
 
         self._spawn(load())
+
+    def _read(self, key: Key, budget: int) -> tuple[PartitionState, list[Msg]]:
+        """In a storage thread: the partition as the store has it, its messages made into the
+        node's (a backlog of many thousand takes longer to make than a peer waits for an
+        answer, so never on the loop)."""
+        st = self._engine.load_partition(*key, budget)
+        ready = [msg_from_store(key[1], m) for m in st.messages]
+        st.messages = []
+        return st, ready
 
     def stop(self, plog: PartLog, why: str) -> None:
         was = plog.serving
