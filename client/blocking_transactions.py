@@ -16,10 +16,11 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from client.errors import InvalidArgumentError, TransactionAbortedError
+from client.clock import SYSTEM_CLOCK, Backoff
+from client.errors import ConnectionClosedError, InvalidArgumentError, TandemError, TransactionAbortedError
 from client.protocol.frames import (Ack, Frame, Publish, PublishMessage, PublishOk, TxEnd, TxEndOk, TxInit,
                                     TxInitOk, TxPart, expect)
-from client.transactions import Settleable, Producer
+from client.transactions import END_TIMEOUT, Producer, Settleable
 
 
 class BlockingTransaction:
@@ -74,9 +75,20 @@ class BlockingTransaction:
             self._end(False, -1)
 
     def _end(self, commit: bool, batch: int) -> TxEndOk:
+        """Ask for the outcome until the group answers (as the asyncio client does)."""
         parts = [TxPart(q, None if p < 0 else p) for q, p in sorted(self._parts)]
-        reply = expect(self._call(lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
-                                                    batch=batch if batch >= 0 else None)), TxEndOk)
+        deadline = SYSTEM_CLOCK.monotonic() + END_TIMEOUT
+        backoff = Backoff()
+        while True:
+            try:
+                reply = expect(self._call(lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
+                                                            batch=batch if batch >= 0 else None)), TxEndOk)
+                break
+            except TandemError as exc:
+                if not exc.retriable or isinstance(exc, ConnectionClosedError) \
+                        or SYSTEM_CLOCK.monotonic() >= deadline:
+                    raise
+                SYSTEM_CLOCK.sleep_blocking(backoff.next())
         self.done = True
         return reply
 
