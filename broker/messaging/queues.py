@@ -130,7 +130,10 @@ class Queue:
         self.clear_partition(pidx)
         part.next_offset = part.committed_end = st.next_offset
         part.marked_upto = part.cold_mark = st.delivered_upto
-        producers, part.offsets, part.registers = split_registers(st.producers)
+        producers, part.offsets, registers = split_registers(st.producers)
+        # the registers are the active's (a member loading its store at start holds none until it
+        # serves the partition): what transactions in doubt hold counts on the active alone
+        part.registers = registers if messages else {}
         if prepared.index(part, self.monotonic()):  # (transactions in doubt: their messages stay aside)
             self.pending_count += prepared.held(part)
             self.unacked_count += prepared.held_acks(part)
