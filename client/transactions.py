@@ -15,6 +15,7 @@ goes up, and a transaction an earlier instance of it began can no longer commit.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -55,8 +56,10 @@ class Producer:
 class Transaction:
     """One transaction: its publishes and acks are held by the group until :meth:`commit`."""
 
-    def __init__(self, conn: Requester, txid: str) -> None:
+    def __init__(self, conn: Requester, txid: str, *, ender: Requester | None = None) -> None:
+        """``conn`` carries its publishes; ``ender`` (default ``conn``) its commit or abort."""
         self._conn, self.id = conn, txid
+        self._ender = ender or conn
         self._parts: set[tuple[str, int]] = set()
         self.done = False
 
@@ -132,7 +135,7 @@ class Transaction:
         backoff = Backoff()
         while True:
             try:
-                reply = expect(await self._conn.request(
+                reply = expect(await self._ender.request(
                     lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
                                       batch=batch if batch >= 0 else None)), TxEndOk)
                 break
@@ -173,6 +176,7 @@ class TransactionAdmin:
     """Transactions on a connection (a mixin of :class:`client.connection.Connection`)."""
 
     _tx_producers: dict[str, Producer]
+    _tx_starting: asyncio.Lock
 
     async def request(self, make: Callable[[int], Frame]) -> Frame:
         raise NotImplementedError
@@ -183,21 +187,24 @@ class TransactionAdmin:
         ends, aborted if it raises."""
         return TransactionScope(self.begin, transactional_id)
 
-    async def begin(self, transactional_id: str) -> Transaction:
-        """A transaction of producer ``transactional_id``, to end with ``commit`` or ``abort``."""
+    async def begin(self, transactional_id: str, *, ender: Requester | None = None) -> Transaction:
+        """A transaction of producer ``transactional_id``, to end with ``commit`` or ``abort``
+        (sent through ``ender``, default this connection)."""
         producer = await self.init_producer(transactional_id)
         txid = f"{producer.name}/{producer.epoch}/{producer.next}"
         producer.next += 1
-        return Transaction(self, txid)
+        return Transaction(self, txid, ender=ender)
 
     async def init_producer(self, transactional_id: str, *, again: bool = False) -> Producer:
         """Start the producer (once per connection, or ``again``): its epoch goes up, fencing
         any earlier instance.  Its state: ``name``, ``epoch``, ``batch`` (the last batch it
         committed, -1: none)."""
         if not hasattr(self, "_tx_producers"):
-            self._tx_producers = {}
-        producer = self._tx_producers.get(transactional_id)
-        if producer is None or again:
-            ok = expect(await self.request(lambda rid: TxInit(rid=rid, transactional_id=transactional_id)), TxInitOk)
-            producer = self._tx_producers[transactional_id] = Producer(ok.producer, ok.epoch, ok.next_batch - 1)
+            self._tx_producers, self._tx_starting = {}, asyncio.Lock()
+        async with self._tx_starting:  # (begins at once: one TxInit, or the later would fence the earlier)
+            producer = self._tx_producers.get(transactional_id)
+            if producer is None or again:
+                ok = expect(await self.request(lambda rid: TxInit(rid=rid, transactional_id=transactional_id)),
+                            TxInitOk)
+                producer = self._tx_producers[transactional_id] = Producer(ok.producer, ok.epoch, ok.next_batch - 1)
         return producer

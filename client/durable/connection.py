@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from client.durable.consumer import DurableConsumer
 from client.durable.exchange import DurableExchangeProducer
@@ -15,7 +15,18 @@ from client.durable.links import DurableLinks
 from client.durable.producer import DurableProducer
 from client.errors import ConnectionClosedError, TandemError
 from client.transactions import Transaction, TransactionScope
-from client.protocol.frames import AclInfo, ExchangeInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
+from client.protocol.frames import AclInfo, Frame, ExchangeInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
+
+
+class _AnyLink:
+    """Requests through the durable connection's primary link, asked again after a failover."""
+
+    def __init__(self, conn: DurableLinks) -> None:
+        self._links = conn
+        self.clock = conn.clock
+
+    async def request(self, make: Callable[[int], Frame]) -> Frame:
+        return await self._links._call(lambda c: c.request(make))
 
 
 class DurableConnection(DurableLinks):
@@ -59,14 +70,16 @@ class DurableConnection(DurableLinks):
 
     def transaction(self, transactional_id: str) -> TransactionScope:
         """``async with conn.transaction("app") as tx:``: see
-        :meth:`client.transactions.TransactionAdmin.transaction`.  Its publishes and its end go
-        through the connection's primary link, its acks through the link each message came on;
-        a failover of any of them before the commit aborts it (the commit raises
-        TransactionAbortedError: run it again)."""
+        :meth:`client.transactions.TransactionAdmin.transaction`.  Its publishes go through the
+        connection's primary link, its acks through the link each message came on, and its end
+        through whichever link is primary then (asked again after a failover: the first decision
+        on a transaction stands).  A publish or an ack that failed with its link fails the
+        transaction; if that link's closing aborted it first, the commit raises
+        TransactionAbortedError: run it again."""
         return TransactionScope(self.begin, transactional_id)
 
     async def begin(self, transactional_id: str) -> Transaction:
-        return await (await self.primary()).begin(transactional_id)
+        return await (await self.primary()).begin(transactional_id, ender=_AnyLink(self))
 
     async def create_user(self, name: str, password: str, role: str = "user") -> None:
         """Not retried once sent: a retry could not tell "created just now" from "exists"."""
