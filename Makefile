@@ -72,7 +72,9 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/integration/test_delayed_failover.py::test_delayed_messages_across_a_kill_of_their_active \
 	tests/integration/test_exchanges.py::test_fanout_topic_and_headers_through_a_kill_9_store_each_message_once_per_queue \
 	"tests/integration/test_client_matrix.py::test_every_message_once_across_builds_and_a_failover[new-client-old-group]" \
-	tests/integration/test_stream_failover.py::test_a_stream_keeps_every_confirmed_message_once_across_a_kill_of_its_active
+	tests/integration/test_stream_failover.py::test_a_stream_keeps_every_confirmed_message_once_across_a_kill_of_its_active \
+	tests/integration/test_transactions.py \
+	tests/integration/test_consume_anywhere.py::test_a_member_on_an_older_build_relays_nothing_and_is_named_once
 RUNS ?= 20
 flaky: dev
 	@$(COMPILE)

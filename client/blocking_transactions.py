@@ -17,10 +17,9 @@ from types import TracebackType
 from typing import Any
 
 from client.clock import SYSTEM_CLOCK, Backoff
-from client.errors import ConnectionClosedError, InvalidArgumentError, TandemError, TransactionAbortedError
-from client.protocol.frames import (Ack, Frame, Publish, PublishMessage, PublishOk, TxEnd, TxEndOk, TxInit,
-                                    TxInitOk, TxPart, expect)
-from client.transactions import END_TIMEOUT, Producer, Settleable
+from client.errors import ConnectionClosedError, InvalidArgumentError, TandemError
+from client.protocol.frames import Ack, Frame, Publish, PublishMessage, PublishOk, TxEndOk, TxInit, TxInitOk, expect
+from client.transactions import END_TIMEOUT, Producer, Settleable, commit_outcome, end_frame
 
 
 class BlockingTransaction:
@@ -63,12 +62,7 @@ class BlockingTransaction:
     def commit(self, *, batch: int = -1) -> bool:
         """See :meth:`client.transactions.Transaction.commit`."""
         reply = self._end(True, batch)
-        if reply.written:
-            return False
-        if not reply.committed:
-            raise TransactionAbortedError(f"transaction {self.id} was aborted before its commit (it outlived "
-                                          f"transaction_timeout, or a link it used closed): none of it took effect")
-        return True
+        return commit_outcome(self.id, reply.committed, reply.written)
 
     def abort(self) -> None:
         if not self.done:
@@ -76,13 +70,12 @@ class BlockingTransaction:
 
     def _end(self, commit: bool, batch: int) -> TxEndOk:
         """Ask for the outcome until the group answers (as the asyncio client does)."""
-        parts = [TxPart(q, None if p < 0 else p) for q, p in sorted(self._parts)]
+        frame = end_frame(self.id, commit, self._parts, batch)
         deadline = SYSTEM_CLOCK.monotonic() + END_TIMEOUT
         backoff = Backoff()
         while True:
             try:
-                reply = expect(self._call(lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
-                                                            batch=batch if batch >= 0 else None)), TxEndOk)
+                reply = expect(self._call(frame), TxEndOk)
                 break
             except TandemError as exc:
                 if not exc.retriable or isinstance(exc, ConnectionClosedError) \
@@ -127,8 +120,7 @@ class BlockingTransactions:
 
     def begin(self, transactional_id: str) -> BlockingTransaction:
         producer = self.init_producer(transactional_id)
-        txid = f"{producer.name}/{producer.epoch}/{producer.next}"
-        producer.next += 1
+        txid = producer.next_id()
         return BlockingTransaction(self, txid)
 
     def init_producer(self, transactional_id: str, *, again: bool = False) -> Producer:

@@ -52,6 +52,11 @@ class Producer:
     batch: int  # the last batch it committed, -1: none
     next: int = 0
 
+    def next_id(self) -> str:
+        """The id of its next transaction."""
+        self.next += 1
+        return f"{self.name}/{self.epoch}/{self.next - 1}"
+
 
 class Transaction:
     """One transaction: its publishes and acks are held by the group until :meth:`commit`."""
@@ -112,13 +117,7 @@ class Transaction:
         another transaction of the producer (this one is aborted: nothing is missing).
         TransactionAbortedError if it was aborted before (a timeout, a closed link);
         ProducerFencedError if a newer instance of the producer started."""
-        committed, written = await self._end(True, batch)
-        if written:
-            return False
-        if not committed:
-            raise TransactionAbortedError(f"transaction {self.id} was aborted before its commit (it outlived "
-                                          f"transaction_timeout, or a link it used closed): none of it took effect")
-        return True
+        return commit_outcome(self.id, *await self._end(True, batch))
 
     async def abort(self) -> None:
         """Abort: its publishes are never delivered, its acked messages are ready again."""
@@ -129,15 +128,13 @@ class Transaction:
         """Ask for the outcome until the group answers: asking again is safe, the first
         decision on a transaction stands."""
         self._open()
-        parts = [TxPart(q, None if p < 0 else p) for q, p in sorted(self._parts)]
+        frame = end_frame(self.id, commit, self._parts, batch)
         clock = getattr(self._conn, "clock", SYSTEM_CLOCK)
         deadline = clock.monotonic() + END_TIMEOUT
         backoff = Backoff()
         while True:
             try:
-                reply = expect(await self._ender.request(
-                    lambda rid: TxEnd(rid=rid, txid=self.id, commit=commit, parts=parts,
-                                      batch=batch if batch >= 0 else None)), TxEndOk)
+                reply = expect(await self._ender.request(frame), TxEndOk)
                 break
             except TandemError as exc:
                 if not exc.retriable or isinstance(exc, ConnectionClosedError) or clock.monotonic() >= deadline:
@@ -145,6 +142,23 @@ class Transaction:
                 await clock.sleep(backoff.next())
         self.done = True
         return reply.committed, reply.written
+
+
+def end_frame(txid: str, commit: bool, parts: set[tuple[str, int]], batch: int) -> Callable[[int], TxEnd]:
+    """The ``TxEnd`` of a transaction that wrote to ``parts`` (queue, partition; -1: the node
+    mapped its messages), as a request maker."""
+    wire = [TxPart(q, None if p < 0 else p) for q, p in sorted(parts)]
+    return lambda rid: TxEnd(rid=rid, txid=txid, commit=commit, parts=wire, batch=batch if batch >= 0 else None)
+
+
+def commit_outcome(txid: str, committed: bool, written: bool) -> bool:
+    """What a commit returns for its ``TxEndOk``; TransactionAbortedError if it was aborted."""
+    if written:
+        return False
+    if not committed:
+        raise TransactionAbortedError(f"transaction {txid} was aborted before its commit (it outlived "
+                                      f"transaction_timeout, or a link it used closed): none of it took effect")
+    return True
 
 
 class TransactionScope:
@@ -187,13 +201,10 @@ class TransactionAdmin:
         ends, aborted if it raises."""
         return TransactionScope(self.begin, transactional_id)
 
-    async def begin(self, transactional_id: str, *, ender: Requester | None = None) -> Transaction:
-        """A transaction of producer ``transactional_id``, to end with ``commit`` or ``abort``
-        (sent through ``ender``, default this connection)."""
+    async def begin(self, transactional_id: str) -> Transaction:
+        """A transaction of producer ``transactional_id``, to end with ``commit`` or ``abort``."""
         producer = await self.init_producer(transactional_id)
-        txid = f"{producer.name}/{producer.epoch}/{producer.next}"
-        producer.next += 1
-        return Transaction(self, txid, ender=ender)
+        return Transaction(self, producer.next_id())
 
     async def init_producer(self, transactional_id: str, *, again: bool = False) -> Producer:
         """Start the producer (once per connection, or ``again``): its epoch goes up, fencing

@@ -105,3 +105,44 @@ def reordered(deliveries: Iterable[Delivery], origin: Mapping[bytes, tuple[str, 
         else:
             last[key] = order
     return bad
+
+
+@dataclass(frozen=True, slots=True)
+class Atomicity:
+    """The transactions of a consume-transform-produce run, checked (:func:`atomicity`)."""
+
+    transactions: int  # ended with an outcome the client learnt
+    committed: int
+    aborted: int
+    partial: int  # a committed one missing an output, or an aborted one with an output visible
+    unsettled: int  # inputs of committed transactions delivered again to the workers afterwards
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def atomicity(transactions: Mapping[str, tuple[bool, frozenset[bytes]]],
+              outputs: Iterable[tuple[bytes, str]], redelivered_after: Iterable[tuple[bytes, str]]) -> Atomicity:
+    """Each transaction all or nothing.
+
+    ``transactions``: transaction id -> (committed, the bodies it published, each the body of the
+    input it acked); ``outputs``: (body, id of the transaction that published it) of every output
+    a reader consumed; ``redelivered_after``: (input body, id of a committed transaction that had
+    acked it) for each input a worker received again after that commit.
+
+    A committed transaction is partial when one of its outputs is not among ``outputs`` (its
+    publish was lost, or only some of its writes took effect); an aborted one when any of its
+    outputs is (a write of an aborted transaction became visible).  An input received again after
+    the transaction that acked it committed is *unsettled*: its ack did not take effect with the
+    commit."""
+    visible: dict[str, set[bytes]] = {}
+    for body, txid in outputs:
+        visible.setdefault(txid, set()).add(body)
+    partial = committed = 0
+    for txid, (ok, bodies) in transactions.items():
+        seen = visible.get(txid, set())
+        committed += ok
+        if (ok and not bodies <= seen) or (not ok and seen):
+            partial += 1
+    unsettled = sum(1 for _body, txid in redelivered_after if transactions.get(txid, (False,))[0])
+    return Atomicity(len(transactions), committed, len(transactions) - committed, partial, unsettled)

@@ -14,7 +14,7 @@ from client.durable.exchange import DurableExchangeProducer
 from client.durable.links import DurableLinks
 from client.durable.producer import DurableProducer
 from client.errors import ConnectionClosedError, TandemError
-from client.transactions import Transaction, TransactionScope
+from client.transactions import Producer, Transaction, TransactionScope
 from client.protocol.frames import AclInfo, Frame, ExchangeInfo, QueueInfo, StatusOk, StreamMessage, UserInfo
 
 
@@ -31,6 +31,9 @@ class _AnyLink:
 
 class DurableConnection(DurableLinks):
     """A client that rides through failovers (see :mod:`client.durable`)."""
+
+    _tx_producers: dict[str, Producer]  # (transactions: the producers it started)
+    _tx_starting: asyncio.Lock
 
     # -- requests that are not about one partition ---------------------------------------------
 
@@ -79,7 +82,21 @@ class DurableConnection(DurableLinks):
         return TransactionScope(self.begin, transactional_id)
 
     async def begin(self, transactional_id: str) -> Transaction:
-        return await (await self.primary()).begin(transactional_id, ender=_AnyLink(self))
+        producer = await self.init_producer(transactional_id)
+        return Transaction(await self.primary(), producer.next_id(), ender=_AnyLink(self))
+
+    async def init_producer(self, transactional_id: str, *, again: bool = False) -> Producer:
+        """Start the producer once for the connection (or ``again``): its epoch goes up, fencing
+        any earlier instance; it stays this connection's across failovers.  See
+        :meth:`client.transactions.TransactionAdmin.init_producer`."""
+        if not hasattr(self, "_tx_producers"):
+            self._tx_producers, self._tx_starting = {}, asyncio.Lock()
+        async with self._tx_starting:
+            producer = self._tx_producers.get(transactional_id)
+            if producer is None or again:
+                producer = await self._call(lambda c: c.init_producer(transactional_id, again=True))
+                self._tx_producers[transactional_id] = producer
+        return producer
 
     async def create_user(self, name: str, password: str, role: str = "user") -> None:
         """Not retried once sent: a retry could not tell "created just now" from "exists"."""

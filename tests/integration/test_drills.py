@@ -39,6 +39,20 @@ async def test_drill_loses_and_duplicates_nothing(scenario: str, tmp_path: Path)
 
 
 @pytest.mark.asyncio
+async def test_a_transactional_workload_through_kill_9_of_the_active_is_all_or_nothing(tmp_path: Path) -> None:
+    """--workload transactional: workers turn each input into an output in transactions while
+    the active of most partitions is killed; every input's output once, no transaction partial."""
+    cfg = DrillConfig("kill-active", producers=1, consumers=2, messages=600, partitions=4, seed=7,
+                      data_dir=tmp_path, timeout=150, workload="transactional")
+    rep = await drill(cfg, repeat=1)
+    assert rep["errors"] == [], rep["errors"]
+    a = rep["atomicity"]
+    assert a["tx_committed"] >= 600 // 16 and (a["partial"], a["unsettled"], a["tx_unknown"]) == (0, 0, 0), a
+    assert (rep["confirmed"], rep["lost"], rep["duplicated"], rep["unexpected"]) == (600, 0, 0, 0)
+    assert rep["passed"]
+
+
+@pytest.mark.asyncio
 async def test_slow_disk_with_a_short_timeout_stalls_within_alive_give_up(tmp_path: Path) -> None:
     """--non-response-timeout 0.1: the usual stall (2 x 0.1 + 1 s) would outlast how long the
     replicas say they are up (ALIVE_GIVE_UP x 0.1 s), and the actives would rightly step

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import client
+from broker.tools.checker import atomicity
 from broker.tools.cluster import LocalCluster
 from broker.transactions.ids import COORDINATOR_QUEUE, coordinator_partition
 from client.clock import Backoff
@@ -122,7 +125,7 @@ async def test_consume_transform_produce_through_two_kill_9s_writes_each_output_
 
             worker = Worker(conn)
             task = asyncio.create_task(worker.run())
-            producer = await (await conn.primary()).init_producer("worker")
+            producer = await conn.init_producer("worker")
             coordinator = (await cl.actives(COORDINATOR_QUEUE))[coordinator_partition(producer.name)]
             await wait_until(lambda: len(worker.committed) >= 100 or task.done(), timeout=60, what="100 committed")
             await cl.nodes[coordinator].kill()
@@ -150,5 +153,184 @@ async def test_consume_transform_produce_through_two_kill_9s_writes_each_output_
         assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
             sorted(lost)[:5], sorted(duplicated)[:5], sorted(unexpected)[:5])
         assert max(worker.committed.values()) == 1, worker.committed.most_common(3)  # (no input committed twice)
+    finally:
+        await cl.stop()
+
+
+class Staged:
+    """One transaction per case, each from its own input queue to its own output queue, with a
+    fault at one step of its first attempt; attempts again until one commits (what an
+    application does)."""
+
+    def __init__(self, cl: LocalCluster, conn: client.DurableConnection) -> None:
+        self.cl, self.conn = cl, conn
+        self.transactions: dict[str, tuple[bool, frozenset[bytes]]] = {}
+
+    async def coordinator(self) -> tuple[str, int]:
+        """The node active for the producer's coordinator partition, and that partition."""
+        producer = await self.conn.init_producer("staged")
+        p = coordinator_partition(producer.name)
+        where: dict[int, str] = {}
+
+        async def served() -> bool:
+            where.update(await self.cl.actives(COORDINATOR_QUEUE))
+            return p in where
+
+        await wait_until(served, timeout=60, what="the coordinator partition active")
+        return where[p], p
+
+    async def decided(self, p: int) -> int:
+        """The coordinator partition's highest commit index among the live nodes."""
+        return max(x.commit for _name, st in await self.cl._statuses() for x in st.partitions
+                   if x.queue == COORDINATOR_QUEUE and x.partition == p)
+
+    async def caught_up(self, p: int) -> None:
+        """Until the coordinator partition's active has every other member as a replica at lag 0
+        (a member restarted by an earlier case has caught up: any two of the three decide)."""
+        async def matched() -> bool:
+            return any(x.queue == COORDINATOR_QUEUE and x.partition == p and x.role == "active"
+                       and len(x.replicas) == len(self.cl.nodes) - 1 and all(r.lag == 0 for r in x.replicas)
+                       for _name, st in await self.cl._statuses() for x in st.partitions)
+
+        await wait_until(matched, timeout=60, what="the coordinator partition's replicas caught up")
+
+    async def setup(self, case: str, node: str) -> None:
+        """The case's queues, active on ``node``, and its input."""
+        others = [n for n in self.cl.nodes if n != node]
+        for q in (f"in-{case}", f"out-{case}"):
+            await self.conn.declare_queue(q, placement=[[node, *others]])
+
+        async def served() -> bool:
+            return all([(await self.cl.actives(q, 1)).get(0) == node for q in (f"in-{case}", f"out-{case}")])
+
+        await wait_until(served, timeout=60, what=f"{case}'s queues active on {node}")
+        await self.conn.producer(f"in-{case}").send(f"{case}-in".encode())
+
+    async def run(self, case: str, fault: dict[str, Callable[[Transaction], Awaitable[None]]]) -> None:
+        async with self.conn.consumer(f"in-{case}") as c:
+            for attempt in range(5):
+                m = await c.next(30)
+                assert m is not None, f"{case}: the input did not come (attempt {attempt})"
+                hooks = fault if attempt == 0 else {}
+                tx: Transaction | None = None
+                try:
+                    tx = await self.conn.begin("staged")
+                    if "begun" in hooks:
+                        await hooks["begun"](tx)
+                    await tx.publish(f"out-{case}", f"{case}-out".encode(), headers={"tx": tx.id})
+                    await tx.ack(m)
+                    if "prepared" in hooks:
+                        await hooks["prepared"](tx)
+                    committed = tx.done or await outcome(tx)  # (a hook that ended it asserted it committed)
+                except TandemError:
+                    committed = False
+                if tx is not None:
+                    self.transactions[tx.id] = (committed, frozenset({f"{case}-out".encode()}))
+                if committed:
+                    return
+                if tx is not None and not tx.done:
+                    try:
+                        await tx.abort()
+                    except TandemError:
+                        pass
+                if not m.settled:
+                    try:
+                        await m.nack()
+                    except TandemError:
+                        pass
+        raise AssertionError(f"{case}: no attempt committed")
+
+    async def outputs(self, case: str) -> list[tuple[bytes, str]]:
+        """Every output of the case, consumed: (body, the transaction that published it)."""
+        out: list[tuple[bytes, str]] = []
+        async with self.conn.consumer(f"out-{case}") as c:
+            while (m := await c.next(3 if out else 30)) is not None:
+                out.append((m.body, m.headers.get("tx", "")))
+                await m.ack()
+        return out
+
+
+async def test_kill_9_or_a_cut_link_at_each_step_of_a_transaction_leaves_it_all_or_nothing(tmp_path: Path) -> None:
+    """A 3-node group; each case's queues (its participants) active on one node.  Faults: kill -9
+    of the coordinator's active before the prepare, after it, and after the decision (the
+    participants' node held by SIGSTOP keeps the commit from ending); kill -9 of the
+    participants' active mid-commit; the client's link cut (reset) mid-prepare, whose closing
+    aborts the transaction.  Every case ends with its output once and its input settled, and
+    every transaction all or nothing."""
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST)
+    await cl.start()
+    try:
+        await cl.finalize()
+        async with await client.connect(cl.url) as conn:
+            staged = Staged(cl, conn)
+
+            async def restart(node: str) -> None:
+                await cl.nodes[node].kill()
+                await cl.nodes[node].start()
+
+            async def kill_coordinator(_tx: Transaction) -> None:
+                await restart((await staged.coordinator())[0])
+
+            async def held_after_the_decision(tx: Transaction, then: Callable[[str, str], Awaitable[None]]) -> None:
+                """The commit sent while the participants' node is frozen; once the decision is
+                replicated, ``then(coordinator, participants' node)``; the commit must end committed."""
+                coordinator, p = await staged.coordinator()
+                await staged.caught_up(p)
+                before = await staged.decided(p)
+                cl.nodes[node].pause()
+                try:
+                    ending = asyncio.ensure_future(outcome(tx))
+
+                    async def decided() -> bool:
+                        return await staged.decided(p) > before
+
+                    await wait_until(decided, timeout=30, what="the decision replicated")
+                    await then(coordinator, node)
+                finally:
+                    cl.nodes[node].resume()
+                assert await ending, f"{tx.id}: decided, then aborted"
+
+            async def kill_the_coordinator_after(tx: Transaction) -> None:
+                await held_after_the_decision(tx, lambda coordinator, _p: restart(coordinator))
+
+            async def kill_the_participant_after(tx: Transaction) -> None:
+                await held_after_the_decision(tx, lambda _c, participants: restart(participants))
+
+            faults: list[tuple[str, dict[str, Callable[[Transaction], Awaitable[None]]]]] = [
+                ("before-prepare", {"begun": kill_coordinator}),
+                ("after-prepare", {"prepared": kill_coordinator}),
+                ("after-decision", {"prepared": kill_the_coordinator_after}),
+                ("participant-mid-commit", {"prepared": kill_the_participant_after})]
+            for case, fault in faults:
+                # the participants on a node that neither coordinates nor carries the client's requests
+                coordinator, _ = await staged.coordinator()
+                busy = {coordinator, (await conn.primary()).node}
+                node = next(n for n in ("node3", "node2", "node1") if n not in busy)
+                await staged.setup(case, node)
+                await staged.run(case, fault)
+
+            # the cut link: a plain link to the participants' node, reset after the publish and the ack
+            await staged.setup("cut-link", "node2")
+            async with await client.connect_link(cl.url_of("node2")) as link:
+                async with link.consumer("in-cut-link") as lc:
+                    first = await lc.next(30)
+                    assert first is not None
+                    tx = await link.begin("cut")
+                    await tx.publish("out-cut-link", b"cut-link-out", headers={"tx": tx.id})
+                    await tx.ack(first)
+                link._writer.transport.abort()  # type: ignore[union-attr]  # (a reset: no goodbye)
+            staged.transactions[tx.id] = (False, frozenset({b"cut-link-out"}))
+            await staged.run("cut-link", {})  # (its input comes back once the abort resolved)
+            with pytest.raises(TransactionAbortedError):  # (the decision: asked on another link)
+                await Transaction(await conn.primary(), tx.id).commit()
+
+            cases = [case for case, _ in faults] + ["cut-link"]
+            outputs = {case: await staged.outputs(case) for case in cases}
+            for case in cases:
+                assert await (await conn.primary()).get(f"in-{case}") is None, f"{case}: its input is back"
+        for case in cases:
+            assert [b for b, _ in outputs[case]] == [f"{case}-out".encode()], (case, outputs[case])
+        verdict = atomicity(staged.transactions, [o for out in outputs.values() for o in out], [])
+        assert verdict.partial == 0, (verdict, staged.transactions, outputs)
     finally:
         await cl.stop()

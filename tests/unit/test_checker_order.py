@@ -1,10 +1,11 @@
-"""The checker's per-producer order rule and the jepsen drill's schedule."""
+"""The checker's per-producer order rule and its transactions' atomicity, and the jepsen drill's
+schedule."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.tools.checker import Delivery, classify, reordered
+from broker.tools.checker import Delivery, atomicity, classify, reordered
 from broker.tools.drill.families import families
 from broker.tools.drill.jepsen import GAP, HOLD, make_schedule
 from client.errors import InvalidArgumentError
@@ -75,3 +76,22 @@ def test_no_family_or_an_unknown_one_is_one_clear_error() -> None:
         make_schedule([], 1, 10)
     with pytest.raises(InvalidArgumentError, match=r"unknown fault family 'nosuch' \(known: .*kill"):
         families(["kill", "nosuch"])
+
+
+TXS = {"t1": (True, frozenset({b"a", b"b"})), "t2": (False, frozenset({b"c"})), "t3": (True, frozenset({b"c"}))}
+
+
+def test_transactions_all_or_nothing_pass() -> None:
+    a = atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t3")], [])
+    assert (a.transactions, a.committed, a.aborted, a.partial, a.unsettled) == (3, 2, 1, 0, 0)
+
+
+def test_a_committed_transaction_missing_an_output_or_an_aborted_one_with_one_is_partial() -> None:
+    assert atomicity(TXS, [(b"a", "t1"), (b"c", "t3")], []).partial == 1  # t1 lost b
+    assert atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t2"), (b"c", "t3")], []).partial == 1  # t2 aborted
+
+
+def test_an_input_delivered_again_after_its_commit_is_unsettled() -> None:
+    outputs = [(b"a", "t1"), (b"b", "t1"), (b"c", "t3")]
+    assert atomicity(TXS, outputs, [(b"c", "t2")]).unsettled == 0  # (after an abort: it comes again)
+    assert atomicity(TXS, outputs, [(b"a", "t1")]).unsettled == 1

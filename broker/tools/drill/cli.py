@@ -14,7 +14,7 @@ from typing import Any
 from broker.config import DurabilityPolicy
 from broker.tools.drill.families import families, load_families
 from broker.tools.drill.jepsen import default_out, jepsen, verdict_line
-from broker.tools.drill.model import SCENARIOS, DrillConfig, RunResult
+from broker.tools.drill.model import SCENARIOS, WORKLOADS, DrillConfig, RunResult
 from broker.tools.drill.report import progress_line, report_text
 from broker.tools.drill.diskfaults import missing
 from broker.tools.drill.run import check_family, drill
@@ -154,6 +154,10 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--upgrade-hold", dest="upgrade_hold", type=float, default=0.0, metavar="S",
                    help="rolling-upgrade: seconds the half-upgraded group runs under the load before the next node "
                         "(default 0)")
+    d.add_argument("--workload", choices=WORKLOADS, default="plain",
+                   help="plain (default): producers and consumers of one queue; transactional: each consumer "
+                        "turns inputs into outputs on a second queue, its publishes and acks in one transaction "
+                        "per batch, and the checker also checks each transaction all or nothing")
     d.add_argument("--json", action="store_true", help="one JSON object on stdout (progress per run on stderr)")
     add_ha_args(d)
     d.set_defaults(func=_drill)
@@ -257,7 +261,11 @@ def _drill(args: argparse.Namespace) -> int:
                       url=args.url, inject=args.inject, heal=args.heal, hold=args.hold, ha=ha, tls=args.tls,
                       net=args.net, loss=args.loss, from_ref=args.from_ref, from_venv=args.from_venv,
                       rollback=args.rollback, hold_after=args.hold_after, upgrade_hold=args.upgrade_hold,
-                      steady_rate=args.rate if args.scenario == "rolling-upgrade" else None)
+                      steady_rate=args.rate if args.scenario == "rolling-upgrade" else None,
+                      workload=args.workload)
+    if args.workload == "transactional" and args.scenario == "rolling-upgrade":
+        raise InvalidArgumentError("rolling-upgrade starts on an older build, which may have no transactions: "
+                                   "--workload plain")
     check_family(cfg)
 
     def progress(r: RunResult) -> None:
@@ -288,7 +296,8 @@ def _jepsen(args: argparse.Namespace) -> int:
                       consumers=args.consumers, messages=max(3, int(args.time * args.rate)), seed=args.seed,
                       local_sync=DurabilityPolicy.parse(args.local_sync).value,
                       remote_sync=DurabilityPolicy.parse(args.remote_sync).value,
-                      non_response_timeout=args.non_response_timeout, timeout=args.timeout, tls=args.tls)
+                      non_response_timeout=args.non_response_timeout, timeout=args.timeout, tls=args.tls,
+                      workload=args.workload)
     out = Path(args.out) if args.out else default_out(args.seed)
 
     def say(line: str) -> None:

@@ -41,7 +41,8 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.drill.families import check_needs, families, needs_of, prepare
 from broker.tools.drill.groups import all_active, ha_events
 from broker.tools.drill.load import Load, takeover_time
-from broker.tools.drill.model import QUEUE, DrillConfig
+from broker.tools.drill.txload import TxLoad, make_load
+from broker.tools.drill.model import DrillConfig
 from broker.tools.drill.nemesis import FaultContext, Nemesis
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import InvalidArgumentError, TandemError
@@ -97,9 +98,12 @@ def default_out(seed: int) -> Path:
 
 def verdict_line(rep: dict[str, Any]) -> str:
     c = rep["checker"]
+    a = rep.get("atomicity")
+    tx = (f"; transactions {a['transactions']} ({a['committed']} committed), partial {a['partial']}, "
+          f"inputs again after their commit {a['unsettled']}, outcome unknown {a['unknown']}") if a else ""
     return (f"lost {c['lost']} of {rep['history']['confirmed']} confirmed, unexpected {c['unexpected']}, "
             f"duplicated {c['duplicated']} (reordered {c['reordered']}, recovered {c['recovered']}, "
-            f"redelivered {c['redelivered']}): {'PASSED' if rep['passed'] else 'FAILED'}")
+            f"redelivered {c['redelivered']}){tx}: {'PASSED' if rep['passed'] else 'FAILED'}")
 
 
 class _Runner:
@@ -181,13 +185,16 @@ class _Runner:
                 await prepare(nem, setup_ctx)
             await cl.start()
             await cl.wait_ready()
+            if cfg.workload == "transactional":
+                await cl.finalize()  # (transactions need the build's feature level)
             async with await client.connect(cl.url, client_name="drill-setup") as conn:
-                await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+                for q in make_load(None, cfg, 1, random.Random(0), clock).queues():
+                    await conn.declare_queue(q, partitions=cfg.partitions)
             await all_active(cl, cfg.partitions, clock.monotonic() + cfg.timeout, clock)
-            load = Load(cl, cfg, 1, random.Random(rng.random()), clock)
+            load = make_load(cl, cfg, 1, random.Random(rng.random()), clock)
             self.t0 = clock.monotonic()
             end, deadline = self.t0 + self.duration, self.t0 + self.duration + cfg.timeout
-            tasks += [asyncio.ensure_future(load.consume(i)) for i in range(cfg.consumers)]
+            tasks += [asyncio.ensure_future(c) for c in load.consumers()]
             per = self.rate / cfg.producers
             producers = asyncio.ensure_future(asyncio.gather(
                 *(load.produce(i, None, rate=per, until=end) for i in range(cfg.producers))))
@@ -235,6 +242,10 @@ class _Runner:
                           "recovered": v.recovered, "redelivered": v.redelivered, "reordered": v.reordered}
         rep["timeline"] = self.timeline
         rep["passed"] = v.passed and not rep["error"] and v.confirmed > 0
+        if isinstance(load, TxLoad):
+            a = load.atomicity()
+            rep["atomicity"] = {**a.as_dict(), "unknown": load.unknown}
+            rep["passed"] = rep["passed"] and a.partial == a.unsettled == load.unknown == 0
 
 
 async def jepsen(cfg: DrillConfig, names: Sequence[str], duration: float, rate: float, *,

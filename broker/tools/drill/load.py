@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import client
@@ -131,6 +131,14 @@ class Load:
             await asyncio.wait(set(pending))
         await p.close()
 
+    def consumers(self) -> list[Coroutine[Any, Any, None]]:
+        """The run's consumers (``cfg.consumers`` of them)."""
+        return [self.consume(i) for i in range(self.cfg.consumers)]
+
+    def queues(self) -> tuple[str, ...]:
+        """The queues the run fills: drained when they hold nothing."""
+        return (self.queue,)
+
     async def consume(self, index: int) -> None:
         conn = await self._connect(f"drill-consumer-{index}")
         c = await conn.consumer(self.queue, prefetch=128).start()
@@ -155,7 +163,7 @@ class Load:
         ``steady_rate`` the producers send at that rate until the fault is over instead of
         ``messages`` in all (then ``messages`` / 3 confirmed starts the fault)."""
         cfg = self.cfg
-        consumers = [asyncio.ensure_future(self.consume(i)) for i in range(cfg.consumers)]
+        consumers = [asyncio.ensure_future(c) for c in self.consumers()]
         share = [cfg.messages // cfg.producers + (1 if i < cfg.messages % cfg.producers else 0)
                  for i in range(cfg.producers)]
         over = asyncio.Event()
@@ -186,8 +194,8 @@ class Load:
                 want = {b for b in self.confirmed if b not in seen and not self.reported(b)}
                 if not want:
                     infos = await conn.list_queues()
-                    total = sum(q.ready + q.unacked for q in infos if q.name == self.queue)
-                    if total == 0 and await empty_everywhere(self.cl, self.queue):
+                    total = sum(q.ready + q.unacked for q in infos if q.name in self.queues())
+                    if total == 0 and all([await empty_everywhere(self.cl, q) for q in self.queues()]):
                         return
                 await self.clock.sleep(0.1)  # polling consumers and nodes, bounded by the deadline
         log.warning("drill run %d: drain deadline passed", self.run_no)

@@ -11,6 +11,7 @@ from broker.tools.pair import REPLICATED, HaSetup
 SCENARIOS = ("kill-active", "kill-replica", "pause-active", "partition-active", "restart-all", "rolling-restart",
              "slow-disk", "rolling-upgrade")
 QUEUE = "drill"
+WORKLOADS = ("plain", "transactional")
 
 
 @dataclass(slots=True)
@@ -63,6 +64,9 @@ class DrillConfig:
     #: messages a second over all producers, sent until the fault is over (rolling-upgrade: the
     #: load runs through every step); None: ``messages`` in all, as fast as the window allows
     steady_rate: float | None = None
+    #: "plain" (producers and consumers) or "transactional" (consumers that turn each input into
+    #: an output in another queue, in transactions: broker.tools.drill.txload)
+    workload: str = "plain"
 
     def node_args(self) -> list[str]:
         args = ["--remote-sync", self.remote_sync, *self.extra_args]
@@ -129,14 +133,26 @@ class RunResult:
     lost_ranges: list[str] = field(default_factory=list)
     #: rolling-upgrade: each step, its figures and the upgrade status after it (broker.tools.drill.upgrade)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    #: the transactional workload: transactions ended (committed, aborted), the partial ones
+    #: (broker.tools.checker.atomicity), inputs delivered again after their transaction committed,
+    #: and transactions whose outcome no answer told
+    transactions: int = 0
+    tx_committed: int = 0
+    tx_aborted: int = 0
+    partial: int = 0
+    unsettled: int = 0
+    tx_unknown: int = 0
     error: str = ""
 
     @property
     def passed(self) -> bool:
         """Nothing duplicated, unexpected or reordered, and nothing lost; under weak policies a loss is
         allowed only where Tandem reported it (the lost messages' sequences lie in the
-        ranges of the SDK's ConfirmedMessagesLost events)."""
+        ranges of the SDK's ConfirmedMessagesLost events).  The transactional workload: no
+        transaction partial or of unknown outcome, no input delivered again once committed."""
         if self.error or self.duplicated or self.unexpected or self.reordered:
+            return False
+        if self.partial or self.unsettled or self.tx_unknown:
             return False
         return self.lost == 0 or (self.weak and self.unreported_lost == 0)
 

@@ -21,6 +21,7 @@ from broker.tools.drill.families import check_needs, load_families, prepare
 from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_events, target_of
 from broker.tools.drill.healing import WATCH_FACTOR, HealWatch
 from broker.tools.drill.load import Load
+from broker.tools.drill.txload import QUEUE_OUT, TxLoad, make_load
 from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fault families)
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
@@ -185,14 +186,18 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
+        if cfg.workload == "transactional":
+            await cl.finalize()  # (transactions need the build's feature level)
         async with await client.connect(cl.url, client_name="drill-setup") as conn:
             await conn.declare_queue(QUEUE, partitions=cfg.partitions)
+            if cfg.workload == "transactional":
+                await conn.declare_queue(QUEUE_OUT, partitions=cfg.partitions)
         actives = await all_active(cl, cfg.partitions, deadline, clock)
         res.target = f"node{cfg.nodes}" if cfg.scenario in ("kill-replica", "disk-error") else \
             "all" if cfg.scenario in ("restart-all", "rolling-restart", "power-loss-all", "rolling-upgrade") \
             else target_of(actives)
         before = active_terms(await cl._statuses(), QUEUE) if cfg.scenario == "slow-disk" else {}
-        load = Load(cl, cfg, run, rng, clock)
+        load = make_load(cl, cfg, run, rng, clock)
         log.info("drill run %d: %s on %s", run, cfg.scenario, res.target)
         run_load = load
         if nem is not None and ctx is not None:
@@ -257,11 +262,12 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
     load: Load | None = None
     deadline = clock.monotonic() + cfg.timeout
     try:
+        load = make_load(group, cfg, run, rng, clock, queue)
         async with await client.connect(cfg.url, client_name="drill-setup") as conn:
-            await conn.declare_queue(queue, partitions=cfg.partitions)
+            for q in load.queues():
+                await conn.declare_queue(q, partitions=cfg.partitions)
         actives = await all_active(group, cfg.partitions, deadline, clock, queue)
         res.target = target_of(actives)
-        load = Load(group, cfg, run, rng, clock, queue)
         inject, heal, target = cfg.inject, cfg.heal, res.target
 
         run_load = load
@@ -280,7 +286,8 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
         res.takeover_ms = round(took * 1000, 1) if took is not None else None
         res.ha_events = await ha_events(group)
         async with await client.connect(cfg.url, client_name="drill-setup") as conn:
-            await conn.delete_queue(queue)
+            for q in load.queues():
+                await conn.delete_queue(q)
     except (TandemError, OSError, TimeoutError) as exc:
         log.exception("drill run %d failed", run)
         res.error = f"{type(exc).__name__}: {exc}"
@@ -292,6 +299,12 @@ async def run_existing(cfg: DrillConfig, run: int, rng: random.Random, clock: Cl
 
 def _verdict(res: RunResult, load: Load) -> None:
     v = classify(load.sent, load.confirmed, load.consumed, reordered(load.received, load.origin))
+    if isinstance(load, TxLoad):
+        a = load.atomicity()
+        res.transactions, res.tx_committed, res.tx_aborted = a.transactions, a.committed, a.aborted
+        res.partial, res.unsettled, res.tx_unknown = a.partial, a.unsettled, load.unknown
+        if not a.committed and not res.error:
+            res.error = f"no transaction committed (failed batches: {dict(load.errors) or 'none'})"
     res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None
     if v.lost:
         res.unreported_lost = load.unreported(set(load.confirmed) - {b for b, _ in load.consumed})
