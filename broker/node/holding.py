@@ -166,6 +166,13 @@ class Holding:
         q = self.catalogue.by_id(key[0])
         if q is None or key[1] >= len(q.partitions):
             return
+        # deliveries this node made in an earlier term of its own and still holds (it lost the
+        # partition and won it again with no unload between): the store may have settled their
+        # messages since, another active having had them; they come again from the store
+        stale = revoke_deliveries(self.holders, q, key[1])
+        if stale:
+            log.warning("partition %d/%d: %d deliveries of an earlier term revoked (delivered again from the store)",
+                        key[0], key[1], stale)
         q.load_partition(key[1], st, windows=windows, ready=ready)
         self.delivery.schedule(q)
         # (once it serves, right after this: a partition of a queue being updated is swept)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,34 +115,43 @@ class Atomicity:
     committed: int
     aborted: int
     partial: int  # a committed one missing an output, or an aborted one with an output visible
-    unsettled: int  # inputs of committed transactions delivered again to the workers afterwards
+    acked_twice: int  # inputs acked by two committed transactions (the second's output has no input of its own)
+    #: the first partial transactions: id, committed, outputs it published, outputs of it visible
+    examples: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def atomicity(transactions: Mapping[str, tuple[bool, frozenset[bytes]]],
-              outputs: Iterable[tuple[bytes, str]], redelivered_after: Iterable[tuple[bytes, str]]) -> Atomicity:
+              outputs: Iterable[tuple[bytes, str]]) -> Atomicity:
     """Each transaction all or nothing.
 
     ``transactions``: transaction id -> (committed, the bodies it published, each the body of the
     input it acked); ``outputs``: (body, id of the transaction that published it) of every output
-    a reader consumed; ``redelivered_after``: (input body, id of a committed transaction that had
-    acked it) for each input a worker received again after that commit.
+    a reader consumed.
 
     A committed transaction is partial when one of its outputs is not among ``outputs`` (its
     publish was lost, or only some of its writes took effect); an aborted one when any of its
-    outputs is (a write of an aborted transaction became visible).  An input received again after
-    the transaction that acked it committed is *unsettled*: its ack did not take effect with the
-    commit."""
+    outputs is (a write of an aborted transaction became visible).  An input acked by two
+    committed transactions was settled by the first; the second's ack changed nothing, and its
+    output is one without its input acked (a duplicate)."""
     visible: dict[str, set[bytes]] = {}
     for body, txid in outputs:
         visible.setdefault(txid, set()).add(body)
     partial = committed = 0
+    examples: list[str] = []
+    times: dict[bytes, int] = {}
     for txid, (ok, bodies) in transactions.items():
         seen = visible.get(txid, set())
         committed += ok
+        if ok:
+            for b in bodies:
+                times[b] = times.get(b, 0) + 1
         if (ok and not bodies <= seen) or (not ok and seen):
             partial += 1
-    unsettled = sum(1 for _body, txid in redelivered_after if transactions.get(txid, (False,))[0])
-    return Atomicity(len(transactions), committed, len(transactions) - committed, partial, unsettled)
+            if len(examples) < 10:
+                examples.append(f"{txid}: {'committed' if ok else 'aborted'}, {len(bodies)} published, "
+                                f"{len(seen)} visible (e.g. {sorted(seen ^ bodies)[:3]!r})")
+    twice = sum(1 for n in times.values() if n > 1)
+    return Atomicity(len(transactions), committed, len(transactions) - committed, partial, twice, tuple(examples))

@@ -13,6 +13,7 @@ within ``transaction_timeout`` (:meth:`Participants.check`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
@@ -68,14 +69,22 @@ class Participants:
             q = self.node.queue(queue)
         except QueueNotFoundError:
             return  # (deleted: nothing of it is left to settle)
-        for p in range(len(q.partitions)) if partition < 0 else (partition,):
-            if not 0 <= p < len(q.partitions):
-                raise InvalidArgumentError(f"queue {queue!r} has no partition {p}")
+        if partition >= len(q.partitions):
+            raise InvalidArgumentError(f"queue {queue!r} has no partition {partition}")
+
+        async def one(p: int) -> None:
             who = await active_elsewhere(self.node, q, p, hops)
             if who is None:
                 await self.resolve_here(q, p, txid, outcome)
             else:
                 await self.node.forward(who, TxResolveFwd(hops + 1, queue, p, txid, outcome))
+
+        # (every partition at once: a partition that fails does not hold up the others)
+        done = await asyncio.gather(*(one(p) for p in (range(len(q.partitions)) if partition < 0 else (partition,))),
+                                    return_exceptions=True)
+        for r in done:
+            if isinstance(r, BaseException):
+                raise r
 
     async def resolve_here(self, q: Queue, p: int, txid: str, outcome: int) -> None:
         part = q.partitions[p]

@@ -330,7 +330,7 @@ async def test_kill_9_or_a_cut_link_at_each_step_of_a_transaction_leaves_it_all_
                 assert await (await conn.primary()).get(f"in-{case}") is None, f"{case}: its input is back"
         for case in cases:
             assert [b for b, _ in outputs[case]] == [f"{case}-out".encode()], (case, outputs[case])
-        verdict = atomicity(staged.transactions, [o for out in outputs.values() for o in out], [])
-        assert verdict.partial == 0, (verdict, staged.transactions, outputs)
+        verdict = atomicity(staged.transactions, [o for out in outputs.values() for o in out])
+        assert (verdict.partial, verdict.acked_twice) == (0, 0), (verdict, staged.transactions, outputs)
     finally:
         await cl.stop()

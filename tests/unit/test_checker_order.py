@@ -82,16 +82,17 @@ TXS = {"t1": (True, frozenset({b"a", b"b"})), "t2": (False, frozenset({b"c"})), 
 
 
 def test_transactions_all_or_nothing_pass() -> None:
-    a = atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t3")], [])
-    assert (a.transactions, a.committed, a.aborted, a.partial, a.unsettled) == (3, 2, 1, 0, 0)
+    a = atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t3")])
+    assert (a.transactions, a.committed, a.aborted, a.partial, a.acked_twice) == (3, 2, 1, 0, 0)
 
 
 def test_a_committed_transaction_missing_an_output_or_an_aborted_one_with_one_is_partial() -> None:
-    assert atomicity(TXS, [(b"a", "t1"), (b"c", "t3")], []).partial == 1  # t1 lost b
-    assert atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t2"), (b"c", "t3")], []).partial == 1  # t2 aborted
+    a = atomicity(TXS, [(b"a", "t1"), (b"c", "t3")])  # t1 lost b
+    assert a.partial == 1 and a.examples[0].startswith("t1: committed")
+    assert atomicity(TXS, [(b"a", "t1"), (b"b", "t1"), (b"c", "t2"), (b"c", "t3")]).partial == 1  # t2 aborted
 
 
-def test_an_input_delivered_again_after_its_commit_is_unsettled() -> None:
-    outputs = [(b"a", "t1"), (b"b", "t1"), (b"c", "t3")]
-    assert atomicity(TXS, outputs, [(b"c", "t2")]).unsettled == 0  # (after an abort: it comes again)
-    assert atomicity(TXS, outputs, [(b"a", "t1")]).unsettled == 1
+def test_an_input_two_committed_transactions_acked_is_counted() -> None:
+    txs = {**TXS, "t4": (True, frozenset({b"a"})), "t5": (False, frozenset({b"b"}))}  # (t5 aborted: not counted)
+    outputs = [(b"a", "t1"), (b"b", "t1"), (b"c", "t3"), (b"a", "t4")]
+    assert atomicity(txs, outputs).acked_twice == 1

@@ -69,3 +69,29 @@ async def test_a_new_active_makes_its_messages_off_the_loop(monkeypatch: pytest.
     await asyncio.wait_for(tasks[0], 10)
     assert [m.offset for m in q.partitions[0].ready] == list(range(N)) and plog.serving
     assert len(made_on) == N and threading.get_ident() not in made_on
+
+
+@pytest.mark.asyncio
+async def test_a_node_that_wins_a_partition_back_drops_what_it_delivered_in_an_earlier_term() -> None:
+    """A node that lost a partition and won it again with no unload between (a flapping link)
+    still held a session's delivery of its earlier term; another active may have settled that
+    message since (a transaction's ack).  Loading the partition again revokes the delivery: an
+    ack of it is an unknown tag, never a second settlement of a message the store settled."""
+    from broker.messaging.message import Msg, msg_from_store
+    from broker.messaging.queues import Consumer
+    from broker.node.holding import Holding
+
+    q = Queue(QueueMeta(id=1, name="q", partitions=1, mapper="jump_hash", ring_size=1024, max_deliveries=0,
+                        dead_letter_queue=None, max_length=0))
+    session = SimpleNamespace(deliveries={})
+    c = Consumer(1, q, session, 10)  # type: ignore[arg-type]
+    old: Msg = msg_from_store(0, StoredMessage(5, "k", EMPTY_HEADERS, b"x", None, None, 0.0))
+    session.deliveries[7] = (c, old)
+    c.unacked, q.unacked_count = 1, 1
+    host = SimpleNamespace(catalogue=SimpleNamespace(by_id=lambda _i: q), holders=[session],
+                           delivery=SimpleNamespace(schedule=lambda _q: None),
+                           remaps=SimpleNamespace(served=lambda _k: None))
+    settled_since = PartitionState(next_offset=6, messages=[])  # (offset 5 settled by another active)
+    Holding.partition_loaded(host, (1, 0), settled_since, {})  # type: ignore[arg-type]
+    assert session.deliveries == {} and c.unacked == 0 and q.unacked_count == 0
+    assert not q.partitions[0].ready and q.depth == 0

@@ -100,7 +100,7 @@ def verdict_line(rep: dict[str, Any]) -> str:
     c = rep["checker"]
     a = rep.get("atomicity")
     tx = (f"; transactions {a['transactions']} ({a['committed']} committed), partial {a['partial']}, "
-          f"inputs again after their commit {a['unsettled']}, outcome unknown {a['unknown']}") if a else ""
+          f"inputs acked twice {a['acked_twice']}, outcome unknown {a['unknown']}") if a else ""
     return (f"lost {c['lost']} of {rep['history']['confirmed']} confirmed, unexpected {c['unexpected']}, "
             f"duplicated {c['duplicated']} (reordered {c['reordered']}, recovered {c['recovered']}, "
             f"redelivered {c['redelivered']}){tx}: {'PASSED' if rep['passed'] else 'FAILED'}")
@@ -244,8 +244,9 @@ class _Runner:
         rep["passed"] = v.passed and not rep["error"] and v.confirmed > 0
         if isinstance(load, TxLoad):
             a = load.atomicity()
-            rep["atomicity"] = {**a.as_dict(), "unknown": load.unknown}
-            rep["passed"] = rep["passed"] and a.partial == a.unsettled == load.unknown == 0
+            rep["atomicity"] = {**a.as_dict(), "unknown": load.unknown, "failed_batches": dict(load.errors),
+                                "duplicates": load.duplicates()}
+            rep["passed"] = rep["passed"] and a.partial == a.acked_twice == load.unknown == 0
 
 
 async def jepsen(cfg: DrillConfig, names: Sequence[str], duration: float, rate: float, *,

@@ -133,14 +133,14 @@ class RunResult:
     lost_ranges: list[str] = field(default_factory=list)
     #: rolling-upgrade: each step, its figures and the upgrade status after it (broker.tools.drill.upgrade)
     steps: list[dict[str, Any]] = field(default_factory=list)
-    #: the transactional workload: transactions ended (committed, aborted), the partial ones
-    #: (broker.tools.checker.atomicity), inputs delivered again after their transaction committed,
-    #: and transactions whose outcome no answer told
+    #: the transactional workload: transactions ended (committed, aborted), the partial ones and
+    #: the inputs two committed transactions acked (broker.tools.checker.atomicity), and
+    #: transactions whose outcome no answer told
     transactions: int = 0
     tx_committed: int = 0
     tx_aborted: int = 0
     partial: int = 0
-    unsettled: int = 0
+    acked_twice: int = 0
     tx_unknown: int = 0
     error: str = ""
 
@@ -149,10 +149,10 @@ class RunResult:
         """Nothing duplicated, unexpected or reordered, and nothing lost; under weak policies a loss is
         allowed only where Tandem reported it (the lost messages' sequences lie in the
         ranges of the SDK's ConfirmedMessagesLost events).  The transactional workload: no
-        transaction partial or of unknown outcome, no input delivered again once committed."""
+        transaction partial or of unknown outcome, no input acked by two committed transactions."""
         if self.error or self.duplicated or self.unexpected or self.reordered:
             return False
-        if self.partial or self.unsettled or self.tx_unknown:
+        if self.partial or self.acked_twice or self.tx_unknown:
             return False
         return self.lost == 0 or (self.weak and self.unreported_lost == 0)
 

@@ -26,7 +26,7 @@ def summarize(cfg: DrillConfig, results: list[RunResult], net: str | None = None
     out["workload"] = cfg.workload
     if cfg.workload == "transactional":
         out["atomicity"] = {k: sum(getattr(r, k) for r in results)
-                            for k in ("transactions", "tx_committed", "tx_aborted", "partial", "unsettled",
+                            for k in ("transactions", "tx_committed", "tx_aborted", "partial", "acked_twice",
                                       "tx_unknown")}
     out["failover_ms"] = {"p50": round(statistics.median(waits), 1) if waits else None,
                           "max": max(waits) if waits else None}
@@ -64,7 +64,7 @@ def report_text(rep: dict[str, Any]) -> str:
              f"  another node served once the fault was over in {rep['moved']} of {rep['runs']} run(s)"]
     if (a := rep.get("atomicity")) is not None:
         lines.insert(1, f"  transactions {a['transactions']}: committed {a['tx_committed']}, aborted {a['tx_aborted']}, "
-                        f"partial {a['partial']}, inputs again after their commit {a['unsettled']}, "
+                        f"partial {a['partial']}, inputs acked twice {a['acked_twice']}, "
                         f"outcome unknown {a['tx_unknown']}")
     if rep.get("heal_up_ms", {}).get("max") is not None or rep.get("deposed"):
         lines.append(f"  heal to every peer Up: p50 {rep['heal_up_ms']['p50']} ms, max {rep['heal_up_ms']['max']} ms; "
@@ -92,6 +92,6 @@ def progress_line(r: RunResult) -> str:
     return json.dumps({"run": r.run, "target": r.target, "lost": r.lost, "duplicated": r.duplicated,
                        "unexpected": r.unexpected, "reported_lost": r.reported_lost, "failover_ms": r.failover_ms, "takeover_ms": r.takeover_ms, "after": r.after,
                        **({"fault": r.fault, "heal_up_ms": r.heal_up_ms, "deposed": r.deposed} if r.fault else {}),
-                       **({"transactions": r.transactions, "partial": r.partial, "unsettled": r.unsettled}
+                       **({"transactions": r.transactions, "partial": r.partial, "acked_twice": r.acked_twice}
                           if r.transactions else {}),
                        "unreported_lost": r.unreported_lost, "passed": r.passed, **({"error": r.error} if r.error else {})})

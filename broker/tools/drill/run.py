@@ -302,7 +302,7 @@ def _verdict(res: RunResult, load: Load) -> None:
     if isinstance(load, TxLoad):
         a = load.atomicity()
         res.transactions, res.tx_committed, res.tx_aborted = a.transactions, a.committed, a.aborted
-        res.partial, res.unsettled, res.tx_unknown = a.partial, a.unsettled, load.unknown
+        res.partial, res.acked_twice, res.tx_unknown = a.partial, a.acked_twice, load.unknown
         if not a.committed and not res.error:
             res.error = f"no transaction committed (failed batches: {dict(load.errors) or 'none'})"
     res.weak = "NO_SYNC" in (load.cfg.local_sync, load.cfg.remote_sync) and load.cfg.url is None

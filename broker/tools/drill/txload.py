@@ -34,7 +34,7 @@ log = logging.getLogger("tandem.drill")
 
 QUEUE_OUT = "drill-out"
 #: inputs per transaction at most
-BATCH = 16
+BATCH = 64
 #: seconds a worker asks for a commit's outcome before it counts the transaction unknown
 OUTCOME_WAIT = 120.0
 
@@ -48,8 +48,6 @@ class TxLoad(Load):
         self.out = f"{queue}-out" if queue != QUEUE else QUEUE_OUT
         #: transaction id -> (committed, the input bodies it carried)
         self.transactions: dict[str, tuple[bool, frozenset[bytes]]] = {}
-        self.acked_by: dict[bytes, str] = {}  # input body -> the committed transaction that acked it
-        self.again: list[tuple[bytes, str]] = []  # inputs received again after their commit
         self.outputs: list[tuple[bytes, str]] = []  # (body, transaction id) as the reader got them
         self.unknown = 0  # transactions whose outcome no answer told
         self.errors: Counter[str] = Counter()  # what failed batches before their commit, by error
@@ -61,7 +59,20 @@ class TxLoad(Load):
         return (self.queue, self.out)
 
     def atomicity(self) -> Atomicity:
-        return atomicity(self.transactions, self.outputs, self.again)
+        return atomicity(self.transactions, self.outputs)
+
+    def duplicates(self) -> dict[str, list[str]]:
+        """Each output stored more than once (consumed under two message ids): the transactions
+        that published it (at most 10)."""
+        ids: dict[bytes, set[str]] = {}
+        for body, mid in self.consumed:
+            ids.setdefault(body, set()).add(mid)
+        twice = {b for b, found in ids.items() if len(found) > 1}
+        out: dict[str, list[str]] = {}
+        for body, txid in self.outputs:
+            if body in twice and (len(out) < 10 or body.decode(errors="replace") in out):
+                out.setdefault(body.decode(errors="replace"), []).append(txid)
+        return out
 
     async def work(self, index: int) -> None:
         conn = await self._connect(f"drill-worker-{index}")
@@ -75,9 +86,6 @@ class TxLoad(Load):
                 batch = [m]
                 while len(batch) < BATCH and (more := await c.next(0)) is not None:
                     batch.append(more)
-                for b in batch:
-                    if b.body in self.acked_by:
-                        self.again.append((b.body, self.acked_by[b.body]))
                 await self._one(conn, tid, batch)
         finally:
             await c.close()
@@ -99,8 +107,7 @@ class TxLoad(Load):
             committed = await self._outcome(tx)
         if tx is not None and committed is not None:
             self.transactions[tx.id] = (committed, frozenset(m.body for m in batch))
-        if committed and tx is not None:
-            self.acked_by.update((m.body, tx.id) for m in batch)
+        if committed:
             return
         if committed is None:
             self.unknown += 1
