@@ -89,7 +89,7 @@ def _broker_start(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
                 "non_response_timeout", "remote_sync", "replicas", "sync_replicas", "zones", "availability_zones",
                 "designated_primary",
                 "join", "seeds",
-                "advertise", "http_port", "producer_expiry", "transaction_timeout", "log_segment_size", "ack_linger", "failback_after",
+                "advertise", "http_port", "amqp_port", "producer_expiry", "transaction_timeout", "log_segment_size", "ack_linger", "failback_after",
                 "objects_locked_per_transaction", "compensation", "weak_hold_bytes", "arbiter", "lockfile", "witness", "lease", "mode", "database", "lock", "tls_cert", "tls_key",
                 "tls_ca", "peer_tls", "max_connections_per_user", "max_prefetch", "max_failed_logins",
                 "login_timeout", "max_connections",
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--http-port", dest="http_port", type=int,
                        help="serve the management console and admin REST API on this port (0 = any free "
                             "port; default: not served)")
+    start.add_argument("--amqp-port", dest="amqp_port", type=int,
+                       help="serve AMQP 0-9-1 clients (pika, aio-pika, kombu) on this port (0 = any free port; "
+                            "default: not served; docs/amqp.md)")
     start.add_argument("--producer-expiry", dest="producer_expiry", type=float,
                        help="seconds a producer may stay idle before its sequences are forgotten "
                             "(default 86400: a resend later than that is stored again)")

@@ -158,6 +158,8 @@ class NodeConfig:
     advertise: str | None = None
     #: the management console and admin REST API (webconsole/); None: not served
     http_port: int | None = None
+    #: the AMQP 0-9-1 front door (broker/amqp/, docs/amqp.md); None: not served
+    amqp_port: int | None = None
     #: seconds a producer may stay idle before a partition forgets its sequence (a resend after
     #: that is stored again); bounds the state every short-lived producer id leaves behind
     producer_expiry: float = 24 * 3600.0
@@ -270,8 +272,10 @@ class NodeConfig:
         if not self.transaction_timeout * 2 <= self.transaction_history <= 365 * 24 * 3600:
             raise ConfigError("transaction_history: must be twice transaction_timeout .. 365 days (a decision "
                               "must outlive every transaction that may ask for it)")
-        if self.http_port is not None and not 0 <= self.http_port <= 65535:
-            raise ConfigError(f"http_port {self.http_port!r}: must be 0..65535 (0 = any free port)")
+        for key in ("http_port", "amqp_port"):
+            port = getattr(self, key)
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigError(f"{key} {port!r}: must be 0..65535 (0 = any free port)")
         if not isinstance(self.max_memory, int) or not (self.max_memory == 0 or self.max_memory >= 1024 * 1024):
             raise ConfigError(f"max_memory {self.max_memory!r}: must be at least 1M bytes (0: no bound)")
         if not isinstance(self.disk_free_limit, int) or self.disk_free_limit < 0:
@@ -539,7 +543,7 @@ def _coerce(key: str, value: Any) -> Any:
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
         return value
-    if key in ("peer_port", "http_port"):
+    if key in ("peer_port", "http_port", "amqp_port"):
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool):

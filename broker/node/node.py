@@ -50,6 +50,7 @@ from broker.node.placement import PLACEMENT_KEY, GroupPlacement
 from broker.node.parts import Console, HaParts, PartitionOps, PeerSide, Report
 from broker.node.services import Services
 from broker.node.store import EngineFactory, NodeStore, sqlite_engine
+from broker.node.listeners import Listeners
 from broker.node.tasks import Loops, TaskOwner
 from broker.messaging.expiry import ProducerExpiry
 from broker.security.auth import ClientGuard, make_room
@@ -90,7 +91,7 @@ class Node:
         self._shared_store: SharedStore | None = open_shared(config.database) \
             if config.mode == "shared" and config.database else None
         self._shared_node: SharedNode | None = None
-        self._server: asyncio.Server | None = None
+        self._listeners = Listeners()  # the client ports (broker/node/listeners.py)
         self._peer_secret: bytes | None = None  # the group secret (broker.security.secret), read at start
         self._lockfile: LockFileDriver | None = None  # arbiter = "lockfile"
         #: the engine, its writer and the commit path in use (broker/node/store.py)
@@ -223,7 +224,7 @@ class Node:
         if cfg.peer_port is not None:
             await self.placing.check_placement(recovered.meta.get(PLACEMENT_KEY))
         await seed_admin(self.services.users, self.store, cfg.data_dir)
-        server = await self._bind_clients()
+        await self._bind_clients()
         if cfg.peer_port is not None:
             ha, ops = self.ha, self.ops
             peers = ha.peers = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
@@ -247,23 +248,17 @@ class Node:
             self._loops.start("tandem-replication", rep.run())
             if self._lockfile is not None:
                 self._loops.start("tandem-lockfile", self._lockfile.run())
-        await server.start_serving()
+        await self._listeners.serve()
         if self.store.disk_alarm is not None:
             self._loops.start("tandem-disk-alarm", self.store.disk_alarm.run())
         for timer in self._timers:
             self._spawned.spawn(timer.run(), f"tandem-{type(timer).__name__}")
         await self._start_console()
 
-    async def _bind_clients(self) -> asyncio.Server:
-        """Bind the client port now (peers learn the address in the handshake); serving
+    async def _bind_clients(self) -> None:
+        """Bind the client ports now (peers learn the address in the handshake); serving
         starts once everything is set up."""
-        cfg = self.config
-        self._server = server = await asyncio.start_server(self._on_client, cfg.host, cfg.port, limit=1 << 20,
-                                                           ssl=tls.client_server_context(cfg),
-                                                           start_serving=False)
-        sock = server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
-        return server
+        self.address = await self._listeners.bind(self.config, self._on_client)
 
     async def _start_console(self) -> None:
         cfg = self.config
@@ -288,12 +283,12 @@ class Node:
             stopped=tasks.cancel_all, map_changed=self.maps.map_changed, client_address=lambda: self.client_address)
         shared = self.ha.shared = self.ha.arbiter = host.mode = SharedMode(
             host, lease, name=cfg.name, lease_seconds=cfg.lease, lock=cfg.lock, clock=self.clock)
-        server = await self._bind_clients()
+        await self._bind_clients()
         if cfg.peer_port is not None:
             peers = self.ha.peers = PeerManager(self._peer_side, secret=self._peer_secret, transport=self._transport)
             await peers.start()
             self._loops.start("tandem-peers", peers.run())
-        await server.start_serving()
+        await self._listeners.serve()
         shared.start()
         await self._start_console()
         log.info("shared mode: %s is PASSIVE until it holds the lock (database %s, lock %s, lease %.2f s)",
@@ -323,11 +318,9 @@ class Node:
         if self.console is not None:
             await self.console.stop()
         await self._loops.stop("tandem-disk-alarm", failed_too=True)
-        if self._server is not None:
-            self._server.close()
+        self._listeners.close()
         await close_sessions(self.sessions, ShuttingDownError(f"node {self.config.name} is shutting down"))
-        if self._server is not None:
-            await self._server.wait_closed()
+        await self._listeners.wait_closed()
         await self._spawned.close()  # the sessions' work done: before the links and the store go
         if self.ha.replication is not None:
             # the acks still waiting for a partition's next entry: out while the links are up
@@ -352,7 +345,7 @@ class Node:
         if self.ha.peers is not None:
             await self.ha.peers.stop()
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_client(self, kind: type[Session], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.stopping:
             Session.refuse(writer, ShuttingDownError("node is shutting down"))
             return
@@ -360,7 +353,7 @@ class Node:
         if full is not None:
             Session.refuse(writer, full)
             return
-        session = Session(self._session_parts, reader, writer)
+        session = kind(self._session_parts, reader, writer)
         self.sessions.add(session)
         try:
             await session.run()

@@ -3,7 +3,8 @@
 Node *i* (1-based) is named ``node<i>``, keeps its store in ``<data_dir>/node<i>``
 and listens on ``base_port + 10*(i-1)`` for clients, ``+1`` for peer links and
 ``+2`` for HTTP (the management console; ``console=False``: none, a node starting without
-it skips importing the web stack, a fifth of its start-up).  ``base_port=0`` picks free
+it skips importing the web stack, a fifth of its start-up) and, with ``amqp=True``, ``+3`` for
+AMQP 0-9-1 clients (broker.amqp).  ``base_port=0`` picks free
 ports (tests).  Every node gets the same admin password (``TANDEM_ADMIN_PASSWORD``,
 else a random one written to ``<data_dir>/admin-password``) and the same group secret
 (``<data_dir>/cluster.secret``, made on the first run and kept: peer authentication).
@@ -124,9 +125,10 @@ class LocalCluster:
                  password: str | None = None, sync: str = "SYNC", extra_args: list[str] | None = None,
                  node_args: dict[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
                  proxied: bool = False, ha: HaSetup = REPLICATED, tls: bool = False, secret: bool = True,
-                 net: str = "local", console: bool = True) -> None:
+                 net: str = "local", console: bool = True, amqp: bool = False) -> None:
         self.clock = clock
         self.console = console
+        self.amqp = amqp  # each node serves AMQP 0-9-1 on its client port + 3 (broker.amqp)
         self.tls = tls
         self.certs_dir = Path(os.path.abspath(data_dir)) / "certs"  # absolute: the URL's ca works anywhere
         ha.check(nodes)
@@ -154,15 +156,16 @@ class LocalCluster:
         #: node -> the address it binds and is reached at
         self.hosts = dict(self.netns.addresses) if self.netns is not None else {n: host for n in names}
         if base_port:
-            ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2)
+            ports = {n: (base_port + 10 * i, base_port + 10 * i + 1, base_port + 10 * i + 2, base_port + 10 * i + 3)
                      for i, n in enumerate(names)}
             witness_port = base_port + 10 * nodes + 1
         else:
-            free = free_ports(3 * nodes + 1)
-            ports = {n: (free[3 * i], free[3 * i + 1], free[3 * i + 2]) for i, n in enumerate(names)}
+            free = free_ports(4 * nodes + 1)
+            ports = {n: (free[4 * i], free[4 * i + 1], free[4 * i + 2], free[4 * i + 3]) for i, n in enumerate(names)}
             witness_port = free[-1]
         self.peer_ports = {n: p[1] for n, p in ports.items()}
         self.http_ports = {n: p[2] for n, p in ports.items()}
+        self.amqp_ports = {n: p[3] for n, p in ports.items()}
         #: (from, to) -> "host:port" where ``from`` reaches ``to``'s peer port (a FaultProxy)
         self.peer_routes: dict[tuple[str, str], str] = {}
         self.nodes: dict[str, NodeProcess] = {}
@@ -190,9 +193,9 @@ class LocalCluster:
         ``NAME=HOST:PEER_PORT`` for ``tandem group add``."""
         if name in self.nodes:
             raise UnavailableError(f"{name} is in the group already")
-        client_port, peer_port, http_port = free_ports(3)
+        client_port, peer_port, http_port, amqp_port = free_ports(4)
         self.hosts[name] = self.host
-        self.peer_ports[name], self.http_ports[name] = peer_port, http_port
+        self.peer_ports[name], self.http_ports[name], self.amqp_ports[name] = peer_port, http_port, amqp_port
         first = next(iter(self.nodes.values()))
         p = NodeProcess(self.data_dir / name, name=name, port=client_port, sync=first.sync, password=self.password,
                         host=self.host, clock=self.clock, ca=self.certs_dir / "ca.crt" if self.tls else None)
@@ -210,7 +213,8 @@ class LocalCluster:
         return [] if self.secret_file is None else ["--cluster-secret-file", str(self.secret_file)]
 
     def _http_args(self, name: str) -> list[str]:
-        return ["--http-port", str(self.http_ports[name])] if self.console else []
+        return [*(["--http-port", str(self.http_ports[name])] if self.console else []),
+                *(["--amqp-port", str(self.amqp_ports[name])] if self.amqp else [])]
 
     def _tls_args(self, name: str) -> list[str]:
         if not self.tls:

@@ -180,7 +180,7 @@ async def _run(args: argparse.Namespace) -> int:
     extra = ["--remote-sync", args.remote_sync] if args.remote_sync else []
     extra += getattr(args, "zone_args", [])
     cluster = LocalCluster(Path(args.data_dir), nodes=args.nodes, base_port=args.base_port, sync=args.sync,
-                           extra_args=extra, ha=args.ha, tls=args.tls)
+                           extra_args=extra, ha=args.ha, tls=args.tls, amqp=True)
     sup = Supervisor(cluster, restart_delay=args.restart_delay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -257,6 +257,9 @@ def _banner(cluster: LocalCluster, args: argparse.Namespace) -> None:
     print(f"  client URL : {scheme}://admin@{hosts}", flush=True)
     print(f"  console    : {cluster.console_url(next(iter(cluster.nodes)))} (any node's port +2 serves it)",
           flush=True)
+    first = next(iter(cluster.nodes))
+    print(f"  AMQP URL   : {'amqps' if cluster.tls else 'amqp'}://admin@{cluster.hosts[first]}:"
+          f"{cluster.amqp_ports[first]}/ (any node's port +3: pika, aio-pika, kombu; docs/amqp.md)", flush=True)
     pw = Path(args.data_dir) / "admin-password"
     print(f"  admin pass : {pw if pw.exists() else 'from TANDEM_ADMIN_PASSWORD'}", flush=True)
     print(f"  secret     : {cluster.secret_file} (the group secret the peer links prove)", flush=True)

@@ -22,7 +22,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 STORAGE = "no import cycles among the modules of storage"
 HA = "no import cycles among the modules of ha"
-LAYERS = ("broker is layered: cli over tools over node over sessions and amqp over partitions over modes, arbiters "
+LAYERS = ("broker is layered: cli over tools over node over amqp over sessions over partitions over modes, arbiters "
           "and transactions over peers over security over messaging")
 CONSOLE = ("the console uses what the node exposes for it (webconsole.nodeview), not the node, its modes, arbiters "
            "or links")

@@ -1,0 +1,489 @@
+"""The AMQP channel methods an :class:`~broker.amqp.session.AmqpSession` serves, each as the
+node's own request (broker.sessions.messaging, broker.sessions.exchanges).
+
+=========================  ============================================================
+AMQP                       the node's request
+=========================  ============================================================
+queue.declare              ``Declare`` (``x-message-ttl``, ``x-expires``, ``x-max-length``,
+                           ``x-overflow``, ``x-queue-type``); passive: the catalogue's queue
+queue.delete / purge       ``Delete`` / ``Purge``
+queue.bind / unbind        ``Bind`` / ``Unbind`` (queue destination)
+exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``DeleteExchange``
+exchange.bind / unbind     ``Bind`` / ``Unbind`` (exchange destination)
+basic.publish              ``Publish`` to the queue (default exchange) or the exchange
+basic.consume / cancel     ``Subscribe`` / ``Cancel``; ``no_ack``: acked as delivered
+basic.get                  ``Get``
+basic.ack / nack / reject  ``Ack`` / ``Nack`` (requeue) / ``Nack`` without requeue
+basic.recover              ``Nack`` of every delivery the channel holds, requeued
+basic.qos                  the prefetch of the channel's later consumers
+confirm.select             each publish acked once stored by the node's policy (or nacked)
+=========================  ============================================================
+
+Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently): ``tx.*``,
+``channel.flow`` with active false, ``basic.recover-async``, ``basic.qos`` with a
+``prefetch_size``, and exclusive consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pamqp import commands as C
+from pamqp.base import Frame as AmqpMethod
+
+from broker.amqp import codes
+from broker.amqp.channel import Channel, ChannelConsumer
+from broker.amqp.properties import from_headers, to_headers
+from broker.amqp.wire import AmqpWire
+from broker.amqp.wire import Publish as AmqpPublish
+from broker.config import NodeConfig
+from broker.messaging.queues import Queue
+from client.errors import ErrorCode, TandemError
+from client.protocol.frames import (Ack, Bind, Cancel, Declare, DeclareExchange, DeclareExchangeOk, DeclareOk,
+                                    Delete, DeleteExchange, Deliver, Error, Exchanges, Frame, Get, GetOk,
+                                    ListExchanges, Nack, Publish,
+                                    PublishMessage, PublishOk, Purge, PurgeOk, Subscribe, SubscribeOk, Unbind)
+
+log = logging.getLogger("tandem.broker")
+
+Reply = Callable[[Frame], None]
+
+
+class QueueLookup(Protocol):
+    def queue(self, name: str) -> Queue: ...
+
+
+class Node(Protocol):
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def catalogue(self) -> QueueLookup: ...
+
+
+class AmqpHost(Protocol):
+    """The AMQP session as its methods see it (broker.amqp.session.AmqpSession)."""
+
+    @property
+    def node(self) -> Node: ...
+
+    channels: dict[int, Channel]
+    consumer_channel: dict[int, int]
+    temporary: set[str]
+    wire: AmqpWire
+    client_name: str
+
+    def method(self, channel: int, m: AmqpMethod) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def request(self, make: Callable[[int], Frame], reply: Reply) -> None: ...
+
+    def spawn(self, make: Callable[[int], Frame], reply: Reply | None = None) -> None: ...
+
+    def close_amqp(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
+
+    def close_channel(self, number: int, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
+
+#: queue.declare arguments the node takes, and the Declare field each sets
+QUEUE_ARGS = {"x-message-ttl": "message_ttl", "x-expires": "expires", "x-max-length": "max_length",
+              "x-max-length-bytes": "max_length_bytes", "x-overflow": "overflow", "x-queue-type": "type"}
+QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
+
+
+class Methods:
+    def __init__(self, s: AmqpHost) -> None:
+        self.s = s
+        self.table: dict[type, Any] = {
+            C.Channel.Open: self.channel_open, C.Channel.Close: self.channel_close,
+            C.Channel.CloseOk: self.channel_close_ok, C.Channel.Flow: self.flow,
+            C.Queue.Declare: self.queue_declare, C.Queue.Delete: self.queue_delete, C.Queue.Purge: self.queue_purge,
+            C.Queue.Bind: self.queue_bind, C.Queue.Unbind: self.queue_bind,
+            C.Exchange.Declare: self.exchange_declare, C.Exchange.Delete: self.exchange_delete,
+            C.Exchange.Bind: self.exchange_bind, C.Exchange.Unbind: self.exchange_bind,
+            C.Basic.Qos: self.qos, C.Basic.Consume: self.consume, C.Basic.Cancel: self.cancel,
+            C.Basic.Get: self.get, C.Basic.Ack: self.ack, C.Basic.Nack: self.nack, C.Basic.Reject: self.nack,
+            C.Basic.Recover: self.recover, C.Confirm.Select: self.confirm_select,
+        }
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    async def channel_method(self, number: int, m: AmqpMethod) -> None:
+        ch = self.s.channels.get(number)
+        if isinstance(m, C.Channel.Open):
+            if ch is not None:
+                self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is open already",
+                                  *codes.ids(m))
+                return
+            await self.channel_open(number)
+            return
+        if ch is None:
+            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is not open", *codes.ids(m))
+            return
+        if ch.closing and not isinstance(m, (C.Channel.Close, C.Channel.CloseOk)):
+            return  # (after channel.close, everything but its answer is dropped)
+        handler = self.table.get(type(m))
+        if handler is None:
+            self.s.close_channel(number, codes.NOT_IMPLEMENTED,
+                                 f"NOT_IMPLEMENTED - {m.name} is not served by this node", *codes.ids(m))
+            return
+        await handler(ch, m)
+
+    def fail(self, ch: Channel, m: AmqpMethod, f: Frame) -> None:
+        """The node refused ``m``: its channel closes with the code a client expects."""
+        if isinstance(f, Error):
+            code = codes.of(f.code)
+            self.s.close_channel(ch.number, code, codes.text(code, f.message), *codes.ids(m))
+        else:
+            self.s.close_channel(ch.number, codes.INTERNAL_ERROR,
+                                 f"INTERNAL_ERROR - {type(f).__name__} in reply to {m.name}", *codes.ids(m))
+
+    def refuse(self, ch: Channel, m: AmqpMethod, code: int, why: str) -> None:
+        self.s.close_channel(ch.number, code, codes.text(code, why), *codes.ids(m))
+
+    # -- channels -------------------------------------------------------------------------------
+
+    async def channel_open(self, number: int, _m: Any = None) -> None:
+        if not 0 < number <= 2047:
+            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is out of range")
+            return
+        self.s.channels[number] = Channel(number)
+        self.s.method(number, C.Channel.OpenOk())
+
+    async def channel_close(self, ch: Channel, _m: C.Channel.Close) -> None:
+        self.drop_channel(ch)
+        self.s.channels.pop(ch.number, None)
+        self.s.method(ch.number, C.Channel.CloseOk())
+
+    async def channel_close_ok(self, ch: Channel, _m: C.Channel.CloseOk) -> None:
+        self.s.channels.pop(ch.number, None)
+
+    def drop_channel(self, ch: Channel) -> None:
+        """A channel's end: its consumers cancelled, what it holds ready again."""
+        for cid in list(ch.consumers):
+            del ch.consumers[cid]
+            self.s.consumer_channel.pop(cid, None)
+            self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid))  # type: ignore[misc]
+        held = list(ch.unsettled())
+        ch.tags.clear()
+        if held:
+            self.s.spawn(lambda rid: Nack(rid=rid, tags=held, requeue=True, delivered=True))
+
+    async def flow(self, ch: Channel, m: C.Channel.Flow) -> None:
+        if not m.active:
+            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "channel.flow with active=false")
+            return
+        self.s.method(ch.number, C.Channel.FlowOk(active=True))
+
+    async def confirm_select(self, ch: Channel, m: C.Confirm.Select) -> None:
+        ch.confirming = True
+        if not m.nowait:
+            self.s.method(ch.number, C.Confirm.SelectOk())
+
+    # -- queues and exchanges -------------------------------------------------------------------
+
+    async def queue_declare(self, ch: Channel, m: C.Queue.Declare) -> None:
+        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if m.passive:
+            try:
+                info = self.s.node.catalogue.queue(name).info()
+            except TandemError as exc:
+                self.refuse(ch, m, codes.of(int(exc.code)), f"no queue '{name}' in vhost '/'")
+                return
+            if not m.nowait:
+                self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=info.ready,
+                                                            consumer_count=info.consumers))
+            return
+        fields: dict[str, Any] = {}
+        for arg, value in (m.arguments or {}).items():
+            field = QUEUE_ARGS.get(arg)
+            if field is None:
+                self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
+                return
+            if field == "type":
+                value = QUEUE_TYPES.get(str(value), "")
+                if not value:
+                    self.refuse(ch, m, codes.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
+                    return
+            elif field != "overflow" and (isinstance(value, bool) or not isinstance(value, int)):
+                self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
+                return
+            fields[field] = value
+
+        def reply(f: Frame) -> None:
+            if not isinstance(f, DeclareOk):
+                self.fail(ch, m, f)
+                return
+            if m.exclusive or m.auto_delete:
+                self.s.temporary.add(name)
+            if not m.nowait:
+                self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=f.queue.ready,
+                                                            consumer_count=f.queue.consumers))
+
+        await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), reply)
+
+    async def queue_delete(self, ch: Channel, m: C.Queue.Delete) -> None:
+        try:
+            info = self.s.node.catalogue.queue(m.queue).info()
+        except TandemError:
+            if not m.nowait:  # (a queue that is not there: deleted, as RabbitMQ answers)
+                self.s.method(ch.number, C.Queue.DeleteOk(message_count=0))
+            return
+        if m.if_unused and info.consumers:
+            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue '{m.queue}' in vhost '/' in use")
+            return
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error) and f.code != ErrorCode.QUEUE_NOT_FOUND:
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Queue.DeleteOk(message_count=info.ready))
+
+        self.s.temporary.discard(m.queue)
+        await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty), reply)
+
+    async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
+        def reply(f: Frame) -> None:
+            if not isinstance(f, PurgeOk):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Queue.PurgeOk(message_count=f.purged))
+
+        await self.s.request(lambda rid: Purge(rid=rid, queue=m.queue), reply)
+
+    async def queue_bind(self, ch: Channel, m: C.Queue.Bind | C.Queue.Unbind) -> None:
+        if not m.exchange:
+            self.refuse(ch, m, codes.ACCESS_REFUSED, "operation not permitted on the default exchange")
+            return
+        bind = isinstance(m, C.Queue.Bind)
+        kind = Bind if bind else Unbind
+        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error):
+                self.fail(ch, m, f)
+            elif bind and not getattr(m, "nowait", False):
+                self.s.method(ch.number, C.Queue.BindOk())
+            elif not bind:
+                self.s.method(ch.number, C.Queue.UnbindOk())
+
+        await self.s.request(lambda rid: kind(rid=rid, source=m.exchange, destination=m.queue,
+                                              routing_key=m.routing_key or "", arguments=args), reply)
+
+    async def exchange_declare(self, ch: Channel, m: C.Exchange.Declare) -> None:
+        if m.passive:
+            def found(f: Frame) -> None:
+                if not isinstance(f, Exchanges):
+                    self.fail(ch, m, f)
+                elif m.exchange not in {e.name for e in f.exchanges}:
+                    self.refuse(ch, m, codes.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
+                elif not m.nowait:
+                    self.s.method(ch.number, C.Exchange.DeclareOk())
+
+            await self.s.request(lambda rid: ListExchanges(rid=rid), found)
+            return
+        alternate = (m.arguments or {}).get("alternate-exchange")
+
+        def reply(f: Frame) -> None:
+            if not isinstance(f, DeclareExchangeOk):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.DeclareOk())
+
+        await self.s.request(lambda rid: DeclareExchange(rid=rid, exchange=m.exchange, type=m.exchange_type,
+                                                         alternate=str(alternate) if alternate else None), reply)
+
+    async def exchange_delete(self, ch: Channel, m: C.Exchange.Delete) -> None:
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error) and f.code != ErrorCode.EXCHANGE_NOT_FOUND:
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.DeleteOk())
+
+        await self.s.request(lambda rid: DeleteExchange(rid=rid, exchange=m.exchange, if_unused=m.if_unused), reply)
+
+    async def exchange_bind(self, ch: Channel, m: C.Exchange.Bind | C.Exchange.Unbind) -> None:
+        bind = isinstance(m, C.Exchange.Bind)
+        kind = Bind if bind else Unbind
+        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.BindOk() if bind else C.Exchange.UnbindOk())
+
+        await self.s.request(lambda rid: kind(rid=rid, source=m.source, destination=m.destination, to_exchange=True,
+                                              routing_key=m.routing_key or "", arguments=args), reply)
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def publish(self, p: AmqpPublish) -> None:
+        ch = self.s.channels.get(p.channel)
+        if ch is None:
+            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {p.channel} is not open")
+            return
+        if ch.closing:
+            return
+        m = p.method
+        seq = 0
+        if ch.confirming:
+            ch.published += 1
+            seq = ch.published
+        msg = PublishMessage(None, to_headers(p.properties), p.body, None)
+        exchange, key = m.exchange or "", m.routing_key or ""
+
+        def returned() -> None:
+            self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=codes.NO_ROUTE, reply_text="NO_ROUTE",
+                                                                       exchange=exchange, routing_key=key),
+                                             p.properties, p.body))
+
+        def reply(f: Frame) -> None:
+            if ch.closing:
+                return
+            if isinstance(f, PublishOk):
+                if f.unroutable and m.mandatory:
+                    returned()
+            elif isinstance(f, Error) and f.code in (ErrorCode.NO_ROUTE, ErrorCode.QUEUE_NOT_FOUND) and \
+                    (f.code == ErrorCode.NO_ROUTE or not exchange):
+                if m.mandatory:  # (no queue by that name on the default exchange: unroutable, as in RabbitMQ)
+                    returned()
+            elif isinstance(f, Error) and f.code in (ErrorCode.EXCHANGE_NOT_FOUND, ErrorCode.ACCESS_REFUSED):
+                self.fail(ch, m, f)
+                return
+            elif isinstance(f, Error):
+                log.info("session %s: publish to %s refused: %s", self.s.client_name, exchange or key, f.message)
+                if seq:
+                    self.s.method(ch.number, C.Basic.Nack(delivery_tag=seq))
+                    return
+                self.fail(ch, m, f)
+                return
+            if seq:
+                self.s.method(ch.number, C.Basic.Ack(delivery_tag=seq))
+
+        if exchange:
+            await self.s.request(lambda rid: Publish(rid=rid, queue="", messages=[msg], exchange=exchange,
+                                                     routing_key=key, mandatory=m.mandatory), reply)
+        else:
+            await self.s.request(lambda rid: Publish(rid=rid, queue=key, messages=[msg]), reply)
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def qos(self, ch: Channel, m: C.Basic.Qos) -> None:
+        if m.prefetch_size:
+            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "basic.qos with a prefetch_size")
+            return
+        ch.prefetch = m.prefetch_count
+        self.s.method(ch.number, C.Basic.QosOk())
+
+    async def consume(self, ch: Channel, m: C.Basic.Consume) -> None:
+        if m.exclusive:
+            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "exclusive consumers")
+            return
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if ch.consumer_id(tag) is not None:
+            self.s.close_amqp(codes.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+                              *codes.ids(m))
+            return
+        prefetch = ch.prefetch or self.s.node.config.max_prefetch
+
+        def reply(f: Frame) -> None:
+            if not isinstance(f, SubscribeOk):
+                self.fail(ch, m, f)
+                return
+            ch.consumers[f.consumer] = ChannelConsumer(tag, m.queue, m.no_ack)
+            self.s.consumer_channel[f.consumer] = ch.number
+            if not m.nowait:
+                self.s.method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
+
+        await self.s.request(lambda rid: Subscribe(rid=rid, queue=m.queue, prefetch=prefetch), reply)
+
+    async def cancel(self, ch: Channel, m: C.Basic.Cancel) -> None:
+        cid = ch.consumer_id(m.consumer_tag or "")
+        if cid is not None:
+            del ch.consumers[cid]
+            self.s.consumer_channel.pop(cid, None)
+            await self.s.request(lambda rid: Cancel(rid=rid, consumer=cid), lambda _f: None)
+        if not m.nowait:
+            self.s.method(ch.number, C.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    def delivered(self, frame: Deliver) -> None:
+        """The node's deliveries to a consumer: ``basic.deliver`` each on its channel."""
+        number = self.s.consumer_channel.get(frame.consumer)
+        ch = self.s.channels.get(number) if number is not None else None
+        c = ch.consumers.get(frame.consumer) if ch is not None else None
+        if ch is None or c is None:  # (cancelled meanwhile: the node gives them back with the consumer)
+            self.s.spawn(lambda rid: Nack(rid=rid, tags=[d.tag for d in frame.messages], requeue=True))
+            return
+        auto = []
+        for d in frame.messages:
+            if c.no_ack:
+                tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
+                auto.append(d.tag)
+            else:
+                tag = ch.deliver(d.tag)
+            self.s.write(self.s.wire.content(ch.number, C.Basic.Deliver(consumer_tag=c.tag, delivery_tag=tag,
+                                                                        redelivered=d.redelivered, exchange="",
+                                                                        routing_key=c.queue),
+                                             from_headers(d.headers), d.body))
+        if auto:
+            self.s.spawn(lambda rid: Ack(rid=rid, tags=auto))
+
+    def cancelled(self, consumer: int) -> None:
+        """The node cancelled a consumer (its queue deleted): ``basic.cancel`` to the client."""
+        number = self.s.consumer_channel.pop(consumer, None)
+        ch = self.s.channels.get(number) if number is not None else None
+        c = ch.consumers.pop(consumer, None) if ch is not None else None
+        if ch is not None and c is not None:
+            self.s.method(ch.number, C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+
+    async def get(self, ch: Channel, m: C.Basic.Get) -> None:
+        def reply(f: Frame) -> None:
+            if not isinstance(f, GetOk):
+                self.fail(ch, m, f)
+                return
+            d = f.message
+            if d is None:
+                self.s.method(ch.number, C.Basic.GetEmpty())
+                return
+            if m.no_ack:
+                tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
+            else:
+                tag = ch.deliver(d.tag)
+            self.s.write(self.s.wire.content(ch.number, C.Basic.GetOk(delivery_tag=tag, redelivered=d.redelivered,
+                                                                      exchange="", routing_key=m.queue,
+                                                                      message_count=0),
+                                             from_headers(d.headers), d.body))
+
+        await self.s.request(lambda rid: Get(rid=rid, queue=m.queue, auto_ack=m.no_ack), reply)
+
+    async def ack(self, ch: Channel, m: C.Basic.Ack) -> None:
+        tags = ch.settle(m.delivery_tag or 0, m.multiple)
+        if not tags and not (m.multiple and not m.delivery_tag):
+            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
+            return
+        if tags:
+            await self.s.request(lambda rid: Ack(rid=rid, tags=tags), lambda f: self._settled(ch, m, f))
+
+    async def nack(self, ch: Channel, m: C.Basic.Nack | C.Basic.Reject) -> None:
+        multiple = getattr(m, "multiple", False)
+        tags = ch.settle(m.delivery_tag or 0, multiple)
+        if not tags and not (multiple and not m.delivery_tag):
+            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
+            return
+        if tags:
+            await self.s.request(lambda rid: Nack(rid=rid, tags=tags, requeue=m.requeue),
+                                 lambda f: self._settled(ch, m, f))
+
+    def _settled(self, ch: Channel, m: AmqpMethod, f: Frame) -> None:
+        if isinstance(f, Error) and f.code != ErrorCode.UNKNOWN_DELIVERY_TAG:
+            self.fail(ch, m, f)
+
+    async def recover(self, ch: Channel, m: C.Basic.Recover) -> None:
+        held = ch.settle(0, True)
+        if held:
+            await self.s.request(lambda rid: Nack(rid=rid, tags=held, requeue=True), lambda _f: None)
+        self.s.method(ch.number, C.Basic.RecoverOk())

@@ -1,0 +1,103 @@
+"""An AMQP message's properties as a Tandem message's headers, and back.
+
+Tandem headers are text.  An AMQP publish keeps every property it set:
+
+* ``content_type``, ``content_encoding``, ``delivery_mode``, ``priority``, ``correlation_id``,
+  ``reply_to``, ``message_id``, ``timestamp``, ``type``, ``user_id`` and ``app_id`` become
+  headers ``amqp-<name>`` (``amqp-content-type``, ...), as text;
+* ``expiration`` (milliseconds, as text) becomes Tandem's own ``expiration`` header: the message
+  expires as a Tandem message with a TTL does;
+* the application ``headers`` table is kept whole, typed, in ``x-amqp-headers`` (the table as
+  AMQP encodes it, base64), and each entry whose value is text, a number or a boolean is also a
+  header of its own, as text (what a headers exchange matches and a Tandem consumer reads).
+
+A message a Tandem client published reaches an AMQP consumer with its headers as the
+``headers`` table (text values) and no other property.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+from typing import Any
+
+from pamqp import decode, encode
+from pamqp.commands import Basic
+
+from broker.messaging.message import EXPIRATION_HEADER
+
+#: the application headers table, whole and typed
+TABLE = "x-amqp-headers"
+PREFIX = "amqp-"
+#: the properties kept as ``amqp-<name>`` headers (``expiration`` is Tandem's own header)
+TEXT = ("content_type", "content_encoding", "correlation_id", "reply_to", "message_id", "type", "user_id", "app_id")
+NUMBERS = ("delivery_mode", "priority")
+
+
+def _name(prop: str) -> str:
+    return PREFIX + prop.replace("_", "-")
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def to_headers(props: Basic.Properties) -> dict[str, str]:
+    """The Tandem headers of a message published with ``props``."""
+    out: dict[str, str] = {}
+    table = props.headers or {}
+    if table:
+        out.update((str(k), t) for k, v in table.items() if (t := _text(v)) is not None and not str(k).startswith(PREFIX))
+        out[TABLE] = base64.b64encode(encode.field_table(table)).decode()
+    for prop in (*TEXT, *NUMBERS):
+        value = getattr(props, prop, None)
+        if value is not None:
+            out[_name(prop)] = str(value)
+    if props.timestamp is not None:
+        out[_name("timestamp")] = str(int(props.timestamp.replace(tzinfo=datetime.timezone.utc).timestamp()))
+    if props.expiration is not None:
+        out[EXPIRATION_HEADER] = props.expiration
+    return out
+
+
+def from_headers(headers: dict[str, str]) -> Basic.Properties:
+    """The AMQP properties of a message with Tandem ``headers``."""
+    kw: dict[str, Any] = {}
+    for prop in TEXT:
+        if (v := headers.get(_name(prop))) is not None:
+            kw[prop] = v
+    for prop in NUMBERS:
+        v = headers.get(_name(prop))
+        if v is not None and v.isdigit() and int(v) < 256:
+            kw[prop] = int(v)
+    ts = headers.get(_name("timestamp"))
+    if ts is not None and ts.isdigit():
+        kw["timestamp"] = datetime.datetime.fromtimestamp(int(ts), datetime.timezone.utc).replace(tzinfo=None)
+    if (exp := headers.get(EXPIRATION_HEADER)) is not None:
+        kw["expiration"] = exp
+    table = _table(headers.get(TABLE))
+    if table is None:
+        table = {k: v for k, v in headers.items() if not k.startswith(PREFIX) and k not in (TABLE, EXPIRATION_HEADER)}
+    if table:
+        kw["headers"] = table
+    return Basic.Properties(**kw)
+
+
+def _table(encoded: str | None) -> dict[str, Any] | None:
+    if encoded is None:
+        return None
+    try:
+        _size, table = decode.field_table(base64.b64decode(encoded, validate=True))
+    except (binascii.Error, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError):
+        return None  # (not ours: a Tandem client set the header)
+    return table if isinstance(table, dict) else None

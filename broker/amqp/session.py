@@ -1,0 +1,325 @@
+"""An AMQP 0-9-1 client connection on a node's ``amqp_port``.
+
+An :class:`AmqpSession` is a client session (:class:`broker.sessions.session.Session`) whose
+wire speaks AMQP: the node sees the same requests a Tandem client sends, through the same
+handlers (ACLs, forwarding to a partition's active, relays, confirms, exchanges), and each
+AMQP method becomes one of them (:mod:`broker.amqp.methods`).  What the handlers answer comes
+back through :meth:`AmqpSession.send` and is turned into AMQP: a reply to the method that asked,
+``basic.deliver`` for a delivery, ``basic.cancel`` for a consumer the node cancelled.
+
+The connection: the protocol header, ``connection.start`` (SASL ``PLAIN`` or ``AMQPLAIN``
+against the node's users; a failed login closes with 403), ``tune`` (the node's heartbeat,
+frame_max 128 KiB), ``open`` of the virtual host ``/`` (the only one).  A fault in a channel's
+request closes that channel with the AMQP reply code a client expects; a fault in the
+connection's framing closes the connection (:mod:`broker.amqp.wire`).  Either way the node and
+its other clients go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands as C
+from pamqp import decode
+from pamqp.base import Frame as AmqpMethod
+
+from broker.amqp import codes
+from broker.amqp.channel import Channel
+from broker.amqp.methods import Methods
+from broker.amqp.wire import AmqpWire, Beat, ChannelError, HeaderOk, Method, Publish, WireError, server_properties
+from broker.logsafe import escape
+from broker.security.standing import standing_of
+from broker.security.users import credentials
+from broker.sessions.requests import error_frame
+from broker.sessions.session import READ_CHUNK, Session, SessionParts
+from client.errors import AuthError, QueueNotFoundError, TandemError
+from client.protocol.frames import Cancel, Close, Deliver, Error, Frame, Heartbeat
+from client.scram import check_password
+
+log = logging.getLogger("tandem.broker")
+
+Reply = Callable[[Frame], None]
+VHOST = "/"
+CHANNEL_MAX = 2047
+FRAME_MAX = 131072
+
+
+class AmqpSession(Session):
+    def __init__(self, parts: SessionParts, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__(parts, reader, writer)
+        cfg = self.node.config
+        self.wire = AmqpWire(frame_max=FRAME_MAX, max_message_size=cfg.max_message_size)
+        self.channels: dict[int, Channel] = {}
+        self.consumer_channel: dict[int, int] = {}  # the node's consumer id -> its channel
+        self.temporary: set[str] = set()  # exclusive and auto-delete queues: deleted when the connection ends
+        self.version = ""
+        self._replies: dict[int, Reply] = {}
+        self._next_rid = 1
+        self._opened = False  # connection.open answered
+        self._tuned = False
+        self.methods = Methods(self)
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            return
+        self.writer.write(data)
+        self.last_send = self.node.clock.monotonic()
+
+    def method(self, channel: int, m: AmqpMethod) -> None:
+        self.write(self.wire.method(channel, m))
+
+    def send(self, frame: Frame) -> None:
+        """What the node's handlers send: a reply to the request that asked, a delivery, a
+        consumer the node cancelled."""
+        if self._closing or self.writer.is_closing():
+            return
+        if isinstance(frame, Deliver):
+            self.methods.delivered(frame)
+        elif isinstance(frame, Cancel) and frame.rid == 0:
+            self.methods.cancelled(frame.consumer)
+        elif isinstance(frame, (Heartbeat, Close)):
+            pass
+        else:
+            reply = self._replies.pop(getattr(frame, "rid", 0), None)
+            if reply is not None:
+                reply(frame)
+
+    async def request(self, make: Callable[[int], Frame], reply: Reply) -> None:
+        """Hand the node's request ``make(rid)`` to its handler; ``reply`` gets the answer (a
+        reply frame or an Error)."""
+        rid = self._next_rid
+        self._next_rid += 1
+        self._replies[rid] = reply
+        frame = make(rid)
+        handler = self.requests[type(frame)]
+        assert self.user is not None
+        try:
+            try:
+                await handler(self, self.user, frame)
+            except QueueNotFoundError:
+                if not await self.node.catalogue.catch_up():  # (as a Tandem client's session does)
+                    raise
+                await handler(self, self.user, frame)
+        except TandemError as exc:
+            self.send(error_frame(rid, exc))
+        except Exception as exc:  # a bug must cost one request, not the node
+            log.exception("session %s: internal error on %s", self.client_name, type(frame).__name__)
+            self.send(Error(rid=rid, code=int(codes.INTERNAL), message=f"internal error: {exc!r}"))
+
+    def spawn(self, make: Callable[[int], Frame], reply: Reply | None = None) -> None:
+        """:meth:`request` as a task of the connection (an ack the client did not ask for)."""
+        if self._tg is not None and not self._closing:
+            self._tg.create_task(self.request(make, reply or (lambda _f: None)))
+
+    def close(self, code: int = 0, reason: str = "") -> None:
+        """End the connection: ``connection.close`` with the AMQP reply code for the node's
+        error ``code`` (0: a clean close)."""
+        self.close_amqp(codes.of(code) if code else codes.CONNECTION_FORCED, reason or "closed by the node")
+
+    def close_amqp(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if not self.writer.is_closing():
+            self.write(self.wire.method(0, C.Connection.Close(reply_code=reply_code, reply_text=text[:255],
+                                                             class_id=class_id, method_id=method_id)))
+            self.writer.close()
+
+    def close_channel(self, number: int, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """``channel.close`` for a fault in one of its requests: what it held is given back."""
+        ch = self.channels.get(number)
+        if ch is None or ch.closing:
+            return
+        ch.closing = True
+        self.method(number, C.Channel.Close(reply_code=reply_code, reply_text=text[:255], class_id=class_id,
+                                            method_id=method_id))
+        self.methods.drop_channel(ch)
+
+    # -- the connection task --------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        while not self._closing:
+            data = await self.reader.read(READ_CHUNK)
+            self.last_recv = self.node.clock.monotonic()
+            if not data:
+                self._closing = True
+                return
+            while not self._closing:
+                fault: WireError | ChannelError | None = None
+                try:
+                    events = self.wire.feed(data)
+                except (WireError, ChannelError) as exc:
+                    events, fault = list(exc.events), exc
+                for event in events:
+                    if self._closing:
+                        return
+                    await self._event(event)
+                if fault is None:
+                    break
+                if isinstance(fault, ChannelError):  # (that channel closes; the frames after it are read on)
+                    self.close_channel(fault.channel, fault.reply_code, fault.reply_text, fault.class_id,
+                                       fault.method_id)
+                    data = b""
+                    continue
+                log.warning("session %s: %s", self.client_name, fault.reply_text or "not AMQP 0-9-1")
+                if fault.send_header:  # (not AMQP 0-9-1: the header this port speaks, then closed)
+                    self.write(AmqpWire.PROTOCOL_HEADER)
+                    self._closing = True
+                    self.writer.close()
+                else:
+                    self.close_amqp(fault.reply_code, fault.reply_text, fault.class_id, fault.method_id)
+                return
+            await asyncio.sleep(0)  # (a flooding client leaves room for the node's other work)
+
+    async def _event(self, event: Any) -> None:
+        if isinstance(event, HeaderOk):
+            self.method(0, C.Connection.Start(server_properties=server_properties(self.version_label()),
+                                              mechanisms="PLAIN AMQPLAIN", locales="en_US"))
+        elif isinstance(event, Beat):
+            pass
+        elif isinstance(event, Method) and (event.channel == 0 or not self._opened):
+            await self._connection(event.channel, event.method)
+        elif isinstance(event, Method):
+            await self.methods.channel_method(event.channel, event.method)
+        elif isinstance(event, Publish):
+            if not self._opened:
+                self.close_amqp(codes.COMMAND_INVALID, "COMMAND_INVALID - basic.publish before connection.open")
+            else:
+                await self.methods.publish(event)
+
+    def version_label(self) -> str:
+        from broker import __version__
+        return str(__version__)
+
+    async def _connection(self, channel: int, m: AmqpMethod) -> None:
+        if channel != 0:
+            self.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {channel} before connection.open")
+        elif isinstance(m, C.Connection.StartOk) and self.user is None:
+            await self._login(m)
+        elif isinstance(m, C.Connection.TuneOk) and self.user is not None and not self._tuned:
+            self._tuned = True
+            if m.frame_max:
+                self.wire.frame_max = max(4096, min(FRAME_MAX, m.frame_max))
+            self.heartbeat = float(m.heartbeat)
+        elif isinstance(m, C.Connection.Open) and self._tuned and not self._opened:
+            if m.virtual_host != VHOST:
+                self.close_amqp(codes.NOT_ALLOWED, f"NOT_ALLOWED - vhost {m.virtual_host} not found "
+                                                   f"(this node has the one virtual host {VHOST})")
+                return
+            self._opened = True
+            self.method(0, C.Connection.OpenOk())
+        elif isinstance(m, C.Connection.Close):
+            self.method(0, C.Connection.CloseOk())
+            self._closing = True
+            self.writer.close()
+        elif isinstance(m, C.Connection.CloseOk):
+            self._closing = True
+            self.writer.close()
+        elif isinstance(m, (C.Connection.Blocked, C.Connection.Unblocked)):
+            pass
+        else:
+            self.close_amqp(codes.COMMAND_INVALID, f"COMMAND_INVALID - {m.name} is not expected now",
+                            *codes.ids(m))
+
+    async def _login(self, m: C.Connection.StartOk) -> None:
+        """SASL PLAIN or AMQPLAIN against the node's users (the login throttle as for Tandem's
+        own clients); ``connection.tune`` once the user is admitted, 403 otherwise."""
+        name, password = _credentials(m.mechanism, m.response)
+        try:
+            self.guard.check_throttle(self.address)
+            if name is None or password is None:
+                raise AuthError(f"mechanism {m.mechanism} is not one this port takes (PLAIN, AMQPLAIN)")
+            user = self.node.users.get(name)
+            creds = credentials(user) if user is not None else None
+            ok = creds is not None and await asyncio.to_thread(check_password, password, creds)
+            if not ok or user is None:
+                self.guard.login_failed(self.address, name, "bad user or password")
+                raise AuthError(f"Login was refused using authentication mechanism {m.mechanism}")
+            self.guard.login_succeeded(self.address)
+            refusal = self.node.refusal()
+            if refusal is not None:
+                raise refusal
+            self.guard.admit(user.name)
+        except TandemError as exc:
+            log.warning("session %s: amqp login refused: %s", self.peer, exc.message)
+            self.close_amqp(codes.ACCESS_REFUSED if isinstance(exc, AuthError) else codes.of(int(exc.code)),
+                            f"ACCESS_REFUSED - {exc.message}" if isinstance(exc, AuthError) else exc.message)
+            return
+        self._admitted = True
+        self.user = user
+        self.standing = standing_of(self.node.users, self.node.acls, user.name)
+        self._logged_in.set()
+        product = m.client_properties.get("product", "amqp") if isinstance(m.client_properties, dict) else "amqp"
+        self.client_name = f"{escape(str(product))}@{self.peer}"
+        beat = self.node.config.client_heartbeat
+        self.heartbeat = beat
+        self.method(0, C.Connection.Tune(channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=int(beat)))
+        log.info("session %s: amqp open user=%s", self.client_name, escape(user.name))
+
+    async def _heartbeats(self) -> None:
+        """As a Tandem session's, with AMQP's heartbeat frame: one after half an interval of
+        quiet, the connection closed after two silent intervals (as RabbitMQ)."""
+        clock = self.node.clock
+        limit = self.node.config.login_timeout
+        try:
+            async with clock.timeout(max(0.0, self.connected_at + limit - clock.monotonic())):
+                await self._logged_in.wait()
+        except TimeoutError:
+            log.warning("session %s: no amqp login within %gs of connecting (login_timeout)", self.peer, limit)
+            self.close_amqp(codes.CONNECTION_FORCED, "CONNECTION_FORCED - no login within login_timeout")
+            self.reader.feed_eof()
+            return
+        while not self._closing:
+            interval = self.heartbeat
+            if interval <= 0:
+                return
+            await clock.sleep(interval / 2)
+            if not self.recheck_standing():
+                return
+            now = clock.monotonic()
+            if now - self.last_recv > 2 * interval:
+                log.warning("session %s: no frame from the client for %.1fs", self.client_name, 2 * interval)
+                self.close_amqp(codes.CONNECTION_FORCED, "CONNECTION_FORCED - missed heartbeats from client")
+                self.reader.feed_eof()
+                return
+            if now - self.last_send >= interval / 2:
+                self.write(self.wire.heartbeat())
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            for name in sorted(self.temporary):  # (exclusive and auto-delete queues end with their connection)
+                try:
+                    await self.node.catalogue.delete(name, False)
+                except TandemError as exc:
+                    log.info("session %s: queue %s left: %s", self.client_name, name, exc.message)
+
+    def shutdown(self, exc: TandemError) -> None:
+        self.close(int(exc.code), exc.message)
+
+
+def _credentials(mechanism: str, response: Any) -> tuple[str | None, str | None]:
+    """(user, password) of a ``connection.start-ok``'s SASL response; (None, None) if unreadable."""
+    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response or b"")
+    if mechanism == "PLAIN":
+        parts = raw.split(b"\x00")
+        if len(parts) == 3:
+            try:
+                return parts[1].decode(), parts[2].decode()
+            except UnicodeDecodeError:
+                return None, None
+    elif mechanism == "AMQPLAIN":
+        try:
+            _n, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
+        except Exception:  # pamqp raises several types for a malformed table
+            return None, None
+        login, password = table.get("LOGIN"), table.get("PASSWORD")
+        if isinstance(login, str) and isinstance(password, str):
+            return login, password
+    return None, None

@@ -1,0 +1,193 @@
+"""The AMQP 0-9-1 front door against a node on a real socket, with the real clients: aio-pika
+(asyncio) and pika (blocking, in a thread): confirms, consumers and acks, gets, properties,
+exchanges, and what the node refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import pika
+import pytest
+import pytest_asyncio
+from aio_pika.abc import AbstractIncomingMessage
+
+import client
+from broker.config import ConfigError, NodeConfig, build_config
+from broker.node.node import Node
+from tests.conftest import PASSWORD, url_of
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture
+async def amqp_node(tmp_path: Path) -> AsyncIterator[Node]:
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0, amqp_port=0))
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+
+
+def amqp_url(n: Node, password: str = PASSWORD) -> str:
+    assert n._listeners.amqp_address is not None
+    return f"amqp://admin:{password}@127.0.0.1:{n._listeners.amqp_address[1]}/"
+
+
+async def test_aio_pika_publishes_with_confirms_and_consumes_with_acks(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        q = await ch.declare_queue("orders")
+        for i in range(50):
+            await ch.default_exchange.publish(
+                aio_pika.Message(f"order {i}".encode(), headers={"n": i, "tags": ["a", "b"]},
+                                 content_type="text/plain", correlation_id=f"c{i}", delivery_mode=2),
+                routing_key="orders")
+        again = await ch.declare_queue("orders", passive=True)
+        assert again.declaration_result.message_count == 50
+        got: list[AbstractIncomingMessage] = []
+        done = asyncio.Event()
+
+        async def on_message(m: AbstractIncomingMessage) -> None:
+            got.append(m)
+            await m.ack()
+            if len(got) == 50:
+                done.set()
+
+        await ch.set_qos(prefetch_count=10)
+        tag = await q.consume(on_message)
+        await asyncio.wait_for(done.wait(), 30)
+        await q.cancel(tag)
+        assert [m.body for m in got] == [f"order {i}".encode() for i in range(50)]
+        first = got[0]
+        assert first.headers == {"n": 0, "tags": ["a", "b"]}  # (typed, as published)
+        assert (first.content_type, first.correlation_id, first.delivery_mode) == ("text/plain", "c0", 2)
+        assert not first.redelivered and first.routing_key == "orders"
+    assert amqp_node.catalogue.queue("orders").depth == 0
+
+
+async def test_a_nacked_message_comes_back_redelivered_and_a_get_takes_one(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        q = await ch.declare_queue("", exclusive=False)  # (server-named)
+        assert q.name.startswith("amq.gen-")
+        await ch.default_exchange.publish(aio_pika.Message(b"once"), routing_key=q.name)
+        m = await q.get(timeout=10)
+        assert m is not None and m.body == b"once" and not m.redelivered
+        await m.nack(requeue=True)
+        m = await q.get(timeout=10)
+        assert m is not None and m.redelivered
+        await m.ack()
+        assert await q.get(fail=False) is None
+
+
+async def test_exchanges_route_and_an_unroutable_mandatory_publish_is_returned(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        ex = await ch.declare_exchange("events", aio_pika.ExchangeType.TOPIC)
+        q = await ch.declare_queue("eu")
+        await q.bind(ex, "*.eu.#")
+        await ex.publish(aio_pika.Message(b"fr"), routing_key="orders.eu.fr")
+        await ex.publish(aio_pika.Message(b"us"), routing_key="orders.us", mandatory=False)  # (no queue: dropped)
+        with pytest.raises(aio_pika.exceptions.DeliveryError):
+            await ex.publish(aio_pika.Message(b"lost"), routing_key="nowhere", mandatory=True)
+        m = await q.get(timeout=10)
+        assert m is not None and m.body == b"fr"
+        await m.ack()
+        assert await q.get(fail=False) is None
+
+
+async def test_what_aio_pika_and_a_tandem_client_publish_each_other_reads(amqp_node: Node) -> None:
+    async with await client.connect_link(url_of(amqp_node)) as link:
+        await link.declare_queue("both")
+        await link.producer("both").send(b"from tandem", headers={"kind": "t"})
+        async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+            ch = await conn.channel(publisher_confirms=True)
+            q = await ch.declare_queue("both", passive=True)
+            m = await q.get(timeout=10)
+            assert m is not None and m.body == b"from tandem" and m.headers == {"kind": "t"}
+            await m.ack()
+            await ch.default_exchange.publish(aio_pika.Message(b"from amqp", headers={"kind": "a"},
+                                                               content_type="text/plain"), routing_key="both")
+        t = await link.get("both")
+        assert t is not None and t.body == b"from amqp"
+        assert t.headers["kind"] == "a" and t.headers["amqp-content-type"] == "text/plain"
+        await t.ack()
+
+
+async def test_pika_blocking_publishes_with_confirms_and_gets(amqp_node: Node) -> None:
+    assert amqp_node._listeners.amqp_address is not None
+    port = amqp_node._listeners.amqp_address[1]
+
+    def run() -> list[bytes]:
+        params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("admin", PASSWORD))
+        conn = pika.BlockingConnection(params)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("jobs")
+            for i in range(20):
+                ch.basic_publish("", "jobs", f"job {i}".encode(), pika.BasicProperties(delivery_mode=2))
+            with pytest.raises(pika.exceptions.UnroutableError):
+                ch.basic_publish("", "no-such-queue", b"x", mandatory=True)
+            out = []
+            while True:
+                method, _props, body = ch.basic_get("jobs")
+                if method is None:
+                    return out
+                out.append(body)
+                ch.basic_ack(method.delivery_tag)
+        finally:
+            conn.close()
+
+    got = await asyncio.to_thread(run)
+    assert got == [f"job {i}".encode() for i in range(20)]
+
+
+async def test_a_wrong_password_is_refused_and_a_foreign_protocol_gets_the_header(amqp_node: Node) -> None:
+    with pytest.raises(aio_pika.exceptions.ProbableAuthenticationError):
+        await aio_pika.connect(amqp_url(amqp_node, password="wrong-password"))
+    assert amqp_node._listeners.amqp_address is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", amqp_node._listeners.amqp_address[1])
+    writer.write(b"GET / HTTP/1.1\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 10)
+    assert answer == b"AMQP\x00\x00\x09\x01"  # (what this port speaks, then closed)
+    writer.close()
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:  # (the node serves on)
+        ch = await conn.channel()
+        await ch.declare_queue("still-here")
+
+
+async def test_a_missing_queue_closes_the_channel_with_404_not_the_connection(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await ch.declare_queue("absent", passive=True)
+        ch2 = await conn.channel()
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+            await ch2.declare_queue("odd", arguments={"x-unknown-argument": 1})
+        ch3 = await conn.channel()
+        await ch3.declare_queue("fine")
+
+
+async def test_an_amqp_port_out_of_range_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="amqp_port 70000"):
+        build_config({"amqp_port": 70000})
+    assert NodeConfig().amqp_port is None  # (off unless set)
+
+
+async def test_an_exclusive_queue_ends_with_its_connection(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue("", exclusive=True)
+        name = q.name
+        assert name in amqp_node.catalogue.queues
+
+    async def gone() -> bool:
+        return name not in amqp_node.catalogue.queues
+
+    await wait_until(gone, timeout=10, what="the exclusive queue deleted")
