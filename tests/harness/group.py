@@ -242,9 +242,7 @@ class Group:
         for w in life.writers:
             w.crash()
         self.net.crash(name, silent=silent)
-        server = node._server  # (the real client port it bound: the OS closes a dead process's sockets)
-        if server is not None:
-            server.close()
+        node._listeners.close()  # (the real client ports it bound: the OS closes a dead process's sockets)
         await self._end_tasks(life)
         log.info("harness: %s killed at %.3f", name, self.clock.monotonic())
 
