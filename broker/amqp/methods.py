@@ -37,7 +37,7 @@ from pamqp.base import Frame as AmqpMethod
 from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer
 from broker.amqp.properties import from_headers, to_headers
-from broker.amqp.wire import AmqpWire
+from broker.amqp.wire import AmqpWire, ReplyCode
 from broker.amqp.wire import Publish as AmqpPublish
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
@@ -115,19 +115,19 @@ class Methods:
         ch = self.s.channels.get(number)
         if isinstance(m, C.Channel.Open):
             if ch is not None:
-                self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is open already",
+                self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is open already",
                                   *codes.ids(m))
                 return
             await self.channel_open(number)
             return
         if ch is None:
-            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is not open", *codes.ids(m))
+            self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is not open", *codes.ids(m))
             return
         if ch.closing and not isinstance(m, (C.Channel.Close, C.Channel.CloseOk)):
             return  # (after channel.close, everything but its answer is dropped)
         handler = self.table.get(type(m))
         if handler is None:
-            self.s.close_channel(number, codes.NOT_IMPLEMENTED,
+            self.s.close_channel(number, ReplyCode.NOT_IMPLEMENTED,
                                  f"NOT_IMPLEMENTED - {m.name} is not served by this node", *codes.ids(m))
             return
         await handler(ch, m)
@@ -138,7 +138,7 @@ class Methods:
             code = codes.of(f.code)
             self.s.close_channel(ch.number, code, codes.text(code, f.message), *codes.ids(m))
         else:
-            self.s.close_channel(ch.number, codes.INTERNAL_ERROR,
+            self.s.close_channel(ch.number, ReplyCode.INTERNAL_ERROR,
                                  f"INTERNAL_ERROR - {type(f).__name__} in reply to {m.name}", *codes.ids(m))
 
     def refuse(self, ch: Channel, m: AmqpMethod, code: int, why: str) -> None:
@@ -148,7 +148,7 @@ class Methods:
 
     async def channel_open(self, number: int, _m: Any = None) -> None:
         if not 0 < number <= 2047:
-            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is out of range")
+            self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {number} is out of range")
             return
         self.s.channels[number] = Channel(number)
         self.s.method(number, C.Channel.OpenOk())
@@ -174,7 +174,7 @@ class Methods:
 
     async def flow(self, ch: Channel, m: C.Channel.Flow) -> None:
         if not m.active:
-            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "channel.flow with active=false")
+            self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "channel.flow with active=false")
             return
         self.s.method(ch.number, C.Channel.FlowOk(active=True))
 
@@ -201,15 +201,15 @@ class Methods:
         for arg, value in (m.arguments or {}).items():
             field = QUEUE_ARGS.get(arg)
             if field is None:
-                self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
                 return
             if field == "type":
                 value = QUEUE_TYPES.get(str(value), "")
                 if not value:
-                    self.refuse(ch, m, codes.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
+                    self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
                     return
             elif field != "overflow" and (isinstance(value, bool) or not isinstance(value, int)):
-                self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
                 return
             fields[field] = value
 
@@ -233,7 +233,7 @@ class Methods:
                 self.s.method(ch.number, C.Queue.DeleteOk(message_count=0))
             return
         if m.if_unused and info.consumers:
-            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"queue '{m.queue}' in vhost '/' in use")
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue '{m.queue}' in vhost '/' in use")
             return
 
         def reply(f: Frame) -> None:
@@ -256,7 +256,7 @@ class Methods:
 
     async def queue_bind(self, ch: Channel, m: C.Queue.Bind | C.Queue.Unbind) -> None:
         if not m.exchange:
-            self.refuse(ch, m, codes.ACCESS_REFUSED, "operation not permitted on the default exchange")
+            self.refuse(ch, m, ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
             return
         bind = isinstance(m, C.Queue.Bind)
         kind = Bind if bind else Unbind
@@ -279,7 +279,7 @@ class Methods:
                 if not isinstance(f, Exchanges):
                     self.fail(ch, m, f)
                 elif m.exchange not in {e.name for e in f.exchanges}:
-                    self.refuse(ch, m, codes.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
+                    self.refuse(ch, m, ReplyCode.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
                 elif not m.nowait:
                     self.s.method(ch.number, C.Exchange.DeclareOk())
 
@@ -324,7 +324,7 @@ class Methods:
     async def publish(self, p: AmqpPublish) -> None:
         ch = self.s.channels.get(p.channel)
         if ch is None:
-            self.s.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {p.channel} is not open")
+            self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {p.channel} is not open")
             return
         if ch.closing:
             return
@@ -337,7 +337,7 @@ class Methods:
         exchange, key = m.exchange or "", m.routing_key or ""
 
         def returned() -> None:
-            self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=codes.NO_ROUTE, reply_text="NO_ROUTE",
+            self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=ReplyCode.NO_ROUTE, reply_text="NO_ROUTE",
                                                                        exchange=exchange, routing_key=key),
                                              p.properties, p.body))
 
@@ -374,18 +374,18 @@ class Methods:
 
     async def qos(self, ch: Channel, m: C.Basic.Qos) -> None:
         if m.prefetch_size:
-            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "basic.qos with a prefetch_size")
+            self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "basic.qos with a prefetch_size")
             return
         ch.prefetch = m.prefetch_count
         self.s.method(ch.number, C.Basic.QosOk())
 
     async def consume(self, ch: Channel, m: C.Basic.Consume) -> None:
         if m.exclusive:
-            self.refuse(ch, m, codes.NOT_IMPLEMENTED, "exclusive consumers")
+            self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "exclusive consumers")
             return
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if ch.consumer_id(tag) is not None:
-            self.s.close_amqp(codes.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+            self.s.close_amqp(ReplyCode.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                               *codes.ids(m))
             return
         prefetch = ch.prefetch or self.s.node.config.max_prefetch
@@ -463,7 +463,7 @@ class Methods:
     async def ack(self, ch: Channel, m: C.Basic.Ack) -> None:
         tags = ch.settle(m.delivery_tag or 0, m.multiple)
         if not tags and not (m.multiple and not m.delivery_tag):
-            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
             await self.s.request(lambda rid: Ack(rid=rid, tags=tags), lambda f: self._settled(ch, m, f))
@@ -472,7 +472,7 @@ class Methods:
         multiple = getattr(m, "multiple", False)
         tags = ch.settle(m.delivery_tag or 0, multiple)
         if not tags and not (multiple and not m.delivery_tag):
-            self.refuse(ch, m, codes.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
             await self.s.request(lambda rid: Nack(rid=rid, tags=tags, requeue=m.requeue),

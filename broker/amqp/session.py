@@ -29,7 +29,8 @@ from pamqp.base import Frame as AmqpMethod
 from broker.amqp import codes
 from broker.amqp.channel import Channel
 from broker.amqp.methods import Methods
-from broker.amqp.wire import AmqpWire, Beat, ChannelError, HeaderOk, Method, Publish, WireError, server_properties
+from broker.amqp.wire import (AmqpWire, Beat, ChannelError, HeaderOk, Method, Publish, ReplyCode, WireError,
+                              server_properties)
 from broker.logsafe import escape
 from broker.security.standing import standing_of
 from broker.security.users import credentials
@@ -82,7 +83,9 @@ class AmqpSession(Session):
             self.methods.delivered(frame)
         elif isinstance(frame, Cancel) and frame.rid == 0:
             self.methods.cancelled(frame.consumer)
-        elif isinstance(frame, (Heartbeat, Close)):
+        elif isinstance(frame, Heartbeat):  # (the session's heartbeats: AMQP's own frame)
+            self.write(self.wire.heartbeat())
+        elif isinstance(frame, Close):
             pass
         else:
             reply = self._replies.pop(getattr(frame, "rid", 0), None)
@@ -119,7 +122,8 @@ class AmqpSession(Session):
     def close(self, code: int = 0, reason: str = "") -> None:
         """End the connection: ``connection.close`` with the AMQP reply code for the node's
         error ``code`` (0: a clean close)."""
-        self.close_amqp(codes.of(code) if code else codes.CONNECTION_FORCED, reason or "closed by the node")
+        reply = codes.of(code) if code else ReplyCode.CONNECTION_FORCED
+        self.close_amqp(reply, codes.text(reply, reason or "closed by the node"))
 
     def close_amqp(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         if self._closing:
@@ -188,7 +192,7 @@ class AmqpSession(Session):
             await self.methods.channel_method(event.channel, event.method)
         elif isinstance(event, Publish):
             if not self._opened:
-                self.close_amqp(codes.COMMAND_INVALID, "COMMAND_INVALID - basic.publish before connection.open")
+                self.close_amqp(ReplyCode.COMMAND_INVALID, "COMMAND_INVALID - basic.publish before connection.open")
             else:
                 await self.methods.publish(event)
 
@@ -198,7 +202,7 @@ class AmqpSession(Session):
 
     async def _connection(self, channel: int, m: AmqpMethod) -> None:
         if channel != 0:
-            self.close_amqp(codes.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {channel} before connection.open")
+            self.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {channel} before connection.open")
         elif isinstance(m, C.Connection.StartOk) and self.user is None:
             await self._login(m)
         elif isinstance(m, C.Connection.TuneOk) and self.user is not None and not self._tuned:
@@ -208,7 +212,7 @@ class AmqpSession(Session):
             self.heartbeat = float(m.heartbeat)
         elif isinstance(m, C.Connection.Open) and self._tuned and not self._opened:
             if m.virtual_host != VHOST:
-                self.close_amqp(codes.NOT_ALLOWED, f"NOT_ALLOWED - vhost {m.virtual_host} not found "
+                self.close_amqp(ReplyCode.NOT_ALLOWED, f"NOT_ALLOWED - vhost {m.virtual_host} not found "
                                                    f"(this node has the one virtual host {VHOST})")
                 return
             self._opened = True
@@ -223,7 +227,7 @@ class AmqpSession(Session):
         elif isinstance(m, (C.Connection.Blocked, C.Connection.Unblocked)):
             pass
         else:
-            self.close_amqp(codes.COMMAND_INVALID, f"COMMAND_INVALID - {m.name} is not expected now",
+            self.close_amqp(ReplyCode.COMMAND_INVALID, f"COMMAND_INVALID - {m.name} is not expected now",
                             *codes.ids(m))
 
     async def _login(self, m: C.Connection.StartOk) -> None:
@@ -247,7 +251,7 @@ class AmqpSession(Session):
             self.guard.admit(user.name)
         except TandemError as exc:
             log.warning("session %s: amqp login refused: %s", self.peer, exc.message)
-            self.close_amqp(codes.ACCESS_REFUSED if isinstance(exc, AuthError) else codes.of(int(exc.code)),
+            self.close_amqp(ReplyCode.ACCESS_REFUSED if isinstance(exc, AuthError) else codes.of(int(exc.code)),
                             f"ACCESS_REFUSED - {exc.message}" if isinstance(exc, AuthError) else exc.message)
             return
         self._admitted = True
@@ -260,35 +264,6 @@ class AmqpSession(Session):
         self.heartbeat = beat
         self.method(0, C.Connection.Tune(channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=int(beat)))
         log.info("session %s: amqp open user=%s", self.client_name, escape(user.name))
-
-    async def _heartbeats(self) -> None:
-        """As a Tandem session's, with AMQP's heartbeat frame: one after half an interval of
-        quiet, the connection closed after two silent intervals (as RabbitMQ)."""
-        clock = self.node.clock
-        limit = self.node.config.login_timeout
-        try:
-            async with clock.timeout(max(0.0, self.connected_at + limit - clock.monotonic())):
-                await self._logged_in.wait()
-        except TimeoutError:
-            log.warning("session %s: no amqp login within %gs of connecting (login_timeout)", self.peer, limit)
-            self.close_amqp(codes.CONNECTION_FORCED, "CONNECTION_FORCED - no login within login_timeout")
-            self.reader.feed_eof()
-            return
-        while not self._closing:
-            interval = self.heartbeat
-            if interval <= 0:
-                return
-            await clock.sleep(interval / 2)
-            if not self.recheck_standing():
-                return
-            now = clock.monotonic()
-            if now - self.last_recv > 2 * interval:
-                log.warning("session %s: no frame from the client for %.1fs", self.client_name, 2 * interval)
-                self.close_amqp(codes.CONNECTION_FORCED, "CONNECTION_FORCED - missed heartbeats from client")
-                self.reader.feed_eof()
-                return
-            if now - self.last_send >= interval / 2:
-                self.write(self.wire.heartbeat())
 
     async def run(self) -> None:
         try:

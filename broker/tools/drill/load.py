@@ -139,16 +139,17 @@ class Load:
         """The queues the run fills: drained when they hold nothing."""
         return (self.queue,)
 
-    async def consume(self, index: int) -> None:
+    async def consume(self, index: int, queue: str | None = None) -> None:
+        """Consumer ``index`` of the drill queue (or ``queue``), acking what it gets."""
         conn = await self._connect(f"drill-consumer-{index}")
-        c = await conn.consumer(self.queue, prefetch=128).start()
+        c = await conn.consumer(queue or self.queue, prefetch=128).start()
         try:
             while not self._stop_consumers.is_set():
                 m = await c.next(0.2)
                 if m is None:
                     continue
                 self.consumed.append((m.body, m.id))
-                self.received.append(Delivery(m.body, index, m.partition, m.redelivered))
+                self.got(index, m)
                 if self.cfg.consume_pause:
                     await self.clock.sleep(self.cfg.consume_pause)  # (a slow consumer: a backlog builds)
                 try:
@@ -157,6 +158,10 @@ class Load:
                     pass  # its link failed: it comes again, redelivered
         finally:
             await c.close()
+
+    def got(self, index: int, m: Any) -> None:
+        """What a consumer received, besides its body and id (``consumed``), for the checker."""
+        self.received.append(Delivery(m.body, index, m.partition, m.redelivered))
 
     async def go(self, fault: Callable[[], Awaitable[None]], deadline: float) -> None:
         """Consumers and producers; ``fault`` once a third is confirmed; then until drained.  With

@@ -5,7 +5,8 @@ consumer is a *worker* on a durable connection: it takes a batch of inputs (up t
 :data:`BATCH`), and in one transaction publishes each input's body to the output queue
 (:data:`QUEUE_OUT`, the transaction's id in the ``tx`` header) and acks the inputs; then it
 commits, asking again until the group answers.  A batch whose transaction failed or aborted is
-given back (its inputs come again).  A reader consumes the output queue.
+given back (its inputs come again).  A reader (the plain workload's consumer) consumes the output
+queue.
 
 The checker classifies the outputs as the plain workload's consumed messages (an input confirmed
 and never output is lost, one output twice is duplicated) and checks each transaction all or
@@ -53,7 +54,7 @@ class TxLoad(Load):
         self.errors: Counter[str] = Counter()  # what failed batches before their commit, by error
 
     def consumers(self) -> list[Coroutine[Any, Any, None]]:
-        return [*(self.work(i) for i in range(self.cfg.consumers)), self.read()]
+        return [*(self.work(i) for i in range(self.cfg.consumers)), self.consume(self.cfg.consumers, self.out)]
 
     def queues(self) -> tuple[str, ...]:
         return (self.queue, self.out)
@@ -138,23 +139,9 @@ class TxLoad(Load):
                     return None
                 await self.clock.sleep(backoff.next())  # (asking again: the first decision stands)
 
-    async def read(self) -> None:
-        """The output queue's reader: the outputs are what the checker counts as consumed."""
-        conn = await self._connect("drill-reader")
-        c = await conn.consumer(self.out, prefetch=256).start()
-        try:
-            while not self._stop_consumers.is_set():
-                m = await c.next(0.2)
-                if m is None:
-                    continue
-                self.consumed.append((m.body, m.id))
-                self.outputs.append((m.body, m.headers.get("tx", "")))
-                try:
-                    m.ack()
-                except TandemError:
-                    pass  # its link failed: it comes again, redelivered
-        finally:
-            await c.close()
+    def got(self, index: int, m: Any) -> None:
+        """An output, as the reader got it: the checker's consumed message, and its transaction."""
+        self.outputs.append((m.body, m.headers.get("tx", "")))
 
 
 def make_load(cl: Any, cfg: DrillConfig, run: int, rng: random.Random, clock: Clock, queue: str = QUEUE) -> Load:
