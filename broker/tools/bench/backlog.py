@@ -174,8 +174,9 @@ async def _drain(url: str, queue: str, expected: int, messages: int, prefetch: i
     return seen, took
 
 
-async def _declare(url: str, queue: str, partitions: int) -> None:
-    async with await client.connect(url, client_name="tandem-bench-backlog") as conn:
+async def declare_served(url: str, queue: str, partitions: int, *, client_name: str = "tandem-bench-backlog") -> None:
+    """Declare ``queue`` and return once every partition of it has its active."""
+    async with await client.connect(url, client_name=client_name) as conn:
         await conn.declare_queue(queue, partitions=partitions)
         async with asyncio.timeout(60):
             while True:  # every partition has its active (a group elects them)
@@ -223,12 +224,12 @@ async def run_backlog(total: int, *, max_memory: int, size: int = 1024, nodes: i
             if warm:
                 # a queue that fits in memory: the consume rate a backlog's drain is held to
                 res.warm_messages = min(messages, max(1000, max_memory // 2 // (size + PER_MESSAGE)), 200_000)
-                await _declare(url, "warm", partitions)
+                await declare_served(url, "warm", partitions)
                 n, _took = await publish_ids(url, "warm", range(res.warm_messages), size, producers, window)
                 seen, took = await _drain(url, "warm", n, res.warm_messages, prefetch)
                 res.warm_consume_per_s = round(seen.count / took, 1) if took else 0.0
                 await _delete(url, "warm")
-            await _declare(url, "backlog", partitions)
+            await declare_served(url, "backlog", partitions)
             res.confirmed, took = await publish_ids(url, "backlog", range(messages), size, producers, window)
             res.publish_per_s = round(res.confirmed / took, 1) if took else 0.0
             if restart:

@@ -18,6 +18,7 @@ from broker.tools.bench.backlog import add_backlog_args, backlog_command
 from broker.tools.bench.delayed import add_delayed_args, delayed_command
 from broker.tools.bench.fanout import add_fanout_args, fanout_command
 from broker.tools.bench.replay import add_replay_args, replay_command
+from broker.tools.bench.transactions import add_transactions_args, transactions_command
 from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
@@ -55,7 +56,8 @@ def add_bench_parser(sub: Any) -> None:
                "  tandem bench --spawn --nodes 3 --peer rabbitmq --peer nats\n"
                "  tandem bench --spawn --nodes 3 --tls\n"
                "  tandem bench --spawn --nodes 3 --fanout 1,10,100 --topic-bindings 1000 --messages 10000 "
-               "--peer rabbitmq",
+               "--peer rabbitmq\n"
+               "  tandem bench --spawn --nodes 3 --transactions --tx-sizes 1,10,100",
         formatter_class=ExamplesFormatter)
     p.add_argument("--url", help="a running node, tandem://user:password@host:port")
     p.add_argument("--spawn", action="store_true", help="start a fresh node in a temp dir for the run")
@@ -111,6 +113,7 @@ def add_bench_parser(sub: Any) -> None:
     add_delayed_args(p)
     add_fanout_args(p)
     add_replay_args(p)
+    add_transactions_args(p)
     add_ha_args(p)
     p.set_defaults(func=bench)
 
@@ -149,6 +152,8 @@ def bench(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         return backlog_command(args)
     if args.delayed is not None:
         return delayed_command(args)
+    if args.transactions:
+        return transactions_command(args)
     if args.fanout or args.topic_bindings:
         return fanout_command(args)
     if args.stream_replay is not None:
