@@ -100,14 +100,16 @@ class AmqpSession(Session):
         self._replies[rid] = reply
         frame = make(rid)
         handler = self.requests[type(frame)]
-        assert self.user is not None
+        user = self.user
         try:
+            if user is None:  # (the methods are read only once the connection is open, after the login)
+                raise AuthError("a request before the login")
             try:
-                await handler(self, self.user, frame)
+                await handler(self, user, frame)
             except QueueNotFoundError:
                 if not await self.node.catalogue.catch_up():  # (as a Tandem client's session does)
                     raise
-                await handler(self, self.user, frame)
+                await handler(self, user, frame)
         except TandemError as exc:
             self.send(error_frame(rid, exc))
         except Exception as exc:  # a bug must cost one request, not the node

@@ -21,7 +21,7 @@ from broker.tools.checker import classify
 from client.errors import InvalidArgumentError, TandemError, UnavailableError
 from client.mapper import JumpHashMapper
 from client.protocol.frames import PublishMessage
-from tests.harness.group import Group
+from tests.harness.group import Group, Member
 from tests.harness.repartition import Load, all_active, ask, consume, load, status, updates_done
 from tests.harness.replication import active, key_of, only_retriable
 
@@ -194,6 +194,20 @@ async def test_an_update_whose_answer_is_lost_is_asked_again_once_the_links_are_
         assert all(k is not None and p == mapper.partition(k) for _b, k, p, _i in got)
 
 
+async def grown(g: Group, n: int) -> Member:
+    """A started group whose queue HELD of 2 partitions, ``n`` messages in it, has 2 more
+    partitions, all of them active; the member that asked for them (n1)."""
+    await g.start()
+    await g.declare(HELD, partitions=2)
+    await load(g, HELD, [(f"h{i}".encode(), f"key{i}") for i in range(n)])
+    n1 = g["n1"]
+    assert n1.node is not None
+    meta = await ask(g, n1, n1.node.ops.remaps.add(HELD, 2, "", "test"), "add")
+    assert not isinstance(meta, BaseException), meta
+    await g.until(lambda: all_active(g, HELD, 4), 10.0, what="the new partitions active")
+    return n1
+
+
 async def test_messages_a_cut_sweep_had_published_are_settled_and_not_stored_twice(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A sweep cut between publishing a batch and settling it leaves the batch in its target
@@ -205,14 +219,8 @@ async def test_messages_a_cut_sweep_had_published_are_settled_and_not_stored_twi
     caplog.set_level(logging.WARNING, "tandem.broker")
     n = 4000
     async with Group(tmp_path) as g:
-        await g.start()
-        await g.declare(HELD, partitions=2)
-        await load(g, HELD, [(f"h{i}".encode(), f"key{i}") for i in range(n)])
-        n1 = g["n1"]
+        n1 = await grown(g, n)
         assert n1.node is not None
-        meta = await ask(g, n1, n1.node.ops.remaps.add(HELD, 2, "", "test"), "add")
-        assert not isinstance(meta, BaseException), meta
-        await g.until(lambda: all_active(g, HELD, 4), 10.0, what="the new partitions active")
         mapper = JumpHashMapper(4)
         key0 = key_of(g, HELD, 0)
         a = active(g, key0)
@@ -244,14 +252,8 @@ async def test_a_sweep_over_a_large_head_leaves_its_node_time_to_answer_its_peer
     caplog.set_level(logging.WARNING, "tandem")
     n = 4000
     async with Group(tmp_path) as g:
-        await g.start()
-        await g.declare(HELD, partitions=2)
-        await load(g, HELD, [(f"h{i}".encode(), f"key{i}") for i in range(n)])
-        n1 = g["n1"]
+        n1 = await grown(g, n)
         assert n1.node is not None
-        meta = await ask(g, n1, n1.node.ops.remaps.add(HELD, 2, "", "test"), "add")
-        assert not isinstance(meta, BaseException), meta
-        await g.until(lambda: all_active(g, HELD, 4), 10.0, what="the new partitions active")
         key0 = key_of(g, HELD, 0)
         a = active(g, key0)
         assert a is not None and a.node is not None

@@ -120,7 +120,7 @@ class TxLoad(Load):
         for m in batch:  # (what the transaction's acks did not hold comes back now)
             if not m.settled:
                 try:
-                    m.nack()
+                    await m.nack()
                 except TandemError:
                     pass  # its link failed: it comes again, redelivered
 
