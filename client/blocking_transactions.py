@@ -19,7 +19,7 @@ from typing import Any
 from client.clock import SYSTEM_CLOCK, Backoff
 from client.errors import ConnectionClosedError, InvalidArgumentError, TandemError
 from client.protocol.frames import Ack, Frame, Publish, PublishMessage, PublishOk, TxEndOk, TxInit, TxInitOk, expect
-from client.transactions import END_TIMEOUT, Producer, Settleable, commit_outcome, end_frame
+from client.transactions import END_TIMEOUT, Producer, Settleable, commit_outcome, end_frame, exchange_publish
 
 
 class BlockingTransaction:
@@ -48,6 +48,22 @@ class BlockingTransaction:
         """Publish messages as they are (each with its own key and headers); how many were stored."""
         self._parts.add((queue, -1))
         reply = expect(self._call(lambda rid: Publish(rid=rid, queue=queue, messages=msgs, tx=self.id)), PublishOk)
+        return reply.stored
+
+    def publish_to_exchange(self, exchange: str, body: bytes, *, routing_key: str = "", key: str | None = None,
+                            headers: dict[str, str] | None = None, mandatory: bool = False) -> None:
+        """See :meth:`client.transactions.Transaction.publish_to_exchange`."""
+        self.publish_many_to_exchange(exchange, [(body, key)], routing_key=routing_key, headers=headers,
+                                      mandatory=mandatory)
+
+    def publish_many_to_exchange(self, exchange: str, items: list[tuple[bytes, str | None]], *,
+                                 routing_key: str = "", headers: dict[str, str] | None = None,
+                                 mandatory: bool = False) -> int:
+        """See :meth:`client.transactions.Transaction.publish_many_to_exchange`."""
+        msgs = [PublishMessage(key, dict(headers or {}), body, None) for body, key in items]
+        reply = expect(self._call(lambda rid: exchange_publish(self.id, exchange, routing_key, msgs, mandatory, rid)),
+                       PublishOk)
+        self._parts.update((q, -1) for q in reply.queues)
         return reply.stored
 
     def ack(self, *messages: Settleable) -> None:

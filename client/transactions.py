@@ -87,6 +87,26 @@ class Transaction:
                        PublishOk)
         return reply.stored
 
+    async def publish_to_exchange(self, exchange: str, body: bytes, *, routing_key: str = "", key: str | None = None,
+                                  headers: dict[str, str] | None = None, mandatory: bool = False) -> None:
+        """Publish through ``exchange`` in the transaction: each queue its bindings route the
+        message to holds it until the commit.  ``mandatory``: a message routed to no queue
+        refuses the publish (UnroutableError), nothing of it stored; else it is dropped."""
+        await self.publish_many_to_exchange(exchange, [(body, key)], routing_key=routing_key, headers=headers,
+                                            mandatory=mandatory)
+
+    async def publish_many_to_exchange(self, exchange: str, items: list[tuple[bytes, str | None]], *,
+                                       routing_key: str = "", headers: dict[str, str] | None = None,
+                                       mandatory: bool = False) -> int:
+        """Publish ``(body, key)`` pairs through ``exchange`` in one batch; how many copies
+        the queues stored (a message routed to two queues counts twice)."""
+        self._open()
+        msgs = [PublishMessage(key, dict(headers or {}), body, None) for body, key in items]
+        reply = expect(await self._conn.request(lambda rid: exchange_publish(self.id, exchange, routing_key, msgs,
+                                                                             mandatory, rid)), PublishOk)
+        self._parts.update((q, -1) for q in reply.queues)
+        return reply.stored
+
     async def ack(self, *messages: Settleable) -> None:
         """Ack delivered messages in the transaction: settled once it commits, ready again if
         it aborts.  Each must not be settled yet; each is acked on the link it came on (a
@@ -142,6 +162,14 @@ class Transaction:
                 await clock.sleep(backoff.next())
         self.done = True
         return reply.committed, reply.written
+
+
+def exchange_publish(txid: str, exchange: str, routing_key: str, msgs: list[PublishMessage], mandatory: bool,
+                     rid: int) -> Publish:
+    """The ``Publish`` of a transaction's messages to an exchange.  The node records the queues
+    it routed them to on the link; the reply names them, for a commit sent on another link."""
+    return Publish(rid=rid, queue="", messages=msgs, exchange=exchange, routing_key=routing_key, mandatory=mandatory,
+                   tx=txid)
 
 
 def end_frame(txid: str, commit: bool, parts: set[tuple[str, int]], batch: int) -> Callable[[int], TxEnd]:

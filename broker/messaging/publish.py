@@ -74,6 +74,8 @@ class PublishResult:
     last_seq: int = -1
     #: a publish to an exchange: messages routed to no queue (broker.messaging.routed)
     unroutable: int = 0
+    #: a publish to an exchange in a transaction: the queues it routed to
+    queues: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,11 @@ once every queue has it.
    Nothing is undone: the parts that were stored stay, and an idempotent producer's resend
    (the SDK's) is dropped by the partitions that hold it, so each queue ends with the message
    once.  A producer without an id may store a message twice in a queue on such a resend.
+
+In a transaction (``tx``) every part is a prepared write of it (the forwarded request carries
+the id): the parts that were stored are settled by the transaction's outcome, so a failed part
+leaves nothing behind once the client aborts.  A stream among the queues refuses the batch
+before anything is stored.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class RoutedRequest:
     mandatory: bool = False
     #: each message's own routing key (empty: ``routing_key`` for every one)
     routing_keys: list[str] = field(default_factory=list)
+    #: the transaction it is part of ("": none): each queue's part is held aside until its outcome
+    tx: str = ""
 
     def keys(self) -> list[str]:
         """Each message's routing key; InvalidArgumentError for a list that does not fit."""
@@ -74,9 +81,10 @@ class Router:
     def __init__(self, node: RouterHost, publisher: Publisher, table: Callable[[], ExchangeTable]) -> None:
         self.node, self.publisher, self.table = node, publisher, table
 
-    def publish_to(self, req: RoutedRequest, reply: Reply[PublishResult]) -> None:
+    def publish_to(self, req: RoutedRequest, reply: Reply[PublishResult]) -> set[tuple[str, int]]:
         """Raises at once what refuses the batch before anything is stored (no such exchange,
-        an unroutable message of a mandatory batch); ``reply`` gets the rest."""
+        an unroutable message of a mandatory batch, a stream in a transaction); ``reply`` gets
+        the rest.  The (queue, partition) parts it stores to."""
         table, queues = self.table(), self.node.queues
         if req.exchange and req.exchange not in table.exchanges:
             raise ExchangeNotFoundError(f"no exchange {req.exchange!r}")
@@ -95,26 +103,36 @@ class Router:
                 f"{unroutable} of {len(req.messages)} messages published to exchange {req.exchange!r} (routing key "
                 f"{nowhere!r}{' and others' if unroutable > 1 else ''}) are routed to no queue (mandatory): nothing of "
                 f"the batch was stored")
+        if req.tx:
+            streams = sorted(name for name in per_queue if queues[name].stream)
+            if streams:
+                raise InvalidArgumentError(
+                    f"exchange {req.exchange!r} routes to stream {streams[0]!r}: a transaction may not publish to "
+                    f"one (its readers read by offset, with no outcome to wait for); nothing of the batch was stored")
+        written: set[tuple[str, int]] = set()
         parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]] = []
         remote: dict[str, list[tuple[Queue, int, list[PublishMessage]]]] = {}
         commit = self.node.commit
         for name, msgs in per_queue.items():
             q = queues[name]
             for pidx, pm in _by_partition(q, req.producer_id, msgs).items():
+                written.add((name, pidx))
                 key = (q.meta.id, pidx)
                 who = None if commit.serving(key) else commit.active_of(key)
                 if who is None or who == self.node.config.name:
-                    parts.append(self._here(PublishRequest(name, req.producer_id, pm, partition=pidx)))
+                    parts.append(self._here(PublishRequest(name, req.producer_id, pm, partition=pidx, tx=req.tx)))
                 else:
                     remote.setdefault(who, []).append((q, pidx, pm))
         for who, items in remote.items():
-            parts.append(self._there(who, req.producer_id, items))
+            parts.append(self._there(who, req.producer_id, items, req.tx))
         outcome: Outcome[PublishResult] = Outcome()
-        outcome.add_done_callback(lambda o: _settle(o, reply, unroutable))
+        named = sorted(per_queue) if req.tx else []  # (the client's commit names them)
+        outcome.add_done_callback(lambda o: _settle(o, reply, unroutable, named))
         if all(isinstance(p, Outcome) for p in parts):
             _sum_settled(parts, outcome)  # (all here: confirmed in the commit's own callback)
         else:
             self.node.spawn(sum_parts(parts, outcome))
+        return written
 
     def _here(self, req: PublishRequest) -> Outcome[PublishResult]:
         try:
@@ -122,8 +140,8 @@ class Router:
         except Exception as exc:
             return Outcome.failed(exc)
 
-    async def _there(self, who: str, producer_id: str | None,
-                     items: list[tuple[Queue, int, list[PublishMessage]]]) -> PublishResult:
+    async def _there(self, who: str, producer_id: str | None, items: list[tuple[Queue, int, list[PublishMessage]]],
+                     tx: str) -> PublishResult:
         """One request to member ``who`` for every part active there, each message in it once
         however many of its queues are there; where the link fails, each part goes its own way
         (the publish path waits for its partition's active)."""
@@ -136,7 +154,7 @@ class Router:
                     index[id(m)] = len(msgs)
                     msgs.append(m)
             parts.append([q.name, pidx, [index[id(m)] for m in pm]])
-        frame = encode(Publish(rid=0, queue="", messages=msgs, producer_id=producer_id))[4:]
+        frame = encode(Publish(rid=0, queue="", messages=msgs, producer_id=producer_id, tx=tx))[4:]
         try:
             stored, duplicates = decode_reply(await self.node.forward(
                 who, RoutedFwd(1, producer_id or "", frame, msgpack.packb(parts, use_bin_type=True))))
@@ -146,14 +164,15 @@ class Router:
                 raise
         total = PublishResult(0, 0)
         for q, pidx, pm in items:  # (a resend: what reached the partitions is dropped there)
-            r = await self.publisher.publish(PublishRequest(q.name, producer_id, pm, partition=pidx, hops=1))
+            r = await self.publisher.publish(PublishRequest(q.name, producer_id, pm, partition=pidx, hops=1, tx=tx))
             total = PublishResult(total.stored + r.stored, total.duplicates + r.duplicates)
         return total
 
     async def forwarded(self, req: RoutedFwd) -> bytes:
         """Another member's parts of a routed publish, for partitions active here."""
         try:
-            msgs = expect(decode_payload(req.frame), Publish).messages
+            publish = expect(decode_payload(req.frame), Publish)
+            msgs = publish.messages
             parts = msgpack.unpackb(req.parts, raw=False)
             if type(parts) is not list:
                 raise ValueError("parts is not an array")
@@ -163,7 +182,7 @@ class Router:
                         or type(part[2]) is not list or not all(type(i) is int for i in part[2]):
                     raise ValueError("a part is not [queue, partition, [message index, ...]]")
                 reqs.append(PublishRequest(part[0], req.producer_id or None, [msgs[i] for i in part[2]],
-                                           partition=part[1], hops=max(1, req.hops)))
+                                           partition=part[1], hops=max(1, req.hops), tx=publish.tx))
         except InvalidArgumentError:
             raise
         except Exception as exc:
@@ -202,7 +221,7 @@ def _sum_settled(parts: list[Any], out: Outcome[PublishResult]) -> None:
         p.add_done_callback(one)
 
 
-def _settle(o: Outcome[PublishResult], reply: Reply[PublishResult], unroutable: int) -> None:
+def _settle(o: Outcome[PublishResult], reply: Reply[PublishResult], unroutable: int, routed: list[str]) -> None:
     if reply.done():
         return
     err = o.exception()
@@ -210,4 +229,4 @@ def _settle(o: Outcome[PublishResult], reply: Reply[PublishResult], unroutable: 
         reply.set_exception(err)
     else:
         r = o.result()
-        reply.set_result(PublishResult(r.stored, r.duplicates, unroutable=unroutable))
+        reply.set_result(PublishResult(r.stored, r.duplicates, unroutable=unroutable, queues=routed))

@@ -141,10 +141,7 @@ class Messaging:
         if f.producer_id is not None and f.producer_id.startswith(REGISTER):
             raise InvalidArgumentError(f"producer_id {f.producer_id!r}: ids starting {REGISTER!r} are the broker's "
                                        f"(a stream's named consumers)")
-        if f.tx:
-            if f.exchange is not None:
-                raise InvalidArgumentError("a transaction publishes to queues, not to an exchange")
-            check_tx(s, user, f.tx).add((f.queue, -1 if f.partition is None else f.partition))
+        written = check_tx(s, user, f.tx) if f.tx else None
         if f.exchange is not None:
             if f.exchange:
                 self._may(user, "produce", f.exchange, "publish")
@@ -152,9 +149,14 @@ class Messaging:
                 # the default exchange: each message to the queue its routing key names
                 self._may(user, "produce", queue, "publish")
                 refuse_client_write(queue, "publish")
-            self.router.publish_to(RoutedRequest(f.exchange, f.routing_key, f.producer_id, f.messages, f.mandatory,
-                                                 f.routing_keys), _PublishReply(s, f.rid, self.publisher))
+            parts = self.router.publish_to(RoutedRequest(f.exchange, f.routing_key, f.producer_id, f.messages,
+                                                         f.mandatory, f.routing_keys, f.tx),
+                                           _PublishReply(s, f.rid, self.publisher))
+            if written is not None:
+                written.update(parts)  # (before any await: the link's end aborts what it wrote)
             return
+        if written is not None:
+            written.add((f.queue, -1 if f.partition is None else f.partition))
         self._may(user, "produce", f.queue, "publish")
         refuse_client_write(f.queue, "publish")
         self.publisher.publish_to(PublishRequest(f.queue, f.producer_id, f.messages, partition=f.partition,
@@ -328,7 +330,7 @@ class _PublishReply:
         self._done = True
         self._publisher.confirms += r.stored + r.duplicates
         self._s.send(PublishOk(rid=self._rid, stored=r.stored, duplicates=r.duplicates, next_seq=r.last_seq + 1,
-                               unroutable=r.unroutable))
+                               unroutable=r.unroutable, queues=r.queues))
 
     def set_exception(self, err: BaseException) -> None:
         self._done = True

@@ -210,6 +210,9 @@ class PublishOk(Frame):
     duplicates: int = 0
     next_seq: int = 0  # with ``partition``: the producer's next sequence there (0: it holds none)
     unroutable: int = 0  # a publish to an exchange: messages routed to no queue (dropped)
+    #: a publish to an exchange in a transaction: the queues it routed to (their partitions hold
+    #: the transaction's messages; the client names them when it ends the transaction)
+    queues: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,15 +111,60 @@ async def test_a_transaction_is_its_users_own(url: str, link: client.Connection,
     assert await _drain(link, "q") == [b"bob's"]
 
 
-async def test_a_stream_and_an_exchange_are_refused_in_a_transaction(link: client.Connection) -> None:
+async def test_a_stream_is_refused_in_a_transaction_directly_or_through_an_exchange(link: client.Connection) -> None:
     await link.declare_stream("s")
+    await link.declare_queue("q")
+    await link.declare_exchange("fan", "fanout")
+    await link.bind_queue("q", "fan")
+    await link.bind_queue("s", "fan")
     tx = await link.begin("app")
     with pytest.raises(InvalidArgumentError, match="stream"):
         await tx.publish("s", b"x")
-    with pytest.raises(InvalidArgumentError, match="not to an exchange"):
-        await link.request(lambda rid: client.protocol.frames.Publish(
-            rid=rid, queue="", exchange="amq.direct", messages=[], tx=tx.id))
+    with pytest.raises(InvalidArgumentError, match="routes to stream 's'.*nothing of the batch was stored"):
+        await tx.publish_to_exchange("fan", b"x")
     await tx.abort()
+    assert await _drain(link, "q") == []
+    msgs, _, _ = await link.read("s", 0, 0)
+    assert msgs == []
+
+
+async def test_publishes_through_exchanges_commit_and_abort_with_the_rest(link: client.Connection,
+                                                                        node: Node) -> None:
+    await link.declare_queue("in")
+    for q in ("eu", "us", "audit"):
+        await link.declare_queue(q, partitions=2)
+    await link.declare_exchange("orders", "topic")
+    await link.bind_queue("eu", "orders", "order.eu.*")
+    await link.bind_queue("us", "orders", "order.us.*")
+    await link.bind_queue("audit", "orders", "order.#")
+    await link.producer("in").send_many([(b"one", None), (b"two", None)])
+
+    m = await link.get("in")
+    assert m is not None
+    async with link.transaction("router") as tx:
+        await tx.publish_to_exchange("orders", b"eu-1", routing_key="order.eu.new")
+        stored = await tx.publish_many_to_exchange("orders", [(b"us-1", "k1"), (b"us-2", "k2")],
+                                                   routing_key="order.us.new")
+        assert stored == 4  # (each to its region's queue and to audit)
+        await tx.publish_to_exchange("orders", b"nowhere", routing_key="refund.eu")  # (dropped: no binding)
+        await tx.ack(m)
+        assert [await link.get(q) for q in ("eu", "us", "audit")] == [None] * 3  # (read committed)
+    assert await _drain(link, "eu") == [b"eu-1"]
+    assert sorted(await _drain(link, "us")) == [b"us-1", b"us-2"]
+    assert sorted(await _drain(link, "audit")) == [b"eu-1", b"us-1", b"us-2"]
+
+    m = await link.get("in")
+    assert m is not None
+    tx = await link.begin("router")
+    await tx.publish_to_exchange("orders", b"eu-2", routing_key="order.eu.new")
+    await tx.publish("us", b"direct")
+    await tx.ack(m)
+    with pytest.raises(client.errors.UnroutableError):
+        await tx.publish_to_exchange("orders", b"lost", routing_key="refund.us", mandatory=True)
+    await tx.abort()
+    assert [await _drain(link, q) for q in ("eu", "us", "audit")] == [[]] * 3
+    assert await _drain(link, "in") == [b"two"]  # (its ack aborted)
+    assert all(node.catalogue.queue(q).depth == 0 for q in ("eu", "us", "audit"))  # (nothing held aside)
 
 
 async def test_a_closed_link_aborts_what_it_left_open(url: str, link: client.Connection) -> None:
@@ -154,6 +199,8 @@ async def test_the_blocking_client_commits_and_aborts_as_the_asyncio_one(url: st
             assert m is not None
             with b.transaction("blocking-worker") as tx:
                 tx.publish("out", m.body.upper())
+                assert tx.publish_many_to_exchange("", [(b"ROUTED", None)], routing_key="out") == 1
+                tx.publish_to_exchange("", b"dropped", routing_key="no-such-queue")
                 tx.ack(m)
             m = b.get("in")
             assert m is not None
@@ -164,5 +211,5 @@ async def test_the_blocking_client_commits_and_aborts_as_the_asyncio_one(url: st
                     raise RuntimeError("the block fails")
 
     await asyncio.to_thread(work)
-    assert await _drain(link, "out") == [b"ONE"]
+    assert await _drain(link, "out") == [b"ONE", b"ROUTED"]
     assert await _drain(link, "in") == [b"two"]  # (acked in the aborted transaction: ready again)

@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(
 
 INPUTS = 300
 BATCH = 10
+#: the staged cases whose output goes through an exchange, to a queue active on another node
+ROUTED = {"after-prepare", "participant-mid-commit", "routed"}
 
 
 async def outcome(tx: Transaction) -> bool:
@@ -204,6 +206,8 @@ class Staged:
             return all([(await self.cl.actives(q, 1)).get(0) == node for q in (f"in-{case}", f"out-{case}")])
 
         await wait_until(served, timeout=60, what=f"{case}'s queues active on {node}")
+        await self.conn.declare_exchange(f"x-{case}", "fanout")
+        await self.conn.bind_queue(f"out-{case}", f"x-{case}")
         await self.conn.producer(f"in-{case}").send(f"{case}-in".encode())
 
     async def run(self, case: str, fault: dict[str, Callable[[Transaction], Awaitable[None]]]) -> None:
@@ -217,7 +221,10 @@ class Staged:
                     tx = await self.conn.begin("staged")
                     if "begun" in hooks:
                         await hooks["begun"](tx)
-                    await tx.publish(f"out-{case}", f"{case}-out".encode(), headers={"tx": tx.id})
+                    if case in ROUTED:  # (through the case's exchange: a routed publish forwarded to the node)
+                        await tx.publish_to_exchange(f"x-{case}", f"{case}-out".encode(), headers={"tx": tx.id})
+                    else:
+                        await tx.publish(f"out-{case}", f"{case}-out".encode(), headers={"tx": tx.id})
                     await tx.ack(m)
                     if "prepared" in hooks:
                         await hooks["prepared"](tx)
@@ -254,8 +261,8 @@ async def test_kill_9_or_a_cut_link_at_each_step_of_a_transaction_leaves_it_all_
     """A 3-node group; each case's queues (its participants) active on one node.  Faults: kill -9
     of the coordinator's active before the prepare, after it, and after the decision (the
     participants' node held by SIGSTOP keeps the commit from ending); kill -9 of the
-    participants' active mid-commit; the client's link cut (reset) mid-prepare, whose closing
-    aborts the transaction.  Every case ends with its output once and its input settled, and
+    participants' active mid-commit (two of the cases publish through an exchange); the client's
+    link cut (reset) mid-prepare, whose closing aborts the transaction.  Every case ends with its output once and its input settled, and
     every transaction all or nothing."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=FAST)
     await cl.start()
@@ -324,7 +331,17 @@ async def test_kill_9_or_a_cut_link_at_each_step_of_a_transaction_leaves_it_all_
             with pytest.raises(TransactionAbortedError):  # (the decision: asked on another link)
                 await Transaction(await conn.primary(), tx.id).commit()
 
-            cases = [case for case, _ in faults] + ["cut-link"]
+            # a routed publish forwarded to the output's node: held there, unseen, until the outcome
+            busy = {(await conn.primary()).node}
+            await staged.setup("routed", next(n for n in ("node3", "node2", "node1") if n not in busy))
+            tx = await conn.begin("staged")
+            await tx.publish_to_exchange("x-routed", b"routed-out", headers={"tx": tx.id})
+            assert await (await conn.primary()).get("out-routed") is None
+            await tx.abort()
+            staged.transactions[tx.id] = (False, frozenset({b"routed-out"}))
+            await staged.run("routed", {})
+
+            cases = [case for case, _ in faults] + ["cut-link", "routed"]
             outputs = {case: await staged.outputs(case) for case in cases}
             for case in cases:
                 assert await (await conn.primary()).get(f"in-{case}") is None, f"{case}: its input is back"
