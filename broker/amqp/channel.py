@@ -1,4 +1,4 @@
-"""One AMQP channel's state: its confirm mode, prefetch, consumers and delivery tags.
+"""One AMQP channel's state: its confirm or tx mode, prefetch, consumers and delivery tags.
 
 AMQP numbers deliveries per channel; the node numbers them per connection (the session's
 tags).  A channel maps its own delivery tags to the session's, in order, so ``multiple``
@@ -7,8 +7,10 @@ settles "every tag up to this one" on this channel alone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -16,6 +18,14 @@ class ChannelConsumer:
     tag: str  # the client's consumer tag
     queue: str
     no_ack: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TxSettle:
+    """A settlement in tx mode, held by the channel until ``tx.commit`` (broker.amqp.transactions)."""
+    tag: int  # the channel's
+    session_tag: int
+    kind: Literal["ack", "requeue", "reject"]
 
 
 @dataclass
@@ -29,6 +39,10 @@ class Channel:
     #: this channel's delivery tags -> the session's, unsettled, in order
     tags: dict[int, int] = field(default_factory=dict)
     next_tag: int = 1
+    tx: str = ""  # tx.select: the transaction its publishes and settlements are part of now
+    tx_settles: list[TxSettle] = field(default_factory=list)  # settled in tx mode, until tx.commit
+    tx_publishing: int = 0  # publishes of the transaction not stored yet
+    _stored: asyncio.Event | None = None
 
     def deliver(self, session_tag: int) -> int:
         """The channel's tag for a delivery of the session's tag ``session_tag``."""
@@ -44,6 +58,31 @@ class Channel:
         else:
             done = [tag] if tag in self.tags else []
         return [self.tags.pop(t) for t in done]
+
+    def unsettle(self, settles: list[TxSettle]) -> None:
+        """A rolled-back transaction's settlements: unsettled again, in tag order."""
+        self.tags.update((t.tag, t.session_tag) for t in settles)
+        self.tags = dict(sorted(self.tags.items()))
+
+    def publishing(self, delta: int) -> None:
+        """One more (+1) or one fewer (-1) publish of the transaction waiting to be stored."""
+        self.tx_publishing += delta
+        if self.tx_publishing == 0 and self._stored is not None:
+            self._stored.set()
+            self._stored = None
+
+    def close(self) -> None:
+        """The channel closes (or its connection does): nothing waits on it any more."""
+        self.closing = True
+        if self._stored is not None:
+            self._stored.set()
+
+    async def stored(self) -> None:
+        """Until every publish of the transaction is stored (or failed), or the channel closes."""
+        if self.tx_publishing and not self.closing:
+            if self._stored is None:
+                self._stored = asyncio.Event()
+            await self._stored.wait()
 
     def consumer_id(self, tag: str) -> int | None:
         return next((cid for cid, c in self.consumers.items() if c.tag == tag), None)

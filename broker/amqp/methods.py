@@ -17,9 +17,11 @@ basic.ack / nack / reject  ``Ack`` / ``Nack`` (requeue) / ``Nack`` without reque
 basic.recover              ``Nack`` of every delivery the channel holds, requeued
 basic.qos                  the prefetch of the channel's later consumers
 confirm.select             each publish acked once stored by the node's policy (or nacked)
+tx.select / commit /       the node's transactions (:mod:`broker.amqp.transactions`):
+rollback                   ``TxInit``, ``Publish.tx``, ``Ack.tx``, ``TxEnd``
 =========================  ============================================================
 
-Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently): ``tx.*``,
+Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently):
 ``channel.flow`` with active false, ``basic.recover-async``, ``basic.qos`` with a
 ``prefetch_size``, and exclusive consumers.
 """
@@ -29,14 +31,15 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pamqp import commands as C
 from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
-from broker.amqp.channel import Channel, ChannelConsumer
+from broker.amqp.channel import Channel, ChannelConsumer, TxSettle
 from broker.amqp.properties import from_headers, to_headers
+from broker.amqp.transactions import AmqpTransactions, TxHost, TxNode
 from broker.amqp.wire import AmqpWire, ReplyCode
 from broker.amqp.wire import Publish as AmqpPublish
 from broker.config import NodeConfig
@@ -56,15 +59,12 @@ class QueueLookup(Protocol):
     def queue(self, name: str) -> Queue: ...
 
 
-class Node(Protocol):
-    @property
-    def config(self) -> NodeConfig: ...
-
+class Node(TxNode, Protocol):
     @property
     def catalogue(self) -> QueueLookup: ...
 
 
-class AmqpHost(Protocol):
+class AmqpHost(TxHost, Protocol):
     """The AMQP session as its methods see it (broker.amqp.session.AmqpSession)."""
 
     @property
@@ -97,6 +97,7 @@ QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
 class Methods:
     def __init__(self, s: AmqpHost) -> None:
         self.s = s
+        self.tx = AmqpTransactions(s)
         self.table: dict[type, Any] = {
             C.Channel.Open: self.channel_open, C.Channel.Close: self.channel_close,
             C.Channel.CloseOk: self.channel_close_ok, C.Channel.Flow: self.flow,
@@ -107,6 +108,7 @@ class Methods:
             C.Basic.Qos: self.qos, C.Basic.Consume: self.consume, C.Basic.Cancel: self.cancel,
             C.Basic.Get: self.get, C.Basic.Ack: self.ack, C.Basic.Nack: self.nack, C.Basic.Reject: self.nack,
             C.Basic.Recover: self.recover, C.Confirm.Select: self.confirm_select,
+            C.Tx.Select: self.tx.select, C.Tx.Commit: self.tx.commit, C.Tx.Rollback: self.tx.rollback,
         }
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -167,8 +169,10 @@ class Methods:
             del ch.consumers[cid]
             self.s.consumer_channel.pop(cid, None)
             self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid))  # type: ignore[misc]
-        held = list(ch.unsettled())
+        self.tx.abort(ch)
+        held = list(ch.unsettled()) + [t.session_tag for t in ch.tx_settles]
         ch.tags.clear()
+        ch.tx_settles.clear()
         if held:
             self.s.spawn(lambda rid: Nack(rid=rid, tags=held, requeue=True, delivered=True))
 
@@ -179,6 +183,9 @@ class Methods:
         self.s.method(ch.number, C.Channel.FlowOk(active=True))
 
     async def confirm_select(self, ch: Channel, m: C.Confirm.Select) -> None:
+        if ch.tx:
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+            return
         ch.confirming = True
         if not m.nowait:
             self.s.method(ch.number, C.Confirm.SelectOk())
@@ -204,10 +211,11 @@ class Methods:
                 self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
                 return
             if field == "type":
-                value = QUEUE_TYPES.get(str(value), "")
-                if not value:
+                kind = QUEUE_TYPES.get(str(value), "")
+                if not kind:
                     self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
                     return
+                value = kind
             elif field != "overflow" and (isinstance(value, bool) or not isinstance(value, int)):
                 self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
                 return
@@ -335,6 +343,9 @@ class Methods:
             seq = ch.published
         msg = PublishMessage(None, to_headers(p.properties), p.body, None)
         exchange, key = m.exchange or "", m.routing_key or ""
+        tx = ch.tx
+        if tx:
+            ch.publishing(+1)
 
         def returned() -> None:
             self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=ReplyCode.NO_ROUTE, reply_text="NO_ROUTE",
@@ -342,6 +353,8 @@ class Methods:
                                              p.properties, p.body))
 
         def reply(f: Frame) -> None:
+            if tx:
+                ch.publishing(-1)
             if ch.closing:
                 return
             if isinstance(f, PublishOk):
@@ -364,9 +377,9 @@ class Methods:
             if seq:
                 self.s.method(ch.number, C.Basic.Ack(delivery_tag=seq))
 
-        if exchange:
+        if exchange or tx:  # (in a transaction the default exchange too: a queue by that name or none)
             await self.s.request(lambda rid: Publish(rid=rid, queue="", messages=[msg], exchange=exchange,
-                                                     routing_key=key, mandatory=m.mandatory), reply)
+                                                     routing_key=key, mandatory=m.mandatory, tx=tx), reply)
         else:
             await self.s.request(lambda rid: Publish(rid=rid, queue=key, messages=[msg]), reply)
 
@@ -461,6 +474,9 @@ class Methods:
         await self.s.request(lambda rid: Get(rid=rid, queue=m.queue, auto_ack=m.no_ack), reply)
 
     async def ack(self, ch: Channel, m: C.Basic.Ack) -> None:
+        if ch.tx:
+            self._hold(ch, m, m.multiple, "ack")
+            return
         tags = ch.settle(m.delivery_tag or 0, m.multiple)
         if not tags and not (m.multiple and not m.delivery_tag):
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
@@ -470,6 +486,9 @@ class Methods:
 
     async def nack(self, ch: Channel, m: C.Basic.Nack | C.Basic.Reject) -> None:
         multiple = getattr(m, "multiple", False)
+        if ch.tx:
+            self._hold(ch, m, multiple, "requeue" if m.requeue else "reject")
+            return
         tags = ch.settle(m.delivery_tag or 0, multiple)
         if not tags and not (multiple and not m.delivery_tag):
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
@@ -477,6 +496,16 @@ class Methods:
         if tags:
             await self.s.request(lambda rid: Nack(rid=rid, tags=tags, requeue=m.requeue),
                                  lambda f: self._settled(ch, m, f))
+
+    def _hold(self, ch: Channel, m: C.Basic.Ack | C.Basic.Nack | C.Basic.Reject, multiple: bool,
+              kind: Literal["ack", "requeue", "reject"]) -> None:
+        """A settlement in tx mode: held by the channel until tx.commit (broker.amqp.transactions)."""
+        tag = m.delivery_tag or 0
+        done = [t for t in ch.tags if tag == 0 or t <= tag] if multiple else [tag] if tag in ch.tags else []
+        if not done and not (multiple and not tag):
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            return
+        ch.tx_settles.extend(TxSettle(t, ch.tags.pop(t), kind) for t in done)
 
     def _settled(self, ch: Channel, m: AmqpMethod, f: Frame) -> None:
         if isinstance(f, Error) and f.code != ErrorCode.UNKNOWN_DELIVERY_TAG:

@@ -131,6 +131,8 @@ class AmqpSession(Session):
         if self._closing:
             return
         self._closing = True
+        for ch in self.channels.values():
+            ch.close()
         if not self.writer.is_closing():
             self.write(self.wire.method(0, C.Connection.Close(reply_code=reply_code, reply_text=text[:255],
                                                              class_id=class_id, method_id=method_id)))
@@ -141,7 +143,7 @@ class AmqpSession(Session):
         ch = self.channels.get(number)
         if ch is None or ch.closing:
             return
-        ch.closing = True
+        ch.close()
         self.method(number, C.Channel.Close(reply_code=reply_code, reply_text=text[:255], class_id=class_id,
                                             method_id=method_id))
         self.methods.drop_channel(ch)
@@ -276,6 +278,9 @@ class AmqpSession(Session):
                     await self.node.catalogue.delete(name, False)
                 except TandemError as exc:
                     log.info("session %s: queue %s left: %s", self.client_name, name, exc.message)
+
+    def user_name(self) -> str:
+        return self.user.name if self.user is not None else ""
 
     def shutdown(self, exc: TandemError) -> None:
         self.close(int(exc.code), exc.message)

@@ -2,7 +2,8 @@
 node1 publishes with confirms to a queue active on node2 and consumes it, while node1 (the node
 it is connected to) is killed (kill -9) and started again.  Every confirmed message is consumed;
 the duplicates AMQP's at-least-once allows (a publish resent after its confirm was lost) are
-counted."""
+counted.  Then a transaction on the same connection: its publishes to the queue on node2 are
+seen only once it commits, and never once it rolls back."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ async def test_aio_pika_through_a_kill_9_of_its_node_loses_no_confirmed_message(
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, amqp=True)
     await cl.start()
     try:
-        await cl.wait_ready()
+        await cl.finalize()  # (transactions need the group's feature level 6)
         async with await client.connect(cl.url) as conn:
             await conn.declare_queue("work", placement=[["node2", "node3", "node1"]])
 
@@ -72,6 +73,20 @@ async def test_aio_pika_through_a_kill_9_of_its_node_loses_no_confirmed_message(
                     await m.ack()
                     if set(got) >= set(confirmed):
                         break
+
+            # a transaction's publishes, forwarded to the queue's active on node2, held there until the commit
+            tx_channel = await connection.channel(publisher_confirms=False)
+            tx = tx_channel.transaction()
+            await tx.select()
+            for i in range(10):
+                await tx_channel.default_exchange.publish(aio_pika.Message(f"t{i}".encode()), routing_key="work")
+            assert await queue.get(fail=False) is None  # (read committed)
+            await tx.rollback()
+            await tx_channel.default_exchange.publish(aio_pika.Message(b"kept"), routing_key="work")
+            await tx.commit()
+            committed = await queue.get(fail=False, no_ack=True)
+            assert committed is not None and committed.body == b"kept"
+            assert await queue.get(fail=False) is None  # (nothing of the rolled-back ten)
         finally:
             await connection.close()
         lost = set(confirmed) - set(got)
