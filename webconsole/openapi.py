@@ -83,7 +83,7 @@ _PERMISSIONS = {"type": "array", "minItems": 1, "items": {
     "description": "produce (publish), consume (subscribe, get), browse (read a stream, look without "
                    "consuming), configure (declare, delete, purge), admin (users, grants, quorum override, "
                    "options; on the pattern * only), all"}
-_PATTERN = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9_.:*?-]+$",
+_PATTERN = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[A-Za-z0-9_.:@*?-]+$",
             "description": "a queue name glob: * any characters, ? one (orders.*, *)"}
 _USER = {"type": "object", "properties": {"name": _t("string"), "role": _t("string")}, "required": ["name", "role"]}
 _ACL = {"type": "object", "properties": {"user": _t("string"), "pattern": _t("string"), "permissions": _STRINGS},

@@ -10,7 +10,7 @@ from broker.messaging.mapper import MAPPERS, make_mapper, mapper_names
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:@\-]{1,255}$")
 MAX_PARTITIONS = 1024
 MAX_RING_SIZE = 1 << 20
 #: characters of a declare's explicit node lists (``static`` distribution)
@@ -30,7 +30,7 @@ def validate_declare(frame: Declare) -> None:
     """Raise InvalidArgumentError naming the first bad field of a declare."""
     if not QUEUE_NAME.match(frame.queue):
         raise InvalidArgumentError(
-            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : -"
+            f"queue name {frame.queue!r}: 1-255 characters from A-Z a-z 0-9 _ . : - @"
         )
     if not 1 <= frame.partitions <= MAX_PARTITIONS:
         raise InvalidArgumentError(f"partitions {frame.partitions}: must be 1..{MAX_PARTITIONS}")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from client.errors import InvalidArgumentError
 from storage.topology import EXCHANGE_TYPES, BindingRecord, ExchangeRecord
 
-EXCHANGE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+EXCHANGE_NAME = re.compile(r"^[A-Za-z0-9_.:@\-]{1,255}$")
 #: the longest routing key, as AMQP's short string
 MAX_ROUTING_KEY = 255
 #: bindings a header exchange's binding may match on
@@ -52,7 +52,7 @@ def check_exchange(rec: ExchangeRecord) -> None:
 
 def check_name(name: str, what: str = "exchange name") -> None:
     if not EXCHANGE_NAME.match(name):
-        raise InvalidArgumentError(f"{what} {name!r}: 1-255 characters from A-Z a-z 0-9 _ . : -")
+        raise InvalidArgumentError(f"{what} {name!r}: 1-255 characters from A-Z a-z 0-9 _ . : - @")
 
 
 def check_binding(b: BindingRecord, source_type: str) -> None:

@@ -51,7 +51,7 @@ ROLE_RIGHTS: dict[str, frozenset[str]] = {
 MAX_PATTERN = 255
 #: the names of the node's own queues (broker.partitions.quarantine's ``tandem.quarantine``)
 RESERVED_PREFIX = "tandem."
-_PATTERN_CHARS = re.compile(r"[A-Za-z0-9_.:\-*?]+")  # a queue name's characters and the wildcards
+_PATTERN_CHARS = re.compile(r"[A-Za-z0-9_.:@\-*?]+")  # a queue name's characters and the wildcards
 
 
 class Principal(Protocol):
@@ -83,7 +83,7 @@ def validate_pattern(pattern: str) -> str:
         raise InvalidArgumentError(f"queue pattern must be 1..{MAX_PATTERN} characters")
     if not _PATTERN_CHARS.fullmatch(pattern):
         raise InvalidArgumentError(f"queue pattern {pattern!r}: use a queue name's characters (A-Z a-z 0-9 "
-                                   "_ . : -) and the wildcards '*' and '?'")
+                                   "_ . : - @) and the wildcards '*' and '?'")
     return pattern
 
 

@@ -225,7 +225,7 @@ async def _started(cluster: LocalCluster, stop: asyncio.Event) -> bool:
 async def _start(cluster: LocalCluster) -> None:
     await cluster.start()
     await cluster.wait_ready()
-    if not cluster.ha.shared and len(cluster.nodes) > 1:
+    if not cluster.ha.shared:
         # every member runs this build: the group is at its highest feature level from the start
         # (a group made anew, or started again on the same build; docs/upgrades.md)
         try:

@@ -1,13 +1,15 @@
-"""AMQP clients on a 3-node group, with real node processes: aio-pika's robust connection on
-node1 publishes with confirms to a queue active on node2 and consumes it, while node1 (the node
-it is connected to) is killed (kill -9) and started again.  Every confirmed message is consumed;
-the duplicates AMQP's at-least-once allows (a publish resent after its confirm was lost) are
-counted.  Then a transaction on the same connection: its publishes to the queue on node2 are
+"""AMQP clients on a 3-node group, with real node processes: aio-pika's robust connection,
+pika's blocking connection and kombu, all on node1 first, each publish with confirms to a queue
+active on node2 and consume it with acks, while node1 (the node they are connected to) is killed
+(kill -9) and started again.  Every confirmed message is consumed; the duplicates AMQP's
+at-least-once allows (a publish resent after its confirm was lost) are counted.  Then a transaction on the same connection: its publishes to the queue on node2 are
 seen only once it commits, and never once it rolls back."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 import aio_pika
@@ -16,6 +18,7 @@ import pytest
 import client
 from broker.tools.cluster import LocalCluster
 from tests.conftest import FAST
+from tests.integration.amqp_clients import Run, kombu_consume, kombu_publish, pika_consume, pika_publish
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -24,19 +27,28 @@ PASSWORD = "test-password"
 SENT = 300
 
 
-async def test_aio_pika_through_a_kill_9_of_its_node_loses_no_confirmed_message(tmp_path: Path) -> None:
+async def test_aio_pika_pika_and_kombu_through_a_kill_9_of_their_node_lose_no_confirmed_message(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password=PASSWORD, extra_args=FAST, amqp=True)
     await cl.start()
     try:
         await cl.finalize()  # (transactions need the group's feature level 6)
+        queues = ("work", "work-pika", "work-kombu")
         async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("work", placement=[["node2", "node3", "node1"]])
+            for q in queues:
+                await conn.declare_queue(q, placement=[["node2", "node3", "node1"]])
 
         async def served() -> bool:
-            return (await cl.actives("work", 1)).get(0) == "node2"
+            return all([(await cl.actives(q, 1)).get(0) == "node2" for q in queues])
 
-        await wait_until(served, timeout=60, what="the queue active on node2")
+        await wait_until(served, timeout=60, what="the queues active on node2")
         url = f"amqp://admin:{PASSWORD}@{cl.hosts['node1']}:{cl.amqp_ports['node1']}/"
+        urls = [f"amqp://admin:{PASSWORD}@{cl.hosts[n]}:{cl.amqp_ports[n]}/" for n in ("node1", "node2", "node3")]
+        blocking = {"pika": Run("pika"), "kombu": Run("kombu")}
+        stop = threading.Event()
+        publishers = [asyncio.ensure_future(asyncio.to_thread(pika_publish, urls, "work-pika", SENT, blocking["pika"],
+                                                              stop)),
+                      asyncio.ensure_future(asyncio.to_thread(kombu_publish, urls, "work-kombu", SENT,
+                                                              blocking["kombu"], stop))]
         connection = await aio_pika.connect_robust(url, reconnect_interval=0.2)
         confirmed: list[bytes] = []
         resent = 0
@@ -57,11 +69,16 @@ async def test_aio_pika_through_a_kill_9_of_its_node_loses_no_confirmed_message(
                         await asyncio.sleep(0.2)  # (pacing the retries of a client, not a wait for a state)
 
             first = [asyncio.ensure_future(publish(i)) for i in range(SENT // 2)]
-            await wait_until(lambda: len(confirmed) >= 50, timeout=60, what="50 confirmed")
+            await wait_until(lambda: min(len(confirmed), *(len(r.confirmed) for r in blocking.values())) >= 50,
+                             timeout=60, what="50 confirmed by each client")
             await cl.nodes["node1"].kill()
             await cl.nodes["node1"].start()
             await asyncio.gather(*first)
             await asyncio.gather(*(publish(i) for i in range(SENT // 2, SENT)))
+            await asyncio.gather(*publishers)
+            deadline = time.monotonic() + 60
+            await asyncio.gather(asyncio.to_thread(pika_consume, urls, "work-pika", blocking["pika"], deadline),
+                                 asyncio.to_thread(kombu_consume, urls, "work-kombu", blocking["kombu"], deadline))
 
             got: list[bytes] = []
             consume = await connection.channel()
@@ -88,7 +105,15 @@ async def test_aio_pika_through_a_kill_9_of_its_node_loses_no_confirmed_message(
             assert committed is not None and committed.body == b"kept"
             assert await queue.get(fail=False) is None  # (nothing of the rolled-back ten)
         finally:
+            stop.set()
             await connection.close()
+        for run in blocking.values():
+            lost = set(run.confirmed) - set(run.got)
+            assert not lost, (run.name, sorted(lost)[:5])
+            assert len(run.confirmed) == SENT, run.name
+            duplicated = len(run.got) - len(set(run.got))
+            assert duplicated <= run.resent, (run.name, duplicated, run.resent)
+            print(f"{run.name}: {SENT} confirmed, 0 lost, {duplicated} duplicated, {run.resent} sends repeated")
         lost = set(confirmed) - set(got)
         duplicated = len(got) - len(set(got))
         assert not lost, sorted(lost)[:5]

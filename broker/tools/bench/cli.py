@@ -23,7 +23,7 @@ from broker.tools.bench.failover import measure_failover
 from broker.tools.bench.harness import ServerProcs, TandemDriver, run_system
 from broker.tools.bench.workload import RunResult, Workload
 from broker.tools.certs import make_dev_certs
-from broker.tools.cluster import LocalCluster
+from broker.tools.cluster import LocalCluster, free_ports
 from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from broker.tools.process import NodeProcess
@@ -108,6 +108,11 @@ def add_bench_parser(sub: Any) -> None:
                    help="Tandem's consumers connect to the URL's first node alone (a plain link) and get the "
                         "partitions active on the other members through its relays, instead of subscribing on "
                         "every member")
+    p.add_argument("--amqp", action="store_true",
+                   help="with --spawn: the spawned node(s) also serve AMQP 0-9-1, and the same workload runs "
+                        "again through it with aio-pika (the RabbitMQ driver's code: persistent messages, "
+                        "publisher confirms, acks); with --peer rabbitmq the ratio to RabbitMQ's quorum queue "
+                        "is printed too")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backlog_args(p)
     add_delayed_args(p)
@@ -209,8 +214,9 @@ async def _failover(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, w: Workload) -> int:
     runs: list[RunResult] = []
+    amqp: list[RunResult] | None = [] if args.amqp else None
     if args.spawn:
-        runs.append(await _spawned(args, w, args.nodes, args.ha))
+        runs.append(await _spawned(args, w, args.nodes, args.ha, amqp=amqp))
         if args.tls:
             runs.append(await _spawned(args, w, args.nodes, args.ha, tls=True))
         if args.compare_replicated is not None:
@@ -227,6 +233,7 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
         drv = (peers.RabbitMQDriver(args.rabbitmq_url, args.rabbitmq_nodes) if peer == "rabbitmq"
                else peers.NatsDriver(args.nats_url, args.nats_replicas))
         runs.append(await run_system(drv, w, servers=drv.server_processes))
+    runs[1:1] = amqp or []
     report = _report(runs, w)
     if args.tls:
         report["tls_cost"] = _tls_cost(runs[0], runs[1])
@@ -248,9 +255,10 @@ def _tls_cost(plain: RunResult, tls: RunResult) -> dict[str, float | None]:
 
 
 async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *,
-                   tls: bool = False, remote_sync: str | None = None) -> RunResult:
+                   tls: bool = False, remote_sync: str | None = None, amqp: list[RunResult] | None = None) -> RunResult:
     """Start a fresh group (one node, a replicated group, a shared-mode group on a database of
-    its own, an arbitrated pair; with ``tls``, TLS on every link), run the workload on it, stop it."""
+    its own, an arbitrated pair; with ``tls``, TLS on every link), run the workload on it, stop it.
+    With ``amqp``, the nodes serve AMQP too and the workload runs through it (added to ``amqp``)."""
     remote = DurabilityPolicy.parse(remote_sync or args.remote_sync or NodeConfig().remote_sync.value).value
     mode = ha.label(nodes) + (", TLS" if tls else "") + (f", replicas {remote}" if nodes > 1 and not ha.shared
                                                           else "")
@@ -258,22 +266,22 @@ async def _spawned(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetu
         try:
             async with fresh_database(str(ha.database), "bench") as url:
                 return await _spawned_on(args, w, nodes, dataclasses.replace(ha, database=url), tls=tls, mode=mode,
-                                         remote=remote)
+                                         remote=remote, amqp=amqp)
         except (TandemError, OSError) as exc:  # the database could not be made
             return RunResult(system="tandem", messages=w.messages, mode=mode,
                              error=f"{type(exc).__name__}: {exc}")
-    return await _spawned_on(args, w, nodes, ha, tls=tls, mode=mode, remote=remote)
+    return await _spawned_on(args, w, nodes, ha, tls=tls, mode=mode, remote=remote, amqp=amqp)
 
 
 async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaSetup, *, tls: bool,
-                      mode: str, remote: str) -> RunResult:
+                      mode: str, remote: str, amqp: list[RunResult] | None) -> RunResult:
     node = None
     cluster = None
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         try:
             if nodes > 1:
                 cluster = LocalCluster(Path(tmp), nodes=nodes, base_port=0, sync=args.sync, ha=ha, tls=tls,
-                                       extra_args=["--remote-sync", remote])
+                                       extra_args=["--remote-sync", remote], amqp=amqp is not None)
                 await cluster.start()
                 await cluster.wait_ready()
                 url = cluster.url
@@ -290,7 +298,9 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 if tls:
                     certs = await asyncio.to_thread(make_dev_certs, Path(tmp) / "certs", ["node1"])
                     tls_args, ca = certs.node_args("node1"), certs.ca
-                node = await NodeProcess(Path(tmp) / "node1", sync=args.sync, extra_args=tls_args, ca=ca).start()
+                amqp_args = ["--amqp-port", str(free_ports(1)[0])] if amqp is not None else []
+                node = await NodeProcess(Path(tmp) / "node1", sync=args.sync, extra_args=tls_args + amqp_args,
+                                         ca=ca).start()
                 url, durability = node.url, args.sync.upper()
 
             def servers() -> ServerProcs:
@@ -299,8 +309,16 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 return ServerProcs(pids=tuple(pids), what=f"{len(pids)} spawned tandem node(s), pid(s) "
                                                           f"{', '.join(map(str, pids))}")
 
-            return await run_system(TandemDriver(url, durability, relayed=args.relayed), w, servers=servers,
-                                    mode=mode + (", consumers on one node (relayed)" if args.relayed else ""))
+            result = await run_system(TandemDriver(url, durability, relayed=args.relayed), w, servers=servers,
+                                      mode=mode + (", consumers on one node (relayed)" if args.relayed else ""))
+            if amqp is not None:
+                from broker.tools.bench.peers import TandemAmqpDriver  # aio-pika: the optional "bench" extra
+
+                port = cluster.amqp_ports["node1"] if cluster is not None else int(amqp_args[1])
+                drv = TandemAmqpDriver(f"amqp://admin:{parse_url(url).password}@127.0.0.1:{port}/", durability,
+                                       servers)
+                amqp.append(await run_system(drv, w, servers=servers, mode=mode))
+            return result
         finally:
             if node is not None:
                 await node.stop()
@@ -320,6 +338,13 @@ def _report(runs: list[RunResult], w: Workload) -> dict[str, Any]:
         ratios[r.system if r.system != tandem.system else ratio_key(r)] = {
             "publish_per_s": round(tandem.publish_per_s / r.publish_per_s, 2) if r.publish_per_s else None,
             "consume_per_s": round(tandem.consume_per_s / r.consume_per_s, 2) if r.consume_per_s else None,
+        }
+    by_system = {r.system: r for r in runs}
+    amqp, rabbit = by_system.get("tandem-amqp"), by_system.get("rabbitmq")
+    if amqp is not None and rabbit is not None:  # (Tandem's AMQP port against RabbitMQ, the same client code)
+        ratios["tandem-amqp / rabbitmq"] = {
+            "publish_per_s": round(amqp.publish_per_s / rabbit.publish_per_s, 2) if rabbit.publish_per_s else None,
+            "consume_per_s": round(amqp.consume_per_s / rabbit.consume_per_s, 2) if rabbit.consume_per_s else None,
         }
     return {
         "workload": {k: getattr(w, k) for k in w.__dataclass_fields__},
@@ -373,5 +398,5 @@ def _print_human(report: dict[str, Any]) -> None:
               if pub is not None and con is not None else "TLS costs: - (a run failed)")
     for peer, ratio in report["ratios"].items():
         pub, con = ratio["publish_per_s"], ratio["consume_per_s"]
-        print(f"{ours} / {peer}: publish x{pub if pub is not None else '-'}, "
+        print(f"{peer if ' / ' in peer else f'{ours} / {peer}'}: publish x{pub if pub is not None else '-'}, "
               f"consume x{con if con is not None else '-'}")

@@ -188,6 +188,21 @@ class RabbitMQDriver:
                 await self._close(conn)
 
 
+class TandemAmqpDriver(RabbitMQDriver):
+    """Tandem's AMQP port through aio-pika: the RabbitMQ driver's code (a durable queue, persistent
+    messages, publisher confirms, acks), pointed at a spawned Tandem node or group."""
+
+    name = "tandem-amqp"
+
+    def __init__(self, url: str, durability: str, servers: Any) -> None:
+        super().__init__(url)
+        self.durability = f"{durability}, through AMQP"
+        self._servers = servers
+
+    def server_processes(self) -> ServerProcs:
+        return self._servers()
+
+
 class NatsDriver:
     """NATS JetStream through nats-py: R1 file stream, async publish acks, durable pull consumer."""
 
