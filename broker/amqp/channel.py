@@ -34,6 +34,9 @@ class Channel:
     prefetch: int = 0  # basic.qos prefetch_count for the consumers made after it (0: no limit)
     confirming: bool = False  # confirm.select: each publish is acked (or nacked) by its number
     published: int = 0  # publishes since confirm.select (their numbers)
+    acked: int = 0  # every publish up to this number has had its basic.ack or basic.nack
+    #: publishes settled beyond ``acked`` (not yet answered): first number -> (last, stored)
+    _settled: dict[int, tuple[int, bool]] = field(default_factory=dict)
     closing: bool = False  # channel.close sent: everything but close-ok is dropped
     consumers: dict[int, ChannelConsumer] = field(default_factory=dict)  # by the node's consumer id
     #: this channel's delivery tags -> the session's, unsettled, in order
@@ -58,6 +61,18 @@ class Channel:
         else:
             done = [tag] if tag in self.tags else []
         return [self.tags.pop(t) for t in done]
+
+    def settled(self, first: int, last: int, *, stored: bool) -> int:
+        """Publishes ``first``..``last`` (confirm mode) are stored, or refused (nacked already):
+        the number to ack now with ``multiple`` (every one before it is answered), 0: none yet.
+        Publishes to different partitions are stored in any order; the acks go out in order."""
+        self._settled[first] = (last, stored)
+        top = 0
+        while (nxt := self._settled.pop(self.acked + 1, None)) is not None:
+            self.acked, ok = nxt
+            if ok:
+                top = self.acked
+        return top
 
     def unsettle(self, settles: list[TxSettle]) -> None:
         """A rolled-back transaction's settlements: unsettled again, in tag order."""

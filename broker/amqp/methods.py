@@ -94,6 +94,26 @@ QUEUE_ARGS = {"x-message-ttl": "message_ttl", "x-expires": "expires", "x-max-len
 QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
 
 
+#: the most messages one publish request of the node takes from a client's run of basic.publish
+MAX_BATCH = 256
+
+
+def batches(events: list[Any]) -> list[Any]:
+    """The wire's events, with each run of ``basic.publish`` on one channel to one exchange and
+    routing key (not ``mandatory``: its ``basic.return`` names one message) as one list."""
+    out: list[Any] = []
+    for e in events:
+        if isinstance(e, AmqpPublish) and not e.method.mandatory and out and isinstance(out[-1], list) \
+                and len(out[-1]) < MAX_BATCH:
+            head = out[-1][0]
+            if (head.channel, head.method.exchange, head.method.routing_key, head.method.mandatory) == \
+                    (e.channel, e.method.exchange, e.method.routing_key, False):
+                out[-1].append(e)
+                continue
+        out.append([e] if isinstance(e, AmqpPublish) else e)
+    return out
+
+
 class Methods:
     def __init__(self, s: AmqpHost) -> None:
         self.s = s
@@ -329,7 +349,10 @@ class Methods:
 
     # -- publishing -----------------------------------------------------------------------------
 
-    async def publish(self, p: AmqpPublish) -> None:
+    async def publish(self, ps: list[AmqpPublish]) -> None:
+        """Messages published in a row on one channel to one exchange and routing key (the session
+        batches them: :func:`batches`): one request of the node, confirmed together."""
+        p = ps[0]
         ch = self.s.channels.get(p.channel)
         if ch is None:
             self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {p.channel} is not open")
@@ -337,17 +360,16 @@ class Methods:
         if ch.closing:
             return
         m = p.method
-        seq = 0
+        first = ch.published + 1
         if ch.confirming:
-            ch.published += 1
-            seq = ch.published
-        msg = PublishMessage(None, to_headers(p.properties), p.body, None)
+            ch.published += len(ps)
+        msgs = [PublishMessage(None, to_headers(x.properties), x.body, None) for x in ps]
         exchange, key = m.exchange or "", m.routing_key or ""
         tx = ch.tx
         if tx:
             ch.publishing(+1)
 
-        def returned() -> None:
+        def returned() -> None:  # (a mandatory publish is a batch of one)
             self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=ReplyCode.NO_ROUTE, reply_text="NO_ROUTE",
                                                                        exchange=exchange, routing_key=key),
                                              p.properties, p.body))
@@ -369,19 +391,30 @@ class Methods:
                 return
             elif isinstance(f, Error):
                 log.info("session %s: publish to %s refused: %s", self.s.client_name, exchange or key, f.message)
-                if seq:
-                    self.s.method(ch.number, C.Basic.Nack(delivery_tag=seq))
+                if not ch.confirming:
+                    self.fail(ch, m, f)
                     return
-                self.fail(ch, m, f)
+                for tag in range(first, first + len(ps)):
+                    self.s.method(ch.number, C.Basic.Nack(delivery_tag=tag))
+                self._confirm(ch, first, first + len(ps) - 1, stored=False)
                 return
-            if seq:
-                self.s.method(ch.number, C.Basic.Ack(delivery_tag=seq))
+            if ch.confirming:
+                self._confirm(ch, first, first + len(ps) - 1, stored=True)
 
         if exchange or tx:  # (in a transaction the default exchange too: a queue by that name or none)
-            await self.s.request(lambda rid: Publish(rid=rid, queue="", messages=[msg], exchange=exchange,
+            await self.s.request(lambda rid: Publish(rid=rid, queue="", messages=msgs, exchange=exchange,
                                                      routing_key=key, mandatory=m.mandatory, tx=tx), reply)
         else:
-            await self.s.request(lambda rid: Publish(rid=rid, queue=key, messages=[msg]), reply)
+            await self.s.request(lambda rid: Publish(rid=rid, queue=key, messages=msgs), reply)
+
+    def _confirm(self, ch: Channel, first: int, last: int, *, stored: bool) -> None:
+        """Publishes ``first``..``last`` are stored (or were nacked): ``basic.ack`` for every
+        publish up to the last one answered in order (this batch, and any stored before it that
+        waited for an earlier one)."""
+        before = ch.acked
+        top = ch.settled(first, last, stored=stored)
+        if top:
+            self.s.method(ch.number, C.Basic.Ack(delivery_tag=top, multiple=top > before + 1))
 
     # -- consuming ------------------------------------------------------------------------------
 

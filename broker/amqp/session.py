@@ -28,8 +28,8 @@ from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel
-from broker.amqp.methods import Methods
-from broker.amqp.wire import (AmqpWire, Beat, ChannelError, HeaderOk, Method, Publish, ReplyCode, WireError,
+from broker.amqp.methods import Methods, batches
+from broker.amqp.wire import (AmqpWire, Beat, ChannelError, HeaderOk, Method, ReplyCode, WireError,
                               server_properties)
 from broker.logsafe import escape
 from broker.security.standing import standing_of
@@ -58,6 +58,7 @@ class AmqpSession(Session):
         self.temporary: set[str] = set()  # exclusive and auto-delete queues: deleted when the connection ends
         self.version = ""
         self._replies: dict[int, Reply] = {}
+        self._out: list[bytes] = []  # written this turn of the event loop (write)
         self._next_rid = 1
         self._opened = False  # connection.open answered
         self._tuned = False
@@ -66,10 +67,23 @@ class AmqpSession(Session):
     # -- output ---------------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
+        """Queue ``data`` for the client: what one turn of the event loop writes goes out in one
+        write (a run of confirms or deliveries is one send, not one each)."""
         if self.writer.is_closing():
             return
-        self.writer.write(data)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
         self.last_send = self.node.clock.monotonic()
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self.writer.is_closing():
+            self.writer.write(b"".join(out))
+
+    def _close_writer(self) -> None:
+        self._flush()
+        self.writer.close()
 
     def method(self, channel: int, m: AmqpMethod) -> None:
         self.write(self.wire.method(channel, m))
@@ -136,7 +150,7 @@ class AmqpSession(Session):
         if not self.writer.is_closing():
             self.write(self.wire.method(0, C.Connection.Close(reply_code=reply_code, reply_text=text[:255],
                                                              class_id=class_id, method_id=method_id)))
-            self.writer.close()
+            self._close_writer()
 
     def close_channel(self, number: int, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """``channel.close`` for a fault in one of its requests: what it held is given back."""
@@ -163,7 +177,7 @@ class AmqpSession(Session):
                     events = self.wire.feed(data)
                 except (WireError, ChannelError) as exc:
                     events, fault = list(exc.events), exc
-                for event in events:
+                for event in batches(events):
                     if self._closing:
                         return
                     await self._event(event)
@@ -178,7 +192,7 @@ class AmqpSession(Session):
                 if fault.send_header:  # (not AMQP 0-9-1: the header this port speaks, then closed)
                     self.write(AmqpWire.PROTOCOL_HEADER)
                     self._closing = True
-                    self.writer.close()
+                    self._close_writer()
                 else:
                     self.close_amqp(fault.reply_code, fault.reply_text, fault.class_id, fault.method_id)
                 return
@@ -194,7 +208,7 @@ class AmqpSession(Session):
             await self._connection(event.channel, event.method)
         elif isinstance(event, Method):
             await self.methods.channel_method(event.channel, event.method)
-        elif isinstance(event, Publish):
+        elif isinstance(event, list):  # (basic.publish, in a row: broker.amqp.methods.batches)
             if not self._opened:
                 self.close_amqp(ReplyCode.COMMAND_INVALID, "COMMAND_INVALID - basic.publish before connection.open")
             else:
@@ -224,10 +238,10 @@ class AmqpSession(Session):
         elif isinstance(m, C.Connection.Close):
             self.method(0, C.Connection.CloseOk())
             self._closing = True
-            self.writer.close()
+            self._close_writer()
         elif isinstance(m, C.Connection.CloseOk):
             self._closing = True
-            self.writer.close()
+            self._close_writer()
         elif isinstance(m, (C.Connection.Blocked, C.Connection.Unblocked)):
             pass
         else:

@@ -15,6 +15,7 @@ from types import NoneType, UnionType
 from typing import Any
 
 import msgpack
+from pamqp import body, commands, frame, header, heartbeat
 
 from broker.messaging.forward import REQUESTS, ForwardRequest
 from broker.peers.codec import (
@@ -245,4 +246,44 @@ def streams() -> dict[str, list[bytes]]:
         "replica": [bytes([mode]) + p for p in replicate_payloads() for mode in (0, 1, 2, 3)],
         "log-entry": log_entries(),
         "snapshot": [b"\x00" + snapshots()[0], b"\x01" + snapshots()[1]],
+        "amqp-stream": [b"\x01" + s for s in amqp_streams()] + [b"\x00" + AMQP_HEADER + amqp_streams()[0]],
     }
+
+
+AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+
+
+def amqp_login(password: str = "secret") -> list[bytes]:
+    """An AMQP client's login after the protocol header: start-ok (PLAIN), tune-ok, open."""
+    return [frame.marshal(commands.Connection.StartOk(client_properties={"product": "fuzz"}, mechanism="PLAIN",
+                                                      response=f"\x00admin\x00{password}", locale="en_US"), 0),
+            frame.marshal(commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0), 0),
+            frame.marshal(commands.Connection.Open(virtual_host="/"), 0)]
+
+
+def amqp_frames() -> list[bytes]:
+    """An AMQP client's frames once logged in: channels, declares, a publish in three frames,
+    acks, a transaction (pamqp's own framing)."""
+    props = commands.Basic.Properties(content_type="text/plain", headers={"n": 1, "s": "x", "l": [1, "a"]},
+                                      delivery_mode=2, expiration="60000", message_id="m1")
+    return [frame.marshal(commands.Channel.Open(), 1),
+            frame.marshal(commands.Queue.Declare(queue="q", arguments={"x-message-ttl": 1000}), 1),
+            frame.marshal(commands.Exchange.Declare(exchange="x", exchange_type="topic"), 1),
+            frame.marshal(commands.Queue.Bind(queue="q", exchange="x", routing_key="a.#"), 1),
+            frame.marshal(commands.Confirm.Select(), 1),
+            frame.marshal(commands.Basic.Publish(exchange="x", routing_key="a.b", mandatory=True), 1),
+            frame.marshal(header.ContentHeader(0, 5, props), 1),
+            frame.marshal(body.ContentBody(b"hello"), 1),
+            frame.marshal(commands.Basic.Qos(prefetch_count=10), 1),
+            frame.marshal(commands.Basic.Consume(queue="q", consumer_tag="c"), 1),
+            frame.marshal(commands.Basic.Ack(delivery_tag=1, multiple=True), 1),
+            frame.marshal(commands.Tx.Select(), 1),
+            frame.marshal(commands.Tx.Commit(), 1),
+            frame.marshal(heartbeat.Heartbeat(), 0),
+            frame.marshal(commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 1)]
+
+
+def amqp_streams() -> list[bytes]:
+    """What an AMQP client sends after the protocol header, as whole byte streams."""
+    login, work = amqp_login(), amqp_frames()
+    return [b"".join(login + work), b"".join(work), b"".join(login)]

@@ -9,14 +9,18 @@ Connections of five kinds, in turn, ``concurrency`` at a time:
 * ``peer-garbage``: mutated peer frames from the first byte on a peer port;
 * ``peer-hello``: a ``PeerHello`` naming the other member, then mutated peer frames
   (``Replicate`` and ``Forward`` payloads mutated inside, too).  Where peer links are
-  authenticated this stops at the handshake.
+  authenticated this stops at the handshake;
+* ``amqp-garbage``: the AMQP protocol header (or not), then mutated AMQP frames on the AMQP
+  port;
+* ``amqp-login``: the header and a real AMQP login (PLAIN, the admin's password), then mutated
+  AMQP frames: what a pika or kombu client holding valid credentials can send.
 
 Mutations are structure-aware (a field of the msgpack map, or a value deep inside a nested
 payload, replaced by a hostile value: huge, negative, NaN, the wrong type, empty, long) or
 byte-level (flipped, inserted, dropped bytes inside the frame, its length prefix kept).
 
-Afterwards: every node must still run, a real client must declare, publish and consume, and no
-node's log may hold a traceback, an ERROR or a CRITICAL line.
+Afterwards: every node must still run, a real client must declare, publish and consume (a Tandem
+client, and an AMQP one), and no node's log may hold a traceback, an ERROR or a CRITICAL line.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from client.protocol import encode
 from client.protocol.codec import FrameBuffer
 from client.protocol.frames import AuthChallenge, AuthResponse, Hello, Op, PeerHello
 from client.scram import MECHANISM, ScramClient
-from tests.fuzz.corpus import client_requests, peer_frames
+from tests.fuzz.corpus import AMQP_HEADER, amqp_frames, amqp_login, client_requests, peer_frames
 from tests.helpers import read_frame
 
-KINDS = ("client-garbage", "client-login", "client-bad-login", "peer-garbage", "peer-hello")
+KINDS = ("client-garbage", "client-login", "client-bad-login", "peer-garbage", "peer-hello", "amqp-garbage",
+         "amqp-login")
 
 HOSTILE: list[Any] = [
     0, 1, -1, 255, 2**31, 2**32 + 1, 2**63 - 1, 2**64 - 1, -(2**63), 1e308, -1e308, float("nan"), float("inf"),
@@ -131,6 +136,30 @@ def mutate_frame(frame_bytes: bytes, rng: random.Random) -> bytes:
     return struct.pack(">I", rng.choice([0, len(payload) + 7, 2**31, 2**32 - 1])) + payload
 
 
+def mutate_amqp(frame_bytes: bytes, rng: random.Random) -> bytes:
+    """One mutant of an AMQP frame (type, channel, size, payload, frame-end): bytes flipped,
+    inserted or dropped in its payload, the size kept right mostly, else the header itself."""
+    head, payload, end = frame_bytes[:7], bytearray(frame_bytes[7:-1]), frame_bytes[-1:]
+    for _ in range(rng.randint(1, 6)):
+        op = rng.random()
+        if op < 0.5 and payload:
+            payload[rng.randrange(len(payload))] ^= 1 << rng.randrange(8)
+        elif op < 0.75:
+            payload.insert(rng.randrange(len(payload) + 1), rng.randrange(256))
+        elif len(payload) > 1:
+            del payload[rng.randrange(len(payload))]
+    r = rng.random()
+    if r < 0.8:
+        head = head[:3] + struct.pack(">I", len(payload))
+    elif r < 0.9:  # the type, the channel or the size: anything
+        b = bytearray(head)
+        b[rng.randrange(7)] = rng.randrange(256)
+        head = bytes(b)
+    elif r < 0.95:
+        end = bytes([rng.randrange(256)])
+    return head + bytes(payload) + end
+
+
 async def login(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, password: str) -> Any:
     """The SCRAM-SHA-256 exchange as a client makes it (no password on the wire); a wrong
     password ends it with the node's Error.  The node's last answer (Welcome, or Error)."""
@@ -162,16 +191,23 @@ async def _drain(reader: asyncio.StreamReader) -> None:
         pass
 
 
-async def _attack(kind: str, client_port: int, peer_port: int, password: str, member: str, frames: int,
+async def _attack(kind: str, ports: dict[str, int], password: str, member: str, frames: int,
                   rng: random.Random) -> int:
-    """One connection of ``kind``; how many frames it sent."""
-    port = peer_port if kind.startswith("peer") else client_port
-    seeds = [encode(f) for f in (peer_frames() if kind.startswith("peer") else client_requests())]
+    """One connection of ``kind`` (to ``ports``: its member's client, peer and amqp ports); how
+    many frames it sent."""
+    port = ports[kind.split("-")[0]]
+    amqp = kind.startswith("amqp")
+    seeds = amqp_frames() if amqp else [encode(f) for f in (peer_frames() if kind.startswith("peer")
+                                                            else client_requests())]
+    mutate = mutate_amqp if amqp else mutate_frame
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         return 0
     sent = 0
+    if amqp and (kind == "amqp-login" or rng.random() < 0.8):
+        writer.write(AMQP_HEADER + (b"".join(amqp_login(password)) if kind == "amqp-login" else b""))
+        sent += 1
     if kind == "client-login" or kind == "client-bad-login":
         try:
             await login(reader, writer, password if kind == "client-login" else "wrong-password")
@@ -188,7 +224,7 @@ async def _attack(kind: str, client_port: int, peer_port: int, password: str, me
             if drain.done():  # the node closed the connection
                 break
             seed = rng.choice(seeds)
-            writer.write(mutate_frame(seed, rng) if rng.random() < 0.9 else seed)
+            writer.write(mutate(seed, rng) if rng.random() < 0.9 else seed)
             sent += 1
             await writer.drain()
         await writer.drain()
@@ -227,6 +263,22 @@ async def _still_serving(cluster: LocalCluster) -> str | None:
                     return f"consumed {got!r}, published {bodies!r}"
     except Exception as exc:  # whatever it is, it is the answer
         return f"a real client failed: {exc!r}"
+    try:  # and an AMQP client, on each node's AMQP port
+        import aio_pika
+
+        async with asyncio.timeout(60):
+            for name in cluster.nodes:
+                url = f"amqp://admin:{cluster.password}@{cluster.hosts[name]}:{cluster.amqp_ports[name]}/"
+                async with await aio_pika.connect(url) as amqp:
+                    ch = await amqp.channel(publisher_confirms=True)
+                    q = await ch.declare_queue(f"{queue}-amqp-{name}")
+                    await ch.default_exchange.publish(aio_pika.Message(b"after"), routing_key=q.name)
+                    back = await q.get(timeout=30)
+                    await back.ack()
+                    if back.body != b"after":
+                        return f"an AMQP client on {name} got {back.body!r}"
+    except Exception as exc:
+        return f"an AMQP client failed: {exc!r}"
     return None
 
 
@@ -238,7 +290,7 @@ async def run_live(out: Path, *, connections: int = 400, frames_per_connection: 
     # that here are noise (the node's own log is what is checked)
     logging.getLogger("asyncio").setLevel(logging.ERROR)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(out, console=False, nodes=2, base_port=0, password="fuzz-admin-password")
+    cluster = LocalCluster(out, console=False, nodes=2, base_port=0, password="fuzz-admin-password", amqp=True)
     started = time.monotonic()
     problems: list[str] = []
     frames = 0
@@ -259,8 +311,10 @@ async def run_live(out: Path, *, connections: int = 400, frames_per_connection: 
             node = cluster.nodes[target]
             assert node.address is not None
             async with sem:
-                return await _attack(kind, node.address[1], cluster.peer_ports[target], cluster.password, other,
-                                     frames_per_connection, random.Random(rng.random()))
+                ports = {"client": node.address[1], "peer": cluster.peer_ports[target],
+                         "amqp": cluster.amqp_ports[target]}
+                return await _attack(kind, ports, cluster.password, other, frames_per_connection,
+                                     random.Random(rng.random()))
 
         frames = sum(await asyncio.gather(*(one(i) for i in range(connections))))
         for name, p in cluster.nodes.items():

@@ -14,6 +14,8 @@ import dataclasses
 import random
 from collections.abc import Callable
 
+from broker.amqp.methods import batches
+from broker.amqp.wire import AmqpWire, ChannelError
 from broker.messaging.forward import (DeclareFwd, PublishFwd, RelayDeliverFwd, RelaySettleFwd, decode_reply,
                                       decode_request)
 from broker.sessions.relayed import settled_tags
@@ -265,6 +267,28 @@ def snapshot(data: bytes) -> None:
         snapshot_ops(KEY, data[1:])
 
 
+def amqp_stream(data: bytes) -> None:
+    """Bytes a client sends to a node's AMQP port (broker.amqp.wire), read as the session reads
+    them: a channel's fault (ChannelError) closes that channel and the rest is read on; a
+    connection's fault (WireError) ends it.  Mode bit 0: the protocol header first."""
+    primed, chunk, rest = _mode(data)
+    wire = AmqpWire(frame_max=4096, max_message_size=1 << 16)
+    if primed:
+        assert wire.feed(AmqpWire.PROTOCOL_HEADER)
+    pieces = [rest] if chunk == 0 else [rest[i:i + chunk] for i in range(0, len(rest), chunk)]
+    for piece in pieces:
+        for _ in range(len(rest) + 2):  # (each ChannelError consumed a frame: a loop here is a finding)
+            try:
+                events = wire.feed(piece)
+            except ChannelError as exc:
+                events, piece = list(exc.events), b""
+                continue
+            batches(events)
+            break
+        else:
+            raise AssertionError("the wire raised ChannelError without reading on")
+
+
 TARGETS: dict[str, Target] = {
     "client-stream": client_stream,
     "server-stream": server_stream,
@@ -274,6 +298,7 @@ TARGETS: dict[str, Target] = {
     "replica": replica,
     "log-entry": log_entry,
     "snapshot": snapshot,
+    "amqp-stream": amqp_stream,
 }
 
 #: what a target may raise: the project's own errors
