@@ -46,6 +46,8 @@ Reply = Callable[[Frame], None]
 VHOST = "/"
 CHANNEL_MAX = 2047
 FRAME_MAX = 131072
+#: seconds between two looks at the node's disk alarm (broker.node.diskalarm checks as often)
+ALARM_CHECK = 0.5
 
 
 class AmqpSession(Session):
@@ -276,12 +278,28 @@ class AmqpSession(Session):
         self.user = user
         self.standing = standing_of(self.node.users, self.node.acls, user.name)
         self._logged_in.set()
-        product = m.client_properties.get("product", "amqp") if isinstance(m.client_properties, dict) else "amqp"
+        props = m.client_properties if isinstance(m.client_properties, dict) else {}
+        product = props.get("product", "amqp")
+        capabilities = props.get("capabilities")
+        if isinstance(capabilities, dict) and capabilities.get("connection.blocked") is True and self._tg is not None:
+            self._tg.create_task(self._watch_alarm())
         self.client_name = f"{escape(str(product))}@{self.peer}"
         beat = self.node.config.client_heartbeat
         self.heartbeat = beat
         self.method(0, C.Connection.Tune(channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=int(beat)))
         log.info("session %s: amqp open user=%s", self.client_name, escape(user.name))
+
+    async def _watch_alarm(self) -> None:
+        """``connection.blocked`` while the node's disk alarm is raised (its publishes are refused),
+        ``connection.unblocked`` once it clears: for a client that said it takes them."""
+        blocked = False
+        while not self._closing:
+            why = self.node.alarmed()
+            if (why is not None) != blocked:
+                blocked = why is not None
+                self.method(0, C.Connection.Blocked(reason=f"low on disk: {why}"[:255]) if why is not None
+                            else C.Connection.Unblocked())
+            await self.node.clock.sleep(ALARM_CHECK)
 
     async def run(self) -> None:
         try:

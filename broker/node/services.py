@@ -108,6 +108,10 @@ class Services:
     def check_disk(self, what: str) -> None:
         self.store.check_disk(what)
 
+    def alarmed(self) -> str | None:
+        alarm = self.store.disk_alarm
+        return alarm.describe() if alarm is not None and alarm.raised else None
+
     @property
     def catalogue(self) -> Catalogue:
         assert self._catalogue is not None, "bound by the node"

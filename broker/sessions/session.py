@@ -84,6 +84,10 @@ class SessionHost(Protocol):
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
+    def alarmed(self) -> str | None:
+        """Why this node refuses new data now (its disk alarm: broker.node.diskalarm), or None."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SessionParts:

@@ -5,6 +5,7 @@ exchanges, and what the node refuses."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,3 +192,29 @@ async def test_an_exclusive_queue_ends_with_its_connection(amqp_node: Node) -> N
         return name not in amqp_node.catalogue.queues
 
     await wait_until(gone, timeout=10, what="the exclusive queue deleted")
+
+
+async def test_the_disk_alarm_blocks_a_pika_connection_and_clearing_it_unblocks(amqp_node: Node) -> None:
+    alarm = amqp_node.store.disk_alarm
+    assert alarm is not None
+    url = amqp_url(amqp_node)
+    said: list[str] = []
+    raised, cleared = threading.Event(), threading.Event()
+
+    def client() -> None:
+        with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+            conn.add_on_connection_blocked_callback(lambda _c, m: said.append(m.method.reason) or raised.set())
+            conn.add_on_connection_unblocked_callback(lambda _c, _m: cleared.set())
+            ready.set()
+            while not cleared.is_set():
+                conn.process_data_events(time_limit=0.1)
+
+    ready = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(client))
+    await wait_until(ready.is_set, timeout=10, what="the client connected")
+    limit, alarm.limit = alarm.limit, 1 << 60  # (every reading of the free space is below it now)
+    await wait_until(raised.is_set, timeout=10, what="connection.blocked")
+    assert "low on disk: disk free space" in said[0] and "disk_free_limit" in said[0], said
+    alarm.limit = limit
+    await wait_until(cleared.is_set, timeout=10, what="connection.unblocked")
+    await work
