@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
+
+from client.protocol.frames import Delivery
 
 
 @dataclass
@@ -32,6 +35,10 @@ class TxSettle:
 class Channel:
     number: int
     prefetch: int = 0  # basic.qos prefetch_count for the consumers made after it (0: no limit)
+    #: basic.qos global: unacked deliveries on the whole channel at most (0: no limit)
+    shared_prefetch: int = 0
+    #: deliveries the node made to the channel's consumers that wait for room under ``shared_prefetch``
+    waiting: deque[tuple[int, Delivery]] = field(default_factory=deque)
     confirming: bool = False  # confirm.select: each publish is acked (or nacked) by its number
     published: int = 0  # publishes since confirm.select (their numbers)
     acked: int = 0  # every publish up to this number has had its basic.ack or basic.nack
@@ -98,6 +105,10 @@ class Channel:
             if self._stored is None:
                 self._stored = asyncio.Event()
             await self._stored.wait()
+
+    def room(self) -> bool:
+        """Whether one more delivery may go to the client under ``shared_prefetch``."""
+        return not self.shared_prefetch or len(self.tags) < self.shared_prefetch
 
     def consumer_id(self, tag: str) -> int | None:
         return next((cid for cid, c in self.consumers.items() if c.tag == tag), None)

@@ -10,12 +10,14 @@ queue.delete / purge       ``Delete`` / ``Purge``
 queue.bind / unbind        ``Bind`` / ``Unbind`` (queue destination)
 exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``DeleteExchange``
 exchange.bind / unbind     ``Bind`` / ``Unbind`` (exchange destination)
-basic.publish              ``Publish`` to the queue (default exchange) or the exchange
+basic.publish              ``Publish`` to the queue (default exchange) or the exchange, a run
+                           of them as one (:mod:`broker.amqp.publishing`)
 basic.consume / cancel     ``Subscribe`` / ``Cancel``; ``no_ack``: acked as delivered
 basic.get                  ``Get``
 basic.ack / nack / reject  ``Ack`` / ``Nack`` (requeue) / ``Nack`` without requeue
 basic.recover              ``Nack`` of every delivery the channel holds, requeued
-basic.qos                  the prefetch of the channel's later consumers
+basic.qos                  the prefetch of the channel's later consumers; ``global``: a limit
+                           the channel's consumers share (deliveries beyond it wait here)
 confirm.select             each publish acked once stored by the node's policy (or nacked)
 tx.select / commit /       the node's transactions (:mod:`broker.amqp.transactions`):
 rollback                   ``TxInit``, ``Publish.tx``, ``Ack.tx``, ``TxEnd``
@@ -28,7 +30,6 @@ Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently):
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -38,19 +39,16 @@ from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer, TxSettle
-from broker.amqp.properties import from_headers, to_headers
+from broker.amqp.properties import from_headers
+from broker.amqp.publishing import Publishing
 from broker.amqp.transactions import AmqpTransactions, TxHost, TxNode
 from broker.amqp.wire import AmqpWire, ReplyCode
-from broker.amqp.wire import Publish as AmqpPublish
 from broker.config import NodeConfig
 from broker.messaging.queues import Queue
 from client.errors import ErrorCode, TandemError
 from client.protocol.frames import (Ack, Bind, Cancel, Declare, DeclareExchange, DeclareExchangeOk, DeclareOk,
-                                    Delete, DeleteExchange, Deliver, Error, Exchanges, Frame, Get, GetOk,
-                                    ListExchanges, Nack, Publish,
-                                    PublishMessage, PublishOk, Purge, PurgeOk, Subscribe, SubscribeOk, Unbind)
-
-log = logging.getLogger("tandem.broker")
+                                    Delete, DeleteExchange, Deliver, Delivery, Error, Exchanges, Frame, Get, GetOk,
+                                    ListExchanges, Nack, Purge, PurgeOk, Subscribe, SubscribeOk, Unbind)
 
 Reply = Callable[[Frame], None]
 
@@ -94,30 +92,11 @@ QUEUE_ARGS = {"x-message-ttl": "message_ttl", "x-expires": "expires", "x-max-len
 QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
 
 
-#: the most messages one publish request of the node takes from a client's run of basic.publish
-MAX_BATCH = 256
-
-
-def batches(events: list[Any]) -> list[Any]:
-    """The wire's events, with each run of ``basic.publish`` on one channel to one exchange and
-    routing key (not ``mandatory``: its ``basic.return`` names one message) as one list."""
-    out: list[Any] = []
-    for e in events:
-        if isinstance(e, AmqpPublish) and not e.method.mandatory and out and isinstance(out[-1], list) \
-                and len(out[-1]) < MAX_BATCH:
-            head = out[-1][0]
-            if (head.channel, head.method.exchange, head.method.routing_key, head.method.mandatory) == \
-                    (e.channel, e.method.exchange, e.method.routing_key, False):
-                out[-1].append(e)
-                continue
-        out.append([e] if isinstance(e, AmqpPublish) else e)
-    return out
-
-
 class Methods:
     def __init__(self, s: AmqpHost) -> None:
         self.s = s
         self.tx = AmqpTransactions(s)
+        self.publish = Publishing(s, self.fail).publish
         self.table: dict[type, Any] = {
             C.Channel.Open: self.channel_open, C.Channel.Close: self.channel_close,
             C.Channel.CloseOk: self.channel_close_ok, C.Channel.Flow: self.flow,
@@ -191,10 +170,14 @@ class Methods:
             self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid))  # type: ignore[misc]
         self.tx.abort(ch)
         held = list(ch.unsettled()) + [t.session_tag for t in ch.tx_settles]
+        unseen = [d.tag for _c, d in ch.waiting]
         ch.tags.clear()
         ch.tx_settles.clear()
+        ch.waiting.clear()
         if held:
             self.s.spawn(lambda rid: Nack(rid=rid, tags=held, requeue=True, delivered=True))
+        if unseen:
+            self.s.spawn(lambda rid: Nack(rid=rid, tags=unseen, requeue=True))
 
     async def flow(self, ch: Channel, m: C.Channel.Flow) -> None:
         if not m.active:
@@ -347,83 +330,18 @@ class Methods:
         await self.s.request(lambda rid: kind(rid=rid, source=m.source, destination=m.destination, to_exchange=True,
                                               routing_key=m.routing_key or "", arguments=args), reply)
 
-    # -- publishing -----------------------------------------------------------------------------
-
-    async def publish(self, ps: list[AmqpPublish]) -> None:
-        """Messages published in a row on one channel to one exchange and routing key (the session
-        batches them: :func:`batches`): one request of the node, confirmed together."""
-        p = ps[0]
-        ch = self.s.channels.get(p.channel)
-        if ch is None:
-            self.s.close_amqp(ReplyCode.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {p.channel} is not open")
-            return
-        if ch.closing:
-            return
-        m = p.method
-        first = ch.published + 1
-        if ch.confirming:
-            ch.published += len(ps)
-        msgs = [PublishMessage(None, to_headers(x.properties), x.body, None) for x in ps]
-        exchange, key = m.exchange or "", m.routing_key or ""
-        tx = ch.tx
-        if tx:
-            ch.publishing(+1)
-
-        def returned() -> None:  # (a mandatory publish is a batch of one)
-            self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=ReplyCode.NO_ROUTE, reply_text="NO_ROUTE",
-                                                                       exchange=exchange, routing_key=key),
-                                             p.properties, p.body))
-
-        def reply(f: Frame) -> None:
-            if tx:
-                ch.publishing(-1)
-            if ch.closing:
-                return
-            if isinstance(f, PublishOk):
-                if f.unroutable and m.mandatory:
-                    returned()
-            elif isinstance(f, Error) and f.code in (ErrorCode.NO_ROUTE, ErrorCode.QUEUE_NOT_FOUND) and \
-                    (f.code == ErrorCode.NO_ROUTE or not exchange):
-                if m.mandatory:  # (no queue by that name on the default exchange: unroutable, as in RabbitMQ)
-                    returned()
-            elif isinstance(f, Error) and f.code in (ErrorCode.EXCHANGE_NOT_FOUND, ErrorCode.ACCESS_REFUSED):
-                self.fail(ch, m, f)
-                return
-            elif isinstance(f, Error):
-                log.info("session %s: publish to %s refused: %s", self.s.client_name, exchange or key, f.message)
-                if not ch.confirming:
-                    self.fail(ch, m, f)
-                    return
-                for tag in range(first, first + len(ps)):
-                    self.s.method(ch.number, C.Basic.Nack(delivery_tag=tag))
-                self._confirm(ch, first, first + len(ps) - 1, stored=False)
-                return
-            if ch.confirming:
-                self._confirm(ch, first, first + len(ps) - 1, stored=True)
-
-        if exchange or tx:  # (in a transaction the default exchange too: a queue by that name or none)
-            await self.s.request(lambda rid: Publish(rid=rid, queue="", messages=msgs, exchange=exchange,
-                                                     routing_key=key, mandatory=m.mandatory, tx=tx), reply)
-        else:
-            await self.s.request(lambda rid: Publish(rid=rid, queue=key, messages=msgs), reply)
-
-    def _confirm(self, ch: Channel, first: int, last: int, *, stored: bool) -> None:
-        """Publishes ``first``..``last`` are stored (or were nacked): ``basic.ack`` for every
-        publish up to the last one answered in order (this batch, and any stored before it that
-        waited for an earlier one)."""
-        before = ch.acked
-        top = ch.settled(first, last, stored=stored)
-        if top:
-            self.s.method(ch.number, C.Basic.Ack(delivery_tag=top, multiple=top > before + 1))
-
     # -- consuming ------------------------------------------------------------------------------
 
     async def qos(self, ch: Channel, m: C.Basic.Qos) -> None:
         if m.prefetch_size:
             self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "basic.qos with a prefetch_size")
             return
-        ch.prefetch = m.prefetch_count
+        if m.global_:  # (RabbitMQ's reading, per_consumer_qos: a limit the channel's consumers share)
+            ch.shared_prefetch = m.prefetch_count
+        else:
+            ch.prefetch = m.prefetch_count
         self.s.method(ch.number, C.Basic.QosOk())
+        self.release(ch)
 
     async def consume(self, ch: Channel, m: C.Basic.Consume) -> None:
         if m.exclusive:
@@ -452,6 +370,7 @@ class Methods:
         if cid is not None:
             del ch.consumers[cid]
             self.s.consumer_channel.pop(cid, None)
+            self.release(ch)  # (what waited for it goes back)
             await self.s.request(lambda rid: Cancel(rid=rid, consumer=cid), lambda _f: None)
         if not m.nowait:
             self.s.method(ch.number, C.Basic.CancelOk(consumer_tag=m.consumer_tag))
@@ -467,16 +386,40 @@ class Methods:
         auto = []
         for d in frame.messages:
             if c.no_ack:
-                tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
                 auto.append(d.tag)
-            else:
-                tag = ch.deliver(d.tag)
-            self.s.write(self.s.wire.content(ch.number, C.Basic.Deliver(consumer_tag=c.tag, delivery_tag=tag,
-                                                                        redelivered=d.redelivered, exchange="",
-                                                                        routing_key=c.queue),
-                                             from_headers(d.headers), d.body))
+            elif ch.waiting or not ch.room():
+                ch.waiting.append((frame.consumer, d))
+                continue
+            self._deliver(ch, c, d)
         if auto:
             self.s.spawn(lambda rid: Ack(rid=rid, tags=auto))
+
+    def _deliver(self, ch: Channel, c: ChannelConsumer, d: Delivery) -> None:
+        if c.no_ack:
+            tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
+        else:
+            tag = ch.deliver(d.tag)
+        self.s.write(self.s.wire.content(ch.number, C.Basic.Deliver(consumer_tag=c.tag, delivery_tag=tag,
+                                                                    redelivered=d.redelivered, exchange="",
+                                                                    routing_key=c.queue),
+                                         from_headers(d.headers), d.body))
+
+    def release(self, ch: Channel) -> None:
+        """Deliveries that waited for room under the channel's shared prefetch (basic.qos
+        global), while there is room; those of a consumer cancelled meanwhile go back."""
+        back = []
+        while ch.waiting and ch.room():
+            cid, d = ch.waiting.popleft()
+            c = ch.consumers.get(cid)
+            if c is None:
+                back.append(d.tag)
+            else:
+                self._deliver(ch, c, d)
+        if not ch.shared_prefetch:
+            back += [d.tag for _c, d in ch.waiting]
+            ch.waiting.clear()
+        if back:
+            self.s.spawn(lambda rid: Nack(rid=rid, tags=back, requeue=True))
 
     def cancelled(self, consumer: int) -> None:
         """The node cancelled a consumer (its queue deleted): ``basic.cancel`` to the client."""
@@ -515,6 +458,7 @@ class Methods:
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
+            self.release(ch)
             await self.s.request(lambda rid: Ack(rid=rid, tags=tags), lambda f: self._settled(ch, m, f))
 
     async def nack(self, ch: Channel, m: C.Basic.Nack | C.Basic.Reject) -> None:
@@ -527,6 +471,7 @@ class Methods:
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
+            self.release(ch)
             await self.s.request(lambda rid: Nack(rid=rid, tags=tags, requeue=m.requeue),
                                  lambda f: self._settled(ch, m, f))
 
@@ -539,6 +484,7 @@ class Methods:
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
             return
         ch.tx_settles.extend(TxSettle(t, ch.tags.pop(t), kind) for t in done)
+        self.release(ch)
 
     def _settled(self, ch: Channel, m: AmqpMethod, f: Frame) -> None:
         if isinstance(f, Error) and f.code != ErrorCode.UNKNOWN_DELIVERY_TAG:
@@ -549,3 +495,4 @@ class Methods:
         if held:
             await self.s.request(lambda rid: Nack(rid=rid, tags=held, requeue=True), lambda _f: None)
         self.s.method(ch.number, C.Basic.RecoverOk())
+        self.release(ch)

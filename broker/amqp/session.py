@@ -28,7 +28,8 @@ from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel
-from broker.amqp.methods import Methods, batches
+from broker.amqp.methods import Methods
+from broker.amqp.publishing import batches
 from broker.amqp.wire import (AmqpWire, Beat, ChannelError, HeaderOk, Method, ReplyCode, WireError,
                               server_properties)
 from broker.logsafe import escape
@@ -210,7 +211,7 @@ class AmqpSession(Session):
             await self._connection(event.channel, event.method)
         elif isinstance(event, Method):
             await self.methods.channel_method(event.channel, event.method)
-        elif isinstance(event, list):  # (basic.publish, in a row: broker.amqp.methods.batches)
+        elif isinstance(event, list):  # (basic.publish, in a row: broker.amqp.publishing.batches)
             if not self._opened:
                 self.close_amqp(ReplyCode.COMMAND_INVALID, "COMMAND_INVALID - basic.publish before connection.open")
             else:

@@ -218,3 +218,34 @@ async def test_the_disk_alarm_blocks_a_pika_connection_and_clearing_it_unblocks(
     alarm.limit = limit
     await wait_until(cleared.is_set, timeout=10, what="connection.unblocked")
     await work
+
+
+async def test_a_global_qos_is_a_limit_the_channels_consumers_share(amqp_node: Node) -> None:
+    url = amqp_url(amqp_node)
+
+    def work() -> tuple[int, int, int]:
+        with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+            ch = conn.channel()
+            ch.queue_declare("shared")
+            for i in range(10):
+                ch.basic_publish("", "shared", f"m{i}".encode())
+            ch.basic_qos(prefetch_count=3, global_qos=True)
+            got: list[int] = []
+            for tag in ("a", "b"):
+                ch.basic_consume("shared", lambda _c, m, _p, _b: got.append(m.delivery_tag), consumer_tag=tag)
+            while len(got) < 3:
+                conn.process_data_events(time_limit=0.1)
+            ch.queue_declare("shared", passive=True)  # (a round trip: what the node sent before it came first)
+            first = len(got)
+            ch.basic_ack(got[0])
+            ch.basic_ack(got[1])
+            while len(got) < 5:
+                conn.process_data_events(time_limit=0.1)
+            ch.queue_declare("shared", passive=True)
+            second = len(got)
+            ch.basic_qos(prefetch_count=0, global_qos=True)  # (no limit: the rest comes)
+            while len(got) < 10:
+                conn.process_data_events(time_limit=0.1)
+            return first, second, len(got)
+
+    assert await asyncio.to_thread(work) == (3, 5, 10)

@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 
-from broker.amqp.methods import batches
+from broker.amqp.publishing import batches
 from broker.amqp.wire import AmqpWire, ChannelError
 from broker.messaging.forward import (DeclareFwd, PublishFwd, RelayDeliverFwd, RelaySettleFwd, decode_reply,
                                       decode_request)

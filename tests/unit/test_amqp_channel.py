@@ -1,5 +1,5 @@
 """An AMQP channel's bookkeeping (broker.amqp.channel) and the session's batching of publishes
-(broker.amqp.methods.batches): confirms go out in order whatever order the publishes are stored
+(broker.amqp.publishing.batches): confirms go out in order whatever order the publishes are stored
 in, each publish answered once; a run of publishes becomes one request only where it may."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 from pamqp import commands
 
 from broker.amqp.channel import Channel
-from broker.amqp.methods import MAX_BATCH, batches
+from broker.amqp.publishing import MAX_BATCH, batches
 from broker.amqp.wire import Beat, Publish
 
 
@@ -22,12 +22,12 @@ def _answered(ch: Channel, batches_: list[tuple[int, int]], order: list[int], na
     for i in order:
         first, last = batches_[i]
         if i in nacked:
-            for tag in range(first, last + 1):  # (methods.publish nacks each at once)
+            for tag in range(first, last + 1):  # (publishing nacks each at once)
                 assert tag not in told
                 told[tag] = "nack"
         before = ch.acked
         top = ch.settled(first, last, stored=i not in nacked)
-        if top:  # (as methods.Methods._confirm acks)
+        if top:  # (as publishing.Publishing._confirm acks)
             covered = range(before + 1, top + 1)  # (multiple: every outstanding one up to top)
             for tag in covered:
                 if tag not in told:
