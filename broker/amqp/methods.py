@@ -5,7 +5,8 @@ node's own request (broker.sessions.messaging, broker.sessions.exchanges).
 AMQP                       the node's request
 =========================  ============================================================
 queue.declare              ``Declare`` (``x-message-ttl``, ``x-expires``, ``x-max-length``,
-                           ``x-overflow``, ``x-queue-type``); passive: the catalogue's queue
+                           ``x-overflow``, ``x-queue-type``, ``x-dead-letter-routing-key`` through
+                           the default exchange); passive: the catalogue's queue
 queue.delete / purge       ``Delete`` / ``Purge``
 queue.bind / unbind        ``Bind`` / ``Unbind`` (queue destination)
 exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``DeleteExchange``
@@ -208,7 +209,17 @@ class Methods:
                                                             consumer_count=info.consumers))
             return
         fields: dict[str, Any] = {}
-        for arg, value in (m.arguments or {}).items():
+        args = dict(m.arguments or {})
+        if "x-dead-letter-exchange" in args or "x-dead-letter-routing-key" in args:
+            dlx, dlk = args.pop("x-dead-letter-exchange", None), args.pop("x-dead-letter-routing-key", None)
+            if dlx != "" or not isinstance(dlk, str) or not dlk:  # (a queue by its name: the default exchange)
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED,
+                            f"x-dead-letter-exchange {dlx!r}: this node dead-letters to a queue: give "
+                            f"x-dead-letter-exchange '' (the default exchange) and the queue as "
+                            f"x-dead-letter-routing-key")
+                return
+            fields["dead_letter_queue"] = dlk
+        for arg, value in args.items():
             field = QUEUE_ARGS.get(arg)
             if field is None:
                 self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
+import aiormq
 import pika
 import pytest
 import pytest_asyncio
@@ -249,3 +250,19 @@ async def test_a_global_qos_is_a_limit_the_channels_consumers_share(amqp_node: N
             return first, second, len(got)
 
     assert await asyncio.to_thread(work) == (3, 5, 10)
+
+
+async def test_a_dead_letter_queue_through_the_default_exchange_and_any_other_refused(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        await ch.declare_queue("dead")
+        work = await ch.declare_queue("work", arguments={"x-dead-letter-exchange": "",
+                                                         "x-dead-letter-routing-key": "dead"})
+        await ch.default_exchange.publish(aio_pika.Message(b"poison"), routing_key="work")
+        m = await work.get(timeout=10)
+        await m.reject(requeue=False)
+        dead = await (await ch.get_queue("dead")).get(timeout=10)
+        assert dead.body == b"poison"
+        await dead.ack()
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="dead-letters to a queue"):
+            await ch.declare_queue("other", arguments={"x-dead-letter-exchange": "dlx"})
