@@ -266,3 +266,18 @@ async def test_a_dead_letter_queue_through_the_default_exchange_and_any_other_re
         await dead.ack()
         with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="dead-letters to a queue"):
             await ch.declare_queue("other", arguments={"x-dead-letter-exchange": "dlx"})
+
+
+async def test_a_stream_is_declared_and_published_to_and_its_consume_refused(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        s = await ch.declare_queue("events", arguments={"x-queue-type": "stream"})
+        await ch.default_exchange.publish(aio_pika.Message(b"e1"), routing_key="events")
+        async def ignore(_m: AbstractIncomingMessage) -> None:
+            return None
+
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="stream"):
+            await s.consume(ignore)
+    async with await client.connect_link(url_of(amqp_node)) as link:
+        msgs, _, _ = await link.read("events", 0, 0)
+        assert [m.body for m in msgs] == [b"e1"]
