@@ -4,7 +4,8 @@ venv (``tandem drill rolling-upgrade --from REF``), or a venv given as it is (``
 A ref's tree is exported (``git archive``) into a cache directory, one per commit, and a
 venv is made for it.  Where this process's environment already has every dependency the
 ref's ``pyproject.toml`` asks for, the venv reuses them (a ``.pth`` naming this environment's
-site-packages, after the ref's tree): no download, a few seconds.  Otherwise the ref is
+site-packages, after the ref's tree): no download, a few seconds; a build whose borrowed
+environment is gone (a deleted clone's venv) is made again on its next use.  Otherwise the ref is
 installed into its venv with pip, as a user would.  Either way the build's own code is the
 ref's: its tree comes first on the venv's path.
 """
@@ -86,7 +87,7 @@ def from_ref(ref: str, repo: Path = REPO, cache: Path = CACHE) -> OtherBuild:
     home = cache / commit
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / f"{commit}.lock")):  # (two drills making one build: the second waits, then uses it)
-        if not (home / "ready").exists():
+        if not (home / "ready").exists() or not _whole(home):
             _make(repo, commit, home)
     return OtherBuild(home / "venv" / "bin" / "python", commit[:7])
 
@@ -114,6 +115,13 @@ def _make(repo: Path, commit: str, home: Path) -> None:
         (site / "00-tandem-build.pth").write_text(f"{src}\n{sysconfig.get_paths()['purelib']}\n")
     subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", str(src)], check=False)  # (each start reads them)
     (home / "ready").write_text(commit + "\n")
+
+
+def _whole(home: Path) -> bool:
+    """Whether a made build still has what it runs on: the environment whose dependencies it
+    borrowed (its ``.pth``) may have been deleted since (a clone's venv), and then it is made anew."""
+    return all(Path(line).is_dir() for pth in home.glob("venv/lib/python*/site-packages/00-tandem-build.pth")
+               for line in pth.read_text().splitlines() if line.strip())
 
 
 def _missing(pyproject: Path) -> list[str]:
