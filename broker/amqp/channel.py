@@ -51,7 +51,7 @@ class Channel:
     next_tag: int = 1
     tx: str = ""  # tx.select: the transaction its publishes and settlements are part of now
     tx_settles: list[TxSettle] = field(default_factory=list)  # settled in tx mode, until tx.commit
-    tx_publishing: int = 0  # publishes of the transaction not stored yet
+    unstored: int = 0  # publish requests of the channel not answered yet (stored, or refused)
     _stored: asyncio.Event | None = None
 
     def deliver(self, session_tag: int) -> int:
@@ -87,9 +87,9 @@ class Channel:
         self.tags = dict(sorted(self.tags.items()))
 
     def publishing(self, delta: int) -> None:
-        """One more (+1) or one fewer (-1) publish of the transaction waiting to be stored."""
-        self.tx_publishing += delta
-        if self.tx_publishing == 0 and self._stored is not None:
+        """One more (+1) or one fewer (-1) publish request of the channel not answered yet."""
+        self.unstored += delta
+        if self.unstored == 0 and self._stored is not None:
             self._stored.set()
             self._stored = None
 
@@ -100,8 +100,9 @@ class Channel:
             self._stored.set()
 
     async def stored(self) -> None:
-        """Until every publish of the transaction is stored (or failed), or the channel closes."""
-        if self.tx_publishing and not self.closing:
+        """Until every publish made on the channel so far is stored (or refused), or the channel
+        closes: what the channel asks next sees them, as AMQP orders a channel's methods."""
+        if self.unstored and not self.closing:
             if self._stored is None:
                 self._stored = asyncio.Event()
             await self._stored.wait()

@@ -197,6 +197,9 @@ class Methods:
     # -- queues and exchanges -------------------------------------------------------------------
 
     async def queue_declare(self, ch: Channel, m: C.Queue.Declare) -> None:
+        await ch.stored()  # (its message count holds what the channel published before)
+        if ch.closing:
+            return
         name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
         if m.passive:
             try:
@@ -248,6 +251,9 @@ class Methods:
         await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), reply)
 
     async def queue_delete(self, ch: Channel, m: C.Queue.Delete) -> None:
+        await ch.stored()  # (what the channel published before counts)
+        if ch.closing:
+            return
         try:
             info = self.s.node.catalogue.queue(m.queue).info()
         except TandemError:
@@ -268,6 +274,9 @@ class Methods:
         await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty), reply)
 
     async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
+        await ch.stored()  # (what the channel published before counts)
+        if ch.closing:
+            return
         def reply(f: Frame) -> None:
             if not isinstance(f, PurgeOk):
                 self.fail(ch, m, f)
@@ -441,6 +450,9 @@ class Methods:
             self.s.method(ch.number, C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
 
     async def get(self, ch: Channel, m: C.Basic.Get) -> None:
+        await ch.stored()  # (a get after a publish on the channel finds it, as in RabbitMQ)
+        if ch.closing:
+            return
         def reply(f: Frame) -> None:
             if not isinstance(f, GetOk):
                 self.fail(ch, m, f)

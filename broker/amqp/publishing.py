@@ -90,8 +90,7 @@ class Publishing:
         msgs = [PublishMessage(None, to_headers(x.properties), x.body, None) for x in ps]
         exchange, key = m.exchange or "", m.routing_key or ""
         tx = ch.tx
-        if tx:
-            ch.publishing(+1)
+        ch.publishing(+1)
 
         def returned() -> None:  # (a mandatory publish is a batch of one)
             self.s.write(self.s.wire.content(ch.number, C.Basic.Return(reply_code=ReplyCode.NO_ROUTE, reply_text="NO_ROUTE",
@@ -99,8 +98,7 @@ class Publishing:
                                              p.properties, p.body))
 
         def reply(f: Frame) -> None:
-            if tx:
-                ch.publishing(-1)
+            ch.publishing(-1)
             if ch.closing:
                 return
             if isinstance(f, PublishOk):

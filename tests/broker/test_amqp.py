@@ -281,3 +281,24 @@ async def test_a_stream_is_declared_and_published_to_and_its_consume_refused(amq
     async with await client.connect_link(url_of(amqp_node)) as link:
         msgs, _, _ = await link.read("events", 0, 0)
         assert [m.body for m in msgs] == [b"e1"]
+
+
+async def test_a_get_after_a_publish_on_the_channel_finds_it(amqp_node: Node) -> None:
+    """AMQP orders a channel's methods: a basic.get (or a declare's count) after a basic.publish
+    without confirms sees the message, as with RabbitMQ (kombu's SimpleQueue relies on it)."""
+    url = amqp_url(amqp_node)
+
+    def work() -> list[bytes | None]:
+        got: list[bytes | None] = []
+        with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+            ch = conn.channel()
+            ch.queue_declare("at-once")
+            for i in range(20):
+                ch.basic_publish("", "at-once", f"m{i}".encode())
+                method, _props, body = ch.basic_get("at-once", auto_ack=True)
+                got.append(body if method is not None else None)
+            ch.basic_publish("", "at-once", b"counted")
+            assert ch.queue_declare("at-once", passive=True).method.message_count == 1
+        return got
+
+    assert await asyncio.to_thread(work) == [f"m{i}".encode() for i in range(20)]
