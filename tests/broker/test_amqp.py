@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -302,3 +303,42 @@ async def test_a_get_after_a_publish_on_the_channel_finds_it(amqp_node: Node) ->
         return got
 
     assert await asyncio.to_thread(work) == [f"m{i}".encode() for i in range(20)]
+
+
+async def test_pikas_asyncio_adapter_publishes_with_confirms_and_consumes_with_acks(amqp_node: Node) -> None:
+    from pika.adapters.asyncio_connection import AsyncioConnection
+
+    loop = asyncio.get_running_loop()
+    confirmed: list[int] = []
+    got: list[bytes] = []
+    done: asyncio.Future[None] = loop.create_future()
+
+    def on_open(conn: AsyncioConnection) -> None:
+        conn.channel(on_open_callback=on_channel)
+
+    def on_channel(ch: Any) -> None:
+        def on_confirm(frame: Any) -> None:
+            confirmed.append(frame.method.delivery_tag)  # (a multiple ack counts as its last tag)
+            if frame.method.delivery_tag == 50:
+                ch.basic_consume("async-pika", on_message)
+
+        def on_message(c: Any, deliver: Any, _props: Any, body: bytes) -> None:
+            got.append(body)
+            c.basic_ack(deliver.delivery_tag)
+            if len(got) == 50 and not done.done():
+                done.set_result(None)
+
+        def declared(_frame: Any) -> None:
+            for i in range(50):
+                ch.basic_publish("", "async-pika", f"m{i}".encode())
+
+        ch.confirm_delivery(on_confirm, callback=lambda _f: ch.queue_declare("async-pika", callback=declared))
+
+    conn = AsyncioConnection(pika.URLParameters(amqp_url(amqp_node)), on_open_callback=on_open,
+                             on_open_error_callback=lambda _c, e: done.set_exception(RuntimeError(str(e))),
+                             custom_ioloop=loop)
+    try:
+        await asyncio.wait_for(done, 30)
+    finally:
+        conn.close()
+    assert got == [f"m{i}".encode() for i in range(50)] and confirmed[-1] == 50
