@@ -101,6 +101,20 @@ def _frame_bytes(payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
+def _mutate_bytes(data: bytes, rng: random.Random, most: int) -> bytes:
+    """``data`` with 1 to ``most`` bytes flipped, inserted or dropped."""
+    b = bytearray(data)
+    for _ in range(rng.randint(1, most)):
+        op = rng.random()
+        if op < 0.5 and b:
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        elif op < 0.75:
+            b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+        elif len(b) > 1:
+            del b[rng.randrange(len(b))]
+    return bytes(b)
+
+
 def mutate_frame(frame_bytes: bytes, rng: random.Random) -> bytes:
     """One mutant of an encoded frame."""
     payload = frame_bytes[4:]
@@ -122,16 +136,7 @@ def mutate_frame(frame_bytes: bytes, rng: random.Random) -> bytes:
         except (TypeError, ValueError, OverflowError):
             return frame_bytes
     if r < 0.99:  # bytes inside the frame; the length prefix kept right
-        b = bytearray(payload)
-        for _ in range(rng.randint(1, 8)):
-            op = rng.random()
-            if op < 0.5 and b:
-                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
-            elif op < 0.75:
-                b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
-            elif len(b) > 1:
-                del b[rng.randrange(len(b))]
-        return _frame_bytes(bytes(b))
+        return _frame_bytes(_mutate_bytes(payload, rng, 8))
     # the length prefix itself: a lie (the stream cannot recover; the node must close it)
     return struct.pack(">I", rng.choice([0, len(payload) + 7, 2**31, 2**32 - 1])) + payload
 
@@ -139,15 +144,7 @@ def mutate_frame(frame_bytes: bytes, rng: random.Random) -> bytes:
 def mutate_amqp(frame_bytes: bytes, rng: random.Random) -> bytes:
     """One mutant of an AMQP frame (type, channel, size, payload, frame-end): bytes flipped,
     inserted or dropped in its payload, the size kept right mostly, else the header itself."""
-    head, payload, end = frame_bytes[:7], bytearray(frame_bytes[7:-1]), frame_bytes[-1:]
-    for _ in range(rng.randint(1, 6)):
-        op = rng.random()
-        if op < 0.5 and payload:
-            payload[rng.randrange(len(payload))] ^= 1 << rng.randrange(8)
-        elif op < 0.75:
-            payload.insert(rng.randrange(len(payload) + 1), rng.randrange(256))
-        elif len(payload) > 1:
-            del payload[rng.randrange(len(payload))]
+    head, payload, end = frame_bytes[:7], _mutate_bytes(frame_bytes[7:-1], rng, 6), frame_bytes[-1:]
     r = rng.random()
     if r < 0.8:
         head = head[:3] + struct.pack(">I", len(payload))
@@ -157,7 +154,7 @@ def mutate_amqp(frame_bytes: bytes, rng: random.Random) -> bytes:
         head = bytes(b)
     elif r < 0.95:
         end = bytes([rng.randrange(256)])
-    return head + bytes(payload) + end
+    return head + payload + end
 
 
 async def login(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, password: str) -> Any:
