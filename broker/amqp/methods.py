@@ -62,6 +62,10 @@ class Node(TxNode, Protocol):
     @property
     def catalogue(self) -> QueueLookup: ...
 
+    async def served(self, queue: str) -> None:
+        """Until each partition of ``queue`` has an active (at most the election wait)."""
+        ...
+
 
 class AmqpHost(TxHost, Protocol):
     """The AMQP session as its methods see it (broker.amqp.session.AmqpSession)."""
@@ -238,17 +242,20 @@ class Methods:
                 return
             fields[field] = value
 
-        def reply(f: Frame) -> None:
-            if not isinstance(f, DeclareOk):
+        answer: list[Frame] = []
+        await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), answer.append)
+        f = answer[0] if answer else None
+        if not isinstance(f, DeclareOk):
+            if f is not None:
                 self.fail(ch, m, f)
-                return
-            if m.exclusive or m.auto_delete:
-                self.s.temporary.add(name)
-            if not m.nowait:
-                self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=f.queue.ready,
-                                                            consumer_count=f.queue.consumers))
-
-        await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), reply)
+            return
+        if m.exclusive or m.auto_delete:
+            self.s.temporary.add(name)
+        if f.created:  # (declare-ok once it can be used at once, as in RabbitMQ: its first election)
+            await self.s.node.served(name)
+        if not m.nowait and not ch.closing:
+            self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=f.queue.ready,
+                                                        consumer_count=f.queue.consumers))
 
     async def queue_delete(self, ch: Channel, m: C.Queue.Delete) -> None:
         await ch.stored()  # (what the channel published before counts)

@@ -30,7 +30,7 @@ from broker.peers.links import Link
 from broker.security.acl import AclTable
 from broker.security.users import UserRegistry
 from client.clock import Clock
-from client.errors import InvalidArgumentError, NotActiveError, UnavailableError
+from client.errors import InvalidArgumentError, NotActiveError, TandemError, UnavailableError
 from client.protocol.frames import Declare, QueueInfo
 from ha.membership import QuorumState
 from storage.base import Engine, WriteOp
@@ -107,6 +107,17 @@ class Services:
 
     def check_disk(self, what: str) -> None:
         self.store.check_disk(what)
+
+    async def served(self, queue: str) -> None:
+        """Until each partition of ``queue`` has an active (a queue just declared: its first
+        election), for at most the election wait; a queue gone or not served by then is left
+        to the requests that use it."""
+        try:
+            q = self.catalogue.queue(queue)
+            for p in range(q.meta.partitions):
+                await self.commit.wait_active((q.meta.id, p), self.election_wait)
+        except TandemError:
+            return
 
     def alarmed(self) -> str | None:
         alarm = self.store.disk_alarm

@@ -88,6 +88,10 @@ class SessionHost(Protocol):
         """Why this node refuses new data now (its disk alarm: broker.node.diskalarm), or None."""
         ...
 
+    async def served(self, queue: str) -> None:
+        """Until each partition of ``queue`` has an active (at most the election wait)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SessionParts:

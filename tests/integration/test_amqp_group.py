@@ -54,6 +54,9 @@ async def test_aio_pika_pika_and_kombu_through_a_kill_9_of_their_node_lose_no_co
         resent = 0
         try:
             channel = await connection.channel(publisher_confirms=True)
+            # a queue declared over AMQP can be used once declare-ok comes: its partitions have an active
+            await channel.declare_queue("fresh", arguments={"x-queue-type": "quorum"})
+            assert (await cl.actives("fresh", 1)).get(0), "declare-ok before the queue had an active"
 
             async def publish(i: int) -> None:
                 nonlocal resent
