@@ -49,6 +49,7 @@ class Channel:
     #: this channel's delivery tags -> the session's, unsettled, in order
     tags: dict[int, int] = field(default_factory=dict)
     next_tag: int = 1
+    deleting: set[str] = field(default_factory=set)  # queue.delete asked on it and not answered yet
     tx: str = ""  # tx.select: the transaction its publishes and settlements are part of now
     tx_settles: list[TxSettle] = field(default_factory=list)  # settled in tx mode, until tx.commit
     unstored: int = 0  # publish requests of the channel not answered yet (stored, or refused)

@@ -278,7 +278,11 @@ class Methods:
                 self.s.method(ch.number, C.Queue.DeleteOk(message_count=info.ready))
 
         self.s.temporary.discard(m.queue)
-        await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty), reply)
+        ch.deleting.add(m.queue)
+        try:
+            await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty), reply)
+        finally:
+            ch.deleting.discard(m.queue)
 
     async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
         await ch.stored()  # (what the channel published before counts)
@@ -449,11 +453,13 @@ class Methods:
             self.s.spawn(lambda rid: Nack(rid=rid, tags=back, requeue=True))
 
     def cancelled(self, consumer: int) -> None:
-        """The node cancelled a consumer (its queue deleted): ``basic.cancel`` to the client."""
+        """The node cancelled a consumer (its queue deleted): ``basic.cancel`` to the client, an
+        unexpected cancel (RabbitMQ's consumer_cancel_notify); not for a queue this channel is
+        deleting itself, whose consumers end as it asked."""
         number = self.s.consumer_channel.pop(consumer, None)
         ch = self.s.channels.get(number) if number is not None else None
         c = ch.consumers.pop(consumer, None) if ch is not None else None
-        if ch is not None and c is not None:
+        if ch is not None and c is not None and c.queue not in ch.deleting:
             self.s.method(ch.number, C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
 
     async def get(self, ch: Channel, m: C.Basic.Get) -> None:
