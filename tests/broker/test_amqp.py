@@ -5,6 +5,7 @@ exchanges, and what the node refuses."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from aio_pika.abc import AbstractIncomingMessage
 import client
 from broker.config import ConfigError, NodeConfig, build_config
 from broker.node.node import Node
+from broker.tools.certs import make_dev_certs
 from tests.conftest import PASSWORD, url_of
 from tests.helpers import wait_until
 
@@ -364,3 +366,37 @@ async def test_deleting_a_queue_cancels_other_channels_consumers_and_not_the_del
         return told["a"], told["b"]
 
     assert await asyncio.to_thread(work) == ([], ["c-b"])
+
+
+async def test_amqps_with_plain_login_on_a_tls_node_and_plaintext_refused(tmp_path: Path) -> None:
+    """With ``tls_cert`` the AMQP port speaks TLS (amqps://): PLAIN's password goes inside it; a
+    client speaking plaintext to it gets no AMQP at all."""
+    certs = await asyncio.to_thread(make_dev_certs, tmp_path / "certs", ["node1"])
+    cert, key = certs.nodes["node1"]
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0, amqp_port=0, tls_cert=cert, tls_key=key,
+                        tls_ca=certs.ca))
+    await n.start()
+    try:
+        assert n._listeners.amqp_address is not None
+        port = n._listeners.amqp_address[1]
+
+        def work() -> bytes:
+            ctx = ssl.create_default_context(cafile=str(certs.ca))
+            params = pika.ConnectionParameters("localhost", port, credentials=pika.PlainCredentials("admin", PASSWORD),
+                                               ssl_options=pika.SSLOptions(ctx, "localhost"))
+            with pika.BlockingConnection(params) as conn:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.queue_declare("secure")
+                ch.basic_publish("", "secure", b"over tls")
+                method, _props, body = ch.basic_get("secure", auto_ack=True)
+                assert method is not None
+                return body
+
+        assert await asyncio.to_thread(work) == b"over tls"
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            await asyncio.to_thread(pika.BlockingConnection, pika.ConnectionParameters(
+                "127.0.0.1", port, credentials=pika.PlainCredentials("admin", PASSWORD), connection_attempts=1,
+                socket_timeout=5, blocked_connection_timeout=5))
+    finally:
+        await n.stop()
