@@ -11,9 +11,17 @@ import asyncio
 from collections.abc import Iterator
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from client.protocol.frames import Delivery
+
+
+class Reading(Protocol):
+    """A stream consumer's reader (broker.amqp.streams): acks give it room; a cancel stops it."""
+
+    def acked(self, n: int) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -21,6 +29,7 @@ class ChannelConsumer:
     tag: str  # the client's consumer tag
     queue: str
     no_ack: bool
+    stream: Reading | None = None  # a stream's consumer: its reader (it has no consumer on the node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +58,8 @@ class Channel:
     #: this channel's delivery tags -> the session's, unsettled, in order
     tags: dict[int, int] = field(default_factory=dict)
     next_tag: int = 1
+    #: this channel's delivery tags of stream consumers' deliveries, unacked -> their reader
+    stream_tags: dict[int, Reading] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)  # queue.delete asked on it and not answered yet
     tx: str = ""  # tx.select: the transaction its publishes and settlements are part of now
     tx_settles: list[TxSettle] = field(default_factory=list)  # settled in tx mode, until tx.commit
@@ -61,6 +72,22 @@ class Channel:
         self.next_tag += 1
         self.tags[tag] = session_tag
         return tag
+
+    def deliver_stream(self, reader: Reading) -> int:
+        """The channel's tag for a stream consumer's delivery (acked to its reader, not the node)."""
+        tag = self.next_tag
+        self.next_tag += 1
+        self.stream_tags[tag] = reader
+        return tag
+
+    def settle_streams(self, tag: int, multiple: bool) -> int:
+        """Settle stream consumers' deliveries among ``tag`` (``multiple``: up to it, 0: all):
+        room for their readers.  How many."""
+        done = [t for t in self.stream_tags if tag == 0 or t <= tag] if multiple else \
+            [tag] if tag in self.stream_tags else []
+        for t in done:
+            self.stream_tags.pop(t).acked(1)
+        return len(done)
 
     def settle(self, tag: int, multiple: bool) -> list[int]:
         """The session's tags settled by the client's ``tag`` (0 with ``multiple``: all of them)."""

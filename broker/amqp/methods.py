@@ -13,7 +13,8 @@ exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``Dele
 exchange.bind / unbind     ``Bind`` / ``Unbind`` (exchange destination)
 basic.publish              ``Publish`` to the queue (default exchange) or the exchange, a run
                            of them as one (:mod:`broker.amqp.publishing`)
-basic.consume / cancel     ``Subscribe`` / ``Cancel``; ``no_ack``: acked as delivered
+basic.consume / cancel     ``Subscribe`` / ``Cancel``; ``no_ack``: acked as delivered; on a stream,
+                           a reader from ``x-stream-offset`` (:mod:`broker.amqp.streams`)
 basic.get                  ``Get``
 basic.ack / nack / reject  ``Ack`` / ``Nack`` (requeue) / ``Nack`` without requeue
 basic.recover              ``Nack`` of every delivery the channel holds, requeued
@@ -31,6 +32,7 @@ Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently):
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -42,6 +44,7 @@ from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer, TxSettle
 from broker.amqp.properties import from_headers
 from broker.amqp.publishing import Publishing
+from broker.amqp.streams import StreamConsumers, StreamHost, start_of
 from broker.amqp.transactions import AmqpTransactions, TxHost, TxNode
 from broker.amqp.wire import AmqpWire, ReplyCode
 from broker.config import NodeConfig
@@ -67,7 +70,7 @@ class Node(TxNode, Protocol):
         ...
 
 
-class AmqpHost(TxHost, Protocol):
+class AmqpHost(TxHost, StreamHost, Protocol):
     """The AMQP session as its methods see it (broker.amqp.session.AmqpSession)."""
 
     @property
@@ -102,6 +105,8 @@ class Methods:
         self.s = s
         self.tx = AmqpTransactions(s)
         self.publish = Publishing(s, self.fail).publish
+        self.streams = StreamConsumers(s)
+        self._stream_ids = itertools.count(-1, -1)  # (a stream's consumers: no consumer id of the node's)
         self.table: dict[type, Any] = {
             C.Channel.Open: self.channel_open, C.Channel.Close: self.channel_close,
             C.Channel.CloseOk: self.channel_close_ok, C.Channel.Flow: self.flow,
@@ -169,10 +174,14 @@ class Methods:
 
     def drop_channel(self, ch: Channel) -> None:
         """A channel's end: its consumers cancelled, what it holds ready again."""
-        for cid in list(ch.consumers):
+        for cid, c in list(ch.consumers.items()):
             del ch.consumers[cid]
+            if c.stream is not None:
+                c.stream.stop()
+                continue
             self.s.consumer_channel.pop(cid, None)
             self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid))  # type: ignore[misc]
+        ch.stream_tags.clear()
         self.tx.abort(ch)
         held = list(ch.unsettled()) + [t.session_tag for t in ch.tx_settles]
         unseen = [d.tag for _c, d in ch.waiting]
@@ -384,6 +393,26 @@ class Methods:
                               *codes.ids(m))
             return
         prefetch = ch.prefetch or self.s.node.config.max_prefetch
+        try:
+            q = self.s.node.catalogue.queue(m.queue)
+        except TandemError:
+            q = None  # (the node's Subscribe says why)
+        if q is not None and q.stream:
+            try:
+                start = start_of((m.arguments or {}).get("x-stream-offset"))
+            except ValueError as exc:
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, str(exc))
+                return
+            cid = next(self._stream_ids)
+            c = ChannelConsumer(tag, m.queue, m.no_ack)
+            refused = await self.streams.start(ch, cid, c, q.meta.partitions, start, ch.prefetch)
+            if refused is not None:
+                self.fail(ch, m, refused)
+                return
+            ch.consumers[cid] = c
+            if not m.nowait:
+                self.s.method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
+            return
 
         def reply(f: Frame) -> None:
             if not isinstance(f, SubscribeOk):
@@ -398,8 +427,10 @@ class Methods:
 
     async def cancel(self, ch: Channel, m: C.Basic.Cancel) -> None:
         cid = ch.consumer_id(m.consumer_tag or "")
-        if cid is not None:
-            del ch.consumers[cid]
+        c = ch.consumers.pop(cid, None) if cid is not None else None
+        if cid is not None and c is not None and c.stream is not None:
+            c.stream.stop()
+        elif cid is not None:
             self.s.consumer_channel.pop(cid, None)
             self.release(ch)  # (what waited for it goes back)
             await self.s.request(lambda rid: Cancel(rid=rid, consumer=cid), lambda _f: None)
@@ -486,11 +517,12 @@ class Methods:
         await self.s.request(lambda rid: Get(rid=rid, queue=m.queue, auto_ack=m.no_ack), reply)
 
     async def ack(self, ch: Channel, m: C.Basic.Ack) -> None:
+        streamed = ch.settle_streams(m.delivery_tag or 0, m.multiple)  # (a stream's: room for its reader)
         if ch.tx:
-            self._hold(ch, m, m.multiple, "ack")
+            self._hold(ch, m, m.multiple, "ack", streamed)
             return
         tags = ch.settle(m.delivery_tag or 0, m.multiple)
-        if not tags and not (m.multiple and not m.delivery_tag):
+        if not tags and not streamed and not (m.multiple and not m.delivery_tag):
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
@@ -499,11 +531,12 @@ class Methods:
 
     async def nack(self, ch: Channel, m: C.Basic.Nack | C.Basic.Reject) -> None:
         multiple = getattr(m, "multiple", False)
+        streamed = ch.settle_streams(m.delivery_tag or 0, multiple)  # (a stream's message stays in it)
         if ch.tx:
-            self._hold(ch, m, multiple, "requeue" if m.requeue else "reject")
+            self._hold(ch, m, multiple, "requeue" if m.requeue else "reject", streamed)
             return
         tags = ch.settle(m.delivery_tag or 0, multiple)
-        if not tags and not (multiple and not m.delivery_tag):
+        if not tags and not streamed and not (multiple and not m.delivery_tag):
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {m.delivery_tag}")
             return
         if tags:
@@ -512,11 +545,11 @@ class Methods:
                                  lambda f: self._settled(ch, m, f))
 
     def _hold(self, ch: Channel, m: C.Basic.Ack | C.Basic.Nack | C.Basic.Reject, multiple: bool,
-              kind: Literal["ack", "requeue", "reject"]) -> None:
+              kind: Literal["ack", "requeue", "reject"], streamed: int) -> None:
         """A settlement in tx mode: held by the channel until tx.commit (broker.amqp.transactions)."""
         tag = m.delivery_tag or 0
         done = [t for t in ch.tags if tag == 0 or t <= tag] if multiple else [tag] if tag in ch.tags else []
-        if not done and not (multiple and not tag):
+        if not done and not streamed and not (multiple and not tag):
             self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
             return
         ch.tx_settles.extend(TxSettle(t, ch.tags.pop(t), kind) for t in done)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pamqp import commands as C
@@ -132,6 +132,13 @@ class AmqpSession(Session):
         except Exception as exc:  # a bug must cost one request, not the node
             log.exception("session %s: internal error on %s", self.client_name, type(frame).__name__)
             self.send(Error(rid=rid, code=int(codes.INTERNAL), message=f"internal error: {exc!r}"))
+
+    def task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task of the connection (a stream consumer's reader): it ends with it."""
+        if self._tg is not None and not self._closing:
+            self._tg.create_task(coro)
+        else:
+            coro.close()
 
     def spawn(self, make: Callable[[int], Frame], reply: Reply | None = None) -> None:
         """:meth:`request` as a task of the connection (an ack the client did not ask for)."""

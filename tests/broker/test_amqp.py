@@ -271,19 +271,52 @@ async def test_a_dead_letter_queue_through_the_default_exchange_and_any_other_re
             await ch.declare_queue("other", arguments={"x-dead-letter-exchange": "dlx"})
 
 
-async def test_a_stream_is_declared_and_published_to_and_its_consume_refused(amqp_node: Node) -> None:
+async def test_a_stream_is_read_from_its_x_stream_offset_and_keeps_what_was_read(amqp_node: Node) -> None:
     async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
         ch = await conn.channel(publisher_confirms=True)
+        await ch.set_qos(prefetch_count=2)  # (acks are flow control: two unacked at most)
         s = await ch.declare_queue("events", arguments={"x-queue-type": "stream"})
-        await ch.default_exchange.publish(aio_pika.Message(b"e1"), routing_key="events")
+        for i in range(5):
+            await ch.default_exchange.publish(aio_pika.Message(f"e{i}".encode()), routing_key="events")
+
+        async def read(offset: object, n: int) -> list[tuple[bytes, object]]:
+            got: list[tuple[bytes, object]] = []
+            done = asyncio.Event()
+
+            async def on(m: AbstractIncomingMessage) -> None:
+                got.append((m.body, m.headers.get("x-stream-offset")))
+                await m.ack()
+                if len(got) == n:
+                    done.set()
+
+            tag = await s.consume(on, arguments={"x-stream-offset": offset})
+            await asyncio.wait_for(done.wait(), 10)
+            await s.cancel(tag)
+            return got
+
+        assert await read("first", 5) == [(f"e{i}".encode(), i) for i in range(5)]
+        assert await read(3, 2) == [(b"e3", 3), (b"e4", 4)]
+        assert await read("last", 1) == [(b"e4", 4)]
+        got: list[bytes] = []
+
+        async def keep(m: AbstractIncomingMessage) -> None:
+            got.append(m.body)
+            await m.ack()
+
+        tag = await s.consume(keep, arguments={"x-stream-offset": "next"})  # (what comes after consume-ok)
+        await ch.default_exchange.publish(aio_pika.Message(b"e5"), routing_key="events")
+        await wait_until(lambda: bool(got), timeout=10, what="the message published after consume-ok")
+        await s.cancel(tag)
+        assert got == [b"e5"]
+
         async def ignore(_m: AbstractIncomingMessage) -> None:
             return None
 
-        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="stream"):
-            await s.consume(ignore)
-    async with await client.connect_link(url_of(amqp_node)) as link:
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="x-stream-offset"):
+            await s.consume(ignore, arguments={"x-stream-offset": "yesterday"})
+    async with await client.connect_link(url_of(amqp_node)) as link:  # (read, not consumed: all still there)
         msgs, _, _ = await link.read("events", 0, 0)
-        assert [m.body for m in msgs] == [b"e1"]
+        assert [m.body for m in msgs] == [f"e{i}".encode() for i in range(6)]
 
 
 async def test_a_get_after_a_publish_on_the_channel_finds_it(amqp_node: Node) -> None:
