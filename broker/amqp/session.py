@@ -175,6 +175,16 @@ class AmqpSession(Session):
     # -- the connection task --------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        try:
+            await self._read()
+        finally:  # (the connection's tasks end with it: a stream consumer's reader waiting for an ack too)
+            for ch in self.channels.values():
+                ch.close()
+                for c in ch.consumers.values():
+                    if c.stream is not None:
+                        c.stream.stop()
+
+    async def _read(self) -> None:
         while not self._closing:
             data = await self.reader.read(READ_CHUNK)
             self.last_recv = self.node.clock.monotonic()

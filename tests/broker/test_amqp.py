@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -433,3 +434,29 @@ async def test_amqps_with_plain_login_on_a_tls_node_and_plaintext_refused(tmp_pa
                 socket_timeout=5, blocked_connection_timeout=5))
     finally:
         await n.stop()
+
+
+async def test_a_connection_that_goes_away_ends_its_stream_readers_and_its_session(amqp_node: Node) -> None:
+    """A client killed (kill -9) while its stream consumer's reader waits for an ack (its one
+    unacked delivery): the session ends."""
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.declare_queue("ticks", arguments={"x-queue-type": "stream"})
+        for i in range(3):
+            await ch.default_exchange.publish(aio_pika.Message(f"t{i}".encode()), routing_key="ticks")
+    script = ("import pika, sys\n"
+              "c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))\n"
+              "ch = c.channel(); ch.basic_qos(prefetch_count=1)\n"
+              "ch.basic_consume('ticks', lambda *a: print('got', flush=True), "
+              "arguments={'x-stream-offset': 'first'})\n"
+              "ch.start_consuming()\n")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, amqp_url(amqp_node),
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"got\n"  # (one unacked: the reader waits)
+        assert amqp_node.sessions
+    finally:
+        proc.kill()
+        await proc.wait()
+    await wait_until(lambda: not amqp_node.sessions, timeout=10, what="the killed client's session ended")
