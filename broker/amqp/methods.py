@@ -42,7 +42,7 @@ from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer, TxSettle
-from broker.amqp.properties import from_headers
+from broker.amqp.properties import from_headers, route_of
 from broker.amqp.publishing import Publishing
 from broker.amqp.streams import StreamConsumers, StreamHost, start_of
 from broker.amqp.transactions import AmqpTransactions, TxHost, TxNode
@@ -461,9 +461,10 @@ class Methods:
             tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
         else:
             tag = ch.deliver(d.tag)
+        exchange, key = route_of(d.headers, c.queue)
         self.s.write(self.s.wire.content(ch.number, C.Basic.Deliver(consumer_tag=c.tag, delivery_tag=tag,
-                                                                    redelivered=d.redelivered, exchange="",
-                                                                    routing_key=c.queue),
+                                                                    redelivered=d.redelivered, exchange=exchange,
+                                                                    routing_key=key),
                                          from_headers(d.headers), d.body))
 
     def release(self, ch: Channel) -> None:
@@ -509,8 +510,9 @@ class Methods:
                 tag, ch.next_tag = ch.next_tag, ch.next_tag + 1
             else:
                 tag = ch.deliver(d.tag)
+            exchange, key = route_of(d.headers, m.queue)
             self.s.write(self.s.wire.content(ch.number, C.Basic.GetOk(delivery_tag=tag, redelivered=d.redelivered,
-                                                                      exchange="", routing_key=m.queue,
+                                                                      exchange=exchange, routing_key=key,
                                                                       message_count=0),
                                              from_headers(d.headers), d.body))
 

@@ -70,6 +70,21 @@ def to_headers(props: Basic.Properties) -> dict[str, str]:
     return out
 
 
+#: where a message published through an exchange was published: what its basic.deliver names
+EXCHANGE_HEADER, ROUTING_KEY_HEADER = PREFIX + "exchange", PREFIX + "routing-key"
+
+
+def route_headers(exchange: str, routing_key: str) -> dict[str, str]:
+    """The headers that keep a publish's exchange and routing key (none for the default
+    exchange: its routing key is the queue's name)."""
+    return {EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key} if exchange else {}
+
+
+def route_of(headers: dict[str, str], queue: str) -> tuple[str, str]:
+    """The exchange and routing key a delivery of ``queue`` names: where it was published."""
+    return headers.get(EXCHANGE_HEADER, ""), headers.get(ROUTING_KEY_HEADER, queue)
+
+
 def from_headers(headers: dict[str, str]) -> Basic.Properties:
     """The AMQP properties of a message with Tandem ``headers``."""
     kw: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from pamqp import commands as C
 from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp.channel import Channel
-from broker.amqp.properties import to_headers
+from broker.amqp.properties import route_headers, to_headers
 from broker.amqp.wire import AmqpWire, ReplyCode
 from broker.amqp.wire import Publish as AmqpPublish
 from client.errors import ErrorCode
@@ -87,8 +87,9 @@ class Publishing:
         first = ch.published + 1
         if ch.confirming:
             ch.published += len(ps)
-        msgs = [PublishMessage(None, to_headers(x.properties), x.body, None) for x in ps]
         exchange, key = m.exchange or "", m.routing_key or ""
+        route = route_headers(exchange, key)
+        msgs = [PublishMessage(None, to_headers(x.properties) | route, x.body, None) for x in ps]
         tx = ch.tx
         ch.publishing(+1)
 

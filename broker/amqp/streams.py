@@ -25,7 +25,7 @@ from pamqp import commands as C
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer
-from broker.amqp.properties import from_headers
+from broker.amqp.properties import from_headers, route_of
 from broker.amqp.wire import AmqpWire, ReplyCode
 from client.clock import Clock
 from client.protocol.frames import Error, Frame, Read, ReadOk
@@ -151,8 +151,9 @@ class StreamConsumers:
                     else:
                         tag = ch.deliver_stream(r)
                         r.unacked += 1
+                    exchange, key = route_of(m.headers, r.queue)
                     self.s.write(self.s.wire.content(ch.number, C.Basic.Deliver(
-                        consumer_tag=c.tag, delivery_tag=tag, redelivered=False, exchange="", routing_key=r.queue),
+                        consumer_tag=c.tag, delivery_tag=tag, redelivered=False, exchange=exchange, routing_key=key),
                         props, m.body))
             if not found:
                 await clock.sleep(POLL)

@@ -460,3 +460,27 @@ async def test_a_connection_that_goes_away_ends_its_stream_readers_and_its_sessi
         proc.kill()
         await proc.wait()
     await wait_until(lambda: not amqp_node.sessions, timeout=10, what="the killed client's session ended")
+
+
+async def test_a_delivery_names_the_exchange_and_routing_key_it_was_published_with(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue("routed")
+        x = await ch.declare_exchange("news", aio_pika.ExchangeType.TOPIC)
+        await q.bind(x, "news.#")
+        await x.publish(aio_pika.Message(b"via topic"), routing_key="news.sport")
+        await ch.default_exchange.publish(aio_pika.Message(b"direct"), routing_key="routed")
+        first = await q.get(timeout=10)  # (basic.get-ok)
+        assert (first.body, first.exchange, first.routing_key) == (b"via topic", "news", "news.sport")
+        await first.ack()
+        got: asyncio.Future[AbstractIncomingMessage] = asyncio.get_running_loop().create_future()
+
+        async def on(m: AbstractIncomingMessage) -> None:
+            await m.ack()
+            if not got.done():
+                got.set_result(m)
+
+        await q.consume(on)  # (basic.deliver)
+        second = await asyncio.wait_for(got, 10)
+        assert (second.body, second.exchange, second.routing_key) == (b"direct", "", "routed")
+        assert "amqp-exchange" not in (second.headers or {})  # (kept as the delivery's fields, not headers)
