@@ -31,12 +31,14 @@ from broker.messaging.message import EXPIRATION_HEADER
 TABLE = "x-amqp-headers"
 PREFIX = "amqp-"
 #: the properties kept as ``amqp-<name>`` headers (``expiration`` is Tandem's own header)
-TEXT = ("content_type", "content_encoding", "correlation_id", "reply_to", "message_id", "type", "user_id", "app_id")
+TEXT = ("content_type", "content_encoding", "correlation_id", "reply_to", "message_id", "message_type", "user_id",
+        "app_id")
 NUMBERS = ("delivery_mode", "priority")
 
 
 def _name(prop: str) -> str:
-    return PREFIX + prop.replace("_", "-")
+    """A property's header: ``amqp-content-type``; pamqp's ``message_type`` is AMQP's ``type``."""
+    return PREFIX + ("type" if prop == "message_type" else prop.replace("_", "-"))
 
 
 def _text(value: Any) -> str | None:

@@ -484,3 +484,20 @@ async def test_a_delivery_names_the_exchange_and_routing_key_it_was_published_wi
         second = await asyncio.wait_for(got, 10)
         assert (second.body, second.exchange, second.routing_key) == (b"direct", "", "routed")
         assert "amqp-exchange" not in (second.headers or {})  # (kept as the delivery's fields, not headers)
+
+
+async def test_the_type_property_goes_through_both_ways(amqp_node: Node) -> None:
+    """AMQP's ``type`` (pamqp's ``message_type``) is kept as ``amqp-type``; a Tandem client's
+    message with that header reaches an AMQP consumer with it as its type."""
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue("typed")
+        await ch.default_exchange.publish(aio_pika.Message(b"a", type="order.created"), routing_key="typed")
+        m = await q.get(timeout=10)
+        assert m.type == "order.created"
+        await m.ack()
+        async with await client.connect_link(url_of(amqp_node)) as link:
+            await link.producer("typed").send(b"b", headers={"amqp-type": "order.paid"})
+        m = await q.get(timeout=10)
+        assert (m.body, m.type) == (b"b", "order.paid")
+        await m.ack()
