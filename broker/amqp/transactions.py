@@ -183,7 +183,8 @@ class AmqpTransactions:
 
         async def start() -> TxInitOk:
             ok = await self._ask(lambda rid: TxInit(rid=rid, transactional_id=f"amqp.{cfg.name}"))
-            assert isinstance(ok, TxInitOk)
+            if not isinstance(ok, TxInitOk):
+                raise TxFailed(ReplyCode.INTERNAL_ERROR, f"{type(ok).__name__} in reply to TxInit")
             return ok
 
         return await self.producers.next_id(self.s.user_name(), start)
@@ -201,7 +202,8 @@ class AmqpTransactions:
                     raise TxFailed(exc.reply_code, exc.text) from None
                 await clock.sleep(backoff.next())
                 continue
-            assert isinstance(ok, TxEndOk)
+            if not isinstance(ok, TxEndOk):
+                raise TxFailed(ReplyCode.INTERNAL_ERROR, f"{type(ok).__name__} in reply to TxEnd")
             return ok.committed
 
     async def _ask(self, make: Callable[[int], Frame]) -> Frame:
