@@ -32,6 +32,8 @@ LEVELS: Mapping[int, str] = {
        "and row) and the partition log's TRIM op",
     6: "transactions: the registers of a transaction's coordinator and of what it prepared in a partition "
        "(producer-table entries starting ~tx), whose messages a member of an older build would deliver",
+    7: "transactional publishes through exchanges: a routed part forwarded to another member carries its "
+       "transaction id (RoutedFwd's Publish.tx), which a member of an older build would store as a plain publish",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

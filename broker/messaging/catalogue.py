@@ -96,6 +96,8 @@ OVERFLOW_LEVEL = 3
 STREAM_LEVEL = 5
 #: transactions: registers in the partitions they write to, held messages (broker.messaging.prepared)
 TX_LEVEL = 6
+#: a transaction's publish through an exchange: its parts forwarded to other members with its id
+TX_ROUTED_LEVEL = 7
 #: the queue whose partitions coordinate transactions (broker.transactions.coordinator)
 COORDINATOR_QUEUE = "tandem.transactions"
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from broker.config import NodeConfig
-from broker.messaging.catalogue import Catalogue
+from broker.messaging.catalogue import TX_ROUTED_LEVEL, Catalogue
 from broker.messaging import delivery as _delivery
 from broker.messaging.publish import Publisher, PublishRequest, PublishResult
 from broker.messaging.message import Msg
@@ -143,6 +143,8 @@ class Messaging:
                                        f"(a stream's named consumers)")
         written = check_tx(s, user, f.tx) if f.tx else None
         if f.exchange is not None:
+            if written is not None:
+                self.node.catalogue.require_level(TX_ROUTED_LEVEL, "transactional publishes through exchanges need")
             if f.exchange:
                 self._may(user, "produce", f.exchange, "publish")
             for queue in {f.routing_key, *f.routing_keys} if not f.exchange else ():

@@ -106,6 +106,27 @@ async def test_transactions_need_level_6_and_commit_or_abort_on_every_member(tmp
         assert isinstance(again, TxEndOk) and not again.committed, again  # (the first decision stands)
 
 
+async def test_a_transactional_publish_through_an_exchange_needs_level_7_in_a_group(tmp_path: Path) -> None:
+    """A member of a level-6 build would store a forwarded routed part as a plain publish."""
+    async with Group(tmp_path) as g:
+        await _group(g)
+        s = ClientSession(g, g["n2"])
+        r = await s.ask(TxInit(rid=1, transactional_id="app"))
+        assert isinstance(r, TxInitOk), r
+        txid = f"{r.producer}/{r.epoch}/0"
+        msgs = [PublishMessage(f"k{i}", {}, f"r{i}".encode(), None) for i in range(N)]
+        refused = await s.ask(Publish(rid=2, queue="", messages=msgs, tx=txid, exchange="", routing_key="a"))
+        assert isinstance(refused, Error) and \
+            "transactional publishes through exchanges need the group at feature level 7" in refused.message, refused
+        await finalize(g, g["n1"], 7)
+        ok = await s.ask(Publish(rid=3, queue="", messages=msgs, tx=txid, exchange="", routing_key="a"))
+        assert isinstance(ok, PublishOk) and ok.stored == N, ok
+        assert ready(g, "a") == Counter(), "a prepared message is ready"
+        end = await s.ask(TxEnd(rid=4, txid=txid, commit=True, parts=[TxPart(q, None) for q in ok.queues]))
+        assert isinstance(end, TxEndOk) and end.committed, end
+        assert ready(g, "a") == Counter(f"r{i}".encode() for i in range(N))
+
+
 async def test_the_coordinators_active_killed_after_the_decision_every_partition_commits(tmp_path: Path) -> None:
     async with Group(tmp_path) as g:
         await _group(g)
