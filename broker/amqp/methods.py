@@ -13,8 +13,8 @@ exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``Dele
 exchange.bind / unbind     ``Bind`` / ``Unbind`` (exchange destination)
 basic.publish              ``Publish`` to the queue (default exchange) or the exchange, a run
                            of them as one (:mod:`broker.amqp.publishing`)
-basic.consume / cancel     ``Subscribe`` / ``Cancel``; ``no_ack``: acked as delivered; on a stream,
-                           a reader from ``x-stream-offset`` (:mod:`broker.amqp.streams`)
+basic.consume / cancel     ``Subscribe`` (``exclusive``) / ``Cancel``; ``no_ack``: acked as delivered;
+                           on a stream, a reader from ``x-stream-offset`` (:mod:`broker.amqp.streams`)
 basic.get                  ``Get``
 basic.ack / nack / reject  ``Ack`` / ``Nack`` (requeue) / ``Nack`` without requeue
 basic.recover              ``Nack`` of every delivery the channel holds, requeued
@@ -27,7 +27,8 @@ rollback                   ``TxInit``, ``Publish.tx``, ``Ack.tx``, ``TxEnd``
 
 Not served, refused with 540 ``NOT_IMPLEMENTED`` (never accepted silently):
 ``channel.flow`` with active false, ``basic.recover-async``, ``basic.qos`` with a
-``prefetch_size``, and exclusive consumers.
+``prefetch_size``, exclusive consumers of a stream and internal exchanges
+(broker.amqp.declares).
 """
 
 from __future__ import annotations
@@ -42,32 +43,21 @@ from pamqp.base import Frame as AmqpMethod
 
 from broker.amqp import codes
 from broker.amqp.channel import Channel, ChannelConsumer, TxSettle
+from broker.amqp.declares import Declares, DeclaringNode
 from broker.amqp.properties import from_headers, route_of
 from broker.amqp.publishing import Publishing
 from broker.amqp.streams import StreamConsumers, StreamHost, start_of
 from broker.amqp.transactions import AmqpTransactions, TxHost, TxNode
 from broker.amqp.wire import AmqpWire, ReplyCode
-from broker.config import NodeConfig
-from broker.messaging.queues import Queue
 from client.errors import ErrorCode, TandemError
-from client.protocol.frames import (Ack, Bind, Cancel, Declare, DeclareExchange, DeclareExchangeOk, DeclareOk,
-                                    Delete, DeleteExchange, Deliver, Delivery, Error, Exchanges, Frame, Get, GetOk,
-                                    ListExchanges, Nack, Purge, PurgeOk, Subscribe, SubscribeOk, Unbind)
+from client.protocol.frames import (Ack, Cancel, Deliver, Delivery, Error, Frame, Get, GetOk, Nack, Subscribe,
+                                    SubscribeOk)
 
 Reply = Callable[[Frame], None]
 
 
-class QueueLookup(Protocol):
-    def queue(self, name: str) -> Queue: ...
-
-
-class Node(TxNode, Protocol):
-    @property
-    def catalogue(self) -> QueueLookup: ...
-
-    async def served(self, queue: str) -> None:
-        """Until each partition of ``queue`` has an active (at most the election wait)."""
-        ...
+class Node(TxNode, DeclaringNode, Protocol):
+    pass
 
 
 class AmqpHost(TxHost, StreamHost, Protocol):
@@ -94,26 +84,21 @@ class AmqpHost(TxHost, StreamHost, Protocol):
 
     def close_channel(self, number: int, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
 
-#: queue.declare arguments the node takes, and the Declare field each sets
-QUEUE_ARGS = {"x-message-ttl": "message_ttl", "x-expires": "expires", "x-max-length": "max_length",
-              "x-max-length-bytes": "max_length_bytes", "x-overflow": "overflow", "x-queue-type": "type"}
-QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
-
-
 class Methods:
     def __init__(self, s: AmqpHost) -> None:
         self.s = s
         self.tx = AmqpTransactions(s)
         self.publish = Publishing(s, self.fail).publish
         self.streams = StreamConsumers(s)
+        self.declares = d = Declares(s, self.fail, self.refuse)
         self._stream_ids = itertools.count(-1, -1)  # (a stream's consumers: no consumer id of the node's)
         self.table: dict[type, Any] = {
             C.Channel.Open: self.channel_open, C.Channel.Close: self.channel_close,
             C.Channel.CloseOk: self.channel_close_ok, C.Channel.Flow: self.flow,
-            C.Queue.Declare: self.queue_declare, C.Queue.Delete: self.queue_delete, C.Queue.Purge: self.queue_purge,
-            C.Queue.Bind: self.queue_bind, C.Queue.Unbind: self.queue_bind,
-            C.Exchange.Declare: self.exchange_declare, C.Exchange.Delete: self.exchange_delete,
-            C.Exchange.Bind: self.exchange_bind, C.Exchange.Unbind: self.exchange_bind,
+            C.Queue.Declare: d.queue_declare, C.Queue.Delete: d.queue_delete, C.Queue.Purge: d.queue_purge,
+            C.Queue.Bind: d.queue_bind, C.Queue.Unbind: d.queue_bind,
+            C.Exchange.Declare: d.exchange_declare, C.Exchange.Delete: d.exchange_delete,
+            C.Exchange.Bind: d.exchange_bind, C.Exchange.Unbind: d.exchange_bind,
             C.Basic.Qos: self.qos, C.Basic.Consume: self.consume, C.Basic.Cancel: self.cancel,
             C.Basic.Get: self.get, C.Basic.Ack: self.ack, C.Basic.Nack: self.nack, C.Basic.Reject: self.nack,
             C.Basic.Recover: self.recover, C.Confirm.Select: self.confirm_select,
@@ -207,169 +192,6 @@ class Methods:
         if not m.nowait:
             self.s.method(ch.number, C.Confirm.SelectOk())
 
-    # -- queues and exchanges -------------------------------------------------------------------
-
-    async def queue_declare(self, ch: Channel, m: C.Queue.Declare) -> None:
-        await ch.stored()  # (its message count holds what the channel published before)
-        if ch.closing:
-            return
-        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
-        if m.passive:
-            try:
-                info = self.s.node.catalogue.queue(name).info()
-            except TandemError as exc:
-                self.refuse(ch, m, codes.of(int(exc.code)), f"no queue '{name}' in vhost '/'")
-                return
-            if not m.nowait:
-                self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=info.ready,
-                                                            consumer_count=info.consumers))
-            return
-        fields: dict[str, Any] = {}
-        args = dict(m.arguments or {})
-        if "x-dead-letter-exchange" in args or "x-dead-letter-routing-key" in args:
-            dlx, dlk = args.pop("x-dead-letter-exchange", None), args.pop("x-dead-letter-routing-key", None)
-            if dlx != "" or not isinstance(dlk, str) or not dlk:  # (a queue by its name: the default exchange)
-                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED,
-                            f"x-dead-letter-exchange {dlx!r}: this node dead-letters to a queue: give "
-                            f"x-dead-letter-exchange '' (the default exchange) and the queue as "
-                            f"x-dead-letter-routing-key")
-                return
-            fields["dead_letter_queue"] = dlk
-        for arg, value in args.items():
-            field = QUEUE_ARGS.get(arg)
-            if field is None:
-                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
-                return
-            if field == "type":
-                kind = QUEUE_TYPES.get(str(value), "")
-                if not kind:
-                    self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
-                    return
-                value = kind
-            elif field != "overflow" and (isinstance(value, bool) or not isinstance(value, int)):
-                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
-                return
-            fields[field] = value
-
-        answer: list[Frame] = []
-        await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), answer.append)
-        f = answer[0] if answer else None
-        if not isinstance(f, DeclareOk):
-            if f is not None:
-                self.fail(ch, m, f)
-            return
-        if m.exclusive or m.auto_delete:
-            self.s.temporary.add(name)
-        if f.created:  # (declare-ok once it can be used at once, as in RabbitMQ: its first election)
-            await self.s.node.served(name)
-        if not m.nowait and not ch.closing:
-            self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=f.queue.ready,
-                                                        consumer_count=f.queue.consumers))
-
-    async def queue_delete(self, ch: Channel, m: C.Queue.Delete) -> None:
-        await ch.stored()  # (what the channel published before counts)
-        if ch.closing:
-            return
-        try:
-            info = self.s.node.catalogue.queue(m.queue).info()
-        except TandemError:
-            if not m.nowait:  # (a queue that is not there: deleted, as RabbitMQ answers)
-                self.s.method(ch.number, C.Queue.DeleteOk(message_count=0))
-            return
-        if m.if_unused and info.consumers:
-            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue '{m.queue}' in vhost '/' in use")
-            return
-
-        def reply(f: Frame) -> None:
-            if isinstance(f, Error) and f.code != ErrorCode.QUEUE_NOT_FOUND:
-                self.fail(ch, m, f)
-            elif not m.nowait:
-                self.s.method(ch.number, C.Queue.DeleteOk(message_count=info.ready))
-
-        self.s.temporary.discard(m.queue)
-        ch.deleting.add(m.queue)
-        try:
-            await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty), reply)
-        finally:
-            ch.deleting.discard(m.queue)
-
-    async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
-        await ch.stored()  # (what the channel published before counts)
-        if ch.closing:
-            return
-        def reply(f: Frame) -> None:
-            if not isinstance(f, PurgeOk):
-                self.fail(ch, m, f)
-            elif not m.nowait:
-                self.s.method(ch.number, C.Queue.PurgeOk(message_count=f.purged))
-
-        await self.s.request(lambda rid: Purge(rid=rid, queue=m.queue), reply)
-
-    async def queue_bind(self, ch: Channel, m: C.Queue.Bind | C.Queue.Unbind) -> None:
-        if not m.exchange:
-            self.refuse(ch, m, ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
-            return
-        bind = isinstance(m, C.Queue.Bind)
-        kind = Bind if bind else Unbind
-        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
-
-        def reply(f: Frame) -> None:
-            if isinstance(f, Error):
-                self.fail(ch, m, f)
-            elif bind and not getattr(m, "nowait", False):
-                self.s.method(ch.number, C.Queue.BindOk())
-            elif not bind:
-                self.s.method(ch.number, C.Queue.UnbindOk())
-
-        await self.s.request(lambda rid: kind(rid=rid, source=m.exchange, destination=m.queue,
-                                              routing_key=m.routing_key or "", arguments=args), reply)
-
-    async def exchange_declare(self, ch: Channel, m: C.Exchange.Declare) -> None:
-        if m.passive:
-            def found(f: Frame) -> None:
-                if not isinstance(f, Exchanges):
-                    self.fail(ch, m, f)
-                elif m.exchange not in {e.name for e in f.exchanges}:
-                    self.refuse(ch, m, ReplyCode.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
-                elif not m.nowait:
-                    self.s.method(ch.number, C.Exchange.DeclareOk())
-
-            await self.s.request(lambda rid: ListExchanges(rid=rid), found)
-            return
-        alternate = (m.arguments or {}).get("alternate-exchange")
-
-        def reply(f: Frame) -> None:
-            if not isinstance(f, DeclareExchangeOk):
-                self.fail(ch, m, f)
-            elif not m.nowait:
-                self.s.method(ch.number, C.Exchange.DeclareOk())
-
-        await self.s.request(lambda rid: DeclareExchange(rid=rid, exchange=m.exchange, type=m.exchange_type,
-                                                         alternate=str(alternate) if alternate else None), reply)
-
-    async def exchange_delete(self, ch: Channel, m: C.Exchange.Delete) -> None:
-        def reply(f: Frame) -> None:
-            if isinstance(f, Error) and f.code != ErrorCode.EXCHANGE_NOT_FOUND:
-                self.fail(ch, m, f)
-            elif not m.nowait:
-                self.s.method(ch.number, C.Exchange.DeleteOk())
-
-        await self.s.request(lambda rid: DeleteExchange(rid=rid, exchange=m.exchange, if_unused=m.if_unused), reply)
-
-    async def exchange_bind(self, ch: Channel, m: C.Exchange.Bind | C.Exchange.Unbind) -> None:
-        bind = isinstance(m, C.Exchange.Bind)
-        kind = Bind if bind else Unbind
-        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
-
-        def reply(f: Frame) -> None:
-            if isinstance(f, Error):
-                self.fail(ch, m, f)
-            elif not m.nowait:
-                self.s.method(ch.number, C.Exchange.BindOk() if bind else C.Exchange.UnbindOk())
-
-        await self.s.request(lambda rid: kind(rid=rid, source=m.source, destination=m.destination, to_exchange=True,
-                                              routing_key=m.routing_key or "", arguments=args), reply)
-
     # -- consuming ------------------------------------------------------------------------------
 
     async def qos(self, ch: Channel, m: C.Basic.Qos) -> None:
@@ -384,9 +206,6 @@ class Methods:
         self.release(ch)
 
     async def consume(self, ch: Channel, m: C.Basic.Consume) -> None:
-        if m.exclusive:
-            self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "exclusive consumers")
-            return
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if ch.consumer_id(tag) is not None:
             self.s.close_amqp(ReplyCode.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
@@ -398,6 +217,9 @@ class Methods:
         except TandemError:
             q = None  # (the node's Subscribe says why)
         if q is not None and q.stream:
+            if m.exclusive:
+                self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "exclusive consumers of a stream")
+                return
             try:
                 start = start_of((m.arguments or {}).get("x-stream-offset"))
             except ValueError as exc:
@@ -423,7 +245,8 @@ class Methods:
             if not m.nowait:
                 self.s.method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
 
-        await self.s.request(lambda rid: Subscribe(rid=rid, queue=m.queue, prefetch=prefetch), reply)
+        await self.s.request(lambda rid: Subscribe(rid=rid, queue=m.queue, prefetch=prefetch,
+                                                           exclusive=m.exclusive), reply)
 
     async def cancel(self, ch: Channel, m: C.Basic.Cancel) -> None:
         cid = ch.consumer_id(m.consumer_tag or "")

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol
 
 from broker.messaging.commit import CATALOGUE
-from broker.messaging.forward import MAX_HOPS, CatalogueFwd, Forwarding, DeclareFwd, DeleteFwd, DepthFwd, PurgeFwd, \
-    decode_reply, refused_as_longer
+from broker.messaging.forward import (MAX_HOPS, CatalogueFwd, DeclareFwd, DeleteFwd, DepthFwd, Forwarding,
+                                      ForwardRequest, PurgeFwd, decode_reply, refused_as_longer)
 from broker.messaging import holders
 from broker.messaging.mapper import DEFAULT_MAPPER
 from broker.messaging.mapper import parse_static
@@ -302,21 +302,26 @@ class Catalogue:
                     "without one", queue, who)
         return await self.node.forward(who, DeclareFwd(req.hops, req.frame))
 
-    async def delete(self, name: str, if_empty: bool, hops: int = 0) -> None:
+    async def delete(self, name: str, if_empty: bool, hops: int = 0, ready_only: bool = False) -> None:
+        """``if_empty``: only if it holds no message (``ready_only``: no ready one, AMQP's reading)."""
         node = self.node
         q = self.queue(name)
         who = await node.commit.wait_active(CATALOGUE, node.election_wait)
         if who != node.config.name:
             if hops >= MAX_HOPS:
                 raise UnavailableError("delete forwarded too many times while the group elects: retry")
-            await node.forward(who, DeleteFwd(hops + 1, name, if_empty))
+            await self._forward_as_known(who, DeleteFwd(hops + 1, name, if_empty, ready_only),
+                                         DeleteFwd(hops + 1, name, if_empty))
         else:
             users = sorted(o.name for o in self.queues.values() if o.meta.dead_letter_queue == name and o is not q)
             if users:
                 raise InvalidArgumentError(f"queue {name!r} is the dead_letter_queue of {', '.join(users)}: delete "
                                            f"{'those' if len(users) > 1 else 'it'} first")
             if if_empty:
-                depth = await self.depth(q) if node.commit.catalogue_log else q.depth
+                if node.commit.catalogue_log:
+                    depth = await self.depth(q, ready_only)
+                else:
+                    depth = q.ready_count + q.delayed_count if ready_only else q.depth
                 if depth:
                     raise InvalidArgumentError(f"queue {name!r} is not empty ({depth} messages)")
             unbind = self.placing.unbinding(name) if self.placing is not None else []
@@ -362,13 +367,13 @@ class Catalogue:
 
     # -- per partition: depth and purge -----------------------------------------------------------
 
-    async def depth(self, q: Queue) -> int:
-        """Messages in the queue, asked of each partition's active."""
+    async def depth(self, q: Queue, ready_only: bool = False) -> int:
+        """Messages in the queue (``ready_only``: those not delivered), asked of each partition's active."""
 
         async def here(pidx: int) -> int:
-            return self.partition_depth(q, pidx)
+            return self.partition_depth(q, pidx, ready_only)
 
-        return await self._sum_over_actives(q, DepthFwd, here)
+        return await self._sum_over_actives(q, lambda name, pidx: DepthFwd(name, pidx, ready_only), here)
 
     async def purge(self, name: str) -> int:
         """Drop the ready messages (delivered ones stay with their consumers)."""
@@ -377,7 +382,7 @@ class Catalogue:
         log.info("queue purged name=%s messages=%d", q.name, total)
         return total
 
-    async def _sum_over_actives(self, q: Queue, request: type[DepthFwd] | type[PurgeFwd],
+    async def _sum_over_actives(self, q: Queue, request: Callable[[str, int], DepthFwd | PurgeFwd],
                                 here: Callable[[int], Awaitable[int]]) -> int:
         """For each partition: ``await here(p)`` on its active if that is this node, else the
         forwarded request; the sum of the answers."""
@@ -388,8 +393,21 @@ class Catalogue:
             if who == node.config.name:
                 total += await here(pidx)
             else:
-                total += int(decode_reply(await node.forward(who, request(q.name, pidx))))
+                req = request(q.name, pidx)
+                older = DepthFwd(q.name, pidx) if isinstance(req, DepthFwd) else req
+                total += int(decode_reply(await self._forward_as_known(who, req, older)))
         return total
+
+    async def _forward_as_known(self, who: str, req: ForwardRequest, older: ForwardRequest) -> bytes:
+        """``req`` to ``who``; to a member whose build lacks its later fields, ``older`` (the same
+        without them, stricter: ready_only left out, unsettled messages count)."""
+        try:
+            return await self.node.forward(who, req)
+        except InvalidArgumentError as exc:
+            if older == req or not refused_as_longer(exc, req):
+                raise
+        log.info("%s to %s: its build is older, asked without its later fields", req.KIND.name.lower(), who)
+        return await self.node.forward(who, older)
 
     def served(self, name: str, pidx: int) -> Queue:
         """The queue, if this node is its partition's active; else the error a forwarder gets."""
@@ -400,9 +418,9 @@ class Catalogue:
             raise UnavailableError(f"partition {q.meta.id}/{pidx} is not active on {self.node.config.name}")
         return q
 
-    def partition_depth(self, q: Queue, pidx: int) -> int:
-        """Ready and delivered-but-unsettled messages of one partition served here."""
-        return holders.partition_depth(self.node.holders, q, pidx)
+    def partition_depth(self, q: Queue, pidx: int, ready_only: bool = False) -> int:
+        """Ready and (unless ``ready_only``) delivered-but-unsettled messages of one partition served here."""
+        return holders.partition_depth(self.node.holders, q, pidx, ready_only)
 
     async def purge_partition(self, q: Queue, pidx: int) -> int:
         part = q.partitions[pidx]

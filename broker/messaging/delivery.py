@@ -23,7 +23,7 @@ from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.message import Msg, Partition, encode_headers
 from broker.messaging.queues import Consumer, Queue, Recipient
 from client.clock import Clock
-from client.errors import InvalidArgumentError, TandemError
+from client.errors import AccessRefusedError, InvalidArgumentError, TandemError
 from client.protocol.frames import Delivery as DeliveryRecord
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
 from storage.writer import Callback
@@ -208,12 +208,17 @@ class Delivery:
 
     # -- consumers -------------------------------------------------------------------------------
 
-    def add_consumer(self, session: Recipient, queue_name: str, prefetch: int) -> Consumer:
+    def add_consumer(self, session: Recipient, queue_name: str, prefetch: int, exclusive: bool = False) -> Consumer:
+        """A consumer of ``queue_name``; AccessRefusedError if the queue has an exclusive consumer
+        here, or has any and this one is to be ``exclusive`` (relayed consumers of other members
+        count: broker.sessions.relay)."""
         if not 1 <= prefetch <= 65535:
             raise InvalidArgumentError(f"prefetch {prefetch}: must be 1..65535")
         self.rules.guard.check_prefetch(prefetch)
         q = self.node.queue(queue_name)
-        c = Consumer(self._next_consumer_id, q, session, prefetch)
+        if q.consumers and (exclusive or any(o.exclusive for o in q.consumers)):
+            raise AccessRefusedError(f"queue {queue_name!r} in exclusive use")
+        c = Consumer(self._next_consumer_id, q, session, prefetch, exclusive)
         self._next_consumer_id += 1
         q.consumers.append(c)
         q.touch()

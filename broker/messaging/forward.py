@@ -125,6 +125,7 @@ class DeleteFwd(ForwardRequest):
     hops: int
     queue: str
     if_empty: bool
+    ready_only: bool = False  # (with if_empty: unsettled deliveries do not count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +179,12 @@ class ReadFwd(ForwardRequest):
 
 @dataclass(frozen=True, slots=True)
 class DepthFwd(ForwardRequest):
-    """Ready and unsettled messages of a partition, from its active.  Reply: the count."""
+    """Ready and (unless ``ready_only``) unsettled messages of a partition, from its active.
+    Reply: the count."""
     KIND = ForwardKind.DEPTH
     queue: str
     partition: int
+    ready_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +361,7 @@ class RelaySubscribeFwd(ForwardRequest):
     consumer: int
     queue: str
     prefetch: int
+    exclusive: bool = False  # (refused with ACCESS_REFUSED where the queue has consumers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,14 @@ class Holder(Protocol):
     def deliveries(self) -> Mapping[int, tuple[Consumer, Msg]]: ...
 
 
-def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int) -> int:
-    """Ready and delivered-but-unsettled messages of one partition served here."""
-    held = sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
+def partition_depth(holders: Iterable[Holder], q: Queue, pidx: int, ready_only: bool = False) -> int:
+    """Ready (and delayed) and, unless ``ready_only``, delivered-but-unsettled messages of one
+    partition served here."""
     part = q.partitions[pidx]
-    return len(part.ready) + part.cold_count + len(part.delayed) + held
+    ready = len(part.ready) + part.cold_count + len(part.delayed)
+    if ready_only:
+        return ready
+    return ready + sum(1 for h in holders for c, m in h.deliveries.values() if c.queue is q and m.partition == pidx)
 
 
 def take_back_deliveries(holders: Iterable[Recipient], q: Queue, pidx: int) -> list[Msg]:

@@ -47,14 +47,16 @@ class Recipient(Protocol):
     def cancelled_by_broker(self, c: Consumer, reason: str) -> None: ...
 
 class Consumer:
-    __slots__ = ("id", "queue", "session", "prefetch", "unacked", "relayed")
+    __slots__ = ("id", "queue", "session", "prefetch", "unacked", "relayed", "exclusive")
 
-    def __init__(self, id: int, queue: Queue, session: Recipient, prefetch: int) -> None:
+    def __init__(self, id: int, queue: Queue, session: Recipient, prefetch: int, exclusive: bool = False) -> None:
         self.id = id
         self.queue = queue
         self.session = session
         self.prefetch = prefetch
         self.unacked = 0
+        #: the queue's only consumer: no other is taken on this member while it lasts
+        self.exclusive = exclusive
         #: held here for a client of another member (broker.sessions.relayed): not counted as a consumer
         self.relayed = False
 

@@ -114,7 +114,7 @@ class ForwardHandlers:
         return pack_reply(created)
 
     async def _delete(self, req: DeleteFwd) -> bytes:
-        await self.node.catalogue.delete(req.queue, req.if_empty, max(1, req.hops))
+        await self.node.catalogue.delete(req.queue, req.if_empty, max(1, req.hops), req.ready_only)
         return b""
 
     async def _security(self, req: ForwardRequest) -> bytes:
@@ -179,7 +179,7 @@ class ForwardHandlers:
 
     async def _depth(self, req: DepthFwd) -> bytes:
         cat = self.node.catalogue
-        return pack_reply(cat.partition_depth(cat.served(req.queue, req.partition), req.partition))
+        return pack_reply(cat.partition_depth(cat.served(req.queue, req.partition), req.partition, req.ready_only))
 
     async def _purge(self, req: PurgeFwd) -> bytes:
         cat = self.node.catalogue

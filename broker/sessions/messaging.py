@@ -121,7 +121,7 @@ class Messaging:
 
     async def delete(self, s: Consuming, user: UserRecord, f: Delete) -> None:
         self._may(user, "configure", f.queue, "delete queues")
-        await self.node.catalogue.delete(f.queue, f.if_empty)
+        await self.node.catalogue.delete(f.queue, f.if_empty, ready_only=f.ready_only)
         s.send(Ok(rid=f.rid))
 
     async def purge(self, s: Consuming, user: UserRecord, f: Purge) -> None:
@@ -170,7 +170,7 @@ class Messaging:
     async def subscribe(self, s: Consuming, user: UserRecord, f: Subscribe) -> None:
         self._may(user, "consume", f.queue, "consume")
         _not_a_stream(self.node.catalogue.queue(f.queue), "consumed")
-        c = self.delivery.add_consumer(s, f.queue, f.prefetch)
+        c = self.delivery.add_consumer(s, f.queue, f.prefetch, f.exclusive)
         s.consumers[c.id] = c
         s.send(SubscribeOk(rid=f.rid, consumer=c.id))
         if not f.local:

@@ -21,6 +21,7 @@ durable consumers subscribe on every member, with ``Subscribe.local``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any, Protocol
@@ -28,13 +29,13 @@ from typing import Any, Protocol
 import msgpack
 
 from broker.config import NodeConfig
-from broker.messaging.forward import (UNKNOWN_KIND, ForwardRequest, RelayCancelFwd, RelayDeliverFwd,
-                                      RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd)
+from broker.messaging.forward import (UNKNOWN_KIND, ForwardRequest, RelayCancelFwd, RelayDeliverFwd, RelayGetFwd,
+                                      RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, refused_as_longer)
 from broker.messaging.queues import Consumer, Queue
 from broker.peers.links import Link
 from broker.sessions.relayed import Relayed
 from client.clock import Clock
-from client.errors import ConsumerNotFoundError, InvalidArgumentError, TandemError
+from client.errors import ConsumerNotFoundError, ErrorCode, InvalidArgumentError, TandemError
 from client.protocol.codec import FrameError, decode_payload
 from client.protocol.frames import Deliver, Delivery, Frame, GetOk, expect
 
@@ -83,13 +84,17 @@ class Relaying(Protocol):
 
     def send_in_order(self, frame: Frame) -> None: ...
 
+    def cancelled_by_broker(self, c: Consumer, reason: str) -> None:
+        """Consumer ``c`` ends: the client is told (its Cancel)."""
+        ...
+
 
 class _SessionRelays:
     """One client session's relays."""
 
     def __init__(self, sid: int, s: Relaying) -> None:
         self.sid, self.s = sid, s
-        self.wanted: dict[int, tuple[str, int]] = {}  # relayed consumer id -> (queue, prefetch)
+        self.wanted: dict[int, tuple[str, int, bool]] = {}  # relayed consumer id -> (queue, prefetch, exclusive)
         self.subs: set[tuple[Link, int]] = set()  # (link, consumer id): subscribed over it, or asking
         self.tags: dict[int, tuple[Link, int]] = {}  # the client's tag -> (link, the serving member's tag)
         self.links: set[Link] = set()  # every link a relay was asked over (told when the session ends)
@@ -126,7 +131,7 @@ class Relays:
         """Relay the partitions active on other members to consumer ``c`` of session ``s``."""
         if self.host.config.peer_port is None:
             return  # (a single node serves every partition itself)
-        self._relays_of(s).wanted[c.id] = (c.queue.name, c.prefetch)
+        self._relays_of(s).wanted[c.id] = (c.queue.name, c.prefetch, c.exclusive)
         self._look()
         if not self._looking:
             self._looking = True
@@ -179,7 +184,7 @@ class Relays:
         where it is not yet."""
         links, me = self.host.links(), self.host.config.name
         for r in list(self._of.values()):
-            for cid, (name, prefetch) in list(r.wanted.items()):
+            for cid, (name, prefetch, exclusive) in list(r.wanted.items()):
                 if cid not in r.s.consumers:  # (cancelled by the broker: its queue was deleted)
                     del r.wanted[cid]
                     continue
@@ -195,17 +200,33 @@ class Relays:
                     link = links[member]
                     r.subs.add((link, cid))
                     r.links.add(link)
-                    self.host.spawn(self._subscribe(r, link, RelaySubscribeFwd(r.sid, cid, name, prefetch)))
+                    self.host.spawn(self._subscribe(r, link, RelaySubscribeFwd(r.sid, cid, name, prefetch, exclusive)))
 
     async def _subscribe(self, r: _SessionRelays, link: Link, req: RelaySubscribeFwd) -> None:
         try:
-            await self.ask(link, req)
+            try:
+                await self.ask(link, req)
+            except InvalidArgumentError as exc:
+                if not req.exclusive or not refused_as_longer(exc, req):
+                    raise
+                # a member of an older build keeps no exclusive consumers: relayed as a plain one
+                log.info("consumer %d of %s: %s keeps no exclusive consumers (its build is older): relayed as "
+                         "a plain consumer there", req.consumer, req.queue, link.name)
+                await self.ask(link, dataclasses.replace(req, exclusive=False))
         except TandemError as exc:
             r.subs.discard((link, req.consumer))  # (asked again at the next look)
             if exc.message.startswith(UNKNOWN_KIND):
                 self._no_relays.add(link)
                 log.info("node %s relays no consumers (its build is older): its partitions reach only "
                          "consumers connected to it", link.name)
+            elif req.exclusive and exc.code == ErrorCode.ACCESS_REFUSED and req.consumer in r.wanted:
+                # the queue has consumers on that member: an exclusive consumer is not one, so it ends
+                # (a plain consumer refused by another's exclusive one asks again, and gets that member's
+                # partitions once it ends)
+                c = r.s.consumers.get(req.consumer)
+                self.cancel(r.s, req.consumer)
+                if c is not None:
+                    r.s.cancelled_by_broker(c, f"{exc.message} on {link.name}")
             else:
                 log.debug("relay of consumer %d to %s: %s", req.consumer, link.name, exc.message)
             return

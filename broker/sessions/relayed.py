@@ -158,7 +158,7 @@ class Relayed:
         if h.consumer_for(req.consumer) is not None:
             return  # (asked again: the first reply was lost)
         try:
-            c = self.delivery.add_consumer(h, req.queue, req.prefetch)
+            c = self.delivery.add_consumer(h, req.queue, req.prefetch, req.exclusive)
         except TandemError:
             if not h.consumers and not h.deliveries:
                 self._release(link, req.session)  # (nothing of it here: no holder left behind)

@@ -135,6 +135,8 @@ class Delete(Frame):
     rid: int
     queue: str
     if_empty: bool = False
+    #: with ``if_empty``: only ready messages count, not delivered and unsettled ones (AMQP's if_empty)
+    ready_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,13 +264,15 @@ class MapChanged(Frame):
 class Subscribe(Frame):
     """Consume ``queue``: every partition, those active on other members relayed by this one.
     ``local``: only the partitions active on this node (a client that subscribes on every
-    member itself: the SDK's group and durable consumers)."""
+    member itself: the SDK's group and durable consumers).  ``exclusive``: the queue's only
+    consumer (refused with ACCESS_REFUSED while it has another; none is taken while it lasts)."""
 
     OP: ClassVar[Op] = Op.SUBSCRIBE
     rid: int
     queue: str
     prefetch: int = 256
     local: bool = False
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

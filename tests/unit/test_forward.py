@@ -51,8 +51,8 @@ def test_round_trip(req: object) -> None:
 @pytest.mark.parametrize("kind, payload, what", [
     (99, b"", "unknown forwarded request kind 99"),
     (int(ForwardKind.DELETE), b"\xc1", "not msgpack"),
-    (int(ForwardKind.DELETE), msgpack.packb({"queue": "q"}), "expected 3 fields"),
-    (int(ForwardKind.DELETE), msgpack.packb([1, "q"]), "expected 3 fields"),
+    (int(ForwardKind.DELETE), msgpack.packb({"queue": "q"}), "expected 4 fields"),
+    (int(ForwardKind.DELETE), msgpack.packb([1, "q"]), "expected 4 fields"),
     (int(ForwardKind.DELETE), msgpack.packb([1, "q", 1]), "field if_empty is not bool"),
     (int(ForwardKind.DEPTH), msgpack.packb(["q", True]), "field partition is not an int in 0 .. 2\\*\\*63-1"),
     # ints are 0 .. 2**63-1: a negative or oversized partition or offset never reaches a handler

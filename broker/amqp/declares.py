@@ -1,0 +1,242 @@
+"""The AMQP queue and exchange methods, each as the node's own request
+(broker.sessions.messaging, broker.sessions.exchanges): queue.declare, delete, purge, bind and
+unbind; exchange.declare, delete, bind and unbind.
+
+Names starting ``amq.`` are the broker's, as in RabbitMQ: a queue or exchange by such a name is
+declared passively only (403 ``ACCESS_REFUSED`` otherwise), and the server names its queues
+``amq.gen-...``.  An internal exchange is not served (540 ``NOT_IMPLEMENTED``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pamqp import commands as C
+from pamqp.base import Frame as AmqpMethod
+
+from broker.amqp import codes
+from broker.amqp.channel import Channel
+from broker.amqp.wire import ReplyCode
+from broker.messaging.queues import Queue
+from client.errors import ErrorCode, TandemError
+from client.protocol.frames import (Bind, Declare, DeclareExchange, DeclareExchangeOk, DeclareOk, Delete,
+                                    DeleteExchange, Error, Exchanges, Frame, ListExchanges, Purge, PurgeOk, Unbind)
+
+#: queue.declare arguments the node takes, and the Declare field each sets
+QUEUE_ARGS = {"x-message-ttl": "message_ttl", "x-expires": "expires", "x-max-length": "max_length",
+              "x-max-length-bytes": "max_length_bytes", "x-overflow": "overflow", "x-queue-type": "type"}
+QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
+
+
+
+Reply = Callable[[Frame], None]
+
+#: the prefix of the broker's own names
+RESERVED = "amq."
+
+
+class QueueLookup(Protocol):
+    def queue(self, name: str) -> Queue: ...
+
+
+class DeclaringNode(Protocol):
+    @property
+    def catalogue(self) -> QueueLookup: ...
+
+    async def served(self, queue: str) -> None:
+        """Until each partition of ``queue`` has an active (at most the election wait)."""
+        ...
+
+
+class DeclaresHost(Protocol):
+    """The AMQP session as these methods see it (broker.amqp.session.AmqpSession)."""
+
+    @property
+    def node(self) -> DeclaringNode: ...
+
+    temporary: set[str]
+
+    def method(self, channel: int, m: AmqpMethod) -> None: ...
+
+    async def request(self, make: Callable[[int], Frame], reply: Reply) -> None: ...
+
+
+class Declares:
+    """The queue and exchange methods of an AMQP session ``s``."""
+
+    def __init__(self, s: DeclaresHost, fail: Callable[[Channel, AmqpMethod, Frame], None],
+                 refuse: Callable[[Channel, AmqpMethod, int, str], None]) -> None:
+        self.s, self.fail, self.refuse = s, fail, refuse
+
+    async def queue_declare(self, ch: Channel, m: C.Queue.Declare) -> None:
+        await ch.stored()  # (its message count holds what the channel published before)
+        if ch.closing:
+            return
+        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if m.queue.startswith(RESERVED) and not m.passive:
+            self.refuse(ch, m, ReplyCode.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'")
+            return
+        if m.passive:
+            try:
+                info = self.s.node.catalogue.queue(name).info()
+            except TandemError as exc:
+                self.refuse(ch, m, codes.of(int(exc.code)), f"no queue '{name}' in vhost '/'")
+                return
+            if not m.nowait:
+                self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=info.ready,
+                                                            consumer_count=info.consumers))
+            return
+        fields: dict[str, Any] = {}
+        args = dict(m.arguments or {})
+        if "x-dead-letter-exchange" in args or "x-dead-letter-routing-key" in args:
+            dlx, dlk = args.pop("x-dead-letter-exchange", None), args.pop("x-dead-letter-routing-key", None)
+            if dlx != "" or not isinstance(dlk, str) or not dlk:  # (a queue by its name: the default exchange)
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED,
+                            f"x-dead-letter-exchange {dlx!r}: this node dead-letters to a queue: give "
+                            f"x-dead-letter-exchange '' (the default exchange) and the queue as "
+                            f"x-dead-letter-routing-key")
+                return
+            fields["dead_letter_queue"] = dlk
+        for arg, value in args.items():
+            field = QUEUE_ARGS.get(arg)
+            if field is None:
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' is not supported")
+                return
+            if field == "type":
+                kind = QUEUE_TYPES.get(str(value), "")
+                if not kind:
+                    self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"x-queue-type {value!r}: classic, quorum or stream")
+                    return
+                value = kind
+            elif field != "overflow" and (isinstance(value, bool) or not isinstance(value, int)):
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue argument '{arg}' must be an integer")
+                return
+            fields[field] = value
+
+        answer: list[Frame] = []
+        await self.s.request(lambda rid: Declare(rid=rid, queue=name, **fields), answer.append)
+        f = answer[0] if answer else None
+        if not isinstance(f, DeclareOk):
+            if f is not None:
+                self.fail(ch, m, f)
+            return
+        if m.exclusive or m.auto_delete:
+            self.s.temporary.add(name)
+        if f.created:  # (declare-ok once it can be used at once, as in RabbitMQ: its first election)
+            await self.s.node.served(name)
+        if not m.nowait and not ch.closing:
+            self.s.method(ch.number, C.Queue.DeclareOk(queue=name, message_count=f.queue.ready,
+                                                        consumer_count=f.queue.consumers))
+
+    async def queue_delete(self, ch: Channel, m: C.Queue.Delete) -> None:
+        await ch.stored()  # (what the channel published before counts)
+        if ch.closing:
+            return
+        try:
+            info = self.s.node.catalogue.queue(m.queue).info()
+        except TandemError:
+            if not m.nowait:  # (a queue that is not there: deleted, as RabbitMQ answers)
+                self.s.method(ch.number, C.Queue.DeleteOk(message_count=0))
+            return
+        if m.if_unused and info.consumers:
+            self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED, f"queue '{m.queue}' in vhost '/' in use")
+            return
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error) and f.code != ErrorCode.QUEUE_NOT_FOUND:
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Queue.DeleteOk(message_count=info.ready))
+
+        self.s.temporary.discard(m.queue)
+        ch.deleting.add(m.queue)
+        try:
+            await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty, ready_only=True), reply)
+        finally:
+            ch.deleting.discard(m.queue)
+
+    async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
+        await ch.stored()  # (what the channel published before counts)
+        if ch.closing:
+            return
+        def reply(f: Frame) -> None:
+            if not isinstance(f, PurgeOk):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Queue.PurgeOk(message_count=f.purged))
+
+        await self.s.request(lambda rid: Purge(rid=rid, queue=m.queue), reply)
+
+    async def queue_bind(self, ch: Channel, m: C.Queue.Bind | C.Queue.Unbind) -> None:
+        if not m.exchange:
+            self.refuse(ch, m, ReplyCode.ACCESS_REFUSED, "operation not permitted on the default exchange")
+            return
+        bind = isinstance(m, C.Queue.Bind)
+        kind = Bind if bind else Unbind
+        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error):
+                self.fail(ch, m, f)
+            elif bind and not getattr(m, "nowait", False):
+                self.s.method(ch.number, C.Queue.BindOk())
+            elif not bind:
+                self.s.method(ch.number, C.Queue.UnbindOk())
+
+        await self.s.request(lambda rid: kind(rid=rid, source=m.exchange, destination=m.queue,
+                                              routing_key=m.routing_key or "", arguments=args), reply)
+
+    async def exchange_declare(self, ch: Channel, m: C.Exchange.Declare) -> None:
+        if m.passive:
+            def found(f: Frame) -> None:
+                if not isinstance(f, Exchanges):
+                    self.fail(ch, m, f)
+                elif m.exchange not in {e.name for e in f.exchanges}:
+                    self.refuse(ch, m, ReplyCode.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
+                elif not m.nowait:
+                    self.s.method(ch.number, C.Exchange.DeclareOk())
+
+            await self.s.request(lambda rid: ListExchanges(rid=rid), found)
+            return
+        if m.exchange.startswith(RESERVED):
+            self.refuse(ch, m, ReplyCode.ACCESS_REFUSED, f"exchange name '{m.exchange}' contains reserved prefix "
+                                                         f"'amq.*'")
+            return
+        if m.internal:
+            self.refuse(ch, m, ReplyCode.NOT_IMPLEMENTED, "internal exchanges")
+            return
+        alternate = (m.arguments or {}).get("alternate-exchange")
+
+        def reply(f: Frame) -> None:
+            if not isinstance(f, DeclareExchangeOk):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.DeclareOk())
+
+        await self.s.request(lambda rid: DeclareExchange(rid=rid, exchange=m.exchange, type=m.exchange_type,
+                                                         alternate=str(alternate) if alternate else None), reply)
+
+    async def exchange_delete(self, ch: Channel, m: C.Exchange.Delete) -> None:
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error) and f.code != ErrorCode.EXCHANGE_NOT_FOUND:
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.DeleteOk())
+
+        await self.s.request(lambda rid: DeleteExchange(rid=rid, exchange=m.exchange, if_unused=m.if_unused), reply)
+
+    async def exchange_bind(self, ch: Channel, m: C.Exchange.Bind | C.Exchange.Unbind) -> None:
+        bind = isinstance(m, C.Exchange.Bind)
+        kind = Bind if bind else Unbind
+        args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
+
+        def reply(f: Frame) -> None:
+            if isinstance(f, Error):
+                self.fail(ch, m, f)
+            elif not m.nowait:
+                self.s.method(ch.number, C.Exchange.BindOk() if bind else C.Exchange.UnbindOk())
+
+        await self.s.request(lambda rid: kind(rid=rid, source=m.source, destination=m.destination, to_exchange=True,
+                                              routing_key=m.routing_key or "", arguments=args), reply)
