@@ -25,6 +25,10 @@ def election_wait(cfg: ReplicaConfig, deferring: bool, rng: random.Random) -> fl
 def first_election_at(cfg: ReplicaConfig, now: float, wait: float, fresh: bool, rng: random.Random) -> float:
     """When a replica that starts at ``now`` stands if it hears of no active (``wait``: its
     ``election_wait``); ``fresh``: it has no term, no log and lost no state."""
+    if cfg.voters == (cfg.node,):
+        # the only voter (a group of one node, or a partition whose others are learners): no
+        # other node can be or become active, so there is none to wait for
+        return now
     if cfg.preferred is not None and cfg.preferred != cfg.node:
         # the first election of a new partition: let the placement's choice stand first
         return now + wait + cfg.election_timeout / 2

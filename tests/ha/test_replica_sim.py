@@ -235,6 +235,21 @@ def test_a_new_partition_stands_fast_only_where_one_vote_cannot_elect() -> None:
         assert (r.wake_at < 0.5) is fast, (override, r.wake_at)
 
 
+def test_the_only_voter_stands_at_once_new_or_restarted() -> None:
+    """A group of one node (or a partition whose other nodes are learners): no other node can
+    be active, so it stands at its first tick, with or without a log; a voter among others
+    that did not lose its state waits for an active as before."""
+    for voters, learners, term, fast in ((("a",), (), 0, True), (("a",), (), 3, True), (("a",), ("b",), 3, True),
+                                         (("a", "b", "c"), (), 3, False)):
+        cfg = ReplicaConfig(node="a", voters=voters, learners=learners, preferred="a", election_timeout=1.0,
+                            heartbeat_interval=0.2)
+        r = Replica(cfg, rng=random.Random(1), now=0.0, term=term)
+        assert (r.wake_at == 0.0) is fast, (voters, learners, term, r.wake_at)
+    c = Cluster(7, ("a",), loss=0.0)
+    c.step()
+    assert c.leader() == "a"
+
+
 def test_no_failback_when_it_is_off() -> None:
     c = Cluster(3, ("a", "b", "c"), loss=0.0, preferred="a", failback_after=0.0)
     assert _elect(c) == "a"
