@@ -455,12 +455,14 @@ class BlockingConnection(BlockingExchanges, BlockingStreams, BlockingTransaction
     def declare_queue(self, name: str, *, partitions: int = 1, mapper: str | None = None,
                       ring_size: int = 1024, max_deliveries: int = 0, dead_letter_queue: str | None = None,
                       max_length: int = 0, placement: Placement = None, max_length_bytes: int = 0,
-                      overflow: str = "reject-publish", message_ttl: int = 0, expires: int = 0) -> QueueInfo:
+                      overflow: str = "reject-publish", message_ttl: int = 0, expires: int = 0,
+                      dead_letter_exchange: str | None = None, dead_letter_routing_key: str | None = None) -> QueueInfo:
         reply = self._call(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
             placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow,
-            message_ttl=message_ttl, expires=expires))
+            message_ttl=message_ttl, expires=expires, dead_letter_exchange=dead_letter_exchange,
+            dead_letter_routing_key=dead_letter_routing_key))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

@@ -421,8 +421,9 @@ class Connection(Management, ExchangeAdmin, StreamAdmin, TransactionAdmin):
                             ring_size: int = 1024, max_deliveries: int = 0,
                             dead_letter_queue: str | None = None, max_length: int = 0,
                             placement: Placement = None, max_length_bytes: int = 0,
-                            overflow: str = "reject-publish", message_ttl: int = 0,
-                            expires: int = 0) -> QueueInfo:
+                            overflow: str = "reject-publish", message_ttl: int = 0, expires: int = 0,
+                            dead_letter_exchange: str | None = None,
+                            dead_letter_routing_key: str | None = None) -> QueueInfo:
         """Create ``name`` (idempotent: same settings -> the existing queue; others -> QueueExistsError).
         ``mapper`` None: ``jump_hash`` for a new queue, whatever an existing one has.
         ``placement``: ``static`` distribution, in a replication group: one node list per
@@ -435,12 +436,15 @@ class Connection(Management, ExchangeAdmin, StreamAdmin, TransactionAdmin):
         ready messages go, to ``dead_letter_queue`` if there is one; docs/architecture.md).
         ``message_ttl``: milliseconds a message may wait before it expires (0: for ever);
         ``expires``: milliseconds the queue may go unused (no consumer, get or declare on any
-        member) before it is deleted (0: never)."""
+        member) before it is deleted (0: never).  ``dead_letter_exchange``, instead of a
+        ``dead_letter_queue``: dead letters are published there, with ``dead_letter_routing_key``
+        (None: each one's own routing key; docs/messaging.md)."""
         reply = await self.request(lambda rid: Declare(
             rid=rid, queue=name, partitions=partitions, mapper=mapper or "", ring_size=ring_size,
             max_deliveries=max_deliveries, dead_letter_queue=dead_letter_queue, max_length=max_length,
             placement=placement_text(placement), max_length_bytes=max_length_bytes, overflow=overflow,
-            message_ttl=message_ttl, expires=expires))
+            message_ttl=message_ttl, expires=expires, dead_letter_exchange=dead_letter_exchange,
+            dead_letter_routing_key=dead_letter_routing_key))
         reply = expect(reply, DeclareOk)
         return reply.queue
 

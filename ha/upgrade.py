@@ -34,6 +34,8 @@ LEVELS: Mapping[int, str] = {
        "(producer-table entries starting ~tx), whose messages a member of an older build would deliver",
     7: "transactional publishes through exchanges: a routed part forwarded to another member carries its "
        "transaction id (RoutedFwd's Publish.tx), which a member of an older build would store as a plain publish",
+    8: "dead-lettering through an exchange: a queue's dead_letter_exchange and dead_letter_routing_key (version 4 "
+       "of a queue's record and row), which a member of an older build would drop its dead letters without",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

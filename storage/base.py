@@ -69,6 +69,10 @@ class QueueMeta:
     type: str = "classic"
     max_age: int = 0
     max_bytes: int = 0
+    #: the exchange its dead-lettered messages are published to (None: ``dead_letter_queue``, or
+    #: none), with ``dead_letter_routing_key`` (None: the routing key each was published with)
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
 
 
 class MessageRecord(Protocol):
@@ -467,25 +471,6 @@ WriteOp = (
 # -- recovered state ------------------------------------------------------------------
 
 
-#: bytes a ready message costs a node in memory beyond its body and headers (its object, an
-#: estimate): the memory budget (``max_memory``) counts it, so tiny messages are bounded too
-MSG_MEMORY = 200
-#: the least a partition's share of ``max_memory`` may be
-MIN_SHARE = 256 * 1024
-
-
-def memory_share(limit: int, partitions: int) -> int:
-    """Each partition's share of a node's ``max_memory`` (bytes; 0: no bound)."""
-    if limit <= 0:
-        return 0
-    return max(MIN_SHARE, limit // max(1, partitions))
-
-
-def message_cost(m: MessageRecord) -> int:
-    """What a ready message counts against the memory budget."""
-    return len(m.body) + len(m.headers_blob) + MSG_MEMORY
-
-
 @dataclass(slots=True)
 class PartitionState:
     """A partition as loaded.  ``messages`` are its first unsettled messages; with a memory
@@ -564,7 +549,7 @@ class Engine(Protocol):
 
     capabilities: Capabilities
     #: bytes of messages :meth:`open` loads, node-wide (0: all), split over the partitions by
-    #: :func:`memory_share`; the rest of each partition is a cold region (PartitionState)
+    #: :func:`storage.budget.memory_share`; the rest of each partition is a cold region (PartitionState)
     load_budget: int
 
     def open(self) -> Recovered:

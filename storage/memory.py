@@ -29,7 +29,6 @@ from storage.base import (
     LogTruncate,
     MarkDelivered,
     PartitionState,
-    message_cost,
     PutApplied,
     PutHardState,
     DropProducers,
@@ -46,6 +45,7 @@ from storage.base import (
     UserRecord,
     WriteOp,
 )
+from storage.budget import message_cost
 
 Key = tuple[int, int]
 

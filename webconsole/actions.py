@@ -31,7 +31,7 @@ log = logging.getLogger("tandem.console")
 DECLARE_FIELDS: dict[str, type] = {"partitions": int, "ring_size": int, "max_deliveries": int, "max_length": int,
                                    "mapper": str, "dead_letter_queue": str, "max_length_bytes": int, "overflow": str,
                                    "message_ttl": int, "expires": int, "type": str, "max_age": int,
-                                   "max_bytes": int}
+                                   "max_bytes": int, "dead_letter_exchange": str, "dead_letter_routing_key": str}
 
 
 def _placement(placement: object) -> str:
@@ -141,7 +141,8 @@ async def create_queue(request: web.Request) -> web.Response:
         kwargs["placement"] = _placement(placement)
     only(body, {"name", "placement", *DECLARE_FIELDS})
     frame = Declare(rid=0, queue=name, **kwargs)
-    request.app[NODE].node.acls.check_declare(principal(request), name, frame.dead_letter_queue)
+    request.app[NODE].node.acls.check_declare(principal(request), name, frame.dead_letter_queue,
+                                                 frame.dead_letter_exchange)
     try:
         validate_declare(frame)
     except InvalidArgumentError as exc:

@@ -190,6 +190,13 @@ def document() -> dict[str, Any]:
                          "ring_size": {"type": "integer"}, "max_deliveries": {"type": "integer"},
                          "dead_letter_queue": {"type": "string", "nullable": True,
                                                "description": "needs produce on it (403 otherwise); not tandem.*"},
+                         "dead_letter_exchange": {"type": "string", "nullable": True,
+                                                  "description": "instead of dead_letter_queue: dead letters are "
+                                                  "published to this exchange; needs produce on it (403 "
+                                                  "otherwise); in a group, needs feature level 8"},
+                         "dead_letter_routing_key": {"type": "string", "nullable": True,
+                                                     "description": "with dead_letter_exchange: the routing key "
+                                                     "(default: the one each message was published with)"},
                          "max_length": {"type": "integer", "description": "messages held (ready, delivered and "
                                         "unsettled) past which a publish overflows; 0: no bound"},
                          "max_length_bytes": {"type": "integer", "description": "bytes of ready messages "

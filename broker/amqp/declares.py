@@ -92,13 +92,19 @@ class Declares:
         args = dict(m.arguments or {})
         if "x-dead-letter-exchange" in args or "x-dead-letter-routing-key" in args:
             dlx, dlk = args.pop("x-dead-letter-exchange", None), args.pop("x-dead-letter-routing-key", None)
-            if dlx != "" or not isinstance(dlk, str) or not dlk:  # (a queue by its name: the default exchange)
+            if not isinstance(dlx, str) or (dlk is not None and not isinstance(dlk, str)):
                 self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED,
-                            f"x-dead-letter-exchange {dlx!r}: this node dead-letters to a queue: give "
-                            f"x-dead-letter-exchange '' (the default exchange) and the queue as "
-                            f"x-dead-letter-routing-key")
+                            "x-dead-letter-exchange (and x-dead-letter-routing-key) must be text")
                 return
-            fields["dead_letter_queue"] = dlk
+            if dlx:
+                fields["dead_letter_exchange"], fields["dead_letter_routing_key"] = dlx, dlk
+            elif dlk:  # (the default exchange: the queue the routing key names)
+                fields["dead_letter_queue"] = dlk
+            else:
+                self.refuse(ch, m, ReplyCode.PRECONDITION_FAILED,
+                            "x-dead-letter-exchange '' (the default exchange) needs x-dead-letter-routing-key: "
+                            "the queue its dead letters go to")
+                return
         for arg, value in args.items():
             field = QUEUE_ARGS.get(arg)
             if field is None:

@@ -5,8 +5,8 @@ node's own request (broker.sessions.messaging, broker.sessions.exchanges).
 AMQP                       the node's request
 =========================  ============================================================
 queue.declare              ``Declare`` (``x-message-ttl``, ``x-expires``, ``x-max-length``,
-                           ``x-overflow``, ``x-queue-type``, ``x-dead-letter-routing-key`` through
-                           the default exchange); passive: the catalogue's queue
+                           ``x-overflow``, ``x-queue-type``, ``x-dead-letter-exchange`` and
+                           ``-routing-key``); passive: the catalogue's queue (broker.amqp.declares)
 queue.delete / purge       ``Delete`` / ``Purge``
 queue.bind / unbind        ``Bind`` / ``Unbind`` (queue destination)
 exchange.declare / delete  ``DeclareExchange`` (``alternate-exchange``) / ``DeleteExchange``

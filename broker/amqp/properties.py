@@ -25,7 +25,7 @@ from typing import Any
 from pamqp import decode, encode
 from pamqp.commands import Basic
 
-from broker.messaging.message import EXPIRATION_HEADER
+from broker.messaging.message import EXCHANGE_HEADER, EXPIRATION_HEADER, ROUTING_KEY_HEADER
 
 #: the application headers table, whole and typed
 TABLE = "x-amqp-headers"
@@ -71,9 +71,6 @@ def to_headers(props: Basic.Properties) -> dict[str, str]:
         out[EXPIRATION_HEADER] = props.expiration
     return out
 
-
-#: where a message published through an exchange was published: what its basic.deliver names
-EXCHANGE_HEADER, ROUTING_KEY_HEADER = PREFIX + "exchange", PREFIX + "routing-key"
 
 
 def route_headers(exchange: str, routing_key: str) -> dict[str, str]:

@@ -84,7 +84,8 @@ def settings(meta: QueueMeta) -> dict[str, object]:
         "max_deliveries": meta.max_deliveries, "dead_letter_queue": meta.dead_letter_queue,
         "max_length": meta.max_length, "max_length_bytes": meta.max_length_bytes, "overflow": meta.overflow,
         "message_ttl": meta.message_ttl, "expires": meta.expires, "type": meta.type, "max_age": meta.max_age,
-        "max_bytes": meta.max_bytes,
+        "max_bytes": meta.max_bytes, "dead_letter_exchange": meta.dead_letter_exchange,
+        "dead_letter_routing_key": meta.dead_letter_routing_key,
     }
 
 
@@ -98,6 +99,8 @@ STREAM_LEVEL = 5
 TX_LEVEL = 6
 #: a transaction's publish through an exchange: its parts forwarded to other members with its id
 TX_ROUTED_LEVEL = 7
+#: a queue's dead letters published through an exchange (dead_letter_exchange: version 4 of its record and row)
+DLX_LEVEL = 8
 #: the queue whose partitions coordinate transactions (broker.transactions.coordinator)
 COORDINATOR_QUEUE = "tandem.transactions"
 
@@ -201,6 +204,7 @@ class Catalogue:
             dead_letter_queue=frame.dead_letter_queue, max_length=frame.max_length, owner=owner,
             max_length_bytes=frame.max_length_bytes, overflow=frame.overflow, message_ttl=frame.message_ttl,
             expires=frame.expires, type=frame.type, max_age=frame.max_age, max_bytes=frame.max_bytes,
+            dead_letter_exchange=frame.dead_letter_exchange, dead_letter_routing_key=frame.dead_letter_routing_key,
         )
         if existing is not None:
             wanted, have = settings(meta), settings(existing.meta)
@@ -252,6 +256,7 @@ class Catalogue:
             if not commit.catalogue_log:
                 need = STREAM_LEVEL if meta.type != "classic" else OVERFLOW_LEVEL if needs_overflow_level(meta) else 0
                 need = TX_LEVEL if meta.name == COORDINATOR_QUEUE else need
+                need = DLX_LEVEL if meta.dead_letter_exchange is not None else need
                 if need and self.placing is not None and node.config.mode != "shared":
                     # a single node raises its own level (it has no member to wait for): an older build
                     # then refuses its store instead of reading its queues without their overflow or type
@@ -279,6 +284,8 @@ class Catalogue:
             self.require_level(OVERFLOW_LEVEL, "max_length_bytes, overflow, message_ttl and expires need")
         if frame.type != "classic":
             self.require_level(STREAM_LEVEL, "streams need")
+        if frame.dead_letter_exchange is not None:
+            self.require_level(DLX_LEVEL, "a dead_letter_exchange needs")
 
     def require_level(self, level: int, what: str) -> None:
         """In a group, InvalidArgumentError unless it is at feature ``level`` (``what``: "<what> need")."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from broker.messaging.exchanges import EXCHANGE_NAME, MAX_ROUTING_KEY
 from broker.messaging.mapper import MAPPERS, make_mapper, mapper_names
 from client.errors import InvalidArgumentError
 from client.protocol.frames import Declare
@@ -71,6 +72,19 @@ def validate_declare(frame: Declare) -> None:
             raise InvalidArgumentError(f"dead_letter_queue {dlq!r}: not a valid queue name")
         if dlq == frame.queue:
             raise InvalidArgumentError("dead_letter_queue: a queue cannot dead-letter into itself")
+    dlx, dlk = frame.dead_letter_exchange, frame.dead_letter_routing_key
+    if dlx is not None:
+        if dlq is not None:
+            raise InvalidArgumentError("dead_letter_exchange and dead_letter_queue: give one (where its dead letters "
+                                       "go: through an exchange, or into a queue)")
+        if not EXCHANGE_NAME.match(dlx):
+            raise InvalidArgumentError(f"dead_letter_exchange {dlx!r}: not a valid exchange name (a queue by its name: "
+                                       f"dead_letter_queue)")
+    if dlk is not None:
+        if dlx is None:
+            raise InvalidArgumentError("dead_letter_routing_key: only with a dead_letter_exchange")
+        if len(dlk) > MAX_ROUTING_KEY:
+            raise InvalidArgumentError(f"dead_letter_routing_key: at most {MAX_ROUTING_KEY} characters")
 
 
 def _check_stream(frame: Declare) -> None:
@@ -78,6 +92,7 @@ def _check_stream(frame: Declare) -> None:
     queue's consuming, bounds or dead letters applies."""
     asked = [name for name, value, default in (
         ("max_deliveries", frame.max_deliveries, 0), ("dead_letter_queue", frame.dead_letter_queue, None),
+        ("dead_letter_exchange", frame.dead_letter_exchange, None),
         ("max_length", frame.max_length, 0), ("max_length_bytes", frame.max_length_bytes, 0),
         ("overflow", frame.overflow, "reject-publish"), ("message_ttl", frame.message_ttl, 0))
         if value != default]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from broker.messaging.commit import CommitPath
 from broker.config import NodeConfig
 from broker.messaging.limits import make_room
-from broker.messaging.message import TIMING_HEADERS
+from broker.messaging.deadletter import Routing, destination
 from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.message import Msg, Partition, encode_headers
 from broker.messaging.queues import Consumer, Queue, Recipient
@@ -60,11 +60,9 @@ class DeliveryRules(Protocol):
     def acls(self) -> DeadLetterRule: ...
 
 
-class DeliveryHost(Protocol):
-    """The node's queues and the partitions it serves: what delivery reads, writes and hands on."""
-
-    @property
-    def queues(self) -> dict[str, Queue]: ...
+class DeliveryHost(Routing, Protocol):
+    """The node's queues, exchanges and the partitions it serves: what delivery reads, writes and
+    hands on."""
 
     @property
     def commit(self) -> CommitPath: ...
@@ -78,7 +76,7 @@ class DeliveryHost(Protocol):
 
     def write_later(self, ops: list[WriteOp], callback: Callback | None = None, *, lazy: bool = True) -> None: ...
 
-    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None: ...
+    def dead_letter_remote(self, src: Queue, m: Msg, targets: list[Queue], headers: dict[str, str]) -> None: ...
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
         """The store's log end of the partition, then up to ``limit`` unsettled messages from
@@ -314,42 +312,40 @@ class Delivery:
         self._dead_letter([(q, m) for m in msgs], "maxlen")
 
     def _dead_letter(self, leaving: list[tuple[Queue, Msg]], reason: str) -> None:
+        """Each message leaves its queue for where broker.messaging.deadletter says (dropped if
+        nowhere): in the same write as its settle where every target partition is served here
+        with it, else published there and settled once stored."""
         ops: list[WriteOp] = []
         moved: dict[Queue, dict[int, list[Msg]]] = {}
         commit = self.node.commit
         for src, m in leaving:
             if src.deleted or not self.node.serves(src, m.partition):
                 continue
-            dlq = self.node.queues.get(src.meta.dead_letter_queue or "")
-            refused = None if dlq is None else \
-                self.rules.acls.dead_letter_refusal(self.rules.users, src.meta.owner, dlq.name)
-            if refused is not None:
-                dlq = None  # (dropped as if it were missing: the owner may not write there)
-            # (its timing headers stay behind: it is ready in the dead-letter queue at once, and does not expire
-            # there again, as RabbitMQ drops a dead-lettered message's expiration)
-            headers = {**{k: v for k, v in m.headers.items() if k not in TIMING_HEADERS},
-                       "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
-            if dlq is not None and not commit.serves_together(
-                    {(dlq.meta.id, dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))}):
-                # the dead-letter partition is active elsewhere: settle here once it is stored there
-                self.node.dead_letter_remote(src, m, dlq, headers)
+            to = destination(src, m, reason, self.node,
+                             lambda target: self.rules.acls.dead_letter_refusal(self.rules.users, src.meta.owner,
+                                                                                target))
+            headers = to.headers
+            if to.queues and not commit.serves_together(
+                    {(q.meta.id, dead_letter_partition(q.name, q.mapper, q.meta.partitions, m.key)) for q in to.queues}):
+                # a target partition is active elsewhere: settle here once it is stored there
+                self.node.dead_letter_remote(src, m, to.queues, headers)
                 continue
             ops.append(Settle(src.meta.id, m.partition, [m.offset]))
-            full = None if dlq is None else \
-                make_room(dlq, 1, len(m.body) + len(encode_headers(headers)), self.shed)
-            if dlq is None or full is not None:
-                if src.meta.dead_letter_queue:
-                    why = refused or ("missing" if dlq is None else full)
-                    log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s",
-                                src.meta.dead_letter_queue, why, src.name, m.id, reason)
-                continue
-            pidx = dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key)
-            part = dlq.partitions[pidx]
-            new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body, None, None, m.ts)
-            part.next_offset += 1
-            ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))
-            moved.setdefault(dlq, {}).setdefault(pidx, []).append(new)
-            dlq.published += 1
+            if to.why is not None:
+                log.warning("%s: dropped message queue=%s id=%s reason=%s", to.why, src.name, m.id, reason)
+            for dlq in to.queues:
+                full = make_room(dlq, 1, len(m.body) + len(encode_headers(headers)), self.shed)
+                if full is not None:
+                    log.warning("dead-letter queue %s %s: dropped message queue=%s id=%s reason=%s", dlq.name, full,
+                                src.name, m.id, reason)
+                    continue
+                pidx = dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key)
+                part = dlq.partitions[pidx]
+                new = Msg(pidx, part.next_offset, m.key, headers, encode_headers(headers), m.body, None, None, m.ts)
+                part.next_offset += 1
+                ops.append(Append(dlq.meta.id, pidx, [new], part.next_offset))
+                moved.setdefault(dlq, {}).setdefault(pidx, []).append(new)
+                dlq.published += 1
         for dlq, by_part in moved.items():
             self.make_ready(dlq, by_part)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import msgpack
 
 from broker.messaging.window import Window
-from storage.base import MSG_MEMORY, StoredMessage, memory_share
+from storage.base import StoredMessage
+from storage.budget import MSG_MEMORY, memory_share
 
 
 #: bytes of framing per message in a Deliver/ReadOk frame, beyond body and headers (an upper bound)
@@ -82,6 +83,11 @@ class Msg:
 
 #: the header that keeps a re-mapped message's id (broker.partitions.remap): where it was first stored
 ID_HEADER = "x-tandem-id"
+
+#: the exchange and routing key a message was published with, where that was not the default
+#: exchange and its queue's name (kept by the AMQP front door, and by dead-lettering through an
+#: exchange: broker.messaging.deadletter)
+EXCHANGE_HEADER, ROUTING_KEY_HEADER = "amqp-exchange", "amqp-routing-key"
 
 
 class MemoryBudget:

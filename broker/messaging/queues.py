@@ -30,7 +30,8 @@ from broker.messaging.message import (MESSAGE_OVERHEAD, MemoryBudget, Msg, Parti
                                       msg_from_store, split_registers)
 from broker.messaging.window import Window
 from client.protocol.frames import QueueInfo
-from storage.base import MSG_MEMORY, PartitionState, QueueMeta, StoredMessage
+from storage.base import PartitionState, QueueMeta, StoredMessage
+from storage.budget import MSG_MEMORY
 
 
 class Recipient(Protocol):

@@ -25,7 +25,7 @@ from broker.messaging.delivery import Delivery
 from broker.messaging.forward import ForwardRequest
 from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.outcome import Outcome
-from broker.messaging.publish import Publisher, PublishRequest, PublishResult
+from broker.messaging.publish import Publisher, PublishRequest, PublishResult, sum_parts
 from broker.messaging.holders import revoke_deliveries, take_back_deliveries
 from broker.messaging.message import Msg
 from broker.messaging.queues import Queue, Recipient
@@ -36,6 +36,7 @@ from broker.modes.shared.mode import SharedMode
 from broker.node.store import NodeStore
 from broker.partitions.quarantine import QUEUE as QUARANTINE
 from broker.partitions.remap import Remaps
+from broker.partitions.topology import Topology
 from broker.partitions.restore_run import MAX_EVENTS as RESTORE_EVENTS
 from broker.security.acl import AclTable
 from broker.security.auth import ClientGuard
@@ -66,6 +67,7 @@ class Holding:
     publisher: Publisher
     remaps: Remaps
     _store: NodeStore
+    _topology: Topology
 
     def __init__(self, node: StreamHost, clock: Clock, *, catalogue: Catalogue, data_dir: Callable[[], Path],
                  replication: Callable[[], Replication | None], shared: Callable[[], SharedMode | None],
@@ -81,9 +83,11 @@ class Holding:
         #: holders of deliveries inside the node (a restore's consumer): revoked like a session's
         self.local_holders: set[Recipient] = set()
 
-    def bind(self, *, delivery: Delivery, publisher: Publisher, remaps: Remaps, store: NodeStore) -> None:
+    def bind(self, *, delivery: Delivery, publisher: Publisher, remaps: Remaps, store: NodeStore,
+             topology: Topology) -> None:
         """The node's parts this one reads (made after it: some of them read it in turn)."""
         self.delivery, self.publisher, self.remaps, self._store = delivery, publisher, remaps, store
+        self._topology = topology
 
     # -- the node's, as its parts read them ------------------------------------------------
 
@@ -212,12 +216,26 @@ class Holding:
 
     # -- dead-lettering (broker.messaging.delivery) ------------------------------------------------
 
-    def dead_letter_remote(self, src: Queue, m: Msg, dlq: Queue, headers: dict[str, str]) -> None:
-        """Dead-letter ``m`` into a partition active on another member; settle it here once
-        stored there, put it back if that fails."""
-        req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
-                             partition=dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))
+    def route(self, exchange: str, routing_key: str, headers: Mapping[str, str]) -> tuple[str, ...]:
+        return self._topology.table.route(exchange, routing_key, headers, self.catalogue.queues.__contains__)
+
+    def has_exchange(self, name: str) -> bool:
+        return name in self._topology.table.exchanges
+
+    def dead_letter_remote(self, src: Queue, m: Msg, targets: list[Queue], headers: dict[str, str]) -> None:
+        """Dead-letter ``m`` into ``targets``, some partition of which is active on another
+        member; settle it here once every one stored it, put it back if one failed (a copy the
+        others stored stays: dead-lettering is at least once)."""
         generation = src.partitions[m.partition].generation  # (loaded anew since: the store's copy is there)
+        parts: list[Outcome[PublishResult] | Coroutine[Any, Any, PublishResult]] = []
+        for dlq in targets:
+            req = PublishRequest(dlq.name, None, [PublishMessage(m.key, headers, m.body, None)],
+                                 partition=dead_letter_partition(dlq.name, dlq.mapper, dlq.meta.partitions, m.key))
+            try:
+                parts.append(self.publisher.publish(req))
+            except Exception as exc:
+                parts.append(Outcome.failed(exc))
+        stored: Outcome[PublishResult] = Outcome()
 
         def done(fut: Outcome[PublishResult]) -> None:
             err = fut.exception()
@@ -226,16 +244,15 @@ class Holding:
                 # while its copy sits in the dead-letter queue
                 self.write_later([Settle(src.meta.id, m.partition, [m.offset])], lazy=False)
                 return
-            log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, dlq.name, err)
+            where = ", ".join(q.name for q in targets)
+            log.error("dead-lettering %s of %s into %s failed (%s): back to the queue", m.id, src.name, where, err)
             if not src.deleted and self.serves(src, m.partition) \
                     and src.partitions[m.partition].generation == generation:
                 src.requeue([m])
                 self.delivery.schedule(src)
 
-        try:
-            self.publisher.publish(req).add_done_callback(done)
-        except Exception as exc:
-            done(Outcome.failed(exc))
+        stored.add_done_callback(done)
+        self._spawn(sum_parts(parts, stored))
 
     # -- the quarantine and its restores (broker.partitions.quarantine, restore_run) ----------------
 

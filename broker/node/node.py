@@ -162,7 +162,8 @@ class Node:
         self.placing.bind(catalogue=self.catalogue, moves=ops.moves, drains=ops.drains, remaps=ops.remaps,
                           levels=ops.levels, security=self.security, delivery=self.delivery, store=self.store,
                           topology=ops.topology)
-        self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=ops.remaps, store=self.store)
+        self.holding.bind(delivery=self.delivery, publisher=self.publisher, remaps=ops.remaps, store=self.store,
+                          topology=ops.topology)
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -181,17 +181,21 @@ class AclTable:
             raise AccessRefusedError(f"access refused: user {who.name!r} (role {who.role}) has no {permission!r} "
                                      f"permission on queue {queue!r}")
 
-    def check_declare(self, who: Principal, queue: str, dead_letter_queue: str | None) -> None:
+    def check_declare(self, who: Principal, queue: str, dead_letter_queue: str | None,
+                      dead_letter_exchange: str | None = None) -> None:
         """What a declare by ``who`` needs besides ``configure`` on ``queue``, on every front
         end (client sessions, the console): no queue of the node's namespace, and ``produce``
-        on the dead-letter queue (its messages would go there in ``who``'s name)."""
+        on the dead-letter queue or exchange (its messages would go there in ``who``'s name)."""
         refuse_reserved(queue, "declare: queue")
-        if dead_letter_queue is not None:
-            refuse_reserved(dead_letter_queue, "declare: dead_letter_queue")
-            if not self.allows(who, "produce", dead_letter_queue):
+        for field, kind, target in (("dead_letter_queue", "queue", dead_letter_queue),
+                                    ("dead_letter_exchange", "exchange", dead_letter_exchange)):
+            if target is None:
+                continue
+            refuse_reserved(target, f"declare: {field}")
+            if not self.allows(who, "produce", target):
                 raise AccessRefusedError(
-                    f"access refused: user {who.name!r} (role {who.role}) has no 'produce' permission on queue "
-                    f"{dead_letter_queue!r}, needed to name it as the dead_letter_queue of {queue!r}")
+                    f"access refused: user {who.name!r} (role {who.role}) has no 'produce' permission on {kind} "
+                    f"{target!r}, needed to name it as the {field} of {queue!r}")
 
     def dead_letter_refusal(self, users: Users, owner: str | None, target: str) -> str | None:
         """Why a message of a queue declared by ``owner`` may not be dead-lettered into

@@ -115,7 +115,7 @@ class Messaging:
 
     async def declare(self, s: Consuming, user: UserRecord, f: Declare) -> None:
         self._may(user, "configure", f.queue, "declare queues")
-        self.node.acls.check_declare(user, f.queue, f.dead_letter_queue)
+        self.node.acls.check_declare(user, f.queue, f.dead_letter_queue, f.dead_letter_exchange)
         info, created = await self.node.catalogue.declare(f, owner=user.name)
         s.send(DeclareOk(rid=f.rid, queue=info, created=created))
 

@@ -79,7 +79,13 @@ def add_parsers(sub: Any) -> None:
                           help=f"data mapper of a new queue: {', '.join(MAPPERS)} or an installed custom one "
                                "(default jump_hash; an existing queue keeps its own)")
     queues_p.add_argument("--max-deliveries", dest="max_deliveries", type=int, default=0)
-    queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue")
+    queues_p.add_argument("--dead-letter-queue", dest="dead_letter_queue", metavar="QUEUE",
+                          help="where messages rejected, expired, shed or past --max-deliveries go")
+    queues_p.add_argument("--dead-letter-exchange", dest="dead_letter_exchange", metavar="EXCHANGE",
+                          help="instead of --dead-letter-queue: dead letters are published to this exchange; in a "
+                               "group, needs feature level 8")
+    queues_p.add_argument("--dead-letter-routing-key", dest="dead_letter_routing_key", metavar="KEY",
+                          help="with --dead-letter-exchange: the routing key (default: each message's own)")
     queues_p.add_argument("--max-length", dest="max_length", type=int, default=0,
                           help="messages the queue holds (ready, delivered and unsettled) past which a publish "
                                "overflows (default 0: no bound)")
@@ -239,7 +245,8 @@ async def _change(args: argparse.Namespace) -> int:
                 args.name, partitions=args.partitions, mapper=args.mapper,
                 max_deliveries=args.max_deliveries, dead_letter_queue=args.dead_letter_queue,
                 max_length=args.max_length, placement=args.placement, max_length_bytes=args.max_length_bytes,
-                overflow=args.overflow, message_ttl=args.message_ttl, expires=args.expires)
+                overflow=args.overflow, message_ttl=args.message_ttl, expires=args.expires,
+                dead_letter_exchange=args.dead_letter_exchange, dead_letter_routing_key=args.dead_letter_routing_key)
             print(json.dumps(_info_json(info)) if args.json else f"queue {info.name} declared "
                   f"({info.partitions} partitions, {info.mapper}{', static placement' if args.placement else ''})")
         elif args.action == "delete":

@@ -107,6 +107,11 @@ class Declare(Frame):
     #: bound); protocol version 5
     max_age: int = 0
     max_bytes: int = 0
+    #: the exchange dead-lettered messages are published to, instead of a ``dead_letter_queue``,
+    #: with ``dead_letter_routing_key`` (None: the routing key each was published with); protocol
+    #: version 7
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
 
 
 #: a declare's explicit node lists: one sequence of nodes per partition, or their text form

@@ -35,6 +35,10 @@ Versions::
         FetchOffset and OffsetOk (named consumers' offsets)
     6   transactions: TxInit, TxInitOk, TxEnd, TxEndOk; Publish.tx and Ack.tx (not sent at
         version 5 or below: an older node would publish and settle at once)
+    7   Declare.dead_letter_exchange and Declare.dead_letter_routing_key (not sent at version 6
+        or below: an older node would make a queue that drops its dead letters), Subscribe.exclusive
+        (an older node would take a plain consumer) and Delete.ready_only (an older node counts
+        unsettled messages too)
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from client.protocol.base import Op
 
 #: Protocol versions this code speaks (inclusive range).
 MIN_VERSION = 1
-MAX_VERSION = 6
+MAX_VERSION = 7
 
 #: the version that added an opcode, for those added after version 1
 ADDED: dict[Op, int] = {
@@ -83,6 +87,10 @@ FIELDS_ADDED: dict[tuple[Op, str], tuple[int, object]] = {
     (Op.READ, "timestamp"): (5, 0),
     (Op.PUBLISH, "tx"): (6, ""),
     (Op.ACK, "tx"): (6, ""),
+    (Op.DECLARE, "dead_letter_exchange"): (7, None),
+    (Op.DECLARE, "dead_letter_routing_key"): (7, None),
+    (Op.SUBSCRIBE, "exclusive"): (7, False),
+    (Op.DELETE, "ready_only"): (7, False),
 }
 
 

@@ -50,15 +50,18 @@ class PgApplier(OpApplier):
     )
     PUT_QUEUE = (
         "INSERT INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
-        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes, "
+        "dead_letter_exchange, dead_letter_routing_key) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO UPDATE SET "
         "name = excluded.name, partitions = excluded.partitions, mapper = excluded.mapper, "
         "ring_size = excluded.ring_size, max_deliveries = excluded.max_deliveries, "
         "dead_letter_queue = excluded.dead_letter_queue, max_length = excluded.max_length, owner = excluded.owner, "
         "max_length_bytes = excluded.max_length_bytes, overflow = excluded.overflow, "
         "message_ttl = excluded.message_ttl, expires = excluded.expires, type = excluded.type, "
-        "max_age = excluded.max_age, max_bytes = excluded.max_bytes"
+        "max_age = excluded.max_age, max_bytes = excluded.max_bytes, "
+        "dead_letter_exchange = excluded.dead_letter_exchange, "
+        "dead_letter_routing_key = excluded.dead_letter_routing_key"
     )
     QUEUE_ID_HWM = (
         "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "

@@ -133,7 +133,8 @@ class OpApplier:
     UPSERT_DELIVERED = _UPSERT_DELIVERED
     PUT_QUEUE = ("INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, "
                  "dead_letter_queue, max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, "
-                 "max_age, max_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                 "max_age, max_bytes, dead_letter_exchange, dead_letter_routing_key) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     QUEUE_ID_HWM = ("INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
                     "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)")
     PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)"
@@ -309,7 +310,7 @@ class OpApplier:
                 self.PUT_QUEUE,
                 (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
                  q.dead_letter_queue, q.max_length, q.owner, q.max_length_bytes, q.overflow, q.message_ttl,
-                 q.expires, q.type, q.max_age, q.max_bytes),
+                 q.expires, q.type, q.max_age, q.max_bytes, q.dead_letter_exchange, q.dead_letter_routing_key),
             )
             # queue ids are never reused, even after the newest queue is deleted
             conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))

@@ -9,7 +9,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from client.errors import StorageError
 from collections.abc import Iterable
 
-from storage.base import PartitionState, StoredMessage, message_cost, unpack_run
+from storage.base import PartitionState, StoredMessage, unpack_run
+from storage.budget import message_cost
 from storage.intervals import IntervalSet
 
 

@@ -21,8 +21,8 @@ from storage.base import (
     Recovered,
     UserRecord,
     AclRecord,
-    memory_share,
 )
+from storage.budget import memory_share
 from storage.segments import SegmentLog
 from storage.sqlite.apply import OpApplier
 from storage.sqlite.reads import PartitionFiller
@@ -43,14 +43,15 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
                            f"it was written by another build; start the node on that build (see docs/upgrades.md)")
     for row in conn.exec_driver_sql(
         "SELECT id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
-        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes "
-        "FROM queues ORDER BY id"
+        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes, "
+        "dead_letter_exchange, dead_letter_routing_key FROM queues ORDER BY id"
     ):
         rec.queues.append(QueueMeta(
             id=row[0], name=row[1], partitions=row[2], mapper=row[3], ring_size=row[4],
             max_deliveries=row[5], dead_letter_queue=row[6], max_length=row[7], owner=row[8],
             max_length_bytes=row[9], overflow=row[10], message_ttl=row[11], expires=row[12],
-            type=row[13], max_age=row[14], max_bytes=row[15],
+            type=row[13], max_age=row[14], max_bytes=row[15], dead_letter_exchange=row[16],
+            dead_letter_routing_key=row[17],
         ))
     parts = rec.partitions
 

@@ -5,7 +5,8 @@ Schema (version 3, in ``meta.schema_version``)::
     meta(key TEXT PK, value TEXT)
     queues(id INT PK, name TEXT UNIQUE, partitions, mapper, ring_size,
            max_deliveries, dead_letter_queue, max_length, owner,
-           max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes)
+           max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes,
+           dead_letter_exchange, dead_letter_routing_key)
     partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
     chunks(queue_id, partition, start, count, payload BLOB)         PK (queue_id, partition, start)
     settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
@@ -31,7 +32,9 @@ user who declared the queue, NULL for the node's own queues and those stored wit
 ``queues.max_length_bytes`` / ``overflow`` / ``message_ttl`` / ``expires`` (a queue's overflow,
 its messages' time to live and its own when unused: 0, 'reject-publish', 0 and 0 for a queue
 stored without them) and ``queues.type`` / ``max_age`` / ``max_bytes`` (a stream and its
-retention: 'classic', 0 and 0 for a queue stored without them), so a store of version 3 written without them gains them as
+retention: 'classic', 0 and 0 for a queue stored without them) and
+``queues.dead_letter_exchange`` / ``dead_letter_routing_key`` (where its dead letters are
+published: NULL for a queue stored without them), so a store of version 3 written without them gains them as
 it is: the version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
@@ -117,6 +120,8 @@ ADDED_COLUMNS = [
     ("queues", "type", "TEXT NOT NULL DEFAULT 'classic'"),
     ("queues", "max_age", "BIGINT NOT NULL DEFAULT 0"),
     ("queues", "max_bytes", "BIGINT NOT NULL DEFAULT 0"),
+    ("queues", "dead_letter_exchange", "TEXT"),
+    ("queues", "dead_letter_routing_key", "TEXT"),
 ]
 
 

@@ -97,3 +97,67 @@ async def test_delete_if_empty_counts_ready_messages_as_rabbitmq_does(amqp_node:
         assert held.body == b"waiting"
         await q.delete(if_unused=False, if_empty=True)
         assert "full" not in amqp_node.catalogue.queues
+
+
+async def test_dead_letters_go_through_a_named_exchange_with_their_routing_key(amqp_node: Node) -> None:
+    """RabbitMQ's dead-letter exchange: a rejected message goes to the queues the exchange routes
+    it to with the queue's x-dead-letter-routing-key, else the key it was published with; an
+    expired one too; the dead letter names that exchange and key."""
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        dlx = await ch.declare_exchange("dlx", aio_pika.ExchangeType.TOPIC)
+        rejected = await ch.declare_queue("rejected")
+        await rejected.bind(dlx, "orders.#")
+        expired = await ch.declare_queue("expired")
+        await expired.bind(dlx, "late")
+        work = await ch.declare_queue("work", arguments={"x-dead-letter-exchange": "dlx"})
+        orders = await ch.declare_exchange("orders", aio_pika.ExchangeType.DIRECT)
+        await work.bind(orders, "orders.new")
+        await orders.publish(aio_pika.Message(b"bad order"), routing_key="orders.new")
+        m = await work.get(timeout=10)
+        await m.reject(requeue=False)
+        dead = await rejected.get(timeout=10)
+        assert (dead.body, dead.exchange, dead.routing_key) == (b"bad order", "dlx", "orders.new")
+        assert dead.headers["x-death-reason"] == "rejected" and dead.headers["x-death-queue"] == "work"
+        await dead.ack()
+
+        await ch.declare_queue("timed", arguments={"x-dead-letter-exchange": "dlx",
+                                                   "x-dead-letter-routing-key": "late", "x-message-ttl": 50})
+        await ch.default_exchange.publish(aio_pika.Message(b"too late"), routing_key="timed")
+        got: list[AbstractIncomingMessage] = []
+
+        async def take(msg: AbstractIncomingMessage) -> None:
+            got.append(msg)
+            await msg.ack()
+
+        await expired.consume(take)
+
+        async def arrived() -> bool:
+            return bool(got)
+
+        await wait_until(arrived, timeout=10, what="the expired message in the dead-letter exchange's queue")
+        assert (got[0].body, got[0].routing_key, got[0].headers["x-death-reason"]) == (b"too late", "late", "expired")
+
+
+async def test_a_dead_letter_exchange_that_routes_nowhere_drops_and_a_cycle_of_expiry_is_cut(
+        amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        ch = await conn.channel()
+        await ch.declare_exchange("nowhere", aio_pika.ExchangeType.FANOUT)
+        q = await ch.declare_queue("lonely", arguments={"x-dead-letter-exchange": "nowhere"})
+        await ch.default_exchange.publish(aio_pika.Message(b"m"), routing_key="lonely")
+        await (await q.get(timeout=10)).reject(requeue=False)
+        # (expired messages routed back to their own queue would expire for ever: dropped instead)
+        loop = await ch.declare_exchange("loop", aio_pika.ExchangeType.FANOUT)
+        looped = await ch.declare_queue("looped", arguments={"x-dead-letter-exchange": "loop", "x-message-ttl": 20})
+        await looped.bind(loop)
+        await ch.default_exchange.publish(aio_pika.Message(b"again"), routing_key="looped")
+
+        async def gone() -> bool:
+            info = amqp_node.catalogue.queues["looped"].info()
+            lonely = amqp_node.catalogue.queues["lonely"].info()
+            return info.ready + info.unacked == 0 and lonely.ready + lonely.unacked == 0
+
+        await wait_until(gone, timeout=10, what="both messages dropped")
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="must be text"):
+            await (await conn.channel()).declare_queue("odd", arguments={"x-dead-letter-exchange": 7})

@@ -13,6 +13,7 @@ from broker.node.node import Node
 from client.errors import ErrorCode
 from client.protocol import FrameBuffer, ProtocolConnection, Role, decode_payload, encode
 from client.protocol.frames import AuthChallenge, AuthResponse, Error, Frame, PublishOk, Welcome
+from client.protocol.versions import MAX_VERSION
 from client.scram import ScramClient
 from tests.conftest import PASSWORD
 
@@ -149,7 +150,8 @@ async def test_requests_before_hello_are_refused(node: Node) -> None:
 
 async def test_unsupported_protocol_version_is_named_and_closed(node: Node) -> None:
     raw = await RawClient.open(node, handshake=False)
-    raw.send_map({"op": 1, "min_version": 7, "max_version": 9, "client_name": "future", "user": "admin",
+    raw.send_map({"op": 1, "min_version": MAX_VERSION + 1, "max_version": MAX_VERSION + 3, "client_name": "future",
+                  "user": "admin",
                   "password": PASSWORD})
     err = await raw.error()
     assert err.code == ErrorCode.UNSUPPORTED_PROTOCOL_VERSION

@@ -39,8 +39,8 @@ from storage.base import (
     StoredMessage,
     UserRecord,
     WriteOp,
-    message_cost,
 )
+from storage.budget import message_cost
 from storage.memory import MemoryDisk, MemoryEngine
 from storage.postgres import PostgresEngine, PostgresShared
 from storage.sqlite import SqliteEngine
@@ -623,3 +623,20 @@ def test_a_stream_keeps_its_type_and_trim_drops_whole_chunks_below_an_offset(
     assert e.read(3, 0, 0, 1)[0].offset == first and e.stored_end(3, 0) == 9
     e.apply([Trim(3, 0, 9)], sync=True)
     assert e.read(3, 0, 0, 100) == [] and e.chunks(3, 0) == []
+
+
+def test_a_queues_dead_letter_exchange_comes_back(make_engine: Callable[[], Engine]) -> None:
+    """Where a queue's dead letters go (an exchange and a routing key, or the key left to each
+    message) is stored with it, in every engine."""
+    e = make_engine()
+    e.open()
+    routed = QueueMeta(id=5, name="work", partitions=2, mapper="jump_hash", ring_size=1024, max_deliveries=3,
+                       dead_letter_queue=None, max_length=0, owner="alice", dead_letter_exchange="dlx",
+                       dead_letter_routing_key="dead")
+    keyless = QueueMeta(id=6, name="work2", partitions=1, mapper="jump_hash", ring_size=1024, max_deliveries=0,
+                        dead_letter_queue=None, max_length=0, dead_letter_exchange="dlx")
+    e.apply([PutQueue(routed), PutQueue(keyless)], sync=True)
+    e.close()
+    e = make_engine()
+    assert e.open().queues == [routed, keyless]
+    e.close()

@@ -9,8 +9,8 @@ import msgpack
 
 from broker.messaging.message import MemoryBudget, Msg
 from broker.messaging.queues import Queue
-from storage.base import MSG_MEMORY, MIN_SHARE, Append, MarkDelivered, PutQueue, QueueMeta, SetDeliveryCount, \
-    Settle, StoredMessage
+from storage.base import Append, MarkDelivered, PutQueue, QueueMeta, SetDeliveryCount, Settle, StoredMessage
+from storage.budget import MIN_SHARE, MSG_MEMORY
 from storage.sqlite import SqliteEngine
 
 BODY = 1000

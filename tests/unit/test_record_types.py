@@ -32,7 +32,7 @@ PINNED = {
     "log.SET_PLACEMENT": "1:f7e860eb",
     "log.SET_UPDATING": "1:597c2c27",
     "record.AclRecord": "1:a6109985",
-    "record.QueueMeta": "3:0820a48f",
+    "record.QueueMeta": "4:9b95cfdb",
     "record.StoredMessage": "1:6179df01",
     "record.UserRecord": "1:e4eee2d9",
     "record.ExchangeRecord": "1:2abff80e",
@@ -47,7 +47,7 @@ PINNED = {
     "store.meta": "1:c4dcb578",
     "store.partitions": "1:50a2cc2c",
     "store.producers": "1:d89f409e",
-    "store.queues": "3:593d91a9",
+    "store.queues": "4:81bc7b06",
     "store.settled": "1:b75c805e",
     "store.users": "1:d9975338",
 }

@@ -36,6 +36,7 @@ from broker.peers.codec import (
     encode_catalogue_snapshot,
     encode_replicate,
 )
+from broker.peers.codec.recordtypes import CONVERTERS
 from broker.modes.replicated.apply import apply_entries, messages_in
 from broker.modes.replicated.partlog import open_log
 from ha.members import Members
@@ -253,6 +254,26 @@ def test_a_queue_with_an_owner_is_nine_items_and_one_without_the_eight_of_older_
     assert msgpack.unpackb(data)[0][1][:8] == msgpack.unpackb(bytes.fromhex(eight))[0][1]
     with pytest.raises(ValueError, match="owner"):
         decode_ops((0, 0), msgpack.packb([["Q", [4, "orders", 2, "hash", 0, 5, "dlq", 100, 7]]]))
+
+
+def test_a_queues_dead_letter_exchange_travels_last_and_a_queue_without_one_is_as_before() -> None:
+    """Items 17 and 18: the exchange and routing key its dead letters go to (left out when
+    unset, so a queue without them is what a build without them sends); a version-3 reader
+    (record types: ha.recordtypes) has them cut off by the converter."""
+    dlx = dataclasses.replace(META, dead_letter_queue=None, owner="alice", dead_letter_exchange="dlx",
+                              dead_letter_routing_key="dead")
+    data, _applied = encode_ops([PutQueue(dlx)])
+    items = msgpack.unpackb(data, raw=False)[0][1]
+    assert len(items) == 18 and items[16:] == ["dlx", "dead"]
+    assert decode_ops((0, 0), data) == [PutQueue(dlx)]
+    keyless = dataclasses.replace(dlx, dead_letter_routing_key=None)
+    assert len(msgpack.unpackb(encode_ops([PutQueue(keyless)])[0], raw=False)[0][1]) == 17
+    assert decode_ops((0, 0), encode_ops([PutQueue(keyless)])[0]) == [PutQueue(keyless)]
+    assert len(msgpack.unpackb(encode_ops([PutQueue(dataclasses.replace(META, owner="alice"))])[0])[0][1]) == 9
+    down = next(c for c in CONVERTERS if c.name == "record.QueueMeta" and c.older == 3)
+    assert down.down(items) == items[:16] and down.up(items[:16]) == [*items[:16], None, None]
+    with pytest.raises(ValueError, match="dead_letter_exchange"):
+        decode_ops((0, 0), msgpack.packb([["Q", [*items[:16], 7]]]))
 
 
 def test_a_catalogue_snapshot_carries_each_queues_owner() -> None:

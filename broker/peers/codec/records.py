@@ -6,14 +6,16 @@ placements, the group's members, queue updates, and messages.
     QueueMeta: [id int, name str, partitions int, mapper str, ring_size int,
                 max_deliveries int, dead_letter_queue nil|str, max_length int,
                 owner nil|str, max_length_bytes int, overflow str, message_ttl int, expires int,
-                type str, max_age int, max_bytes int]
+                type str, max_age int, max_bytes int,
+                dead_letter_exchange nil|str, dead_letter_routing_key nil|str]
                owner: the user who declared the queue (dead-lettering needs its
                ``produce`` on dead_letter_queue, broker.security.acl); max_length_bytes and
                overflow ("reject-publish" | "drop-head"): the queue's overflow; message_ttl:
                milliseconds its messages may wait; expires: milliseconds it may go unused;
-               type ("classic" | "stream"), max_age and max_bytes: a stream and its retention.
+               type ("classic" | "stream"), max_age and max_bytes: a stream and its retention;
+               dead_letter_exchange and dead_letter_routing_key: where its dead letters are published.
                The last items are left out while they and all after them are at their
-               defaults (none, 0, "reject-publish", 0, 0, "classic", 0, 0): 8 items for a queue with none of them, as a build without
+               defaults (none, 0, "reject-publish", 0, 0, "classic", 0, 0, none, none): 8 items for a queue with none of them, as a build without
                them sends it, and those left out read as their defaults
     UserFields: map str -> value, one key per field of storage.base.UserRecord
                 (name str, salt bin, hash bin, role str, params str, ...)
@@ -63,7 +65,8 @@ from storage.topology import BindingRecord, ExchangeRecord
 
 #: what may follow a QueueMeta's first 8 items, each left out at its default when all after it are
 _META_TAIL = (("owner", None), ("max_length_bytes", 0), ("overflow", "reject-publish"), ("message_ttl", 0),
-              ("expires", 0), ("type", "classic"), ("max_age", 0), ("max_bytes", 0))
+              ("expires", 0), ("type", "classic"), ("max_age", 0), ("max_bytes", 0), ("dead_letter_exchange", None),
+              ("dead_letter_routing_key", None))
 OVERFLOWS = ("reject-publish", "drop-head")
 QUEUE_TYPES = ("classic", "stream")
 
@@ -93,7 +96,9 @@ def _meta_in(a: Any) -> QueueMeta:
                      message_ttl=_uint(a[11], "message_ttl") if len(a) > 11 else 0,
                      expires=_uint(a[12], "expires") if len(a) > 12 else 0, type=kind,
                      max_age=_uint(a[14], "max_age") if len(a) > 14 else 0,
-                     max_bytes=_uint(a[15], "max_bytes") if len(a) > 15 else 0)
+                     max_bytes=_uint(a[15], "max_bytes") if len(a) > 15 else 0,
+                     dead_letter_exchange=_opt_str(a[16], "dead_letter_exchange") if len(a) > 16 else None,
+                     dead_letter_routing_key=_opt_str(a[17], "dead_letter_routing_key") if len(a) > 17 else None)
 
 
 def _message_in(m: Any, n: int = 7) -> StoredMessage:

@@ -52,8 +52,10 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: the exchanges and bindings (feature level 4); version 2 of ``PUT_PRODUCER`` adds the seqs its
 #: batch took (a trailing item a version-1 reader ignores, at any level: it changes nothing stored);
 #: version 3 of a queue's record and row adds its type and a stream's retention (``type``,
-#: ``max_age``, ``max_bytes``; feature level 5, as is the ``TRIM`` op)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 3, "store.queues": 3, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
+#: ``max_age``, ``max_bytes``; feature level 5, as is the ``TRIM`` op); version 4 of a queue's
+#: record and row adds where its dead letters are published (``dead_letter_exchange``,
+#: ``dead_letter_routing_key``; feature level 8)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 4, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -77,6 +79,17 @@ def _stream_down(fields: Fields) -> Fields:
     """A version-3 queue as version 2 has it: without its type and retention (a stream is
     declared only at feature level 5, which a version-2 build cannot join)."""
     return list(fields[:-3])
+
+
+def _dlx_up(fields: Fields) -> Fields:
+    """A version-3 queue (record or row) as version 4 reads it: no dead-letter exchange."""
+    return [*fields, None, None]
+
+
+def _dlx_down(fields: Fields) -> Fields:
+    """A version-4 queue as version 3 has it: without its dead-letter exchange (set only at
+    feature level 8, which a version-3 build cannot join)."""
+    return list(fields[:-2])
 
 
 def _topology_up(fields: Fields) -> Fields:
@@ -106,6 +119,8 @@ CONVERTERS: tuple[Converter, ...] = (
     Converter("store.queues", 1, _overflow_up, _overflow_down),
     Converter("record.QueueMeta", 2, _stream_up, _stream_down),
     Converter("store.queues", 2, _stream_up, _stream_down),
+    Converter("record.QueueMeta", 3, _dlx_up, _dlx_down),
+    Converter("store.queues", 3, _dlx_up, _dlx_down),
     Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
     Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
 )

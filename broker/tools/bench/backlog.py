@@ -25,7 +25,7 @@ from broker.tools.process import NodeProcess
 from client.clock import SYSTEM_CLOCK, Clock
 from client.errors import TandemError
 
-#: bytes a message costs the node's memory beyond its body (storage.base.MSG_MEMORY, about)
+#: bytes a message costs the node's memory beyond its body (storage.budget.MSG_MEMORY, about)
 PER_MESSAGE = 200
 
 
