@@ -264,6 +264,8 @@ class AmqpSession(Session):
             self._close_writer()
         elif isinstance(m, (C.Connection.Blocked, C.Connection.Unblocked)):
             pass
+        elif isinstance(m, C.Connection.UpdateSecret) and self._opened:
+            await self._update_secret(m)
         else:
             self.close_amqp(ReplyCode.COMMAND_INVALID, f"COMMAND_INVALID - {m.name} is not expected now",
                             *codes.ids(m))
@@ -306,6 +308,26 @@ class AmqpSession(Session):
         self.heartbeat = beat
         self.method(0, C.Connection.Tune(channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=int(beat)))
         log.info("session %s: amqp open user=%s", self.client_name, escape(user.name))
+
+    async def _update_secret(self, m: C.Connection.UpdateSecret) -> None:
+        """connection.update-secret: the user's password again (a client that rotates it), checked
+        as at login; update-secret-ok, else the connection closes with 530, as RabbitMQ does."""
+        assert self.user is not None
+        user = self.node.users.get(self.user.name)
+        creds = credentials(user) if user is not None else None
+        ok = False
+        try:
+            self.guard.check_throttle(self.address)
+            ok = creds is not None and await asyncio.to_thread(check_password, m.new_secret or "", creds)
+        except TandemError as exc:
+            log.warning("session %s: amqp update-secret refused: %s", self.client_name, exc.message)
+        if not ok:
+            self.guard.login_failed(self.address, self.user.name, "bad password on update-secret")
+            self.close_amqp(ReplyCode.NOT_ALLOWED, f"NOT_ALLOWED - Secret update was refused for user "
+                                                   f"'{self.user.name}'", *codes.ids(m))
+            return
+        log.info("session %s: amqp secret updated (%s)", self.client_name, escape(m.reason or ""))
+        self.method(0, C.Connection.UpdateSecretOk())
 
     async def _watch_alarm(self) -> None:
         """``connection.blocked`` while the node's disk alarm is raised (its publishes are refused),

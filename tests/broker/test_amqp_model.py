@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from broker.node.node import Node
 from tests.broker.test_amqp import amqp_node, amqp_url
+from tests.conftest import PASSWORD
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -161,3 +162,17 @@ async def test_a_dead_letter_exchange_that_routes_nowhere_drops_and_a_cycle_of_e
         await wait_until(gone, timeout=10, what="both messages dropped")
         with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="must be text"):
             await (await conn.channel()).declare_queue("odd", arguments={"x-dead-letter-exchange": 7})
+
+
+async def test_update_secret_takes_the_users_password_and_closes_on_a_wrong_one(amqp_node: Node) -> None:
+    async with await aio_pika.connect(amqp_url(amqp_node)) as conn:
+        await conn.update_secret(PASSWORD, reason="rotated")
+        await (await conn.channel()).declare_queue("still-open")
+    conn = await aio_pika.connect(amqp_url(amqp_node))
+    try:
+        with pytest.raises(aiormq.exceptions.AMQPError):
+            await conn.update_secret("not-the-password", reason="stolen")
+        with pytest.raises(aiormq.exceptions.AMQPError, match="Secret update was refused"):
+            await conn.channel()
+    finally:
+        await conn.close()
