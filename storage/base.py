@@ -503,6 +503,9 @@ class LogState:
     #: the snapshot's weak mark and recency, as ``LogCompact`` stored them
     snap_weak: bool = False
     snap_recency: tuple[int, int] = (0, 0)
+    #: the node's log was found damaged (``Recovered.log_damage``): it catches up from an active
+    #: before it votes or stands
+    damaged: bool = False
 
 
 @dataclass(slots=True)
@@ -524,6 +527,8 @@ class Recovered:
     #: the store was not closed when it was last open (the process was killed, or the
     #: machine went down): what was written without an fsync may be gone
     unclean_stop: bool = False
+    #: where the replication log was found damaged (storage.segments): none of it was read
+    log_damage: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,9 @@ class MemoryDisk:
     acls: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (user, pattern) -> permissions
     logs: dict[Key, LogState] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: damage the replication log took at rest, found at the next open as the SQLite engine's
+    #: segments find theirs (storage.segments): none of the log is read (set_aside_log clears it)
+    log_damage: list[str] = field(default_factory=list)
 
 
 class MemoryEngine:
@@ -91,8 +94,19 @@ class MemoryEngine:
             for key in d.parts:
                 rec.partitions[key] = self._state(key)
             rec.logs = copy.deepcopy(d.logs)
+            if d.log_damage:
+                rec.log_damage = list(d.log_damage)
+                for st in rec.logs.values():
+                    st.entries, st.damaged = [], True
+                    if st.applied[0] > st.snapshot[0]:
+                        st.snapshot = st.applied  # (the store is its own snapshot)
         self._open = True
         return rec
+
+    def set_aside_log(self) -> None:
+        """The node goes on without the damaged log (SqliteEngine.set_aside_log)."""
+        with self.disk.lock:
+            self.disk.log_damage = []
 
     def _state(self, key: Key) -> PartitionState:
         p = self.disk.parts.get(key) or _Part()

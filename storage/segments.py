@@ -21,9 +21,13 @@ Durability: :meth:`SegmentLog.write` with ``sync`` fdatasyncs the segment; a seg
 fsynced when the next one starts, and a new segment's directory entry is fsynced.  So what
 survives an OS crash is always a prefix of what was written: a later record never
 outlives an earlier one (a lost truncation under surviving appends would leave a log the
-Raft rules do not allow).  Opening scans every segment in order; a torn or corrupt record
-at the end of the newest segment (a crash mid-write) is cut off there, anywhere else it
-is an error.
+Raft rules do not allow).  Opening scans every segment in order.  A torn or corrupt record
+with nothing readable after it, at the end of the newest segment, is a write the crash cut
+short: cut off there.  Anywhere else, a record that fails its length or checksum is *damage*
+(a bit flipped at rest, a lost or misdirected write): nothing of the log is used
+(:attr:`SegmentLog.damage` says where), and the node catches its partitions up from the
+group's actives; :meth:`SegmentLog.set_aside` then moves the segments out of the way, kept
+for a look (broker.modes.replicated: docs/reliability.md, "Storage faults").
 
 Space: the store (SQLite) keeps each partition's compaction point (``LogCompact``).  The
 oldest segment is deleted once every entry in it is at or below its partition's point as
@@ -91,6 +95,26 @@ def make_dir(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def _next_record(data: bytes, start: int) -> int | None:
+    """The first offset at or after ``start`` where a whole record passes its checksum and reads
+    as one (a record after damage: what tells damage from a torn tail); None if none."""
+    end = len(data) - _HEADER.size
+    for pos in range(start, end + 1):
+        length, crc = _HEADER.unpack_from(data, pos)
+        if length == 0 or pos + _HEADER.size + length > len(data):
+            continue
+        body = data[pos + _HEADER.size:pos + _HEADER.size + length]
+        if zlib.crc32(body) != crc:
+            continue
+        try:
+            rec = msgpack.unpackb(body, raw=False)
+        except Exception:  # msgpack raises several types
+            continue
+        if isinstance(rec, list) and rec and rec[0] in ("A", "T", "X"):
+            return pos
+    return None
+
+
 def _record(item: list[Any]) -> bytes:
     payload = msgpack.packb(item, use_bin_type=True)
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
@@ -113,6 +137,8 @@ class SegmentLog:
         #: per partition, the highest commit watermark replayed (``A`` records), capped by
         #: later truncations
         self.commits: dict[Key, int] = {}
+        #: where :meth:`open` found damage ("<segment> at byte N (what)"); then it replays nothing
+        self.damage: list[str] = []
 
     # -- open: replay --------------------------------------------------------------------
 
@@ -125,12 +151,32 @@ class SegmentLog:
             seg = _Segment(seq, self._path(seq))
             self._replay(seg, entries, last=n == len(seqs) - 1)
             self._segments.append(seg)
+        if self.damage:
+            log.error("replication log %s is damaged: %s; none of it is used", self.dir, "; ".join(self.damage))
+            self.commits.clear()
+            self._start_segment(self._segments[-1].seq + 1)  # (never appended to a damaged one)
+            return {}
         if not self._segments:
             self._start_segment(1)
         else:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
         self._update_pins()
         return {key: [recs[i] for i in sorted(recs)] for key, recs in entries.items() if recs}
+
+    def set_aside(self) -> Path | None:
+        """After :meth:`open` found damage: move every segment it read into ``damaged-<seq>/``
+        beside them (kept for a look, never read again); the new directory, or None."""
+        if not self.damage or len(self._segments) < 2:
+            return None
+        read, self._segments = self._segments[:-1], self._segments[-1:]
+        aside = self.dir / f"damaged-{read[-1].seq:016d}"
+        aside.mkdir(exist_ok=True)
+        for seg in read:
+            seg.path.rename(aside / seg.path.name)
+        fsync_dir(aside)
+        fsync_dir(self.dir)
+        self.damage = []
+        return aside
 
     def _path(self, seq: int) -> Path:
         return self.dir / f"{seq:016d}{_SUFFIX}"
@@ -147,12 +193,17 @@ class SegmentLog:
                 body = data[pos + _HEADER.size:pos + _HEADER.size + length]
                 if len(body) < length:
                     bad = "a torn record"
+                elif length == 0:
+                    bad = "an empty record (zeros)"
                 elif zlib.crc32(body) != crc:
                     bad = "a record failing its checksum"
             if bad is not None:
-                if not last:
-                    raise StorageError(f"replication log segment {seg.path} is corrupt at byte {pos} ({bad}); "
-                                       f"it is not the newest segment, so this is not a torn write")
+                after = _next_record(data, pos + 1)
+                if not last or after is not None:
+                    self.damage.append(f"{seg.path} at byte {pos} ({bad}" +
+                                       (f", a readable record at byte {after} after it)" if after is not None
+                                        else ", in a segment that is not the newest)"))
+                    break
                 log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
                             "or the machine did not finish)", seg.path, bad, pos, len(data))
                 with open(seg.path, "r+b") as f:

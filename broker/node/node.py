@@ -243,6 +243,8 @@ class Node:
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
                 self._lockfile = ha.arbiter = LockFileDriver(cfg, self.clock, rep, peers)
             rep.start()
+            if (damaged := recovery.log_damaged(recovered, self.store.engine, self.clock.time())) is not None:
+                self.report.node_events.append(damaged)
             await peers.start()
             self._loops.start("tandem-peers", peers.run())
             self._loops.start("tandem-discovery", discovery.run())

@@ -55,6 +55,21 @@ def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: Acl
     topology.load(rec.meta)
 
 
+def log_damaged(rec: Recovered, engine: object, now: float) -> NodeEvent | None:
+    """The replication log was found damaged at open (storage.segments) and the partitions opened
+    to catch up from the group (broker.modes.replicated.reconcile): its segments go aside, so a
+    restart does not find the damage again; said once (log, and ``tandem status`` events)."""
+    if not rec.log_damage:
+        return None
+    set_aside = getattr(engine, "set_aside_log", None)
+    if set_aside is not None:
+        set_aside()
+    text = (f"replication log damaged ({'; '.join(rec.log_damage)}): none of it was used; each partition goes on "
+            f"from the store and catches up from its active before it votes or stands")
+    log.warning("store: %s", text)
+    return NodeEvent(now, "log-damaged", "-", text)
+
+
 def unclean_stop(cfg: NodeConfig, now: float) -> NodeEvent | None:
     """The store was not closed when it was last open.  Under a policy that confirms
     before an fsync, what was confirmed since the last one is gone if the machine went

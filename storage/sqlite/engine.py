@@ -73,6 +73,7 @@ class SqliteEngine:
         #: segments go by these), and the points committed since (not yet fsynced)
         self._durable_snaps: dict[Key, int] = {}
         self._pending_snaps: dict[Key, int] = {}
+        self._set_aside = False  # (set_aside_log: at the writer's next write)
         self._check_segments = False
         self._segments_seen = 0
         self._marked = False  # this open wrote (or found) the open mark: a clean close removes it
@@ -243,6 +244,11 @@ class SqliteEngine:
                 self._durable_snaps.update(self._pending_snaps)
                 self._pending_snaps.clear()
         self.log.write(records, sync=sync)
+        if self._set_aside:
+            self._set_aside = False
+            aside = self.log.set_aside()
+            if aside is not None:
+                log.warning("replication log: the damaged segments moved to %s (kept for a look, never read)", aside)
         if self._check_segments or self.log.segments != self._segments_seen:
             self._reclaim_segments()
 
@@ -290,6 +296,12 @@ class SqliteEngine:
             # Without a trustworthy index, compaction could delete live chunks: stop writing.
             self._broken = f"{exc.__class__.__name__}: {exc}"
             log.error("store index reload failed; refusing further writes: %s", self._broken)
+
+    def set_aside_log(self) -> None:
+        """The node goes on without the damaged log :meth:`open` found (Recovered.log_damage):
+        its segments are moved aside at the writer's next write, so a restart does not find
+        the damage again."""
+        self._set_aside = True
 
     def log_pins(self) -> dict[Key, int]:
         """The partitions that keep the replication log's oldest segment, with their

@@ -144,6 +144,12 @@ def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, pa
     for key, st in rec.logs.items():
         if key not in replayed and st.applied[0] > st.snapshot[0]:
             st.snapshot = st.applied  # (a log lost whole: the store is its own snapshot)
+    if segments.damage:
+        # none of the log was read: each partition goes on from its store, and catches up from
+        # an active before it votes or stands (broker.modes.replicated.reconcile)
+        rec.log_damage = list(segments.damage)
+        for st in rec.logs.values():
+            st.damaged = True
 
 
 def usable(key: Key, st: LogState, entries: list[LogRecord]) -> list[LogRecord]:

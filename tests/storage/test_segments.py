@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import StorageError
 from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState, PutQueue
 from storage.base import QueueMeta
 from storage.segments import SegmentLog
@@ -78,18 +77,69 @@ def test_a_torn_last_record_is_cut_off_and_what_came_before_stays(tmp_path: Path
     assert indexes(SegmentLog(tmp_path / "log").open()[(1, 0)]) == [1, 2, 3, 4, 5]
 
 
-def test_a_damaged_record_in_an_older_segment_refuses_to_open(tmp_path: Path) -> None:
+def _flip(seg: Path, at: int) -> None:
+    data = bytearray(seg.read_bytes())
+    data[at] ^= 0x10
+    seg.write_bytes(bytes(data))
+
+
+def test_a_damaged_record_in_an_older_segment_is_damage_and_nothing_is_used(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
     log.open()
     for i in range(1, 40, 4):
         log.write([append(1, 0, i, 4)], sync=False)
     log.close()
     oldest = sorted((tmp_path / "log").glob("*.seg"))[0]
-    data = bytearray(oldest.read_bytes())
-    data[20] ^= 0xFF
-    oldest.write_bytes(bytes(data))
-    with pytest.raises(StorageError, match="corrupt"):
-        SegmentLog(tmp_path / "log", segment_bytes=1 * KIB).open()
+    _flip(oldest, 20)
+    again = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
+    assert again.open() == {}
+    [where] = again.damage
+    assert where.startswith(f"{oldest} at byte 0 (a record failing its checksum")
+    assert oldest.stat().st_size > 20  # (not cut)
+    again.close()
+
+
+@pytest.mark.parametrize("part", ["body", "length"])
+def test_damage_in_the_middle_of_the_newest_segment_is_told_from_a_torn_tail(tmp_path: Path, part: str) -> None:
+    """A flipped bit in a record with records after it is damage: the segment is not cut there
+    (that would drop the records after it), nothing of the log is used, and set_aside moves the
+    segments read out of the way; the log goes on in a new segment."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    starts = []
+    for i in range(1, 97):
+        starts.append(log.size())
+        log.write([append(1, 0, i, 1)], sync=False)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    size = seg.stat().st_size
+    _flip(seg, starts[45] + (20 if part == "body" else 1))  # record 46 of 96
+    again = SegmentLog(tmp_path / "log")
+    assert again.open() == {}
+    [where] = again.damage
+    assert f"{seg} at byte {starts[45]} (" in where and f"a readable record at byte {starts[46]} after it" in where
+    assert seg.stat().st_size == size
+    again.write([append(1, 0, 1, 1)], sync=True)  # (a new segment: the damaged one is never appended to)
+    assert seg.stat().st_size == size
+    aside = again.set_aside()
+    assert aside is not None and (aside / seg.name).exists() and not seg.exists() and again.damage == []
+    again.close()
+    third = SegmentLog(tmp_path / "log")
+    assert indexes(third.open()[(1, 0)]) == [1] and third.damage == []
+    third.close()
+
+
+def test_zeros_after_the_last_record_are_a_torn_tail(tmp_path: Path) -> None:
+    """A file the crash extended without its data (zeros) is cut back, not read as records."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 3)], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    seg.write_bytes(seg.read_bytes() + bytes(4096))
+    again = SegmentLog(tmp_path / "log")
+    assert indexes(again.open()[(1, 0)]) == [1, 2, 3] and again.damage == []
+    again.close()
 
 
 def test_the_oldest_segment_goes_once_everything_in_it_is_compacted(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from broker.modes.replicated.partlog import PartLog, open_log
 from broker.modes.replicated.serving import Serving
 from broker.peers.codec import CATALOGUE, Key
 from client.clock import Clock
-from client.errors import UnavailableError
+from client.errors import StorageError, UnavailableError
 from ha.members import Members
 from ha.moves import arrived, copying, leaving, next_members
 from ha.partition import PartitionState as LifecycleState
@@ -236,6 +236,13 @@ class Reconciler:
                 self._bases[key] = base
                 self._writer.submit([members_meta(key, base)], sync=False)
             config = config.with_members(base)
+        if st.damaged:
+            if config.voters == (self.me,):
+                raise StorageError(
+                    f"the replication log of {self.me} is damaged and partition {key[0]}/{key[1]} has no other voter "
+                    f"to catch up from: this node does not start (restore its data directory from a backup, or "
+                    f"move the damaged segments aside to go on from its store alone: docs/reliability.md)")
+            recovering = True  # (its store is its snapshot; an active brings the rest: storage.segments)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
                         now=self.clock.monotonic(), recovering=recovering)
         self._roles.start_lifecycle(plog)
