@@ -506,6 +506,8 @@ class LogState:
     #: the node's log was found damaged (``Recovered.log_damage``): it catches up from an active
     #: before it votes or stands
     damaged: bool = False
+    #: the partition's stored messages failed their checksum (``Recovered.store_damage``): where
+    store_damage: str = ""
 
 
 @dataclass(slots=True)
@@ -529,6 +531,8 @@ class Recovered:
     unclean_stop: bool = False
     #: where the replication log was found damaged (storage.segments): none of it was read
     log_damage: list[str] = field(default_factory=list)
+    #: the partitions whose stored messages failed their checksum, and where (storage.sqlite)
+    store_damage: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

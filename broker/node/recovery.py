@@ -17,6 +17,7 @@ from broker.security.acl import AclTable
 from broker.security.security import SEEDED_KEY, Security
 from broker.security.users import UserRegistry
 from broker.sessions.status import NodeEvent
+from client.errors import StorageError
 from storage.base import DurabilityPolicy, Recovered
 
 log = logging.getLogger("tandem.broker")
@@ -30,6 +31,9 @@ def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: Acl
     ``messages`` False (a group member): a partition's messages are loaded only when this
     node becomes its active (``partition_loaded``)."""
     levels.load(rec.meta)  # (first: a store this build is too old for is refused before any of it is read)
+    if messages and rec.store_damage:  # (a group member's partition is rebuilt from its active instead)
+        raise StorageError(f"{'; '.join(rec.store_damage.values())}: this node does not start, and serves none of it "
+                           f"(no group to repair it from: restore the data directory from a backup)")
     for meta in rec.queues:
         catalogue.add(meta)
     catalogue.next_id = max(catalogue.next_id, int(rec.meta.get("queue_id_hwm", "0")) + 1)

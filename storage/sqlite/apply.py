@@ -12,6 +12,7 @@ batch.
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -64,7 +65,7 @@ _UPSERT_APPLIED = (
     "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin"
 )
 
-_INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload) VALUES (?, ?, ?, ?, ?)"
+_INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload, crc) VALUES (?, ?, ?, ?, ?, ?)"
 _UPSERT_END = (
     "INSERT INTO partitions (queue_id, partition, next_offset) VALUES (?, ?, ?) "
     "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)"
@@ -202,7 +203,7 @@ class OpApplier:
                         unwritten.discard((c[0], c[1], c[2]))
                 if live:
                     written += sum(len(c[4]) for c in live)
-                    conn.exec_driver_sql(_INSERT_CHUNK, live)
+                    conn.exec_driver_sql(_INSERT_CHUNK, [(*c, zlib.crc32(c[4])) for c in live])
                 chunks.clear()
             if ends:
                 conn.exec_driver_sql(self.UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])

@@ -3,6 +3,8 @@ transaction (one snapshot of the database, whatever the writer commits meanwhile
 
 from __future__ import annotations
 
+import zlib
+
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -12,6 +14,18 @@ from collections.abc import Iterable
 from storage.base import PartitionState, StoredMessage, unpack_run
 from storage.budget import message_cost
 from storage.intervals import IntervalSet
+
+
+class DamagedChunk(StorageError):
+    """A chunk of messages whose payload fails its checksum: damaged at rest (a flipped bit, a
+    lost or misdirected write), never served."""
+
+
+def check_chunk(key: tuple[int, int], start: int, payload: bytes, crc: int | None) -> None:
+    """DamagedChunk if ``payload`` fails ``crc`` (None: a chunk written without one, unchecked)."""
+    if crc is not None and zlib.crc32(payload) != crc:
+        raise DamagedChunk(f"the chunk of partition {key[0]}/{key[1]} from offset {start} ({len(payload)} bytes) "
+                           f"fails its checksum: damaged at rest")
 
 
 def run_length(payload: bytes) -> int:
@@ -104,8 +118,9 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
                 'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
             filler = PartitionFiller(st, settled, dcs, budget)
             rows = conn.exec_driver_sql(
-                "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key)
-            for start, payload in rows:
+                "SELECT start, payload, crc FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key)
+            for start, payload, crc in rows:
+                check_chunk(key, start, payload, crc)
                 filler.add(start, payload)
                 if st.cold_count:
                     rows.close()
@@ -159,9 +174,10 @@ def read_messages(conn: Connection, queue_id: int, partition: int, offset: int, 
                 "SELECT start FROM chunks WHERE queue_id = ? AND partition = ? AND start <= ? "
                 "ORDER BY start DESC LIMIT 1", (queue_id, partition, offset)).scalar()
             rows = conn.exec_driver_sql(
-                "SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? AND start >= ? "
+                "SELECT start, payload, crc FROM chunks WHERE queue_id = ? AND partition = ? AND start >= ? "
                 "ORDER BY start", (queue_id, partition, offset if first is None else first))
-            for start, payload in rows:
+            for start, payload, crc in rows:
+                check_chunk((queue_id, partition), start, payload, crc)
                 for m in unpack_run(start, payload):
                     if m.offset >= offset and not settled.contains(m.offset):
                         out.append(m)

@@ -25,7 +25,7 @@ from storage.base import (
 from storage.budget import memory_share
 from storage.segments import SegmentLog
 from storage.sqlite.apply import OpApplier
-from storage.sqlite.reads import PartitionFiller
+from storage.sqlite.reads import DamagedChunk, PartitionFiller, check_chunk
 from storage.sqlite.schema import READABLE, Key
 
 log = logging.getLogger("tandem.storage")
@@ -72,10 +72,22 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         counts.setdefault((qid, p), {})[off] = dc
     share = memory_share(budget, sum(q.partitions for q in rec.queues))
     fillers: dict[Key, PartitionFiller] = {}
-    for qid, p, start, payload in conn.exec_driver_sql(
-        "SELECT queue_id, partition, start, payload FROM chunks ORDER BY queue_id, partition, start"
+    for qid, p, start, payload, crc in conn.exec_driver_sql(
+        "SELECT queue_id, partition, start, payload, crc FROM chunks ORDER BY queue_id, partition, start"
     ):
         key = (qid, p)
+        if key in rec.store_damage:
+            continue
+        try:
+            check_chunk(key, start, payload, crc)
+        except DamagedChunk as exc:
+            # none of the partition's messages are read: it is rebuilt from the group, or the node
+            # does not start (broker.node.recovery)
+            rec.store_damage[key] = f"store {path}: {exc.message}"
+            log.error("store %s: %s", path, exc.message)
+            fillers.pop(key, None)
+            state(key).messages.clear()
+            continue
         filler = fillers.get(key)
         if filler is None:
             filler = fillers[key] = PartitionFiller(state(key), applier.index[key].settled, counts.get(key, {}),
@@ -100,6 +112,8 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
                                               (row[8], row[9], row[10]), snap_weak=bool(row[11]),
                                               snap_recency=(row[12], row[13]))
+    for key, where in rec.store_damage.items():
+        rec.logs.setdefault(key, LogState()).store_damage = where
     return rec
 
 

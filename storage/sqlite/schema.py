@@ -8,7 +8,7 @@ Schema (version 3, in ``meta.schema_version``)::
            max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes,
            dead_letter_exchange, dead_letter_routing_key)
     partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
-    chunks(queue_id, partition, start, count, payload BLOB)         PK (queue_id, partition, start)
+    chunks(queue_id, partition, start, count, payload BLOB, crc)    PK (queue_id, partition, start)
     settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
     counts(queue_id, partition, "offset", dc)                       PK (queue_id, partition, offset)
     producers(queue_id, partition, producer_id, last_seq)           PK (queue_id, partition, producer_id)
@@ -34,7 +34,9 @@ its messages' time to live and its own when unused: 0, 'reject-publish', 0 and 0
 stored without them) and ``queues.type`` / ``max_age`` / ``max_bytes`` (a stream and its
 retention: 'classic', 0 and 0 for a queue stored without them) and
 ``queues.dead_letter_exchange`` / ``dead_letter_routing_key`` (where its dead letters are
-published: NULL for a queue stored without them), so a store of version 3 written without them gains them as
+published: NULL for a queue stored without them) and ``chunks.crc`` (the CRC-32 of the chunk's
+payload, checked on every read: NULL for a chunk written without it, read unchecked), so a store of
+version 3 written without them gains them as
 it is: the version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
@@ -122,6 +124,7 @@ ADDED_COLUMNS = [
     ("queues", "max_bytes", "BIGINT NOT NULL DEFAULT 0"),
     ("queues", "dead_letter_exchange", "TEXT"),
     ("queues", "dead_letter_routing_key", "TEXT"),
+    ("chunks", "crc", "BIGINT"),
 ]
 
 

@@ -17,6 +17,7 @@ from storage.sqlite import SqliteEngine
 from tests.conftest import FAST
 from tests.helpers import wait_until
 from tests.integration.test_replication import produce
+from tests.storage.test_recovery import flip_stored_bit
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -91,5 +92,46 @@ async def test_a_bit_flipped_mid_log_on_a_replica_is_damage_repaired_from_the_ac
         held = [m.body for m in store.read(q.id, 0, 0, 1000)]
         store.close()
         assert held == [*confirmed, b"after the repair"]
+    finally:
+        await cl.stop()
+
+
+async def test_a_bit_flipped_in_a_replicas_stored_body_is_rebuilt_from_the_active(tmp_path: Path) -> None:
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
+    await cl.start()
+    try:
+        await cl.wait_ready()
+        async with await client.connect(cl.url) as conn:
+            await conn.declare_queue("q", partitions=1)
+
+        async def one_active() -> bool:
+            return len(await cl.actives("q")) == 1
+
+        await wait_until(one_active, timeout=30, what="an active for q")
+        old = (await cl.actives("q"))[0]
+        replica = next(n for n in cl.nodes if n != old)
+        bodies = [f"message {i} ".encode() * 20 for i in range(96)]
+        confirmed: list[bytes] = []
+        await produce(cl.url_of(old), "q", bodies, confirmed, [])
+        await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} to have every entry")
+        await cl.nodes[replica].stop()
+        db = cl.nodes[replica].data_dir / "tandem.db"
+        probe = SqliteEngine(db)
+        qid = next(m.id for m in probe.open().queues if m.name == "q")
+        probe.close()
+        start = flip_stored_bit(db, qid, 0)
+
+        await cl.nodes[replica].start()
+        log_text = cl.nodes[replica].log_text()
+        assert f"the chunk of partition {qid}/0 from offset {start} (" in log_text
+        await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} rebuilt from {old}")
+        await asyncio.gather(*(p.stop() for p in cl.nodes.values()))
+
+        store = SqliteEngine(db)
+        rec = store.open()
+        assert not rec.store_damage
+        held = [m.body for m in store.read(qid, 0, 0, 1000)]
+        store.close()
+        assert held == confirmed
     finally:
         await cl.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from storage.base import Append, PutProducer, PutQueue, QueueMeta, Settle, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
+from storage.sqlite.reads import DamagedChunk
 
 Q = QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
               dead_letter_queue=None, max_length=0)
@@ -230,3 +232,55 @@ def test_a_chunk_written_after_a_reset_in_the_same_batch_is_deleted_when_settled
     with reader.begin():
         assert reader.exec_driver_sql("SELECT count(*) FROM chunks").fetchone()[0] == 0
     e.close()
+
+
+def flip_stored_bit(db: Path, queue_id: int, partition: int) -> int:
+    """One bit of a stored chunk's payload flipped at rest (its checksum left as written): the
+    chunk's start."""
+    conn = sqlite3.connect(db)
+    try:
+        start, payload = conn.execute("SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? "
+                                      "ORDER BY start LIMIT 1 OFFSET 1", (queue_id, partition)).fetchone()
+        damaged = bytearray(payload)
+        damaged[len(damaged) // 2] ^= 0x04
+        conn.execute("UPDATE chunks SET payload = ? WHERE queue_id = ? AND partition = ? AND start = ?",
+                     (bytes(damaged), queue_id, partition, start))
+        conn.commit()
+    finally:
+        conn.close()
+    return int(start)
+
+
+def test_a_bit_flipped_in_a_stored_body_is_found_and_none_of_its_partition_is_read(tmp_path: Path) -> None:
+    e = _write_batches(tmp_path, 4)
+    e.apply([PutQueue(dataclasses.replace(Q, id=2, name="other")),
+             Append(2, 0, [StoredMessage(0, None, b"\x80", b"fine", None, None, 0.0)], 1)], sync=True)
+    e.close()
+    start = flip_stored_bit(tmp_path / "tandem.db", 1, 0)
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert list(rec.store_damage) == [(1, 0)]
+    assert f"the chunk of partition 1/0 from offset {start} (" in rec.store_damage[(1, 0)]
+    assert "fails its checksum: damaged at rest" in rec.store_damage[(1, 0)]
+    assert rec.partitions[(1, 0)].messages == [] and rec.logs[(1, 0)].store_damage == rec.store_damage[(1, 0)]
+    assert [m.body for m in rec.partitions[(2, 0)].messages] == [b"fine"]  # (the other partition is read)
+    with pytest.raises(DamagedChunk, match="fails its checksum"):
+        again.read(1, 0, start, 10)
+    with pytest.raises(DamagedChunk, match="fails its checksum"):
+        again.load_partition(1, 0)
+    assert [m.body for m in again.read(2, 0, 0, 10)] == [b"fine"]
+    again.close()
+
+
+def test_a_chunk_written_without_a_checksum_is_read_unchecked(tmp_path: Path) -> None:
+    """A store an older build wrote (no ``crc``): its chunks read as they are."""
+    e = _write_batches(tmp_path, 2)
+    e.close()
+    conn = sqlite3.connect(tmp_path / "tandem.db")
+    conn.execute("UPDATE chunks SET crc = NULL")
+    conn.commit()
+    conn.close()
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert not rec.store_damage and len(rec.partitions[(1, 0)].messages) == 20
+    again.close()

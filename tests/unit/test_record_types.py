@@ -40,7 +40,7 @@ PINNED = {
     "snapshot.catalogue": "2:9277d49e",
     "snapshot.partition": "1:3611ea69",
     "store.acls": "1:756c1d20",
-    "store.chunks": "1:81317896",
+    "store.chunks": "2:df55a00a",
     "store.counts": "1:1ad96336",
     "store.ha_log": "1:b04d702a",
     "store.ha_state": "1:56a089d7",

@@ -80,12 +80,12 @@ def members_meta(key: Key, m: Members) -> PutMeta:
     return PutMeta(f"{MEMBERS_KEY}{key[0]}.{key[1]}", json.dumps([list(m.voters), list(m.learners)]))
 
 
-def _emptied(key: Key, term: int, voted_for: str | None, members: Members) -> list[WriteOp]:
+def _emptied(key: Key, term: int, voted_for: str | None, members: Members | None) -> list[WriteOp]:
     """The store writes that leave partition ``key`` empty here: no messages, no log, applied
-    nothing, its term kept, its members (as of its empty snapshot) ``members``."""
+    nothing, its term kept, its members (as of its empty snapshot) ``members`` (None: as stored)."""
     return [ResetPartition(*key), LogTruncate(key[0], key[1], 0), LogCompact(key[0], key[1], 0, 0, ""),
             PutApplied(key[0], key[1], 0, 0, ""), PutHardState(key[0], key[1], term, voted_for, 0),
-            members_meta(key, members)]
+            *([members_meta(key, members)] if members is not None else [])]
 
 
 def streaming_key(key: Key) -> str:
@@ -236,13 +236,19 @@ class Reconciler:
                 self._bases[key] = base
                 self._writer.submit([members_meta(key, base)], sync=False)
             config = config.with_members(base)
-        if st.damaged:
+        if st.damaged or st.store_damage:
             if config.voters == (self.me,):
+                what = st.store_damage or f"the replication log of {self.me} is damaged"
                 raise StorageError(
-                    f"the replication log of {self.me} is damaged and partition {key[0]}/{key[1]} has no other voter "
-                    f"to catch up from: this node does not start (restore its data directory from a backup, or "
-                    f"move the damaged segments aside to go on from its store alone: docs/reliability.md)")
+                    f"{what}, and partition {key[0]}/{key[1]} has no other voter to repair it from: this node does "
+                    f"not start (restore its data directory from a backup: docs/reliability.md)")
             recovering = True  # (its store is its snapshot; an active brings the rest: storage.segments)
+        if st.store_damage:
+            # the store's copy is damaged: the partition starts over empty, and its active sends it all
+            log.warning("partition %d/%d: %s: starting it over from its active (repair)", key[0], key[1],
+                        st.store_damage)
+            self._writer.submit(_emptied(key, st.term, st.voted_for, None), sync=True)
+            st = LogState(term=st.term, voted_for=st.voted_for)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
                         now=self.clock.monotonic(), recovering=recovering)
         self._roles.start_lifecycle(plog)

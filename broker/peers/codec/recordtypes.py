@@ -54,8 +54,10 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: version 3 of a queue's record and row adds its type and a stream's retention (``type``,
 #: ``max_age``, ``max_bytes``; feature level 5, as is the ``TRIM`` op); version 4 of a queue's
 #: record and row adds where its dead letters are published (``dead_letter_exchange``,
-#: ``dead_letter_routing_key``; feature level 8)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 4, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2}
+#: ``dead_letter_routing_key``; feature level 8); version 2 of the store's chunks adds each one's
+#: CRC-32 (a column an older build neither reads nor writes: local to each store, at any level)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 4, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2,
+                            "store.chunks": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -92,6 +94,16 @@ def _dlx_down(fields: Fields) -> Fields:
     return list(fields[:-2])
 
 
+def _crc_up(fields: Fields) -> Fields:
+    """A version-1 chunk row as version 2 reads it: no checksum (read unchecked)."""
+    return [*fields, None]
+
+
+def _crc_down(fields: Fields) -> Fields:
+    """A version-2 chunk row as version 1 has it: without its checksum."""
+    return list(fields[:-1])
+
+
 def _topology_up(fields: Fields) -> Fields:
     """A version-1 catalogue snapshot as version 2 reads it: no exchanges, no bindings."""
     return [*fields, [], []]
@@ -123,6 +135,7 @@ CONVERTERS: tuple[Converter, ...] = (
     Converter("store.queues", 3, _dlx_up, _dlx_down),
     Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
     Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
+    Converter("store.chunks", 1, _crc_up, _crc_down),
 )
 
 

@@ -1,0 +1,39 @@
+"""A single node (no group to repair from) whose store took damage at rest: it finds the damaged
+chunk, says where in one line, and does not start; it never serves what failed its check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import client
+from broker.config import NodeConfig
+from broker.node.node import Node
+from client.errors import StorageError
+from tests.conftest import url_of
+from tests.storage.test_recovery import flip_stored_bit
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_single_node_with_a_flipped_bit_in_a_stored_body_does_not_start(tmp_path: Path) -> None:
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await n.start()
+    try:
+        async with await client.connect(url_of(n)) as conn:
+            await conn.declare_queue("q")
+            p = conn.producer("q")
+            for i in range(3):  # (three batches: three chunks)
+                await p.send(f"message {i}".encode() * 50)
+        qid = n.catalogue.queues["q"].meta.id
+    finally:
+        await n.stop()
+    start = flip_stored_bit(tmp_path / "node1" / "tandem.db", qid, 0)
+    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    with pytest.raises(StorageError) as err:
+        await again.start()
+    await again.stop()
+    text = err.value.message
+    assert f"tandem.db: the chunk of partition {qid}/0 from offset {start} (" in text, text
+    assert "fails its checksum: damaged at rest" in text and "this node does not start" in text, text
