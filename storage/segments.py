@@ -139,6 +139,7 @@ class SegmentLog:
         self.commits: dict[Key, int] = {}
         #: where :meth:`open` found damage ("<segment> at byte N (what)"); then it replays nothing
         self.damage: list[str] = []
+        self._sync_failed: str | None = None  # (sync)
 
     # -- open: replay --------------------------------------------------------------------
 
@@ -263,7 +264,8 @@ class SegmentLog:
         """Append ``records`` (kinds as in the module doc) in one write; with ``sync``,
         fdatasync before returning (everything before them is then durable too)."""
         if self._fd is None:
-            raise StorageError("replication log is closed")
+            raise StorageError("replication log is closed" if self._sync_failed is None else
+                               f"replication log: an fdatasync failed before ({self._sync_failed}): restart the node")
         seg = self._segments[-1]
         if records:
             if seg.size >= self.segment_bytes:
@@ -291,11 +293,20 @@ class SegmentLog:
             self.sync()
 
     def sync(self) -> None:
+        """fdatasync the newest segment.  One that fails is never tried again on that file: the
+        kernel may have dropped the pages it could not write and a retry would report success
+        (PostgreSQL's "fsyncgate"), so the log closes and every later write or sync fails; the
+        node stops (broker.modes.replicated), and its restart reads what the disk really has."""
+        if self._sync_failed is not None:
+            raise StorageError(f"replication log: an fdatasync failed before ({self._sync_failed}): restart the node")
         if self._fd is not None and self._dirty:
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
-                raise StorageError(f"replication log fdatasync failed: {exc}", orig=exc) from exc
+                self._sync_failed = str(exc)
+                self._close_fd()
+                raise StorageError(f"replication log fdatasync failed: {exc}: the log is closed (an fdatasync is "
+                                   f"never retried on the same file)", orig=exc) from exc
             self._dirty = False
 
     def _roll(self) -> _Segment:

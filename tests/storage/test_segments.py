@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from client.errors import StorageError
 from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState, PutQueue
 from storage.base import QueueMeta
 from storage.segments import SegmentLog
@@ -461,3 +462,29 @@ def test_a_store_without_the_snapshot_mark_columns_gains_them_and_reads_strong(t
     st = third.open().logs[(1, 0)]
     assert (st.snapshot, st.snap_weak, st.snap_recency) == ((6, 3, "n3"), True, (2, 4))
     third.close()
+
+
+def test_an_fdatasync_that_fails_is_never_tried_again_on_that_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failed fdatasync the kernel may have dropped the pages and marked them clean: a
+    second fdatasync would succeed without them.  The log closes instead; every later write and
+    sync fails, saying to restart."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 3)], sync=True)
+    calls: list[int] = []
+
+    def failing(fd: int) -> None:
+        calls.append(fd)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(StorageError, match="fdatasync failed: .*never retried on the same file"):
+        log.write([append(1, 0, 4, 1)], sync=True)
+    monkeypatch.undo()
+    for attempt in (lambda: log.sync(), lambda: log.write([append(1, 0, 5, 1)], sync=True)):
+        with pytest.raises(StorageError, match="an fdatasync failed before .*restart the node"):
+            attempt()
+    assert len(calls) == 1
+    log.close()
+    assert indexes(SegmentLog(tmp_path / "log").open()[(1, 0)])[:3] == [1, 2, 3]
