@@ -61,6 +61,8 @@ class Channel:
     #: this channel's delivery tags of stream consumers' deliveries, unacked -> their reader
     stream_tags: dict[int, Reading] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)  # queue.delete asked on it and not answered yet
+    #: the tags of its consumers that queue.delete on it ended: basic.cancel after its delete-ok
+    cancelled_by_delete: list[str] = field(default_factory=list)
     tx: str = ""  # tx.select: the transaction its publishes and settlements are part of now
     tx_settles: list[TxSettle] = field(default_factory=list)  # settled in tx mode, until tx.commit
     unstored: int = 0  # publish requests of the channel not answered yet (stored, or refused)

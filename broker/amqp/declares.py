@@ -9,6 +9,7 @@ declared passively only (403 ``ACCESS_REFUSED`` otherwise), and the server names
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -31,6 +32,8 @@ QUEUE_TYPES = {"classic": "classic", "quorum": "classic", "stream": "stream"}
 
 
 
+log = logging.getLogger("tandem.broker")
+
 Reply = Callable[[Frame], None]
 
 #: the prefix of the broker's own names
@@ -39,6 +42,8 @@ RESERVED = "amq."
 
 class QueueLookup(Protocol):
     def queue(self, name: str) -> Queue: ...
+
+    async def delete(self, name: str, if_empty: bool, hops: int = 0, ready_only: bool = False) -> None: ...
 
 
 class DeclaringNode(Protocol):
@@ -128,8 +133,13 @@ class Declares:
             if f is not None:
                 self.fail(ch, m, f)
             return
-        if m.exclusive or m.auto_delete:
+        if m.exclusive:
             self.s.temporary.add(name)
+        if m.auto_delete:
+            try:
+                self.s.node.catalogue.queue(name).auto_delete = True
+            except TandemError:
+                pass  # (deleted meanwhile)
         if f.created:  # (declare-ok once it can be used at once, as in RabbitMQ: its first election)
             await self.s.node.served(name)
         if not m.nowait and not ch.closing:
@@ -162,6 +172,26 @@ class Declares:
             await self.s.request(lambda rid: Delete(rid=rid, queue=m.queue, if_empty=m.if_empty, ready_only=True), reply)
         finally:
             ch.deleting.discard(m.queue)
+            for tag in ch.cancelled_by_delete:  # (after delete-ok, as RabbitMQ sends them)
+                self.s.method(ch.number, C.Basic.Cancel(consumer_tag=tag, nowait=True))
+            ch.cancelled_by_delete.clear()
+
+    async def unused(self, name: str, leaving: object = None) -> None:
+        """A consumer of ``name`` on this connection ended: an auto-delete queue with no consumer
+        left (``leaving``: a session whose consumers are going, not counted) is deleted, as
+        RabbitMQ deletes one when its last consumer goes."""
+        try:
+            q = self.s.node.catalogue.queue(name)
+        except TandemError:
+            return
+        if not q.auto_delete or any(c.session is not leaving for c in q.consumers):
+            return
+        try:
+            await self.s.node.catalogue.delete(name, False)
+        except TandemError as exc:
+            log.info("auto-delete queue %s left: %s", name, exc.message)
+            return
+        log.info("auto-delete queue %s deleted: its last consumer went", name)
 
     async def queue_purge(self, ch: Channel, m: C.Queue.Purge) -> None:
         await ch.stored()  # (what the channel published before counts)

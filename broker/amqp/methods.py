@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal, Protocol
 
 from pamqp import commands as C
@@ -79,6 +79,8 @@ class AmqpHost(TxHost, StreamHost, Protocol):
     async def request(self, make: Callable[[int], Frame], reply: Reply) -> None: ...
 
     def spawn(self, make: Callable[[int], Frame], reply: Reply | None = None) -> None: ...
+
+    def task(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
     def close_amqp(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
 
@@ -165,7 +167,8 @@ class Methods:
                 c.stream.stop()
                 continue
             self.s.consumer_channel.pop(cid, None)
-            self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid))  # type: ignore[misc]
+            self.s.spawn(lambda rid, cid=cid: Cancel(rid=rid, consumer=cid),  # type: ignore[misc]
+                         lambda _f, q=c.queue: self.s.task(self.declares.unused(q)))  # type: ignore[misc]
         ch.stream_tags.clear()
         self.tx.abort(ch)
         held = list(ch.unsettled()) + [t.session_tag for t in ch.tx_settles]
@@ -259,6 +262,8 @@ class Methods:
             await self.s.request(lambda rid: Cancel(rid=rid, consumer=cid), lambda _f: None)
         if not m.nowait:
             self.s.method(ch.number, C.Basic.CancelOk(consumer_tag=m.consumer_tag))
+        if c is not None and c.stream is None:
+            self.s.task(self.declares.unused(c.queue))
 
     def delivered(self, frame: Deliver) -> None:
         """The node's deliveries to a consumer: ``basic.deliver`` each on its channel."""
@@ -309,13 +314,16 @@ class Methods:
 
     def cancelled(self, consumer: int) -> None:
         """The node cancelled a consumer (its queue deleted): ``basic.cancel`` to the client, an
-        unexpected cancel (RabbitMQ's consumer_cancel_notify); not for a queue this channel is
-        deleting itself, whose consumers end as it asked."""
+        unexpected cancel (RabbitMQ's consumer_cancel_notify); for a queue this channel is
+        deleting itself, after its delete-ok, as RabbitMQ sends it."""
         number = self.s.consumer_channel.pop(consumer, None)
         ch = self.s.channels.get(number) if number is not None else None
         c = ch.consumers.pop(consumer, None) if ch is not None else None
-        if ch is not None and c is not None and c.queue not in ch.deleting:
-            self.s.method(ch.number, C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+        if ch is not None and c is not None:
+            if c.queue in ch.deleting:
+                ch.cancelled_by_delete.append(c.tag)
+            else:
+                self.s.method(ch.number, C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
 
     async def get(self, ch: Channel, m: C.Basic.Get) -> None:
         await ch.stored()  # (a get after a publish on the channel finds it, as in RabbitMQ)

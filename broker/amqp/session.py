@@ -58,7 +58,7 @@ class AmqpSession(Session):
         self.wire = AmqpWire(frame_max=FRAME_MAX, max_message_size=cfg.max_message_size)
         self.channels: dict[int, Channel] = {}
         self.consumer_channel: dict[int, int] = {}  # the node's consumer id -> its channel
-        self.temporary: set[str] = set()  # exclusive and auto-delete queues: deleted when the connection ends
+        self.temporary: set[str] = set()  # exclusive queues: deleted when the connection ends
         self.version = ""
         self._replies: dict[int, Reply] = {}
         self._out: list[bytes] = []  # written this turn of the event loop (write)
@@ -345,7 +345,10 @@ class AmqpSession(Session):
         try:
             await super().run()
         finally:
-            for name in sorted(self.temporary):  # (exclusive and auto-delete queues end with their connection)
+            consumed = {c.queue for ch in self.channels.values() for c in ch.consumers.values() if c.stream is None}
+            for name in sorted(consumed - self.temporary):  # (its consumers go: an auto-delete queue with them)
+                await self.methods.declares.unused(name, leaving=self)
+            for name in sorted(self.temporary):  # (exclusive queues end with their connection)
                 try:
                     await self.node.catalogue.delete(name, False)
                 except TandemError as exc:

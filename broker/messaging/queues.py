@@ -101,6 +101,8 @@ class Queue:
         self._next_partition = 0
         self._next_consumer = 0
         self.deleted = False
+        #: declared auto-delete on this node (broker.amqp): deleted once its last consumer here goes
+        self.auto_delete = False
         #: partitions whose messages are being re-mapped (broker.partitions.remap): they deliver nothing
         self.paused: frozenset[int] = frozenset()
 

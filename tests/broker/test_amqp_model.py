@@ -176,3 +176,38 @@ async def test_update_secret_takes_the_users_password_and_closes_on_a_wrong_one(
             await conn.channel()
     finally:
         await conn.close()
+
+
+async def test_an_auto_delete_queue_goes_with_its_last_consumer_not_with_its_declarer(amqp_node: Node) -> None:
+    """RabbitMQ's rule: an auto-delete queue is deleted once its last consumer is cancelled or
+    gone (channel or connection closed), never because a connection that declared it closed,
+    and never if it had no consumer."""
+    url = amqp_url(amqp_node)
+    queues = amqp_node.catalogue.queues
+
+    async def gone(name: str) -> None:
+        async def no_queue() -> bool:
+            return name not in queues
+
+        await wait_until(no_queue, timeout=10, what=f"{name} deleted")
+
+    declarer = await aio_pika.connect(url)
+    await (await declarer.channel()).declare_queue("pulled", auto_delete=True)
+    await declarer.close()
+    assert "pulled" in queues  # (never consumed: stays)
+
+    a, b = await aio_pika.connect(url), await aio_pika.connect(url)
+    qa = await (await a.channel()).declare_queue("shared", auto_delete=True)
+    await qa.consume(ack)
+    qb = await (await b.channel()).declare_queue("shared", auto_delete=True)
+    tag = await qb.consume(ack)
+    await a.close()  # (b still consumes)
+    await (await b.channel()).declare_queue("barrier")  # (a round trip after a's close was handled)
+    assert "shared" in queues
+    await qb.cancel(tag)  # (the last consumer)
+    await gone("shared")
+
+    qc = await (await b.channel()).declare_queue("by-close", auto_delete=True)
+    await qc.consume(ack)
+    await b.close()  # (its consumer goes with the connection)
+    await gone("by-close")
