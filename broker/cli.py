@@ -40,7 +40,8 @@ from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
 from broker.tools import (certs, cluster_up, commands, exchange_cli, group_cli, load, node_cli, partition_cli,
-                          restore_cli, secret_cli, status, stream_cli, upgrade_cli, users_cli, witness_cli)
+                          restore_cli, scrub_cli, secret_cli, status, stream_cli, upgrade_cli, users_cli,
+                          witness_cli)
 from broker.tools.bench import cli as bench_cli
 from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
@@ -373,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     witness_cli.add_parser(sub)
     certs.add_parser(sub)
     secret_cli.add_parser(sub)
+    scrub_cli.add_parser(sub)
     for name, command_parser in sub.choices.items():
         _log_args(command_parser, argparse.SUPPRESS)
         if name == "cluster":

@@ -46,7 +46,7 @@ import queue
 import struct
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,54 @@ def make_dir(path: Path) -> None:
     except FileExistsError:
         return
     fsync_dir(path.parent)
+
+
+def _records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
+    """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
+    None), up to the first that fails its length or checksum, given as (offset, b"", (what,
+    why it is damage)): why None for a torn tail (nothing readable after it, in the newest
+    segment), else ", a readable record at byte N after it" or ", in a segment that is not the
+    newest"."""
+    pos = 0
+    while pos < len(data):
+        bad = None
+        if pos + _HEADER.size > len(data):
+            bad = "a torn record header"
+        else:
+            length, crc = _HEADER.unpack_from(data, pos)
+            body = data[pos + _HEADER.size:pos + _HEADER.size + length]
+            if len(body) < length:
+                bad = "a torn record"
+            elif length == 0:
+                bad = "an empty record (zeros)"
+            elif zlib.crc32(body) != crc:
+                bad = "a record failing its checksum"
+        if bad is not None:
+            after = _next_record(data, pos + 1)
+            why = (f", a readable record at byte {after} after it" if after is not None
+                   else None if last else ", in a segment that is not the newest")
+            yield pos, b"", (bad, why)
+            return
+        yield pos, body, None
+        pos += _HEADER.size + length
+
+
+def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
+    """Read every record of the segments in ``directory`` without changing anything (``tandem
+    scrub``): how many records passed their checks, the damage found (as
+    :attr:`SegmentLog.damage` says it), and the torn tails a node's next open would cut off."""
+    paths = sorted(p for p in Path(directory).glob(f"*{_SUFFIX}") if p.stem.isdigit())
+    good, damage, torn = 0, [], []
+    for n, path in enumerate(paths):
+        data = path.read_bytes()
+        for pos, _body, fault in _records(data, last=n == len(paths) - 1):
+            if fault is None:
+                good += 1
+            elif fault[1] is not None:
+                damage.append(f"{path} at byte {pos} ({fault[0]}{fault[1]})")
+            else:
+                torn.append(f"{path} at byte {pos} ({fault[0]}: a torn tail, {len(data) - pos} bytes)")
+    return good, damage, torn
 
 
 def _next_record(data: bytes, start: int) -> int | None:
@@ -184,37 +232,24 @@ class SegmentLog:
 
     def _replay(self, seg: _Segment, entries: dict[Key, dict[int, LogRecord]], *, last: bool) -> None:
         data = seg.path.read_bytes()
-        pos = 0
-        while pos < len(data):
-            bad = None
-            if pos + _HEADER.size > len(data):
-                bad = "a torn record header"
-            else:
-                length, crc = _HEADER.unpack_from(data, pos)
-                body = data[pos + _HEADER.size:pos + _HEADER.size + length]
-                if len(body) < length:
-                    bad = "a torn record"
-                elif length == 0:
-                    bad = "an empty record (zeros)"
-                elif zlib.crc32(body) != crc:
-                    bad = "a record failing its checksum"
-            if bad is not None:
-                after = _next_record(data, pos + 1)
-                if not last or after is not None:
-                    self.damage.append(f"{seg.path} at byte {pos} ({bad}" +
-                                       (f", a readable record at byte {after} after it)" if after is not None
-                                        else ", in a segment that is not the newest)"))
-                    break
-                log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
-                            "or the machine did not finish)", seg.path, bad, pos, len(data))
-                with open(seg.path, "r+b") as f:
-                    f.truncate(pos)
-                    f.flush()
-                    os.fsync(f.fileno())
-                break
-            self._apply_record(seg, msgpack.unpackb(body, raw=False), entries)
-            pos += _HEADER.size + length
-        seg.size = pos
+        for pos, body, fault in _records(data, last):
+            if fault is None:
+                self._apply_record(seg, msgpack.unpackb(body, raw=False), entries)
+                continue
+            bad, damaged = fault
+            if damaged is not None:
+                self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
+                seg.size = pos
+                return
+            log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
+                        "or the machine did not finish)", seg.path, bad, pos, len(data))
+            with open(seg.path, "r+b") as f:
+                f.truncate(pos)
+                f.flush()
+                os.fsync(f.fileno())
+            seg.size = pos
+            return
+        seg.size = len(data)
 
     def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None) -> None:
         kind = rec[0]

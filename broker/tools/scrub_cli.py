@@ -1,0 +1,59 @@
+"""``tandem scrub --data-dir DIR``: read every record of a node's files and check it, changing
+nothing (storage.segments.scan, storage.sqlite.scrub)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from storage.segments import scan
+from storage.sqlite.scrub import scrub_store
+
+DESCRIPTION = """\
+Read every record of a node's data directory and check it, changing nothing: each record of the
+replication log's segments (tandem.db-log/*.seg: its length and CRC-32), SQLite's page structure
+of the store (tandem.db: PRAGMA quick_check) and each stored chunk of messages against its CRC-32.
+The node may be running (the store is opened read-only).
+
+Prints what it found, one line each, and exits 1 if anything is damaged (0 if not). A torn tail
+(the end of the newest segment a crash cut short) is not damage: the node cuts it off at its next
+start. What a member of a group finds damaged it repairs from the group at its next start (a
+damaged log: none of it used, each partition caught up from its active; a damaged chunk: its
+partition rebuilt from its active); a node with no group, or a partition with no other voter,
+does not start until the data directory is restored (docs/reliability.md, "Storage faults").
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("scrub", help="check every record of a node's files against its checksum (read-only)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  tandem scrub --data-dir .tandem/node2\n"
+                              "  tandem scrub --data-dir /var/lib/tandem --json")
+    p.add_argument("--data-dir", dest="data_dir", required=True, metavar="DIR", help="the node's data directory")
+    p.add_argument("--json", action="store_true", help="one JSON object: counts and findings")
+    p.set_defaults(func=_scrub)
+
+
+def _scrub(args: argparse.Namespace) -> int:
+    d = Path(args.data_dir)
+    db, log_dir = d / "tandem.db", d / "tandem.db-log"
+    if not db.is_file():
+        print(f"tandem scrub: {db} not found: is {d} a node's data directory?")
+        return 2
+    records, log_damage, torn = scan(log_dir) if log_dir.is_dir() else (0, [], [])
+    chunks, unchecked, store_damage = scrub_store(db)
+    damage = log_damage + store_damage
+    if args.json:
+        print(json.dumps({"log_records": records, "torn_tails": torn, "chunks": chunks,
+                          "chunks_without_checksum": unchecked, "damage": damage}))
+    else:
+        for line in damage:
+            print(f"DAMAGED  {line}")
+        for line in torn:
+            print(f"torn     {line} (cut off at the node's next start)")
+        print(f"{records} log record(s) and {chunks} chunk(s) passed their checks"
+              + (f", {unchecked} chunk(s) written without a checksum (not checked)" if unchecked else "")
+              + (f"; {len(damage)} damaged" if damage else "; nothing damaged"))
+    return 1 if damage else 0
