@@ -38,6 +38,8 @@ Reply = Callable[[Frame], None]
 
 #: the prefix of the broker's own names
 RESERVED = "amq."
+#: what an unbind may meet and still answer unbind-ok: what it would remove is gone already
+GONE = (ErrorCode.QUEUE_NOT_FOUND, ErrorCode.EXCHANGE_NOT_FOUND)
 
 
 class QueueLookup(Protocol):
@@ -214,11 +216,11 @@ class Declares:
         args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
 
         def reply(f: Frame) -> None:
-            if isinstance(f, Error):
+            if isinstance(f, Error) and (bind or f.code not in GONE):
                 self.fail(ch, m, f)
             elif bind and not getattr(m, "nowait", False):
                 self.s.method(ch.number, C.Queue.BindOk())
-            elif not bind:
+            elif not bind:  # (an unbind from a queue or exchange gone: unbind-ok, as RabbitMQ answers)
                 self.s.method(ch.number, C.Queue.UnbindOk())
 
         await self.s.request(lambda rid: kind(rid=rid, source=m.exchange, destination=m.queue,
@@ -269,7 +271,7 @@ class Declares:
         args = {str(k): str(v) for k, v in (m.arguments or {}).items()}
 
         def reply(f: Frame) -> None:
-            if isinstance(f, Error):
+            if isinstance(f, Error) and (bind or f.code not in GONE):
                 self.fail(ch, m, f)
             elif not m.nowait:
                 self.s.method(ch.number, C.Exchange.BindOk() if bind else C.Exchange.UnbindOk())

@@ -102,9 +102,24 @@ def from_headers(headers: dict[str, str]) -> Basic.Properties:
     table = _table(headers.get(TABLE))
     if table is None:
         table = {k: v for k, v in headers.items() if not k.startswith(PREFIX) and k not in (TABLE, EXPIRATION_HEADER)}
+    if "x-death-reason" in headers:
+        table = {**table, **_death(headers)}
     if table:
         kw["headers"] = table
     return Basic.Properties(**kw)
+
+
+def _death(headers: dict[str, str]) -> dict[str, Any]:
+    """A dead letter's ``x-death`` table (one death: Tandem keeps the latest) and RabbitMQ's
+    ``x-first-death-*`` entries, from the headers dead-lettering set (broker.messaging.deadletter)."""
+    death: dict[str, Any] = {
+        "count": 1, "reason": headers["x-death-reason"], "queue": headers.get("x-death-queue", ""),
+        "exchange": headers.get("x-death-exchange", ""),
+        "routing-keys": [headers.get("x-death-routing-key", headers.get("x-death-queue", ""))]}
+    if "x-death-original-expiration" in headers:
+        death["original-expiration"] = headers["x-death-original-expiration"]
+    return {"x-death": [death], "x-first-death-reason": death["reason"], "x-first-death-queue": death["queue"],
+            "x-first-death-exchange": death["exchange"]}
 
 
 def _table(encoded: str | None) -> dict[str, Any] | None:

@@ -5,7 +5,10 @@
   the queue's ``dead_letter_routing_key``, else the routing key the message was published with
   (its ``amqp-routing-key`` header, else its queue's name: the default exchange's key), as
   RabbitMQ's dead-letter exchanges do.  The copy names that exchange and routing key as where
-  it was published (what an AMQP ``basic.deliver`` of it says).  A message rejected by a client
+  it was published (what an AMQP ``basic.deliver`` of it says).  Every dead letter carries
+  ``x-death-reason``, ``-queue``, ``-id``, ``-exchange`` and ``-routing-key`` (where it was
+  published first) and ``x-death-original-expiration`` if it had one: an AMQP consumer gets them
+  as RabbitMQ's ``x-death`` table (broker.amqp.properties).  A message rejected by a client
   may be routed back into its own queue; one that expired or was shed is not (it would come
   back for ever), as RabbitMQ drops such a cycle.
 
@@ -20,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.messaging.message import EXCHANGE_HEADER, ROUTING_KEY_HEADER, TIMING_HEADERS, Msg
+from broker.messaging.message import EXCHANGE_HEADER, EXPIRATION_HEADER, ROUTING_KEY_HEADER, TIMING_HEADERS, Msg
 from broker.messaging.queues import Queue
 
 
@@ -54,7 +57,11 @@ def destination(src: Queue, m: Msg, reason: str, host: Routing,
     # (its timing headers stay behind: it is ready at once where it goes, and does not expire
     # there again, as RabbitMQ drops a dead-lettered message's expiration)
     headers = {**{k: v for k, v in m.headers.items() if k not in TIMING_HEADERS},
-               "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id}
+               "x-death-reason": reason, "x-death-queue": src.name, "x-death-id": m.id,
+               "x-death-exchange": m.headers.get(EXCHANGE_HEADER, ""),
+               "x-death-routing-key": m.headers.get(ROUTING_KEY_HEADER, src.name)}
+    if EXPIRATION_HEADER in m.headers:
+        headers["x-death-original-expiration"] = m.headers[EXPIRATION_HEADER]
     meta = src.meta
     if meta.dead_letter_exchange is not None:
         exchange = meta.dead_letter_exchange
