@@ -40,26 +40,33 @@ async def caught_up(cl: LocalCluster, node: str, queue: str) -> bool:
     return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
 
 
+async def stopped_replica(cl: LocalCluster) -> tuple[str, str, list[bytes]]:
+    """Start ``cl``, fill queue ``q`` (one partition) with 96 confirmed messages, and stop a
+    replica cleanly once it has every entry: (the active, the replica, the confirmed bodies)."""
+    await cl.start()
+    await cl.wait_ready()
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("q", partitions=1)
+
+    async def one_active() -> bool:
+        return len(await cl.actives("q")) == 1
+
+    await wait_until(one_active, timeout=30, what="an active for q")
+    old = (await cl.actives("q"))[0]
+    replica = next(n for n in cl.nodes if n != old)
+    bodies = [f"message {i} ".encode() * 20 for i in range(96)]
+    confirmed: list[bytes] = []
+    await produce(cl.url_of(old), "q", bodies, confirmed, [])
+    assert len(confirmed) == 96
+    await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} to have every entry")
+    await cl.nodes[replica].stop()
+    return old, replica, confirmed
+
+
 async def test_a_bit_flipped_mid_log_on_a_replica_is_damage_repaired_from_the_active(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
-    await cl.start()
     try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("q", partitions=1)
-
-        async def one_active() -> bool:
-            return len(await cl.actives("q")) == 1
-
-        await wait_until(one_active, timeout=30, what="an active for q")
-        old = (await cl.actives("q"))[0]
-        replica = next(n for n in cl.nodes if n != old)
-        bodies = [f"message {i} ".encode() * 20 for i in range(96)]
-        confirmed: list[bytes] = []
-        await produce(cl.url_of(old), "q", bodies, confirmed, [])
-        assert len(confirmed) == 96
-        await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} to have every entry")
-        await cl.nodes[replica].stop()
+        old, replica, confirmed = await stopped_replica(cl)
 
         log_dir = cl.nodes[replica].data_dir / "tandem.db-log"
         seg = max(log_dir.glob("*.seg"))
@@ -98,23 +105,8 @@ async def test_a_bit_flipped_mid_log_on_a_replica_is_damage_repaired_from_the_ac
 
 async def test_a_bit_flipped_in_a_replicas_stored_body_is_rebuilt_from_the_active(tmp_path: Path) -> None:
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
-    await cl.start()
     try:
-        await cl.wait_ready()
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("q", partitions=1)
-
-        async def one_active() -> bool:
-            return len(await cl.actives("q")) == 1
-
-        await wait_until(one_active, timeout=30, what="an active for q")
-        old = (await cl.actives("q"))[0]
-        replica = next(n for n in cl.nodes if n != old)
-        bodies = [f"message {i} ".encode() * 20 for i in range(96)]
-        confirmed: list[bytes] = []
-        await produce(cl.url_of(old), "q", bodies, confirmed, [])
-        await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} to have every entry")
-        await cl.nodes[replica].stop()
+        old, replica, confirmed = await stopped_replica(cl)
         db = cl.nodes[replica].data_dir / "tandem.db"
         probe = SqliteEngine(db)
         qid = next(m.id for m in probe.open().queues if m.name == "q")
