@@ -66,7 +66,7 @@ async def test_a_group_of_one_with_a_damaged_log_does_not_start(tmp_path: Path) 
         await g.until(out.done, 10.0, what="confirmed")
         await g.stop("n1")
         g["n1"].disk.log_damage = [DAMAGE]
-        with pytest.raises(Exception, match="has no other voter to catch up from: this node does not start"):
+        with pytest.raises(Exception, match="has no other voter to repair it from: this node does not start"):
             await g.restart("n1")
         assert g["n1"].disk.log_damage == [DAMAGE]  # (left for the operator)
         g["n1"].disk.log_damage = []  # (the operator moved the damaged segments aside)
