@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asy
 
 async def test_bit_flips_at_rest_are_found_and_nothing_damaged_is_delivered(tmp_path: Path) -> None:
     assert "bit-flip" in load_families()
-    cfg = DrillConfig("bit-flip", producers=1, consumers=1, messages=600, partitions=4, seed=3, data_dir=tmp_path,
+    cfg = DrillConfig("bit-flip", producers=1, consumers=1, messages=300, partitions=4, seed=3, data_dir=tmp_path,
                       timeout=150, non_response_timeout=0.5, watch=0.0, consume_pause=0.02)  # (a backlog to flip)
     rep = await drill(cfg, repeat=1)
     print(f"bit-flip: schedule {rep['schedule']}, errors {rep['errors']}")
