@@ -17,11 +17,11 @@ replication log's segments (tandem.db-log/*.seg: its length and CRC-32), SQLite'
 of the store (tandem.db: PRAGMA quick_check) and each stored chunk of messages against its CRC-32.
 The node may be running (the store is opened read-only).
 
-Prints what it found, one line each, and exits 1 if anything is damaged (0 if not). A torn tail
-(the end of the newest segment a crash cut short) is not damage: the node cuts it off at its next
-start. What a member of a group finds damaged it repairs from the group at its next start (a
-damaged log: none of it used, each partition caught up from its active; a damaged chunk: its
-partition rebuilt from its active); a node with no group, or a partition with no other voter,
+Prints each damaged record and torn tail, one line each, and exits 1 if anything is damaged (0 if
+not). A torn tail (the end of the newest segment a crash cut short) is not damage: the node cuts
+it off at its next start. A member of a group repairs damaged records from the group at its next
+start (a damaged log: none of it used, each partition caught up from its active; a damaged chunk:
+its partition rebuilt from its active); a node with no group, or a partition with no other voter,
 does not start until the data directory is restored (docs/reliability.md, "Storage faults").
 """
 

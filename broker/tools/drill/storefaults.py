@@ -22,7 +22,7 @@ from typing import ClassVar
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from client.errors import TandemError
 
-#: how long the restarted node has to say what it found (seconds)
+#: seconds the restarted node is given to report each damaged record (its event, its log line)
 DETECT_WAIT = 30.0
 #: how long the fault waits for a store to hold messages (committed entries reach a store some
 #: 0.2 s after they commit, unless acked first: broker.modes.replicated.apply.HOLD_APPLY)
@@ -99,7 +99,7 @@ class BitFlip(Nemesis):
             ctx.failures.append(f"bit-flip {self.node}: {injected} damaged record(s) injected, {len(found)} found")
 
     async def _found(self, ctx: FaultContext) -> list[str]:
-        """What the restarted node said it found, within :data:`DETECT_WAIT`."""
+        """The damage the restarted node reported detecting, within :data:`DETECT_WAIT`."""
         proc = ctx.cluster.nodes[self.node]
         deadline = ctx.clock.monotonic() + DETECT_WAIT
         while True:
