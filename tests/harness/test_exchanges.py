@@ -150,7 +150,7 @@ async def test_a_fan_out_through_a_kill_stores_each_message_once_per_queue(tmp_p
         await finalize(g, g["n1"], 4)
         s = ClientSession(g, g["n1"])
         await ok(s, DeclareExchange(rid=1, exchange="fan", type="fanout"))
-        queues = [f"q{i:02d}" for i in range(30)]  # (100, with real processes: tests/integration/test_exchanges.py)
+        queues = [f"q{i:02d}" for i in range(30)]  # (as many as with real processes: tests/integration/test_exchanges.py)
         for q in queues:  # (three partitions each: every member is active for some of them)
             await g.declare(q, partitions=3)
             await ok(s, Bind(rid=2, source="fan", destination=q))

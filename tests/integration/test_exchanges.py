@@ -20,7 +20,7 @@ from tests.helpers import wait_until
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
 NODES = ("node1", "node2", "node3")
-FANOUT = [f"fan{i:03d}" for i in range(100)]
+FANOUT = [f"fan{i:03d}" for i in range(30)]
 #: topic queue -> its pattern, and the routing keys sent (each key's expected queues follow)
 TOPIC = {"t.eu": "*.eu.#", "t.orders": "orders.*", "t.all": "#"}
 KEYS = ["orders.eu", "orders.us", "news.eu.fr", "misc"]
