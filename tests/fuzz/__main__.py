@@ -1,7 +1,7 @@
 """Hostile input at scale: the nightly fuzz run.
 
     python -m tests.fuzz --frames 1000000          # (make fuzz) decoders, then a live group
-    python -m tests.fuzz --frames 10000 --live-connections 60   # what `make test` runs
+    python -m tests.fuzz --frames 30000 --live-connections 40   # what `make test` runs
 
 Phase 1 (in process, coverage-guided): atheris/libFuzzer mutates well-formed inputs
 (tests/fuzz/corpus.py) and feeds them to each target of tests/fuzz/targets.py: the frame

@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration
 def test_a_short_fuzz_run_finds_nothing(tmp_path: Path) -> None:
-    """10,000 coverage-guided inputs over every decoder target, then 60 hostile connections to a
+    """30,000 coverage-guided inputs over every decoder target, then 60 hostile connections to a
     live two-node group: no unexpected exception, no crash, the group still serves."""
-    out = subprocess.run([sys.executable, "-m", "tests.fuzz", "--frames", "10000", "--live-connections", "60",
+    out = subprocess.run([sys.executable, "-m", "tests.fuzz", "--frames", "30000", "--live-connections", "60",
                           "--out", str(tmp_path), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     dec, live = summary["decoders"], summary["live"]
-    assert dec["frames"] == 10000 and dec["findings"] == [] and dec["crashes"] == 0, dec
+    assert dec["frames"] == 30000 and dec["findings"] == [] and dec["crashes"] == 0, dec
     assert live["frames"] >= 60 and live["crashes"] == 0 and live["log_errors"] == 0 and live["serving"], live
 
 
