@@ -128,21 +128,21 @@ async def test_bench_of_delayed_messages_reports_their_cost_and_lateness() -> No
 
 async def test_bench_of_transactions_reports_each_size_against_plain_publishes() -> None:
     """`tandem bench --transactions`: a group of three (finalized by the bench), for each of 1, 10
-    and 100 messages per transaction plain confirmed publishes, plain batches and transactions by
+    and 50 messages per transaction plain confirmed publishes, plain batches and transactions by
     4 producers; every phase's queue holds exactly what it confirmed or committed."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", "bench", "--spawn", "--nodes", "3", "--transactions", "--tx-sizes",
-        "1,10,100", "--tx-messages", "400", "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "1,10,50", "--tx-messages", "200", "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=dict(os.environ))
     out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0, err.decode()[-3000:]
     r = json.loads(out)
     assert r["error"] is None and r["counted"] and r["nodes"] == 3 and r["producers"] == 4, r
-    assert r["baseline_confirmed"] == r["baseline_ready"] == 3 * 400 and len(r["baseline_rounds"]) == 3, r
+    assert r["baseline_confirmed"] == r["baseline_ready"] == 3 * 200 and len(r["baseline_rounds"]) == 3, r
     assert r["baseline_per_s"] > 0 and all(rate > 0 for rate in r["baseline_rounds"]), r
-    assert [s["per_tx"] for s in r["sizes"]] == [1, 10, 100]
+    assert [s["per_tx"] for s in r["sizes"]] == [1, 10, 50]
     for s in r["sizes"]:
-        assert s["transactions"] == 400 // s["per_tx"] and s["messages"] == s["ready"] == s["batches_ready"] == 400
+        assert s["transactions"] == 200 // s["per_tx"] and s["messages"] == s["ready"] == s["batches_ready"] == 200
         assert s["tx_per_s"] > 0 and s["msg_per_s"] > 0 and s["batches_per_s"] > 0, s
         assert 0 < s["commit_ms"]["p50"] <= s["commit_ms"]["p99"] and s["ratio_to_baseline"] > 0, s
 
