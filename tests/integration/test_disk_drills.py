@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asy
 
 
 #: the disk families
-DISK = ("power-loss", "power-loss-all", "disk-full", "disk-error")
+DISK = ("power-loss", "power-loss-all", "disk-full", "disk-error", "fsync-error")
 
 
 async def _run(tmp_path: Path, scenario: str, messages: int = 400, seed: int = 7, **kw: Any) -> dict[str, Any]:
@@ -102,3 +102,16 @@ async def test_disk_error_on_a_replica_loses_nothing(tmp_path: Path) -> None:
     _clean(rep)
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
     assert rep["failover_ms"]["max"] < 5000, "the actives did not go on with the other replica"
+
+
+async def test_a_failed_fsync_stops_the_active_and_loses_nothing(tmp_path: Path) -> None:
+    """Every fsync of the busiest active fails (its writes succeed): it stops at the first one,
+    naming it, never confirming what it could not sync; the others take over; started again on
+    the working disk, it catches up."""
+    rep = await _run(tmp_path, "fsync-error", messages=2000)
+    _clean(rep)
+    failed = next(line for line in rep["schedule"] if line.endswith("fsync(s) failed"))
+    assert int(failed.rsplit(": ", 1)[1].split()[0]) >= 1, rep["schedule"]
+    assert any("exited (status 1) while its fsyncs failed" in line and "fdatasync failed" in line
+               and "never retried" in line for line in rep["schedule"]), rep["schedule"]
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep

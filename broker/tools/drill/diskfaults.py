@@ -22,6 +22,12 @@ of the run to close).  All of them need root and FUSE.
 * ``disk-error``: every write and fsync of the group's replica (the last node, priority 0,
   active for nothing) fails with EIO for the hold: it must not ack what it did not write, and
   the actives keep serving with the other replica.
+* ``fsync-error``: every fsync of the node active for most partitions fails with EIO for the
+  hold, its writes succeed (the kernel may have dropped the pages it could not write back: a
+  later fsync would report success).  The node must stop at its log's first failed fsync (it
+  never confirms what it could not sync, and never retries the fsync), its replicas elect another
+  active, and the heal starts it again on the working disk: a node still running at the heal
+  after a failed fsync fails the run.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.
@@ -229,6 +235,31 @@ class DiskError(DiskNemesis):
         ctx.schedule.append(f"disk-error {self.node}: {st['failed_ios']} write(s)/fsync(s) failed")
         # a node may stop on a disk that fails (fail-stop): it must come back on a healthy one
         await _revive(ctx, self.node, "its disk failed", fatal=False)
+
+
+@register
+class FsyncError(DiskNemesis):
+    name = "fsync-error"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        await asyncio.to_thread(self.disks[self.node].fail_io, "fsync")
+        return f"fsync-error {self.node}: every fsync fails with EIO (writes succeed)"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        await asyncio.to_thread(self.disks[self.node].fail_io, "off")
+        st = await asyncio.to_thread(self.disks[self.node].stats)
+        ctx.schedule.append(f"fsync-error {self.node}: {st['failed_ios']} fsync(s) failed")
+        p = ctx.cluster.nodes[self.node]
+        if st["failed_ios"] and p.proc is not None and p.proc.returncode is None:
+            # (a failed fsync is never retried: the pages it could not write may be gone)
+            ctx.failures.append(f"{self.node} kept running after {st['failed_ios']} failed fsync(s)")
+            return
+        await _revive(ctx, self.node, "its fsyncs failed", fatal=False)
 
 
 async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True) -> None:
