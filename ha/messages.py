@@ -230,7 +230,21 @@ class HandingOver:
     drained: bool = False  # the active's node is drained (tandem node drain), not a failback
 
 
-Event = RoleChanged | EntriesDiscarded | HandingOver
+@dataclass(frozen=True, slots=True)
+class ReplicaWentBack:
+    """``replica`` answered the active that its log ends at ``ends``, before ``acknowledged``,
+    which it had acknowledged holding in this term: it lost entries it had written (a disk that
+    answered an fsync without syncing, a data directory restored from an older copy).  The
+    active no longer counts them as on it, and sends them again."""
+
+    node: str
+    term: int
+    replica: str
+    acknowledged: int
+    ends: int
+
+
+Event = RoleChanged | EntriesDiscarded | HandingOver | ReplicaWentBack
 
 
 @dataclass(slots=True)

@@ -32,9 +32,15 @@ class PeerTracker:
         return cls(next={p: last_index + 1 for p in peers}, match={p: 0 for p in peers},
                    heard={p: now for p in peers})
 
-    def record_reply(self, m: AppendReply, now: float, election_timeout: float) -> None:
-        """An append reply of this term: move the member's next and match indexes."""
+    def record_reply(self, m: AppendReply, now: float, election_timeout: float) -> int | None:
+        """An append reply of this term: move the member's next and match indexes.  A refusal
+        whose hint (the member's last index) is below its match takes the match back to the
+        hint.  It is a replica that lost entries it had acknowledged when the replica had been
+        silent for an election timeout before it (down, then back: no reply of its earlier run
+        can arrive this late); then what it had acknowledged is returned (None otherwise)."""
         r = m.replica
+        went_back = None
+        silent = now - self.heard.get(r, NEVER) > election_timeout
         self.heard[r] = now
         if m.success:
             if now - self.acked.get(r, NEVER) > election_timeout:
@@ -44,7 +50,12 @@ class PeerTracker:
                 self.match[r] = m.match_index
             self.next[r] = max(self.next.get(r, 1), m.match_index + 1)
         else:
+            if m.match_index < self.match.get(r, 0):
+                if silent:
+                    went_back = self.match[r]
+                self.match[r] = m.match_index
             self.next[r] = max(1, min(self.next.get(r, 1) - 1, m.match_index + 1))
+        return went_back
 
     def snapshot_due(self, peer: str, now: float, election_timeout: float) -> bool:
         """Whether to send ``peer`` a snapshot now (at most one per election timeout in

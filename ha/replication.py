@@ -22,7 +22,7 @@ from ha import discards, quorum, witness
 from ha.failback import Failback
 from ha.log import EntryLog
 from ha.members import Members, is_change
-from ha.messages import Alive, AppendEntries, AppendReply, Entry, InstallSnapshot, Message, Ready
+from ha.messages import Alive, AppendEntries, AppendReply, Entry, InstallSnapshot, Message, Ready, ReplicaWentBack
 from ha.progress import PeerTracker
 from ha.replica_config import ReplicaConfig
 from ha.roles import Role
@@ -233,7 +233,9 @@ class LogReplication:
             return
         if self.role is not Role.LEADER or m.term != self.term:
             return
-        self._tracker.record_reply(m, self._now, self.cfg.election_timeout)
+        went_back = self._tracker.record_reply(m, self._now, self.cfg.election_timeout)
+        if went_back is not None:
+            self._ready.events.append(ReplicaWentBack(self.id, self.term, m.replica, went_back, m.match_index))
         if m.success:
             self._advance_commit()
             if m.replica == self._failback.handing_to:

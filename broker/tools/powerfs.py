@@ -16,14 +16,17 @@ in or out, or unlinked since go back (an unlinked file is kept aside, in
 (kill -9) when it rolls back: a process that kept files open would go on writing.
 
 The error mode (``fail-io write|fsync|all``) fails every write and/or fsync with EIO until
-``fail-io off``: a failing disk.
+``fail-io off``: a failing disk.  The lying mode (``lie-fsync on``) answers every fsync (and
+``O_SYNC`` write) with success and syncs nothing, until ``lie-fsync off``: a rollback then
+takes the files back to their last fsync before the lying began (a disk whose cache lies).
 
 The backing files are never fsynced themselves: powerfs's own journal is the model of the
 disk.  Writes through a shared ``mmap`` (SQLite's ``-shm``) reach powerfs when the kernel
 writes the pages back; SQLite rebuilds that file on open, so what it holds does not matter.
 
 Control: one request line on the abstract Unix socket ``NAME`` (``--control``), one JSON line
-back: ``ping``, ``rollback``, ``fail-io MODE``, ``stats`` (syncs seen, bytes rolled back).
+back: ``ping``, ``rollback``, ``fail-io MODE``, ``lie-fsync on|off``, ``stats`` (syncs seen,
+fsyncs lied about, bytes rolled back).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
 """
@@ -118,9 +121,10 @@ def _fs_classes() -> Any:
             self.stale: set[int] = set()  # handles opened before the last rollback: no more writes
             self.next_fh = 1
             self.fail: frozenset[str] = frozenset()
+            self.lie = False  # fsyncs answer success and sync nothing (lie-fsync on)
             self.trashed = 0
             self.stats = {"syncs": 0, "dir_syncs": 0, "writes": 0, "rollbacks": 0, "bytes_rolled_back": 0,
-                          "entries_rolled_back": 0, "failed_ios": 0}
+                          "entries_rolled_back": 0, "failed_ios": 0, "lied_syncs": 0}
 
         # -- paths and journals -----------------------------------------------------------
 
@@ -205,7 +209,9 @@ def _fs_classes() -> Any:
                 fd, ino, sync = got
                 self._fail("write")
                 self.stats["writes"] += 1
-                if sync:
+                if sync and self.lie:
+                    self.stats["lied_syncs"] += 1
+                elif sync:
                     n = os.pwrite(fd, data, offset)
                     self.undo.pop(ino, None)
                     return n
@@ -230,6 +236,9 @@ def _fs_classes() -> Any:
                 got = self.handles.get(fh)
                 if got is None or fh in self.stale:
                     raise FuseOSError(errno.EBADF)
+                if self.lie:
+                    self.stats["lied_syncs"] += 1
+                    return 0
                 self.undo.pop(got[1], None)
                 self.stats["syncs"] += 1
             return 0
@@ -253,6 +262,9 @@ def _fs_classes() -> Any:
         def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
             with self.mu:
                 self._fail("fsync")
+                if self.lie:
+                    self.stats["lied_syncs"] += 1
+                    return 0
                 self.dirs.pop(os.stat(self._p(path)).st_ino, None)
                 self.stats["dir_syncs"] += 1
             return 0
@@ -396,13 +408,17 @@ def _fs_classes() -> Any:
                 with self.mu:
                     self.fail = FAIL_MODES[arg]
                 return {"ok": True, "fail": sorted(self.fail)}
+            if word == "lie-fsync" and arg in ("on", "off"):
+                with self.mu:
+                    self.lie = arg == "on"
+                return {"ok": True, "lie": self.lie}
             if word == "stats":
                 with self.mu:
                     return {"ok": True, **self.stats, "journaled_files": len(self.undo),
                             "journaled_bytes": sum(len(b) for u in self.undo.values() for _s, b in u.saved),
-                            "dirty_dirs": len(self.dirs), "fail": sorted(self.fail)}
+                            "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
-                                          f"fail-io {'|'.join(FAIL_MODES)}, stats)"}
+                                          f"fail-io {'|'.join(FAIL_MODES)}, lie-fsync on|off, stats)"}
 
     return PowerOps
 

@@ -107,6 +107,34 @@ async def test_error_mode_fails_writes_and_fsyncs_with_eio(tmp_path: Path) -> No
             fs.command("fail-io sometimes")
 
 
+async def test_the_lying_mode_answers_fsyncs_and_a_rollback_goes_back_past_them(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        fd = os.open(tmp_path / "m" / "f", os.O_RDWR | os.O_CREAT, 0o644)
+        sync_fd = -1
+        try:
+            os.write(fd, b"kept")
+            os.fsync(fd)
+            fs.lie_fsync(True)
+            os.write(fd, b"-lied")
+            os.fsync(fd)  # success, and nothing synced
+            os.fdatasync(fd)
+            sync_fd = os.open(tmp_path / "m" / "g", os.O_RDWR | os.O_CREAT | os.O_DSYNC, 0o644)
+            os.write(sync_fd, b"not durable either")
+            assert fs.stats()["lie"] is True
+            fs.lie_fsync(False)
+            fs.rollback()
+        finally:
+            os.close(fd)
+            if sync_fd >= 0:
+                os.close(sync_fd)
+        assert (tmp_path / "m" / "f").read_bytes() == b"kept"
+        assert (tmp_path / "m" / "g").read_bytes() == b""
+        st = fs.stats()
+        assert (st["syncs"], st["lie"]) == (1, False) and st["lied_syncs"] >= 3, st  # (and any the kernel asked)
+        with pytest.raises(PowerFSError, match="unknown command"):
+            fs.command("lie-fsync maybe")
+
+
 async def test_sqlite_in_wal_mode_works_and_keeps_its_synced_commits(tmp_path: Path) -> None:
     async with PowerFS(tmp_path / "b", tmp_path / "m", strict=True) as fs:
         path = str(tmp_path / "m" / "t.db")

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 
 from ha.members import Members
-from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready
+from ha.messages import Alive, EntriesDiscarded, Entry, Envelope, InstallSnapshot, Ready, ReplicaWentBack
 from ha.replica import Replica, ReplicaConfig, Role
 
 
@@ -80,6 +80,7 @@ class Cluster:
         self.discarded_committed = 0  # of those, confirmed by the node that lost them
         self.compacted_discards = 0  # HA-1014 reports that reached into a node's compacted log
         self.writes = 0
+        self.went_back: list[ReplicaWentBack] = []  # an active's word that a replica lost acknowledged entries
         #: check the safety rules; off only for scripted runs of a weak override, which
         #: gives them up by design (what it costs is what HA-1014 reports)
         self.strict = True
@@ -188,6 +189,8 @@ class Cluster:
             if isinstance(ev, EntriesDiscarded):
                 self.discarded += ev.count
                 self.discarded_committed += ev.committed
+            elif isinstance(ev, ReplicaWentBack):
+                self.went_back.append(ev)
         for env in ready.messages:
             if isinstance(env.msg, InstallSnapshot) and env.msg.data is None:
                 i, t, o, _d = st.state[-1] if st.state else (0, 0, "", None)

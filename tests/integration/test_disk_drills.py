@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asy
 
 
 #: the disk families
-DISK = ("power-loss", "power-loss-all", "disk-full", "disk-error", "fsync-error")
+DISK = ("power-loss", "power-loss-all", "disk-full", "disk-error", "fsync-error", "lying-fsync")
 
 
 async def _run(tmp_path: Path, scenario: str, messages: int = 400, seed: int = 7, **kw: Any) -> dict[str, Any]:
@@ -114,4 +114,16 @@ async def test_a_failed_fsync_stops_the_active_and_loses_nothing(tmp_path: Path)
     assert int(failed.rsplit(": ", 1)[1].split()[0]) >= 1, rep["schedule"]
     assert any("exited (status 1) while its fsyncs failed" in line and "fdatasync failed" in line
                and "never retried" in line for line in rep["schedule"]), rep["schedule"]
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+
+
+async def test_fsyncs_that_lie_lose_nothing_and_the_actives_name_what_the_node_lost(tmp_path: Path) -> None:
+    """Every fsync of the busiest active answers success and syncs nothing; then its power is
+    cut: it comes back without entries it had acknowledged.  Nothing confirmed is lost (a quorum
+    had each), and the actives it is a replica of name what it lost."""
+    rep = await _run(tmp_path, "lying-fsync", messages=2000)
+    _clean(rep)
+    line = next(line for line in rep["schedule"] if "lied about" in line)
+    assert int(line.split(": ")[2].split()[0]) > 0 and "rolled back" in line, rep["schedule"]
+    assert "(replica-went-back)" in line, rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep

@@ -20,7 +20,7 @@ from broker.modes.replicated.serving import Serving
 from broker.peers.codec import CATALOGUE, MalformedReplicationError, decode_ops
 from client.clock import Clock
 from ha.members import is_change
-from ha.messages import EntriesDiscarded, HandingOver, RoleChanged
+from ha.messages import EntriesDiscarded, HandingOver, ReplicaWentBack, RoleChanged
 from storage.base import WriteOp
 
 log = logging.getLogger("tandem.ha")
@@ -86,10 +86,12 @@ class EventLog:
     def record(self, kind: str, partition: str, text: str) -> None:
         self.events.append(HaEvent(self._clock.time(), kind, partition, text))
 
-    def on(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver) -> None:
+    def on(self, plog: PartLog, ev: RoleChanged | EntriesDiscarded | HandingOver | ReplicaWentBack) -> None:
         """An event of a Ready of ``plog``'s core: logged, recorded; a role change acted on."""
         if isinstance(ev, HandingOver):
             self.handing_over(plog, ev)
+        elif isinstance(ev, ReplicaWentBack):
+            self.went_back(plog, ev)
         elif isinstance(ev, RoleChanged):
             self.role_changed(plog, ev)
         else:
@@ -107,6 +109,15 @@ class EventLog:
                     "answering (term %d; writes wait until it has taken over, or given up after an "
                     "election timeout)", plog.name, self.me, ev.to, ev.term)
         self.record("failback", plog.name, f"{self.me}: handing over to {ev.to} in term {ev.term}")
+
+    def went_back(self, plog: PartLog, ev: ReplicaWentBack) -> None:
+        """A replica lost entries it had acknowledged: said once per answer that shows it."""
+        text = (f"{ev.replica}'s log ends at {ev.ends}, but it had acknowledged {ev.acknowledged} in term {ev.term}: "
+                f"it lost entries it had written (a disk that answered an fsync without syncing, or a data "
+                f"directory restored from an older copy); {self.me} no longer counts them as on it and sends "
+                f"them again")
+        log.error("partition %s on %s: %s", plog.name, self.me, text)
+        self.record("replica-went-back", plog.name, f"{self.me}: {text}")
 
     def role_changed(self, plog: PartLog, ev: RoleChanged) -> None:
         """This node's role in the partition changed: logged, and recorded where the active

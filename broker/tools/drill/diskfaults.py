@@ -1,4 +1,5 @@
-"""The disk fault families: power loss (one node, every node), a full disk, a failing disk.
+"""The disk fault families: power loss (one node, every node), a full disk, a failing disk,
+fsyncs that fail and fsyncs that lie.
 
 Every disk family puts each node's data dir on the same layout (:class:`_Disks`, one per
 group, shared by the disk families of a ``jepsen`` run): a small tmpfs of the node's own
@@ -28,6 +29,13 @@ of the run to close).  All of them need root and FUSE.
   never confirms what it could not sync, and never retries the fsync), its replicas elect another
   active, and the heal starts it again on the working disk: a node still running at the heal
   after a failed fsync fails the run.
+* ``lying-fsync``: every fsync of the node active for most partitions answers success and syncs
+  nothing for the hold (a disk whose write cache lies); then its power is cut (kill -9, its disk
+  rolled back to its last fsync before the lying began), and after 3 x ``non_response_timeout``
+  it starts again.  It comes back without entries it acknowledged: the group must still hold
+  every confirmed message (a quorum had each), the actives of the partitions it is a replica of
+  must name what it lost (``replica-went-back`` in their status events, within
+  :data:`WENT_BACK_WAIT`; none named fails the run), and it takes the entries back from them.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.
@@ -248,6 +256,7 @@ class FsyncError(DiskNemesis):
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
         await asyncio.to_thread(self.disks[self.node].fail_io, "fsync")
+        self.cut = frozenset({self.node})  # (the faulted node: its actives move)
         return f"fsync-error {self.node}: every fsync fails with EIO (writes succeed)"
 
     async def heal(self, ctx: FaultContext) -> None:
@@ -260,6 +269,55 @@ class FsyncError(DiskNemesis):
             ctx.failures.append(f"{self.node} kept running after {st['failed_ios']} failed fsync(s)")
             return
         await _revive(ctx, self.node, "its fsyncs failed", fatal=False)
+
+
+@register
+class LyingFsync(DiskNemesis):
+    name = "lying-fsync"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        await asyncio.to_thread(self.disks[self.node].lie_fsync, True)
+        self.cut = frozenset({self.node})  # (its actives move when its power is cut at the heal: not a deposition)
+        return f"lying-fsync {self.node}: every fsync answers success and syncs nothing"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        disk = self.disks[self.node]
+        lied = (await asyncio.to_thread(disk.stats))["lied_syncs"]
+        lost = await self._power_loss(ctx, [self.node])
+        await asyncio.to_thread(disk.lie_fsync, False)
+        off = round(3 * ctx.cfg.nrt, 1)
+        await ctx.clock.sleep(off)  # (the power stays off a while: the schedule's own step, not a wait for a state)
+        await ctx.cluster.nodes[self.node].start()
+        seen = await self._seen(ctx)
+        ctx.schedule.append(f"lying-fsync {self.node}: {lied} fsync(s) lied about; kill -9, {lost}; off {off} s; "
+                            + (f"its lost entries named by {', '.join(seen)} (replica-went-back)" if seen else
+                               "no active named its lost entries"))
+        if lied and not seen:
+            ctx.failures.append(f"lying-fsync {self.node}: {lied} fsync(s) lied about, and no active named the "
+                                f"entries it lost")
+
+    async def _seen(self, ctx: FaultContext) -> list[str]:
+        """The other nodes whose status events say this node lost entries it had acknowledged,
+        within :data:`WENT_BACK_WAIT` (an active sees it at its first append to the node)."""
+        others = sorted(n for n in ctx.cluster.nodes if n != self.node)
+        deadline = ctx.clock.monotonic() + WENT_BACK_WAIT
+        while True:
+            seen = []
+            for n in others:
+                try:
+                    events = (await ctx.cluster.status(n)).events
+                except (TandemError, OSError):
+                    continue
+                if any(e.startswith("replica-went-back") and f": {self.node}'s log ends at" in e for e in events):
+                    seen.append(n)
+            if seen or ctx.clock.monotonic() > deadline:
+                return seen
+            await ctx.clock.sleep(0.2)  # (polling the nodes' words with a deadline)
 
 
 async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True) -> None:
@@ -279,6 +337,8 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
     await p.start()
 
 
+#: seconds the other nodes are given to name what a node whose fsyncs lied lost (lying-fsync)
+WENT_BACK_WAIT = 10.0
 #: what a CRITICAL line of a node stopped by a full disk names (the OS's ENOSPC, SQLite's SQLITE_FULL)
 ENOSPC_WORDS = ("No space left on device", "database or disk is full")
 #: seconds a node that kept serving has to clear its disk alarm once the space is freed
