@@ -25,8 +25,10 @@ disk.  Writes through a shared ``mmap`` (SQLite's ``-shm``) reach powerfs when t
 writes the pages back; SQLite rebuilds that file on open, so what it holds does not matter.
 
 Control: one request line on the abstract Unix socket ``NAME`` (``--control``), one JSON line
-back: ``ping``, ``rollback``, ``fail-io MODE``, ``lie-fsync on|off``, ``stats`` (syncs seen,
-fsyncs lied about, bytes rolled back).
+back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
+each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
+its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``stats`` (syncs seen, fsyncs lied
+about, bytes rolled back).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
 """
@@ -38,6 +40,7 @@ import errno
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import threading
@@ -45,6 +48,8 @@ from typing import Any
 
 log = logging.getLogger("tandem.powerfs")
 
+#: the unit a torn write keeps whole: what a disk writes at once
+SECTOR = 512
 #: the fail-io modes and what each fails
 FAIL_MODES = {"off": frozenset(), "write": frozenset({"write"}), "fsync": frozenset({"fsync"}),
               "all": frozenset({"write", "fsync"})}
@@ -87,17 +92,24 @@ class Undo:
                 merged.append((s, data))
         self.saved = merged
 
-    def restore(self, path: str) -> int:
-        """Put the file at ``path`` back; how many bytes that changed."""
+    def restore(self, path: str, rng: random.Random | None = None) -> tuple[int, int]:
+        """Put the file at ``path`` back; how many bytes that changed, and how many written past
+        its synced size were kept.  With ``rng`` a torn write: of what was written past the
+        synced size, a prefix the disk had already written is kept, cut at a random
+        :data:`SECTOR` boundary (the bytes below the synced size are put back all the same)."""
         fd = os.open(path, os.O_WRONLY)
         try:
             now = os.fstat(fd).st_size
-            changed = max(0, now - self.size)
-            os.ftruncate(fd, self.size)
+            keep = 0
+            if rng is not None and now > self.size:
+                cut = self.size + rng.randrange(now - self.size + 1)
+                keep = max(self.size, cut - cut % SECTOR) - self.size
+            changed = max(0, now - self.size - keep)
+            os.ftruncate(fd, self.size + keep)
             for s, data in self.saved:
                 os.pwrite(fd, data, s)
                 changed += len(data)
-            return changed
+            return changed, keep
         finally:
             os.close(fd)
 
@@ -351,16 +363,21 @@ def _fs_classes() -> Any:
             out[os.stat(self.root).st_ino] = self.root
             return out
 
-        def rollback(self) -> dict[str, int]:
+        def rollback(self, torn: int | None = None) -> dict[str, int]:
+            """Every file back to its last fsync; with ``torn`` (a seed) each keeps a prefix of
+            what was written past its synced size (a torn write)."""
+            rng = None if torn is None else random.Random(torn)
             with self.mu:
                 self.stale = set(self.handles)  # (their descriptors close when released)
                 entries = self._rollback_dirs() if self.strict else 0
                 index = self._index()
-                changed = files = 0
-                for ino, u in self.undo.items():
+                changed = files = kept = 0
+                for ino, u in sorted(self.undo.items()):
                     p = index.get(ino)
                     if p is not None and not p.startswith(self.trash + os.sep) and os.path.isfile(p):
-                        changed += u.restore(p)
+                        undone, keep = u.restore(p, rng)
+                        changed += undone
+                        kept += keep
                         files += 1
                 self.undo.clear()
                 shutil.rmtree(self.trash, ignore_errors=True)
@@ -368,7 +385,7 @@ def _fs_classes() -> Any:
                 self.stats["rollbacks"] += 1
                 self.stats["bytes_rolled_back"] += changed
                 self.stats["entries_rolled_back"] += entries
-                return {"files": files, "bytes": changed, "entries": entries}
+                return {"files": files, "bytes": changed, "entries": entries, "kept": kept}
 
         def _rollback_dirs(self) -> int:
             """Every directory changed since its last fsync back to its entries then."""
@@ -404,6 +421,8 @@ def _fs_classes() -> Any:
                 return {"ok": True}
             if word == "rollback":
                 return {"ok": True, **self.rollback()}
+            if word == "rollback-torn" and arg.isdigit():
+                return {"ok": True, **self.rollback(int(arg))}
             if word == "fail-io" and arg in FAIL_MODES:
                 with self.mu:
                     self.fail = FAIL_MODES[arg]
@@ -418,7 +437,8 @@ def _fs_classes() -> Any:
                             "journaled_bytes": sum(len(b) for u in self.undo.values() for _s, b in u.saved),
                             "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
-                                          f"fail-io {'|'.join(FAIL_MODES)}, lie-fsync on|off, stats)"}
+                                          f"rollback-torn SEED, fail-io {'|'.join(FAIL_MODES)}, "
+                                          f"lie-fsync on|off, stats)"}
 
     return PowerOps
 

@@ -146,6 +146,10 @@ class PowerFS:
         """``write``, ``fsync`` or ``all`` fail with EIO from now on; ``off`` ends that."""
         self.command(f"fail-io {mode}")
 
+    def rollback_torn(self, seed: int) -> dict[str, Any]:
+        """A power loss that tears the last writes (``rollback-torn``): what it undid and kept."""
+        return self.command(f"rollback-torn {seed}")
+
     def lie_fsync(self, on: bool) -> None:
         """From now on every fsync answers success and syncs nothing (``on``), or syncs again."""
         self.command(f"lie-fsync {'on' if on else 'off'}")

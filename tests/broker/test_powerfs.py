@@ -135,6 +135,28 @@ async def test_the_lying_mode_answers_fsyncs_and_a_rollback_goes_back_past_them(
             fs.command("lie-fsync maybe")
 
 
+async def test_a_torn_rollback_keeps_a_prefix_of_the_unsynced_tail_cut_at_a_sector(tmp_path: Path) -> None:
+    kept = set()
+    for seed in range(8):
+        async with PowerFS(tmp_path / f"b{seed}", tmp_path / f"m{seed}") as fs:
+            f = tmp_path / f"m{seed}" / "log"
+            fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, b"S" * 1000)
+                os.fsync(fd)
+                os.pwrite(fd, b"x" * 10, 100)  # an overwrite of synced bytes: always undone
+                os.pwrite(fd, b"T" * 5000, 1000)
+            finally:
+                os.close(fd)
+            out = fs.rollback_torn(seed)
+            data = f.read_bytes()
+            assert data[:1000] == b"S" * 1000 and data[1000:] == b"T" * (len(data) - 1000)
+            assert len(data) % 512 == 0 or len(data) == 1000, len(data)
+            assert out["kept"] == len(data) - 1000 and out["files"] == 1
+            kept.add(out["kept"])
+    assert len(kept) > 2, kept  # (the seed draws where the tear falls)
+
+
 async def test_sqlite_in_wal_mode_works_and_keeps_its_synced_commits(tmp_path: Path) -> None:
     async with PowerFS(tmp_path / "b", tmp_path / "m", strict=True) as fs:
         path = str(tmp_path / "m" / "t.db")

@@ -10,6 +10,11 @@ of the run to close).  All of them need root and FUSE.
 
 * ``power-loss``: kill -9 the node active for most partitions, roll its disk back to what it
   had fsynced; after the hold start it again on that disk.
+* ``torn-write``: kill -9 the node active for most partitions and roll its disk back with its
+  last writes torn: each file keeps a prefix, cut at a 512-byte sector boundary drawn from the
+  run's seeded source, of what it had written past its last fsync.  The node must start on it,
+  cutting off a record its newest segment now ends inside (its log says so: a tear it does not
+  name fails the run), and lose nothing confirmed.
 * ``power-loss-all``: kill -9 every node at once, roll every disk back; after the hold start
   them again in an order and with gaps (0-5 s) drawn from the run's seeded random source, both
   printed in the schedule line, so a run can be replayed.
@@ -172,6 +177,38 @@ class PowerLoss(DiskNemesis):
 
 
 @register
+class TornWrite(DiskNemesis):
+    name = "torn-write"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+        self.torn = False  # the newest log segment was left ending inside a record
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        seed = ctx.rng.getrandbits(32)
+        await ctx.cluster.nodes[self.node].kill()
+        out = await asyncio.to_thread(self.disks[self.node].rollback_torn, seed)
+        self.torn = await asyncio.to_thread(_torn_tail, Path(ctx.cluster.nodes[self.node].data_dir))
+        return (f"torn-write {self.node}: kill -9, rolled back {out['bytes']} B in {out['files']} file(s), kept "
+                f"{out['kept']} B past their last fsync (cut at sectors drawn from seed {seed}); the newest log "
+                f"segment " + ("ends inside a record" if self.torn else "ends at a whole record"))
+
+    async def heal(self, ctx: FaultContext) -> None:
+        p = ctx.cluster.nodes[self.node]
+        before = len(p.log_text())
+        await p.start()
+        if self.torn:
+            cut = "cut off there" in p.log_text()[before:]
+            ctx.schedule.append(f"torn-write {self.node}: the torn record " + ("cut off at start" if cut else
+                                                                             "NOT reported"))
+            if not cut:
+                ctx.failures.append(f"torn-write {self.node}: its log ended inside a record and it did not say "
+                                    f"it cut it off")
+
+
+@register
 class PowerLossAll(DiskNemesis):
     name = "power-loss-all"
 
@@ -318,6 +355,20 @@ class LyingFsync(DiskNemesis):
             if seen or ctx.clock.monotonic() > deadline:
                 return seen
             await ctx.clock.sleep(0.2)  # (polling the nodes' words with a deadline)
+
+
+def _torn_tail(data: Path) -> bool:
+    """Whether the newest segment of a node's replication log ends inside a record."""
+    segs = sorted((data / "tandem.db-log").glob("*.seg"))
+    if not segs:
+        return False
+    raw, pos = segs[-1].read_bytes(), 0
+    while pos + 8 <= len(raw):
+        length = int.from_bytes(raw[pos:pos + 4], "little")
+        if length == 0 or pos + 8 + length > len(raw):
+            break
+        pos += 8 + length
+    return pos < len(raw)
 
 
 async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True) -> None:
