@@ -120,9 +120,23 @@ def banner(config: NodeConfig, address: tuple[str, int], data_path: Path, consol
     return "\n".join(lines) + "\n"
 
 
+def _quiet_resets(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's handler of errors nobody handled: a connection the other end reset or broke
+    leaves its error in the stream's close future, which asyncio reports as "never retrieved"
+    when the garbage collector frees the future before its protocol (a client gone, a peer
+    stopping at the same time): that is said at DEBUG; everything else as asyncio says it."""
+    exc = context.get("exception")
+    if context.get("message") == "Future exception was never retrieved" and \
+            isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+        logging.getLogger("tandem.broker").debug("a connection's end, never awaited: %r", exc)
+        return
+    loop.default_exception_handler(context)
+
+
 async def _serve(config: NodeConfig) -> int:
     from broker.node.node import Node  # the node and its console: only for the command that runs one
 
+    asyncio.get_running_loop().set_exception_handler(_quiet_resets)
     heap.limit_arenas()  # before the node's threads (broker/node/heap.py)
     node = Node(config, console=console_of)
     await node.start()

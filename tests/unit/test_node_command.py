@@ -1,11 +1,15 @@
-"""The lines a node prints once it is up (broker.cli.banner): one string, written at once, whose
-client URL line is what broker.tools.process reads the node's address from."""
+"""``tandem broker start`` (broker/cli.py): the lines a node prints once it is up (``banner``: one
+string, written at once, whose client URL line is what broker.tools.process reads the node's
+address from), and what its loop does with an error nobody retrieved (``_quiet_resets``)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from pathlib import Path
+from typing import Any
 
-from broker.cli import banner
+from broker.cli import _quiet_resets, banner
 from broker.config import NodeConfig
 from broker.tools.process import _URL_LINE
 
@@ -27,3 +31,21 @@ def test_shared_mode_names_its_database_without_the_password(tmp_path: Path) -> 
     cfg = NodeConfig(data_dir=tmp_path, mode="shared", database="postgresql+psycopg://u:secret@db:5432/tandem")
     text = banner(cfg, ("0.0.0.0", 7780), tmp_path, None)
     assert "  database   : " in text and "secret" not in text and "console" not in text
+
+
+def test_a_reset_connection_s_error_nobody_retrieved_is_not_reported_and_a_bug_s_is() -> None:
+    loop = asyncio.new_event_loop()
+    reported: list[dict[str, Any]] = []
+    loop.default_exception_handler = reported.append  # type: ignore[method-assign]
+    loop.set_exception_handler(_quiet_resets)
+    try:
+        for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe"),
+                    ValueError("a bug")):
+            fut = loop.create_future()
+            fut.set_exception(exc)
+            del fut
+            gc.collect()
+    finally:
+        loop.close()
+    assert [type(c["exception"]) for c in reported] == [ValueError]
+    assert reported[0]["message"] == "Future exception was never retrieved"
