@@ -113,21 +113,25 @@ class Transaction:
         durable consumer's messages come from each partition's active)."""
         self._open()
         by_link: dict[int, tuple[Requester, list[int]]] = {}
-        for m in messages:
-            link: Requester = self._conn
-            mark = getattr(m, "_mark_settled", None)
-            if mark is not None:
-                link = mark() or link  # (a durable message names its link; a plain one is this connection's)
-            queue = getattr(m, "queue", "")
-            if queue:
-                self._parts.add((queue, m.partition))
-            by_link.setdefault(id(link), (link, []))[1].append(m.tag)
-        sent: list[Settleable] = list(messages)
+        marked: list[Settleable] = []
         try:
+            for m in messages:
+                link: Requester = self._conn
+                mark = getattr(m, "_mark_settled", None)
+                if mark is not None:
+                    link = mark() or link  # (a durable message names its link; a plain one is this connection's)
+                marked.append(m)
+                queue = getattr(m, "queue", "")
+                if queue:
+                    self._parts.add((queue, m.partition))
+                by_link.setdefault(id(link), (link, []))[1].append(m.tag)
             for link, tags in by_link.values():
                 await link.request(lambda rid, tags=tags: Ack(rid=rid, tags=tags, tx=self.id))  # type: ignore[misc]
         except TandemError:
-            for m in sent:  # (not held by the transaction, or not known to be: the caller may nack them)
+            # one that cannot be acked (its link failed, settled already) stops the call before any
+            # ack is sent, or a request fails: those marked are not held by the transaction, or not
+            # known to be, and the caller may nack them
+            for m in marked:
                 if hasattr(m, "_settled"):
                     setattr(m, "_settled", False)
             raise

@@ -78,6 +78,25 @@ async def test_acks_settle_at_commit_and_the_messages_come_back_at_abort(link: c
     assert sorted(await _drain(link, "out")) == [b"X", b"Y"]
 
 
+async def test_a_message_that_cannot_be_acked_leaves_the_others_of_the_call_to_the_caller(
+        link: client.Connection) -> None:
+    """``tx.ack(a, b, c)`` where ``b`` cannot be acked (settled already; for a durable consumer's
+    message, its link failed): it raises, and ``a`` and ``c`` are not taken as settled, so the
+    caller can give them back (nack), as a worker does with a batch that failed."""
+    await link.declare_queue("batch")
+    await link.producer("batch").send_many([(f"m{i}".encode(), None) for i in range(3)])
+    a, b, c = [await link.get("batch") for _ in range(3)]
+    assert a is not None and b is not None and c is not None
+    await b.ack()
+    tx = await link.begin("worker")
+    with pytest.raises(InvalidArgumentError, match="already settled"):
+        await tx.ack(a, b, c)
+    await tx.abort()
+    await a.nack()  # (would raise "already settled" if the failed call had kept it)
+    await c.nack()
+    assert sorted(await _drain(link, "batch")) == [b"m0", b"m2"]
+
+
 async def test_a_newer_instance_fences_the_older_and_its_prepared_writes_are_aborted(
         url: str, link: client.Connection) -> None:
     await link.declare_queue("q")
