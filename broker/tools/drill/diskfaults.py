@@ -58,6 +58,7 @@ from typing import ClassVar
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
 from client.errors import TandemError, UnavailableError
+from storage.segments import scan
 
 #: each node's tmpfs under disk-full (MiB)
 TMPFS_MB = 128
@@ -358,17 +359,10 @@ class LyingFsync(DiskNemesis):
 
 
 def _torn_tail(data: Path) -> bool:
-    """Whether the newest segment of a node's replication log ends inside a record."""
-    segs = sorted((data / "tandem.db-log").glob("*.seg"))
-    if not segs:
-        return False
-    raw, pos = segs[-1].read_bytes(), 0
-    while pos + 8 <= len(raw):
-        length = int.from_bytes(raw[pos:pos + 4], "little")
-        if length == 0 or pos + 8 + length > len(raw):
-            break
-        pos += 8 + length
-    return pos < len(raw)
+    """Whether the newest segment of a node's replication log ends inside a record (what its
+    next start cuts off: ``tandem scrub``'s reading)."""
+    log_dir = data / "tandem.db-log"
+    return log_dir.is_dir() and bool(scan(log_dir)[2])
 
 
 async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True) -> None:
