@@ -95,7 +95,7 @@ def make_dir(path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def _records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
+def records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
     """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
     None), up to the first that fails its length or checksum, given as (offset, b"", (what,
     why it is damage)): why None for a torn tail (nothing readable after it, in the newest
@@ -133,7 +133,7 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
     good, damage, torn = 0, [], []
     for n, path in enumerate(paths):
         data = path.read_bytes()
-        for pos, _body, fault in _records(data, last=n == len(paths) - 1):
+        for pos, _body, fault in records(data, last=n == len(paths) - 1):
             if fault is None:
                 good += 1
             elif fault[1] is not None:
@@ -232,7 +232,7 @@ class SegmentLog:
 
     def _replay(self, seg: _Segment, entries: dict[Key, dict[int, LogRecord]], *, last: bool) -> None:
         data = seg.path.read_bytes()
-        for pos, body, fault in _records(data, last):
+        for pos, body, fault in records(data, last):
             if fault is None:
                 self._apply_record(seg, msgpack.unpackb(body, raw=False), entries)
                 continue

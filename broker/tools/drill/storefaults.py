@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import struct
 from pathlib import Path
 from typing import ClassVar
 
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from client.errors import TandemError
+from storage.segments import records
 
 #: seconds the restarted node is given to report each damaged record (its event, its log line)
 DETECT_WAIT = 30.0
@@ -61,9 +61,9 @@ class BitFlip(Nemesis):
         if segs:
             seg = segs[-1]
             raw = bytearray(seg.read_bytes())
-            records = _records(bytes(raw))
-            if len(records) > 1:
-                start, length = ctx.rng.choice(records[:-1])
+            whole = [(pos, len(body)) for pos, body, fault in records(bytes(raw), last=True) if fault is None]
+            if len(whole) > 1:
+                start, length = ctx.rng.choice(whole[:-1])
                 at = start + 8 + ctx.rng.randrange(length)
                 raw[at] ^= 1 << ctx.rng.randrange(8)
                 seg.write_bytes(bytes(raw))
@@ -132,14 +132,3 @@ def _chunks(data: Path) -> int:
     finally:
         conn.close()
 
-
-def _records(data: bytes) -> list[tuple[int, int]]:
-    """(offset, payload length) of each whole record of a segment."""
-    out, pos = [], 0
-    while pos + 8 <= len(data):
-        length, _crc = struct.unpack_from("<II", data, pos)
-        if length == 0 or pos + 8 + length > len(data):
-            break
-        out.append((pos, length))
-        pos += 8 + length
-    return out
