@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.modes.replicated.events import REPAIR_WAIT, HaEvent
 from client.protocol.frames import PublishMessage
 from tests.harness.group import Group
 from tests.harness.replication import active, declared_with_active
@@ -75,3 +76,32 @@ async def test_a_group_of_one_with_a_damaged_log_does_not_start(tmp_path: Path) 
         await reader.subscribe()
         await reader.until(1)
         assert reader.got == Counter([b"kept"])  # (its store held it)
+
+
+async def test_a_majority_of_damaged_logs_leaves_no_active_and_the_damaged_say_why(tmp_path: Path) -> None:
+    async with Group(tmp_path) as g:
+        await g.start()
+        key, first = await declared_with_active(g, "q")
+        await publish_all(g, first, "q", [f"m{i}".encode() for i in range(20)])
+        names = [m.name for m in g.alive()]
+        for name in names:
+            await g.stop(name)
+        damaged = [n for n in names if n != first.name]
+        for name in damaged:
+            g[name].disk.log_damage = [DAMAGE]
+        await g.start(*names, wait=False)
+        node = g[damaged[0]].node
+        assert node is not None and node.ha.replication is not None
+        events = node.ha.replication.events
+
+        def waits() -> list[HaEvent]:
+            return [e for e in events if e.kind == "waiting-for-repair"]
+
+        timeout = replica_of(g, damaged[0], key).cfg.election_timeout
+        await g.until(lambda: any(e.partition == f"{key[0]}/{key[1]}" for e in waits()), (REPAIR_WAIT + 5) * timeout,
+                      what=f"{damaged[0]} says why q has no active")
+        assert active(g, key) is None  # (the healthy one cannot win alone: nothing is served)
+        [said] = [e for e in waits() if e.partition == f"{key[0]}/{key[1]}"]
+        assert "cannot help elect one" in said.text and first.name in said.text
+        await g.run_for(REPAIR_WAIT * timeout)
+        assert len(waits()) == len({e.partition for e in waits()})  # (said once each)

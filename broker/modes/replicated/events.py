@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.modes.replicated.apply import messages_in
@@ -26,6 +27,8 @@ from storage.base import WriteOp
 log = logging.getLogger("tandem.ha")
 
 MAX_EVENTS = 200
+#: election timeouts a recovering member goes without an active before it says why it cannot help
+REPAIR_WAIT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,8 @@ class EventLog:
         self.confirmed_lost = 0
         self.confirmed_lost_messages = 0
         self.elections = 0  # times this node became active for a partition (metrics)
+        #: per recovering partition with no active: since when (None: said already)
+        self._waiting: dict[tuple[int, int], float | None] = {}
 
     def record(self, kind: str, partition: str, text: str) -> None:
         self.events.append(HaEvent(self._clock.time(), kind, partition, text))
@@ -118,6 +123,30 @@ class EventLog:
                 f"them again")
         log.error("partition %s on %s: %s", plog.name, self.me, text)
         self.record("replica-went-back", plog.name, f"{self.me}: {text}")
+
+    def watch_repairs(self, logs: Iterable[PartLog], now: float) -> None:
+        """A partition this node is recovering (its log found damaged at start, or its state
+        rebuilt empty) neither votes nor stands here until an active has repaired it: this node
+        may have acknowledged entries no other holds.  When no active has appeared for
+        REPAIR_WAIT election timeouts, that is said once, at ERROR and in the events: the
+        partition waits for a majority of its voters undamaged and up, which no timer can replace."""
+        waiting = self._waiting
+        for plog in logs:
+            r = plog.replica
+            if not r.recovering or r.leader is not None:
+                waiting.pop(plog.key, None)
+                continue
+            since = waiting.setdefault(plog.key, now)
+            if since is None or now - since < REPAIR_WAIT * r.cfg.election_timeout:
+                continue
+            waiting[plog.key] = None
+            text = (f"no active for {now - since:.0f} s, and {self.me} cannot help elect one: its copy was found "
+                    f"damaged or lost at start, so it neither votes nor stands until an active has repaired it "
+                    f"(it may have acknowledged entries no other node holds); the partition waits for a majority "
+                    f"of its voters {', '.join(r.cfg.voters)} up with undamaged logs. Where no such majority "
+                    f"exists, no good copy is known: restore the damaged nodes' data (docs/reliability.md)")
+            log.error("partition %s on %s: %s", plog.name, self.me, text)
+            self.record("waiting-for-repair", plog.name, f"{self.me}: {text}")
 
     def role_changed(self, plog: PartLog, ev: RoleChanged) -> None:
         """This node's role in the partition changed: logged, and recorded where the active
