@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import logging
 import os
 import signal
@@ -39,11 +40,6 @@ from typing import TYPE_CHECKING, Any
 from broker.node import heap
 from broker.config import NodeConfig, build_config, load_toml, redact_url
 from broker.logsafe import EscapingFormatter
-from broker.tools import (certs, cluster_up, commands, exchange_cli, group_cli, load, node_cli, partition_cli,
-                          restore_cli, scrub_cli, secret_cli, status, stream_cli, upgrade_cli, users_cli,
-                          witness_cli)
-from broker.tools.bench import cli as bench_cli
-from broker.tools.drill import cli as drill_cli
 from client.errors import TandemError
 
 if TYPE_CHECKING:
@@ -215,7 +211,39 @@ def _log_args(p: argparse.ArgumentParser, default: str | None) -> None:
                         f"client commands, {NODE_LOG_LEVEL} for nodes)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the module that adds each group of commands, and the function that adds them: a command
+#: imports its own module only (a client command starts in half the time), ``tandem --help``
+#: and an unknown command all of them
+TOOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("broker.tools.commands", "add_parsers", ("produce", "consume", "queues", "console")),
+    ("broker.tools.exchange_cli", "add_parsers", ("exchanges", "bind", "unbind")),
+    ("broker.tools.stream_cli", "add_parsers", ("streams",)),
+    ("broker.tools.status", "add_parsers", ("status", "admin")),
+    ("broker.tools.users_cli", "add_parsers", ("users", "acl")),
+    ("broker.tools.node_cli", "add_parser", ("node",)),
+    ("broker.tools.partition_cli", "add_parser", ("partition",)),
+    ("broker.tools.group_cli", "add_parser", ("group",)),
+    ("broker.tools.restore_cli", "add_parser", ("restore",)),
+    ("broker.tools.upgrade_cli", "add_parser", ("upgrade",)),
+    ("broker.tools.cluster_up", "add_parser", ("cluster",)),
+    ("broker.tools.drill.cli", "add_parser", ("drill",)),
+    ("broker.tools.bench.cli", "add_bench_parser", ("bench",)),
+    ("broker.tools.load", "add_parser", ("load",)),
+    ("broker.tools.witness_cli", "add_parser", ("witness",)),
+    ("broker.tools.certs", "add_parser", ("certs",)),
+    ("broker.tools.secret_cli", "add_parser", ("secret",)),
+    ("broker.tools.scrub_cli", "add_parser", ("scrub",)),
+)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names when it begins with it (None: it begins with an option)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given ``command`` (command_of), of that one alone
+    where it is known: an unknown one gets every command, for argparse to list."""
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _log_args(parser, None)
@@ -379,24 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "it sends meanwhile (default 10); then it is closed")
     start.set_defaults(func=_broker_start, default_log_level=NODE_LOG_LEVEL)
 
-    commands.add_parsers(sub)
-    exchange_cli.add_parsers(sub)
-    stream_cli.add_parsers(sub)
-    status.add_parsers(sub)
-    users_cli.add_parsers(sub)
-    node_cli.add_parser(sub)
-    partition_cli.add_parser(sub)
-    group_cli.add_parser(sub)
-    restore_cli.add_parser(sub)
-    upgrade_cli.add_parser(sub)
-    cluster_up.add_parser(sub)
-    drill_cli.add_parser(sub)
-    bench_cli.add_bench_parser(sub)
-    load.add_parser(sub)
-    witness_cli.add_parser(sub)
-    certs.add_parser(sub)
-    secret_cli.add_parser(sub)
-    scrub_cli.add_parser(sub)
+    known = command == "broker" or any(command in names for _, _, names in TOOLS)
+    for module, adder, names in TOOLS:
+        if not known or command in names:
+            getattr(importlib.import_module(module), adder)(sub)
     for name, command_parser in sub.choices.items():
         _log_args(command_parser, argparse.SUPPRESS)
         if name == "cluster":
@@ -405,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     setup_logging(log_level(args))
     try:
