@@ -222,7 +222,25 @@ def _schema(cls: type[Frame]) -> _Schema:
     return _Schema(cls, tuple(out))
 
 
-SCHEMAS: dict[int, _Schema] = {int(op): _schema(cls) for op, cls in FRAME_TYPES.items()}
+class _Schemas(dict[int, _Schema]):
+    """Each frame type's schema by op, compiled the first time a frame of that type is encoded
+    or decoded (a process uses a few of them; compiling all costs its start 0.1 s)."""
+
+    def __missing__(self, op: int) -> _Schema:
+        schema = self[op] = _schema(FRAME_TYPES[Op(op)])
+        return schema
+
+    def of(self, op: Any) -> _Schema | None:
+        """The schema of ``op`` as read off the wire; None for anything that is no op."""
+        if type(op) is not int:
+            return None
+        try:
+            return self[op]
+        except (KeyError, ValueError):
+            return None
+
+
+SCHEMAS = _Schemas()
 
 # Record encoders: fields in declaration order, as a tuple (msgpack writes an array).
 _RECORD_GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
@@ -277,7 +295,7 @@ def decode_payload(payload: bytes) -> Frame:
     if type(rid) is not int or rid < 0:
         rid = 0
     op = obj.get("op")
-    schema = SCHEMAS.get(op) if type(op) is int else None
+    schema = SCHEMAS.of(op)
     if schema is None:
         raise FrameError(UnknownOpError(f"unknown op {op!r}"), rid=rid)
     kwargs: dict[str, Any] = {}
@@ -337,7 +355,7 @@ class FrameBuffer:
 
 
 def _ensure_ops_covered() -> None:
-    missing = [op for op in Op if int(op) not in SCHEMAS]
+    missing = [op for op in Op if op not in FRAME_TYPES]
     if missing:
         raise RuntimeError(f"opcodes without a frame class: {missing}")
 
