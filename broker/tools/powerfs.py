@@ -19,6 +19,9 @@ The error mode (``fail-io write|fsync|all``) fails every write and/or fsync with
 ``fail-io off``: a failing disk.  The lying mode (``lie-fsync on``) answers every fsync (and
 ``O_SYNC`` write) with success and syncs nothing, until ``lie-fsync off``: a rollback then
 takes the files back to their last fsync before the lying began (a disk whose cache lies).
+A lost write (``lose-write SUFFIX``): the next write to a file whose name ends with ``SUFFIX``
+answers success and leaves the bytes it covers as they were (zeros past the file's end: the
+file's size says it was written, as a file system's metadata would), once; later writes land.
 
 The backing files are never fsynced themselves: powerfs's own journal is the model of the
 disk.  Writes through a shared ``mmap`` (SQLite's ``-shm``) reach powerfs when the kernel
@@ -27,8 +30,8 @@ writes the pages back; SQLite rebuilds that file on open, so what it holds does 
 Control: one request line on the abstract Unix socket ``NAME`` (``--control``), one JSON line
 back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
 each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
-its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``stats`` (syncs seen, fsyncs lied
-about, bytes rolled back).
+its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``, ``stats``
+(syncs seen, fsyncs lied about, bytes rolled back, the writes lost: file, offset, length).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
 """
@@ -134,9 +137,11 @@ def _fs_classes() -> Any:
             self.next_fh = 1
             self.fail: frozenset[str] = frozenset()
             self.lie = False  # fsyncs answer success and sync nothing (lie-fsync on)
+            self.lose: str | None = None  # the next write to a file named *lose is lost (lose-write)
+            self.lost: list[dict[str, Any]] = []  # the writes lost: path, offset, bytes
             self.trashed = 0
             self.stats = {"syncs": 0, "dir_syncs": 0, "writes": 0, "rollbacks": 0, "bytes_rolled_back": 0,
-                          "entries_rolled_back": 0, "failed_ios": 0, "lied_syncs": 0}
+                          "entries_rolled_back": 0, "failed_ios": 0, "lied_syncs": 0, "lost_writes": 0}
 
         # -- paths and journals -----------------------------------------------------------
 
@@ -221,6 +226,8 @@ def _fs_classes() -> Any:
                 fd, ino, sync = got
                 self._fail("write")
                 self.stats["writes"] += 1
+                if self.lose is not None and path.endswith(self.lose):
+                    return self._lose(path, fd, ino, data, offset)
                 if sync and self.lie:
                     self.stats["lied_syncs"] += 1
                 elif sync:
@@ -229,6 +236,18 @@ def _fs_classes() -> Any:
                     return n
                 self._journal(fd, ino).keep(fd, offset, offset + len(data))
                 return os.pwrite(fd, data, offset)
+
+        def _lose(self, path: str, fd: int, ino: int, data: bytes, offset: int) -> int:
+            """A write the disk acknowledged and never made (lose-write): the range keeps its
+            old bytes, zeros past the end (the file's size grows as it would)."""
+            self.lose = None
+            self.stats["lost_writes"] += 1
+            self.lost.append({"path": path, "offset": offset, "bytes": len(data)})
+            end = offset + len(data)
+            self._journal(fd, ino).keep(fd, offset, end)
+            if os.fstat(fd).st_size < end:
+                os.ftruncate(fd, end)
+            return len(data)
 
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
             with self.mu:
@@ -431,14 +450,19 @@ def _fs_classes() -> Any:
                 with self.mu:
                     self.lie = arg == "on"
                 return {"ok": True, "lie": self.lie}
+            if word == "lose-write" and arg:
+                with self.mu:
+                    self.lose = arg
+                return {"ok": True, "lose": arg}
             if word == "stats":
                 with self.mu:
                     return {"ok": True, **self.stats, "journaled_files": len(self.undo),
                             "journaled_bytes": sum(len(b) for u in self.undo.values() for _s, b in u.saved),
-                            "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie}
+                            "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie,
+                            "lost": list(self.lost)}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
                                           f"rollback-torn SEED, fail-io {'|'.join(FAIL_MODES)}, "
-                                          f"lie-fsync on|off, stats)"}
+                                          f"lie-fsync on|off, lose-write SUFFIX, stats)"}
 
     return PowerOps
 

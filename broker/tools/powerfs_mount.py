@@ -154,6 +154,11 @@ class PowerFS:
         """From now on every fsync answers success and syncs nothing (``on``), or syncs again."""
         self.command(f"lie-fsync {'on' if on else 'off'}")
 
+    def lose_write(self, suffix: str) -> None:
+        """The next write to a file whose name ends with ``suffix`` is acknowledged and never
+        made (``lose-write``); ``stats()["lost"]`` says where it was."""
+        self.command(f"lose-write {suffix}")
+
     def stats(self) -> dict[str, Any]:
         return self.command("stats")
 

@@ -135,6 +135,31 @@ async def test_the_lying_mode_answers_fsyncs_and_a_rollback_goes_back_past_them(
             fs.command("lie-fsync maybe")
 
 
+async def test_a_lost_write_is_acknowledged_leaves_zeros_and_later_appends_land_after_it(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        seg, other = tmp_path / "m" / "1.seg", tmp_path / "m" / "store"
+        fd = os.open(seg, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b"first")
+            fs.lose_write(".seg")
+            other.write_bytes(b"other files keep theirs")
+            assert os.write(fd, b"LOST") == 4  # (acknowledged)
+            os.write(fd, b"after")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert seg.read_bytes() == b"first" + bytes(4) + b"after"
+        assert other.read_bytes() == b"other files keep theirs"
+        st = fs.stats()
+        assert st["lost_writes"] == 1 and st["lost"] == [{"path": "/1.seg", "offset": 5, "bytes": 4}], st
+        fd = os.open(seg, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"+")  # (once: the next write lands)
+        finally:
+            os.close(fd)
+        assert seg.read_bytes().endswith(b"after+")
+
+
 async def test_a_torn_rollback_keeps_a_prefix_of_the_unsynced_tail_cut_at_a_sector(tmp_path: Path) -> None:
     kept = set()
     for seed in range(8):

@@ -1,5 +1,5 @@
 """The disk fault families: power loss (one node, every node), a full disk, a failing disk,
-fsyncs that fail and fsyncs that lie.
+fsyncs that fail, fsyncs that lie and a lost write.
 
 Every disk family puts each node's data dir on the same layout (:class:`_Disks`, one per
 group, shared by the disk families of a ``jepsen`` run): a small tmpfs of the node's own
@@ -41,6 +41,13 @@ of the run to close).  All of them need root and FUSE.
   every confirmed message (a quorum had each), the actives of the partitions it is a replica of
   must name what it lost (``replica-went-back`` in their status events, within
   :data:`WENT_BACK_WAIT`; none named fails the run), and it takes the entries back from them.
+* ``lost-write``: the next write to a replication log segment of the node active for most
+  partitions is acknowledged and never made (its bytes stay zeros; the writes after it land), so
+  its log holds a hole it knows nothing of.  At the heal it is killed (kill -9) and started again:
+  it must find the hole (a ``log-damaged`` status event naming the segment, within
+  :data:`DETECT_WAIT`; a hole at the very end of its log reads as a torn tail, cut off and said
+  so), go on from its store, catch up from the group, and lose nothing confirmed.  A lost write
+  the node did not find fails the run.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.
@@ -382,6 +389,62 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
     await p.start()
 
 
+@register
+class LostWrite(DiskNemesis):
+    name = "lost-write"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ""
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        await asyncio.to_thread(self.disks[self.node].lose_write, ".seg")
+        self.cut = frozenset({self.node})  # (killed at the heal: its actives move then)
+        return f"lost-write {self.node}: its next replication log write is acknowledged and never made"
+
+    async def heal(self, ctx: FaultContext) -> None:
+        lost = (await asyncio.to_thread(self.disks[self.node].stats))["lost"]
+        p = ctx.cluster.nodes[self.node]
+        await p.kill()
+        before = len(p.log_text())
+        await p.start()
+        if not lost:
+            ctx.schedule.append(f"lost-write {self.node}: no write reached its log during the hold; kill -9, "
+                                f"started again")
+            return
+        w = lost[0]
+        where = f"{w['bytes']} B at byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]}"
+        found = await _hole_found(ctx, self.node, before)
+        ctx.schedule.append(f"lost-write {self.node}: the write of {where} lost; kill -9, started again: "
+                            + (f"found ({found})" if found else "NOT found"))
+        if not found:
+            ctx.failures.append(f"lost-write {self.node}: the write of {where} was lost and the node did not "
+                                f"find the hole it left")
+
+
+async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
+    """What the restarted ``node`` said of the hole in its log, within :data:`DETECT_WAIT`: its
+    ``log-damaged`` event, or its log's line cutting off a torn tail; "" for nothing."""
+    p = ctx.cluster.nodes[node]
+    deadline = ctx.clock.monotonic() + DETECT_WAIT
+    while True:
+        try:
+            events = (await ctx.cluster.status(node)).events
+        except (TandemError, OSError):
+            events = []
+        damaged = [e for e in events if e.startswith("log-damaged")]
+        if damaged:
+            return damaged[0]
+        if "cut off there" in p.log_text()[before:]:
+            return "its log ended inside a record, cut off at start (a torn tail)"
+        if ctx.clock.monotonic() > deadline:
+            return ""
+        await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
+
+
+#: seconds a restarted node is given to report the hole a lost write left in its log (lost-write)
+DETECT_WAIT = 30.0
 #: seconds the other nodes are given to name what a node whose fsyncs lied lost (lying-fsync)
 WENT_BACK_WAIT = 10.0
 #: what a CRITICAL line of a node stopped by a full disk names (the OS's ENOSPC, SQLite's SQLITE_FULL)
