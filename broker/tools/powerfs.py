@@ -22,6 +22,8 @@ takes the files back to their last fsync before the lying began (a disk whose ca
 A lost write (``lose-write SUFFIX``): the next write to a file whose name ends with ``SUFFIX``
 answers success and leaves the bytes it covers as they were (zeros past the file's end: the
 file's size says it was written, as a file system's metadata would), once; later writes land.
+A misdirected write (``misdirect-write SUFFIX SEED``): the same, and its bytes land instead
+some sectors earlier in the file (a number drawn from ``SEED``), over what was there.
 
 The backing files are never fsynced themselves: powerfs's own journal is the model of the
 disk.  Writes through a shared ``mmap`` (SQLite's ``-shm``) reach powerfs when the kernel
@@ -30,8 +32,9 @@ writes the pages back; SQLite rebuilds that file on open, so what it holds does 
 Control: one request line on the abstract Unix socket ``NAME`` (``--control``), one JSON line
 back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
 each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
-its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``, ``stats``
-(syncs seen, fsyncs lied about, bytes rolled back, the writes lost: file, offset, length).
+its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``,
+``misdirect-write SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied about, bytes rolled back, the
+writes lost or misdirected: file, offset, length, and where a misdirected one landed).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
 """
@@ -138,6 +141,7 @@ def _fs_classes() -> Any:
             self.fail: frozenset[str] = frozenset()
             self.lie = False  # fsyncs answer success and sync nothing (lie-fsync on)
             self.lose: str | None = None  # the next write to a file named *lose is lost (lose-write)
+            self.misdirect: random.Random | None = None  # ... and lands elsewhere (misdirect-write)
             self.lost: list[dict[str, Any]] = []  # the writes lost: path, offset, bytes
             self.trashed = 0
             self.stats = {"syncs": 0, "dir_syncs": 0, "writes": 0, "rollbacks": 0, "bytes_rolled_back": 0,
@@ -239,14 +243,27 @@ def _fs_classes() -> Any:
 
         def _lose(self, path: str, fd: int, ino: int, data: bytes, offset: int) -> int:
             """A write the disk acknowledged and never made (lose-write): the range keeps its
-            old bytes, zeros past the end (the file's size grows as it would)."""
+            old bytes, zeros past the end (the file's size grows as it would).  Misdirected
+            (misdirect-write), its bytes land 1-64 sectors earlier (never before byte 0)."""
             self.lose = None
             self.stats["lost_writes"] += 1
-            self.lost.append({"path": path, "offset": offset, "bytes": len(data)})
+            lost: dict[str, Any] = {"path": path, "offset": offset, "bytes": len(data)}
             end = offset + len(data)
-            self._journal(fd, ino).keep(fd, offset, end)
+            journal = self._journal(fd, ino)
+            journal.keep(fd, offset, end)
             if os.fstat(fd).st_size < end:
                 os.ftruncate(fd, end)
+            rng, self.misdirect = self.misdirect, None
+            if rng is not None and offset >= SECTOR:
+                to = offset - SECTOR * rng.randint(1, min(64, offset // SECTOR))
+                rw = os.open(self._p(path), os.O_RDWR)  # (the caller's may append only, or not read)
+                try:
+                    journal.keep(rw, to, to + len(data))
+                    os.pwrite(rw, data, to)
+                finally:
+                    os.close(rw)
+                lost["to"] = to
+            self.lost.append(lost)
             return len(data)
 
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
@@ -452,8 +469,13 @@ def _fs_classes() -> Any:
                 return {"ok": True, "lie": self.lie}
             if word == "lose-write" and arg:
                 with self.mu:
-                    self.lose = arg
+                    self.lose, self.misdirect = arg, None
                 return {"ok": True, "lose": arg}
+            suffix, _, seed = arg.partition(" ")
+            if word == "misdirect-write" and suffix and seed.isdigit():
+                with self.mu:
+                    self.lose, self.misdirect = suffix, random.Random(int(seed))
+                return {"ok": True, "misdirect": suffix}
             if word == "stats":
                 with self.mu:
                     return {"ok": True, **self.stats, "journaled_files": len(self.undo),
@@ -462,7 +484,8 @@ def _fs_classes() -> Any:
                             "lost": list(self.lost)}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
                                           f"rollback-torn SEED, fail-io {'|'.join(FAIL_MODES)}, "
-                                          f"lie-fsync on|off, lose-write SUFFIX, stats)"}
+                                          f"lie-fsync on|off, lose-write SUFFIX, "
+                                          f"misdirect-write SUFFIX SEED, stats)"}
 
     return PowerOps
 

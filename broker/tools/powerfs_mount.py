@@ -159,6 +159,11 @@ class PowerFS:
         made (``lose-write``); ``stats()["lost"]`` says where it was."""
         self.command(f"lose-write {suffix}")
 
+    def misdirect_write(self, suffix: str, seed: int) -> None:
+        """The next write to a file whose name ends with ``suffix`` lands 1-64 sectors (drawn from
+        ``seed``) before where it was meant to, which keeps its old bytes (``misdirect-write``)."""
+        self.command(f"misdirect-write {suffix} {seed}")
+
     def stats(self) -> dict[str, Any]:
         return self.command("stats")
 

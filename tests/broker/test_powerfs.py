@@ -160,6 +160,28 @@ async def test_a_lost_write_is_acknowledged_leaves_zeros_and_later_appends_land_
         assert seg.read_bytes().endswith(b"after+")
 
 
+async def test_a_misdirected_write_lands_sectors_earlier_and_its_own_range_keeps_zeros(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        seg = tmp_path / "m" / "1.seg"
+        fd = os.open(seg, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b"s" * 4096)
+            fs.misdirect_write(".seg", 5)
+            assert os.write(fd, b"M" * 100) == 100
+            os.write(fd, b"after")
+        finally:
+            os.close(fd)
+        [w] = fs.stats()["lost"]
+        to = w["to"]
+        assert (w["path"], w["offset"], w["bytes"]) == ("/1.seg", 4096, 100) and 0 <= to <= 4096 - 512, w
+        assert to % 512 == 0
+        data = seg.read_bytes()
+        assert data[to:to + 100] == b"M" * 100 and data[4096:4196] == bytes(100) and data.endswith(b"after")
+        assert data[:to] == b"s" * to and data[to + 100:4096] == b"s" * (4096 - to - 100)
+        with pytest.raises(PowerFSError, match="unknown command"):
+            fs.command("misdirect-write .seg soon")
+
+
 async def test_a_torn_rollback_keeps_a_prefix_of_the_unsynced_tail_cut_at_a_sector(tmp_path: Path) -> None:
     kept = set()
     for seed in range(8):

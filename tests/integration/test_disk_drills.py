@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asy
 
 #: the disk families
 DISK = ("power-loss", "torn-write", "power-loss-all", "disk-full", "disk-error", "fsync-error", "lying-fsync",
-        "lost-write")
+        "lost-write", "misdirected-write")
 
 
 async def _run(tmp_path: Path, scenario: str, messages: int = 400, seed: int = 7, **kw: Any) -> dict[str, Any]:
@@ -138,6 +138,17 @@ async def test_a_lost_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_p
     _clean(rep)
     line = next(line for line in rep["schedule"] if "lost-write" in line and "started again" in line)
     assert " lost; kill -9, started again: found (" in line, rep["schedule"]
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+
+
+async def test_a_misdirected_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_path: Path) -> None:
+    """One write to the busiest active's log lands sectors before its place, over records it had
+    written: killed and started again, the node finds the damage, catches up from the group, and
+    nothing confirmed is lost."""
+    rep = await _run(tmp_path, "misdirected-write", messages=2000)
+    _clean(rep)
+    line = next(line for line in rep["schedule"] if "misdirected-write" in line and "started again" in line)
+    assert " landed at byte " in line and "; kill -9, started again: found (log-damaged" in line, rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
 

@@ -1,5 +1,5 @@
 """The disk fault families: power loss (one node, every node), a full disk, a failing disk,
-fsyncs that fail, fsyncs that lie and a lost write.
+fsyncs that fail, fsyncs that lie, and lost and misdirected writes.
 
 Every disk family puts each node's data dir on the same layout (:class:`_Disks`, one per
 group, shared by the disk families of a ``jepsen`` run): a small tmpfs of the node's own
@@ -48,6 +48,9 @@ of the run to close).  All of them need root and FUSE.
   :data:`DETECT_WAIT`; a hole at the very end of its log reads as a torn tail, cut off and said
   so), go on from its store, catch up from the group, and lose nothing confirmed.  A lost write
   the node did not find fails the run.
+* ``misdirected-write``: the same, and the lost write's bytes land 1-64 sectors (drawn from the
+  run's seeded source) before where they were meant to, over records written earlier: a hole
+  and damaged records the node must find at start, as above.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.
@@ -60,7 +63,7 @@ import errno
 import os
 import subprocess
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
@@ -403,6 +406,9 @@ class LostWrite(DiskNemesis):
         self.cut = frozenset({self.node})  # (killed at the heal: its actives move then)
         return f"lost-write {self.node}: its next replication log write is acknowledged and never made"
 
+    def _what(self, w: dict[str, Any]) -> str:
+        return f"the write of {w['bytes']} B at byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]} lost"
+
     async def heal(self, ctx: FaultContext) -> None:
         lost = (await asyncio.to_thread(self.disks[self.node].stats))["lost"]
         p = ctx.cluster.nodes[self.node]
@@ -410,17 +416,32 @@ class LostWrite(DiskNemesis):
         before = len(p.log_text())
         await p.start()
         if not lost:
-            ctx.schedule.append(f"lost-write {self.node}: no write reached its log during the hold; kill -9, "
+            ctx.schedule.append(f"{self.name} {self.node}: no write reached its log during the hold; kill -9, "
                                 f"started again")
             return
-        w = lost[0]
-        where = f"{w['bytes']} B at byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]}"
+        what = self._what(lost[0])
         found = await _hole_found(ctx, self.node, before)
-        ctx.schedule.append(f"lost-write {self.node}: the write of {where} lost; kill -9, started again: "
+        ctx.schedule.append(f"{self.name} {self.node}: {what}; kill -9, started again: "
                             + (f"found ({found})" if found else "NOT found"))
         if not found:
-            ctx.failures.append(f"lost-write {self.node}: the write of {where} was lost and the node did not "
-                                f"find the hole it left")
+            ctx.failures.append(f"{self.name} {self.node}: {what}, and the node did not find the damage it left")
+
+
+@register
+class MisdirectedWrite(LostWrite):
+    name = "misdirected-write"
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.node = await ctx.target()
+        seed = ctx.rng.getrandbits(32)
+        await asyncio.to_thread(self.disks[self.node].misdirect_write, ".seg", seed)
+        self.cut = frozenset({self.node})
+        return (f"misdirected-write {self.node}: its next replication log write lands sectors before its place "
+                f"(seed {seed}), which keeps its old bytes")
+
+    def _what(self, w: dict[str, Any]) -> str:
+        where = f"the write of {w['bytes']} B meant for byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]}"
+        return f"{where} landed at byte {w['to']}" if "to" in w else f"{where} lost (no sector before it)"
 
 
 async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
