@@ -12,7 +12,9 @@ gap.  Faults stop when the next one would not end before ``--time``.  Then the p
 the consumers drain the queue, and the checker (:mod:`broker.tools.checker`) classifies every
 message: lost, unexpected, duplicated, recovered, redelivered, and first deliveries out of
 their producer's order within a partition (reordered).  A run passes when nothing confirmed is
-lost and nothing is unexpected, duplicated or reordered.
+lost and nothing is unexpected, duplicated or reordered, and no family found its fault handled
+wrong (a damaged record the node did not find, a node running on after a failed fsync: each
+fault's ``failures`` in the timeline, beside what its family said as it healed, ``said``).
 
 The same seed gives the same schedule (families, holds, gaps, the families' seeds); which node
 a family hits can still differ, where it picks by the group's state (the node active for the
@@ -152,6 +154,19 @@ class _Runner:
                 if not healing:
                     await nem.heal(ctx)  # the group is to serve for the drain
                 raise
+            finally:
+                self._said(f, ctx, entry)
+
+    def _said(self, f: Fault, ctx: FaultContext, entry: dict[str, Any]) -> None:
+        """What the family said as it healed (what it found, what the node did: ``said``) and what
+        it found wrong beyond the messages (``failures``: they fail the run)."""
+        for line in ctx.schedule:
+            self.say(f"[{self._at():7.1f} s] #{f.index} {line}")
+        for line in ctx.failures:
+            self.say(f"[{self._at():7.1f} s] #{f.index} FAILED: {line}")
+        entry["said"] = list(ctx.schedule)
+        if ctx.failures:
+            entry["failures"] = list(ctx.failures)
 
     async def run(self, tmp: str) -> dict[str, Any]:
         cfg, clock = self.cfg, self.clock
@@ -241,7 +256,8 @@ class _Runner:
         rep["checker"] = {"ok": v.ok, "lost": v.lost, "unexpected": v.unexpected, "duplicated": v.duplicated,
                           "recovered": v.recovered, "redelivered": v.redelivered, "reordered": v.reordered}
         rep["timeline"] = self.timeline
-        rep["passed"] = v.passed and not rep["error"] and v.confirmed > 0
+        rep["passed"] = v.passed and not rep["error"] and v.confirmed > 0 and \
+            not any(e.get("failures") for e in self.timeline)
         if isinstance(load, TxLoad):
             a = load.atomicity()
             rep["atomicity"] = {**a.as_dict(), "unknown": load.unknown, "failed_batches": dict(load.errors),
