@@ -132,6 +132,7 @@ class DiskNemesis(Nemesis):
     def __init__(self) -> None:
         self.disks: dict[str, PowerFS] = {}
         self._group: _Disks | None = None
+        self.node = ""  # the node the fault hits (a family that hits one)
 
     async def prepare(self, ctx: FaultContext) -> None:
         """Every node's data dir on its disk (:class:`_Disks`), before the group starts; the
@@ -175,9 +176,6 @@ class DiskNemesis(Nemesis):
 class PowerLoss(DiskNemesis):
     name = "power-loss"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = ""
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
@@ -193,7 +191,6 @@ class TornWrite(DiskNemesis):
 
     def __init__(self) -> None:
         super().__init__()
-        self.node = ""
         self.torn = False  # the newest log segment was left ending inside a record
 
     async def inject(self, ctx: FaultContext) -> str:
@@ -249,7 +246,6 @@ class DiskFull(DiskNemesis):
 
     def __init__(self) -> None:
         super().__init__()
-        self.node = ""
         self.filler: Path | None = None
 
     async def inject(self, ctx: FaultContext) -> str:
@@ -276,9 +272,6 @@ class DiskFull(DiskNemesis):
 class DiskError(DiskNemesis):
     name = "disk-error"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = ""
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = list(ctx.cluster.nodes)[-1]  # priority 0: a replica of every partition
@@ -297,9 +290,6 @@ class DiskError(DiskNemesis):
 class FsyncError(DiskNemesis):
     name = "fsync-error"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = ""
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
@@ -323,9 +313,6 @@ class FsyncError(DiskNemesis):
 class LyingFsync(DiskNemesis):
     name = "lying-fsync"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = ""
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
@@ -396,9 +383,6 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
 class LostWrite(DiskNemesis):
     name = "lost-write"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = ""
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
