@@ -22,6 +22,7 @@ takes the files back to their last fsync before the lying began (a disk whose ca
 A lost write (``lose-write SUFFIX``): the next write to a file whose name ends with ``SUFFIX``
 answers success and leaves the bytes it covers as they were (zeros past the file's end: the
 file's size says it was written, as a file system's metadata would), once; later writes land.
+``lose-write off`` disarms one not made yet.
 A misdirected write (``misdirect-write SUFFIX SEED``): the same, and its bytes land instead
 some sectors earlier in the file (a number drawn from ``SEED``), over what was there.
 
@@ -469,8 +470,8 @@ def _fs_classes() -> Any:
                 return {"ok": True, "lie": self.lie}
             if word == "lose-write" and arg:
                 with self.mu:
-                    self.lose, self.misdirect = arg, None
-                return {"ok": True, "lose": arg}
+                    self.lose, self.misdirect = (None if arg == "off" else arg), None
+                return {"ok": True, "lose": self.lose}
             suffix, _, seed = arg.partition(" ")
             if word == "misdirect-write" and suffix and seed.isdigit():
                 with self.mu:

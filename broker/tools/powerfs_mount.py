@@ -156,7 +156,7 @@ class PowerFS:
 
     def lose_write(self, suffix: str) -> None:
         """The next write to a file whose name ends with ``suffix`` is acknowledged and never
-        made (``lose-write``); ``stats()["lost"]`` says where it was."""
+        made (``lose-write``; ``off``: none after all); ``stats()["lost"]`` says where it was."""
         self.command(f"lose-write {suffix}")
 
     def misdirect_write(self, suffix: str, seed: int) -> None:

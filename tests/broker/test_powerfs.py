@@ -158,6 +158,10 @@ async def test_a_lost_write_is_acknowledged_leaves_zeros_and_later_appends_land_
         finally:
             os.close(fd)
         assert seg.read_bytes().endswith(b"after+")
+        fs.lose_write(".seg")
+        fs.lose_write("off")  # (disarmed before any write)
+        seg.write_bytes(b"kept")
+        assert seg.read_bytes() == b"kept" and fs.stats()["lost_writes"] == 1
 
 
 async def test_a_misdirected_write_lands_sectors_earlier_and_its_own_range_keeps_zeros(tmp_path: Path) -> None:

@@ -383,10 +383,19 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
 class LostWrite(DiskNemesis):
     name = "lost-write"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.before = 0  # the writes the node's disk had lost before this fault
+
+    async def _arm(self, ctx: FaultContext) -> PowerFS:
+        self.node = await ctx.target()
+        disk = self.disks[self.node]
+        self.before = len((await asyncio.to_thread(disk.stats))["lost"])
+        return disk
 
     async def inject(self, ctx: FaultContext) -> str:
-        self.node = await ctx.target()
-        await asyncio.to_thread(self.disks[self.node].lose_write, ".seg")
+        disk = await self._arm(ctx)
+        await asyncio.to_thread(disk.lose_write, ".seg")
         self.cut = frozenset({self.node})  # (killed at the heal: its actives move then)
         return f"lost-write {self.node}: its next replication log write is acknowledged and never made"
 
@@ -394,7 +403,9 @@ class LostWrite(DiskNemesis):
         return f"the write of {w['bytes']} B at byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]} lost"
 
     async def heal(self, ctx: FaultContext) -> None:
-        lost = (await asyncio.to_thread(self.disks[self.node].stats))["lost"]
+        disk = self.disks[self.node]
+        await asyncio.to_thread(disk.lose_write, "off")  # (a write not lost during the hold never is)
+        lost = (await asyncio.to_thread(disk.stats))["lost"][self.before:]
         p = ctx.cluster.nodes[self.node]
         await p.kill()
         before = len(p.log_text())
@@ -416,9 +427,9 @@ class MisdirectedWrite(LostWrite):
     name = "misdirected-write"
 
     async def inject(self, ctx: FaultContext) -> str:
-        self.node = await ctx.target()
+        disk = await self._arm(ctx)
         seed = ctx.rng.getrandbits(32)
-        await asyncio.to_thread(self.disks[self.node].misdirect_write, ".seg", seed)
+        await asyncio.to_thread(disk.misdirect_write, ".seg", seed)
         self.cut = frozenset({self.node})
         return (f"misdirected-write {self.node}: its next replication log write lands sectors before its place "
                 f"(seed {seed}), which keeps its old bytes")
