@@ -130,13 +130,12 @@ class EventLog:
         may have acknowledged entries no other holds.  When no active has appeared for
         REPAIR_WAIT election timeouts, that is said once, at ERROR and in the events: the
         partition waits for a majority of its voters undamaged and up, which no timer can replace."""
-        waiting = self._waiting
+        waiting: dict[tuple[int, int], float | None] = {}  # (a partition dropped meanwhile leaves it)
         for plog in logs:
             r = plog.replica
             if not r.recovering or r.leader is not None:
-                waiting.pop(plog.key, None)
                 continue
-            since = waiting.setdefault(plog.key, now)
+            since = waiting[plog.key] = self._waiting.get(plog.key, now)
             if since is None or now - since < REPAIR_WAIT * r.cfg.election_timeout:
                 continue
             waiting[plog.key] = None
@@ -147,6 +146,7 @@ class EventLog:
                     f"exists, no good copy is known: restore the damaged nodes' data (docs/reliability.md)")
             log.error("partition %s on %s: %s", plog.name, self.me, text)
             self.record("waiting-for-repair", plog.name, f"{self.me}: {text}")
+        self._waiting = waiting
 
     def role_changed(self, plog: PartLog, ev: RoleChanged) -> None:
         """This node's role in the partition changed: logged, and recorded where the active

@@ -176,7 +176,6 @@ class DiskNemesis(Nemesis):
 class PowerLoss(DiskNemesis):
     name = "power-loss"
 
-
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
         return f"power-loss {self.node}: kill -9, {await self._power_loss(ctx, [self.node])}"
@@ -272,7 +271,6 @@ class DiskFull(DiskNemesis):
 class DiskError(DiskNemesis):
     name = "disk-error"
 
-
     async def inject(self, ctx: FaultContext) -> str:
         self.node = list(ctx.cluster.nodes)[-1]  # priority 0: a replica of every partition
         await asyncio.to_thread(self.disks[self.node].fail_io, "all")
@@ -289,7 +287,6 @@ class DiskError(DiskNemesis):
 @register
 class FsyncError(DiskNemesis):
     name = "fsync-error"
-
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()
@@ -312,7 +309,6 @@ class FsyncError(DiskNemesis):
 @register
 class LyingFsync(DiskNemesis):
     name = "lying-fsync"
-
 
     async def inject(self, ctx: FaultContext) -> str:
         self.node = await ctx.target()

@@ -158,8 +158,9 @@ class _Runner:
                 self._said(f, ctx, entry)
 
     def _said(self, f: Fault, ctx: FaultContext, entry: dict[str, Any]) -> None:
-        """What the family said as it healed (what it found, what the node did: ``said``) and what
-        it found wrong beyond the messages (``failures``: they fail the run)."""
+        """A fault's report, printed and kept in its timeline entry: the family's lines from the
+        heal (``said``: the damage the node found, what the node did) and the faults it finds
+        beyond the messages (``failures``: each fails the run)."""
         for line in ctx.schedule:
             self.say(f"[{self._at():7.1f} s] #{f.index} {line}")
         for line in ctx.failures:
