@@ -15,21 +15,23 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.peers]
 async def test_bench_spawn_with_peers_reports_json() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker.cli", "bench", "--spawn", "--amqp", "--peer", "rabbitmq", "--peer", "nats",
-        "--messages", "3000", "--latency-messages", "300", "--latency-rate", "1000", "--json",
+        "--peer", "null-amqp", "--messages", "3000", "--latency-messages", "300", "--latency-rate", "1000", "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
     out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0, err.decode()[-3000:]
     report = json.loads(out)
     systems = [r["system"] for r in report["runs"]]
-    assert systems == ["tandem", "tandem-amqp", "rabbitmq", "nats"]  # (the spawned node through AMQP too)
+    assert systems == ["tandem", "tandem-amqp", "rabbitmq", "nats", "null-amqp"]  # (the spawned node through AMQP too)
     for r in report["runs"]:
         assert r["error"] is None, r
         assert (r["lost"], r["duplicated"], r["unexpected"]) == (0, 0, 0), r
         assert r["confirmed"] == r["consumed"] == 3000
         assert r["publish_per_s"] > 0 and r["consume_per_s"] > 0
         assert 0 < r["confirm_ms"]["p50"] <= r["confirm_ms"]["p99"]
-    assert set(report["ratios"]) == {"tandem-amqp", "rabbitmq", "nats", "tandem-amqp / rabbitmq"}
+    assert set(report["ratios"]) == {"tandem-amqp", "rabbitmq", "nats", "null-amqp", "tandem-amqp / rabbitmq",
+                                     "null-amqp / rabbitmq"}
     assert report["ratios"]["tandem-amqp / rabbitmq"]["publish_per_s"] > 0
+    assert report["ratios"]["null-amqp / rabbitmq"]["publish_per_s"] > 0
     assert report["ratios"]["nats"]["publish_per_s"] > 0
     # CPU per message: the client's for every system, the node's where the bench started it
     tandem, *peers = report["runs"]
@@ -39,7 +41,7 @@ async def test_bench_spawn_with_peers_reports_json() -> None:
     assert tandem["server_cpu_us_per_msg"]["throughput"] > 0
     assert set(tandem["server_cpu_us_per_msg"]) == {"throughput", "latency"}
     assert tandem["server_cpu"]["reason"] is None and "1 spawned tandem node" in tandem["server_cpu"]["processes"]
-    for r, server in zip(peers, ("1 spawned tandem node", "beam.smp", "nats-server")):
+    for r, server in zip(peers, ("1 spawned tandem node", "beam.smp", "nats-server", "null-amqp pid")):
         assert r["server_cpu_us_per_msg"]["throughput"] > 0, r["server_cpu"]
         assert server in r["server_cpu"]["processes"]
 

@@ -32,7 +32,7 @@ from client.errors import InvalidArgumentError, TandemError
 from client.url import parse_url
 from storage.base import DurabilityPolicy
 
-PEERS = ("rabbitmq", "nats")
+PEERS = ("rabbitmq", "nats", "null-amqp")
 SINGLE_NODE_PARTITIONS = 4  # --partitions by default for a single node
 GROUP_PARTITIONS = 1  # ... and for a group: a queue declared with the defaults
 
@@ -47,7 +47,9 @@ def add_bench_parser(sub: Any) -> None:
                     "database beside URL, dropped after; --arbiter lockfile|witness a replicated pair); "
                     "--compare-replicated N then runs the same workload on a spawned N-node replicated group; "
                     "--peer runs the same workload against the local RabbitMQ (quorum queue) and "
-                    "NATS JetStream (file storage, R1) in the same run and prints the ratios. Each system's "
+                    "NATS JetStream (file storage, R1) in the same run and prints the ratios; --peer null-amqp runs the "
+                    "AMQP workload against a null AMQP server started for the run (confirms on receipt, stores "
+                    "nothing): the most the aio-pika client can do on this machine. Each system's "
                     "server CPU per message is read from /proc: the spawned nodes, and the beam.smp or "
                     "nats-server processes listening on the peers' URLs on this machine (else n/a, with why).",
         epilog="examples:\n"
@@ -231,6 +233,7 @@ async def _bench(args: argparse.Namespace, w: Workload) -> int:
         from broker.tools.bench import peers  # aio-pika and nats-py: the optional "bench" extra
 
         drv = (peers.RabbitMQDriver(args.rabbitmq_url, args.rabbitmq_nodes) if peer == "rabbitmq"
+               else peers.NullAmqpDriver() if peer == "null-amqp"
                else peers.NatsDriver(args.nats_url, args.nats_replicas))
         runs.append(await run_system(drv, w, servers=drv.server_processes))
     runs[1:1] = amqp or []
@@ -340,12 +343,16 @@ def _report(runs: list[RunResult], w: Workload) -> dict[str, Any]:
             "consume_per_s": round(tandem.consume_per_s / r.consume_per_s, 2) if r.consume_per_s else None,
         }
     by_system = {r.system: r for r in runs}
-    amqp, rabbit = by_system.get("tandem-amqp"), by_system.get("rabbitmq")
-    if amqp is not None and rabbit is not None:  # (Tandem's AMQP port against RabbitMQ, the same client code)
-        ratios["tandem-amqp / rabbitmq"] = {
-            "publish_per_s": round(amqp.publish_per_s / rabbit.publish_per_s, 2) if rabbit.publish_per_s else None,
-            "consume_per_s": round(amqp.consume_per_s / rabbit.consume_per_s, 2) if rabbit.consume_per_s else None,
-        }
+    rabbit = by_system.get("rabbitmq")
+    for name in ("tandem-amqp", "null-amqp"):  # (the same aio-pika code against RabbitMQ)
+        other = by_system.get(name)
+        if other is not None and rabbit is not None:
+            ratios[f"{name} / rabbitmq"] = {
+                "publish_per_s": round(other.publish_per_s / rabbit.publish_per_s, 2) if rabbit.publish_per_s
+                else None,
+                "consume_per_s": round(other.consume_per_s / rabbit.consume_per_s, 2) if rabbit.consume_per_s
+                else None,
+            }
     return {
         "workload": {k: getattr(w, k) for k in w.__dataclass_fields__},
         "machine": {"cpus": _cpus(), "python": platform.python_version(), "platform": platform.platform()},

@@ -1,6 +1,6 @@
-"""Benchmark drivers for the peer systems: RabbitMQ (quorum queue) and NATS JetStream.
+"""Benchmark drivers for the peer systems: RabbitMQ (quorum queue), NATS JetStream, and a null AMQP server.
 
-Both follow :class:`broker.tools.bench.workload.Driver`: ``setup`` makes a fresh
+Each follows :class:`broker.tools.bench.workload.Driver`: ``setup`` makes a fresh
 queue/stream with a unique name, every publisher and consumer gets its own
 connection, and ``teardown`` deletes what ``setup`` made and closes every
 connection still open.
@@ -12,6 +12,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import sys
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
 from broker.tools.bench.harness import ServerProcs
+from broker.tools.cluster import free_ports
 from broker.tools.bench.workload import Checker, Publisher, Workload
 
 _AMQP_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError)
@@ -201,6 +203,45 @@ class TandemAmqpDriver(RabbitMQDriver):
 
     def server_processes(self) -> ServerProcs:
         return self._servers()
+
+
+class NullAmqpDriver(RabbitMQDriver):
+    """The RabbitMQ driver's code against a null AMQP server started for the run
+    (``broker.tools.bench.null_amqp``: a publish confirmed and delivered as soon as it is
+    read, nothing stored): what this client can do against any server on this machine."""
+
+    name = "null-amqp"
+    durability = "none: confirmed as read, nothing stored (the client's ceiling)"
+
+    def __init__(self) -> None:
+        super().__init__(url="")
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def setup(self, w: Workload) -> None:
+        if self._proc is None:
+            port = free_ports(1)[0]
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "broker.tools.bench.null_amqp", str(port), stdout=asyncio.subprocess.PIPE)
+            assert self._proc.stdout is not None
+            line = await asyncio.wait_for(self._proc.stdout.readline(), 30)
+            if not line.startswith(b"listening"):
+                raise RuntimeError(f"the null AMQP server did not start (exit status {await self._proc.wait()})")
+            self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
+        await super().setup(w)
+
+    def server_processes(self) -> ServerProcs:
+        if self._proc is None:
+            return ServerProcs(reason="the null AMQP server is not running")
+        return ServerProcs(pids=(self._proc.pid,), what=f"null-amqp pid {self._proc.pid}")
+
+    async def teardown(self) -> None:
+        try:
+            await super().teardown()
+        finally:
+            if self._proc is not None and self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+            self._proc = None
 
 
 class NatsDriver:
