@@ -87,6 +87,12 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         p.build = None
         await p.start()
         await cl.wait_ready()
+
+        async def knows_node3s_build() -> bool:  # (node1's link to the restarted node3 said its build)
+            doc = json.loads(_tandem("upgrade", "status", "--json", url=new_url).stdout)
+            return {m["name"]: m["build"] for m in doc["members"]}.get("node3") == __version__
+
+        await wait_until(knows_node3s_build, timeout=30, what="node1 to know node3's new build")
         ok = _tandem("upgrade", "finalize", url=new_url)
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout.startswith(f"group finalized at feature level {LEVEL_MAX}")
