@@ -36,6 +36,9 @@ LEVELS: Mapping[int, str] = {
        "transaction id (RoutedFwd's Publish.tx), which a member of an older build would store as a plain publish",
     8: "dead-lettering through an exchange: a queue's dead_letter_exchange and dead_letter_routing_key (version 4 "
        "of a queue's record and row), which a member of an older build would drop its dead letters without",
+    9: "checksums of the store's rows besides its messages (settlements, delivery counts, producer positions, "
+       "queues, users, grants, each partition's hard state, snapshot mark and applied position), which a member "
+       "of an older build would update without, leaving checksums that no longer fit",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

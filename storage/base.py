@@ -531,8 +531,11 @@ class Recovered:
     unclean_stop: bool = False
     #: where the replication log was found damaged (storage.segments): none of it was read
     log_damage: list[str] = field(default_factory=list)
-    #: the partitions whose stored messages failed their checksum, and where (storage.sqlite)
+    #: the partitions whose stored copy (messages, settlements, counts, positions) failed a
+    #: checksum, and where (storage.sqlite): repaired from the group
     store_damage: dict[tuple[int, int], str] = field(default_factory=dict)
+    #: rows the group cannot repair that failed their checksum (the catalogue's, a hard state)
+    row_damage: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,9 @@ def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: Acl
     ``messages`` False (a group member): a partition's messages are loaded only when this
     node becomes its active (``partition_loaded``)."""
     levels.load(rec.meta)  # (first: a store this build is too old for is refused before any of it is read)
+    if rec.row_damage:
+        raise StorageError(f"{'; '.join(rec.row_damage)}: this node does not start (the group cannot repair a "
+                           f"catalogue row or a partition's term and vote: docs/reliability.md says what to do)")
     if messages and rec.store_damage:  # (a group member's partition is rebuilt from its active instead)
         raise StorageError(f"{'; '.join(rec.store_damage.values())}: this node does not start, and serves none of it "
                            f"(no group to repair it from: restore the data directory from a backup)")

@@ -11,15 +11,18 @@ from typing import Any
 DESCRIPTION = """\
 Read every record of a node's data directory and check it, changing nothing: each record of the
 replication log's segments (tandem.db-log/*.seg: its length and CRC-32), SQLite's page structure
-of the store (tandem.db: PRAGMA quick_check) and each stored chunk of messages against its CRC-32.
-The node may be running (the store is opened read-only).
+of the store (tandem.db: PRAGMA quick_check), each stored chunk of messages against its CRC-32, and
+each row of settlements, delivery counts, producer positions, queues, users, grants and each
+partition's hard state, snapshot mark and applied position against its own. The node may be
+running (the store is opened read-only).
 
 Prints each damaged record and torn tail, one line each, and exits 1 if anything is damaged (0 if
 not). A torn tail (the end of the newest segment a crash cut short) is not damage: the node cuts
 it off at its next start. A member of a group repairs damaged records from the group at its next
-start (a damaged log: none of it used, each partition caught up from its active; a damaged chunk:
-its partition rebuilt from its active); a node with no group, or a partition with no other voter,
-does not start until the data directory is restored (docs/reliability.md, "Storage faults").
+start (a damaged log: none of it used, each partition caught up from its active; a damaged chunk
+or row of a partition's copy: that partition rebuilt from its active); a node with no group, a
+partition with no other voter, a damaged queue, user or grant, or a damaged term and vote, does
+not start until the data directory is restored (docs/reliability.md, "Storage faults").
 """
 
 
@@ -44,17 +47,18 @@ def _scrub(args: argparse.Namespace) -> int:
         print(f"tandem scrub: {db} not found: is {d} a node's data directory?")
         return 2
     records, log_damage, torn = scan(log_dir) if log_dir.is_dir() else (0, [], [])
-    chunks, unchecked, store_damage = scrub_store(db)
-    damage = log_damage + store_damage
+    store = scrub_store(db)
+    damage = log_damage + store.damage
     if args.json:
-        print(json.dumps({"log_records": records, "torn_tails": torn, "chunks": chunks,
-                          "chunks_without_checksum": unchecked, "damage": damage}))
+        print(json.dumps({"log_records": records, "torn_tails": torn, "chunks": store.chunks, "rows": store.rows,
+                          "without_checksum": store.unchecked, "damage": damage}))
     else:
         for line in damage:
             print(f"DAMAGED  {line}")
         for line in torn:
             print(f"torn     {line} (cut off at the node's next start)")
-        print(f"{records} log record(s) and {chunks} chunk(s) passed their checks"
-              + (f", {unchecked} chunk(s) written without a checksum (not checked)" if unchecked else "")
+        print(f"{records} log record(s), {store.chunks} chunk(s) and {store.rows} other row(s) passed their checks"
+              + (f", {store.unchecked} chunk(s) or row(s) written without a checksum (not checked)"
+                 if store.unchecked else "")
               + (f"; {len(damage)} damaged" if damage else "; nothing damaged"))
     return 1 if damage else 0

@@ -36,7 +36,10 @@ def pg_sql(sql: str) -> str:
 
 
 class PgApplier(OpApplier):
-    """SQLite's op applier with PostgreSQL's spelling of the statements that differ."""
+    """SQLite's op applier with PostgreSQL's spelling of the statements that differ; shared
+    mode has no feature level, so no row checksums (PostgreSQL's page checksums are its own)."""
+
+    ROW_SUMS = False
 
     UPSERT_END = (
         "INSERT INTO partitions (queue_id, partition, next_offset) VALUES (?, ?, ?) "
@@ -51,8 +54,8 @@ class PgApplier(OpApplier):
     PUT_QUEUE = (
         "INSERT INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
         "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes, "
-        "dead_letter_exchange, dead_letter_routing_key) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "dead_letter_exchange, dead_letter_routing_key, crc) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO UPDATE SET "
         "name = excluded.name, partitions = excluded.partitions, mapper = excluded.mapper, "
         "ring_size = excluded.ring_size, max_deliveries = excluded.max_deliveries, "
@@ -61,15 +64,16 @@ class PgApplier(OpApplier):
         "message_ttl = excluded.message_ttl, expires = excluded.expires, type = excluded.type, "
         "max_age = excluded.max_age, max_bytes = excluded.max_bytes, "
         "dead_letter_exchange = excluded.dead_letter_exchange, "
-        "dead_letter_routing_key = excluded.dead_letter_routing_key"
+        "dead_letter_routing_key = excluded.dead_letter_routing_key, crc = excluded.crc"
     )
     QUEUE_ID_HWM = (
         "INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
         "value = greatest(meta.value::bigint, excluded.value::bigint)::text"
     )
     PUT_USER = (
-        "INSERT INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-        "SET salt = excluded.salt, hash = excluded.hash, role = excluded.role, params = excluded.params"
+        "INSERT INTO users (name, salt, hash, role, params, crc) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) "
+        "DO UPDATE SET salt = excluded.salt, hash = excluded.hash, role = excluded.role, params = excluded.params, "
+        "crc = excluded.crc"
     )
 
 

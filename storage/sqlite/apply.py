@@ -45,24 +45,28 @@ from storage.base import (
     pack_run,
 )
 from storage.intervals import ChunkIndex, IntervalSet, ranges_of
+from storage.sqlite import rowsums
 from storage.sqlite.schema import Key
 
 _UPSERT_HARD = (
-    "INSERT INTO ha_state (queue_id, partition, term, voted_for, commit_idx) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO ha_state (queue_id, partition, term, voted_for, commit_idx, hard_crc) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (queue_id, partition) DO UPDATE SET term = excluded.term, voted_for = excluded.voted_for, "
-    "commit_idx = excluded.commit_idx"
+    "commit_idx = excluded.commit_idx, hard_crc = excluded.hard_crc"
 )
 _UPSERT_SNAP = (
     "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin, snap_weak, snap_recency_term, "
-    "snap_recency_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "snap_recency_index, snap_crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (queue_id, partition) DO UPDATE SET snap_index = excluded.snap_index, "
     "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin, snap_weak = excluded.snap_weak, "
-    "snap_recency_term = excluded.snap_recency_term, snap_recency_index = excluded.snap_recency_index"
+    "snap_recency_term = excluded.snap_recency_term, snap_recency_index = excluded.snap_recency_index, "
+    "snap_crc = excluded.snap_crc"
 )
 _UPSERT_APPLIED = (
-    "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin, applied_crc) "
+    "VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (queue_id, partition) DO UPDATE SET applied_index = excluded.applied_index, "
-    "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin"
+    "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin, "
+    "applied_crc = excluded.applied_crc"
 )
 
 _INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload, crc) VALUES (?, ?, ?, ?, ?, ?)"
@@ -75,14 +79,14 @@ _UPSERT_DELIVERED = (
     "ON CONFLICT (queue_id, partition) DO UPDATE SET "
     "delivered_upto = max(delivered_upto, excluded.delivered_upto)"
 )
-_INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end") VALUES (?, ?, ?, ?)'
+_INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end", crc) VALUES (?, ?, ?, ?, ?)'
 _UPSERT_COUNT = (
-    'INSERT INTO counts (queue_id, partition, "offset", dc) VALUES (?, ?, ?, ?) '
-    'ON CONFLICT (queue_id, partition, "offset") DO UPDATE SET dc = excluded.dc'
+    'INSERT INTO counts (queue_id, partition, "offset", dc, crc) VALUES (?, ?, ?, ?, ?) '
+    'ON CONFLICT (queue_id, partition, "offset") DO UPDATE SET dc = excluded.dc, crc = excluded.crc'
 )
 _UPSERT_PRODUCER = (
-    "INSERT INTO producers (queue_id, partition, producer_id, last_seq) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition, producer_id) DO UPDATE SET last_seq = excluded.last_seq"
+    "INSERT INTO producers (queue_id, partition, producer_id, last_seq, crc) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition, producer_id) DO UPDATE SET last_seq = excluded.last_seq, crc = excluded.crc"
 )
 _DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?"
 _DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
@@ -130,22 +134,32 @@ class OpApplier:
     The statements are portable SQL with ``?`` placeholders, but for the few below, which
     another dialect overrides (``storage.postgres``)."""
 
+    #: rows carry checksums once the store is at rowsums.LEVEL (a dialect without feature levels: never)
+    ROW_SUMS = True
     UPSERT_END = _UPSERT_END
     UPSERT_DELIVERED = _UPSERT_DELIVERED
     PUT_QUEUE = ("INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, "
                  "dead_letter_queue, max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, "
-                 "max_age, max_bytes, dead_letter_exchange, dead_letter_routing_key) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                 "max_age, max_bytes, dead_letter_exchange, dead_letter_routing_key, crc) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     QUEUE_ID_HWM = ("INSERT INTO meta (key, value) VALUES ('queue_id_hwm', ?) ON CONFLICT (key) DO UPDATE SET "
                     "value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)")
-    PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params) VALUES (?, ?, ?, ?, ?)"
-    PUT_ACL = ("INSERT INTO acls (username, pattern, permission) VALUES (?, ?, ?) "
+    PUT_USER = "INSERT OR REPLACE INTO users (name, salt, hash, role, params, crc) VALUES (?, ?, ?, ?, ?, ?)"
+    PUT_ACL = ("INSERT INTO acls (username, pattern, permission, crc) VALUES (?, ?, ?, ?) "
                "ON CONFLICT (username, pattern, permission) DO NOTHING")
     PUT_META = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
     def __init__(self) -> None:
         self.index: dict[Key, ChunkIndex] = {}
         self.ends: dict[Key, int] = {}
+        #: the partitions with a settled row that failed its checksum at the last reload, and why
+        self.damaged: dict[Key, str] = {}
+        #: rows are written with checksums (the store's group is at storage.sqlite.rowsums.LEVEL)
+        self.row_sums = False
+
+    def _crc(self, *values: Any) -> int | None:
+        """A row's checksum, or None while the store's level writes none (rowsums.LEVEL)."""
+        return rowsums.row_crc(*values) if self.row_sums else None
 
     def reload(self, conn: Connection) -> None:
         """Load the index from the tables (on open, or after a failed commit)."""
@@ -154,7 +168,13 @@ class OpApplier:
             "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
         ):
             index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
-        for qid, p, s, e in conn.exec_driver_sql('SELECT queue_id, partition, start, "end" FROM settled'):
+        damaged: dict[Key, str] = {}
+        for row in conn.exec_driver_sql(rowsums.select("settled")):
+            qid, p, s, e = row[:4]
+            bad = rowsums.damaged("settled", row)
+            if bad:
+                damaged.setdefault((qid, p), bad["crc"])
+                continue
             index.setdefault((qid, p), ChunkIndex()).settled.add(s, e)
         ends = {(qid, p): nxt for qid, p, nxt in conn.exec_driver_sql(
             "SELECT queue_id, partition, next_offset FROM partitions")}
@@ -164,6 +184,9 @@ class OpApplier:
                 ends[key] = max(ends.get(key, 0), last + idx.counts[last])
         self.index = index
         self.ends = ends
+        self.damaged = damaged
+        level = conn.exec_driver_sql(f"SELECT value FROM meta WHERE key = '{rowsums.LEVEL_KEY}'").fetchone()
+        self.row_sums = self.ROW_SUMS and level is not None and rowsums.at_level(level[0])
 
     def _part(self, key: Key) -> ChunkIndex:
         idx = self.index.get(key)
@@ -212,17 +235,18 @@ class OpApplier:
                 conn.exec_driver_sql(self.UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
                 delivered.clear()
             if counts:
-                conn.exec_driver_sql(_UPSERT_COUNT, counts)
+                conn.exec_driver_sql(_UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
                 counts.clear()
                 wrote_counts = True
             if settled:
-                conn.exec_driver_sql(_INSERT_SETTLED, [(q, p, s, e) for (q, p), ranges in settled.items()
-                                                       for s, e in ranges])
+                conn.exec_driver_sql(_INSERT_SETTLED, [(q, p, s, e, self._crc(q, p, s, e))
+                                                       for (q, p), ranges in settled.items() for s, e in ranges])
                 for key, ranges in settled.items():
                     touched.setdefault(key, []).extend(ranges)
                 settled.clear()
             if producers:
-                conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq) for (q, p, pid), seq in producers.items()])
+                conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq, self._crc(q, p, pid, seq))
+                                                        for (q, p, pid), seq in producers.items()])
                 producers.clear()
 
         for op in ops:
@@ -307,12 +331,10 @@ class OpApplier:
             return
         if isinstance(op, PutQueue):
             q = op.queue
-            conn.exec_driver_sql(
-                self.PUT_QUEUE,
-                (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
-                 q.dead_letter_queue, q.max_length, q.owner, q.max_length_bytes, q.overflow, q.message_ttl,
-                 q.expires, q.type, q.max_age, q.max_bytes, q.dead_letter_exchange, q.dead_letter_routing_key),
-            )
+            row = (q.id, q.name, q.partitions, q.mapper, q.ring_size, q.max_deliveries,
+                   q.dead_letter_queue, q.max_length, q.owner, q.max_length_bytes, q.overflow, q.message_ttl,
+                   q.expires, q.type, q.max_age, q.max_bytes, q.dead_letter_exchange, q.dead_letter_routing_key)
+            conn.exec_driver_sql(self.PUT_QUEUE, (*row, self._crc(*row)))
             # queue ids are never reused, even after the newest queue is deleted
             conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))
         elif isinstance(op, DropQueue):
@@ -330,12 +352,14 @@ class OpApplier:
                     idx.drop_chunk(start)
             conn.exec_driver_sql(_TRIM_CHUNKS, (*key, op.below))
         elif isinstance(op, LogCompact):
-            conn.exec_driver_sql(_UPSERT_SNAP, (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak),
-                                                *op.recency))
+            snap = (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak), *op.recency)
+            conn.exec_driver_sql(_UPSERT_SNAP, (*snap, self._crc(*snap)))
         elif isinstance(op, PutHardState):
-            conn.exec_driver_sql(_UPSERT_HARD, (op.queue_id, op.partition, op.term, op.voted_for, op.commit))
+            hard = (op.queue_id, op.partition, op.term, op.voted_for, op.commit)
+            conn.exec_driver_sql(_UPSERT_HARD, (*hard, self._crc(*hard)))
         elif isinstance(op, PutApplied):
-            conn.exec_driver_sql(_UPSERT_APPLIED, (op.queue_id, op.partition, op.index, op.term, op.origin))
+            applied = (op.queue_id, op.partition, op.index, op.term, op.origin)
+            conn.exec_driver_sql(_UPSERT_APPLIED, (*applied, self._crc(*applied)))
         elif isinstance(op, ResetPartition):
             key = (op.queue_id, op.partition)
             for table in ("chunks", "settled", "counts", "partitions", "producers"):
@@ -344,22 +368,25 @@ class OpApplier:
             self.ends.pop(key, None)
         elif isinstance(op, PutUser):
             u = op.user
-            conn.exec_driver_sql(
-                self.PUT_USER,
-                (u.name, u.salt, u.hash, u.role, u.params),
-            )
+            conn.exec_driver_sql(self.PUT_USER, (u.name, u.salt, u.hash, u.role, u.params,
+                                                 self._crc(u.name, u.salt, u.hash, u.role, u.params)))
         elif isinstance(op, DropUser):
             conn.exec_driver_sql("DELETE FROM users WHERE name = ?", (op.name,))
             conn.exec_driver_sql("DELETE FROM acls WHERE username = ?", (op.name,))
         elif isinstance(op, GrantAcl):
             a = op.acl
-            conn.exec_driver_sql(self.PUT_ACL, [(a.user, a.pattern, p) for p in a.permissions])
+            conn.exec_driver_sql(self.PUT_ACL, [(a.user, a.pattern, p, self._crc(a.user, a.pattern, p))
+                                                for p in a.permissions])
         elif isinstance(op, RevokeAcl):
             a = op.acl
             conn.exec_driver_sql("DELETE FROM acls WHERE username = ? AND pattern = ? AND permission = ?",
                                  [(a.user, a.pattern, p) for p in a.permissions])
         elif isinstance(op, PutMeta):
             conn.exec_driver_sql(self.PUT_META, (op.key, op.value))
+            if op.key == rowsums.LEVEL_KEY and self.ROW_SUMS:
+                sums, self.row_sums = self.row_sums, rowsums.at_level(op.value)
+                if self.row_sums and not sums:  # (the rows written before it are summed as they stand)
+                    rowsums.stamp_all(conn)
         elif isinstance(op, DropMeta):
             conn.exec_driver_sql("DELETE FROM meta WHERE key = ?", (op.key,))
         else:

@@ -4,6 +4,7 @@ transaction (one snapshot of the database, whatever the writer commits meanwhile
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 from storage.base import PartitionState, StoredMessage, unpack_run
 from storage.budget import message_cost
 from storage.intervals import IntervalSet
+from storage.sqlite import rowsums
 
 
 class DamagedChunk(StorageError):
@@ -102,6 +104,17 @@ def fill(st: PartitionState, chunks: Iterable[tuple[int, bytes]], settled: Inter
     filler.finish()
 
 
+def _checked(conn: Connection, table: str, where: str, params: tuple[int, ...]) -> list[Any]:
+    """The rows of ``table`` matching ``where``, in storage.sqlite.rowsums.select's columns;
+    DamagedRow at the first that fails a checksum."""
+    rows = list(conn.exec_driver_sql(rowsums.select(table, where), params))
+    for row in rows:
+        bad = rowsums.damaged(table, row)
+        if bad:
+            raise rowsums.DamagedRow(next(iter(bad.values())))
+    return rows
+
+
 def read_partition(conn: Connection, queue_id: int, partition: int, budget: int = 0) -> PartitionState:
     st = PartitionState()
     key = (queue_id, partition)
@@ -112,10 +125,9 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
                 key).first()
             if row is not None:
                 st.next_offset, st.delivered_upto = row
-            settled = IntervalSet(conn.exec_driver_sql(
-                'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ?', key).all())
-            dcs: dict[int, int] = dict(conn.exec_driver_sql(
-                'SELECT "offset", dc FROM counts WHERE queue_id = ? AND partition = ?', key).all())
+            where = "queue_id = ? AND partition = ?"
+            settled = IntervalSet(r[2:4] for r in _checked(conn, "settled", where, key))
+            dcs: dict[int, int] = {r[2]: r[3] for r in _checked(conn, "counts", where, key)}
             filler = PartitionFiller(st, settled, dcs, budget)
             rows = conn.exec_driver_sql(
                 "SELECT start, payload, crc FROM chunks WHERE queue_id = ? AND partition = ? ORDER BY start", key)
@@ -132,12 +144,9 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
                         filler.add_cold(*cold)
                     break
             filler.finish()
-            st.producers = dict(conn.exec_driver_sql(
-                "SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = ?", key).all())
-            pos = conn.exec_driver_sql("SELECT applied_index, applied_term, applied_origin FROM ha_state "
-                                       "WHERE queue_id = ? AND partition = ?", key).first()
-            if pos is not None:
-                st.applied = (pos[0], pos[1], pos[2])
+            st.producers = {r[2]: r[3] for r in _checked(conn, "producers", where, key)}
+            for r in _checked(conn, "ha_state", where, key):
+                st.applied = (r[11], r[12], r[13])
     except SQLAlchemyError as exc:
         raise StorageError(f"read failed: {exc}", orig=exc) from exc
     return st
@@ -167,9 +176,8 @@ def read_messages(conn: Connection, queue_id: int, partition: int, offset: int, 
     out: list[StoredMessage] = []
     try:
         with conn.begin():
-            settled = IntervalSet(conn.exec_driver_sql(
-                'SELECT start, "end" FROM settled WHERE queue_id = ? AND partition = ? AND "end" > ?',
-                (queue_id, partition, offset)).all())
+            above = 'queue_id = ? AND partition = ? AND "end" > ?'
+            settled = IntervalSet(r[2:4] for r in _checked(conn, "settled", above, (queue_id, partition, offset)))
             first = conn.exec_driver_sql(
                 "SELECT start FROM chunks WHERE queue_id = ? AND partition = ? AND start <= ? "
                 "ORDER BY start DESC LIMIT 1", (queue_id, partition, offset)).scalar()

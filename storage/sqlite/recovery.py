@@ -24,6 +24,7 @@ from storage.base import (
 )
 from storage.budget import memory_share
 from storage.segments import SegmentLog
+from storage.sqlite import rowsums
 from storage.sqlite.apply import OpApplier
 from storage.sqlite.reads import DamagedChunk, PartitionFiller, check_chunk
 from storage.sqlite.schema import READABLE, Key
@@ -41,11 +42,34 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
     if version not in READABLE:
         raise StorageError(f"store {path} has schema version {version}, this build reads {', '.join(sorted(READABLE))}: "
                            f"it was written by another build; start the node on that build (see docs/upgrades.md)")
-    for row in conn.exec_driver_sql(
-        "SELECT id, name, partitions, mapper, ring_size, max_deliveries, dead_letter_queue, "
-        "max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes, "
-        "dead_letter_exchange, dead_letter_routing_key FROM queues ORDER BY id"
-    ):
+    def fatal(table: str, row: Any) -> bool:
+        """Whether a catalogue row or a hard state fails its checksum (then noted: the node
+        does not start, broker.node.recovery)."""
+        bad = rowsums.damaged(table, row)
+        if table == "ha_state":
+            bad = {c: why for c, why in bad.items() if c == "hard_crc"}
+        for why in bad.values():
+            rec.row_damage.append(f"store {path}: {why}")
+            log.error("store %s: %s", path, why)
+        return bool(bad)
+
+    def repairable(key: Key, table: str, row: Any) -> bool:
+        """Whether a row of a partition's copy fails its checksum (then noted: the partition is
+        rebuilt from its group, or the node does not start)."""
+        bad = rowsums.damaged(table, row)
+        if table == "ha_state":
+            bad = {c: why for c, why in bad.items() if c != "hard_crc"}
+        for why in bad.values():
+            damage(key, why)
+        return bool(bad)
+
+    def damage(key: Key, why: str) -> None:
+        if key not in rec.store_damage:
+            rec.store_damage[key] = f"store {path}: {why}"
+            log.error("store %s: %s", path, why)
+
+    for row in conn.exec_driver_sql(rowsums.select("queues") + " ORDER BY id"):
+        fatal("queues", row)
         rec.queues.append(QueueMeta(
             id=row[0], name=row[1], partitions=row[2], mapper=row[3], ring_size=row[4],
             max_deliveries=row[5], dead_letter_queue=row[6], max_length=row[7], owner=row[8],
@@ -67,9 +91,13 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         st = state((qid, p))
         st.next_offset, st.delivered_upto = nxt, delivered
     applier.reload(conn)
+    for key, why in applier.damaged.items():
+        damage(key, why)
     counts: dict[Key, dict[int, int]] = {}
-    for qid, p, off, dc in conn.exec_driver_sql('SELECT queue_id, partition, "offset", dc FROM counts'):
-        counts.setdefault((qid, p), {})[off] = dc
+    for row in conn.exec_driver_sql(rowsums.select("counts")):
+        qid, p, off, dc = row[:4]
+        if not repairable((qid, p), "counts", row):
+            counts.setdefault((qid, p), {})[off] = dc
     share = memory_share(budget, sum(q.partitions for q in rec.queues))
     fillers: dict[Key, PartitionFiller] = {}
     for qid, p, start, payload, crc in conn.exec_driver_sql(
@@ -95,25 +123,29 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         filler.add(start, payload)
     for filler in fillers.values():
         filler.finish()
-    for qid, p, pid, last in conn.exec_driver_sql(
-        "SELECT queue_id, partition, producer_id, last_seq FROM producers"
-    ):
-        state((qid, p)).producers[pid] = last
-    for name, salt, hsh, role, params in conn.exec_driver_sql(
-        "SELECT name, salt, hash, role, params FROM users ORDER BY name"
-    ):
+    for row in conn.exec_driver_sql(rowsums.select("producers")):
+        qid, p, pid, last = row[:4]
+        if not repairable((qid, p), "producers", row):
+            state((qid, p)).producers[pid] = last
+    for row in conn.exec_driver_sql(rowsums.select("users") + " ORDER BY name"):
+        fatal("users", row)
+        name, salt, hsh, role, params = row[:5]
         rec.users.append(UserRecord(name=name, salt=salt, hash=hsh, role=role, params=params))
-    rec.acls = acl_records(conn.exec_driver_sql(
-        "SELECT username, pattern, permission FROM acls ORDER BY username, pattern, permission"))
-    for row in conn.exec_driver_sql(
-        "SELECT queue_id, partition, term, voted_for, commit_idx, snap_index, snap_term, snap_origin, "
-        "applied_index, applied_term, applied_origin, snap_weak, snap_recency_term, snap_recency_index FROM ha_state"
-    ):
-        rec.logs[(row[0], row[1])] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]),
-                                              (row[8], row[9], row[10]), snap_weak=bool(row[11]),
-                                              snap_recency=(row[12], row[13]))
+    grants = conn.exec_driver_sql(rowsums.select("acls") + " ORDER BY username, pattern, permission").all()
+    for row in grants:
+        fatal("acls", row)
+    rec.acls = acl_records(row[:3] for row in grants)
+    # (ha_state's columns in rowsums.CHECKED's order: the hard state, the snapshot mark, the applied position)
+    for row in conn.exec_driver_sql(rowsums.select("ha_state")):
+        key = (row[0], row[1])
+        fatal("ha_state", row)
+        repairable(key, "ha_state", row)
+        rec.logs[key] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]), (row[11], row[12], row[13]),
+                                 snap_weak=bool(row[8]), snap_recency=(row[9], row[10]))
     for key, where in rec.store_damage.items():
         rec.logs.setdefault(key, LogState()).store_damage = where
+        if key in parts:
+            parts[key].messages.clear()  # (none of a damaged copy is served)
     return rec
 
 

@@ -125,6 +125,15 @@ ADDED_COLUMNS = [
     ("queues", "dead_letter_exchange", "TEXT"),
     ("queues", "dead_letter_routing_key", "TEXT"),
     ("chunks", "crc", "BIGINT"),
+    ("settled", "crc", "BIGINT"),
+    ("counts", "crc", "BIGINT"),
+    ("producers", "crc", "BIGINT"),
+    ("queues", "crc", "BIGINT"),
+    ("users", "crc", "BIGINT"),
+    ("acls", "crc", "BIGINT"),
+    ("ha_state", "hard_crc", "BIGINT"),
+    ("ha_state", "snap_crc", "BIGINT"),
+    ("ha_state", "applied_crc", "BIGINT"),
 ]
 
 

@@ -1,37 +1,61 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
-own page structure (``PRAGMA quick_check``) and every chunk of messages against its CRC-32
-(storage.sqlite.reads.check_chunk)."""
+own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
+(storage.sqlite.reads.check_chunk) and every other checked row against its checksums
+(storage.sqlite.rowsums)."""
 
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage.sqlite import rowsums
 from storage.sqlite.reads import DamagedChunk, check_chunk
 
 
-def scrub_store(path: Path) -> tuple[int, int, list[str]]:
-    """(chunks that passed their checksum, chunks written without one, the damage found); the
-    file is opened read-only."""
+@dataclass
+class StoreScrub:
+    chunks: int = 0  # chunks that passed their checksum
+    unchecked: int = 0  # chunks and rows written without one
+    rows: int = 0  # other rows that passed their checksums
+    damage: list[str] = field(default_factory=list)
+
+
+def scrub_store(path: Path) -> StoreScrub:
+    """What the store at ``path`` holds that passes its checks, and the damage found; the file
+    is opened read-only."""
+    out = StoreScrub()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        damage = [f"store {path}: SQLite's quick_check: {row[0]}" for row in conn.execute("PRAGMA quick_check")
-                  if row[0] != "ok"]
-        good = unchecked = 0
-        has_crc = any(row[1] == "crc" for row in conn.execute("PRAGMA table_info(chunks)"))
-        crc_column = "crc" if has_crc else "NULL"  # (a store no build with checksums has opened yet)
+        out.damage = [f"store {path}: SQLite's quick_check: {row[0]}" for row in conn.execute("PRAGMA quick_check")
+                      if row[0] != "ok"]
+        crc_column = "crc" if "crc" in _columns(conn, "chunks") else "NULL"  # (no build with checksums opened it)
         for qid, p, start, payload, crc in conn.execute(
                 f"SELECT queue_id, partition, start, payload, {crc_column} FROM chunks "
                 f"ORDER BY queue_id, partition, start"):
             if crc is None:
-                unchecked += 1
+                out.unchecked += 1
                 continue
             try:
                 check_chunk((qid, p), start, payload, crc)
             except DamagedChunk as exc:
-                damage.append(f"store {path}: {exc.message}")
+                out.damage.append(f"store {path}: {exc.message}")
                 continue
-            good += 1
+            out.chunks += 1
+        for table, sums in rowsums.CHECKED.items():
+            if not set(sums) <= _columns(conn, table):
+                continue  # (a store no build with these checksums has opened yet: nothing to check)
+            for row in conn.execute(rowsums.select(table)):
+                if all(v is None for v in row[-len(sums):]):
+                    out.unchecked += 1
+                    continue
+                bad = rowsums.damaged(table, row)
+                out.damage.extend(f"store {path}: {why}" for why in bad.values())
+                out.rows += not bad
     finally:
         conn.close()
-    return good, unchecked, damage
+    return out
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}

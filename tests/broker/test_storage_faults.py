@@ -3,6 +3,7 @@ chunk, says where in one line, and does not start; it never serves what failed i
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,25 @@ async def test_a_single_node_with_a_flipped_bit_in_a_stored_body_does_not_start(
     text = err.value.message
     assert f"tandem.db: the chunk of partition {qid}/0 from offset {start} (" in text, text
     assert "fails its checksum: damaged at rest" in text and "this node does not start" in text, text
+
+
+async def test_a_single_node_with_a_flipped_bit_in_a_queues_row_does_not_start(tmp_path: Path) -> None:
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await n.start()
+    try:
+        async with await client.connect_link(url_of(n)) as conn:
+            await conn.finalize_upgrade()  # (to the build's level: rows carry checksums)
+            await conn.declare_queue("q", max_length=100)
+    finally:
+        await n.stop()
+    db = sqlite3.connect(tmp_path / "node1" / "tandem.db")
+    db.execute("UPDATE queues SET max_length = 36 WHERE name = 'q'")  # (100 with bit 6 flipped)
+    db.commit()
+    db.close()
+    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    with pytest.raises(StorageError) as err:
+        await again.start()
+    await again.stop()
+    text = err.value.message
+    assert "tandem.db: a row of queues (queue 'q' (id " in text and "fails its checksum (crc)" in text, text
+    assert "this node does not start (the group cannot repair a catalogue row" in text, text

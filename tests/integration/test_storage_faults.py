@@ -6,6 +6,7 @@ its store then holds every confirmed message, byte for byte.  Real processes and
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 import client
 from broker.tools.cluster import LocalCluster
+from broker.tools.process import NodeStartError
 from storage.sqlite import SqliteEngine
 from tests.conftest import FAST
 from tests.helpers import wait_until
@@ -45,6 +47,7 @@ async def stopped_replica(cl: LocalCluster) -> tuple[str, str, list[bytes]]:
     replica cleanly once it has every entry: (the active, the replica, the confirmed bodies)."""
     await cl.start()
     await cl.wait_ready()
+    await cl.finalize()  # (as tandem cluster up does: the store's rows carry checksums)
     async with await client.connect(cl.url) as conn:
         await conn.declare_queue("q", partitions=1)
 
@@ -103,7 +106,25 @@ async def test_a_bit_flipped_mid_log_on_a_replica_is_damage_repaired_from_the_ac
         await cl.stop()
 
 
-async def test_a_bit_flipped_in_a_replicas_stored_body_is_rebuilt_from_the_active(tmp_path: Path) -> None:
+def flip_producer_position(db: Path, queue_id: int) -> str:
+    """One bit of a producer's stored position flipped at rest (its checksum left as written):
+    how the store names the row."""
+    conn = sqlite3.connect(db)
+    try:
+        pid, last = conn.execute("SELECT producer_id, last_seq FROM producers WHERE queue_id = ? AND partition = 0 "
+                                 "LIMIT 1", (queue_id,)).fetchone()
+        conn.execute("UPDATE producers SET last_seq = ? WHERE queue_id = ? AND partition = 0 AND producer_id = ?",
+                     (last ^ 0x40, queue_id, pid))
+        conn.commit()
+    finally:
+        conn.close()
+    return f"a row of producers (partition {queue_id}/0, position of producer {pid}) fails its checksum"
+
+
+@pytest.mark.parametrize("damage", ["body", "producer-position"])
+async def test_a_bit_flipped_in_a_replicas_stored_copy_is_rebuilt_from_the_active(tmp_path: Path, damage: str) -> None:
+    """A flipped bit in a stored body (its chunk's CRC-32), or in a producer's position (its
+    row's checksum: a position too high would drop that producer's next publishes as resends)."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
         old, replica, confirmed = await stopped_replica(cl)
@@ -111,11 +132,14 @@ async def test_a_bit_flipped_in_a_replicas_stored_body_is_rebuilt_from_the_activ
         probe = SqliteEngine(db)
         qid = next(m.id for m in probe.open().queues if m.name == "q")
         probe.close()
-        start = flip_stored_bit(db, qid, 0)
+        if damage == "body":
+            named = f"the chunk of partition {qid}/0 from offset {flip_stored_bit(db, qid, 0)} ("
+        else:
+            named = flip_producer_position(db, qid)
 
         await cl.nodes[replica].start()
         log_text = cl.nodes[replica].log_text()
-        assert f"the chunk of partition {qid}/0 from offset {start} (" in log_text
+        assert named in log_text and "starting it over from its active (repair)" in log_text
         await wait_until(lambda: caught_up(cl, replica, "q"), timeout=30, what=f"{replica} rebuilt from {old}")
         await asyncio.gather(*(p.stop() for p in cl.nodes.values()))
 
@@ -125,5 +149,32 @@ async def test_a_bit_flipped_in_a_replicas_stored_body_is_rebuilt_from_the_activ
         held = [m.body for m in store.read(qid, 0, 0, 1000)]
         store.close()
         assert held == confirmed
+    finally:
+        await cl.stop()
+
+
+async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_the_group_serves_on(
+        tmp_path: Path) -> None:
+    """A hard state the group cannot give back (a node unsure of its vote could vote twice in a
+    term): the member refuses to start, naming the row; the two others go on."""
+    cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
+    try:
+        old, replica, _confirmed = await stopped_replica(cl)
+        db = cl.nodes[replica].data_dir / "tandem.db"
+        probe = SqliteEngine(db)
+        qid = next(m.id for m in probe.open().queues if m.name == "q")
+        probe.close()
+        conn = sqlite3.connect(db)
+        conn.execute("UPDATE ha_state SET term = (term | 2) - (term & 2) WHERE queue_id = ?", (qid,))
+        conn.commit()
+        conn.close()
+
+        with pytest.raises(NodeStartError) as err:
+            await cl.nodes[replica].start(timeout=30)
+        text = str(err.value)
+        assert f"a row of ha_state (partition {qid}/0) fails its checksum (hard_crc): damaged at rest" in text, text
+        assert "this node does not start" in text and "Traceback" not in text, text
+        async with await client.connect(cl.url_of(old)) as c:
+            await c.producer("q").send(b"served on by the two others")
     finally:
         await cl.stop()

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage.base import Append, LogAppend, LogRecord, PutQueue, StoredMessage
+from storage.base import Append, LogAppend, LogRecord, PutMeta, PutQueue, StoredMessage
 from storage.segments import scan
 from storage.sqlite import SqliteEngine
+from storage.sqlite.rowsums import LEVEL, LEVEL_KEY
 from storage.sqlite.scrub import scrub_store
 from tests.storage.test_recovery import Q, flip_stored_bit
 
@@ -20,7 +21,7 @@ from tests.storage.test_recovery import Q, flip_stored_bit
 def _node_dir(d: Path) -> Path:
     e = SqliteEngine(d / "tandem.db")
     e.open()
-    e.apply([PutQueue(Q)], sync=True)
+    e.apply([PutMeta(LEVEL_KEY, str(LEVEL)), PutQueue(Q)], sync=True)  # (a level whose rows carry checksums)
     for b in range(3):
         msgs = [StoredMessage(b * 5 + i, None, b"\x80", os.urandom(500), None, None, 0.0) for i in range(5)]
         e.apply([Append(1, 0, msgs, b * 5 + 5),
@@ -41,7 +42,7 @@ def test_a_clean_directory_passes_and_nothing_is_changed(tmp_path: Path) -> None
     before = {p: p.read_bytes() for p in kept}
     out = tandem_scrub(d)
     assert out.returncode == 0, out
-    assert out.stdout.strip() == "3 log record(s) and 3 chunk(s) passed their checks; nothing damaged"
+    assert out.stdout.strip() == "3 log record(s), 3 chunk(s) and 1 other row(s) passed their checks; nothing damaged"
     assert {p: p.read_bytes() for p in kept} == before
 
 
@@ -55,8 +56,10 @@ def test_damage_in_the_log_and_the_store_is_named_and_a_torn_tail_told_apart(tmp
     good, damage, torn = scan(d / "tandem.db-log")
     assert (good, torn) == (0, []) and damage == [
         f"{seg} at byte 0 (a record failing its checksum, a readable record at byte {len(data) // 3} after it)"]
-    chunks, unchecked, store_damage = scrub_store(d / "tandem.db")
-    assert (chunks, unchecked) == (2, 0) and len(store_damage) == 1 and f"from offset {start} (" in store_damage[0]
+    store = scrub_store(d / "tandem.db")
+    store_damage = store.damage
+    assert (store.chunks, store.unchecked) == (2, 0) and len(store_damage) == 1
+    assert f"from offset {start} (" in store_damage[0]
     out = tandem_scrub(d, "--json")
     assert out.returncode == 1, out
     report = json.loads(out.stdout)
@@ -68,7 +71,7 @@ def test_damage_in_the_log_and_the_store_is_named_and_a_torn_tail_told_apart(tmp
     out = tandem_scrub(clean)
     assert out.returncode == 0, out
     assert "torn " in out.stdout and "a torn record: a torn tail" in out.stdout
-    assert out.stdout.splitlines()[-1] == "2 log record(s) and 3 chunk(s) passed their checks; nothing damaged"
+    assert out.stdout.splitlines()[-1] == "2 log record(s), 3 chunk(s) and 1 other row(s) passed their checks; nothing damaged"
 
 
 def test_not_a_data_directory_is_said(tmp_path: Path) -> None:

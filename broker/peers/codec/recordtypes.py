@@ -55,9 +55,13 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: ``max_age``, ``max_bytes``; feature level 5, as is the ``TRIM`` op); version 4 of a queue's
 #: record and row adds where its dead letters are published (``dead_letter_exchange``,
 #: ``dead_letter_routing_key``; feature level 8); version 2 of the store's chunks adds each one's
-#: CRC-32 (a column an older build neither reads nor writes: local to each store, at any level)
-VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 4, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2,
-                            "store.chunks": 2}
+#: CRC-32 (a column an older build neither reads nor writes: local to each store, at any level);
+#: the next version of the store's settled, counts, producers, queues, users, acls and ha_state
+#: tables adds each row's checksums (storage.sqlite.rowsums: written from feature level 9 on, as
+#: an older build updates rows without them; local to each store)
+VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 5, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2,
+                            "store.chunks": 2, "store.settled": 2, "store.counts": 2, "store.producers": 2,
+                            "store.users": 2, "store.acls": 2, "store.ha_state": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -104,6 +108,26 @@ def _crc_down(fields: Fields) -> Fields:
     return list(fields[:-1])
 
 
+def _sums_up(fields: Fields) -> Fields:
+    """A row written without its checksum as the next version reads it: unchecked."""
+    return [*fields, None]
+
+
+def _sums_down(fields: Fields) -> Fields:
+    """A row with its checksum as the version before has it: without."""
+    return list(fields[:-1])
+
+
+def _state_sums_up(fields: Fields) -> Fields:
+    """A version-1 ``ha_state`` row as version 2 reads it: its three checksums absent (unchecked)."""
+    return [*fields, None, None, None]
+
+
+def _state_sums_down(fields: Fields) -> Fields:
+    """A version-2 ``ha_state`` row as version 1 has it: without its checksums."""
+    return list(fields[:-3])
+
+
 def _topology_up(fields: Fields) -> Fields:
     """A version-1 catalogue snapshot as version 2 reads it: no exchanges, no bindings."""
     return [*fields, [], []]
@@ -136,6 +160,9 @@ CONVERTERS: tuple[Converter, ...] = (
     Converter("snapshot.catalogue", 1, _topology_up, _topology_down),
     Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
     Converter("store.chunks", 1, _crc_up, _crc_down),
+    Converter("store.queues", 4, _sums_up, _sums_down),
+    *(Converter(f"store.{t}", 1, _sums_up, _sums_down) for t in ("settled", "counts", "producers", "users", "acls")),
+    Converter("store.ha_state", 1, _state_sums_up, _state_sums_down),
 )
 
 

@@ -1,0 +1,147 @@
+"""Checksums of the store's rows besides its messages (whose chunks carry their own:
+storage.sqlite.reads.check_chunk).
+
+Each checked row carries the CRC-32 of its values (:func:`row_crc`), written with it by the
+writer (storage.sqlite.apply) and checked wherever the row is read: on open
+(storage.sqlite.recovery), when a partition is loaded (storage.sqlite.reads) and by ``tandem
+scrub``. A row written by a build without the column has NULL there and is read unchecked.
+
+What a damaged row means depends on what it holds (:data:`CHECKED`):
+
+* a partition's settlements, delivery counts, producer positions, snapshot mark and applied
+  position are that partition's copy: in a group it starts over and its active sends it whole;
+  a node alone does not start, naming the row (as for a damaged chunk);
+* a partition's hard state (its term, its vote, its commit index) cannot be taken from the
+  group: a node that no longer knows whom it voted for could vote twice in one term and help
+  elect two actives. The node does not start, naming the row;
+* the catalogue's rows (queues, users, grants) are not rebuilt either: the node does not start,
+  naming the row.
+
+The rows carry checksums once the store's group is at feature level :data:`LEVEL`
+(ha.upgrade.LEVELS): a member of an older build updates a row without its checksum, so until
+no member can run one, rows are written with NULL there (unchecked), as such a build writes
+them. Shared mode (one PostgreSQL database) has no feature level and writes none: PostgreSQL's
+own page checksums (``initdb --data-checksums``) are its check.
+
+Not checked: ``partitions`` (each partition's end and delivered mark, written as the maximum
+of what is there and what comes, which only the database knows), and ``meta``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from client.errors import StorageError
+
+#: the feature level from which rows carry checksums, and the ``meta`` key the store keeps the
+#: group's level under (broker.partitions.upgrade.LEVEL_KEY)
+LEVEL = 9
+LEVEL_KEY = "feature_level"
+
+#: table -> its checksum column -> the columns that checksum covers, in order
+CHECKED: dict[str, dict[str, tuple[str, ...]]] = {
+    "settled": {"crc": ("queue_id", "partition", "start", '"end"')},
+    "counts": {"crc": ("queue_id", "partition", '"offset"', "dc")},
+    "producers": {"crc": ("queue_id", "partition", "producer_id", "last_seq")},
+    "queues": {"crc": ("id", "name", "partitions", "mapper", "ring_size", "max_deliveries", "dead_letter_queue",
+                       "max_length", "owner", "max_length_bytes", "overflow", "message_ttl", "expires", "type",
+                       "max_age", "max_bytes", "dead_letter_exchange", "dead_letter_routing_key")},
+    "users": {"crc": ("name", "salt", "hash", "role", "params")},
+    "acls": {"crc": ("username", "pattern", "permission")},
+    "ha_state": {
+        "hard_crc": ("queue_id", "partition", "term", "voted_for", "commit_idx"),
+        "snap_crc": ("queue_id", "partition", "snap_index", "snap_term", "snap_origin", "snap_weak",
+                     "snap_recency_term", "snap_recency_index"),
+        "applied_crc": ("queue_id", "partition", "applied_index", "applied_term", "applied_origin"),
+    },
+}
+
+#: the tables whose damage the group cannot repair (the node does not start), with ha_state's hard state
+CATALOGUE_TABLES = ("queues", "users", "acls")
+
+
+class DamagedRow(StorageError):
+    """A stored row whose values fail its checksum: damaged at rest."""
+
+
+def _as_stored(v: Any) -> Any:
+    """A value as the database gives it back: a whole float or a bool as the integer an
+    INTEGER column keeps, a buffer as bytes."""
+    if type(v) is bool or (type(v) is float and v.is_integer()):
+        return int(v)
+    if isinstance(v, (memoryview, bytearray)):
+        return bytes(v)
+    return v
+
+
+def at_level(meta_value: str | None) -> bool:
+    """Whether a store whose ``meta`` says ``meta_value`` for :data:`LEVEL_KEY` writes checksums."""
+    return meta_value is not None and meta_value.isdigit() and int(meta_value) >= LEVEL
+
+
+def row_crc(*values: Any) -> int:
+    """The CRC-32 of a row's values (ints, strings, bytes, None), as the ``crc`` columns keep it."""
+    return zlib.crc32(msgpack.packb([_as_stored(v) for v in values], use_bin_type=True))
+
+
+def check_row(table: str, values: Sequence[Any], crc: int | None, *, column: str = "crc") -> None:
+    """DamagedRow if ``values`` fail ``crc`` (None: a row written without one, unchecked)."""
+    if crc is not None and row_crc(*values) != crc:
+        raise DamagedRow(f"a row of {table} ({describe(table, values)}) fails its checksum ({column}): "
+                         f"damaged at rest")
+
+
+def describe(table: str, values: Sequence[Any]) -> str:
+    """The row's key, for a reader: ``partition 3/0 from offset 20``, ``user alice``."""
+    if table in ("settled", "counts", "producers", "ha_state"):
+        what = {"settled": "settled range from", "counts": "delivery count of offset",
+                "producers": "position of producer", "ha_state": ""}[table]
+        return f"partition {values[0]}/{values[1]}" + (f", {what} {values[2]}" if what else "")
+    if table == "queues":
+        return f"queue {values[1]!r} (id {values[0]})"
+    if table == "users":
+        return f"user {values[0]!r}"
+    return f"grant of {values[2]} on {values[1]!r} to {values[0]!r}"
+
+
+def select(table: str, where: str = "") -> str:
+    """``SELECT`` of every column the table's checksums cover, then each checksum, in
+    :data:`CHECKED`'s order."""
+    sums = CHECKED[table]
+    cols = list(dict.fromkeys(c for covered in sums.values() for c in covered))
+    return f"SELECT {', '.join(cols + list(sums))} FROM {table}{' WHERE ' + where if where else ''}"
+
+
+def damaged(table: str, row: Sequence[Any]) -> dict[str, str]:
+    """Each checksum of a row read with :func:`select` that its values fail, with why."""
+    sums = CHECKED[table]
+    cols = list(dict.fromkeys(c for covered in sums.values() for c in covered))
+    at = {c: i for i, c in enumerate(cols)}
+    out: dict[str, str] = {}
+    for n, (column, covered) in enumerate(sums.items()):
+        try:
+            check_row(table, [row[at[c]] for c in covered], row[len(cols) + n], column=column)
+        except DamagedRow as exc:
+            out[column] = exc.message
+    return out
+
+
+def stamp_all(conn: Any) -> int:
+    """Give every checked row its checksums (the store reaching :data:`LEVEL`: what was written
+    before it, by this build or an older one, is summed as it stands); the rows stamped.
+    ``conn``: an executor with ``exec_driver_sql`` (storage.sqlite.apply.Executor), SQLite's."""
+    stamped = 0
+    for table, sums in CHECKED.items():
+        cols = list(dict.fromkeys(c for covered in sums.values() for c in covered))
+        at = {c: i for i, c in enumerate(cols)}
+        rows = list(conn.exec_driver_sql(f"SELECT rowid, {', '.join(cols)} FROM {table}"))
+        if rows:
+            sets = ", ".join(f"{column} = ?" for column in sums)
+            conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE rowid = ?", [
+                (*(row_crc(*(r[1 + at[c]] for c in covered)) for covered in sums.values()), r[0]) for r in rows])
+            stamped += len(rows)
+    return stamped
