@@ -28,6 +28,7 @@ from broker.tools.options import ExamplesFormatter
 from broker.tools.pair import HaSetup, add_ha_args, ha_setup
 from broker.tools.process import NodeProcess
 from broker.tools.scratch_db import fresh_database
+import client
 from client.errors import InvalidArgumentError, TandemError
 from client.url import parse_url
 from storage.base import DurabilityPolicy
@@ -288,6 +289,8 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 await cluster.start()
                 await cluster.wait_ready()
                 url = cluster.url
+                if not ha.shared:  # (as tandem cluster up leaves a new group: at this build's highest level)
+                    await cluster.finalize()
                 if ha.shared:
                     durability = f"{nodes}-node shared group: the lock holder commits to the one database " \
                                  f"({'PostgreSQL' if str(ha.database).startswith('postgresql') else 'SQLite'}), " \
@@ -305,6 +308,8 @@ async def _spawned_on(args: argparse.Namespace, w: Workload, nodes: int, ha: HaS
                 node = await NodeProcess(Path(tmp) / "node1", sync=args.sync, extra_args=tls_args + amqp_args,
                                          ca=ca).start()
                 url, durability = node.url, args.sync.upper()
+                async with await client.connect_link(url) as conn:  # (as tandem cluster up --nodes 1 leaves it)
+                    await conn.finalize_upgrade()
 
             def servers() -> ServerProcs:
                 pids = [n.pid for n in cluster.processes.values()] if cluster is not None else \
