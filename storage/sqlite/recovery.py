@@ -64,9 +64,9 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         return bool(bad)
 
     def damage(key: Key, why: str) -> None:
-        if key not in rec.store_damage:
-            rec.store_damage[key] = f"store {path}: {why}"
-            log.error("store %s: %s", path, why)
+        """Noted: every damaged row is logged; the partition's first is what it is rebuilt for."""
+        rec.store_damage.setdefault(key, f"store {path}: {why}")
+        log.error("store %s: %s", path, why)
 
     for row in conn.exec_driver_sql(rowsums.select("queues") + " ORDER BY id"):
         fatal("queues", row)

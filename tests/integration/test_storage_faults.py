@@ -17,7 +17,7 @@ from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeStartError
 from storage.sqlite import SqliteEngine
 from tests.conftest import FAST
-from tests.helpers import wait_until
+from tests.helpers import tandem, wait_until
 from tests.integration.test_replication import produce
 from tests.storage.test_recovery import flip_stored_bit
 
@@ -153,13 +153,14 @@ async def test_a_bit_flipped_in_a_replicas_stored_copy_is_rebuilt_from_the_activ
         await cl.stop()
 
 
-async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_the_group_serves_on(
+async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_is_replaced_empty(
         tmp_path: Path) -> None:
     """A hard state the group cannot give back (a node unsure of its vote could vote twice in a
-    term): the member refuses to start, naming the row; the two others go on."""
+    term): the member refuses to start, naming the row; the two others go on, and the member
+    taken out and added back on an empty data directory is filled by the group."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
-        old, replica, _confirmed = await stopped_replica(cl)
+        old, replica, confirmed = await stopped_replica(cl)
         db = cl.nodes[replica].data_dir / "tandem.db"
         probe = SqliteEngine(db)
         qid = next(m.id for m in probe.open().queues if m.name == "q")
@@ -176,5 +177,23 @@ async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_a
         assert "this node does not start" in text and "Traceback" not in text, text
         async with await client.connect(cl.url_of(old)) as c:
             await c.producer("q").send(b"served on by the two others")
+
+        # the remedy docs/operations.md gives: the member taken out while down, its data set
+        # aside, added back on an empty directory; the group fills it
+        rc, out, err = await tandem("group", "remove", replica, "--wait", "--timeout", "120", "--url", cl.url_of(old))
+        assert rc == 0, (out, err)
+        del cl.nodes[replica]
+        (cl.data_dir / replica).rename(cl.data_dir / f"{replica}.damaged")
+        rc, out, err = await tandem("group", "add", cl.new_member(replica), "--url", cl.url_of(old))
+        assert rc == 0, (out, err)
+        await cl.nodes[replica].start(60)
+        await wait_until(lambda: caught_up(cl, replica, "q"), timeout=60, what=f"{replica} filled by the group")
+        await asyncio.gather(*(p.stop() for p in cl.nodes.values()))
+        store = SqliteEngine(cl.data_dir / replica / "tandem.db")
+        rec = store.open()
+        [q] = [m for m in rec.queues if m.name == "q"]
+        held = [m.body for m in store.read(q.id, 0, 0, 1000)]
+        store.close()
+        assert not rec.row_damage and held == [*confirmed, b"served on by the two others"]
     finally:
         await cl.stop()

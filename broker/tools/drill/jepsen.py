@@ -201,8 +201,7 @@ class _Runner:
                 await prepare(nem, setup_ctx)
             await cl.start()
             await cl.wait_ready()
-            if cfg.workload == "transactional":
-                await cl.finalize()  # (transactions need the build's feature level)
+            await cl.finalize()  # (as tandem cluster up leaves a new group: at the build's highest level)
             async with await client.connect(cl.url, client_name="drill-setup") as conn:
                 for q in make_load(None, cfg, 1, random.Random(0), clock).queues():
                     await conn.declare_queue(q, partitions=cfg.partitions)

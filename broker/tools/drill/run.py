@@ -186,8 +186,10 @@ async def _run_in(cfg: DrillConfig, ha: HaSetup, run: int, rng: random.Random, c
         await cl.start()
         deadline = clock.monotonic() + cfg.timeout
         await cl.wait_ready()
-        if cfg.workload == "transactional":
-            await cl.finalize()  # (transactions need the build's feature level)
+        if cfg.workload == "transactional" or (old is None and not ha.shared):
+            # as tandem cluster up leaves a new group: at the build's highest level (transactions
+            # need theirs; level 9's row checksums are what the storage families check)
+            await cl.finalize()
         async with await client.connect(cl.url, client_name="drill-setup") as conn:
             await conn.declare_queue(QUEUE, partitions=cfg.partitions)
             if cfg.workload == "transactional":

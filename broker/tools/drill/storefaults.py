@@ -4,11 +4,13 @@ from the group (docs/reliability.md, "Storage faults").
 * ``bit-flip``: ``kill -9`` a node drawn from the run's seeded random source (among those whose
   store holds messages by then), then flip one bit
   in the payload of a log record that has records after it (in its newest segment: damage, not
-  a torn tail) and one in a stored chunk of messages (its checksum left as written), at seeded
-  random offsets; the heal starts it again.  The node must find both (its ``log-damaged``
-  status event, and its log's line naming the chunk), catch up from the group, and no consumer
-  may ever get a damaged body (the checker compares every body byte for byte: a damaged one is
-  *unexpected*).  An injected fault the node did not find fails the run.
+  a torn tail), one in a stored chunk of messages and one in a producer's stored position (their
+  checksums left as written), at seeded random offsets; the heal starts it again.  The node must
+  find all three (its ``log-damaged`` status event, and its log's lines naming the chunk and the
+  row), catch up from the group, and no consumer may ever get a damaged body (the checker
+  compares every body byte for byte: a damaged one is *unexpected*) nor miss a message (a
+  position read too high would drop its producer's next publishes as resends).  An injected
+  fault the node did not find fails the run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class BitFlip(Nemesis):
     def __init__(self) -> None:
         self.node = ""
         self.chunk: tuple[int, int, int] | None = None  # (queue id, partition, start) of the damaged chunk
+        self.row: str = ""  # how the node names the damaged producer row
         self.log_damaged = False
 
     async def inject(self, ctx: FaultContext) -> str:
@@ -84,6 +87,15 @@ class BitFlip(Nemesis):
                 conn.commit()
                 self.chunk = (qid, p, start)
                 said.append(f"one bit in the stored chunk of partition {qid}/{p} from offset {start}")
+            rows = conn.execute("SELECT queue_id, partition, producer_id, last_seq FROM producers WHERE crc IS NOT NULL "
+                                "ORDER BY queue_id, partition, producer_id").fetchall()
+            if rows:
+                qid, p, pid, last = ctx.rng.choice(rows)
+                conn.execute("UPDATE producers SET last_seq = ? WHERE queue_id = ? AND partition = ? AND "
+                             "producer_id = ?", (last ^ (1 << ctx.rng.randrange(16)), qid, p, pid))
+                conn.commit()
+                self.row = f"a row of producers (partition {qid}/{p}, position of producer {pid}) fails its checksum"
+                said.append(f"one bit in the stored position of producer {pid} in partition {qid}/{p}")
         finally:
             conn.close()
         return ", ".join(said)
@@ -92,11 +104,14 @@ class BitFlip(Nemesis):
         proc = ctx.cluster.nodes[self.node]
         await proc.start()
         found = await self._found(ctx)
-        injected = int(self.log_damaged) + int(self.chunk is not None)
+        injected = self._injected()
         ctx.schedule.append(f"bit-flip {self.node}: injected {injected}, detected {len(found)}"
                             + (f" ({', '.join(found)})" if found else ""))
         if len(found) < injected:
             ctx.failures.append(f"bit-flip {self.node}: {injected} damaged record(s) injected, {len(found)} found")
+
+    def _injected(self) -> int:
+        return int(self.log_damaged) + int(self.chunk is not None) + int(bool(self.row))
 
     async def _found(self, ctx: FaultContext) -> list[str]:
         """The damage the restarted node reported detecting, within :data:`DETECT_WAIT`."""
@@ -114,7 +129,9 @@ class BitFlip(Nemesis):
             if self.chunk is not None and f"partition {self.chunk[0]}/{self.chunk[1]} from offset {self.chunk[2]} (" \
                     in proc.log_text():
                 found.append("the chunk (its log line)")
-            if len(found) == int(self.log_damaged) + int(self.chunk is not None) or ctx.clock.monotonic() > deadline:
+            if self.row and self.row in proc.log_text():
+                found.append("the producer's row (its log line)")
+            if len(found) == self._injected() or ctx.clock.monotonic() > deadline:
                 return found
             await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
 
