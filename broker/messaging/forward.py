@@ -77,6 +77,7 @@ class ForwardKind(IntEnum):
     OFFSET = 33
     TX = 34
     TX_RESOLVE = 35
+    RELAY_TX_ACK = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,6 +389,19 @@ class RelaySettleFwd(ForwardRequest):
 
 
 @dataclass(frozen=True, slots=True)
+class RelayTxAckFwd(ForwardRequest):
+    """Ack deliveries session ``session`` holds in transaction ``tx``: ``tags`` a msgpack list of
+    the serving member's tags, held by the transaction until its outcome (as an ack in it made
+    here: broker.transactions.participant).  Reply: a msgpack list of the [queue, partition]
+    pairs they belong to, for the transaction's outcome to reach; an error if they could not be
+    held (a member of a build without it: unknown kind)."""
+    KIND = ForwardKind.RELAY_TX_ACK
+    session: int
+    tx: str
+    tags: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RelayCancelFwd(ForwardRequest):
     """End consumer ``consumer`` of session ``session`` (what it holds stays held until settled
     or released).  Reply: empty."""
@@ -451,7 +465,8 @@ class RoutedFwd(ForwardRequest):
 
 
 RELAY_KINDS = frozenset({ForwardKind.RELAY_SUBSCRIBE, ForwardKind.RELAY_DELIVER, ForwardKind.RELAY_SETTLE,
-                         ForwardKind.RELAY_CANCEL, ForwardKind.RELAY_RELEASE, ForwardKind.RELAY_GET})
+                         ForwardKind.RELAY_CANCEL, ForwardKind.RELAY_RELEASE, ForwardKind.RELAY_GET,
+                         ForwardKind.RELAY_TX_ACK})
 
 
 class TxOp(IntEnum):
@@ -492,7 +507,7 @@ REQUESTS: dict[ForwardKind, type[ForwardRequest]] = {
                               AclGrantFwd, AclRevokeFwd, DrainFwd, MoveFwd, GroupFwd, RemapFwd, AuditFwd,
                               MembersFwd, RestoreFwd, ProducedFwd, UpgradeFwd, RelaySubscribeFwd, RelayDeliverFwd,
                               RelaySettleFwd, RelayCancelFwd, RelayReleaseFwd, RelayGetFwd, TopologyFwd,
-                              RoutedFwd, OffsetFwd, TxFwd, TxResolveFwd)
+                              RoutedFwd, OffsetFwd, TxFwd, TxResolveFwd, RelayTxAckFwd)
 }
 
 R = TypeVar("R", bound=ForwardRequest)

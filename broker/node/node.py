@@ -137,7 +137,8 @@ class Node:
         self.ops = ops = PartitionOps.made(svc, config, self.placing, self.holding, self.publisher, self.delivery)
         self._router = Router(svc, self.publisher, lambda: ops.topology.table)  # publishes to exchanges
         #: consuming from any node: this node's sessions' relays, and other members' held here
-        self.relays = Relays(svc, Relayed(svc, self.delivery, holders=self.holding.local_holders, ask=svc.ask), svc.ask)
+        self.relays = Relays(svc, Relayed(svc, self.delivery, holders=self.holding.local_holders, ask=svc.ask,
+                                          hold_acks=ops.transactions.participants.hold_acks), svc.ask)
         self._forwarded = ForwardHandlers(svc, state=svc, options=self.options, report=self.report,
                                           changes=self.placing, streams=svc, publisher=self.publisher,
                                           security=self.security, ops=ops, router=self._router, relays=self.relays,

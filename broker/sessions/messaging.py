@@ -9,6 +9,7 @@ settlements act on the connection's own consumers and delivery tags.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -233,10 +234,13 @@ class Messaging:
         parts = check_tx(s, user, f.tx)
         relayed = self.relays.held(s)
         if relayed and (f.multiple or relayed.intersection(f.tags)):
-            raise InvalidArgumentError(
-                "an ack in a transaction settles deliveries from the partition's active: some of these came "
-                "relayed through this member (connect to the group with the durable connection, which consumes "
-                "from each partition's active)")
+            # (held by the members that delivered them, each for the transaction)
+            parts.update(await self.relays.tx_ack(s, f.tags, f.multiple, f.tx))
+            tags = [t for t in f.tags if t not in relayed]
+            if not tags and not f.multiple:
+                s.send(Ok(rid=f.rid))
+                return
+            f = dataclasses.replace(f, tags=tags)
         unknown = [] if f.multiple else [t for t in f.tags if t not in s.deliveries]
         if unknown:
             _settled(s, f.rid, unknown)  # (refused whole: nothing is taken)

@@ -30,7 +30,8 @@ import msgpack
 
 from broker.config import NodeConfig
 from broker.messaging.forward import (UNKNOWN_KIND, ForwardRequest, RelayCancelFwd, RelayDeliverFwd, RelayGetFwd,
-                                      RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, refused_as_longer)
+                                      RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RelayTxAckFwd,
+                                      refused_as_longer)
 from broker.messaging.queues import Consumer, Queue
 from broker.peers.links import Link
 from broker.sessions.relayed import Relayed
@@ -290,6 +291,26 @@ class Relays:
         for link, tags_there in by_link.items():
             self.host.spawn(self._tell(link, RelaySettleFwd(r.sid, action, msgpack.packb(tags_there))))
         return taken
+
+    async def tx_ack(self, s: Relaying, tags: list[int], multiple: bool, txid: str) -> set[tuple[str, int]]:
+        """Ack the relayed ones among ``tags`` in transaction ``txid`` on the members holding
+        them (each holds them for the transaction, as an ack made there); the (queue, partition)
+        pairs they belong to.  A member that cannot (a build without it) raises its refusal: the
+        transaction then does not commit, and what it held goes back as the session ends."""
+        r = self._of.get(s)
+        if r is None or not r.tags or not tags:
+            return set()
+        upto = max(tags)
+        taken = sorted(t for t in r.tags if t <= upto) if multiple else sorted(t for t in tags if t in r.tags)
+        by_link: dict[Link, list[int]] = {}
+        for t in taken:
+            link, tag = r.tags.pop(t)
+            by_link.setdefault(link, []).append(tag)
+        parts: set[tuple[str, int]] = set()
+        for link, tags_there in by_link.items():
+            reply = await self.ask(link, RelayTxAckFwd(r.sid, txid, msgpack.packb(tags_there)))
+            parts.update((str(q), int(p)) for q, p in msgpack.unpackb(reply))
+        return parts
 
     async def get(self, s: Relaying, q: Queue, auto_ack: bool) -> Delivery | None:
         """One message from a partition active on another member (asked in turn), or None."""

@@ -24,7 +24,7 @@ import msgpack
 from broker.config import NodeConfig
 from broker.messaging import delivery as _delivery
 from broker.messaging.forward import (ForwardRequest, RelayCancelFwd, RelayDeliverFwd, RelayGetFwd,
-                                      RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd)
+                                      RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RelayTxAckFwd)
 from broker.messaging.message import Msg
 from broker.messaging.queues import Consumer, Queue, Recipient
 from broker.peers.links import Link
@@ -39,6 +39,9 @@ log = logging.getLogger("tandem.broker")
 Ask = Callable[[Link, ForwardRequest], Awaitable[bytes]]
 #: what a ``RELAY_SETTLE`` may ask
 ACTIONS = ("ack", "requeue", "unseen", "reject")
+#: holds deliveries for a transaction until its outcome: (txid, deliveries, what frees their slots)
+HoldAcks = Callable[[str, list[tuple[Consumer, Msg]], Callable[[list[tuple[Consumer, Msg]]], None]],
+                    Awaitable[None]]
 
 
 def settled_tags(req: RelaySettleFwd) -> list[int]:
@@ -111,8 +114,9 @@ class Relayed:
     """The relays other members hold here: made, fed, settled and ended by their requests."""
 
     def __init__(self, host: RelayedHost, delivery: _delivery.Delivery, *, holders: MutableSet[Recipient],
-                 ask: Ask) -> None:
+                 ask: Ask, hold_acks: HoldAcks) -> None:
         self.host, self.delivery, self.ask = host, delivery, ask
+        self._hold_acks = hold_acks  # (broker.transactions.participant.Participants.hold_acks)
         self._holders: dict[tuple[Link, int], RelayHolder] = {}
         #: where the node looks for deliveries to revoke (broker.node.holding's local holders)
         self._registry = holders
@@ -135,6 +139,8 @@ class Relayed:
             self._release(link, req.session)
         elif isinstance(req, RelayGetFwd):
             return await self._get(link, req)
+        elif isinstance(req, RelayTxAckFwd):
+            return await self._tx_ack(link, req)
         return b""
 
     def link_lost(self, link: Link) -> None:
@@ -181,6 +187,17 @@ class Relayed:
             self.delivery.dead_letter(held, "rejected")
         else:
             self.delivery.requeue(held, counted=req.action == "requeue")
+
+    async def _tx_ack(self, link: Link, req: RelayTxAckFwd) -> bytes:
+        """Acks in transaction ``req.tx`` of deliveries the session holds here: held by it until
+        its outcome, as an ack in it made here; the [queue, partition] pairs they belong to."""
+        tags = settled_tags(RelaySettleFwd(req.session, "ack", req.tags))
+        h = self._holders.get((link, req.session))
+        held = [h.deliveries.pop(t) for t in tags if t in h.deliveries] if h is not None else []
+        if not held:
+            return msgpack.packb([])
+        await self._hold_acks(req.tx, held, self.delivery.release_slots)
+        return msgpack.packb(sorted({(c.queue.name, m.partition) for c, m in held}))
 
     def _release(self, link: Link, session: int) -> None:
         h = self._holders.pop((link, session), None)

@@ -107,6 +107,49 @@ async def test_aio_pika_pika_and_kombu_through_a_kill_9_of_their_node_lose_no_co
             committed = await queue.get(fail=False, no_ack=True)
             assert committed is not None and committed.body == b"kept"
             assert await queue.get(fail=False) is None  # (nothing of the rolled-back ten)
+
+            # a transaction's acks of deliveries relayed from the active on node2: held there by it,
+            # settled at its commit, back to ready when it aborts (its channel closed uncommitted)
+            assert (await cl.actives("work", 1)).get(0) == "node2"  # (and the client on node1)
+            for body in (b"a0", b"a1", b"a2", b"b0"):
+                await channel.default_exchange.publish(aio_pika.Message(body), routing_key="work", timeout=10)
+            acking = await connection.channel(publisher_confirms=False)
+            await acking.transaction().select()
+            relayed = await acking.get_queue("work", ensure=False)
+            held = [await relayed.get(fail=False) for _ in range(3)]
+            assert [m.body for m in held if m is not None] == [b"a0", b"a1", b"a2"], held
+            for m in held:
+                await m.ack()
+            await acking.transaction().commit()
+            last = await relayed.get(fail=False)
+            assert last is not None and last.body == b"b0"
+            await last.ack()
+            await acking.close()  # (uncommitted: the transaction is aborted, b0 is ready again)
+
+            async def b0_again() -> bool:
+                m = await queue.get(fail=False, no_ack=True)
+                assert m is None or m.body == b"b0", m.body  # (a0-a2 settled by the commit)
+                return m is not None
+
+            await wait_until(b0_again, timeout=30, what="b0 ready again after the abort")
+            assert await queue.get(fail=False) is None
+
+            # the same through a plain link on node1 (Tandem's own protocol): acks sent as they
+            # are made, held on node2 by the transaction; its abort makes them ready again
+            async with await client.connect_link(cl.url_of("node1")) as link:
+                await link.producer("work").send_many([(b"c0", None), (b"c1", None)])
+                pair = [await link.get("work"), await link.get("work")]
+                assert sorted(m.body for m in pair if m is not None) == [b"c0", b"c1"], pair
+                tx = await link.begin("worker")
+                for m in pair:
+                    assert m is not None
+                    await tx.ack(m)
+                await tx.abort()
+                back = []
+                while (m := await link.get("work")) is not None:
+                    back.append(m.body)
+                    m.ack()
+                assert sorted(back) == [b"c0", b"c1"]  # (ready again: the transaction that held them aborted)
         finally:
             stop.set()
             await connection.close()

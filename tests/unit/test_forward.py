@@ -12,7 +12,7 @@ from broker.messaging.forward import (REQUESTS, AclGrantFwd, AclRevokeFwd, Catal
                             ForwardKind, OptionFwd, PartitionStatsFwd, PublishFwd, PurgeFwd, QueueStatsFwd, ReadFwd,
                             DrainFwd, GroupFwd, MoveFwd, StatusFwd, UserDropFwd, UserPutFwd, RemapFwd, AuditFwd,
                             MembersFwd, ProducedFwd, RestoreFwd, UpgradeFwd, RelayCancelFwd, RelayDeliverFwd,
-                            RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelaySubscribeFwd, RoutedFwd,
+                            RelayGetFwd, RelayReleaseFwd, RelaySettleFwd, RelayTxAckFwd, RelaySubscribeFwd, RoutedFwd,
                             TopologyFwd, OffsetFwd, TxFwd, TxResolveFwd, decode_request)
 from client.errors import InvalidArgumentError
 
@@ -35,6 +35,7 @@ EXAMPLES = [
     OffsetFwd(1, "orders", 2, "billing", True, 17), OffsetFwd(2, "orders", 0, "billing", False, 0),
     TxFwd(1, 1, "app~0123456789abcdef"), TxFwd(2, 2, "app~0123456789abcdef/3/7", 1, 5),
     TxResolveFwd(1, "orders", 2, "app~0123456789abcdef/3/7", 1),
+    RelayTxAckFwd(3, "amqp.node1/1/4", b"\x92\x01\x02"),
 ]
 
 
