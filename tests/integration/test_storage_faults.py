@@ -106,6 +106,16 @@ async def test_a_bit_flipped_mid_log_on_a_replica_is_damage_repaired_from_the_ac
         await cl.stop()
 
 
+def store_of(cl: LocalCluster, node: str) -> tuple[Path, int]:
+    """A stopped node's store, and queue ``q``'s id in it."""
+    db = cl.nodes[node].data_dir / "tandem.db"
+    probe = SqliteEngine(db)
+    try:
+        return db, next(m.id for m in probe.open().queues if m.name == "q")
+    finally:
+        probe.close()
+
+
 def flip_producer_position(db: Path, queue_id: int) -> str:
     """One bit of a producer's stored position flipped at rest (its checksum left as written):
     how the store names the row."""
@@ -128,10 +138,7 @@ async def test_a_bit_flipped_in_a_replicas_stored_copy_is_rebuilt_from_the_activ
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
         old, replica, confirmed = await stopped_replica(cl)
-        db = cl.nodes[replica].data_dir / "tandem.db"
-        probe = SqliteEngine(db)
-        qid = next(m.id for m in probe.open().queues if m.name == "q")
-        probe.close()
+        db, qid = store_of(cl, replica)
         if damage == "body":
             named = f"the chunk of partition {qid}/0 from offset {flip_stored_bit(db, qid, 0)} ("
         else:
@@ -161,10 +168,7 @@ async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_a
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
         old, replica, confirmed = await stopped_replica(cl)
-        db = cl.nodes[replica].data_dir / "tandem.db"
-        probe = SqliteEngine(db)
-        qid = next(m.id for m in probe.open().queues if m.name == "q")
-        probe.close()
+        db, qid = store_of(cl, replica)
         conn = sqlite3.connect(db)
         conn.execute("UPDATE ha_state SET term = (term | 2) - (term & 2) WHERE queue_id = ?", (qid,))
         conn.commit()
