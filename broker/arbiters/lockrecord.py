@@ -5,14 +5,16 @@ its flock for ever, and one killed by ``kill -9`` loses it at once, whatever it 
 its peer.  So the flock (on ``PATH``: :class:`Flock`, which never makes a directory) only
 guards short critical sections, and the lease lives in a *record* beside it, ``PATH.epoch``::
 
-    {"v": 1, "holder": "node1", "epoch": 7, "renewal": 1234, "alone": false}
+    {"v": 1, "holder": "node1", "epoch": 7, "renewal": 1234, "alone": false, "crc": 517187380}
 
 ``holder`` null: released (a clean stop), free to take at once.  ``epoch`` grows by one at
 every acquisition; ``renewal`` by one at every renewal; ``alone``: the holder confirms
 writes without its peer (STANDALONE): what it confirmed may be missing on the other node,
 so the other never takes such a record over, and the holder keeps it at a clean stop;
 only the holder serves again (an operator who accepts losing those writes removes the
-record).  The record is written whole to a temporary file, fsynced,
+record).  ``crc``: the CRC-32 of the other fields (:func:`_crc`), so a bit flipped at rest
+(an epoch gone back, another holder) is an error, never a lease; a record without it (an
+older build's) is read unchecked, and an older build reading this one ignores it.  The record is written whole to a temporary file, fsynced,
 renamed over the old one and the directory fsynced: a reader sees the old record or the
 new one, never a torn one.
 
@@ -51,11 +53,17 @@ import fcntl
 import json
 import os
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 
 RECORD_VERSION = 1
+
+
+def _crc(holder: str | None, epoch: int, renewal: int, alone: bool) -> int:
+    """The CRC-32 a record carries of its fields."""
+    return zlib.crc32(json.dumps([holder, epoch, renewal, alone]).encode())
 
 
 class LockFileError(Exception):
@@ -229,6 +237,8 @@ class LockFile:
             if not (holder is None or isinstance(holder, str)) or type(epoch) is not int \
                     or type(renewal) is not int or type(alone) is not bool:
                 raise ValueError("mistyped field")
+            if "crc" in d and d["crc"] != _crc(holder, epoch, renewal, alone):
+                raise ValueError("it fails its checksum: damaged at rest")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LockFileError(f"{self.record_path} is not a Tandem lock record ({exc}): remove it only "
                                 "once both nodes are stopped") from exc
@@ -252,8 +262,8 @@ class LockFile:
     def _prepare(self, rec: Record) -> None:
         """Write ``rec`` to this node's temporary file and fsync it (no flock needed: the file
         is this node's own)."""
-        data = json.dumps({"v": RECORD_VERSION, "holder": rec.holder, "epoch": rec.epoch,
-                           "renewal": rec.renewal, "alone": rec.alone}).encode()
+        data = json.dumps({"v": RECORD_VERSION, "holder": rec.holder, "epoch": rec.epoch, "renewal": rec.renewal,
+                           "alone": rec.alone, "crc": _crc(rec.holder, rec.epoch, rec.renewal, rec.alone)}).encode()
         try:
             self._make_dir()
             fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -88,6 +88,24 @@ def test_a_foreign_or_torn_record_is_an_error_never_a_lock(tmp_path: Path) -> No
         a.renew(1, alone=False)
 
 
+def test_a_bit_flipped_at_rest_in_the_record_is_an_error_never_a_lease(tmp_path: Path) -> None:
+    """An epoch gone back by a flipped bit would let the next taker reuse an epoch the fencing
+    already saw: the record's checksum makes it an error (a record without one, an older
+    build's, is read as it is)."""
+    a, b = pair(tmp_path)
+    for _ in range(5):
+        a.try_take(None)  # (a takes its own record again: epoch 5)
+    raw = a.record_path.read_bytes()
+    assert b'"epoch": 5' in raw and b'"crc": ' in raw
+    a.record_path.write_bytes(raw.replace(b'"epoch": 5', b'"epoch": 1'))  # (bit 2 of 5 flipped)
+    with pytest.raises(LockFileError, match="fails its checksum: damaged at rest"):
+        b.try_take(None)
+    with pytest.raises(LockFileError, match="fails its checksum"):
+        a.renew(5, alone=False)
+    a.record_path.write_text('{"v": 1, "holder": "a", "epoch": 5, "renewal": 0, "alone": false}')
+    assert (b.read().holder, b.read().epoch) == ("a", 5)
+
+
 def test_a_held_flock_times_out_as_an_error(tmp_path: Path) -> None:
     a, b = pair(tmp_path)
     other = filelock.FileLock(str(a.path), thread_local=False, preserve_lock_file=True)
