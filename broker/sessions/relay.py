@@ -36,7 +36,7 @@ from broker.messaging.queues import Consumer, Queue
 from broker.peers.links import Link
 from broker.sessions.relayed import Relayed
 from client.clock import Clock
-from client.errors import ConsumerNotFoundError, ErrorCode, InvalidArgumentError, TandemError
+from client.errors import ConsumerNotFoundError, ErrorCode, InvalidArgumentError, TandemError, UnavailableError
 from client.protocol.codec import FrameError, decode_payload
 from client.protocol.frames import Deliver, Delivery, Frame, GetOk, expect
 
@@ -309,7 +309,11 @@ class Relays:
         parts: set[tuple[str, int]] = set()
         for link, tags_there in by_link.items():
             reply = await self.ask(link, RelayTxAckFwd(r.sid, txid, msgpack.packb(tags_there)))
-            parts.update((str(q), int(p)) for q, p in msgpack.unpackb(reply))
+            try:
+                pairs = msgpack.unpackb(reply)
+                parts.update((q, p) for q, p in pairs if type(q) is str and type(p) is int)
+            except Exception:  # msgpack raises several types; a pair that is no pair
+                raise UnavailableError(f"{link.name} answered a transactional ack with no partitions") from None
         return parts
 
     async def get(self, s: Relaying, q: Queue, auto_ack: bool) -> Delivery | None:

@@ -60,10 +60,6 @@ CHECKED: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 
-#: the tables whose damage the group cannot repair (the node does not start), with ha_state's hard state
-CATALOGUE_TABLES = ("queues", "users", "acls")
-
-
 class DamagedRow(StorageError):
     """A stored row whose values fail its checksum: damaged at rest."""
 
