@@ -46,13 +46,21 @@ async def admin_on(cl: LocalCluster, node: str) -> Connection:
 
 
 async def make_user(cl: LocalCluster, name: str, role: str, *grants: tuple[str, list[str]]) -> None:
-    """A user made on node1, known (it logs in) on every member."""
+    """A user made on node1, known with its grants on every member (a session opened where a
+    grant has not arrived yet stands without it, and its revoke would not end that session)."""
     async with await admin_on(cl, "node1") as admin:
         await admin.create_user(name, PW, role)
         for pattern, perms in grants:
             await admin.grant(name, pattern, perms)
+    want = sorted((pattern, sorted(perms)) for pattern, perms in grants)
     for node in cl.nodes:
         await wait_until(lambda n=node: _logs_in(cl, n, name, PW), timeout=15, what=f"{name} logs in on {node}")
+        await wait_until(lambda n=node: _grants_on(cl, n, name, want), timeout=15, what=f"{name}'s grants on {node}")
+
+
+async def _grants_on(cl: LocalCluster, node: str, user: str, want: list[tuple[str, list[str]]]) -> bool:
+    async with await admin_on(cl, node) as admin:  # (a member answers from its own copy)
+        return sorted((a.pattern, sorted(a.permissions)) for a in await admin.list_acls(user)) == want
 
 
 async def _logs_in(cl: LocalCluster, node: str, user: str, password: str) -> bool:
