@@ -72,6 +72,7 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/integration/test_delayed_failover.py::test_delayed_messages_across_a_kill_of_their_active \
 	"tests/security/test_sessions.py::test_a_console_session_ends_when_its_password_role_or_grant_changes_elsewhere[grant]" \
 	tests/integration/test_upgrade.py::test_finalize_is_refused_while_a_member_runs_the_older_build \
+	tests/integration/test_transactions.py::test_kill_9_or_a_cut_link_at_each_step_of_a_transaction_leaves_it_all_or_nothing \
 	tests/integration/test_exchanges.py::test_fanout_topic_and_headers_through_a_kill_9_store_each_message_once_per_queue \
 	"tests/integration/test_client_matrix.py::test_every_message_once_across_builds_and_a_failover[new-client-old-group]" \
 	tests/integration/test_stream_failover.py::test_a_stream_keeps_every_confirmed_message_once_across_a_kill_of_its_active \
