@@ -43,11 +43,9 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         raise StorageError(f"store {path} has schema version {version}, this build reads {', '.join(sorted(READABLE))}: "
                            f"it was written by another build; start the node on that build (see docs/upgrades.md)")
     def fatal(table: str, row: Any) -> bool:
-        """Whether a catalogue row or a hard state fails its checksum (then noted: the node
-        does not start, broker.node.recovery)."""
+        """Whether a catalogue row fails its checksum (then noted: the node does not start,
+        broker.node.recovery)."""
         bad = rowsums.damaged(table, row)
-        if table == "ha_state":
-            bad = {c: why for c, why in bad.items() if c == "hard_crc"}
         for why in bad.values():
             rec.row_damage.append(f"store {path}: {why}")
             log.error("store %s: %s", path, why)
@@ -57,8 +55,6 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         """Whether a row of a partition's copy fails its checksum (then noted: the partition is
         rebuilt from its group, or the node does not start)."""
         bad = rowsums.damaged(table, row)
-        if table == "ha_state":
-            bad = {c: why for c, why in bad.items() if c != "hard_crc"}
         for why in bad.values():
             damage(key, why)
         return bool(bad)
@@ -138,8 +134,12 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
     # (ha_state's columns in rowsums.CHECKED's order: the hard state, the snapshot mark, the applied position)
     for row in conn.exec_driver_sql(rowsums.select("ha_state")):
         key = (row[0], row[1])
-        fatal("ha_state", row)
-        repairable(key, "ha_state", row)
+        for column, why in rowsums.damaged("ha_state", row).items():  # (the hard state stops the node)
+            if column == "hard_crc":
+                rec.row_damage.append(f"store {path}: {why}")
+                log.error("store %s: %s", path, why)
+            else:
+                damage(key, why)
         rec.logs[key] = LogState(row[2], row[3], row[4], (row[5], row[6], row[7]), (row[11], row[12], row[13]),
                                  snap_weak=bool(row[8]), snap_recency=(row[9], row[10]))
     for key, where in rec.store_damage.items():

@@ -134,12 +134,12 @@ class _Connection:
             publish, _, parts = self.content[channel]
             self.content[channel] = (publish, value, parts)
             if value.body_size == 0:
-                self._published(channel)
+                self._published(channel, value)
         elif isinstance(value, pbody.ContentBody):
             publish, head, parts = self.content[channel]
             parts.append(value.value)
             if head is not None and sum(map(len, parts)) >= head.body_size:
-                self._published(channel)
+                self._published(channel, head)
         elif isinstance(value, C.Basic.Ack):
             self._acked(channel, value)
         elif isinstance(value, pheartbeat.Heartbeat):
@@ -148,9 +148,8 @@ class _Connection:
             return self._method(channel, value)
         return False
 
-    def _published(self, channel: int) -> None:
-        publish, head, parts = self.content.pop(channel)
-        assert head is not None
+    def _published(self, channel: int, head: pheader.ContentHeader) -> None:
+        publish, _, parts = self.content.pop(channel)
         if channel in self.confirming:
             self.confirming[channel] += 1
         queue = publish.routing_key
