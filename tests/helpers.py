@@ -14,6 +14,7 @@ from pathlib import Path
 
 import client
 from broker.security.secret import ensure_secret
+from broker.tools.forked import can_fork, run_forked
 from broker.tools.cluster import port_range
 from client.clock import SYSTEM_CLOCK
 from client.errors import TandemError
@@ -106,13 +107,19 @@ def group_secret_file(directory: Path) -> Path:
 
 
 async def tandem(*args: str) -> tuple[int, str, str]:
-    """The CLI as a user runs it: its exit status, stdout, stderr."""
+    """The CLI as a user runs it, in a process of its own: its exit status, stdout, stderr.  The
+    process is forked from the server that imported the CLI once (broker/tools/forked.py), as
+    the nodes are; tests/integration/test_cli.py starts the command in a fresh interpreter."""
+    env = dict(os.environ)
+    if await asyncio.to_thread(can_fork, env):  # (it reads the working directory)
+        code, out, err = await asyncio.wait_for(run_forked(list(args), env), 120)
+        return code, out.decode(), err.decode()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "broker.cli", *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=dict(os.environ))
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+                                                env=env)
+    out_b, err_b = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return proc.returncode, out_b.decode(), err_b.decode()
 
 
 async def drain_served(url: str, queue: str, *, timeout: float = 60.0) -> list[tuple[bytes, str]]:

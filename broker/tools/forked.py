@@ -10,18 +10,21 @@ differ from the server's, so a node that needs its own (a preloaded library: lib
 a command it runs under: ``ip netns exec``) is started with a fresh interpreter instead
 (:attr:`broker.tools.process.NodeProcess.forked`).
 
-The tests turn it on (tests/conftest.py); ``tandem`` itself, the bench and the drills start
-each node with a fresh interpreter.
+The tests turn it on (tests/conftest.py) and run their ``tandem`` commands the same way
+(:func:`run_forked`, tests/helpers.py); ``tandem`` itself, the bench and the drills start each
+node with a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
-import runpy
+import signal
 import sys
 from multiprocessing import reduction
 from typing import Any
@@ -77,19 +80,24 @@ def _inherited(dup: Any) -> int:
     return int(dup.detach())
 
 
-def _run(argv: list[str], env: dict[str, str], out: int) -> None:
-    """In the forked process: its output and errors to ``out``, its environment ``env``, then
-    what ``python -m broker.cli ARGV`` runs (the entry point as ``__main__``: its modules are
-    the server's, imported).  The module ``random`` reseeds itself in a forked child, and the
-    node makes its own generators as it starts, after the fork: no two nodes draw alike."""
+def _run(argv: list[str], env: dict[str, str], out: int, err: int | None = None, cwd: str | None = None) -> None:
+    """In the forked process: its output to ``out`` and its errors to ``err`` (None: to ``out``
+    too), its environment ``env`` and working directory ``cwd``, then what ``python -m
+    broker.cli ARGV`` runs (the entry point's ``main``: its modules are the server's,
+    imported).  The module ``random`` reseeds itself in a forked child, and the node makes its
+    own generators as it starts, after the fork: no two nodes draw alike."""
     os.dup2(out, 1)
-    os.dup2(out, 2)
+    os.dup2(out if err is None else err, 2)
     os.close(out)
+    if err is not None:
+        os.close(err)
+    if cwd is not None:
+        os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [ENTRY_POINT, *argv]
     try:
-        runpy.run_module(ENTRY_POINT, run_name="__main__", alter_sys=True)
+        sys.exit(importlib.import_module(ENTRY_POINT).main(argv))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -150,3 +158,38 @@ async def start_forked(argv: list[str], env: dict[str, str]) -> ForkedProcess:
     reader = asyncio.StreamReader(loop=loop)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(r, "rb", 0))
     return ForkedProcess(proc, reader)
+
+
+async def run_forked(argv: list[str], env: dict[str, str]) -> tuple[int, bytes, bytes]:
+    """``tandem ARGV`` run to its end in a process forked from the fork server, with ``env`` as
+    its environment and this process's working directory: its exit status, output and errors
+    (the tests' CLI runs: a command as a user runs it, without a fresh interpreter's imports)."""
+    fds = [*os.pipe(), *os.pipe()]  # out read, out write, err read, err write
+    try:
+        def start() -> multiprocessing.process.BaseProcess:
+            proc = _server().Process(target=_run, args=(argv, env, _Fd(fds[1]), _Fd(fds[3]), os.getcwd()),
+                                     daemon=True, name="tandem-cli")
+            proc.start()
+            return proc
+
+        proc = await asyncio.to_thread(start)
+    except BaseException:
+        os.close(fds[0])
+        os.close(fds[2])
+        raise
+    finally:
+        os.close(fds[1])
+        os.close(fds[3])
+    with os.fdopen(fds[0], "rb") as out, os.fdopen(fds[2], "rb") as err:
+        try:
+            both = await asyncio.gather(asyncio.to_thread(out.read), asyncio.to_thread(err.read))
+            await asyncio.to_thread(proc.join)  # (its exit status comes from the fork server: a read)
+        except BaseException:
+            # (cancelled: a caller's deadline) the command does not outlive its caller, and its
+            # end closes the pipes the reading threads wait on, before the files are closed
+            if proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+            raise
+    code = proc.exitcode
+    return 255 if code is None else code, both[0], both[1]

@@ -20,7 +20,7 @@ from client.testing import FakeClock
 from ha.membership import QuorumState, RemoteState
 from ha.replica import Role
 from tests.conftest import url_of
-from tests.helpers import group_secret_file, wait_until
+from tests.helpers import group_secret_file, tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
@@ -305,7 +305,6 @@ async def test_quorum_override_needs_a_group(url: str) -> None:
 
 
 async def test_admin_cli_sets_and_clears_the_override(trio: dict[str, Node]) -> None:
-    from tests.integration.test_cli import tandem
 
     rc, out, err = await tandem("admin", "set-quorum-override", "2", "--url", url_of(trio["n1"]))
     assert rc == 0 and "at least 2 node(s) up" in out, err

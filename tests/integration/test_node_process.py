@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.tools.process import NodeProcess, NodeStartError
+from broker.tools.forked import run_forked
+from broker.tools.process import CODE_ROOT, NodeProcess, NodeStartError
 from tests.conftest import PASSWORD
 from tests.helpers import wait_until
 
@@ -63,3 +65,35 @@ async def test_a_node_process_is_its_own_process_either_way(tmp_path: Path, fork
         await bad.start()
     assert "tandem: error:" in bad.log_text() or "invalid choice" in bad.log_text(), bad.log_text()
 
+
+
+async def test_a_forked_cli_run_says_what_a_fresh_interpreter_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' CLI runs (tests/helpers.tandem) fork from the fork server: the exit status,
+    the output and the errors, each on its own stream, and the working directory are those of
+    ``python -m broker.cli`` in a fresh interpreter; a run given up on is killed."""
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "TANDEM_URL": "tandem://admin:nope@127.0.0.1:1"}
+    runs = [["secret", "new", "here.secret"], ["queues", "--json"], ["--help"], ["no-such-command"]]
+    for argv in runs:
+        fresh = await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-m", "broker.cli", *argv, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**env, "PYTHONPATH": CODE_ROOT})
+        out, err = await fresh.communicate()
+        made = tmp_path / "here.secret"
+        assert made.exists() == (argv[0] == "secret")
+        made.unlink(missing_ok=True)
+        assert await run_forked(argv, env) == (fresh.returncode, out, err), argv
+        assert made.exists() == (argv[0] == "secret")
+        made.unlink(missing_ok=True)
+    # a node that accepts and never answers: the command waits on it until it is given up on
+    connected: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+    silent = await asyncio.start_server(lambda r, _w: connected.put_nowait(r), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    run = asyncio.create_task(run_forked(["consume", "q", "--url", f"tandem://admin:x@127.0.0.1:{port}"], env))
+    reader = await asyncio.wait_for(connected.get(), 30)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await asyncio.wait_for(reader.read(), 30)
+    assert reader.at_eof()  # (its end of the connection closed: killed)
+    silent.close()

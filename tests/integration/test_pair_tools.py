@@ -30,8 +30,7 @@ from broker.tools.checker import classify
 from broker.tools.drill import DrillConfig, drill
 from broker.tools.pair import LOCK_SERVING, HaSetup
 from tests.conftest import PASSWORD
-from tests.helpers import free_base_port, wait_until
-from tests.integration.test_cli import tandem
+from tests.helpers import free_base_port, tandem, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -24,7 +24,7 @@ from broker.config import ALIVE_GIVE_UP
 from client.errors import StaleDeliveryError, TandemError, UnavailableError
 from client.mapper import make_mapper
 from client.protocol.frames import StatusOk
-from tests.helpers import drain_served, free_base_port, wait_until
+from tests.helpers import drain_served, free_base_port, tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -200,7 +200,6 @@ async def test_cluster_up_serves_a_group_and_stops_on_ctrl_c(tmp_path: Path) -> 
     import signal
     import sys
 
-    from tests.integration.test_cli import tandem
 
     base = free_base_port()
     env = {**os.environ, "TANDEM_ADMIN_PASSWORD": "test-password"}

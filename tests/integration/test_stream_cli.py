@@ -9,7 +9,8 @@ import json
 import pytest
 
 from broker.tools.process import NodeProcess
-from tests.integration.test_cli import proc, tandem  # noqa: F401  (the node fixture)
+from tests.helpers import tandem
+from tests.integration.test_cli import proc  # noqa: F401  (the node fixture)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 

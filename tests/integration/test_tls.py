@@ -31,8 +31,7 @@ from client import blocking
 from client.errors import ConnectionClosedError
 from client.tls import TlsError
 from tests.conftest import FAST, PASSWORD, running_group
-from tests.helpers import free_base_port, wait_until
-from tests.integration.test_cli import tandem
+from tests.helpers import free_base_port, tandem, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration, pytest.mark.timeout(240)]
 
