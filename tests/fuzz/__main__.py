@@ -1,14 +1,15 @@
 """Hostile input at scale: the nightly fuzz run.
 
     python -m tests.fuzz --frames 1000000          # (make fuzz) decoders, then a live group
-    python -m tests.fuzz --frames 30000 --live-connections 40   # what `make test` runs
+    python -m tests.fuzz --frames 30000 --live-connections 60   # what `make test` runs
 
 Phase 1 (in process, coverage-guided): atheris/libFuzzer mutates well-formed inputs
 (tests/fuzz/corpus.py) and feeds them to each target of tests/fuzz/targets.py: the frame
 decoder and protocol state machine as a node reads a client (and as a client reads a node),
 the peer port's frames with the payloads they carry (``Forward`` requests by kind,
 ``Replicate`` messages, log entries, snapshots).  One input is one frame run; the budget is
-split evenly over the targets, ``--jobs`` of them at a time.  A target may refuse an input
+split evenly over the targets, ``--jobs`` of them at a time (a worker process each, which
+imports the instrumented code once and forks a process per target).  A target may refuse an input
 with the project's own error; any other exception, a hang or a runaway allocation is a
 finding.
 
@@ -51,39 +52,48 @@ def _seed_corpus(root: Path) -> dict[str, Path]:
     return dirs
 
 
-def _run_target(target: str, runs: int, corpus: Path, out: Path, seed: int, quiet: bool) -> dict[str, Any]:
-    stats = out / f"{target}.json"
-    log = out / f"{target}.log"
+def _run_targets(names: list[str], budget: dict[str, int], out: Path, seed: int, quiet: bool) -> list[dict[str, Any]]:
+    """One worker process for ``names``, one after the other (each forked after one
+    instrumented import); each target's totals and findings."""
     started = time.monotonic()
-    with open(log, "wb") as f:
+    with open(out / f"worker-{names[0]}.log", "wb") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.fuzz.worker", target, "--runs", str(runs), "--corpus", str(corpus),
-             "--artifacts", str(out / "findings"), "--stats", str(stats), "--seed", str(seed)],
+            [sys.executable, "-m", "tests.fuzz.worker", *names, "--runs", *[str(budget[n]) for n in names],
+             "--each", str(out), "--artifacts", str(out / "findings"), "--seed", str(seed)],
             stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
-    result: dict[str, Any] = json.loads(stats.read_text()) if stats.exists() else \
-        {"target": target, "runs": 0, "refused": 0, "findings": []}
-    result["seconds"] = round(time.monotonic() - started, 1)
-    result["crashed"] = proc.returncode != 0
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        result["findings"].append({"type": "crash", "where": f"worker exit status {proc.returncode}",
-                                   "message": tail, "count": 1})
-    if not quiet:
-        print(f"  {target:<14} {result['runs']:>9,} frames  {result['refused']:>9,} refused  "
-              f"{len(result['findings'])} findings  {result['seconds']:>7.1f} s", flush=True)
-    return result
+    results = []
+    for target in names:
+        stats, log, status = out / f"{target}.json", out / f"{target}.log", out / f"{target}.status"
+        result: dict[str, Any] = json.loads(stats.read_text()) if stats.exists() else \
+            {"target": target, "runs": 0, "refused": 0, "findings": []}
+        code = int(status.read_text()) if status.exists() else proc.returncode or 1
+        result["seconds"] = round(result.get("seconds", time.monotonic() - started), 1)
+        result["crashed"] = code != 0
+        if code != 0:
+            tail = (log.read_text(errors="replace") if log.exists() else "")[-3000:]
+            tail += (out / f"worker-{names[0]}.log").read_text(errors="replace")[-1000:]
+            result["findings"].append({"type": "crash", "where": f"worker exit status {code}",
+                                       "message": tail, "count": 1})
+        if not quiet:
+            print(f"  {target:<14} {result['runs']:>9,} frames  {result['refused']:>9,} refused  "
+                  f"{len(result['findings'])} findings  {result['seconds']:>7.1f} s", flush=True)
+        results.append(result)
+    return results
 
 
 def run_decoders(frames: int, out: Path, *, jobs: int = 2, seed: int = 1, targets: list[str] | None = None,
                  quiet: bool = False) -> dict[str, Any]:
-    """Phase 1: ``frames`` inputs split over ``targets``; totals and every finding."""
+    """Phase 1: ``frames`` inputs split over ``targets``, ``jobs`` worker processes taking
+    turns at them; totals and every finding."""
     names = targets or list(TARGETS)
-    corpus = _seed_corpus(out)
+    _seed_corpus(out)
     share, extra = divmod(frames, len(names))
     budget = {n: share + (1 if i < extra else 0) for i, n in enumerate(names)}
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda n: _run_target(n, budget[n], corpus[n], out, seed, quiet), names))
+    shares = [names[i::jobs] for i in range(min(jobs, len(names)))]
+    with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+        results = [r for part in pool.map(lambda part: _run_targets(part, budget, out, seed, quiet), shares)
+                   for r in part]
     return {"frames": sum(r["runs"] for r in results), "refused": sum(r["refused"] for r in results),
             "findings": [dict(f, target=r["target"]) for r in results for f in r["findings"]],
             "crashes": sum(1 for r in results if r["crashed"]), "seconds": round(time.monotonic() - started, 1),

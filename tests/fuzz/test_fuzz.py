@@ -72,3 +72,21 @@ def test_mutants_keep_their_length_prefix_mostly() -> None:
     mutants = [mutate_frame(rng.choice(seeds), rng) for _ in range(500)]
     framed = sum(1 for m in mutants if int.from_bytes(m[:4], "big") == len(m) - 4)
     assert framed >= 450 and len(set(mutants)) > 400
+
+
+def test_targets_forked_from_one_worker_each_report_their_own_findings(tmp_path: Path) -> None:
+    """Several targets in one worker (one instrumented import, a process forked per target):
+    each target's own runs, finding, log and exit status."""
+    corpus = tmp_path / "corpus"
+    out = subprocess.run([sys.executable, "-m", "tests.fuzz.worker", "log-entry", "snapshot", "--runs", "150", "250",
+                          "--each", str(tmp_path), "--artifacts", str(tmp_path / "a")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TANDEM_FUZZ_PLANT": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    for target, runs in (("log-entry", 150), ("snapshot", 250)):
+        stats = json.loads((tmp_path / f"{target}.json").read_text())
+        assert (stats["target"], stats["runs"]) == (target, runs)
+        (finding,) = stats["findings"]
+        assert finding["type"] == "ZeroDivisionError" and Path(finding["input"]).exists()
+        assert (tmp_path / f"{target}.status").read_text() == "0" and (corpus / target).is_dir()
+        assert (tmp_path / f"{target}.log").exists()
