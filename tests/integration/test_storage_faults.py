@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import client
+from client.errors import NotActiveError
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeStartError
 from storage.sqlite import SqliteEngine
@@ -35,9 +36,13 @@ def records(seg: Path) -> list[tuple[int, int]]:
 
 
 async def caught_up(cl: LocalCluster, node: str, queue: str) -> bool:
-    """``node`` follows the queue's active and has its commit index."""
+    """``node`` follows the queue's active and has its commit index (a member added back on
+    an empty directory refuses clients while it replays its own removal from the catalogue)."""
     active = (await cl.actives(queue))[0]
-    mine = [p for p in (await cl.status(node)).partitions if p.queue == queue]
+    try:
+        mine = [p for p in (await cl.status(node)).partitions if p.queue == queue]
+    except NotActiveError:
+        return False
     theirs = [p for p in (await cl.status(active)).partitions if p.queue == queue]
     return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
 
