@@ -49,7 +49,7 @@ test: dev
 	@$(COMPILE)
 	$(BIN)/python -m mypy broker client storage ha webconsole
 	$(BIN)/lint-imports --no-cache
-	$(PYTEST) -n 3 --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) -n 4 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # the tests that have failed in CI or under load: the first ones to run when hunting a flake
 FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy \
