@@ -15,7 +15,13 @@ partition's log and of the catalogue's.  It is never active and never a data rep
   nodes answer every commit is on both;
 * everything is on disk (SQLite, ``synchronous = FULL``) before it answers: a vote, a
   term, an acknowledged position.  Messages are taken in batches, one transaction and
-  one fsync per batch, then the answers go out.
+  one fsync per batch, then the answers go out;
+* each log's row and each entry position carry a CRC-32 of their values (``hard.crc``;
+  ``entry_sums`` beside ``entries``, whose layout an older build writes by position),
+  checked at start: a witness whose term, vote or acknowledged positions took damage at rest
+  does not start, naming the row.  A trigger clears a row's checksum when a writer changes
+  the row without one (an older build, after a rollback): that row is then read unchecked
+  until it is written again.
 
 Losing the witness's data directory while a data node is down can lose confirmed
 messages (a wiped witness votes for a stale node): replace a witness only while both
@@ -30,6 +36,7 @@ import logging
 import random
 import sqlite3
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,7 @@ from broker.peers.codec import (
     encode_replicate,
 )
 from client.clock import Clock, SystemClock
+from storage.sqlite.rowsums import DamagedRow, row_crc
 from client.errors import UnavailableError
 from client.protocol.frames import Replicate
 from ha.messages import EntriesDiscarded, Entry, Envelope, Ready
@@ -68,7 +76,20 @@ CREATE TABLE IF NOT EXISTS hard (qid INTEGER, part INTEGER, term INTEGER NOT NUL
     snap_origin TEXT NOT NULL DEFAULT '', PRIMARY KEY (qid, part));
 CREATE TABLE IF NOT EXISTS entries (qid INTEGER, part INTEGER, idx INTEGER, term INTEGER NOT NULL,
     origin TEXT NOT NULL, weak INTEGER NOT NULL, PRIMARY KEY (qid, part, idx));
+CREATE TABLE IF NOT EXISTS entry_sums (qid INTEGER, part INTEGER, idx INTEGER, crc INTEGER NOT NULL,
+    PRIMARY KEY (qid, part, idx));
 """
+#: the checksums (broker.arbiters.witness's docstring): a change a writer makes without them
+#: (a build older than the checksums, say, after a rollback) leaves its row unchecked
+CHECKSUMS = """
+CREATE TRIGGER IF NOT EXISTS hard_unsummed AFTER UPDATE OF term, voted_for, commit_index, snap_index, snap_term,
+    snap_origin ON hard BEGIN UPDATE hard SET crc = NULL WHERE qid = NEW.qid AND part = NEW.part; END;
+CREATE TRIGGER IF NOT EXISTS entry_unsummed AFTER INSERT ON entries BEGIN
+    DELETE FROM entry_sums WHERE qid = NEW.qid AND part = NEW.part AND idx = NEW.idx; END;
+CREATE TRIGGER IF NOT EXISTS entry_gone AFTER DELETE ON entries BEGIN
+    DELETE FROM entry_sums WHERE qid = OLD.qid AND part = OLD.part AND idx = OLD.idx; END;
+"""
+_HARD = "qid, part, term, voted_for, commit_index, snap_index, snap_term, snap_origin"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,6 +136,45 @@ class _Saved:
     entries: list[Entry] = field(default_factory=list)
 
 
+def _rows(db: sqlite3.Connection) -> Iterator[tuple[str, tuple[Any, ...], int | None]]:
+    """Each log's row, then each entry position in order: (table, values, checksum or None)."""
+    for row in db.execute(f"SELECT {_HARD}, crc FROM hard"):
+        yield "hard", tuple(row[:-1]), row[-1]
+    for row in db.execute("SELECT e.qid, e.part, e.idx, e.term, e.origin, e.weak, s.crc FROM entries e LEFT JOIN "
+                          "entry_sums s ON s.qid = e.qid AND s.part = e.part AND s.idx = e.idx "
+                          "ORDER BY e.qid, e.part, e.idx"):
+        yield "entries", tuple(row[:-1]), row[-1]
+
+
+def _damage(table: str, values: tuple[Any, ...], crc: int | None) -> str | None:
+    """What is wrong with a row that fails its checksum (None: it passes, or has none)."""
+    if crc is None or row_crc(*values) == crc:
+        return None
+    what = "term, vote and commit index" if table == "hard" else f"position of entry {values[2]}"
+    return f"the {what} of log {values[0]}/{values[1]} (table {table}) fails its checksum: damaged at rest"
+
+
+def scrub(path: Path) -> tuple[int, int, list[str]]:
+    """``tandem scrub`` of a witness's store, read-only (the witness may be running): the rows
+    that passed their checksums, those written without one, and each damaged one, named."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        passed, unchecked, damage = 0, 0, []
+        if "crc" not in [r[1] for r in db.execute("PRAGMA table_info(hard)")]:  # (no write since the checksums)
+            return 0, sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("hard", "entries")), []
+        for table, row, crc in _rows(db):
+            found = _damage(table, row, crc)
+            if found is not None:
+                damage.append(f"{path}: {found}")
+            elif crc is None:
+                unchecked += 1
+            else:
+                passed += 1
+        return passed, unchecked, damage
+    finally:
+        db.close()
+
+
 class WitnessStore:
     """Terms, votes and entry positions, per log, in one SQLite file (``witness.db``);
     every :meth:`write` is one transaction, fsynced before it returns."""
@@ -132,6 +192,10 @@ class WitnessStore:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.executescript(SCHEMA)
+        if "crc" not in [row[1] for row in self._db.execute("PRAGMA table_info(hard)")]:
+            self._db.execute("ALTER TABLE hard ADD COLUMN crc INTEGER")
+        self._db.executescript(CHECKSUMS)
+        self.path = path
 
     def stamp(self, fresh: str) -> str:
         """This witness's store stamp (``fresh`` on first use): peers refuse a copy of it."""
@@ -142,19 +206,29 @@ class WitnessStore:
         return fresh
 
     def load(self) -> dict[Key, _Saved]:
+        """Every log's saved state; DamagedRow (naming the file and the row) if a row fails its
+        checksum: a witness unsure of its vote or of what it acknowledged could vote twice in a
+        term or for a stale node, so it does not start on it."""
         out: dict[Key, _Saved] = {}
-        for qid, part, term, voted, commit, si, st, so in self._db.execute(
-                "SELECT qid, part, term, voted_for, commit_index, snap_index, snap_term, snap_origin FROM hard"):
-            out[(qid, part)] = _Saved(term, voted, commit, (si, st, so))
-        for qid, part, idx, term, origin, weak in self._db.execute(
-                "SELECT qid, part, idx, term, origin, weak FROM entries ORDER BY qid, part, idx"):
-            saved = out.setdefault((qid, part), _Saved())
-            if idx > saved.snapshot[0]:
-                saved.entries.append(Entry(term, idx, None, origin, bool(weak)))
+        for table, row, crc in _rows(self._db):
+            damage = _damage(table, row, crc)
+            if damage is not None:
+                raise DamagedRow(f"witness store {self.path}: {damage}. This witness does not start: a witness unsure "
+                                 f"of its votes could help elect a stale node. Replace it on an empty data directory "
+                                 f"while both data nodes are up (docs/witness.md)")
+            if table == "hard":
+                qid, part, term, voted, commit, si, st, so = row
+                out[(qid, part)] = _Saved(term, voted, commit, (si, st, so))
+            else:
+                qid, part, idx, term, origin, weak = row
+                saved = out.setdefault((qid, part), _Saved())
+                if idx > saved.snapshot[0]:
+                    saved.entries.append(Entry(term, idx, None, origin, bool(weak)))
         return out
 
     def write(self, ops: list[tuple[Any, ...]]) -> None:
         db = self._db
+        touched: set[Key] = set()
         db.execute("BEGIN")
         try:
             for op in ops:
@@ -174,8 +248,16 @@ class WitnessStore:
                                (op[2], op[3], op[4], op[2], qid, part))
                     db.execute("DELETE FROM entries WHERE qid = ? AND part = ? AND idx <= ?", (qid, part, op[2]))
                 elif kind == "append":
-                    db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                                   [(qid, part, e.index, e.term, e.origin, int(e.weak)) for e in op[2]])
+                    rows = [(qid, part, e.index, e.term, e.origin, int(e.weak)) for e in op[2]]
+                    db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)", rows)
+                    db.executemany("INSERT OR REPLACE INTO entry_sums VALUES (?, ?, ?, ?)",
+                                   [(*r[:3], row_crc(*r)) for r in rows])
+                if kind in ("hard", "snapshot"):
+                    touched.add((qid, part))
+            for qid, part in touched:  # (each row as it now stands, written whole or in part above)
+                row = db.execute(f"SELECT {_HARD} FROM hard WHERE qid = ? AND part = ?", (qid, part)).fetchone()
+                if row is not None:
+                    db.execute("UPDATE hard SET crc = ? WHERE qid = ? AND part = ?", (row_crc(*row), qid, part))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -269,6 +351,8 @@ class Witness:
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"data dir {self.config.data_dir}: cannot open the witness's store {path}: "
                               f"{exc}") from None
+        except DamagedRow as exc:
+            raise ConfigError(exc.message) from None
         self.peers = PeerManager(self, secret=secret, places=False)
         await self.peers.start()
         loop = asyncio.get_running_loop()
