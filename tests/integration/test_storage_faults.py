@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import client
-from client.errors import NotActiveError
+from client.errors import ConnectionClosedError, NotActiveError
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeStartError
 from storage.sqlite import SqliteEngine
@@ -41,7 +41,7 @@ async def caught_up(cl: LocalCluster, node: str, queue: str) -> bool:
     active = (await cl.actives(queue))[0]
     try:
         mine = [p for p in (await cl.status(node)).partitions if p.queue == queue]
-    except NotActiveError:
+    except (NotActiveError, ConnectionClosedError):  # (said at login, or as a refusal after it)
         return False
     theirs = [p for p in (await cl.status(active)).partitions if p.queue == queue]
     return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
