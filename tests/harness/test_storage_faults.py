@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from broker.modes.replicated.events import REPAIR_WAIT, HaEvent
+from client.errors import StorageError
 from client.protocol.frames import PublishMessage
+from ha.messages import Ready
 from tests.harness.group import Group
 from tests.harness.replication import active, declared_with_active
 from tests.harness.sessions import Reader
@@ -105,3 +107,25 @@ async def test_a_majority_of_damaged_logs_leaves_no_active_and_the_damaged_say_w
         assert "cannot help elect one" in said.text and first.name in said.text
         await g.run_for(REPAIR_WAIT * timeout)
         assert len(waits()) == len({e.partition for e in waits()})  # (said once each)
+
+
+async def test_a_stopping_node_takes_no_more_replication_steps(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Once a node's replication is stopping (its store closes next), a late step (a store
+    write's callback, the quorum falling as its links close) is not taken: no write to a
+    closed store, no "replication failed", the node not failed for it."""
+    async with Group(tmp_path) as g:
+        await g.start()
+        key, first = await declared_with_active(g, "q")
+        node = first.node
+        assert node is not None and node.ha.replication is not None
+        rep = node.ha.replication
+        rep.stop()
+        stepped: list[bool] = []
+
+        def late() -> Ready:
+            stepped.append(True)
+            raise StorageError("store writer is closed")
+
+        rep._guarded(rep.logs[key], late)
+        assert stepped == [] and not rep._broken
+        assert not [r for r in caplog.records if "replication failed" in r.getMessage()]

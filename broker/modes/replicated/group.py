@@ -462,9 +462,8 @@ class Replication:
         apply_ops = apply_entries(plog, ready.committed, callbacks, self._catalogue_ops.apply)
         self.proposals.undefer(plog)  # what waited for these commits goes now
         if plog.key == CATALOGUE and all(e.data is None for e in ready.committed):
-            # A new active's no-op moves the catalogue's applied position too, and the
-            # node's catalogue catch-up waits on that (entries with data notify in
-            # CatalogueOps.apply).
+            # A new active's no-op moves the catalogue's applied position too, and the node's
+            # catalogue catch-up waits on that (entries with data notify in CatalogueOps.apply).
             self.roles.notify()
         return apply_ops, plog.applied_bytes - applied_size  # (before compaction recounts it)
 
@@ -578,8 +577,10 @@ class Replication:
         self.transport.send(plog.key, Envelope(self.me, r.leader, Alive(r.term, self.me)))
 
     def _guarded(self, plog: PartLog, step: Callable[[], Ready]) -> None:
-        """Feed the core and handle its Ready; an unexpected error stops this node (its
-        state may be inconsistent) rather than the replication task or a peer link."""
+        """Feed the core and handle its Ready (none once stopping: the store closes next); an
+        unexpected error stops this node (its state may be inconsistent)."""
+        if self._stopping:
+            return
         try:
             self._handle(plog, step())
         except Exception as exc:
