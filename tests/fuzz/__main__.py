@@ -41,15 +41,13 @@ from tests.fuzz.corpus import streams
 from tests.fuzz.targets import TARGETS
 
 
-def _seed_corpus(root: Path) -> dict[str, Path]:
-    dirs = {}
+def _seed_corpus(root: Path) -> None:
+    """Each target's seed inputs in ``root/corpus/TARGET`` (where its worker reads them)."""
     for target, seeds in streams().items():
         d = root / "corpus" / target
         d.mkdir(parents=True, exist_ok=True)
         for s in seeds:
             (d / hashlib.sha1(s).hexdigest()).write_bytes(s)
-        dirs[target] = d
-    return dirs
 
 
 def _run_targets(names: list[str], budget: dict[str, int], out: Path, seed: int, quiet: bool) -> list[dict[str, Any]]:
