@@ -39,6 +39,8 @@ LEVELS: Mapping[int, str] = {
     9: "checksums of the store's rows besides its messages (settlements, delivery counts, producer positions, "
        "queues, users, grants, each partition's hard state, snapshot mark and applied position), which a member "
        "of an older build would update without, leaving checksums that no longer fit",
+    10: "a digest of each partition's stored chunks in its row of the store's partitions table, which a member "
+        "of an older build would add and delete chunks without updating",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection
@@ -79,6 +79,12 @@ _UPSERT_DELIVERED = (
     "ON CONFLICT (queue_id, partition) DO UPDATE SET "
     "delivered_upto = max(delivered_upto, excluded.delivered_upto)"
 )
+# (SQLite's: with the row's checksum, computed from the writer's copy of the row, OpApplier.marks)
+_UPSERT_MARKS = (
+    "INSERT INTO partitions (queue_id, partition, next_offset, delivered_upto, digest, crc) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = excluded.next_offset, "
+    "delivered_upto = excluded.delivered_upto, digest = excluded.digest, crc = excluded.crc"
+)
 _INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end", crc) VALUES (?, ?, ?, ?, ?)'
 _UPSERT_COUNT = (
     'INSERT INTO counts (queue_id, partition, "offset", dc, crc) VALUES (?, ?, ?, ?, ?) '
@@ -134,7 +140,8 @@ class OpApplier:
     The statements are portable SQL with ``?`` placeholders, but for the few below, which
     another dialect overrides (``storage.postgres``)."""
 
-    #: rows carry checksums once the store is at rowsums.LEVEL (a dialect without feature levels: never)
+    #: rows carry checksums: partitions and meta always, the others once the store is at
+    #: rowsums.LEVEL (a dialect without feature levels: never)
     ROW_SUMS = True
     UPSERT_END = _UPSERT_END
     UPSERT_DELIVERED = _UPSERT_DELIVERED
@@ -148,11 +155,25 @@ class OpApplier:
     PUT_ACL = ("INSERT INTO acls (username, pattern, permission, crc) VALUES (?, ?, ?, ?) "
                "ON CONFLICT (username, pattern, permission) DO NOTHING")
     PUT_META = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    PUT_META_SUMMED = ("INSERT INTO meta (key, value, crc) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                       "value = excluded.value, crc = excluded.crc")
 
     def __init__(self) -> None:
         self.index: dict[Key, ChunkIndex] = {}
         self.ends: dict[Key, int] = {}
-        #: the partitions with a settled row that failed its checksum at the last reload, and why
+        #: each partition's row of ``partitions`` as stored: (end, delivered mark), with ROW_SUMS
+        self.marks: dict[Key, tuple[int, int]] = {}
+        #: each partition's digest of its chunk rows (rowsums.chunk_hash), kept in its row of
+        #: ``partitions`` once the store is at rowsums.DIGEST_LEVEL (``digests_on``)
+        self.digests: dict[Key, int] = {}
+        self.digests_on = False
+        #: chunks in the index that have no row: settled whole before they were written (never
+        #: written, so never deleted either: not in the digest)
+        self.phantoms: set[tuple[int, int, int]] = set()
+        #: ``meta``'s highest queue id as stored, with ROW_SUMS
+        self.queue_id_hwm = 0
+        #: the partitions with a settled row that failed its checksum at the last reload, or whose
+        #: chunks are not those their digest sums up, and why
         self.damaged: dict[Key, str] = {}
         #: rows are written with checksums (the store's group is at storage.sqlite.rowsums.LEVEL)
         self.row_sums = False
@@ -164,10 +185,12 @@ class OpApplier:
     def reload(self, conn: Connection) -> None:
         """Load the index from the tables (on open, or after a failed commit)."""
         index: dict[Key, ChunkIndex] = {}
+        digests: dict[Key, int] = {}
         for qid, p, start, count in conn.exec_driver_sql(
             "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
         ):
             index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
+            digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.chunk_hash(start, count)
         damaged: dict[Key, str] = {}
         for row in conn.exec_driver_sql(rowsums.select("settled")):
             qid, p, s, e = row[:4]
@@ -176,8 +199,14 @@ class OpApplier:
                 damaged.setdefault((qid, p), bad["crc"])
                 continue
             index.setdefault((qid, p), ChunkIndex()).settled.add(s, e)
-        ends = {(qid, p): nxt for qid, p, nxt in conn.exec_driver_sql(
-            "SELECT queue_id, partition, next_offset FROM partitions")}
+        marks: dict[Key, tuple[int, int]] = {}
+        for qid, p, nxt, dlv, digest in conn.exec_driver_sql(
+                "SELECT queue_id, partition, next_offset, delivered_upto, digest FROM partitions"):
+            marks[(qid, p)] = (nxt, dlv)
+            if digest is not None and digest != digests.get((qid, p), 0):
+                damaged.setdefault((qid, p), f"the chunks of partition {qid}/{p} are not those its row of partitions "
+                                             f"sums up (its digest): a write to the store was lost or misdirected")
+        ends = {key: mark[0] for key, mark in marks.items()}
         for key, idx in index.items():
             if idx.starts:
                 last = idx.starts[-1]
@@ -185,8 +214,15 @@ class OpApplier:
         self.index = index
         self.ends = ends
         self.damaged = damaged
-        level = conn.exec_driver_sql(f"SELECT value FROM meta WHERE key = '{rowsums.LEVEL_KEY}'").fetchone()
-        self.row_sums = self.ROW_SUMS and level is not None and rowsums.at_level(level[0])
+        self.marks = marks
+        self.digests = digests
+        self.phantoms = set()
+        meta = {k: v for k, v in conn.exec_driver_sql(
+            f"SELECT key, value FROM meta WHERE key IN ('{rowsums.LEVEL_KEY}', 'queue_id_hwm')")}
+        self.row_sums = self.ROW_SUMS and rowsums.at_level(meta.get(rowsums.LEVEL_KEY))
+        self.digests_on = self.ROW_SUMS and rowsums.digest_at_level(meta.get(rowsums.LEVEL_KEY))
+        hwm = meta.get("queue_id_hwm")
+        self.queue_id_hwm = int(hwm) if hwm is not None and hwm.isdigit() else 0
 
     def _part(self, key: Key) -> ChunkIndex:
         idx = self.index.get(key)
@@ -220,14 +256,22 @@ class OpApplier:
                 for c in chunks:
                     if self.index[(c[0], c[1])].settled.covers(c[2], c[2] + c[3]):
                         unwritten.add((c[0], c[1], c[2]))
+                        self.phantoms.add((c[0], c[1], c[2]))
                     else:
                         live.append(c)
                         # (the same start again after a reset in this batch: this one has a row)
                         unwritten.discard((c[0], c[1], c[2]))
+                        self.phantoms.discard((c[0], c[1], c[2]))
                 if live:
                     written += sum(len(c[4]) for c in live)
                     conn.exec_driver_sql(_INSERT_CHUNK, [(*c, zlib.crc32(c[4])) for c in live])
+                    for c in live:
+                        self._hash((c[0], c[1]), c[2], c[3])
                 chunks.clear()
+            if self.ROW_SUMS and (ends or delivered):
+                conn.exec_driver_sql(_UPSERT_MARKS, self._marks(ends, delivered))
+                ends.clear()
+                delivered.clear()
             if ends:
                 conn.exec_driver_sql(self.UPSERT_END, [(q, p, e) for (q, p), e in ends.items()])
                 ends.clear()
@@ -307,6 +351,10 @@ class OpApplier:
                 for start in idx.settled_chunks(s, e):
                     n = idx.counts[start]
                     idx.drop_chunk(start)
+                    if (key[0], key[1], start) in self.phantoms:
+                        self.phantoms.discard((key[0], key[1], start))
+                    else:
+                        self._hash(key, start, n)
                     if (key[0], key[1], start) not in unwritten:
                         drop_chunks.append((key[0], key[1], start))
                     elif not wrote_counts:
@@ -318,11 +366,36 @@ class OpApplier:
                 drop_settled.append((key[0], key[1], low))
         if drop_chunks:
             conn.exec_driver_sql(_DELETE_CHUNK, drop_chunks)
+            if self.digests_on:  # (the rows' digests: those of this batch's appends are written already)
+                conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, {(q, p) for q, p, _s in drop_chunks}))
         if drop_counts:
             conn.exec_driver_sql(_DELETE_COUNTS, drop_counts)
         if drop_settled:
             # rows wholly below the log's start go; a row straddling it stays (harmless)
             conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
+
+    def _hash(self, key: Key, start: int, count: int) -> None:
+        """A chunk row of ``key`` written or deleted: in or out of its digest."""
+        self.digests[key] = self.digests.get(key, 0) ^ rowsums.chunk_hash(start, count)
+
+    def _marks(self, ends: dict[Key, int], delivered: dict[Key, int],
+               also: Iterable[Key] = ()) -> list[tuple[int | None, ...]]:
+        """The rows of ``partitions`` a batch's new ends and delivered marks make (each the higher
+        of the stored one and the new), and those of ``also`` (their digests changed), with their
+        digests and checksums; the writer's copy moves with them."""
+        rows: list[tuple[int | None, ...]] = []
+        for key in ends.keys() | delivered.keys() | set(also):
+            end, dlv = self.marks.get(key, (0, 0))
+            mark = self.marks[key] = (max(end, ends.get(key, 0)), max(dlv, delivered.get(key, 0)))
+            digest = self.digests.get(key, 0) if self.digests_on else None
+            rows.append((*key, *mark, digest, rowsums.row_crc(*key, *mark, digest)))
+        return rows
+
+    def _put_meta(self, conn: Executor, key: str, value: str) -> None:
+        if self.ROW_SUMS:
+            conn.exec_driver_sql(self.PUT_META_SUMMED, (key, value, rowsums.row_crc(key, value)))
+        else:
+            conn.exec_driver_sql(self.PUT_META, (key, value))
 
     def _apply_structural(self, conn: Executor, op: WriteOp) -> None:
         if isinstance(op, DropProducers):
@@ -336,7 +409,11 @@ class OpApplier:
                    q.expires, q.type, q.max_age, q.max_bytes, q.dead_letter_exchange, q.dead_letter_routing_key)
             conn.exec_driver_sql(self.PUT_QUEUE, (*row, self._crc(*row)))
             # queue ids are never reused, even after the newest queue is deleted
-            conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))
+            if self.ROW_SUMS:
+                self.queue_id_hwm = max(self.queue_id_hwm, q.id)
+                self._put_meta(conn, "queue_id_hwm", str(self.queue_id_hwm))
+            else:
+                conn.exec_driver_sql(self.QUEUE_ID_HWM, (str(q.id),))
         elif isinstance(op, DropQueue):
             for table in ("chunks", "settled", "counts", "partitions", "producers", "ha_state"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ?", (op.queue_id,))
@@ -344,13 +421,24 @@ class OpApplier:
             for key in [k for k in self.index if k[0] == op.queue_id]:
                 del self.index[key]
                 self.ends.pop(key, None)
+            for key in [k for k in self.marks if k[0] == op.queue_id]:
+                del self.marks[key]
+            for key in [k for k in self.digests if k[0] == op.queue_id]:
+                del self.digests[key]
+            self.phantoms = {c for c in self.phantoms if c[0] != op.queue_id}
         elif isinstance(op, Trim):
             key = (op.queue_id, op.partition)
             idx = self.index.get(key)
             if idx is not None:
                 for start in [s for s in idx.starts if s + idx.counts[s] <= op.below]:
+                    if (*key, start) in self.phantoms:
+                        self.phantoms.discard((*key, start))
+                    else:
+                        self._hash(key, start, idx.counts[start])
                     idx.drop_chunk(start)
             conn.exec_driver_sql(_TRIM_CHUNKS, (*key, op.below))
+            if self.digests_on:
+                conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, [key]))
         elif isinstance(op, LogCompact):
             snap = (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak), *op.recency)
             conn.exec_driver_sql(_UPSERT_SNAP, (*snap, self._crc(*snap)))
@@ -366,6 +454,9 @@ class OpApplier:
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE queue_id = ? AND partition = ?", key)
             self.index.pop(key, None)
             self.ends.pop(key, None)
+            self.marks.pop(key, None)
+            self.digests.pop(key, None)
+            self.phantoms = {c for c in self.phantoms if c[:2] != key}
         elif isinstance(op, PutUser):
             u = op.user
             conn.exec_driver_sql(self.PUT_USER, (u.name, u.salt, u.hash, u.role, u.params,
@@ -382,11 +473,14 @@ class OpApplier:
             conn.exec_driver_sql("DELETE FROM acls WHERE username = ? AND pattern = ? AND permission = ?",
                                  [(a.user, a.pattern, p) for p in a.permissions])
         elif isinstance(op, PutMeta):
-            conn.exec_driver_sql(self.PUT_META, (op.key, op.value))
+            self._put_meta(conn, op.key, op.value)
             if op.key == rowsums.LEVEL_KEY and self.ROW_SUMS:
                 sums, self.row_sums = self.row_sums, rowsums.at_level(op.value)
                 if self.row_sums and not sums:  # (the rows written before it are summed as they stand)
                     rowsums.stamp_all(conn)
+                digests, self.digests_on = self.digests_on, rowsums.digest_at_level(op.value)
+                if self.digests_on and not digests:  # (each partition's chunks as they stand)
+                    conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, self.digests.keys() | self.marks.keys()))
         elif isinstance(op, DropMeta):
             conn.exec_driver_sql("DELETE FROM meta WHERE key = ?", (op.key,))
         else:

@@ -31,6 +31,7 @@ from storage.base import (
     WriteOp,
 )
 from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
+from storage.sqlite import rowsums
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
 from storage.sqlite.reads import read_chunks, read_messages, read_partition, read_stored_end
@@ -341,7 +342,8 @@ class SqliteEngine:
             raise StorageError("store is closed")
         try:
             with conn.begin():
-                conn.exec_driver_sql("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+                conn.exec_driver_sql("INSERT OR REPLACE INTO meta (key, value, crc) VALUES (?, ?, ?)",
+                                     (key, value, rowsums.row_crc(key, value)))
         except SQLAlchemyError as exc:
             raise StorageError(f"write failed: {exc}", orig=exc) from exc
 

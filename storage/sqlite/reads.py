@@ -120,12 +120,9 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
     key = (queue_id, partition)
     try:
         with conn.begin():
-            row = conn.exec_driver_sql(
-                "SELECT next_offset, delivered_upto FROM partitions WHERE queue_id = ? AND partition = ?",
-                key).first()
-            if row is not None:
-                st.next_offset, st.delivered_upto = row
             where = "queue_id = ? AND partition = ?"
+            for r in _checked(conn, "partitions", where, key):
+                st.next_offset, st.delivered_upto = r[2:4]
             settled = IntervalSet(r[2:4] for r in _checked(conn, "settled", where, key))
             dcs: dict[int, int] = {r[2]: r[3] for r in _checked(conn, "counts", where, key)}
             filler = PartitionFiller(st, settled, dcs, budget)

@@ -37,11 +37,13 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
     ``budget`` (bytes, node-wide) each partition loads its share of messages, the rest is
     counted as a cold region (PartitionState)."""
     rec = Recovered()
-    rec.meta = {k: v for k, v in conn.exec_driver_sql("SELECT key, value FROM meta")}
+    meta = conn.exec_driver_sql(rowsums.select("meta")).all()
+    rec.meta = {row[0]: row[1] for row in meta}
     version = rec.meta.get("schema_version")
     if version not in READABLE:
         raise StorageError(f"store {path} has schema version {version}, this build reads {', '.join(sorted(READABLE))}: "
                            f"it was written by another build; start the node on that build (see docs/upgrades.md)")
+
     def fatal(table: str, row: Any) -> bool:
         """Whether a catalogue row fails its checksum (then noted: the node does not start,
         broker.node.recovery)."""
@@ -64,6 +66,8 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         rec.store_damage.setdefault(key, f"store {path}: {why}")
         log.error("store %s: %s", path, why)
 
+    for row in meta:
+        fatal("meta", row)
     for row in conn.exec_driver_sql(rowsums.select("queues") + " ORDER BY id"):
         fatal("queues", row)
         rec.queues.append(QueueMeta(
@@ -81,11 +85,11 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
             st = parts[key] = PartitionState()
         return st
 
-    for qid, p, nxt, delivered in conn.exec_driver_sql(
-        "SELECT queue_id, partition, next_offset, delivered_upto FROM partitions"
-    ):
-        st = state((qid, p))
-        st.next_offset, st.delivered_upto = nxt, delivered
+    for row in conn.exec_driver_sql(rowsums.select("partitions")):
+        qid, p, nxt, delivered = row[:4]
+        if not repairable((qid, p), "partitions", row):
+            st = state((qid, p))
+            st.next_offset, st.delivered_upto = nxt, delivered
     applier.reload(conn)
     for key, why in applier.damaged.items():
         damage(key, why)

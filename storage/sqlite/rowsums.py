@@ -17,18 +17,27 @@ What a damaged row means depends on what it holds (:data:`CHECKED`):
 * the catalogue's rows (queues, users, grants) are not rebuilt either: the node does not start,
   naming the row.
 
-The rows carry checksums once the store's group is at feature level :data:`LEVEL`
-(ha.upgrade.LEVELS): a member of an older build updates a row without its checksum, so until
-no member can run one, rows are written with NULL there (unchecked), as such a build writes
-them. Shared mode (one PostgreSQL database) has no feature level and writes none: PostgreSQL's
-own page checksums (``initdb --data-checksums``) are its check.
+* a partition's end and delivered mark (``partitions``) are part of its copy too: repaired so;
+  so is a partition whose chunks are not those its row's digest sums up (:func:`chunk_hash`,
+  from feature level :data:`DIGEST_LEVEL`): a write to the store was lost (a page kept its
+  older rows, each whole and passing its own checksum) or landed on another page;
+* the store's ``meta`` rows (its schema version, the group's feature level, the highest queue
+  id, the group's settings kept there) stop the node's start, naming the row.
 
-Not checked: ``partitions`` (each partition's end and delivered mark, written as the maximum
-of what is there and what comes, which only the database knows), and ``meta``.
+The rows of :data:`LEVELLED` carry checksums once the store's group is at feature level
+:data:`LEVEL` (ha.upgrade.LEVELS): a member of an older build updates a row without its
+checksum, so until no member can run one, rows are written with NULL there (unchecked), as such
+a build writes them. The rows of ``partitions`` and ``meta`` carry theirs always: a trigger in
+the store (storage.sqlite.schema.TRIGGERS) clears the checksum of a row whose values an older
+build changes without it, and the row then reads unchecked until it is written again. Shared
+mode (one PostgreSQL database) has no feature level and writes none: PostgreSQL's own page
+checksums (``initdb --data-checksums``) are its check.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -58,7 +67,16 @@ CHECKED: dict[str, dict[str, tuple[str, ...]]] = {
                      "snap_recency_term", "snap_recency_index"),
         "applied_crc": ("queue_id", "partition", "applied_index", "applied_term", "applied_origin"),
     },
+    "partitions": {"crc": ("queue_id", "partition", "next_offset", "delivered_upto", "digest")},
+    "meta": {"crc": ("key", "value")},
 }
+#: the feature level from which each partition's row of ``partitions`` keeps the digest of its chunks
+DIGEST_LEVEL = 10
+#: the tables whose checksums are written from :data:`LEVEL` on (the others': always)
+LEVELLED = ("settled", "counts", "producers", "queues", "users", "acls", "ha_state")
+
+_PAIR = struct.Struct("<qq")
+
 
 class DamagedRow(StorageError):
     """A stored row whose values fail its checksum: damaged at rest."""
@@ -79,6 +97,18 @@ def at_level(meta_value: str | None) -> bool:
     return meta_value is not None and meta_value.isdigit() and int(meta_value) >= LEVEL
 
 
+def chunk_hash(start: int, count: int) -> int:
+    """What a chunk row adds to its partition's digest: the partition's digest is the XOR of its
+    chunks' hashes (63 bits of BLAKE2b of the two as little-endian int64s), so a chunk written or
+    deleted changes it by its own hash alone."""
+    return int.from_bytes(hashlib.blake2b(_PAIR.pack(start, count), digest_size=8).digest(), "little") >> 1
+
+
+def digest_at_level(meta_value: str | None) -> bool:
+    """Whether a store whose ``meta`` says ``meta_value`` for :data:`LEVEL_KEY` keeps digests."""
+    return meta_value is not None and meta_value.isdigit() and int(meta_value) >= DIGEST_LEVEL
+
+
 def row_crc(*values: Any) -> int:
     """The CRC-32 of a row's values (ints, strings, bytes, None), as the ``crc`` columns keep it."""
     return zlib.crc32(msgpack.packb([_as_stored(v) for v in values], use_bin_type=True))
@@ -93,14 +123,16 @@ def check_row(table: str, values: Sequence[Any], crc: int | None, *, column: str
 
 def describe(table: str, values: Sequence[Any]) -> str:
     """The row's key, for a reader: ``partition 3/0 from offset 20``, ``user alice``."""
-    if table in ("settled", "counts", "producers", "ha_state"):
+    if table in ("settled", "counts", "producers", "ha_state", "partitions"):
         what = {"settled": "settled range from", "counts": "delivery count of offset",
-                "producers": "position of producer", "ha_state": ""}[table]
+                "producers": "position of producer", "ha_state": "", "partitions": ""}[table]
         return f"partition {values[0]}/{values[1]}" + (f", {what} {values[2]}" if what else "")
     if table == "queues":
         return f"queue {values[1]!r} (id {values[0]})"
     if table == "users":
         return f"user {values[0]!r}"
+    if table == "meta":
+        return f"key {values[0]!r}"
     return f"grant of {values[2]} on {values[1]!r} to {values[0]!r}"
 
 

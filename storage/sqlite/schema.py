@@ -7,7 +7,8 @@ Schema (version 3, in ``meta.schema_version``)::
            max_deliveries, dead_letter_queue, max_length, owner,
            max_length_bytes, overflow, message_ttl, expires, type, max_age, max_bytes,
            dead_letter_exchange, dead_letter_routing_key)
-    partitions(queue_id, partition, next_offset, delivered_upto)   PK (queue_id, partition)
+    partitions(queue_id, partition, next_offset, delivered_upto,   PK (queue_id, partition)
+               digest, crc)
     chunks(queue_id, partition, start, count, payload BLOB, crc)    PK (queue_id, partition, start)
     settled(queue_id, partition, start, end)                        ranges [start, end), index (.., end)
     counts(queue_id, partition, "offset", dc)                       PK (queue_id, partition, offset)
@@ -35,9 +36,11 @@ stored without them) and ``queues.type`` / ``max_age`` / ``max_bytes`` (a stream
 retention: 'classic', 0 and 0 for a queue stored without them) and
 ``queues.dead_letter_exchange`` / ``dead_letter_routing_key`` (where its dead letters are
 published: NULL for a queue stored without them) and ``chunks.crc`` (the CRC-32 of the chunk's
-payload, checked on every read: NULL for a chunk written without it, read unchecked), so a store of
-version 3 written without them gains them as
-it is: the version stays.
+payload, checked on every read: NULL for a chunk written without it, read unchecked) and the other
+rows' checksums (``crc`` on every checked table, ``hard_crc`` / ``snap_crc`` / ``applied_crc`` on
+``ha_state``: storage.sqlite.rowsums) with the triggers that clear a checksum an older build left
+stale (:data:`TRIGGERS`), so a store of version 3 written without them gains them as it is: the
+version stays.
 
 ``ha_state`` keeps each partition's hard state, compaction point and applied position:
 they change with the store's own rows and commit with them.  The replication log itself
@@ -52,6 +55,8 @@ import logging
 from pathlib import Path
 
 from sqlalchemy import Connection
+
+from storage.sqlite.rowsums import row_crc
 
 log = logging.getLogger("tandem.storage")
 
@@ -134,6 +139,22 @@ ADDED_COLUMNS = [
     ("ha_state", "hard_crc", "BIGINT"),
     ("ha_state", "snap_crc", "BIGINT"),
     ("ha_state", "applied_crc", "BIGINT"),
+    ("partitions", "digest", "BIGINT"),
+    ("partitions", "crc", "BIGINT"),
+    ("meta", "crc", "BIGINT"),
+]
+
+#: a row of ``partitions`` or ``meta`` whose values a build without their checksums changes
+#: (leaving ``crc`` as it was) has it cleared: the row then reads unchecked
+#: (storage.sqlite.rowsums), where a stale checksum would read as damage
+TRIGGERS = [
+    """CREATE TRIGGER IF NOT EXISTS partitions_unsummed AFTER UPDATE OF next_offset, delivered_upto ON partitions
+        WHEN NEW.crc IS OLD.crc AND (NEW.next_offset IS NOT OLD.next_offset
+                                     OR NEW.delivered_upto IS NOT OLD.delivered_upto)
+        BEGIN UPDATE partitions SET crc = NULL WHERE queue_id = NEW.queue_id AND partition = NEW.partition; END""",
+    """CREATE TRIGGER IF NOT EXISTS meta_unsummed AFTER UPDATE OF value ON meta
+        WHEN NEW.crc IS OLD.crc AND NEW.value IS NOT OLD.value
+        BEGIN UPDATE meta SET crc = NULL WHERE key = NEW.key; END""",
 ]
 
 
@@ -148,10 +169,12 @@ def create_schema(conn: Connection, path: Path) -> None:
             have = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
             if column not in have:
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-        conn.exec_driver_sql(
-            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
-        )
+        for ddl in TRIGGERS:
+            conn.exec_driver_sql(ddl)
+        conn.exec_driver_sql("INSERT OR IGNORE INTO meta (key, value, crc) VALUES ('schema_version', ?, ?)",
+                             (SCHEMA_VERSION, row_crc("schema_version", SCHEMA_VERSION)))
         old = conn.exec_driver_sql("SELECT value FROM meta WHERE key = 'schema_version'").scalar()
         if old in UPGRADABLE:  # only tables were added since: created above
             log.info("store %s upgraded from schema version %s to %s", path, old, SCHEMA_VERSION)
-            conn.exec_driver_sql("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+            conn.exec_driver_sql("UPDATE meta SET value = ?, crc = ? WHERE key = 'schema_version'",
+                                 (SCHEMA_VERSION, row_crc("schema_version", SCHEMA_VERSION)))

@@ -1,7 +1,7 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
 own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
-(storage.sqlite.reads.check_chunk) and every other checked row against its checksums
-(storage.sqlite.rowsums)."""
+(storage.sqlite.reads.check_chunk), every other checked row against its checksums and each
+partition's chunks against the digest its row keeps (storage.sqlite.rowsums)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def scrub_store(path: Path) -> StoreScrub:
         out.damage = [f"store {path}: SQLite's quick_check: {row[0]}" for row in conn.execute("PRAGMA quick_check")
                       if row[0] != "ok"]
         crc_column = "crc" if "crc" in _columns(conn, "chunks") else "NULL"  # (no build with checksums opened it)
-        for qid, p, start, payload, crc in conn.execute(
-                f"SELECT queue_id, partition, start, payload, {crc_column} FROM chunks "
+        digests: dict[tuple[int, int], int] = {}
+        for qid, p, start, count, payload, crc in conn.execute(
+                f"SELECT queue_id, partition, start, count, payload, {crc_column} FROM chunks "
                 f"ORDER BY queue_id, partition, start"):
+            digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.chunk_hash(start, count)
             if crc is None:
                 out.unchecked += 1
                 continue
@@ -52,6 +54,12 @@ def scrub_store(path: Path) -> StoreScrub:
                 bad = rowsums.damaged(table, row)
                 out.damage.extend(f"store {path}: {why}" for why in bad.values())
                 out.rows += not bad
+        if "digest" in _columns(conn, "partitions"):
+            for qid, p, digest in conn.execute("SELECT queue_id, partition, digest FROM partitions "
+                                               "WHERE digest IS NOT NULL"):
+                if digest != digests.get((qid, p), 0):
+                    out.damage.append(f"store {path}: the chunks of partition {qid}/{p} are not those its row of "
+                                      f"partitions sums up (its digest): a write to the store was lost or misdirected")
     finally:
         conn.close()
     return out

@@ -35,6 +35,7 @@ from client.errors import StorageError
 from storage.base import REPLICATION_OPS, Capabilities, WriteOp
 from storage.lease import TABLE, SqlLease
 from storage.shared import FencedError
+from storage.sqlite import rowsums
 from storage.sqlite.apply import Driver
 from storage.sqlite.engine import SqliteEngine
 
@@ -143,7 +144,8 @@ class SharedSqliteEngine(SqliteEngine):
             raw = self._raw(conn)
             self._begin_write(raw)
             try:
-                raw.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+                raw.execute("INSERT OR REPLACE INTO meta (key, value, crc) VALUES (?, ?, ?)",
+                            (key, value, rowsums.row_crc(key, value)))
                 raw.execute("COMMIT")
             except BaseException:
                 if raw.in_transaction:

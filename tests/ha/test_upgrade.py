@@ -15,7 +15,7 @@ def test_a_build_that_says_nothing_is_a_first_release_build() -> None:
     assert FIRST == Build("", (1, 1), (1, 1), 1) and FIRST.label == "0.1.x"
     assert Build.said("9.9", (1, 5), [3, 1], 2).levels == (1, 1)  # (a range that is no range: as if unsaid)
     assert Build.said("0.2.0", (1, 2), [1, 2], 2) == Build("0.2.0", (1, 2), (1, 2), 2)
-    assert (LEVEL_MIN, LEVEL_MAX) == (min(LEVELS), max(LEVELS)) == (1, 9)
+    assert (LEVEL_MIN, LEVEL_MAX) == (min(LEVELS), max(LEVELS)) == (1, 10)
 
 
 def test_a_member_is_too_old_only_for_a_level_its_build_lacks() -> None:
@@ -45,7 +45,7 @@ def test_a_finalize_needs_every_other_member_linked_and_able() -> None:
     assert finalize_refusal(2, 1, ["node2", "node3"], builds, ["node2", "node3"]) is None
     assert finalize_refusal(2, 1, [], {}, []) is None  # a single node
     assert finalize_refusal(2, 2, ["node2"], builds, ["node2"]) == "the group is at feature level 2 already"
-    assert finalize_refusal(10, 1, [], {}, []) == "no feature level 10: this build knows levels 1..9"
+    assert finalize_refusal(NEXT, 1, [], {}, []) == f"no feature level {NEXT}: this build knows levels 1..{LEVEL_MAX}"
     why = finalize_refusal(3, 1, ["node2"], {"node2": NEW}, ["node2"])  # (a 0.2.0 member: levels 1..2)
     assert why is not None and "node2 (build 0.2.0 supports levels 1..2)" in why
     why = finalize_refusal(2, 1, ["node2", "node3", "w1"], {"node2": FIRST, "node3": NEW}, ["node2", "w1"])

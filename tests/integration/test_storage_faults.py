@@ -136,16 +136,25 @@ def flip_producer_position(db: Path, queue_id: int) -> str:
     return f"a row of producers (partition {queue_id}/0, position of producer {pid}) fails its checksum"
 
 
-@pytest.mark.parametrize("damage", ["body", "producer-position"])
+@pytest.mark.parametrize("damage", ["body", "producer-position", "lost-chunk-row"])
 async def test_a_bit_flipped_in_a_replicas_stored_copy_is_rebuilt_from_the_active(tmp_path: Path, damage: str) -> None:
     """A flipped bit in a stored body (its chunk's CRC-32), or in a producer's position (its
-    row's checksum: a position too high would drop that producer's next publishes as resends)."""
+    row's checksum: a position too high would drop that producer's next publishes as resends),
+    or a chunk row gone as a lost write to the store's file leaves it (the page kept its older
+    rows, each whole: the partition's digest in its row of partitions no longer fits)."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
         old, replica, confirmed = await stopped_replica(cl)
         db, qid = store_of(cl, replica)
         if damage == "body":
             named = f"the chunk of partition {qid}/0 from offset {flip_stored_bit(db, qid, 0)} ("
+        elif damage == "lost-chunk-row":
+            conn = sqlite3.connect(db)
+            assert conn.execute("DELETE FROM chunks WHERE rowid = (SELECT max(rowid) FROM chunks WHERE queue_id = ?)",
+                                (qid,)).rowcount == 1
+            conn.commit()
+            conn.close()
+            named = f"the chunks of partition {qid}/0 are not those its row of partitions sums up (its digest)"
         else:
             named = flip_producer_position(db, qid)
 

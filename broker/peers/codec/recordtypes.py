@@ -58,10 +58,14 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: CRC-32 (a column an older build neither reads nor writes: local to each store, at any level);
 #: the next version of the store's settled, counts, producers, queues, users, acls and ha_state
 #: tables adds each row's checksums (storage.sqlite.rowsums: written from feature level 9 on, as
-#: an older build updates rows without them; local to each store)
+#: an older build updates rows without them; local to each store); version 2 of the store's
+#: partitions and meta tables adds each row's checksum (written at any level: a trigger clears the
+#: checksum of a row an older build changes, storage.sqlite.schema.TRIGGERS; local to each store)
+#: and, in partitions, the digest of the partition's chunks (written from feature level 10 on)
 VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 5, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2,
                             "store.chunks": 2, "store.settled": 2, "store.counts": 2, "store.producers": 2,
-                            "store.users": 2, "store.acls": 2, "store.ha_state": 2}
+                            "store.users": 2, "store.acls": 2, "store.ha_state": 2, "store.partitions": 2,
+                            "store.meta": 2}
 
 
 def _overflow_up(fields: Fields) -> Fields:
@@ -118,6 +122,16 @@ def _sums_down(fields: Fields) -> Fields:
     return list(fields[:-1])
 
 
+def _digest_up(fields: Fields) -> Fields:
+    """A version-1 ``partitions`` row as version 2 reads it: no digest of its chunks, no checksum."""
+    return [*fields, None, None]
+
+
+def _digest_down(fields: Fields) -> Fields:
+    """A version-2 ``partitions`` row as version 1 has it: without its digest and checksum."""
+    return list(fields[:-2])
+
+
 def _state_sums_up(fields: Fields) -> Fields:
     """A version-1 ``ha_state`` row as version 2 reads it: its three checksums absent (unchecked)."""
     return [*fields, None, None, None]
@@ -161,7 +175,9 @@ CONVERTERS: tuple[Converter, ...] = (
     Converter("log.PUT_PRODUCER", 1, _seqs_up, _seqs_down),
     Converter("store.chunks", 1, _crc_up, _crc_down),
     Converter("store.queues", 4, _sums_up, _sums_down),
-    *(Converter(f"store.{t}", 1, _sums_up, _sums_down) for t in ("settled", "counts", "producers", "users", "acls")),
+    *(Converter(f"store.{t}", 1, _sums_up, _sums_down)
+      for t in ("settled", "counts", "producers", "users", "acls", "meta")),
+    Converter("store.partitions", 1, _digest_up, _digest_down),
     Converter("store.ha_state", 1, _state_sums_up, _state_sums_down),
 )
 
