@@ -24,7 +24,8 @@ outlives an earlier one (a lost truncation under surviving appends would leave a
 Raft rules do not allow).  Opening scans every segment in order.  A torn or corrupt record
 with nothing readable after it, at the end of the newest segment, is a write the crash cut
 short: cut off there.  Anywhere else, a record that fails its length or checksum is *damage*
-(a bit flipped at rest, a lost or misdirected write): nothing of the log is used
+(a bit flipped at rest, a lost or misdirected write), and so is a segment the disk cannot read
+to its end (a latent sector error): nothing of the log is used
 (:attr:`SegmentLog.damage` says where), and the node catches its partitions up from the
 group's actives; :meth:`SegmentLog.set_aside` then moves the segments out of the way, kept
 for a look (broker.modes.replicated: docs/reliability.md, "Storage faults").
@@ -95,6 +96,26 @@ def make_dir(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def read_segment(path: Path) -> tuple[bytes, str | None]:
+    """A segment's bytes, and why it ends early if the disk could not read all of it (a latent
+    sector error: ``unreadable from byte N (Input/output error)``), else None."""
+    chunks: list[bytes] = []
+    got = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as exc:
+                return b"".join(chunks), f"unreadable from byte {got} ({exc.strerror})"
+            if not chunk:
+                return b"".join(chunks), None
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+
+
 def records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
     """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
     None), up to the first that fails its length or checksum, given as (offset, b"", (what,
@@ -132,7 +153,10 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
     paths = sorted(p for p in Path(directory).glob(f"*{_SUFFIX}") if p.stem.isdigit())
     good, damage, torn = 0, [], []
     for n, path in enumerate(paths):
-        data = path.read_bytes()
+        data, unreadable = read_segment(path)
+        if unreadable is not None:
+            damage.append(f"{path} at byte {len(data)} ({unreadable})")
+            continue
         for pos, _body, fault in records(data, last=n == len(paths) - 1):
             if fault is None:
                 good += 1
@@ -231,7 +255,11 @@ class SegmentLog:
         return self.dir / f"{seq:016d}{_SUFFIX}"
 
     def _replay(self, seg: _Segment, entries: dict[Key, dict[int, LogRecord]], *, last: bool) -> None:
-        data = seg.path.read_bytes()
+        data, unreadable = read_segment(seg.path)
+        if unreadable is not None:  # (damage: what the disk cannot read may hold acknowledged entries)
+            self.damage.append(f"{seg.path} at byte {len(data)} ({unreadable})")
+            seg.size = os.path.getsize(seg.path)
+            return
         for pos, body, fault in records(data, last):
             if fault is None:
                 self._apply_record(seg, msgpack.unpackb(body, raw=False), entries)

@@ -105,6 +105,8 @@ class GroupCommitWriter:
         self.stats = WriterStats()
         #: observers called on the writer thread with each commit's duration (metrics).
         self.commit_observers: list[Callable[[float, bool], None]] = []
+        #: observers called on the writer thread with each error never tried again (``permanent``)
+        self.failure_observers: list[Callable[[BaseException], None]] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -266,6 +268,9 @@ class GroupCommitWriter:
             st.retried_ops += retried
             log.error("commit failed ops=%d retrying=%d in=%.2fs error=%s",
                       len(ops), retried, self._retry_delay, error)
+            if not retrying:
+                for failed in self.failure_observers:
+                    failed(error)
             if again:
                 with self._cond:
                     self._pending[:0] = again

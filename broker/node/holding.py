@@ -44,8 +44,10 @@ from broker.security.users import UserRegistry
 from broker.sessions.session import Session
 from broker.sessions.status import NodeEvent
 from client.clock import Clock
+from client.errors import TandemError
 from client.protocol.frames import Declare, PublishMessage, QueueInfo, StreamMessage
 from storage.base import PartitionState, Settle, StoredMessage, WriteOp
+from storage.sqlite.reads import unreadable
 from storage.writer import Callback
 
 log = logging.getLogger("tandem.broker")
@@ -136,7 +138,12 @@ class Holding:
         await self._store.commit_ops(key, ops)
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
-        return await self._store.read_cold(q, pidx, offset, limit)
+        try:
+            return await self._store.read_cold(q, pidx, offset, limit)
+        except (TandemError, OSError) as exc:
+            if unreadable(exc):  # (damage found while serving: the restart finds it and repairs it)
+                self._store.damaged(f"partition {q.meta.id}/{pidx}: reading its backlog failed ({exc})")
+            raise
 
     async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
         return await self.catalogue.declare(frame)

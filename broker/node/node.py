@@ -97,6 +97,7 @@ class Node:
         #: the engine, its writer and the commit path in use (broker/node/store.py)
         self.store = NodeStore(config, clock, self._shared_store.engine() if self._shared_store is not None
                                else engine(config), shared=self._shared_store is not None)
+        self.store.on_damage = lambda _why: self._replication_failed()
         #: peer links, replication, shared mode, the arbiter: made at start (broker/node/parts.py)
         self.ha = HaParts()
         users, acls = UserRegistry([]), AclTable()
@@ -371,8 +372,8 @@ class Node:
     # -- what the replication driver tells the node ---------------------------------------
 
     def _replication_failed(self) -> None:
-        """Replication's state may be inconsistent: stop, as a task this node owns (not one of
-        the replication's, which its stop cancels)."""
+        """Replication's state may be inconsistent, or the store's file is damaged: stop, as a
+        task this node owns (not one of the replication's, which its stop cancels)."""
         if not self.stopping:
             self._spawned.spawn(self.stop(), "tandem-stop")
 

@@ -22,6 +22,7 @@ from client.clock import Clock
 from client.errors import ShuttingDownError
 from storage.base import Engine, Recovered, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
+from storage.sqlite.reads import unreadable
 from storage.writer import Callback, GroupCommitWriter
 
 log = logging.getLogger("tandem.broker")
@@ -55,6 +56,9 @@ class NodeStore:
         #: the disk alarm (broker/node/diskalarm.py): None in shared mode (the data is in the
         #: group's database) and with disk_free_limit = 0
         self.disk_alarm: DiskAlarm | None = None
+        #: called (on the loop) when a write or read finds the store's file damaged or unreadable
+        #: (storage.sqlite.reads.unreadable): the node stops
+        self.on_damage: Callable[[str], None] | None = None
 
     def check_disk(self, what: str) -> None:
         """Refuse ``what`` (a write to this node's own store) while the disk alarm is raised."""
@@ -107,8 +111,22 @@ class NodeStore:
         self._writer = GroupCommitWriter(self.engine, asyncio.get_running_loop().call_soon_threadsafe,
                                          clock=self.clock)
         self._writer.commit_observers = self.commit_observers
+        loop = asyncio.get_running_loop()
+
+        def failed(err: BaseException) -> None:  # (on the writer thread)
+            if unreadable(err):
+                loop.call_soon_threadsafe(self.damaged, f"a write to the store failed ({err})")
+
+        self._writer.failure_observers.append(failed)
         self._commit = LocalCommitPath(self._writer, self.config.name, policy=self.config.sync)
         return recovered
+
+    def damaged(self, why: str) -> None:
+        """The store's file is damaged or unreadable (``why``): said once, and the node told."""
+        log.critical("%s: the store is damaged or cannot be read: this node stops (in a group its replicas elect "
+                     "another active); tandem scrub --data-dir %s says what is damaged", why, self.data_path)
+        if self.on_damage is not None:
+            self.on_damage(why)
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]:
         """Commit ``ops`` to this node's store now; the future resolves when they are committed."""

@@ -23,6 +23,10 @@ A lost write (``lose-write SUFFIX``): the next write to a file whose name ends w
 answers success and leaves the bytes it covers as they were (zeros past the file's end: the
 file's size says it was written, as a file system's metadata would), once; later writes land.
 ``lose-write off`` disarms one not made yet.
+A latent sector error (``bad-sector SUFFIX SEED``): one sector of a file whose name ends with
+``SUFFIX`` (the file and the sector drawn from ``SEED``) fails every read that covers it with EIO,
+until a write covers it whole (a disk remaps a sector on write). ``fail-io read`` fails every
+read.
 A misdirected write (``misdirect-write SUFFIX SEED``): the same, and its bytes land instead
 some sectors earlier in the file (a number drawn from ``SEED``), over what was there.
 
@@ -34,7 +38,7 @@ Control: one request line on the abstract Unix socket ``NAME`` (``--control``), 
 back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
 each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
 its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``,
-``misdirect-write SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied about, bytes rolled back, the
+``misdirect-write SUFFIX SEED``, ``bad-sector SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied about, bytes rolled back, the
 writes lost or misdirected: file, offset, length, and where a misdirected one landed).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
@@ -59,7 +63,7 @@ log = logging.getLogger("tandem.powerfs")
 SECTOR = 512
 #: the fail-io modes and what each fails
 FAIL_MODES = {"off": frozenset(), "write": frozenset({"write"}), "fsync": frozenset({"fsync"}),
-              "all": frozenset({"write", "fsync"})}
+              "all": frozenset({"write", "fsync"}), "read": frozenset({"read"})}
 
 
 class Undo:
@@ -144,9 +148,11 @@ def _fs_classes() -> Any:
             self.lose: str | None = None  # the next write to a file named *lose is lost (lose-write)
             self.misdirect: random.Random | None = None  # ... and lands elsewhere (misdirect-write)
             self.lost: list[dict[str, Any]] = []  # the writes lost: path, offset, bytes
+            self.bad: dict[int, dict[str, Any]] = {}  # backing inode -> its unreadable sector (bad-sector)
             self.trashed = 0
             self.stats = {"syncs": 0, "dir_syncs": 0, "writes": 0, "rollbacks": 0, "bytes_rolled_back": 0,
-                          "entries_rolled_back": 0, "failed_ios": 0, "lied_syncs": 0, "lost_writes": 0}
+                          "entries_rolled_back": 0, "failed_ios": 0, "lied_syncs": 0, "lost_writes": 0,
+                          "failed_reads": 0}
 
         # -- paths and journals -----------------------------------------------------------
 
@@ -221,7 +227,27 @@ def _fs_classes() -> Any:
             got = self.handles.get(fh)
             if got is None:
                 raise FuseOSError(errno.EBADF)
+            bad = self.bad.get(got[1])
+            if "read" in self.fail or (bad is not None and offset < bad["offset"] + SECTOR
+                                       and bad["offset"] < offset + size):
+                with self.mu:
+                    self.stats["failed_reads"] += 1
+                raise FuseOSError(errno.EIO)
             return os.pread(got[0], size, offset)
+
+        def _bad_sector(self, suffix: str, seed: int) -> dict[str, Any]:
+            """Make one sector of a file named ``*suffix`` unreadable (drawn from ``seed``)."""
+            rng = random.Random(seed)
+            files = sorted(os.path.join(d, f)[len(self.root):] for d, _dirs, names in os.walk(self.root)
+                           for f in names if f.endswith(suffix) and os.path.getsize(os.path.join(d, f)) > 0)
+            if not files:
+                return {"ok": False, "error": f"no file ending with {suffix!r} holds a byte"}
+            path = rng.choice(files)
+            st = os.stat(self._p(path))
+            sector = {"path": path, "offset": SECTOR * rng.randrange((st.st_size + SECTOR - 1) // SECTOR)}
+            with self.mu:
+                self.bad[st.st_ino] = sector
+            return {"ok": True, **sector}
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
             with self.mu:
@@ -231,6 +257,9 @@ def _fs_classes() -> Any:
                 fd, ino, sync = got
                 self._fail("write")
                 self.stats["writes"] += 1
+                bad = self.bad.get(ino)
+                if bad is not None and offset <= bad["offset"] and bad["offset"] + SECTOR <= offset + len(data):
+                    del self.bad[ino]  # (written whole: remapped)
                 if self.lose is not None and path.endswith(self.lose):
                     return self._lose(path, fd, ino, data, offset)
                 if sync and self.lie:
@@ -477,16 +506,18 @@ def _fs_classes() -> Any:
                 with self.mu:
                     self.lose, self.misdirect = suffix, random.Random(int(seed))
                 return {"ok": True, "misdirect": suffix}
+            if word == "bad-sector" and suffix and seed.isdigit():
+                return self._bad_sector(suffix, int(seed))
             if word == "stats":
                 with self.mu:
                     return {"ok": True, **self.stats, "journaled_files": len(self.undo),
                             "journaled_bytes": sum(len(b) for u in self.undo.values() for _s, b in u.saved),
                             "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie,
-                            "lost": list(self.lost)}
+                            "lost": list(self.lost), "bad_sectors": list(self.bad.values())}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
                                           f"rollback-torn SEED, fail-io {'|'.join(FAIL_MODES)}, "
                                           f"lie-fsync on|off, lose-write SUFFIX, "
-                                          f"misdirect-write SUFFIX SEED, stats)"}
+                                          f"misdirect-write SUFFIX SEED, bad-sector SUFFIX SEED, stats)"}
 
     return PowerOps
 

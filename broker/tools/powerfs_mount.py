@@ -143,7 +143,8 @@ class PowerFS:
         return self.command("rollback")
 
     def fail_io(self, mode: str) -> None:
-        """``write``, ``fsync`` or ``all`` fail with EIO from now on; ``off`` ends that."""
+        """``write``, ``fsync``, ``all`` (writes and fsyncs) or ``read`` fail with EIO from now on;
+        ``off`` ends that."""
         self.command(f"fail-io {mode}")
 
     def rollback_torn(self, seed: int) -> dict[str, Any]:
@@ -163,6 +164,12 @@ class PowerFS:
         """The next write to a file whose name ends with ``suffix`` lands 1-64 sectors (drawn from
         ``seed``) before where it was meant to, which keeps its old bytes (``misdirect-write``)."""
         self.command(f"misdirect-write {suffix} {seed}")
+
+    def bad_sector(self, suffix: str, seed: int) -> dict[str, Any]:
+        """One sector of a file whose name ends with ``suffix`` (drawn from ``seed``) fails every
+        read that covers it with EIO until a write covers it whole (``bad-sector``): which file
+        and offset."""
+        return self.command(f"bad-sector {suffix} {seed}")
 
     def stats(self) -> dict[str, Any]:
         return self.command("stats")

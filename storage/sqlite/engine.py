@@ -4,6 +4,7 @@ replication log's compaction points; the tables are written by ``apply``, read b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -34,11 +35,22 @@ from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
 from storage.sqlite import rowsums
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
-from storage.sqlite.reads import read_chunks, read_messages, read_partition, read_stored_end
+from storage.sqlite.reads import DAMAGE_WORDS, DamagedStore, driver_error, read_chunks, read_messages, read_partition, read_stored_end
 from storage.sqlite.recovery import load, replay_log
 from storage.sqlite.schema import Key, create_schema
 
 log = logging.getLogger("tandem.storage")
+
+
+def _opening_error(exc: SQLAlchemyError, path: Path) -> str:
+    """Why opening failed, in one line, and what to do when the disk gave back damaged or
+    unreadable pages."""
+    why = driver_error(exc)
+    if any(w in why for w in DAMAGE_WORDS):
+        why += (f" (the disk gave back damaged or unreadable pages: tandem scrub --data-dir {path.parent} says "
+                f"what it can read; this node does not start: restore its data directory, or take it out of its "
+                f"group and add it back on an empty one, docs/operations.md#remove-a-member)")
+    return why
 
 
 class SqliteEngine:
@@ -130,7 +142,11 @@ class SqliteEngine:
             self._checkpointer.start(self._engine)
             return recovered
         except SQLAlchemyError as exc:
-            raise StorageError(f"cannot open store {self.path}: {exc.__class__.__name__}: {exc}", orig=exc) from exc
+            if self._writer is not None:  # (no final checkpoint into a store that did not open)
+                with contextlib.suppress(SQLAlchemyError):
+                    self._writer.close()
+                self._writer = None
+            raise StorageError(f"cannot open store {self.path}: {_opening_error(exc, self.path)}", orig=exc) from exc
 
     @property
     def _mark(self) -> Path:
@@ -274,7 +290,8 @@ class SqliteEngine:
                 raise
         except (SQLAlchemyError, sqlite3.Error) as exc:
             self._recover_index(conn)
-            raise StorageError(f"write failed: {exc.__class__.__name__}: {exc}", orig=exc) from exc
+            failed = DamagedStore if any(w in str(exc) for w in DAMAGE_WORDS) else StorageError
+            raise failed(f"write failed: {exc.__class__.__name__}: {exc}", orig=exc) from exc
         except BaseException:
             self._recover_index(conn)
             raise

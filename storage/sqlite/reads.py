@@ -3,6 +3,8 @@ transaction (one snapshot of the database, whatever the writer commits meanwhile
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import zlib
 from typing import Any
 
@@ -21,6 +23,39 @@ from storage.sqlite import rowsums
 class DamagedChunk(StorageError):
     """A chunk of messages whose payload fails its checksum: damaged at rest (a flipped bit, a
     lost or misdirected write), never served."""
+
+
+#: what SQLite says of a page it cannot read, or that is not what it wrote
+DAMAGE_WORDS = ("malformed", "disk I/O error", "not a database")
+
+
+class DamagedStore(StorageError):
+    """A write the store's file refused as damaged or unreadable (SQLite's words above): never
+    tried again (storage.writer), as no later attempt can succeed."""
+
+    permanent = True
+
+
+def driver_error(exc: BaseException) -> str:
+    """A database error in one line: the driver's own words (without the statement and the link
+    SQLAlchemy adds)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).splitlines()
+    return f"{orig.__class__.__name__}: {text[0] if text else ''}"
+
+
+def unreadable(exc: BaseException) -> bool:
+    """Whether a failed read says the store's file is damaged or the disk cannot read it (no
+    passing condition: reading again gives the same): a chunk or a row failing its checksum, a
+    page SQLite finds malformed or cannot read, a read the disk failed (EIO)."""
+    if isinstance(exc, (DamagedChunk, DamagedStore, rowsums.DamagedRow)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.EIO
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, sqlite3.Error):
+        cause = getattr(cause, "orig", None)  # (StorageError, then SQLAlchemy's, wrap the driver's)
+    return cause is not None and any(w in str(cause) for w in DAMAGE_WORDS)
 
 
 def check_chunk(key: tuple[int, int], start: int, payload: bytes, crc: int | None) -> None:
@@ -145,7 +180,7 @@ def read_partition(conn: Connection, queue_id: int, partition: int, budget: int 
             for r in _checked(conn, "ha_state", where, key):
                 st.applied = (r[11], r[12], r[13])
     except SQLAlchemyError as exc:
-        raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        raise StorageError(f"read failed: {driver_error(exc)}", orig=exc) from exc
     return st
 
 
@@ -155,7 +190,7 @@ def read_stored_end(conn: Connection, queue_id: int, partition: int) -> int:
             end = conn.exec_driver_sql("SELECT next_offset FROM partitions WHERE queue_id = ? AND partition = ?",
                                        (queue_id, partition)).scalar()
     except SQLAlchemyError as exc:
-        raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        raise StorageError(f"read failed: {driver_error(exc)}", orig=exc) from exc
     return int(end or 0)
 
 
@@ -165,7 +200,7 @@ def read_chunks(conn: Connection, queue_id: int, partition: int) -> list[tuple[i
             rows = conn.exec_driver_sql("SELECT start, count, length(payload) FROM chunks WHERE queue_id = ? "
                                         "AND partition = ? ORDER BY start", (queue_id, partition)).all()
     except SQLAlchemyError as exc:
-        raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        raise StorageError(f"read failed: {driver_error(exc)}", orig=exc) from exc
     return [(int(s), int(n), int(b)) for s, n, b in rows]
 
 
@@ -200,5 +235,5 @@ def read_messages(conn: Connection, queue_id: int, partition: int, offset: int, 
                     if hit is not None:
                         hit.dc = dc
     except SQLAlchemyError as exc:
-        raise StorageError(f"read failed: {exc}", orig=exc) from exc
+        raise StorageError(f"read failed: {driver_error(exc)}", orig=exc) from exc
     return out

@@ -27,8 +27,8 @@ def scrub_store(path: Path) -> StoreScrub:
     out = StoreScrub()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        out.damage = [f"store {path}: SQLite's quick_check: {row[0]}" for row in conn.execute("PRAGMA quick_check")
-                      if row[0] != "ok"]
+        out.damage = [f"store {path}: SQLite's quick_check: {'; '.join(row[0].splitlines())}"
+                      for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
         crc_column = "crc" if "crc" in _columns(conn, "chunks") else "NULL"  # (no build with checksums opened it)
         digests: dict[tuple[int, int], int] = {}
         for qid, p, start, count, payload, crc in conn.execute(

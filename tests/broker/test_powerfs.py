@@ -107,6 +107,62 @@ async def test_error_mode_fails_writes_and_fsyncs_with_eio(tmp_path: Path) -> No
             fs.command("fail-io sometimes")
 
 
+def _read_at(path: Path, offset: int, size: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)  # (a fresh open: FUSE drops the file's cached pages)
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+async def test_a_bad_sector_fails_the_reads_that_cover_it_until_written_whole(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        f = tmp_path / "m" / "data.seg"
+        content = bytes(range(256)) * 1024  # 512 sectors
+        f.write_bytes(content)
+        (tmp_path / "m" / "other").write_bytes(b"x" * 4096)
+        bad = fs.bad_sector(".seg", 7)
+        at = bad["offset"]
+        assert bad["path"] == "/data.seg" and at % 512 == 0 and 0 <= at < len(content)
+        assert bad == fs.bad_sector(".seg", 7) and fs.stats()["bad_sectors"] == [{"path": "/data.seg", "offset": at}]
+        for offset, size in ((at, 1), (at + 511, 1), (max(0, at - 100), 200)):
+            with pytest.raises(OSError) as e:
+                _read_at(f, offset, size)
+            assert e.value.errno == errno.EIO
+        if at >= 4096:  # (a read from before it ends short, before its page: the next read fails)
+            assert len(_read_at(f, 0, len(content))) <= at
+        with pytest.raises(OSError):
+            f.read_bytes()
+        far = 0 if at >= len(content) // 2 else len(content) - 4096  # (a page half the file away reads)
+        assert _read_at(f, far, 4096) == content[far:far + 4096]
+        assert (tmp_path / "m" / "other").read_bytes() == b"x" * 4096
+        fd = os.open(f, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"y" * 100, at)  # (part of the sector: still unreadable)
+            with pytest.raises(OSError):
+                _read_at(f, at, 1)
+            os.pwrite(fd, b"z" * 512, at)  # (all of it: remapped)
+        finally:
+            os.close(fd)
+        assert _read_at(f, at, 512) == b"z" * 512
+        st = fs.stats()
+        assert st["bad_sectors"] == [] and st["failed_reads"] >= 5
+        with pytest.raises(PowerFSError, match="no file ending with"):
+            fs.bad_sector(".nothing", 1)
+
+
+async def test_the_read_error_mode_fails_every_read(tmp_path: Path) -> None:
+    async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
+        (tmp_path / "m" / "f").write_bytes(b"data")
+        fs.fail_io("read")
+        with pytest.raises(OSError) as e:
+            _read_at(tmp_path / "m" / "f", 0, 4)
+        assert e.value.errno == errno.EIO
+        (tmp_path / "m" / "g").write_bytes(b"written")  # (writes go on)
+        fs.fail_io("off")
+        assert _read_at(tmp_path / "m" / "f", 0, 4) == b"data"
+
+
 async def test_the_lying_mode_answers_fsyncs_and_a_rollback_goes_back_past_them(tmp_path: Path) -> None:
     async with PowerFS(tmp_path / "b", tmp_path / "m") as fs:
         fd = os.open(tmp_path / "m" / "f", os.O_RDWR | os.O_CREAT, 0o644)

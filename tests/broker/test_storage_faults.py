@@ -1,8 +1,10 @@
-"""A single node (no group to repair from) whose store took damage at rest: it finds the damaged
-chunk or row, says where in one line, and does not start; it never serves what failed its check."""
+"""A single node (no group to repair from) whose store took damage at rest, or whose disk cannot
+read part of it: it finds the damaged chunk or row, or the page it cannot read, says where in one
+line, and does not start; it never serves what failed its check."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -11,9 +13,12 @@ import pytest
 import client
 from broker.config import NodeConfig
 from broker.node.node import Node
-from client.errors import StorageError
+from broker.tools.powerfs import PowerFS
+from broker.tools.powerfs_mount import fuse_missing
+from client.errors import StorageError, TandemError
 from tests.conftest import url_of
-from tests.storage.test_recovery import flip_stored_bit
+from tests.helpers import tandem
+from tests.storage.test_recovery import break_index_page, flip_stored_bit
 
 pytestmark = pytest.mark.asyncio
 
@@ -95,3 +100,96 @@ async def test_a_single_node_with_a_flipped_bit_in_a_partitions_or_meta_row_does
     assert f"tandem.db: {named.format(qid=qid)}" in text and "fails its checksum (crc)" in text, text
     assert "this node does not start" in text, text
 
+
+@pytest.mark.skipif(fuse_missing() is not None, reason=f"powerfs cannot run here: {fuse_missing()}")
+async def test_a_single_node_whose_disk_cannot_read_a_page_of_its_store_does_not_start(tmp_path: Path) -> None:
+    """A latent sector error (powerfs's bad-sector) in the store, found at start: one line naming
+    the store, what to do, and no start; ``tandem scrub`` names the page it cannot read."""
+    async with PowerFS(tmp_path / "backing", tmp_path / "disk") as fs:
+        data = tmp_path / "disk" / "node1"
+        n = Node(NodeConfig(data_dir=data, port=0))
+        await n.start()
+        try:
+            async with await client.connect(url_of(n)) as conn:
+                await conn.declare_queue("q")
+                p = conn.producer("q")
+                for i in range(100):
+                    await p.send(f"message {i}".encode() * 30)
+        finally:
+            await n.stop()
+        bad = fs.bad_sector("tandem.db", 3)
+        assert bad["offset"] >= 4096, bad  # (past the header page, among the rows: what the seed gives here)
+        again = Node(NodeConfig(data_dir=data, port=0))
+        with pytest.raises(StorageError) as err:
+            await again.start()
+        await again.stop()
+        text = err.value.message
+        assert "\n" not in text and f"cannot open store {data / 'tandem.db'}: DatabaseError: " in text, text
+        assert "the disk gave back damaged or unreadable pages" in text and "this node does not start" in text, text
+        code, out, err = await tandem("scrub", "--data-dir", str(data))
+        assert code == 1 and "unable to get the page" in out, (code, out, err)
+        assert fs.stats()["failed_reads"] > 0
+
+
+async def test_a_chunk_damaged_while_the_node_runs_is_never_delivered_and_stops_it(tmp_path: Path) -> None:
+    """A bit flipped in a chunk of the cold part of a backlog (read back from the store as the
+    consumers reach it) while the node runs: the read fails its checksum, the node stops (in a
+    group its replicas elect another active, which serves its own good copy) and says why in one
+    line; no consumer gets the damaged body, and the restart names the chunk."""
+    cfg = NodeConfig(data_dir=tmp_path / "node1", port=0, max_memory=1024 * 1024)
+    n = Node(cfg)
+    await n.start()
+    sent = [f"{i:05d} ".encode() * 170 for i in range(3000)]  # (about 3 MiB: most of it cold)
+    got: list[bytes] = []
+    try:
+        async with await client.connect(url_of(n)) as conn:
+            await conn.declare_queue("q")
+            p = conn.producer("q")
+            for i in range(0, len(sent), 100):
+                await asyncio.gather(*(p.send(b) for b in sent[i:i + 100]))
+        qid = n.catalogue.queues["q"].meta.id
+        assert n.catalogue.queues["q"].cold_count > 0
+        start = flip_stored_bit(tmp_path / "node1" / "tandem.db", qid, 0, last=True)  # (the newest chunk: cold)
+
+        async def consume() -> None:
+            async with await client.connect(url_of(n)) as conn:
+                async for m in conn.consumer("q", prefetch=200):
+                    got.append(m.body)
+                    await m.ack()
+
+        with pytest.raises(TandemError):  # (the node stopping under it; a node that went on would time out)
+            await asyncio.wait_for(consume(), 60)
+        await asyncio.wait_for(n.stopped.wait(), 30)
+    finally:
+        await n.stop()
+    assert got and set(got) <= set(sent) and len(got) < len(sent), len(got)
+    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0, max_memory=1024 * 1024))
+    with pytest.raises(StorageError) as err:
+        await again.start()
+    await again.stop()
+    assert f"the chunk of partition {qid}/0 from offset {start} (" in err.value.message, err.value.message
+
+
+async def test_a_write_the_damaged_store_refuses_stops_the_node(tmp_path: Path) -> None:
+    """A page of the store that SQLite finds malformed on a write (here the index of the producers'
+    positions, which opening does not read): the write is not retried, the node stops and says so
+    in one line; the publish it was for is not confirmed."""
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await n.start()
+    try:
+        async with await client.connect(url_of(n)) as conn:
+            await conn.declare_queue("q")
+            await conn.producer("q", producer_id="p1").send(b"one")
+    finally:
+        await n.stop()
+    break_index_page(tmp_path / "node1" / "tandem.db", "sqlite_autoindex_producers_1")
+    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await again.start()
+    try:
+        async with await client.connect_link(url_of(again)) as conn:
+            send = asyncio.ensure_future(conn.producer("q", producer_id="p1").send(b"two"))
+            await asyncio.wait_for(again.stopped.wait(), 30)
+            with pytest.raises(TandemError):  # (refused, or its link closed by the stop: never confirmed)
+                await asyncio.wait_for(send, 30)
+    finally:
+        await again.stop()

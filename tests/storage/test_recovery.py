@@ -11,14 +11,17 @@ import dataclasses
 import os
 import shutil
 import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from storage.base import Append, PutProducer, PutQueue, QueueMeta, Settle, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
-from storage.sqlite.reads import DamagedChunk
+from storage.sqlite.reads import DamagedChunk, DamagedStore, unreadable
+from storage.writer import GroupCommitWriter
 
 Q = QueueMeta(id=1, name="q", partitions=1, mapper="round_robin", ring_size=1, max_deliveries=0,
               dead_letter_queue=None, max_length=0)
@@ -234,13 +237,14 @@ def test_a_chunk_written_after_a_reset_in_the_same_batch_is_deleted_when_settled
     e.close()
 
 
-def flip_stored_bit(db: Path, queue_id: int, partition: int) -> int:
-    """One bit of a stored chunk's payload flipped at rest (its checksum left as written): the
-    chunk's start."""
-    conn = sqlite3.connect(db)
+def flip_stored_bit(db: Path, queue_id: int, partition: int, *, last: bool = False) -> int:
+    """One bit of a stored chunk's payload flipped at rest (its checksum left as written), in the
+    partition's second chunk (``last``: its newest): the chunk's start."""
+    conn = sqlite3.connect(db, timeout=30)  # (the node may be running: its writer may hold the lock a moment)
     try:
+        order = "start DESC LIMIT 1" if last else "start LIMIT 1 OFFSET 1"
         start, payload = conn.execute("SELECT start, payload FROM chunks WHERE queue_id = ? AND partition = ? "
-                                      "ORDER BY start LIMIT 1 OFFSET 1", (queue_id, partition)).fetchone()
+                                      f"ORDER BY {order}", (queue_id, partition)).fetchone()
         damaged = bytearray(payload)
         damaged[len(damaged) // 2] ^= 0x04
         conn.execute("UPDATE chunks SET payload = ? WHERE queue_id = ? AND partition = ? AND start = ?",
@@ -284,3 +288,50 @@ def test_a_chunk_written_without_a_checksum_is_read_unchecked(tmp_path: Path) ->
     rec = again.open()
     assert not rec.store_damage and len(rec.partitions[(1, 0)].messages) == 20
     again.close()
+
+
+def break_index_page(db: Path, index: str) -> None:
+    """The root page of ``index`` overwritten with 0xff (a misdirected write landing there, or
+    a page the disk gave back wrong), in a closed store: reading the tables needs no index page,
+    a write through that index finds it malformed."""
+    conn = sqlite3.connect(db)
+    try:
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)).fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    finally:
+        conn.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xff" * size)
+
+
+def test_a_write_the_damaged_file_refuses_is_never_tried_again(tmp_path: Path) -> None:
+    """SQLite finding a page malformed (or unreadable) on a write: DamagedStore, which the writer
+    does not retry; it tells its failure observers (the node stops on it) and the write's callback."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutProducer(1, 0, "p1", 1)], sync=True)
+    e.close()
+    break_index_page(tmp_path / "tandem.db", "sqlite_autoindex_producers_1")
+    e = SqliteEngine(tmp_path / "tandem.db")
+    assert e.open().partitions[(1, 0)].producers == {"p1": 1}
+    done: list[BaseException | None] = []
+    failures: list[BaseException] = []
+    cv = threading.Condition()
+
+    def notify(fn: Callable[[], None]) -> None:
+        with cv:
+            fn()
+            cv.notify_all()
+
+    writer = GroupCommitWriter(e, notify)
+    writer.failure_observers.append(failures.append)
+    try:
+        writer.submit([PutProducer(1, 0, "p1", 2)], sync=True, callback=done.append)
+        with cv:
+            assert cv.wait_for(lambda: done, timeout=30)
+    finally:
+        writer.close()
+        e.close()
+    assert isinstance(done[0], DamagedStore) and "database disk image is malformed" in str(done[0])
+    assert failures == done and unreadable(done[0]) and writer.stats.failed_commits == 1

@@ -13,7 +13,9 @@ import pytest
 from client.errors import StorageError
 from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncate, PutApplied, PutHardState, PutQueue
 from storage.base import QueueMeta
-from storage.segments import SegmentLog
+from broker.tools.powerfs import PowerFS
+from broker.tools.powerfs_mount import fuse_missing
+from storage.segments import SegmentLog, scan
 from storage.sqlite import SqliteEngine
 
 KIB = 1024
@@ -488,3 +490,29 @@ def test_an_fdatasync_that_fails_is_never_tried_again_on_that_file(tmp_path: Pat
     assert len(calls) == 1
     log.close()
     assert indexes(SegmentLog(tmp_path / "log").open()[(1, 0)])[:3] == [1, 2, 3]
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(fuse_missing() is not None, reason=f"powerfs cannot run here: {fuse_missing()}")
+async def test_a_segment_the_disk_cannot_read_to_its_end_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    """A latent sector error (powerfs's bad-sector) in the newest segment: opening reads up to it
+    and takes the rest as unreadable damage, never as a torn tail to cut off (the records past it
+    may be acknowledged entries); scan names it the same way."""
+    async with PowerFS(tmp_path / "backing", tmp_path / "disk") as fs:
+        log = SegmentLog(tmp_path / "disk" / "log")
+        log.open()
+        for i in range(1, 201):
+            log.write([append(1, 0, i, 1)], sync=False)
+        log.close()
+        seg = _newest(tmp_path / "disk" / "log")
+        size = seg.stat().st_size
+        bad = fs.bad_sector(".seg", 5)
+        again = SegmentLog(tmp_path / "disk" / "log")
+        assert again.open() == {}
+        [where] = again.damage
+        assert where.startswith(f"{seg} at byte ") and "(unreadable from byte " in where, where
+        assert "Input/output error" in where and int(where.split(" at byte ")[1].split()[0]) <= bad["offset"]
+        again.close()
+        assert seg.stat().st_size == size  # (not cut)
+        good, damage, torn = scan(tmp_path / "disk" / "log")
+        assert damage == [where] and torn == []
