@@ -122,9 +122,11 @@ class NodeStore:
         return recovered
 
     def damaged(self, why: str) -> None:
-        """The store's file is damaged or unreadable (``why``): said once, and the node told."""
-        log.critical("%s: the store is damaged or cannot be read: this node stops (in a group its replicas elect "
-                     "another active); tandem scrub --data-dir %s says what is damaged", why, self.data_path)
+        """The store's file is damaged, or its disk failed a read, a write or a sync (``why``):
+        said, and the node told."""
+        log.critical("%s: the store's file is damaged or its disk failed: this node stops (in a group its replicas "
+                     "elect another active); tandem scrub --data-dir %s says whether its file is damaged",
+                     why, self.data_path)
         if self.on_damage is not None:
             self.on_damage(why)
 

@@ -30,8 +30,10 @@ DAMAGE_WORDS = ("malformed", "disk I/O error", "not a database")
 
 
 class DamagedStore(StorageError):
-    """A write the store's file refused as damaged or unreadable (SQLite's words above): never
-    tried again (storage.writer), as no later attempt can succeed."""
+    """A write the store's file refused as damaged, or its disk failed (SQLite's words above: a
+    page malformed or unreadable, a failed read, write or sync): never tried again
+    (storage.writer). After a failed sync the kernel may have dropped what it could not write,
+    and a second try could say success."""
 
     permanent = True
 
