@@ -152,7 +152,7 @@ async def test_a_chunk_damaged_while_the_node_runs_is_never_delivered_and_stops_
         start = flip_stored_bit(tmp_path / "node1" / "tandem.db", qid, 0, last=True)  # (the newest chunk: cold)
 
         async def consume() -> None:
-            async with await client.connect(url_of(n)) as conn:
+            async with await client.connect_link(url_of(n)) as conn:  # (one link: the stop ends it)
                 async for m in conn.consumer("q", prefetch=200):
                     got.append(m.body)
                     await m.ack()
