@@ -79,7 +79,8 @@ FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_o
 	tests/integration/test_transactions.py \
 	tests/integration/test_consume_anywhere.py::test_a_member_on_an_older_build_relays_nothing_and_is_named_once \
 	tests/integration/test_storage_drill.py::test_bit_flips_at_rest_are_found_and_nothing_damaged_is_delivered \
-	tests/integration/test_storage_faults.py::test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_is_replaced_empty
+	tests/integration/test_storage_faults.py::test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_is_replaced_empty \
+	tests/broker/test_storage_faults.py::test_a_chunk_damaged_while_the_node_runs_is_never_delivered_and_stops_it
 RUNS ?= 20
 flaky: dev
 	@$(COMPILE)
