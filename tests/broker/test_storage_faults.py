@@ -23,6 +23,15 @@ from tests.storage.test_recovery import break_index_page, flip_stored_bit
 pytestmark = pytest.mark.asyncio
 
 
+async def refused_start(cfg: NodeConfig) -> str:
+    """What a node on ``cfg`` says as it refuses to start (StorageError)."""
+    again = Node(cfg)
+    with pytest.raises(StorageError) as err:
+        await again.start()
+    await again.stop()
+    return err.value.message
+
+
 async def test_a_single_node_with_a_flipped_bit_in_a_stored_body_does_not_start(tmp_path: Path) -> None:
     n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
     await n.start()
@@ -36,11 +45,7 @@ async def test_a_single_node_with_a_flipped_bit_in_a_stored_body_does_not_start(
     finally:
         await n.stop()
     start = flip_stored_bit(tmp_path / "node1" / "tandem.db", qid, 0)
-    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
-    with pytest.raises(StorageError) as err:
-        await again.start()
-    await again.stop()
-    text = err.value.message
+    text = await refused_start(NodeConfig(data_dir=tmp_path / "node1", port=0))
     assert f"tandem.db: the chunk of partition {qid}/0 from offset {start} (" in text, text
     assert "fails its checksum: damaged at rest" in text and "this node does not start" in text, text
 
@@ -58,11 +63,7 @@ async def test_a_single_node_with_a_flipped_bit_in_a_queues_row_does_not_start(t
     db.execute("UPDATE queues SET max_length = 36 WHERE name = 'q'")  # (100 with bit 6 flipped)
     db.commit()
     db.close()
-    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
-    with pytest.raises(StorageError) as err:
-        await again.start()
-    await again.stop()
-    text = err.value.message
+    text = await refused_start(NodeConfig(data_dir=tmp_path / "node1", port=0))
     assert "tandem.db: a row of queues (queue 'q' (id " in text and "fails its checksum (crc)" in text, text
     assert "this node does not start (the group cannot repair a catalogue row" in text, text
 
@@ -92,11 +93,7 @@ async def test_a_single_node_with_a_flipped_bit_in_a_partitions_or_meta_row_does
     assert db.execute(flip).rowcount >= 1
     db.commit()
     db.close()
-    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
-    with pytest.raises(StorageError) as err:
-        await again.start()
-    await again.stop()
-    text = err.value.message
+    text = await refused_start(NodeConfig(data_dir=tmp_path / "node1", port=0))
     assert f"tandem.db: {named.format(qid=qid)}" in text and "fails its checksum (crc)" in text, text
     assert "this node does not start" in text, text
 
@@ -119,11 +116,7 @@ async def test_a_single_node_whose_disk_cannot_read_a_page_of_its_store_does_not
             await n.stop()
         bad = fs.bad_sector("tandem.db", 3)
         assert bad["offset"] >= 4096, bad  # (past the header page, among the rows: what the seed gives here)
-        again = Node(NodeConfig(data_dir=data, port=0))
-        with pytest.raises(StorageError) as err:
-            await again.start()
-        await again.stop()
-        text = err.value.message
+        text = await refused_start(NodeConfig(data_dir=data, port=0))
         assert "\n" not in text and f"cannot open store {data / 'tandem.db'}: DatabaseError: " in text, text
         assert "the disk gave back damaged or unreadable pages" in text and "this node does not start" in text, text
         code, out, err = await tandem("scrub", "--data-dir", str(data))
@@ -163,11 +156,8 @@ async def test_a_chunk_damaged_while_the_node_runs_is_never_delivered_and_stops_
     finally:
         await n.stop()
     assert got and set(got) <= set(sent) and len(got) < len(sent), len(got)
-    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0, max_memory=1024 * 1024))
-    with pytest.raises(StorageError) as err:
-        await again.start()
-    await again.stop()
-    assert f"the chunk of partition {qid}/0 from offset {start} (" in err.value.message, err.value.message
+    message = await refused_start(NodeConfig(data_dir=tmp_path / "node1", port=0, max_memory=1024 * 1024))
+    assert f"the chunk of partition {qid}/0 from offset {start} (" in message, message
 
 
 async def test_a_write_the_damaged_store_refuses_stops_the_node(tmp_path: Path) -> None:
