@@ -23,7 +23,7 @@ from broker.messaging.mapper import dead_letter_partition
 from broker.messaging.message import Msg, Partition, encode_headers
 from broker.messaging.queues import Consumer, Queue, Recipient
 from client.clock import Clock
-from client.errors import AccessRefusedError, InvalidArgumentError, TandemError
+from client.errors import AccessRefusedError, InvalidArgumentError, ShuttingDownError, TandemError
 from client.protocol.frames import Delivery as DeliveryRecord
 from storage.base import Append, MarkDelivered, SetDeliveryCount, Settle, StoredMessage, WriteOp
 from storage.writer import Callback
@@ -151,6 +151,8 @@ class Delivery:
         wait = COLD_RETRY
         try:
             stored_end, stored = await self.node.read_cold(q, part.index, offset, limit)
+        except ShuttingDownError:
+            return  # (the node stops: its store could not be read, or it was stopping anyway)
         except (TandemError, OSError) as exc:
             log.warning("reading the backlog of %s/%d failed (%s): retrying in 1 s", q.name, part.index, exc)
             stored_end, stored, wait = 0, [], 1.0

@@ -44,7 +44,7 @@ from broker.security.users import UserRegistry
 from broker.sessions.session import Session
 from broker.sessions.status import NodeEvent
 from client.clock import Clock
-from client.errors import TandemError
+from client.errors import ShuttingDownError, TandemError
 from client.protocol.frames import Declare, PublishMessage, QueueInfo, StreamMessage
 from storage.base import PartitionState, Settle, StoredMessage, WriteOp
 from storage.sqlite.reads import unreadable
@@ -141,8 +141,10 @@ class Holding:
         try:
             return await self._store.read_cold(q, pidx, offset, limit)
         except (TandemError, OSError) as exc:
-            if unreadable(exc):  # (damage found while serving: the restart finds it and repairs it)
-                self._store.damaged(f"partition {q.meta.id}/{pidx}: reading its backlog failed ({exc})")
+            if unreadable(exc):  # (damage found while serving: the node stops)
+                why = f"partition {q.meta.id}/{pidx}: reading its backlog failed ({exc})"
+                self._store.damaged(why)
+                raise ShuttingDownError(f"{why}: this node stops") from exc
             raise
 
     async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
