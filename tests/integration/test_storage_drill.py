@@ -1,7 +1,7 @@
 """The storage fault drill in short form (broker/tools/drill/storefaults.py): a node killed, one
-bit flipped in a log record, one in a stored chunk and one in a producer's stored position, the
-node started again under load; it finds all three, catches up, and every message is checked byte
-for byte."""
+bit flipped in a log record, one in a stored chunk and one in a producer's stored position, a
+chunk row of another partition gone (a lost write to the store), the node started again under
+load; it finds all four, catches up, and every message is checked byte for byte."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ async def test_bit_flips_at_rest_are_found_and_nothing_damaged_is_delivered(tmp_
         rep["schedule"]
     assert "one bit in the stored chunk of partition" in rep["schedule"][0], rep["schedule"]
     assert "one bit in the stored position of producer" in rep["schedule"][0], rep["schedule"]
-    assert any(line.endswith("injected 3, detected 3 (the log (log-damaged event), the chunk (its log line), "
-                             "the producer's row (its log line))") for line in rep["schedule"]), rep["schedule"]
+    assert "a lost write to the store: the chunk row of partition" in rep["schedule"][0], rep["schedule"]
+    assert any(line.endswith("injected 4, detected 4 (the log (log-damaged event), the chunk (its log line), "
+                             "the producer's row (its log line), the lost chunk row (its log line))")
+               for line in rep["schedule"]), rep["schedule"]
     assert rep["sent"] == rep["confirmed"] + rep["failed_sends"]
     assert (rep["lost"], rep["duplicated"], rep["unexpected"]) == (0, 0, 0), rep
     assert rep["errors"] == [] and rep["passed"], rep

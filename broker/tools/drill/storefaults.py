@@ -5,9 +5,11 @@ from the group (docs/reliability.md, "Storage faults").
   store holds messages by then), then flip one bit
   in the payload of a log record that has records after it (in its newest segment: damage, not
   a torn tail), one in a stored chunk of messages and one in a producer's stored position (their
-  checksums left as written), at seeded random offsets; the heal starts it again.  The node must
-  find all three (its ``log-damaged`` status event, and its log's lines naming the chunk and the
-  row), catch up from the group, and no consumer may ever get a damaged body (the checker
+  checksums left as written), at seeded random offsets, and lose a write to its store: one chunk
+  row of another partition gone, as a page that kept its older rows leaves it (found by the
+  partition's digest of its chunks, feature level 10); the heal starts it again.  The node must
+  find all four (its ``log-damaged`` status event, and its log's lines naming the chunk, the
+  row and the partition), catch up from the group, and no consumer may ever get a damaged body (the checker
   compares every body byte for byte: a damaged one is *unexpected*) nor miss a message (a
   position read too high would drop its producer's next publishes as resends).  An injected
   fault the node did not find fails the run.
@@ -39,6 +41,7 @@ class BitFlip(Nemesis):
         self.node = ""
         self.chunk: tuple[int, int, int] | None = None  # (queue id, partition, start) of the damaged chunk
         self.row: str = ""  # how the node names the damaged producer row
+        self.lost: str = ""  # how the node names the partition that lost a chunk row
         self.log_damaged = False
 
     async def inject(self, ctx: FaultContext) -> str:
@@ -96,6 +99,18 @@ class BitFlip(Nemesis):
                 conn.commit()
                 self.row = f"a row of producers (partition {qid}/{p}, position of producer {pid}) fails its checksum"
                 said.append(f"one bit in the stored position of producer {pid} in partition {qid}/{p}")
+            # a lost write: a chunk row of a partition whose row keeps a digest, another one than the
+            # flipped chunk's where there is one
+            rows = conn.execute("SELECT c.queue_id, c.partition, c.start FROM chunks c JOIN partitions p "
+                                "ON p.queue_id = c.queue_id AND p.partition = c.partition "
+                                "WHERE p.digest IS NOT NULL ORDER BY 1, 2, 3").fetchall()
+            others = [r for r in rows if self.chunk is None or r[:2] != self.chunk[:2]]
+            if others or rows:
+                qid, p, start = ctx.rng.choice(others or rows)
+                conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
+                conn.commit()
+                self.lost = f"the chunks of partition {qid}/{p} are not those its row of partitions sums up"
+                said.append(f"a lost write to the store: the chunk row of partition {qid}/{p} from offset {start} gone")
         finally:
             conn.close()
         return ", ".join(said)
@@ -111,7 +126,7 @@ class BitFlip(Nemesis):
             ctx.failures.append(f"bit-flip {self.node}: {injected} damaged record(s) injected, {len(found)} found")
 
     def _injected(self) -> int:
-        return int(self.log_damaged) + int(self.chunk is not None) + int(bool(self.row))
+        return int(self.log_damaged) + int(self.chunk is not None) + int(bool(self.row)) + int(bool(self.lost))
 
     async def _found(self, ctx: FaultContext) -> list[str]:
         """The damage the restarted node reported detecting, within :data:`DETECT_WAIT`."""
@@ -131,6 +146,8 @@ class BitFlip(Nemesis):
                 found.append("the chunk (its log line)")
             if self.row and self.row in proc.log_text():
                 found.append("the producer's row (its log line)")
+            if self.lost and self.lost in proc.log_text():
+                found.append("the lost chunk row (its log line)")
             if len(found) == self._injected() or ctx.clock.monotonic() > deadline:
                 return found
             await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
