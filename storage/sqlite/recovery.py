@@ -104,17 +104,16 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
         "SELECT queue_id, partition, start, payload, crc FROM chunks ORDER BY queue_id, partition, start"
     ):
         key = (qid, p)
-        if key in rec.store_damage:
-            continue
         try:
             check_chunk(key, start, payload, crc)
         except DamagedChunk as exc:
             # none of the partition's messages are read: it is rebuilt from the group, or the node
-            # does not start (broker.node.recovery)
-            rec.store_damage[key] = f"store {path}: {exc.message}"
-            log.error("store %s: %s", path, exc.message)
+            # does not start (broker.node.recovery); every damaged chunk is named
+            damage(key, exc.message)
             fillers.pop(key, None)
             state(key).messages.clear()
+            continue
+        if key in rec.store_damage:
             continue
         filler = fillers.get(key)
         if filler is None:

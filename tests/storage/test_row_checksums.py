@@ -23,7 +23,7 @@ from storage.base import (AclRecord, Append, DropQueue, GrantAcl, LogCompact, Pu
 from storage.sqlite import SqliteEngine
 from storage.sqlite.rowsums import DIGEST_LEVEL, LEVEL, LEVEL_KEY, DamagedRow, row_crc
 from storage.sqlite.scrub import scrub_store
-from tests.storage.test_recovery import Q
+from tests.storage.test_recovery import Q, flip_stored_bit
 
 
 def _store(d: Path, level: int = LEVEL) -> Path:
@@ -332,3 +332,25 @@ def test_every_write_keeps_the_digest_of_the_chunks_it_leaves(tmp_path: Path) ->
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT count(*) FROM partitions WHERE digest IS NULL").fetchone()[0] == 0
     conn.close()
+
+
+def test_every_damaged_chunk_is_named_even_in_a_partition_already_damaged(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A partition whose digest no longer fits (found first) and which also holds a chunk failing
+    its checksum: both are logged, so an operator (or a drill) sees each fault."""
+    db = _store(tmp_path, DIGEST_LEVEL)
+    e = SqliteEngine(db)
+    e.open()
+    e.apply([Append(1, 0, [StoredMessage(10 + i, None, b"\x80", b"more", None, None, 0.0) for i in range(2)], 12)],
+            sync=True)
+    e.close()
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM chunks WHERE queue_id = 1 AND start = 10")
+    conn.commit()
+    conn.close()
+    start = flip_stored_bit(db, 1, 0, last=True)  # (the one chunk left)
+    e = SqliteEngine(db)
+    rec = e.open()
+    e.close()
+    assert list(rec.store_damage) == [(1, 0)] and "its digest" in rec.store_damage[(1, 0)]
+    assert f"the chunk of partition 1/0 from offset {start} (" in caplog.text, caplog.text
