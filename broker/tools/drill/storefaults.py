@@ -99,13 +99,14 @@ class BitFlip(Nemesis):
                 conn.commit()
                 self.row = f"a row of producers (partition {qid}/{p}, position of producer {pid}) fails its checksum"
                 said.append(f"one bit in the stored position of producer {pid} in partition {qid}/{p}")
-            # a lost write: a chunk row of a partition whose row keeps a digest, another one than the
-            # flipped chunk's where there is one
-            rows = conn.execute("SELECT c.queue_id, c.partition, c.start FROM chunks c JOIN partitions p "
-                                "ON p.queue_id = c.queue_id AND p.partition = c.partition "
-                                "WHERE p.digest IS NOT NULL ORDER BY 1, 2, 3").fetchall()
+            # a lost write: a chunk row of a partition whose row keeps a digest, never the flipped
+            # chunk (its loss would hide the flip), of another partition where there is one
+            rows = [r for r in conn.execute("SELECT c.queue_id, c.partition, c.start FROM chunks c JOIN partitions p "
+                                            "ON p.queue_id = c.queue_id AND p.partition = c.partition "
+                                            "WHERE p.digest IS NOT NULL ORDER BY 1, 2, 3").fetchall()
+                    if self.chunk is None or tuple(r) != self.chunk]
             others = [r for r in rows if self.chunk is None or r[:2] != self.chunk[:2]]
-            if others or rows:
+            if rows:
                 qid, p, start = ctx.rng.choice(others or rows)
                 conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
                 conn.commit()
