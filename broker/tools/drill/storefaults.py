@@ -6,10 +6,11 @@ from the group (docs/reliability.md, "Storage faults").
   in the payload of a log record that has records after it (in its newest segment: damage, not
   a torn tail), one in a stored chunk of messages and one in a producer's stored position (their
   checksums left as written), at seeded random offsets, and lose a write to its store: one chunk
-  row of another partition gone, as a page that kept its older rows leaves it (found by the
-  partition's digest of its chunks, feature level 10); the heal starts it again.  The node must
-  find all four (its ``log-damaged`` status event, and its log's lines naming the chunk, the
-  row and the partition), catch up from the group, and no consumer may ever get a damaged body (the checker
+  row gone, as a page that kept its older rows leaves it (found by the partition's digest of its
+  chunks, feature level 10), never the flipped chunk's, of another partition where there is one,
+  none when the store holds no other chunk; the heal starts it again.  The node must find each
+  (its ``log-damaged`` status event, and its log's lines naming the chunk, the row and the
+  partition), catch up from the group, and no consumer may ever get a damaged body (the checker
   compares every body byte for byte: a damaged one is *unexpected*) nor miss a message (a
   position read too high would drop its producer's next publishes as resends).  An injected
   fault the node did not find fails the run.
