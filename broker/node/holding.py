@@ -44,10 +44,8 @@ from broker.security.users import UserRegistry
 from broker.sessions.session import Session
 from broker.sessions.status import NodeEvent
 from client.clock import Clock
-from client.errors import ShuttingDownError, TandemError
 from client.protocol.frames import Declare, PublishMessage, QueueInfo, StreamMessage
 from storage.base import PartitionState, Settle, StoredMessage, WriteOp
-from storage.sqlite.reads import unreadable
 from storage.writer import Callback
 
 log = logging.getLogger("tandem.broker")
@@ -138,14 +136,7 @@ class Holding:
         await self._store.commit_ops(key, ops)
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
-        try:
-            return await self._store.read_cold(q, pidx, offset, limit)
-        except (TandemError, OSError) as exc:
-            if unreadable(exc):  # (damage found while serving: the node stops)
-                why = f"partition {q.meta.id}/{pidx}: reading its backlog failed ({exc})"
-                self._store.damaged(why)
-                raise ShuttingDownError(f"{why}: this node stops") from exc
-            raise
+        return await self._store.read_cold(q, pidx, offset, limit)
 
     async def declare(self, frame: Declare) -> tuple[QueueInfo, bool]:
         return await self.catalogue.declare(frame)

@@ -19,7 +19,7 @@ from broker.messaging.queues import Queue
 from broker.config import NodeConfig
 from broker.node.diskalarm import FULL_BELOW, DiskAlarm, free_bytes, full_disk_error
 from client.clock import Clock
-from client.errors import ShuttingDownError
+from client.errors import ShuttingDownError, StorageError
 from storage.base import Engine, Recovered, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
 from storage.sqlite.reads import unreadable
@@ -108,10 +108,9 @@ class NodeStore:
         self.engine.load_budget = self.config.max_memory
         recovered = await asyncio.to_thread(self.engine.open)
         self.open = True
-        self._writer = GroupCommitWriter(self.engine, asyncio.get_running_loop().call_soon_threadsafe,
-                                         clock=self.clock)
-        self._writer.commit_observers = self.commit_observers
         loop = asyncio.get_running_loop()
+        self._writer = GroupCommitWriter(self.engine, loop.call_soon_threadsafe, clock=self.clock)
+        self._writer.commit_observers = self.commit_observers
 
         def failed(err: BaseException) -> None:  # (on the writer thread)
             if unreadable(err):
@@ -152,7 +151,9 @@ class NodeStore:
         await fut
 
     async def read_cold(self, q: Queue, pidx: int, offset: int, limit: int) -> tuple[int, list[StoredMessage]]:
-        """The store's log end of the partition, then up to ``limit`` messages from ``offset``."""
+        """The store's log end of the partition, then up to ``limit`` messages from ``offset``. A
+        read that finds the store's file damaged or unreadable stops the node (:meth:`damaged`;
+        ShuttingDownError)."""
         engine = self.engine
 
         def read() -> tuple[int, list[StoredMessage]]:
@@ -160,7 +161,14 @@ class NodeStore:
             end = engine.stored_end(q.meta.id, pidx)
             return end, engine.read(q.meta.id, pidx, offset, limit)
 
-        return await asyncio.to_thread(read)
+        try:
+            return await asyncio.to_thread(read)
+        except (StorageError, OSError) as exc:
+            if not unreadable(exc):
+                raise
+            why = f"partition {q.meta.id}/{pidx}: reading its backlog failed ({exc})"
+            self.damaged(why)
+            raise ShuttingDownError(f"{why}: this node stops") from exc
 
     async def close(self) -> None:
         """Drain the writer and close the engine (in shared mode, nothing to do on a passive

@@ -23,12 +23,12 @@ A lost write (``lose-write SUFFIX``): the next write to a file whose name ends w
 answers success and leaves the bytes it covers as they were (zeros past the file's end: the
 file's size says it was written, as a file system's metadata would), once; later writes land.
 ``lose-write off`` disarms one not made yet.
+A misdirected write (``misdirect-write SUFFIX SEED``): the same, and its bytes land instead
+some sectors earlier in the file (a number drawn from ``SEED``), over what was there.
 A latent sector error (``bad-sector SUFFIX SEED``): one sector of a file whose name ends with
 ``SUFFIX`` (the file and the sector drawn from ``SEED``) fails every read that covers it with EIO,
 until a write covers it whole (a disk remaps a sector on write). ``fail-io read`` fails every
 read.
-A misdirected write (``misdirect-write SUFFIX SEED``): the same, and its bytes land instead
-some sectors earlier in the file (a number drawn from ``SEED``), over what was there.
 
 The backing files are never fsynced themselves: powerfs's own journal is the model of the
 disk.  Writes through a shared ``mmap`` (SQLite's ``-shm``) reach powerfs when the kernel
@@ -38,8 +38,9 @@ Control: one request line on the abstract Unix socket ``NAME`` (``--control``), 
 back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
 each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
 its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``,
-``misdirect-write SUFFIX SEED``, ``bad-sector SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied about, bytes rolled back, the
-writes lost or misdirected: file, offset, length, and where a misdirected one landed).
+``misdirect-write SUFFIX SEED``, ``bad-sector SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied
+about, bytes rolled back, the writes lost or misdirected: file, offset, length, and where a
+misdirected one landed; reads failed; the bad sectors).
 :class:`PowerFS` mounts, commands and unmounts it from Python, with deadlines, and always
 leaves no mount behind.
 """

@@ -35,7 +35,8 @@ from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
 from storage.sqlite import rowsums
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
-from storage.sqlite.reads import DAMAGE_WORDS, DamagedStore, driver_error, read_chunks, read_messages, read_partition, read_stored_end
+from storage.sqlite.reads import (DamagedStore, driver_error, read_chunks, read_messages, read_partition,
+                                  read_stored_end, unreadable)
 from storage.sqlite.recovery import load, replay_log
 from storage.sqlite.schema import Key, create_schema
 
@@ -46,7 +47,7 @@ def _opening_error(exc: SQLAlchemyError, path: Path) -> str:
     """Why opening failed, in one line, and what to do when the disk gave back damaged or
     unreadable pages."""
     why = driver_error(exc)
-    if any(w in why for w in DAMAGE_WORDS):
+    if unreadable(exc):
         why += (f" (the disk gave back damaged or unreadable pages: tandem scrub --data-dir {path.parent} says "
                 f"what it can read; this node does not start: restore its data directory, or take it out of its "
                 f"group and add it back on an empty one, docs/operations.md#remove-a-member)")
@@ -290,7 +291,7 @@ class SqliteEngine:
                 raise
         except (SQLAlchemyError, sqlite3.Error) as exc:
             self._recover_index(conn)
-            failed = DamagedStore if any(w in str(exc) for w in DAMAGE_WORDS) else StorageError
+            failed = DamagedStore if unreadable(exc) else StorageError
             raise failed(f"write failed: {exc.__class__.__name__}: {exc}", orig=exc) from exc
         except BaseException:
             self._recover_index(conn)

@@ -47,9 +47,9 @@ def driver_error(exc: BaseException) -> str:
 
 
 def unreadable(exc: BaseException) -> bool:
-    """Whether a failed read says the store's file is damaged or the disk cannot read it (no
-    passing condition: reading again gives the same): a chunk or a row failing its checksum, a
-    page SQLite finds malformed or cannot read, a read the disk failed (EIO)."""
+    """Whether a failed read, write or open says the store's file is damaged or its disk failed
+    (no passing condition: trying again gives the same): a chunk or a row failing its checksum, a
+    page SQLite finds malformed or cannot read, a failed sync, a read the disk failed (EIO)."""
     if isinstance(exc, (DamagedChunk, DamagedStore, rowsums.DamagedRow)):
         return True
     if isinstance(exc, OSError):

@@ -24,8 +24,8 @@ What a damaged row means depends on what it holds (:data:`CHECKED`):
 * the store's ``meta`` rows (its schema version, the group's feature level, the highest queue
   id, the group's settings kept there) stop the node's start, naming the row.
 
-The rows of :data:`LEVELLED` carry checksums once the store's group is at feature level
-:data:`LEVEL` (ha.upgrade.LEVELS): a member of an older build updates a row without its
+The other rows carry checksums once the store's group is at feature level :data:`LEVEL`
+(ha.upgrade.LEVELS): a member of an older build updates a row without its
 checksum, so until no member can run one, rows are written with NULL there (unchecked), as such
 a build writes them. The rows of ``partitions`` and ``meta`` carry theirs always: a trigger in
 the store (storage.sqlite.schema.TRIGGERS) clears the checksum of a row whose values an older
@@ -72,8 +72,6 @@ CHECKED: dict[str, dict[str, tuple[str, ...]]] = {
 }
 #: the feature level from which each partition's row of ``partitions`` keeps the digest of its chunks
 DIGEST_LEVEL = 10
-#: the tables whose checksums are written from :data:`LEVEL` on (the others': always)
-LEVELLED = ("settled", "counts", "producers", "queues", "users", "acls", "ha_state")
 
 _PAIR = struct.Struct("<qq")
 
