@@ -506,6 +506,7 @@ class LogState:
     #: the node's log was found damaged (``Recovered.log_damage``): it catches up from an active
     #: before it votes or stands
     damaged: bool = False
+    marked: bool = False  #: the store marks it under repair, since an earlier start (storage.segments.REPAIR_KEY)
     #: the partition's stored messages failed their checksum (``Recovered.store_damage``): where
     store_damage: str = ""
 

@@ -46,6 +46,7 @@ from storage.base import (
     WriteOp,
 )
 from storage.budget import message_cost
+from storage.segments import repair_key
 
 Key = tuple[int, int]
 
@@ -96,10 +97,14 @@ class MemoryEngine:
             rec.logs = copy.deepcopy(d.logs)
             if d.log_damage:
                 rec.log_damage = list(d.log_damage)
-                for st in rec.logs.values():
+                for key, st in rec.logs.items():
                     st.entries, st.damaged = [], True
                     if st.applied[0] > st.snapshot[0]:
                         st.snapshot = st.applied  # (the store is its own snapshot)
+            for key, st in rec.logs.items():
+                st.marked = rec.meta.get(repair_key(key)) == "1"
+                if st.damaged:
+                    d.meta[repair_key(key)] = "1"
         self._open = True
         return rec
 

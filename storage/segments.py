@@ -62,6 +62,11 @@ log = logging.getLogger("tandem.storage")
 Key = tuple[int, int]
 
 SEGMENT_BYTES = 64 * 1024 * 1024
+#: the store's mark (``meta``, value "1") of a partition under repair: its log was found damaged,
+#: or its copy started over, and it neither votes nor stands until an active has caught it up.
+#: Kept until then, so a restart mid-repair (the damaged segments already set aside) still knows
+#: it may have acknowledged entries it no longer holds.
+REPAIR_KEY = "repairing."
 _HEADER = struct.Struct("<II")
 _SUFFIX = ".seg"
 
@@ -73,6 +78,10 @@ class _Segment:
     size: int = 0
     #: per partition, the highest index of an entry in this segment not since truncated
     tops: dict[Key, int] = field(default_factory=dict)
+
+
+def repair_key(key: Key) -> str:
+    return f"{REPAIR_KEY}{key[0]}.{key[1]}"
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

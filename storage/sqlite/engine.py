@@ -27,11 +27,12 @@ from storage.base import (
     LogCompact,
     LogTruncate,
     PartitionState,
+    PutMeta,
     Recovered,
     StoredMessage,
     WriteOp,
 )
-from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir
+from storage.segments import SEGMENT_BYTES, SegmentLog, fsync_dir, make_dir, repair_key
 from storage.sqlite import rowsums
 from storage.sqlite.apply import Driver, OpApplier
 from storage.sqlite.checkpoints import Checkpointer
@@ -134,6 +135,7 @@ class SqliteEngine:
             recovered = load(self._writer, self.path, self._applier, self.load_budget)
             self._writer.rollback()  # end the read transaction autobegun by load
             replay_log(self.log, self._raw(self._writer), recovered, self.path)
+            self._mark_repairs(recovered)
             self._pending_snaps = {key: st.snapshot[0] for key, st in recovered.logs.items()}
             self._make_durable()
             if new:
@@ -315,6 +317,14 @@ class SqliteEngine:
             # Without a trustworthy index, compaction could delete live chunks: stop writing.
             self._broken = f"{exc.__class__.__name__}: {exc}"
             log.error("store index reload failed; refusing further writes: %s", self._broken)
+
+    def _mark_repairs(self, rec: Recovered) -> None:
+        """The partitions a damaged log leaves under repair are marked so in the store, durably,
+        before the damaged segments go aside (storage.segments.REPAIR_KEY)."""
+        marks: list[WriteOp] = [PutMeta(repair_key(key), "1") for key, st in rec.logs.items()
+                                if st.damaged and not st.marked]
+        if marks and self._writer is not None:
+            self._commit_store(self._writer, marks, True)
 
     def set_aside_log(self) -> None:
         """The node goes on without the damaged log :meth:`open` found (Recovered.log_damage):

@@ -23,7 +23,7 @@ from storage.base import (
     AclRecord,
 )
 from storage.budget import memory_share
-from storage.segments import SegmentLog
+from storage.segments import SegmentLog, repair_key
 from storage.sqlite import rowsums
 from storage.sqlite.apply import OpApplier
 from storage.sqlite.reads import DamagedChunk, PartitionFiller, check_chunk
@@ -199,6 +199,8 @@ def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, pa
         rec.log_damage = list(segments.damage)
         for st in rec.logs.values():
             st.damaged = True
+    for key, st in rec.logs.items():
+        st.marked = rec.meta.get(repair_key(key)) == "1"
 
 
 def usable(key: Key, st: LogState, entries: list[LogRecord]) -> list[LogRecord]:

@@ -15,6 +15,7 @@ from broker.modes.replicated.events import REPAIR_WAIT, HaEvent
 from client.errors import StorageError
 from client.protocol.frames import PublishMessage
 from ha.messages import Ready
+from storage.segments import repair_key
 from tests.harness.group import Group
 from tests.harness.replication import active, declared_with_active
 from tests.harness.sessions import Reader
@@ -59,6 +60,34 @@ async def test_a_replica_with_a_damaged_log_catches_up_before_it_votes_and_nothi
         await g.run_for(1.0)
         await reader.step()
         assert check(bodies, reader.got) == (0, 0, 0)
+
+
+async def test_a_repair_a_restart_cut_short_goes_on_after_it(tmp_path: Path) -> None:
+    """The damaged segments go aside at start: a member stopped before an active caught it up
+    still neither votes nor stands when it comes back (the store's mark of the repair), and
+    the mark goes once it has caught up."""
+    async with Group(tmp_path) as g:
+        await g.start()
+        key, first = await declared_with_active(g, "q")
+        await publish_all(g, first, "q", [f"m{i}".encode() for i in range(20)])
+        names = [m.name for m in g.alive()]
+        damaged = next(n for n in names if n != first.name)
+        for name in names:
+            await g.stop(name)
+        g[damaged].disk.log_damage = [DAMAGE]
+        mark = repair_key(key)
+        await g.start(damaged, wait=False)
+        assert g[damaged].disk.log_damage == [] and g[damaged].disk.meta[mark] == "1"
+        assert replica_of(g, damaged, key).recovering
+        await g.stop(damaged)  # (no active came: nothing was repaired)
+        await g.start(damaged, wait=False)
+        assert replica_of(g, damaged, key).recovering  # (no damage found now: the mark says it)
+        await g.start(*(n for n in names if n != damaged), wait=False)
+        await g.until(lambda: not replica_of(g, damaged, key).recovering, 30.0, what=f"{damaged} caught up")
+        await g.until(lambda: g[damaged].disk.meta[mark] == "0", 10.0, what="the mark gone")
+        await g.stop(damaged)
+        await g.start(damaged, wait=False)
+        assert not replica_of(g, damaged, key).recovering
 
 
 async def test_a_group_of_one_with_a_damaged_log_does_not_start(tmp_path: Path) -> None:

@@ -404,6 +404,28 @@ def test_a_hole_or_an_older_term_ends_the_usable_log(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_damaged_log_marks_every_partition_under_repair_in_the_store_at_open(tmp_path: Path) -> None:
+    """The mark is on disk before the damaged segments can go aside: a restart after that
+    still knows these partitions are under repair (broker.modes.replicated.reconcile)."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutHardState(1, 0, 2, "n1", 0), PutHardState(1, 1, 2, "n1", 0)], sync=True)
+    for i in range(1, 41, 4):
+        e.log.write([append(1, 0, i, 4, term=2), append(1, 1, i, 4, term=2)], sync=False)
+    e.close()
+    seg = _newest(tmp_path / "tandem.db-log")
+    _flip(seg, seg.stat().st_size // 2)
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert rec.log_damage and all(st.damaged and not st.marked for st in rec.logs.values())
+    again.close()  # (stopped before a write set the segments aside)
+    third = SqliteEngine(tmp_path / "tandem.db")
+    rec = third.open()
+    assert {key for key, st in rec.logs.items() if st.marked} == {(1, 0), (1, 1)}
+    assert rec.meta["repairing.1.0"] == "1"
+    third.close()
+
+
 def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) -> None:
     """A queue id can come back (a node that caught up through a catalogue snapshot does not
     know the ids used meanwhile): the entries of the new queue are not the deleted one's."""

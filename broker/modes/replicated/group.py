@@ -311,7 +311,7 @@ class Replication:
             if now >= pins_at:
                 pins_at = now + UNPIN_EVERY
                 self._unpin_segments()
-                self.event_log.watch_repairs(self.logs.values(), now)
+                self.reconciler.watch_repairs(now)
             # Round by round, but early for an election timer due before the next round: two
             # replicas whose random timers differ by 20 ms must not bid in the same round, or
             # they split the vote again.  (A timer a message sets, as a refusal's early stand,

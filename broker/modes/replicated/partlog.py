@@ -102,6 +102,9 @@ class PartLog:
     alive_at: float = -1e18  # when this replica last sent the active an Alive (keep-alive)
     replied_at: float = -1e18  # when this replica's messages last went out (keep-alive)
     write_seq: int = 0
+    #: under repair, marked so in the store (storage.segments.REPAIR_KEY) until the core has caught
+    #: up (``replica.recovering`` False) and the mark's removal is written
+    repairing: bool = False
     #: when this node, as the active, appended its entries (replication lag in seconds)
     appended_at: AppendTimes = field(default_factory=lambda: AppendTimes())
 

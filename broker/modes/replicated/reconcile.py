@@ -41,6 +41,7 @@ from ha.confchange import MembershipRefused
 from ha.replica import Replica, ReplicaConfig, Role
 from storage.base import (LogCompact, LogState, LogTruncate, PutApplied, PutHardState, PutMeta, QueueMeta,
                           ResetPartition, WriteOp)
+from storage.segments import repair_key
 
 log = logging.getLogger("tandem.ha")
 
@@ -85,7 +86,7 @@ def _emptied(key: Key, term: int, voted_for: str | None, members: Members | None
     nothing, its term kept, its members (as of its empty snapshot) ``members`` (None: as stored)."""
     return [ResetPartition(*key), LogTruncate(key[0], key[1], 0), LogCompact(key[0], key[1], 0, 0, ""),
             PutApplied(key[0], key[1], 0, 0, ""), PutHardState(key[0], key[1], term, voted_for, 0),
-            *([members_meta(key, members)] if members is not None else [])]
+            PutMeta(repair_key(key), "1"), *([members_meta(key, members)] if members is not None else [])]
 
 
 def streaming_key(key: Key) -> str:
@@ -208,7 +209,8 @@ class Reconciler:
             # acknowledged before the stream is gone)
             log.warning("partition %d/%d: a streamed snapshot was cut short by a stop: starting the partition "
                         "over (the active sends it again)", key[0], key[1])
-            self._writer.submit([ResetPartition(*key), PutMeta(streaming_key(key), "0")], sync=True)
+            self._writer.submit([ResetPartition(*key), PutMeta(streaming_key(key), "0"), PutMeta(repair_key(key), "1")],
+                                sync=True)
             self._half_streamed.discard(streaming_key(key))
             st = LogState(term=st.term, voted_for=st.voted_for)
         if key == CATALOGUE:
@@ -243,6 +245,12 @@ class Reconciler:
                     f"{what}, and partition {key[0]}/{key[1]} has no other voter to repair it from: this node does "
                     f"not start (restore its data directory from a backup: docs/reliability.md)")
             recovering = True  # (its store is its snapshot; an active brings the rest: storage.segments)
+        elif st.marked and config.voters == (self.me,):
+            log.warning("partition %d/%d: its repair was not finished, and it has no other voter now: it goes on "
+                        "from what this node holds", key[0], key[1])
+            self._writer.submit([PutMeta(repair_key(key), "0")], sync=True)
+        elif st.marked:
+            recovering = True  # (a repair a stop cut short: what it acknowledged may not all be here yet)
         if st.store_damage:
             # the store's copy is damaged: the partition starts over empty, and its active sends it all
             log.warning("partition %d/%d: %s: starting it over from its active (repair)", key[0], key[1],
@@ -251,6 +259,7 @@ class Reconciler:
             st = LogState(term=st.term, voted_for=st.voted_for)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
                         now=self.clock.monotonic(), recovering=recovering)
+        plog.repairing = recovering  # (the store's mark is written: by the store's open, or above)
         self._roles.start_lifecycle(plog)
         self.logs[key] = plog
         if self._stands():
@@ -344,7 +353,7 @@ class Reconciler:
         self._writer.submit(_emptied(key, r.term, r.voted_for, r.members) + (extra or []), sync=True)
         replica = Replica(self.config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
                           now=self.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
-        new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for))
+        new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for), repairing=True)
         self._roles.start_lifecycle(new)
         self.logs[key] = new
         return new
@@ -387,6 +396,25 @@ class Reconciler:
             if nxt is not None:
                 self._change_members(plog, nxt, "move", f"partition {plog.name}: move to "
                                                         f"{','.join(plog.nodes.nodes)}: members")
+
+    def watch_repairs(self, now: float) -> None:
+        """The partitions whose repair is over (their core caught up) lose the store's mark of
+        it: written once everything submitted before, the entries that caught it up among
+        them, is on disk (the store commits before the log in one batch, so a mark's removal
+        submitted with them could reach the disk first).  Then the events' watch of the
+        partitions still waiting for an active."""
+        for plog in self.logs.values():
+            if plog.repairing and not plog.replica.recovering:
+                plog.repairing = False
+                key = plog.key
+
+                def written(err: BaseException | None, key: Key = key) -> None:
+                    now_open = self.logs.get(key)
+                    if err is None and (now_open is None or not now_open.repairing):  # (not started over since)
+                        self._writer.submit([PutMeta(repair_key(key), "0")], sync=False)
+
+                self._writer.submit([PutMeta(repair_key(key), "1")], sync=True, callback=written)
+        self._events.watch_repairs(self.logs.values(), now)
 
     def reconcile_catalogue(self, target: Members, now: float) -> None:
         """On the catalogue's active: its log's members toward the group's (one change at a
