@@ -72,7 +72,8 @@ class MemoryDisk:
     logs: dict[Key, LogState] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: damage the replication log took at rest, found at the next open as the SQLite engine's
-    #: segments find theirs (storage.segments): none of the log is read (set_aside_log clears it)
+    #: segments find theirs (storage.segments), as damage that may have touched every partition:
+    #: none of the log is read (set_aside_log clears it)
     log_damage: list[str] = field(default_factory=list)
 
 

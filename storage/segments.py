@@ -10,12 +10,16 @@ is what an append-only file is for.
 Layout: ``<dir>/<seq>.seg``, ``seq`` rising.  Each record is ``<u32 length><u32 crc32>``
 then ``length`` bytes of msgpack:
 
-* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit]``: entries
-  (a later record of the same index replaces the earlier one); ``commit``, left out when
-  0, is the writer's commit index then: a watermark of what it knew committed (a build
-  that does not know it reads the record without it);
-* ``["T", queue_id, partition, from_index]``: entries from ``from_index`` on are gone;
-* ``["X", queue_id]``: the queue was deleted, with every entry of its partitions before it.
+* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq]``: entries
+  (a later record of the same index replaces the earlier one); ``commit`` is the writer's
+  commit index then: a watermark of what it knew committed;
+* ``["T", queue_id, partition, from_index, seq]``: entries from ``from_index`` on are gone;
+* ``["X", queue_id, seq]``: the queue was deleted, with every entry of its partitions before it.
+
+``seq`` numbers the records one by one, in the order they were written, across segments (a
+record of an older build has none, nor ``commit`` where it was 0; a build that does not know
+the trailing fields reads the record without them).  It is what says which records damage
+took: the numbers missing between those read (:attr:`SegmentLog.lost_upto`).
 
 Durability: :meth:`SegmentLog.write` with ``sync`` fdatasyncs the segment; a segment is
 fsynced when the next one starts, and a new segment's directory entry is fsynced.  So what
@@ -25,10 +29,12 @@ Raft rules do not allow).  Opening scans every segment in order.  A torn or corr
 with nothing readable after it, at the end of the newest segment, is a write the crash cut
 short: cut off there.  Anywhere else, a record that fails its length or checksum is *damage*
 (a bit flipped at rest, a lost or misdirected write), and so is a segment the disk cannot read
-to its end (a latent sector error): nothing of the log is used
-(:attr:`SegmentLog.damage` says where), and the node catches its partitions up from the
-group's actives; :meth:`SegmentLog.set_aside` then moves the segments out of the way, kept
-for a look (broker.modes.replicated: docs/reliability.md, "Storage faults").
+to its end (a latent sector error), or records whose numbers go back (a misdirected write that
+kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after damage
+are read on, and replayed in the order of their numbers.  A partition keeps its entries only
+where the damage cannot have taken any it still needs (:meth:`SegmentLog.intact`); the others
+catch up from the group's actives (storage.sqlite.recovery).  :meth:`SegmentLog.set_aside`
+then moves the segments out of the way, kept for a look (docs/reliability.md, "Storage faults").
 
 Space: the store (SQLite) keeps each partition's compaction point (``LogCompact``).  The
 oldest segment is deleted once every entry in it is at or below its partition's point as
@@ -125,12 +131,13 @@ def read_segment(path: Path) -> tuple[bytes, str | None]:
         os.close(fd)
 
 
-def records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
+def records(data: bytes, last: bool, *, resume: bool = False
+            ) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
     """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
     None), up to the first that fails its length or checksum, given as (offset, b"", (what,
     why it is damage)): why None for a torn tail (nothing readable after it, in the newest
     segment), else ", a readable record at byte N after it" or ", in a segment that is not the
-    newest"."""
+    newest".  ``resume``: on from that readable record after damage, to the end."""
     pos = 0
     while pos < len(data):
         bad = None
@@ -150,7 +157,10 @@ def records(data: bytes, last: bool) -> Iterator[tuple[int, bytes, tuple[str, st
             why = (f", a readable record at byte {after} after it" if after is not None
                    else None if last else ", in a segment that is not the newest")
             yield pos, b"", (bad, why)
-            return
+            if not resume or after is None:
+                return
+            pos = after
+            continue
         yield pos, body, None
         pos += _HEADER.size + length
 
@@ -196,9 +206,40 @@ def _next_record(data: bytes, start: int) -> int | None:
     return None
 
 
-def _record(item: list[Any]) -> bytes:
-    payload = msgpack.packb(item, use_bin_type=True)
+def _lost_upto(numbers: list[int | None], damaged_at: list[int]) -> int | None:
+    """The highest record number damage may have taken, given the numbers of the records read
+    in the order they lie in the files, and how many had been read at each damage: the
+    numbers missing between them; every number read, where damage lies after the last record
+    read or no number is missing (nothing is then known whole); None where a record carries
+    no number or one twice (the numbers say nothing)."""
+    if not numbers or any(n is None for n in numbers):
+        return None
+    ns = sorted(n for n in numbers if n is not None)
+    if any(b == a for a, b in zip(ns, ns[1:])):
+        return None
+    lost = ns[0] - 1 if 0 in damaged_at else 0  # (damage before the first record read)
+    for a, b in zip(ns, ns[1:]):
+        if b > a + 1:
+            lost = b - 1
+    if len(numbers) in damaged_at or not lost:
+        return ns[-1]
+    return lost
+
+
+def _record(item: list[Any], seq: int) -> bytes:
+    if item[0] == "A" and len(item) == 4:
+        item = [*item, 0]  # (the commit watermark's place, before the number)
+    payload = msgpack.packb([*item, seq], use_bin_type=True)
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+_SEQ_AT = {"A": 5, "T": 4, "X": 2}
+
+
+def seq_of(rec: list[Any]) -> int | None:
+    """A record's number (module doc), or None for a record an older build wrote."""
+    at = _SEQ_AT.get(rec[0], len(rec))
+    return rec[at] if len(rec) > at else None
 
 
 class SegmentLog:
@@ -218,26 +259,50 @@ class SegmentLog:
         #: per partition, the highest commit watermark replayed (``A`` records), capped by
         #: later truncations
         self.commits: dict[Key, int] = {}
-        #: where :meth:`open` found damage ("<segment> at byte N (what)"); then it replays nothing
+        #: where :meth:`open` found damage ("<segment> at byte N (what)")
         self.damage: list[str] = []
+        #: after damage, the highest record number it may have taken (module doc); None: unknown
+        #: (a record an older build wrote was read), so no partition's entries are :meth:`intact`
+        self.lost_upto: int | None = None
+        self._next_seq = 1
+        self._entry_seq: dict[Key, dict[int, int]] = {}  # after damage: index -> its record's number
+        #: per partition, its last ``A`` or ``T`` record's number (0: none) and the log's last index
+        #: after that record (an append's highest index; a truncation's first, less one)
+        self._tail: dict[Key, tuple[int, int]] = {}
+        self._sweep_at = 0  # the record number at which :meth:`sweep` looks again
         self._sync_failed: str | None = None  # (sync)
 
     # -- open: replay --------------------------------------------------------------------
 
     def open(self) -> dict[Key, list[LogRecord]]:
-        """Scan the segments; every partition's entries, in index order."""
+        """Scan the segments; every partition's entries, in index order (after damage, what was
+        read: :meth:`intact` says which partitions' entries are whole)."""
         make_dir(self.dir)
         seqs = sorted(int(p.stem) for p in self.dir.glob(f"*{_SUFFIX}") if p.stem.isdigit())
-        entries: dict[Key, dict[int, LogRecord]] = {}
+        found: list[tuple[int | None, _Segment, list[Any]]] = []
+        damaged_at: list[int] = []  # how many records were read before each damage
         for n, seq in enumerate(seqs):
             seg = _Segment(seq, self._path(seq))
-            self._replay(seg, entries, last=n == len(seqs) - 1)
+            self._read(seg, found, damaged_at, last=n == len(seqs) - 1)
             self._segments.append(seg)
+        numbers = [f[0] for f in found]
+        known = [n for n in numbers if n is not None]
+        back = next((i for i in range(1, len(known)) if known[i] <= known[i - 1]), None)
+        if back is not None:
+            self.damage.append(f"{self.dir}: record {known[back]} after record {known[back - 1]} (records out of "
+                               f"order: a misdirected write)")
+        self._next_seq = max(known, default=0) + 1
+        entries: dict[Key, dict[int, LogRecord]] = {}
         if self.damage:
-            log.error("replication log %s is damaged: %s; none of it is used", self.dir, "; ".join(self.damage))
-            self.commits.clear()
+            self.lost_upto = _lost_upto(numbers, damaged_at)
+            if self.lost_upto is not None:
+                found.sort(key=lambda f: f[0] or 0)  # (the order they were written in)
+        for number, seg, rec in found:
+            self._apply_record(seg, rec, entries, number, track=bool(self.damage))
+        if self.damage:
+            log.error("replication log %s is damaged: %s", self.dir, "; ".join(self.damage))
             self._start_segment(self._segments[-1].seq + 1)  # (never appended to a damaged one)
-            return {}
+            return {key: [recs[i] for i in sorted(recs)] for key, recs in entries.items() if recs}
         if not self._segments:
             self._start_segment(1)
         else:
@@ -263,21 +328,61 @@ class SegmentLog:
     def _path(self, seq: int) -> Path:
         return self.dir / f"{seq:016d}{_SUFFIX}"
 
-    def _replay(self, seg: _Segment, entries: dict[Key, dict[int, LogRecord]], *, last: bool) -> None:
-        data, unreadable = read_segment(seg.path)
-        if unreadable is not None:  # (damage: what the disk cannot read may hold acknowledged entries)
-            self.damage.append(f"{seg.path} at byte {len(data)} ({unreadable})")
-            seg.size = os.path.getsize(seg.path)
+    def intact(self, key: Key, applied: int, entries: list[LogRecord]) -> bool:
+        """After damage: whether partition ``key``'s entries above ``applied`` (its store's
+        applied index), as :meth:`open` gave them, are all it had.  So when its last ``A`` or
+        ``T`` record (which fixes where its log ended) and the record of each of those entries
+        are numbered above :attr:`lost_upto`, and they run from ``applied`` + 1 to that end
+        without a hole: an entry is only ever written after the one before it, or after a
+        truncation record, so one the damage took is either a hole here or was truncated by a
+        record read after it (docs/reliability.md, "Storage faults")."""
+        lost = self.lost_upto
+        number, top = self._tail.get(key, (0, 0))
+        if lost is None or number <= lost:
+            return False
+        above = [e.index for e in entries if e.index > applied]
+        seqs = self._entry_seq.get(key, {})
+        return all(seqs.get(i, 0) > lost for i in above) and above == list(range(applied + 1, max(top, applied) + 1))
+
+    def sweep(self, snaps: Mapping[Key, int]) -> None:
+        """Write a mark for each quiet partition: a truncation record from one past its last
+        index (it removes nothing, and a build that does not know the marks reads it so), so
+        that damage to an older record cannot hide where its log ended (:meth:`intact`).  A
+        partition is quiet when its last record is older than a number of records (32, or
+        four per partition known, whichever is more); ``snaps``: each partition's compaction
+        point (its last index when none of its entries is left in the files).  Looks again
+        after that many more records."""
+        if self._next_seq < self._sweep_at:
             return
-        for pos, body, fault in records(data, last):
+        keys = set(self._tail) | set(snaps)
+        every = max(32, 4 * len(keys))
+        self._sweep_at = self._next_seq + every
+        quiet = [key for key in keys if self._tail.get(key, (0, 0))[0] < self._next_seq - every]
+        if not quiet:
+            return
+        tops: dict[Key, int] = {}
+        for seg in self._segments:
+            for key, top in seg.tops.items():
+                tops[key] = max(tops.get(key, 0), top)
+        self.write([["T", key[0], key[1], max(tops.get(key, 0), snaps.get(key, 0)) + 1] for key in sorted(quiet)],
+                   sync=False)
+
+    def _read(self, seg: _Segment, found: list[tuple[int | None, _Segment, list[Any]]], damaged_at: list[int], *,
+              last: bool) -> None:
+        data, unreadable = read_segment(seg.path)
+        seg.size = len(data)
+        # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries)
+        for pos, body, fault in records(data, last and unreadable is None, resume=True):
             if fault is None:
-                self._apply_record(seg, msgpack.unpackb(body, raw=False), entries)
+                rec = msgpack.unpackb(body, raw=False)
+                found.append((seq_of(rec), seg, rec))
                 continue
             bad, damaged = fault
             if damaged is not None:
-                self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
-                seg.size = pos
-                return
+                if unreadable is None or "readable record" in damaged:  # (else the record the read cut)
+                    self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
+                    damaged_at.append(len(found))
+                continue
             log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
                         "or the machine did not finish)", seg.path, bad, pos, len(data))
             with open(seg.path, "r+b") as f:
@@ -286,9 +391,15 @@ class SegmentLog:
                 os.fsync(f.fileno())
             seg.size = pos
             return
-        seg.size = len(data)
+        if unreadable is not None:
+            self.damage.append(f"{seg.path} at byte {len(data)} ({unreadable})")
+            damaged_at.append(len(found))
+            seg.size = os.path.getsize(seg.path)
 
-    def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None) -> None:
+    def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None,
+                      number: int | None, *, track: bool = False) -> None:
+        """``number``: the record's (None: an older build's); ``track``: each entry's kept for
+        :meth:`intact` (after damage)."""
         kind = rec[0]
         if kind == "A":
             key = (rec[1], rec[2])
@@ -297,7 +408,10 @@ class SegmentLog:
                 mine = entries.setdefault(key, {})
                 for i, t, o, w, d in items:
                     mine[i] = LogRecord(i, t, o, bool(w), d)
+                if track and number is not None:
+                    self._entry_seq.setdefault(key, {}).update((it[0], number) for it in items)
             top = max(it[0] for it in items)
+            self._tail[key] = (number or 0, top)
             if top > seg.tops.get(key, 0):
                 seg.tops[key] = top
             if entries is not None and len(rec) > 4 and rec[4] > self.commits.get(key, 0):
@@ -305,6 +419,7 @@ class SegmentLog:
         elif kind == "T":
             key = (rec[1], rec[2])
             start = rec[3]
+            self._tail[key] = (number or 0, start - 1)
             if entries is not None and key in entries:
                 mine = entries[key]
                 for i in [i for i in mine if i >= start]:
@@ -322,6 +437,8 @@ class SegmentLog:
                 for key in s.tops:
                     if key[0] == qid:
                         s.tops[key] = -1
+            for key in [k for k in self._tail if k[0] == qid]:
+                del self._tail[key]
             if entries is not None:
                 for key in [k for k in entries if k[0] == qid]:
                     del entries[key]
@@ -342,7 +459,7 @@ class SegmentLog:
         if records:
             if seg.size >= self.segment_bytes:
                 seg = self._roll()
-            buf = b"".join(_record(r) for r in records)
+            buf = b"".join(_record(r, self._next_seq + n) for n, r in enumerate(records))
             try:
                 done = os.write(self._fd, buf)
                 while done < len(buf):
@@ -358,9 +475,10 @@ class SegmentLog:
                                        f"it back failed too ({exc2}): restart the node", orig=exc) from exc
                 raise StorageError(f"replication log write to {seg.path} failed: {exc}", orig=exc) from exc
             seg.size += len(buf)
+            self._next_seq += len(records)
             self._dirty = True
-            for r in records:
-                self._apply_record(seg, r, None)
+            for n, r in enumerate(records):
+                self._apply_record(seg, r, None, self._next_seq - len(records) + n)
         if sync and self._dirty:
             self.sync()
 

@@ -244,8 +244,10 @@ class Node:
             self.store.commit = ReplicatedCommitPath(rep)
             if cfg.arbiter == "lockfile":  # before the logs open: they stand for nothing until it says so
                 self._lockfile = ha.arbiter = LockFileDriver(cfg, self.clock, rep, peers)
+            damaged = recovery.log_damaged(recovered, self.clock.time())  # (before the logs take recovered.logs)
             rep.start()
-            if (damaged := recovery.log_damaged(recovered, self.store.engine, self.clock.time())) is not None:
+            if damaged is not None:
+                recovery.set_aside_log(self.store.engine)  # (once the logs opened: a refused start leaves it)
                 self.report.node_events.append(damaged)
             await peers.start()
             self._loops.start("tandem-peers", peers.run())

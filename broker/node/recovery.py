@@ -13,6 +13,7 @@ from broker.partitions.moves import Moves
 from broker.partitions.remap import Remaps
 from broker.partitions.topology import Topology
 from broker.partitions.upgrade import FeatureLevels
+from broker.peers.codec import CATALOGUE
 from broker.security.acl import AclTable
 from broker.security.security import SEEDED_KEY, Security
 from broker.security.users import UserRegistry
@@ -62,19 +63,33 @@ def load(rec: Recovered, *, catalogue: Catalogue, users: UserRegistry, acls: Acl
     topology.load(rec.meta)
 
 
-def log_damaged(rec: Recovered, engine: object, now: float) -> NodeEvent | None:
-    """The replication log was found damaged at open (storage.segments) and the partitions opened
-    to catch up from the group (broker.modes.replicated.reconcile): its segments go aside, so a
-    restart does not find the damage again; said once (log, and ``tandem status`` events)."""
+def log_damaged(rec: Recovered, now: float) -> NodeEvent | None:
+    """The replication log was found damaged at open (storage.segments): which partitions catch
+    up from the group (broker.modes.replicated.reconcile), said once (log, and ``tandem status``
+    events); None if it was not."""
     if not rec.log_damage:
         return None
+    hit = sorted(f"{k[0]}/{k[1]}" if k != CATALOGUE else "catalogue" for k, st in rec.logs.items() if st.damaged)
+    text = (f"replication log damaged ({'; '.join(rec.log_damage)}): "
+            + (f"the partitions it may have taken entries of ({_listed(hit)}) go on from the store and catch up "
+               f"from their actives before they vote or stand" if hit else "every partition keeps its entries (the "
+               f"damage took none that one still needs)")
+            + (f"; the others ({len(rec.logs) - len(hit)}) keep their entries" if hit and len(hit) < len(rec.logs)
+               else ""))
+    log.warning("store: %s", text)
+    return NodeEvent(now, "log-damaged", "-", text)
+
+
+def set_aside_log(engine: object) -> None:
+    """The damaged log's segments go aside, so a restart does not find the damage again (the
+    partitions it may have touched are marked under repair in the store)."""
     set_aside = getattr(engine, "set_aside_log", None)
     if set_aside is not None:
         set_aside()
-    text = (f"replication log damaged ({'; '.join(rec.log_damage)}): none of it was used; each partition goes on "
-            f"from the store and catches up from its active before it votes or stands")
-    log.warning("store: %s", text)
-    return NodeEvent(now, "log-damaged", "-", text)
+
+
+def _listed(names: list[str], most: int = 10) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def unclean_stop(cfg: NodeConfig, now: float) -> NodeEvent | None:

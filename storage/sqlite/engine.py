@@ -134,8 +134,8 @@ class SqliteEngine:
             self._create_schema(self._writer)
             recovered = load(self._writer, self.path, self._applier, self.load_budget)
             self._writer.rollback()  # end the read transaction autobegun by load
-            replay_log(self.log, self._raw(self._writer), recovered, self.path)
-            self._mark_repairs(recovered)
+            moved = replay_log(self.log, self._raw(self._writer), recovered, self.path)
+            self._mark_repairs(recovered, moved)
             self._pending_snaps = {key: st.snapshot[0] for key, st in recovered.logs.items()}
             self._make_durable()
             if new:
@@ -264,6 +264,8 @@ class SqliteEngine:
                 self._durable_snaps.update(self._pending_snaps)
                 self._pending_snaps.clear()
         self.log.write(records, sync=sync)
+        if records:
+            self.log.sweep(ChainMap(self._pending_snaps, self._durable_snaps))
         if self._set_aside:
             self._set_aside = False
             aside = self.log.set_aside()
@@ -318,13 +320,13 @@ class SqliteEngine:
             self._broken = f"{exc.__class__.__name__}: {exc}"
             log.error("store index reload failed; refusing further writes: %s", self._broken)
 
-    def _mark_repairs(self, rec: Recovered) -> None:
+    def _mark_repairs(self, rec: Recovered, ops: list[WriteOp]) -> None:
         """The partitions a damaged log leaves under repair are marked so in the store, durably,
-        before the damaged segments go aside (storage.segments.REPAIR_KEY)."""
+        before the damaged segments go aside (storage.segments.REPAIR_KEY), with ``ops``."""
         marks: list[WriteOp] = [PutMeta(repair_key(key), "1") for key, st in rec.logs.items()
                                 if st.damaged and not st.marked]
-        if marks and self._writer is not None:
-            self._commit_store(self._writer, marks, True)
+        if (marks or ops) and self._writer is not None:
+            self._commit_store(self._writer, [*ops, *marks], True)
 
     def set_aside_log(self) -> None:
         """The node goes on without the damaged log :meth:`open` found (Recovered.log_damage):

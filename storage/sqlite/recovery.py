@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from client.errors import StorageError
 from storage.base import (
+    LogCompact,
     LogRecord,
     LogState,
     PartitionState,
@@ -21,6 +22,7 @@ from storage.base import (
     Recovered,
     UserRecord,
     AclRecord,
+    WriteOp,
 )
 from storage.budget import memory_share
 from storage.segments import SegmentLog, repair_key
@@ -160,10 +162,15 @@ def acl_records(rows: Iterable[Any]) -> list[AclRecord]:
     return [AclRecord(user=u, pattern=p, permissions=tuple(perms)) for (u, p), perms in grouped.items()]
 
 
-def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path) -> None:
+def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path) -> list[WriteOp]:
     """Replay the log's segments into ``rec.logs``; first move a log kept in the
-    ``ha_log`` table (a store of schema 3 written before the segment files) into them."""
+    ``ha_log`` table (a store of schema 3 written before the segment files) into them.
+    The store writes it leaves to the caller: after damage, the compaction points of the
+    partitions whose entries were whole (:func:`whole`)."""
     replayed = segments.open()
+    moved: list[WriteOp] = []
+    if segments.damage:
+        replayed, moved = whole(segments, rec, replayed)
     rows: dict[Key, list[LogRecord]] = {}
     for qid, p, idx, term, origin, weak, data in raw.execute(
         "SELECT queue_id, partition, idx, term, origin, weak, data FROM ha_log ORDER BY queue_id, partition, idx"
@@ -194,13 +201,41 @@ def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, pa
         if key not in replayed and st.applied[0] > st.snapshot[0]:
             st.snapshot = st.applied  # (a log lost whole: the store is its own snapshot)
     if segments.damage:
-        # none of the log was read: each partition goes on from its store, and catches up from
-        # an active before it votes or stands (broker.modes.replicated.reconcile)
+        # the others go on from their store, and catch up from an active before they vote or
+        # stand (broker.modes.replicated.reconcile)
         rec.log_damage = list(segments.damage)
-        for st in rec.logs.values():
-            st.damaged = True
+        for key, st in rec.logs.items():
+            st.damaged = key not in replayed
     for key, st in rec.logs.items():
         st.marked = rec.meta.get(repair_key(key)) == "1"
+    return moved
+
+
+def whole(segments: SegmentLog, rec: Recovered, replayed: dict[Key, list[LogRecord]]
+          ) -> tuple[dict[Key, list[LogRecord]], list[WriteOp]]:
+    """After damage: the partitions whose entries the damage cannot have touched
+    (SegmentLog.intact), each with its entries above its store's applied position, written
+    again to the log's new segment (the damaged ones go aside at the next write); their store
+    stands as their snapshot (what the log held below it may be an older version of an entry
+    whose newer one the damage took).  The writes that move their compaction points there."""
+    kept: dict[Key, list[LogRecord]] = {}
+    moved: list[WriteOp] = []
+    for key, entries in replayed.items():
+        st = rec.logs.setdefault(key, LogState())
+        applied = st.applied[0]
+        if not segments.intact(key, applied, entries):
+            continue
+        kept[key] = [e for e in entries if e.index > applied]
+        if applied > st.snapshot[0]:
+            st.snapshot = st.applied
+            moved.append(LogCompact(key[0], key[1], *st.applied, st.snap_weak, st.snap_recency))
+    segments.write([["A", key[0], key[1], [[r.index, r.term, r.origin, r.weak, r.data] for r in recs],
+                     segments.commits.get(key, 0)] for key, recs in kept.items() if recs], sync=True)
+    for key in [k for k in segments.commits if k not in kept]:
+        del segments.commits[key]
+    log.warning("replication log %s: after its damage, %d of %d partition(s) have every entry they had; the "
+                "others catch up from the group", segments.dir, len(kept), len(replayed))
+    return kept, moved
 
 
 def usable(key: Key, st: LogState, entries: list[LogRecord]) -> list[LogRecord]:

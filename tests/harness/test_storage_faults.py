@@ -1,8 +1,9 @@
 """A member whose replication log is found damaged at start (storage.segments; the memory
-engine's disk takes the same damage), on the in-process harness: it uses none of the log, goes
-on from its store, neither votes nor stands until an active has brought it up to date, and the
-group loses nothing when the active dies next.  A partition with no other voter to catch up
-from does not start, saying so."""
+engine's disk takes the same damage, as damage that may have touched every partition), on the
+in-process harness: it uses none of the log, goes on from its store, neither votes nor stands
+until an active has brought it up to date (a restart midway too), and the group loses nothing
+when the active dies next.  A partition with no other voter to catch up from does not start,
+saying so."""
 
 from __future__ import annotations
 

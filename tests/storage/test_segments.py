@@ -8,6 +8,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from client.errors import StorageError
@@ -15,7 +16,7 @@ from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncat
 from storage.base import QueueMeta
 from broker.tools.powerfs import PowerFS
 from broker.tools.powerfs_mount import fuse_missing
-from storage.segments import SegmentLog, scan
+from storage.segments import SegmentLog, records, scan
 from storage.sqlite import SqliteEngine
 
 KIB = 1024
@@ -95,9 +96,12 @@ def test_a_damaged_record_in_an_older_segment_is_damage_and_nothing_is_used(tmp_
     oldest = sorted((tmp_path / "log").glob("*.seg"))[0]
     _flip(oldest, 20)
     again = SegmentLog(tmp_path / "log", segment_bytes=1 * KIB)
-    assert again.open() == {}
+    got = again.open()[(1, 0)]
     [where] = again.damage
     assert where.startswith(f"{oldest} at byte 0 (a record failing its checksum")
+    assert indexes(got) == list(range(5, 41))  # (the first record's entries, 1-4, are what it took)
+    assert not again.intact((1, 0), 0, got)  # (a store that applied none of them: the log lacks 1-4)
+    assert again.intact((1, 0), 4, got)  # (one that applied them: what the log has above is all it had)
     assert oldest.stat().st_size > 20  # (not cut)
     again.close()
 
@@ -118,9 +122,12 @@ def test_damage_in_the_middle_of_the_newest_segment_is_told_from_a_torn_tail(tmp
     size = seg.stat().st_size
     _flip(seg, starts[45] + (20 if part == "body" else 1))  # record 46 of 96
     again = SegmentLog(tmp_path / "log")
-    assert again.open() == {}
+    got = again.open()[(1, 0)]
     [where] = again.damage
     assert f"{seg} at byte {starts[45]} (" in where and f"a readable record at byte {starts[46]} after it" in where
+    assert indexes(got) == [i for i in range(1, 97) if i != 46]  # (read on past it)
+    assert not again.intact((1, 0), 0, got) and not again.intact((1, 0), 45, got)  # (46 is gone)
+    assert again.intact((1, 0), 46, got)
     assert seg.stat().st_size == size
     again.write([append(1, 0, 1, 1)], sync=True)  # (a new segment: the damaged one is never appended to)
     assert seg.stat().st_size == size
@@ -426,6 +433,77 @@ def test_a_damaged_log_marks_every_partition_under_repair_in_the_store_at_open(t
     third.close()
 
 
+def test_after_damage_a_partition_whose_entries_it_cannot_have_touched_keeps_them(tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """A flipped bit in a record of partition 1's: partition 0, whose store has applied what it
+    wrote before that record and whose later entries all follow it, keeps those entries, is not
+    under repair, and has them in the new segment once the damaged ones are set aside; partition
+    1 (a hole at 1-5) catches up from the group."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutHardState(1, 0, 2, "n1", 0), PutHardState(1, 1, 2, "n1", 0)], sync=True)
+    e.log.write([append(1, 0, 1, 10, term=2)], sync=False)
+    e.log.write([append(1, 1, 1, 5, term=2)], sync=False)
+    e.log.write([append(1, 0, 11, 5, term=2), append(1, 1, 6, 2, term=2)], sync=True)
+    e.apply([LogCompact(1, 0, 4, 2, "n1"), PutApplied(1, 0, 10, 2, "n1")], sync=True)
+    e.close()
+    seg = _newest(tmp_path / "tandem.db-log")
+    [_, (second, _body, _fault), *_] = records(seg.read_bytes(), True)
+    _flip(seg, second + 30)
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert rec.log_damage
+    p0, p1 = rec.logs[(1, 0)], rec.logs[(1, 1)]
+    assert not p0.damaged and indexes(p0.entries) == [11, 12, 13, 14, 15] and p0.snapshot == (10, 2, "n1")
+    assert p1.damaged and p1.entries == []
+    again.set_aside_log()
+    again.apply([LogAppend(1, 0, [LogRecord(16, 2, "n1", False, b"x")])], sync=True)
+    again.close()
+    assert [p.name for p in (tmp_path / "tandem.db-log").glob("damaged-*/*.seg")] == [seg.name]
+    caplog.clear()
+    third = SqliteEngine(tmp_path / "tandem.db")
+    rec = third.open()
+    assert not rec.log_damage and indexes(rec.logs[(1, 0)].entries) == [11, 12, 13, 14, 15, 16]
+    assert rec.logs[(1, 0)].snapshot == (10, 2, "n1") and not rec.logs[(1, 0)].marked
+    assert rec.logs[(1, 1)].marked
+    assert not [r for r in caplog.records if "ends before" in r.getMessage()]
+    third.close()
+
+
+def test_quiet_partitions_are_marked_where_their_log_ends_and_the_marks_remove_nothing(tmp_path: Path) -> None:
+    """After enough records, sweep writes a truncation record from one past each quiet
+    partition's last index (its compaction point where that is past its entries): replayed,
+    the log is what it was; and damage after a quiet partition's last append, before its
+    mark, no longer leaves it unsure of where its log ended."""
+    log = SegmentLog(tmp_path / "log", segment_bytes=4 * KIB)
+    log.open()
+    log.write([append(1, 0, 1, 10, size=10)], sync=False)  # partition 0: quiet from here on
+    log.write([append(2, 0, 1, 3, size=10)], sync=False)
+    for i in range(1, 601):
+        log.write([append(1, 1, i, 1, size=10)], sync=False)
+        log.sweep({(2, 0): 7})  # (a compaction point past its entries: the mark goes from there)
+    log.close()
+    read = [(seg, pos, msgpack.unpackb(body)) for seg in sorted((tmp_path / "log").glob("*.seg"))
+            for pos, body, _f in records(seg.read_bytes(), True)]
+    marks = [rec[1:4] for _seg, _pos, rec in read if rec[0] == "T"]
+    assert {tuple(m) for m in marks} == {(1, 0, 11), (2, 0, 8)}
+    again = SegmentLog(tmp_path / "log", segment_bytes=4 * KIB)
+    got = again.open()
+    assert indexes(got[(1, 0)]) == list(range(1, 11)) and indexes(got[(2, 0)]) == [1, 2, 3]
+    assert indexes(got[(1, 1)]) == list(range(1, 601))
+    again.close()
+    # one bit flipped in a record of partition 1 written after partition 0's last append, before its mark
+    first_mark = next(n for n, (_s, _p, rec) in enumerate(read) if rec[0] == "T" and rec[1] == 1)
+    seg, pos, _rec = read[first_mark // 2]
+    _flip(seg, pos + 20)
+    third = SegmentLog(tmp_path / "log", segment_bytes=4 * KIB)
+    got = third.open()
+    assert third.damage and third.intact((1, 0), 10, got[(1, 0)])  # (the mark says its log ended at 10)
+    assert not third.intact((1, 1), 0, got[(1, 1)])
+    third.close()
+
+
 def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) -> None:
     """A queue id can come back (a node that caught up through a catalogue snapshot does not
     know the ids used meanwhile): the entries of the new queue are not the deleted one's."""
@@ -530,7 +608,8 @@ async def test_a_segment_the_disk_cannot_read_to_its_end_is_damage_not_a_torn_ta
         size = seg.stat().st_size
         bad = fs.bad_sector(".seg", 5)
         again = SegmentLog(tmp_path / "disk" / "log")
-        assert again.open() == {}
+        got = again.open()[(1, 0)]
+        assert not again.intact((1, 0), got[-1].index, got)  # (what lay past the read may be anything)
         [where] = again.damage
         assert where.startswith(f"{seg} at byte ") and "(unreadable from byte " in where, where
         assert "Input/output error" in where and int(where.split(" at byte ")[1].split()[0]) <= bad["offset"]
