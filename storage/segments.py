@@ -10,16 +10,18 @@ is what an append-only file is for.
 Layout: ``<dir>/<seq>.seg``, ``seq`` rising.  Each record is ``<u32 length><u32 crc32>``
 then ``length`` bytes of msgpack:
 
-* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq]``: entries
-  (a later record of the same index replaces the earlier one); ``commit`` is the writer's
-  commit index then: a watermark of what it knew committed;
-* ``["T", queue_id, partition, from_index, seq]``: entries from ``from_index`` on are gone;
-* ``["X", queue_id, seq]``: the queue was deleted, with every entry of its partitions before it.
+* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq(, cover)]``:
+  entries (a later record of the same index replaces the earlier one); ``commit`` is the
+  writer's commit index then: a watermark of what it knew committed;
+* ``["T", queue_id, partition, from_index, seq(, cover)]``: entries from ``from_index`` on are gone;
+* ``["X", queue_id, seq(, cover)]``: the queue was deleted, with every entry of its partitions
+  before it.
 
-``seq`` numbers the records one by one, in the order they were written, across segments (a
-record of an older build has none, nor ``commit`` where it was 0; a build that does not know
-the trailing fields reads the record without them).  It is what says which records damage
-took: the numbers missing between those read (:attr:`SegmentLog.lost_upto`).
+``seq`` numbers the records one by one, in the order they were written, across segments; the
+first record of each write carries a ``cover``, ``[from_seq, to_seq, [[queue_id, partition],
+...]]``: the partitions of the two writes before it.  A record of an older build has neither
+(nor ``commit`` where it was 0); a build that does not know the trailing fields reads the
+record without them.  They say what damage took (storage.logdamage).
 
 Durability: :meth:`SegmentLog.write` with ``sync`` fdatasyncs the segment; a segment is
 fsynced when the next one starts, and a new segment's directory entry is fsynced.  So what
@@ -30,11 +32,11 @@ with nothing readable after it, at the end of the newest segment, is a write the
 short: cut off there.  Anywhere else, a record that fails its length or checksum is *damage*
 (a bit flipped at rest, a lost or misdirected write), and so is a segment the disk cannot read
 to its end (a latent sector error), or records whose numbers go back (a misdirected write that
-kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after damage
-are read on, and replayed in the order of their numbers.  A partition keeps its entries only
-where the damage cannot have taken any it still needs (:meth:`SegmentLog.intact`); the others
-catch up from the group's actives (storage.sqlite.recovery).  :meth:`SegmentLog.set_aside`
-then moves the segments out of the way, kept for a look (docs/reliability.md, "Storage faults").
+kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after it are
+read on, and replayed in the order of their numbers.  A partition keeps its entries where the
+damage cannot have taken any it still needs (:meth:`SegmentLog.intact`); the others catch up
+from the group's actives (storage.sqlite.recovery).  :meth:`SegmentLog.set_aside` then moves
+the segments aside, kept for a look (docs/reliability.md, "Storage faults").
 
 Space: the store (SQLite) keeps each partition's compaction point (``LogCompact``).  The
 oldest segment is deleted once every entry in it is at or below its partition's point as
@@ -53,6 +55,7 @@ import queue
 import struct
 import threading
 import zlib
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +65,7 @@ import msgpack
 
 from client.errors import StorageError
 from storage.base import LogRecord
+from storage.logdamage import Cover, Damage, assess
 
 log = logging.getLogger("tandem.storage")
 
@@ -176,7 +180,7 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
         if unreadable is not None:
             damage.append(f"{path} at byte {len(data)} ({unreadable})")
             continue
-        for pos, _body, fault in records(data, last=n == len(paths) - 1):
+        for pos, _body, fault in records(data, last=n == len(paths) - 1, resume=True):
             if fault is None:
                 good += 1
             elif fault[1] is not None:
@@ -206,30 +210,10 @@ def _next_record(data: bytes, start: int) -> int | None:
     return None
 
 
-def _lost_upto(numbers: list[int | None], damaged_at: list[int]) -> int | None:
-    """The highest record number damage may have taken, given the numbers of the records read
-    in the order they lie in the files, and how many had been read at each damage: the
-    numbers missing between them; every number read, where damage lies after the last record
-    read or no number is missing (nothing is then known whole); None where a record carries
-    no number or one twice (the numbers say nothing)."""
-    if not numbers or any(n is None for n in numbers):
-        return None
-    ns = sorted(n for n in numbers if n is not None)
-    if any(b == a for a, b in zip(ns, ns[1:])):
-        return None
-    lost = ns[0] - 1 if 0 in damaged_at else 0  # (damage before the first record read)
-    for a, b in zip(ns, ns[1:]):
-        if b > a + 1:
-            lost = b - 1
-    if len(numbers) in damaged_at or not lost:
-        return ns[-1]
-    return lost
-
-
-def _record(item: list[Any], seq: int) -> bytes:
+def _record(item: list[Any], seq: int, cover: list[Any] | None = None) -> bytes:
     if item[0] == "A" and len(item) == 4:
         item = [*item, 0]  # (the commit watermark's place, before the number)
-    payload = msgpack.packb([*item, seq], use_bin_type=True)
+    payload = msgpack.packb([*item, seq] if cover is None else [*item, seq, cover], use_bin_type=True)
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -240,6 +224,19 @@ def seq_of(rec: list[Any]) -> int | None:
     """A record's number (module doc), or None for a record an older build wrote."""
     at = _SEQ_AT.get(rec[0], len(rec))
     return rec[at] if len(rec) > at else None
+
+
+def cover_of(rec: list[Any]) -> Cover | None:
+    """The cover a write's first record carries (storage.logdamage), or None."""
+    at = _SEQ_AT.get(rec[0], len(rec)) + 1
+    if len(rec) <= at:
+        return None
+    first, last, keys = rec[at]
+    return first, last, frozenset((q, p) for q, p in keys)
+
+
+def _key_of(rec: list[Any]) -> Key:
+    return (rec[1], rec[2]) if rec[0] != "X" else (rec[1], -1)
 
 
 class SegmentLog:
@@ -261,10 +258,10 @@ class SegmentLog:
         self.commits: dict[Key, int] = {}
         #: where :meth:`open` found damage ("<segment> at byte N (what)")
         self.damage: list[str] = []
-        #: after damage, the highest record number it may have taken (module doc); None: unknown
-        #: (a record an older build wrote was read), so no partition's entries are :meth:`intact`
-        self.lost_upto: int | None = None
+        #: after damage: what it took, as far as the records' numbers and covers say
+        self.assessed = Damage(None, None)
         self._next_seq = 1
+        self._recent: deque[tuple[int, int, frozenset[Key]]] = deque(maxlen=2)  # the last writes' covers
         self._entry_seq: dict[Key, dict[int, int]] = {}  # after damage: index -> its record's number
         #: per partition, its last ``A`` or ``T`` record's number (0: none) and the log's last index
         #: after that record (an append's highest index; a truncation's first, less one)
@@ -292,11 +289,17 @@ class SegmentLog:
             self.damage.append(f"{self.dir}: record {known[back]} after record {known[back - 1]} (records out of "
                                f"order: a misdirected write)")
         self._next_seq = max(known, default=0) + 1
+        covers = [c for _n, _s, rec in found if (c := cover_of(rec)) is not None]
         entries: dict[Key, dict[int, LogRecord]] = {}
         if self.damage:
-            self.lost_upto = _lost_upto(numbers, damaged_at)
-            if self.lost_upto is not None:
+            self.assessed = assess(numbers, damaged_at, covers)
+            if self.assessed.lost_upto is not None:
                 found.sort(key=lambda f: f[0] or 0)  # (the order they were written in)
+        else:  # the records no cover names yet: the first write's cover names them
+            since = max((c[1] for c in covers), default=0)
+            tail = [(n, _key_of(rec)) for n, _s, rec in found if n is not None and n > since]
+            if tail:
+                self._recent.append((tail[0][0], tail[-1][0], frozenset(k for _n, k in tail)))
         for number, seg, rec in found:
             self._apply_record(seg, rec, entries, number, track=bool(self.damage))
         if self.damage:
@@ -330,19 +333,9 @@ class SegmentLog:
 
     def intact(self, key: Key, applied: int, entries: list[LogRecord]) -> bool:
         """After damage: whether partition ``key``'s entries above ``applied`` (its store's
-        applied index), as :meth:`open` gave them, are all it had.  So when its last ``A`` or
-        ``T`` record (which fixes where its log ended) and the record of each of those entries
-        are numbered above :attr:`lost_upto`, and they run from ``applied`` + 1 to that end
-        without a hole: an entry is only ever written after the one before it, or after a
-        truncation record, so one the damage took is either a hole here or was truncated by a
-        record read after it (docs/reliability.md, "Storage faults")."""
-        lost = self.lost_upto
-        number, top = self._tail.get(key, (0, 0))
-        if lost is None or number <= lost:
-            return False
-        above = [e.index for e in entries if e.index > applied]
-        seqs = self._entry_seq.get(key, {})
-        return all(seqs.get(i, 0) > lost for i in above) and above == list(range(applied + 1, max(top, applied) + 1))
+        applied index), as :meth:`open` gave them, are all it had (storage.logdamage)."""
+        return self.assessed.intact(key, applied, [e.index for e in entries], self._tail.get(key, (0, 0)),
+                                    self._entry_seq.get(key, {}))
 
     def sweep(self, snaps: Mapping[Key, int]) -> None:
         """Write a mark for each quiet partition: a truncation record from one past its last
@@ -459,7 +452,11 @@ class SegmentLog:
         if records:
             if seg.size >= self.segment_bytes:
                 seg = self._roll()
-            buf = b"".join(_record(r, self._next_seq + n) for n, r in enumerate(records))
+            first = self._next_seq
+            cover = None
+            if self._recent:
+                cover = [self._recent[0][0], self._recent[-1][1], sorted({k for c in self._recent for k in c[2]})]
+            buf = b"".join(_record(r, first + n, cover if n == 0 else None) for n, r in enumerate(records))
             try:
                 done = os.write(self._fd, buf)
                 while done < len(buf):
@@ -476,6 +473,7 @@ class SegmentLog:
                 raise StorageError(f"replication log write to {seg.path} failed: {exc}", orig=exc) from exc
             seg.size += len(buf)
             self._next_seq += len(records)
+            self._recent.append((first, self._next_seq - 1, frozenset(_key_of(r) for r in records)))
             self._dirty = True
             for n, r in enumerate(records):
                 self._apply_record(seg, r, None, self._next_seq - len(records) + n)

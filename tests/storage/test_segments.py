@@ -504,6 +504,36 @@ def test_quiet_partitions_are_marked_where_their_log_ends_and_the_marks_remove_n
     third.close()
 
 
+def test_covers_name_the_partitions_of_the_records_damage_took(tmp_path: Path) -> None:
+    """A record of partition 1 damaged: the next write's cover names partition 1 for it, so
+    partition 0 (quiet, unmarked, none of its entries applied) keeps its log; damage longer
+    than the covers reach (three writes zeroed) leaves only the partitions' own records to go
+    by."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 10, size=10)], sync=False)
+    starts = []
+    for i in range(1, 21):
+        starts.append(log.size())
+        log.write([append(1, 1, i, 1, size=10)], sync=False)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    whole = seg.read_bytes()
+    _flip(seg, starts[10] + 20)  # (partition 1's entry 11)
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert again.damage and again.assessed.touched == {(1, 1)}
+    assert again.intact((1, 0), 0, got[(1, 0)]) and not again.intact((1, 1), 0, got[(1, 1)])
+    again.close()
+    seg.write_bytes(whole[:starts[10]] + bytes(starts[13] - starts[10]) + whole[starts[13]:])  # (entries 11-13)
+    third = SegmentLog(tmp_path / "log")
+    got = third.open()
+    assert third.damage and third.assessed.touched is None
+    assert not third.intact((1, 0), 0, got[(1, 0)])  # (its last record lies before the damage)
+    assert third.intact((1, 0), 10, got[(1, 0)]) is False
+    third.close()
+
+
 def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) -> None:
     """A queue id can come back (a node that caught up through a catalogue snapshot does not
     know the ids used meanwhile): the entries of the new queue are not the deleted one's."""

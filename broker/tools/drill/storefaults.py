@@ -1,5 +1,5 @@
-"""The storage fault family ``bit-flip``: damage at rest in a node's files, found and repaired
-from the group (docs/reliability.md, "Storage faults").
+"""The storage fault families ``bit-flip`` and ``bit-flip-two``: damage at rest in a node's files,
+found and repaired from the group (docs/reliability.md, "Storage faults").
 
 * ``bit-flip``: ``kill -9`` a node drawn from the run's seeded random source (among those whose
   store holds messages by then), then flip one bit
@@ -13,56 +13,84 @@ from the group (docs/reliability.md, "Storage faults").
   partition), catch up from the group, and no consumer may ever get a damaged body (the checker
   compares every body byte for byte: a damaged one is *unexpected*) nor miss a message (a
   position read too high would drop its producer's next publishes as resends).  An injected
-  fault the node did not find fails the run.
+  fault the node did not find fails the run, and so does a queue whose replicas have not all
+  caught up again (what was committed at the restart) within :data:`REPAIR_WAIT`: the schedule
+  says ``injected N, detected M, repaired R``.
+* ``bit-flip-two``: the same on two nodes at once, a majority of a group of three: each node's
+  store damage is in partitions the other's spares (so each partition keeps a good copy on two
+  nodes), each log's flipped record is drawn on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
-from client.errors import TandemError
+from client.errors import TandemError, UnavailableError
 from storage.segments import records
 
 #: seconds the restarted node is given to report each damaged record (its event, its log line)
 DETECT_WAIT = 30.0
+#: seconds the restarted nodes' copies of the drill's queue are given to catch up again (repaired)
+REPAIR_WAIT = 30.0
 #: how long the fault waits for a store to hold messages (committed entries reach a store some
 #: 0.2 s after they commit, unless acked first: broker.modes.replicated.apply.HOLD_APPLY)
 HOLDING_WAIT = 5.0
 
 
+@dataclass
+class _Target:
+    """One faulted node and what was done to its files."""
+
+    node: str
+    chunk: tuple[int, int, int] | None = None  # (queue id, partition, start) of the damaged chunk
+    row: str = ""  # how the node names the damaged producer row
+    lost: str = ""  # how the node names the partition that lost a chunk row
+    log_damaged: bool = False
+    #: the partitions whose stored copy was damaged here (another target's go elsewhere)
+    parts: set[tuple[int, int]] = field(default_factory=set)
+
+    def injected(self) -> int:
+        return int(self.log_damaged) + int(self.chunk is not None) + int(bool(self.row)) + int(bool(self.lost))
+
+
 @register
 class BitFlip(Nemesis):
     name: ClassVar[str] = "bit-flip"
+    #: how many nodes are faulted at once
+    count: ClassVar[int] = 1
 
     def __init__(self) -> None:
-        self.node = ""
-        self.chunk: tuple[int, int, int] | None = None  # (queue id, partition, start) of the damaged chunk
-        self.row: str = ""  # how the node names the damaged producer row
-        self.lost: str = ""  # how the node names the partition that lost a chunk row
-        self.log_damaged = False
+        self.targets: list[_Target] = []
 
     async def inject(self, ctx: FaultContext) -> str:
-        # a node whose store holds chunks of messages by now (a replica applies what it holds
-        # in its own time), drawn from the run's seeded source; any node if none does yet
+        # nodes whose store holds chunks of messages by now (a replica applies what it holds
+        # in its own time), drawn from the run's seeded source; any node if too few do yet
         names = sorted(ctx.cluster.nodes)
         deadline = ctx.clock.monotonic() + HOLDING_WAIT
         while True:
             holding = [n for n in names if await asyncio.to_thread(_chunks, Path(ctx.cluster.nodes[n].data_dir))]
-            if holding or ctx.clock.monotonic() > deadline:
+            if len(holding) >= self.count or ctx.clock.monotonic() > deadline:
                 break
             await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: a consumer that keeps up leaves none)
-        self.node = ctx.rng.choice(holding or names)
-        proc = ctx.cluster.nodes[self.node]
-        await proc.kill()
-        data = Path(proc.data_dir)
-        where = await asyncio.to_thread(self._flip, data, ctx)
-        return f"bit-flip {self.node}: kill -9, {where or 'nothing to flip (no record or chunk yet)'}"
+        pool = holding if len(holding) >= self.count else names
+        self.targets = [_Target(n) for n in sorted(ctx.rng.sample(pool, self.count))]
+        await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
+        said = []
+        for t in self.targets:
+            avoid = {p for other in self.targets if other is not t for p in other.parts}
+            where = await asyncio.to_thread(self._flip, t, Path(ctx.cluster.nodes[t.node].data_dir), ctx, avoid)
+            said.append(f"{t.node}: kill -9, {where or 'nothing to flip (no record or chunk yet)'}")
+        return f"{self.name} {'; '.join(said)}"
 
-    def _flip(self, data: Path, ctx: FaultContext) -> str:
+    def _flip(self, t: _Target, data: Path, ctx: FaultContext, avoid: set[tuple[int, int]]) -> str:
+        """Damage ``t.node``'s files; ``avoid``: partitions another target's store damage took
+        (each partition keeps a good copy on a majority)."""
         said = []
         segs = sorted((data / "tandem.db-log").glob("*.seg"))
         if segs:
@@ -74,12 +102,12 @@ class BitFlip(Nemesis):
                 at = start + 8 + ctx.rng.randrange(length)
                 raw[at] ^= 1 << ctx.rng.randrange(8)
                 seg.write_bytes(bytes(raw))
-                self.log_damaged = True
+                t.log_damaged = True
                 said.append(f"one bit at byte {at} of {seg.name} (the record at byte {start})")
         conn = sqlite3.connect(data / "tandem.db")
         try:
-            rows = conn.execute("SELECT queue_id, partition, start FROM chunks WHERE crc IS NOT NULL "
-                                "ORDER BY queue_id, partition, start").fetchall()
+            rows = [r for r in conn.execute("SELECT queue_id, partition, start FROM chunks WHERE crc IS NOT NULL "
+                                            "ORDER BY queue_id, partition, start").fetchall() if r[:2] not in avoid]
             if rows:
                 qid, p, start = ctx.rng.choice(rows)
                 (payload,) = conn.execute("SELECT payload FROM chunks WHERE queue_id = ? AND partition = ? AND "
@@ -89,70 +117,90 @@ class BitFlip(Nemesis):
                 conn.execute("UPDATE chunks SET payload = ? WHERE queue_id = ? AND partition = ? AND start = ?",
                              (bytes(damaged), qid, p, start))
                 conn.commit()
-                self.chunk = (qid, p, start)
+                t.chunk = (qid, p, start)
+                t.parts.add((qid, p))
                 said.append(f"one bit in the stored chunk of partition {qid}/{p} from offset {start}")
-            rows = conn.execute("SELECT queue_id, partition, producer_id, last_seq FROM producers WHERE crc IS NOT NULL "
-                                "ORDER BY queue_id, partition, producer_id").fetchall()
+            rows = [r for r in conn.execute("SELECT queue_id, partition, producer_id, last_seq FROM producers WHERE "
+                                            "crc IS NOT NULL ORDER BY queue_id, partition, producer_id").fetchall()
+                    if r[:2] not in avoid]
             if rows:
                 qid, p, pid, last = ctx.rng.choice(rows)
                 conn.execute("UPDATE producers SET last_seq = ? WHERE queue_id = ? AND partition = ? AND "
                              "producer_id = ?", (last ^ (1 << ctx.rng.randrange(16)), qid, p, pid))
                 conn.commit()
-                self.row = f"a row of producers (partition {qid}/{p}, position of producer {pid}) fails its checksum"
+                t.row = f"a row of producers (partition {qid}/{p}, position of producer {pid}) fails its checksum"
+                t.parts.add((qid, p))
                 said.append(f"one bit in the stored position of producer {pid} in partition {qid}/{p}")
             # a lost write: a chunk row of a partition whose row keeps a digest, never the flipped
             # chunk (its loss would hide the flip), of another partition where there is one
             rows = [r for r in conn.execute("SELECT c.queue_id, c.partition, c.start FROM chunks c JOIN partitions p "
                                             "ON p.queue_id = c.queue_id AND p.partition = c.partition "
                                             "WHERE p.digest IS NOT NULL ORDER BY 1, 2, 3").fetchall()
-                    if self.chunk is None or tuple(r) != self.chunk]
-            others = [r for r in rows if self.chunk is None or r[:2] != self.chunk[:2]]
+                    if (t.chunk is None or tuple(r) != t.chunk) and r[:2] not in avoid]
+            others = [r for r in rows if t.chunk is None or r[:2] != t.chunk[:2]]
             if rows:
                 qid, p, start = ctx.rng.choice(others or rows)
                 conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
                 conn.commit()
-                self.lost = f"the chunks of partition {qid}/{p} are not those its row of partitions sums up"
+                t.lost = f"the chunks of partition {qid}/{p} are not those its row of partitions sums up"
+                t.parts.add((qid, p))
                 said.append(f"a lost write to the store: the chunk row of partition {qid}/{p} from offset {start} gone")
         finally:
             conn.close()
         return ", ".join(said)
 
     async def heal(self, ctx: FaultContext) -> None:
-        proc = ctx.cluster.nodes[self.node]
-        await proc.start()
-        found = await self._found(ctx)
-        injected = self._injected()
-        ctx.schedule.append(f"bit-flip {self.node}: injected {injected}, detected {len(found)}"
-                            + (f" ({', '.join(found)})" if found else ""))
-        if len(found) < injected:
-            ctx.failures.append(f"bit-flip {self.node}: {injected} damaged record(s) injected, {len(found)} found")
+        await asyncio.gather(*(ctx.cluster.nodes[t.node].start() for t in self.targets))
+        found = await asyncio.gather(*(self._found(ctx, t) for t in self.targets))
+        # repaired: every replica of the drill's queue holds what was committed by now (a rebuilt
+        # copy included), within the wait
+        try:
+            await caught_up_past(ctx.cluster, ctx.cfg.partitions, ctx.clock.monotonic() + REPAIR_WAIT, ctx.clock)
+            repaired = True
+        except UnavailableError:
+            repaired = False
+        for t, got in zip(self.targets, found):
+            injected = t.injected()
+            ctx.schedule.append(f"{self.name} {t.node}: injected {injected}, detected {len(got)}, repaired "
+                                f"{len(got) if repaired else 0}" + (f" ({', '.join(got)})" if got else ""))
+            if len(got) < injected:
+                ctx.failures.append(f"{self.name} {t.node}: {injected} damaged record(s) injected, {len(got)} found")
+        if not repaired:
+            ctx.failures.append(f"{self.name}: the queue's replicas did not all catch up within {REPAIR_WAIT:.0f} s "
+                                f"of the restart")
 
-    def _injected(self) -> int:
-        return int(self.log_damaged) + int(self.chunk is not None) + int(bool(self.row)) + int(bool(self.lost))
-
-    async def _found(self, ctx: FaultContext) -> list[str]:
+    async def _found(self, ctx: FaultContext, t: _Target) -> list[str]:
         """The damage the restarted node reported detecting, within :data:`DETECT_WAIT`."""
-        proc = ctx.cluster.nodes[self.node]
+        proc = ctx.cluster.nodes[t.node]
         deadline = ctx.clock.monotonic() + DETECT_WAIT
         while True:
             found = []
-            if self.log_damaged:
+            if t.log_damaged:
                 try:
-                    events = (await ctx.cluster.status(self.node)).events
+                    events = (await ctx.cluster.status(t.node)).events
                 except (TandemError, OSError):
                     events = []
                 if any(e.startswith("log-damaged") for e in events):
                     found.append("the log (log-damaged event)")
-            if self.chunk is not None and f"partition {self.chunk[0]}/{self.chunk[1]} from offset {self.chunk[2]} (" \
+            if t.chunk is not None and f"partition {t.chunk[0]}/{t.chunk[1]} from offset {t.chunk[2]} (" \
                     in proc.log_text():
                 found.append("the chunk (its log line)")
-            if self.row and self.row in proc.log_text():
+            if t.row and t.row in proc.log_text():
                 found.append("the producer's row (its log line)")
-            if self.lost and self.lost in proc.log_text():
+            if t.lost and t.lost in proc.log_text():
                 found.append("the lost chunk row (its log line)")
-            if len(found) == self._injected() or ctx.clock.monotonic() > deadline:
+            if len(found) == t.injected() or ctx.clock.monotonic() > deadline:
                 return found
             await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
+
+
+@register
+class BitFlipTwo(BitFlip):
+    """``bit-flip`` on two nodes at once, a majority of three: each node's store damage in
+    partitions the other's spares, its log's flipped record drawn on its own."""
+
+    name: ClassVar[str] = "bit-flip-two"
+    count: ClassVar[int] = 2
 
 
 def _chunks(data: Path) -> int:

@@ -1,0 +1,95 @@
+"""What damage to the replication log took, and which partitions it cannot have touched.
+
+storage.segments reads the records on past damage and numbers them (each record's ``seq``);
+the numbers missing between those read are the records the damage took.  Two things say a
+partition lost none of what it still needs (:meth:`Damage.intact`; storage.sqlite.recovery then
+keeps its entries, and the others catch up from the group):
+
+* **Covers.** The first record of each write names the partitions of the records of the two
+  writes before it (``[from, to, [[queue id, partition], ...]]``, a deleted queue as partition
+  -1).  Where covers read name the partitions of every record the damage took, a partition they
+  do not name lost no record: its records were all read, and replayed in the order written.
+* **Its own records.** Otherwise (damage longer than two writes, before the first record read,
+  after the last, or in a log an older build wrote): a partition whose last record (an append,
+  or a truncation, which fixes where its log ended) is numbered above every record the damage
+  took, whose entries above its store's applied index all came from records numbered above
+  them too, and run from that index + 1 to where that last record says its log ended, without a
+  hole.  An entry is only ever written right after the log's last one, or after a truncation
+  record that removed everything from its index on; so an entry the damage took that the
+  partition still had is either missing (a hole) or was read in an older version, from an older
+  record; one past its end was truncated by a record read after it.  Quiet partitions get a
+  mark of where their log ends now and then (``SegmentLog.sweep``) so that this holds for them
+  too.
+
+docs/replication.md, "Decision: damage costs only the partitions it can have touched".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+Key = tuple[int, int]
+#: (first record number, last record number, the partitions of the records between, a
+#: deleted queue as (queue id, -1))
+Cover = tuple[int, int, frozenset[Key]]
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    #: the highest record number the damage may have taken; None: unknown (a record without a
+    #: number, or one twice): no partition is intact
+    lost_upto: int | None
+    #: the partitions the records the damage took may concern, as covers name them; None: not
+    #: every record it took is covered
+    touched: frozenset[Key] | None
+
+    def intact(self, key: Key, applied: int, indexes: Sequence[int], tail: tuple[int, int],
+               numbers: Mapping[int, int]) -> bool:
+        """Whether partition ``key`` lost none of what it still needs: ``applied``, its store's
+        applied index; ``indexes``, its entries as read (in order); ``tail``, the number of its
+        last ``A`` or ``T`` record and where that record says its log ended; ``numbers``, the
+        number of the record each entry came from."""
+        if self.touched is not None and key not in self.touched and (key[0], -1) not in self.touched:
+            return True
+        lost = self.lost_upto
+        number, top = tail
+        if lost is None or number <= lost:
+            return False
+        above = [i for i in indexes if i > applied]
+        return all(numbers.get(i, 0) > lost for i in above) and above == list(range(applied + 1, max(top, applied) + 1))
+
+
+def assess(numbers: Sequence[int | None], damaged_at: Iterable[int], covers: Iterable[Cover]) -> Damage:
+    """The damage, from the numbers of the records read in the order they lie in the files,
+    how many had been read at each damage, and the covers read."""
+    where = set(damaged_at)
+    if not numbers or any(n is None for n in numbers):
+        return Damage(None, None)
+    ns = sorted(n for n in numbers if n is not None)
+    if any(b == a for a, b in zip(ns, ns[1:])):
+        return Damage(None, None)
+    gaps = [(a + 1, b - 1) for a, b in zip(ns, ns[1:]) if b > a + 1]
+    lost = ns[0] - 1 if 0 in where else 0  # (damage before the first record read)
+    if gaps:
+        lost = gaps[-1][1]
+    if len(numbers) in where or not lost:  # (after the last record read, or no number missing: nothing known)
+        return Damage(ns[-1], None)
+    return Damage(lost, None if 0 in where else _touched(gaps, list(covers)))
+
+
+def _touched(gaps: list[tuple[int, int]], covers: list[Cover]) -> frozenset[Key] | None:
+    """The partitions the covers name for the numbers in ``gaps``; None where a number is in no
+    cover."""
+    out: set[Key] = set()
+    for lo, hi in gaps:
+        over = sorted((c for c in covers if c[0] <= hi and c[1] >= lo), key=lambda c: c[0])
+        reach = lo
+        for first, last, keys in over:
+            if first > reach:
+                return None
+            reach = max(reach, last + 1)
+            out |= keys
+        if reach <= hi:
+            return None
+    return frozenset(out)
