@@ -5,10 +5,11 @@ the numbers missing between those read are the records the damage took.  Two thi
 partition lost none of what it still needs (:meth:`Damage.intact`; storage.sqlite.recovery then
 keeps its entries, and the others catch up from the group):
 
-* **Covers.** The first record of each write names the partitions of the records of the two
-  writes before it (``[from, to, [[queue id, partition], ...]]``, a deleted queue as partition
-  -1).  Where covers read name the partitions of every record the damage took, a partition they
-  do not name lost no record: its records were all read, and replayed in the order written.
+* **Covers.** The first record of each write names the partition of each record of the two
+  writes before it (``[from, to, [[queue id, partition], ...]]`` in the records' order, a
+  deleted queue as partition -1).  Where covers read name the partition of every record the
+  damage took, a partition none of those is of lost no record: its records were all read, and
+  are replayed in the order written.
 * **Its own records.** Otherwise (damage longer than two writes, before the first record read,
   after the last, or in a log an older build wrote): a partition whose last record (an append,
   or a truncation, which fixes where its log ended) is numbered above every record the damage
@@ -30,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 Key = tuple[int, int]
-#: (first record number, last record number, the partitions of the records between, a
+#: (first record number, last record number, the partition of each record between in order, a
 #: deleted queue as (queue id, -1))
-Cover = tuple[int, int, frozenset[Key]]
+Cover = tuple[int, int, tuple[Key, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +82,12 @@ def assess(numbers: Sequence[int | None], damaged_at: Iterable[int], covers: Ite
 def _touched(gaps: list[tuple[int, int]], covers: list[Cover]) -> frozenset[Key] | None:
     """The partitions the covers name for the numbers in ``gaps``; None where a number is in no
     cover."""
+    whole = [c for c in covers if len(c[2]) == c[1] - c[0] + 1]
     out: set[Key] = set()
     for lo, hi in gaps:
-        over = sorted((c for c in covers if c[0] <= hi and c[1] >= lo), key=lambda c: c[0])
-        reach = lo
-        for first, last, keys in over:
-            if first > reach:
+        for number in range(lo, hi + 1):
+            first, _last, keys = next((c for c in whole if c[0] <= number <= c[1]), (0, 0, ()))
+            if not keys:
                 return None
-            reach = max(reach, last + 1)
-            out |= keys
-        if reach <= hi:
-            return None
+            out.add(keys[number - first])
     return frozenset(out)

@@ -19,7 +19,8 @@ then ``length`` bytes of msgpack:
 
 ``seq`` numbers the records one by one, in the order they were written, across segments; the
 first record of each write carries a ``cover``, ``[from_seq, to_seq, [[queue_id, partition],
-...]]``: the partitions of the two writes before it.  A record of an older build has neither
+...]]``: the partition of each record of the two writes before it, in order (a deletion
+record's as partition -1).  A record of an older build has neither
 (nor ``commit`` where it was 0); a build that does not know the trailing fields reads the
 record without them.  They say what damage took (storage.logdamage).
 
@@ -52,11 +53,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import struct
 import threading
-import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,8 @@ import msgpack
 
 from client.errors import StorageError
 from storage.base import LogRecord
-from storage.logdamage import Cover, Damage, assess
+from storage.logdamage import Damage, assess
+from storage.segfiles import SUFFIX, cover_of, encode, key_of, read_segment, records, seq_of
 
 log = logging.getLogger("tandem.storage")
 
@@ -77,8 +77,6 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 #: Kept until then, so a restart mid-repair (the damaged segments already set aside) still knows
 #: it may have acknowledged entries it no longer holds.
 REPAIR_KEY = "repairing."
-_HEADER = struct.Struct("<II")
-_SUFFIX = ".seg"
 
 
 @dataclass(slots=True)
@@ -115,130 +113,6 @@ def make_dir(path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def read_segment(path: Path) -> tuple[bytes, str | None]:
-    """A segment's bytes, and why it ends early if the disk could not read all of it (a latent
-    sector error: ``unreadable from byte N (Input/output error)``), else None."""
-    chunks: list[bytes] = []
-    got = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while True:
-            try:
-                chunk = os.read(fd, 1 << 20)
-            except OSError as exc:
-                return b"".join(chunks), f"unreadable from byte {got} ({exc.strerror})"
-            if not chunk:
-                return b"".join(chunks), None
-            chunks.append(chunk)
-            got += len(chunk)
-    finally:
-        os.close(fd)
-
-
-def records(data: bytes, last: bool, *, resume: bool = False
-            ) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
-    """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
-    None), up to the first that fails its length or checksum, given as (offset, b"", (what,
-    why it is damage)): why None for a torn tail (nothing readable after it, in the newest
-    segment), else ", a readable record at byte N after it" or ", in a segment that is not the
-    newest".  ``resume``: on from that readable record after damage, to the end."""
-    pos = 0
-    while pos < len(data):
-        bad = None
-        if pos + _HEADER.size > len(data):
-            bad = "a torn record header"
-        else:
-            length, crc = _HEADER.unpack_from(data, pos)
-            body = data[pos + _HEADER.size:pos + _HEADER.size + length]
-            if len(body) < length:
-                bad = "a torn record"
-            elif length == 0:
-                bad = "an empty record (zeros)"
-            elif zlib.crc32(body) != crc:
-                bad = "a record failing its checksum"
-        if bad is not None:
-            after = _next_record(data, pos + 1)
-            why = (f", a readable record at byte {after} after it" if after is not None
-                   else None if last else ", in a segment that is not the newest")
-            yield pos, b"", (bad, why)
-            if not resume or after is None:
-                return
-            pos = after
-            continue
-        yield pos, body, None
-        pos += _HEADER.size + length
-
-
-def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
-    """Read every record of the segments in ``directory`` without changing anything (``tandem
-    scrub``): how many records passed their checks, the damage found (as
-    :attr:`SegmentLog.damage` says it), and the torn tails a node's next open would cut off."""
-    paths = sorted(p for p in Path(directory).glob(f"*{_SUFFIX}") if p.stem.isdigit())
-    good, damage, torn = 0, [], []
-    for n, path in enumerate(paths):
-        data, unreadable = read_segment(path)
-        if unreadable is not None:
-            damage.append(f"{path} at byte {len(data)} ({unreadable})")
-            continue
-        for pos, _body, fault in records(data, last=n == len(paths) - 1, resume=True):
-            if fault is None:
-                good += 1
-            elif fault[1] is not None:
-                damage.append(f"{path} at byte {pos} ({fault[0]}{fault[1]})")
-            else:
-                torn.append(f"{path} at byte {pos} ({fault[0]}: a torn tail, {len(data) - pos} bytes)")
-    return good, damage, torn
-
-
-def _next_record(data: bytes, start: int) -> int | None:
-    """The first offset at or after ``start`` where a whole record passes its checksum and reads
-    as one (a record after damage: what tells damage from a torn tail); None if none."""
-    end = len(data) - _HEADER.size
-    for pos in range(start, end + 1):
-        length, crc = _HEADER.unpack_from(data, pos)
-        if length == 0 or pos + _HEADER.size + length > len(data):
-            continue
-        body = data[pos + _HEADER.size:pos + _HEADER.size + length]
-        if zlib.crc32(body) != crc:
-            continue
-        try:
-            rec = msgpack.unpackb(body, raw=False)
-        except Exception:  # msgpack raises several types
-            continue
-        if isinstance(rec, list) and rec and rec[0] in ("A", "T", "X"):
-            return pos
-    return None
-
-
-def _record(item: list[Any], seq: int, cover: list[Any] | None = None) -> bytes:
-    if item[0] == "A" and len(item) == 4:
-        item = [*item, 0]  # (the commit watermark's place, before the number)
-    payload = msgpack.packb([*item, seq] if cover is None else [*item, seq, cover], use_bin_type=True)
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-_SEQ_AT = {"A": 5, "T": 4, "X": 2}
-
-
-def seq_of(rec: list[Any]) -> int | None:
-    """A record's number (module doc), or None for a record an older build wrote."""
-    at = _SEQ_AT.get(rec[0], len(rec))
-    return rec[at] if len(rec) > at else None
-
-
-def cover_of(rec: list[Any]) -> Cover | None:
-    """The cover a write's first record carries (storage.logdamage), or None."""
-    at = _SEQ_AT.get(rec[0], len(rec)) + 1
-    if len(rec) <= at:
-        return None
-    first, last, keys = rec[at]
-    return first, last, frozenset((q, p) for q, p in keys)
-
-
-def _key_of(rec: list[Any]) -> Key:
-    return (rec[1], rec[2]) if rec[0] != "X" else (rec[1], -1)
-
-
 class SegmentLog:
     """The replication log of every partition of one node.  Not thread-safe: the store's
     writer thread owns it after :meth:`open` (``pins`` excepted, see there)."""
@@ -261,26 +135,30 @@ class SegmentLog:
         #: after damage: what it took, as far as the records' numbers and covers say
         self.assessed = Damage(None, None)
         self._next_seq = 1
-        self._recent: deque[tuple[int, int, frozenset[Key]]] = deque(maxlen=2)  # the last writes' covers
+        #: the last two writes: the number of each one's first record, and its records' partitions
+        self._recent: deque[tuple[int, list[Key]]] = deque(maxlen=2)
         self._entry_seq: dict[Key, dict[int, int]] = {}  # after damage: index -> its record's number
         #: per partition, its last ``A`` or ``T`` record's number (0: none) and the log's last index
         #: after that record (an append's highest index; a truncation's first, less one)
         self._tail: dict[Key, tuple[int, int]] = {}
         self._sweep_at = 0  # the record number at which :meth:`sweep` looks again
+        self._dropped: set[int] = set()  # queues a deletion record removed (and none written since)
         self._sync_failed: str | None = None  # (sync)
 
     # -- open: replay --------------------------------------------------------------------
 
-    def open(self) -> dict[Key, list[LogRecord]]:
+    def open(self, *, clean: bool = False) -> dict[Key, list[LogRecord]]:
         """Scan the segments; every partition's entries, in index order (after damage, what was
-        read: :meth:`intact` says which partitions' entries are whole)."""
+        read: :meth:`intact` says which partitions' entries are whole).  ``clean``: the log was
+        closed (no write was cut short), so a bad record at its end is damage too."""
         make_dir(self.dir)
-        seqs = sorted(int(p.stem) for p in self.dir.glob(f"*{_SUFFIX}") if p.stem.isdigit())
+        seqs = sorted(int(p.stem) for p in self.dir.glob(f"*{SUFFIX}") if p.stem.isdigit())
         found: list[tuple[int | None, _Segment, list[Any]]] = []
         damaged_at: list[int] = []  # how many records were read before each damage
+        cut = False
         for n, seq in enumerate(seqs):
             seg = _Segment(seq, self._path(seq))
-            self._read(seg, found, damaged_at, last=n == len(seqs) - 1)
+            cut = self._read(seg, found, damaged_at, last=n == len(seqs) - 1, clean=clean) or cut
             self._segments.append(seg)
         numbers = [f[0] for f in found]
         known = [n for n in numbers if n is not None]
@@ -288,6 +166,11 @@ class SegmentLog:
         if back is not None:
             self.damage.append(f"{self.dir}: record {known[back]} after record {known[back - 1]} (records out of "
                                f"order: a misdirected write)")
+        elif not self.damage and (gap := next(((a, b) for a, b in zip(known, known[1:]) if b > a + 1), None)):
+            self.damage.append(f"{self.dir}: no record numbered {gap[0] + 1}" + (f"-{gap[1] - 1}" if gap[1] > gap[0] + 2
+                               else "") + f" between records {gap[0]} and {gap[1]} (a write lost or misdirected)")
+        if self.damage and cut:
+            damaged_at.append(len(found))  # (the end cut off may be damage too: nothing known past it)
         self._next_seq = max(known, default=0) + 1
         covers = [c for _n, _s, rec in found if (c := cover_of(rec)) is not None]
         entries: dict[Key, dict[int, LogRecord]] = {}
@@ -297,9 +180,9 @@ class SegmentLog:
                 found.sort(key=lambda f: f[0] or 0)  # (the order they were written in)
         else:  # the records no cover names yet: the first write's cover names them
             since = max((c[1] for c in covers), default=0)
-            tail = [(n, _key_of(rec)) for n, _s, rec in found if n is not None and n > since]
-            if tail:
-                self._recent.append((tail[0][0], tail[-1][0], frozenset(k for _n, k in tail)))
+            tail = [(n, key_of(rec)) for n, _s, rec in found if n is not None and n > since]
+            if tail and tail[-1][0] - tail[0][0] == len(tail) - 1:
+                self._recent.append((tail[0][0], [k for _n, k in tail]))
         for number, seg, rec in found:
             self._apply_record(seg, rec, entries, number, track=bool(self.damage))
         if self.damage:
@@ -329,7 +212,7 @@ class SegmentLog:
         return aside
 
     def _path(self, seq: int) -> Path:
-        return self.dir / f"{seq:016d}{_SUFFIX}"
+        return self.dir / f"{seq:016d}{SUFFIX}"
 
     def intact(self, key: Key, applied: int, entries: list[LogRecord]) -> bool:
         """After damage: whether partition ``key``'s entries above ``applied`` (its store's
@@ -347,7 +230,7 @@ class SegmentLog:
         after that many more records."""
         if self._next_seq < self._sweep_at:
             return
-        keys = set(self._tail) | set(snaps)
+        keys = set(self._tail) | {k for k in snaps if k[0] not in self._dropped}
         every = max(32, 4 * len(keys))
         self._sweep_at = self._next_seq + every
         quiet = [key for key in keys if self._tail.get(key, (0, 0))[0] < self._next_seq - every]
@@ -361,7 +244,8 @@ class SegmentLog:
                    sync=False)
 
     def _read(self, seg: _Segment, found: list[tuple[int | None, _Segment, list[Any]]], damaged_at: list[int], *,
-              last: bool) -> None:
+              last: bool, clean: bool) -> bool:
+        """Read ``seg``'s records into ``found``; whether a torn end was cut off."""
         data, unreadable = read_segment(seg.path)
         seg.size = len(data)
         # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries)
@@ -376,6 +260,10 @@ class SegmentLog:
                     self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
                     damaged_at.append(len(found))
                 continue
+            if clean:
+                self.damage.append(f"{seg.path} at byte {pos} ({bad}, at the end of a log that was closed)")
+                damaged_at.append(len(found))
+                return False
             log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
                         "or the machine did not finish)", seg.path, bad, pos, len(data))
             with open(seg.path, "r+b") as f:
@@ -383,11 +271,12 @@ class SegmentLog:
                 f.flush()
                 os.fsync(f.fileno())
             seg.size = pos
-            return
+            return True
         if unreadable is not None:
             self.damage.append(f"{seg.path} at byte {len(data)} ({unreadable})")
             damaged_at.append(len(found))
             seg.size = os.path.getsize(seg.path)
+        return False
 
     def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None,
                       number: int | None, *, track: bool = False) -> None:
@@ -405,6 +294,7 @@ class SegmentLog:
                     self._entry_seq.setdefault(key, {}).update((it[0], number) for it in items)
             top = max(it[0] for it in items)
             self._tail[key] = (number or 0, top)
+            self._dropped.discard(key[0])
             if top > seg.tops.get(key, 0):
                 seg.tops[key] = top
             if entries is not None and len(rec) > 4 and rec[4] > self.commits.get(key, 0):
@@ -413,6 +303,7 @@ class SegmentLog:
             key = (rec[1], rec[2])
             start = rec[3]
             self._tail[key] = (number or 0, start - 1)
+            self._dropped.discard(key[0])
             if entries is not None and key in entries:
                 mine = entries[key]
                 for i in [i for i in mine if i >= start]:
@@ -432,6 +323,7 @@ class SegmentLog:
                         s.tops[key] = -1
             for key in [k for k in self._tail if k[0] == qid]:
                 del self._tail[key]
+            self._dropped.add(qid)
             if entries is not None:
                 for key in [k for k in entries if k[0] == qid]:
                     del entries[key]
@@ -454,9 +346,13 @@ class SegmentLog:
                 seg = self._roll()
             first = self._next_seq
             cover = None
-            if self._recent:
-                cover = [self._recent[0][0], self._recent[-1][1], sorted({k for c in self._recent for k in c[2]})]
-            buf = b"".join(_record(r, first + n, cover if n == 0 else None) for n, r in enumerate(records))
+            recent = [c for c in self._recent if c[0] + len(c[1]) <= first]
+            if len(recent) == 2 and recent[0][0] + len(recent[0][1]) != recent[1][0]:
+                recent = recent[1:]  # (the two must follow on)
+            if recent:
+                keys = [list(k) for c in recent for k in c[1]]
+                cover = [recent[0][0], recent[0][0] + len(keys) - 1, keys]
+            buf = b"".join(encode(r, first + n, cover if n == 0 else None) for n, r in enumerate(records))
             try:
                 done = os.write(self._fd, buf)
                 while done < len(buf):
@@ -473,7 +369,7 @@ class SegmentLog:
                 raise StorageError(f"replication log write to {seg.path} failed: {exc}", orig=exc) from exc
             seg.size += len(buf)
             self._next_seq += len(records)
-            self._recent.append((first, self._next_seq - 1, frozenset(_key_of(r) for r in records)))
+            self._recent.append((first, [key_of(r) for r in records]))
             self._dirty = True
             for n, r in enumerate(records):
                 self._apply_record(seg, r, None, self._next_seq - len(records) + n)

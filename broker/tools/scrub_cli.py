@@ -1,5 +1,5 @@
 """``tandem scrub --data-dir DIR``: read every record of a node's files and check it, changing
-nothing (storage.segments.scan, storage.sqlite.scrub)."""
+nothing (storage.segfiles.scan, storage.sqlite.scrub)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
 
 def _scrub(args: argparse.Namespace) -> int:
     # (imported here: the store's SQL toolkit costs every other command's start ~0.15 s)
-    from storage.segments import scan
+    from storage.segfiles import scan
     from storage.sqlite.scrub import scrub_store
 
     d = Path(args.data_dir)

@@ -134,7 +134,8 @@ class SqliteEngine:
             self._create_schema(self._writer)
             recovered = load(self._writer, self.path, self._applier, self.load_budget)
             self._writer.rollback()  # end the read transaction autobegun by load
-            moved = replay_log(self.log, self._raw(self._writer), recovered, self.path)
+            moved = replay_log(self.log, self._raw(self._writer), recovered, self.path,
+                               clean=self._open_mark and not new and not self._mark.exists())
             self._mark_repairs(recovered, moved)
             self._pending_snaps = {key: st.snapshot[0] for key, st in recovered.logs.items()}
             self._make_durable()
@@ -245,6 +246,9 @@ class SqliteEngine:
                 if kind is DropQueue:
                     records.append(["X", op.queue_id])  # type: ignore[union-attr]
                     self._check_segments = True
+                    for snaps in (self._pending_snaps, self._durable_snaps):  # (its log is gone with it)
+                        for key in [k for k in snaps if k[0] == op.queue_id]:  # type: ignore[union-attr]
+                            del snaps[key]
                 elif kind is LogCompact:
                     compacted[(op.queue_id, op.partition)] = op.upto  # type: ignore[union-attr]
                 store_ops.append(op)

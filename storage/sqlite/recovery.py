@@ -162,12 +162,14 @@ def acl_records(rows: Iterable[Any]) -> list[AclRecord]:
     return [AclRecord(user=u, pattern=p, permissions=tuple(perms)) for (u, p), perms in grouped.items()]
 
 
-def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path) -> list[WriteOp]:
+def replay_log(segments: SegmentLog, raw: sqlite3.Connection, rec: Recovered, path: Path, *,
+               clean: bool = False) -> list[WriteOp]:
     """Replay the log's segments into ``rec.logs``; first move a log kept in the
     ``ha_log`` table (a store of schema 3 written before the segment files) into them.
+    ``clean``: the store and its log were closed when last open (SegmentLog.open).
     The store writes it leaves to the caller: after damage, the compaction points of the
     partitions whose entries were whole (:func:`whole`)."""
-    replayed = segments.open()
+    replayed = segments.open(clean=clean)
     moved: list[WriteOp] = []
     if segments.damage:
         replayed, moved = whole(segments, rec, replayed)
@@ -229,10 +231,9 @@ def whole(segments: SegmentLog, rec: Recovered, replayed: dict[Key, list[LogReco
         if applied > st.snapshot[0]:
             st.snapshot = st.applied
             moved.append(LogCompact(key[0], key[1], *st.applied, st.snap_weak, st.snap_recency))
-    segments.write([["A", key[0], key[1], [[r.index, r.term, r.origin, r.weak, r.data] for r in recs],
-                     segments.commits.get(key, 0)] for key, recs in kept.items() if recs], sync=True)
-    for key in [k for k in segments.commits if k not in kept]:
-        del segments.commits[key]
+    segments.write([["A", key[0], key[1], [[r.index, r.term, r.origin, r.weak, r.data] for r in recs]]
+                    for key, recs in kept.items() if recs], sync=True)
+    segments.commits.clear()  # (a watermark read past damage may be an earlier queue's of the same id)
     log.warning("replication log %s: after its damage, %d of %d partition(s) have every entry they had; the "
                 "others catch up from the group", segments.dir, len(kept), len(replayed))
     return kept, moved

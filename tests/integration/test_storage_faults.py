@@ -19,7 +19,7 @@ import client
 from client.errors import ConnectionClosedError, NotActiveError
 from broker.tools.cluster import LocalCluster
 from broker.tools.process import NodeStartError
-from storage.segments import records as segment_records
+from storage.segfiles import records as segment_records
 from storage.sqlite import SqliteEngine
 from tests.conftest import FAST
 from tests.helpers import tandem, wait_until

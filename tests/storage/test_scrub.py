@@ -1,4 +1,4 @@
-"""``tandem scrub`` (broker.tools.scrub_cli over storage.segments.scan and
+"""``tandem scrub`` (broker.tools.scrub_cli over storage.segfiles.scan and
 storage.sqlite.scrub): every record of a node's files read and checked, nothing changed; damage
 named by file and offset, exit 1; a torn tail named as such; a clean directory exit 0."""
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from storage.base import Append, LogAppend, LogRecord, PutMeta, PutQueue, StoredMessage
-from storage.segments import records, scan
+from storage.segfiles import records, scan
 from storage.sqlite import SqliteEngine
 from storage.sqlite.rowsums import LEVEL, LEVEL_KEY
 from storage.sqlite.scrub import scrub_store

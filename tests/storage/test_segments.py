@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import struct
+import zlib
 from pathlib import Path
 
 import msgpack
@@ -16,7 +18,8 @@ from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncat
 from storage.base import QueueMeta
 from broker.tools.powerfs import PowerFS
 from broker.tools.powerfs_mount import fuse_missing
-from storage.segments import SegmentLog, records, scan
+from storage.segfiles import records, scan
+from storage.segments import SegmentLog
 from storage.sqlite import SqliteEngine
 
 KIB = 1024
@@ -411,9 +414,10 @@ def test_a_hole_or_an_older_term_ends_the_usable_log(tmp_path: Path) -> None:
     again.close()
 
 
-def test_a_damaged_log_marks_every_partition_under_repair_in_the_store_at_open(tmp_path: Path) -> None:
+def test_a_damaged_log_marks_the_partitions_under_repair_in_the_store_at_open(tmp_path: Path) -> None:
     """The mark is on disk before the damaged segments can go aside: a restart after that
-    still knows these partitions are under repair (broker.modes.replicated.reconcile)."""
+    still knows the partition is under repair (broker.modes.replicated.reconcile); the other
+    partition, whose records the damage spared (the next write's cover says so), is not."""
     e = SqliteEngine(tmp_path / "tandem.db")
     e.open()
     e.apply([PutQueue(Q), PutHardState(1, 0, 2, "n1", 0), PutHardState(1, 1, 2, "n1", 0)], sync=True)
@@ -421,15 +425,19 @@ def test_a_damaged_log_marks_every_partition_under_repair_in_the_store_at_open(t
         e.log.write([append(1, 0, i, 4, term=2), append(1, 1, i, 4, term=2)], sync=False)
     e.close()
     seg = _newest(tmp_path / "tandem.db-log")
-    _flip(seg, seg.stat().st_size // 2)
+    read = [(pos, msgpack.unpackb(body)) for pos, body, _f in records(seg.read_bytes(), True)]
+    pos, rec = read[len(read) // 2]
+    _flip(seg, pos + 30)
+    hit = (rec[1], rec[2])
     again = SqliteEngine(tmp_path / "tandem.db")
-    rec = again.open()
-    assert rec.log_damage and all(st.damaged and not st.marked for st in rec.logs.values())
+    rec2 = again.open()
+    assert rec2.log_damage and {k for k, st in rec2.logs.items() if st.damaged} == {hit}
+    assert not any(st.marked for st in rec2.logs.values())
     again.close()  # (stopped before a write set the segments aside)
     third = SqliteEngine(tmp_path / "tandem.db")
-    rec = third.open()
-    assert {key for key, st in rec.logs.items() if st.marked} == {(1, 0), (1, 1)}
-    assert rec.meta["repairing.1.0"] == "1"
+    rec3 = third.open()
+    assert {key for key, st in rec3.logs.items() if st.marked} == {hit}
+    assert rec3.meta[f"repairing.{hit[0]}.{hit[1]}"] == "1"
     third.close()
 
 
@@ -532,6 +540,96 @@ def test_covers_name_the_partitions_of_the_records_damage_took(tmp_path: Path) -
     assert not third.intact((1, 0), 0, got[(1, 0)])  # (its last record lies before the damage)
     assert third.intact((1, 0), 10, got[(1, 0)]) is False
     third.close()
+
+
+def _records_of(seg: Path) -> list[tuple[int, int]]:
+    """(start, end) of each whole record of a segment."""
+    return [(pos, pos + 8 + len(body)) for pos, body, fault in records(seg.read_bytes(), True) if fault is None]
+
+
+def test_damage_with_a_cut_end_leaves_no_partition_sure(tmp_path: Path) -> None:
+    """The newest record may be damage at rest rather than a write a crash cut short: with
+    damage elsewhere, what was cut off is taken as lost too, and no partition keeps its log
+    (its entry 2 was acknowledged)."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    for rec in (append(2, 0, 1, 1), append(1, 0, 1, 1), append(1, 0, 2, 1)):
+        log.write([rec], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    (first, _), _, (last, _) = _records_of(seg)
+    _flip(seg, first + 12)
+    _flip(seg, last + 12)
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert again.damage and indexes(got[(1, 0)]) == [1]
+    assert not again.intact((1, 0), 0, got[(1, 0)]) and not again.intact((1, 0), 1, got[(1, 0)])
+    again.close()
+
+
+def test_a_record_missing_between_two_read_is_damage(tmp_path: Path) -> None:
+    """A write misdirected exactly over the record before it, its own place (the end) left
+    zeros: every record read passes its checksum and the zeros are cut off, but the numbers
+    say a record is gone."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    for rec in (append(1, 0, 1, 1), append(1, 0, 2, 1), ["T", 2, 0, 1]):
+        log.write([rec], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    _, (second, _), (third, end) = _records_of(seg)
+    data = bytearray(seg.read_bytes())
+    moved = bytes(data[third:end])
+    data[third:end] = bytes(end - third)
+    data[second:second + len(moved)] = moved
+    seg.write_bytes(bytes(data))
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert [d.split(": ", 1)[1] for d in again.damage] == [
+        "no record numbered 2 between records 1 and 3 (a write lost or misdirected)"]
+    assert not again.intact((1, 0), 0, got[(1, 0)])
+    again.close()
+
+
+def test_a_record_framed_inside_a_payload_is_not_taken_for_one_after_damage(tmp_path: Path) -> None:
+    """After damage the scan looks for the next record; one framed inside an entry's data (a
+    client's bytes) is not taken: the record after a real one frames on too."""
+    body = msgpack.packb(["A", 1, 0, [[3, 1, "n1", False, b"EVIL"]], 0, 4], use_bin_type=True)
+    fake = struct.pack("<II", len(body), zlib.crc32(body)) + body
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 1)], sync=True)
+    log.write([append(2, 0, 1, 1)], sync=True)
+    log.write([["A", 1, 0, [[2, 1, "n1", False, b"x" * 10 + fake + b"y" * 10]]]], sync=True)
+    log.write([append(2, 0, 2, 1)], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    _, (second, _), *_ = _records_of(seg)
+    _flip(seg, second + 12)
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert [(r.index, r.data[:1]) for r in got[(1, 0)]] == [(1, bytes([1])), (2, b"x")]
+    again.close()
+
+
+def test_a_bad_end_of_a_log_that_was_closed_is_damage_not_a_cut_write(tmp_path: Path) -> None:
+    """No write was under way when the store and its log were closed: a record failing its
+    checksum at the end is damage at rest (an acknowledged entry), not cut off."""
+    e = SqliteEngine(tmp_path / "tandem.db")
+    e.open()
+    e.apply([PutQueue(Q), PutHardState(1, 0, 2, "n1", 0)], sync=True)
+    e.log.write([append(1, 0, 1, 3, term=2)], sync=True)
+    e.log.write([append(1, 0, 4, 1, term=2)], sync=True)
+    e.close()
+    seg = _newest(tmp_path / "tandem.db-log")
+    [_, (last, _)] = _records_of(seg)
+    _flip(seg, last + 12)
+    again = SqliteEngine(tmp_path / "tandem.db")
+    rec = again.open()
+    assert rec.log_damage == [f"{seg} at byte {last} (a record failing its checksum, at the end of a log that was "
+                              f"closed)"]
+    assert rec.logs[(1, 0)].damaged and seg.stat().st_size > last + 8  # (not cut)
+    again.close()
 
 
 def test_a_deletion_record_removes_only_the_entries_before_it(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ from typing import Any, ClassVar
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
 from client.errors import TandemError, UnavailableError
-from storage.segments import scan
+from storage.segfiles import scan
 
 #: each node's tmpfs under disk-full (MiB)
 TMPFS_MB = 128

@@ -32,7 +32,7 @@ from typing import ClassVar
 from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from client.errors import TandemError, UnavailableError
-from storage.segments import records
+from storage.segfiles import records
 
 #: seconds the restarted node is given to report each damaged record (its event, its log line)
 DETECT_WAIT = 30.0

@@ -1,0 +1,170 @@
+"""The replication log's records as they lie in its segment files: their framing, reading them
+back, and telling damage from a write a crash cut short (the layout: storage.segments's doc).
+:class:`storage.segments.SegmentLog` keeps the files."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from storage.logdamage import Cover
+
+Key = tuple[int, int]
+
+HEADER = struct.Struct("<II")
+SUFFIX = ".seg"
+
+
+def read_segment(path: Path) -> tuple[bytes, str | None]:
+    """A segment's bytes, and why it ends early if the disk could not read all of it (a latent
+    sector error: ``unreadable from byte N (Input/output error)``), else None."""
+    chunks: list[bytes] = []
+    got = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as exc:
+                return b"".join(chunks), f"unreadable from byte {got} ({exc.strerror})"
+            if not chunk:
+                return b"".join(chunks), None
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+
+
+def records(data: bytes, last: bool, *, resume: bool = False
+            ) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
+    """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
+    None), up to the first that fails its length or checksum, given as (offset, b"", (what,
+    why it is damage)): why None for a torn tail (nothing readable after it, in the newest
+    segment), else ", a readable record at byte N after it" or ", in a segment that is not the
+    newest".  ``resume``: on from that readable record after damage, to the end."""
+    pos = 0
+    while pos < len(data):
+        bad = None
+        if pos + HEADER.size > len(data):
+            bad = "a torn record header"
+        else:
+            length, crc = HEADER.unpack_from(data, pos)
+            body = data[pos + HEADER.size:pos + HEADER.size + length]
+            if len(body) < length:
+                bad = "a torn record"
+            elif length == 0:
+                bad = "an empty record (zeros)"
+            elif zlib.crc32(body) != crc:
+                bad = "a record failing its checksum"
+        if bad is not None:
+            after = _next_record(data, pos + 1)
+            why = (f", a readable record at byte {after} after it" if after is not None
+                   else None if last else ", in a segment that is not the newest")
+            yield pos, b"", (bad, why)
+            if not resume or after is None:
+                return
+            pos = after
+            continue
+        yield pos, body, None
+        pos += HEADER.size + length
+
+
+def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
+    """Read every record of the segments in ``directory`` without changing anything (``tandem
+    scrub``): how many records passed their checks, the damage found (as
+    :attr:`SegmentLog.damage` says it), and the torn tails a node's next open would cut off."""
+    paths = sorted(p for p in Path(directory).glob(f"*{SUFFIX}") if p.stem.isdigit())
+    good, damage, torn = 0, [], []
+    for n, path in enumerate(paths):
+        data, unreadable = read_segment(path)
+        if unreadable is not None:
+            damage.append(f"{path} at byte {len(data)} ({unreadable})")
+            continue
+        for pos, _body, fault in records(data, last=n == len(paths) - 1, resume=True):
+            if fault is None:
+                good += 1
+            elif fault[1] is not None:
+                damage.append(f"{path} at byte {pos} ({fault[0]}{fault[1]})")
+            else:
+                torn.append(f"{path} at byte {pos} ({fault[0]}: a torn tail, {len(data) - pos} bytes)")
+    return good, damage, torn
+
+
+def _next_record(data: bytes, start: int) -> int | None:
+    """The first offset at or after ``start`` where a whole record passes its checksum and reads
+    as one (a record after damage: what tells damage from a torn tail); None if none.  One
+    followed by the end or by another whole record comes first: a record framed inside
+    another's payload (a client's bytes) seldom is."""
+    first = None
+    end = len(data) - HEADER.size
+    for pos in range(start, end + 1):
+        length, crc = HEADER.unpack_from(data, pos)
+        if length == 0 or pos + HEADER.size + length > len(data):
+            continue
+        body = data[pos + HEADER.size:pos + HEADER.size + length]
+        if zlib.crc32(body) != crc:
+            continue
+        try:
+            rec = msgpack.unpackb(body, raw=False)
+        except Exception:  # msgpack raises several types
+            continue
+        if not _well_formed(rec):
+            continue
+        nxt = pos + HEADER.size + length
+        if nxt == len(data) or _frame_ok(data, nxt):
+            return pos
+        first = pos if first is None else first
+    return first
+
+
+def _frame_ok(data: bytes, pos: int) -> bool:
+    if pos + HEADER.size > len(data):
+        return False
+    length, crc = HEADER.unpack_from(data, pos)
+    return 0 < length <= len(data) - pos - HEADER.size and zlib.crc32(data[pos + HEADER.size:pos + HEADER.size
+                                                                             + length]) == crc
+
+
+def _well_formed(rec: Any) -> bool:
+    """A record of the module doc's shapes, its number (if any) an int in range."""
+    if not isinstance(rec, list) or not rec or rec[0] not in _SEQ_AT:
+        return False
+    fields = len(rec) > 2 and all(isinstance(x, int) for x in rec[1:3 if rec[0] != "X" else 2])
+    number = seq_of(rec)
+    return fields and (number is None or (isinstance(number, int) and 0 < number < 1 << 62)) and (
+        rec[0] != "A" or (isinstance(rec[3], list) and bool(rec[3])))
+
+
+def encode(item: list[Any], seq: int, cover: list[Any] | None = None) -> bytes:
+    if item[0] == "A" and len(item) == 4:
+        item = [*item, 0]  # (the commit watermark's place, before the number)
+    payload = msgpack.packb([*item, seq] if cover is None else [*item, seq, cover], use_bin_type=True)
+    return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+_SEQ_AT = {"A": 5, "T": 4, "X": 2}
+
+
+def seq_of(rec: list[Any]) -> int | None:
+    """A record's number (module doc), or None for a record an older build wrote."""
+    at = _SEQ_AT.get(rec[0], len(rec))
+    return rec[at] if len(rec) > at else None
+
+
+def cover_of(rec: list[Any]) -> Cover | None:
+    """The cover a write's first record carries (storage.logdamage), or None."""
+    at = _SEQ_AT.get(rec[0], len(rec)) + 1
+    if len(rec) <= at:
+        return None
+    first, last, keys = rec[at]
+    return first, last, tuple((q, p) for q, p in keys)
+
+
+def key_of(rec: list[Any]) -> Key:
+    return (rec[1], rec[2]) if rec[0] != "X" else (rec[1], -1)
