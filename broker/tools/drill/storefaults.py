@@ -79,7 +79,8 @@ class BitFlip(Nemesis):
                 break
             await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: a consumer that keeps up leaves none)
         pool = holding if len(holding) >= self.count else names
-        self.targets = [_Target(n) for n in sorted(ctx.rng.sample(pool, self.count))]
+        chosen = [ctx.rng.choice(pool)] if self.count == 1 else ctx.rng.sample(pool, self.count)
+        self.targets = [_Target(n) for n in sorted(chosen)]
         await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
         said = []
         for t in self.targets:
