@@ -51,38 +51,48 @@ class Damage:
         applied index; ``indexes``, its entries as read (in order); ``tail``, the number of its
         last ``A`` or ``T`` record and where that record says its log ended; ``numbers``, the
         number of the record each entry came from."""
-        if self.touched is not None and key not in self.touched and (key[0], -1) not in self.touched:
-            return True
-        lost = self.lost_upto
         number, top = tail
+        above = [i for i in indexes if i > applied]
+        whole = above == list(range(applied + 1, max(top, applied) + 1))  # (no hole, up to its end)
+        if self.touched is not None and key not in self.touched and (key[0], -1) not in self.touched:
+            return whole
+        lost = self.lost_upto
         if lost is None or number <= lost:
             return False
-        above = [i for i in indexes if i > applied]
-        return all(numbers.get(i, 0) > lost for i in above) and above == list(range(applied + 1, max(top, applied) + 1))
+        return whole and all(numbers.get(i, 0) > lost for i in above)
 
 
-def assess(numbers: Sequence[int | None], damaged_at: Iterable[int], covers: Iterable[Cover]) -> Damage:
-    """The damage, from the numbers of the records read in the order they lie in the files,
-    how many had been read at each damage, and the covers read."""
+def assess(read: Sequence[tuple[int | None, Key]], damaged_at: Iterable[int], covers: Iterable[Cover],
+           floor: int | None = None) -> Damage:
+    """The damage, from the number and partition of each record read, in the order they lie in
+    the files, how many had been read at each damage, the covers read, and the number the oldest
+    file's first record took (None: not known, so any number below those read may be lost)."""
     where = set(damaged_at)
+    numbers = [n for n, _key in read]
     if not numbers or any(n is None for n in numbers):
         return Damage(None, None)
     ns = sorted(n for n in numbers if n is not None)
-    if any(b == a for a, b in zip(ns, ns[1:])):
+    if any(b == a for a, b in zip(ns, ns[1:])) or (floor is not None and floor > ns[0]):
         return Damage(None, None)
     gaps = [(a + 1, b - 1) for a, b in zip(ns, ns[1:]) if b > a + 1]
-    lost = ns[0] - 1 if 0 in where else 0  # (damage before the first record read)
+    if floor is not None and floor < ns[0]:
+        gaps.insert(0, (floor, ns[0] - 1))
+    unbounded = floor is None and ns[0] > 1  # (records before those read: reclaimed, or lost)
+    lost = ns[0] - 1 if unbounded else 0
     if gaps:
         lost = gaps[-1][1]
     if len(numbers) in where or not lost:  # (after the last record read, or no number missing: nothing known)
         return Damage(ns[-1], None)
-    return Damage(lost, None if 0 in where else _touched(gaps, list(covers)))
+    return Damage(lost, None if unbounded else _touched(gaps, list(covers), {n: key for n, key in read if n}))
 
 
-def _touched(gaps: list[tuple[int, int]], covers: list[Cover]) -> frozenset[Key] | None:
+def _touched(gaps: list[tuple[int, int]], covers: list[Cover], read: Mapping[int, Key]) -> frozenset[Key] | None:
     """The partitions the covers name for the numbers in ``gaps``; None where a number is in no
-    cover."""
+    cover, or where a cover does not name the partition of a record read (it cannot be trusted:
+    a record framed inside a payload is one way to read a wrong one)."""
     whole = [c for c in covers if len(c[2]) == c[1] - c[0] + 1]
+    if any(read.get(first + i, key) != key for first, _last, keys in whole for i, key in enumerate(keys)):
+        return None
     out: set[Key] = set()
     for lo, hi in gaps:
         for number in range(lo, hi + 1):

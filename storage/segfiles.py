@@ -63,7 +63,11 @@ def records(data: bytes, last: bool, *, resume: bool = False
             elif zlib.crc32(body) != crc:
                 bad = "a record failing its checksum"
         if bad is not None:
-            after = _next_record(data, pos + 1)
+            # a record failing its checksum with its length whole (a bit flipped in its payload): the
+            # next record is where that length says, not somewhere inside the damaged payload
+            end = pos + HEADER.size + length
+            after = end if bad == "a record failing its checksum" and _record_at(data, end) else \
+                _next_record(data, pos + 1)
             why = (f", a readable record at byte {after} after it" if after is not None
                    else None if last else ", in a segment that is not the newest")
             yield pos, b"", (bad, why)
@@ -114,13 +118,24 @@ def _next_record(data: bytes, start: int) -> int | None:
             rec = msgpack.unpackb(body, raw=False)
         except Exception:  # msgpack raises several types
             continue
-        if not _well_formed(rec):
+        if not well_formed(rec):
             continue
         nxt = pos + HEADER.size + length
         if nxt == len(data) or _frame_ok(data, nxt):
             return pos
         first = pos if first is None else first
     return first
+
+
+def _record_at(data: bytes, pos: int) -> bool:
+    """A whole, well-formed record starts at ``pos``."""
+    if not _frame_ok(data, pos):
+        return False
+    length, _crc = HEADER.unpack_from(data, pos)
+    try:
+        return well_formed(msgpack.unpackb(data[pos + HEADER.size:pos + HEADER.size + length], raw=False))
+    except Exception:  # msgpack raises several types
+        return False
 
 
 def _frame_ok(data: bytes, pos: int) -> bool:
@@ -131,14 +146,45 @@ def _frame_ok(data: bytes, pos: int) -> bool:
                                                                              + length]) == crc
 
 
-def _well_formed(rec: Any) -> bool:
+def well_formed(rec: Any) -> bool:
     """A record of the module doc's shapes, its number (if any) an int in range."""
-    if not isinstance(rec, list) or not rec or rec[0] not in _SEQ_AT:
+    if not isinstance(rec, list) or not rec or rec[0] not in _SEQ_AT or len(rec) < {"A": 4, "T": 4, "X": 2}[rec[0]]:
         return False
-    fields = len(rec) > 2 and all(isinstance(x, int) for x in rec[1:3 if rec[0] != "X" else 2])
+    if not all(isinstance(x, int) for x in rec[1:3 if rec[0] != "X" else 2]):
+        return False
     number = seq_of(rec)
-    return fields and (number is None or (isinstance(number, int) and 0 < number < 1 << 62)) and (
-        rec[0] != "A" or (isinstance(rec[3], list) and bool(rec[3])))
+    if number is not None and not (isinstance(number, int) and 0 < number < 1 << 62):
+        return False
+    if rec[0] == "T":
+        return isinstance(rec[3], int)
+    return rec[0] != "A" or (isinstance(rec[3], list) and bool(rec[3]) and all(
+        isinstance(it, list) and len(it) == 5 and isinstance(it[0], int) and isinstance(it[1], int) for it in rec[3]))
+
+
+def first_path(segment: Path) -> Path:
+    """The file beside a segment that keeps the number of its first record: what says, after
+    damage at its start, how many records the oldest segment began with."""
+    return segment.with_suffix(".first")
+
+
+def write_first(segment: Path, number: int) -> None:
+    text = f"{number} {zlib.crc32(str(number).encode())}\n".encode()
+    fd = os.open(first_path(segment), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_first(segment: Path) -> int | None:
+    """The number a segment's first record took, as kept beside it; None if that is not known
+    (no such file, or one that fails its checksum)."""
+    try:
+        number, crc = first_path(segment).read_text().split()
+        return int(number) if str(zlib.crc32(number.encode())) == crc else None
+    except (OSError, ValueError):
+        return None
 
 
 def encode(item: list[Any], seq: int, cover: list[Any] | None = None) -> bytes:
@@ -162,8 +208,11 @@ def cover_of(rec: list[Any]) -> Cover | None:
     at = _SEQ_AT.get(rec[0], len(rec)) + 1
     if len(rec) <= at:
         return None
-    first, last, keys = rec[at]
-    return first, last, tuple((q, p) for q, p in keys)
+    try:
+        first, last, keys = rec[at]
+        return int(first), int(last), tuple((int(q), int(p)) for q, p in keys)
+    except (TypeError, ValueError):
+        return None
 
 
 def key_of(rec: list[Any]) -> Key:

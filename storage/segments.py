@@ -7,8 +7,9 @@ pages once more: a 3-node group would write ~17 KiB to disk per 1 KiB message (a
 nodes), against ~10 KiB with the log here, for about a fifth less throughput.  The log
 is what an append-only file is for.
 
-Layout: ``<dir>/<seq>.seg``, ``seq`` rising.  Each record is ``<u32 length><u32 crc32>``
-then ``length`` bytes of msgpack:
+Layout: ``<dir>/<seq>.seg``, ``seq`` rising, each beside a ``<seq>.first`` holding the number
+of its first record and a CRC-32 of it (storage.segfiles).  Each record is ``<u32 length><u32
+crc32>`` then ``length`` bytes of msgpack:
 
 * ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq(, cover)]``:
   entries (a later record of the same index replaces the earlier one); ``commit`` is the
@@ -65,7 +66,8 @@ import msgpack
 from client.errors import StorageError
 from storage.base import LogRecord
 from storage.logdamage import Damage, assess
-from storage.segfiles import SUFFIX, cover_of, encode, key_of, read_segment, records, seq_of
+from storage.segfiles import (SUFFIX, cover_of, encode, first_path, key_of, read_first, read_segment, records,
+                               seq_of, well_formed, write_first)
 
 log = logging.getLogger("tandem.storage")
 
@@ -153,6 +155,9 @@ class SegmentLog:
         closed (no write was cut short), so a bad record at its end is damage too."""
         make_dir(self.dir)
         seqs = sorted(int(p.stem) for p in self.dir.glob(f"*{SUFFIX}") if p.stem.isdigit())
+        for orphan in self.dir.glob("*.first"):  # (its segment's deletion was cut short)
+            if not orphan.with_suffix(SUFFIX).exists():
+                orphan.unlink(missing_ok=True)
         found: list[tuple[int | None, _Segment, list[Any]]] = []
         damaged_at: list[int] = []  # how many records were read before each damage
         cut = False
@@ -162,6 +167,10 @@ class SegmentLog:
             self._segments.append(seg)
         numbers = [f[0] for f in found]
         known = [n for n in numbers if n is not None]
+        floor = read_first(self._path(seqs[0])) if seqs else None  # (the oldest segment's first record)
+        if floor is not None and known and floor < min(known) and not self.damage:
+            self.damage.append(f"{self._path(seqs[0])}: no record numbered {floor}-{min(known) - 1} at its start "
+                               f"(a write lost or misdirected)")
         back = next((i for i in range(1, len(known)) if known[i] <= known[i - 1]), None)
         if back is not None:
             self.damage.append(f"{self.dir}: record {known[back]} after record {known[back - 1]} (records out of "
@@ -175,7 +184,7 @@ class SegmentLog:
         covers = [c for _n, _s, rec in found if (c := cover_of(rec)) is not None]
         entries: dict[Key, dict[int, LogRecord]] = {}
         if self.damage:
-            self.assessed = assess(numbers, damaged_at, covers)
+            self.assessed = assess([(n, key_of(rec)) for n, _s, rec in found], damaged_at, covers, floor)
             if self.assessed.lost_upto is not None:
                 found.sort(key=lambda f: f[0] or 0)  # (the order they were written in)
         else:  # the records no cover names yet: the first write's cover names them
@@ -206,6 +215,8 @@ class SegmentLog:
         aside.mkdir(exist_ok=True)
         for seg in read:
             seg.path.rename(aside / seg.path.name)
+            if first_path(seg.path).exists():
+                first_path(seg.path).rename(aside / first_path(seg.path).name)
         fsync_dir(aside)
         fsync_dir(self.dir)
         self.damage = []
@@ -252,7 +263,11 @@ class SegmentLog:
         for pos, body, fault in records(data, last and unreadable is None, resume=True):
             if fault is None:
                 rec = msgpack.unpackb(body, raw=False)
-                found.append((seq_of(rec), seg, rec))
+                if well_formed(rec):
+                    found.append((seq_of(rec), seg, rec))
+                else:  # (checksummed, yet not a record: framed inside a payload, or written by no build)
+                    self.damage.append(f"{seg.path} at byte {pos} (a record that does not read as one)")
+                    damaged_at.append(len(found))
                 continue
             bad, damaged = fault
             if damaged is not None:
@@ -401,8 +416,9 @@ class SegmentLog:
 
     def _start_segment(self, seq: int) -> _Segment:
         seg = _Segment(seq, self._path(seq))
+        write_first(seg.path, self._next_seq)
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        fsync_dir(self.dir)  # the new name survives a crash with what is written in it
+        fsync_dir(self.dir)  # the new names survive a crash with what is written in the segment
         self._segments.append(seg)
         return seg
 
@@ -450,6 +466,7 @@ class SegmentLog:
                 return
             try:
                 path.unlink()
+                first_path(path).unlink(missing_ok=True)
             except FileNotFoundError:
                 pass
             except OSError as exc:

@@ -612,6 +612,55 @@ def test_a_record_framed_inside_a_payload_is_not_taken_for_one_after_damage(tmp_
     again.close()
 
 
+def test_records_a_misdirected_write_covered_at_the_start_of_the_oldest_segment_count_as_lost(
+        tmp_path: Path) -> None:
+    """Record 3 lands at byte 0, over record 1; its own place and record 4's are zeros.  Records 1
+    and 2 are numbered below every record read: the number the segment's first record took
+    (kept beside it) says they are gone too."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    for rec in (append(2, 0, 1, 1, size=8), append(1, 0, 1, 1, size=8), append(1, 0, 2, 1, size=8),
+                append(3, 0, 1, 1, size=8), append(1, 0, 3, 1, size=8), append(2, 0, 2, 1, size=8)):
+        log.write([rec], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    spans = _records_of(seg)
+    data = bytearray(seg.read_bytes())
+    third = bytes(data[spans[2][0]:spans[2][1]])
+    data[spans[2][0]:spans[3][1]] = bytes(spans[3][1] - spans[2][0])
+    data[0:len(third)] = third
+    seg.write_bytes(bytes(data))
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert again.damage and not again.intact((2, 0), 0, got[(2, 0)]) and not again.intact((1, 0), 0, got[(1, 0)])
+    again.close()
+
+
+def test_a_checksummed_frame_that_is_no_record_is_not_taken_for_one_after_damage(tmp_path: Path) -> None:
+    """Damage that takes a record's header sends the scan looking for the next record; frames
+    inside a message's bytes that pass their checksum but are no record are passed over (and
+    would be named damage, never replayed, were one read where a record was due)."""
+    body = msgpack.packb(1)
+    junk = struct.pack("<II", len(body), zlib.crc32(body)) + body
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 1)], sync=True)
+    log.write([["A", 2, 0, [[1, 1, "n1", False, junk * 3]]]], sync=True)
+    log.write([append(1, 0, 2, 1)], sync=True)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    _, (second, _), (third, _) = _records_of(seg)
+    data = bytearray(seg.read_bytes())
+    data[second:second + 8] = bytes(8)  # (its header gone)
+    seg.write_bytes(bytes(data))
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    [where] = again.damage
+    assert f"at byte {second} (an empty record (zeros), a readable record at byte {third} after it)" in where
+    assert indexes(got[(1, 0)]) == [1, 2] and (2, 0) not in got
+    again.close()
+
+
 def test_a_bad_end_of_a_log_that_was_closed_is_damage_not_a_cut_write(tmp_path: Path) -> None:
     """No write was under way when the store and its log were closed: a record failing its
     checksum at the end is damage at rest (an acknowledged entry), not cut off."""
