@@ -16,9 +16,11 @@ found and repaired from the group (docs/reliability.md, "Storage faults").
   fault the node did not find fails the run, and so does a queue whose replicas have not all
   caught up again (what was committed at the restart) within :data:`REPAIR_WAIT`: the schedule
   says ``injected N, detected M, repaired R``.
-* ``bit-flip-two``: the same on two nodes at once, a majority of a group of three: each node's
-  store damage is in partitions the other's spares (so each partition keeps a good copy on two
-  nodes), each log's flipped record is drawn on its own.
+* ``bit-flip-two``: the same on two nodes at once, a majority of a group of three, in partitions
+  the other node's damage spares (its log's flipped record is of another partition, and one a
+  later write's cover names, and its store damage is in others too), so that each partition
+  keeps a good copy on two nodes.  (A partition
+  damaged on two of three waits for its data to be restored: no good majority is left.)
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import msgpack
+
 from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from client.errors import TandemError, UnavailableError
-from storage.segfiles import records
+from storage.segfiles import cover_of, key_of, records, seq_of
 
 #: seconds the restarted node is given to report each damaged record (its event, its log line)
 DETECT_WAIT = 30.0
@@ -97,13 +101,21 @@ class BitFlip(Nemesis):
         if segs:
             seg = segs[-1]
             raw = bytearray(seg.read_bytes())
-            whole = [(pos, len(body)) for pos, body, fault in records(bytes(raw), last=True) if fault is None]
-            if len(whole) > 1:
-                start, length = ctx.rng.choice(whole[:-1])
+            read = [(pos, len(body), msgpack.unpackb(body)) for pos, body, fault in records(bytes(raw), last=True)
+                    if fault is None]
+            # with two targets: a record a later write's cover names (so the node can tell which
+            # partition it lost), of a partition the other target's damage spares
+            named = {n for _p, _l, rec in read if (c := cover_of(rec)) is not None for n in range(c[0], c[1] + 1)}
+            spared = [(pos, length, key_of(rec)) for pos, length, rec in read[:-1]
+                      if self.count == 1 or seq_of(rec) in named and key_of(rec) not in avoid]
+            if spared:
+                start, length, key = ctx.rng.choice(spared)
                 at = start + 8 + ctx.rng.randrange(length)
                 raw[at] ^= 1 << ctx.rng.randrange(8)
                 seg.write_bytes(bytes(raw))
                 t.log_damaged = True
+                if key[1] >= 0:
+                    t.parts.add(key)
                 said.append(f"one bit at byte {at} of {seg.name} (the record at byte {start})")
         conn = sqlite3.connect(data / "tandem.db")
         try:
