@@ -31,10 +31,11 @@ survives an OS crash is always a prefix of what was written: a later record neve
 outlives an earlier one (a lost truncation under surviving appends would leave a log the
 Raft rules do not allow).  Opening scans every segment in order.  A torn or corrupt record
 with nothing readable after it, at the end of the newest segment, is a write the crash cut
-short: cut off there.  Anywhere else, a record that fails its length or checksum is *damage*
-(a bit flipped at rest, a lost or misdirected write), and so is a segment the disk cannot read
-to its end (a latent sector error), or records whose numbers go back (a misdirected write that
-kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after it are
+short: cut off there (not so in a log that was closed: then it is damage; and with damage
+elsewhere, what was cut off counts as lost).  Anywhere else, a record that fails its length or
+checksum is *damage* (a bit flipped at rest, a lost or misdirected write), and so is a segment
+the disk cannot read to its end (a latent sector error), a record number missing, or numbers
+that go back (a misdirected write that kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after it are
 read on, and replayed in the order of their numbers.  A partition keeps its entries where the
 damage cannot have taken any it still needs (:meth:`SegmentLog.intact`); the others catch up
 from the group's actives (storage.sqlite.recovery).  :meth:`SegmentLog.set_aside` then moves
