@@ -81,12 +81,16 @@ def members_meta(key: Key, m: Members) -> PutMeta:
     return PutMeta(f"{MEMBERS_KEY}{key[0]}.{key[1]}", json.dumps([list(m.voters), list(m.learners)]))
 
 
-def _emptied(key: Key, term: int, voted_for: str | None, members: Members | None) -> list[WriteOp]:
+def _emptied(key: Key, term: int, voted_for: str | None, members: Members | None, *,
+             repairing: bool) -> list[WriteOp]:
     """The store writes that leave partition ``key`` empty here: no messages, no log, applied
-    nothing, its term kept, its members (as of its empty snapshot) ``members`` (None: as stored)."""
+    nothing, its term kept, its members (as of its empty snapshot) ``members`` (None: as stored);
+    ``repairing``: it starts over here (marked under repair, storage.segments.REPAIR_KEY), else
+    it is gone from here (any such mark goes with it)."""
     return [ResetPartition(*key), LogTruncate(key[0], key[1], 0), LogCompact(key[0], key[1], 0, 0, ""),
             PutApplied(key[0], key[1], 0, 0, ""), PutHardState(key[0], key[1], term, voted_for, 0),
-            PutMeta(repair_key(key), "1"), *([members_meta(key, members)] if members is not None else [])]
+            PutMeta(repair_key(key), "1" if repairing else "0"),
+            *([members_meta(key, members)] if members is not None else [])]
 
 
 def streaming_key(key: Key) -> str:
@@ -255,7 +259,7 @@ class Reconciler:
             # the store's copy is damaged: the partition starts over empty, and its active sends it all
             log.warning("partition %d/%d: %s: starting it over from its active (repair)", key[0], key[1],
                         st.store_damage)
-            self._writer.submit(_emptied(key, st.term, st.voted_for, None), sync=True)
+            self._writer.submit(_emptied(key, st.term, st.voted_for, None, repairing=True), sync=True)
             st = LogState(term=st.term, voted_for=st.voted_for)
         plog = open_log(key, nodes, st, config, rng=random.Random(self._rng.random()),
                         now=self.clock.monotonic(), recovering=recovering)
@@ -323,7 +327,7 @@ class Reconciler:
         self._held.release(plog)
         del self.logs[key]
         self._bases[key] = r.members  # (without this node: should it come back, it does as a learner)
-        self._writer.submit(_emptied(key, r.term, None, r.members), sync=True)
+        self._writer.submit(_emptied(key, r.term, None, r.members, repairing=False), sync=True)
         self._roles.notify()
 
     def resync(self, plog: PartLog) -> None:
@@ -350,7 +354,8 @@ class Reconciler:
         self._proposals.fail_waiters(plog, UnavailableError(why))
         self._held.release(plog)
         self._bases[key] = r.members
-        self._writer.submit(_emptied(key, r.term, r.voted_for, r.members) + (extra or []), sync=True)
+        self._writer.submit(_emptied(key, r.term, r.voted_for, r.members, repairing=True) + (extra or []),
+                            sync=True)
         replica = Replica(self.config_of(plog).with_members(r.members), rng=random.Random(self._rng.random()),
                           now=self.clock.monotonic(), term=r.term, voted_for=r.voted_for, recovering=True)
         new = PartLog(key, replica, plog.nodes, promised=(r.term, r.voted_for), repairing=True)
