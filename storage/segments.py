@@ -362,12 +362,9 @@ class SegmentLog:
                 seg = self._roll()
             first = self._next_seq
             cover = None
-            recent = [c for c in self._recent if c[0] + len(c[1]) <= first]
-            if len(recent) == 2 and recent[0][0] + len(recent[0][1]) != recent[1][0]:
-                recent = recent[1:]  # (the two must follow on)
-            if recent:
-                keys = [list(k) for c in recent for k in c[1]]
-                cover = [recent[0][0], recent[0][0] + len(keys) - 1, keys]
+            if self._recent:  # (the writes before this one, numbered on without a gap)
+                keys = [k for c in self._recent for k in c[1]]
+                cover = [self._recent[0][0], first - 1, keys]
             buf = b"".join(encode(r, first + n, cover if n == 0 else None) for n, r in enumerate(records))
             try:
                 done = os.write(self._fd, buf)

@@ -103,11 +103,12 @@ class BitFlip(Nemesis):
             raw = bytearray(seg.read_bytes())
             read = [(pos, len(body), msgpack.unpackb(body)) for pos, body, fault in records(bytes(raw), last=True)
                     if fault is None]
-            # with two targets: a record a later write's cover names (so the node can tell which
-            # partition it lost), of a partition the other target's damage spares
-            named = {n for _p, _l, rec in read if (c := cover_of(rec)) is not None for n in range(c[0], c[1] + 1)}
-            spared = [(pos, length, key_of(rec)) for pos, length, rec in read[:-1]
-                      if self.count == 1 or seq_of(rec) in named and key_of(rec) not in avoid]
+            spared = [(pos, length, key_of(rec)) for pos, length, rec in read[:-1]]
+            if self.count > 1:  # a record a later write's cover names (so the node can tell which
+                # partition it lost), of a partition the other target's damage spares
+                named = {n for _p, _l, rec in read if (c := cover_of(rec)) is not None for n in range(c[0], c[1] + 1)}
+                spared = [(pos, length, key) for (pos, length, key), (_p, _l, rec) in zip(spared, read)
+                          if seq_of(rec) in named and key not in avoid]
             if spared:
                 start, length, key = ctx.rng.choice(spared)
                 at = start + 8 + ctx.rng.randrange(length)
