@@ -506,5 +506,4 @@ class SegmentLog:
             try:
                 self.sync()
             finally:
-                os.close(self._fd)
-                self._fd = None
+                self._close_fd()  # (a failed sync closed it already)

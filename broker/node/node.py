@@ -51,7 +51,7 @@ from broker.node.parts import Console, HaParts, PartitionOps, PeerSide, Report
 from broker.node.services import Services
 from broker.node.store import EngineFactory, NodeStore, sqlite_engine
 from broker.node.listeners import Listeners
-from broker.node.tasks import Loops, TaskOwner
+from broker.node.tasks import Loops, TaskOwner, to_the_end
 from broker.messaging.expiry import ProducerExpiry
 from broker.security.auth import ClientGuard, make_room
 from broker.security.acl import AclTable
@@ -60,7 +60,7 @@ from broker.partitions.members import GroupMembers
 from broker.security.security import Security
 from broker.security.users import UserRegistry
 from client.clock import SYSTEM_CLOCK, Clock
-from client.errors import ShuttingDownError, TandemError
+from client.errors import ShuttingDownError
 from storage.base import Recovered
 from storage.shared import SharedStore
 from storage.shared_factory import open_shared
@@ -308,12 +308,16 @@ class Node:
                       levels=ops.levels, topology=ops.topology, messages=messages)
 
     async def stop(self) -> None:
-        """Stop accepting, close sessions, commit what is pending, close the store."""
+        """Stop accepting, close sessions, commit what is pending, close the store (a step
+        that fails is logged, and the node stops all the same: tasks.to_the_end)."""
         if self.stopping:
             await self.stopped.wait()
             return
         self.stopping = True
         log.info("node stop started name=%s sessions=%d", self.config.name, len(self.sessions))
+        await to_the_end(self._stop(), self.stopped, f"node stop of {self.config.name}")
+
+    async def _stop(self) -> None:
         if self.ha.shared is not None:
             # the lock loop first, then the sessions (their last acks commit), then the lock
             # goes: the peer takes over at once rather than after the lease
@@ -333,12 +337,8 @@ class Node:
             # the acks still waiting for a partition's next entry: out while the links are up
             await self.ha.replication.flush_lazy(timeout=self.config.non_response_timeout)
         await self._stop_peers()
-        try:
-            await self.store.close()
-        except (OSError, TandemError) as exc:  # a failing disk: the node stops all the same
-            log.error("closing the store failed: %s", exc)
+        await self.store.close()
         log.info("node stop complete name=%s", self.config.name)
-        self.stopped.set()
 
     async def _stop_peers(self) -> None:
         await self._loops.stop("tandem-lockfile", failed_too=True)

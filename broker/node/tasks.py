@@ -12,7 +12,8 @@ Why not an :class:`asyncio.TaskGroup`: a TaskGroup owns its tasks for the span o
 cancel the node's other work (each such task reports its own failure, here, and the rest go
 on).  So the owner is a set with done-callbacks, ended by the node's ``stop`` at the point
 of its sequence where the spawned work may go: after the sessions closed (their last acks
-commit), before the peer links and the store close.
+commit), before the peer links and the store close.  :func:`to_the_end` runs that stop: a step
+of it that fails is logged and the node stops all the same.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 from typing import Any
+
+from client.errors import TandemError
 
 log = logging.getLogger("tandem.broker")
 
@@ -110,3 +113,17 @@ class Loops:
             if caller is not None and caller.cancelling():
                 raise  # the cancel was aimed at the caller, not only at the loop
             # we cancelled it: the expected end of the loop
+
+
+async def to_the_end(stop: Coroutine[Any, Any, None], stopped: asyncio.Event, what: str) -> None:
+    """Run a node's ``stop``; a step of it that fails is logged (a failing disk in one line,
+    anything else with its traceback) and ``stopped`` is set all the same: a process that said
+    it stops must not go on running."""
+    try:
+        await stop
+    except (OSError, TandemError) as exc:  # a failing disk: its own words say enough
+        log.error("%s did not finish (%s): it stops all the same", what, exc)
+    except Exception:
+        log.exception("%s did not finish: it stops all the same", what)
+    finally:
+        stopped.set()

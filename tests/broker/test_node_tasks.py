@@ -113,3 +113,24 @@ async def test_a_replication_failure_stops_the_node_to_the_end(tmp_path: Path,
     [task] = stops  # the one stop, that replication asked for
     assert task is not None and task.done()  # (and ``stopped`` is set: it ran to its end)
     assert not task.cancelled() and task.cancelling() == 0  # nothing asked it to stop halfway
+
+
+class CloseBreaks(MemoryEngine):
+    """A store whose close fails with an error no stop expects."""
+
+    def close(self) -> None:
+        raise TypeError("a closed descriptor closed again")
+
+
+async def test_a_stop_step_that_fails_is_logged_and_the_node_stops_all_the_same(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A node that says it stops must stop: a step of its stop that fails (its store's close,
+    here) is logged with its traceback, and ``stopped`` is set all the same, so the process
+    exits rather than hang."""
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0), engine=lambda _cfg: CloseBreaks(MemoryDisk()))
+    await n.start()
+    with caplog.at_level(logging.ERROR, logger="tandem.broker"):
+        await asyncio.wait_for(n.stop(), timeout=20)
+    assert n.stopped.is_set()
+    [rec] = [r for r in caplog.records if "did not finish" in r.getMessage()]
+    assert rec.exc_info is not None and isinstance(rec.exc_info[1], TypeError)

@@ -769,6 +769,31 @@ def test_an_fdatasync_that_fails_is_never_tried_again_on_that_file(tmp_path: Pat
     assert indexes(SegmentLog(tmp_path / "log").open()[(1, 0)])[:3] == [1, 2, 3]
 
 
+def test_an_fdatasync_that_fails_at_close_says_so_and_closes_the_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node stopping on a failing disk closes its log last: the fdatasync of close failing is
+    the StorageError a stop logs and goes on from, with the file closed, never another error."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 0, 1, 3)], sync=False)
+    closed: list[int] = []
+    real_close = os.close
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    def close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(StorageError, match="fdatasync failed: .*never retried on the same file"):
+        log.close()
+    assert len(closed) == 1
+    log.close()  # (closed: nothing more to do)
+    assert len(closed) == 1
+
 @pytest.mark.asyncio
 @pytest.mark.skipif(fuse_missing() is not None, reason=f"powerfs cannot run here: {fuse_missing()}")
 async def test_a_segment_the_disk_cannot_read_to_its_end_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
