@@ -19,26 +19,59 @@ Key = tuple[int, int]
 
 HEADER = struct.Struct("<II")
 SUFFIX = ".seg"
+#: a segment is read this much at a time, and a part the disk fails to read a sector at a time
+READ = 1 << 20
+SECTOR = 512
 
 
-def read_segment(path: Path) -> tuple[bytes, str | None]:
-    """A segment's bytes, and why it ends early if the disk could not read all of it (a latent
-    sector error: ``unreadable from byte N (Input/output error)``), else None."""
-    chunks: list[bytes] = []
-    got = 0
+def read_segment(path: Path) -> tuple[bytes, list[tuple[int, int, str]]]:
+    """A segment's bytes, and what the disk could not read of it: each run of sectors a read
+    fails on (a latent sector error) as (offset, length, why), read as zeros so that the records
+    after it are read on.  What the disk cannot read is damage, never a torn tail: it may hold
+    acknowledged entries."""
+    out = bytearray()
+    unreadable: list[tuple[int, int, str]] = []
     fd = os.open(path, os.O_RDONLY)
     try:
-        while True:
+        size = os.fstat(fd).st_size
+        while len(out) < size:
+            pos = len(out)
             try:
-                chunk = os.read(fd, 1 << 20)
-            except OSError as exc:
-                return b"".join(chunks), f"unreadable from byte {got} ({exc.strerror})"
+                chunk = os.pread(fd, min(READ, size - pos), pos)
+            except OSError:
+                chunk = _by_sector(fd, pos, min(READ, size - pos), unreadable)
             if not chunk:
-                return b"".join(chunks), None
-            chunks.append(chunk)
-            got += len(chunk)
+                break  # (the file ends before its size said: it shrank meanwhile)
+            out += chunk
     finally:
         os.close(fd)
+    return bytes(out), unreadable
+
+
+def _by_sector(fd: int, pos: int, n: int, unreadable: list[tuple[int, int, str]]) -> bytes:
+    """``n`` bytes from ``pos`` read a sector at a time, those the disk cannot read as zeros
+    (added to ``unreadable``, a run of them as one)."""
+    out = bytearray()
+    for at in range(pos, pos + n, SECTOR):
+        want = min(SECTOR - at % SECTOR, pos + n - at)
+        try:
+            got = os.pread(fd, want, at)
+        except OSError as exc:
+            got = bytes(want)
+            last = unreadable[-1] if unreadable else None
+            if last is not None and last[0] + last[1] == at:
+                unreadable[-1] = (last[0], last[1] + want, last[2])
+            else:
+                unreadable.append((at, want, exc.strerror or str(exc)))
+        out += got
+        if len(got) < want:
+            break
+    return bytes(out)
+
+
+def unreadable_said(length: int, why: str) -> str:
+    """How a run of unreadable bytes is named in a damage line (after ``<segment> at byte N``)."""
+    return f"unreadable: {length} B ({why}), read as zeros"
 
 
 def records(data: bytes, last: bool, *, resume: bool = False
@@ -87,10 +120,8 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
     good, damage, torn = 0, [], []
     for n, path in enumerate(paths):
         data, unreadable = read_segment(path)
-        if unreadable is not None:
-            damage.append(f"{path} at byte {len(data)} ({unreadable})")
-            continue
-        for pos, _body, fault in records(data, last=n == len(paths) - 1, resume=True):
+        damage += [f"{path} at byte {at} ({unreadable_said(length, why)})" for at, length, why in unreadable]
+        for pos, _body, fault in records(data, last=n == len(paths) - 1 and not unreadable, resume=True):
             if fault is None:
                 good += 1
             elif fault[1] is not None:

@@ -68,7 +68,7 @@ from client.errors import StorageError
 from storage.base import LogRecord
 from storage.logdamage import Damage, assess
 from storage.segfiles import (SUFFIX, cover_of, encode, first_path, key_of, read_first, read_segment, records,
-                               seq_of, well_formed, write_first)
+                              seq_of, unreadable_said, well_formed, write_first)
 
 log = logging.getLogger("tandem.storage")
 
@@ -260,8 +260,10 @@ class SegmentLog:
         """Read ``seg``'s records into ``found``; whether a torn end was cut off."""
         data, unreadable = read_segment(seg.path)
         seg.size = len(data)
-        # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries)
-        for pos, body, fault in records(data, last and unreadable is None, resume=True):
+        # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries;
+        # it reads as zeros, so the records it took fail their checks below, and those after it are read)
+        self.damage += [f"{seg.path} at byte {at} ({unreadable_said(n, why)})" for at, n, why in unreadable]
+        for pos, body, fault in records(data, last and not unreadable, resume=True):
             if fault is None:
                 rec = msgpack.unpackb(body, raw=False)
                 if well_formed(rec):
@@ -272,9 +274,8 @@ class SegmentLog:
                 continue
             bad, damaged = fault
             if damaged is not None:
-                if unreadable is None or "readable record" in damaged:  # (else the record the read cut)
-                    self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
-                    damaged_at.append(len(found))
+                self.damage.append(f"{seg.path} at byte {pos} ({bad}{damaged})")
+                damaged_at.append(len(found))
                 continue
             if clean:
                 self.damage.append(f"{seg.path} at byte {pos} ({bad}, at the end of a log that was closed)")
@@ -288,10 +289,6 @@ class SegmentLog:
                 os.fsync(f.fileno())
             seg.size = pos
             return True
-        if unreadable is not None:
-            self.damage.append(f"{seg.path} at byte {len(data)} ({unreadable})")
-            damaged_at.append(len(found))
-            seg.size = os.path.getsize(seg.path)
         return False
 
     def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None,
