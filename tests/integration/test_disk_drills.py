@@ -1,8 +1,9 @@
-"""The disk fault drills in short form (broker/tools/drill/diskfaults.py): every node's data dir
+"""The disk fault drills in short form (broker/tools/drill/diskfaults.py, writefaults.py): every node's data dir
 on powerfs (or a tmpfs), the fault injected under load, every message checked."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.asy
 
 #: the disk families
 DISK = ("power-loss", "torn-write", "power-loss-all", "disk-full", "disk-error", "fsync-error", "lying-fsync",
-        "lost-write", "misdirected-write")
+        "lost-write", "misdirected-write", "bad-sector", "torn-write-two", "fsync-error-two", "lying-fsync-two",
+        "lost-write-two", "misdirected-write-two", "bad-sector-two")
 
 
 async def _run(tmp_path: Path, scenario: str, messages: int = 400, seed: int = 7, **kw: Any) -> dict[str, Any]:
@@ -105,64 +107,113 @@ async def test_disk_error_on_a_replica_loses_nothing(tmp_path: Path) -> None:
     assert rep["failover_ms"]["max"] < 5000, "the actives did not go on with the other replica"
 
 
-async def test_a_failed_fsync_stops_the_active_and_loses_nothing(tmp_path: Path) -> None:
+def _nodes(rep: dict[str, Any], family: str) -> list[str]:
+    """The nodes a family's fault line (the schedule's first) names: one, or two for a ``-two``
+    family."""
+    nodes = sorted(set(re.findall(r"node\d+", rep["schedule"][0])))
+    assert len(nodes) == (2 if family.endswith("-two") else 1), rep
+    return nodes
+
+
+@pytest.mark.parametrize("family", ["fsync-error", "fsync-error-two"])
+async def test_a_failed_fsync_stops_the_active_and_loses_nothing(tmp_path: Path, family: str) -> None:
     """Every fsync of the busiest active fails (its writes succeed): it stops at the first one,
     naming it, never confirming what it could not sync; the others take over; started again on
-    the working disk, it catches up."""
-    rep = await _run(tmp_path, "fsync-error", messages=2000)
+    the working disk, it catches up.  The ``-two`` family fails a second node's fsyncs once the
+    first's have failed: the group has no quorum until the heal starts both again."""
+    rep = await _run(tmp_path, family, messages=2000)
     _clean(rep)
-    failed = next(line for line in rep["schedule"] if line.endswith("fsync(s) failed"))
-    assert int(failed.rsplit(": ", 1)[1].split()[0]) >= 1, rep["schedule"]
-    # (the first to fail is the log's fdatasync, never retried, or the store's, a disk I/O error
-    # of the commit that SQLite rolled back: either way the node stops there)
-    assert any("exited (status 1) while its fsyncs failed" in line
-               and (("fdatasync failed" in line and "never retried" in line)
-                    or ("to the store failed" in line and "disk I/O error" in line and "this node stops" in line))
-               for line in rep["schedule"]), rep["schedule"]
+    for node in _nodes(rep, family):
+        failed = next(line for line in rep["schedule"] if f"{family} {node}: " in line
+                      and line.endswith("fsync(s) failed"))
+        assert int(failed.rsplit(": ", 1)[1].split()[0]) >= 1, rep["schedule"]
+        # (the first to fail is the log's fdatasync, never retried, or the store's, a disk I/O error
+        # of the commit that SQLite rolled back: either way the node stops there)
+        assert any(f": {node} exited (status 1) while its fsyncs failed" in line
+                   and (("fdatasync failed" in line and "never retried" in line)
+                        or ("to the store failed" in line and "disk I/O error" in line and "this node stops" in line))
+                   for line in rep["schedule"]), rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
 
-async def test_fsyncs_that_lie_lose_nothing_and_the_actives_name_what_the_node_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["lying-fsync", "lying-fsync-two"])
+async def test_fsyncs_that_lie_lose_nothing_and_the_actives_name_what_the_node_lost(tmp_path: Path,
+                                                                                   family: str) -> None:
     """Every fsync of the busiest active answers success and syncs nothing; then its power is
     cut: it comes back without entries it had acknowledged.  Nothing confirmed is lost (a quorum
-    had each), and the actives it is a replica of name what it lost."""
-    rep = await _run(tmp_path, "lying-fsync", messages=2000)
+    had each), and the actives it is a replica of name what it lost.  The ``-two`` family: two
+    nodes' fsyncs lie at once, their power cut one after the other."""
+    rep = await _run(tmp_path, family, messages=2000)
     _clean(rep)
-    line = next(line for line in rep["schedule"] if "lied about" in line)
-    assert int(line.split(": ")[2].split()[0]) > 0 and "rolled back" in line, rep["schedule"]
-    assert "(replica-went-back)" in line, rep["schedule"]
+    for node in _nodes(rep, family):
+        line = next(line for line in rep["schedule"] if f"{family} {node}: " in line and "lied about" in line)
+        assert int(line.split(f"{family} {node}: ", 1)[1].split()[0]) > 0 and "rolled back" in line, rep["schedule"]
+        assert "(replica-went-back)" in line, rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
 
-async def test_a_lost_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["lost-write", "lost-write-two"])
+async def test_a_lost_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_path: Path, family: str) -> None:
     """One write to the busiest active's log is acknowledged and never made; killed and started
     again, the node finds the hole (or, at its log's very end, cuts it off as a torn tail), catches
-    up from the group, and nothing confirmed is lost."""
-    rep = await _run(tmp_path, "lost-write", messages=2000)
+    up from the group, and nothing confirmed is lost.  The ``-two`` family loses a later write of
+    a second node too, and kills and starts both together: each finds its own."""
+    rep = await _run(tmp_path, family, messages=2000)
     _clean(rep)
-    line = next(line for line in rep["schedule"] if "lost-write" in line and "started again" in line)
-    assert " lost; kill -9, started again: found (" in line, rep["schedule"]
+    for node in _nodes(rep, family):
+        line = next(line for line in rep["schedule"] if f"{family} {node}: " in line
+                    and "started again" in line)
+        assert " lost; kill -9, started again: found (" in line, rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
 
-async def test_a_misdirected_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["misdirected-write", "misdirected-write-two"])
+async def test_a_misdirected_write_in_the_log_is_found_at_start_and_loses_nothing(tmp_path: Path,
+                                                                                 family: str) -> None:
     """One write to the busiest active's log lands sectors before its place, over records it had
     written: killed and started again, the node finds the damage, catches up from the group, and
-    nothing confirmed is lost."""
-    rep = await _run(tmp_path, "misdirected-write", messages=2000)
+    nothing confirmed is lost.  The ``-two`` family: the same to a later write of a second node."""
+    rep = await _run(tmp_path, family, messages=2000)
     _clean(rep)
-    line = next(line for line in rep["schedule"] if "misdirected-write" in line and "started again" in line)
-    assert " landed at byte " in line and "; kill -9, started again: found (log-damaged" in line, rep["schedule"]
+    for node in _nodes(rep, family):
+        line = next(line for line in rep["schedule"] if f"{family} {node}: " in line
+                    and "started again" in line)
+        assert " landed at byte " in line and "; kill -9, started again: found (log-damaged" in line, \
+            rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
 
-async def test_a_power_loss_that_tears_the_last_writes_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["torn-write", "torn-write-two"])
+async def test_a_power_loss_that_tears_the_last_writes_loses_nothing(tmp_path: Path, family: str) -> None:
     """The busiest active's disk rolled back with its last writes torn at a sector: it starts,
-    cuts off a record its log now ends inside (saying so), and nothing confirmed is lost."""
-    rep = await _run(tmp_path, "torn-write", messages=2000)
+    cuts off a record its log now ends inside (saying so), and nothing confirmed is lost.  The
+    ``-two`` family: two nodes' power cut together, each disk torn at its own sectors."""
+    rep = await _run(tmp_path, family, messages=2000)
     _clean(rep)
     line = rep["schedule"][0]
-    assert "torn-write" in line and "kept" in line and "past their last fsync" in line, rep["schedule"]
-    if "ends inside a record" in line:
-        assert any(x.endswith("the torn record cut off at start") for x in rep["schedule"]), rep["schedule"]
+    nodes = _nodes(rep, family)
+    assert f": {family} " in line, rep["schedule"]
+    for node in nodes:
+        said = line.split(f"{node}: kill -9, ", 1)[1].split("; ")[0]
+        assert "kept" in said and "past their last fsync" in said, rep["schedule"]
+        if "ends inside a record" in line.split(f"{node}: kill -9, ", 1)[1].split("; ")[1]:
+            assert any(x.endswith(f"{family} {node}: the torn record cut off at start") for x in rep["schedule"]), \
+                rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+
+
+@pytest.mark.parametrize("family", ["bad-sector", "bad-sector-two"])
+async def test_a_sector_the_disk_cannot_read_is_found_and_repaired_and_loses_nothing(tmp_path: Path,
+                                                                                    family: str) -> None:
+    """A sector of the busiest active's newest log segment fails every read (a latent sector
+    error) while it is down: started again, it names the unreadable bytes, reads on past them,
+    every copy of the queue catches up, and nothing confirmed is lost.  The ``-two`` family: two
+    nodes at once, killed and started together."""
+    rep = await _run(tmp_path, family, messages=2000)
+    _clean(rep)
+    for node in _nodes(rep, family):
+        line = next(line for line in rep["schedule"] if f"{family} {node}: injected" in line)
+        assert f"{family} {node}: injected 1, detected 1, repaired 1 (log-damaged" in line and "unreadable: " in line, \
+            rep["schedule"]
+    assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
+

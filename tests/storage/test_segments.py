@@ -816,7 +816,7 @@ async def test_a_sector_the_disk_cannot_read_is_damage_and_the_records_after_it_
         again = SegmentLog(tmp_path / "disk" / "log")
         got = again.open()[(1, 0)]
         unreadable, *records_taken = again.damage
-        # (the kernel reads a FUSE file a page at a time: the bad sector's whole page fails)
+        # (the kernel reads through its page cache a page at a time: the bad sector's whole page fails)
         at, length = (int(x) for x in re.fullmatch(rf"{re.escape(str(seg))} at byte (\d+) \(unreadable: (\d+) B "
                                                    r"\(Input/output error\), read as zeros\)", unreadable).groups())
         assert at <= bad["offset"] < at + length and length % 512 == 0, unreadable

@@ -1,5 +1,5 @@
-"""The disk fault families: power loss (one node, every node), a full disk, a failing disk,
-fsyncs that fail, fsyncs that lie, and lost and misdirected writes.
+"""The disk fault families: power loss (one node, every node), torn writes, a full disk, a
+failing disk, fsyncs that fail and sectors it cannot read, and the disks they all run on.
 
 Every disk family puts each node's data dir on the same layout (:class:`_Disks`, one per
 group, shared by the disk families of a ``jepsen`` run): a small tmpfs of the node's own
@@ -34,23 +34,23 @@ of the run to close).  All of them need root and FUSE.
   never confirms what it could not sync, and never retries the fsync), its replicas elect another
   active, and the heal starts it again on the working disk: a node still running at the heal
   after a failed fsync fails the run.
-* ``lying-fsync``: every fsync of the node active for most partitions answers success and syncs
-  nothing for the hold (a disk whose write cache lies); then its power is cut (kill -9, its disk
-  rolled back to its last fsync before the lying began), and after 3 x ``non_response_timeout``
-  it starts again.  It comes back without entries it acknowledged: the group must still hold
-  every confirmed message (a quorum had each), the actives of the partitions it is a replica of
-  must name what it lost (``replica-went-back`` in their status events, within
-  :data:`WENT_BACK_WAIT`; none named fails the run), and it takes the entries back from them.
-* ``lost-write``: the next write to a replication log segment of the node active for most
-  partitions is acknowledged and never made (its bytes stay zeros; the writes after it land), so
-  its log holds a hole it knows nothing of.  At the heal it is killed (kill -9) and started again:
-  it must find the hole (a ``log-damaged`` status event naming the segment, within
-  :data:`DETECT_WAIT`; a hole at the very end of its log reads as a torn tail, cut off and said
-  so), go on from its store, catch up from the group, and lose nothing confirmed.  A lost write
-  the node did not find fails the run.
-* ``misdirected-write``: the same, and the lost write's bytes land 1-64 sectors (drawn from the
-  run's seeded source) before where they were meant to, over records written earlier: a hole
-  and damaged records the node must find at start, as above.
+* ``torn-write-two``, ``fsync-error-two``: the same on two nodes, a majority of a group of
+  three: the two killed together, each disk torn at sectors drawn on its own; the second's fsyncs
+  failing from the moment the first's disk has failed one (the group has no quorum from the
+  second's stop to the heal).
+
+* ``bad-sector``: kill -9 the node active for most partitions, make a sector of its newest
+  replication log segment unreadable (a latent sector error: every read that covers it fails
+  with EIO; powerfs ``bad-sector``), at an offset drawn from the run's seeded source with records
+  after it, and start it again.  It must name the unreadable bytes (its ``log-damaged`` status
+  event, within :data:`DETECT_WAIT`), read on past them, and every copy of the queue must have
+  caught up within :data:`REPAIR_WAIT`: the schedule says ``injected N, detected M, repaired R``.
+  ``bad-sector-two`` does it to a second node once the first is repaired, another sector of
+  another log: two damaged members at once could leave a partition whose recent entries only
+  their two logs held without a good majority (each damaged log costs the partitions it may
+  have taken entries of, as ``bit-flip-two`` shows with its damage placed apart).
+
+Fsyncs that lie and lost or misdirected writes are in :mod:`broker.tools.drill.writefaults`.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.
@@ -65,6 +65,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, ClassVar
 
+from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
 from broker.tools.powerfs_mount import PowerFS, fuse_missing, mounted, unmount
 from client.errors import TandemError, UnavailableError
@@ -76,6 +77,17 @@ TMPFS_MB = 128
 FILLER = "disk-full.filler"
 #: the longest gap between two restarts of power-loss-all (seconds)
 MAX_GAP = 5.0
+#: bad-sector: the sector lies at least this far (bytes) before its segment's end (records after it)
+BAD_MARGIN = 2 * 4096
+#: bad-sector: how many sectors it draws at most to find one that far from the end
+SECTOR_DRAWS = 20
+#: seconds a restarted node is given to report the damage it found (bad-sector)
+DETECT_WAIT = 30.0
+#: seconds the copies of the drill's queue are given to catch up again after the restart (bad-sector)
+REPAIR_WAIT = 30.0
+#: how many ``non_response_timeout`` a two-node family waits for its first node's disk to meet
+#: the fault before it faults the second (:meth:`DiskNemesis._struck`)
+STRIKE_WAIT = 4.0
 
 
 def missing(needs: frozenset[str]) -> str | None:
@@ -128,11 +140,35 @@ class DiskNemesis(Nemesis):
     needs: ClassVar[frozenset[str]] = frozenset({"powerfs", "root"})
     #: powerfs forgets directory entries not fsynced too (``--strict``)
     strict: ClassVar[bool] = False
+    #: how many nodes the fault hits (:meth:`_targets`)
+    count: ClassVar[int] = 1
 
     def __init__(self) -> None:
         self.disks: dict[str, PowerFS] = {}
         self._group: _Disks | None = None
         self.node = ""  # the node the fault hits (a family that hits one)
+        self.nodes: list[str] = []  # the nodes it hits (a family of :attr:`count`)
+
+    async def _targets(self, ctx: FaultContext) -> list[str]:
+        """The nodes the fault hits: the node active for the most partitions, then (a family of
+        two) another drawn from the run's seeded source."""
+        first = await ctx.target()
+        if self.count == 1:
+            return [first]
+        return [first, *ctx.rng.sample(sorted(n for n in ctx.cluster.nodes if n != first), self.count - 1)]
+
+    async def _struck(self, ctx: FaultContext, node: str, key: str, before: int) -> bool:
+        """Until ``node``'s disk has met its fault (its ``stats()[key]`` count past ``before``), at
+        most :data:`STRIKE_WAIT` x ``non_response_timeout``: the next node of a two-node family is
+        faulted then, at another place in another file.  Whether it had."""
+        deadline = ctx.clock.monotonic() + STRIKE_WAIT * ctx.cfg.nrt
+        while True:
+            st = await asyncio.to_thread(self.disks[node].stats)
+            if (st[key] if isinstance(st[key], int) else len(st[key])) > before:
+                return True
+            if ctx.clock.monotonic() > deadline:
+                return False
+            await ctx.clock.sleep(0.05)  # (polling the disk's counts with a deadline)
 
     async def prepare(self, ctx: FaultContext) -> None:
         """Every node's data dir on its disk (:class:`_Disks`), before the group starts; the
@@ -190,29 +226,39 @@ class TornWrite(DiskNemesis):
 
     def __init__(self) -> None:
         super().__init__()
-        self.torn = False  # the newest log segment was left ending inside a record
+        self.torn: dict[str, bool] = {}  # node -> its newest log segment was left ending inside a record
 
     async def inject(self, ctx: FaultContext) -> str:
-        self.node = await ctx.target()
-        seed = ctx.rng.getrandbits(32)
-        await ctx.cluster.nodes[self.node].kill()
-        out = await asyncio.to_thread(self.disks[self.node].rollback_torn, seed)
-        self.torn = await asyncio.to_thread(_torn_tail, Path(ctx.cluster.nodes[self.node].data_dir))
-        return (f"torn-write {self.node}: kill -9, rolled back {out['bytes']} B in {out['files']} file(s), kept "
-                f"{out['kept']} B past their last fsync (cut at sectors drawn from seed {seed}); the newest log "
-                f"segment " + ("ends inside a record" if self.torn else "ends at a whole record"))
+        self.nodes = await self._targets(ctx)
+        await asyncio.gather(*(ctx.cluster.nodes[n].kill() for n in self.nodes))
+        said = []
+        for n in self.nodes:
+            seed = ctx.rng.getrandbits(32)
+            out = await asyncio.to_thread(self.disks[n].rollback_torn, seed)
+            self.torn[n] = await asyncio.to_thread(_torn_tail, Path(ctx.cluster.nodes[n].data_dir))
+            said.append(f"{n}: kill -9, rolled back {out['bytes']} B in {out['files']} file(s), kept {out['kept']} B "
+                        f"past their last fsync (cut at sectors drawn from seed {seed}); the newest log segment "
+                        + ("ends inside a record" if self.torn[n] else "ends at a whole record"))
+        return f"{self.name} " + "; ".join(said)
 
     async def heal(self, ctx: FaultContext) -> None:
-        p = ctx.cluster.nodes[self.node]
-        before = len(p.log_text())
-        await p.start()
-        if self.torn:
-            cut = "cut off there" in p.log_text()[before:]
-            ctx.schedule.append(f"torn-write {self.node}: the torn record " + ("cut off at start" if cut else
-                                                                             "NOT reported"))
+        procs = {n: ctx.cluster.nodes[n] for n in self.nodes}
+        before = {n: len(p.log_text()) for n, p in procs.items()}
+        await asyncio.gather(*(p.start() for p in procs.values()))
+        for n, p in procs.items():
+            if not self.torn[n]:
+                continue
+            cut = "cut off there" in p.log_text()[before[n]:]
+            ctx.schedule.append(f"{self.name} {n}: the torn record " + ("cut off at start" if cut else "NOT reported"))
             if not cut:
-                ctx.failures.append(f"torn-write {self.node}: its log ended inside a record and it did not say "
-                                    f"it cut it off")
+                ctx.failures.append(f"{self.name} {n}: its log ended inside a record and it did not say it cut it "
+                                    f"off")
+
+
+@register
+class TornWriteTwo(TornWrite):
+    name = "torn-write-two"
+    count: ClassVar[int] = 2
 
 
 @register
@@ -289,66 +335,119 @@ class FsyncError(DiskNemesis):
     name = "fsync-error"
 
     async def inject(self, ctx: FaultContext) -> str:
-        self.node = await ctx.target()
-        await asyncio.to_thread(self.disks[self.node].fail_io, "fsync")
-        self.cut = frozenset({self.node})  # (the faulted node: its actives move)
-        return f"fsync-error {self.node}: every fsync fails with EIO (writes succeed)"
+        self.nodes = await self._targets(ctx)
+        said = []
+        for i, n in enumerate(self.nodes):
+            if i:  # (from the moment the first node's disk has failed an fsync)
+                struck = await self._struck(ctx, self.nodes[0], "failed_ios", 0)
+                await asyncio.to_thread(self.disks[n].fail_io, "fsync")
+                said.append(f"then ({'once' if struck else 'though not yet'} {self.nodes[0]}'s had failed one) "
+                            f"{n}: the same")
+                continue
+            await asyncio.to_thread(self.disks[n].fail_io, "fsync")
+            said.append(f"{n}: every fsync fails with EIO (writes succeed)")
+        self.cut = frozenset(self.nodes)  # (the faulted nodes: their actives move)
+        return f"{self.name} " + "; ".join(said)
 
     async def heal(self, ctx: FaultContext) -> None:
-        await asyncio.to_thread(self.disks[self.node].fail_io, "off")
-        st = await asyncio.to_thread(self.disks[self.node].stats)
-        ctx.schedule.append(f"fsync-error {self.node}: {st['failed_ios']} fsync(s) failed")
-        p = ctx.cluster.nodes[self.node]
-        if st["failed_ios"] and p.proc is not None and p.proc.returncode is None:
-            # (a failed fsync is never retried: the pages it could not write may be gone)
-            ctx.failures.append(f"{self.node} kept running after {st['failed_ios']} failed fsync(s)")
-            return
-        await _revive(ctx, self.node, "its fsyncs failed", fatal=False)
+        for n in self.nodes:
+            await asyncio.to_thread(self.disks[n].fail_io, "off")
+        for n in self.nodes:
+            st = await asyncio.to_thread(self.disks[n].stats)
+            ctx.schedule.append(f"{self.name} {n}: {st['failed_ios']} fsync(s) failed")
+            p = ctx.cluster.nodes[n]
+            if st["failed_ios"] and p.proc is not None and p.proc.returncode is None:
+                # (a failed fsync is never retried: the pages it could not write may be gone)
+                ctx.failures.append(f"{n} kept running after {st['failed_ios']} failed fsync(s)")
+                continue
+            await _revive(ctx, n, "its fsyncs failed", fatal=False)
 
 
 @register
-class LyingFsync(DiskNemesis):
-    name = "lying-fsync"
+class FsyncErrorTwo(FsyncError):
+    name = "fsync-error-two"
+    count: ClassVar[int] = 2
+
+
+@register
+class BadSector(DiskNemesis):
+    name = "bad-sector"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad: dict[str, dict[str, Any]] = {}  # node -> its unreadable sector (powerfs's word)
 
     async def inject(self, ctx: FaultContext) -> str:
-        self.node = await ctx.target()
-        await asyncio.to_thread(self.disks[self.node].lie_fsync, True)
-        self.cut = frozenset({self.node})  # (its actives move when its power is cut at the heal: not a deposition)
-        return f"lying-fsync {self.node}: every fsync answers success and syncs nothing"
+        self.nodes = await self._targets(ctx)
+        self.cut = frozenset(self.nodes)
+        said = await self._damage(ctx, self.nodes[0])
+        return f"{self.name} {said}" + (f"; then {', '.join(self.nodes[1:])} once it is repaired"
+                                        if len(self.nodes) > 1 else "")
+
+    async def _damage(self, ctx: FaultContext, node: str) -> str:
+        """kill -9 ``node`` and make a sector of its newest log segment unreadable; what was done."""
+        await ctx.cluster.nodes[node].kill()
+        segs = sorted((Path(ctx.cluster.nodes[node].data_dir) / "tandem.db-log").glob("*.seg"))
+        size = segs[-1].stat().st_size if segs else 0
+        if size <= BAD_MARGIN:
+            return f"{node}: kill -9, its newest log segment too short for a bad sector ({size} B)"
+        # (a sector drawn again replaces the last: one bad sector a node; after SECTOR_DRAWS the
+        # last one drawn stays, still a fault, and the line says where)
+        for _ in range(SECTOR_DRAWS):
+            seed = ctx.rng.getrandbits(32)
+            bad = await asyncio.to_thread(self.disks[node].bad_sector, segs[-1].name, seed)
+            if bad["offset"] < size - BAD_MARGIN:
+                break
+        self.bad[node] = bad
+        return (f"{node}: kill -9, the sector at byte {bad['offset']} of {segs[-1].name} ({size} B) unreadable "
+                f"(seed {seed})")
 
     async def heal(self, ctx: FaultContext) -> None:
-        disk = self.disks[self.node]
-        lied = (await asyncio.to_thread(disk.stats))["lied_syncs"]
-        lost = await self._power_loss(ctx, [self.node])
-        await asyncio.to_thread(disk.lie_fsync, False)
-        off = round(3 * ctx.cfg.nrt, 1)
-        await ctx.clock.sleep(off)  # (the power stays off a while: the schedule's own step, not a wait for a state)
-        await ctx.cluster.nodes[self.node].start()
-        seen = await self._seen(ctx)
-        ctx.schedule.append(f"lying-fsync {self.node}: {lied} fsync(s) lied about; kill -9, {lost}; off {off} s; "
-                            + (f"its lost entries named by {', '.join(seen)} (replica-went-back)" if seen else
-                               "no active named its lost entries"))
-        if lied and not seen:
-            ctx.failures.append(f"lying-fsync {self.node}: {lied} fsync(s) lied about, and no active named the "
-                                f"entries it lost")
+        for i, n in enumerate(self.nodes):
+            if i:
+                ctx.schedule.append(f"{self.name} {await self._damage(ctx, n)}")
+            await ctx.cluster.nodes[n].start()
+            await self._judge(ctx, n)
 
-    async def _seen(self, ctx: FaultContext) -> list[str]:
-        """The other nodes whose status events say this node lost entries it had acknowledged,
-        within :data:`WENT_BACK_WAIT` (an active sees it at its first append to the node)."""
-        others = sorted(n for n in ctx.cluster.nodes if n != self.node)
-        deadline = ctx.clock.monotonic() + WENT_BACK_WAIT
-        while True:
-            seen = []
-            for n in others:
-                try:
-                    events = (await ctx.cluster.status(n)).events
-                except (TandemError, OSError):
-                    continue
-                if any(e.startswith("replica-went-back") and f": {self.node}'s log ends at" in e for e in events):
-                    seen.append(n)
-            if seen or ctx.clock.monotonic() > deadline:
-                return seen
-            await ctx.clock.sleep(0.2)  # (polling the nodes' words with a deadline)
+    async def _judge(self, ctx: FaultContext, node: str) -> None:
+        """``node`` restarted: did it name the unreadable bytes, and has the queue caught up."""
+        if node not in self.bad:
+            return
+        got = await _event(ctx, node, "log-damaged", "unreadable")
+        try:
+            await caught_up_past(ctx.cluster, ctx.cfg.partitions, ctx.clock.monotonic() + REPAIR_WAIT, ctx.clock)
+            repaired = True
+        except UnavailableError:
+            repaired = False
+        ctx.schedule.append(f"{self.name} {node}: injected 1, detected {int(bool(got))}, repaired "
+                            f"{int(bool(got) and repaired)}" + (f" ({got})" if got else ""))
+        if not got:
+            ctx.failures.append(f"{self.name} {node}: the sector at byte {self.bad[node]['offset']} could not be "
+                                f"read, and the node did not say so")
+        if not repaired:
+            ctx.failures.append(f"{self.name} {node}: the queue's replicas did not all catch up within "
+                                f"{REPAIR_WAIT:.0f} s of its restart")
+
+
+@register
+class BadSectorTwo(BadSector):
+    name = "bad-sector-two"
+    count: ClassVar[int] = 2
+
+
+async def _event(ctx: FaultContext, node: str, kind: str, word: str) -> str:
+    """``node``'s first status event of ``kind`` that says ``word``, within :data:`DETECT_WAIT`;
+    "" for none."""
+    deadline = ctx.clock.monotonic() + DETECT_WAIT
+    while True:
+        try:
+            events = (await ctx.cluster.status(node)).events
+        except (TandemError, OSError):
+            events = []
+        said = [e for e in events if e.startswith(kind) and word in e]
+        if said or ctx.clock.monotonic() > deadline:
+            return said[0] if said else ""
+        await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
 
 
 def _torn_tail(data: Path) -> bool:
@@ -375,90 +474,6 @@ async def _revive(ctx: FaultContext, node: str, what: str, *, fatal: bool = True
     await p.start()
 
 
-@register
-class LostWrite(DiskNemesis):
-    name = "lost-write"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.before = 0  # the writes the node's disk had lost before this fault
-
-    async def _arm(self, ctx: FaultContext) -> PowerFS:
-        self.node = await ctx.target()
-        disk = self.disks[self.node]
-        self.before = len((await asyncio.to_thread(disk.stats))["lost"])
-        return disk
-
-    async def inject(self, ctx: FaultContext) -> str:
-        disk = await self._arm(ctx)
-        await asyncio.to_thread(disk.lose_write, ".seg")
-        self.cut = frozenset({self.node})  # (killed at the heal: its actives move then)
-        return f"lost-write {self.node}: its next replication log write is acknowledged and never made"
-
-    def _what(self, w: dict[str, Any]) -> str:
-        return f"the write of {w['bytes']} B at byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]} lost"
-
-    async def heal(self, ctx: FaultContext) -> None:
-        disk = self.disks[self.node]
-        await asyncio.to_thread(disk.lose_write, "off")  # (a write not lost during the hold never is)
-        lost = (await asyncio.to_thread(disk.stats))["lost"][self.before:]
-        p = ctx.cluster.nodes[self.node]
-        await p.kill()
-        before = len(p.log_text())
-        await p.start()
-        if not lost:
-            ctx.schedule.append(f"{self.name} {self.node}: no write reached its log during the hold; kill -9, "
-                                f"started again")
-            return
-        what = self._what(lost[0])
-        found = await _hole_found(ctx, self.node, before)
-        ctx.schedule.append(f"{self.name} {self.node}: {what}; kill -9, started again: "
-                            + (f"found ({found})" if found else "NOT found"))
-        if not found:
-            ctx.failures.append(f"{self.name} {self.node}: {what}, and the node did not find the damage it left")
-
-
-@register
-class MisdirectedWrite(LostWrite):
-    name = "misdirected-write"
-
-    async def inject(self, ctx: FaultContext) -> str:
-        disk = await self._arm(ctx)
-        seed = ctx.rng.getrandbits(32)
-        await asyncio.to_thread(disk.misdirect_write, ".seg", seed)
-        self.cut = frozenset({self.node})
-        return (f"misdirected-write {self.node}: its next replication log write lands sectors before its place "
-                f"(seed {seed}), which keeps its old bytes")
-
-    def _what(self, w: dict[str, Any]) -> str:
-        where = f"the write of {w['bytes']} B meant for byte {w['offset']} of {w['path'].rsplit('/', 1)[-1]}"
-        return f"{where} landed at byte {w['to']}" if "to" in w else f"{where} lost (no sector before it)"
-
-
-async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
-    """What the restarted ``node`` said of the hole in its log, within :data:`DETECT_WAIT`: its
-    ``log-damaged`` event, or its log's line cutting off a torn tail; "" for nothing."""
-    p = ctx.cluster.nodes[node]
-    deadline = ctx.clock.monotonic() + DETECT_WAIT
-    while True:
-        try:
-            events = (await ctx.cluster.status(node)).events
-        except (TandemError, OSError):
-            events = []
-        damaged = [e for e in events if e.startswith("log-damaged")]
-        if damaged:
-            return damaged[0]
-        if "cut off there" in p.log_text()[before:]:
-            return "its log ended inside a record, cut off at start (a torn tail)"
-        if ctx.clock.monotonic() > deadline:
-            return ""
-        await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
-
-
-#: seconds a restarted node is given to report the hole a lost write left in its log (lost-write)
-DETECT_WAIT = 30.0
-#: seconds the other nodes are given to name what a node whose fsyncs lied lost (lying-fsync)
-WENT_BACK_WAIT = 10.0
 #: what a CRITICAL line of a node stopped by a full disk names (the OS's ENOSPC, SQLite's SQLITE_FULL)
 ENOSPC_WORDS = ("No space left on device", "database or disk is full")
 #: seconds a node that kept serving has to clear its disk alarm once the space is freed

@@ -18,7 +18,7 @@ from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from client.errors import InvalidArgumentError, UnavailableError
 
 #: the modules that define fault families, under ``broker.tools.drill``
-FAMILY_MODULES = ("procfaults", "clockfaults", "netfaults", "diskfaults", "storefaults")
+FAMILY_MODULES = ("procfaults", "clockfaults", "netfaults", "diskfaults", "writefaults", "storefaults")
 
 
 def load_families() -> dict[str, type[Nemesis]]:

@@ -22,7 +22,7 @@ from broker.tools.drill.groups import ExistingGroup, all_active, caught_up, ha_e
 from broker.tools.drill.healing import WATCH_FACTOR, HealWatch
 from broker.tools.drill.load import Load
 from broker.tools.drill.txload import QUEUE_OUT, TxLoad, make_load
-from broker.tools.drill import diskfaults  # noqa: F401  (registers the disk fault families)
+from broker.tools.drill import diskfaults, writefaults  # noqa: F401  (register the disk fault families)
 from broker.tools.drill.model import QUEUE, SCENARIOS, DrillConfig, RunResult
 from broker.tools.drill.nemesis import NEMESES, FaultContext, Nemesis
 from broker.tools.drill.report import summarize
