@@ -3,14 +3,20 @@ on powerfs (or a tmpfs), the fault injected under load, every message checked.""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from broker.tools.drill import DrillConfig, drill
 from broker.tools.drill.diskfaults import missing
+from tests.helpers import wait_until
 from broker.tools.drill.nemesis import NEMESES
 
 _why = missing(frozenset({"powerfs", "root"}))
@@ -217,3 +223,47 @@ async def test_a_sector_the_disk_cannot_read_is_found_and_repaired_and_loses_not
             rep["schedule"]
     assert rep["errors"] == [] and rep["lost"] == 0 and rep["passed"], rep
 
+
+def _mounts_under(path: Path) -> list[str]:
+    with open("/proc/mounts", encoding="utf-8") as f:
+        return [line.split()[1] for line in f if line.split()[1].startswith(str(path))]
+
+
+async def test_sigterm_stops_a_drill_and_undoes_its_nodes_and_mounts(tmp_path: Path) -> None:
+    """``tandem drill`` stopped with SIGTERM (a supervisor's or a CI job's stop) undoes what it set
+    up, as Ctrl-C does: no node process, no mount left, status 143 and one line saying so, and
+    no client's error left unread on the way out."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TANDEM_ADMIN_PASSWORD": "test-password"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "drill", "lost-write", "--runs", "1", "--messages", "200000",
+        "--partitions", "4", "--non-response-timeout", "0.5", env=env, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        me = psutil.Process(proc.pid)
+        started: list[psutil.Process] = []
+
+        def cmdline(c: psutil.Process) -> str:
+            try:
+                return " ".join(c.cmdline())
+            except psutil.Error:  # (gone, or a zombie)
+                return ""
+
+        def nodes_up() -> bool:
+            started[:] = [c for c in me.children(recursive=True) if "powerfs" not in cmdline(c)]
+            return len(_mounts_under(tmp_path)) >= 6 and len(started) >= 3  # (3 tmpfs, 3 powerfs; 3 nodes)
+
+        await wait_until(nodes_up, timeout=120, what="the drill's disks mounted and its nodes started")
+        everything = me.children(recursive=True)
+        print(f"before SIGTERM: {len(everything)} processes, mounts {_mounts_under(tmp_path)}")
+        proc.send_signal(signal.SIGTERM)
+        _out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    assert proc.returncode == 143, text[-2000:]
+    assert "tandem drill: stopped by SIGTERM" in text and "never retrieved" not in text, text[-2000:]
+    assert _mounts_under(tmp_path) == []
+    alive = [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [cmdline(p) for p in alive]

@@ -7,7 +7,9 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -294,9 +296,44 @@ def _drill(args: argparse.Namespace) -> int:
     def progress(r: RunResult) -> None:
         print(progress_line(r), file=sys.stderr)
 
-    rep = asyncio.run(drill(cfg, args.repeat, progress=progress))
+    rep = _until_stopped(drill(cfg, args.repeat, progress=progress))
     print(json.dumps(rep) if args.json else report_text(rep))
     return 0 if rep["passed"] else 1
+
+
+class _Stopped(Exception):
+    """SIGTERM stopped a drill (after it undid what it had set up)."""
+
+
+def _until_stopped(work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run a drill to its end.  SIGTERM stops it as Ctrl-C does: the run is cancelled, and what it
+    started (nodes, mounts, namespaces, rules) is undone on the way out; the command then exits
+    with status 143, saying so."""
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            task.cancel()
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if stopped:
+                raise _Stopped() from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+    try:
+        return asyncio.run(main())
+    except _Stopped:
+        print("tandem drill: stopped by SIGTERM; the nodes, mounts and rules it had set up are undone",
+              file=sys.stderr)
+        raise SystemExit(143) from None
 
 
 def _jepsen(args: argparse.Namespace) -> int:
@@ -326,7 +363,7 @@ def _jepsen(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    rep = asyncio.run(jepsen(cfg, names, args.time, args.rate, say=say, out=out))
+    rep = _until_stopped(jepsen(cfg, names, args.time, args.rate, say=say, out=out))
     say(f"jepsen: results in {out}")
     if args.json:
         print(json.dumps(rep))

@@ -178,17 +178,23 @@ class Load:
             work = [self.produce(i, n) for i, n in enumerate(share)]
         producers: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*work))
         third: asyncio.Future[Any] = asyncio.ensure_future(self.third.wait())
-        await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
-        third.cancel()
         try:
-            await fault()
+            await asyncio.wait([third, producers], return_when=asyncio.FIRST_COMPLETED)
+            third.cancel()
+            try:
+                await fault()
+            finally:
+                over.set()
+            async with asyncio.timeout(max(1.0, deadline - self.clock.monotonic())):
+                await producers
+            await self.drained(deadline)
         finally:
-            over.set()
-        async with asyncio.timeout(max(1.0, deadline - self.clock.monotonic())):
-            await producers
-        await self.drained(deadline)
-        await self.close()
-        await asyncio.gather(*consumers, return_exceptions=True)
+            # (on every way out, a run stopped or failed included: no client left running,
+            # none of their errors left unread)
+            for t in (third, producers, *consumers):
+                t.cancel()
+            await self.close()
+            await asyncio.gather(producers, *consumers, return_exceptions=True)
 
     async def drained(self, deadline: float) -> None:
         """Until every confirmed message was consumed, but those the SDK reported lost (a weak
