@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +24,15 @@ from client.errors import ShuttingDownError, StorageError
 from storage.base import Engine, Recovered, StoredMessage, WriteOp
 from storage.sqlite import SqliteEngine
 from storage.sqlite.reads import unreadable
+from storage.sqlite.scrub import page_check
 from storage.writer import Callback, GroupCommitWriter
 
 log = logging.getLogger("tandem.broker")
 
 EngineFactory = Callable[[NodeConfig], Engine]
+#: beside the store: why the node last stopped on a damaged store or a failing disk
+#: (:meth:`NodeStore.damaged`); its next start checks every page of the store before it serves
+DAMAGED_MARK = "-damaged"
 
 
 def sqlite_engine(config: NodeConfig) -> Engine:
@@ -108,6 +113,7 @@ class NodeStore:
         self.engine.load_budget = self.config.max_memory
         recovered = await asyncio.to_thread(self.engine.open)
         self.open = True
+        await asyncio.to_thread(self._check_after_damage)
         loop = asyncio.get_running_loop()
         self._writer = GroupCommitWriter(self.engine, loop.call_soon_threadsafe, clock=self.clock)
         self._writer.commit_observers = self.commit_observers
@@ -122,12 +128,48 @@ class NodeStore:
 
     def damaged(self, why: str) -> None:
         """The store's file is damaged, or its disk failed a read, a write or a sync (``why``):
-        said, and the node told."""
+        said, noted beside the store for the next start (:data:`DAMAGED_MARK`), and the node told."""
         log.critical("%s: the store's file is damaged or its disk failed: this node stops (in a group its replicas "
                      "elect another active); tandem scrub --data-dir %s says whether its file is damaged",
                      why, self.data_path)
+        mark = self._damaged_mark
+        if mark is not None:
+            try:
+                with open(mark, "w", encoding="utf-8") as f:
+                    f.write(why + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                log.error("could not note the damage in %s (%s): the next start does not check the store first",
+                          mark, exc)
         if self.on_damage is not None:
             self.on_damage(why)
+
+    @property
+    def _damaged_mark(self) -> Path | None:
+        """Where :meth:`damaged` notes why (a store in a file of its own only)."""
+        path = getattr(self.engine, "path", None)
+        return path.with_name(path.name + DAMAGED_MARK) if isinstance(path, Path) else None
+
+    def _check_after_damage(self) -> None:
+        """The node last stopped on a damaged store or a failing disk: every page of the store
+        read (SQLite's quick_check) before the node serves.  A page still damaged (one that
+        opening does not read, an index) refuses the start in one line, rather than start and
+        stop again at the next write through it; a store that passes (the disk had failed a
+        write or a sync) starts, and the note goes."""
+        mark = self._damaged_mark
+        if mark is None or not mark.exists():
+            return
+        why = mark.read_text(encoding="utf-8", errors="replace").strip()
+        store = mark.with_name(mark.name[:-len(DAMAGED_MARK)])
+        found = page_check(store)
+        if found:
+            raise StorageError(f"the store {store} was found damaged when this node stopped ({why}), and "
+                               f"SQLite's quick_check finds it damaged still ({'; '.join(found[:3])}): this node "
+                               f"does not start: restore its data directory, or take it out of its group and add "
+                               f"it back on an empty one (docs/operations.md#remove-a-member)")
+        log.warning("store %s: every page reads whole (quick_check) after this node stopped on: %s", store, why)
+        mark.unlink()
 
     def write(self, ops: list[WriteOp], *, sync: bool) -> asyncio.Future[None]:
         """Commit ``ops`` to this node's store now; the future resolves when they are committed."""

@@ -65,5 +65,17 @@ def scrub_store(path: Path) -> StoreScrub:
     return out
 
 
+def page_check(path: Path) -> list[str]:
+    """What SQLite's ``PRAGMA quick_check`` finds wrong with the pages of the store at ``path``
+    (the store open meanwhile: a connection of its own); [] for nothing."""
+    conn = sqlite3.connect(path)
+    try:
+        return [line for row in conn.execute("PRAGMA quick_check") if row[0] != "ok" for line in row[0].splitlines()]
+    except sqlite3.DatabaseError as exc:  # (too damaged to check)
+        return [str(exc)]
+    finally:
+        conn.close()
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}

@@ -183,3 +183,35 @@ async def test_a_write_the_damaged_store_refuses_stops_the_node(tmp_path: Path) 
                 await asyncio.wait_for(send, 30)
     finally:
         await again.stop()
+    # started again, it checks every page first and refuses in one line (no start to stop again)
+    message = await refused_start(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    assert message.startswith(f"the store {tmp_path / 'node1' / 'tandem.db'} was found damaged when this node "
+                              f"stopped (a write to the store failed ("), message
+    assert "quick_check finds it damaged still (" in message and "this node does not start" in message, message
+    assert (tmp_path / "node1" / "tandem.db-damaged").exists()  # (until a start finds the store whole)
+
+
+async def test_a_store_whole_again_after_a_failed_write_starts_and_forgets_the_note(tmp_path: Path) -> None:
+    """A node stopped on a write its disk failed (noted beside the store) whose store reads whole
+    at the next start: it starts, says so, and the note goes."""
+    n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await n.start()
+    try:
+        async with await client.connect(url_of(n)) as conn:
+            await conn.declare_queue("q")
+            await conn.producer("q").send(b"one")
+        n.store.damaged("a write to the store failed (write failed: OperationalError: disk I/O error)")
+        await asyncio.wait_for(n.stopped.wait(), 30)
+    finally:
+        await n.stop()
+    assert (tmp_path / "node1" / "tandem.db-damaged").exists()
+    again = Node(NodeConfig(data_dir=tmp_path / "node1", port=0))
+    await again.start()
+    try:
+        assert not (tmp_path / "node1" / "tandem.db-damaged").exists()
+        async with await client.connect(url_of(again)) as conn:
+            async with conn.consumer("q") as cons:
+                m = await cons.next(10)
+                assert m is not None and m.body == b"one"
+    finally:
+        await again.stop()
