@@ -101,7 +101,10 @@ def records(data: bytes, last: bool, *, resume: bool = False
             end = pos + HEADER.size + length
             after = end if bad == "a record failing its checksum" and _record_at(data, end) else \
                 _next_record(data, pos + 1)
+            flipped = _one_bit_flipped(data, pos) if after is None and last and bad in (
+                "a record failing its checksum", "a torn record") else None
             why = (f", a readable record at byte {after} after it" if after is not None
+                   else f", one bit flipped in {flipped}: damage at rest, not a write cut short" if flipped
                    else None if last else ", in a segment that is not the newest")
             yield pos, b"", (bad, why)
             if not resume or after is None:
@@ -156,6 +159,49 @@ def _next_record(data: bytes, start: int) -> int | None:
             return pos
         first = pos if first is None else first
     return first
+
+
+def _one_bit_flipped(data: bytes, pos: int) -> str | None:
+    """Where one flipped bit would make the record at ``pos`` pass its checks (its checksum, its
+    length, or a byte of its payload: CRC-32 tells a single flipped bit and where it lies), or
+    None.  What tells a bit flipped at rest in a log's newest record from a write a crash cut
+    short: the bytes of a cut write fail by many bits, or end early.  A cut write that one bit
+    would explain is a chance of about 8 x its length in 2^32 (a flip taken for damage: its
+    partitions catch up from the group)."""
+    length, crc = HEADER.unpack_from(data, pos)
+    room = len(data) - pos - HEADER.size
+    if length <= room:
+        s = zlib.crc32(data[pos + HEADER.size:pos + HEADER.size + length]) ^ crc
+        if s and s & (s - 1) == 0:  # (one bit of the checksum itself)
+            return "its checksum"
+        for j in range(length - 1, -1, -1):  # (the syndrome of a flip at byte j, bit k, walked back)
+            if s in _CRC_ONE_BIT:
+                return f"its payload's byte {j}"
+            i = _CRC_TOP[s >> 24]
+            s = ((s ^ _CRC_TABLE[i]) << 8 | i) & 0xFFFFFFFF
+    for b in range(32):
+        n = length ^ (1 << b)
+        if 0 < n <= room and zlib.crc32(data[pos + HEADER.size:pos + HEADER.size + n]) == crc:
+            return "its length"
+    return None
+
+
+def _crc_table() -> list[int]:
+    """zlib's CRC-32 table (reflected, polynomial 0xEDB88320)."""
+    out = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        out.append(c)
+    return out
+
+
+_CRC_TABLE = _crc_table()
+#: each table entry by its top byte (all 256 differ): undoes one zero byte of CRC-32
+_CRC_TOP = {t >> 24: i for i, t in enumerate(_CRC_TABLE)}
+#: the syndromes of a flip of one bit of a payload's last byte
+_CRC_ONE_BIT = frozenset(_CRC_TABLE[1 << k] for k in range(8))
 
 
 def _record_at(data: bytes, pos: int) -> bool:
