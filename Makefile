@@ -53,7 +53,6 @@ test: dev
 
 # the tests that have failed in CI or under load: the first ones to run when hunting a flake
 FLAKY ?= tests/integration/test_partition_move.py::test_a_move_survives_kill_9_of_its_active_and_of_the_new_node_mid_copy \
-	tests/integration/test_drills.py::test_slow_disk_with_a_short_timeout_stalls_within_alive_give_up \
 	tests/integration/test_group_change.py::test_refusals_and_a_member_that_never_came_up_taken_out_again \
 	tests/integration/test_group_change.py::test_add_a_fourth_node_then_drain_and_remove_a_founder_under_load \
 	tests/integration/test_shared_mode.py::test_an_update_cut_by_kill_9_of_the_active_goes_on_on_the_new_one \

@@ -41,6 +41,13 @@ log = logging.getLogger("tandem.drill")
 TAKEOVER_WAIT = 30.0
 
 
+def slow_disk_stall(hold: float, nrt: float) -> float:
+    """How long slow-disk stalls the replicas' fsyncs: its hold, within half of how long a
+    replica goes on saying it is up (``ALIVE_GIVE_UP`` x ``nrt``): past that the active is meant
+    to step down, which a very short ``--non-response-timeout`` would otherwise reach."""
+    return min(hold, ALIVE_GIVE_UP / 2 * nrt)
+
+
 async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock, deadline: float,
                   load: Load, res: RunResult, old: OtherBuild | None = None) -> None:
     s = cfg.scenario
@@ -71,11 +78,8 @@ async def _inject(cl: LocalCluster, cfg: DrillConfig, target: str, clock: Clock,
         load.mark_settled()
     elif s == "slow-disk":
         procs = [p.proc for name, p in cl.nodes.items() if name != target]
-        # (within half of how long a replica goes on saying it is up: past that the active is
-        # meant to step down, which a very short --non-response-timeout would otherwise reach)
-        stall = min(hold, ALIVE_GIVE_UP / 2 * cfg.nrt)
         try:
-            await stall_disk([p.pid for p in procs if p is not None], stall, clock=clock)
+            await stall_disk([p.pid for p in procs if p is not None], slow_disk_stall(hold, cfg.nrt), clock=clock)
         except (RuntimeError, ValueError) as exc:  # strace missing, or not allowed to trace the nodes
             raise UnavailableError(f"slow-disk could not stall the disks: {exc}") from exc
     elif s == "restart-all":
