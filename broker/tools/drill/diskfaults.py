@@ -63,6 +63,7 @@ import errno
 import os
 import subprocess
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from broker.tools.drill.groups import caught_up_past
@@ -208,6 +209,13 @@ class DiskNemesis(Nemesis):
         return "rolled back " + "; ".join(parts)
 
 
+def two_nodes(cls: type[DiskNemesis]) -> type[DiskNemesis]:
+    """``cls`` on two nodes (:attr:`DiskNemesis.count`): the family ``<its name>-two``."""
+    two: type[DiskNemesis] = type(f"{cls.__name__}Two", (cls,), {"name": f"{cls.name}-two", "count": 2})
+    register(two)
+    return two
+
+
 @register
 class PowerLoss(DiskNemesis):
     name = "power-loss"
@@ -255,10 +263,7 @@ class TornWrite(DiskNemesis):
                                     f"off")
 
 
-@register
-class TornWriteTwo(TornWrite):
-    name = "torn-write-two"
-    count: ClassVar[int] = 2
+TornWriteTwo = two_nodes(TornWrite)
 
 
 @register
@@ -363,10 +368,7 @@ class FsyncError(DiskNemesis):
             await _revive(ctx, n, "its fsyncs failed", fatal=False)
 
 
-@register
-class FsyncErrorTwo(FsyncError):
-    name = "fsync-error-two"
-    count: ClassVar[int] = 2
+FsyncErrorTwo = two_nodes(FsyncError)
 
 
 @register
@@ -429,24 +431,27 @@ class BadSector(DiskNemesis):
                                 f"{REPAIR_WAIT:.0f} s of its restart")
 
 
-@register
-class BadSectorTwo(BadSector):
-    name = "bad-sector-two"
-    count: ClassVar[int] = 2
+BadSectorTwo = two_nodes(BadSector)
 
 
 async def _event(ctx: FaultContext, node: str, kind: str, word: str) -> str:
     """``node``'s first status event of ``kind`` that says ``word``, within :data:`DETECT_WAIT`;
     "" for none."""
-    deadline = ctx.clock.monotonic() + DETECT_WAIT
+    return await said(ctx, node, lambda events: next((e for e in events if e.startswith(kind) and word in e), ""))
+
+
+async def said(ctx: FaultContext, node: str, what: Callable[[list[str]], str], wait: float = DETECT_WAIT) -> str:
+    """What ``what`` finds in ``node``'s status events (a node not answering has none yet),
+    polled until it finds something or ``wait`` seconds have passed; "" for nothing."""
+    deadline = ctx.clock.monotonic() + wait
     while True:
         try:
             events = (await ctx.cluster.status(node)).events
         except (TandemError, OSError):
             events = []
-        said = [e for e in events if e.startswith(kind) and word in e]
-        if said or ctx.clock.monotonic() > deadline:
-            return said[0] if said else ""
+        found = what(events)
+        if found or ctx.clock.monotonic() > deadline:
+            return found
         await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
 
 

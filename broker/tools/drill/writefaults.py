@@ -34,9 +34,9 @@ They run on the disks :mod:`broker.tools.drill.diskfaults` mounts (root, FUSE).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import Any
 
-from broker.tools.drill.diskfaults import DiskNemesis
+from broker.tools.drill.diskfaults import DiskNemesis, said, two_nodes
 from broker.tools.drill.nemesis import FaultContext, register
 from broker.tools.powerfs_mount import PowerFS
 from client.errors import TandemError
@@ -80,15 +80,12 @@ class LyingFsync(DiskNemesis):
                                 f"entries it lost")
 
 
-@register
-class LyingFsyncTwo(LyingFsync):
-    name = "lying-fsync-two"
-    count: ClassVar[int] = 2
+LyingFsyncTwo = two_nodes(LyingFsync)
 
 
 async def _went_back_seen(ctx: FaultContext, node: str) -> list[str]:
-    """The other nodes whose status events say ``node`` lost entries it had acknowledged,
-    within :data:`WENT_BACK_WAIT` (an active sees it at its first append to the node)."""
+    """The other nodes whose status events say ``node`` lost entries it had acknowledged, as soon
+    as one does, within :data:`WENT_BACK_WAIT` (an active sees it at its first append to the node)."""
     others = sorted(n for n in ctx.cluster.nodes if n != node)
     deadline = ctx.clock.monotonic() + WENT_BACK_WAIT
     while True:
@@ -158,10 +155,7 @@ class LostWrite(DiskNemesis):
                 ctx.failures.append(f"{self.name} {n}: {what}, and the node did not find the damage it left")
 
 
-@register
-class LostWriteTwo(LostWrite):
-    name = "lost-write-two"
-    count: ClassVar[int] = 2
+LostWriteTwo = two_nodes(LostWrite)
 
 
 @register
@@ -179,30 +173,21 @@ class MisdirectedWrite(LostWrite):
         return f"{where} landed at byte {w['to']}" if "to" in w else f"{where} lost (no sector before it)"
 
 
-@register
-class MisdirectedWriteTwo(MisdirectedWrite):
-    name = "misdirected-write-two"
-    count: ClassVar[int] = 2
+MisdirectedWriteTwo = two_nodes(MisdirectedWrite)
 
 
 async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
     """What the restarted ``node`` said of the hole in its log, within :data:`DETECT_WAIT`: its
     ``log-damaged`` event, or its log's line cutting off a torn tail; "" for nothing."""
     p = ctx.cluster.nodes[node]
-    deadline = ctx.clock.monotonic() + DETECT_WAIT
-    while True:
-        try:
-            events = (await ctx.cluster.status(node)).events
-        except (TandemError, OSError):
-            events = []
-        damaged = [e for e in events if e.startswith("log-damaged")]
-        if damaged:
-            return damaged[0]
-        if "cut off there" in p.log_text()[before:]:
+
+    def hole(events: list[str]) -> str:
+        damaged = next((e for e in events if e.startswith("log-damaged")), "")
+        if not damaged and "cut off there" in p.log_text()[before:]:
             return "its log ended inside a record, cut off at start (a torn tail)"
-        if ctx.clock.monotonic() > deadline:
-            return ""
-        await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
+        return damaged
+
+    return await said(ctx, node, hole, DETECT_WAIT)
 
 
 __all__ = ["LostWrite", "LostWriteTwo", "LyingFsync", "LyingFsyncTwo", "MisdirectedWrite", "MisdirectedWriteTwo"]
