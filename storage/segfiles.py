@@ -52,8 +52,9 @@ def _by_sector(fd: int, pos: int, n: int, unreadable: list[tuple[int, int, str]]
     """``n`` bytes from ``pos`` read a sector at a time, those the disk cannot read as zeros
     (added to ``unreadable``, a run of them as one)."""
     out = bytearray()
-    for at in range(pos, pos + n, SECTOR):
-        want = min(SECTOR - at % SECTOR, pos + n - at)
+    at = pos
+    while at < pos + n:
+        want = min(SECTOR - at % SECTOR, pos + n - at)  # (to the next sector boundary)
         try:
             got = os.pread(fd, want, at)
         except OSError as exc:
@@ -64,6 +65,7 @@ def _by_sector(fd: int, pos: int, n: int, unreadable: list[tuple[int, int, str]]
             else:
                 unreadable.append((at, want, exc.strerror or str(exc)))
         out += got
+        at += len(got)
         if len(got) < want:
             break
     return bytes(out)
@@ -74,13 +76,14 @@ def unreadable_said(length: int, why: str) -> str:
     return f"unreadable: {length} B ({why}), read as zeros"
 
 
-def records(data: bytes, last: bool, *, resume: bool = False
+def records(data: bytes, last: bool, *, resume: bool = False, unread: bool = False
             ) -> Iterator[tuple[int, bytes, tuple[str, str | None] | None]]:
     """Each record of a segment's ``data`` (``last``: the newest segment) as (offset, payload,
     None), up to the first that fails its length or checksum, given as (offset, b"", (what,
     why it is damage)): why None for a torn tail (nothing readable after it, in the newest
     segment), else ", a readable record at byte N after it" or ", in a segment that is not the
-    newest".  ``resume``: on from that readable record after damage, to the end."""
+    newest" (``unread``: ", in a segment part of which the disk could not read": never a torn
+    tail either).  ``resume``: on from that readable record after damage, to the end."""
     pos = 0
     while pos < len(data):
         bad = None
@@ -102,10 +105,11 @@ def records(data: bytes, last: bool, *, resume: bool = False
             after = end if bad == "a record failing its checksum" and _record_at(data, end) else \
                 _next_record(data, pos + 1)
             flipped = _one_bit_flipped(data, pos) if after is None and last and bad in (
-                "a record failing its checksum", "a torn record") else None
+                "a record failing its checksum", "a torn record", "an empty record (zeros)") else None
             why = (f", a readable record at byte {after} after it" if after is not None
                    else f", one bit flipped in {flipped}: damage at rest, not a write cut short" if flipped
-                   else None if last else ", in a segment that is not the newest")
+                   else None if last else ", in a segment part of which the disk could not read" if unread
+                   else ", in a segment that is not the newest")
             yield pos, b"", (bad, why)
             if not resume or after is None:
                 return
@@ -124,7 +128,8 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
     for n, path in enumerate(paths):
         data, unreadable = read_segment(path)
         damage += [f"{path} at byte {at} ({unreadable_said(length, why)})" for at, length, why in unreadable]
-        for pos, _body, fault in records(data, last=n == len(paths) - 1 and not unreadable, resume=True):
+        for pos, _body, fault in records(data, last=n == len(paths) - 1 and not unreadable, resume=True,
+                                         unread=bool(unreadable)):
             if fault is None:
                 good += 1
             elif fault[1] is not None:
@@ -165,18 +170,22 @@ def _one_bit_flipped(data: bytes, pos: int) -> str | None:
     """Where one flipped bit would make the record at ``pos`` pass its checks (its checksum, its
     length, or a byte of its payload: CRC-32 tells a single flipped bit and where it lies), or
     None.  What tells a bit flipped at rest in a log's newest record from a write a crash cut
-    short: the bytes of a cut write fail by many bits, or end early.  A cut write that one bit
-    would explain is a chance of about 8 x its length in 2^32 (a flip taken for damage: its
+    short: the bytes of a cut write fail by many bits, end early, or are zeros from a sector on
+    (a bit that zeros to the end would explain is taken for that).  A cut write that one bit
+    would explain otherwise is a chance of about 8 x its length in 2^32 (taken for damage: its
     partitions catch up from the group)."""
     length, crc = HEADER.unpack_from(data, pos)
     room = len(data) - pos - HEADER.size
-    if length <= room:
-        s = zlib.crc32(data[pos + HEADER.size:pos + HEADER.size + length]) ^ crc
+    start = pos + HEADER.size
+    if 0 < length <= room:
+        s = zlib.crc32(data[start:start + length]) ^ crc
         if s and s & (s - 1) == 0:  # (one bit of the checksum itself)
             return "its checksum"
         for j in range(length - 1, -1, -1):  # (the syndrome of a flip at byte j, bit k, walked back)
             if s in _CRC_ONE_BIT:
-                return f"its payload's byte {j}"
+                # a bit gone from bytes that are zeros to the end is a sector that never reached
+                # the disk as well: that reads as a write cut short
+                return f"its payload's byte {j}" if any(data[start + j:start + length]) else None
             i = _CRC_TOP[s >> 24]
             s = ((s ^ _CRC_TABLE[i]) << 8 | i) & 0xFFFFFFFF
     for b in range(32):

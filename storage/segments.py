@@ -263,7 +263,7 @@ class SegmentLog:
         # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries;
         # it reads as zeros, so the records it took fail their checks below, and those after it are read)
         self.damage += [f"{seg.path} at byte {at} ({unreadable_said(n, why)})" for at, n, why in unreadable]
-        for pos, body, fault in records(data, last and not unreadable, resume=True):
+        for pos, body, fault in records(data, last and not unreadable, resume=True, unread=bool(unreadable)):
             if fault is None:
                 rec = msgpack.unpackb(body, raw=False)
                 if well_formed(rec):

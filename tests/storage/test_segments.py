@@ -19,7 +19,7 @@ from storage.base import DropQueue, LogAppend, LogCompact, LogRecord, LogTruncat
 from storage.base import QueueMeta
 from broker.tools.powerfs import PowerFS
 from broker.tools.powerfs_mount import fuse_missing
-from storage.segfiles import records, scan
+from storage.segfiles import encode, read_segment, records, scan
 from storage.segments import SegmentLog
 from storage.sqlite import SqliteEngine
 
@@ -86,22 +86,25 @@ def test_a_torn_last_record_is_cut_off_and_what_came_before_stays(tmp_path: Path
 
 
 
-@pytest.mark.parametrize("where", ["payload", "checksum", "length up", "length down"])
+@pytest.mark.parametrize("where", ["payload", "checksum", "length up", "length down", "length to zero"])
 def test_one_bit_flipped_in_the_newest_record_is_damage_not_a_write_cut_short(tmp_path: Path, where: str) -> None:
     """After a crash (the log not closed cleanly) a newest record that fails its checks because
     of one flipped bit is damage at rest, never a torn tail to cut off (it may be an entry this
     node acknowledged): CRC-32 tells a single flipped bit, in the payload, the checksum or the
     length, from the bytes of a write a crash cut short.  Nothing is cut."""
+    # (a payload whose length is a power of two: its one bit flipped reads as an empty record)
+    size = next(n for n in range(100, 400) if len(encode(append(1, 0, 4, 1, size=n), 2, [1, 1, [(1, 0)]])) - 8 == 256)
     log = SegmentLog(tmp_path / "log")
     log.open()
     log.write([append(1, 0, 1, 3)], sync=True)
     last = log.size()  # where the newest record starts
-    log.write([append(1, 0, 4, 1)], sync=True)
+    log.write([append(1, 0, 4, 1, size=size)], sync=True)
     log.close()
     seg = _newest(tmp_path / "log")
     data = bytearray(seg.read_bytes())
+    assert struct.unpack_from("<I", data, last)[0] == 256
     at, bit = {"payload": (last + 8 + 40, 3), "checksum": (last + 6, 1), "length up": (last + 2, 4),
-               "length down": (last, 2)}[where]
+               "length down": (last, 2), "length to zero": (last + 1, 0)}[where]
     data[at] ^= 1 << bit
     seg.write_bytes(bytes(data))
     again = SegmentLog(tmp_path / "log")
@@ -137,6 +140,54 @@ def test_a_write_cut_short_or_torn_at_a_sector_is_still_cut_off(tmp_path: Path, 
     assert indexes(again.open()[(1, 0)]) == [1, 2, 3] and again.damage == []
     again.close()
     assert seg.stat().st_size == last
+
+
+def test_a_last_byte_with_one_bit_that_never_reached_the_disk_is_a_write_cut_short(tmp_path: Path) -> None:
+    """A record whose last byte held one set bit (the partition its cover names last) and lies
+    alone in a sector that never reached the disk: one flipped bit would explain the zeros as
+    well, and zeros to the end read as a write cut short, not as damage."""
+    log = SegmentLog(tmp_path / "log")
+    log.open()
+    log.write([append(1, 2, 1, 3)], sync=True)
+    last = log.size()
+    log.write([append(1, 0, 1, 1)], sync=True)  # (its cover names partition 1/2 last: it ends with 0x02)
+    log.close()
+    seg = _newest(tmp_path / "log")
+    data = bytearray(seg.read_bytes())
+    assert data[-1] == 2
+    data[-1] = 0
+    seg.write_bytes(bytes(data))
+    again = SegmentLog(tmp_path / "log")
+    got = again.open()
+    assert indexes(got[(1, 2)]) == [1, 2, 3] and (1, 0) not in got and again.damage == []
+    again.close()
+    assert seg.stat().st_size == last
+
+
+def test_a_read_that_fails_past_a_short_read_goes_on_a_sector_at_a_time(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk gives back part of a read, then fails: the rest is read a sector at a time from
+    where the short read ended, every byte in its place, the unreadable sector as zeros."""
+    path = tmp_path / "seg"
+    payload = bytes(range(256)) * 16  # 4096 bytes
+    path.write_bytes(payload)
+    real = os.pread
+    calls: list[tuple[int, int]] = []
+
+    def pread(fd: int, n: int, at: int) -> bytes:
+        calls.append((n, at))
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")  # (the whole read)
+        if at <= 2048 < at + n:
+            raise OSError(5, "Input/output error")  # (the bad sector at 2048)
+        if at == 0:
+            return real(fd, min(n, 300), at)  # (a short read)
+        return real(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", pread)
+    data, unreadable = read_segment(path)
+    assert unreadable == [(2048, 512, "Input/output error")]
+    assert data == payload[:2048] + bytes(512) + payload[2560:]
 
 def _flip(seg: Path, at: int) -> None:
     data = bytearray(seg.read_bytes())
