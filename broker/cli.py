@@ -165,8 +165,7 @@ async def _serve(config: NodeConfig) -> int:
         logging.getLogger("tandem.broker").critical("node %s stopped on a fatal error: exiting", config.name)
         return 1
     logging.getLogger("tandem.broker").info("signal received: shutting down")
-    await node.stop()
-    return 0
+    return 0 if await node.stop() else 1  # (a stop that did not finish says why, above)
 
 
 def console_of(node: Node) -> Console:

@@ -307,15 +307,15 @@ class Node:
                       security=self.security, drains=ops.drains, moves=ops.moves, remaps=ops.remaps, group=ops.group,
                       levels=ops.levels, topology=ops.topology, messages=messages)
 
-    async def stop(self) -> None:
-        """Stop accepting, close sessions, commit what is pending, close the store (a step
-        that fails is logged, and the node stops all the same: tasks.to_the_end)."""
+    async def stop(self) -> bool:
+        """Stop accepting, close sessions, commit what is pending, close the store; whether
+        every step finished (one that fails is logged, and the node stops all the same)."""
         if self.stopping:
             await self.stopped.wait()
-            return
+            return True
         self.stopping = True
         log.info("node stop started name=%s sessions=%d", self.config.name, len(self.sessions))
-        await to_the_end(self._stop(), self.stopped, f"node stop of {self.config.name}")
+        return await to_the_end(self._stop(), self.stopped, f"node stop of {self.config.name}")
 
     async def _stop(self) -> None:
         if self.ha.shared is not None:

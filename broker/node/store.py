@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,8 @@ EngineFactory = Callable[[NodeConfig], Engine]
 #: beside the store: why the node last stopped on a damaged store or a failing disk
 #: (:meth:`NodeStore.damaged`); its next start checks every page of the store before it serves
 DAMAGED_MARK = "-damaged"
+#: seconds a stop waits for that note to be written
+NOTE_WAIT = 5.0
 
 
 def sqlite_engine(config: NodeConfig) -> Engine:
@@ -64,6 +67,7 @@ class NodeStore:
         #: called (on the loop) when a write or read finds the store's file damaged or unreadable
         #: (storage.sqlite.reads.unreadable): the node stops
         self.on_damage: Callable[[str], None] | None = None
+        self._noting: threading.Thread | None = None  # writing the note of damage (damaged())
 
     def check_disk(self, what: str) -> None:
         """Refuse ``what`` (a write to this node's own store) while the disk alarm is raised."""
@@ -111,9 +115,9 @@ class NodeStore:
         if engine is not None:
             self.engine = engine
         self.engine.load_budget = self.config.max_memory
+        await asyncio.to_thread(self._check_after_damage)
         recovered = await asyncio.to_thread(self.engine.open)
         self.open = True
-        await asyncio.to_thread(self._check_after_damage)
         loop = asyncio.get_running_loop()
         self._writer = GroupCommitWriter(self.engine, loop.call_soon_threadsafe, clock=self.clock)
         self._writer.commit_observers = self.commit_observers
@@ -133,23 +137,19 @@ class NodeStore:
                      "elect another active); tandem scrub --data-dir %s says whether its file is damaged",
                      why, self.data_path)
         mark = self._damaged_mark
-        if mark is not None:
-            try:
-                with open(mark, "w", encoding="utf-8") as f:
-                    f.write(why + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-            except OSError as exc:
-                log.error("could not note the damage in %s (%s): the next start does not check the store first",
-                          mark, exc)
+        if mark is not None and self._noting is None:
+            # (off the loop, on a disk that may hang: the stop waits for it a while, close())
+            self._noting = threading.Thread(target=_note, args=(mark, why), name="tandem-damage-note", daemon=True)
+            self._noting.start()
         if self.on_damage is not None:
             self.on_damage(why)
 
     @property
     def _damaged_mark(self) -> Path | None:
-        """Where :meth:`damaged` notes why (a store in a file of its own only)."""
+        """Where :meth:`damaged` notes why: beside this node's own store file (none in shared
+        mode, where the store is the group's database, nor for a store without a file)."""
         path = getattr(self.engine, "path", None)
-        return path.with_name(path.name + DAMAGED_MARK) if isinstance(path, Path) else None
+        return path.with_name(path.name + DAMAGED_MARK) if isinstance(path, Path) and not self.shared else None
 
     def _check_after_damage(self) -> None:
         """The node last stopped on a damaged store or a failing disk: every page of the store
@@ -160,14 +160,14 @@ class NodeStore:
         mark = self._damaged_mark
         if mark is None or not mark.exists():
             return
-        why = mark.read_text(encoding="utf-8", errors="replace").strip()
+        why = mark.read_text(encoding="utf-8", errors="replace").strip() or "no reason noted"
         store = mark.with_name(mark.name[:-len(DAMAGED_MARK)])
-        found = page_check(store)
+        found = page_check(store) if store.exists() else []
         if found:
             raise StorageError(f"the store {store} was found damaged when this node stopped ({why}), and "
                                f"SQLite's quick_check finds it damaged still ({'; '.join(found[:3])}): this node "
-                               f"does not start: restore its data directory, or take it out of its group and add "
-                               f"it back on an empty one (docs/operations.md#remove-a-member)")
+                               f"does not start: restore its data directory (a member of a group can also be "
+                               f"taken out and added back on an empty one, docs/operations.md#remove-a-member)")
         log.warning("store %s: every page reads whole (quick_check) after this node stopped on: %s", store, why)
         mark.unlink()
 
@@ -217,6 +217,8 @@ class NodeStore:
         that has not opened the group's database)."""
         if self.shared and not self.open and self._writer is None:
             return
+        if self._noting is not None:  # (a disk that hangs: the stop goes on without the note)
+            await asyncio.to_thread(self._noting.join, NOTE_WAIT)
         self.open = False
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
@@ -233,3 +235,14 @@ def _resolver(fut: asyncio.Future[None]) -> Callback:
         if not fut.done():
             fut.set_exception(err) if err is not None else fut.set_result(None)
     return done
+
+
+def _note(mark: Path, why: str) -> None:
+    """Write ``why`` to ``mark``, synced (NodeStore.damaged, on a thread of its own)."""
+    try:
+        with open(mark, "w", encoding="utf-8") as f:
+            f.write(why + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        log.error("could not note the damage in %s (%s): the next start does not check the store first", mark, exc)

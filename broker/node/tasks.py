@@ -115,15 +115,18 @@ class Loops:
             # we cancelled it: the expected end of the loop
 
 
-async def to_the_end(stop: Coroutine[Any, Any, None], stopped: asyncio.Event, what: str) -> None:
-    """Run a node's ``stop``; a step of it that fails is logged (a failing disk in one line,
-    anything else with its traceback) and ``stopped`` is set all the same: a process that said
-    it stops must not go on running."""
+async def to_the_end(stop: Coroutine[Any, Any, None], stopped: asyncio.Event, what: str) -> bool:
+    """Run a node's ``stop``; whether it finished.  A step of it that fails ends it there, logged
+    (a failing disk in one line, anything else with its traceback), and ``stopped`` is set all
+    the same: a process that said it stops must not go on running (it exits with a failure
+    status: broker.cli)."""
     try:
         await stop
+        return True
     except (OSError, TandemError) as exc:  # a failing disk: its own words say enough
         log.error("%s did not finish (%s): it stops all the same", what, exc)
     except Exception:
         log.exception("%s did not finish: it stops all the same", what)
     finally:
         stopped.set()
+    return False

@@ -130,7 +130,7 @@ async def test_a_stop_step_that_fails_is_logged_and_the_node_stops_all_the_same(
     n = Node(NodeConfig(data_dir=tmp_path / "node1", port=0), engine=lambda _cfg: CloseBreaks(MemoryDisk()))
     await n.start()
     with caplog.at_level(logging.ERROR, logger="tandem.broker"):
-        await asyncio.wait_for(n.stop(), timeout=20)
-    assert n.stopped.is_set()
+        finished = await asyncio.wait_for(n.stop(), timeout=20)
+    assert n.stopped.is_set() and finished is False  # (the process exits with a failure status)
     [rec] = [r for r in caplog.records if "did not finish" in r.getMessage()]
     assert rec.exc_info is not None and isinstance(rec.exc_info[1], TypeError)

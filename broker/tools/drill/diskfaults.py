@@ -211,7 +211,9 @@ class DiskNemesis(Nemesis):
 
 def two_nodes(cls: type[DiskNemesis]) -> type[DiskNemesis]:
     """``cls`` on two nodes (:attr:`DiskNemesis.count`): the family ``<its name>-two``."""
-    two: type[DiskNemesis] = type(f"{cls.__name__}Two", (cls,), {"name": f"{cls.name}-two", "count": 2})
+    two: type[DiskNemesis] = type(f"{cls.__name__}Two", (cls,), {
+        "name": f"{cls.name}-two", "count": 2, "__module__": cls.__module__,
+        "__doc__": f"``{cls.name}`` on two nodes, a majority of a group of three (the module says how)."})
     register(two)
     return two
 
@@ -339,15 +341,21 @@ class DiskError(DiskNemesis):
 class FsyncError(DiskNemesis):
     name = "fsync-error"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.before: dict[str, int] = {}  # node -> the I/Os its disk had failed before this fault
+
     async def inject(self, ctx: FaultContext) -> str:
         self.nodes = await self._targets(ctx)
+        for n in self.nodes:
+            self.before[n] = (await asyncio.to_thread(self.disks[n].stats))["failed_ios"]
         said = []
         for i, n in enumerate(self.nodes):
             if i:  # (from the moment the first node's disk has failed an fsync)
-                struck = await self._struck(ctx, self.nodes[0], "failed_ios", 0)
+                first = self.nodes[0]
+                struck = await self._struck(ctx, first, "failed_ios", self.before[first])
                 await asyncio.to_thread(self.disks[n].fail_io, "fsync")
-                said.append(f"then ({'once' if struck else 'though not yet'} {self.nodes[0]}'s had failed one) "
-                            f"{n}: the same")
+                said.append(f"then ({'once' if struck else 'though not yet'} {first}'s had failed one) {n}: the same")
                 continue
             await asyncio.to_thread(self.disks[n].fail_io, "fsync")
             said.append(f"{n}: every fsync fails with EIO (writes succeed)")
@@ -358,12 +366,12 @@ class FsyncError(DiskNemesis):
         for n in self.nodes:
             await asyncio.to_thread(self.disks[n].fail_io, "off")
         for n in self.nodes:
-            st = await asyncio.to_thread(self.disks[n].stats)
-            ctx.schedule.append(f"{self.name} {n}: {st['failed_ios']} fsync(s) failed")
+            failed = (await asyncio.to_thread(self.disks[n].stats))["failed_ios"] - self.before[n]
+            ctx.schedule.append(f"{self.name} {n}: {failed} fsync(s) failed")
             p = ctx.cluster.nodes[n]
-            if st["failed_ios"] and p.proc is not None and p.proc.returncode is None:
+            if failed and p.proc is not None and p.proc.returncode is None:
                 # (a failed fsync is never retried: the pages it could not write may be gone)
-                ctx.failures.append(f"{n} kept running after {st['failed_ios']} failed fsync(s)")
+                ctx.failures.append(f"{n} kept running after {failed} failed fsync(s)")
                 continue
             await _revive(ctx, n, "its fsyncs failed", fatal=False)
 
