@@ -5,6 +5,7 @@ back, and telling damage from a write a crash cut short (the layout: storage.seg
 from __future__ import annotations
 
 import os
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -146,7 +147,12 @@ def _next_record(data: bytes, start: int) -> int | None:
     another's payload (a client's bytes) seldom is."""
     first = None
     end = len(data) - HEADER.size
-    for pos in range(start, end + 1):
+    # (only where a payload could begin as every record's does: a msgpack array whose first item
+    # is the one-letter kind; the checksum of a candidate is what costs)
+    for m in _RECORD_START.finditer(data, start + HEADER.size):
+        pos = m.start() - HEADER.size
+        if pos > end:
+            break
         length, crc = HEADER.unpack_from(data, pos)
         if length == 0 or pos + HEADER.size + length > len(data):
             continue
@@ -164,6 +170,11 @@ def _next_record(data: bytes, start: int) -> int | None:
             return pos
         first = pos if first is None else first
     return first
+
+
+#: where a record's payload may begin: a msgpack array (fixarray, array 16 or 32) whose first
+#: item is the one-letter string of its kind (module doc); a lookahead, so that starts overlap
+_RECORD_START = re.compile(rb"(?=(?:[\x90-\x9f]|\xdc..|\xdd....)\xa1[ATX])", re.DOTALL)
 
 
 def _one_bit_flipped(data: bytes, pos: int) -> str | None:
