@@ -18,7 +18,7 @@ import client.blocking
 from broker.tools.builds import from_ref
 from broker.tools.checker import classify
 from broker.tools.cluster import LocalCluster
-from client.errors import StaleDeliveryError, TimeoutError_
+from client.errors import StaleDeliveryError, TimeoutError_, UnknownDeliveryTagError
 from client.mapper import make_mapper
 from tests.conftest import FAST
 from tests.helpers import wait_until
@@ -138,7 +138,10 @@ async def test_a_member_on_an_older_build_relays_nothing_and_is_named_once(tmp_p
                         where = await cl.actives("mixed", PARTITIONS)
                         continue
                     got.append((m.body, m.id))
-                    await m.ack()
+                    try:
+                        await m.ack()
+                    except UnknownDeliveryTagError:
+                        pass  # (its partition failed back to node3 meanwhile: it comes again, redelivered)
         log = cl.nodes["node1"].log_text()
         assert log.count("node node3 relays no consumers (its build is older)") == 1, log[-2000:]
         async with await client.connect_link(cl.url) as conn:
