@@ -201,7 +201,7 @@ def _one_bit_flipped(data: bytes, pos: int) -> str | None:
             s = ((s ^ _CRC_TABLE[i]) << 8 | i) & 0xFFFFFFFF
     for b in range(32):
         n = length ^ (1 << b)
-        if 0 < n <= room and zlib.crc32(data[pos + HEADER.size:pos + HEADER.size + n]) == crc:
+        if 0 < n <= room and zlib.crc32(data[start:start + n]) == crc:
             return "its length"
     return None
 

@@ -27,8 +27,8 @@ def scrub_store(path: Path) -> StoreScrub:
     out = StoreScrub()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        out.damage = [f"store {path}: SQLite's quick_check: {'; '.join(row[0].splitlines())}"
-                      for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+        out.damage = [f"store {path}: SQLite's quick_check: {'; '.join(found.splitlines())}"
+                      for found in _quick_check(conn)]
         crc_column = "crc" if "crc" in _columns(conn, "chunks") else "NULL"  # (no build with checksums opened it)
         digests: dict[tuple[int, int], int] = {}
         for qid, p, start, count, payload, crc in conn.execute(
@@ -66,15 +66,20 @@ def scrub_store(path: Path) -> StoreScrub:
 
 
 def page_check(path: Path) -> list[str]:
-    """What SQLite's ``PRAGMA quick_check`` finds wrong with the pages of the store at ``path``
-    (the store open meanwhile: a connection of its own); [] for nothing."""
+    """What SQLite's ``PRAGMA quick_check`` finds wrong with the pages of the store at ``path``,
+    before the node opens it (broker.node.store); [] for nothing."""
     conn = sqlite3.connect(path)
     try:
-        return [line for row in conn.execute("PRAGMA quick_check") if row[0] != "ok" for line in row[0].splitlines()]
+        return [line for found in _quick_check(conn) for line in found.splitlines()]
     except sqlite3.DatabaseError as exc:  # (too damaged to check)
         return [str(exc)]
     finally:
         conn.close()
+
+
+def _quick_check(conn: sqlite3.Connection) -> list[str]:
+    """What ``PRAGMA quick_check`` reports wrong, one item per row it returns."""
+    return [row[0] for row in conn.execute("PRAGMA quick_check") if row[0] != "ok"]
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:

@@ -82,7 +82,7 @@ MAX_GAP = 5.0
 BAD_MARGIN = 2 * 4096
 #: bad-sector: how many sectors it draws at most to find one that far from the end
 SECTOR_DRAWS = 20
-#: seconds a restarted node is given to report the damage it found (bad-sector)
+#: seconds a restarted node is given to report the damage it found (bad-sector, the write faults)
 DETECT_WAIT = 30.0
 #: seconds the copies of the drill's queue are given to catch up again after the restart (bad-sector)
 REPAIR_WAIT = 30.0

@@ -36,13 +36,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from broker.tools.drill.diskfaults import DiskNemesis, said, two_nodes
+from broker.tools.drill.diskfaults import DETECT_WAIT, DiskNemesis, said, two_nodes
 from broker.tools.drill.nemesis import FaultContext, register
 from broker.tools.powerfs_mount import PowerFS
 from client.errors import TandemError
 
-#: seconds a restarted node is given to report the hole a lost write left in its log (lost-write)
-DETECT_WAIT = 30.0
 #: seconds the other nodes are given to name what a node whose fsyncs lied lost (lying-fsync)
 WENT_BACK_WAIT = 10.0
 
