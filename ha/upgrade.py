@@ -41,6 +41,8 @@ LEVELS: Mapping[int, str] = {
        "of an older build would update without, leaving checksums that no longer fit",
     10: "a digest of each partition's stored chunks in its row of the store's partitions table, which a member "
         "of an older build would add and delete chunks without updating",
+    11: "that digest covers the partition's applied position too, which a member of an older build would move "
+        "without updating the digest",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

@@ -167,6 +167,12 @@ class OpApplier:
         #: ``partitions`` once the store is at rowsums.DIGEST_LEVEL (``digests_on``)
         self.digests: dict[Key, int] = {}
         self.digests_on = False
+        #: each partition's applied position (index, term) as ``ha_state`` keeps it; from
+        #: rowsums.APPLIED_LEVEL (``applied_on``) its digest covers it too, and a batch that moves
+        #: it writes the row again (``_moved``: those of the batch in hand)
+        self.applied: dict[Key, tuple[int, int]] = {}
+        self.applied_on = False
+        self._moved: set[Key] = set()
         #: chunks in the index that have no row: settled whole before they were written (never
         #: written, so never deleted either: not in the digest)
         self.phantoms: set[tuple[int, int, int]] = set()
@@ -184,6 +190,12 @@ class OpApplier:
 
     def reload(self, conn: Connection) -> None:
         """Load the index from the tables (on open, or after a failed commit)."""
+        meta = {k: v for k, v in conn.exec_driver_sql(
+            f"SELECT key, value FROM meta WHERE key IN ('{rowsums.LEVEL_KEY}', 'queue_id_hwm')")}
+        level = rowsums.level_of(meta.get(rowsums.LEVEL_KEY))
+        applied_on = self.ROW_SUMS and level >= rowsums.APPLIED_LEVEL
+        applied = {(qid, p): (idx, term) for qid, p, idx, term in conn.exec_driver_sql(
+            "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
         index: dict[Key, ChunkIndex] = {}
         digests: dict[Key, int] = {}
         for qid, p, start, count in conn.exec_driver_sql(
@@ -199,13 +211,12 @@ class OpApplier:
                 damaged.setdefault((qid, p), bad["crc"])
                 continue
             index.setdefault((qid, p), ChunkIndex()).settled.add(s, e)
-        marks: dict[Key, tuple[int, int]] = {}
-        for qid, p, nxt, dlv, digest in conn.exec_driver_sql(
-                "SELECT queue_id, partition, next_offset, delivered_upto, digest FROM partitions"):
-            marks[(qid, p)] = (nxt, dlv)
-            if digest is not None and digest != digests.get((qid, p), 0):
-                damaged.setdefault((qid, p), f"the chunks of partition {qid}/{p} are not those its row of partitions "
-                                             f"sums up (its digest): a write to the store was lost or misdirected")
+        rows = conn.exec_driver_sql(
+            "SELECT queue_id, partition, next_offset, delivered_upto, digest FROM partitions").fetchall()
+        marks: dict[Key, tuple[int, int]] = {(qid, p): (nxt, dlv) for qid, p, nxt, dlv, _d in rows}
+        for key, why in rowsums.misfits([(r[0], r[1], r[4]) for r in rows], digests,
+                                        applied if applied_on else None).items():
+            damaged.setdefault(key, why)
         ends = {key: mark[0] for key, mark in marks.items()}
         for key, idx in index.items():
             if idx.starts:
@@ -217,10 +228,11 @@ class OpApplier:
         self.marks = marks
         self.digests = digests
         self.phantoms = set()
-        meta = {k: v for k, v in conn.exec_driver_sql(
-            f"SELECT key, value FROM meta WHERE key IN ('{rowsums.LEVEL_KEY}', 'queue_id_hwm')")}
-        self.row_sums = self.ROW_SUMS and rowsums.at_level(meta.get(rowsums.LEVEL_KEY))
-        self.digests_on = self.ROW_SUMS and rowsums.digest_at_level(meta.get(rowsums.LEVEL_KEY))
+        self.applied = applied
+        self.applied_on = applied_on
+        self._moved = set()
+        self.row_sums = self.ROW_SUMS and level >= rowsums.LEVEL
+        self.digests_on = self.ROW_SUMS and level >= rowsums.DIGEST_LEVEL
         hwm = meta.get("queue_id_hwm")
         self.queue_id_hwm = int(hwm) if hwm is not None and hwm.isdigit() else 0
 
@@ -333,6 +345,9 @@ class OpApplier:
         flush()
         if touched:
             self._compact(conn, touched, unwritten, wrote_counts)
+        if self._moved:  # (in the same transaction as the applied positions they cover)
+            conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, self._moved))
+            self._moved.clear()
         return written
 
     def _compact(self, conn: Executor, touched: dict[Key, list[tuple[int, int]]],
@@ -387,7 +402,11 @@ class OpApplier:
         for key in ends.keys() | delivered.keys() | set(also):
             end, dlv = self.marks.get(key, (0, 0))
             mark = self.marks[key] = (max(end, ends.get(key, 0)), max(dlv, delivered.get(key, 0)))
-            digest = self.digests.get(key, 0) if self.digests_on else None
+            digest = None
+            if self.digests_on:
+                digest = self.digests.get(key, 0)
+                if self.applied_on:
+                    digest ^= rowsums.applied_hash(*self.applied.get(key, (0, 0)))
             rows.append((*key, *mark, digest, rowsums.row_crc(*key, *mark, digest)))
         return rows
 
@@ -426,6 +445,9 @@ class OpApplier:
             for key in [k for k in self.digests if k[0] == op.queue_id]:
                 del self.digests[key]
             self.phantoms = {c for c in self.phantoms if c[0] != op.queue_id}
+            for key in [k for k in self.applied if k[0] == op.queue_id]:
+                del self.applied[key]
+                self._moved.discard(key)
         elif isinstance(op, Trim):
             key = (op.queue_id, op.partition)
             idx = self.index.get(key)
@@ -448,6 +470,10 @@ class OpApplier:
         elif isinstance(op, PutApplied):
             applied = (op.queue_id, op.partition, op.index, op.term, op.origin)
             conn.exec_driver_sql(_UPSERT_APPLIED, (*applied, self._crc(*applied)))
+            if op.queue_id:  # (the catalogue, queue 0, keeps no row of partitions)
+                self.applied[(op.queue_id, op.partition)] = (op.index, op.term)
+                if self.applied_on:
+                    self._moved.add((op.queue_id, op.partition))
         elif isinstance(op, ResetPartition):
             key = (op.queue_id, op.partition)
             for table in ("chunks", "settled", "counts", "partitions", "producers"):
@@ -457,6 +483,8 @@ class OpApplier:
             self.marks.pop(key, None)
             self.digests.pop(key, None)
             self.phantoms = {c for c in self.phantoms if c[:2] != key}
+            if self.applied_on and self.applied.get(key, (0, 0))[0]:  # (its row still covers its applied position)
+                self._moved.add(key)
         elif isinstance(op, PutUser):
             u = op.user
             conn.exec_driver_sql(self.PUT_USER, (u.name, u.salt, u.hash, u.role, u.params,
@@ -478,9 +506,14 @@ class OpApplier:
                 sums, self.row_sums = self.row_sums, rowsums.at_level(op.value)
                 if self.row_sums and not sums:  # (the rows written before it are summed as they stand)
                     rowsums.stamp_all(conn)
-                digests, self.digests_on = self.digests_on, rowsums.digest_at_level(op.value)
-                if self.digests_on and not digests:  # (each partition's chunks as they stand)
-                    conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, self.digests.keys() | self.marks.keys()))
+                level = rowsums.level_of(op.value)
+                was = (self.digests_on, self.applied_on)
+                self.digests_on = level >= rowsums.DIGEST_LEVEL
+                self.applied_on = level >= rowsums.APPLIED_LEVEL
+                if self.digests_on and was != (self.digests_on, self.applied_on):
+                    # (each partition's chunks and applied position as they stand)
+                    keys = self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
+                    conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, keys))
         elif isinstance(op, DropMeta):
             conn.exec_driver_sql("DELETE FROM meta WHERE key = ?", (op.key,))
         else:

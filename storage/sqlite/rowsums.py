@@ -20,7 +20,11 @@ What a damaged row means depends on what it holds (:data:`CHECKED`):
 * a partition's end and delivered mark (``partitions``) are part of its copy too: repaired so;
   so is a partition whose chunks are not those its row's digest sums up (:func:`chunk_hash`,
   from feature level :data:`DIGEST_LEVEL`): a write to the store was lost (a page kept its
-  older rows, each whole and passing its own checksum) or landed on another page;
+  older rows, each whole and passing its own checksum) or landed on another page. From
+  :data:`APPLIED_LEVEL` the digest also covers the partition's applied position
+  (:func:`applied_hash`): a lost write that left the chunks and the row both as they were one
+  write earlier while ``ha_state`` moved on (or ``ha_state`` as it was while they moved on) no
+  longer fits it either;
 * the store's ``meta`` rows (its schema version, the group's feature level, the highest queue
   id, the group's settings kept there) stop the node's start, naming the row.
 
@@ -39,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -72,6 +76,8 @@ CHECKED: dict[str, dict[str, tuple[str, ...]]] = {
 }
 #: the feature level from which each partition's row of ``partitions`` keeps the digest of its chunks
 DIGEST_LEVEL = 10
+#: the feature level from which that digest also covers the partition's applied position (ha_state's)
+APPLIED_LEVEL = 11
 
 _PAIR = struct.Struct("<qq")
 
@@ -92,7 +98,7 @@ def _as_stored(v: Any) -> Any:
 
 def at_level(meta_value: str | None) -> bool:
     """Whether a store whose ``meta`` says ``meta_value`` for :data:`LEVEL_KEY` writes checksums."""
-    return meta_value is not None and meta_value.isdigit() and int(meta_value) >= LEVEL
+    return level_of(meta_value) >= LEVEL
 
 
 def chunk_hash(start: int, count: int) -> int:
@@ -102,9 +108,51 @@ def chunk_hash(start: int, count: int) -> int:
     return int.from_bytes(hashlib.blake2b(_PAIR.pack(start, count), digest_size=8).digest(), "little") >> 1
 
 
-def digest_at_level(meta_value: str | None) -> bool:
-    """Whether a store whose ``meta`` says ``meta_value`` for :data:`LEVEL_KEY` keeps digests."""
-    return meta_value is not None and meta_value.isdigit() and int(meta_value) >= DIGEST_LEVEL
+def applied_hash(index: int, term: int) -> int:
+    """What a partition's applied position adds to its digest from :data:`APPLIED_LEVEL`: 63 bits
+    of BLAKE2b of the index and term as little-endian int64s (kept apart from :func:`chunk_hash`'s
+    by BLAKE2b's personalization), 0 for nothing applied (a partition outside any group)."""
+    if not index:
+        return 0
+    return int.from_bytes(hashlib.blake2b(_PAIR.pack(index, term), digest_size=8, person=b"tandem.applied").digest(),
+                          "little") >> 1
+
+
+def level_of(meta_value: str | None) -> int:
+    """The feature level a store's ``meta`` value for :data:`LEVEL_KEY` says (absent: 1)."""
+    return int(meta_value) if meta_value is not None and meta_value.isdigit() else 1
+
+
+def misfit(qid: int, p: int, applied: tuple[int, int] | None) -> str:
+    """Why partition ``qid``/``p`` is damaged when its row's digest does not fit what it sums up
+    (``applied``: the applied position it covers, from :data:`APPLIED_LEVEL`; None below)."""
+    what = f"the chunks of partition {qid}/{p}"
+    if applied is not None:
+        what += f" and its applied position (entry {applied[0]}, term {applied[1]})"
+    return (f"{what} are not those its row of partitions sums up (its digest): a write to the store was lost "
+            f"or misdirected")
+
+
+def misfits(rows: Iterable[tuple[int, int, int | None]], digests: Mapping[tuple[int, int], int],
+            applied: Mapping[tuple[int, int], tuple[int, int]] | None) -> dict[tuple[int, int], str]:
+    """Each partition whose copy its row of ``partitions`` does not sum up, with why.
+
+    ``rows``: each row's (queue id, partition, digest); ``digests``: what the chunk rows stored
+    make (the XOR of their :func:`chunk_hash`); ``applied``: from :data:`APPLIED_LEVEL`, each
+    partition's applied position (index, term) as ``ha_state`` keeps it, which the digest covers
+    too, and every partition with chunks or an applied position then has a row (None below)."""
+    out: dict[tuple[int, int], str] = {}
+    have = set()
+    for qid, p, digest in rows:
+        have.add((qid, p))
+        covered = None if applied is None else applied.get((qid, p), (0, 0))
+        if digest is not None and digest != digests.get((qid, p), 0) ^ applied_hash(*covered or (0, 0)):
+            out[(qid, p)] = misfit(qid, p, covered)
+    if applied is not None:
+        for qid, p in sorted((digests.keys() | {k for k, a in applied.items() if a[0]}) - have):
+            out[(qid, p)] = (f"partition {qid}/{p} has chunks or an applied position but no row of partitions to "
+                             f"sum them up: a write to the store was lost or misdirected")
+    return out
 
 
 def row_crc(*values: Any) -> int:

@@ -1,7 +1,7 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
 own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
 (storage.sqlite.reads.check_chunk), every other checked row against its checksums and each
-partition's chunks against the digest its row keeps (storage.sqlite.rowsums)."""
+partition's chunks (and applied position) against the digest its row keeps (storage.sqlite.rowsums)."""
 
 from __future__ import annotations
 
@@ -55,11 +55,13 @@ def scrub_store(path: Path) -> StoreScrub:
                 out.damage.extend(f"store {path}: {why}" for why in bad.values())
                 out.rows += not bad
         if "digest" in _columns(conn, "partitions"):
-            for qid, p, digest in conn.execute("SELECT queue_id, partition, digest FROM partitions "
-                                               "WHERE digest IS NOT NULL"):
-                if digest != digests.get((qid, p), 0):
-                    out.damage.append(f"store {path}: the chunks of partition {qid}/{p} are not those its row of "
-                                      f"partitions sums up (its digest): a write to the store was lost or misdirected")
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (rowsums.LEVEL_KEY,)).fetchone()
+            applied = None
+            if rowsums.level_of(row[0] if row else None) >= rowsums.APPLIED_LEVEL:
+                applied = {(qid, p): (idx, term) for qid, p, idx, term in conn.execute(
+                    "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
+            rows = conn.execute("SELECT queue_id, partition, digest FROM partitions")
+            out.damage.extend(f"store {path}: {why}" for why in rowsums.misfits(rows, digests, applied).values())
     finally:
         conn.close()
     return out

@@ -26,6 +26,7 @@ found and repaired from the group (docs/reliability.md, "Storage faults").
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,7 @@ class _Target:
     node: str
     chunk: tuple[int, int, int] | None = None  # (queue id, partition, start) of the damaged chunk
     row: str = ""  # how the node names the damaged producer row
-    lost: str = ""  # how the node names the partition that lost a chunk row
+    lost: str = ""  # how the node names the partition that lost a chunk row (a pattern)
     log_damaged: bool = False
     #: the partitions whose stored copy was damaged here (another target's go elsewhere)
     parts: set[tuple[int, int]] = field(default_factory=set)
@@ -156,7 +157,9 @@ class BitFlip(Nemesis):
                 qid, p, start = ctx.rng.choice(others or rows)
                 conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
                 conn.commit()
-                t.lost = f"the chunks of partition {qid}/{p} are not those its row of partitions sums up"
+                # (from feature level 11 the digest covers the applied position too, which the line names)
+                t.lost = rf"the chunks of partition {qid}/{p} (and its applied position \([^)]*\) )?are not those its " \
+                         rf"row of partitions sums up"
                 t.parts.add((qid, p))
                 said.append(f"a lost write to the store: the chunk row of partition {qid}/{p} from offset {start} gone")
         finally:
@@ -201,7 +204,7 @@ class BitFlip(Nemesis):
                 found.append("the chunk (its log line)")
             if t.row and t.row in proc.log_text():
                 found.append("the producer's row (its log line)")
-            if t.lost and t.lost in proc.log_text():
+            if t.lost and re.search(t.lost, proc.log_text()):
                 found.append("the lost chunk row (its log line)")
             if len(found) == t.injected() or ctx.clock.monotonic() > deadline:
                 return found
