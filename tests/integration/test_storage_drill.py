@@ -2,7 +2,8 @@
 once) killed, one bit flipped in a log record, one in a stored chunk and one in a producer's
 stored position, a chunk row gone (a lost write to the store) where there is another chunk than
 the flipped one, the node started again under load; it finds each, catches up (repaired), and
-every message is checked byte for byte."""
+every message is checked byte for byte. And a store with one partition's rows left some writes
+behind the rest (stale-store)."""
 
 from __future__ import annotations
 
@@ -42,13 +43,36 @@ async def test_bit_flips_at_rest_are_found_and_nothing_damaged_is_delivered(tmp_
         assert found.endswith("(the log (log-damaged event)" + (", the chunk (its log line)" if "stored chunk" in said
                                                                 else "")
                               + (", the producer's row (its log line)" if "stored position" in said else "")
-                              + (", the lost chunk row (its log line))" if "lost write" in said else ")")), \
+                              + (", the lost write to the store (its log line))" if "lost write" in said else ")")), \
             rep["schedule"]
         assert injected == sum(what in said for what in ("one bit at byte", "stored chunk", "stored position",
                                                          "a lost write to the store: the chunk row of partition"))
     if family == "bit-flip-two":  # (each partition's store damage on one of the two nodes only)
         parts = [set(re.findall(r"partition (\d+/\d+)", part)) for part in fault.split("; ")]
         assert not parts[0] & parts[1], fault
+    assert rep["sent"] == rep["confirmed"] + rep["failed_sends"]
+    assert (rep["lost"], rep["duplicated"], rep["unexpected"]) == (0, 0, 0), rep
+    assert rep["errors"] == [] and rep["passed"], rep
+
+
+@pytest.mark.parametrize("family", ["stale-store", "stale-store-two"])
+async def test_a_store_left_behind_its_applied_position_is_found_and_repaired(tmp_path: Path, family: str) -> None:
+    """A node's (or two nodes') store with one partition's rows put back as they were some writes
+    earlier (its chunk and partitions rows, or its ha_state row), as a lost write leaves it: the
+    restarted node names the partition, catches up, and nothing is lost."""
+    cfg = DrillConfig(family, producers=1, consumers=1, messages=300, partitions=4, seed=3, data_dir=tmp_path,
+                      timeout=150, non_response_timeout=0.5, watch=0.0, consume_pause=0.02)
+    rep = await drill(cfg, repeat=1)
+    print(f"{family}: schedule {rep['schedule']}, errors {rep['errors']}")
+    fault = rep["schedule"][0]
+    said = re.findall(r"(node\d): kill -9, a lost write to the store: the (?:ha_state row|chunk and partitions rows) "
+                      r"of partition (\d+/\d+) put back as (?:it was|they were) at entry \d+", fault)
+    assert len(said) == (2 if family == "stale-store-two" else 1), rep["schedule"]
+    assert len({part for _node, part in said}) == len(said), fault  # (each node's in a partition of its own)
+    for node, _part in said:
+        found = next(line for line in rep["schedule"] if f"{family} {node}: injected " in line)
+        assert found.endswith("injected 1, detected 1, repaired 1 (the lost write to the store (its log line))"), \
+            rep["schedule"]
     assert rep["sent"] == rep["confirmed"] + rep["failed_sends"]
     assert (rep["lost"], rep["duplicated"], rep["unexpected"]) == (0, 0, 0), rep
     assert rep["errors"] == [] and rep["passed"], rep

@@ -1,5 +1,6 @@
-"""The storage fault families ``bit-flip`` and ``bit-flip-two``: damage at rest in a node's files,
-found and repaired from the group (docs/reliability.md, "Storage faults").
+"""The storage fault families ``bit-flip``, ``stale-store`` and their ``-two`` forms: damage at rest
+in a node's files, and a store a lost write left behind, found and repaired from the group
+(docs/reliability.md, "Storage faults").
 
 * ``bit-flip``: ``kill -9`` a node drawn from the run's seeded random source (among those whose
   store holds messages by then), then flip one bit
@@ -21,6 +22,15 @@ found and repaired from the group (docs/reliability.md, "Storage faults").
   later write's cover names, and its store damage is in others too), so that each partition
   keeps a good copy on two nodes.  (A partition
   damaged on two of three waits for its data to be restored: no good majority is left.)
+* ``stale-store``: read the rows of a node drawn as for ``bit-flip`` as they stand (its chunks,
+  ``partitions`` and ``ha_state`` rows, in one read), wait until its store has applied more
+  (within :data:`HOLDING_WAIT`), ``kill -9`` it, and put back one partition whose applied position
+  moved as it was: either its chunk and ``partitions`` rows (its copy behind its applied position)
+  or its ``ha_state`` row (its applied position behind its copy), drawn from the seed: what a lost
+  write leaves, each row passing its own checksum.  The restarted node must name the partition
+  (its digest covers its applied position: feature level 11) and catch up from the group, judged
+  as ``bit-flip``.  ``stale-store-two``: the same on two nodes at once, each in a partition the
+  other's spares.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -74,8 +85,19 @@ class BitFlip(Nemesis):
         self.targets: list[_Target] = []
 
     async def inject(self, ctx: FaultContext) -> str:
-        # nodes whose store holds chunks of messages by now (a replica applies what it holds
-        # in its own time), drawn from the run's seeded source; any node if too few do yet
+        self.targets = [_Target(n) for n in await self._choose(ctx)]
+        await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
+        said = []
+        for t in self.targets:
+            avoid = {p for other in self.targets if other is not t for p in other.parts}
+            where = await asyncio.to_thread(self._flip, t, Path(ctx.cluster.nodes[t.node].data_dir), ctx, avoid)
+            said.append(f"{t.node}: kill -9, {where or 'nothing to flip (no record or chunk yet)'}")
+        return f"{self.name} {'; '.join(said)}"
+
+    async def _choose(self, ctx: FaultContext) -> list[str]:
+        """:attr:`count` nodes whose store holds chunks of messages by now (a replica applies
+        what it holds in its own time), drawn from the run's seeded source; any if too few do
+        yet."""
         names = sorted(ctx.cluster.nodes)
         deadline = ctx.clock.monotonic() + HOLDING_WAIT
         while True:
@@ -84,15 +106,7 @@ class BitFlip(Nemesis):
                 break
             await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: a consumer that keeps up leaves none)
         pool = holding if len(holding) >= self.count else names
-        chosen = [ctx.rng.choice(pool)] if self.count == 1 else ctx.rng.sample(pool, self.count)
-        self.targets = [_Target(n) for n in sorted(chosen)]
-        await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
-        said = []
-        for t in self.targets:
-            avoid = {p for other in self.targets if other is not t for p in other.parts}
-            where = await asyncio.to_thread(self._flip, t, Path(ctx.cluster.nodes[t.node].data_dir), ctx, avoid)
-            said.append(f"{t.node}: kill -9, {where or 'nothing to flip (no record or chunk yet)'}")
-        return f"{self.name} {'; '.join(said)}"
+        return sorted([ctx.rng.choice(pool)] if self.count == 1 else ctx.rng.sample(pool, self.count))
 
     def _flip(self, t: _Target, data: Path, ctx: FaultContext, avoid: set[tuple[int, int]]) -> str:
         """Damage ``t.node``'s files; ``avoid``: partitions another target's store damage took
@@ -205,7 +219,7 @@ class BitFlip(Nemesis):
             if t.row and t.row in proc.log_text():
                 found.append("the producer's row (its log line)")
             if t.lost and re.search(t.lost, proc.log_text()):
-                found.append("the lost chunk row (its log line)")
+                found.append("the lost write to the store (its log line)")
             if len(found) == t.injected() or ctx.clock.monotonic() > deadline:
                 return found
             await ctx.clock.sleep(0.2)  # (polling the node's words with a deadline)
@@ -218,6 +232,122 @@ class BitFlipTwo(BitFlip):
 
     name: ClassVar[str] = "bit-flip-two"
     count: ClassVar[int] = 2
+
+
+@register
+class StaleStore(BitFlip):
+    """A lost write to a node's store that left one partition's pages as they were some writes
+    earlier while another page moved on (the module says how)."""
+
+    name: ClassVar[str] = "stale-store"
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.targets = [_Target(n) for n in await self._choose(ctx)]
+        dirs = {t.node: Path(ctx.cluster.nodes[t.node].data_dir) for t in self.targets}
+        earlier = {n: await asyncio.to_thread(_Rows.read, d) for n, d in dirs.items()}
+        deadline = ctx.clock.monotonic() + HOLDING_WAIT
+        while ctx.clock.monotonic() < deadline:
+            now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
+            if all(_moved(earlier[n].applied, now[n]) for n in dirs):
+                break
+            await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: they apply in their own time)
+        await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
+        said = []
+        for t in self.targets:
+            avoid = {p for other in self.targets if other is not t for p in other.parts}
+            where = await asyncio.to_thread(self._put_back, t, dirs[t.node], earlier[t.node], ctx, avoid)
+            said.append(f"{t.node}: kill -9, {where or 'its store applied nothing more meanwhile'}")
+        return f"{self.name} {'; '.join(said)}"
+
+    def _put_back(self, t: _Target, data: Path, earlier: _Rows, ctx: FaultContext, avoid: set[Key]) -> str:
+        """Put one partition's rows of ``t.node``'s store back as they were (``earlier``): its
+        chunk and ``partitions`` rows, or its ``ha_state`` row, drawn from the seed, of a
+        partition whose applied position moved since (not in ``avoid``)."""
+        conn = sqlite3.connect(data / "tandem.db")
+        try:
+            now = _applied_of(conn)
+            moved = _moved(earlier.applied, now, avoid)
+            if not moved:
+                return ""
+            key = ctx.rng.choice(moved)
+            tables = ctx.rng.choice((("chunks", "partitions"), ("ha_state",)))
+            # (the store's triggers are a build's, not a disk's: dropped, and made again when it opens)
+            for (trigger,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+                conn.execute(f"DROP TRIGGER {trigger}")
+            for table in tables:
+                conn.execute(f"DELETE FROM {table} WHERE queue_id = ? AND partition = ?", key)
+                for row in earlier.rows[table].get(key, []):
+                    conn.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(row))})", row)
+            conn.commit()
+        finally:
+            conn.close()
+        t.parts.add(key)
+        qid, p = key
+        t.lost = (rf"(the chunks of partition {qid}/{p} and its applied position \(entry |partition {qid}/{p} has "
+                  rf"chunks or an applied position but no row of partitions)")
+        was = earlier.applied.get(key, (0, 0))[0]
+        if tables == ("ha_state",):
+            return (f"a lost write to the store: the ha_state row of partition {qid}/{p} put back as it was at entry "
+                    f"{was} (its copy at entry {now[key][0]})")
+        return (f"a lost write to the store: the chunk and partitions rows of partition {qid}/{p} put back as they "
+                f"were at entry {was} (its applied position at entry {now[key][0]})")
+
+
+@register
+class StaleStoreTwo(StaleStore):
+    """``stale-store`` on two nodes at once, a majority of three, each in a partition the
+    other's spares."""
+
+    name: ClassVar[str] = "stale-store-two"
+    count: ClassVar[int] = 2
+
+
+Key = tuple[int, int]
+
+
+@dataclass
+class _Rows:
+    """A node's store as it stood: the queues' rows of its chunks, partitions and ha_state
+    tables by partition, and each partition's applied position (index, term)."""
+
+    rows: dict[str, dict[Key, list[tuple[object, ...]]]]
+    applied: dict[Key, tuple[int, int]]
+
+    @classmethod
+    def read(cls, data: Path) -> _Rows:
+        """In one read transaction (the node is running: read-only)."""
+        rows: dict[str, dict[Key, list[tuple[object, ...]]]] = {t: {} for t in ("chunks", "partitions", "ha_state")}
+        conn = sqlite3.connect(f"file:{data / 'tandem.db'}?mode=ro", uri=True, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            for table, mine in rows.items():
+                for row in conn.execute(f"SELECT * FROM {table} WHERE queue_id != 0 ORDER BY rowid"):
+                    mine.setdefault((row[0], row[1]), []).append(tuple(row))
+            applied = _applied_of(conn)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return cls(rows, applied)
+
+
+def _applied(data: Path) -> dict[Key, tuple[int, int]]:
+    conn = sqlite3.connect(f"file:{data / 'tandem.db'}?mode=ro", uri=True)
+    try:
+        return _applied_of(conn)
+    finally:
+        conn.close()
+
+
+def _applied_of(conn: sqlite3.Connection) -> dict[Key, tuple[int, int]]:
+    """Each queue partition's applied position (index, term) in a store."""
+    return {(q, p): (i, t) for q, p, i, t in conn.execute(
+        "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
+
+
+def _moved(earlier: dict[Key, tuple[int, int]], now: dict[Key, tuple[int, int]],
+           avoid: Collection[Key] = ()) -> list[Key]:
+    """The partitions whose applied position moved since ``earlier`` (none in ``avoid``)."""
+    return sorted(k for k, a in now.items() if a != earlier.get(k, (0, 0)) and k not in avoid)
 
 
 def _chunks(data: Path) -> int:
