@@ -37,7 +37,9 @@ writes the pages back; SQLite rebuilds that file on open, so what it holds does 
 Control: one request line on the abstract Unix socket ``NAME`` (``--control``), one JSON line
 back: ``ping``, ``rollback``, ``rollback-torn SEED`` (a power loss that tears the last writes:
 each file keeps a prefix, cut at a sector boundary drawn from the seed, of what was written past
-its synced size), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``,
+its synced size), ``rollback-reordered SEED`` (a power loss after writes the disk made in an
+order of its own: each sector written since the file's last fsync kept or lost on its own, drawn
+from the seed; :mod:`broker.tools.powerundo` has the model), ``fail-io MODE``, ``lie-fsync on|off``, ``lose-write SUFFIX``,
 ``misdirect-write SUFFIX SEED``, ``bad-sector SUFFIX SEED``, ``stats`` (syncs seen, fsyncs lied
 about, bytes rolled back, the writes lost or misdirected: file, offset, length, and where a
 misdirected one landed; reads failed; the bad sectors).
@@ -58,72 +60,13 @@ import socket
 import threading
 from typing import Any
 
+from broker.tools.powerundo import SECTOR, Undo
+
 log = logging.getLogger("tandem.powerfs")
 
-#: the unit a torn write keeps whole: what a disk writes at once
-SECTOR = 512
 #: the fail-io modes and what each fails
 FAIL_MODES = {"off": frozenset(), "write": frozenset({"write"}), "fsync": frozenset({"fsync"}),
               "all": frozenset({"write", "fsync"}), "read": frozenset({"read"})}
-
-
-class Undo:
-    """One file's way back to its last fsync: the size then, and the old bytes of the
-    ranges overwritten since (sorted, disjoint, all below that size)."""
-
-    __slots__ = ("size", "saved")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.saved: list[tuple[int, bytes]] = []
-
-    def keep(self, fd: int, start: int, end: int) -> None:
-        """Save the bytes of [start, end) below the synced size that are not saved yet."""
-        end = min(end, self.size)
-        if start >= end:
-            return
-        out: list[tuple[int, bytes]] = []
-        pos = start
-        for s, data in self.saved:
-            e = s + len(data)
-            if e <= pos or s >= end:
-                out.append((s, data))
-                continue
-            if s > pos:
-                out.append((pos, os.pread(fd, s - pos, pos)))
-            out.append((s, data))
-            pos = max(pos, e)
-        if pos < end:
-            out.append((pos, os.pread(fd, end - pos, pos)))
-        out.sort(key=lambda r: r[0])
-        merged: list[tuple[int, bytes]] = []
-        for s, data in out:
-            if merged and merged[-1][0] + len(merged[-1][1]) == s:
-                merged[-1] = (merged[-1][0], merged[-1][1] + data)
-            else:
-                merged.append((s, data))
-        self.saved = merged
-
-    def restore(self, path: str, rng: random.Random | None = None) -> tuple[int, int]:
-        """Put the file at ``path`` back; how many bytes that changed, and how many written past
-        its synced size were kept.  With ``rng`` a torn write: of what was written past the
-        synced size, a prefix the disk had already written is kept, cut at a random
-        :data:`SECTOR` boundary (the bytes below the synced size are put back all the same)."""
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            now = os.fstat(fd).st_size
-            keep = 0
-            if rng is not None and now > self.size:
-                cut = self.size + rng.randrange(now - self.size + 1)
-                keep = max(self.size, cut - cut % SECTOR) - self.size
-            changed = max(0, now - self.size - keep)
-            os.ftruncate(fd, self.size + keep)
-            for s, data in self.saved:
-                os.pwrite(fd, data, s)
-                changed += len(data)
-            return changed, keep
-        finally:
-            os.close(fd)
 
 
 def _fs_classes() -> Any:
@@ -430,9 +373,10 @@ def _fs_classes() -> Any:
             out[os.stat(self.root).st_ino] = self.root
             return out
 
-        def rollback(self, torn: int | None = None) -> dict[str, int]:
+        def rollback(self, torn: int | None = None, *, reorder: bool = False) -> dict[str, int]:
             """Every file back to its last fsync; with ``torn`` (a seed) each keeps a prefix of
-            what was written past its synced size (a torn write)."""
+            what was written past its synced size (a torn write), or with ``reorder`` any of the
+            sectors written since (powerundo.Undo.restore)."""
             rng = None if torn is None else random.Random(torn)
             with self.mu:
                 self.stale = set(self.handles)  # (their descriptors close when released)
@@ -442,7 +386,7 @@ def _fs_classes() -> Any:
                 for ino, u in sorted(self.undo.items()):
                     p = index.get(ino)
                     if p is not None and not p.startswith(self.trash + os.sep) and os.path.isfile(p):
-                        undone, keep = u.restore(p, rng)
+                        undone, keep = u.restore(p, rng, reorder=reorder)
                         changed += undone
                         kept += keep
                         files += 1
@@ -490,6 +434,8 @@ def _fs_classes() -> Any:
                 return {"ok": True, **self.rollback()}
             if word == "rollback-torn" and arg.isdigit():
                 return {"ok": True, **self.rollback(int(arg))}
+            if word == "rollback-reordered" and arg.isdigit():
+                return {"ok": True, **self.rollback(int(arg), reorder=True)}
             if word == "fail-io" and arg in FAIL_MODES:
                 with self.mu:
                     self.fail = FAIL_MODES[arg]
@@ -516,7 +462,7 @@ def _fs_classes() -> Any:
                             "dirty_dirs": len(self.dirs), "fail": sorted(self.fail), "lie": self.lie,
                             "lost": list(self.lost), "bad_sectors": list(self.bad.values())}
             return {"ok": False, "error": f"unknown command {line.strip()!r} (ping, rollback, "
-                                          f"rollback-torn SEED, fail-io {'|'.join(FAIL_MODES)}, "
+                                          f"rollback-torn SEED, rollback-reordered SEED, fail-io {'|'.join(FAIL_MODES)}, "
                                           f"lie-fsync on|off, lose-write SUFFIX, "
                                           f"misdirect-write SUFFIX SEED, bad-sector SUFFIX SEED, stats)"}
 
@@ -585,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
 
 from broker.tools.powerfs_mount import PowerFS, PowerFSError, mounted, unmount  # noqa: E402  (re-exported)
 
-__all__ = ["FAIL_MODES", "PowerFS", "PowerFSError", "Undo", "main", "mounted", "unmount"]
+__all__ = ["FAIL_MODES", "SECTOR", "PowerFS", "PowerFSError", "Undo", "main", "mounted", "unmount"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

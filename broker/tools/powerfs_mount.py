@@ -151,6 +151,10 @@ class PowerFS:
         """A power loss that tears the last writes (``rollback-torn``): what it undid and kept."""
         return self.command(f"rollback-torn {seed}")
 
+    def rollback_reordered(self, seed: int) -> dict[str, Any]:
+        """A power loss after reordered writes (``rollback-reordered``): what it undid and kept."""
+        return self.command(f"rollback-reordered {seed}")
+
     def lie_fsync(self, on: bool) -> None:
         """From now on every fsync answers success and syncs nothing (``on``), or syncs again."""
         self.command(f"lie-fsync {'on' if on else 'off'}")

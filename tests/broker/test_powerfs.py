@@ -264,6 +264,41 @@ async def test_a_torn_rollback_keeps_a_prefix_of_the_unsynced_tail_cut_at_a_sect
     assert len(kept) > 2, kept  # (the seed draws where the tear falls)
 
 
+async def test_a_reordered_rollback_keeps_any_of_the_sectors_written_since_the_last_fsync(tmp_path: Path) -> None:
+    """The disk wrote the sectors in an order of its own: each one written since the last fsync
+    is there whole or not at all, an overwrite below the synced size included; the file ends at
+    the last sector kept past its synced size, and one lost before that reads as zeros (a hole,
+    which a torn write never leaves)."""
+    holes = 0
+    undone = set()
+    for seed in range(12):
+        async with PowerFS(tmp_path / f"b{seed}", tmp_path / f"m{seed}") as fs:
+            f = tmp_path / f"m{seed}" / "log"
+            fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, b"S" * 1000)
+                os.fsync(fd)
+                os.pwrite(fd, b"x" * 600, 100)  # over synced bytes: the pieces [100, 512) and [512, 700)
+                os.pwrite(fd, b"T" * 5000, 1000)
+            finally:
+                os.close(fd)
+            out = fs.rollback_reordered(seed)
+            data = f.read_bytes()
+            pieces = [(100, 512), (512, 700)]
+            assert data[:100] == b"S" * 100 and data[700:1000] == b"S" * 300
+            assert all(data[a:b] in (b"S" * (b - a), b"x" * (b - a)) for a, b in pieces), data[:1000]
+            undone.add(tuple(data[a] == ord("S") for a, _b in pieces))
+            tail = data[1000:]
+            cuts = [1000, *range(1024, 6000, 512), 6000]
+            sectors = [data[a:b] for a, b in zip(cuts, cuts[1:]) if a < len(data)]
+            assert all(sec in (b"T" * len(sec), b"\0" * len(sec)) for sec in sectors), tail
+            assert not tail or tail.endswith(b"T"), "the file ends at the last sector written"
+            assert len(data) in cuts
+            assert out["kept"] == tail.count(b"T") and out["files"] == 1
+            holes += b"\0" in tail
+    assert holes and len(undone) > 2, (holes, undone)  # (the seed draws which sectors made it)
+
+
 async def test_sqlite_in_wal_mode_works_and_keeps_its_synced_commits(tmp_path: Path) -> None:
     async with PowerFS(tmp_path / "b", tmp_path / "m", strict=True) as fs:
         path = str(tmp_path / "m" / "t.db")

@@ -50,7 +50,8 @@ of the run to close).  All of them need root and FUSE.
   their two logs held without a good majority (each damaged log costs the partitions it may
   have taken entries of, as ``bit-flip-two`` shows with its damage placed apart).
 
-Fsyncs that lie and lost or misdirected writes are in :mod:`broker.tools.drill.writefaults`.
+Fsyncs that lie, lost or misdirected writes and reordered ones are in
+:mod:`broker.tools.drill.writefaults`.
 
 A node that will not start on its rolled-back disk fails the run with its own words (the
 tail of its log): it must refuse, never serve less than it confirmed.

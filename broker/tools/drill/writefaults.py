@@ -1,6 +1,7 @@
-"""The disk fault families of writes a disk acknowledged and did not keep: fsyncs that lie, and
-lost and misdirected writes, on one node or on two (the ``-two`` families: a majority of a group
-of three, the second faulted later than the first).
+"""The disk fault families of writes a disk did not keep as they were made: fsyncs that lie, lost
+and misdirected writes, and a power cut after writes it made out of order, on one node or on
+two (the ``-two`` families: a majority of a group of three, the second faulted later than the
+first), or on every node (``reordered-write-all``).
 
 They run on the disks :mod:`broker.tools.drill.diskfaults` mounts (root, FUSE).
 
@@ -29,17 +30,27 @@ They run on the disks :mod:`broker.tools.drill.diskfaults` mounts (root, FUSE).
 * ``lost-write-two``, ``misdirected-write-two``: the same on two nodes, the second's fault armed
   once the first's write is lost (so it takes a later write, at another place in another log);
   at the heal both are killed together and started together, and each must find its own.
+* ``reordered-write``: kill -9 the node active for the most partitions and roll its disk back as
+  a disk that wrote what came since each file's last fsync in an order of its own leaves it
+  (powerfs ``rollback-reordered``: any of those sectors kept).  At the heal it starts again: a
+  hole in its log with records after it must be said (cut off as a write the machine did not
+  finish, or named as damage: :func:`_hole_found`), and every copy of the queue must catch up
+  within :data:`REPAIR_WAIT`.  ``reordered-write-two`` does it to two nodes at once,
+  ``reordered-write-all`` to every node (the whole group's power cut).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-from broker.tools.drill.diskfaults import DETECT_WAIT, DiskNemesis, said, two_nodes
+from broker.tools.drill.diskfaults import DETECT_WAIT, REPAIR_WAIT, DiskNemesis, said, two_nodes
+from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, register
 from broker.tools.powerfs_mount import PowerFS
-from client.errors import TandemError
+from client.errors import TandemError, UnavailableError
+from storage.segfiles import scan
 
 #: seconds the other nodes are given to name what a node whose fsyncs lied lost (lying-fsync)
 WENT_BACK_WAIT = 10.0
@@ -174,6 +185,66 @@ class MisdirectedWrite(LostWrite):
 MisdirectedWriteTwo = two_nodes(MisdirectedWrite)
 
 
+@register
+class ReorderedWrite(DiskNemesis):
+    name = "reordered-write"
+    #: every node's power is cut at once (``reordered-write-all``), not only the busiest active's
+    every: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holed: dict[str, bool] = {}  # node -> its log held a hole, or ended inside a record
+
+    async def inject(self, ctx: FaultContext) -> str:
+        self.nodes = sorted(ctx.cluster.nodes) if self.every else await self._targets(ctx)
+        await asyncio.gather(*(ctx.cluster.nodes[n].kill() for n in self.nodes))
+        said = []
+        for n in self.nodes:
+            seed = ctx.rng.getrandbits(32)
+            out = await asyncio.to_thread(self.disks[n].rollback_reordered, seed)
+            log_dir = Path(ctx.cluster.nodes[n].data_dir) / "tandem.db-log"
+            _good, damage, torn = await asyncio.to_thread(scan, log_dir) if log_dir.is_dir() else (0, [], [])
+            self.holed[n] = bool(damage or torn)
+            # (as tandem scrub reads it: a hole in what an fdatasync reached is damage; one past it, or
+            # a record cut short at the end, is a torn tail)
+            said.append(f"{n}: kill -9, rolled back {out['bytes']} B in {out['files']} file(s), kept {out['kept']} B "
+                        f"past their last fsync in sectors drawn from seed {seed}; its log "
+                        + (f"holds {len(damage)} hole(s) with records after them" if damage else
+                           "has a hole past its last fdatasync" if torn and "fdatasync" in torn[0] else
+                           "ends inside a record" if torn else "ends at a whole record"))
+        self.cut = frozenset(self.nodes)  # (their actives move)
+        return f"{self.name} " + "; ".join(said)
+
+    async def heal(self, ctx: FaultContext) -> None:
+        procs = {n: ctx.cluster.nodes[n] for n in self.nodes}
+        before = {n: len(p.log_text()) for n, p in procs.items()}
+        await asyncio.gather(*(p.start() for p in procs.values()))
+        for n in self.nodes:
+            if self.holed[n]:
+                found = await _hole_found(ctx, n, before[n])
+                ctx.schedule.append(f"{self.name} {n}: the end of its log " + (f"said ({found})" if found else
+                                                                               "NOT said"))
+                if not found:
+                    ctx.failures.append(f"{self.name} {n}: its log held a hole or a torn end, and the node did not "
+                                        f"say so")
+        try:
+            await caught_up_past(ctx.cluster, ctx.cfg.partitions, ctx.clock.monotonic() + REPAIR_WAIT, ctx.clock)
+        except UnavailableError:
+            ctx.failures.append(f"{self.name}: the queue's copies did not all catch up within {REPAIR_WAIT:.0f} s of "
+                                f"the restart")
+
+
+ReorderedWriteTwo = two_nodes(ReorderedWrite)
+
+
+@register
+class ReorderedWriteAll(ReorderedWrite):
+    """``reordered-write`` on every node at once: the whole group loses power."""
+
+    name = "reordered-write-all"
+    every = True
+
+
 async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
     """What the restarted ``node`` said of the hole in its log, within :data:`DETECT_WAIT`: its
     ``log-damaged`` event, or its log's line cutting off a torn tail; "" for nothing."""
@@ -181,11 +252,15 @@ async def _hole_found(ctx: FaultContext, node: str, before: int) -> str:
 
     def hole(events: list[str]) -> str:
         damaged = next((e for e in events if e.startswith("log-damaged")), "")
-        if not damaged and "cut off there" in p.log_text()[before:]:
+        said = p.log_text()[before:]
+        if not damaged and "did not all reach the disk" in said:
+            return "what came after its last fdatasync cut off at the first hole, at start (a torn tail)"
+        if not damaged and "cut off there" in said:
             return "its log ended inside a record, cut off at start (a torn tail)"
         return damaged
 
     return await said(ctx, node, hole, DETECT_WAIT)
 
 
-__all__ = ["LostWrite", "LostWriteTwo", "LyingFsync", "LyingFsyncTwo", "MisdirectedWrite", "MisdirectedWriteTwo"]
+__all__ = ["LostWrite", "LostWriteTwo", "LyingFsync", "LyingFsyncTwo", "MisdirectedWrite", "MisdirectedWriteTwo",
+           "ReorderedWrite", "ReorderedWriteAll", "ReorderedWriteTwo"]
