@@ -126,13 +126,26 @@ def scan(directory: str | os.PathLike[str]) -> tuple[int, list[str], list[str]]:
     :attr:`SegmentLog.damage` says it), and the torn tails a node's next open would cut off."""
     paths = sorted(p for p in Path(directory).glob(f"*{SUFFIX}") if p.stem.isdigit())
     good, damage, torn = 0, [], []
+    latest = b""  # (the payload of the last record read)
     for n, path in enumerate(paths):
         data, unreadable = read_segment(path)
         damage += [f"{path} at byte {at} ({unreadable_said(length, why)})" for at, length, why in unreadable]
-        for pos, _body, fault in records(data, last=n == len(paths) - 1 and not unreadable, resume=True,
-                                         unread=bool(unreadable)):
+        last = n == len(paths) - 1 and not unreadable
+        items = list(records(data, last=last, resume=True, unread=bool(unreadable)))
+        holed = None
+        if last and any(f is not None and f[1] is not None for _p, _b, f in items):
+            first = read_first(path)
+            before = seq_of(rec) if n and (rec := _unpacked(latest)) is not None else \
+                None if n or first is None else first - 1
+            holed = unsynced_cut(data, items, before)
+        for pos, body, fault in items:
+            if pos == holed:
+                torn.append(f"{path} at byte {pos} (written after the last fdatasync the records read prove, not all "
+                            f"of it on the disk: a torn tail, {len(data) - pos} bytes)")
+                break
             if fault is None:
                 good += 1
+                latest = body
             elif fault[1] is not None:
                 damage.append(f"{path} at byte {pos} ({fault[0]}{fault[1]})")
             else:
@@ -284,10 +297,13 @@ def read_first(segment: Path) -> int | None:
         return None
 
 
-def encode(item: list[Any], seq: int, cover: list[Any] | None = None) -> bytes:
+def encode(item: list[Any], seq: int, cover: list[Any] | None = None, synced: int | None = None) -> bytes:
+    """A record framed (storage.segments's doc); ``cover`` and ``synced`` go in a write's first."""
     if item[0] == "A" and len(item) == 4:
         item = [*item, 0]  # (the commit watermark's place, before the number)
-    payload = msgpack.packb([*item, seq] if cover is None else [*item, seq, cover], use_bin_type=True)
+    tail: list[Any] = [seq] if cover is None and synced is None else [seq, cover] if synced is None else \
+        [seq, cover, synced]
+    payload = msgpack.packb([*item, *tail], use_bin_type=True)
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -310,6 +326,54 @@ def cover_of(rec: list[Any]) -> Cover | None:
         return int(first), int(last), tuple((int(q), int(p)) for q, p in keys)
     except (TypeError, ValueError):
         return None
+
+
+def synced_of(rec: list[Any]) -> int | None:
+    """The number of the last record an fdatasync had made durable when the write a record
+    begins was made (what a write's first record carries), or None."""
+    at = _SEQ_AT.get(rec[0], len(rec)) + 2
+    mark = rec[at] if len(rec) > at else None
+    return mark if type(mark) is int and mark >= 0 else None
+
+
+def unsynced_cut(data: bytes, items: list[tuple[int, bytes, tuple[str, str | None] | None]],
+                 before: int | None) -> int | None:
+    """Where the newest segment of a log that was not closed holds a hole a power cut after
+    reordered writes left: the offset of its first damage (``items``: its records as
+    :func:`records` reads them on past damage) whose records no record read after it says were
+    fdatasynced, and that one flipped bit does not explain; None for none.  ``before``: the
+    number of the record read before the segment's first (None: not known, nor then any hole).
+
+    A disk writes what came since the last fdatasync in an order of its own: a sector written
+    later may be there and one written earlier not.  Nothing in that part had been made durable
+    (an fdatasync that returns makes everything before it durable too: a write acknowledged as
+    durable is never in it), so it is a write the machine did not finish, cut off there as a
+    torn tail.
+    A record of a write made after an fdatasync says how far that fdatasync reached
+    (:func:`synced_of`): damage to records it reached is damage, whatever else was lost."""
+    read = [(pos, None if fault is not None else _unpacked(body), fault) for pos, body, fault in items]
+    if not any(rec is not None and synced_of(rec) is not None for _p, rec, _f in read):
+        return None  # (written by a build that keeps no such marks: nothing is known)
+    prev = before
+    for i, (pos, rec, fault) in enumerate(read):
+        if rec is not None:
+            prev = seq_of(rec)
+            continue
+        if fault is None or fault[1] is None or prev is None:
+            return None
+        marks = [m for _p, r, _f in read[i + 1:] if r is not None and (m := synced_of(r)) is not None]
+        if max(marks, default=0) <= prev and _one_bit_flipped(data, pos) is None:
+            return pos
+    return None
+
+
+def _unpacked(body: bytes) -> list[Any] | None:
+    """A record's payload read, or None for one that does not read as a record."""
+    try:
+        rec = msgpack.unpackb(body, raw=False)
+    except Exception:  # msgpack raises several types
+        return None
+    return rec if well_formed(rec) else None
 
 
 def key_of(rec: list[Any]) -> Key:

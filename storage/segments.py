@@ -11,28 +11,35 @@ Layout: ``<dir>/<seq>.seg``, ``seq`` rising, each beside a ``<seq>.first`` holdi
 of its first record and a CRC-32 of it (storage.segfiles).  Each record is ``<u32 length><u32
 crc32>`` then ``length`` bytes of msgpack:
 
-* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq(, cover)]``:
+* ``["A", queue_id, partition, [[index, term, origin, weak, data], ...], commit, seq(, cover, synced)]``:
   entries (a later record of the same index replaces the earlier one); ``commit`` is the
   writer's commit index then: a watermark of what it knew committed;
-* ``["T", queue_id, partition, from_index, seq(, cover)]``: entries from ``from_index`` on are gone;
-* ``["X", queue_id, seq(, cover)]``: the queue was deleted, with every entry of its partitions
+* ``["T", queue_id, partition, from_index, seq(, cover, synced)]``: entries from ``from_index`` on are gone;
+* ``["X", queue_id, seq(, cover, synced)]``: the queue was deleted, with every entry of its partitions
   before it.
 
 ``seq`` numbers the records one by one, in the order they were written, across segments; the
 first record of each write carries a ``cover``, ``[from_seq, to_seq, [[queue_id, partition],
 ...]]``: the partition of each record of the two writes before it, in order (a deletion
-record's as partition -1).  A record of an older build has neither
+record's as partition -1), and ``synced``, the number of the last record an fdatasync of the
+writing process had made durable when the write was made (0 before its first; ``cover`` nil
+where there is none yet).  A record of an older build has none of these
 (nor ``commit`` where it was 0); a build that does not know the trailing fields reads the
-record without them.  They say what damage took (storage.logdamage).
+record without them.  The covers say what damage took (storage.logdamage); ``synced`` says how
+far the log was durable (below).
 
 Durability: :meth:`SegmentLog.write` with ``sync`` fdatasyncs the segment; a segment is
-fsynced when the next one starts, and a new segment's directory entry is fsynced.  So what
-survives an OS crash is always a prefix of what was written: a later record never
-outlives an earlier one (a lost truncation under surviving appends would leave a log the
-Raft rules do not allow).  Opening scans every segment in order.  A torn or corrupt record
-with nothing readable after it, at the end of the newest segment, is a write the crash cut
-short: cut off there (not so in a log that was closed: then it is damage; and with damage
-elsewhere, what was cut off counts as lost).  Anywhere else, a record that fails its length or
+fsynced when the next one starts, and a new segment's directory entry is fsynced.  So only
+the newest segment holds what no fdatasync reached, and a disk may keep any of that when the
+power goes (it writes those sectors in an order of its own): a later record can outlive an
+earlier one there.  What opening keeps is always a prefix of what was written, all the same
+(a lost truncation under surviving appends would leave a log the Raft rules do not allow).
+Opening scans every segment in order.  A torn or corrupt record with nothing readable after
+it, at the end of the newest segment, is a write the crash cut short: cut off there (not so in
+a log that was closed: then it is damage; and with damage elsewhere, what was cut off counts as
+lost).  So is one with readable records after it where no record read says an fdatasync
+reached it (their ``synced``) and one flipped bit does not explain it: nothing from there on
+had been made durable (storage.segfiles.unsynced_cut).  Anywhere else, a record that fails its length or
 checksum is *damage* (a bit flipped at rest, a lost or misdirected write), and so is a segment
 the disk cannot read to its end (a latent sector error), a record number missing, or numbers
 that go back (a misdirected write that kept the records' framing).  :attr:`SegmentLog.damage` says where; the records after it are
@@ -68,7 +75,7 @@ from client.errors import StorageError
 from storage.base import LogRecord
 from storage.logdamage import Damage, assess
 from storage.segfiles import (SUFFIX, cover_of, encode, first_path, key_of, read_first, read_segment, records,
-                              seq_of, unreadable_said, well_formed, write_first)
+                              seq_of, unreadable_said, unsynced_cut, well_formed, write_first)
 
 log = logging.getLogger("tandem.storage")
 
@@ -126,6 +133,9 @@ class SegmentLog:
         self._segments: list[_Segment] = []
         self._fd: int | None = None  # the newest segment, open for appending
         self._dirty = False  # written since the last fdatasync
+        #: the number of the last record an fdatasync of this process has made durable: each
+        #: write's first record says it (storage.segfiles.unsynced_cut)
+        self._synced = 0
         self._pins: dict[Key, int] = {}  # what keeps the oldest segment (copied for other threads)
         self._doomed: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._deleter: threading.Thread | None = None
@@ -263,7 +273,19 @@ class SegmentLog:
         # (what the disk cannot read is damage, never a torn tail: it may hold acknowledged entries;
         # it reads as zeros, so the records it took fail their checks below, and those after it are read)
         self.damage += [f"{seg.path} at byte {at} ({unreadable_said(n, why)})" for at, n, why in unreadable]
-        for pos, body, fault in records(data, last and not unreadable, resume=True, unread=bool(unreadable)):
+        items = list(records(data, last and not unreadable, resume=True, unread=bool(unreadable)))
+        holed = None
+        if last and not clean and not unreadable and any(f is not None and f[1] is not None for _p, _b, f in items):
+            before = found[-1][0] if found else (None if (first := read_first(seg.path)) is None else first - 1)
+            holed = unsynced_cut(data, items, before)
+        for pos, body, fault in items:
+            if pos == holed:
+                log.warning("replication log %s: from byte %d of %d on, what was written after the last fdatasync "
+                            "the records read prove did not all reach the disk (a power cut after writes the disk "
+                            "made out of order): cut off there, as a write the machine did not finish", seg.path,
+                            pos, len(data))
+                self._cut(seg, pos)
+                return True
             if fault is None:
                 rec = msgpack.unpackb(body, raw=False)
                 if well_formed(rec):
@@ -283,13 +305,18 @@ class SegmentLog:
                 return False
             log.warning("replication log %s: %s at byte %d of %d, cut off there (a write the process "
                         "or the machine did not finish)", seg.path, bad, pos, len(data))
-            with open(seg.path, "r+b") as f:
-                f.truncate(pos)
-                f.flush()
-                os.fsync(f.fileno())
-            seg.size = pos
+            self._cut(seg, pos)
             return True
         return False
+
+    @staticmethod
+    def _cut(seg: _Segment, pos: int) -> None:
+        """``seg`` ends at ``pos`` from now on, durably."""
+        with open(seg.path, "r+b") as f:
+            f.truncate(pos)
+            f.flush()
+            os.fsync(f.fileno())
+        seg.size = pos
 
     def _apply_record(self, seg: _Segment, rec: list[Any], entries: dict[Key, dict[int, LogRecord]] | None,
                       number: int | None, *, track: bool = False) -> None:
@@ -362,7 +389,8 @@ class SegmentLog:
             if self._recent:  # (the writes before this one, numbered on without a gap)
                 keys = [k for c in self._recent for k in c[1]]
                 cover = [self._recent[0][0], first - 1, keys]
-            buf = b"".join(encode(r, first + n, cover if n == 0 else None) for n, r in enumerate(records))
+            buf = b"".join(encode(r, first + n, cover, self._synced) if n == 0 else encode(r, first + n)
+                           for n, r in enumerate(records))
             try:
                 done = os.write(self._fd, buf)
                 while done < len(buf):
@@ -402,6 +430,7 @@ class SegmentLog:
                 raise StorageError(f"replication log fdatasync failed: {exc}: the log is closed (an fdatasync is "
                                    f"never retried on the same file)", orig=exc) from exc
             self._dirty = False
+            self._synced = self._next_seq - 1
 
     def _roll(self) -> _Segment:
         """The next segment; the full one is made durable first (prefix durability)."""

@@ -93,7 +93,8 @@ def test_one_bit_flipped_in_the_newest_record_is_damage_not_a_write_cut_short(tm
     node acknowledged): CRC-32 tells a single flipped bit, in the payload, the checksum or the
     length, from the bytes of a write a crash cut short.  Nothing is cut."""
     # (a payload whose length is a power of two: its one bit flipped reads as an empty record)
-    size = next(n for n in range(100, 400) if len(encode(append(1, 0, 4, 1, size=n), 2, [1, 1, [(1, 0)]])) - 8 == 256)
+    size = next(n for n in range(100, 400) if len(encode(append(1, 0, 4, 1, size=n), 2, [1, 1, [(1, 0)]], 1)) - 8
+                == 256)
     log = SegmentLog(tmp_path / "log")
     log.open()
     log.write([append(1, 0, 1, 3)], sync=True)
@@ -143,18 +144,19 @@ def test_a_write_cut_short_or_torn_at_a_sector_is_still_cut_off(tmp_path: Path, 
 
 
 def test_a_last_byte_with_one_bit_that_never_reached_the_disk_is_a_write_cut_short(tmp_path: Path) -> None:
-    """A record whose last byte held one set bit (the partition its cover names last) and lies
-    alone in a sector that never reached the disk: one flipped bit would explain the zeros as
-    well, and zeros to the end read as a write cut short, not as damage."""
+    """A record whose last byte held one set bit (the number of the last record an fdatasync had
+    made durable, which a write's first record ends with: 1) and lies alone in a sector that never
+    reached the disk: one flipped bit would explain the zeros as well, and zeros to the end read
+    as a write cut short, not as damage."""
     log = SegmentLog(tmp_path / "log")
     log.open()
     log.write([append(1, 2, 1, 3)], sync=True)
     last = log.size()
-    log.write([append(1, 0, 1, 1)], sync=True)  # (its cover names partition 1/2 last: it ends with 0x02)
+    log.write([append(1, 0, 1, 1)], sync=True)  # (record 1 synced before it: it ends with 0x01)
     log.close()
     seg = _newest(tmp_path / "log")
     data = bytearray(seg.read_bytes())
-    assert data[-1] == 2
+    assert data[-1] == 1
     data[-1] = 0
     seg.write_bytes(bytes(data))
     again = SegmentLog(tmp_path / "log")
