@@ -18,13 +18,15 @@ running (the store is opened read-only). A witness's data directory (witness.db)
 term, vote, commit index and snapshot mark, and each entry position, against its checksum.
 
 Prints each damaged record and torn tail, one line each, and exits 1 if anything is damaged (0 if
-not). A torn tail (the end of the newest segment a crash cut short) is not damage: the node cuts
-it off at its next start. A member of a group repairs damaged records from the group at its next
-start (a damaged log: none of it used, each partition caught up from its active; a damaged chunk
-or row of a partition's copy: that partition rebuilt from its active); a node with no group, a
-partition with no other voter, a damaged queue, user or grant, or a damaged term and vote, does
-not start until the data directory is restored (docs/reliability.md, "Storage faults"). A witness
-with a damaged row does not start: replace it on an empty data directory (docs/witness.md).
+not). A torn tail (the end of the newest segment a crash cut short, or what came after its last
+fdatasync with a hole in it, which a power cut after writes the disk reordered leaves) is not
+damage: the node cuts it off at its next start. A member of a group repairs damaged records from
+the group at its next start (a damaged log: none of it used, each partition caught up from its
+active; a damaged chunk or row of a partition's copy: that partition rebuilt from its active); a
+node with no group, a partition with no other voter, a damaged queue, user or grant, or a damaged
+term and vote, does not start until the data directory is restored (docs/reliability.md, "Storage
+faults"). A witness with a damaged row does not start: replace it on an empty data directory
+(docs/witness.md).
 """
 
 
