@@ -338,7 +338,7 @@ class Publisher:
             # active has it) or not.  With a producer id a resend is safe, the new active
             # drops what it already stored: send it there instead of failing the client.
             try:
-                self._publish(replace(req, hops=req.hops + 1), result)
+                self._publish(replace(req, hops=req.hops + 1), _Resent(result, batch.duplicates))
             except Exception as exc:
                 if not result.done():
                     result.set_exception(exc)
@@ -402,6 +402,28 @@ class Publisher:
                 if req.producer_id is None or clock.monotonic() >= deadline or node.stopping:
                     raise
                 await commit.wait_change(0.2)
+
+
+class _Resent:
+    """The reply of a batch sent again after its active changed before its entry committed.
+    The next active finds held what the first try stored, if that entry committed after all:
+    those are stored by this publish, and only the seqs held before it came (``held``, as the
+    first try counted them) are duplicates."""
+
+    __slots__ = ("_reply", "_held")
+
+    def __init__(self, reply: Reply[PublishResult], held: int) -> None:
+        self._reply, self._held = reply, held
+
+    def done(self) -> bool:
+        return self._reply.done()
+
+    def set_result(self, r: PublishResult) -> None:
+        mine = max(0, r.duplicates - self._held)
+        self._reply.set_result(replace(r, stored=r.stored + mine, duplicates=r.duplicates - mine))
+
+    def set_exception(self, error: BaseException) -> None:
+        self._reply.set_exception(error)
 
 
 async def _relay(work: Coroutine[Any, Any, PublishResult], result: Reply[PublishResult]) -> None:

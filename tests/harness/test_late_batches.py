@@ -59,3 +59,28 @@ async def test_a_late_batch_is_stored_by_each_active_in_turn_and_resends_are_dup
         await g.run_for(1.0)
         await reader.step()
         assert sorted(reader.got.values()) == [1] * 11
+
+
+async def test_a_batch_sent_again_after_its_active_changed_counts_what_it_stored_as_stored(tmp_path: Path) -> None:
+    """The active stores a batch, its followers take the entry, and it never hears them: it
+    gives up the role before the entry commits, and sends the batch to the next active, which
+    has the entry committed by then and finds every seq held.  What the batch itself stored is
+    stored, not a duplicate; a seq held before it came stays a duplicate."""
+    async with Group(tmp_path) as g:
+        await g.start()
+        key, first = await declared_with_active(g, "q")
+        assert (await publish(g, first, range(0, 2))).stored == 2
+        others = [n for n in g.members if n != first.name]
+        for o in others:  # (its appends reach them; their answers do not reach it)
+            g.net.cut(o, first.name, both=False)
+        out = g.publish(first, "q", "p", batch(range(1, 5)))  # seq 1 held already
+        await g.until(lambda: (a := active(g, key)) is not None and a.name != first.name, 30.0,
+                      what="an active other than the one that never heard its followers")
+        g.net.heal()
+        await g.until(out.done, 30.0, what="the batch confirmed through the next active")
+        r = out.result()
+        assert (r.stored, r.duplicates) == (3, 1), r
+        second = active(g, key)
+        assert second is not None
+        again = await publish(g, second, range(0, 5))
+        assert (again.stored, again.duplicates) == (0, 5)
