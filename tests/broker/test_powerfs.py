@@ -242,19 +242,25 @@ async def test_a_misdirected_write_lands_sectors_earlier_and_its_own_range_keeps
             fs.command("misdirect-write .seg soon")
 
 
+def _synced_then_written(f: Path, over: int) -> Path:
+    """``f``: 1000 bytes ``S`` fsynced, then ``over`` bytes ``x`` written over them from byte 100
+    and 5000 bytes ``T`` after them, none of it fsynced."""
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"S" * 1000)
+        os.fsync(fd)
+        os.pwrite(fd, b"x" * over, 100)
+        os.pwrite(fd, b"T" * 5000, 1000)
+    finally:
+        os.close(fd)
+    return f
+
+
 async def test_a_torn_rollback_keeps_a_prefix_of_the_unsynced_tail_cut_at_a_sector(tmp_path: Path) -> None:
     kept = set()
     for seed in range(8):
         async with PowerFS(tmp_path / f"b{seed}", tmp_path / f"m{seed}") as fs:
-            f = tmp_path / f"m{seed}" / "log"
-            fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, b"S" * 1000)
-                os.fsync(fd)
-                os.pwrite(fd, b"x" * 10, 100)  # an overwrite of synced bytes: always undone
-                os.pwrite(fd, b"T" * 5000, 1000)
-            finally:
-                os.close(fd)
+            f = _synced_then_written(tmp_path / f"m{seed}" / "log", 10)  # (its overwrite: always undone)
             out = fs.rollback_torn(seed)
             data = f.read_bytes()
             assert data[:1000] == b"S" * 1000 and data[1000:] == b"T" * (len(data) - 1000)
@@ -273,15 +279,8 @@ async def test_a_reordered_rollback_keeps_any_of_the_sectors_written_since_the_l
     undone = set()
     for seed in range(12):
         async with PowerFS(tmp_path / f"b{seed}", tmp_path / f"m{seed}") as fs:
-            f = tmp_path / f"m{seed}" / "log"
-            fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, b"S" * 1000)
-                os.fsync(fd)
-                os.pwrite(fd, b"x" * 600, 100)  # over synced bytes: the pieces [100, 512) and [512, 700)
-                os.pwrite(fd, b"T" * 5000, 1000)
-            finally:
-                os.close(fd)
+            # (its overwrite of synced bytes: the pieces [100, 512) and [512, 700))
+            f = _synced_then_written(tmp_path / f"m{seed}" / "log", 600)
             out = fs.rollback_reordered(seed)
             data = f.read_bytes()
             pieces = [(100, 512), (512, 700)]

@@ -53,20 +53,22 @@ async def caught_up(cl: LocalCluster, node: str, queue: str) -> bool:
     return bool(mine and theirs) and mine[0].active == active and mine[0].commit >= theirs[0].commit
 
 
+async def started_with_q(cl: LocalCluster) -> str:
+    """Start ``cl`` at the newest feature level (as tandem cluster up does: the store's rows
+    carry checksums) and declare queue ``q`` (one partition): its active."""
+    await cl.start()
+    await cl.wait_ready()
+    await cl.finalize()
+    async with await client.connect(cl.url) as conn:
+        await conn.declare_queue("q", partitions=1)
+    await wait_until(lambda: _one_active(cl, "q"), timeout=30, what="an active for q")
+    return (await cl.actives("q"))[0]
+
+
 async def stopped_replica(cl: LocalCluster) -> tuple[str, str, list[bytes]]:
     """Start ``cl``, fill queue ``q`` (one partition) with 96 confirmed messages, and stop a
     replica cleanly once it has every entry: (the active, the replica, the confirmed bodies)."""
-    await cl.start()
-    await cl.wait_ready()
-    await cl.finalize()  # (as tandem cluster up does: the store's rows carry checksums)
-    async with await client.connect(cl.url) as conn:
-        await conn.declare_queue("q", partitions=1)
-
-    async def one_active() -> bool:
-        return len(await cl.actives("q")) == 1
-
-    await wait_until(one_active, timeout=30, what="an active for q")
-    old = (await cl.actives("q"))[0]
+    old = await started_with_q(cl)
     replica = next(n for n in cl.nodes if n != old)
     bodies = [f"message {i} ".encode() * 20 for i in range(96)]
     confirmed: list[bytes] = []
@@ -126,13 +128,7 @@ async def test_two_logs_damaged_at_different_records_leave_the_group_serving_and
     both, byte for byte."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
-        await cl.start()
-        await cl.wait_ready()
-        await cl.finalize()
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("q", partitions=1)
-        await wait_until(lambda: _one_active(cl, "q"), timeout=30, what="an active for q")
-        old = (await cl.actives("q"))[0]
+        old = await started_with_q(cl)
         confirmed: list[bytes] = []
         await produce(cl.url_of(old), "q", [f"message {i} ".encode() * 20 for i in range(200)], confirmed, [],
                       window=2)  # (many small appends: records enough for the log's marks of quiet partitions)
@@ -254,13 +250,7 @@ async def test_a_replicas_copy_a_lost_write_left_behind_its_applied_position_is_
     active, and every confirmed message is back, byte for byte."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
-        await cl.start()
-        await cl.wait_ready()
-        await cl.finalize()
-        async with await client.connect(cl.url) as conn:
-            await conn.declare_queue("q", partitions=1)
-        await wait_until(lambda: _one_active(cl, "q"), timeout=30, what="an active for q")
-        old = (await cl.actives("q"))[0]
+        old = await started_with_q(cl)
         replica = next(n for n in cl.nodes if n != old)
         db = cl.nodes[replica].data_dir / "tandem.db"
         bodies = [f"message {i} ".encode() * 20 for i in range(144)]
