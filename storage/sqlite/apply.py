@@ -45,7 +45,7 @@ from storage.base import (
     pack_run,
 )
 from storage.intervals import ChunkIndex, IntervalSet, ranges_of
-from storage.sqlite import rowsums
+from storage.sqlite import catalogue_sum, rowsums
 from storage.sqlite.schema import Key
 
 _UPSERT_HARD = (
@@ -132,6 +132,11 @@ class Driver:
         return self._raw.execute(sql, params)
 
 
+def _query(conn: Executor) -> catalogue_sum.Query:
+    """``conn`` as catalogue_sum reads through it."""
+    return lambda sql, params: conn.exec_driver_sql(sql, params) if params else conn.exec_driver_sql(sql)
+
+
 class OpApplier:
     """Turns write ops into statements, and keeps the writer's index of the chunk and
     settled rows (``index``) and of each partition's end (``ends``) in step with them.
@@ -183,6 +188,10 @@ class OpApplier:
         self.damaged: dict[Key, str] = {}
         #: rows are written with checksums (the store's group is at storage.sqlite.rowsums.LEVEL)
         self.row_sums = False
+        #: the catalogue's digest (storage.sqlite.catalogue_sum), from rowsums.APPLIED_LEVEL; why
+        #: the store's catalogue did not fit it at the last reload
+        self.catalogue = catalogue_sum.Digest()
+        self.catalogue_misfit: str | None = None
 
     def _crc(self, *values: Any) -> int | None:
         """A row's checksum, or None while the store's level writes none (rowsums.LEVEL)."""
@@ -235,6 +244,7 @@ class OpApplier:
         self.digests_on = self.ROW_SUMS and level >= rowsums.DIGEST_LEVEL
         hwm = meta.get("queue_id_hwm")
         self.queue_id_hwm = int(hwm) if hwm is not None and hwm.isdigit() else 0
+        self.catalogue_misfit = self.catalogue.load(_query(conn), applied_on)
 
     def _part(self, key: Key) -> ChunkIndex:
         idx = self.index.get(key)
@@ -348,6 +358,9 @@ class OpApplier:
         if self._moved:  # (in the same transaction as the applied positions they cover)
             conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, self._moved))
             self._moved.clear()
+        if self.catalogue.moved:  # (the same: with the rows it sums up)
+            self._put_meta(conn, catalogue_sum.KEY, str(self.catalogue.value))
+            self.catalogue.moved = False
         return written
 
     def _compact(self, conn: Executor, touched: dict[Key, list[tuple[int, int]]],
@@ -417,6 +430,9 @@ class OpApplier:
             conn.exec_driver_sql(self.PUT_META, (key, value))
 
     def _apply_structural(self, conn: Executor, op: WriteOp) -> None:
+        self.catalogue.around(_query(conn), op, lambda: self._structural(conn, op))
+
+    def _structural(self, conn: Executor, op: WriteOp) -> None:
         if isinstance(op, DropProducers):
             conn.exec_driver_sql("DELETE FROM producers WHERE queue_id = ? AND partition = ? AND producer_id = ?",
                                  [(op.queue_id, op.partition, pid) for pid in op.producer_ids])
@@ -514,6 +530,8 @@ class OpApplier:
                     # (each partition's chunks and applied position as they stand)
                     keys = self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
                     conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, keys))
+                if self.applied_on and self.catalogue.value is None:  # (the catalogue's rows as they stand)
+                    self.catalogue.start(_query(conn))
         elif isinstance(op, DropMeta):
             conn.exec_driver_sql("DELETE FROM meta WHERE key = ?", (op.key,))
         else:

@@ -95,6 +95,9 @@ def load(conn: Connection, path: Path, applier: OpApplier, budget: int = 0) -> R
     applier.reload(conn)
     for key, why in applier.damaged.items():
         damage(key, why)
+    if applier.catalogue_misfit:  # (not rebuilt from the group, as a damaged catalogue row is not)
+        rec.row_damage.append(f"store {path}: {applier.catalogue_misfit}")
+        log.error("store %s: %s", path, applier.catalogue_misfit)
     counts: dict[Key, dict[int, int]] = {}
     for row in conn.exec_driver_sql(rowsums.select("counts")):
         qid, p, off, dc = row[:4]

@@ -15,7 +15,8 @@ What a damaged row means depends on what it holds (:data:`CHECKED`):
   group: a node that no longer knows whom it voted for could vote twice in one term and help
   elect two actives. The node does not start, naming the row;
 * the catalogue's rows (queues, users, grants) are not rebuilt either: the node does not start,
-  naming the row.
+  naming the row; from :data:`APPLIED_LEVEL` the catalogue has a digest of its own, which finds
+  a row a lost write left whole but one write old (storage.sqlite.catalogue_sum).
 
 * a partition's end and delivered mark (``partitions``) are part of its copy too: repaired so;
   so is a partition whose chunks are not those its row's digest sums up (:func:`chunk_hash`,
@@ -86,7 +87,7 @@ class DamagedRow(StorageError):
     """A stored row whose values fail its checksum: damaged at rest."""
 
 
-def _as_stored(v: Any) -> Any:
+def as_stored(v: Any) -> Any:
     """A value as the database gives it back: a whole float or a bool as the integer an
     INTEGER column keeps, a buffer as bytes."""
     if type(v) is bool or (type(v) is float and v.is_integer()):
@@ -157,7 +158,7 @@ def misfits(rows: Iterable[tuple[int, int, int | None]], digests: Mapping[tuple[
 
 def row_crc(*values: Any) -> int:
     """The CRC-32 of a row's values (ints, strings, bytes, None), as the ``crc`` columns keep it."""
-    return zlib.crc32(msgpack.packb([_as_stored(v) for v in values], use_bin_type=True))
+    return zlib.crc32(msgpack.packb([as_stored(v) for v in values], use_bin_type=True))
 
 
 def check_row(table: str, values: Sequence[Any], crc: int | None, *, column: str = "crc") -> None:

@@ -1,7 +1,8 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
 own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
 (storage.sqlite.reads.check_chunk), every other checked row against its checksums and each
-partition's chunks (and applied position) against the digest its row keeps (storage.sqlite.rowsums)."""
+partition's chunks (and applied position) against the digest its row keeps (storage.sqlite.rowsums),
+and the catalogue's rows against theirs (storage.sqlite.catalogue_sum)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.sqlite import rowsums
+from storage.sqlite import catalogue_sum, rowsums
 from storage.sqlite.reads import DamagedChunk, check_chunk
 
 
@@ -62,6 +63,9 @@ def scrub_store(path: Path) -> StoreScrub:
                     "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
             rows = conn.execute("SELECT queue_id, partition, digest FROM partitions")
             out.damage.extend(f"store {path}: {why}" for why in rowsums.misfits(rows, digests, applied).values())
+            catalogue = catalogue_sum.misfit(conn.execute) if applied is not None else None
+            if catalogue:
+                out.damage.append(f"store {path}: {catalogue}")
     finally:
         conn.close()
     return out

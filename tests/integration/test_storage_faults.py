@@ -304,24 +304,34 @@ def _stored_end(db: Path) -> int:
         conn.close()
 
 
-async def test_a_replica_whose_term_and_vote_took_a_flipped_bit_does_not_start_and_is_replaced_empty(
-        tmp_path: Path) -> None:
-    """A hard state the group cannot give back (a node unsure of its vote could vote twice in a
-    term): the member refuses to start, naming the row; the two others go on, and the member
-    taken out and added back on an empty data directory is filled by the group."""
+@pytest.mark.parametrize("damage", ["term", "catalogue"],
+                         ids=["its term and vote took a flipped bit", "a lost write took its queue row"])
+async def test_a_replica_whose_hard_state_or_catalogue_is_damaged_does_not_start_and_is_replaced_empty(
+        tmp_path: Path, damage: str) -> None:
+    """What the group cannot give back: a hard state (a node unsure of its vote could vote twice
+    in a term), or its catalogue (a lost write left the queues table without q's row while the
+    catalogue's applied position moved on: each row left passes its checksum, the catalogue's
+    digest does not fit). The member refuses to start, naming it; the two others go on, and the
+    member taken out and added back on an empty data directory is filled by the group."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
         old, replica, confirmed = await stopped_replica(cl)
         db, qid = store_of(cl, replica)
         conn = sqlite3.connect(db)
-        conn.execute("UPDATE ha_state SET term = (term | 2) - (term & 2) WHERE queue_id = ?", (qid,))
+        if damage == "term":
+            conn.execute("UPDATE ha_state SET term = (term | 2) - (term & 2) WHERE queue_id = ?", (qid,))
+            named = f"a row of ha_state (partition {qid}/0) fails its checksum (hard_crc): damaged at rest"
+        else:
+            conn.execute("DELETE FROM queues WHERE id = ?", (qid,))
+            named = ("the catalogue's rows (queues, users, grants) and its applied position are not those its digest "
+                     "in meta (catalogue_digest) sums up: a write to the store was lost or misdirected")
         conn.commit()
         conn.close()
 
         with pytest.raises(NodeStartError) as err:
             await cl.nodes[replica].start(timeout=30)
         text = str(err.value)
-        assert f"a row of ha_state (partition {qid}/0) fails its checksum (hard_crc): damaged at rest" in text, text
+        assert named in text, text
         assert "this node does not start" in text and "Traceback" not in text, text
         async with await client.connect(cl.url_of(old)) as c:
             await c.producer("q").send(b"served on by the two others")
