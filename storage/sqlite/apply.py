@@ -177,6 +177,10 @@ class OpApplier:
         #: it writes the row again (``_moved``: those of the batch in hand)
         self.applied: dict[Key, tuple[int, int]] = {}
         self.applied_on = False
+        #: each partition's producer positions as stored, and the XOR of their
+        #: rowsums.producer_hash, which its digest covers from rowsums.APPLIED_LEVEL too
+        self.producers: dict[Key, dict[str, int]] = {}
+        self.producer_sums: dict[Key, int] = {}
         self._moved: set[Key] = set()
         #: chunks in the index that have no row: settled whole before they were written (never
         #: written, so never deleted either: not in the digest)
@@ -212,6 +216,13 @@ class OpApplier:
         ):
             index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
             digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.chunk_hash(start, count)
+        producers: dict[Key, dict[str, int]] = {}
+        producer_sums: dict[Key, int] = {}
+        for qid, p, pid, seq in conn.exec_driver_sql("SELECT queue_id, partition, producer_id, last_seq FROM producers"):
+            producers.setdefault((qid, p), {})[pid] = seq
+            producer_sums[(qid, p)] = producer_sums.get((qid, p), 0) ^ rowsums.producer_hash(pid, seq)
+        summed = digests if not applied_on else {
+            k: digests.get(k, 0) ^ producer_sums.get(k, 0) for k in digests.keys() | producer_sums.keys()}
         damaged: dict[Key, str] = {}
         for row in conn.exec_driver_sql(rowsums.select("settled")):
             qid, p, s, e = row[:4]
@@ -223,7 +234,7 @@ class OpApplier:
         rows = conn.exec_driver_sql(
             "SELECT queue_id, partition, next_offset, delivered_upto, digest FROM partitions").fetchall()
         marks: dict[Key, tuple[int, int]] = {(qid, p): (nxt, dlv) for qid, p, nxt, dlv, _d in rows}
-        for key, why in rowsums.misfits([(r[0], r[1], r[4]) for r in rows], digests,
+        for key, why in rowsums.misfits([(r[0], r[1], r[4]) for r in rows], summed,
                                         applied if applied_on else None).items():
             damaged.setdefault(key, why)
         ends = {key: mark[0] for key, mark in marks.items()}
@@ -239,6 +250,8 @@ class OpApplier:
         self.phantoms = set()
         self.applied = applied
         self.applied_on = applied_on
+        self.producers = producers
+        self.producer_sums = producer_sums
         self._moved = set()
         self.row_sums = self.ROW_SUMS and level >= rowsums.LEVEL
         self.digests_on = self.ROW_SUMS and level >= rowsums.DIGEST_LEVEL
@@ -313,6 +326,8 @@ class OpApplier:
             if producers:
                 conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq, self._crc(q, p, pid, seq))
                                                         for (q, p, pid), seq in producers.items()])
+                for (q, p, pid), seq in producers.items():
+                    self._producer((q, p), pid, seq)
                 producers.clear()
 
         for op in ops:
@@ -406,6 +421,21 @@ class OpApplier:
         """A chunk row of ``key`` written or deleted: in or out of its digest."""
         self.digests[key] = self.digests.get(key, 0) ^ rowsums.chunk_hash(start, count)
 
+    def _producer(self, key: Key, pid: str, seq: int | None) -> None:
+        """Partition ``key``'s row of producer ``pid`` says ``seq`` now (None: deleted): out of and
+        into its digest."""
+        mine = self.producers.setdefault(key, {})
+        was = mine.pop(pid, None)
+        h = self.producer_sums.get(key, 0)
+        if was is not None:
+            h ^= rowsums.producer_hash(pid, was)
+        if seq is not None:
+            mine[pid] = seq
+            h ^= rowsums.producer_hash(pid, seq)
+        self.producer_sums[key] = h
+        if self.applied_on:
+            self._moved.add(key)
+
     def _marks(self, ends: dict[Key, int], delivered: dict[Key, int],
                also: Iterable[Key] = ()) -> list[tuple[int | None, ...]]:
         """The rows of ``partitions`` a batch's new ends and delivered marks make (each the higher
@@ -419,7 +449,7 @@ class OpApplier:
             if self.digests_on:
                 digest = self.digests.get(key, 0)
                 if self.applied_on:
-                    digest ^= rowsums.applied_hash(*self.applied.get(key, (0, 0)))
+                    digest ^= rowsums.applied_hash(*self.applied.get(key, (0, 0))) ^ self.producer_sums.get(key, 0)
             rows.append((*key, *mark, digest, rowsums.row_crc(*key, *mark, digest)))
         return rows
 
@@ -436,6 +466,8 @@ class OpApplier:
         if isinstance(op, DropProducers):
             conn.exec_driver_sql("DELETE FROM producers WHERE queue_id = ? AND partition = ? AND producer_id = ?",
                                  [(op.queue_id, op.partition, pid) for pid in op.producer_ids])
+            for pid in op.producer_ids:
+                self._producer((op.queue_id, op.partition), pid, None)
             return
         if isinstance(op, PutQueue):
             q = op.queue
@@ -460,10 +492,13 @@ class OpApplier:
                 del self.marks[key]
             for key in [k for k in self.digests if k[0] == op.queue_id]:
                 del self.digests[key]
+            for key in [k for k in self.producers if k[0] == op.queue_id]:
+                del self.producers[key]
+                self.producer_sums.pop(key, None)
             self.phantoms = {c for c in self.phantoms if c[0] != op.queue_id}
             for key in [k for k in self.applied if k[0] == op.queue_id]:
                 del self.applied[key]
-                self._moved.discard(key)
+            self._moved = {k for k in self._moved if k[0] != op.queue_id}
         elif isinstance(op, Trim):
             key = (op.queue_id, op.partition)
             idx = self.index.get(key)
@@ -498,7 +533,10 @@ class OpApplier:
             self.ends.pop(key, None)
             self.marks.pop(key, None)
             self.digests.pop(key, None)
+            self.producers.pop(key, None)
+            self.producer_sums.pop(key, None)
             self.phantoms = {c for c in self.phantoms if c[:2] != key}
+            self._moved.discard(key)
             if self.applied_on and self.applied.get(key, (0, 0))[0]:  # (its row still covers its applied position)
                 self._moved.add(key)
         elif isinstance(op, PutUser):
@@ -528,7 +566,8 @@ class OpApplier:
                 self.applied_on = level >= rowsums.APPLIED_LEVEL
                 if self.digests_on and was != (self.digests_on, self.applied_on):
                     # (each partition's chunks and applied position as they stand)
-                    keys = self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
+                    keys = (self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
+                            | {k for k, mine in self.producers.items() if mine})
                     conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, keys))
                 if self.applied_on and self.catalogue.value is None:  # (the catalogue's rows as they stand)
                     self.catalogue.start(_query(conn))

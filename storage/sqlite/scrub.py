@@ -1,7 +1,7 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
 own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
 (storage.sqlite.reads.check_chunk), every other checked row against its checksums and each
-partition's chunks (and applied position) against the digest its row keeps (storage.sqlite.rowsums),
+partition's chunks (and applied position and producer positions) against the digest its row keeps (storage.sqlite.rowsums),
 and the catalogue's rows against theirs (storage.sqlite.catalogue_sum)."""
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def scrub_store(path: Path) -> StoreScrub:
             if rowsums.level_of(row[0] if row else None) >= rowsums.APPLIED_LEVEL:
                 applied = {(qid, p): (idx, term) for qid, p, idx, term in conn.execute(
                     "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
+                for qid, p, pid, seq in conn.execute("SELECT queue_id, partition, producer_id, last_seq FROM producers"):
+                    digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.producer_hash(pid, seq)
             rows = conn.execute("SELECT queue_id, partition, digest FROM partitions")
             out.damage.extend(f"store {path}: {why}" for why in rowsums.misfits(rows, digests, applied).values())
             catalogue = catalogue_sum.misfit(conn.execute) if applied is not None else None

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from ha.upgrade import LEVELS
-from storage.base import (Append, DropQueue, PutApplied, PutMeta, PutQueue, ResetPartition, Settle, StoredMessage,
-                          Trim)
+from storage.base import (Append, DropProducers, DropQueue, PutApplied, PutMeta, PutProducer, PutQueue, ResetPartition,
+                          Settle, StoredMessage, Trim)
 from storage.sqlite import SqliteEngine
 from storage.sqlite.rowsums import APPLIED_LEVEL, DIGEST_LEVEL, LEVEL_KEY
 from storage.sqlite.scrub import scrub_store
@@ -86,8 +86,9 @@ def test_a_copy_that_is_not_at_its_applied_position_is_damage(tmp_path: Path, ol
     assert list(rec.store_damage) == [(1, 0)] and not rec.row_damage, rec.store_damage
     applied = 5 if older == ("ha_state",) else 6
     why = rec.store_damage[(1, 0)]
-    assert (f"the chunks of partition 1/0 and its applied position (entry {applied}, term 7) are not those its row "
-            f"of partitions sums up (its digest): a write to the store was lost or misdirected") in why, why
+    assert (f"the chunks of partition 1/0 and its applied position (entry {applied}, term 7) and producer positions "
+            f"are not those its row of partitions sums up (its digest): a write to the store was lost or misdirected"
+            ) in why, why
     assert rec.partitions[(1, 0)].messages == []  # (none of it served)
     assert [m.offset for m in rec.partitions[(2, 0)].messages] == [0]
     assert [line.split(": ", 1)[1] for line in scrub_store(db).damage] == [why.split(": ", 1)[1]]
@@ -106,6 +107,34 @@ def test_below_the_level_the_digest_covers_the_chunks_only(tmp_path: Path) -> No
     assert "applied position" in LEVELS[APPLIED_LEVEL]
 
 
+def test_a_producer_position_one_write_old_is_damage(tmp_path: Path) -> None:
+    """A lost write that left a producer's row as it was one write earlier (it passes its own
+    checksum) while its partition's applied position moved on: a resend of what the lost write
+    recorded would be stored twice. The digest covers producer positions: the partition is
+    marked for repair and none of it served."""
+    db = tmp_path / "tandem.db"
+    e = SqliteEngine(db)
+    e.open()
+    e.apply([PutMeta(LEVEL_KEY, str(APPLIED_LEVEL)), PutQueue(Q), Append(1, 0, _msgs(0, 2), 2),
+             PutProducer(1, 0, "orders-writer", 1), PutApplied(1, 0, 2, 7, "node2")], sync=True)
+    e.close()
+    before = rows_of(db, "producers")
+    e = SqliteEngine(db)
+    e.open()
+    e.apply([Append(1, 0, _msgs(2, 2), 4), PutProducer(1, 0, "orders-writer", 3), PutApplied(1, 0, 3, 7, "node2")],
+            sync=True)
+    e.close()
+    assert scrub_store(db).damage == []
+    put_back(db, "producers", before)
+    e = SqliteEngine(db)
+    rec = e.open()
+    e.close()
+    assert list(rec.store_damage) == [(1, 0)] and not rec.row_damage, rec.store_damage
+    assert "and producer positions are not those its row of partitions sums up" in rec.store_damage[(1, 0)]
+    assert rec.partitions[(1, 0)].messages == []
+    assert len(scrub_store(db).damage) == 1
+
+
 def test_a_partition_applied_without_its_row_is_damage(tmp_path: Path) -> None:
     db, _before = _two_writes(tmp_path, APPLIED_LEVEL)
     put_back(db, "partitions", [])
@@ -113,7 +142,8 @@ def test_a_partition_applied_without_its_row_is_damage(tmp_path: Path) -> None:
     rec = e.open()
     e.close()
     assert list(rec.store_damage) == [(1, 0)], rec.store_damage
-    assert ("partition 1/0 has chunks or an applied position but no row of partitions to sum them up"
+    assert ("partition 1/0 has chunks, producer positions or an applied position but no row of partitions to sum "
+            "them up"
             in rec.store_damage[(1, 0)])
     assert any("no row of partitions" in line for line in scrub_store(db).damage)
 
@@ -142,6 +172,9 @@ def test_every_write_keeps_the_digest_of_the_chunks_and_applied_position_it_leav
             elif roll < 0.4:
                 n = rng.randint(1, 4)
                 ops = [Append(qid, 0, _msgs(ends[qid], n), ends[qid] + n), moved]
+                if rng.random() < 0.6:  # (a producer's position with it, or one forgotten)
+                    pid = f"p{rng.randrange(3)}"
+                    ops.append(PutProducer(qid, 0, pid, step) if rng.random() < 0.8 else DropProducers(qid, 0, [pid]))
                 ends[qid] += n
             elif roll < 0.55:
                 ops = [moved, PutApplied(0, 0, step + 1, 3, "node1")]

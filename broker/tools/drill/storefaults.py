@@ -171,9 +171,10 @@ class BitFlip(Nemesis):
                 qid, p, start = ctx.rng.choice(others or rows)
                 conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
                 conn.commit()
-                # (from feature level 11 the digest covers the applied position too, which the line names)
-                t.lost = rf"the chunks of partition {qid}/{p} (and its applied position \([^)]*\) )?are not those its " \
-                         rf"row of partitions sums up"
+                # (from feature level 11 the digest covers the applied position and the producer
+                # positions too, which the line names)
+                t.lost = rf"the chunks of partition {qid}/{p} (and its applied position \([^)]*\) and producer " \
+                         rf"positions )?are not those its row of partitions sums up"
                 t.parts.add((qid, p))
                 said.append(f"a lost write to the store: the chunk row of partition {qid}/{p} from offset {start} gone")
         finally:
@@ -284,7 +285,7 @@ class StaleStore(BitFlip):
         t.parts.add(key)
         qid, p = key
         t.lost = (rf"(the chunks of partition {qid}/{p} and its applied position \(entry |partition {qid}/{p} has "
-                  rf"chunks or an applied position but no row of partitions)")
+                  rf"chunks, producer positions or an applied position but no row of partitions)")
         was = earlier.applied.get(key, (0, 0))[0]
         if tables == ("ha_state",):
             return (f"a lost write to the store: the ha_state row of partition {qid}/{p} put back as it was at entry "
