@@ -22,6 +22,7 @@ from storage.sqlite import SqliteEngine
 from storage.sqlite.rowsums import APPLIED_LEVEL, DIGEST_LEVEL, LEVEL_KEY
 from storage.sqlite.scrub import scrub_store
 from tests.storage.test_recovery import Q
+from tests.storage.test_row_checksums import assert_summed, reopened_whole
 
 #: the tables whose rows of partition 1/0 a lost write may leave one write old
 _COPY = ("chunks", "partitions", "ha_state")
@@ -191,15 +192,7 @@ def test_every_write_keeps_the_digest_of_the_chunks_and_applied_position_it_leav
                 ends[qid] = applied[qid] = 0
             e.apply(ops, sync=False)
             if rng.random() < 0.1:
-                e.close()
-                e = SqliteEngine(db)
-                rec = e.open()
-                assert not rec.store_damage, (step, rec.store_damage)
+                e = reopened_whole(e, db, step)
     finally:
         e.close()
-    assert scrub_store(db).damage == []
-    conn = sqlite3.connect(db)
-    try:
-        assert conn.execute("SELECT count(*) FROM partitions WHERE digest IS NULL OR queue_id = 0").fetchone()[0] == 0
-    finally:
-        conn.close()
+    assert_summed(db, "digest IS NULL OR queue_id = 0")

@@ -322,16 +322,29 @@ def test_every_write_keeps_the_digest_of_the_chunks_it_leaves(tmp_path: Path) ->
                 ends[qid] = 0
             e.apply(ops, sync=False)
             if step % 50 == 49:
-                e.close()
-                e = SqliteEngine(db)
-                rec = e.open()
-                assert not rec.store_damage, (step, rec.store_damage)
+                e = reopened_whole(e, db, step)
     finally:
         e.close()
+    assert_summed(db, "digest IS NULL")
+
+
+def reopened_whole(e: SqliteEngine, db: Path, step: int) -> SqliteEngine:
+    """``e`` closed and its store opened again: no partition reads as damaged."""
+    e.close()
+    e = SqliteEngine(db)
+    rec = e.open()
+    assert not rec.store_damage, (step, rec.store_damage)
+    return e
+
+
+def assert_summed(db: Path, unfit: str) -> None:
+    """``tandem scrub`` finds nothing wrong with the store, and no row of partitions is ``unfit``."""
     assert scrub_store(db).damage == []
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT count(*) FROM partitions WHERE digest IS NULL").fetchone()[0] == 0
-    conn.close()
+    try:
+        assert conn.execute(f"SELECT count(*) FROM partitions WHERE {unfit}").fetchone()[0] == 0
+    finally:
+        conn.close()
 
 
 def test_every_damaged_chunk_is_named_even_in_a_partition_already_damaged(tmp_path: Path,
