@@ -13,7 +13,8 @@ does not fit them is damage to the catalogue: the node does not start, as for a 
 catalogue row (the group does not rebuild a member's catalogue; docs/reliability.md).
 
 Every write to those tables goes through the writer. A change of their checked columns (a new
-schema version) must stamp the digest again with the rows' checksums (rowsums.stamp_all).
+schema version) changes every row's hash: the store must then sum its catalogue up again
+(:meth:`Digest.start`), as it stamps the rows' checksums again (rowsums.stamp_all).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ Query = Callable[[str, tuple[Any, ...]], Iterable[Any]]
 #: the catalogue's tables and the values of a row its digest covers (those its checksum covers)
 TABLES = {table: rowsums.CHECKED[table]["crc"] for table in ("queues", "users", "acls")}
 
-#: the catalogue's applied position: partition 0 of queue 0
+#: the applied position of a partition of the catalogue (queue 0)
 _APPLIED = "SELECT applied_index, applied_term FROM ha_state WHERE queue_id = 0 AND partition = ?"
 
 
@@ -73,14 +74,15 @@ def summed(query: Query) -> int:
     return out
 
 
-def misfit(query: Query) -> str | None:
-    """Why the store's catalogue does not fit the digest its ``meta`` keeps (None: it fits).
-    Only for a store at rowsums.APPLIED_LEVEL, which keeps one."""
+def misfit(query: Query, have: int | None = None) -> str | None:
+    """Why the store's catalogue does not fit the digest its ``meta`` keeps (None: it fits);
+    ``have``: what its rows sum up to, if summed already. Only for a store at
+    rowsums.APPLIED_LEVEL, which keeps one."""
     kept = [value for (value,) in query("SELECT value FROM meta WHERE key = ?", (KEY,))]
     if not kept or not kept[0].isdigit():
         return (f"the catalogue (queues, users, grants) has no digest in meta ({KEY}) to sum it up: "
                 f"a write to the store was lost or misdirected")
-    if int(kept[0]) != summed(query):
+    if int(kept[0]) != (summed(query) if have is None else have):
         return ("the catalogue's rows (queues, users, grants) and its applied position are not those its digest "
                 f"in meta ({KEY}) sums up: a write to the store was lost or misdirected")
     return None
@@ -113,7 +115,7 @@ class Digest:
         """Sum the store up (``on``: it is at the level); why it misfits what ``meta`` keeps."""
         self.moved = False
         self.value = summed(query) if on else None
-        return misfit(query) if on else None
+        return None if self.value is None else misfit(query, self.value)
 
     def start(self, query: Query) -> None:
         """The store reaches the level: its rows as they stand are summed up, and written."""
