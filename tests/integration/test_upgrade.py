@@ -48,11 +48,14 @@ async def test_finalize_is_refused_while_a_member_runs_the_older_build(tmp_path:
         await cl.wait_members()  # (a quorum is two: node1 may not be linked to node3 yet, nor know its build)
         new_url, old_url = cl.nodes["node1"].url, cl.nodes["node3"].url
 
-        async def knows_every_build() -> bool:
-            members = (await cl.status("node1")).remotes
-            return len(members) == 2 and all(r.state == "Up" for r in members)
+        async def knows_every_build() -> bool:  # (each member of this build: either may judge a finalize)
+            for name in ("node1", "node2"):
+                members = (await cl.status(name)).remotes
+                if not (len(members) == 2 and all(r.state == "Up" for r in members)):
+                    return False
+            return True
 
-        await wait_until(knows_every_build, timeout=30, what="node1 linked to both members")
+        await wait_until(knows_every_build, timeout=30, what="node1 and node2 each linked to both other members")
         st = _tandem("upgrade", "status", "--json", url=new_url)
         assert st.returncode == 0, st.stderr
         doc = json.loads(st.stdout)
