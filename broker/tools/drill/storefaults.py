@@ -30,7 +30,7 @@ in a node's files, and a store a lost write left behind, found and repaired from
   write leaves, each row passing its own checksum.  The restarted node must name the partition
   (its digest covers its applied position: feature level 11) and catch up from the group, judged
   as ``bit-flip``.  ``stale-store-two``: the same on two nodes at once, each in a partition the
-  other's spares.
+  other's spares (the wait lasts until each store has moved on in a partition of its own).
 """
 
 from __future__ import annotations
@@ -249,29 +249,34 @@ class StaleStore(BitFlip):
         deadline = ctx.clock.monotonic() + HOLDING_WAIT
         while ctx.clock.monotonic() < deadline:
             now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
-            if all(_moved(earlier[n].applied, now[n]) for n in dirs):
+            if _distinct([_moved(earlier[n].applied, now[n]) for n in dirs]):
                 break
             await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: they apply in their own time)
         await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
+        now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
+        moved = [_moved(earlier[t.node].applied, now[t.node]) for t in self.targets]
         said = []
-        for t in self.targets:
-            avoid = {p for other in self.targets if other is not t for p in other.parts}
-            where = await asyncio.to_thread(self._put_back, t, dirs[t.node], earlier[t.node], ctx, avoid)
-            said.append(f"{t.node}: kill -9, {where or 'its store applied nothing more meanwhile'}")
+        for n, t in enumerate(self.targets):
+            taken = {p for other in self.targets for p in other.parts}
+            # (a partition of its own that leaves one for each target after it, where there is one)
+            keys = [k for k in moved[n] if k not in taken and _distinct(moved[n + 1:], taken | {k})]
+            if keys:
+                key = ctx.rng.choice(keys)
+                where = await asyncio.to_thread(self._put_back, t, dirs[t.node], earlier[t.node], key, now[t.node], ctx)
+            elif moved[n]:
+                where = "its store applied more meanwhile only in partitions another target's damage took"
+            else:
+                where = "its store applied nothing more meanwhile"
+            said.append(f"{t.node}: kill -9, {where}")
         return f"{self.name} {'; '.join(said)}"
 
-    def _put_back(self, t: _Target, data: Path, earlier: _Rows, ctx: FaultContext, avoid: set[Key]) -> str:
-        """Put one partition's rows of ``t.node``'s store back as they were (``earlier``): its
-        chunk and ``partitions`` rows, or its ``ha_state`` row, drawn from the seed, of a
-        partition whose applied position moved since (not in ``avoid``)."""
+    def _put_back(self, t: _Target, data: Path, earlier: _Rows, key: Key, now: dict[Key, tuple[int, int]],
+                  ctx: FaultContext) -> str:
+        """Put partition ``key``'s rows of ``t.node``'s store back as they were (``earlier``): its
+        chunk and ``partitions`` rows, or its ``ha_state`` row, drawn from the seed."""
+        tables = ctx.rng.choice((("chunks", "partitions"), ("ha_state",)))
         conn = sqlite3.connect(data / "tandem.db")
         try:
-            now = _applied_of(conn)
-            moved = _moved(earlier.applied, now, avoid)
-            if not moved:
-                return ""
-            key = ctx.rng.choice(moved)
-            tables = ctx.rng.choice((("chunks", "partitions"), ("ha_state",)))
             # (the store's triggers are a build's, not a disk's: dropped, and made again when it opens)
             for (trigger,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
                 conn.execute(f"DROP TRIGGER {trigger}")
@@ -345,10 +350,15 @@ def _applied_of(conn: sqlite3.Connection) -> dict[Key, tuple[int, int]]:
         "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
 
 
-def _moved(earlier: dict[Key, tuple[int, int]], now: dict[Key, tuple[int, int]],
-           avoid: Collection[Key] = ()) -> list[Key]:
-    """The partitions whose applied position moved since ``earlier`` (none in ``avoid``)."""
-    return sorted(k for k, a in now.items() if a != earlier.get(k, (0, 0)) and k not in avoid)
+def _moved(earlier: dict[Key, tuple[int, int]], now: dict[Key, tuple[int, int]]) -> list[Key]:
+    """The partitions whose applied position moved since ``earlier``."""
+    return sorted(k for k, a in now.items() if a != earlier.get(k, (0, 0)))
+
+
+def _distinct(moved: list[list[Key]], taken: Collection[Key] = frozenset()) -> bool:
+    """Whether each list of ``moved`` can give a partition of its own, none in ``taken`` (each
+    target of ``stale-store-two`` one its store moved on in, the other's spares)."""
+    return not moved or any(_distinct(moved[1:], {*taken, k}) for k in moved[0] if k not in taken)
 
 
 def _chunks(data: Path) -> int:
