@@ -1,3 +1,3 @@
 """The node process: client listener, sessions, queues, routing, peer links, lifecycle, CLI."""
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"

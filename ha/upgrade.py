@@ -43,6 +43,8 @@ LEVELS: Mapping[int, str] = {
         "of an older build would add and delete chunks without updating",
     11: "that digest covers the partition's applied position too, which a member of an older build would move "
         "without updating the digest",
+    12: "that digest covers the partition's settled ranges and delivery counts too, which a member of an older "
+        "build would write and delete without updating the digest",
 }
 LEVEL_MIN = min(LEVELS)
 LEVEL_MAX = max(LEVELS)

@@ -33,7 +33,7 @@ log = logging.getLogger("tandem.broker")
 LEVEL_KEY = "feature_level"
 #: the store schema version each level stamps (storage.sqlite.schema reads them all)
 SCHEMA_AT_LEVEL: Mapping[int, str] = {1: "3", 2: "4", 3: "4", 4: "4", 5: "4", 6: "4", 7: "4", 8: "4", 9: "4", 10: "4",
-                                       11: "4"}
+                                       11: "4", 12: "4"}
 
 
 class StoreRefusedError(ConfigError):

@@ -45,59 +45,9 @@ from storage.base import (
     pack_run,
 )
 from storage.intervals import ChunkIndex, IntervalSet, ranges_of
-from storage.sqlite import catalogue_sum, rowsums
+from storage.sqlite import booksum, catalogue_sum, rowsums
+from storage.sqlite import statements as sql
 from storage.sqlite.schema import Key
-
-_UPSERT_HARD = (
-    "INSERT INTO ha_state (queue_id, partition, term, voted_for, commit_idx, hard_crc) VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET term = excluded.term, voted_for = excluded.voted_for, "
-    "commit_idx = excluded.commit_idx, hard_crc = excluded.hard_crc"
-)
-_UPSERT_SNAP = (
-    "INSERT INTO ha_state (queue_id, partition, snap_index, snap_term, snap_origin, snap_weak, snap_recency_term, "
-    "snap_recency_index, snap_crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET snap_index = excluded.snap_index, "
-    "snap_term = excluded.snap_term, snap_origin = excluded.snap_origin, snap_weak = excluded.snap_weak, "
-    "snap_recency_term = excluded.snap_recency_term, snap_recency_index = excluded.snap_recency_index, "
-    "snap_crc = excluded.snap_crc"
-)
-_UPSERT_APPLIED = (
-    "INSERT INTO ha_state (queue_id, partition, applied_index, applied_term, applied_origin, applied_crc) "
-    "VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET applied_index = excluded.applied_index, "
-    "applied_term = excluded.applied_term, applied_origin = excluded.applied_origin, "
-    "applied_crc = excluded.applied_crc"
-)
-
-_INSERT_CHUNK = "INSERT INTO chunks (queue_id, partition, start, count, payload, crc) VALUES (?, ?, ?, ?, ?, ?)"
-_UPSERT_END = (
-    "INSERT INTO partitions (queue_id, partition, next_offset) VALUES (?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)"
-)
-_UPSERT_DELIVERED = (
-    "INSERT INTO partitions (queue_id, partition, delivered_upto) VALUES (?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET "
-    "delivered_upto = max(delivered_upto, excluded.delivered_upto)"
-)
-# (SQLite's: with the row's checksum, computed from the writer's copy of the row, OpApplier.marks)
-_UPSERT_MARKS = (
-    "INSERT INTO partitions (queue_id, partition, next_offset, delivered_upto, digest, crc) VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition) DO UPDATE SET next_offset = excluded.next_offset, "
-    "delivered_upto = excluded.delivered_upto, digest = excluded.digest, crc = excluded.crc"
-)
-_INSERT_SETTLED = 'INSERT INTO settled (queue_id, partition, start, "end", crc) VALUES (?, ?, ?, ?, ?)'
-_UPSERT_COUNT = (
-    'INSERT INTO counts (queue_id, partition, "offset", dc, crc) VALUES (?, ?, ?, ?, ?) '
-    'ON CONFLICT (queue_id, partition, "offset") DO UPDATE SET dc = excluded.dc, crc = excluded.crc'
-)
-_UPSERT_PRODUCER = (
-    "INSERT INTO producers (queue_id, partition, producer_id, last_seq, crc) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (queue_id, partition, producer_id) DO UPDATE SET last_seq = excluded.last_seq, crc = excluded.crc"
-)
-_DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?"
-_DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
-_TRIM_CHUNKS = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start + count <= ?"
-_DELETE_SETTLED_BELOW = 'DELETE FROM settled WHERE queue_id = ? AND partition = ? AND "end" <= ?'
 
 
 def _runs(messages: Sequence[MessageRecord]) -> Iterator[Sequence[MessageRecord]]:
@@ -148,8 +98,8 @@ class OpApplier:
     #: rows carry checksums: partitions and meta always, the others once the store is at
     #: rowsums.LEVEL (a dialect without feature levels: never)
     ROW_SUMS = True
-    UPSERT_END = _UPSERT_END
-    UPSERT_DELIVERED = _UPSERT_DELIVERED
+    UPSERT_END = sql.UPSERT_END
+    UPSERT_DELIVERED = sql.UPSERT_DELIVERED
     PUT_QUEUE = ("INSERT OR REPLACE INTO queues (id, name, partitions, mapper, ring_size, max_deliveries, "
                  "dead_letter_queue, max_length, owner, max_length_bytes, overflow, message_ttl, expires, type, "
                  "max_age, max_bytes, dead_letter_exchange, dead_letter_routing_key, crc) "
@@ -181,6 +131,10 @@ class OpApplier:
         #: rowsums.producer_hash, which its digest covers from rowsums.APPLIED_LEVEL too
         self.producers: dict[Key, dict[str, int]] = {}
         self.producer_sums: dict[Key, int] = {}
+        #: each partition's settled and delivery count rows as stored, with ROW_SUMS, and their
+        #: sum, which its digest covers from booksum.LEVEL (``books_on``)
+        self.books = booksum.Books()
+        self.books_on = False
         self._moved: set[Key] = set()
         #: chunks in the index that have no row: settled whole before they were written (never
         #: written, so never deleted either: not in the digest)
@@ -223,6 +177,11 @@ class OpApplier:
             producer_sums[(qid, p)] = producer_sums.get((qid, p), 0) ^ rowsums.producer_hash(pid, seq)
         summed = digests if not applied_on else {
             k: digests.get(k, 0) ^ producer_sums.get(k, 0) for k in digests.keys() | producer_sums.keys()}
+        books_on = self.ROW_SUMS and level >= booksum.LEVEL
+        if self.ROW_SUMS:
+            self.books.load(conn.exec_driver_sql)
+        if books_on:
+            summed = {k: summed.get(k, 0) ^ self.books.sum(k) for k in summed.keys() | self.books.sums.keys()}
         damaged: dict[Key, str] = {}
         for row in conn.exec_driver_sql(rowsums.select("settled")):
             qid, p, s, e = row[:4]
@@ -235,7 +194,7 @@ class OpApplier:
             "SELECT queue_id, partition, next_offset, delivered_upto, digest FROM partitions").fetchall()
         marks: dict[Key, tuple[int, int]] = {(qid, p): (nxt, dlv) for qid, p, nxt, dlv, _d in rows}
         for key, why in rowsums.misfits([(r[0], r[1], r[4]) for r in rows], summed,
-                                        applied if applied_on else None).items():
+                                        applied if applied_on else None, books=books_on).items():
             damaged.setdefault(key, why)
         ends = {key: mark[0] for key, mark in marks.items()}
         for key, idx in index.items():
@@ -250,6 +209,7 @@ class OpApplier:
         self.phantoms = set()
         self.applied = applied
         self.applied_on = applied_on
+        self.books_on = books_on
         self.producers = producers
         self.producer_sums = producer_sums
         self._moved = set()
@@ -299,12 +259,12 @@ class OpApplier:
                         self.phantoms.discard((c[0], c[1], c[2]))
                 if live:
                     written += sum(len(c[4]) for c in live)
-                    conn.exec_driver_sql(_INSERT_CHUNK, [(*c, zlib.crc32(c[4])) for c in live])
+                    conn.exec_driver_sql(sql.INSERT_CHUNK, [(*c, zlib.crc32(c[4])) for c in live])
                     for c in live:
                         self._hash((c[0], c[1]), c[2], c[3])
                 chunks.clear()
             if self.ROW_SUMS and (ends or delivered):
-                conn.exec_driver_sql(_UPSERT_MARKS, self._marks(ends, delivered))
+                conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks(ends, delivered))
                 ends.clear()
                 delivered.clear()
             if ends:
@@ -314,17 +274,22 @@ class OpApplier:
                 conn.exec_driver_sql(self.UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
                 delivered.clear()
             if counts:
-                conn.exec_driver_sql(_UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
+                conn.exec_driver_sql(sql.UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
+                if self.ROW_SUMS:
+                    for q, p, o, dc in counts:
+                        self.books.count((q, p), o, dc)
                 counts.clear()
                 wrote_counts = True
             if settled:
-                conn.exec_driver_sql(_INSERT_SETTLED, [(q, p, s, e, self._crc(q, p, s, e))
+                conn.exec_driver_sql(sql.INSERT_SETTLED, [(q, p, s, e, self._crc(q, p, s, e))
                                                        for (q, p), ranges in settled.items() for s, e in ranges])
                 for key, ranges in settled.items():
                     touched.setdefault(key, []).extend(ranges)
+                    if self.ROW_SUMS:
+                        self.books.settle(key, ranges)
                 settled.clear()
             if producers:
-                conn.exec_driver_sql(_UPSERT_PRODUCER, [(q, p, pid, seq, self._crc(q, p, pid, seq))
+                conn.exec_driver_sql(sql.UPSERT_PRODUCER, [(q, p, pid, seq, self._crc(q, p, pid, seq))
                                                         for (q, p, pid), seq in producers.items()])
                 for (q, p, pid), seq in producers.items():
                     self._producer((q, p), pid, seq)
@@ -370,8 +335,11 @@ class OpApplier:
         flush()
         if touched:
             self._compact(conn, touched, unwritten, wrote_counts)
+        if self.books_on:  # (their rows' digests cover the settled and count rows they wrote or deleted)
+            self._moved |= self.books.moved
+        self.books.moved.clear()
         if self._moved:  # (in the same transaction as the applied positions they cover)
-            conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, self._moved))
+            conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, self._moved))
             self._moved.clear()
         if self.catalogue.moved:  # (the same: with the rows it sums up)
             self._put_meta(conn, catalogue_sum.KEY, str(self.catalogue.value))
@@ -403,19 +371,23 @@ class OpApplier:
                     elif not wrote_counts:
                         continue
                     drop_counts.append((key[0], key[1], start, start + n))
+                    if self.ROW_SUMS:
+                        self.books.counts_between(key, start, start + n)
             low = idx.low(self.ends.get(key, 0))
             if len(idx.settled) and next(iter(idx.settled))[0] < low:
                 idx.settled.drop_below(low)
                 drop_settled.append((key[0], key[1], low))
+                if self.ROW_SUMS:
+                    self.books.settled_below(key, low)
         if drop_chunks:
-            conn.exec_driver_sql(_DELETE_CHUNK, drop_chunks)
+            conn.exec_driver_sql(sql.DELETE_CHUNK, drop_chunks)
             if self.digests_on:  # (the rows' digests: those of this batch's appends are written already)
-                conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, {(q, p) for q, p, _s in drop_chunks}))
+                conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, {(q, p) for q, p, _s in drop_chunks}))
         if drop_counts:
-            conn.exec_driver_sql(_DELETE_COUNTS, drop_counts)
+            conn.exec_driver_sql(sql.DELETE_COUNTS, drop_counts)
         if drop_settled:
             # rows wholly below the log's start go; a row straddling it stays (harmless)
-            conn.exec_driver_sql(_DELETE_SETTLED_BELOW, drop_settled)
+            conn.exec_driver_sql(sql.DELETE_SETTLED_BELOW, drop_settled)
 
     def _hash(self, key: Key, start: int, count: int) -> None:
         """A chunk row of ``key`` written or deleted: in or out of its digest."""
@@ -450,6 +422,8 @@ class OpApplier:
                 digest = self.digests.get(key, 0)
                 if self.applied_on:
                     digest ^= rowsums.applied_hash(*self.applied.get(key, (0, 0))) ^ self.producer_sums.get(key, 0)
+                if self.books_on:
+                    digest ^= self.books.sum(key)
             rows.append((*key, *mark, digest, rowsums.row_crc(*key, *mark, digest)))
         return rows
 
@@ -496,6 +470,7 @@ class OpApplier:
                 del self.producers[key]
                 self.producer_sums.pop(key, None)
             self.phantoms = {c for c in self.phantoms if c[0] != op.queue_id}
+            self.books.drop_queue(op.queue_id)
             for key in [k for k in self.applied if k[0] == op.queue_id]:
                 del self.applied[key]
             self._moved = {k for k in self._moved if k[0] != op.queue_id}
@@ -509,18 +484,18 @@ class OpApplier:
                     else:
                         self._hash(key, start, idx.counts[start])
                     idx.drop_chunk(start)
-            conn.exec_driver_sql(_TRIM_CHUNKS, (*key, op.below))
+            conn.exec_driver_sql(sql.TRIM_CHUNKS, (*key, op.below))
             if self.digests_on:
-                conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, [key]))
+                conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, [key]))
         elif isinstance(op, LogCompact):
             snap = (op.queue_id, op.partition, op.upto, op.term, op.origin, int(op.weak), *op.recency)
-            conn.exec_driver_sql(_UPSERT_SNAP, (*snap, self._crc(*snap)))
+            conn.exec_driver_sql(sql.UPSERT_SNAP, (*snap, self._crc(*snap)))
         elif isinstance(op, PutHardState):
             hard = (op.queue_id, op.partition, op.term, op.voted_for, op.commit)
-            conn.exec_driver_sql(_UPSERT_HARD, (*hard, self._crc(*hard)))
+            conn.exec_driver_sql(sql.UPSERT_HARD, (*hard, self._crc(*hard)))
         elif isinstance(op, PutApplied):
             applied = (op.queue_id, op.partition, op.index, op.term, op.origin)
-            conn.exec_driver_sql(_UPSERT_APPLIED, (*applied, self._crc(*applied)))
+            conn.exec_driver_sql(sql.UPSERT_APPLIED, (*applied, self._crc(*applied)))
             if op.queue_id:  # (the catalogue, queue 0, keeps no row of partitions)
                 self.applied[(op.queue_id, op.partition)] = (op.index, op.term)
                 if self.applied_on:
@@ -536,6 +511,8 @@ class OpApplier:
             self.producers.pop(key, None)
             self.producer_sums.pop(key, None)
             self.phantoms = {c for c in self.phantoms if c[:2] != key}
+            self.books.drop(key)
+            self.books.moved.discard(key)
             self._moved.discard(key)
             if self.applied_on and self.applied.get(key, (0, 0))[0]:  # (its row still covers its applied position)
                 self._moved.add(key)
@@ -561,14 +538,15 @@ class OpApplier:
                 if self.row_sums and not sums:  # (the rows written before it are summed as they stand)
                     rowsums.stamp_all(conn)
                 level = rowsums.level_of(op.value)
-                was = (self.digests_on, self.applied_on)
+                was = (self.digests_on, self.applied_on, self.books_on)
                 self.digests_on = level >= rowsums.DIGEST_LEVEL
                 self.applied_on = level >= rowsums.APPLIED_LEVEL
-                if self.digests_on and was != (self.digests_on, self.applied_on):
-                    # (each partition's chunks and applied position as they stand)
+                self.books_on = level >= booksum.LEVEL
+                if self.digests_on and was != (self.digests_on, self.applied_on, self.books_on):
+                    # (each partition's chunks, applied position and other rows as they stand)
                     keys = (self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
-                            | {k for k, mine in self.producers.items() if mine})
-                    conn.exec_driver_sql(_UPSERT_MARKS, self._marks({}, {}, keys))
+                            | {k for k, mine in self.producers.items() if mine} | self.books.sums.keys())
+                    conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, keys))
                 if self.applied_on and self.catalogue.value is None:  # (the catalogue's rows as they stand)
                     self.catalogue.start(_query(conn))
         elif isinstance(op, DropMeta):

@@ -26,7 +26,8 @@ What a damaged row means depends on what it holds (:data:`CHECKED`):
   (:func:`applied_hash`) and its producer positions (:func:`producer_hash`): a lost write that
   left the chunks and the row both as they were one write earlier while ``ha_state`` moved on
   (or ``ha_state`` as it was while they moved on), or a producer's row one write old, no longer
-  fits it either;
+  fits it either. From storage.sqlite.booksum.LEVEL it covers the partition's settled ranges and
+  delivery counts too (storage.sqlite.booksum);
 * the store's ``meta`` rows (its schema version, the group's feature level, the highest queue
   id, the group's settings kept there) stop the node's start, naming the row.
 
@@ -132,25 +133,29 @@ def level_of(meta_value: str | None) -> int:
     return int(meta_value) if meta_value is not None and meta_value.isdigit() else 1
 
 
-def misfit(qid: int, p: int, applied: tuple[int, int] | None) -> str:
+def misfit(qid: int, p: int, applied: tuple[int, int] | None, *, books: bool = False) -> str:
     """Why partition ``qid``/``p`` is damaged when its row's digest does not fit what it sums up
-    (``applied``: the applied position it covers, from :data:`APPLIED_LEVEL`; None below)."""
+    (``applied``: the applied position it covers, from :data:`APPLIED_LEVEL`; None below;
+    ``books``: it covers the settled ranges and delivery counts too, storage.sqlite.booksum.LEVEL)."""
     what = f"the chunks of partition {qid}/{p}"
     if applied is not None:
-        what += f" and its applied position (entry {applied[0]}, term {applied[1]}) and producer positions"
+        what += f" and its applied position (entry {applied[0]}, term {applied[1]})"
+        what += ", producer positions, settled ranges and delivery counts" if books else " and producer positions"
     return (f"{what} are not those its row of partitions sums up (its digest): a write to the store was lost "
             f"or misdirected")
 
 
 def misfits(rows: Iterable[tuple[int, int, int | None]], digests: Mapping[tuple[int, int], int],
-            applied: Mapping[tuple[int, int], tuple[int, int]] | None) -> dict[tuple[int, int], str]:
+            applied: Mapping[tuple[int, int], tuple[int, int]] | None, *,
+            books: bool = False) -> dict[tuple[int, int], str]:
     """Each partition whose copy its row of ``partitions`` does not sum up, with why.
 
     ``rows``: each row's (queue id, partition, digest); ``digests``: what the chunk rows stored
     make (the XOR of their :func:`chunk_hash`; from :data:`APPLIED_LEVEL` with the producer
-    rows' :func:`producer_hash` too); ``applied``: from :data:`APPLIED_LEVEL`, each partition's
+    rows' :func:`producer_hash` too, and with ``books`` the sum of the settled and count rows,
+    storage.sqlite.booksum); ``applied``: from :data:`APPLIED_LEVEL`, each partition's
     applied position (index, term) as ``ha_state`` keeps it, which the digest covers too, and
-    every partition with chunks, producer positions or an applied position then has a row (None
+    every partition with any of those rows or an applied position then has a row (None
     below)."""
     out: dict[tuple[int, int], str] = {}
     have = set()
@@ -158,10 +163,11 @@ def misfits(rows: Iterable[tuple[int, int, int | None]], digests: Mapping[tuple[
         have.add((qid, p))
         covered = None if applied is None else applied.get((qid, p), (0, 0))
         if digest is not None and digest != digests.get((qid, p), 0) ^ applied_hash(*covered or (0, 0)):
-            out[(qid, p)] = misfit(qid, p, covered)
+            out[(qid, p)] = misfit(qid, p, covered, books=books)
     if applied is not None:
+        held = "chunks, producer positions, settled ranges, delivery counts" if books else "chunks, producer positions"
         for qid, p in sorted((digests.keys() | {k for k, a in applied.items() if a[0]}) - have):
-            out[(qid, p)] = (f"partition {qid}/{p} has chunks, producer positions or an applied position but no row "
+            out[(qid, p)] = (f"partition {qid}/{p} has {held} or an applied position but no row "
                              f"of partitions to sum them up: a write to the store was lost or misdirected")
     return out
 

@@ -1,8 +1,9 @@
 """Read a SQLite store without changing it and check what it can (``tandem scrub``): SQLite's
 own page structure (``PRAGMA quick_check``), every chunk of messages against its CRC-32
 (storage.sqlite.reads.check_chunk), every other checked row against its checksums and each
-partition's chunks (and applied position and producer positions) against the digest its row keeps (storage.sqlite.rowsums),
-and the catalogue's rows against theirs (storage.sqlite.catalogue_sum)."""
+partition's chunks (and applied position, producer positions, settled ranges and delivery
+counts) against the digest its row keeps (storage.sqlite.rowsums, storage.sqlite.booksum), and
+the catalogue's rows against theirs (storage.sqlite.catalogue_sum)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.sqlite import catalogue_sum, rowsums
+from storage.sqlite import booksum, catalogue_sum, rowsums
 from storage.sqlite.reads import DamagedChunk, check_chunk
 
 
@@ -57,14 +58,19 @@ def scrub_store(path: Path) -> StoreScrub:
                 out.rows += not bad
         if "digest" in _columns(conn, "partitions"):
             row = conn.execute("SELECT value FROM meta WHERE key = ?", (rowsums.LEVEL_KEY,)).fetchone()
+            level = rowsums.level_of(row[0] if row else None)
             applied = None
-            if rowsums.level_of(row[0] if row else None) >= rowsums.APPLIED_LEVEL:
+            if level >= booksum.LEVEL:
+                for key, h in booksum.summed(conn.execute).items():
+                    digests[key] = digests.get(key, 0) ^ h
+            if level >= rowsums.APPLIED_LEVEL:
                 applied = {(qid, p): (idx, term) for qid, p, idx, term in conn.execute(
                     "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
                 for qid, p, pid, seq in conn.execute("SELECT queue_id, partition, producer_id, last_seq FROM producers"):
                     digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.producer_hash(pid, seq)
             rows = conn.execute("SELECT queue_id, partition, digest FROM partitions")
-            out.damage.extend(f"store {path}: {why}" for why in rowsums.misfits(rows, digests, applied).values())
+            out.damage.extend(f"store {path}: {why}" for why in rowsums.misfits(
+                rows, digests, applied, books=level >= booksum.LEVEL).values())
             catalogue = catalogue_sum.misfit(conn.execute) if applied is not None else None
             if catalogue:
                 out.damage.append(f"store {path}: {catalogue}")

@@ -67,7 +67,8 @@ async def test_a_store_left_behind_its_applied_position_is_found_and_repaired(tm
     rep = await drill(cfg, repeat=1)
     print(f"{family}: schedule {rep['schedule']}, errors {rep['errors']}")
     fault = rep["schedule"][0]
-    said = re.findall(r"(node\d): kill -9, a lost write to the store: the (?:ha_state row|chunk and partitions rows) "
+    said = re.findall(r"(node\d): kill -9, a lost write to the store: the (?:ha_state row|chunk and partitions rows|"
+                      r"settled and counts rows) "
                       r"of partition (\d+/\d+) put back as (?:it was|they were) at entry \d+", fault)
     assert len(said) == (2 if family == "stale-store-two" else 1), rep["schedule"]
     assert len({part for _node, part in said}) == len(said), fault  # (each node's in a partition of its own)

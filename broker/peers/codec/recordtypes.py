@@ -62,7 +62,7 @@ SNAPSHOTS: dict[str, tuple[tuple[str, str], ...]] = {
 #: partitions and meta tables adds each row's checksum (written at any level: a trigger clears the
 #: checksum of a row an older build changes, storage.sqlite.schema.TRIGGERS; local to each store)
 #: and, in partitions, the digest of the partition's chunks (written from feature level 10 on; covering its
-#: applied position too from level 11, the same column)
+#: applied position too from level 11, and its settled ranges and delivery counts from level 12, the same column)
 VERSIONS: dict[str, int] = {"record.QueueMeta": 4, "store.queues": 5, "snapshot.catalogue": 2, "log.PUT_PRODUCER": 2,
                             "store.chunks": 2, "store.settled": 2, "store.counts": 2, "store.producers": 2,
                             "store.users": 2, "store.acls": 2, "store.ha_state": 2, "store.partitions": 2,

@@ -23,13 +23,14 @@ in a node's files, and a store a lost write left behind, found and repaired from
   keeps a good copy on two nodes.  (A partition
   damaged on two of three waits for its data to be restored: no good majority is left.)
 * ``stale-store``: read the rows of a node drawn as for ``bit-flip`` as they stand (its chunks,
-  ``partitions`` and ``ha_state`` rows, in one read), wait until its store has applied more
-  (within :data:`HOLDING_WAIT`), ``kill -9`` it, and put back one partition whose applied position
-  moved as it was: either its chunk and ``partitions`` rows (its copy behind its applied position)
-  or its ``ha_state`` row (its applied position behind its copy), drawn from the seed: what a lost
-  write leaves, each row passing its own checksum.  The restarted node must name the partition
-  (its digest covers its applied position: feature level 11) and catch up from the group, judged
-  as ``bit-flip``.  ``stale-store-two``: the same on two nodes at once, each in a partition the
+  ``partitions``, ``ha_state``, ``settled`` and ``counts`` rows, in one read), wait until its
+  store has applied more (within :data:`HOLDING_WAIT`), ``kill -9`` it, and put back one partition
+  whose applied position moved as it was: either its chunk and ``partitions`` rows (its copy behind
+  its applied position), or its ``ha_state`` row (its applied position behind its copy), or, where
+  they moved on too, its ``settled`` and ``counts`` rows (acks and nacks lost), drawn from the
+  seed: what a lost write leaves, each row passing its own checksum.  The restarted node must name
+  the partition (its digest covers its applied position, feature level 11, and its settlements and
+  delivery counts, level 12) and catch up from the group, judged as ``bit-flip``.  ``stale-store-two``: the same on two nodes at once, each in a partition the
   other's spares (the wait lasts until each store has moved on in a partition of its own).
 """
 
@@ -172,9 +173,9 @@ class BitFlip(Nemesis):
                 conn.execute("DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start = ?", (qid, p, start))
                 conn.commit()
                 # (from feature level 11 the digest covers the applied position and the producer
-                # positions too, which the line names)
-                t.lost = rf"the chunks of partition {qid}/{p} (and its applied position \([^)]*\) and producer " \
-                         rf"positions )?are not those its row of partitions sums up"
+                # positions too, and from 12 the settled ranges and delivery counts, which the line names)
+                t.lost = rf"the chunks of partition {qid}/{p} (and its applied position \([^)]*\)[a-z ,]* )?are not " \
+                         rf"those its row of partitions sums up"
                 t.parts.add((qid, p))
                 said.append(f"a lost write to the store: the chunk row of partition {qid}/{p} from offset {start} gone")
         finally:
@@ -273,8 +274,12 @@ class StaleStore(BitFlip):
     def _put_back(self, t: _Target, data: Path, earlier: _Rows, key: Key, now: dict[Key, tuple[int, int]],
                   ctx: FaultContext) -> str:
         """Put partition ``key``'s rows of ``t.node``'s store back as they were (``earlier``): its
-        chunk and ``partitions`` rows, or its ``ha_state`` row, drawn from the seed."""
-        tables = ctx.rng.choice((("chunks", "partitions"), ("ha_state",)))
+        chunk and ``partitions`` rows, or its ``ha_state`` row, or (where they moved on) its
+        ``settled`` and ``counts`` rows, drawn from the seed."""
+        choices = [("chunks", "partitions"), ("ha_state",)]
+        if any(_rows_of(data, t, key) != earlier.rows[t].get(key, []) for t in ("settled", "counts")):
+            choices.append(("settled", "counts"))  # (its settlements or delivery counts moved on too)
+        tables = ctx.rng.choice(choices)
         conn = sqlite3.connect(data / "tandem.db")
         try:
             # (the store's triggers are a build's, not a disk's: dropped, and made again when it opens)
@@ -290,11 +295,14 @@ class StaleStore(BitFlip):
         t.parts.add(key)
         qid, p = key
         t.lost = (rf"(the chunks of partition {qid}/{p} and its applied position \(entry |partition {qid}/{p} has "
-                  rf"chunks, producer positions or an applied position but no row of partitions)")
+                  rf"chunks, [a-z ,]*or an applied position but no row of partitions)")
         was = earlier.applied.get(key, (0, 0))[0]
         if tables == ("ha_state",):
             return (f"a lost write to the store: the ha_state row of partition {qid}/{p} put back as it was at entry "
                     f"{was} (its copy at entry {now[key][0]})")
+        if tables == ("settled", "counts"):
+            return (f"a lost write to the store: the settled and counts rows of partition {qid}/{p} put back as they "
+                    f"were at entry {was} (its applied position at entry {now[key][0]})")
         return (f"a lost write to the store: the chunk and partitions rows of partition {qid}/{p} put back as they "
                 f"were at entry {was} (its applied position at entry {now[key][0]})")
 
@@ -309,6 +317,8 @@ class StaleStoreTwo(StaleStore):
 
 
 Key = tuple[int, int]
+#: the tables of a store whose rows of a partition stale-store may put back
+_TABLES = ("chunks", "partitions", "ha_state", "settled", "counts")
 
 
 @dataclass
@@ -322,7 +332,7 @@ class _Rows:
     @classmethod
     def read(cls, data: Path) -> _Rows:
         """In one read transaction (the node is running: read-only)."""
-        rows: dict[str, dict[Key, list[tuple[object, ...]]]] = {t: {} for t in ("chunks", "partitions", "ha_state")}
+        rows: dict[str, dict[Key, list[tuple[object, ...]]]] = {t: {} for t in _TABLES}
         conn = sqlite3.connect(f"file:{data / 'tandem.db'}?mode=ro", uri=True, isolation_level=None)
         try:
             conn.execute("BEGIN")
@@ -334,6 +344,16 @@ class _Rows:
         finally:
             conn.close()
         return cls(rows, applied)
+
+
+def _rows_of(data: Path, table: str, key: Key) -> list[tuple[object, ...]]:
+    """Partition ``key``'s rows of ``table`` in a stopped node's store, as :class:`_Rows` reads them."""
+    conn = sqlite3.connect(f"file:{data / 'tandem.db'}?mode=ro", uri=True)
+    try:
+        return [tuple(r) for r in conn.execute(f"SELECT * FROM {table} WHERE queue_id = ? AND partition = ? "
+                                               f"ORDER BY rowid", key)]
+    finally:
+        conn.close()
 
 
 def _applied(data: Path) -> dict[Key, tuple[int, int]]:
