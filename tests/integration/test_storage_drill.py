@@ -55,11 +55,12 @@ async def test_bit_flips_at_rest_are_found_and_nothing_damaged_is_delivered(tmp_
     assert rep["errors"] == [] and rep["passed"], rep
 
 
-@pytest.mark.parametrize("family", ["stale-store", "stale-store-two"])
+@pytest.mark.parametrize("family", ["stale-store", "stale-acks", "stale-store-two"])
 async def test_a_store_left_behind_its_applied_position_is_found_and_repaired(tmp_path: Path, family: str) -> None:
     """A node's (or two nodes') store with one partition's rows put back as they were some writes
-    earlier (its chunk and partitions rows, or its ha_state row), as a lost write leaves it: the
-    restarted node names the partition, catches up, and nothing is lost. (600 messages, consumed
+    earlier (its chunk and partitions rows, or its ha_state row, or its settled and counts rows:
+    always those with stale-acks), as a lost write leaves it: the restarted node names the
+    partition, catches up, and nothing is lost. (600 messages, consumed
     0.02 s apart: their acks keep every store applying for seconds after the rows are read, so
     each target's store moves on within the drill's wait however busy the machine.)"""
     cfg = DrillConfig(family, producers=1, consumers=1, messages=600, partitions=4, seed=3, data_dir=tmp_path,
@@ -72,6 +73,8 @@ async def test_a_store_left_behind_its_applied_position_is_found_and_repaired(tm
                       r"of partition (\d+/\d+) put back as (?:it was|they were) at entry \d+", fault)
     assert len(said) == (2 if family == "stale-store-two" else 1), rep["schedule"]
     assert len({part for _node, part in said}) == len(said), fault  # (each node's in a partition of its own)
+    if family == "stale-acks":
+        assert "the settled and counts rows of partition" in fault, fault
     for node, _part in said:
         found = next(line for line in rep["schedule"] if f"{family} {node}: injected " in line)
         assert found.endswith("injected 1, detected 1, repaired 1 (the lost write to the store (its log line))"), \

@@ -119,9 +119,11 @@ class _Runner:
     def _at(self) -> float:
         return round(self.clock.monotonic() - self.t0, 2)
 
-    async def faults(self, cl: LocalCluster, fams: dict[str, Nemesis], end: float, deadline: float) -> None:
+    async def faults(self, cl: LocalCluster, fams: dict[str, Nemesis], end: float, deadline: float,
+                     received: list[Any]) -> None:
         """The schedule, fault by fault, while there is time for the next one (each family one
-        instance, prepared before the group started, closed after it stopped)."""
+        instance, prepared before the group started, closed after it stopped); ``received``: the
+        load's deliveries (FaultContext.received)."""
         clock, cfg = self.clock, self.cfg
         for f in self.schedule:
             if clock.monotonic() + f.gap + f.hold > end:
@@ -130,7 +132,7 @@ class _Runner:
             entry: dict[str, Any] = {**dataclasses.asdict(f), "injected_s": self._at()}
             self.timeline.append(entry)
             nem = fams[f.family]
-            ctx = FaultContext(cl, dataclasses.replace(cfg, hold=f.hold), clock, random.Random(f.seed))
+            ctx = FaultContext(cl, dataclasses.replace(cfg, hold=f.hold), clock, random.Random(f.seed), received=received)
             injected = clock.monotonic()
             healing = False
             try:
@@ -215,7 +217,7 @@ class _Runner:
                 *(load.produce(i, None, rate=per, until=end) for i in range(cfg.producers))))
             tasks.append(producers)
             try:
-                await self.faults(cl, nems, end, deadline)
+                await self.faults(cl, nems, end, deadline, load.received)
             except (TandemError, OSError, TimeoutError) as exc:
                 rep["error"] = f"{type(exc).__name__}: {exc}"
             self.say(f"[{self._at():7.1f} s] faults done; the producers stop at {self.duration:.0f} s, then the drain")

@@ -33,6 +33,9 @@ class FaultContext:
     schedule: list[str] = field(default_factory=list)
     #: what the fault showed wrong beyond the messages (a node that died of it): fails the run
     failures: list[str] = field(default_factory=list)
+    #: the run's deliveries as its consumers received them (Load.received), where a family's own
+    #: consumer adds what it got: a message it had before a failover may come again unflagged
+    received: list[Any] | None = None
 
     async def actives(self) -> dict[int, str]:
         """partition -> the node active for it, as the live nodes report."""

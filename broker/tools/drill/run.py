@@ -106,6 +106,7 @@ async def _nemesis_fault(cl: LocalCluster, cfg: DrillConfig, nem: Nemesis, ctx: 
     and every partition has an active."""
     clock = ctx.clock
     load.mark_fault()
+    ctx.received = load.received
     ctx.schedule.append(await nem.inject(ctx))
     log.info("drill run %d: %s", res.run, ctx.schedule[-1])
     res.target = ",".join(sorted(nem.cut)) or res.target

@@ -30,24 +30,33 @@ in a node's files, and a store a lost write left behind, found and repaired from
   they moved on too, its ``settled`` and ``counts`` rows (acks and nacks lost), drawn from the
   seed: what a lost write leaves, each row passing its own checksum.  The restarted node must name
   the partition (its digest covers its applied position, feature level 11, and its settlements and
-  delivery counts, level 12) and catch up from the group, judged as ``bit-flip``.  ``stale-store-two``: the same on two nodes at once, each in a partition the
+  delivery counts, level 12) and catch up from the group, judged as ``bit-flip``.
+  ``stale-acks``: the same, always on a partition whose ``settled`` or ``counts`` rows moved on
+  (the wait lasts until one did), and always those rows put back; during that wait (ended
+  before the kill) a consumer of its own on each node gives back (nacks) each message it gets,
+  so that delivery counts are written and acks land out of order.  ``stale-acks-two``: that on two nodes at once.  ``stale-store-two``: the same on two nodes at once, each in a partition the
   other's spares (the wait lasts until each store has moved on in a partition of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import re
 import sqlite3
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgpack
 
+import client
+from broker.tools.checker import Delivery
 from broker.tools.drill.groups import caught_up_past
 from broker.tools.drill.nemesis import FaultContext, Nemesis, register
+from client.consumer import Consumer, Message
 from client.errors import TandemError, UnavailableError
 from storage.segfiles import cover_of, key_of, records, seq_of
 
@@ -242,20 +251,31 @@ class StaleStore(BitFlip):
     earlier while another page moved on (the module says how)."""
 
     name: ClassVar[str] = "stale-store"
+    #: what the schedule says of a target with no partition to put back
+    none_moved: ClassVar[str] = "its store applied nothing more meanwhile"
 
     async def inject(self, ctx: FaultContext) -> str:
         self.targets = [_Target(n) for n in await self._choose(ctx)]
         dirs = {t.node: Path(ctx.cluster.nodes[t.node].data_dir) for t in self.targets}
         earlier = {n: await asyncio.to_thread(_Rows.read, d) for n, d in dirs.items()}
         deadline = ctx.clock.monotonic() + HOLDING_WAIT
-        while ctx.clock.monotonic() < deadline:
-            now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
-            if _distinct([_moved(earlier[n].applied, now[n]) for n in dirs]):
-                break
-            await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: they apply in their own time)
+        meanwhile = self._meanwhile(ctx)
+        try:
+            while ctx.clock.monotonic() < deadline:
+                now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
+                if _distinct([await asyncio.to_thread(self._moved_in, d, earlier[n], now[n])
+                              for n, d in dirs.items()]):
+                    break
+                await ctx.clock.sleep(0.1)  # (polling the stores with a deadline: they apply in their own time)
+        finally:
+            if meanwhile is not None:
+                meanwhile.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TandemError, OSError):
+                    await meanwhile
         await asyncio.gather(*(ctx.cluster.nodes[t.node].kill() for t in self.targets))
         now = {n: await asyncio.to_thread(_applied, d) for n, d in dirs.items()}
-        moved = [_moved(earlier[t.node].applied, now[t.node]) for t in self.targets]
+        moved = [await asyncio.to_thread(self._moved_in, dirs[t.node], earlier[t.node], now[t.node])
+                 for t in self.targets]
         said = []
         for n, t in enumerate(self.targets):
             taken = {p for other in self.targets for p in other.parts}
@@ -267,19 +287,33 @@ class StaleStore(BitFlip):
             elif moved[n]:
                 where = "its store applied more meanwhile only in partitions another target's damage took"
             else:
-                where = "its store applied nothing more meanwhile"
+                where = self.none_moved
             said.append(f"{t.node}: kill -9, {where}")
         return f"{self.name} {'; '.join(said)}"
+
+    def _meanwhile(self, ctx: FaultContext) -> asyncio.Future[None] | None:
+        """What runs while the fault waits for the targets' stores to move on (stopped before the
+        kill), if anything."""
+        return None
+
+    def _moved_in(self, data: Path, earlier: _Rows, now: dict[Key, tuple[int, int]]) -> list[Key]:
+        """The partitions of the store at ``data`` that may be put back: those whose applied
+        position moved since ``earlier`` (``now``)."""
+        return _moved(earlier.applied, now)
+
+    def _choices(self, data: Path, earlier: _Rows, key: Key) -> list[tuple[str, ...]]:
+        """Which rows of partition ``key`` may be put back, each choice a tuple of tables."""
+        choices = [("chunks", "partitions"), ("ha_state",)]
+        if _books_moved(data, earlier, key):
+            choices.append(_BOOKS)  # (its settlements or delivery counts moved on too)
+        return choices
 
     def _put_back(self, t: _Target, data: Path, earlier: _Rows, key: Key, now: dict[Key, tuple[int, int]],
                   ctx: FaultContext) -> str:
         """Put partition ``key``'s rows of ``t.node``'s store back as they were (``earlier``): its
         chunk and ``partitions`` rows, or its ``ha_state`` row, or (where they moved on) its
         ``settled`` and ``counts`` rows, drawn from the seed."""
-        choices = [("chunks", "partitions"), ("ha_state",)]
-        if any(_rows_of(data, t, key) != earlier.rows[t].get(key, []) for t in ("settled", "counts")):
-            choices.append(("settled", "counts"))  # (its settlements or delivery counts moved on too)
-        tables = ctx.rng.choice(choices)
+        tables = ctx.rng.choice(self._choices(data, earlier, key))
         conn = sqlite3.connect(data / "tandem.db")
         try:
             # (the store's triggers are a build's, not a disk's: dropped, and made again when it opens)
@@ -300,11 +334,29 @@ class StaleStore(BitFlip):
         if tables == ("ha_state",):
             return (f"a lost write to the store: the ha_state row of partition {qid}/{p} put back as it was at entry "
                     f"{was} (its copy at entry {now[key][0]})")
-        if tables == ("settled", "counts"):
+        if tables == _BOOKS:
             return (f"a lost write to the store: the settled and counts rows of partition {qid}/{p} put back as they "
                     f"were at entry {was} (its applied position at entry {now[key][0]})")
         return (f"a lost write to the store: the chunk and partitions rows of partition {qid}/{p} put back as they "
                 f"were at entry {was} (its applied position at entry {now[key][0]})")
+
+
+@register
+class StaleAcks(StaleStore):
+    """``stale-store`` that always loses a write of settlements and delivery counts: a partition
+    whose ``settled`` or ``counts`` rows moved on has them put back (acks and nacks undone)."""
+
+    name: ClassVar[str] = "stale-acks"
+    none_moved: ClassVar[str] = "its store's settlements and delivery counts moved on in no partition meanwhile"
+
+    def _meanwhile(self, ctx: FaultContext) -> asyncio.Future[None] | None:
+        return asyncio.ensure_future(_nack(ctx, [ctx.cluster.url_of(n) for n in sorted(ctx.cluster.nodes)]))
+
+    def _moved_in(self, data: Path, earlier: _Rows, now: dict[Key, tuple[int, int]]) -> list[Key]:
+        return [k for k in _moved(earlier.applied, now) if _books_moved(data, earlier, k)]
+
+    def _choices(self, data: Path, earlier: _Rows, key: Key) -> list[tuple[str, ...]]:
+        return [_BOOKS]
 
 
 @register
@@ -316,9 +368,19 @@ class StaleStoreTwo(StaleStore):
     count: ClassVar[int] = 2
 
 
+@register
+class StaleAcksTwo(StaleAcks):
+    """``stale-acks`` on two nodes at once, each in a partition the other's spares."""
+
+    name: ClassVar[str] = "stale-acks-two"
+    count: ClassVar[int] = 2
+
+
 Key = tuple[int, int]
 #: the tables of a store whose rows of a partition stale-store may put back
 _TABLES = ("chunks", "partitions", "ha_state", "settled", "counts")
+#: a partition's settlements and delivery counts, put back together
+_BOOKS = ("settled", "counts")
 
 
 @dataclass
@@ -347,13 +409,49 @@ class _Rows:
 
 
 def _rows_of(data: Path, table: str, key: Key) -> list[tuple[object, ...]]:
-    """Partition ``key``'s rows of ``table`` in a stopped node's store, as :class:`_Rows` reads them."""
+    """Partition ``key``'s rows of ``table`` in a node's store (read-only), as :class:`_Rows` reads them."""
     conn = sqlite3.connect(f"file:{data / 'tandem.db'}?mode=ro", uri=True)
     try:
         return [tuple(r) for r in conn.execute(f"SELECT * FROM {table} WHERE queue_id = ? AND partition = ? "
                                                f"ORDER BY rowid", key)]
     finally:
         conn.close()
+
+
+async def _nack(ctx: FaultContext, urls: list[str]) -> None:
+    """Consume the drill's queue where each of ``urls``' nodes is active for it (a direct route
+    to each: no node relays another's deliveries, none in flight between them when it stops) and
+    give back each message (nack, requeue) until cancelled: each gets a delivery count, and the
+    drill's own consumers ack it later than the messages after it, so settled ranges stay in the
+    store until it is acked. Every delivery is noted with the run's deliveries as it arrives (the
+    checker's order is that of first deliveries, and none is held unseen to go back unflagged)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for url in urls:
+            conn = await stack.enter_async_context(await client.connect_link(url, client_name="drill-nacker"))
+            c = Consumer(conn, ctx.queue, prefetch=1, local=True)
+            c.sink = functools.partial(_nacked, ctx, conn)
+            await c.start()
+            stack.push_async_callback(_cancel, c)
+        await asyncio.get_running_loop().create_future()  # (until cancelled)
+
+
+async def _cancel(c: Consumer) -> None:
+    """``c``'s subscription ended, even while its caller is being cancelled."""
+    await asyncio.shield(c.cancel())
+
+
+def _nacked(ctx: FaultContext, conn: Any, deliveries: list[Any]) -> None:
+    for d in deliveries:
+        m = Message(conn, d)
+        if ctx.received is not None:
+            ctx.received.append(Delivery(m.body, -1, m.partition, m.redelivered))
+        m.nack()
+
+
+def _books_moved(data: Path, earlier: _Rows, key: Key) -> bool:
+    """Whether partition ``key``'s settled or counts rows in the store at ``data`` are not those
+    of ``earlier``."""
+    return any(_rows_of(data, t, key) != earlier.rows[t].get(key, []) for t in _BOOKS)
 
 
 def _applied(data: Path) -> dict[Key, tuple[int, int]]:
