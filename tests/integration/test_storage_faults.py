@@ -65,11 +65,18 @@ async def started_with_q(cl: LocalCluster) -> str:
     return (await cl.actives("q"))[0]
 
 
+async def _replica_of_q(cl: LocalCluster) -> tuple[str, str, Path]:
+    """Start ``cl`` with queue ``q`` (:func:`started_with_q`): its active, a replica and the
+    replica's store."""
+    old = await started_with_q(cl)
+    replica = next(n for n in cl.nodes if n != old)
+    return old, replica, cl.nodes[replica].data_dir / "tandem.db"
+
+
 async def stopped_replica(cl: LocalCluster) -> tuple[str, str, list[bytes]]:
     """Start ``cl``, fill queue ``q`` (one partition) with 96 confirmed messages, and stop a
     replica cleanly once it has every entry: (the active, the replica, the confirmed bodies)."""
-    old = await started_with_q(cl)
-    replica = next(n for n in cl.nodes if n != old)
+    old, replica, _db = await _replica_of_q(cl)
     bodies = [f"message {i} ".encode() * 20 for i in range(96)]
     confirmed: list[bytes] = []
     await produce(cl.url_of(old), "q", bodies, confirmed, [])
@@ -250,9 +257,7 @@ async def test_a_replicas_copy_a_lost_write_left_behind_its_applied_position_is_
     active, and every confirmed message is back, byte for byte."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
-        old = await started_with_q(cl)
-        replica = next(n for n in cl.nodes if n != old)
-        db = cl.nodes[replica].data_dir / "tandem.db"
+        old, replica, db = await _replica_of_q(cl)
         bodies = [f"message {i} ".encode() * 20 for i in range(144)]
         confirmed: list[bytes] = []
         tables = ("chunks", "partitions") if older == "copy" else ("ha_state",)
@@ -313,9 +318,7 @@ async def test_a_replicas_settlements_a_lost_write_left_one_write_old_are_rebuil
     the active's unsettled messages, none acknowledged among them."""
     cl = LocalCluster(tmp_path, console=False, nodes=3, base_port=0, password="test-password", extra_args=[*FAST])
     try:
-        old = await started_with_q(cl)
-        replica = next(n for n in cl.nodes if n != old)
-        db = cl.nodes[replica].data_dir / "tandem.db"
+        old, replica, db = await _replica_of_q(cl)
         bodies = [f"message {i} ".encode() * 20 for i in range(96)]
         confirmed: list[bytes] = []
         await produce(cl.url_of(old), "q", bodies, confirmed, [])
