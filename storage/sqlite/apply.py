@@ -131,8 +131,8 @@ class OpApplier:
         #: rowsums.producer_hash, which its digest covers from rowsums.APPLIED_LEVEL too
         self.producers: dict[Key, dict[str, int]] = {}
         self.producer_sums: dict[Key, int] = {}
-        #: each partition's settled and delivery count rows as stored, with ROW_SUMS, and their
-        #: sum, which its digest covers from booksum.LEVEL (``books_on``)
+        #: the sum of each partition's settled and delivery count rows, with ROW_SUMS, which its
+        #: digest covers from booksum.LEVEL (``books_on``)
         self.books = booksum.Books()
         self.books_on = False
         self._moved: set[Key] = set()
@@ -165,9 +165,13 @@ class OpApplier:
             "SELECT queue_id, partition, applied_index, applied_term FROM ha_state WHERE queue_id != 0")}
         index: dict[Key, ChunkIndex] = {}
         digests: dict[Key, int] = {}
+        damaged: dict[Key, str] = {}
         for qid, p, start, count in conn.exec_driver_sql(
             "SELECT queue_id, partition, start, count FROM chunks ORDER BY queue_id, partition, start"
         ):
+            if type(start) is not int or type(count) is not int:
+                damaged.setdefault((qid, p), rowsums.not_numbers(qid, p))
+                continue
             index.setdefault((qid, p), ChunkIndex()).add_chunk(start, count)
             digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.chunk_hash(start, count)
         producers: dict[Key, dict[str, int]] = {}
@@ -182,7 +186,6 @@ class OpApplier:
             self.books.load(conn.exec_driver_sql)
         if books_on:
             summed = {k: summed.get(k, 0) ^ self.books.sum(k) for k in summed.keys() | self.books.sums.keys()}
-        damaged: dict[Key, str] = {}
         for row in conn.exec_driver_sql(rowsums.select("settled")):
             qid, p, s, e = row[:4]
             bad = rowsums.damaged("settled", row)
@@ -274,10 +277,9 @@ class OpApplier:
                 conn.exec_driver_sql(self.UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
                 delivered.clear()
             if counts:
-                conn.exec_driver_sql(sql.UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
                 if self.ROW_SUMS:
-                    for q, p, o, dc in counts:
-                        self.books.count((q, p), o, dc)
+                    self._count(conn, counts)
+                conn.exec_driver_sql(sql.UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
                 counts.clear()
                 wrote_counts = True
             if settled:
@@ -286,7 +288,7 @@ class OpApplier:
                 for key, ranges in settled.items():
                     touched.setdefault(key, []).extend(ranges)
                     if self.ROW_SUMS:
-                        self.books.settle(key, ranges)
+                        self.books.settled(key, ranges)
                 settled.clear()
             if producers:
                 conn.exec_driver_sql(sql.UPSERT_PRODUCER, [(q, p, pid, seq, self._crc(q, p, pid, seq))
@@ -371,23 +373,37 @@ class OpApplier:
                     elif not wrote_counts:
                         continue
                     drop_counts.append((key[0], key[1], start, start + n))
-                    if self.ROW_SUMS:
-                        self.books.counts_between(key, start, start + n)
             low = idx.low(self.ends.get(key, 0))
             if len(idx.settled) and next(iter(idx.settled))[0] < low:
                 idx.settled.drop_below(low)
                 drop_settled.append((key[0], key[1], low))
-                if self.ROW_SUMS:
-                    self.books.settled_below(key, low)
         if drop_chunks:
             conn.exec_driver_sql(sql.DELETE_CHUNK, drop_chunks)
             if self.digests_on:  # (the rows' digests: those of this batch's appends are written already)
                 conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, {(q, p) for q, p, _s in drop_chunks}))
-        if drop_counts:
-            conn.exec_driver_sql(sql.DELETE_COUNTS, drop_counts)
-        if drop_settled:
-            # rows wholly below the log's start go; a row straddling it stays (harmless)
-            conn.exec_driver_sql(sql.DELETE_SETTLED_BELOW, drop_settled)
+        # rows of settled wholly below the log's start go; a row straddling it stays (harmless)
+        if not self.ROW_SUMS:
+            if drop_counts:
+                conn.exec_driver_sql(sql.DELETE_COUNTS, drop_counts)
+            if drop_settled:
+                conn.exec_driver_sql(sql.DELETE_SETTLED_BELOW, drop_settled)
+            return
+        for q, p, start, end in drop_counts:  # (one by one: what each deletes comes out of the sums)
+            self.books.counts_deleted((q, p), conn.exec_driver_sql(sql.DELETE_COUNTS_RETURNING, (q, p, start, end)))
+        for q, p, low in drop_settled:
+            self.books.settled((q, p), conn.exec_driver_sql(sql.DELETE_SETTLED_BELOW_RETURNING, (q, p, low)),
+                               deleted=True)
+
+    def _count(self, conn: Executor, counts: list[tuple[int, int, int, int]]) -> None:
+        """The delivery counts about to be written, into the sums, each with the value its row
+        holds (read first; a later one of the same offset in the batch replaces an earlier)."""
+        was: dict[tuple[int, int, int], Any] = {}
+        for q, p, o, dc in counts:
+            if (q, p, o) not in was:
+                row = conn.exec_driver_sql(sql.SELECT_COUNT, (q, p, o)).fetchone()
+                was[(q, p, o)] = row[0] if row is not None else None
+            self.books.counted((q, p), o, dc, was[(q, p, o)])
+            was[(q, p, o)] = dc
 
     def _hash(self, key: Key, start: int, count: int) -> None:
         """A chunk row of ``key`` written or deleted: in or out of its digest."""

@@ -9,15 +9,18 @@ delivered more times than its queue's ``max_deliveries`` before it is dead-lette
 2^63, of a 63-bit hash of each such row (:func:`settled_hash`, :func:`count_hash`): a sum, not
 an XOR, because ``settled`` may hold the same range twice and two equal hashes would cancel.
 
-The writer keeps each partition's rows in memory (:class:`Books`), as the store holds them, and
-moves the sum with each row it writes or deletes, in the same transaction; the store's open and
-``tandem scrub`` sum the rows up again (:func:`summed`).
+The writer keeps each partition's sum (:class:`Books`), not its rows (a partition whose oldest
+message is never acked keeps a settled row for each batch of acks after it): it adds what each
+statement inserts, takes out what each delete returns (``RETURNING``) and, for a delivery count
+it updates, the value the row held (read before the update), in the same transaction; the
+store's open and ``tandem scrub`` sum the rows up again (:func:`summed`). A row whose values
+are not integers is damage (its own checksum fails): the sums leave it out, so its partition's
+digest does not fit either.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import struct
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -53,30 +56,30 @@ def summed(query: Query) -> dict[Key, int]:
     """Each partition's sum as its stored rows make it (the store's open, ``tandem scrub``)."""
     out: dict[Key, int] = {}
     for qid, p, start, end in query(_SETTLED):
-        out[(qid, p)] = (out.get((qid, p), 0) + settled_hash(start, end)) & _MASK
+        if _ints(start, end):
+            out[(qid, p)] = (out.get((qid, p), 0) + settled_hash(start, end)) & _MASK
     for qid, p, offset, dc in query(_COUNTS):
-        out[(qid, p)] = (out.get((qid, p), 0) + count_hash(offset, dc)) & _MASK
+        if _ints(offset, dc):
+            out[(qid, p)] = (out.get((qid, p), 0) + count_hash(offset, dc)) & _MASK
     return out
 
 
+def _ints(*values: Any) -> bool:
+    return all(type(v) is int for v in values)
+
+
 class Books:
-    """The writer's copy of each partition's settled ranges (a heap by end, as the store deletes
-    them) and delivery counts, and their sums (:meth:`sum`).  Each method says what a statement
-    the writer runs did to the rows, and names the partitions whose sum it moved in ``moved``."""
+    """The writer's running sum of each partition's settled and counts rows (:meth:`sum`).  Each
+    method says what a statement the writer ran did to the rows, and names the partitions whose
+    sum it moved in ``moved``."""
 
     def __init__(self) -> None:
-        self.settled: dict[Key, list[tuple[int, int]]] = {}  # (end, start)
-        self.counts: dict[Key, dict[int, int]] = {}
         self.sums: dict[Key, int] = {}
         self.moved: set[Key] = set()
 
     def load(self, query: Query) -> None:
-        """The rows as the store holds them (on open, or after a failed commit)."""
-        self.settled, self.counts, self.sums = {}, {}, {}
-        for qid, p, start, end in query(_SETTLED):
-            self.settle((qid, p), [(start, end)])
-        for qid, p, offset, dc in query(_COUNTS):
-            self.count((qid, p), offset, dc)
+        """The sums of the rows as the store holds them (on open, or after a failed commit)."""
+        self.sums = summed(query)
         self.moved.clear()
 
     def sum(self, key: Key) -> int:
@@ -86,47 +89,30 @@ class Books:
         self.sums[key] = (self.sums.get(key, 0) + h) & _MASK
         self.moved.add(key)
 
-    def settle(self, key: Key, ranges: Iterable[tuple[int, int]]) -> None:
-        """Rows [start, end) inserted."""
-        heap = self.settled.setdefault(key, [])
+    def settled(self, key: Key, ranges: Iterable[tuple[Any, Any]], *, deleted: bool = False) -> None:
+        """Rows [start, end) inserted (or, ``deleted``, a delete's returned rows)."""
         for start, end in ranges:
-            heapq.heappush(heap, (end, start))
-            self._add(key, settled_hash(start, end))
+            if _ints(start, end):
+                self._add(key, -settled_hash(start, end) if deleted else settled_hash(start, end))
 
-    def settled_below(self, key: Key, low: int) -> None:
-        """The rows whose end is at most ``low`` deleted."""
-        heap = self.settled.get(key)
-        while heap and heap[0][0] <= low:
-            end, start = heapq.heappop(heap)
-            self._add(key, -settled_hash(start, end))
-
-    def count(self, key: Key, offset: int, dc: int) -> None:
-        """The row of ``offset`` now says ``dc`` (inserted or updated)."""
-        mine = self.counts.setdefault(key, {})
-        was = mine.get(offset)
-        if was is not None:
+    def counted(self, key: Key, offset: int, dc: int, was: Any) -> None:
+        """The row of ``offset`` now says ``dc``; it said ``was`` (None: it had no row)."""
+        if was is not None and _ints(offset, was):
             self._add(key, -count_hash(offset, was))
-        mine[offset] = dc
         self._add(key, count_hash(offset, dc))
 
-    def counts_between(self, key: Key, start: int, end: int) -> None:
-        """The rows of offsets [start, end) deleted."""
-        mine = self.counts.get(key)
-        if not mine:
-            return
-        gone = [o for o in mine if start <= o < end] if len(mine) < end - start else \
-            [o for o in range(start, end) if o in mine]
-        for offset in gone:
-            self._add(key, -count_hash(offset, mine.pop(offset)))
+    def counts_deleted(self, key: Key, rows: Iterable[tuple[Any, Any]]) -> None:
+        """A delete's returned rows (offset, dc)."""
+        for offset, dc in rows:
+            if _ints(offset, dc):
+                self._add(key, -count_hash(offset, dc))
 
     def drop(self, key: Key) -> None:
         """Every row of the partition deleted."""
-        self.settled.pop(key, None)
-        self.counts.pop(key, None)
         if self.sums.pop(key, 0):
             self.moved.add(key)
 
     def drop_queue(self, qid: int) -> None:
-        for key in [k for k in self.settled.keys() | self.counts.keys() | self.sums.keys() if k[0] == qid]:
+        for key in [k for k in self.sums if k[0] == qid]:
             self.drop(key)
         self.moved = {k for k in self.moved if k[0] != qid}

@@ -172,6 +172,12 @@ def misfits(rows: Iterable[tuple[int, int, int | None]], digests: Mapping[tuple[
     return out
 
 
+def not_numbers(qid: int, p: int) -> str:
+    """Why partition ``qid``/``p`` is damaged when a chunk row's start or count is not a number
+    (a flipped bit in a record's header changed the value's type)."""
+    return f"a row of chunks (partition {qid}/{p}) has a start or count that is not a number: damaged at rest"
+
+
 def row_crc(*values: Any) -> int:
     """The CRC-32 of a row's values (ints, strings, bytes, None), as the ``crc`` columns keep it."""
     return zlib.crc32(msgpack.packb([as_stored(v) for v in values], use_bin_type=True))

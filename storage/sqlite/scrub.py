@@ -36,6 +36,9 @@ def scrub_store(path: Path) -> StoreScrub:
         for qid, p, start, count, payload, crc in conn.execute(
                 f"SELECT queue_id, partition, start, count, payload, {crc_column} FROM chunks "
                 f"ORDER BY queue_id, partition, start"):
+            if type(start) is not int or type(count) is not int:
+                out.damage.append(f"store {path}: {rowsums.not_numbers(qid, p)}")
+                continue
             digests[(qid, p)] = digests.get((qid, p), 0) ^ rowsums.chunk_hash(start, count)
             if crc is None:
                 out.unchecked += 1

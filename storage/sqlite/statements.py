@@ -52,3 +52,7 @@ DELETE_CHUNK = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND star
 DELETE_COUNTS = 'DELETE FROM counts WHERE queue_id = ? AND partition = ? AND "offset" >= ? AND "offset" < ?'
 TRIM_CHUNKS = "DELETE FROM chunks WHERE queue_id = ? AND partition = ? AND start + count <= ?"
 DELETE_SETTLED_BELOW = 'DELETE FROM settled WHERE queue_id = ? AND partition = ? AND "end" <= ?'
+# (with the store's row sums, storage.sqlite.booksum: what a delete took, a count's value before it changes)
+DELETE_COUNTS_RETURNING = DELETE_COUNTS + ' RETURNING "offset", dc'
+DELETE_SETTLED_BELOW_RETURNING = DELETE_SETTLED_BELOW + ' RETURNING start, "end"'
+SELECT_COUNT = 'SELECT dc FROM counts WHERE queue_id = ? AND partition = ? AND "offset" = ?'

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -95,27 +96,52 @@ def test_a_partition_with_settlements_but_no_row_is_damage(tmp_path: Path) -> No
             "no row of partitions" in rec.store_damage[(1, 0)])
 
 
-def test_the_writers_copy_of_the_rows_follows_each_statement() -> None:
+def test_the_writers_sums_follow_each_statement() -> None:
     """Books moves its sum by exactly the rows each statement writes or deletes: a range settled
-    twice counts twice (a sum, not an XOR), ranges go by their end, counts by their offset."""
+    twice counts twice (a sum, not an XOR), an updated count replaces the value it held, and a
+    value that is not a number (damage) is left out, as the from-scratch sum leaves it out."""
     b = Books()
-    rows = [(1, 2, 3, 5), (1, 2, 3, 5), (1, 2, 6, 9)]
-    b.settle((1, 2), [(3, 5), (3, 5), (6, 9)])
-    b.count((1, 2), 7, 1)
-    b.count((1, 2), 7, 2)
-    b.count((1, 2), 8, 1)
-    table = {"settled": rows, "counts": [(1, 2, 7, 2), (1, 2, 8, 1)]}
+    b.settled((1, 2), [(3, 5), (3, 5), (6, 9)])
+    b.counted((1, 2), 7, 1, None)
+    b.counted((1, 2), 7, 2, 1)
+    b.counted((1, 2), 8, 1, None)
+    table = {"settled": [(1, 2, 3, 5), (1, 2, 3, 5), (1, 2, 6, 9), (1, 2, b"", 12)],
+             "counts": [(1, 2, 7, 2), (1, 2, 8, 1), (1, 2, 9, b"")]}
 
-    def query(sql: str) -> list[tuple[int, ...]]:
+    def query(sql: str) -> list[tuple[Any, ...]]:
         return table["settled" if "FROM settled" in sql else "counts"]
 
     assert b.sum((1, 2)) == summed(query)[(1, 2)] != 0
-    b.settled_below((1, 2), 5)
-    b.counts_between((1, 2), 8, 20)
-    table = {"settled": [(1, 2, 6, 9)], "counts": [(1, 2, 7, 2)]}
+    b.settled((1, 2), [(3, 5), (3, 5), (b"", 12)], deleted=True)
+    b.counts_deleted((1, 2), [(8, 1), (9, b"")])
+    b.counted((1, 2), 9, 1, b"")
+    table = {"settled": [(1, 2, 6, 9)], "counts": [(1, 2, 7, 2), (1, 2, 9, 1)]}
     assert b.sum((1, 2)) == summed(query)[(1, 2)]
+    b.moved.clear()
     b.drop((1, 2))
     assert b.sum((1, 2)) == 0 and b.moved == {(1, 2)}
+
+
+@pytest.mark.parametrize("table,column", [("settled", "start"), ("counts", "dc"), ("chunks", "start")])
+def test_a_value_whose_type_changed_at_rest_is_damage_not_a_crash(tmp_path: Path, table: str, column: str) -> None:
+    """A flipped bit in a SQLite record's header can turn a stored integer into a blob (serial
+    type 4 into 12). The row fails its checksum (or, for a chunk, its start or count is not a
+    number): the partition is damaged, named by the store's open and by ``tandem scrub``, which
+    neither stops on it."""
+    db, _before = _two_writes(tmp_path, BOOKS_LEVEL, [SetDeliveryCount(1, 0, [(6, 2)])])
+    conn = sqlite3.connect(db)
+    for (trigger,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute(f"UPDATE {table} SET {column} = x'' WHERE queue_id = 1")
+    conn.commit()
+    conn.close()
+    e = SqliteEngine(db)
+    rec = e.open()
+    e.close()
+    assert list(rec.store_damage) == [(1, 0)], rec.store_damage
+    assert rec.partitions[(1, 0)].messages == []
+    damage = scrub_store(db).damage
+    assert damage and all("partition 1/0" in line for line in damage), damage
 
 
 def test_every_write_keeps_the_digest_of_the_settlements_and_counts_it_leaves(tmp_path: Path) -> None:
