@@ -131,8 +131,9 @@ class OpApplier:
         #: rowsums.producer_hash, which its digest covers from rowsums.APPLIED_LEVEL too
         self.producers: dict[Key, dict[str, int]] = {}
         self.producer_sums: dict[Key, int] = {}
-        #: the sum of each partition's settled and delivery count rows, with ROW_SUMS, which its
-        #: digest covers from booksum.LEVEL (``books_on``)
+        #: the sum of each partition's settled and delivery count rows, kept from booksum.LEVEL
+        #: (``books_on``; summed from the rows as they stand when the store reaches it), which its
+        #: digest covers
         self.books = booksum.Books()
         self.books_on = False
         self._moved: set[Key] = set()
@@ -182,9 +183,9 @@ class OpApplier:
         summed = digests if not applied_on else {
             k: digests.get(k, 0) ^ producer_sums.get(k, 0) for k in digests.keys() | producer_sums.keys()}
         books_on = self.ROW_SUMS and level >= booksum.LEVEL
-        if self.ROW_SUMS:
-            self.books.load(conn.exec_driver_sql)
+        self.books = booksum.Books()
         if books_on:
+            self.books.load(conn.exec_driver_sql)
             summed = {k: summed.get(k, 0) ^ self.books.sum(k) for k in summed.keys() | self.books.sums.keys()}
         for row in conn.exec_driver_sql(rowsums.select("settled")):
             qid, p, s, e = row[:4]
@@ -277,7 +278,7 @@ class OpApplier:
                 conn.exec_driver_sql(self.UPSERT_DELIVERED, [(q, p, e) for (q, p), e in delivered.items()])
                 delivered.clear()
             if counts:
-                if self.ROW_SUMS:
+                if self.books_on:
                     self._count(conn, counts)
                 conn.exec_driver_sql(sql.UPSERT_COUNT, [(*c, self._crc(*c)) for c in counts])
                 counts.clear()
@@ -287,7 +288,7 @@ class OpApplier:
                                                        for (q, p), ranges in settled.items() for s, e in ranges])
                 for key, ranges in settled.items():
                     touched.setdefault(key, []).extend(ranges)
-                    if self.ROW_SUMS:
+                    if self.books_on:
                         self.books.settled(key, ranges)
                 settled.clear()
             if producers:
@@ -382,7 +383,7 @@ class OpApplier:
             if self.digests_on:  # (the rows' digests: those of this batch's appends are written already)
                 conn.exec_driver_sql(sql.UPSERT_MARKS, self._marks({}, {}, {(q, p) for q, p, _s in drop_chunks}))
         # rows of settled wholly below the log's start go; a row straddling it stays (harmless)
-        if not self.ROW_SUMS:
+        if not self.books_on:
             if drop_counts:
                 conn.exec_driver_sql(sql.DELETE_COUNTS, drop_counts)
             if drop_settled:
@@ -558,6 +559,8 @@ class OpApplier:
                 self.digests_on = level >= rowsums.DIGEST_LEVEL
                 self.applied_on = level >= rowsums.APPLIED_LEVEL
                 self.books_on = level >= booksum.LEVEL
+                if self.books_on and not was[2]:  # (the rows written before it, this batch's too, as they stand)
+                    self.books.load(conn.exec_driver_sql)
                 if self.digests_on and was != (self.digests_on, self.applied_on, self.books_on):
                     # (each partition's chunks, applied position and other rows as they stand)
                     keys = (self.digests.keys() | self.marks.keys() | {k for k, a in self.applied.items() if a[0]}
