@@ -20,11 +20,10 @@ digest does not fit either.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from storage.sqlite.rowsums import hash63, pair
 from storage.sqlite.schema import Key
 
 #: the feature level from which a partition's digest covers its settled ranges and delivery counts
@@ -36,20 +35,17 @@ Query = Callable[[str], Iterable[Any]]
 _MASK = (1 << 63) - 1
 _SETTLED = 'SELECT queue_id, partition, start, "end" FROM settled'
 _COUNTS = 'SELECT queue_id, partition, "offset", dc FROM counts'
-_PAIR = struct.Struct("<qq")
 
 
 def settled_hash(start: int, end: int) -> int:
     """What a settled range [start, end) adds to its partition's sum: 63 bits of BLAKE2b of the two
     as little-endian int64s (personalized apart from the digest's other hashes)."""
-    return int.from_bytes(hashlib.blake2b(_PAIR.pack(start, end), digest_size=8, person=b"tandem.settled").digest(),
-                          "little") >> 1
+    return hash63(pair(start, end), b"tandem.settled")
 
 
 def count_hash(offset: int, dc: int) -> int:
     """What a delivery count adds to its partition's sum (personalized apart from the others)."""
-    return int.from_bytes(hashlib.blake2b(_PAIR.pack(offset, dc), digest_size=8, person=b"tandem.counts").digest(),
-                          "little") >> 1
+    return hash63(pair(offset, dc), b"tandem.counts")
 
 
 def summed(query: Query) -> dict[Key, int]:

@@ -19,7 +19,6 @@ schema version) changes every row's hash: the store must then sum its catalogue 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,7 +44,7 @@ def row_hash(table: str, values: Iterable[Any]) -> int:
     """What a catalogue row adds to the digest: 63 bits of BLAKE2b (personalized apart from the
     partitions' digests) of its table and its values as the store gives them back."""
     data = msgpack.packb([table, *(rowsums.as_stored(v) for v in values)], use_bin_type=True)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"tandem.catalog").digest(), "little") >> 1
+    return rowsums.hash63(data, b"tandem.catalog")
 
 
 def _rows(query: Query, table: str, where: str = "", params: tuple[Any, ...] = ()) -> int:

@@ -104,11 +104,23 @@ def at_level(meta_value: str | None) -> bool:
     return level_of(meta_value) >= LEVEL
 
 
+def hash63(data: bytes, person: bytes = b"") -> int:
+    """63 bits of BLAKE2b of ``data``, personalized with ``person``: each part of a digest (a
+    chunk, an applied position, a producer position, a settled range, a delivery count, a
+    catalogue row) is one, its kind's personalization keeping the kinds apart."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=person).digest(), "little") >> 1
+
+
+def pair(a: int, b: int) -> bytes:
+    """Two integers as little-endian int64s, as the digests hash them."""
+    return _PAIR.pack(a, b)
+
+
 def chunk_hash(start: int, count: int) -> int:
     """What a chunk row adds to its partition's digest: the partition's digest is the XOR of its
     chunks' hashes (63 bits of BLAKE2b of the two as little-endian int64s), so a chunk written or
     deleted changes it by its own hash alone."""
-    return int.from_bytes(hashlib.blake2b(_PAIR.pack(start, count), digest_size=8).digest(), "little") >> 1
+    return hash63(pair(start, count))
 
 
 def applied_hash(index: int, term: int) -> int:
@@ -117,15 +129,14 @@ def applied_hash(index: int, term: int) -> int:
     by BLAKE2b's personalization), 0 for nothing applied (a partition outside any group)."""
     if not index:
         return 0
-    return int.from_bytes(hashlib.blake2b(_PAIR.pack(index, term), digest_size=8, person=b"tandem.applied").digest(),
-                          "little") >> 1
+    return hash63(pair(index, term), b"tandem.applied")
 
 
 def producer_hash(producer_id: str, last_seq: int) -> int:
     """What a partition's stored position of a producer adds to its digest from
     :data:`APPLIED_LEVEL`: 63 bits of BLAKE2b of the two (personalized apart from the others)."""
     data = msgpack.packb([producer_id, last_seq], use_bin_type=True)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"tandem.producer").digest(), "little") >> 1
+    return hash63(data, b"tandem.producer")
 
 
 def level_of(meta_value: str | None) -> int:

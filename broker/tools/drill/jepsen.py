@@ -132,7 +132,8 @@ class _Runner:
             entry: dict[str, Any] = {**dataclasses.asdict(f), "injected_s": self._at()}
             self.timeline.append(entry)
             nem = fams[f.family]
-            ctx = FaultContext(cl, dataclasses.replace(cfg, hold=f.hold), clock, random.Random(f.seed), received=received)
+            ctx = FaultContext(cl, dataclasses.replace(cfg, hold=f.hold), clock, random.Random(f.seed),
+                               received=received)
             injected = clock.monotonic()
             healing = False
             try:
